@@ -1,0 +1,18 @@
+"""gpumnn: one ONNX model on five compute APIs behind one Backend interface, after MNN.
+
+    import gpumnn
+    net = gpumnn.load("resnet18.onnx")
+    sess = net.session(backend="cpu", input_shapes={"input": (1, 3, 224, 224)})
+    outputs = sess.run({"input": x})
+"""
+from .backends import available_backends, probe
+from .errors import (BackendUnavailableError, GpumnnError, InputError, ModelError,
+                     UnsupportedOpError)
+from .geometry import supported_ops
+from .net import Net, load
+from .session import Session
+
+__version__ = "0.1.0"
+
+__all__ = ["load", "Net", "Session", "available_backends", "probe", "supported_ops", "GpumnnError", "ModelError",
+           "UnsupportedOpError", "InputError", "BackendUnavailableError", "__version__"]

@@ -1,0 +1,327 @@
+"""The atomic-op contract: the short list of kernels every backend implements.
+
+MNN's lesson is that O(ops x backends) hand work becomes O(ops + backends) once every ONNX op
+is lowered (by ``gpumnn.geometry``) to a few general kernels. This module is that list. Each
+atomic op is a frozen dataclass that carries *concrete* sizes (shapes are known at session
+creation), so a backend never does shape arithmetic of its own and never sees ONNX.
+
+Conventions shared by all ops:
+
+* Runtime tensors are float32, contiguous, row-major (NCHW for images). A backend's tensor
+  handle points at ``shape`` elements starting at an element offset inside a pool buffer.
+* ``inputs`` / ``outputs`` are tensor names in the atomic program; the session maps them to
+  backend handles. Optional inputs (a bias) are simply absent from ``inputs`` and the op says
+  so with a flag.
+* ``Activation`` is ``(unary_op_name, params)`` or ``None`` and is applied by the op's epilogue,
+  with exactly the semantics of :class:`Unary` (see ``UNARY_OPS``).
+* Strided descriptions use exactly ``RANK`` (=4) dimensions; unused leading dims have size 1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+RANK = 4
+
+Activation = tuple[str, tuple[float, ...]] | None
+
+#: Unary ops and the number of float parameters each takes. Semantics (x is the input):
+#: identity x; relu max(x,0); leaky_relu(a) x<0 ? a*x : x; clip(lo,hi); sigmoid; tanh; erf;
+#: gelu 0.5*x*(1+erf(x/sqrt 2)); hard_sigmoid(a,b) clip(a*x+b,0,1); hard_swish x*clip(x/6+0.5,0,1);
+#: exp; log; sqrt; neg; abs; reciprocal; floor; ceil; round (half to even); trunc (toward 0);
+#: square; softplus log(1+exp x); elu(a) x<0 ? a*(exp x-1) : x; sign;
+#: affine_pow(a,b,p) (a + b*x)^p  (used by LRN's lowering).
+UNARY_OPS: dict[str, int] = {
+    "identity": 0, "relu": 0, "leaky_relu": 1, "clip": 2, "sigmoid": 0, "tanh": 0, "erf": 0,
+    "gelu": 0, "hard_sigmoid": 2, "hard_swish": 0, "exp": 0, "log": 0, "sqrt": 0, "neg": 0,
+    "abs": 0, "reciprocal": 0, "floor": 0, "ceil": 0, "round": 0, "trunc": 0, "square": 0,
+    "softplus": 0, "elu": 1, "sign": 0, "affine_pow": 3,
+}
+
+#: Binary ops: add, sub, mul, div, pow, max, min, and prelu (a<0 ? a*b : a).
+BINARY_OPS: tuple[str, ...] = ("add", "sub", "mul", "div", "pow", "max", "min", "prelu")
+
+REDUCE_OPS: tuple[str, ...] = ("sum", "mean", "max", "min")
+
+
+@dataclass(frozen=True)
+class AtomicOp:
+    """Base of all atomic ops: what it reads and writes, and the ONNX node it came from."""
+
+    kind: ClassVar[str] = "atomic"
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    source: str  # name of the ONNX node this op was lowered from (for reports and errors)
+
+    def macs(self) -> int:
+        """Multiply-accumulates (the paper's MUL) used by the placement cost model."""
+        return 0
+
+
+@dataclass(frozen=True)
+class Region:
+    """One strided copy of MNN's Raster: ``dst[dst_offset + sum(i*dst_strides)] =
+    src[src_offset + sum(i*src_strides)]`` for every index ``i`` in ``size`` (RANK dims).
+
+    ``src`` indexes the Raster op's ``inputs``. Strides may be zero (broadcast) or negative
+    (reflection padding). Offsets and strides count elements.
+    """
+
+    src: int
+    src_offset: int
+    src_strides: tuple[int, ...]
+    dst_offset: int
+    dst_strides: tuple[int, ...]
+    size: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        n = 1
+        for s in self.size:
+            n *= s
+        return n
+
+
+@dataclass(frozen=True)
+class Raster(AtomicOp):
+    """Data reorder: fill the output with ``fill`` (if not None) then copy every region.
+
+    Transpose, Slice, Concat, Split, Pad, Tile, Expand, Gather with constant indices,
+    DepthToSpace ... all become Rasters.
+    """
+
+    kind: ClassVar[str] = "raster"
+    out_shape: tuple[int, ...] = ()
+    regions: tuple[Region, ...] = ()
+    fill: float | None = None
+
+
+@dataclass(frozen=True)
+class Unary(AtomicOp):
+    """``out = op(x)`` elementwise over ``count`` elements."""
+
+    kind: ClassVar[str] = "unary"
+    op: str = "identity"
+    params: tuple[float, ...] = ()
+    count: int = 0
+
+
+@dataclass(frozen=True)
+class Binary(AtomicOp):
+    """``out[i] = op(a[i . a_strides], b[i . b_strides])`` over ``out_shape`` (RANK dims).
+
+    Broadcasting is expressed by zero strides, so kernels need no broadcasting logic. An
+    optional activation is applied to the result (residual Add + Relu fuse into one op).
+    """
+
+    kind: ClassVar[str] = "binary"
+    op: str = "add"
+    out_shape: tuple[int, ...] = (1, 1, 1, 1)
+    a_strides: tuple[int, ...] = (0, 0, 0, 0)
+    b_strides: tuple[int, ...] = (0, 0, 0, 0)
+    activation: Activation = None
+
+
+@dataclass(frozen=True)
+class Reduce(AtomicOp):
+    """Input viewed as ``[outer, size, inner]``; reduce the middle axis -> ``[outer, inner]``."""
+
+    kind: ClassVar[str] = "reduce"
+    op: str = "sum"
+    outer: int = 1
+    size: int = 1
+    inner: int = 1
+
+
+@dataclass(frozen=True)
+class MatMul(AtomicOp):
+    """Batched GEMM: ``out[b] = act(alpha * op(A[b]) @ op(B[b]) + beta * bias)``.
+
+    A is ``[M, K]`` (``[K, M]`` when ``trans_a``) at element offset ``b * a_batch_stride``;
+    B is ``[K, N]`` (``[N, K]`` when ``trans_b``) at ``b * b_batch_stride`` (0 = shared
+    weights). Output ``[batch, M, N]`` contiguous. Bias (third input when ``has_bias``) element
+    ``(m, n)`` is at ``m * bias_strides[0] + n * bias_strides[1]`` (zero strides broadcast).
+    """
+
+    kind: ClassVar[str] = "matmul"
+    batch: int = 1
+    m: int = 1
+    n: int = 1
+    k: int = 1
+    a_batch_stride: int = 0
+    b_batch_stride: int = 0
+    trans_a: bool = False
+    trans_b: bool = False
+    alpha: float = 1.0
+    beta: float = 1.0
+    has_bias: bool = False
+    bias_strides: tuple[int, int] = (0, 1)
+    activation: Activation = None
+    scheme: str = "gemm"
+
+    def macs(self) -> int:
+        return self.batch * self.m * self.n * self.k
+
+
+@dataclass(frozen=True)
+class Conv2D(AtomicOp):
+    """NCHW convolution: inputs x ``[N,C,H,W]``, weight ``[OC, C/groups, KH, KW]``, bias ``[OC]``.
+
+    ``pads`` is (top, left); bottom/right padding is implied by ``out_hw``. ``scheme`` is chosen
+    by the session's scheme selection (``gpumnn.scheduler.schemes``) and is a hint a backend
+    may use to pick its kernel: ``im2col``, ``gemm1x1``, ``depthwise``, ``direct``,
+    ``winograd`` (with ``winograd_tile``).
+    """
+
+    kind: ClassVar[str] = "conv2d"
+    batch: int = 1
+    in_channels: int = 1
+    in_hw: tuple[int, int] = (1, 1)
+    out_channels: int = 1
+    out_hw: tuple[int, int] = (1, 1)
+    kernel: tuple[int, int] = (1, 1)
+    strides: tuple[int, int] = (1, 1)
+    pads: tuple[int, int] = (0, 0)
+    dilations: tuple[int, int] = (1, 1)
+    groups: int = 1
+    has_bias: bool = False
+    activation: Activation = None
+    scheme: str = "im2col"
+    winograd_tile: int = 0
+
+    def macs(self) -> int:
+        return (self.batch * self.out_channels * self.out_hw[0] * self.out_hw[1]
+                * (self.in_channels // self.groups) * self.kernel[0] * self.kernel[1])
+
+
+@dataclass(frozen=True)
+class ConvTranspose2D(AtomicOp):
+    """NCHW transposed convolution; weight ``[C, OC/groups, KH, KW]`` (ONNX layout).
+
+    ``out[n, oc, oh, ow] += x[n, c, ih, iw] * w[c, oc', kh, kw]`` where
+    ``oh = ih*stride - pad_top + kh*dilation`` (and likewise for w), plus bias.
+    """
+
+    kind: ClassVar[str] = "conv_transpose2d"
+    batch: int = 1
+    in_channels: int = 1
+    in_hw: tuple[int, int] = (1, 1)
+    out_channels: int = 1
+    out_hw: tuple[int, int] = (1, 1)
+    kernel: tuple[int, int] = (1, 1)
+    strides: tuple[int, int] = (1, 1)
+    pads: tuple[int, int] = (0, 0)
+    dilations: tuple[int, int] = (1, 1)
+    groups: int = 1
+    has_bias: bool = False
+    activation: Activation = None
+
+    def macs(self) -> int:
+        return (self.batch * self.in_channels * self.in_hw[0] * self.in_hw[1]
+                * (self.out_channels // self.groups) * self.kernel[0] * self.kernel[1])
+
+
+@dataclass(frozen=True)
+class Pool2D(AtomicOp):
+    """Max or average pooling over NCHW; windows clipped to the input (padding never wins a
+    max). Average divides by the full window when ``count_include_pad`` (the window clipped to
+    the padded input) else by the number of real input elements."""
+
+    kind: ClassVar[str] = "pool2d"
+    op: str = "max"
+    batch: int = 1
+    channels: int = 1
+    in_hw: tuple[int, int] = (1, 1)
+    out_hw: tuple[int, int] = (1, 1)
+    kernel: tuple[int, int] = (1, 1)
+    strides: tuple[int, int] = (1, 1)
+    pads: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, left, bottom, right
+    count_include_pad: bool = False
+
+
+@dataclass(frozen=True)
+class Softmax(AtomicOp):
+    """Input viewed as ``[outer, size, inner]``; (log-)softmax along the middle axis."""
+
+    kind: ClassVar[str] = "softmax"
+    outer: int = 1
+    size: int = 1
+    inner: int = 1
+    log: bool = False
+
+
+@dataclass(frozen=True)
+class Normalize(AtomicOp):
+    """Input viewed as ``[outer, size]``: ``(x - mean) / sqrt(var + eps)`` per row, then
+    ``* scale + bias`` (inputs 2 and 3, each ``[size]``) when ``has_affine``. LayerNorm is one
+    op; InstanceNorm is this plus a per-channel Binary mul/add."""
+
+    kind: ClassVar[str] = "normalize"
+    outer: int = 1
+    size: int = 1
+    eps: float = 1e-5
+    has_affine: bool = False
+
+
+@dataclass(frozen=True)
+class Resize(AtomicOp):
+    """Spatial resize of ``[N*C, H, W]`` planes to ``out_hw`` (ONNX Resize semantics).
+
+    ``mode``: ``nearest`` or ``linear``. ``coord``: ``half_pixel``, ``pytorch_half_pixel``,
+    ``align_corners``, ``asymmetric``. ``nearest_mode``: ``round_prefer_floor``,
+    ``round_prefer_ceil``, ``floor``, ``ceil``. ``scales`` are output/input per axis (h, w).
+    Source coordinate: half_pixel (o+0.5)/s-0.5; pytorch_half_pixel same but 0 when the output
+    size is 1; align_corners o*(in-1)/(out-1) (0 when out==1); asymmetric o/s.
+    """
+
+    kind: ClassVar[str] = "resize"
+    planes: int = 1
+    in_hw: tuple[int, int] = (1, 1)
+    out_hw: tuple[int, int] = (1, 1)
+    scales: tuple[float, float] = (1.0, 1.0)
+    mode: str = "nearest"
+    coord: str = "half_pixel"
+    nearest_mode: str = "round_prefer_floor"
+
+
+@dataclass(frozen=True)
+class Gather(AtomicOp):
+    """Gather with run-time indices: data ``[outer, axis, inner]``, indices (float32 holding
+    integers, negative counted from the end) ``[count]`` -> out ``[outer, count, inner]``.
+    Gathers with constant indices are Rasters instead."""
+
+    kind: ClassVar[str] = "gather"
+    outer: int = 1
+    axis: int = 1
+    inner: int = 1
+    count: int = 1
+
+
+ALL_OPS: tuple[type[AtomicOp], ...] = (
+    Raster, Unary, Binary, Reduce, MatMul, Conv2D, ConvTranspose2D, Pool2D, Softmax, Normalize,
+    Resize, Gather,
+)
+
+
+@dataclass
+class AtomicProgram:
+    """The lowered model: ops in execution order and every runtime tensor's shape.
+
+    ``constants`` hold weights (float32) that backends upload once. ``aliases`` map a tensor to
+    the tensor whose memory it shares (Reshape/Flatten/Squeeze are free views).
+    """
+
+    ops: list[AtomicOp]
+    shapes: dict[str, tuple[int, ...]]
+    constants: dict[str, "object"]
+    inputs: list[str]
+    outputs: list[str]
+    aliases: dict[str, str] = field(default_factory=dict)
+    #: graph outputs whose values were fully known at session creation (folded constants)
+    folded_outputs: dict[str, "object"] = field(default_factory=dict)
+
+    def storage_of(self, name: str) -> str:
+        """The tensor that owns the memory ``name`` lives in."""
+        while name in self.aliases:
+            name = self.aliases[name]
+        return name

@@ -1,0 +1,69 @@
+"""Backend registry: which compute APIs exist, which can start here, and why not.
+
+Backends are imported lazily so that a missing optional binding (pyopencl, vulkan, moderngl,
+cupy) only disables that backend, with the import error as the stated reason.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ..errors import BackendUnavailableError
+from .base import Backend, BackendInfo, Execution, TensorHandle
+
+#: name -> (module, class). The order is the order of preference for reports and "all".
+REGISTRY: dict[str, tuple[str, str]] = {
+    "cpu": ("gpumnn.backends.cpu", "CpuBackend"),
+    "opencl": ("gpumnn.backends.opencl", "OpenCLBackend"),
+    "vulkan": ("gpumnn.backends.vulkan", "VulkanBackend"),
+    "gl": ("gpumnn.backends.gl", "GLBackend"),
+    "cuda": ("gpumnn.backends.cuda", "CudaBackend"),
+}
+
+_probe_cache: dict[str, str | None] = {}
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The class implementing backend ``name``; raises BackendUnavailableError if it cannot import."""
+    if name not in REGISTRY:
+        raise BackendUnavailableError(f"unknown backend {name!r}; known backends: {', '.join(REGISTRY)}")
+    module_name, class_name = REGISTRY[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            raise BackendUnavailableError(f"backend {name!r} is not implemented in this version of gpumnn") from exc
+        raise BackendUnavailableError(
+            f"backend {name!r} needs the Python package {exc.name!r}: pip install 'gpumnn[{name}]'") from exc
+    return getattr(module, class_name)
+
+
+def create_backend(name: str, **options: Any) -> Backend:
+    """Start backend ``name`` or raise BackendUnavailableError saying why it cannot start."""
+    cls = backend_class(name)
+    try:
+        return cls(**options)
+    except BackendUnavailableError:
+        raise
+    except Exception as exc:  # a driver error, no device, ...: say which API and why
+        raise BackendUnavailableError(f"backend {name!r} cannot start: {type(exc).__name__}: {exc}") from exc
+
+
+def probe(name: str) -> str | None:
+    """None if backend ``name`` can start on this machine, else the reason it cannot (cached)."""
+    if name not in _probe_cache:
+        try:
+            create_backend(name).close()
+            _probe_cache[name] = None
+        except BackendUnavailableError as exc:
+            _probe_cache[name] = str(exc)
+    return _probe_cache[name]
+
+
+def available_backends() -> list[str]:
+    """Names of the backends that can start on this machine, in registry order."""
+    return [name for name in REGISTRY if probe(name) is None]
+
+
+__all__ = ["Backend", "BackendInfo", "Execution", "TensorHandle", "REGISTRY", "available_backends",
+           "backend_class", "create_backend", "probe"]

@@ -1,0 +1,154 @@
+"""The Backend interface every compute API implements (after the MNN paper's Figure 5).
+
+A backend knows nothing of ONNX and the session knows nothing of any API. The session drives
+every backend through the same verbs, in two phases:
+
+Pre-inference (once, at session creation; MNN's *resize*)
+    ``allocate`` one pool buffer per backend (the memory plan lays tensors into it),
+    ``tensor`` views into the pool, ``constant`` uploads of weights,
+    ``create_execution`` per atomic op (MNN's ``onCreate``: kernels built, weights packed,
+    arguments set), and ``record`` of a contiguous run of executions into one replayable unit
+    (a command buffer, a CUDA graph, an enqueue list) -- MNN's ``onResizeEnd``.
+
+Run (every inference; MNN's *execute*)
+    ``write`` inputs, ``submit`` recordings (submit and wait), ``read`` outputs.
+
+Eager mode (``record=False``) is the paper's baseline: the session repeats allocation and
+``create_execution`` on every run and calls ``run_eager``, which waits after every op.
+
+``counters`` lets tests prove that a recorded run allocates, builds and records nothing.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..atomic import AtomicOp
+
+#: Counter names every backend maintains (others may add more).
+COUNTERS = ("buffers_allocated", "programs_built", "executions_created", "recordings_made", "submits")
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """What the scheduler needs to know about a device (paper Eq. 5 and Appendix C)."""
+
+    name: str
+    device: str
+    flops: float  # multiply-accumulates per second the cost model assumes
+    t_schedule_ms: float  # fixed cost of one kernel launch / dispatch
+    bandwidth_gbs: float  # host <-> device copy bandwidth, GB/s (inf for host memory)
+    is_gpu: bool
+
+
+@dataclass
+class TensorHandle:
+    """A float32 tensor living in a backend buffer: ``shape`` elements from ``offset``.
+
+    ``offset`` counts float32 elements from the start of ``buffer``. ``buffer`` is whatever the
+    backend allocated (a NumPy array, a ``cl.Buffer``, a ``VkBuffer`` wrapper, ...).
+    """
+
+    buffer: Any
+    offset: int
+    shape: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * self.size
+
+
+class Execution(ABC):
+    """One atomic op made ready to run on one backend: kernels chosen, arguments bound."""
+
+    def __init__(self, op: AtomicOp, inputs: Sequence[TensorHandle], outputs: Sequence[TensorHandle]):
+        self.op = op
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+
+    @property
+    def scheme(self) -> str:
+        """The algorithm this execution actually uses (shown by ``Session.report``)."""
+        return getattr(self.op, "scheme", "-")
+
+
+class Backend(ABC):
+    """One compute API on one device."""
+
+    #: registry name: "cpu", "opencl", "vulkan", "gl", "cuda"
+    name: str = "?"
+    #: byte alignment of tensor offsets inside a pool (the memory planner honours it)
+    alignment: int = 64
+
+    def __init__(self) -> None:
+        self.counters: Counter[str] = Counter({k: 0 for k in COUNTERS})
+
+    # -- description -----------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def info(self) -> BackendInfo:
+        """Device name and the cost-model numbers (FLOPS, t_schedule, bandwidth)."""
+
+    def unsupported_reason(self, op: AtomicOp) -> str | None:
+        """None when this backend can run ``op``; otherwise why not (shown in the report)."""
+        return None
+
+    # -- memory ----------------------------------------------------------------------------
+    @abstractmethod
+    def allocate(self, nbytes: int) -> Any:
+        """Allocate one device buffer of at least ``nbytes`` (the session's pool)."""
+
+    def tensor(self, buffer: Any, offset: int, shape: tuple[int, ...]) -> TensorHandle:
+        """A view of ``shape`` float32 elements at element ``offset`` of ``buffer``."""
+        return TensorHandle(buffer, offset, tuple(shape))
+
+    @abstractmethod
+    def constant(self, array: np.ndarray) -> TensorHandle:
+        """Upload a weight once; the handle stays valid for the backend's lifetime."""
+
+    @abstractmethod
+    def write(self, handle: TensorHandle, array: np.ndarray) -> None:
+        """Copy a host array (float32, C-contiguous, ``handle.size`` elements) into the device."""
+
+    @abstractmethod
+    def read(self, handle: TensorHandle) -> np.ndarray:
+        """Copy a tensor back to a new host array of ``handle.shape``."""
+
+    def release(self, buffer: Any) -> None:
+        """Free a buffer from ``allocate`` (eager mode frees its per-run pool)."""
+
+    # -- pre-inference ---------------------------------------------------------------------
+    @abstractmethod
+    def create_execution(self, op: AtomicOp, inputs: Sequence[TensorHandle],
+                         outputs: Sequence[TensorHandle]) -> Execution:
+        """MNN's onCreate: everything an op needs before it can run, done once."""
+
+    @abstractmethod
+    def record(self, executions: Sequence[Execution]) -> Any:
+        """Record executions (in order) into one replayable unit for ``submit``."""
+
+    # -- run -------------------------------------------------------------------------------
+    @abstractmethod
+    def submit(self, recording: Any) -> None:
+        """Run a recording and wait until its results are visible to ``read``."""
+
+    @abstractmethod
+    def run_eager(self, executions: Sequence[Execution]) -> None:
+        """Run executions one by one, waiting after each (the paper's un-decoupled baseline)."""
+
+    def close(self) -> None:
+        """Free device resources; the backend is unusable afterwards."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.info.device!r}>"

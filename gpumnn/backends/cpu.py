@@ -1,0 +1,538 @@
+"""The NumPy backend: the CPU fallback and the reference semantics of every atomic op.
+
+Executions bind NumPy views of the session's pool at creation (MNN's onCreate), pack weights
+and allocate their scratch (im2col columns, padded copies) once, so that a recorded run is a
+list of calls into NumPy/BLAS with ``out=`` targets and no allocation of tensors.
+
+The kernels are dtype-generic where that is cheap (Raster, Binary, Unary on integers), because
+constant folding of shape arithmetic (int64) reuses this backend.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from .. import atomic as A
+from .base import Backend, BackendInfo, Execution, TensorHandle
+from .numpy_math import binary_function, unary_function
+
+_CPU_DEFAULT_FLOPS = 2e9  # paper Appendix C fallback when frequencies are unknown
+
+
+def view(handle: TensorHandle) -> np.ndarray:
+    """The NumPy array a handle denotes (a view into its pool, never a copy)."""
+    return handle.buffer[handle.offset:handle.offset + handle.size].reshape(handle.shape)
+
+
+def flat(handle: TensorHandle) -> np.ndarray:
+    return handle.buffer[handle.offset:handle.offset + handle.size]
+
+
+def strided(handle: TensorHandle, offset: int, shape: Sequence[int], strides: Sequence[int]) -> np.ndarray:
+    """An element-strided view starting ``offset`` elements into a handle (strides may be <= 0)."""
+    base = handle.buffer
+    start = base[handle.offset + offset:]
+    if start.size == 0:  # a view at the very end (only possible for empty shapes)
+        start = base[-1:]
+    item = base.itemsize
+    return as_strided(start, shape=tuple(shape), strides=tuple(s * item for s in strides), writeable=True)
+
+
+class CpuExecution(Execution):
+    """An execution whose work is one Python callable prepared at creation."""
+
+    def __init__(self, op, inputs, outputs, fn: Callable[[], None], scheme: str | None = None):
+        super().__init__(op, inputs, outputs)
+        self._fn = fn
+        self._scheme = scheme
+
+    @property
+    def scheme(self) -> str:
+        return self._scheme or super().scheme
+
+    def run(self) -> None:
+        self._fn()
+
+
+def _cpu_flops(threads: int) -> float:
+    """Paper Appendix C: sum of the max frequencies of the ``threads`` fastest cores (Hz)."""
+    freqs = []
+    for cpu in range(os.cpu_count() or 1):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/cpuinfo_max_freq") as fh:
+                freqs.append(int(fh.read()) * 1e3)
+        except OSError:
+            break
+    if not freqs:
+        return _CPU_DEFAULT_FLOPS * threads
+    return float(sum(sorted(freqs, reverse=True)[:threads]))
+
+
+class CpuBackend(Backend):
+    """NumPy on the host CPU, BLAS threads limited to ``threads`` (default: all cores)."""
+
+    name = "cpu"
+    alignment = 64
+
+    def __init__(self, threads: int | None = None, **_: Any):
+        super().__init__()
+        self.threads = threads or os.cpu_count() or 1
+        self._info = BackendInfo("cpu", f"NumPy {np.__version__} on {self.threads} thread(s)",
+                                 _cpu_flops(self.threads), 0.0, float("inf"), is_gpu=False)
+        self._limiter = _ThreadLimiter(self.threads)
+
+    @property
+    def info(self) -> BackendInfo:
+        return self._info
+
+    # -- memory ----------------------------------------------------------------------------
+    def allocate(self, nbytes: int) -> np.ndarray:
+        self.counters["buffers_allocated"] += 1
+        return np.zeros(max(1, (nbytes + 3) // 4), dtype=np.float32)
+
+    def constant(self, array: np.ndarray) -> TensorHandle:
+        data = np.ascontiguousarray(array).reshape(-1)
+        return TensorHandle(data, 0, tuple(array.shape))
+
+    def write(self, handle: TensorHandle, array: np.ndarray) -> None:
+        flat(handle)[...] = np.asarray(array).reshape(-1)
+
+    def read(self, handle: TensorHandle) -> np.ndarray:
+        return view(handle).copy()
+
+    # -- pre-inference ---------------------------------------------------------------------
+    def create_execution(self, op: A.AtomicOp, inputs: Sequence[TensorHandle],
+                         outputs: Sequence[TensorHandle]) -> CpuExecution:
+        self.counters["executions_created"] += 1
+        maker = _MAKERS[type(op)]
+        result = maker(op, list(inputs), list(outputs))
+        fn, scheme = result if isinstance(result, tuple) else (result, None)
+        return CpuExecution(op, inputs, outputs, fn, scheme)
+
+    def record(self, executions: Sequence[Execution]) -> list[Callable[[], None]]:
+        self.counters["recordings_made"] += 1
+        return [exe._fn for exe in executions]  # type: ignore[attr-defined]
+
+    # -- run -------------------------------------------------------------------------------
+    def submit(self, recording: list[Callable[[], None]]) -> None:
+        self.counters["submits"] += 1
+        with self._limiter, np.errstate(all="ignore"):
+            for fn in recording:
+                fn()
+
+    def run_eager(self, executions: Sequence[Execution]) -> None:
+        with self._limiter, np.errstate(all="ignore"):
+            for exe in executions:
+                exe.run()  # type: ignore[attr-defined]
+
+
+class _ThreadLimiter:
+    """Limits BLAS/OpenMP threads while a run is in flight (threadpoolctl), restoring after."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self._ctx = None
+        try:
+            from threadpoolctl import ThreadpoolController
+            self._controller = ThreadpoolController()
+        except Exception:  # threadpoolctl missing or no BLAS found: run with library defaults
+            self._controller = None
+
+    def __enter__(self):
+        if self._controller is not None and self.threads != os.cpu_count():
+            self._ctx = self._controller.limit(limits=self.threads)
+        return self
+
+    def __exit__(self, *exc):
+        if self._ctx is not None:
+            self._ctx.restore_original_limits()
+            self._ctx = None
+
+
+# --------------------------------------------------------------------------------------------
+# One maker per atomic op: binds views and scratch, returns the callable that does the work.
+# --------------------------------------------------------------------------------------------
+
+def _epilogue(activation: A.Activation) -> Callable[[np.ndarray], None] | None:
+    if activation is None:
+        return None
+    fn = unary_function(activation[0], activation[1], np.dtype(np.float32))
+    return lambda arr: fn(arr, arr)
+
+
+def _make_raster(op: A.Raster, ins, outs):
+    out = outs[0]
+    copies = [(strided(ins[r.src], r.src_offset, r.size, r.src_strides),
+               strided(out, r.dst_offset, r.size, r.dst_strides)) for r in op.regions]
+    out_flat = flat(out)
+    fill = op.fill
+
+    def run():
+        if fill is not None:
+            out_flat.fill(fill)
+        for src, dst in copies:
+            np.copyto(dst, src)
+    return run
+
+
+def _make_unary(op: A.Unary, ins, outs):
+    x, o = flat(ins[0]), flat(outs[0])
+    fn = unary_function(op.op, op.params, o.dtype)
+    return lambda: fn(x, o)
+
+
+def _make_binary(op: A.Binary, ins, outs):
+    o = view(outs[0]).reshape(op.out_shape)
+    a = strided(ins[0], 0, op.out_shape, op.a_strides)
+    b = strided(ins[1], 0, op.out_shape, op.b_strides)
+    fn = binary_function(op.op, o.dtype)
+    act = _epilogue(op.activation)
+
+    def run():
+        fn(a, b, o)
+        if act:
+            act(o)
+    return run
+
+
+def _make_reduce(op: A.Reduce, ins, outs):
+    x = view(ins[0]).reshape(op.outer, op.size, op.inner)
+    o = view(outs[0]).reshape(op.outer, op.inner)
+    reducer = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}[op.op]
+    return lambda: reducer(x, axis=1, out=o)
+
+
+def _make_matmul(op: A.MatMul, ins, outs):
+    a_shape = (op.batch, op.k, op.m) if op.trans_a else (op.batch, op.m, op.k)
+    b_shape = (op.batch, op.n, op.k) if op.trans_b else (op.batch, op.k, op.n)
+    a = strided(ins[0], 0, a_shape, (op.a_batch_stride, a_shape[2], 1))
+    b = strided(ins[1], 0, b_shape, (op.b_batch_stride, b_shape[2], 1))
+    if op.trans_a:
+        a = a.transpose(0, 2, 1)
+    if op.trans_b:
+        b = b.transpose(0, 2, 1)
+    if op.b_batch_stride == 0 and op.batch > 1 and op.a_batch_stride == op.m * op.k and not op.trans_a:
+        # shared weights: one [batch*M, K] x [K, N] GEMM instead of a loop over the batch
+        a = a.reshape(1, op.batch * op.m, op.k)
+        b = b[:1]
+    o = view(outs[0]).reshape(a.shape[0], a.shape[1], op.n)
+    if op.batch == 1 or a.shape[0] == 1:
+        a, b, o = a[0], b[0], o[0]
+    bias = None
+    if op.has_bias:
+        bias = strided(ins[2], 0, (op.m, op.n), op.bias_strides)
+        if op.beta != 1.0:
+            bias = np.ascontiguousarray(bias * op.beta)  # constant bias: scaled once
+    out3 = view(outs[0]).reshape(op.batch, op.m, op.n)
+    act = _epilogue(op.activation)
+    alpha = op.alpha
+
+    def run():
+        np.matmul(a, b, out=o)
+        if alpha != 1.0:
+            np.multiply(o, alpha, out=o)
+        if bias is not None:
+            np.add(out3, bias, out=out3)
+        if act:
+            act(o)
+    return run
+
+
+class _PaddedInput:
+    """A zero-bordered scratch copy of an NCHW input, so windows never index out of bounds.
+
+    The border is written once at creation; each run copies only the interior. ``extent``
+    enlarges the buffer for ceil-mode windows that reach past the padding.
+    """
+
+    def __init__(self, x: np.ndarray, pads: tuple[int, int, int, int], border: float, extent: tuple[int, int]):
+        n, c, h, w = x.shape
+        top, left, bottom, right = pads
+        hp = max(h + top + bottom, extent[0])
+        wp = max(w + left + right, extent[1])
+        self.needed = any(pads) or hp > h or wp > w
+        self.src = x
+        if self.needed:
+            self.buf = np.full((n, c, hp, wp), border, dtype=x.dtype)
+            self.interior = self.buf[:, :, top:top + h, left:left + w]
+        else:
+            self.buf = x
+
+    def refresh(self) -> None:
+        if self.needed:
+            np.copyto(self.interior, self.src)
+
+
+def _window_view(xp: np.ndarray, kernel, strides, dilations, out_hw) -> np.ndarray:
+    """[N, C, KH, KW, OH, OW] strided view of sliding windows over a padded NCHW array."""
+    n, c, _, _ = xp.shape
+    sn, sc, sh, sw = xp.strides
+    return as_strided(xp, shape=(n, c, kernel[0], kernel[1], out_hw[0], out_hw[1]),
+                      strides=(sn, sc, sh * dilations[0], sw * dilations[1], sh * strides[0], sw * strides[1]),
+                      writeable=False)
+
+
+def _conv_pads(op) -> tuple[int, int, int, int]:
+    (h, w), (oh, ow) = op.in_hw, op.out_hw
+    need_h = (oh - 1) * op.strides[0] + (op.kernel[0] - 1) * op.dilations[0] + 1
+    need_w = (ow - 1) * op.strides[1] + (op.kernel[1] - 1) * op.dilations[1] + 1
+    top, left = op.pads
+    return top, left, max(0, need_h - h - top), max(0, need_w - w - left)
+
+
+def _make_conv2d(op: A.Conv2D, ins, outs):
+    n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
+    (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
+    x = view(ins[0]).reshape(n, c, h, w)
+    weight = view(ins[1]).reshape(oc, c // g, kh, kw)
+    out = view(outs[0]).reshape(n, oc, oh * ow)
+    bias = view(ins[2]).reshape(oc, 1) if op.has_bias else None
+    act = _epilogue(op.activation)
+    pads = _conv_pads(op)
+
+    def finish():
+        if bias is not None:
+            np.add(out, bias, out=out)
+        if act:
+            act(out)
+
+    if g == c == oc and g > 1:  # depthwise: KH*KW multiply-adds of shifted views
+        padded = _PaddedInput(x, pads, 0.0, (0, 0))
+        windows = _window_view(padded.buf, op.kernel, op.strides, op.dilations, op.out_hw)
+        taps = [(np.ascontiguousarray(weight[:, 0, i, j]).reshape(1, c, 1, 1), windows[:, :, i, j])
+                for i in range(kh) for j in range(kw)]
+        out4 = out.reshape(n, oc, oh, ow)
+        tmp = np.empty_like(out4)
+
+        def run_depthwise():
+            padded.refresh()
+            np.multiply(taps[0][1], taps[0][0], out=out4)
+            for wt, win in taps[1:]:
+                np.multiply(win, wt, out=tmp)
+                np.add(out4, tmp, out=out4)
+            finish()
+        return run_depthwise, "depthwise"
+
+    cg, ocg = c // g, oc // g
+    w_packed = np.ascontiguousarray(weight.reshape(g, ocg, cg * kh * kw))
+    pointwise = (kh, kw) == (1, 1) and not any(pads) and op.strides == (1, 1)
+    if pointwise:  # 1x1 convolution is a GEMM on the input as it lies
+        xs = x.reshape(n, g, cg, h * w)
+        outg = out.reshape(n, g, ocg, oh * ow)
+
+        def run_1x1():
+            for b in range(n):
+                for gi in range(g):
+                    np.matmul(w_packed[gi], xs[b, gi], out=outg[b, gi])
+            finish()
+        return run_1x1, "gemm1x1"
+
+    padded = _PaddedInput(x, pads, 0.0, (0, 0))
+    windows = _window_view(padded.buf, op.kernel, op.strides, op.dilations, op.out_hw)
+    cols = np.empty((g, cg, kh, kw, oh, ow), dtype=np.float32)
+    cols2 = cols.reshape(g, cg * kh * kw, oh * ow)
+    outg = out.reshape(n, g, ocg, oh * ow)
+
+    def run_im2col():
+        padded.refresh()
+        for b in range(n):
+            np.copyto(cols, windows[b].reshape(g, cg, kh, kw, oh, ow))
+            for gi in range(g):
+                np.matmul(w_packed[gi], cols2[gi], out=outg[b, gi])
+        finish()
+    return run_im2col, "im2col"
+
+
+def _make_conv_transpose2d(op: A.ConvTranspose2D, ins, outs):
+    n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
+    (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
+    (sh, sw), (dh, dw), (top, left) = op.strides, op.dilations, op.pads
+    cg, ocg = c // g, oc // g
+    x = view(ins[0]).reshape(n, g, cg, h * w)
+    weight = view(ins[1]).reshape(g, cg, ocg * kh * kw)
+    w_t = np.ascontiguousarray(weight.transpose(0, 2, 1))  # [g, ocg*kh*kw, cg]
+    out = view(outs[0]).reshape(n, oc, oh, ow)
+    bias = view(ins[2]).reshape(1, oc, 1, 1) if op.has_bias else None
+    full_h = max((h - 1) * sh + (kh - 1) * dh + 1, top + oh)
+    full_w = max((w - 1) * sw + (kw - 1) * dw + 1, left + ow)
+    full = np.zeros((n, oc, full_h, full_w), dtype=np.float32)
+    cols = np.empty((g, ocg, kh, kw, h, w), dtype=np.float32)
+    cols2 = cols.reshape(g, ocg * kh * kw, h * w)
+    act = _epilogue(op.activation)
+
+    def run():
+        full.fill(0.0)
+        for b in range(n):
+            for gi in range(g):
+                np.matmul(w_t[gi], x[b, gi], out=cols2[gi])
+            target = full[b].reshape(g, ocg, full_h, full_w)
+            for i in range(kh):
+                for j in range(kw):
+                    target[:, :, i * dh:i * dh + (h - 1) * sh + 1:sh, j * dw:j * dw + (w - 1) * sw + 1:sw] += cols[:, :, i, j]
+        np.copyto(out, full[:, :, top:top + oh, left:left + ow])
+        if bias is not None:
+            np.add(out, bias, out=out)
+        if act:
+            act(out)
+    return run
+
+
+def _make_pool2d(op: A.Pool2D, ins, outs):
+    n, c = op.batch, op.channels
+    (h, w), (oh, ow), (kh, kw), (sh, sw) = op.in_hw, op.out_hw, op.kernel, op.strides
+    x = view(ins[0]).reshape(n, c, h, w)
+    out = view(outs[0]).reshape(n, c, oh, ow)
+    if (kh, kw) == (h, w) and (oh, ow) == (1, 1) and not any(op.pads):  # global pooling
+        x3, o3 = x.reshape(n, c, h * w), out.reshape(n, c)
+        reducer = np.max if op.op == "max" else np.mean
+        return (lambda: reducer(x3, axis=2, out=o3)), "global"
+    extent = ((oh - 1) * sh + kh, (ow - 1) * sw + kw)
+    border = -np.inf if op.op == "max" else 0.0
+    padded = _PaddedInput(x, op.pads, border, extent)
+    windows = _window_view(padded.buf, op.kernel, op.strides, (1, 1), op.out_hw)
+    taps = [windows[:, :, i, j] for i in range(kh) for j in range(kw)]
+    if op.op == "max":
+        def run_max():
+            padded.refresh()
+            np.copyto(out, taps[0])
+            for win in taps[1:]:
+                np.maximum(out, win, out=out)
+        return run_max
+    top, left, bottom, right = op.pads
+    starts_h = np.arange(oh) * sh - top
+    starts_w = np.arange(ow) * sw - left
+    if op.count_include_pad:
+        lo_h, hi_h, lo_w, hi_w = -top, h + bottom, -left, w + right
+    else:
+        lo_h, hi_h, lo_w, hi_w = 0, h, 0, w
+    count_h = np.minimum(starts_h + kh, hi_h) - np.maximum(starts_h, lo_h)
+    count_w = np.minimum(starts_w + kw, hi_w) - np.maximum(starts_w, lo_w)
+    inv_count = (1.0 / np.maximum(np.outer(count_h, count_w), 1)).astype(np.float32)
+
+    def run_avg():
+        padded.refresh()
+        np.copyto(out, taps[0])
+        for win in taps[1:]:
+            np.add(out, win, out=out)
+        np.multiply(out, inv_count, out=out)
+    return run_avg
+
+
+def _make_softmax(op: A.Softmax, ins, outs):
+    x = view(ins[0]).reshape(op.outer, op.size, op.inner)
+    o = view(outs[0]).reshape(op.outer, op.size, op.inner)
+    peak = np.empty((op.outer, 1, op.inner), dtype=np.float32)
+    total = np.empty_like(peak)
+
+    def run():
+        np.max(x, axis=1, keepdims=True, out=peak)
+        np.subtract(x, peak, out=o)
+        if op.log:
+            np.sum(np.exp(o), axis=1, keepdims=True, out=total)
+            np.subtract(o, np.log(total), out=o)
+        else:
+            np.exp(o, out=o)
+            np.sum(o, axis=1, keepdims=True, out=total)
+            np.divide(o, total, out=o)
+    return run
+
+
+def _make_normalize(op: A.Normalize, ins, outs):
+    x = view(ins[0]).reshape(op.outer, op.size)
+    o = view(outs[0]).reshape(op.outer, op.size)
+    scale = view(ins[1]).reshape(1, op.size) if op.has_affine else None
+    shift = view(ins[2]).reshape(1, op.size) if op.has_affine else None
+    mean = np.empty((op.outer, 1), dtype=np.float32)
+    var = np.empty_like(mean)
+
+    def run():
+        np.mean(x, axis=1, keepdims=True, out=mean)
+        np.subtract(x, mean, out=o)
+        np.mean(np.square(o), axis=1, keepdims=True, out=var)
+        np.add(var, op.eps, out=var)
+        np.sqrt(var, out=var)
+        np.divide(o, var, out=o)
+        if scale is not None:
+            np.multiply(o, scale, out=o)
+            np.add(o, shift, out=o)
+    return run
+
+
+def resize_source_coords(out_size: int, in_size: int, scale: float, coord: str) -> np.ndarray:
+    """ONNX Resize: the input coordinate each output index samples (before rounding/clamping)."""
+    o = np.arange(out_size, dtype=np.float64)
+    if coord == "align_corners":
+        return o * (in_size - 1) / (out_size - 1) if out_size > 1 else np.zeros(out_size)
+    if coord == "asymmetric":
+        return o / scale
+    if coord == "pytorch_half_pixel" and out_size == 1:
+        return np.zeros(out_size)
+    return (o + 0.5) / scale - 0.5  # half_pixel, pytorch_half_pixel
+
+
+def resize_nearest_index(src: np.ndarray, in_size: int, nearest_mode: str) -> np.ndarray:
+    if nearest_mode == "floor":
+        idx = np.floor(src)
+    elif nearest_mode == "ceil":
+        idx = np.ceil(src)
+    elif nearest_mode == "round_prefer_ceil":
+        idx = np.floor(src + 0.5)
+    else:  # round_prefer_floor
+        idx = np.ceil(src - 0.5)
+    return np.clip(idx, 0, in_size - 1).astype(np.int64)
+
+
+def _make_resize(op: A.Resize, ins, outs):
+    (h, w), (oh, ow) = op.in_hw, op.out_hw
+    x = view(ins[0]).reshape(op.planes, h, w)
+    out = view(outs[0]).reshape(op.planes, oh, ow)
+    src_h = resize_source_coords(oh, h, op.scales[0], op.coord)
+    src_w = resize_source_coords(ow, w, op.scales[1], op.coord)
+    if op.mode == "nearest":
+        ih = resize_nearest_index(src_h, h, op.nearest_mode)
+        iw = resize_nearest_index(src_w, w, op.nearest_mode)
+        rows = np.empty((op.planes, oh, w), dtype=np.float32)
+
+        def run_nearest():
+            np.take(x, ih, axis=1, out=rows)
+            np.take(rows, iw, axis=2, out=out)
+        return run_nearest
+
+    def axis_weights(src, size):
+        src = np.clip(src, 0, size - 1)
+        lo = np.floor(src).astype(np.int64)
+        hi = np.minimum(lo + 1, size - 1)
+        frac = (src - lo).astype(np.float32)
+        return lo, hi, frac
+    h0, h1, fh = axis_weights(src_h, h)
+    w0, w1, fw = axis_weights(src_w, w)
+    fh, fw = fh.reshape(1, oh, 1), fw.reshape(1, 1, ow)
+
+    def run_linear():
+        top = x[:, h0][:, :, w0] * (1 - fw) + x[:, h0][:, :, w1] * fw
+        bottom = x[:, h1][:, :, w0] * (1 - fw) + x[:, h1][:, :, w1] * fw
+        np.copyto(out, top * (1 - fh) + bottom * fh)
+    return run_linear
+
+
+def _make_gather(op: A.Gather, ins, outs):
+    data = view(ins[0]).reshape(op.outer, op.axis, op.inner)
+    idx_f = flat(ins[1])
+    out = view(outs[0]).reshape(op.outer, op.count, op.inner)
+
+    def run():
+        idx = idx_f.astype(np.int64)
+        idx[idx < 0] += op.axis
+        np.take(data, idx, axis=1, out=out)
+    return run
+
+
+_MAKERS: dict[type, Callable[..., Any]] = {
+    A.Raster: _make_raster, A.Unary: _make_unary, A.Binary: _make_binary, A.Reduce: _make_reduce,
+    A.MatMul: _make_matmul, A.Conv2D: _make_conv2d, A.ConvTranspose2D: _make_conv_transpose2d,
+    A.Pool2D: _make_pool2d, A.Softmax: _make_softmax, A.Normalize: _make_normalize,
+    A.Resize: _make_resize, A.Gather: _make_gather,
+}

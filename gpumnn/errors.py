@@ -1,0 +1,38 @@
+"""The exceptions a user of gpumnn can catch.
+
+Every error names the thing that went wrong (file, node, op type, input name, backend) so that
+a user never has to guess which part of a large model or which API caused it.
+"""
+from __future__ import annotations
+
+
+class GpumnnError(Exception):
+    """Base class of every error gpumnn raises on purpose."""
+
+
+class ModelError(GpumnnError):
+    """The model file does not parse or is not a valid graph."""
+
+
+class UnsupportedOpError(ModelError):
+    """A node uses an op type (or an attribute value) that gpumnn cannot run."""
+
+    def __init__(self, op_type: str, node_name: str, reason: str = "", supported: tuple[str, ...] = ()):
+        self.op_type = op_type
+        self.node_name = node_name
+        self.reason = reason
+        self.supported = tuple(sorted(supported))
+        msg = f"unsupported op {op_type!r} at node {node_name!r}"
+        if reason:
+            msg += f": {reason}"
+        if self.supported:
+            msg += f". Supported op types: {', '.join(self.supported)}"
+        super().__init__(msg)
+
+
+class InputError(GpumnnError, ValueError):
+    """A run or session was given an input with the wrong name, shape or dtype."""
+
+
+class BackendUnavailableError(GpumnnError, RuntimeError):
+    """A compute API cannot start on this machine; the message says why."""

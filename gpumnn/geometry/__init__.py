@@ -1,0 +1,132 @@
+"""Geometry lowering: an IR graph at concrete input shapes -> an :class:`AtomicProgram`.
+
+Steps (MNN's geometry compute): every node is lowered in order (``compute.py`` for compute
+ops, ``reorder.py`` for data reorder and shape ops), constants fold as they appear, then
+neighbouring Rasters fuse by composing their index maps, identity Rasters become free aliases,
+and the rest are compressed into strided regions.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .. import atomic as A
+from ..errors import GpumnnError, ModelError, UnsupportedOpError
+from ..ir import Graph
+from .context import LoweringContext, PendingRaster, Value
+from .regions import IndexMap, is_identity, regions_of
+from .registry import lowering_for, supported_ops
+
+__all__ = ["lower", "lower_into", "supported_ops", "LoweringContext", "Value"]
+
+
+def lower_into(ctx: LoweringContext, graph: Graph, nodes=None) -> None:
+    """Lower ``nodes`` (default: all of the graph's) into ``ctx``, naming the node on failure."""
+    for node in graph.nodes if nodes is None else nodes:
+        fn = lowering_for(node)
+        if fn is None:
+            raise UnsupportedOpError(node.op_type, node.name, "no lowering for this op type", supported_ops())
+        try:
+            fn(ctx, node, graph.opset)
+        except GpumnnError:
+            raise
+        except Exception as exc:  # a bug or a malformed attribute: say where
+            shapes = {n: list(ctx.values[n].shape) for n in node.inputs if n in ctx.values}
+            raise ModelError(f"node {node.name!r} ({node.op_type}) with input shapes {shapes} could not be "
+                             f"lowered: {type(exc).__name__}: {exc}") from exc
+
+
+def lower(graph: Graph, input_shapes: Mapping[str, Sequence[int]]) -> A.AtomicProgram:
+    """Shape inference + lowering + Raster fusion for one set of concrete input shapes."""
+    ctx = LoweringContext()
+    for name, array in graph.initializers.items():
+        ctx.set_const(name, array)
+    for info in graph.inputs:
+        ctx.set_runtime(info.name, input_shapes[info.name])
+    lower_into(ctx, graph)
+    return _finalize(ctx, graph)
+
+
+def _compose(outer: PendingRaster, position: int, inner: PendingRaster) -> PendingRaster:
+    """Fuse ``inner`` (which produces source ``position`` of ``outer``) into ``outer``."""
+    sources = [s for i, s in enumerate(outer.sources) if i != position]
+    remap_outer = np.array([i if i < position else i - 1 for i in range(len(outer.sources))] + [-1], dtype=np.int32)
+    inner_ids = []
+    for s in inner.sources:
+        if s not in sources:
+            sources.append(s)
+        inner_ids.append(sources.index(s))
+    remap_inner = np.array(inner_ids + [-1], dtype=np.int32)
+    src = remap_outer[outer.index_map.src]  # -1 indexes the trailing -1
+    idx = outer.index_map.idx.copy()
+    mask = outer.index_map.src == position
+    picked = idx[mask]
+    src[mask] = remap_inner[inner.index_map.src.reshape(-1)[picked]]
+    idx[mask] = inner.index_map.idx.reshape(-1)[picked]
+    fill = outer.fill if outer.fill is not None else inner.fill
+    return PendingRaster(sources, IndexMap(src, idx), outer.output, fill, outer.source_node)
+
+
+def _finalize(ctx: LoweringContext, graph: Graph) -> A.AtomicProgram:
+    def storage(name: str) -> str:
+        while name in ctx.aliases:
+            name = ctx.aliases[name]
+        return name
+
+    uses: Counter[str] = Counter()
+    for op in ctx.ops:
+        for name in (op.sources if isinstance(op, PendingRaster) else op.inputs):
+            uses[storage(name)] += 1
+    for name in graph.output_names:
+        uses[storage(name)] += 2  # an output is never fused away
+
+    producers: dict[str, PendingRaster] = {}
+    ops: list[A.AtomicOp | PendingRaster] = []
+    for op in ctx.ops:
+        if isinstance(op, PendingRaster):
+            changed = True
+            while changed:  # fold every single-use Raster feeding this one into it
+                changed = False
+                for position, name in enumerate(op.sources):
+                    inner = producers.get(storage(name))
+                    if inner is None or uses[storage(name)] != 1:
+                        continue
+                    if inner.fill is not None and op.fill is not None and inner.fill != op.fill:
+                        continue
+                    op = _compose(op, position, inner)
+                    inner.output = ""  # dead
+                    changed = True
+                    break
+            producers[op.output] = op
+        ops.append(op)
+
+    final_ops: list[A.AtomicOp] = []
+    for op in ops:
+        if not isinstance(op, PendingRaster):
+            final_ops.append(op)
+            continue
+        if not op.output:
+            continue
+        if len(op.sources) == 1 and is_identity(op.index_map, ctx.values[op.sources[0]].size):
+            ctx.aliases[op.output] = op.sources[0]
+            continue
+        regions = tuple(regions_of(op.index_map))
+        needs_fill = bool(np.any(op.index_map.src < 0))
+        final_ops.append(A.Raster(tuple(op.sources), (op.output,), op.source_node, out_shape=op.index_map.shape,
+                                  regions=regions, fill=(op.fill if op.fill is not None else 0.0) if needs_fill else None))
+
+    used = {n for op in final_ops for n in op.inputs + op.outputs} | set(graph.output_names) | set(graph.input_names)
+    for name in list(used):  # keep whole alias chains, so storage_of() resolves every view
+        while name in ctx.aliases:
+            name = ctx.aliases[name]
+            used.add(name)
+    shapes = {n: v.shape for n, v in ctx.values.items() if n in used and not v.is_const}
+    constants = {n: a for n, a in ctx.constants.items() if n in used}
+    folded = {n: ctx.values[n].const for n in graph.output_names if ctx.values[n].is_const}
+    for name in graph.output_names:
+        if name not in ctx.values:
+            raise ModelError(f"graph output {name!r} was never computed")
+    aliases = {n: s for n, s in ctx.aliases.items() if n in used}
+    return A.AtomicProgram(final_ops, shapes, constants, graph.input_names, graph.output_names, aliases, folded)

@@ -1,0 +1,604 @@
+"""Lowering of compute ops to atomic ops (Unary, Binary, Reduce, MatMul, Conv2D, ...).
+
+Each function reads the concrete input shapes, computes the output shapes (this *is* shape
+inference) and emits atomic ops. Ops that MNN would treat as compositions are lowered as such:
+LRN becomes square -> channel-window average pool -> (bias + alpha*x)^beta -> divide, InstanceNorm
+becomes Normalize + per-channel mul/add, 1D convolution is a 2D one on a free view.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import onnx
+
+from .. import atomic as A
+from ..errors import UnsupportedOpError
+from ..ir import Node
+from .context import LoweringContext
+from .regions import contiguous_strides
+from .registry import lowers
+from .reorder import gather_constant_indices, norm_axis, reorder
+
+ConstLookup = Callable[[str], "np.ndarray | None"]
+
+UNARY_ONNX: dict[str, str] = {
+    "Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf", "Exp": "exp", "Log": "log",
+    "Sqrt": "sqrt", "Neg": "neg", "Abs": "abs", "Reciprocal": "reciprocal", "Floor": "floor",
+    "Ceil": "ceil", "Round": "round", "Softplus": "softplus", "Sign": "sign", "HardSwish": "hard_swish",
+    "LeakyRelu": "leaky_relu", "HardSigmoid": "hard_sigmoid", "Elu": "elu", "Gelu": "gelu", "Clip": "clip",
+}
+
+BINARY_ONNX: dict[str, str] = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow",
+                               "Max": "max", "Min": "min", "Sum": "add", "PRelu": "prelu"}
+
+
+def unary_spec(node: Node, lookup: ConstLookup) -> tuple[str, tuple[float, ...]] | None:
+    """The atomic unary (name, params) an ONNX activation node computes, or None if it cannot
+    be expressed (e.g. Clip with data-dependent bounds). Shared by lowering and fusion."""
+    op = node.op_type
+    if op not in UNARY_ONNX:
+        return None
+    name = UNARY_ONNX[op]
+    if op == "LeakyRelu":
+        return name, (float(node.attr("alpha", 0.01)),)
+    if op == "HardSigmoid":
+        return name, (float(node.attr("alpha", 0.2)), float(node.attr("beta", 0.5)))
+    if op == "Elu":
+        return name, (float(node.attr("alpha", 1.0)),)
+    if op == "Gelu":
+        return (name, ()) if node.attr("approximate", "none") == "none" else None
+    if op == "Clip":
+        bounds = []
+        for i, default, attr in ((1, -np.inf, "min"), (2, np.inf, "max")):
+            if len(node.inputs) > i and node.inputs[i]:
+                value = lookup(node.inputs[i])
+                if value is None:
+                    return None
+                bounds.append(float(np.asarray(value).reshape(-1)[0]))
+            else:
+                bounds.append(float(node.attr(attr, default)))
+        if bounds == [0.0, np.inf]:
+            return "relu", ()
+        return name, (bounds[0], bounds[1])
+    return name, ()
+
+
+def fused_activation(node: Node) -> A.Activation:
+    act = node.attr("gpumnn_activation")
+    return None if act is None else (act[0], tuple(act[1]))
+
+
+# -- elementwise ---------------------------------------------------------------------------------
+
+def broadcast_strides(out_shape: Sequence[int], in_shape: Sequence[int]) -> list[int]:
+    """Element strides of ``in_shape`` read as if broadcast to ``out_shape`` (0 on broadcast dims)."""
+    in_shape = [1] * (len(out_shape) - len(in_shape)) + list(in_shape)
+    strides = contiguous_strides(tuple(in_shape))
+    return [0 if d == 1 and o != 1 else s for d, o, s in zip(in_shape, out_shape, strides)]
+
+
+def collapse_binary(out_shape, a_strides, b_strides, node: Node):
+    """Merge dims contiguous in output and both inputs so any broadcast fits in RANK dims."""
+    dims = [(n, sa, sb) for n, sa, sb in zip(out_shape, a_strides, b_strides) if n != 1]
+    merged: list[tuple[int, int, int]] = []
+    for n, sa, sb in dims:
+        if merged:
+            pn, pa, pb = merged[-1]
+            if pa == sa * n and pb == sb * n:
+                merged[-1] = (pn * n, sa, sb)
+                continue
+        merged.append((n, sa, sb))
+    if len(merged) > A.RANK:
+        raise UnsupportedOpError(node.op_type, node.name, f"broadcast over shape {list(out_shape)} needs more than {A.RANK} dims")
+    merged = [(1, 0, 0)] * (A.RANK - len(merged)) + merged
+    return tuple(m[0] for m in merged), tuple(m[1] for m in merged), tuple(m[2] for m in merged)
+
+
+def emit_binary(ctx: LoweringContext, node: Node, op: str, a: str, b: str, out: str,
+                activation: A.Activation = None) -> None:
+    sa, sb = ctx.shape(a), ctx.shape(b)
+    try:
+        out_shape = tuple(np.broadcast_shapes(sa, sb))
+    except ValueError:
+        raise UnsupportedOpError(node.op_type, node.name, f"shapes {list(sa)} and {list(sb)} do not broadcast") from None
+    shape4, a4, b4 = collapse_binary(out_shape, broadcast_strides(out_shape, sa), broadcast_strides(out_shape, sb), node)
+    ctx.emit(A.Binary((a, b), (out,), node.name, op=op, out_shape=shape4, a_strides=a4, b_strides=b4,
+                      activation=activation), out_shape)
+
+
+def emit_unary(ctx: LoweringContext, node: Node, op: str, params: tuple[float, ...], x: str, out: str) -> None:
+    ctx.emit(A.Unary((x,), (out,), node.name, op=op, params=params, count=ctx.value(x).size), ctx.shape(x))
+
+
+@lowers(*UNARY_ONNX)
+def lower_unary(ctx: LoweringContext, node: Node, opset: int) -> None:
+    spec = unary_spec(node, lambda n: ctx.values[n].const if n in ctx.values else None)
+    if spec is None:
+        raise UnsupportedOpError(node.op_type, node.name, "attributes or data-dependent bounds not supported")
+    emit_unary(ctx, node, spec[0], spec[1], node.inputs[0], node.outputs[0])
+
+
+@lowers(*[k for k in BINARY_ONNX if k not in ("Sum",)], "Sum", "Mean")
+def lower_binary(ctx: LoweringContext, node: Node, opset: int) -> None:
+    inputs = [n for n in node.inputs if n]
+    act = fused_activation(node)
+    if node.op_type == "Pow":
+        exponent = ctx.values[inputs[1]].const
+        if exponent is not None and exponent.size == 1 and float(exponent.reshape(-1)[0]) in (1.0, 2.0, 0.5):
+            e = float(exponent.reshape(-1)[0])
+            op = {1.0: "identity", 2.0: "square", 0.5: "sqrt"}[e]
+            if np.broadcast_shapes(ctx.shape(inputs[0]), exponent.shape) == ctx.shape(inputs[0]):
+                emit_unary(ctx, node, op, (), inputs[0], node.outputs[0])
+                return
+    op = BINARY_ONNX.get(node.op_type, "add")
+    if len(inputs) == 1:
+        ctx.alias(node.outputs[0], inputs[0], ctx.shape(inputs[0]))
+        return
+    current = inputs[0]
+    for i, other in enumerate(inputs[1:]):
+        last = i == len(inputs) - 2 and node.op_type != "Mean"
+        target = node.outputs[0] if last else ctx.temp(node, f"partial{i}")
+        emit_binary(ctx, node, op, current, other, target, act if last else None)
+        current = target
+    if node.op_type == "Mean":
+        scale = ctx.temp(node, "inv_count")
+        ctx.set_const(scale, np.array(1.0 / len(inputs), dtype=np.float32))
+        emit_binary(ctx, node, "mul", current, scale, node.outputs[0])
+
+
+@lowers("Cast")
+def lower_cast(ctx: LoweringContext, node: Node, opset: int) -> None:
+    target = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(node.attr("to"))))
+    value = ctx.value(node.inputs[0], node)
+    if value.is_const:
+        ctx.set_const(node.outputs[0], value.const.astype(target))
+    elif np.issubdtype(target, np.floating):
+        ctx.alias(node.outputs[0], node.inputs[0], value.shape)
+    elif np.issubdtype(target, np.integer):  # run-time tensors are float32: keep the integer value
+        emit_unary(ctx, node, "trunc", (), node.inputs[0], node.outputs[0])
+    else:
+        raise UnsupportedOpError("Cast", node.name, f"cast of run-time data to {target} is not supported")
+
+
+# -- convolution ---------------------------------------------------------------------------------
+
+def _conv_geometry(node: Node, in_hw, kernel, strides, dilations, pads):
+    """(pads_begin, out_hw) for Conv, honouring auto_pad."""
+    auto_pad = node.attr("auto_pad", "NOTSET")
+    out = []
+    begins = []
+    for i in range(2):
+        eff = dilations[i] * (kernel[i] - 1) + 1
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            o = -(-in_hw[i] // strides[i])
+            total = max(0, (o - 1) * strides[i] + eff - in_hw[i])
+            begin = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+        elif auto_pad == "VALID":
+            begin, total = 0, 0
+            o = (in_hw[i] - eff) // strides[i] + 1
+        else:
+            begin, total = pads[i], pads[i] + pads[i + 2]
+            o = (in_hw[i] + total - eff) // strides[i] + 1
+        out.append(o)
+        begins.append(begin)
+    return tuple(begins), tuple(out)
+
+
+def _spatial_view(ctx: LoweringContext, node: Node, name: str) -> tuple[str, tuple[int, ...], bool]:
+    """A 4D name for a 3D (1D-conv) or 4D tensor; 1D convolution runs as 2D with H=1."""
+    shape = ctx.shape(name)
+    if len(shape) == 4:
+        return name, shape, False
+    if len(shape) == 3:
+        view = ctx.temp(node, "as2d")
+        ctx.alias(view, name, (shape[0], shape[1], 1, shape[2]))
+        return view, ctx.shape(view), True
+    raise UnsupportedOpError(node.op_type, node.name, f"only 1D and 2D spatial inputs are supported, got shape {list(shape)}")
+
+
+def _pair(values, default, is1d: bool) -> tuple[int, int]:
+    if values is None:
+        return (default, default)
+    values = list(values)
+    return (1 if default == 1 else 0, values[0]) if is1d and len(values) == 1 else (values[0], values[1])
+
+
+def _pads4(node: Node, is1d: bool) -> list[int]:
+    """The node's pads as [top, left, bottom, right] (a 1D op pads only its width)."""
+    pads = list(node.attr("pads", [0, 0] if is1d else [0, 0, 0, 0]))
+    return [0, pads[0], 0, pads[1]] if is1d else pads
+
+
+@lowers("Conv")
+def lower_conv(ctx: LoweringContext, node: Node, opset: int) -> None:
+    x, x_shape, is1d = _spatial_view(ctx, node, node.inputs[0])
+    w_name = node.inputs[1]
+    w_shape = ctx.shape(w_name)
+    if is1d:
+        w4 = ctx.temp(node, "w2d")
+        ctx.alias(w4, w_name, (w_shape[0], w_shape[1], 1, w_shape[2]))
+        w_name, w_shape = w4, ctx.shape(w4)
+    n, c, h, w = x_shape
+    groups = int(node.attr("group", 1))
+    if c != w_shape[1] * groups:
+        raise UnsupportedOpError("Conv", node.name, f"input has {c} channels, weights expect {w_shape[1] * groups}")
+    kernel = tuple(w_shape[2:])
+    strides = _pair(node.attr("strides"), 1, is1d)
+    dilations = _pair(node.attr("dilations"), 1, is1d)
+    pads, out_hw = _conv_geometry(node, (h, w), kernel, strides, dilations, _pads4(node, is1d))
+    inputs = [x, w_name] + ([node.inputs[2]] if len(node.inputs) > 2 and node.inputs[2] else [])
+    out = node.outputs[0] if not is1d else ctx.temp(node, "out2d")
+    op = A.Conv2D(tuple(inputs), (out,), node.name, batch=n, in_channels=c, in_hw=(h, w),
+                  out_channels=w_shape[0], out_hw=out_hw, kernel=kernel, strides=strides, pads=pads,
+                  dilations=dilations, groups=groups, has_bias=len(inputs) == 3,
+                  activation=fused_activation(node))
+    ctx.emit(op, (n, w_shape[0]) + out_hw)
+    if is1d:
+        ctx.alias(node.outputs[0], out, (n, w_shape[0], out_hw[1]))
+
+
+@lowers("ConvTranspose")
+def lower_conv_transpose(ctx: LoweringContext, node: Node, opset: int) -> None:
+    x, x_shape, is1d = _spatial_view(ctx, node, node.inputs[0])
+    if is1d:
+        raise UnsupportedOpError("ConvTranspose", node.name, "1D transposed convolution is not supported")
+    n, c, h, w = x_shape
+    w_shape = ctx.shape(node.inputs[1])
+    groups = int(node.attr("group", 1))
+    oc = w_shape[1] * groups
+    kernel = tuple(w_shape[2:])
+    strides = _pair(node.attr("strides"), 1, False)
+    dilations = _pair(node.attr("dilations"), 1, False)
+    out_pad = list(node.attr("output_padding", [0, 0]))
+    pads = list(node.attr("pads", [0, 0, 0, 0]))
+    full = [strides[i] * ((h, w)[i] - 1) + out_pad[i] + dilations[i] * (kernel[i] - 1) + 1 for i in range(2)]
+    if node.attr("output_shape") is not None:
+        target = list(node.attr("output_shape"))[-2:]
+        upper = node.attr("auto_pad", "NOTSET") == "SAME_UPPER"
+        for i in range(2):
+            total = full[i] - target[i]
+            pads[i] = total // 2 if upper else total - total // 2
+            pads[i + 2] = total - pads[i]
+    elif node.attr("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER"):
+        for i in range(2):
+            target = (h, w)[i] * strides[i]
+            total = max(0, full[i] - target)
+            pads[i] = total // 2 if node.attr("auto_pad") == "SAME_UPPER" else total - total // 2
+            pads[i + 2] = total - pads[i]
+    out_hw = (full[0] - pads[0] - pads[2], full[1] - pads[1] - pads[3])
+    inputs = [x, node.inputs[1]] + ([node.inputs[2]] if len(node.inputs) > 2 and node.inputs[2] else [])
+    op = A.ConvTranspose2D(tuple(inputs), (node.outputs[0],), node.name, batch=n, in_channels=c, in_hw=(h, w),
+                           out_channels=oc, out_hw=out_hw, kernel=kernel, strides=strides,
+                           pads=(pads[0], pads[1]), dilations=dilations, groups=groups,
+                           has_bias=len(inputs) == 3, activation=fused_activation(node))
+    ctx.emit(op, (n, oc) + out_hw)
+
+
+# -- pooling -------------------------------------------------------------------------------------
+
+def pool_output_size(size: int, kernel: int, stride: int, begin: int, end: int, ceil_mode: bool) -> int:
+    span = size + begin + end - kernel
+    out = (-(-span // stride) if ceil_mode else span // stride) + 1
+    if ceil_mode and (out - 1) * stride >= size + begin:
+        out -= 1  # the last window must start inside the input or its leading padding
+    return out
+
+
+@lowers("MaxPool", "AveragePool")
+def lower_pool(ctx: LoweringContext, node: Node, opset: int) -> None:
+    if len(node.outputs) > 1 and node.outputs[1]:
+        raise UnsupportedOpError(node.op_type, node.name, "the Indices output is not supported")
+    x, (n, c, h, w), is1d = _spatial_view(ctx, node, node.inputs[0])
+    kernel = _pair(node.attr("kernel_shape"), 1, is1d)
+    strides = _pair(node.attr("strides"), 1, is1d)
+    if any(d != 1 for d in node.attr("dilations", [1, 1])):
+        raise UnsupportedOpError(node.op_type, node.name, "dilated pooling is not supported")
+    pads4 = _pads4(node, is1d)
+    ceil_mode = bool(node.attr("ceil_mode", 0))
+    auto_pad = node.attr("auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER", "VALID"):
+        (top, left), out_hw = _conv_geometry(node, (h, w), kernel, strides, (1, 1), pads4)
+        bottom = max(0, (out_hw[0] - 1) * strides[0] + kernel[0] - h - top)
+        right = max(0, (out_hw[1] - 1) * strides[1] + kernel[1] - w - left)
+        pads = (top, left, bottom, right)
+    else:
+        pads = tuple(pads4)
+        out_hw = (pool_output_size(h, kernel[0], strides[0], pads[0], pads[2], ceil_mode),
+                  pool_output_size(w, kernel[1], strides[1], pads[1], pads[3], ceil_mode))
+    out = node.outputs[0] if not is1d else ctx.temp(node, "out2d")
+    op = A.Pool2D((x,), (out,), node.name, op="max" if node.op_type == "MaxPool" else "avg", batch=n,
+                  channels=c, in_hw=(h, w), out_hw=out_hw, kernel=kernel, strides=strides, pads=pads,
+                  count_include_pad=bool(node.attr("count_include_pad", 0)))
+    ctx.emit(op, (n, c) + out_hw)
+    if is1d:
+        ctx.alias(node.outputs[0], out, (n, c, out_hw[1]))
+
+
+@lowers("GlobalAveragePool", "GlobalMaxPool")
+def lower_global_pool(ctx: LoweringContext, node: Node, opset: int) -> None:
+    shape = ctx.shape(node.inputs[0])
+    n, c = shape[:2]
+    spatial = int(np.prod(shape[2:], dtype=np.int64))
+    x = ctx.temp(node, "planes")
+    ctx.alias(x, node.inputs[0], (n, c, 1, spatial))
+    out = ctx.temp(node, "pooled")
+    op = A.Pool2D((x,), (out,), node.name, op="max" if node.op_type == "GlobalMaxPool" else "avg", batch=n,
+                  channels=c, in_hw=(1, spatial), out_hw=(1, 1), kernel=(1, spatial))
+    ctx.emit(op, (n, c, 1, 1))
+    ctx.alias(node.outputs[0], out, (n, c) + (1,) * (len(shape) - 2))
+
+
+# -- matrix products -----------------------------------------------------------------------------
+
+@lowers("Gemm")
+def lower_gemm(ctx: LoweringContext, node: Node, opset: int) -> None:
+    a, b = node.inputs[0], node.inputs[1]
+    trans_a, trans_b = bool(node.attr("transA", 0)), bool(node.attr("transB", 0))
+    sa, sb = ctx.shape(a), ctx.shape(b)
+    if len(sa) != 2 or len(sb) != 2:
+        raise UnsupportedOpError("Gemm", node.name, f"inputs must be 2D, got {list(sa)} and {list(sb)}")
+    m, k = (sa[1], sa[0]) if trans_a else sa
+    k2, n = (sb[1], sb[0]) if trans_b else sb
+    if k != k2:
+        raise UnsupportedOpError("Gemm", node.name, f"inner dimensions differ: {k} vs {k2}")
+    inputs = [a, b]
+    bias_strides = (0, 1)
+    beta = float(node.attr("beta", 1.0))
+    if len(node.inputs) > 2 and node.inputs[2] and beta != 0.0:
+        inputs.append(node.inputs[2])
+        bias_strides = tuple(broadcast_strides((m, n), ctx.shape(node.inputs[2])))
+    op = A.MatMul(tuple(inputs), (node.outputs[0],), node.name, batch=1, m=m, n=n, k=k,
+                  trans_a=trans_a, trans_b=trans_b, alpha=float(node.attr("alpha", 1.0)), beta=beta,
+                  has_bias=len(inputs) == 3, bias_strides=bias_strides, activation=fused_activation(node))
+    ctx.emit(op, (m, n))
+
+
+def _batched_operand(ctx: LoweringContext, node: Node, name: str, batch_shape: tuple[int, ...], mat: tuple[int, int]):
+    """(tensor, batch stride) for a MatMul operand; broadcasts that are not plain sharing are materialised."""
+    shape = ctx.shape(name)
+    own = int(np.prod(shape[:-2], dtype=np.int64)) if len(shape) > 2 else 1
+    batch = int(np.prod(batch_shape, dtype=np.int64))
+    if own == 1:
+        return name, 0
+    if tuple(shape[:-2]) == tuple(batch_shape[len(batch_shape) - len(shape) + 2:]) and own == batch:
+        return name, mat[0] * mat[1]
+    expanded = ctx.temp(node, "expanded")
+    target = tuple(batch_shape) + tuple(shape[-2:])
+    reorder(ctx, node, [name], lambda xs, f: [np.broadcast_to(xs[0], target)], [expanded])
+    return expanded, mat[0] * mat[1]
+
+
+@lowers("MatMul")
+def lower_matmul(ctx: LoweringContext, node: Node, opset: int) -> None:
+    a, b = node.inputs[0], node.inputs[1]
+    sa, sb = list(ctx.shape(a)), list(ctx.shape(b))
+    squeeze_m, squeeze_n = len(sa) == 1, len(sb) == 1
+    if squeeze_m:
+        a2 = ctx.temp(node, "row")
+        ctx.alias(a2, a, [1] + sa)
+        a, sa = a2, [1] + sa
+    if squeeze_n:
+        b2 = ctx.temp(node, "col")
+        ctx.alias(b2, b, sb + [1])
+        b, sb = b2, sb + [1]
+    m, k = sa[-2:]
+    k2, n = sb[-2:]
+    if k != k2:
+        raise UnsupportedOpError("MatMul", node.name, f"inner dimensions differ: {sa} x {sb}")
+    batch_shape = tuple(np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2])))
+    batch = int(np.prod(batch_shape, dtype=np.int64))
+    a, a_stride = _batched_operand(ctx, node, a, batch_shape, (m, k))
+    b, b_stride = _batched_operand(ctx, node, b, batch_shape, (k, n))
+    inputs = [a, b]
+    bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None  # fused by optimize
+    if bias is not None:
+        inputs.append(bias)
+    out_shape = list(batch_shape) + [m, n]
+    final = node.outputs[0]
+    target = final if not (squeeze_m or squeeze_n) else ctx.temp(node, "out")
+    op = A.MatMul(tuple(inputs), (target,), node.name, batch=batch, m=m, n=n, k=k, a_batch_stride=a_stride,
+                  b_batch_stride=b_stride, has_bias=bias is not None,
+                  bias_strides=(0, 1), activation=fused_activation(node))
+    ctx.emit(op, out_shape)
+    if target != final:
+        squeezed = list(batch_shape) + ([] if squeeze_m else [m]) + ([] if squeeze_n else [n])
+        ctx.alias(final, target, squeezed)
+
+
+# -- normalisation and softmax -------------------------------------------------------------------
+
+def _channel_param(ctx: LoweringContext, node: Node, name: str, rank: int, what: str) -> str:
+    """A per-channel vector as a [C, 1, ...] tensor that broadcasts over NC... data."""
+    value = ctx.const(name, node, what)
+    view = ctx.temp(node, what)
+    ctx.set_const(view, value.astype(np.float32).reshape((-1,) + (1,) * (rank - 2)))
+    return view
+
+
+@lowers("BatchNormalization")
+def lower_batch_norm(ctx: LoweringContext, node: Node, opset: int) -> None:
+    if any(o for o in node.outputs[1:]):
+        raise UnsupportedOpError("BatchNormalization", node.name, "training-mode outputs are not supported")
+    x = node.inputs[0]
+    rank = len(ctx.shape(x))
+    gamma, beta, mean, var = (ctx.const(n, node, w).astype(np.float64) for n, w in
+                              zip(node.inputs[1:5], ("scale", "bias", "mean", "var")))
+    scale = gamma / np.sqrt(var + float(node.attr("epsilon", 1e-5)))
+    shift = beta - mean * scale
+    scale_name, shift_name = ctx.temp(node, "scale"), ctx.temp(node, "shift")
+    ctx.set_const(scale_name, scale.astype(np.float32).reshape((-1,) + (1,) * (rank - 2)))
+    ctx.set_const(shift_name, shift.astype(np.float32).reshape((-1,) + (1,) * (rank - 2)))
+    scaled = ctx.temp(node, "scaled")
+    emit_binary(ctx, node, "mul", x, scale_name, scaled)
+    emit_binary(ctx, node, "add", scaled, shift_name, node.outputs[0], fused_activation(node))
+
+
+@lowers("LayerNormalization")
+def lower_layer_norm(ctx: LoweringContext, node: Node, opset: int) -> None:
+    if any(o for o in node.outputs[1:]):
+        raise UnsupportedOpError("LayerNormalization", node.name, "the Mean/InvStdDev outputs are not supported")
+    x = node.inputs[0]
+    shape = ctx.shape(x)
+    axis = norm_axis(node.attr("axis", -1), len(shape), node)
+    size = int(np.prod(shape[axis:], dtype=np.int64))
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    params = []
+    for i, what in ((1, "scale"), (2, "bias")):
+        if len(node.inputs) > i and node.inputs[i]:
+            value = ctx.values[node.inputs[i]]
+            if value.is_const:
+                name = ctx.temp(node, what)
+                ctx.set_const(name, np.ascontiguousarray(np.broadcast_to(value.const.astype(np.float32), shape[axis:])))
+            elif value.shape == tuple(shape[axis:]):
+                name = node.inputs[i]
+            else:
+                raise UnsupportedOpError("LayerNormalization", node.name, f"run-time {what} must have shape {list(shape[axis:])}")
+        else:
+            name = ctx.temp(node, what)
+            ctx.set_const(name, np.full(shape[axis:], 1.0 if what == "scale" else 0.0, dtype=np.float32))
+        params.append(name)
+    ctx.emit(A.Normalize((x, params[0], params[1]), (node.outputs[0],), node.name, outer=outer, size=size,
+                         eps=float(node.attr("epsilon", 1e-5)), has_affine=True), shape)
+
+
+@lowers("InstanceNormalization")
+def lower_instance_norm(ctx: LoweringContext, node: Node, opset: int) -> None:
+    x = node.inputs[0]
+    shape = ctx.shape(x)
+    outer, size = shape[0] * shape[1], int(np.prod(shape[2:], dtype=np.int64))
+    normed = ctx.temp(node, "normalized")
+    ctx.emit(A.Normalize((x,), (normed,), node.name, outer=outer, size=size,
+                         eps=float(node.attr("epsilon", 1e-5))), shape)
+    scaled = ctx.temp(node, "scaled")
+    emit_binary(ctx, node, "mul", normed, _channel_param(ctx, node, node.inputs[1], len(shape), "scale"), scaled)
+    emit_binary(ctx, node, "add", scaled, _channel_param(ctx, node, node.inputs[2], len(shape), "bias"), node.outputs[0])
+
+
+@lowers("Softmax", "LogSoftmax")
+def lower_softmax(ctx: LoweringContext, node: Node, opset: int) -> None:
+    shape = ctx.shape(node.inputs[0])
+    if opset >= 13:
+        axis = norm_axis(node.attr("axis", -1), len(shape), node)
+        outer, size, inner = (int(np.prod(shape[:axis], dtype=np.int64)), shape[axis],
+                              int(np.prod(shape[axis + 1:], dtype=np.int64)))
+    else:  # opsets 11-12 coerce the input to 2D at ``axis``
+        axis = norm_axis(node.attr("axis", 1), len(shape), node)
+        outer, size, inner = int(np.prod(shape[:axis], dtype=np.int64)), int(np.prod(shape[axis:], dtype=np.int64)), 1
+    ctx.emit(A.Softmax((node.inputs[0],), (node.outputs[0],), node.name, outer=outer, size=size, inner=inner,
+                       log=node.op_type == "LogSoftmax"), shape)
+
+
+# -- reductions ----------------------------------------------------------------------------------
+
+REDUCE_ONNX = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min"}
+
+
+@lowers(*REDUCE_ONNX)
+def lower_reduce(ctx: LoweringContext, node: Node, opset: int) -> None:
+    shape = list(ctx.shape(node.inputs[0]))
+    axes_from_input = opset >= 18 or (node.op_type == "ReduceSum" and opset >= 13)
+    if axes_from_input:
+        axes = list(np.asarray(ctx.const(node.inputs[1], node, "axes")).reshape(-1)) if len(node.inputs) > 1 and node.inputs[1] else []
+    else:
+        axes = list(node.attr("axes", []))
+    if not axes:
+        if node.attr("noop_with_empty_axes", 0):
+            ctx.alias(node.outputs[0], node.inputs[0], shape)
+            return
+        axes = list(range(len(shape)))
+    axes = sorted({norm_axis(int(a), len(shape), node) for a in axes})
+    runs: list[list[int]] = []
+    for a in axes:
+        if runs and runs[-1][-1] == a - 1:
+            runs[-1].append(a)
+        else:
+            runs.append([a])
+    current, cur_shape = node.inputs[0], list(shape)
+    op = REDUCE_ONNX[node.op_type]
+    for i, run in enumerate(reversed(runs)):  # innermost first so earlier axis numbers stay valid
+        lo, hi = run[0], run[-1] + 1
+        out_shape = cur_shape[:lo] + [1] * (hi - lo) + cur_shape[hi:]
+        target = ctx.temp(node, f"reduced{i}")
+        ctx.emit(A.Reduce((current,), (target,), node.name, op=op,
+                          outer=int(np.prod(cur_shape[:lo], dtype=np.int64)),
+                          size=int(np.prod(cur_shape[lo:hi], dtype=np.int64)),
+                          inner=int(np.prod(cur_shape[hi:], dtype=np.int64))), out_shape)
+        current, cur_shape = target, out_shape
+    final = cur_shape if node.attr("keepdims", 1) else [d for i, d in enumerate(cur_shape) if i not in axes]
+    ctx.alias(node.outputs[0], current, final)
+
+
+# -- the rest ------------------------------------------------------------------------------------
+
+@lowers("LRN")
+def lower_lrn(ctx: LoweringContext, node: Node, opset: int) -> None:
+    """LRN = x / (bias + alpha * mean of squares over a channel window)^beta, from atomic ops."""
+    x = node.inputs[0]
+    n, c, h, w = ctx.shape(x)
+    size = int(node.attr("size"))
+    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+    squares = ctx.temp(node, "squares")
+    emit_unary(ctx, node, "square", (), x, squares)
+    planes = ctx.temp(node, "channel_planes")
+    ctx.alias(planes, squares, (n, 1, c, h * w))
+    window = ctx.temp(node, "window_mean")
+    ctx.emit(A.Pool2D((planes,), (window,), node.name, op="avg", batch=n, channels=1, in_hw=(c, h * w),
+                      out_hw=(c, h * w), kernel=(size, 1), pads=(before, 0, after, 0), count_include_pad=True),
+             (n, 1, c, h * w))
+    denom = ctx.temp(node, "denominator")
+    ctx.emit(A.Unary((window,), (denom,), node.name, op="affine_pow",
+                     params=(float(node.attr("bias", 1.0)), float(node.attr("alpha", 1e-4)), float(node.attr("beta", 0.75))),
+                     count=n * c * h * w), (n, 1, c, h * w))
+    denom4 = ctx.temp(node, "denominator4d")
+    ctx.alias(denom4, denom, (n, c, h, w))
+    emit_binary(ctx, node, "div", x, denom4, node.outputs[0])
+
+
+RESIZE_COORDS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
+
+
+@lowers("Resize")
+def lower_resize(ctx: LoweringContext, node: Node, opset: int) -> None:
+    x = node.inputs[0]
+    shape = ctx.shape(x)
+    if len(shape) != 4:
+        raise UnsupportedOpError("Resize", node.name, f"only 4D NCHW inputs are supported, got {list(shape)}")
+    mode = node.attr("mode", "nearest")
+    coord = node.attr("coordinate_transformation_mode", "half_pixel")
+    if mode not in ("nearest", "linear"):
+        raise UnsupportedOpError("Resize", node.name, f"mode {mode!r} is not supported (nearest, linear)")
+    if coord not in RESIZE_COORDS:
+        raise UnsupportedOpError("Resize", node.name, f"coordinate_transformation_mode {coord!r} is not supported")
+    if node.attr("antialias", 0):
+        raise UnsupportedOpError("Resize", node.name, "antialias is not supported")
+    sizes = ctx.const(node.inputs[3], node, "sizes") if len(node.inputs) > 3 and node.inputs[3] else None
+    scales = ctx.const(node.inputs[2], node, "scales") if len(node.inputs) > 2 and node.inputs[2] else None
+    if sizes is not None and np.asarray(sizes).size:
+        out = [int(v) for v in np.asarray(sizes).reshape(-1)]
+        factors = [o / i for o, i in zip(out, shape)]
+    elif scales is not None and np.asarray(scales).size:
+        factors = [float(v) for v in np.asarray(scales).reshape(-1)]
+        out = [int(np.floor(i * f)) for i, f in zip(shape, factors)]
+    else:
+        raise UnsupportedOpError("Resize", node.name, "neither scales nor sizes is given")
+    if out[:2] != list(shape[:2]):
+        raise UnsupportedOpError("Resize", node.name, "resizing the batch or channel axis is not supported")
+    ctx.emit(A.Resize((x,), (node.outputs[0],), node.name, planes=shape[0] * shape[1], in_hw=tuple(shape[2:]),
+                      out_hw=(out[2], out[3]), scales=(factors[2], factors[3]), mode=mode, coord=coord,
+                      nearest_mode=node.attr("nearest_mode", "round_prefer_floor")), out)
+
+
+@lowers("Gather")
+def lower_gather(ctx: LoweringContext, node: Node, opset: int) -> None:
+    data, indices = node.inputs[0], node.inputs[1]
+    shape = ctx.shape(data)
+    axis = norm_axis(node.attr("axis", 0), len(shape), node)
+    idx_value = ctx.value(indices, node)
+    if idx_value.is_const:
+        gather_constant_indices(ctx, node, axis, idx_value.const)
+        return
+    out_shape = list(shape[:axis]) + list(idx_value.shape) + list(shape[axis + 1:])
+    ctx.emit(A.Gather((data, indices), (node.outputs[0],), node.name,
+                      outer=int(np.prod(shape[:axis], dtype=np.int64)), axis=shape[axis],
+                      inner=int(np.prod(shape[axis + 1:], dtype=np.int64)), count=idx_value.size), out_shape)

@@ -1,0 +1,138 @@
+"""The lowering context: what is known about each tensor while a graph is lowered.
+
+Lowering walks the ONNX nodes in order. Each tensor is a :class:`Value` with a concrete shape
+and, when it is known at session creation, its constant data. Emitting an atomic op whose
+inputs are all constant runs it at once on the NumPy backend (constant folding: Shape ->
+Gather -> Concat -> Reshape chains disappear), otherwise the op joins the program.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .. import atomic as A
+from ..backends.base import TensorHandle
+from ..errors import ModelError
+from ..ir import Node
+from .regions import IndexMap
+
+
+@dataclass
+class Value:
+    """A tensor during lowering: its shape, dtype and, if known now, its data."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype = field(default_factory=lambda: np.dtype(np.float32))
+    const: np.ndarray | None = None
+
+    @property
+    def is_const(self) -> bool:
+        return self.const is not None
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+@dataclass
+class PendingRaster:
+    """A reorder op before region compression, so that neighbouring Rasters can fuse."""
+
+    sources: list[str]
+    index_map: IndexMap
+    output: str
+    fill: float | None
+    source_node: str
+
+
+class LoweringContext:
+    """Collects atomic ops, constants and aliases for one graph at fixed input shapes."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Value] = {}
+        self.ops: list[A.AtomicOp | PendingRaster] = []
+        self.constants: dict[str, np.ndarray] = {}
+        self.aliases: dict[str, str] = {}
+        self._folder = None
+        self._counter = 0
+
+    # -- values ----------------------------------------------------------------------------
+    def value(self, name: str, node: Node | None = None) -> Value:
+        try:
+            return self.values[name]
+        except KeyError:
+            where = f" (read by node {node.name!r})" if node else ""
+            raise ModelError(f"tensor {name!r}{where} has no value") from None
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.values[name].shape
+
+    def const(self, name: str, node: Node, what: str) -> np.ndarray:
+        """Data of an input that must be known at session creation (e.g. a Reshape's shape)."""
+        value = self.value(name, node)
+        if value.const is None:
+            from ..errors import UnsupportedOpError
+            raise UnsupportedOpError(node.op_type, node.name, f"{what} ({name!r}) must be a constant "
+                                     "or computable from input shapes; it depends on input data")
+        return value.const
+
+    def set_const(self, name: str, array: np.ndarray) -> None:
+        array = np.asarray(array)
+        self.values[name] = Value(tuple(int(d) for d in array.shape), array.dtype, array)
+
+    def set_runtime(self, name: str, shape: Sequence[int]) -> None:
+        self.values[name] = Value(tuple(int(d) for d in shape))
+
+    def temp(self, node: Node, hint: str) -> str:
+        self._counter += 1
+        return f"{node.name}/{hint}:{self._counter}"
+
+    def runtime_input(self, name: str) -> str:
+        """Make sure a tensor an atomic op reads exists at run time (constants become float32 weights)."""
+        value = self.values[name]
+        if value.const is not None and name not in self.constants:
+            self.constants[name] = np.ascontiguousarray(value.const, dtype=np.float32)
+        return name
+
+    def alias(self, output: str, source: str, shape: Sequence[int]) -> None:
+        """``output`` is ``source`` seen with another shape (Reshape, Flatten, Squeeze, ...)."""
+        src_value = self.values[source]
+        if src_value.const is not None:
+            self.set_const(output, src_value.const.reshape(tuple(shape)))
+            return
+        self.aliases[output] = source
+        self.set_runtime(output, shape)
+
+    # -- emission --------------------------------------------------------------------------
+    def emit(self, op: A.AtomicOp, out_shape: Sequence[int], out_dtype: np.dtype | None = None) -> None:
+        """Add an atomic op with one output, or evaluate it now if its inputs are all constant."""
+        inputs = [self.values[n] for n in op.inputs]
+        name = op.outputs[0]
+        if all(v.is_const for v in inputs):
+            dtype = out_dtype or (np.result_type(*[v.const for v in inputs]) if inputs else np.float32)
+            self.set_const(name, self._fold(op, [v.const for v in inputs], tuple(out_shape), dtype))
+            return
+        for input_name in op.inputs:
+            self.runtime_input(input_name)
+        self.ops.append(op)
+        self.set_runtime(name, out_shape)
+
+    def emit_raster(self, pending: PendingRaster) -> None:
+        for name in pending.sources:
+            self.runtime_input(name)
+        self.ops.append(pending)
+        self.set_runtime(pending.output, pending.index_map.shape)
+
+    def _fold(self, op: A.AtomicOp, arrays: list[np.ndarray], shape, dtype) -> np.ndarray:
+        """Run one atomic op on the NumPy backend with arrays of any dtype."""
+        if self._folder is None:
+            from ..backends.cpu import CpuBackend
+            self._folder = CpuBackend(threads=1)
+        handles = [TensorHandle(np.ascontiguousarray(a).reshape(-1), 0, tuple(a.shape)) for a in arrays]
+        out = np.zeros(max(1, int(np.prod(shape, dtype=np.int64))), dtype=dtype)
+        out_handle = TensorHandle(out, 0, tuple(shape))
+        exe = self._folder.create_execution(op, handles, [out_handle])
+        self._folder.run_eager([exe])
+        return out[:out_handle.size].reshape(shape)

@@ -1,0 +1,266 @@
+"""Lowering of data-reorder and shape ops: views (aliases), Rasters and folded constants.
+
+Each reorder op is given as a NumPy function on arrays. Applied to constant data it folds the
+op; applied to arrays of element indices it yields the index map from which the Raster's
+regions are cut (see ``regions.py``). One definition serves both, so they cannot disagree.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..errors import UnsupportedOpError
+from ..ir import Node
+from .context import LoweringContext, PendingRaster
+from .regions import IndexMap
+from .registry import lowers
+
+ArrayFn = Callable[[list[np.ndarray], float], list[np.ndarray]]
+
+
+def norm_axis(axis: int, rank: int, node: Node) -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise UnsupportedOpError(node.op_type, node.name, f"axis {axis} is out of range for rank {rank}")
+    return axis % max(rank, 1)
+
+
+def reorder(ctx: LoweringContext, node: Node, sources: Sequence[str], fn: ArrayFn,
+            outputs: Sequence[str], fill: float | None = None) -> None:
+    """Lower a reorder op given by ``fn`` (NumPy semantics) into constants or Rasters."""
+    values = [ctx.value(s, node) for s in sources]
+    if all(v.is_const for v in values):
+        results = fn([v.const for v in values], 0.0 if fill is None else fill)
+        for name, array in zip(outputs, results):
+            ctx.set_const(name, np.ascontiguousarray(array))
+        return
+    src_maps = fn([np.full(v.shape, k, dtype=np.int32) for k, v in enumerate(values)], -1)
+    idx_maps = fn([np.arange(v.size, dtype=np.int64).reshape(v.shape) for v in values], 0)
+    for name, src, idx in zip(outputs, src_maps, idx_maps):
+        index_map = IndexMap(np.ascontiguousarray(src, dtype=np.int32), np.ascontiguousarray(idx, dtype=np.int64))
+        ctx.emit_raster(PendingRaster(list(sources), index_map, name, fill, node.name))
+
+
+def _ints(array: np.ndarray) -> list[int]:
+    return [int(v) for v in np.asarray(array).reshape(-1)]
+
+
+# -- pure views ----------------------------------------------------------------------------------
+
+@lowers("Identity", "Dropout")
+def lower_identity(ctx: LoweringContext, node: Node, opset: int) -> None:
+    ctx.alias(node.outputs[0], node.inputs[0], ctx.shape(node.inputs[0]))
+    if len(node.outputs) > 1 and node.outputs[1]:  # Dropout's mask: all ones at inference
+        ctx.set_const(node.outputs[1], np.ones(ctx.shape(node.inputs[0]), dtype=bool))
+
+
+@lowers("Reshape")
+def lower_reshape(ctx: LoweringContext, node: Node, opset: int) -> None:
+    in_shape = ctx.shape(node.inputs[0])
+    target = _ints(ctx.const(node.inputs[1], node, "the target shape"))
+    allow_zero = bool(node.attr("allowzero", 0))
+    shape = [in_shape[i] if (d == 0 and not allow_zero) else d for i, d in enumerate(target)]
+    size = int(np.prod(in_shape, dtype=np.int64))
+    if shape.count(-1) > 1:
+        raise UnsupportedOpError("Reshape", node.name, f"target shape {target} has more than one -1")
+    if -1 in shape:
+        known = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
+        shape[shape.index(-1)] = size // known if known else 0
+    if int(np.prod(shape, dtype=np.int64)) != size:
+        raise UnsupportedOpError("Reshape", node.name, f"cannot reshape {list(in_shape)} to {target}")
+    ctx.alias(node.outputs[0], node.inputs[0], shape)
+
+
+@lowers("Flatten")
+def lower_flatten(ctx: LoweringContext, node: Node, opset: int) -> None:
+    shape = ctx.shape(node.inputs[0])
+    axis = node.attr("axis", 1)
+    axis = axis + len(shape) if axis < 0 else axis
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    ctx.alias(node.outputs[0], node.inputs[0], (outer, int(np.prod(shape[axis:], dtype=np.int64))))
+
+
+def _axes_input(ctx: LoweringContext, node: Node, opset: int, since: int) -> list[int] | None:
+    if opset >= since:
+        if len(node.inputs) > 1 and node.inputs[1]:
+            return _ints(ctx.const(node.inputs[1], node, "axes"))
+        return None
+    axes = node.attr("axes")
+    return None if axes is None else list(axes)
+
+
+@lowers("Squeeze")
+def lower_squeeze(ctx: LoweringContext, node: Node, opset: int) -> None:
+    shape = ctx.shape(node.inputs[0])
+    axes = _axes_input(ctx, node, opset, 13)
+    if axes is None:
+        keep = [d for d in shape if d != 1]
+    else:
+        drop = {norm_axis(a, len(shape), node) for a in axes}
+        for a in drop:
+            if shape[a] != 1:
+                raise UnsupportedOpError("Squeeze", node.name, f"axis {a} has size {shape[a]}, not 1")
+        keep = [d for i, d in enumerate(shape) if i not in drop]
+    ctx.alias(node.outputs[0], node.inputs[0], keep)
+
+
+@lowers("Unsqueeze")
+def lower_unsqueeze(ctx: LoweringContext, node: Node, opset: int) -> None:
+    shape = list(ctx.shape(node.inputs[0]))
+    axes = _axes_input(ctx, node, opset, 13) or []
+    rank = len(shape) + len(axes)
+    for a in sorted(norm_axis(a, rank, node) for a in axes):
+        shape.insert(a, 1)
+    ctx.alias(node.outputs[0], node.inputs[0], shape)
+
+
+# -- Rasters -------------------------------------------------------------------------------------
+
+@lowers("Transpose")
+def lower_transpose(ctx: LoweringContext, node: Node, opset: int) -> None:
+    rank = len(ctx.shape(node.inputs[0]))
+    perm = node.attr("perm") or list(reversed(range(rank)))
+    reorder(ctx, node, node.inputs[:1], lambda xs, f: [np.transpose(xs[0], perm)], node.outputs)
+
+
+@lowers("Concat")
+def lower_concat(ctx: LoweringContext, node: Node, opset: int) -> None:
+    sources = [n for n in node.inputs if n and ctx.value(n, node).size > 0] or node.inputs[:1]
+    axis = norm_axis(node.attr("axis", 0), len(ctx.shape(sources[0])), node)
+    reorder(ctx, node, sources, lambda xs, f: [np.concatenate(xs, axis=axis)], node.outputs)
+
+
+@lowers("Split")
+def lower_split(ctx: LoweringContext, node: Node, opset: int) -> None:
+    shape = ctx.shape(node.inputs[0])
+    axis = norm_axis(node.attr("axis", 0), len(shape), node)
+    outputs = [o for o in node.outputs]
+    if len(node.inputs) > 1 and node.inputs[1]:
+        sizes = _ints(ctx.const(node.inputs[1], node, "split sizes"))
+    elif node.attr("split") is not None:
+        sizes = list(node.attr("split"))
+    else:
+        parts = node.attr("num_outputs", len(outputs))
+        chunk = -(-shape[axis] // parts)
+        sizes = [min(chunk, shape[axis] - i * chunk) for i in range(parts)]
+    bounds = np.cumsum([0] + sizes)
+    if bounds[-1] != shape[axis]:
+        raise UnsupportedOpError("Split", node.name, f"split sizes {sizes} do not add up to {shape[axis]}")
+    reorder(ctx, node, node.inputs[:1],
+            lambda xs, f: [np.take(xs[0], np.arange(bounds[i], bounds[i + 1]), axis=axis) for i in range(len(sizes))],
+            outputs)
+
+
+@lowers("Slice")
+def lower_slice(ctx: LoweringContext, node: Node, opset: int) -> None:
+    shape = ctx.shape(node.inputs[0])
+    starts = _ints(ctx.const(node.inputs[1], node, "starts"))
+    ends = _ints(ctx.const(node.inputs[2], node, "ends"))
+    axes = _ints(ctx.const(node.inputs[3], node, "axes")) if len(node.inputs) > 3 and node.inputs[3] else list(range(len(starts)))
+    steps = _ints(ctx.const(node.inputs[4], node, "steps")) if len(node.inputs) > 4 and node.inputs[4] else [1] * len(starts)
+    index = [slice(None)] * len(shape)
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        if step == 0:
+            raise UnsupportedOpError("Slice", node.name, "a step of 0 is not allowed")
+        index[norm_axis(axis, len(shape), node)] = slice(start, end, step)
+    key = tuple(index)
+    reorder(ctx, node, node.inputs[:1], lambda xs, f: [xs[0][key]], node.outputs)
+
+
+@lowers("Expand")
+def lower_expand(ctx: LoweringContext, node: Node, opset: int) -> None:
+    target = tuple(_ints(ctx.const(node.inputs[1], node, "the target shape")))
+    out_shape = np.broadcast_shapes(ctx.shape(node.inputs[0]), target)
+    reorder(ctx, node, node.inputs[:1], lambda xs, f: [np.broadcast_to(xs[0], out_shape)], node.outputs)
+
+
+@lowers("Tile")
+def lower_tile(ctx: LoweringContext, node: Node, opset: int) -> None:
+    repeats = _ints(ctx.const(node.inputs[1], node, "repeats"))
+    reorder(ctx, node, node.inputs[:1], lambda xs, f: [np.tile(xs[0], repeats)], node.outputs)
+
+
+@lowers("Pad")
+def lower_pad(ctx: LoweringContext, node: Node, opset: int) -> None:
+    shape = ctx.shape(node.inputs[0])
+    rank = len(shape)
+    pads = _ints(ctx.const(node.inputs[1], node, "pads")) if len(node.inputs) > 1 and node.inputs[1] else list(node.attr("pads", []))
+    value = 0.0
+    if len(node.inputs) > 2 and node.inputs[2]:
+        value = float(np.asarray(ctx.const(node.inputs[2], node, "constant_value")).reshape(-1)[0])
+    else:
+        value = float(node.attr("value", 0.0))
+    axes = _ints(ctx.const(node.inputs[3], node, "axes")) if len(node.inputs) > 3 and node.inputs[3] else list(range(rank))
+    axes = [norm_axis(a, rank, node) for a in axes]
+    begin, end = [0] * rank, [0] * rank
+    for i, a in enumerate(axes):
+        begin[a], end[a] = pads[i], pads[i + len(axes)]
+    mode = node.attr("mode", "constant")
+    if mode not in ("constant", "reflect", "edge"):
+        raise UnsupportedOpError("Pad", node.name, f"mode {mode!r} is not supported (constant, reflect, edge)")
+    crop = tuple(slice(max(0, -b), d - max(0, -e)) for b, e, d in zip(begin, end, shape))
+    widths = [(max(0, b), max(0, e)) for b, e in zip(begin, end)]
+
+    def pad(xs: list[np.ndarray], fill: float) -> list[np.ndarray]:
+        x = xs[0][crop]
+        if mode == "constant":
+            return [np.pad(x, widths, mode="constant", constant_values=fill)]
+        return [np.pad(x, widths, mode=mode)]
+    reorder(ctx, node, node.inputs[:1], pad, node.outputs, fill=value if mode == "constant" else None)
+
+
+@lowers("DepthToSpace")
+def lower_depth_to_space(ctx: LoweringContext, node: Node, opset: int) -> None:
+    n, c, h, w = ctx.shape(node.inputs[0])
+    b = int(node.attr("blocksize"))
+    if node.attr("mode", "DCR") == "DCR":
+        fn = lambda xs, f: [xs[0].reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2).reshape(n, c // (b * b), h * b, w * b)]
+    else:
+        fn = lambda xs, f: [xs[0].reshape(n, c // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3).reshape(n, c // (b * b), h * b, w * b)]
+    reorder(ctx, node, node.inputs[:1], fn, node.outputs)
+
+
+@lowers("SpaceToDepth")
+def lower_space_to_depth(ctx: LoweringContext, node: Node, opset: int) -> None:
+    n, c, h, w = ctx.shape(node.inputs[0])
+    b = int(node.attr("blocksize"))
+    fn = lambda xs, f: [xs[0].reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4).reshape(n, c * b * b, h // b, w // b)]
+    reorder(ctx, node, node.inputs[:1], fn, node.outputs)
+
+
+def gather_constant_indices(ctx: LoweringContext, node: Node, axis: int, indices: np.ndarray) -> None:
+    """Gather with indices known now is a pure reorder (a Raster, or a folded constant)."""
+    dim = ctx.shape(node.inputs[0])[axis]
+    idx = np.asarray(indices, dtype=np.int64)
+    if np.any((idx < -dim) | (idx >= dim)):
+        raise UnsupportedOpError("Gather", node.name, f"indices out of range for axis of size {dim}")
+    idx = np.where(idx < 0, idx + dim, idx)
+    reorder(ctx, node, node.inputs[:1], lambda xs, f: [np.take(xs[0], idx, axis=axis)], node.outputs)
+
+
+# -- shape computations (always folded) ----------------------------------------------------------
+
+@lowers("Shape")
+def lower_shape(ctx: LoweringContext, node: Node, opset: int) -> None:
+    shape = ctx.shape(node.inputs[0])
+    start, end = node.attr("start", 0), node.attr("end", None)
+    ctx.set_const(node.outputs[0], np.array(shape[start:end], dtype=np.int64))
+
+
+@lowers("Size")
+def lower_size(ctx: LoweringContext, node: Node, opset: int) -> None:
+    ctx.set_const(node.outputs[0], np.array(ctx.value(node.inputs[0], node).size, dtype=np.int64))
+
+
+@lowers("ConstantOfShape")
+def lower_constant_of_shape(ctx: LoweringContext, node: Node, opset: int) -> None:
+    shape = _ints(ctx.const(node.inputs[0], node, "the shape"))
+    fill = node.attr("value")
+    fill = np.zeros(1, dtype=np.float32) if fill is None else np.asarray(fill).reshape(-1)
+    ctx.set_const(node.outputs[0], np.full(shape, fill[0], dtype=fill.dtype))
+
+
+@lowers("Range")
+def lower_range(ctx: LoweringContext, node: Node, opset: int) -> None:
+    start, limit, delta = (ctx.const(n, node, "Range bounds") for n in node.inputs[:3])
+    ctx.set_const(node.outputs[0], np.arange(start, limit, delta).astype(np.result_type(start, limit, delta)))

@@ -1,0 +1,91 @@
+"""gpumnn's own graph: a small, ONNX-free picture of a model.
+
+The importer turns ONNX protobufs into these plain Python objects once, so that optimisation
+passes, shape inference and lowering never touch protobuf APIs and can be tested on hand-made
+graphs.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+Dim = int | str | None
+
+
+@dataclass
+class ValueInfo:
+    """A graph input or output: a name, a (possibly symbolic) shape and a NumPy dtype."""
+
+    name: str
+    shape: tuple[Dim, ...] | None
+    dtype: np.dtype
+
+    def describe(self) -> str:
+        dims = "?" if self.shape is None else "x".join(str(d) if d not in (None, "") else "?" for d in self.shape)
+        return f"{self.name}: {np.dtype(self.dtype).name}[{dims}]"
+
+
+@dataclass
+class Node:
+    """One operator: ONNX op type, a unique name, tensor names in and out, attributes.
+
+    Attributes are plain Python values (int, float, str, list, np.ndarray). Optimisation passes
+    may add gpumnn-private attributes whose names start with ``gpumnn_`` (e.g. a fused
+    activation), which the lowering reads.
+    """
+
+    op_type: str
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    domain: str = ""
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return self.attrs.get(key, default)
+
+
+@dataclass
+class Graph:
+    """A topologically ordered list of nodes plus constants and the graph's inputs/outputs."""
+
+    nodes: list[Node]
+    inputs: list[ValueInfo]
+    outputs: list[ValueInfo]
+    initializers: dict[str, np.ndarray]
+    opset: int = 17
+    name: str = "graph"
+
+    def copy(self) -> "Graph":
+        """A copy whose node list and dicts can be rewritten; constant arrays are shared."""
+        return Graph(
+            nodes=[Node(n.op_type, n.name, list(n.inputs), list(n.outputs), dict(n.attrs), n.domain) for n in self.nodes],
+            inputs=[copy.copy(v) for v in self.inputs],
+            outputs=[copy.copy(v) for v in self.outputs],
+            initializers=dict(self.initializers),
+            opset=self.opset,
+            name=self.name,
+        )
+
+    def consumers(self) -> dict[str, list[Node]]:
+        """Map each tensor name to the nodes that read it."""
+        users: dict[str, list[Node]] = {}
+        for node in self.nodes:
+            for name in node.inputs:
+                if name:
+                    users.setdefault(name, []).append(node)
+        return users
+
+    def producers(self) -> dict[str, Node]:
+        return {out: node for node in self.nodes for out in node.outputs if out}
+
+    @property
+    def output_names(self) -> list[str]:
+        return [v.name for v in self.outputs]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [v.name for v in self.inputs]

@@ -1,0 +1,62 @@
+"""Net: a loaded, optimised model from which sessions are created."""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+import onnx
+
+from .errors import UnsupportedOpError
+from .geometry import lower, supported_ops
+from .geometry.registry import lowering_for
+from .ir import Graph, ValueInfo
+from .onnx_import import import_onnx
+from .optimize import optimize as optimize_graph
+from .session import Session, resolve_input_shapes
+
+
+class Net:
+    """An ONNX model turned into gpumnn's IR, with converter-style optimisations applied."""
+
+    def __init__(self, graph: Graph, optimizations: dict[str, int] | None = None, source: str = "<model>"):
+        self.graph = graph
+        self.optimizations = optimizations or {}
+        self.source = source
+
+    @property
+    def inputs(self) -> list[ValueInfo]:
+        return list(self.graph.inputs)
+
+    @property
+    def outputs(self) -> list[ValueInfo]:
+        return list(self.graph.outputs)
+
+    def session(self, backend: str = "cpu", input_shapes: Mapping[str, Sequence[int]] | None = None,
+                record: bool = True, threads: int | None = None, fallback: bool = True, **backend_options: Any) -> Session:
+        """Pre-inference for one backend and one set of input shapes (see :class:`Session`).
+
+        ``fallback=True`` runs on the CPU, with a warning, when the backend cannot start;
+        ``fallback=False`` raises BackendUnavailableError instead.
+        """
+        return Session(self.graph, backend=backend, input_shapes=input_shapes, record=record, threads=threads,
+                       fallback=fallback, **backend_options)
+
+    def infer_shapes(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, tuple[int, ...]]:
+        """Concrete shape of every run-time tensor for the given input shapes."""
+        program = lower(self.graph, resolve_input_shapes(self.graph, input_shapes))
+        return dict(program.shapes)
+
+    def __repr__(self) -> str:
+        return f"<Net {self.source} nodes={len(self.graph.nodes)} inputs={[v.describe() for v in self.inputs]}>"
+
+
+def load(model: str | os.PathLike | bytes | onnx.ModelProto, optimize: bool = True) -> Net:
+    """Load an ONNX model (path, bytes or ModelProto); raises ModelError / UnsupportedOpError."""
+    graph = import_onnx(model)
+    for node in graph.nodes:
+        if lowering_for(node) is None:
+            raise UnsupportedOpError(node.op_type, node.name, "gpumnn has no implementation of this op",
+                                     supported_ops())
+    stats = optimize_graph(graph) if optimize else {}
+    source = str(model) if isinstance(model, (str, os.PathLike)) else f"<{graph.name}>"
+    return Net(graph, stats, source)

@@ -1,0 +1,137 @@
+"""ONNX -> gpumnn IR.
+
+The importer is the only module that touches protobufs. It turns attributes into plain Python
+values, initializers and Constant nodes into NumPy constants, and rejects what we cannot run
+with an error that names the problem (file, node, op type, reason).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .errors import ModelError, UnsupportedOpError
+from .ir import Graph, Node, ValueInfo
+
+MIN_OPSET, MAX_OPSET = 11, 21
+
+
+def _attribute_value(attr: onnx.AttributeProto) -> Any:
+    kind = attr.type
+    A = onnx.AttributeProto
+    if kind == A.FLOAT:
+        return float(attr.f)
+    if kind == A.INT:
+        return int(attr.i)
+    if kind == A.STRING:
+        return attr.s.decode("utf-8", "replace")
+    if kind == A.TENSOR:
+        return numpy_helper.to_array(attr.t)
+    if kind == A.FLOATS:
+        return [float(v) for v in attr.floats]
+    if kind == A.INTS:
+        return [int(v) for v in attr.ints]
+    if kind == A.STRINGS:
+        return [s.decode("utf-8", "replace") for s in attr.strings]
+    if kind == A.GRAPH:
+        return attr.g  # only control-flow ops have these; they are rejected as unsupported
+    return None
+
+
+def _value_info(info: onnx.ValueInfoProto) -> ValueInfo:
+    dtype = np.dtype(np.float32)
+    shape = None
+    if info.type.HasField("tensor_type"):
+        tensor_type = info.type.tensor_type
+        if tensor_type.elem_type:
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
+        if tensor_type.HasField("shape"):
+            shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                          for d in tensor_type.shape.dim)
+    return ValueInfo(info.name, shape, dtype)
+
+
+def _read_model(source: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
+    if isinstance(source, onnx.ModelProto):
+        return source
+    try:
+        if isinstance(source, (bytes, bytearray)):
+            return onnx.load_from_string(bytes(source))
+        path = Path(source)
+        if not path.exists():
+            raise ModelError(f"model file {str(path)!r} does not exist")
+        return onnx.load(str(path))
+    except ModelError:
+        raise
+    except Exception as exc:  # protobuf DecodeError and friends
+        name = "<bytes>" if isinstance(source, (bytes, bytearray)) else str(source)
+        raise ModelError(f"{name} is not a valid ONNX model: {type(exc).__name__}: {exc}") from exc
+
+
+def import_onnx(source: str | os.PathLike | bytes | onnx.ModelProto) -> Graph:
+    """Parse an ONNX model into a :class:`Graph`; raises ModelError if it is not usable."""
+    model = _read_model(source)
+    graph_proto = model.graph
+    if not graph_proto.node and not graph_proto.output:
+        raise ModelError("the ONNX model has an empty graph (no nodes and no outputs)")
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None:
+        raise ModelError("the ONNX model imports no default-domain opset")
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ModelError(f"opset {opset} is outside the supported range {MIN_OPSET}..{MAX_OPSET}")
+
+    initializers: dict[str, np.ndarray] = {}
+    for tensor in graph_proto.initializer:
+        try:
+            initializers[tensor.name] = numpy_helper.to_array(tensor)
+        except Exception as exc:
+            raise ModelError(f"initializer {tensor.name!r} cannot be read: {exc}") from exc
+
+    nodes: list[Node] = []
+    used_names: set[str] = set()
+    for index, proto in enumerate(graph_proto.node):
+        name = proto.name or f"{proto.op_type}_{index}"
+        while name in used_names:
+            name = f"{name}_{index}"
+        used_names.add(name)
+        attrs = {a.name: _attribute_value(a) for a in proto.attribute}
+        if proto.domain not in ("", "ai.onnx"):
+            raise UnsupportedOpError(proto.op_type, name, f"custom domain {proto.domain!r} is not supported")
+        if proto.op_type == "Constant":  # constants become initializers right away
+            initializers[proto.output[0]] = _constant_value(attrs, name)
+            continue
+        nodes.append(Node(proto.op_type, name, list(proto.input), list(proto.output), attrs))
+
+    inputs = [_value_info(v) for v in graph_proto.input if v.name not in initializers]
+    outputs = [_value_info(v) for v in graph_proto.output]
+    graph = Graph(nodes, inputs, outputs, initializers, opset, graph_proto.name or "graph")
+    _check_topology(graph)
+    return graph
+
+
+def _constant_value(attrs: dict[str, Any], node: str) -> np.ndarray:
+    if "value" in attrs:
+        return np.asarray(attrs["value"])
+    for key, dtype in (("value_float", np.float32), ("value_floats", np.float32),
+                       ("value_int", np.int64), ("value_ints", np.int64)):
+        if key in attrs:
+            return np.asarray(attrs[key], dtype=dtype)
+    raise UnsupportedOpError("Constant", node, f"attribute(s) {sorted(attrs)} not supported")
+
+
+def _check_topology(graph: Graph) -> None:
+    """Every node input must be produced earlier (ONNX requires topological order)."""
+    known = set(graph.initializers) | set(graph.input_names) | {""}
+    for node in graph.nodes:
+        for name in node.inputs:
+            if name not in known:
+                raise ModelError(f"node {node.name!r} ({node.op_type}) reads {name!r}, which no earlier node "
+                                 "produces and which is neither a graph input nor an initializer")
+        known.update(node.outputs)
+    for out in graph.output_names:
+        if out not in known:
+            raise ModelError(f"graph output {out!r} is produced by no node")

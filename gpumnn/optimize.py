@@ -1,0 +1,174 @@
+"""Converter-style graph optimisations, run once at load time.
+
+What MNN's converter does before a model ever reaches a device: fold constant subgraphs,
+fold BatchNormalization into the preceding convolution, fuse a bias Add into MatMul, fuse
+activations into the op that produces their input, and drop Identity/Dropout. Each pass keeps
+graph outputs' names, so users see the same outputs as in ONNX Runtime.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from .geometry import LoweringContext, lower_into
+from .geometry.compute import unary_spec
+from .ir import Graph, Node
+
+ACTIVATION_HOSTS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "Mul", "BatchNormalization")
+
+
+def optimize(graph: Graph) -> dict[str, int]:
+    """Apply every pass in place; returns how many rewrites each pass made."""
+    stats = {
+        "identity_removed": remove_identities(graph),
+        "constants_folded": fold_constants(graph),
+        "batchnorm_folded": fold_batchnorm(graph),
+        "bias_fused": fuse_matmul_bias(graph),
+        "activations_fused": fuse_activations(graph),
+    }
+    stats["constants_folded"] += fold_constants(graph)
+    remove_dead_nodes(graph)
+    return stats
+
+
+def _rename_input(graph: Graph, old: str, new: str) -> None:
+    for node in graph.nodes:
+        node.inputs = [new if n == old else n for n in node.inputs]
+
+
+def remove_identities(graph: Graph) -> int:
+    """Drop Identity and inference-mode Dropout, rewiring their readers to the source."""
+    outputs = set(graph.output_names)
+    removed = 0
+    for node in list(graph.nodes):
+        if node.op_type not in ("Identity", "Dropout"):
+            continue
+        if node.outputs[0] in outputs or any(node.outputs[1:]):
+            continue
+        _rename_input(graph, node.outputs[0], node.inputs[0])
+        graph.nodes.remove(node)
+        removed += 1
+    return removed
+
+
+def fold_constants(graph: Graph) -> int:
+    """Evaluate every node whose inputs are all constants, turning its outputs into initializers."""
+    folded = 0
+    kept: list[Node] = []
+    for node in graph.nodes:
+        if node.inputs and all((not n) or n in graph.initializers for n in node.inputs):
+            ctx = LoweringContext()
+            for name in node.inputs:
+                if name:
+                    ctx.set_const(name, graph.initializers[name])
+            try:
+                lower_into(ctx, graph, [node])
+            except Exception:
+                kept.append(node)  # unsupported ops are reported later, with the full context
+                continue
+            if all(o in ctx.values and ctx.values[o].is_const for o in node.outputs if o):
+                for name in node.outputs:
+                    if name:
+                        graph.initializers[name] = ctx.values[name].const
+                folded += 1
+                continue
+        kept.append(node)
+    graph.nodes = kept
+    return folded
+
+
+def _single_consumer(graph: Graph, uses: Counter, name: str) -> bool:
+    return uses[name] == 1 and name not in graph.output_names
+
+
+def fold_batchnorm(graph: Graph) -> int:
+    """Conv followed by BatchNormalization becomes one Conv with rescaled weights and bias."""
+    producers = graph.producers()
+    uses = Counter(n for node in graph.nodes for n in node.inputs)
+    folded = 0
+    for bn in list(graph.nodes):
+        if bn.op_type != "BatchNormalization" or any(bn.outputs[1:]):
+            continue
+        conv = producers.get(bn.inputs[0])
+        if conv is None or conv.op_type != "Conv" or not _single_consumer(graph, uses, bn.inputs[0]):
+            continue
+        params = [graph.initializers.get(n) for n in bn.inputs[1:5]]
+        weight = graph.initializers.get(conv.inputs[1])
+        if weight is None or any(p is None for p in params):
+            continue
+        gamma, beta, mean, var = (p.astype(np.float64) for p in params)
+        scale = gamma / np.sqrt(var + float(bn.attr("epsilon", 1e-5)))
+        bias = graph.initializers.get(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] else np.zeros_like(mean)
+        if bias is None:
+            continue
+        w_name, b_name = f"{conv.name}/weight_bn", f"{conv.name}/bias_bn"
+        graph.initializers[w_name] = (weight * scale.reshape(-1, *[1] * (weight.ndim - 1))).astype(np.float32)
+        graph.initializers[b_name] = ((bias - mean) * scale + beta).astype(np.float32)
+        conv.inputs = [conv.inputs[0], w_name, b_name]
+        conv.outputs = [bn.outputs[0]]
+        graph.nodes.remove(bn)
+        folded += 1
+    return folded
+
+
+def fuse_matmul_bias(graph: Graph) -> int:
+    """MatMul followed by Add of a constant row vector becomes MatMul with a bias epilogue."""
+    producers = graph.producers()
+    uses = Counter(n for node in graph.nodes for n in node.inputs)
+    fused = 0
+    for add in list(graph.nodes):
+        if add.op_type != "Add" or len(add.inputs) != 2:
+            continue
+        for mm_out, bias in (add.inputs, add.inputs[::-1]):
+            mm = producers.get(mm_out)
+            const = graph.initializers.get(bias)
+            if (mm is None or mm.op_type != "MatMul" or const is None or "gpumnn_bias" in mm.attrs
+                    or not _single_consumer(graph, uses, mm_out)):
+                continue
+            weight = graph.initializers.get(mm.inputs[1])
+            n = weight.shape[-1] if weight is not None and weight.ndim >= 2 else None
+            if n is None or const.size != n or const.shape[-1:] != (n,) or const.ndim > 1:
+                continue
+            mm.attrs["gpumnn_bias"] = True  # a third input: MatMul's bias epilogue
+            mm.inputs = mm.inputs[:2] + [bias]
+            mm.outputs = [add.outputs[0]]
+            graph.nodes.remove(add)
+            fused += 1
+            break
+    return fused
+
+
+def fuse_activations(graph: Graph) -> int:
+    """Relu, Clip, Sigmoid, HardSwish, ... fold into the epilogue of the op that feeds them."""
+    producers = graph.producers()
+    uses = Counter(n for node in graph.nodes for n in node.inputs)
+    fused = 0
+    for act in list(graph.nodes):
+        spec = unary_spec(act, graph.initializers.get)
+        if spec is None:
+            continue
+        host = producers.get(act.inputs[0])
+        if (host is None or host.op_type not in ACTIVATION_HOSTS or "gpumnn_activation" in host.attrs
+                or not _single_consumer(graph, uses, act.inputs[0])):
+            continue
+        if host.op_type in ("Add", "Sub", "Mul") and len(host.inputs) != 2:
+            continue
+        host.attrs["gpumnn_activation"] = (spec[0], tuple(spec[1]))
+        host.outputs = [act.outputs[0]] + host.outputs[1:]
+        graph.nodes.remove(act)
+        producers = graph.producers()
+        fused += 1
+    return fused
+
+
+def remove_dead_nodes(graph: Graph) -> None:
+    """Drop nodes whose outputs nobody reads, and initializers nobody uses."""
+    needed = set(graph.output_names)
+    kept = []
+    for node in reversed(graph.nodes):
+        if any(o in needed for o in node.outputs):
+            kept.append(node)
+            needed.update(n for n in node.inputs if n)
+    graph.nodes = list(reversed(kept))
+    graph.initializers = {k: v for k, v in graph.initializers.items() if k in needed}

@@ -1,0 +1,245 @@
+"""Session: MNN's pre-inference, done once, and the run that only submits prerecorded work.
+
+Creation: input shapes -> geometry lowering (shape inference, folding, Rasters) -> scheme
+selection -> placement -> memory plan per backend -> pools, constants, executions and
+recordings. ``run`` then writes inputs, submits recordings (with copies between backends where
+placement split the graph) and reads outputs. With ``record=False`` (eager) the per-run
+preparation is redone on every run, which is what the paper's Table 2 compares against.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from . import atomic as A
+from .backends import create_backend
+from .backends.base import Backend, Execution, TensorHandle
+from .backends.cpu import CpuBackend
+from .errors import BackendUnavailableError, InputError
+from .geometry import lower
+from .ir import Graph
+from .scheduler import MemoryPlan, Placement, place, plan_memory, select_schemes
+
+
+def resolve_input_shapes(graph: Graph, given: Mapping[str, Sequence[int]] | None) -> dict[str, tuple[int, ...]]:
+    """Concrete shapes for every graph input: the user's, else the model's static ones."""
+    given = dict(given or {})
+    expected = {v.name: v for v in graph.inputs}
+    unknown = sorted(set(given) - set(expected))
+    if unknown:
+        raise InputError(f"input_shapes names unknown input(s) {unknown}; the model's inputs are "
+                         f"{[v.describe() for v in graph.inputs]}")
+    shapes = {}
+    for name, info in expected.items():
+        if name in given:
+            shape = tuple(int(d) for d in given[name])
+            if info.shape is not None:
+                if len(shape) != len(info.shape):
+                    raise InputError(f"input {name!r}: shape {list(shape)} has rank {len(shape)}, the model "
+                                     f"expects rank {len(info.shape)} ({info.describe()})")
+                for got, want in zip(shape, info.shape):
+                    if isinstance(want, int) and want > 0 and got != want:
+                        raise InputError(f"input {name!r}: shape {list(shape)} does not match the model's {info.describe()}")
+        elif info.shape is not None and all(isinstance(d, int) and d > 0 for d in info.shape):
+            shape = tuple(info.shape)
+        else:
+            raise InputError(f"input {name!r} has no fixed shape ({info.describe()}); pass "
+                             f"input_shapes={{{name!r}: (...)}} when creating the session")
+        if any(d < 0 for d in shape):
+            raise InputError(f"input {name!r}: negative dimension in {list(shape)}")
+        shapes[name] = shape
+    return shapes
+
+
+@dataclass
+class _Prepared:
+    """Everything a run needs: pools, tensor handles, executions and (recorded mode) recordings."""
+
+    pools: dict[str, Any]
+    executions: list[Execution]
+    recordings: dict[int, Any]  # step index -> recording
+
+
+class Session:
+    """A model prepared for one backend and one set of input shapes. Create with ``Net.session``."""
+
+    def __init__(self, graph: Graph, backend: str = "cpu", input_shapes: Mapping[str, Sequence[int]] | None = None,
+                 record: bool = True, threads: int | None = None, fallback: bool = True, **backend_options: Any):
+        started = time.perf_counter()
+        self.graph = graph
+        self.record = record
+        self.input_shapes = resolve_input_shapes(graph, input_shapes)
+        self.fallback_reason: str | None = None
+        self.backends = self._start_backends(backend, threads, fallback, backend_options)
+        self.backend = backend if self.fallback_reason is None else "cpu"
+
+        program = lower(graph, self.input_shapes)
+        program.ops = select_schemes(program.ops)
+        self.program = program
+        self.placement: Placement = place(program, self.backends, self.backend)
+        self.memory: dict[str, MemoryPlan] = {
+            b: plan_memory(lifetimes, self.backends[b].alignment)
+            for b, lifetimes in self.placement.lifetimes.items() if lifetimes}
+        self._constants: dict[tuple[str, str], TensorHandle] = {}
+        for op, b in zip(program.ops, self.placement.op_backends):
+            for name in op.inputs:
+                if name in program.constants and (b, name) not in self._constants:
+                    self._constants[(b, name)] = self.backends[b].constant(program.constants[name])
+        self._prepared = self._prepare(recorded=True) if record else None
+        self.prepare_seconds = time.perf_counter() - started
+
+    # -- creation helpers ------------------------------------------------------------------
+    def _start_backends(self, name: str, threads: int | None, fallback: bool, options: dict) -> dict[str, Backend]:
+        cpu = CpuBackend(threads=threads)
+        if name == "cpu":
+            return {"cpu": cpu}
+        try:
+            return {name: create_backend(name, **options), "cpu": cpu}
+        except BackendUnavailableError as exc:
+            if not fallback:
+                raise
+            self.fallback_reason = str(exc)
+            warnings.warn(f"{exc}; running on the cpu backend instead (pass fallback=False to refuse)", RuntimeWarning,
+                          stacklevel=4)
+            return {"cpu": cpu}
+
+    def _handle(self, pools: dict[str, Any], backend: str, name: str) -> TensorHandle:
+        """The handle of tensor ``name`` on ``backend``: its storage's slot, seen with its own shape."""
+        if name in self.program.constants:
+            return self._constants[(backend, name)]
+        storage = self.program.storage_of(name)
+        offset = self.memory[backend].element_offset(storage)
+        return self.backends[backend].tensor(pools[backend], offset, self.program.shapes[name])
+
+    def _prepare(self, recorded: bool) -> _Prepared:
+        pools = {b: self.backends[b].allocate(plan.pool_bytes) for b, plan in self.memory.items()}
+        executions = []
+        for op, b in zip(self.program.ops, self.placement.op_backends):
+            ins = [self._handle(pools, b, n) for n in op.inputs]
+            outs = [self._handle(pools, b, n) for n in op.outputs]
+            executions.append(self.backends[b].create_execution(op, ins, outs))
+        recordings = {}
+        if recorded:
+            for index, step in enumerate(self.placement.steps):
+                if step.kind == "run":
+                    recordings[index] = self.backends[step.backend].record([executions[i] for i in step.ops])
+        return _Prepared(pools, executions, recordings)
+
+    # -- running ---------------------------------------------------------------------------
+    def _check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        if not isinstance(inputs, Mapping):
+            raise InputError(f"run() takes a dict {{input name: array}}; got {type(inputs).__name__}")
+        expected = {v.name: v for v in self.graph.inputs}
+        unknown = sorted(set(inputs) - set(expected))
+        missing = sorted(set(expected) - set(inputs))
+        if unknown or missing:
+            raise InputError(f"inputs {sorted(inputs)} do not match the model's inputs "
+                             f"{[v.describe() for v in self.graph.inputs]}" + (f"; unknown: {unknown}" if unknown else "")
+                             + (f"; missing: {missing}" if missing else ""))
+        arrays = {}
+        for name, value in inputs.items():
+            array = np.asarray(value)
+            want = np.dtype(expected[name].dtype)
+            if array.dtype != want and not (np.issubdtype(want, np.integer) and np.issubdtype(array.dtype, np.integer)):
+                raise InputError(f"input {name!r} has dtype {array.dtype}, expected {want}")
+            if tuple(array.shape) != self.input_shapes[name]:
+                raise InputError(f"input {name!r} has shape {list(array.shape)}, this session was prepared for "
+                                 f"{list(self.input_shapes[name])} (create another session for other shapes)")
+            arrays[name] = np.ascontiguousarray(array, dtype=np.float32)
+        return arrays
+
+    def run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Run the model; returns {output name: array}. A recorded run allocates and builds nothing."""
+        arrays = self._check_inputs(inputs)
+        prepared = self._prepared if self.record else self._prepare(recorded=False)
+        pools = prepared.pools
+        for name, array in arrays.items():
+            storage = self.program.storage_of(name)
+            for b in self.placement.input_backends.get(storage, []):
+                self.backends[b].write(self._handle(pools, b, storage), array)
+        for index, step in enumerate(self.placement.steps):
+            backend = self.backends[step.backend]
+            if step.kind == "copy":
+                data = self.backends[step.source].read(self._handle(pools, step.source, step.tensor))
+                backend.write(self._handle(pools, step.backend, step.tensor), data)
+            elif self.record:
+                backend.submit(prepared.recordings[index])
+            else:
+                backend.run_eager([prepared.executions[i] for i in step.ops])
+        results = {}
+        for info in self.graph.outputs:
+            name = info.name
+            if name in self.program.folded_outputs:
+                value = np.array(self.program.folded_outputs[name])
+            else:
+                value = self.backends[self.placement.output_backends[name]].read(
+                    self._handle(pools, self.placement.output_backends[name], name))
+            if np.issubdtype(np.dtype(info.dtype), np.integer) or np.dtype(info.dtype) == np.bool_:
+                value = value.astype(info.dtype)
+            results[name] = value
+        if not self.record:
+            for b, pool in pools.items():
+                self.backends[b].release(pool)
+        return results
+
+    __call__ = run
+
+    # -- introspection ---------------------------------------------------------------------
+    @property
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Per-backend counters (buffers allocated, programs built, executions, recordings, submits)."""
+        return {name: dict(backend.counters) for name, backend in self.backends.items()}
+
+    @property
+    def output_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {n: (tuple(np.shape(self.program.folded_outputs[n])) if n in self.program.folded_outputs
+                    else self.program.shapes[n]) for n in self.program.outputs}
+
+    def memory_summary(self) -> dict[str, dict[str, int]]:
+        """Peak pool bytes beside the naive sum of all tensor sizes, per backend."""
+        return {b: {"pool_bytes": p.pool_bytes, "naive_bytes": p.naive_bytes, "tensors": len(p.offsets)}
+                for b, p in self.memory.items()}
+
+    def report_rows(self) -> list[dict[str, Any]]:
+        """Per atomic op: backend, scheme, shapes, bytes, MACs, estimated cost, fallback reason."""
+        rows = []
+        executions = self._prepared.executions if self._prepared else [None] * len(self.program.ops)
+        for i, (op, b) in enumerate(zip(self.program.ops, self.placement.op_backends)):
+            exe = executions[i]
+            out_shape = self.program.shapes[op.outputs[0]]
+            rows.append({
+                "index": i, "op": op.kind, "node": op.source, "backend": b,
+                "scheme": exe.scheme if exe is not None else getattr(op, "scheme", "-"),
+                "inputs": [list(self.program.shapes.get(n, np.shape(self.program.constants.get(n)))) for n in op.inputs],
+                "output": list(out_shape), "bytes": 4 * int(np.prod(out_shape, dtype=np.int64)),
+                "macs": op.macs(), "cost_ms": self.placement.costs_ms[i],
+                "fallback": self.placement.fallback_reasons[i],
+            })
+        return rows
+
+    def report(self) -> str:
+        """A readable table of the session's plan (one line per atomic op) and its memory."""
+        lines = [f"session on {self.backend!r}" + (f" (fell back: {self.fallback_reason})" if self.fallback_reason else "")
+                 + f", {len(self.program.ops)} atomic ops, prepared in {self.prepare_seconds * 1000:.1f} ms,"
+                 f" {'recorded' if self.record else 'eager'}"]
+        header = f"{'#':>4} {'op':<17} {'backend':<7} {'scheme':<10} {'output':<20} {'bytes':>10} {'MMACs':>8} {'est ms':>7}  node"
+        lines.append(header)
+        for r in self.report_rows():
+            note = f"  [cpu fallback: {r['fallback']}]" if r["fallback"] else ""
+            lines.append(f"{r['index']:>4} {r['op']:<17} {r['backend']:<7} {r['scheme']:<10} {str(r['output']):<20} "
+                         f"{r['bytes']:>10} {r['macs'] / 1e6:>8.2f} {r['cost_ms']:>7.3f}  {r['node']}{note}")
+        for b, m in self.memory_summary().items():
+            lines.append(f"memory[{b}]: pool {m['pool_bytes'] / 2**20:.2f} MiB for {m['tensors']} tensors "
+                         f"(naive sum {m['naive_bytes'] / 2**20:.2f} MiB)")
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        for backend in self.backends.values():
+            backend.close()
+
+    def __repr__(self) -> str:
+        return f"<Session backend={self.backend!r} ops={len(self.program.ops)} record={self.record}>"
