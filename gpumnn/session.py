@@ -149,7 +149,7 @@ class Session:
             if tuple(array.shape) != self.input_shapes[name]:
                 raise InputError(f"input {name!r} has shape {list(array.shape)}, this session was prepared for "
                                  f"{list(self.input_shapes[name])} (create another session for other shapes)")
-            arrays[name] = np.ascontiguousarray(array, dtype=np.float32)
+            arrays[name] = np.asarray(array, dtype=np.float32, order="C")
         return arrays
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:

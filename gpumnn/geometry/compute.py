@@ -102,7 +102,16 @@ def emit_binary(ctx: LoweringContext, node: Node, op: str, a: str, b: str, out: 
         out_shape = tuple(np.broadcast_shapes(sa, sb))
     except ValueError:
         raise UnsupportedOpError(node.op_type, node.name, f"shapes {list(sa)} and {list(sb)} do not broadcast") from None
-    shape4, a4, b4 = collapse_binary(out_shape, broadcast_strides(out_shape, sa), broadcast_strides(out_shape, sb), node)
+    try:
+        shape4, a4, b4 = collapse_binary(out_shape, broadcast_strides(out_shape, sa), broadcast_strides(out_shape, sb), node)
+    except UnsupportedOpError:
+        # too many interleaved broadcast dims for RANK: materialise the smaller operand (a Raster) and retry
+        small = a if ctx.value(a).size <= ctx.value(b).size else b
+        expanded = ctx.temp(node, "broadcast")
+        reorder(ctx, node, [small], lambda xs, f: [np.broadcast_to(xs[0], out_shape)], [expanded])
+        a, b = (expanded, b) if small == a else (a, expanded)
+        emit_binary(ctx, node, op, a, b, out, activation)
+        return
     ctx.emit(A.Binary((a, b), (out,), node.name, op=op, out_shape=shape4, a_strides=a4, b_strides=b4,
                       activation=activation), out_shape)
 

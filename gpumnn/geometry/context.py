@@ -93,7 +93,7 @@ class LoweringContext:
         """Make sure a tensor an atomic op reads exists at run time (constants become float32 weights)."""
         value = self.values[name]
         if value.const is not None and name not in self.constants:
-            self.constants[name] = np.ascontiguousarray(value.const, dtype=np.float32)
+            self.constants[name] = np.asarray(value.const, dtype=np.float32, order="C")
         return name
 
     def alias(self, output: str, source: str, shape: Sequence[int]) -> None:

@@ -102,7 +102,12 @@ def _segments(src: np.ndarray, idx: np.ndarray, axis: int) -> list[tuple[int, in
         return [(0, 1)]
     d = np.diff(idx, axis=axis)
     other = tuple(a for a in range(idx.ndim) if a != axis)
-    d_min, d_max = d.min(axis=other), d.max(axis=other)
+    real = np.take(src, range(1, n), axis=axis) >= 0  # fill entries carry no index: ignore their steps
+    big = np.iinfo(np.int64).max
+    d_min = np.where(real, d, big).min(axis=other)
+    d_max = np.where(real, d, -big).max(axis=other)
+    no_data = d_min == big
+    d_min, d_max = np.where(no_data, 0, d_min), np.where(no_data, 0, d_max)
     same_src = np.all(np.diff(src, axis=axis) == 0, axis=other)
     joinable = (d_min == d_max) & same_src
     cuts, start = [], 0
@@ -122,18 +127,24 @@ def _decompose(src, idx, dst_offset: int, dst_strides, out: list[Region], depth:
         if sid >= 0:
             out.extend(_emit(sid, int(idx.flat[0]), strides, dst_offset, dst_strides, idx.shape))
         return
-    best = None
+    best = None  # (score, axis, segments): fewest regions, and recursion only where it must
     for axis in range(idx.ndim):
         if idx.shape[axis] == 1:
             continue
         segs = _segments(src, idx, axis)
         if len(segs) == 1:
             continue
-        if best is None or len(segs) < len(best[1]):
-            best = (axis, segs)
+        score = 0
+        for lo, hi in segs:
+            sl = [slice(None)] * idx.ndim
+            sl[axis] = slice(lo, hi)
+            part = _single(src[tuple(sl)], idx[tuple(sl)])
+            score += 1000 if part is None else (0 if part[0] < 0 else 1)
+        if best is None or score < best[0]:
+            best = (score, axis, segs)
     if best is None:  # linear along every axis separately yet not overall: cannot happen, but be safe
-        best = (0, [(i, i + 1) for i in range(idx.shape[0])])
-    axis, segs = best
+        best = (0, 0, [(i, i + 1) for i in range(idx.shape[0])])
+    _, axis, segs = best
     for lo, hi in segs:
         sl = [slice(None)] * idx.ndim
         sl[axis] = slice(lo, hi)

@@ -32,12 +32,12 @@ def reorder(ctx: LoweringContext, node: Node, sources: Sequence[str], fn: ArrayF
     if all(v.is_const for v in values):
         results = fn([v.const for v in values], 0.0 if fill is None else fill)
         for name, array in zip(outputs, results):
-            ctx.set_const(name, np.ascontiguousarray(array))
+            ctx.set_const(name, np.asarray(array, order="C"))
         return
     src_maps = fn([np.full(v.shape, k, dtype=np.int32) for k, v in enumerate(values)], -1)
     idx_maps = fn([np.arange(v.size, dtype=np.int64).reshape(v.shape) for v in values], 0)
     for name, src, idx in zip(outputs, src_maps, idx_maps):
-        index_map = IndexMap(np.ascontiguousarray(src, dtype=np.int32), np.ascontiguousarray(idx, dtype=np.int64))
+        index_map = IndexMap(np.asarray(src, dtype=np.int32, order="C"), np.asarray(idx, dtype=np.int64, order="C"))
         ctx.emit_raster(PendingRaster(list(sources), index_map, name, fill, node.name))
 
 

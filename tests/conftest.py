@@ -1,0 +1,55 @@
+"""Backends for the parametrised tests, and the rule that CI may not skip the APIs it can run.
+
+Every test that takes the ``backend`` fixture runs once per backend gpumnn knows. A backend that
+cannot start here is skipped with its reason, except those named in GPUMNN_REQUIRE_BACKENDS
+(.ci/run sets it to the APIs CI installs), which fail instead.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import gpumnn  # noqa: E402
+from gpumnn.backends import REGISTRY, probe  # noqa: E402
+
+REQUIRED = [b for b in os.environ.get("GPUMNN_REQUIRE_BACKENDS", "").split(",") if b]
+
+
+def pytest_report_header(config):
+    lines = ["gpumnn backends:"]
+    for name in REGISTRY:
+        reason = probe(name)
+        lines.append(f"  {name:<7} {'RUNS' if reason is None else 'skipped: ' + reason}")
+    if REQUIRED:
+        lines.append(f"  required here (GPUMNN_REQUIRE_BACKENDS): {', '.join(REQUIRED)}")
+    return lines
+
+
+def require_backend(name: str) -> None:
+    """Skip (or, for a required backend, fail) when ``name`` cannot start here."""
+    reason = probe(name)
+    if reason is None:
+        return
+    if name in REQUIRED:
+        pytest.fail(f"backend {name!r} is required here but cannot start: {reason}")
+    pytest.skip(f"backend {name!r} unavailable: {reason}")
+
+
+@pytest.fixture(params=list(REGISTRY))
+def backend(request) -> str:
+    require_backend(request.param)
+    return request.param
+
+
+def rel_l2(got: np.ndarray, ref: np.ndarray) -> float:
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert got.shape == ref.shape, f"shape {got.shape} != reference {ref.shape}"
+    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-12))

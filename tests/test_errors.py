@@ -1,0 +1,115 @@
+"""Bad input gets a clear error that names the problem, and the session survives it."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import gpumnn
+from gpumnn import zoo
+
+
+def _tiny(op_type="Relu", domain="", shape=(1, 3, 4, 4)):
+    node = helper.make_node(op_type, ["x"], ["y"], name="the_node", domain=domain)
+    graph = helper.make_graph([node], "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+def test_malformed_file_raises_model_error(tmp_path):
+    path = tmp_path / "broken.onnx"
+    path.write_bytes(b"\x08\x07this is not a protobuf\xff\xff")
+    with pytest.raises(gpumnn.ModelError, match="broken.onnx"):
+        gpumnn.load(path)
+
+
+def test_missing_file_raises_model_error(tmp_path):
+    with pytest.raises(gpumnn.ModelError, match="does not exist"):
+        gpumnn.load(tmp_path / "nope.onnx")
+
+
+def test_unsupported_op_names_op_node_and_supported_set():
+    with pytest.raises(gpumnn.UnsupportedOpError) as info:
+        gpumnn.load(_tiny("NonMaxSuppression"))
+    message = str(info.value)
+    assert "NonMaxSuppression" in message and "the_node" in message and "Conv" in message
+    assert info.value.op_type == "NonMaxSuppression" and info.value.node_name == "the_node"
+
+
+def test_custom_domain_is_unsupported():
+    with pytest.raises(gpumnn.UnsupportedOpError, match="com.example"):
+        gpumnn.load(_tiny("Relu", domain="com.example"))
+
+
+def test_unsupported_attribute_value_is_named():
+    node = helper.make_node("Resize", ["x", "", "s"], ["y"], name="cubic_resize", mode="cubic")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 1, 4, 4))],
+                              [helper.make_empty_tensor_value_info("y")],
+                              [onnx.numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "s")])
+    net = gpumnn.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    with pytest.raises(gpumnn.UnsupportedOpError, match="cubic_resize.*cubic"):
+        net.session()
+
+
+def test_out_of_range_opset_is_a_model_error():
+    model = _tiny()
+    model.opset_import[0].version = 7
+    with pytest.raises(gpumnn.ModelError, match="opset 7"):
+        gpumnn.load(model)
+
+
+@pytest.fixture(scope="module")
+def session():
+    return gpumnn.load(zoo.build("squeezenet1_1")).session()
+
+
+def test_wrong_input_name(session):
+    x = np.zeros((1, 3, 224, 224), np.float32)
+    with pytest.raises(gpumnn.InputError, match="unknown.*'image'.*missing.*'input'"):
+        session.run({"image": x})
+
+
+def test_wrong_input_shape_says_what_was_expected(session):
+    x = np.random.default_rng(0).standard_normal((1, 3, 200, 224)).astype(np.float32)
+    with pytest.raises(gpumnn.InputError, match=r"\[1, 3, 200, 224\].*\[1, 3, 224, 224\]"):
+        session.run({"input": x})
+
+
+def test_wrong_input_dtype_says_what_was_expected(session):
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224))
+    with pytest.raises(gpumnn.InputError, match="float64.*expected float32"):
+        session.run({"input": x})
+
+
+def test_session_still_works_after_bad_input(session):
+    x = np.random.default_rng(1).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    with pytest.raises(gpumnn.InputError):
+        session.run({"input": x[:, :2]})
+    assert np.all(np.isfinite(session.run({"input": x})["output"]))
+
+
+def test_symbolic_input_needs_input_shapes():
+    net = gpumnn.load(_tiny(shape=("batch", 3, 4, 4)))
+    with pytest.raises(gpumnn.InputError, match="input_shapes"):
+        net.session()
+    sess = net.session(input_shapes={"x": (2, 3, 4, 4)})
+    x = np.random.default_rng(2).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    np.testing.assert_array_equal(sess.run({"x": x})["y"], np.maximum(x, 0))
+
+
+def test_input_shapes_must_agree_with_the_model():
+    with pytest.raises(gpumnn.InputError, match="does not match"):
+        gpumnn.load(_tiny()).session(input_shapes={"x": (1, 3, 5, 4)})
+
+
+def test_unknown_backend_without_fallback_refuses():
+    with pytest.raises(gpumnn.BackendUnavailableError, match="unknown backend 'metal'"):
+        gpumnn.load(_tiny()).session(backend="metal", fallback=False)
+
+
+def test_unavailable_backend_with_fallback_warns_and_runs_on_cpu():
+    with pytest.warns(RuntimeWarning, match="metal"):
+        sess = gpumnn.load(_tiny()).session(backend="metal")
+    assert sess.backend == "cpu" and "metal" in sess.fallback_reason
