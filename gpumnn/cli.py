@@ -1,0 +1,137 @@
+"""The ``gpumnn`` command: info, run, bench and zoo export."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__, zoo
+from .backends import REGISTRY, create_backend, probe
+from .errors import GpumnnError
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    print(f"gpumnn {__version__}")
+    for name in REGISTRY:
+        reason = probe(name)
+        if reason is None:
+            backend = create_backend(name)
+            info = backend.info
+            print(f"  {name:<7} available  {info.device}  (FLOPS {info.flops / 1e9:.1f} G, t_schedule {info.t_schedule_ms} ms)")
+            backend.close()
+        else:
+            print(f"  {name:<7} missing    {reason}")
+    return 0
+
+
+def _load_model(path: str):
+    from .net import load
+    if path in zoo.MODELS and not Path(path).exists():
+        return load(zoo.build(path)), path
+    return load(path), path
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    net, _ = _load_model(args.model)
+    shapes = {net.inputs[0].name: tuple(args.shape)} if args.shape else None
+    sess = net.session(backend=args.backend, input_shapes=shapes, record=not args.eager, threads=args.threads,
+                       fallback=not args.no_fallback)
+    name = net.inputs[0].name
+    if args.input:
+        x = np.load(args.input)
+    else:
+        x = np.random.default_rng(0).standard_normal(sess.input_shapes[name]).astype(np.float32)
+    start = time.perf_counter()
+    outputs = sess.run({name: x})
+    elapsed = (time.perf_counter() - start) * 1000
+    if args.report:
+        print(sess.report())
+    for key, value in outputs.items():
+        print(f"{key}: shape {list(value.shape)} mean {value.mean():.6g} std {value.std():.6g}")
+    print(f"backend {sess.backend}, session created in {sess.prepare_seconds * 1000:.1f} ms, run {elapsed:.1f} ms")
+    if args.output:
+        np.savez(args.output, **outputs)
+        print(f"wrote {args.output}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .benchmark import benchmark, format_table, resolve_backends, rows_as_dicts
+    backends, skipped = resolve_backends(args.backend)
+    if not backends:
+        print("no requested backend can start here: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()), file=sys.stderr)
+        return 2
+    models = args.models or list(zoo.PAPER_MODELS)
+    if models == ["all"]:
+        models = zoo.names()
+    threads = args.threads or os.cpu_count() or 1
+    rows = benchmark(models, backends, threads=threads, runs=args.runs, warmup=args.warmup, eager=not args.no_eager,
+                     progress=not args.json and sys.stderr.isatty() or args.progress)
+    if args.json:
+        print(json.dumps({"threads": threads, "skipped": skipped, "rows": rows_as_dicts(rows)}, indent=2))
+    else:
+        print(format_table(rows, threads, skipped))
+    return 0
+
+
+def cmd_zoo(args: argparse.Namespace) -> int:
+    out = Path(args.directory)
+    for name in args.models or zoo.names():
+        path = zoo.save(name, out / f"{name}.onnx")
+        print(f"{name:<20} {list(zoo.input_shape(name))} -> {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpumnn", description="MNN-style ONNX inference on NumPy, OpenCL, Vulkan, OpenGL and CUDA")
+    parser.add_argument("--version", action="version", version=f"gpumnn {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("info", help="backends and devices found here, and why a missing one is missing").set_defaults(fn=cmd_info)
+
+    run = sub.add_parser("run", help="run one model once")
+    run.add_argument("model", help="an .onnx file or a zoo model name")
+    run.add_argument("--backend", default="cpu", choices=list(REGISTRY))
+    run.add_argument("--input", help=".npy file for the (first) input; default: random normal data")
+    run.add_argument("--shape", type=int, nargs="+", help="input shape, for models with symbolic dimensions")
+    run.add_argument("--output", help="write the outputs to this .npz file")
+    run.add_argument("--threads", type=int)
+    run.add_argument("--eager", action="store_true", help="no prerecorded work (the paper's baseline)")
+    run.add_argument("--no-fallback", action="store_true", help="fail instead of running on the cpu if the backend cannot start")
+    run.add_argument("--report", action="store_true", help="print the per-op plan")
+    run.set_defaults(fn=cmd_run)
+
+    bench = sub.add_parser("bench", help="time models on backends, recorded and eager, beside ONNX Runtime")
+    bench.add_argument("models", nargs="*", help="zoo names or .onnx paths (default: the paper's three; 'all' for the zoo)")
+    bench.add_argument("--backend", nargs="+", default=["all"], help="backends to time, or 'all' (default)")
+    bench.add_argument("--threads", type=int, help="CPU threads for NumPy and ONNX Runtime (default: all cores)")
+    bench.add_argument("--runs", type=int, default=10)
+    bench.add_argument("--warmup", type=int, default=1)
+    bench.add_argument("--no-eager", action="store_true", help="skip the eager (undecoupled) timing")
+    bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bench.add_argument("--progress", action="store_true", help="show progress even when stderr is not a terminal")
+    bench.set_defaults(fn=cmd_bench)
+
+    zoo_cmd = sub.add_parser("zoo", help="write the bundled benchmark models as .onnx files")
+    zoo_cmd.add_argument("directory")
+    zoo_cmd.add_argument("models", nargs="*")
+    zoo_cmd.set_defaults(fn=cmd_zoo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except GpumnnError as exc:
+        print(f"gpumnn: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Set up a fresh Debian 12 / Python 3.11 machine for gpumnn, idempotently:
+#   - system packages for the CPU implementations of the GPU APIs, where missing:
+#     PoCL (OpenCL), Mesa lavapipe (Vulkan), Mesa llvmpipe through EGL (OpenGL), glslang (GLSL -> SPIR-V);
+#   - a virtual environment in .venv with gpumnn and its extras installed (editable).
+# On a machine with a real GPU the vendor's drivers are used by the same code; nothing here replaces them.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+SYSTEM_PACKAGES=(ocl-icd-libopencl1 pocl-opencl-icd mesa-vulkan-drivers libvulkan1 libegl-mesa0 libegl1 libgl1-mesa-dri glslang-tools)
+missing=()
+if command -v dpkg-query >/dev/null 2>&1; then
+  for pkg in "${SYSTEM_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  python_version=$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+  if ! python3 -c 'import ensurepip' >/dev/null 2>&1; then missing+=("python${python_version}-venv"); fi
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing system packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  python3 -m venv .venv
+fi
+if ! .venv/bin/python -c 'import gpumnn, onnxruntime, pyopencl, vulkan, moderngl, pytest' >/dev/null 2>&1; then
+  echo "setup: installing gpumnn[all] into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e ".[all]"
+fi
