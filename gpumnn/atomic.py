@@ -164,7 +164,25 @@ class MatMul(AtomicOp):
 
 
 @dataclass(frozen=True)
-class Conv2D(AtomicOp):
+class ConvGeometry(AtomicOp):
+    """Fields shared by Conv2D and ConvTranspose2D (NCHW, 2D kernel, groups, fused epilogue)."""
+
+    batch: int = 1
+    in_channels: int = 1
+    in_hw: tuple[int, int] = (1, 1)
+    out_channels: int = 1
+    out_hw: tuple[int, int] = (1, 1)
+    kernel: tuple[int, int] = (1, 1)
+    strides: tuple[int, int] = (1, 1)
+    pads: tuple[int, int] = (0, 0)
+    dilations: tuple[int, int] = (1, 1)
+    groups: int = 1
+    has_bias: bool = False
+    activation: Activation = None
+
+
+@dataclass(frozen=True)
+class Conv2D(ConvGeometry):
     """NCHW convolution: inputs x ``[N,C,H,W]``, weight ``[OC, C/groups, KH, KW]``, bias ``[OC]``.
 
     ``pads`` is (top, left); bottom/right padding is implied by ``out_hw``. ``scheme`` is chosen
@@ -174,18 +192,6 @@ class Conv2D(AtomicOp):
     """
 
     kind: ClassVar[str] = "conv2d"
-    batch: int = 1
-    in_channels: int = 1
-    in_hw: tuple[int, int] = (1, 1)
-    out_channels: int = 1
-    out_hw: tuple[int, int] = (1, 1)
-    kernel: tuple[int, int] = (1, 1)
-    strides: tuple[int, int] = (1, 1)
-    pads: tuple[int, int] = (0, 0)
-    dilations: tuple[int, int] = (1, 1)
-    groups: int = 1
-    has_bias: bool = False
-    activation: Activation = None
     scheme: str = "im2col"
     winograd_tile: int = 0
 
@@ -195,7 +201,7 @@ class Conv2D(AtomicOp):
 
 
 @dataclass(frozen=True)
-class ConvTranspose2D(AtomicOp):
+class ConvTranspose2D(ConvGeometry):
     """NCHW transposed convolution; weight ``[C, OC/groups, KH, KW]`` (ONNX layout).
 
     ``out[n, oc, oh, ow] += x[n, c, ih, iw] * w[c, oc', kh, kw]`` where
@@ -203,18 +209,6 @@ class ConvTranspose2D(AtomicOp):
     """
 
     kind: ClassVar[str] = "conv_transpose2d"
-    batch: int = 1
-    in_channels: int = 1
-    in_hw: tuple[int, int] = (1, 1)
-    out_channels: int = 1
-    out_hw: tuple[int, int] = (1, 1)
-    kernel: tuple[int, int] = (1, 1)
-    strides: tuple[int, int] = (1, 1)
-    pads: tuple[int, int] = (0, 0)
-    dilations: tuple[int, int] = (1, 1)
-    groups: int = 1
-    has_bias: bool = False
-    activation: Activation = None
 
     def macs(self) -> int:
         return (self.batch * self.in_channels * self.in_hw[0] * self.in_hw[1]

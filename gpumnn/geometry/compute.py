@@ -16,7 +16,7 @@ from .. import atomic as A
 from ..errors import UnsupportedOpError
 from ..ir import Node
 from .context import LoweringContext
-from .regions import contiguous_strides
+from .regions import contiguous_strides, merge_dims
 from .registry import lowers
 from .reorder import gather_constant_indices, norm_axis, reorder
 
@@ -80,15 +80,7 @@ def broadcast_strides(out_shape: Sequence[int], in_shape: Sequence[int]) -> list
 
 def collapse_binary(out_shape, a_strides, b_strides, node: Node):
     """Merge dims contiguous in output and both inputs so any broadcast fits in RANK dims."""
-    dims = [(n, sa, sb) for n, sa, sb in zip(out_shape, a_strides, b_strides) if n != 1]
-    merged: list[tuple[int, int, int]] = []
-    for n, sa, sb in dims:
-        if merged:
-            pn, pa, pb = merged[-1]
-            if pa == sa * n and pb == sb * n:
-                merged[-1] = (pn * n, sa, sb)
-                continue
-        merged.append((n, sa, sb))
+    merged = merge_dims(list(out_shape), list(a_strides), list(b_strides))
     if len(merged) > A.RANK:
         raise UnsupportedOpError(node.op_type, node.name, f"broadcast over shape {list(out_shape)} needs more than {A.RANK} dims")
     merged = [(1, 0, 0)] * (A.RANK - len(merged)) + merged

@@ -56,8 +56,9 @@ def _linear_strides(idx: np.ndarray) -> tuple[int, ...] | None:
     return tuple(strides) if np.array_equal(expected, idx) else None
 
 
-def _collapse(size: list[int], src_strides: list[int], dst_strides: list[int]):
-    """Drop size-1 dims and merge neighbours that are contiguous in both source and destination."""
+def merge_dims(size: list[int], src_strides: list[int], dst_strides: list[int]) -> list[tuple[int, int, int]]:
+    """(size, stride, stride) per dim after dropping size-1 dims and merging neighbours that are
+    contiguous in both stride lists, so strided copies and broadcasts need as few dims as possible."""
     dims = [(n, s, d) for n, s, d in zip(size, src_strides, dst_strides) if n != 1]
     merged: list[tuple[int, int, int]] = []
     for n, s, d in dims:
@@ -72,7 +73,7 @@ def _collapse(size: list[int], src_strides: list[int], dst_strides: list[int]):
 
 def _emit(block_src: int, base_src: int, src_strides, base_dst: int, dst_strides, size) -> list[Region]:
     """Regions for one linear block, split along outer dims if it has more than RANK dims."""
-    dims = _collapse(list(size), list(src_strides), list(dst_strides))
+    dims = merge_dims(list(size), list(src_strides), list(dst_strides))
     outer, inner = dims[:-RANK] if len(dims) > RANK else [], dims[-RANK:]
     inner = [(1, 0, 0)] * (RANK - len(inner)) + inner
     regions = []
