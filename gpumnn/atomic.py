@@ -43,6 +43,11 @@ BINARY_OPS: tuple[str, ...] = ("add", "sub", "mul", "div", "pow", "max", "min", 
 
 REDUCE_OPS: tuple[str, ...] = ("sum", "mean", "max", "min")
 
+#: Stable integer ids kernels use for the names above (their order in the tables).
+UNARY_IDS: dict[str, int] = {name: i for i, name in enumerate(UNARY_OPS)}
+BINARY_IDS: dict[str, int] = {name: i for i, name in enumerate(BINARY_OPS)}
+REDUCE_IDS: dict[str, int] = {name: i for i, name in enumerate(REDUCE_OPS)}
+
 
 @dataclass(frozen=True)
 class AtomicOp:

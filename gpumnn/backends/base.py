@@ -23,10 +23,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
+from .. import atomic as A
 from ..atomic import AtomicOp
 
 #: Counter names every backend maintains (others may add more).
@@ -72,15 +73,32 @@ class TensorHandle:
 class Execution(ABC):
     """One atomic op made ready to run on one backend: kernels chosen, arguments bound."""
 
-    def __init__(self, op: AtomicOp, inputs: Sequence[TensorHandle], outputs: Sequence[TensorHandle]):
+    def __init__(self, op: AtomicOp, inputs: Sequence[TensorHandle], outputs: Sequence[TensorHandle],
+                 scheme: str | None = None):
         self.op = op
         self.inputs = list(inputs)
         self.outputs = list(outputs)
+        self._scheme = scheme
 
     @property
     def scheme(self) -> str:
         """The algorithm this execution actually uses (shown by ``Session.report``)."""
-        return getattr(self.op, "scheme", "-")
+        return self._scheme or getattr(self.op, "scheme", "-")
+
+
+def contract_violation(op: AtomicOp) -> str | None:
+    """Why ``op`` names something outside the atomic-op contract (an unknown unary, binary or
+    reduce op), or None. Every backend checks this before it looks for a kernel."""
+    activation = getattr(op, "activation", None)
+    if activation is not None and activation[0] not in A.UNARY_OPS:
+        return f"unknown activation {activation[0]!r}"
+    if isinstance(op, A.Unary) and op.op not in A.UNARY_OPS:
+        return f"unknown unary op {op.op!r}"
+    if isinstance(op, A.Binary) and op.op not in A.BINARY_OPS:
+        return f"unknown binary op {op.op!r}"
+    if isinstance(op, A.Reduce) and op.op not in A.REDUCE_OPS:
+        return f"unknown reduce op {op.op!r}"
+    return None
 
 
 class Backend(ABC):
@@ -90,6 +108,8 @@ class Backend(ABC):
     name: str = "?"
     #: byte alignment of tensor offsets inside a pool (the memory planner honours it)
     alignment: int = 64
+    #: atomic op type -> how this backend builds its kernel (checked by ``unsupported_reason``)
+    kernel_table: ClassVar[Mapping[type, Any]] = {}
 
     def __init__(self) -> None:
         self.counters: Counter[str] = Counter({k: 0 for k in COUNTERS})
@@ -102,7 +122,9 @@ class Backend(ABC):
 
     def unsupported_reason(self, op: AtomicOp) -> str | None:
         """None when this backend can run ``op``; otherwise why not (shown in the report)."""
-        return None
+        if type(op) not in self.kernel_table:
+            return f"the {self.name} backend has no kernel for atomic op {type(op).__name__}"
+        return contract_violation(op)
 
     # -- memory ----------------------------------------------------------------------------
     @abstractmethod

@@ -45,13 +45,8 @@ class CpuExecution(Execution):
     """An execution whose work is one Python callable prepared at creation."""
 
     def __init__(self, op, inputs, outputs, fn: Callable[[], None], scheme: str | None = None):
-        super().__init__(op, inputs, outputs)
+        super().__init__(op, inputs, outputs, scheme)
         self._fn = fn
-        self._scheme = scheme
-
-    @property
-    def scheme(self) -> str:
-        return self._scheme or super().scheme
 
     def run(self) -> None:
         self._fn()
@@ -530,7 +525,7 @@ def _make_gather(op: A.Gather, ins, outs):
     return run
 
 
-_MAKERS: dict[type, Callable[..., Any]] = {
+CpuBackend.kernel_table = _MAKERS = {
     A.Raster: _make_raster, A.Unary: _make_unary, A.Binary: _make_binary, A.Reduce: _make_reduce,
     A.MatMul: _make_matmul, A.Conv2D: _make_conv2d, A.ConvTranspose2D: _make_conv_transpose2d,
     A.Pool2D: _make_pool2d, A.Softmax: _make_softmax, A.Normalize: _make_normalize,

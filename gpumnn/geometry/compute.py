@@ -16,7 +16,7 @@ from .. import atomic as A
 from ..errors import UnsupportedOpError
 from ..ir import Node
 from .context import LoweringContext
-from .regions import contiguous_strides, merge_dims
+from ..strides import contiguous_strides, merge_dims
 from .registry import lowers
 from .reorder import gather_constant_indices, norm_axis, reorder
 
@@ -80,7 +80,7 @@ def broadcast_strides(out_shape: Sequence[int], in_shape: Sequence[int]) -> list
 
 def collapse_binary(out_shape, a_strides, b_strides, node: Node):
     """Merge dims contiguous in output and both inputs so any broadcast fits in RANK dims."""
-    merged = merge_dims(list(out_shape), list(a_strides), list(b_strides))
+    merged = merge_dims(out_shape, a_strides, b_strides)
     if len(merged) > A.RANK:
         raise UnsupportedOpError(node.op_type, node.name, f"broadcast over shape {list(out_shape)} needs more than {A.RANK} dims")
     merged = [(1, 0, 0)] * (A.RANK - len(merged)) + merged

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..atomic import RANK, Region
+from ..strides import contiguous_strides, merge_dims
 
 
 @dataclass
@@ -27,14 +28,6 @@ class IndexMap:
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.idx.shape)
-
-
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for dim in reversed(shape):
-        strides.append(acc)
-        acc *= dim
-    return tuple(reversed(strides))
 
 
 def _linear_strides(idx: np.ndarray) -> tuple[int, ...] | None:
@@ -56,24 +49,9 @@ def _linear_strides(idx: np.ndarray) -> tuple[int, ...] | None:
     return tuple(strides) if np.array_equal(expected, idx) else None
 
 
-def merge_dims(size: list[int], src_strides: list[int], dst_strides: list[int]) -> list[tuple[int, int, int]]:
-    """(size, stride, stride) per dim after dropping size-1 dims and merging neighbours that are
-    contiguous in both stride lists, so strided copies and broadcasts need as few dims as possible."""
-    dims = [(n, s, d) for n, s, d in zip(size, src_strides, dst_strides) if n != 1]
-    merged: list[tuple[int, int, int]] = []
-    for n, s, d in dims:
-        if merged:
-            pn, ps, pd = merged[-1]
-            if ps == s * n and pd == d * n:
-                merged[-1] = (pn * n, s, d)
-                continue
-        merged.append((n, s, d))
-    return merged or [(1, 0, 0)]
-
-
 def _emit(block_src: int, base_src: int, src_strides, base_dst: int, dst_strides, size) -> list[Region]:
     """Regions for one linear block, split along outer dims if it has more than RANK dims."""
-    dims = merge_dims(list(size), list(src_strides), list(dst_strides))
+    dims = merge_dims(size, src_strides, dst_strides) or [(1, 0, 0)]
     outer, inner = dims[:-RANK] if len(dims) > RANK else [], dims[-RANK:]
     inner = [(1, 0, 0)] * (RANK - len(inner)) + inner
     regions = []

@@ -1,0 +1,360 @@
+"""A thin layer over the ``vulkan`` (cffi) package: instance, device, queue, memory, buffers.
+
+Only what a compute-only inference engine needs: one compute queue, storage buffers (device-local
+for tensors and weights, host-visible coherent staging for transfers), one command pool, one
+fence reused by every submission, descriptor pools that grow on demand, and an optional
+VK_LAYER_KHRONOS_validation layer whose messages are collected in ``messages``.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import vulkan as vk
+
+ffi = vk.ffi
+lib = vk.lib
+
+VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
+_DEVICE_TYPE_RANK = {
+    vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: 0,
+    vk.VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: 1,
+    vk.VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: 2,
+    vk.VK_PHYSICAL_DEVICE_TYPE_CPU: 3,
+}
+DEVICE_TYPE_NAMES = {
+    vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: "discrete GPU",
+    vk.VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: "integrated GPU",
+    vk.VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: "virtual GPU",
+    vk.VK_PHYSICAL_DEVICE_TYPE_CPU: "CPU",
+}
+_FENCE_TIMEOUT_NS = 600 * 10**9  # a wedged device fails loudly after 10 minutes
+_ids = itertools.count(1)
+
+
+class VulkanError(RuntimeError):
+    """A Vulkan call failed or the device cannot do what gpumnn needs."""
+
+
+def _check(result: int, what: str) -> None:
+    if result != vk.VK_SUCCESS:
+        exc = vk.exception_codes.get(result)
+        raise VulkanError(f"{what} failed with VkResult {result} ({getattr(exc, '__name__', '?')})")
+
+
+def _cstring(chars) -> str:
+    if isinstance(chars, str):
+        return chars
+    if isinstance(chars, bytes):
+        return chars.decode("utf-8", "replace")
+    return ffi.string(chars).decode("utf-8", "replace")
+
+
+def _debug_callback(severity, types, data, user_data):
+    """Debug-utils messenger callback: appends a line to the owning device's ``messages``."""
+    try:
+        owner = ffi.from_handle(user_data)
+        level = ("ERROR" if severity & vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT else
+                 "WARNING" if severity & vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT else
+                 "INFO" if severity & vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_INFO_BIT_EXT else "VERBOSE")
+        ident = _cstring(data.pMessageIdName) if data.pMessageIdName != ffi.NULL else ""
+        text = _cstring(data.pMessage) if data.pMessage != ffi.NULL else ""
+        owner.messages.append(f"[{level}] {ident}: {text}")
+    except Exception:  # never let an exception cross the C boundary
+        pass
+    return 0
+
+
+def validation_layer_available() -> bool:
+    """Whether VK_LAYER_KHRONOS_validation and VK_EXT_debug_utils can be enabled here."""
+    try:
+        layers = {_cstring(l.layerName) for l in vk.vkEnumerateInstanceLayerProperties()}
+        extensions = {_cstring(e.extensionName) for e in vk.vkEnumerateInstanceExtensionProperties(None)}
+    except Exception:
+        return False
+    return VALIDATION_LAYER in layers and "VK_EXT_debug_utils" in extensions
+
+
+@dataclass(eq=False)
+class DeviceBuffer:
+    """A VkBuffer with its own VkDeviceMemory; ``mapped`` is a persistent float32 view or None."""
+
+    handle: Any
+    memory: Any
+    size: int  # bytes
+    kind: str  # "pool", "constant", "arena", "staging", "table"
+    host_visible: bool
+    mapped: np.ndarray | None = None
+    id: int = field(default_factory=lambda: next(_ids))
+    alive: bool = True
+
+    def __repr__(self) -> str:
+        return f"<DeviceBuffer #{self.id} {self.kind} {self.size} B>"
+
+
+class DescriptorAllocator:
+    """Descriptor sets of storage buffers from pools that are added when one runs out."""
+
+    SETS_PER_POOL = 512
+
+    def __init__(self, device, max_bindings: int, freeable: bool):
+        self.device = device
+        self.max_bindings = max_bindings
+        self.flags = vk.VK_DESCRIPTOR_POOL_CREATE_FREE_DESCRIPTOR_SET_BIT if freeable else 0
+        self.pools: list[Any] = []
+
+    def _new_pool(self):
+        size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                       descriptorCount=self.SETS_PER_POOL * self.max_bindings)
+        info = vk.VkDescriptorPoolCreateInfo(flags=self.flags, maxSets=self.SETS_PER_POOL,
+                                             poolSizeCount=1, pPoolSizes=[size])
+        self.pools.append(vk.vkCreateDescriptorPool(self.device, info, None))
+
+    def allocate(self, set_layout) -> tuple[Any, Any]:
+        """(descriptor set, the pool it came from)."""
+        for attempt in range(2):
+            if not self.pools or attempt == 1:
+                self._new_pool()
+            info = vk.VkDescriptorSetAllocateInfo(descriptorPool=self.pools[-1], descriptorSetCount=1,
+                                                  pSetLayouts=[set_layout])
+            try:
+                return vk.vkAllocateDescriptorSets(self.device, info)[0], self.pools[-1]
+            except (vk.VkErrorOutOfPoolMemory, vk.VkErrorFragmentedPool):
+                continue
+        raise VulkanError("cannot allocate a descriptor set")
+
+    def free(self, pool, dset) -> None:
+        if self.flags:
+            vk.vkFreeDescriptorSets(self.device, pool, 1, [dset])
+
+    def reset(self) -> None:
+        for pool in self.pools:
+            vk.vkResetDescriptorPool(self.device, pool, 0)
+
+    def destroy(self) -> None:
+        for pool in self.pools:
+            vk.vkDestroyDescriptorPool(self.device, pool, None)
+        self.pools.clear()
+
+
+class VulkanDevice:
+    """Instance + one physical device + logical device with one compute queue."""
+
+    def __init__(self, device: str | int | None = None, validation: bool = False):
+        self.messages: list[str] = []
+        self._handle = ffi.new_handle(self)
+        self.validation = False
+        self.instance = None
+        self.messenger = None
+        self.device = None
+        self._create_instance(validation)
+        try:
+            self._choose_physical_device(device)
+            self._create_device()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- creation ----------------------------------------------------------------------------
+    def _create_instance(self, validation: bool) -> None:
+        layers: list[str] = []
+        extensions: list[str] = []
+        available_ext = {_cstring(e.extensionName) for e in vk.vkEnumerateInstanceExtensionProperties(None)}
+        flags = 0
+        if "VK_KHR_portability_enumeration" in available_ext:  # MoltenVK and friends
+            extensions.append("VK_KHR_portability_enumeration")
+            flags |= getattr(vk, "VK_INSTANCE_CREATE_ENUMERATE_PORTABILITY_BIT_KHR", 1)
+        if validation:
+            available_layers = {_cstring(l.layerName) for l in vk.vkEnumerateInstanceLayerProperties()}
+            if VALIDATION_LAYER not in available_layers:
+                raise VulkanError(f"validation requested but {VALIDATION_LAYER} is not installed "
+                                  "(Debian/Ubuntu package 'vulkan-validationlayers')")
+            if "VK_EXT_debug_utils" not in available_ext:
+                raise VulkanError("validation requested but VK_EXT_debug_utils is not available")
+            layers.append(VALIDATION_LAYER)
+            extensions.append("VK_EXT_debug_utils")
+        app = vk.VkApplicationInfo(pApplicationName="gpumnn", applicationVersion=1, pEngineName="gpumnn",
+                                   engineVersion=1, apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))
+        info = vk.VkInstanceCreateInfo(flags=flags, pApplicationInfo=app,
+                                       enabledLayerCount=len(layers), ppEnabledLayerNames=layers or None,
+                                       enabledExtensionCount=len(extensions),
+                                       ppEnabledExtensionNames=extensions or None)
+        self.instance = vk.vkCreateInstance(info, None)
+        if validation:
+            self.validation = True
+            create = vk.vkGetInstanceProcAddr(self.instance, "vkCreateDebugUtilsMessengerEXT")
+            self._destroy_messenger = vk.vkGetInstanceProcAddr(self.instance, "vkDestroyDebugUtilsMessengerEXT")
+            minfo = vk.VkDebugUtilsMessengerCreateInfoEXT(
+                messageSeverity=(vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT
+                                 | vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT),
+                messageType=(vk.VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT
+                             | vk.VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT
+                             | vk.VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT),
+                pfnUserCallback=_debug_callback, pUserData=self._handle)
+            self.messenger = create(self.instance, minfo, None)
+
+    def _choose_physical_device(self, device: str | int | None) -> None:
+        devices = list(vk.vkEnumeratePhysicalDevices(self.instance))
+        if not devices:
+            raise VulkanError("the Vulkan loader found no physical device (no ICD installed? "
+                              "on Debian/Ubuntu: mesa-vulkan-drivers provides lavapipe)")
+        props = [vk.vkGetPhysicalDeviceProperties(d) for d in devices]
+        names = [_cstring(p.deviceName) for p in props]
+        if device is None:
+            device = os.environ.get("GPUMNN_VULKAN_DEVICE") or None
+        if device is None:
+            order = sorted(range(len(devices)), key=lambda i: (_DEVICE_TYPE_RANK.get(props[i].deviceType, 9), i))
+            index = order[0]
+        elif isinstance(device, int) or (isinstance(device, str) and device.isdigit()):
+            index = int(device)
+            if not 0 <= index < len(devices):
+                raise VulkanError(f"Vulkan device index {index} out of range; devices: {names}")
+        else:
+            matches = [i for i, n in enumerate(names) if str(device).lower() in n.lower()]
+            if not matches:
+                raise VulkanError(f"no Vulkan device name contains {device!r}; devices: {names}")
+            index = matches[0]
+        self.physical = devices[index]
+        self.props = props[index]
+        self.name = names[index]
+        self.device_type = self.props.deviceType
+        self.type_name = DEVICE_TYPE_NAMES.get(self.device_type, "other")
+        limits = self.props.limits
+        self.max_storage_range = int(limits.maxStorageBufferRange)
+        self.min_storage_align = int(limits.minStorageBufferOffsetAlignment)
+        self.max_push_constants = int(limits.maxPushConstantsSize)
+        self.max_group_count = tuple(int(limits.maxComputeWorkGroupCount[i]) for i in range(3))
+        self.max_group_invocations = int(limits.maxComputeWorkGroupInvocations)
+        self.max_shared_memory = int(limits.maxComputeSharedMemorySize)
+        self.memory = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
+        if self.max_push_constants < 128:
+            raise VulkanError(f"{self.name}: maxPushConstantsSize {self.max_push_constants} < 128")
+
+    def _create_device(self) -> None:
+        families = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
+        compute = [i for i, f in enumerate(families) if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT and f.queueCount > 0]
+        if not compute:
+            raise VulkanError(f"{self.name} has no compute queue")
+        self.queue_family = compute[0]
+        qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family, queueCount=1, pQueuePriorities=[1.0])
+        dev_ext = {_cstring(e.extensionName) for e in vk.vkEnumerateDeviceExtensionProperties(self.physical, None)}
+        extensions = ["VK_KHR_portability_subset"] if "VK_KHR_portability_subset" in dev_ext else []
+        info = vk.VkDeviceCreateInfo(queueCreateInfoCount=1, pQueueCreateInfos=[qinfo],
+                                     enabledExtensionCount=len(extensions),
+                                     ppEnabledExtensionNames=extensions or None)
+        self.device = vk.vkCreateDevice(self.physical, info, None)
+        self.queue = vk.vkGetDeviceQueue(self.device, self.queue_family, 0)
+        pool_info = vk.VkCommandPoolCreateInfo(flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+                                               queueFamilyIndex=self.queue_family)
+        self.command_pool = vk.vkCreateCommandPool(self.device, pool_info, None)
+        self.fence = vk.vkCreateFence(self.device, vk.VkFenceCreateInfo(), None)
+        self._fences = ffi.new("VkFence[1]", [self.fence])
+        self._submit = ffi.new("VkSubmitInfo*")
+        self._submit.sType = vk.VK_STRUCTURE_TYPE_SUBMIT_INFO
+        self._cmd_array = ffi.new("VkCommandBuffer[1]")
+        self._submit.commandBufferCount = 1
+        self._submit.pCommandBuffers = self._cmd_array
+
+    # -- memory ------------------------------------------------------------------------------
+    def memory_type(self, type_bits: int, required: int, preferred: int = 0) -> int:
+        best, best_score = -1, -1
+        for i in range(self.memory.memoryTypeCount):
+            flags = self.memory.memoryTypes[i].propertyFlags
+            if not (type_bits >> i) & 1 or (flags & required) != required:
+                continue
+            score = bin(flags & preferred).count("1")
+            if score > best_score:
+                best, best_score = i, score
+        return best
+
+    def memory_flags(self, index: int) -> int:
+        return int(self.memory.memoryTypes[index].propertyFlags)
+
+    def create_buffer(self, size: int, kind: str, host_visible: bool, prefer_device_local: bool = True) -> DeviceBuffer:
+        """A storage + transfer buffer. ``host_visible`` demands mappable coherent memory."""
+        size = max(int(size), 16)
+        usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+                 | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
+        handle = vk.vkCreateBuffer(self.device, vk.VkBufferCreateInfo(
+            size=size, usage=usage, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
+        req = vk.vkGetBufferMemoryRequirements(self.device, handle)
+        host = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+        if host_visible:
+            preferred = vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT
+            if prefer_device_local:
+                preferred |= vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
+            index = self.memory_type(req.memoryTypeBits, host, preferred)
+        else:
+            index = self.memory_type(req.memoryTypeBits, vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)
+            if index < 0:
+                index = self.memory_type(req.memoryTypeBits, 0)
+        if index < 0:
+            vk.vkDestroyBuffer(self.device, handle, None)
+            raise VulkanError(f"{self.name}: no memory type for a {kind} buffer")
+        try:
+            memory = vk.vkAllocateMemory(self.device, vk.VkMemoryAllocateInfo(
+                allocationSize=req.size, memoryTypeIndex=index), None)
+        except vk.VkException as exc:
+            vk.vkDestroyBuffer(self.device, handle, None)
+            raise VulkanError(f"{self.name}: cannot allocate {size} bytes for a {kind} buffer "
+                              f"({type(exc).__name__})") from exc
+        vk.vkBindBufferMemory(self.device, handle, memory, 0)
+        flags = self.memory_flags(index)
+        mappable = (flags & host) == host
+        buf = DeviceBuffer(handle, memory, size, kind, mappable)
+        if mappable:
+            raw = vk.vkMapMemory(self.device, memory, 0, size, 0)
+            buf.mapped = np.frombuffer(raw, dtype=np.float32, count=size // 4)
+        return buf
+
+    def destroy_buffer(self, buf: DeviceBuffer) -> None:
+        if not buf.alive:
+            return
+        buf.alive = False
+        if buf.mapped is not None:
+            buf.mapped = None
+            vk.vkUnmapMemory(self.device, buf.memory)
+        vk.vkDestroyBuffer(self.device, buf.handle, None)
+        vk.vkFreeMemory(self.device, buf.memory, None)
+
+    # -- commands ----------------------------------------------------------------------------
+    def allocate_command_buffer(self):
+        info = vk.VkCommandBufferAllocateInfo(commandPool=self.command_pool,
+                                              level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1)
+        return vk.vkAllocateCommandBuffers(self.device, info)[0]
+
+    def free_command_buffer(self, cmd) -> None:
+        vk.vkFreeCommandBuffers(self.device, self.command_pool, 1, [cmd])
+
+    def submit_and_wait(self, cmd) -> None:
+        """One vkQueueSubmit of ``cmd`` signalling the shared fence, wait, reset the fence."""
+        self._cmd_array[0] = cmd
+        _check(lib.vkQueueSubmit(self.queue, 1, self._submit, self.fence), "vkQueueSubmit")
+        result = lib.vkWaitForFences(self.device, 1, self._fences, vk.VK_TRUE, _FENCE_TIMEOUT_NS)
+        if result == vk.VK_TIMEOUT:
+            raise VulkanError(f"{self.name}: a submission did not finish within "
+                              f"{_FENCE_TIMEOUT_NS // 10**9} s")
+        _check(result, "vkWaitForFences")
+        _check(lib.vkResetFences(self.device, 1, self._fences), "vkResetFences")
+
+    def wait_idle(self) -> None:
+        if self.device is not None:
+            vk.vkDeviceWaitIdle(self.device)
+
+    def close(self) -> None:
+        if self.device is not None:
+            vk.vkDeviceWaitIdle(self.device)
+            vk.vkDestroyFence(self.device, self.fence, None)
+            vk.vkDestroyCommandPool(self.device, self.command_pool, None)
+            vk.vkDestroyDevice(self.device, None)
+            self.device = None
+        if self.messenger is not None:
+            self._destroy_messenger(self.instance, self.messenger, None)
+            self.messenger = None
+        if self.instance is not None:
+            vk.vkDestroyInstance(self.instance, None)
+            self.instance = None

@@ -1,0 +1,87 @@
+// Unary math shared by the Unary kernel and every fused activation epilogue.
+// Op ids follow the order of gpumnn.atomic.UNARY_OPS (checked by gpumnn/backends/vulkan.py).
+#ifndef GPUMNN_ACTIVATION
+#define GPUMNN_ACTIVATION 1
+
+#define U_IDENTITY 0
+#define U_RELU 1
+#define U_LEAKY_RELU 2
+#define U_CLIP 3
+#define U_SIGMOID 4
+#define U_TANH 5
+#define U_ERF 6
+#define U_GELU 7
+#define U_HARD_SIGMOID 8
+#define U_HARD_SWISH 9
+#define U_EXP 10
+#define U_LOG 11
+#define U_SQRT 12
+#define U_NEG 13
+#define U_ABS 14
+#define U_RECIPROCAL 15
+#define U_FLOOR 16
+#define U_CEIL 17
+#define U_ROUND 18
+#define U_TRUNC 19
+#define U_SQUARE 20
+#define U_SOFTPLUS 21
+#define U_ELU 22
+#define U_SIGN 23
+#define U_AFFINE_POW 24
+
+// erf by Abramowitz & Stegun 7.1.26 (the same formula as gpumnn.backends.numpy_math.erf).
+float erf_as(float x) {
+    float ax = abs(x);
+    float t = 1.0 / (1.0 + 0.3275911 * ax);
+    float poly = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t
+                  + 0.254829592) * t;
+    float r = 1.0 - poly * exp(-ax * ax);
+    return x < 0.0 ? -r : r;
+}
+
+// tanh that never overflows (exp of a non-positive argument only).
+float tanh_safe(float x) {
+    float e = exp(-2.0 * abs(x));
+    float r = (1.0 - e) / (1.0 + e);
+    return x < 0.0 ? -r : r;
+}
+
+float apply_unary(int op, float x, float a, float b, float c) {
+    switch (op) {
+    case U_IDENTITY: return x;
+    case U_RELU: return max(x, 0.0);
+    case U_LEAKY_RELU: return x < 0.0 ? a * x : x;
+    case U_CLIP: return min(max(x, a), b);
+    case U_SIGMOID: return 1.0 / (1.0 + exp(-x));
+    case U_TANH: return tanh_safe(x);
+    case U_ERF: return erf_as(x);
+    case U_GELU: return 0.5 * x * (1.0 + erf_as(x * 0.7071067811865476));
+    case U_HARD_SIGMOID: return clamp(a * x + b, 0.0, 1.0);
+    case U_HARD_SWISH: return x * clamp(x / 6.0 + 0.5, 0.0, 1.0);
+    case U_EXP: return exp(x);
+    case U_LOG: return x < 0.0 ? intBitsToFloat(0x7fc00000) : (x == 0.0 ? -1.0 / 0.0 : log(x));
+    case U_SQRT: return x < 0.0 ? intBitsToFloat(0x7fc00000) : sqrt(x);
+    case U_NEG: return -x;
+    case U_ABS: return abs(x);
+    case U_RECIPROCAL: return 1.0 / x;
+    case U_FLOOR: return floor(x);
+    case U_CEIL: return ceil(x);
+    case U_ROUND: return roundEven(x);
+    case U_TRUNC: return trunc(x);
+    case U_SQUARE: return x * x;
+    case U_SOFTPLUS: return max(x, 0.0) + log(1.0 + exp(-abs(x)));
+    case U_ELU: return x < 0.0 ? a * (exp(x) - 1.0) : x;
+    case U_SIGN: return sign(x);
+    case U_AFFINE_POW: return safe_pow(a + b * x, c);
+    }
+    return x;
+}
+
+// Epilogue used by kernels compiled with -DACT=<id>; parameters at PF(ACT_P)..PF(ACT_P+2).
+#ifdef ACT
+#define EPILOGUE(v) apply_unary(ACT, (v), PF(ACT_P), PF(ACT_P + 1), PF(ACT_P + 2))
+#else
+#define EPILOGUE(v) (v)
+#endif
+
+#endif

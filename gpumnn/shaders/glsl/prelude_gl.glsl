@@ -1,0 +1,13 @@
+// OpenGL (4.3+) prelude: the same kernel bodies as Vulkan, parameters in a uniform array.
+#version 430
+#define API_GL 1
+
+uniform int gpumnn_params[32];
+#define PI(i) gpumnn_params[i]
+#define PF(i) intBitsToFloat(gpumnn_params[i])
+
+#define BUFFER_RO(b, name) layout(std430, binding = b) readonly buffer Buf##b { float name[]; }
+#define BUFFER_WO(b, name) layout(std430, binding = b) writeonly buffer Buf##b { float name[]; }
+#define BUFFER_RW(b, name) layout(std430, binding = b) buffer Buf##b { float name[]; }
+// A vec4 view of a binding (aliases the float view; element offsets must be multiples of 4).
+#define BUFFER_RO_VEC4(b, name) layout(std430, binding = b) readonly buffer Buf##b##v4 { vec4 name[]; }

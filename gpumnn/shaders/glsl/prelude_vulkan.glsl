@@ -1,0 +1,15 @@
+// Vulkan prelude: API specifics only. Kernel bodies use BUFFER_*, PI/PF and GLOBAL_ID.
+#version 450
+#define API_VULKAN 1
+
+// 32 x 32-bit parameters (128 bytes, the guaranteed push-constant minimum).
+layout(push_constant) uniform PushConstants { int p[32]; } gpumnn_pc;
+#define PI(i) gpumnn_pc.p[i]
+#define PF(i) intBitsToFloat(gpumnn_pc.p[i])
+
+// Storage buffers of float32, bound whole (element offsets come in the parameters).
+#define BUFFER_RO(b, name) layout(std430, set = 0, binding = b) readonly buffer Buf##b { float name[]; }
+#define BUFFER_WO(b, name) layout(std430, set = 0, binding = b) writeonly buffer Buf##b { float name[]; }
+#define BUFFER_RW(b, name) layout(std430, set = 0, binding = b) buffer Buf##b { float name[]; }
+// A vec4 view of a binding (aliases the float view; element offsets must be multiples of 4).
+#define BUFFER_RO_VEC4(b, name) layout(std430, set = 0, binding = b) readonly buffer Buf##b##v4 { vec4 name[]; }

@@ -1,0 +1,25 @@
+// Workgroup-wide reductions over WG lanes through shared memory (uniform control flow only).
+#ifndef GPUMNN_REDUCE_WG
+#define GPUMNN_REDUCE_WG 1
+
+shared float wg_scratch[WG];
+
+#define WG_REDUCE_FN(NAME, OP)                                               \
+float NAME(float v) {                                                        \
+    uint lid = gl_LocalInvocationID.x;                                       \
+    wg_scratch[lid] = v;                                                     \
+    memoryBarrierShared(); barrier();                                        \
+    for (uint s = uint(WG) / 2u; s > 0u; s >>= 1) {                          \
+        if (lid < s) { float a = wg_scratch[lid]; float b = wg_scratch[lid + s]; wg_scratch[lid] = OP; } \
+        memoryBarrierShared(); barrier();                                    \
+    }                                                                        \
+    float r = wg_scratch[0];                                                 \
+    memoryBarrierShared(); barrier();                                        \
+    return r;                                                                \
+}
+
+WG_REDUCE_FN(wg_sum, a + b)
+WG_REDUCE_FN(wg_max, max(a, b))
+WG_REDUCE_FN(wg_min, min(a, b))
+
+#endif

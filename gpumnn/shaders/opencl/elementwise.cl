@@ -1,0 +1,91 @@
+/* Unary and Binary atomic ops (needs activation.cl). */
+
+__kernel void unary_op(__global const float* x, const int x_off,
+                       __global float* y, const int y_off, const int n,
+                       const int op, const float p0, const float p1, const float p2)
+{
+    const int i = get_global_id(0);
+    if (i < n) y[y_off + i] = apply_unary(op, x[x_off + i], p0, p1, p2);
+}
+
+/* out[i] = act(op(a[i . a_strides], b[i . b_strides])) over a RANK-4 shape (d0, d1, d2, d3). */
+__kernel void binary_op(__global const float* a, const int a_off,
+                        __global const float* b, const int b_off,
+                        __global float* out, const int o_off,
+                        const int d1, const int d2, const int d3, const int n,
+                        const int as0, const int as1, const int as2, const int as3,
+                        const int bs0, const int bs1, const int bs2, const int bs3,
+                        const int op, const int act, const float p0, const float p1, const float p2)
+{
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    int t = i;
+    const int i3 = t % d3; t /= d3;
+    const int i2 = t % d2; t /= d2;
+    const int i1 = t % d1;
+    const int i0 = t / d1;
+    const float va = a[a_off + i0 * as0 + i1 * as1 + i2 * as2 + i3 * as3];
+    const float vb = b[b_off + i0 * bs0 + i1 * bs1 + i2 * bs2 + i3 * bs3];
+    out[o_off + i] = apply_unary(act, apply_binary(op, va, vb), p0, p1, p2);
+}
+
+/* Fast path: both operands contiguous over the output (residual adds). */
+__kernel void binary_flat(__global const float* a, const int a_off,
+                          __global const float* b, const int b_off,
+                          __global float* out, const int o_off, const int n,
+                          const int op, const int act, const float p0, const float p1, const float p2)
+{
+    const int i = get_global_id(0);
+    if (i < n) out[o_off + i] = apply_unary(act, apply_binary(op, a[a_off + i], b[b_off + i]), p0, p1, p2);
+}
+
+#ifdef VEC
+/* ---- CPU devices: VEC elements per work-item (see activation.cl) ---- */
+
+__kernel void unary_vec(__global const float* x, const int x_off,
+                        __global float* y, const int y_off, const int n,
+                        const int op, const float p0, const float p1, const float p2)
+{
+    const int i = get_global_id(0) * VEC;
+    if (i + VEC <= n) {
+        VSTORE(apply_unary_v(op, VLOAD(0, x + x_off + i), p0, p1, p2), 0, y + y_off + i);
+    } else {
+        for (int e = i; e < n; ++e) y[y_off + e] = apply_unary(op, x[x_off + e], p0, p1, p2);
+    }
+}
+
+/* Load VEC elements ``stride`` apart: a vector load, a broadcast, or a gather. */
+inline VT load_strided(__global const float* p, const int stride)
+{
+    if (stride == 1) return VLOAD(0, p);
+    if (stride == 0) return (VT)(p[0]);
+    float tmp[VEC];
+    for (int e = 0; e < VEC; ++e) tmp[e] = p[e * stride];
+    return VLOAD(0, tmp);
+}
+
+/* Binary over (d0, d1, d2, d3) with the output contiguous; a work-item covers VEC elements of
+ * the innermost dim. Global: (ceil(d3/VEC), d2, d0*d1). */
+__kernel void binary_vec(__global const float* a, const int a_off,
+                         __global const float* b, const int b_off,
+                         __global float* out, const int o_off,
+                         const int d1, const int d2, const int d3,
+                         const int as0, const int as1, const int as2, const int as3,
+                         const int bs0, const int bs1, const int bs2, const int bs3,
+                         const int op, const int act, const float p0, const float p1, const float p2)
+{
+    const int i3 = get_global_id(0) * VEC, i2 = get_global_id(1), z = get_global_id(2);
+    if (i3 >= d3) return;
+    const int i1 = z % d1, i0 = z / d1;
+    __global const float* pa = a + a_off + i0 * as0 + i1 * as1 + i2 * as2 + i3 * as3;
+    __global const float* pb = b + b_off + i0 * bs0 + i1 * bs1 + i2 * bs2 + i3 * bs3;
+    __global float* po = out + o_off + ((z * d2) + i2) * d3 + i3;
+    if (i3 + VEC <= d3) {
+        const VT r = apply_binary_v(op, load_strided(pa, as3), load_strided(pb, bs3));
+        VSTORE(apply_unary_v(act, r, p0, p1, p2), 0, po);
+    } else {
+        for (int e = 0; e < d3 - i3; ++e)
+            po[e] = apply_unary(act, apply_binary(op, pa[e * as3], pb[e * bs3]), p0, p1, p2);
+    }
+}
+#endif

@@ -1,0 +1,19 @@
+/* Gather with run-time indices: data [outer, axis, inner], indices float32 [count] holding
+ * integers (negative counted from the end) -> out [outer, count, inner]. Out-of-range indices
+ * are clamped (the reference raises; a kernel cannot). */
+
+__kernel void gather(__global const float* data, const int d_off, __global const float* idx, const int i_off,
+                     __global float* y, const int y_off,
+                     const int outer, const int axis, const int inner, const int count)
+{
+    const int gid = get_global_id(0);
+    if (gid >= outer * count * inner) return;
+    const int i = gid % inner;
+    const int t = gid / inner;
+    const int j = t % count;
+    const int o = t / count;
+    int k = (int)idx[i_off + j];   /* truncation toward zero, like astype(int64) */
+    if (k < 0) k += axis;
+    k = clamp(k, 0, axis - 1);
+    y[y_off + gid] = data[d_off + (o * axis + k) * inner + i];
+}

@@ -1,0 +1,163 @@
+/* Tiled GEMM shared by MatMul, Conv2D (implicit im2col; 1x1 convs are plain GEMMs) and
+ * ConvTranspose2D (implicit col2im as a gather). Needs activation.cl.
+ *
+ * C[b][m][n] = act(alpha * sum_k A(m,k) * B(k,n) + beta * bias(m,n)), C rows contiguous (ldc = N).
+ * The batch index b (global dim 2) splits into (b / G, b % G) so that convolutions can walk
+ * (image, group) with one launch; every operand has one stride per part.
+ *
+ * Tiling (compile-time): a work-group of LX x LY work-items computes a TM x TN tile of C, each
+ * work-item a WM x WN register block (rows ty + i*LY, cols tx + j*LX: coalesced stores), with
+ * TK-deep slices of A and B staged in local memory. The operand loaders differ per kernel
+ * (MODE is a literal in each kernel, so the compiler folds the branches). */
+
+#ifndef TM
+#define TM 64
+#endif
+#ifndef TN
+#define TN 64
+#endif
+#ifndef WM
+#define WM 4
+#endif
+#ifndef WN
+#define WN 4
+#endif
+#ifndef TK
+#define TK 16
+#endif
+#define LX (TN / WN)
+#define LY (TM / WM)
+#define NT (LX * LY)
+#define AS (TM + 1)   /* padded row of the A tile: no bank conflicts on the transposing store */
+
+#define MODE_DENSE 0
+#define MODE_CONV 1
+#define MODE_DECONV 2
+
+#define GEMM_ARGS \
+    __global const float* A, const int a_off, \
+    __global const float* B, const int b_off, \
+    __global float* C, const int c_off, \
+    __global const float* bias, const int bias_off, \
+    const int M, const int N, const int K, const int G, \
+    const int a_s1, const int a_s0, const int b_s1, const int b_s0, \
+    const int c_s1, const int c_s0, const int bias_s1, const int bias_s0, \
+    const int lda, const int ldb, const int trans_a, const int trans_b, \
+    const int has_bias, const int bias_sm, const int bias_sn, const float alpha, const float beta, \
+    const int act, const float p0, const float p1, const float p2, \
+    const int H, const int W, const int OW, const int KH, const int KW, \
+    const int SH, const int SW, const int PH, const int PW, const int DH, const int DW
+
+#define GEMM_PASS \
+    A, a_off, B, b_off, C, c_off, bias, bias_off, M, N, K, G, a_s1, a_s0, b_s1, b_s0, \
+    c_s1, c_s0, bias_s1, bias_s0, lda, ldb, trans_a, trans_b, has_bias, bias_sm, bias_sn, \
+    alpha, beta, act, p0, p1, p2, H, W, OW, KH, KW, SH, SW, PH, PW, DH, DW
+
+inline void gemm_body(const int mode, __local float* As, __local float* Bs, GEMM_ARGS)
+{
+    const int tx = get_local_id(0), ty = get_local_id(1);
+    const int tid = ty * LX + tx;
+    const int n0 = get_group_id(0) * TN, m0 = get_group_id(1) * TM;
+    const int bz = get_global_id(2);
+    const int bo = bz / G, bi = bz - bo * G;
+    __global const float* Ab = A + a_off + bo * a_s1 + bi * a_s0;
+    __global const float* Bb = B + b_off + bo * b_s1 + bi * b_s0;
+    const int khw = KH * KW;
+    const int tA = (mode == MODE_DENSE || mode == MODE_CONV) ? trans_a : 0;
+    const int tB = (mode == MODE_DENSE) ? trans_b : 0;
+
+    float acc[WM][WN];
+    for (int i = 0; i < WM; ++i)
+        for (int j = 0; j < WN; ++j) acc[i][j] = 0.0f;
+
+    for (int k0 = 0; k0 < K; k0 += TK) {
+        /* ---- stage A(m0.., k0..) as As[kk][mm] ---- */
+        for (int e = tid; e < TM * TK; e += NT) {
+            int mm, kk;
+            if (tA) { kk = e / TM; mm = e - kk * TM; } else { mm = e / TK; kk = e - mm * TK; }
+            const int m = m0 + mm, k = k0 + kk;
+            float v = 0.0f;
+            if (m < M && k < K) {
+                if (mode == MODE_DECONV) {          /* ONNX weight [C/g, OC/g, KH, KW] per group */
+                    const int c = k / khw, r = k - c * khw;
+                    v = Ab[(c * M + m) * khw + r];
+                } else {
+                    v = tA ? Ab[k * lda + m] : Ab[m * lda + k];
+                }
+            }
+            As[kk * AS + mm] = v;
+        }
+        /* ---- stage B(k0.., n0..) as Bs[kk][nn] ---- */
+        for (int e = tid; e < TN * TK; e += NT) {
+            int nn, kk;
+            if (tB) { nn = e / TK; kk = e - nn * TK; } else { kk = e / TN; nn = e - kk * TN; }
+            const int n = n0 + nn, k = k0 + kk;
+            float v = 0.0f;
+            if (n < N && k < K) {
+                if (mode == MODE_DENSE) {
+                    v = tB ? Bb[n * ldb + k] : Bb[k * ldb + n];
+                } else {
+                    const int c = k / khw, r = k - c * khw;
+                    const int i = r / KW, j = r - i * KW;
+                    const int oy = n / OW, ox = n - oy * OW;
+                    if (mode == MODE_CONV) {
+                        const int iy = oy * SH - PH + i * DH, ix = ox * SW - PW + j * DW;
+                        if (iy >= 0 && iy < H && ix >= 0 && ix < W) v = Bb[(c * H + iy) * W + ix];
+                    } else {                        /* out(oy) gathers x(iy) with oy = iy*S - P + i*D */
+                        const int ty2 = oy + PH - i * DH, tx2 = ox + PW - j * DW;
+                        if (ty2 >= 0 && tx2 >= 0) {
+                            const int iy = ty2 / SH, ix = tx2 / SW;
+                            if (iy * SH == ty2 && ix * SW == tx2 && iy < H && ix < W)
+                                v = Bb[(c * H + iy) * W + ix];
+                        }
+                    }
+                }
+            }
+            Bs[kk * TN + nn] = v;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int kk = 0; kk < TK; ++kk) {
+            float a[WM], b[WN];
+            for (int i = 0; i < WM; ++i) a[i] = As[kk * AS + ty + i * LY];
+            for (int j = 0; j < WN; ++j) b[j] = Bs[kk * TN + tx + j * LX];
+            for (int i = 0; i < WM; ++i)
+                for (int j = 0; j < WN; ++j) acc[i][j] = mad(a[i], b[j], acc[i][j]);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+
+    __global float* Cb = C + c_off + bo * c_s1 + bi * c_s0;
+    __global const float* biasb = bias + bias_off + bo * bias_s1 + bi * bias_s0;
+    for (int i = 0; i < WM; ++i) {
+        const int m = m0 + ty + i * LY;
+        if (m >= M) continue;
+        for (int j = 0; j < WN; ++j) {
+            const int n = n0 + tx + j * LX;
+            if (n >= N) continue;
+            float v = alpha * acc[i][j];
+            if (has_bias) v += beta * biasb[m * bias_sm + n * bias_sn];
+            Cb[m * N + n] = apply_unary(act, v, p0, p1, p2);
+        }
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(LX, LY, 1))) void gemm_dense(GEMM_ARGS)
+{
+    __local float As[TK * AS];
+    __local float Bs[TK * TN];
+    gemm_body(MODE_DENSE, As, Bs, GEMM_PASS);
+}
+
+__kernel __attribute__((reqd_work_group_size(LX, LY, 1))) void gemm_conv(GEMM_ARGS)
+{
+    __local float As[TK * AS];
+    __local float Bs[TK * TN];
+    gemm_body(MODE_CONV, As, Bs, GEMM_PASS);
+}
+
+__kernel __attribute__((reqd_work_group_size(LX, LY, 1))) void gemm_deconv(GEMM_ARGS)
+{
+    __local float As[TK * AS];
+    __local float Bs[TK * TN];
+    gemm_body(MODE_DECONV, As, Bs, GEMM_PASS);
+}

@@ -1,0 +1,567 @@
+"""Every GPU backend against the NumPy reference, one atomic op at a time.
+
+Each case builds one atomic op and random inputs; the op runs on the CpuBackend (the reference
+semantics) and on every other available backend, recorded (``record`` + ``submit``) and eager
+(``run_eager``), and the outputs must agree to a relative L2 error below 1e-4. Tensors are
+placed at non-zero, aligned offsets of one pool (as the session's memory plan does) so that
+offset bugs show up, and outputs start filled with the same random garbage on every backend
+(a Raster without ``fill`` leaves uncovered elements as they were).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from gpumnn import atomic as A
+from gpumnn.backends import available_backends, create_backend, probe
+from gpumnn.backends.cpu import CpuBackend
+
+TOL = 1e-4
+
+GPU_BACKENDS = [name for name in available_backends() if name != "cpu"]
+if GPU_BACKENDS:
+    # OpenCL and Vulkan pick a kernel family by device type (vectorised on CPUs, tiled on GPUs):
+    # run both families on whatever device is here.
+    KERNEL_FAMILIES = ("opencl", "vulkan")
+    BACKEND_PARAMS = [p for name in GPU_BACKENDS
+                      for p in ([f"{name}:kernels=gpu", f"{name}:kernels=cpu"] if name in KERNEL_FAMILIES else [name])]
+else:
+    _why = "; ".join(f"{n}: {probe(n)}" for n in ("opencl", "vulkan"))
+    BACKEND_PARAMS = [pytest.param("none", marks=pytest.mark.skip(reason=f"no GPU backend available ({_why})"))]
+
+
+@pytest.fixture(scope="module", params=BACKEND_PARAMS)
+def backend(request):
+    name, _, option = request.param.partition(":")
+    options = dict([option.split("=", 1)]) if option else {}
+    be = create_backend(name, **options)
+    yield be
+    be.close()
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return CpuBackend(threads=1)
+
+
+# --------------------------------------------------------------------------------------------
+# The harness
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Case:
+    op: A.AtomicOp
+    inputs: dict[str, np.ndarray]
+    outputs: dict[str, tuple[int, ...]]
+    constants: set[str] = field(default_factory=set)  # inputs uploaded with backend.constant()
+
+
+def _prepare(be, case: Case, garbage: dict[str, np.ndarray]):
+    """Lay the case's tensors into one pool at aligned non-zero offsets; write inputs."""
+    align = max(1, be.alignment // 4)
+    offset = align  # never start at 0
+    placed = {}
+    for name, arr in list(case.inputs.items()) + [(n, np.empty(s)) for n, s in case.outputs.items()]:
+        if name in case.constants:
+            continue
+        placed[name] = (offset, tuple(arr.shape))
+        offset += -(-max(int(np.prod(arr.shape)), 1) // align) * align + align  # a gap between tensors
+    pool = be.allocate(4 * offset)
+    handles = {name: be.tensor(pool, off, shape) for name, (off, shape) in placed.items()}
+    for name in case.constants:
+        handles[name] = be.constant(case.inputs[name].astype(np.float32))
+    for name, arr in case.inputs.items():
+        if name not in case.constants:
+            be.write(handles[name], arr.astype(np.float32))
+    for name in case.outputs:
+        be.write(handles[name], garbage[name])
+    ins = [handles[n] for n in case.op.inputs]
+    outs = [handles[n] for n in case.op.outputs]
+    return pool, handles, ins, outs
+
+
+def run_case(be, case: Case, garbage: dict[str, np.ndarray], eager: bool = False) -> dict[str, np.ndarray]:
+    pool, handles, ins, outs = _prepare(be, case, garbage)
+    exe = be.create_execution(case.op, ins, outs)
+    if eager:
+        be.run_eager([exe])
+    else:
+        be.submit(be.record([exe]))
+    result = {name: be.read(handles[name]) for name in case.outputs}
+    be.release(pool)
+    return result
+
+
+def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-12))
+
+
+def check(be, cpu, case: Case, seed: int) -> None:
+    rng = np.random.default_rng(seed + 1000)
+    garbage = {n: rng.standard_normal(s).astype(np.float32) for n, s in case.outputs.items()}
+    ref = run_case(cpu, case, garbage)
+    for n, arr in ref.items():
+        assert np.all(np.isfinite(arr)), f"reference output {n} of {case.op.source} is not finite"
+        assert np.linalg.norm(arr) > 0, f"reference output {n} of {case.op.source} is all zeros"
+    for eager in (False, True):
+        got = run_case(be, case, garbage, eager=eager)
+        for n in case.outputs:
+            assert got[n].shape == ref[n].shape
+            err = rel_err(got[n], ref[n])
+            assert err < TOL, (f"{be.name} {'eager' if eager else 'recorded'} {case.op.source}: output {n} "
+                               f"relative L2 error {err:.3g}")
+
+
+def _need(shape, strides) -> int:
+    """Elements a strided view over ``shape`` touches (all strides >= 0)."""
+    return 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+
+
+# --------------------------------------------------------------------------------------------
+# Cases (each a function of a seeded Generator)
+# --------------------------------------------------------------------------------------------
+
+CASES: dict[str, Callable[[np.random.Generator], Case]] = {}
+
+
+def case(name):
+    def deco(fn):
+        CASES[name] = fn
+        return fn
+    return deco
+
+
+_UNARY_PARAMS = {"leaky_relu": (0.1,), "clip": (-0.5, 0.7), "hard_sigmoid": (0.2, 0.5), "elu": (1.3,),
+                 "affine_pow": (1.0, 0.5, 0.75)}
+
+
+def _unary_input(name: str, rng, n: int) -> np.ndarray:
+    if name in ("log", "sqrt", "reciprocal"):
+        return rng.uniform(0.1, 3.0, n)
+    if name == "affine_pow":
+        return rng.uniform(-1.5, 3.0, n)  # 1 + 0.5x > 0
+    if name == "round":
+        return np.concatenate([rng.integers(-9, 9, n // 2) / 2.0, rng.uniform(-4, 4, n - n // 2)])  # ties
+    if name == "sign":
+        x = rng.standard_normal(n)
+        x[::7] = 0.0
+        return x
+    return rng.standard_normal(n) * 2.0
+
+
+for _u in A.UNARY_OPS:
+    def _make(rng, _u=_u):
+        n = 301
+        op = A.Unary(("x",), ("y",), f"unary_{_u}", op=_u, params=_UNARY_PARAMS.get(_u, ()), count=n)
+        return Case(op, {"x": _unary_input(_u, rng, n)}, {"y": (n,)})
+    CASES[f"unary-{_u}"] = _make
+
+
+def _binary_inputs(opname, rng, a_n, b_n):
+    a = rng.standard_normal(a_n)
+    b = rng.standard_normal(b_n)
+    if opname == "pow":
+        a = rng.uniform(0.2, 2.0, a_n)
+    if opname == "div":
+        b = np.sign(b) * (np.abs(b) + 0.5)
+    return a, b
+
+
+for _b in A.BINARY_OPS:
+    def _make(rng, _b=_b):
+        shape = (2, 3, 4, 5)
+        a_strides, b_strides = (60, 20, 5, 1), (0, 1, 0, 0)  # b: per-channel broadcast
+        a, b = _binary_inputs(_b, rng, _need(shape, a_strides), 3)
+        op = A.Binary(("a", "b"), ("y",), f"binary_{_b}", op=_b, out_shape=shape, a_strides=a_strides,
+                      b_strides=b_strides)
+        return Case(op, {"a": a, "b": b}, {"y": shape})
+    CASES[f"binary-{_b}-bcast"] = _make
+
+
+@case("binary-add-flat-relu")
+def _(rng):
+    shape = (1, 2, 7, 9)
+    op = A.Binary(("a", "b"), ("y",), "residual", op="add", out_shape=shape, a_strides=(126, 63, 9, 1),
+                  b_strides=(126, 63, 9, 1), activation=("relu", ()))
+    return Case(op, {"a": rng.standard_normal(shape), "b": rng.standard_normal(shape)}, {"y": shape})
+
+
+@case("binary-mul-both-bcast-clip")
+def _(rng):
+    shape = (2, 3, 4, 5)
+    # a broadcast over dim 1, b a row vector over the last dim; activation with params
+    op = A.Binary(("a", "b"), ("y",), "bcast_both", op="mul", out_shape=shape, a_strides=(20, 0, 5, 1),
+                  b_strides=(0, 0, 0, 1), activation=("clip", (-0.3, 0.4)))
+    return Case(op, {"a": rng.standard_normal(40), "b": rng.standard_normal(5)}, {"y": shape})
+
+
+@case("binary-sub-scalar-leaky")
+def _(rng):
+    shape = (1, 1, 6, 7)
+    op = A.Binary(("a", "b"), ("y",), "scalar", op="sub", out_shape=shape, a_strides=(0, 0, 0, 0),
+                  b_strides=(0, 0, 7, 1), activation=("leaky_relu", (0.2,)))
+    return Case(op, {"a": rng.standard_normal(1), "b": rng.standard_normal(42)}, {"y": shape})
+
+
+@case("binary-prelu-gelu")
+def _(rng):
+    shape = (2, 4, 3, 3)
+    op = A.Binary(("a", "b"), ("y",), "prelu", op="prelu", out_shape=shape, a_strides=(36, 9, 3, 1),
+                  b_strides=(0, 1, 0, 0), activation=("gelu", ()))
+    return Case(op, {"a": rng.standard_normal(72), "b": rng.uniform(0, 0.5, 4)}, {"y": shape})
+
+
+for _r in A.REDUCE_OPS:
+    def _make(rng, _r=_r):
+        op = A.Reduce(("x",), ("y",), f"reduce_{_r}", op=_r, outer=3, size=7, inner=5)
+        return Case(op, {"x": rng.standard_normal(105)}, {"y": (3, 5)})
+    CASES[f"reduce-{_r}"] = _make
+
+    def _make_rows(rng, _r=_r):
+        op = A.Reduce(("x",), ("y",), f"reduce_rows_{_r}", op=_r, outer=4, size=300, inner=1)
+        return Case(op, {"x": rng.standard_normal(1200) + 0.3}, {"y": (4, 1)})
+    CASES[f"reduce-{_r}-rows"] = _make_rows
+
+
+def _matmul(rng, *, batch, m, n, k, trans_a=False, trans_b=False, shared=False, bias=None, alpha=1.0,
+            beta=1.0, activation=None, const_b=False) -> Case:
+    a_shape = (batch, k, m) if trans_a else (batch, m, k)
+    b_shape = (1 if shared else batch,) + ((n, k) if trans_b else (k, n))
+    inputs = {"a": rng.standard_normal(a_shape), "b": rng.standard_normal(b_shape) / np.sqrt(k)}
+    names = ["a", "b"]
+    strides = (0, 1)
+    if bias is not None:
+        strides = {"row": (0, 1), "col": (1, 0), "full": (n, 1)}[bias]
+        inputs["bias"] = rng.standard_normal(_need((m, n), strides))
+        names.append("bias")
+    op = A.MatMul(tuple(names), ("y",), "matmul", batch=batch, m=m, n=n, k=k, a_batch_stride=m * k,
+                  b_batch_stride=0 if shared else n * k, trans_a=trans_a, trans_b=trans_b, alpha=alpha,
+                  beta=beta, has_bias=bias is not None, bias_strides=strides, activation=activation)
+    return Case(op, inputs, {"y": (batch, m, n)}, {"b"} if const_b else set())
+
+
+CASES["matmul-batch"] = lambda rng: _matmul(rng, batch=3, m=5, n=7, k=9)
+CASES["matmul-trans-a-b"] = lambda rng: _matmul(rng, batch=2, m=6, n=5, k=11, trans_a=True, trans_b=True)
+CASES["matmul-trans-b"] = lambda rng: _matmul(rng, batch=2, m=13, n=17, k=19, trans_b=True)
+CASES["matmul-shared-rowbias-alpha-beta-relu"] = lambda rng: _matmul(
+    rng, batch=4, m=6, n=10, k=8, shared=True, bias="row", alpha=0.5, beta=2.0, activation=("relu", ()),
+    const_b=True)
+CASES["matmul-shared-colbias-gelu"] = lambda rng: _matmul(
+    rng, batch=3, m=7, n=9, k=12, shared=True, bias="col", activation=("gelu", ()))
+CASES["matmul-tiles-fullbias"] = lambda rng: _matmul(rng, batch=1, m=70, n=130, k=100, bias="full", beta=0.5)
+CASES["matmul-gemv"] = lambda rng: _matmul(rng, batch=1, m=1, n=300, k=64, trans_b=True, bias="row",
+                                           const_b=True)
+
+
+def _conv(rng, *, n=1, c, hw, oc, k, s=(1, 1), p=(0, 0), d=(1, 1), g=1, bias=False, act=None,
+          const_w=True) -> Case:
+    (h, w), (kh, kw) = hw, k
+    oh = (h + 2 * p[0] - d[0] * (kh - 1) - 1) // s[0] + 1
+    ow = (w + 2 * p[1] - d[1] * (kw - 1) - 1) // s[1] + 1
+    inputs = {"x": rng.standard_normal((n, c, h, w)),
+              "w": rng.standard_normal((oc, c // g, kh, kw)) / np.sqrt(c // g * kh * kw)}
+    names = ["x", "w"]
+    if bias:
+        inputs["bias"] = rng.standard_normal(oc)
+        names.append("bias")
+    op = A.Conv2D(tuple(names), ("y",), "conv", batch=n, in_channels=c, in_hw=hw, out_channels=oc,
+                  out_hw=(oh, ow), kernel=k, strides=s, pads=p, dilations=d, groups=g, has_bias=bias,
+                  activation=act)
+    return Case(op, inputs, {"y": (n, oc, oh, ow)}, {"w", "bias"} & set(names) if const_w else set())
+
+
+CASES["conv-3x3-pad1-bias-relu6"] = lambda rng: _conv(rng, n=2, c=5, hw=(9, 11), oc=6, k=(3, 3), p=(1, 1),
+                                                      bias=True, act=("clip", (0.0, 6.0)))
+CASES["conv-3x3-stride2"] = lambda rng: _conv(rng, c=4, hw=(10, 10), oc=8, k=(3, 3), s=(2, 2), p=(1, 1))
+CASES["conv-1x1-bias"] = lambda rng: _conv(rng, n=2, c=16, hw=(7, 6), oc=12, k=(1, 1), bias=True)
+CASES["conv-1x1-stride2"] = lambda rng: _conv(rng, c=8, hw=(9, 9), oc=5, k=(1, 1), s=(2, 2))
+CASES["conv-depthwise-bias-relu6"] = lambda rng: _conv(rng, n=2, c=8, hw=(9, 7), oc=8, k=(3, 3), p=(1, 1), g=8,
+                                                       bias=True, act=("clip", (0.0, 6.0)))
+CASES["conv-depthwise-stride2"] = lambda rng: _conv(rng, c=6, hw=(11, 10), oc=6, k=(3, 3), s=(2, 2), p=(1, 1), g=6)
+CASES["conv-depthwise-wide"] = lambda rng: _conv(rng, c=3, hw=(6, 40), oc=3, k=(3, 3), p=(1, 1), g=3, bias=True)
+CASES["conv-depthwise-wide-stride2"] = lambda rng: _conv(rng, c=2, hw=(5, 70), oc=2, k=(3, 3), s=(2, 2), p=(1, 1),
+                                                         g=2, act=("relu", ()))
+CASES["conv-wide-rows"] = lambda rng: _conv(rng, c=3, hw=(5, 30), oc=20, k=(3, 3), p=(1, 1), bias=True,
+                                            act=("hard_swish", ()))
+CASES["conv-wide-rows-stride2"] = lambda rng: _conv(rng, c=3, hw=(5, 50), oc=5, k=(3, 3), s=(2, 2), p=(1, 1))
+CASES["conv-runtime-weights"] = lambda rng: _conv(rng, n=2, c=4, hw=(6, 7), oc=5, k=(3, 3), p=(1, 1), bias=True,
+                                                  const_w=False)
+CASES["conv-1x1-runtime-weights"] = lambda rng: _conv(rng, c=6, hw=(5, 5), oc=18, k=(1, 1), const_w=False)
+CASES["conv-groups2"] = lambda rng: _conv(rng, c=6, hw=(8, 8), oc=4, k=(3, 3), p=(1, 1), g=2, bias=True)
+CASES["conv-dilation2"] = lambda rng: _conv(rng, c=3, hw=(12, 12), oc=5, k=(3, 3), p=(2, 2), d=(2, 2))
+CASES["conv-asymmetric"] = lambda rng: _conv(rng, c=3, hw=(9, 13), oc=4, k=(3, 5), s=(2, 1), p=(1, 2))
+CASES["conv-7x1"] = lambda rng: _conv(rng, c=4, hw=(10, 8), oc=6, k=(7, 1), p=(3, 0), bias=True)
+CASES["conv-1x7"] = lambda rng: _conv(rng, c=4, hw=(8, 10), oc=6, k=(1, 7), p=(0, 3), act=("relu", ()))
+CASES["conv-tiles"] = lambda rng: _conv(rng, c=32, hw=(12, 14), oc=70, k=(3, 3), p=(1, 1), bias=True,
+                                        act=("relu", ()))
+
+
+def _deconv(rng, *, n=1, c, hw, oc, k, s=(1, 1), p=(0, 0, 0, 0), d=(1, 1), out_pad=(0, 0), g=1, bias=False,
+            act=None, const_w=True) -> Case:
+    (h, w), (kh, kw) = hw, k
+    oh = (h - 1) * s[0] - p[0] - p[2] + d[0] * (kh - 1) + 1 + out_pad[0]
+    ow = (w - 1) * s[1] - p[1] - p[3] + d[1] * (kw - 1) + 1 + out_pad[1]
+    inputs = {"x": rng.standard_normal((n, c, h, w)),
+              "w": rng.standard_normal((c, oc // g, kh, kw)) / np.sqrt(c // g * kh * kw)}
+    names = ["x", "w"]
+    if bias:
+        inputs["bias"] = rng.standard_normal(oc)
+        names.append("bias")
+    op = A.ConvTranspose2D(tuple(names), ("y",), "deconv", batch=n, in_channels=c, in_hw=hw, out_channels=oc,
+                           out_hw=(oh, ow), kernel=k, strides=s, pads=(p[0], p[1]), dilations=d, groups=g,
+                           has_bias=bias, activation=act)
+    return Case(op, inputs, {"y": (n, oc, oh, ow)}, {"w"} if const_w else set())
+
+
+CASES["deconv-stride2-pads-bias"] = lambda rng: _deconv(rng, n=2, c=4, hw=(5, 6), oc=3, k=(3, 3), s=(2, 2),
+                                                        p=(1, 1, 1, 1), out_pad=(1, 1), bias=True)
+CASES["deconv-groups2-relu"] = lambda rng: _deconv(rng, c=4, hw=(4, 5), oc=6, k=(2, 3), s=(2, 1),
+                                                   p=(0, 1, 0, 1), g=2, act=("relu", ()))
+CASES["deconv-runtime-weights-wide"] = lambda rng: _deconv(rng, c=5, hw=(3, 9), oc=20, k=(3, 3), s=(2, 2),
+                                                           p=(1, 1, 1, 1), bias=True, const_w=False)
+CASES["deconv-dilation-asym"] = lambda rng: _deconv(rng, c=3, hw=(5, 4), oc=2, k=(3, 2), s=(1, 2),
+                                                    p=(2, 0, 1, 0), d=(2, 1))
+
+
+def _pool(rng, *, op="max", n=2, c=3, hw=(9, 9), k=(3, 3), s=(2, 2), pads=(0, 0, 0, 0), ceil=False,
+          include_pad=False) -> Case:
+    (h, w) = hw
+    def out(size, kk, ss, p0, p1):
+        num = size + p0 + p1 - kk
+        return (-(-num // ss) if ceil else num // ss) + 1
+    oh, ow = out(h, k[0], s[0], pads[0], pads[2]), out(w, k[1], s[1], pads[1], pads[3])
+    pop = A.Pool2D(("x",), ("y",), f"pool_{op}", op=op, batch=n, channels=c, in_hw=hw, out_hw=(oh, ow),
+                   kernel=k, strides=s, pads=pads, count_include_pad=include_pad)
+    return Case(pop, {"x": rng.standard_normal((n, c, h, w))}, {"y": (n, c, oh, ow)})
+
+
+CASES["pool-max-pad1"] = lambda rng: _pool(rng, pads=(1, 1, 1, 1))
+CASES["pool-max-ceil"] = lambda rng: _pool(rng, hw=(8, 10), ceil=True)
+CASES["pool-avg-include-pad"] = lambda rng: _pool(rng, op="avg", s=(1, 1), pads=(1, 1, 1, 1), include_pad=True)
+CASES["pool-avg-exclude-pad"] = lambda rng: _pool(rng, op="avg", s=(1, 1), pads=(1, 1, 1, 1))
+CASES["pool-avg-ceil-include-pad"] = lambda rng: _pool(rng, op="avg", hw=(8, 7), pads=(1, 0, 1, 0), ceil=True,
+                                                       include_pad=True)
+CASES["pool-avg-ceil-exclude-pad-asym"] = lambda rng: _pool(rng, op="avg", hw=(8, 7), k=(2, 3), s=(2, 2),
+                                                            pads=(0, 1, 1, 0), ceil=True)
+CASES["pool-global-avg"] = lambda rng: _pool(rng, op="avg", hw=(16, 16), k=(16, 16), s=(1, 1))
+CASES["pool-global-max"] = lambda rng: _pool(rng, op="max", hw=(16, 16), k=(16, 16), s=(1, 1))
+CASES["pool-global-avg-small"] = lambda rng: _pool(rng, op="avg", c=5, hw=(7, 7), k=(7, 7), s=(1, 1))
+
+
+def _softmax(rng, outer, size, inner, log):
+    op = A.Softmax(("x",), ("y",), "softmax", outer=outer, size=size, inner=inner, log=log)
+    return Case(op, {"x": rng.standard_normal(outer * size * inner) * 3}, {"y": (outer, size, inner)})
+
+
+CASES["softmax-inner"] = lambda rng: _softmax(rng, 3, 10, 4, False)
+CASES["logsoftmax-inner"] = lambda rng: _softmax(rng, 3, 10, 4, True)
+CASES["softmax-rows"] = lambda rng: _softmax(rng, 5, 200, 1, False)
+CASES["logsoftmax-rows"] = lambda rng: _softmax(rng, 5, 200, 1, True)
+CASES["softmax-short-rows"] = lambda rng: _softmax(rng, 7, 9, 1, False)
+
+
+def _normalize(rng, outer, size, affine):
+    names = ("x", "scale", "shift") if affine else ("x",)
+    inputs = {"x": rng.standard_normal((outer, size)) * 2 + 1}
+    if affine:
+        inputs["scale"] = rng.standard_normal(size)
+        inputs["shift"] = rng.standard_normal(size)
+    op = A.Normalize(names, ("y",), "layernorm", outer=outer, size=size, eps=1e-5, has_affine=affine)
+    return Case(op, inputs, {"y": (outer, size)}, {"scale", "shift"} & set(inputs))
+
+
+CASES["normalize"] = lambda rng: _normalize(rng, 6, 10, False)
+CASES["normalize-affine"] = lambda rng: _normalize(rng, 6, 10, True)
+CASES["normalize-affine-long"] = lambda rng: _normalize(rng, 3, 300, True)
+CASES["normalize-many-short"] = lambda rng: _normalize(rng, 64, 16, True)
+
+
+def _resize(rng, *, mode, coord, nearest_mode="round_prefer_floor", hw=(4, 5), out=(8, 10)):
+    planes = 3
+    op = A.Resize(("x",), ("y",), "resize", planes=planes, in_hw=hw, out_hw=out,
+                  scales=(out[0] / hw[0], out[1] / hw[1]), mode=mode, coord=coord, nearest_mode=nearest_mode)
+    return Case(op, {"x": rng.standard_normal((planes,) + hw)}, {"y": (planes,) + out})
+
+
+for _coord in ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"):
+    CASES[f"resize-linear-{_coord}-up"] = lambda rng, c=_coord: _resize(rng, mode="linear", coord=c)
+    CASES[f"resize-linear-{_coord}-down"] = lambda rng, c=_coord: _resize(rng, mode="linear", coord=c,
+                                                                          hw=(9, 7), out=(4, 5))
+    CASES[f"resize-nearest-{_coord}"] = lambda rng, c=_coord: _resize(rng, mode="nearest", coord=c,
+                                                                      hw=(5, 6), out=(7, 13))
+for _nm in ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"):
+    CASES[f"resize-nearest-{_nm}"] = lambda rng, m=_nm: _resize(rng, mode="nearest", coord="asymmetric",
+                                                                nearest_mode=m, hw=(4, 6), out=(10, 9))
+    CASES[f"resize-nearest-{_nm}-x2"] = lambda rng, m=_nm: _resize(rng, mode="nearest", coord="half_pixel",
+                                                                   nearest_mode=m)
+
+
+@case("gather-negative")
+def _(rng):
+    idx = np.array([0, -1, 3, -5, 2, 4, -2], dtype=np.float32)
+    op = A.Gather(("data", "idx"), ("y",), "gather", outer=2, axis=5, inner=3, count=len(idx))
+    return Case(op, {"data": rng.standard_normal((2, 5, 3)), "idx": idx}, {"y": (2, len(idx), 3)})
+
+
+@case("gather-rows")
+def _(rng):
+    idx = rng.integers(-50, 50, 12).astype(np.float32)
+    op = A.Gather(("data", "idx"), ("y",), "embedding", outer=1, axis=50, inner=16, count=12)
+    return Case(op, {"data": rng.standard_normal((50, 16)), "idx": idx}, {"y": (1, 12, 16)}, {"data"})
+
+
+def _region(src, src_offset, src_strides, dst_offset, dst_strides, size):
+    return A.Region(src, src_offset, tuple(src_strides), dst_offset, tuple(dst_strides), tuple(size))
+
+
+@case("raster-transpose")
+def _(rng):  # x [2,3,4] -> y [4,2,3]
+    r = _region(0, 0, (0, 12, 4, 1), 0, (0, 3, 1, 6), (1, 2, 3, 4))
+    op = A.Raster(("x",), ("y",), "transpose", out_shape=(4, 2, 3), regions=(r,))
+    return Case(op, {"x": rng.standard_normal((2, 3, 4))}, {"y": (4, 2, 3)})
+
+
+@case("raster-nchw-to-nhwc")
+def _(rng):  # x [2,5,3,4] -> y [2,3,4,5]
+    r = _region(0, 0, (60, 12, 4, 1), 0, (60, 1, 20, 5), (2, 5, 3, 4))
+    op = A.Raster(("x",), ("y",), "to_nhwc", out_shape=(2, 3, 4, 5), regions=(r,))
+    return Case(op, {"x": rng.standard_normal((2, 5, 3, 4))}, {"y": (2, 3, 4, 5)})
+
+
+@case("raster-reflect-pad-negative-strides")
+def _(rng):  # reflect-pad a row of 6 by 2 on each side: [x2 x1 | x0..x5 | x4 x3]
+    regions = (
+        _region(0, 0, (0, 0, 6, 1), 2, (0, 0, 10, 1), (1, 1, 3, 6)),   # interior of 3 rows
+        _region(0, 2, (0, 0, 6, -1), 0, (0, 0, 10, 1), (1, 1, 3, 2)),  # left: x2, x1
+        _region(0, 4, (0, 0, 6, -1), 8, (0, 0, 10, 1), (1, 1, 3, 2)),  # right: x4, x3
+    )
+    op = A.Raster(("x",), ("y",), "reflect_pad", out_shape=(3, 10), regions=regions)
+    return Case(op, {"x": rng.standard_normal((3, 6))}, {"y": (3, 10)})
+
+
+@case("raster-broadcast-zero-strides")
+def _(rng):  # x [3] -> y [2,4,3] (Expand / Tile)
+    r = _region(0, 0, (0, 0, 0, 1), 0, (0, 12, 3, 1), (1, 2, 4, 3))
+    op = A.Raster(("x",), ("y",), "expand", out_shape=(2, 4, 3), regions=(r,))
+    return Case(op, {"x": rng.standard_normal(3)}, {"y": (2, 4, 3)})
+
+
+@case("raster-concat-3-inputs")
+def _(rng):  # concat along axis 1: [2,3,4] + [2,1,4] + [2,2,4] -> [2,6,4]
+    regions = (
+        _region(0, 0, (0, 0, 12, 1), 0, (0, 0, 24, 1), (1, 1, 2, 12)),
+        _region(1, 0, (0, 0, 4, 1), 12, (0, 0, 24, 1), (1, 1, 2, 4)),
+        _region(2, 0, (0, 0, 8, 1), 16, (0, 0, 24, 1), (1, 1, 2, 8)),
+    )
+    op = A.Raster(("a", "b", "c"), ("y",), "concat", out_shape=(2, 6, 4), regions=regions)
+    return Case(op, {"a": rng.standard_normal((2, 3, 4)), "b": rng.standard_normal((2, 1, 4)),
+                     "c": rng.standard_normal((2, 2, 4))}, {"y": (2, 6, 4)}, {"c"})
+
+
+@case("raster-concat-contiguous")
+def _(rng):  # concat along axis 0 (each region one contiguous run) of rows sliced from the inputs
+    regions = (
+        _region(0, 4, (0, 0, 4, 1), 0, (0, 0, 4, 1), (1, 1, 2, 4)),   # rows 1..2 of a
+        _region(1, 0, (0, 0, 0, 1), 8, (0, 0, 0, 1), (1, 1, 1, 12)),  # all of b
+    )
+    op = A.Raster(("a", "b"), ("y",), "concat0", out_shape=(5, 4), regions=regions)
+    return Case(op, {"a": rng.standard_normal((3, 4)), "b": rng.standard_normal((3, 4))}, {"y": (5, 4)})
+
+
+@case("raster-pad-fill")
+def _(rng):  # constant pad of [2,3,4] by 1 in H, W with 0.5
+    r = _region(0, 0, (0, 12, 4, 1), 7, (0, 30, 6, 1), (1, 2, 3, 4))
+    op = A.Raster(("x",), ("y",), "pad", out_shape=(2, 5, 6), regions=(r,), fill=0.5)
+    return Case(op, {"x": rng.standard_normal((2, 3, 4))}, {"y": (2, 5, 6)})
+
+
+@case("raster-slice-partial-no-fill")
+def _(rng):  # write every other column; the rest keeps the output's prior contents
+    r = _region(0, 3, (0, 0, 9, 2), 1, (0, 0, 8, 2), (1, 1, 5, 4))
+    op = A.Raster(("x",), ("y",), "strided_slice", out_shape=(5, 8), regions=(r,))
+    return Case(op, {"x": rng.standard_normal((5, 9))}, {"y": (5, 8)})
+
+
+CASE_IDS = sorted(CASES)
+
+
+def test_case_table_covers_every_atomic_op():
+    kinds = {type(CASES[name](np.random.default_rng(0)).op) for name in CASE_IDS}
+    assert kinds == set(A.ALL_OPS)
+
+
+@pytest.mark.parametrize("name", CASE_IDS)
+def test_atomic_op(backend, cpu, name):
+    seed = CASE_IDS.index(name)
+    reason = backend.unsupported_reason(CASES[name](np.random.default_rng(seed)).op)
+    assert reason is None, f"{backend.name} does not support {name}: {reason}"
+    check(backend, cpu, CASES[name](np.random.default_rng(seed)), seed)
+
+
+# --------------------------------------------------------------------------------------------
+# Recorded runs allocate and build nothing
+# --------------------------------------------------------------------------------------------
+
+def test_recorded_run_changes_only_submits(backend):
+    """conv -> residual add+relu -> raster transpose in one pool, recorded once, submitted thrice."""
+    rng = np.random.default_rng(7)
+    conv = _conv(rng, c=4, hw=(6, 6), oc=4, k=(3, 3), p=(1, 1), bias=True)
+    add = A.Binary(("y", "x"), ("z",), "add", op="add", out_shape=(1, 4, 6, 6), a_strides=(144, 36, 6, 1),
+                   b_strides=(144, 36, 6, 1), activation=("relu", ()))
+    perm = A.Raster(("z",), ("t",), "transpose", out_shape=(1, 6, 6, 4),
+                    regions=(_region(0, 0, (0, 36, 6, 1), 0, (0, 1, 24, 4), (1, 4, 6, 6)),))
+    case_ = Case(conv.op, conv.inputs, {"y": (1, 4, 6, 6), "z": (1, 4, 6, 6), "t": (1, 6, 6, 4)},
+                 conv.constants)
+    garbage = {n: np.zeros(s, np.float32) for n, s in case_.outputs.items()}
+    pool, handles, _, _ = _prepare(backend, case_, garbage)
+    exes = [backend.create_execution(op, [handles[n] for n in op.inputs], [handles[n] for n in op.outputs])
+            for op in (conv.op, add, perm)]
+    recording = backend.record(exes)
+    backend.submit(recording)  # warm-up (a driver may finish lazy compilation here)
+    first = backend.read(handles["t"])
+    before = dict(backend.counters)
+    backend.submit(recording)
+    backend.submit(recording)
+    after = dict(backend.counters)
+    assert after["submits"] == before["submits"] + 2
+    assert {k: v for k, v in after.items() if k != "submits"} == {k: v for k, v in before.items() if k != "submits"}
+    np.testing.assert_array_equal(backend.read(handles["t"]), first)
+    backend.release(pool)
+
+
+def test_programs_are_cached_in_memory(backend):
+    rng = np.random.default_rng(3)
+    c = _conv(rng, c=3, hw=(5, 5), oc=2, k=(3, 3), p=(1, 1))
+    garbage = {"y": np.zeros(c.outputs["y"], np.float32)}
+    run_case(backend, c, garbage)
+    built = backend.counters["programs_built"]
+    run_case(backend, c, garbage)
+    run_case(backend, c, garbage, eager=True)
+    assert backend.counters["programs_built"] == built
+
+
+def test_opencl_programs_cached_on_disk(monkeypatch, tmp_path):
+    """A second OpenCL backend (as in a new process) loads binaries instead of building."""
+    if "opencl" not in GPU_BACKENDS:
+        pytest.skip(f"opencl unavailable: {probe('opencl')}")
+    monkeypatch.setenv("GPUMNN_CACHE_DIR", str(tmp_path))
+    rng = np.random.default_rng(11)
+    c = _conv(rng, c=3, hw=(5, 5), oc=4, k=(3, 3), p=(1, 1), bias=True)
+    garbage = {"y": np.zeros(c.outputs["y"], np.float32)}
+    first = create_backend("opencl")
+    try:
+        run_case(first, c, garbage)
+        assert first.counters["programs_built"] >= 1
+    finally:
+        first.close()
+    assert list(tmp_path.rglob("*.bin")), "no program binary was written to the cache"
+    second = create_backend("opencl")
+    try:
+        run_case(second, c, garbage)
+        assert second.counters["programs_built"] == 0
+    finally:
+        second.close()

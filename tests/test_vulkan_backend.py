@@ -1,0 +1,252 @@
+"""Vulkan-specific behaviour: recorded command buffers that create nothing, eager mode, the
+validation layer, both kernel profiles, both host-transfer paths, device choice and the GLSL
+toolchain (one set of kernel sources for Vulkan and OpenGL).
+
+Cross-backend numerics of every atomic op live in test_atomic_ops.py; here a small chain of
+ops (conv -> add+relu -> concat -> pool -> in-place sigmoid -> softmax) is the workload.
+"""
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import rel_l2, require_backend
+from gpumnn import atomic as A
+from gpumnn.backends.cpu import CpuBackend
+from gpumnn.errors import BackendUnavailableError
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _vulkan_here():
+    require_backend("vulkan")
+
+
+def _vk():
+    from gpumnn.backends import vulkan
+    return vulkan
+
+
+CHAIN = [
+    A.Conv2D(("x", "w", "b"), ("y",), "conv", batch=1, in_channels=8, in_hw=(12, 12), out_channels=8, out_hw=(12, 12),
+             kernel=(3, 3), pads=(1, 1), has_bias=True, activation=("relu", ())),
+    A.Binary(("y", "x"), ("z",), "add", op="add", out_shape=(1, 8, 12, 12), a_strides=(1152, 144, 12, 1),
+             b_strides=(1152, 144, 12, 1), activation=("relu", ())),
+    A.Raster(("z", "y"), ("c",), "concat", out_shape=(1, 16, 12, 12), regions=(
+        A.Region(0, 0, (0, 0, 0, 1), 0, (0, 0, 0, 1), (1, 1, 1, 1152)),
+        A.Region(1, 0, (0, 0, 0, 1), 1152, (0, 0, 0, 1), (1, 1, 1, 1152)))),
+    A.Pool2D(("c",), ("p",), "pool", op="max", batch=1, channels=16, in_hw=(12, 12), out_hw=(6, 6), kernel=(2, 2),
+             strides=(2, 2)),
+    A.Unary(("p",), ("p",), "sigmoid", op="sigmoid", count=576),
+    A.MatMul(("p", "m"), ("q",), "fc", batch=16, m=6, n=5, k=6, a_batch_stride=36, b_batch_stride=0),
+    A.Softmax(("q",), ("s",), "softmax", outer=16 * 6, size=5, inner=1),
+]
+SHAPES = {"x": (1, 8, 12, 12), "y": (1, 8, 12, 12), "z": (1, 8, 12, 12), "c": (1, 16, 12, 12), "p": (1, 16, 6, 6),
+          "q": (16, 6, 5), "s": (16, 6, 5)}
+_rng = np.random.default_rng(7)
+CONSTANTS = {"w": _rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.2,
+             "b": _rng.standard_normal(8).astype(np.float32), "m": _rng.standard_normal((6, 5)).astype(np.float32)}
+X = _rng.standard_normal(SHAPES["x"]).astype(np.float32)
+
+
+def _build(be):
+    align = be.alignment // 4
+    offset, offsets = align, {}
+    for name, shape in SHAPES.items():
+        offsets[name] = offset
+        offset += -(-math.prod(shape) // align) * align
+    pool = be.allocate(4 * offset)
+    handles = {n: be.tensor(pool, offsets[n], s) for n, s in SHAPES.items()}
+    handles.update({n: be.constant(a) for n, a in CONSTANTS.items()})
+    executions = [be.create_execution(op, [handles[i] for i in op.inputs], [handles[o] for o in op.outputs])
+                  for op in CHAIN]
+    return pool, handles, executions
+
+
+@pytest.fixture(scope="module")
+def reference():
+    cpu = CpuBackend(threads=1)
+    _, handles, executions = _build(cpu)
+    cpu.write(handles["x"], X)
+    cpu.submit(cpu.record(executions))
+    return cpu.read(handles["s"])
+
+
+def _backend(**options):
+    return _vk().VulkanBackend(**options)
+
+
+@pytest.mark.parametrize("kernels", ["simd", "tiled"])
+def test_recorded_submits_create_nothing_and_eager_agrees(kernels, reference):
+    be = _backend(kernels=kernels)
+    try:
+        _, handles, executions = _build(be)
+        recording = be.record(executions)
+        assert recording.dispatches == len(CHAIN) + 1  # the concat is two region copies
+        assert recording.barriers < recording.dispatches  # the two concat copies share one
+        be.write(handles["x"], X)
+        be.submit(recording)
+        first = be.read(handles["s"])
+        assert rel_l2(first, reference) < 1e-4
+        before = dict(be.counters)
+        be.write(handles["x"], 2 * X)
+        be.submit(recording)
+        be.write(handles["x"], X)
+        be.submit(recording)
+        after = dict(be.counters)
+        assert {k: after[k] - before[k] for k in after} == {
+            "buffers_allocated": 0, "programs_built": 0, "executions_created": 0, "recordings_made": 0, "submits": 2}
+        np.testing.assert_array_equal(be.read(handles["s"]), first)
+        be.write(handles["s"], np.zeros(SHAPES["s"], np.float32))
+        be.run_eager(executions)
+        np.testing.assert_allclose(be.read(handles["s"]), first, rtol=1e-6, atol=1e-7)
+    finally:
+        be.close()
+
+
+def test_eager_mode_rewrites_descriptors_but_builds_no_programs_twice(reference):
+    be = _backend()
+    try:
+        pool, handles, executions = _build(be)
+        be.write(handles["x"], X)
+        be.run_eager(executions)
+        built = be.counters["programs_built"]
+        # The session's eager mode: a fresh pool and fresh executions every run.
+        be.release(pool)
+        pool, handles, executions = _build(be)
+        be.write(handles["x"], X)
+        be.run_eager(executions)
+        assert be.counters["programs_built"] == built  # pipelines are cached by variant
+        assert rel_l2(be.read(handles["s"]), reference) < 1e-4
+    finally:
+        be.close()
+
+
+def test_staging_path_for_discrete_gpus(reference):
+    """Device-local memory written/read through a host-visible staging buffer and copies."""
+    be = _backend(force_staging=True)
+    try:
+        _, handles, executions = _build(be)
+        recording = be.record(executions)
+        be.write(handles["x"], X)
+        be.submit(recording)
+        assert rel_l2(be.read(handles["s"]), reference) < 1e-4
+        before = be.counters["buffers_allocated"]
+        for _ in range(2):  # the staging buffer is created once and reused
+            be.write(handles["x"], X)
+            be.submit(recording)
+            be.read(handles["s"])
+        assert be.counters["buffers_allocated"] == before
+    finally:
+        be.close()
+
+
+def test_validation_layer_reports_nothing(reference):
+    from gpumnn.backends.vulkan_device import validation_layer_available
+    if not validation_layer_available():
+        pytest.skip("VK_LAYER_KHRONOS_validation is not installed (Debian/Ubuntu: vulkan-validationlayers)")
+    for options in ({"kernels": "simd"}, {"kernels": "tiled", "force_staging": True}):
+        be = _backend(validation=True, **options)
+        try:
+            assert be.validation_enabled
+            pool, handles, executions = _build(be)
+            recording = be.record(executions)
+            be.write(handles["x"], X)
+            be.submit(recording)
+            be.run_eager(executions)
+            assert rel_l2(be.read(handles["s"]), reference) < 1e-4
+            del recording
+            be.release(pool)
+            assert be.validation_messages == [], "\n".join(be.validation_messages[:5])
+        finally:
+            be.close()
+
+
+def test_validation_messages_are_collected():
+    """The messenger really reports: an invalid call must produce a message."""
+    from gpumnn.backends.vulkan_device import validation_layer_available
+    if not validation_layer_available():
+        pytest.skip("VK_LAYER_KHRONOS_validation is not installed (Debian/Ubuntu: vulkan-validationlayers)")
+    import vulkan as vk
+    be = _backend(validation=True)
+    try:
+        fence = vk.vkCreateFence(be.dev.device, vk.VkFenceCreateInfo(flags=0x80), None)  # invalid flag bit
+        vk.vkDestroyFence(be.dev.device, fence, None)
+        assert any("VUID" in m for m in be.validation_messages)
+    finally:
+        be.dev.messages.clear()
+        be.close()
+
+
+def test_device_choice_by_name_and_index():
+    be = _backend()
+    name = be.info.device
+    be.close()
+    chosen = _backend(device=name.split()[0])
+    assert chosen.info.device == name
+    chosen.close()
+    from gpumnn.backends import create_backend
+    with pytest.raises(BackendUnavailableError, match="out of range"):
+        create_backend("vulkan", device=99)
+    with pytest.raises(BackendUnavailableError, match="no Vulkan device name contains"):
+        create_backend("vulkan", device="no-such-gpu")
+
+
+def test_info_and_alignment():
+    be = _backend()
+    try:
+        info = be.info
+        assert info.name == "vulkan" and info.t_schedule_ms == 0.01 and info.flops > 0
+        assert be.alignment >= 64 and be.alignment % be.dev.min_storage_align == 0
+        assert all(be.unsupported_reason(op) is None for op in CHAIN)
+    finally:
+        be.close()
+
+
+def test_shader_op_ids_follow_the_atomic_contract():
+    _vk().check_shader_op_ids()
+
+
+def test_missing_compiler_names_the_package(monkeypatch):
+    from gpumnn.shaders import compile as C
+    monkeypatch.setattr(C, "_compiler", None)
+    monkeypatch.setenv("GPUMNN_GLSL_COMPILER", "no-such-glsl-compiler")
+    with pytest.raises(C.ShaderCompilerNotFound, match="glslang-tools"):
+        C.find_compiler()
+    monkeypatch.setattr(C, "_compiler", None)
+
+
+def test_spirv_cache(tmp_path, monkeypatch):
+    from gpumnn.shaders import compile as C
+    monkeypatch.setenv("GPUMNN_CACHE_DIR", str(tmp_path))
+    source = "#include \"common.glsl\"\nlayout(local_size_x = 1) in;\nBUFFER_WO(0, o);\nvoid main() { o[0] = PF(0) + %s; }\n"
+    spirv = C.compile_glsl(source % "1.0", {"UNUSED": 1})
+    assert spirv[:4] == C.SPIRV_MAGIC
+    assert len(list((tmp_path / "spirv").glob("*.spv"))) == 1
+    assert C.compile_glsl(source % "1.0", {"UNUSED": 1}) is spirv  # memory cache
+    with pytest.raises(C.ShaderCompileError, match="undeclared"):
+        C.compile_glsl(source % "undeclared_name")
+
+
+GL_VARIANTS = [
+    ("raster", {"NDIM": 3}), ("unary", {"OP": 7}), ("binary", {"OP": 4, "ACT": 3, "NDIM": 2}), ("reduce", {"OP": 1, "WG_PER_ROW": 1, "WG": 64}),
+    ("matmul", {"HAS_BIAS": 1, "NT": 256}), ("matmul", {"REGBLOCK": 1, "RM": 4, "RN": 8, "WG": 16, "B_VEC4": 1}),
+    ("conv2d", {"NT": 256}), ("conv2d", {"DIRECT_RB": 1, "RM": 8, "RN": 7, "KW": 3, "SW": 1, "DW": 1, "WG": 16}),
+    ("conv2d", {"DEPTHWISE": 1, "RN": 4, "KW": 3, "SW": 2, "DW": 1}), ("conv_transpose2d", {"HAS_BIAS": 1}),
+    ("pool2d", {"COUNT_PAD": 1}), ("softmax", {"LOG": 1, "WG_PER_ROW": 1, "WG": 64}), ("normalize", {"AFFINE": 1}),
+    ("resize", {}), ("gather", {}),
+]
+
+
+@pytest.mark.skipif(shutil.which("glslangValidator") is None, reason="glslangValidator not installed")
+def test_kernel_sources_also_compile_for_opengl(tmp_path):
+    """One source of truth: every kernel body compiles under the GL 4.3 prelude too."""
+    from gpumnn.shaders.compile import preprocess
+    for i, (name, defines) in enumerate(GL_VARIANTS):
+        path = tmp_path / f"k{i}.comp"
+        path.write_text(preprocess(name, defines, api="gl"))
+        result = subprocess.run(["glslangValidator", str(path)], capture_output=True, text=True)
+        assert result.returncode == 0, f"{name} {defines}:\n{result.stdout}"
