@@ -22,14 +22,25 @@ from gpumnn.backends import REGISTRY, probe  # noqa: E402
 REQUIRED = [b for b in os.environ.get("GPUMNN_REQUIRE_BACKENDS", "").split(",") if b]
 
 
-def pytest_report_header(config):
-    lines = ["gpumnn backends:"]
+def backend_lines() -> list[str]:
+    lines = []
     for name in REGISTRY:
         reason = probe(name)
-        lines.append(f"  {name:<7} {'RUNS' if reason is None else 'skipped: ' + reason}")
+        lines.append(f"{name:<7} {'RUNS' if reason is None else 'skipped: ' + reason}")
     if REQUIRED:
-        lines.append(f"  required here (GPUMNN_REQUIRE_BACKENDS): {', '.join(REQUIRED)}")
+        lines.append(f"required here (GPUMNN_REQUIRE_BACKENDS): {', '.join(REQUIRED)}")
     return lines
+
+
+def pytest_report_header(config):
+    return ["gpumnn backends:"] + ["  " + line for line in backend_lines()]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Say which backends ran, even under -q (which hides the header)."""
+    terminalreporter.write_sep("-", "gpumnn backends in this run")
+    for line in backend_lines():
+        terminalreporter.write_line(line)
 
 
 def require_backend(name: str) -> None:
