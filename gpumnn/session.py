@@ -15,7 +15,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from . import atomic as A
 from .backends import create_backend
 from .backends.base import Backend, Execution, TensorHandle
 from .backends.cpu import CpuBackend
@@ -62,6 +61,7 @@ class _Prepared:
     pools: dict[str, Any]
     executions: list[Execution]
     recordings: dict[int, Any]  # step index -> recording
+    io: dict[tuple[str, str], TensorHandle]  # (backend, tensor) -> handle for writes, copies, reads
 
 
 class Session:
@@ -127,7 +127,17 @@ class Session:
             for index, step in enumerate(self.placement.steps):
                 if step.kind == "run":
                     recordings[index] = self.backends[step.backend].record([executions[i] for i in step.ops])
-        return _Prepared(pools, executions, recordings)
+        io = {}
+        for storage, backends in self.placement.input_backends.items():
+            for b in backends:
+                io[(b, storage)] = self._handle(pools, b, storage)
+        for step in self.placement.steps:
+            if step.kind == "copy":
+                for b in (step.source, step.backend):
+                    io[(b, step.tensor)] = self._handle(pools, b, step.tensor)
+        for name, b in self.placement.output_backends.items():
+            io[(b, name)] = self._handle(pools, b, name)
+        return _Prepared(pools, executions, recordings, io)
 
     # -- running ---------------------------------------------------------------------------
     def _check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -156,16 +166,16 @@ class Session:
         """Run the model; returns {output name: array}. A recorded run allocates and builds nothing."""
         arrays = self._check_inputs(inputs)
         prepared = self._prepared if self.record else self._prepare(recorded=False)
-        pools = prepared.pools
+        io = prepared.io
         for name, array in arrays.items():
             storage = self.program.storage_of(name)
             for b in self.placement.input_backends.get(storage, []):
-                self.backends[b].write(self._handle(pools, b, storage), array)
+                self.backends[b].write(io[(b, storage)], array)
         for index, step in enumerate(self.placement.steps):
             backend = self.backends[step.backend]
             if step.kind == "copy":
-                data = self.backends[step.source].read(self._handle(pools, step.source, step.tensor))
-                backend.write(self._handle(pools, step.backend, step.tensor), data)
+                data = self.backends[step.source].read(io[(step.source, step.tensor)])
+                backend.write(io[(step.backend, step.tensor)], data)
             elif self.record:
                 backend.submit(prepared.recordings[index])
             else:
@@ -176,13 +186,13 @@ class Session:
             if name in self.program.folded_outputs:
                 value = np.array(self.program.folded_outputs[name])
             else:
-                value = self.backends[self.placement.output_backends[name]].read(
-                    self._handle(pools, self.placement.output_backends[name], name))
+                b = self.placement.output_backends[name]
+                value = self.backends[b].read(io[(b, name)])
             if np.issubdtype(np.dtype(info.dtype), np.integer) or np.dtype(info.dtype) == np.bool_:
                 value = value.astype(info.dtype)
             results[name] = value
         if not self.record:
-            for b, pool in pools.items():
+            for b, pool in prepared.pools.items():
                 self.backends[b].release(pool)
         return results
 

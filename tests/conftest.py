@@ -36,11 +36,31 @@ def pytest_report_header(config):
     return ["gpumnn backends:"] + ["  " + line for line in backend_lines()]
 
 
+VALIDATED_DEVICES: list = []
+if os.environ.get("GPUMNN_VULKAN_VALIDATION", "").lower() in ("1", "true", "yes", "on") and probe("vulkan") is None:
+    # every Vulkan device of the run keeps its validation-layer messages for the summary below
+    from gpumnn.backends import vulkan_device as _vd
+
+    _original_init = _vd.VulkanDevice.__init__
+
+    def _recording_init(self, *args, **kwargs):
+        _original_init(self, *args, **kwargs)
+        VALIDATED_DEVICES.append(self)
+
+    _vd.VulkanDevice.__init__ = _recording_init
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Say which backends ran, even under -q (which hides the header)."""
     terminalreporter.write_sep("-", "gpumnn backends in this run")
     for line in backend_lines():
         terminalreporter.write_line(line)
+    if VALIDATED_DEVICES:
+        messages = [m for dev in VALIDATED_DEVICES for m in dev.messages]
+        terminalreporter.write_line(f"Vulkan validation layer: {len(VALIDATED_DEVICES)} devices, "
+                                    f"{len(messages)} messages ({len(set(messages))} distinct)")
+        for message in sorted(set(messages))[:20]:
+            terminalreporter.write_line(f"  {message[:300]}")
 
 
 def require_backend(name: str) -> None:
