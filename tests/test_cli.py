@@ -1,0 +1,58 @@
+"""The gpumnn command: info, run, bench and zoo, as a user types them."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+
+from gpumnn import zoo
+from gpumnn.cli import main
+
+
+def test_info_lists_every_backend_and_why_missing(capsys):
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    for name in ("cpu", "opencl", "vulkan", "gl", "cuda"):
+        assert name in out
+    assert "available" in out
+
+
+def test_run_reads_input_and_writes_outputs(tmp_path, capsys):
+    model = zoo.save("squeezenet1_1", tmp_path / "squeezenet.onnx")
+    x = np.random.default_rng(11).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out_path = tmp_path / "out.npz"
+    assert main(["run", str(model), "--input", str(tmp_path / "x.npy"), "--output", str(out_path), "--report"]) == 0
+    printed = capsys.readouterr().out
+    assert "memory[cpu]" in printed and "output: shape [1, 1000]" in printed
+    ref = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    got = np.load(out_path)["output"]
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-3
+
+
+def test_run_reports_model_errors_without_a_traceback(tmp_path, capsys):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    assert main(["run", str(bad)]) == 1
+    assert "gpumnn: error:" in capsys.readouterr().err
+
+
+def test_bench_json_has_recorded_eager_and_onnxruntime(capsys):
+    assert main(["bench", "transformer_encoder", "--backend", "cpu", "--runs", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (row,) = report["rows"]
+    assert row["model"] == "transformer_encoder" and row["backend"] == "cpu"
+    assert row["recorded_ms"] > 0 and row["eager_ms"] > 0 and row["onnxruntime_ms"] > 0
+    assert row["rel_error"] < 1e-3 and len(row["samples"]["recorded"]) == 2
+
+
+def test_bench_table(capsys):
+    assert main(["bench", "transformer_encoder", "--backend", "cpu", "--runs", "1", "--no-eager"]) == 0
+    out = capsys.readouterr().out
+    assert "recorded ms" in out and "transformer_encoder" in out
+
+
+def test_zoo_export(tmp_path, capsys):
+    assert main(["zoo", str(tmp_path), "transformer_encoder"]) == 0
+    assert (tmp_path / "transformer_encoder.onnx").exists()
