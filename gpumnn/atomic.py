@@ -287,7 +287,8 @@ class Resize(AtomicOp):
 class Gather(AtomicOp):
     """Gather with run-time indices: data ``[outer, axis, inner]``, indices (float32 holding
     integers, negative counted from the end) ``[count]`` -> out ``[outer, count, inner]``.
-    Gathers with constant indices are Rasters instead."""
+    Out-of-range indices are clamped to the axis (run-time data cannot raise mid-kernel on a
+    GPU, so every backend clamps). Gathers with constant indices are Rasters instead."""
 
     kind: ClassVar[str] = "gather"
     outer: int = 1

@@ -18,6 +18,7 @@ from numpy.lib.stride_tricks import as_strided
 from .. import atomic as A
 from .base import Backend, BackendInfo, Execution, TensorHandle
 from .numpy_math import binary_function, unary_function
+from .sampling import resize_axis
 
 _CPU_DEFAULT_FLOPS = 2e9  # paper Appendix C fallback when frequencies are unknown
 
@@ -52,7 +53,7 @@ class CpuExecution(Execution):
         self._fn()
 
 
-def _cpu_flops(threads: int) -> float:
+def host_cpu_flops(threads: int) -> float:
     """Paper Appendix C: sum of the max frequencies of the ``threads`` fastest cores (Hz)."""
     freqs = []
     for cpu in range(os.cpu_count() or 1):
@@ -76,7 +77,7 @@ class CpuBackend(Backend):
         super().__init__()
         self.threads = threads or os.cpu_count() or 1
         self._info = BackendInfo("cpu", f"NumPy {np.__version__} on {self.threads} thread(s)",
-                                 _cpu_flops(self.threads), 0.0, float("inf"), is_gpu=False)
+                                 host_cpu_flops(self.threads), 0.0, float("inf"), is_gpu=False)
         self._limiter = _ThreadLimiter(self.threads)
 
     @property
@@ -456,59 +457,23 @@ def _make_normalize(op: A.Normalize, ins, outs):
     return run
 
 
-def resize_source_coords(out_size: int, in_size: int, scale: float, coord: str) -> np.ndarray:
-    """ONNX Resize: the input coordinate each output index samples (before rounding/clamping)."""
-    o = np.arange(out_size, dtype=np.float64)
-    if coord == "align_corners":
-        return o * (in_size - 1) / (out_size - 1) if out_size > 1 else np.zeros(out_size)
-    if coord == "asymmetric":
-        return o / scale
-    if coord == "pytorch_half_pixel" and out_size == 1:
-        return np.zeros(out_size)
-    return (o + 0.5) / scale - 0.5  # half_pixel, pytorch_half_pixel
-
-
-def resize_nearest_index(src: np.ndarray, in_size: int, nearest_mode: str) -> np.ndarray:
-    if nearest_mode == "floor":
-        idx = np.floor(src)
-    elif nearest_mode == "ceil":
-        idx = np.ceil(src)
-    elif nearest_mode == "round_prefer_ceil":
-        idx = np.floor(src + 0.5)
-    else:  # round_prefer_floor
-        idx = np.ceil(src - 0.5)
-    return np.clip(idx, 0, in_size - 1).astype(np.int64)
-
-
 def _make_resize(op: A.Resize, ins, outs):
     (h, w), (oh, ow) = op.in_hw, op.out_hw
     x = view(ins[0]).reshape(op.planes, h, w)
     out = view(outs[0]).reshape(op.planes, oh, ow)
-    src_h = resize_source_coords(oh, h, op.scales[0], op.coord)
-    src_w = resize_source_coords(ow, w, op.scales[1], op.coord)
+    rows, cols = resize_axis(op, 0), resize_axis(op, 1)
     if op.mode == "nearest":
-        ih = resize_nearest_index(src_h, h, op.nearest_mode)
-        iw = resize_nearest_index(src_w, w, op.nearest_mode)
-        rows = np.empty((op.planes, oh, w), dtype=np.float32)
+        picked = np.empty((op.planes, oh, w), dtype=np.float32)
 
         def run_nearest():
-            np.take(x, ih, axis=1, out=rows)
-            np.take(rows, iw, axis=2, out=out)
+            np.take(x, rows.lo, axis=1, out=picked)
+            np.take(picked, cols.lo, axis=2, out=out)
         return run_nearest
-
-    def axis_weights(src, size):
-        src = np.clip(src, 0, size - 1)
-        lo = np.floor(src).astype(np.int64)
-        hi = np.minimum(lo + 1, size - 1)
-        frac = (src - lo).astype(np.float32)
-        return lo, hi, frac
-    h0, h1, fh = axis_weights(src_h, h)
-    w0, w1, fw = axis_weights(src_w, w)
-    fh, fw = fh.reshape(1, oh, 1), fw.reshape(1, 1, ow)
+    fh, fw = rows.frac.reshape(1, oh, 1), cols.frac.reshape(1, 1, ow)
 
     def run_linear():
-        top = x[:, h0][:, :, w0] * (1 - fw) + x[:, h0][:, :, w1] * fw
-        bottom = x[:, h1][:, :, w0] * (1 - fw) + x[:, h1][:, :, w1] * fw
+        top = x[:, rows.lo][:, :, cols.lo] * (1 - fw) + x[:, rows.lo][:, :, cols.hi] * fw
+        bottom = x[:, rows.hi][:, :, cols.lo] * (1 - fw) + x[:, rows.hi][:, :, cols.hi] * fw
         np.copyto(out, top * (1 - fh) + bottom * fh)
     return run_linear
 
@@ -521,6 +486,7 @@ def _make_gather(op: A.Gather, ins, outs):
     def run():
         idx = idx_f.astype(np.int64)
         idx[idx < 0] += op.axis
+        np.clip(idx, 0, op.axis - 1, out=idx)  # the contract: out-of-range indices clamp
         np.take(data, idx, axis=1, out=out)
     return run
 

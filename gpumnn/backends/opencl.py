@@ -39,6 +39,7 @@ from .. import atomic as A
 from ..strides import contiguous_strides, merge_dims
 from .base import Backend, BackendInfo, Execution, TensorHandle
 from .opencl_cmdbuf import CommandBufferAPI, CommandBufferError
+from .sampling import resize_axis
 
 SHADER_DIR = Path(__file__).resolve().parent.parent / "shaders" / "opencl"
 
@@ -782,20 +783,10 @@ def _make_pool2d(be, op: A.Pool2D, ins, outs):
 
 def _resize_table(op: A.Resize) -> np.ndarray:
     """Per-axis sampling tables (geometry prepared once, like a weight re-layout)."""
-    from .cpu import resize_nearest_index, resize_source_coords
-    (h, w), (oh, ow) = op.in_hw, op.out_hw
-    src_h = resize_source_coords(oh, h, op.scales[0], op.coord)
-    src_w = resize_source_coords(ow, w, op.scales[1], op.coord)
+    rows, cols = resize_axis(op, 0), resize_axis(op, 1)
     if op.mode == "nearest":
-        return np.concatenate([resize_nearest_index(src_h, h, op.nearest_mode),
-                               resize_nearest_index(src_w, w, op.nearest_mode)]).astype(np.float32)
-
-    def axis(src, size):
-        src = np.clip(src, 0, size - 1)
-        lo = np.floor(src).astype(np.int64)
-        hi = np.minimum(lo + 1, size - 1)
-        return [lo.astype(np.float32), hi.astype(np.float32), (src - lo).astype(np.float32)]
-    return np.concatenate(axis(src_h, h) + axis(src_w, w)).astype(np.float32)
+        return np.concatenate([rows.lo, cols.lo]).astype(np.float32)
+    return np.concatenate([rows.lo, rows.hi, rows.frac, cols.lo, cols.hi, cols.frac]).astype(np.float32)
 
 
 def _make_resize(be, op: A.Resize, ins, outs):

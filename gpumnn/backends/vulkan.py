@@ -38,6 +38,8 @@ from .. import atomic as A
 from ..strides import contiguous_strides, merge_dims
 from ..errors import BackendUnavailableError
 from .base import Backend, BackendInfo, Execution, TensorHandle
+from .cpu import host_cpu_flops
+from .sampling import resize_axis
 
 try:
     import vulkan as vk  # ModuleNotFoundError propagates: the registry says "pip install"
@@ -372,8 +374,7 @@ class VulkanBackend(Backend):
         if dev.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_CPU:
             # A software Vulkan (lavapipe) on the host's cores: measured ~10x below NumPy/BLAS on
             # the same cores (scalarised buffer loads), so a tenth of the CPU backend's estimate.
-            from .cpu import _cpu_flops
-            flops = _cpu_flops(os.cpu_count() or 1) / 10
+            flops = host_cpu_flops(os.cpu_count() or 1) / 10
         else:
             flops = _GPU_DEFAULT_FLOPS
         bandwidth = 8.0 if dev.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU else 20.0
@@ -953,20 +954,10 @@ def _resize_table(be: VulkanBackend, op: A.Resize) -> TensorHandle:
     table = be._tables.get(key)
     if table is not None:
         return table
-    from .cpu import resize_nearest_index, resize_source_coords
     parts = []
     for axis in range(2):
-        size, out = op.in_hw[axis], op.out_hw[axis]
-        src = resize_source_coords(out, size, op.scales[axis], op.coord)
-        if op.mode == "nearest":
-            i0 = resize_nearest_index(src, size, op.nearest_mode)
-            i1, frac = i0, np.zeros(out)
-        else:
-            src = np.clip(src, 0, size - 1)
-            i0 = np.floor(src).astype(np.int64)
-            i1 = np.minimum(i0 + 1, size - 1)
-            frac = (src - i0).astype(np.float32)
-        parts += [i0, i1, frac]
+        sampling = resize_axis(op, axis)
+        parts += [sampling.lo, sampling.hi, sampling.frac]
     table = be.constant(np.concatenate([np.asarray(p, dtype=np.float32) for p in parts]))
     be._tables[key] = table
     return table
