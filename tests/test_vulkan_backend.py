@@ -235,6 +235,7 @@ GL_VARIANTS = [
     ("raster", {"NDIM": 3}), ("unary", {"OP": 7}), ("binary", {"OP": 4, "ACT": 3, "NDIM": 2}), ("reduce", {"OP": 1, "WG_PER_ROW": 1, "WG": 64}),
     ("matmul", {"HAS_BIAS": 1, "NT": 256}), ("matmul", {"REGBLOCK": 1, "RM": 4, "RN": 8, "WG": 16, "B_VEC4": 1}),
     ("conv2d", {"NT": 256}), ("conv2d", {"DIRECT_RB": 1, "RM": 8, "RN": 7, "KW": 3, "SW": 1, "DW": 1, "WG": 16}),
+    ("conv2d", {"DIRECT_RB": 1, "RM": 32, "RN": 8, "KW": 1, "SW": 1, "DW": 1, "WG": 8, "X_VEC4": 1, "ACT": 3}),
     ("conv2d", {"DEPTHWISE": 1, "RN": 4, "KW": 3, "SW": 2, "DW": 1}), ("conv_transpose2d", {"HAS_BIAS": 1}),
     ("pool2d", {"COUNT_PAD": 1}), ("softmax", {"LOG": 1, "WG_PER_ROW": 1, "WG": 64}), ("normalize", {"AFFINE": 1}),
     ("resize", {}), ("gather", {}),
@@ -250,3 +251,46 @@ def test_kernel_sources_also_compile_for_opengl(tmp_path):
         path.write_text(preprocess(name, defines, api="gl"))
         result = subprocess.run(["glslangValidator", str(path)], capture_output=True, text=True)
         assert result.returncode == 0, f"{name} {defines}:\n{result.stdout}"
+
+
+def test_simd_conv_blocks_fill_the_lanes():
+    """DIRECT_RB block choice: accumulators bounded (no spills), small maps keep the lanes busy."""
+    rb_blocks = _vk()._rb_blocks
+    for m, oh, ow in [(1024, 1, 49), (512, 1, 196), (64, 56, 56), (8, 5, 5), (1000, 1, 1), (20, 9, 9)]:
+        rm, rn = rb_blocks(m, oh, ow, 8)
+        assert rm % 4 == 0 and rm * rn <= 256 and 1 <= rn <= ow
+    assert rb_blocks(512, 1, 196, 8) == (16, 16)  # big maps: the widest block
+    rm, rn = rb_blocks(1024, 1, 49, 8)  # a 7x7 map as one row: >= 7 of 8 lanes get pixels
+    assert -(-49 // rn) >= 7
+
+
+@pytest.mark.parametrize("shape", [
+    # (in channels, hw, out channels, kernel, stride, groups, activation)
+    (64, 7, 64, 1, 1, 1, ("clip", (0.0, 0.5))),  # RM=32, RN=7 (7x7 pointwise)
+    (40, 9, 36, 3, 1, 1, ("leaky_relu", (0.1,))),  # channel padding, parameterised epilogue
+    (12, 11, 20, 3, 2, 2, None),  # strided, grouped
+])
+def test_simd_direct_conv_matches_cpu(shape):
+    c, hw, oc, k, s, g, act = shape
+    ohw = (hw + 2 * (k // 2) - k) // s + 1
+    op = A.Conv2D(("x", "w", "b"), ("y",), "conv", batch=1, in_channels=c, in_hw=(hw, hw), out_channels=oc,
+                  out_hw=(ohw, ohw), kernel=(k, k), strides=(s, s), pads=(k // 2, k // 2), groups=g, has_bias=True,
+                  activation=act)
+    rng = np.random.default_rng(3)
+    arrays = {"x": rng.standard_normal((1, c, hw, hw)).astype(np.float32),
+              "w": rng.standard_normal((oc, c // g, k, k)).astype(np.float32) * 0.2,
+              "b": rng.standard_normal(oc).astype(np.float32)}
+    outs = []
+    for be in (CpuBackend(threads=1), _backend(kernels="simd")):
+        try:
+            x = be.tensor(be.allocate(4 * (c * hw * hw + oc * ohw * ohw) + 256), 0, arrays["x"].shape)
+            y = be.tensor(x.buffer, -(-x.size // 16) * 16, (1, oc, ohw, ohw))
+            w, b = be.constant(arrays["w"]), be.constant(arrays["b"])
+            exe = be.create_execution(op, [x, w, b], [y])
+            be.write(x, arrays["x"])
+            be.submit(be.record([exe]))
+            outs.append((be.read(y), exe.scheme))
+        finally:
+            be.close()
+    assert outs[1][1] == ("depthwise" if g == c == oc else "direct_regblock")
+    assert rel_l2(outs[1][0], outs[0][0]) < 1e-5

@@ -321,6 +321,9 @@ class VulkanBackend(Backend):
         if kernels == "auto":
             kernels = "simd" if dev.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_CPU else "tiled"
         self.kernels = kernels
+        # SIMD lanes of a CPU device's vector unit (llvmpipe names its width: "..., 256 bits)").
+        bits = re.search(r"(\d+) bits", dev.name)
+        self.simd_lanes = min(16, max(4, int(bits.group(1)) // 32)) if bits else 8
         self._packed: dict[tuple, TensorHandle] = {}
         self._buffers: dict[int, DeviceBuffer] = {}
         self._staging: DeviceBuffer | None = None
@@ -858,6 +861,32 @@ def _packed_conv_weights(be: VulkanBackend, weight: TensorHandle, groups: int, m
     return packed
 
 
+def _rb_blocks(m: int, oh: int, ow: int, lanes: int) -> tuple[int, int]:
+    """(RM output channels, RN pixels of a row) per invocation of DIRECT_RB.
+
+    On lavapipe (Mesa 22.x) every storage-buffer load, uniform address or not, is a scalar loop
+    over the SIMD lanes per component (tens of cycles per value loaded for one SIMD vector), an
+    FMA one instruction: per input channel and tap an
+    invocation loads RM + RN values for RM * RN FMAs, so bigger blocks win until the
+    accumulators spill (RM * RN <= 256 floats measured best), and lanes left idle by too few
+    pixel blocks (small late-stage maps, e.g. 7x7) or padding channels are wasted. Score each
+    candidate by FMAs per load times the fraction of lanes and block elements doing real work.
+    """
+    best = None
+    rms = (16, 32) if m >= 16 else (4 * -(-m // 4),)
+    for rm in rms:
+        for max_rn in (16, 8, 4):
+            if rm * max_rn > 256:
+                continue
+            rn = -(-ow // -(-ow // max_rn))  # <= max_rn pixels, evenly split rows
+            items = oh * -(-ow // rn)
+            used = (items / (-(-items // lanes) * lanes)) * (ow / (-(-ow // rn) * rn)) * (m / (-(-m // rm) * rm))
+            score = used * rm * rn / (rm + rn)
+            if best is None or score > best[0] + 1e-9:
+                best = (score, rm, rn)
+    return best[1], best[2]
+
+
 def _plan_conv2d_direct_rb(be, op: A.Conv2D, ins, outs):
     """Register-blocked direct convolution (conv2d.comp DIRECT_RB) for SIMD CPU devices."""
     n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
@@ -867,14 +896,11 @@ def _plan_conv2d_direct_rb(be, op: A.Conv2D, ins, outs):
     pointwise = (kh, kw) == (1, 1) and (sh, sw) == (1, 1) and (ph, pw) == (0, 0) and (oh, ow) == (h, w)
     if pointwise:  # one row of H*W pixels: no row-boundary waste
         h, w, oh, ow = 1, h * w, 1, oh * ow
-    rm = 16 if m >= 16 else 4 * -(-m // 4)
-    if pointwise:
-        rn = 16
-    else:
-        rn = -(-ow // -(-ow // 16))  # <= 16 pixels, evenly split rows
+    lanes = be.simd_lanes
+    rm, rn = _rb_blocks(m, oh, ow, lanes)
     blocks = -(-m // rm)
     packed = _packed_conv_weights(be, ins[1], g, m, cg * kh * kw, rm)
-    defines: dict = {"DIRECT_RB": 1, "RM": rm, "RN": rn, "KW": kw, "SW": sw, "DW": dw, "WG": 16}
+    defines: dict = {"DIRECT_RB": 1, "RM": rm, "RN": rn, "KW": kw, "SW": sw, "DW": dw, "WG": lanes}
     if op.has_bias:
         defines["HAS_BIAS"] = 1
     b = _Builder(be, "conv2d", defines, 4)
@@ -889,7 +915,7 @@ def _plan_conv2d_direct_rb(be, op: A.Conv2D, ins, outs):
     row_groups = -(-ow // rn)
     b.set(0, m, oh, ow, g, x, wp // 4, bias, o, c, h, w, oc, cg, kh, sh, ph, pw, dh, row_groups, blocks)
     b.activation(22, op.activation)
-    b.groups = (math.ceil(oh * row_groups / 16), blocks, n * g)
+    b.groups = (math.ceil(oh * row_groups / lanes), blocks, n * g)
     _check_grid(be, b.groups)
     return [b], "direct_regblock"
 

@@ -43,18 +43,18 @@ void main() {
     int xb = PI(14) + nc * H * W;
     int wb = PI(15) + c * KH * KW;
     float acc[RN];
-    for (int j = 0; j < RN; ++j) acc[j] = 0.0;
+    UNROLL for (int j = 0; j < RN; ++j) acc[j] = 0.0;
     for (int ky = 0; ky < KH; ++ky) {
         int iy = iy0 + ky * PI(12);
         if (iy < 0 || iy >= H) continue;
         float xs[SEG];
-        for (int s = 0; s < SEG; ++s) {
+        UNROLL for (int s = 0; s < SEG; ++s) {
             int ix = ix0 + s;
             xs[s] = (ix >= 0 && ix < W) ? X[xb + iy * W + ix] : 0.0;
         }
-        for (int kx = 0; kx < KW; ++kx) {
+        UNROLL for (int kx = 0; kx < KW; ++kx) {
             float w = Wt[wb + ky * KW + kx];
-            for (int j = 0; j < RN; ++j) acc[j] += w * xs[j * SW + kx * DW];
+            UNROLL for (int j = 0; j < RN; ++j) acc[j] += w * xs[j * SW + kx * DW];
         }
     }
     float bv = 0.0;
@@ -62,7 +62,7 @@ void main() {
     bv = bias[PI(16) + c];
 #endif
     int ob = PI(17) + (nc * OH + oy) * OW + ox0;
-    for (int j = 0; j < RN; ++j)
+    UNROLL for (int j = 0; j < RN; ++j)
         if (ox0 + j < OW) dst[ob + j] = EPILOGUE(acc[j] + bv);
 }
 #elif defined(DIRECT_RB)
@@ -88,8 +88,8 @@ void main() {
     int ix0 = ox0 * SW - PI(16);
     int iy0 = oy * PI(14) - PI(15);
     vec4 acc[RM4][RN];
-    for (int i = 0; i < RM4; ++i)
-        for (int j = 0; j < RN; ++j) acc[i][j] = vec4(0.0);
+    UNROLL for (int i = 0; i < RM4; ++i)
+        UNROLL for (int j = 0; j < RN; ++j) acc[i][j] = vec4(0.0);
     for (int c = 0; c < CG; ++c) {
         int xc = xb + c * H * W;
         for (int ky = 0; ky < KH; ++ky) {
@@ -97,38 +97,38 @@ void main() {
             bool row = live && iy >= 0 && iy < H;
             float xs[SEG];
 #ifdef X_VEC4
-            for (int s = 0; s < SEG / 4; ++s) {
+            UNROLL for (int s = 0; s < SEG / 4; ++s) {
                 vec4 v = (row && ix0 + 4 * s < W) ? X4[(xc + iy * W + ix0) / 4 + s] : vec4(0.0);
                 xs[4 * s] = v.x; xs[4 * s + 1] = v.y; xs[4 * s + 2] = v.z; xs[4 * s + 3] = v.w;
             }
 #else
-            for (int s = 0; s < SEG; ++s) {
+            UNROLL for (int s = 0; s < SEG; ++s) {
                 int ix = ix0 + s;
                 xs[s] = (row && ix >= 0 && ix < W) ? X[xc + iy * W + ix] : 0.0;
             }
 #endif
-            for (int kx = 0; kx < KW; ++kx) {
+            UNROLL for (int kx = 0; kx < KW; ++kx) {
                 vec4 w[RM4];
-                for (int i = 0; i < RM4; ++i) w[i] = W4[wi + i];
+                UNROLL for (int i = 0; i < RM4; ++i) w[i] = W4[wi + i];
                 wi += RM4;
-                for (int j = 0; j < RN; ++j) {
+                UNROLL for (int j = 0; j < RN; ++j) {
                     float x = xs[j * SW + kx * DW];
-                    for (int i = 0; i < RM4; ++i) acc[i][j] += w[i] * x;
+                    UNROLL for (int i = 0; i < RM4; ++i) acc[i][j] += w[i] * x;
                 }
             }
         }
     }
     if (!live) return;
     int ob = PI(7) + (n * PI(11) + g * M) * OH * OW + oy * OW;
-    for (int i = 0; i < RM4; ++i) {
-        for (int q = 0; q < 4; ++q) {
+    UNROLL for (int i = 0; i < RM4; ++i) {
+        UNROLL for (int q = 0; q < 4; ++q) {
             int m = mb * RM + i * 4 + q;
             if (m >= M) continue;
             float bv = 0.0;
 #ifdef HAS_BIAS
             bv = bias[PI(6) + g * M + m];
 #endif
-            for (int j = 0; j < RN; ++j)
+            UNROLL for (int j = 0; j < RN; ++j)
                 if (ox0 + j < OW) dst[ob + m * OH * OW + ox0 + j] = EPILOGUE(acc[i][j][q] + bv);
         }
     }

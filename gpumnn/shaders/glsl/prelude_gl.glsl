@@ -2,6 +2,9 @@
 #version 430
 #define API_GL 1
 
+// No portable unroll hint in GLSL 4.30: drivers unroll constant-trip loops by their heuristics.
+#define UNROLL
+
 uniform int gpumnn_params[32];
 #define PI(i) gpumnn_params[i]
 #define PF(i) intBitsToFloat(gpumnn_params[i])

@@ -1,6 +1,13 @@
 // Vulkan prelude: API specifics only. Kernel bodies use BUFFER_*, PI/PF and GLOBAL_ID.
 #version 450
 #define API_VULKAN 1
+#extension GL_EXT_control_flow_attributes : enable
+
+// Fully unroll a loop with a compile-time trip count (SPIR-V Unroll loop control, which Mesa's
+// NIR honours): register-blocked kernels index their accumulator arrays with the loop counters,
+// and one loop left rolled (e.g. a long epilogue over the size heuristic) makes the whole array
+// dynamically indexed, i.e. spilled to memory -- 5-10x slower on lavapipe.
+#define UNROLL [[unroll]]
 
 // 32 x 32-bit parameters (128 bytes, the guaranteed push-constant minimum).
 layout(push_constant) uniform PushConstants { int p[32]; } gpumnn_pc;
