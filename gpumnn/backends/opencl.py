@@ -43,7 +43,10 @@ from .sampling import resize_axis
 
 SHADER_DIR = Path(__file__).resolve().parent.parent / "shaders" / "opencl"
 
-#: program family -> the .cl files concatenated (helpers first, after vec.cl) into its source
+#: .cl files at the head of every program (vector macros, index helpers), after the generated header
+PRELUDE: tuple[str, ...] = ("vec.cl", "index.cl")
+
+#: program family -> the .cl files concatenated (helpers first, after PRELUDE) into its source
 FAMILIES: dict[str, tuple[str, ...]] = {
     "elementwise": ("activation.cl", "elementwise.cl"),
     "raster": ("raster.cl",),
@@ -245,7 +248,7 @@ class OpenCLBackend(Backend):
     def _source(self, family: str) -> str:
         if family not in self._sources:
             parts = [self._header]
-            for fname in ("vec.cl",) + FAMILIES[family]:
+            for fname in PRELUDE + FAMILIES[family]:
                 parts.append(f"/* ---- {fname} ---- */\n" + (SHADER_DIR / fname).read_text())
             self._sources[family] = "\n".join(parts)
         return self._sources[family]
@@ -511,9 +514,8 @@ def _make_raster(be: OpenCLBackend, op: A.Raster, ins, outs):
 
 def _make_unary(be, op: A.Unary, ins, outs):
     x, y = ins[0], outs[0]
-    p = list(op.params) + [0.0] * (3 - len(op.params))
-    args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.count), _i(UNARY_IDS[op.op]),
-            _f(p[0]), _f(p[1]), _f(p[2])]
+    args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.count)]
+    args += _activation_args((op.op, op.params))  # op id + params, padded like an activation
     if be.cpu_kernels:
         return [be.vec_launch("elementwise", "unary_vec", args, (-(-op.count // CPU_VEC),))], "vec", ()
     return [be.launch1d("elementwise", "unary_op", args, op.count)], None, ()
@@ -710,9 +712,34 @@ def _make_matmul(be, op: A.MatMul, ins, outs):
     return [ln], scheme, ()
 
 
-def _make_conv2d(be, op: A.Conv2D, ins, outs):
+def _conv_operands(op: A.Conv2D | A.ConvTranspose2D, ins, outs):
+    """(x, w, bias, o); without a bias the output stands in (never read: has_bias is 0)."""
     x, w, o = ins[0], ins[1], outs[0]
-    bias = ins[2] if op.has_bias else o
+    return x, w, (ins[2] if op.has_bias else o), o
+
+
+def _conv_geometry(op: A.Conv2D | A.ConvTranspose2D) -> tuple[int, ...]:
+    """The ``conv`` tuple of ``_gemm_launch``: (H, W, OW, KH, KW, SH, SW, PH, PW, DH, DW)."""
+    (h, wd), (_, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
+    (sh, sw), (ph, pw), (dh, dw) = op.strides, op.pads, op.dilations
+    return (h, wd, ow, kh, kw, sh, sw, ph, pw, dh, dw)
+
+
+def _conv_gemm_args(op: A.Conv2D | A.ConvTranspose2D, x, w, bias, o) -> dict:
+    """GEMM operands of a (transposed) convolution, one batch per (image, group):
+    A = the group's weights [OCg x Cg*KH*KW], B = its input planes, C = its output planes."""
+    n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
+    (h, wd), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
+    cg, ocg = c // g, oc // g
+    K = cg * kh * kw
+    return dict(A_=w.buffer, a_off=w.offset, B_=x.buffer, b_off=x.offset, C_=o.buffer, c_off=o.offset,
+                bias=bias.buffer, bias_off=bias.offset, M=ocg, N=oh * ow, K=K, batch=n * g, G=g,
+                a_s=(0, ocg * K), b_s=(c * h * wd, cg * h * wd), c_s=(oc * oh * ow, ocg * oh * ow),
+                bias_s=(0, ocg), has_bias=op.has_bias, bias_mn=(1, 0), act=op.activation)
+
+
+def _make_conv2d(be, op: A.Conv2D, ins, outs):
+    x, w, bias, o = _conv_operands(op, ins, outs)
     n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
     (h, wd), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
     (sh, sw), (ph, pw), (dh, dw) = op.strides, op.pads, op.dilations
@@ -729,40 +756,25 @@ def _make_conv2d(be, op: A.Conv2D, ins, outs):
                 _i(sh), _i(sw), _i(ph), _i(pw), _i(dh), _i(dw), _i(int(op.has_bias))]
         args += _activation_args(op.activation)
         return [be.launch1d("conv", "conv_depthwise", args, n * c * oh * ow)], "depthwise", ()
-    cg, ocg = c // g, oc // g
-    K = cg * kh * kw
-    common = dict(A_=w.buffer, a_off=w.offset, B_=x.buffer, b_off=x.offset, C_=o.buffer, c_off=o.offset,
-                  bias=bias.buffer, bias_off=bias.offset, M=ocg, N=oh * ow, K=K, batch=n * g, G=g,
-                  a_s=(0, ocg * K), b_s=(c * h * wd, cg * h * wd), c_s=(oc * oh * ow, ocg * oh * ow),
-                  bias_s=(0, ocg), lda=K, has_bias=op.has_bias, bias_mn=(1, 0), act=op.activation)
+    common = _conv_gemm_args(op, x, w, bias, o)
     pointwise = (kh, kw) == (1, 1) and (ph, pw) == (0, 0) and (sh, sw) == (1, 1) and (oh, ow) == (h, wd)
     if be.cpu_kernels:
         if pointwise:
-            common.pop("lda")
-            return [_gemm_vn_launch(be, am=cg, ak=1, ldb=h * wd, **common)], "gemm1x1", ()
+            return [_gemm_vn_launch(be, am=c // g, ak=1, ldb=h * wd, **common)], "gemm1x1", ()
         return _conv_voc(be, op, x, w, bias, o)
+    lda = common["K"]
     if pointwise:
-        return [_gemm_launch(be, "gemm_dense", ldb=h * wd, **common)], "gemm1x1", ()
-    ln = _gemm_launch(be, "gemm_conv", conv=(h, wd, ow, kh, kw, sh, sw, ph, pw, dh, dw), **common)
+        return [_gemm_launch(be, "gemm_dense", lda=lda, ldb=h * wd, **common)], "gemm1x1", ()
+    ln = _gemm_launch(be, "gemm_conv", lda=lda, conv=_conv_geometry(op), **common)
     return [ln], "im2col", ()
 
 
 def _make_conv_transpose2d(be, op: A.ConvTranspose2D, ins, outs):
-    x, w, o = ins[0], ins[1], outs[0]
-    bias = ins[2] if op.has_bias else o
-    n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
-    (h, wd), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
-    (sh, sw), (ph, pw), (dh, dw) = op.strides, op.pads, op.dilations
-    cg, ocg = c // g, oc // g
+    x, w, bias, o = _conv_operands(op, ins, outs)
     if be.cpu_kernels:
         launches, scheme, keep = _conv_voc(be, op, x, w, bias, o)
         return launches, scheme.replace("direct", "gather"), keep
-    ln = _gemm_launch(be, "gemm_deconv", A_=w.buffer, a_off=w.offset, B_=x.buffer, b_off=x.offset,
-                      C_=o.buffer, c_off=o.offset, bias=bias.buffer, bias_off=bias.offset,
-                      M=ocg, N=oh * ow, K=cg * kh * kw, batch=n * g, G=g,
-                      a_s=(0, cg * ocg * kh * kw), b_s=(c * h * wd, cg * h * wd),
-                      c_s=(oc * oh * ow, ocg * oh * ow), bias_s=(0, ocg), has_bias=op.has_bias,
-                      bias_mn=(1, 0), act=op.activation, conv=(h, wd, ow, kh, kw, sh, sw, ph, pw, dh, dw))
+    ln = _gemm_launch(be, "gemm_deconv", conv=_conv_geometry(op), **_conv_gemm_args(op, x, w, bias, o))
     return [ln], "gather-gemm", ()
 
 

@@ -13,10 +13,8 @@ __kernel void conv_depthwise(__global const float* x, const int x_off,
 {
     const int gid = get_global_id(0);
     if (gid >= planes * OH * OW) return;
-    const int ox = gid % OW;
-    const int t = gid / OW;
-    const int oy = t % OH;
-    const int pl = t / OH;
+    int pl, oy, ox;
+    split3(gid, OH, OW, &pl, &oy, &ox);
     const int c = pl % C;
     __global const float* p = x + x_off + pl * H * W;
     __global const float* wc = w + w_off + c * KH * KW;

@@ -19,11 +19,8 @@ __kernel void binary_op(__global const float* a, const int a_off,
 {
     const int i = get_global_id(0);
     if (i >= n) return;
-    int t = i;
-    const int i3 = t % d3; t /= d3;
-    const int i2 = t % d2; t /= d2;
-    const int i1 = t % d1;
-    const int i0 = t / d1;
+    int i0, i1, i2, i3;
+    split4(i, d1, d2, d3, &i0, &i1, &i2, &i3);
     const float va = a[a_off + i0 * as0 + i1 * as1 + i2 * as2 + i3 * as3];
     const float vb = b[b_off + i0 * bs0 + i1 * bs1 + i2 * bs2 + i3 * bs3];
     out[o_off + i] = apply_unary(act, apply_binary(op, va, vb), p0, p1, p2);

@@ -8,10 +8,8 @@ __kernel void gather(__global const float* data, const int d_off, __global const
 {
     const int gid = get_global_id(0);
     if (gid >= outer * count * inner) return;
-    const int i = gid % inner;
-    const int t = gid / inner;
-    const int j = t % count;
-    const int o = t / count;
+    int o, j, i;
+    split3(gid, count, inner, &o, &j, &i);
     int k = (int)idx[i_off + j];   /* truncation toward zero, like astype(int64) */
     if (k < 0) k += axis;
     k = clamp(k, 0, axis - 1);

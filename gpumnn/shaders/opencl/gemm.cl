@@ -53,6 +53,13 @@
     c_s1, c_s0, bias_s1, bias_s0, lda, ldb, trans_a, trans_b, has_bias, bias_sm, bias_sn, \
     alpha, beta, act, p0, p1, p2, H, W, OW, KH, KW, SH, SW, PH, PW, DH, DW
 
+/* Element e of a T x TK operand tile -> (row x, depth kk): e walks the tile k-major
+ * ([TK][T], ``kmajor``) or row-major ([T][TK]), whichever matches the operand's memory order. */
+inline void tile_split(const int e, const int kmajor, const int T, int* x, int* kk)
+{
+    if (kmajor) { *kk = e / T; *x = e - *kk * T; } else { *x = e / TK; *kk = e - *x * TK; }
+}
+
 inline void gemm_body(const int mode, __local float* As, __local float* Bs, GEMM_ARGS)
 {
     const int tx = get_local_id(0), ty = get_local_id(1);
@@ -74,7 +81,7 @@ inline void gemm_body(const int mode, __local float* As, __local float* Bs, GEMM
         /* ---- stage A(m0.., k0..) as As[kk][mm] ---- */
         for (int e = tid; e < TM * TK; e += NT) {
             int mm, kk;
-            if (tA) { kk = e / TM; mm = e - kk * TM; } else { mm = e / TK; kk = e - mm * TK; }
+            tile_split(e, tA, TM, &mm, &kk);
             const int m = m0 + mm, k = k0 + kk;
             float v = 0.0f;
             if (m < M && k < K) {
@@ -90,7 +97,7 @@ inline void gemm_body(const int mode, __local float* As, __local float* Bs, GEMM
         /* ---- stage B(k0.., n0..) as Bs[kk][nn] ---- */
         for (int e = tid; e < TN * TK; e += NT) {
             int nn, kk;
-            if (tB) { nn = e / TK; kk = e - nn * TK; } else { kk = e / TN; nn = e - kk * TN; }
+            tile_split(e, !tB, TN, &nn, &kk);
             const int n = n0 + nn, k = k0 + kk;
             float v = 0.0f;
             if (n < N && k < K) {

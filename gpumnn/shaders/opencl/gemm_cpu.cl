@@ -128,18 +128,24 @@ __kernel void relayout_oc(__global const float* w, const int w_off, __global flo
     wr[gid] = v;
 }
 
-/* Direct Conv2D, vectorised over VEC output channels: a work-item computes RB adjacent output
- * pixels of one row (ox0.., oy) x VEC channels; input pixels are scalar loads broadcast to the
- * vector, weights one vector load per tap (re-laid out by relayout_oc).
- * Global: (ceil(OW/RB), OH, N * G * ceil(OCg/VEC)). */
-__kernel void conv_voc(__global const float* x, const int x_off,
-                       __global const float* wr,
-                       __global const float* bias, const int bias_off,
-                       __global float* y, const int y_off,
-                       const int C, const int H, const int W, const int OC, const int OH, const int OW,
-                       const int G, const int KH, const int KW, const int SH, const int SW,
-                       const int PH, const int PW, const int DH, const int DW, const int has_bias,
-                       const int act, const float p0, const float p1, const float p2)
+/* Conv2D / ConvTranspose2D vectorised over VEC output channels (weights re-laid out by
+ * relayout_oc): a work-item computes RB adjacent output pixels of one row (ox0.., oy) x VEC
+ * channels; input pixels are scalar loads broadcast to the vector, weights one vector load per
+ * tap. Global: (ceil(OW/RB), OH, N * G * ceil(OCg/VEC)). */
+#define CONV_VOC_ARGS \
+    __global const float* x, const int x_off, __global const float* wr, \
+    __global const float* bias, const int bias_off, __global float* y, const int y_off, \
+    const int C, const int H, const int W, const int OC, const int OH, const int OW, \
+    const int G, const int KH, const int KW, const int SH, const int SW, \
+    const int PH, const int PW, const int DH, const int DW, const int has_bias, \
+    const int act, const float p0, const float p1, const float p2
+
+#define CONV_VOC_PASS \
+    x, x_off, wr, bias, bias_off, y, y_off, C, H, W, OC, OH, OW, G, KH, KW, SH, SW, \
+    PH, PW, DH, DW, has_bias, act, p0, p1, p2
+
+/* ``transposed`` is a literal in each kernel, so the compiler folds the tap-loop choice. */
+inline void conv_voc_body(const int transposed, CONV_VOC_ARGS)
 {
     const int ox0 = get_global_id(0) * RB, oy = get_global_id(1);
     if (ox0 >= OW || oy >= OH) return;
@@ -152,36 +158,63 @@ __kernel void conv_voc(__global const float* x, const int x_off,
     const int KT = cg * KH * KW;
     __global const float* xb = x + x_off + (n * C + g * cg) * H * W;
     __global const float* wb = wr + (g * OB + ob) * KT * VEC;
-    const int iy0 = oy * SH - PH, ix0 = ox0 * SW - PW;
-    const int interior = ix0 >= 0 && ix0 + (RB - 1) * SW + (KW - 1) * DW < W;
 
     VT acc[RB];
     for (int p = 0; p < RB; ++p) acc[p] = (VT)(0.0f);
 
-    for (int c = 0; c < cg; ++c) {
-        __global const float* xc = xb + c * H * W;
-        for (int i = 0; i < KH; ++i) {
-            const int iy = iy0 + i * DH;
-            if (iy < 0 || iy >= H) continue;
-            __global const float* row = xc + iy * W + ix0;
-            __global const float* wt = wb + ((c * KH + i) * KW) * VEC;
-            if (interior) {
-                for (int j = 0; j < KW; ++j) {
-                    const VT wv = VLOAD(j, wt);
-                    for (int p = 0; p < RB; ++p) acc[p] = mad((VT)(row[p * SW + j * DW]), wv, acc[p]);
-                }
-            } else {
-                for (int j = 0; j < KW; ++j) {
-                    const VT wv = VLOAD(j, wt);
-                    for (int p = 0; p < RB; ++p) {
-                        const int ix = ix0 + p * SW + j * DW;
-                        const float v = (ix >= 0 && ix < W) ? row[p * SW + j * DW] : 0.0f;
-                        acc[p] = mad((VT)(v), wv, acc[p]);
+    if (!transposed) {
+        /* direct: out(oy, ox) sums x(oy*SH - PH + i*DH, ox*SW - PW + j*DW) * w(i, j) */
+        const int iy0 = oy * SH - PH, ix0 = ox0 * SW - PW;
+        const int interior = ix0 >= 0 && ix0 + (RB - 1) * SW + (KW - 1) * DW < W;
+        for (int c = 0; c < cg; ++c) {
+            __global const float* xc = xb + c * H * W;
+            for (int i = 0; i < KH; ++i) {
+                const int iy = iy0 + i * DH;
+                if (iy < 0 || iy >= H) continue;
+                __global const float* row = xc + iy * W + ix0;
+                __global const float* wt = wb + ((c * KH + i) * KW) * VEC;
+                if (interior) {
+                    for (int j = 0; j < KW; ++j) {
+                        const VT wv = VLOAD(j, wt);
+                        for (int p = 0; p < RB; ++p) acc[p] = mad((VT)(row[p * SW + j * DW]), wv, acc[p]);
+                    }
+                } else {
+                    for (int j = 0; j < KW; ++j) {
+                        const VT wv = VLOAD(j, wt);
+                        for (int p = 0; p < RB; ++p) {
+                            const int ix = ix0 + p * SW + j * DW;
+                            const float v = (ix >= 0 && ix < W) ? row[p * SW + j * DW] : 0.0f;
+                            acc[p] = mad((VT)(v), wv, acc[p]);
+                        }
                     }
                 }
             }
         }
+    } else {
+        /* gather: out(oy, ox) sums x(iy, ix) * w(i, j) over the taps with oy = iy*SH - PH + i*DH
+         * (and likewise for x) */
+        for (int i = 0; i < KH; ++i) {
+            const int ty = oy + PH - i * DH;
+            if (ty < 0) continue;
+            const int iy = ty / SH;
+            if (iy * SH != ty || iy >= H) continue;
+            for (int j = 0; j < KW; ++j) {
+                int src[RB];   /* input column of each pixel for this tap, -1 when none */
+                for (int p = 0; p < RB; ++p) {
+                    const int tx = ox0 + p + PW - j * DW;
+                    const int ix = tx >= 0 ? tx / SW : -1;
+                    src[p] = (tx >= 0 && ix * SW == tx && ix < W) ? iy * W + ix : -1;
+                }
+                for (int c = 0; c < cg; ++c) {
+                    const VT wv = VLOAD(0, wb + ((c * KH + i) * KW + j) * VEC);
+                    __global const float* xc = xb + c * H * W;
+                    for (int p = 0; p < RB; ++p)
+                        if (src[p] >= 0) acc[p] = mad((VT)(xc[src[p]]), wv, acc[p]);
+                }
+            }
+        }
     }
+
     const int oc0 = g * ocg + ob * VEC;
     const int chans = min(VEC, ocg - ob * VEC);
     __global float* yb = y + y_off + (n * OC + oc0) * OH * OW + oy * OW + ox0;
@@ -190,6 +223,17 @@ __kernel void conv_voc(__global const float* x, const int x_off,
         store_vec(acc[p], yb + p, OH * OW, chans, bias + bias_off + oc0, 1, has_bias, 1.0f, 1.0f,
                   act, p0, p1, p2);
     }
+}
+
+__kernel void conv_voc(CONV_VOC_ARGS)
+{
+    conv_voc_body(0, CONV_VOC_PASS);
+}
+
+/* ConvTranspose2D (relayout_oc with transposed = 1). */
+__kernel void deconv_voc(CONV_VOC_ARGS)
+{
+    conv_voc_body(1, CONV_VOC_PASS);
 }
 
 /* Depthwise Conv2D (groups == C == OC), vectorised along the output row: a work-item computes
@@ -241,61 +285,4 @@ __kernel void dw_vec(__global const float* x, const int x_off,
     }
     store_vec(acc, y + y_off + (pl * OH + oy) * OW + ox0, 1, min(VEC, OW - ox0), bias + bias_off + c, 0,
               has_bias, 1.0f, 1.0f, act, p0, p1, p2);
-}
-
-/* ConvTranspose2D as a gather, vectorised over VEC output channels (weights re-laid out by
- * relayout_oc with transposed = 1): out(oy, ox) sums x(iy, ix) * w(i, j) over the taps with
- * oy = iy*SH - PH + i*DH (and likewise for x). A work-item computes RB adjacent output pixels.
- * Global: (ceil(OW/RB), OH, N * G * ceil(OCg/VEC)). */
-__kernel void deconv_voc(__global const float* x, const int x_off,
-                         __global const float* wr,
-                         __global const float* bias, const int bias_off,
-                         __global float* y, const int y_off,
-                         const int C, const int H, const int W, const int OC, const int OH, const int OW,
-                         const int G, const int KH, const int KW, const int SH, const int SW,
-                         const int PH, const int PW, const int DH, const int DW, const int has_bias,
-                         const int act, const float p0, const float p1, const float p2)
-{
-    const int ox0 = get_global_id(0) * RB, oy = get_global_id(1);
-    if (ox0 >= OW || oy >= OH) return;
-    const int cg = C / G, ocg = OC / G;
-    const int OB = (ocg + VEC - 1) / VEC;
-    int z = get_global_id(2);
-    const int ob = z % OB; z /= OB;
-    const int g = z % G;
-    const int n = z / G;
-    const int KT = cg * KH * KW;
-    __global const float* xb = x + x_off + (n * C + g * cg) * H * W;
-    __global const float* wb = wr + (g * OB + ob) * KT * VEC;
-
-    VT acc[RB];
-    for (int p = 0; p < RB; ++p) acc[p] = (VT)(0.0f);
-    for (int i = 0; i < KH; ++i) {
-        const int ty = oy + PH - i * DH;
-        if (ty < 0) continue;
-        const int iy = ty / SH;
-        if (iy * SH != ty || iy >= H) continue;
-        for (int j = 0; j < KW; ++j) {
-            int src[RB];   /* input column of each pixel for this tap, -1 when none */
-            for (int p = 0; p < RB; ++p) {
-                const int tx = ox0 + p + PW - j * DW;
-                const int ix = tx >= 0 ? tx / SW : -1;
-                src[p] = (tx >= 0 && ix * SW == tx && ix < W) ? iy * W + ix : -1;
-            }
-            for (int c = 0; c < cg; ++c) {
-                const VT wv = VLOAD(0, wb + ((c * KH + i) * KW + j) * VEC);
-                __global const float* xc = xb + c * H * W;
-                for (int p = 0; p < RB; ++p)
-                    if (src[p] >= 0) acc[p] = mad((VT)(xc[src[p]]), wv, acc[p]);
-            }
-        }
-    }
-    const int oc0 = g * ocg + ob * VEC;
-    const int chans = min(VEC, ocg - ob * VEC);
-    __global float* yb = y + y_off + (n * OC + oc0) * OH * OW + oy * OW + ox0;
-    for (int p = 0; p < RB; ++p) {
-        if (ox0 + p >= OW) break;
-        store_vec(acc[p], yb + p, OH * OW, chans, bias + bias_off + oc0, 1, has_bias, 1.0f, 1.0f,
-                  act, p0, p1, p2);
-    }
 }

@@ -13,10 +13,8 @@ __kernel void pool2d(__global const float* x, const int x_off, __global float* y
 {
     const int gid = get_global_id(0);
     if (gid >= planes * OH * OW) return;
-    const int ox = gid % OW;
-    const int t = gid / OW;
-    const int oy = t % OH;
-    const int pl = t / OH;
+    int pl, oy, ox;
+    split3(gid, OH, OW, &pl, &oy, &ox);
     const int y0 = oy * SH - PT, x0 = ox * SW - PL;
     const int ys = max(y0, 0), ye = min(y0 + KH, H);
     const int xs = max(x0, 0), xe = min(x0 + KW, W);

@@ -14,11 +14,8 @@ __kernel void raster_copy(__global const float* src, const int s_off,
 {
     const int i = get_global_id(0);
     if (i >= n) return;
-    int t = i;
-    const int i3 = t % n3; t /= n3;
-    const int i2 = t % n2; t /= n2;
-    const int i1 = t % n1;
-    const int i0 = t / n1;
+    int i0, i1, i2, i3;
+    split4(i, n1, n2, n3, &i0, &i1, &i2, &i3);
     dst[d_off + i0 * ds0 + i1 * ds1 + i2 * ds2 + i3 * ds3] =
         src[s_off + i0 * ss0 + i1 * ss1 + i2 * ss2 + i3 * ss3];
 }

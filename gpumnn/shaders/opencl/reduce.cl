@@ -107,11 +107,25 @@ __kernel void softmax_rows(__global const float* x, const int x_off, __global fl
     }
 }
 
-/* (x - mean) / sqrt(var + eps) [* scale + shift] per row of length size. */
-__kernel void normalize_rows(__global const float* x, const int x_off, __global float* y, const int y_off,
-                             __global const float* scale, const int scale_off,
-                             __global const float* shift, const int shift_off,
-                             const int size, const float eps, const int has_affine)
+/* Normalize: (x - mean) / sqrt(var + eps) [* scale + shift] per row of length size. */
+#define NORM_IO_ARGS \
+    __global const float* x, const int x_off, __global float* y, const int y_off, \
+    __global const float* scale, const int scale_off, __global const float* shift, const int shift_off
+
+/* The output of one row: q[s] = (p[s] - mean) * inv [* scale[s] + shift[s]] for s = s0,
+ * s0 + step, .. < size. */
+inline void normalize_span(__global const float* p, __global float* q, const int s0, const int step,
+                           const int size, const float mean, const float inv, const int has_affine,
+                           __global const float* scale, __global const float* shift)
+{
+    for (int s = s0; s < size; s += step) {
+        float v = (p[s] - mean) * inv;
+        if (has_affine) v = v * scale[s] + shift[s];
+        q[s] = v;
+    }
+}
+
+__kernel void normalize_rows(NORM_IO_ARGS, const int size, const float eps, const int has_affine)
 {
     __local float scratch[RWG];
     const int row = get_group_id(0), lid = get_local_id(0);
@@ -124,18 +138,11 @@ __kernel void normalize_rows(__global const float* x, const int x_off, __global 
     for (int s = lid; s < size; s += RWG) { const float d = p[s] - mean; sq += d * d; }
     const float var = group_reduce(scratch, lid, sq, ROP_SUM) / (float)size;
     const float inv = 1.0f / sqrt(var + eps);
-    for (int s = lid; s < size; s += RWG) {
-        float v = (p[s] - mean) * inv;
-        if (has_affine) v = v * scale[scale_off + s] + shift[shift_off + s];
-        q[s] = v;
-    }
+    normalize_span(p, q, lid, RWG, size, mean, inv, has_affine, scale + scale_off, shift + shift_off);
 }
 
 /* Short rows: one work-item per row. */
-__kernel void normalize_item(__global const float* x, const int x_off, __global float* y, const int y_off,
-                             __global const float* scale, const int scale_off,
-                             __global const float* shift, const int shift_off,
-                             const int outer, const int size, const float eps, const int has_affine)
+__kernel void normalize_item(NORM_IO_ARGS, const int outer, const int size, const float eps, const int has_affine)
 {
     const int row = get_global_id(0);
     if (row >= outer) return;
@@ -147,11 +154,7 @@ __kernel void normalize_item(__global const float* x, const int x_off, __global 
     float sq = 0.0f;
     for (int s = 0; s < size; ++s) { const float d = p[s] - mean; sq += d * d; }
     const float inv = 1.0f / sqrt(sq / (float)size + eps);
-    for (int s = 0; s < size; ++s) {
-        float v = (p[s] - mean) * inv;
-        if (has_affine) v = v * scale[scale_off + s] + shift[shift_off + s];
-        q[s] = v;
-    }
+    normalize_span(p, q, 0, 1, size, mean, inv, has_affine, scale + scale_off, shift + shift_off);
 }
 
 #ifdef VEC
@@ -275,10 +278,8 @@ __kernel void softmax_cols_vec(__global const float* x, const int x_off, __globa
     }
 }
 
-__kernel void normalize_rows_vec(__global const float* x, const int x_off, __global float* y, const int y_off,
-                                 __global const float* scale, const int scale_off,
-                                 __global const float* shift, const int shift_off,
-                                 const int outer, const int size, const float eps, const int has_affine)
+__kernel void normalize_rows_vec(NORM_IO_ARGS, const int outer, const int size, const float eps,
+                                 const int has_affine)
 {
     const int row = get_global_id(0);
     if (row >= outer) return;
@@ -296,10 +297,6 @@ __kernel void normalize_rows_vec(__global const float* x, const int x_off, __glo
         if (has_affine) v = mad(v, VLOAD(0, scale + scale_off + s), VLOAD(0, shift + shift_off + s));
         VSTORE(v, 0, q + s);
     }
-    for (int s = sv; s < size; ++s) {
-        float v = (p[s] - mean) * inv;
-        if (has_affine) v = v * scale[scale_off + s] + shift[shift_off + s];
-        q[s] = v;
-    }
+    normalize_span(p, q, sv, 1, size, mean, inv, has_affine, scale + scale_off, shift + shift_off);
 }
 #endif

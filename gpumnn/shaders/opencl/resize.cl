@@ -4,30 +4,26 @@
  * Table layout (float32): nearest: [ih(OH) | iw(OW)];
  * linear: [h0(OH) | h1(OH) | fh(OH) | w0(OW) | w1(OW) | fw(OW)]. */
 
-__kernel void resize_nearest(__global const float* x, const int x_off, __global float* y, const int y_off,
-                             __global const float* table, const int planes,
-                             const int H, const int W, const int OH, const int OW)
+#define RESIZE_ARGS \
+    __global const float* x, const int x_off, __global float* y, const int y_off, \
+    __global const float* table, const int planes, const int H, const int W, const int OH, const int OW
+
+__kernel void resize_nearest(RESIZE_ARGS)
 {
     const int gid = get_global_id(0);
     if (gid >= planes * OH * OW) return;
-    const int ox = gid % OW;
-    const int t = gid / OW;
-    const int oy = t % OH;
-    const int pl = t / OH;
+    int pl, oy, ox;
+    split3(gid, OH, OW, &pl, &oy, &ox);
     const int iy = (int)table[oy], ix = (int)table[OH + ox];
     y[y_off + gid] = x[x_off + (pl * H + iy) * W + ix];
 }
 
-__kernel void resize_linear(__global const float* x, const int x_off, __global float* y, const int y_off,
-                            __global const float* table, const int planes,
-                            const int H, const int W, const int OH, const int OW)
+__kernel void resize_linear(RESIZE_ARGS)
 {
     const int gid = get_global_id(0);
     if (gid >= planes * OH * OW) return;
-    const int ox = gid % OW;
-    const int t = gid / OW;
-    const int oy = t % OH;
-    const int pl = t / OH;
+    int pl, oy, ox;
+    split3(gid, OH, OW, &pl, &oy, &ox);
     const int h0 = (int)table[oy], h1 = (int)table[OH + oy];
     const float fh = table[2 * OH + oy];
     __global const float* tw = table + 3 * OH;

@@ -1,0 +1,23 @@
+/* Index helpers shared by every program (included after vec.cl). Inline and branch-free, so a
+ * CPU OpenCL compiler still vectorises the kernels that use them across work-items. */
+
+/* Split a row-major flat index over [*, D1, D2] into (i0, i1, i2): e.g. gid over
+ * [planes, OH, OW] -> (plane, oy, ox). */
+inline void split3(const int gid, const int D1, const int D2, int* i0, int* i1, int* i2)
+{
+    *i2 = gid % D2;
+    const int t = gid / D2;
+    *i1 = t % D1;
+    *i0 = t / D1;
+}
+
+/* Split a row-major flat index over [*, D1, D2, D3] into (i0, i1, i2, i3). */
+inline void split4(const int gid, const int D1, const int D2, const int D3,
+                   int* i0, int* i1, int* i2, int* i3)
+{
+    int t = gid;
+    *i3 = t % D3; t /= D3;
+    *i2 = t % D2; t /= D2;
+    *i1 = t % D1;
+    *i0 = t / D1;
+}
