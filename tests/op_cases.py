@@ -185,6 +185,15 @@ def _cases() -> list[OpCase]:
                     attrs={"mode": "linear", "coordinate_transformation_mode": "align_corners"}))
     c.append(OpCase("Resize-linear-pytorch", "Resize", {"x": (1, 1, 5, 5)}, {"roi": np.zeros(0, np.float32), "sc": np.array([1, 1, 0.6, 0.6], np.float32)},
                     attrs={"mode": "linear", "coordinate_transformation_mode": "pytorch_half_pixel"}))
+    # -- the same ops in older and newer opsets (attributes that became inputs, and back)
+    c.append(OpCase("Squeeze-opset11", "Squeeze", {"x": (2, 1, 3)}, attrs={"axes": [1]}, opset=11))
+    c.append(OpCase("Unsqueeze-opset11", "Unsqueeze", {"x": (2, 3)}, attrs={"axes": [-1, 0]}, opset=11))
+    c.append(OpCase("Split-opset11-attr", "Split", {"x": (2, 7)}, attrs={"axis": 1, "split": [3, 4]}, outputs=2, opset=11))
+    c.append(OpCase("Split-opset18-num-outputs", "Split", {"x": (2, 7)}, attrs={"axis": 1, "num_outputs": 3}, outputs=3, opset=18))
+    c.append(OpCase("ReduceSum-opset11-attr", "ReduceSum", {"x": (2, 3, 4)}, attrs={"axes": [1]}, opset=11))
+    c.append(OpCase("Resize-opset11-nearest", "Resize", {"x": (1, 2, 3, 3)},
+                    {"roi": np.zeros(0, np.float32), "sc": np.array([1, 1, 2, 3], np.float32)}, attrs={"mode": "nearest"}, opset=11))
+    c.append(OpCase("Relu-opset21", "Relu", {"x": X4}, opset=21))
     c.append(OpCase("Cast-to-float", "Cast", {"x": (3, 4)}, attrs={"to": TensorProto.FLOAT}))
     c.append(OpCase("Identity", "Identity", {"x": (3, 4)}))
     return c

@@ -17,7 +17,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from .. import atomic as A
 from .base import Backend, BackendInfo, Execution, TensorHandle
-from .numpy_math import binary_function, unary_function
+from .cpu_math import binary_function, unary_function
 from .sampling import resize_axis
 
 _CPU_DEFAULT_FLOPS = 2e9  # paper Appendix C fallback when frequencies are unknown

@@ -29,7 +29,7 @@
 #define U_SIGN 23
 #define U_AFFINE_POW 24
 
-// erf by Abramowitz & Stegun 7.1.26 (the same formula as gpumnn.backends.numpy_math.erf).
+// erf by Abramowitz & Stegun 7.1.26 (the same formula as gpumnn.backends.cpu_math.erf).
 float erf_as(float x) {
     float ax = abs(x);
     float t = 1.0 / (1.0 + 0.3275911 * ax);
