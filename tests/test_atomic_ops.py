@@ -25,7 +25,7 @@ GPU_BACKENDS = [name for name in available_backends() if name != "cpu"]
 if GPU_BACKENDS:
     # OpenCL and Vulkan pick a kernel family by device type (vectorised on CPUs, tiled on GPUs):
     # run both families on whatever device is here.
-    KERNEL_FAMILIES = ("opencl", "vulkan")
+    KERNEL_FAMILIES = ("opencl", "vulkan", "gl")
     BACKEND_PARAMS = [p for name in GPU_BACKENDS
                       for p in ([f"{name}:kernels=gpu", f"{name}:kernels=cpu"] if name in KERNEL_FAMILIES else [name])]
 else:

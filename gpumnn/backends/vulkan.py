@@ -12,6 +12,9 @@ Design
   minStorageBufferOffsetAlignment) and receives element offsets relative to that range, sizes
   and strides as 32 x int32 push constants (128 bytes). Descriptor sets are written once per
   distinct set of ranges and cached.
+* Planning: what to dispatch per atomic op (kernel variant, bound element ranges, parameters,
+  grid, barrier placement) is API-neutral and shared with the OpenGL backend
+  (``gpumnn.backends.glsl_plans``); this module turns those plans into Vulkan objects.
 * Kernels: one GLSL file per atomic-op family in ``gpumnn/shaders/glsl`` (API-neutral bodies,
   see ``gpumnn.shaders.compile``); per-op choices (op id, activation, tile sizes, bias) are
   ``#define`` variants, each compiled once and cached (memory + disk) and turned into one
@@ -26,20 +29,20 @@ Design
 """
 from __future__ import annotations
 
-import math
 import os
 import re
 import weakref
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from .. import atomic as A
-from ..strides import contiguous_strides, merge_dims
 from ..errors import BackendUnavailableError
 from .base import Backend, BackendInfo, Execution, TensorHandle
 from .cpu import host_cpu_flops
-from .sampling import resize_axis
+# The API-neutral half (what to dispatch per atomic op) is shared with the OpenGL backend.
+from .glsl_plans import (PLANNERS as _PLANNERS, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
+                         DispatchExecution, Hazards as _Hazards, PlanError, _rb_blocks, check_shader_op_ids, window)
 
 try:
     import vulkan as vk  # ModuleNotFoundError propagates: the registry says "pip install"
@@ -50,32 +53,12 @@ else:
     _VK_IMPORT_ERROR = None
     from .vulkan_device import DeviceBuffer, DescriptorAllocator, VulkanDevice, VulkanError
 
-from ..shaders.compile import GLSL_DIR, ShaderCompilerNotFound, compile_glsl, find_compiler
+from ..shaders.compile import ShaderCompilerNotFound, compile_glsl, find_compiler
 
 PUSH_BYTES = 128
-UNARY_IDS, BINARY_IDS, REDUCE_IDS = A.UNARY_IDS, A.BINARY_IDS, A.REDUCE_IDS
 _SMALL_CONSTANT = 64 * 1024  # constants up to this size share arena chunks
 _ARENA_CHUNK = 4 * 1024 * 1024
 _GPU_DEFAULT_FLOPS = 4e9  # paper Appendix C fallback for an unknown GPU
-
-
-def _shader_ids(path: str, prefix: str) -> dict[str, int]:
-    text = (GLSL_DIR / path).read_text()
-    return {m.group(1).lower(): int(m.group(2)) for m in re.finditer(rf"#define {prefix}_(\w+) (\d+)", text)}
-
-
-def check_shader_op_ids() -> None:
-    """The GLSL op ids must follow gpumnn.atomic's orders (one source of truth each side)."""
-    if _shader_ids("activation.glsl", "U") != UNARY_IDS:
-        raise RuntimeError("gpumnn/shaders/glsl/activation.glsl op ids do not match atomic.UNARY_OPS")
-    if _shader_ids("binary.comp", "B") != BINARY_IDS:
-        raise RuntimeError("gpumnn/shaders/glsl/binary.comp op ids do not match atomic.BINARY_OPS")
-
-
-class _Binding(NamedTuple):
-    buf: Any  # DeviceBuffer
-    base: int  # byte offset of the bound window
-    range: int  # bytes bound
 
 
 class _Pipeline:
@@ -100,48 +83,6 @@ class _Dispatch:
         self.dset = None
 
 
-def _overlaps(ranges, others) -> bool:
-    for b, lo, hi in ranges:
-        for b2, lo2, hi2 in others:
-            if b == b2 and lo < hi2 and lo2 < hi:
-                return True
-    return False
-
-
-class _Hazards:
-    """Byte ranges written / read since the last barrier, to place barriers only where needed."""
-
-    def __init__(self):
-        self.written: list = []
-        self.read: list = []
-
-    MAX_PENDING = 64  # beyond this a barrier is cheaper than checking (keeps recording linear)
-
-    def needs_barrier(self, d: _Dispatch) -> bool:
-        if not self.written and not self.read:
-            return False
-        if len(self.written) + len(self.read) > self.MAX_PENDING:
-            return True
-        return (_overlaps(d.reads, self.written) or _overlaps(d.writes, self.written)
-                or _overlaps(d.writes, self.read))
-
-    def add(self, d: _Dispatch) -> None:
-        self.written.extend(d.writes)
-        self.read.extend(d.reads)
-
-    def clear(self) -> None:
-        self.written.clear()
-        self.read.clear()
-
-
-class VulkanExecution(Execution):
-    """An atomic op as a list of prepared dispatches (most ops: one)."""
-
-    def __init__(self, op, inputs, outputs, dispatches: list[_Dispatch], scheme: str | None):
-        super().__init__(op, inputs, outputs, scheme)
-        self.dispatches = dispatches
-
-
 class VulkanRecording:
     """A recorded primary command buffer; freed by the backend once this object is dropped."""
 
@@ -158,123 +99,6 @@ class VulkanRecording:
         backend = self._backend()
         if backend is not None and not backend._closed:
             backend._garbage_cmds.append(self.cmd)
-
-
-def _pad4(values: Sequence[int], fill: int) -> tuple[int, ...]:
-    values = tuple(int(v) for v in values)
-    if len(values) > 4:
-        raise ValueError(f"strided description of rank {len(values)} > 4")
-    return (fill,) * (4 - len(values)) + values
-
-
-def _extent(offset: int, size: Sequence[int], strides: Sequence[int]) -> tuple[int, int]:
-    """[lo, hi) element range touched by a strided view (strides may be zero or negative)."""
-    lo = hi = offset
-    for s, st in zip(size, strides):
-        if s <= 0:
-            return offset, offset
-        if st < 0:
-            lo += (s - 1) * st
-        else:
-            hi += (s - 1) * st
-    return lo, hi + 1
-
-
-def _collapse(shape: Sequence[int], *strides: Sequence[int]) -> tuple[int, tuple[int, ...], list[tuple[int, ...]]]:
-    """Merge dimensions that are contiguous in every stride list and drop size-1 ones.
-
-    Returns (ndim, shape, strides) right-aligned in RANK 4 dims, with ndim >= 1 the number of
-    dimensions left: kernels compile only the index divisions those need.
-    """
-    merged = merge_dims(shape, *strides) or [(1,) + (0,) * len(strides)]
-    pad = 4 - len(merged)
-    shape4 = (1,) * pad + tuple(m[0] for m in merged)
-    strides4 = [(0,) * pad + tuple(m[j + 1] for m in merged) for j in range(len(strides))]
-    return len(merged), shape4, strides4
-
-
-def _gemm_tiles(m: int, n: int) -> tuple[int, int, int, int]:
-    """(TM, TN, RM, RN) of a 256-invocation tile shaped to the problem."""
-    if m >= 48 and n >= 48:
-        return 64, 64, 4, 4
-    if m >= 48:
-        return (64, 16, 4, 1) if n > 8 else (256, 4, 4, 1)
-    if n >= 48:
-        return (16, 64, 1, 4) if m > 8 else (4, 256, 1, 4)
-    return 16, 16, 1, 1
-
-
-def _row_variant(rows: int, size: int) -> tuple[bool, int]:
-    """(one workgroup per row?, workgroup size) for row reductions."""
-    if size >= 128 or (size >= 32 and rows < 1024):
-        return True, (128 if size >= 1024 else 64)
-    return False, 64
-
-
-class _Builder:
-    """Collects one dispatch: kernel variant, bindings (element offsets), parameters, grid."""
-
-    def __init__(self, backend: "VulkanBackend", kernel: str, defines: dict, nbind: int):
-        self.backend = backend
-        self.kernel = kernel
-        self.defines = dict(defines)
-        self.nbind = nbind
-        self.bindings: list[_Binding | None] = [None] * nbind
-        self.params = np.zeros(32, dtype=np.int32)
-        self.reads: list = []
-        self.writes: list = []
-        self.groups = (0, 0, 0)
-
-    def bind(self, slot: int, handle: TensorHandle, lo: int = 0, hi: int | None = None, write: bool = False) -> int:
-        """Bind ``handle``'s buffer at ``slot``; returns the element offset of the handle's first
-        element inside the bound range. ``[lo, hi)`` is the element range used, relative to it."""
-        hi = handle.size if hi is None else hi
-        binding, base_elems = self.backend._binding(handle.buffer, handle.offset + lo, handle.offset + hi)
-        self.bindings[slot] = binding
-        rng = (handle.buffer.id, 4 * (handle.offset + lo), 4 * (handle.offset + hi))
-        (self.writes if write else self.reads).append(rng)
-        return handle.offset - base_elems
-
-    def set(self, index: int, *values: int) -> None:
-        for i, v in enumerate(values):
-            v = int(v)
-            if not -2**31 <= v < 2**31:
-                raise VulkanError(f"kernel parameter {v} does not fit in int32")
-            self.params[index + i] = v
-
-    def setf(self, index: int, *values: float) -> None:
-        view = self.params.view(np.float32)
-        for i, v in enumerate(values):
-            view[index + i] = np.float32(v)
-
-    def activation(self, index: int, activation: A.Activation) -> None:
-        if activation is None:
-            return
-        name, params = activation
-        self.defines["ACT"] = UNARY_IDS[name]
-        self.setf(index, *(tuple(params) + (0.0, 0.0, 0.0))[:3])
-
-    def grid1d(self, items: int, wg: int) -> None:
-        """Enough workgroups of ``wg`` invocations for ``items`` (x capped, y carries the rest)."""
-        self.defines.setdefault("WG", wg)
-        self.rows(math.ceil(items / wg))
-
-    def rows(self, groups: int) -> None:
-        max_x, max_y, _ = self.backend.dev.max_group_count
-        gx = min(groups, max_x)
-        gy = math.ceil(groups / gx) if gx else 0
-        if gy > max_y:
-            raise VulkanError(f"{groups} workgroups exceed the device's grid limit")
-        self.groups = (gx, gy, 1)
-
-    def build(self) -> _Dispatch | None:
-        if 0 in self.groups:
-            return None
-        first = next(b for b in self.bindings if b is not None)
-        bindings = tuple(b if b is not None else first for b in self.bindings)
-        pipeline = self.backend._pipeline(self.kernel, self.defines, self.nbind)
-        push = vk.ffi.new("int32_t[32]", self.params.tolist())
-        return _Dispatch(pipeline, bindings, push, self.groups, tuple(self.reads), tuple(self.writes))
 
 
 class VulkanBackend(Backend):
@@ -513,13 +337,8 @@ class VulkanBackend(Backend):
         minStorageBufferOffsetAlignment and ends at ``hi``: binding exactly what a dispatch
         touches lets the validation layer's synchronization checks see the true ranges, and
         lifts the maxStorageBufferRange limit from the pool to a single tensor."""
-        align = max(4, self.dev.min_storage_align)
-        base = (4 * lo) // align * align
-        size = max(4 * hi - base, 4)
-        if size > self.dev.max_storage_range:
-            raise VulkanError(f"a tensor view spans {size} bytes, more than the device's "
-                              f"maxStorageBufferRange ({self.dev.max_storage_range} bytes)")
-        return _Binding(buf, base, min(size, buf.size - base)), base // 4
+        return window(buf, lo, hi, self.dev.min_storage_align, self.dev.max_storage_range, VulkanError,
+                      "the device's maxStorageBufferRange")
 
     # -- kernels -----------------------------------------------------------------------------
     def _pipeline(self, kernel: str, defines: dict, nbind: int) -> _Pipeline:
@@ -560,7 +379,7 @@ class VulkanBackend(Backend):
 
     # -- pre-inference ---------------------------------------------------------------------
     def create_execution(self, op: A.AtomicOp, inputs: Sequence[TensorHandle],
-                         outputs: Sequence[TensorHandle]) -> VulkanExecution:
+                         outputs: Sequence[TensorHandle]) -> DispatchExecution:
         self._check_open()
         planner = _PLANNERS.get(type(op))
         if planner is None:
@@ -570,7 +389,7 @@ class VulkanBackend(Backend):
         dispatches = [d for d in (b.build() for b in builders) if d is not None]
         for d in dispatches:
             d.dset = self._descriptor_set(d)
-        return VulkanExecution(op, inputs, outputs, dispatches, scheme)
+        return DispatchExecution(op, inputs, outputs, dispatches, scheme)
 
     def _record_into(self, cmd, executions: Sequence[Execution], eager: bool) -> tuple[int, int]:
         """Record dispatches with hazard barriers; returns (dispatches, barriers)."""
@@ -674,350 +493,18 @@ class VulkanBackend(Backend):
     def __repr__(self) -> str:
         return f"<VulkanBackend {self.dev.name!r} ({self.dev.type_name})>"
 
+    # -- planning (gpumnn.backends.glsl_plans) -----------------------------------------------
+    @property
+    def max_group_count(self) -> tuple[int, int, int]:
+        return self.dev.max_group_count
 
-# --------------------------------------------------------------------------------------------
-# Planners: one per atomic op; each returns (builders, scheme).
-# --------------------------------------------------------------------------------------------
-
-def _plan_raster(be: VulkanBackend, op: A.Raster, ins, outs):
-    out = outs[0]
-    builders = []
-    if op.fill is not None and out.size:
-        b = _Builder(be, "raster", {"FILL": 1}, 2)
-        o = b.bind(0, out, write=True)
-        b.set(0, out.size, o)
-        b.setf(2, op.fill)
-        b.grid1d(out.size, 128)
-        builders.append(b)
-    for r in op.regions:
-        if r.count == 0:
-            continue
-        size = _pad4(r.size, 1)
-        sst, dst = _pad4(r.src_strides, 0), _pad4(r.dst_strides, 0)
-        src = ins[r.src]
-        slo, shi = _extent(r.src_offset, size, sst)
-        dlo, dhi = _extent(r.dst_offset, size, dst)
-        ndim, csize, (csst, cdst) = _collapse(size, sst, dst)
-        b = _Builder(be, "raster", {"NDIM": ndim}, 2)
-        do = b.bind(0, out, dlo, dhi, write=True)
-        so = b.bind(1, src, slo, shi)
-        b.set(0, r.count, csize[1], csize[2], csize[3], so + r.src_offset, *csst, do + r.dst_offset, *cdst)
-        b.grid1d(r.count, 128)
-        builders.append(b)
-    return builders, "raster"
+    def _dispatch(self, builder: _Builder, bindings: tuple) -> _Dispatch:
+        pipeline = self._pipeline(builder.kernel, builder.defines, builder.nbind)
+        push = vk.ffi.new("int32_t[32]", builder.params.tolist())
+        return _Dispatch(pipeline, bindings, push, builder.groups, tuple(builder.reads), tuple(builder.writes))
 
 
-def _plan_unary(be, op: A.Unary, ins, outs):
-    b = _Builder(be, "unary", {"OP": UNARY_IDS[op.op]}, 2)
-    o = b.bind(0, outs[0], 0, op.count, write=True)
-    x = b.bind(1, ins[0], 0, op.count)
-    b.set(0, op.count, x, o)
-    b.setf(3, *(tuple(op.params) + (0.0, 0.0, 0.0))[:3])
-    b.grid1d(op.count, 128)
-    return [b], None
+VulkanBackend.kernel_table = _PLANNERS
+VulkanBackend.plan_error = VulkanError if vk is not None else PlanError
 
-
-def _plan_binary(be, op: A.Binary, ins, outs):
-    shape = _pad4(op.out_shape, 1)
-    total = math.prod(shape)
-    sa, sb = _pad4(op.a_strides, 0), _pad4(op.b_strides, 0)
-    ndim, cshape, (csa, csb, _) = _collapse(shape, sa, sb, contiguous_strides(shape))
-    b = _Builder(be, "binary", {"OP": BINARY_IDS[op.op], "NDIM": ndim}, 3)
-    o = b.bind(0, outs[0], 0, total, write=True)
-    a_off = b.bind(1, ins[0], *_extent(0, shape, sa))
-    b_off = b.bind(2, ins[1], *_extent(0, shape, sb))
-    b.set(0, total, cshape[1], cshape[2], cshape[3], a_off, *csa, b_off, *csb, o)
-    b.activation(15, op.activation)
-    b.grid1d(total, 128)
-    return [b], None
-
-
-def _row_builder(be, kernel: str, defines: dict, nbind: int, rows: int, size: int) -> _Builder:
-    per_row, wg = _row_variant(rows, size)
-    if per_row:
-        defines = dict(defines, WG_PER_ROW=1, WG=wg)
-    b = _Builder(be, kernel, defines, nbind)
-    if per_row:
-        b.rows(rows)
-    else:
-        b.grid1d(rows, wg)
-    return b
-
-
-def _reduce_builder(be, op_name: str, outer: int, size: int, inner: int, x: TensorHandle, out: TensorHandle):
-    b = _row_builder(be, "reduce", {"OP": REDUCE_IDS[op_name]}, 2, outer * inner, size)
-    o = b.bind(0, out, 0, outer * inner, write=True)
-    xo = b.bind(1, x, 0, outer * size * inner)
-    b.set(0, outer, size, inner, xo, o)
-    return b
-
-
-def _plan_reduce(be, op: A.Reduce, ins, outs):
-    return [_reduce_builder(be, op.op, op.outer, op.size, op.inner, ins[0], outs[0])], None
-
-
-def _plan_matmul(be, op: A.MatMul, ins, outs):
-    m, n, k, batch = op.m, op.n, op.k, op.batch
-    a_bs, b_bs = op.a_batch_stride, op.b_batch_stride
-    sam, sak = (1, m) if op.trans_a else (k, 1)
-    sbk, sbn = (1, k) if op.trans_b else (n, 1)
-    bias_sm, bias_sn = op.bias_strides
-    if (batch > 1 and b_bs == 0 and not op.trans_a and a_bs == m * k
-            and (not op.has_bias or bias_sm == 0)):  # shared weights: one [batch*M, K] GEMM
-        m, batch = m * batch, 1
-    if be.kernels == "simd":
-        rm = min(16, 1 << (m - 1).bit_length())
-        rn = min(16, 4 << max(0, (n - 1).bit_length() - 2)) if n > 4 else 4
-        defines = {"REGBLOCK": 1, "RM": rm, "RN": rn, "WG": 16}
-        groups = (math.ceil(math.ceil(n / rn) / 16), math.ceil(m / rm), batch)
-    else:
-        tm, tn, rm, rn = _gemm_tiles(m, n)
-        defines = {"TM": tm, "TN": tn, "RM": rm, "RN": rn, "NT": (tm // rm) * (tn // rn)}
-        groups = (math.ceil(n / tn), math.ceil(m / tm), batch)
-    if op.has_bias:
-        defines["HAS_BIAS"] = 1
-    b = _Builder(be, "matmul", defines, 4)
-    total = op.batch * op.m * op.n
-    c = b.bind(0, outs[0], 0, total, write=True)
-    a = b.bind(1, ins[0], 0, (op.batch - 1) * a_bs + op.m * op.k)
-    w = b.bind(2, ins[1], 0, (op.batch - 1) * b_bs + op.k * op.n)
-    bias = 0
-    if op.has_bias:
-        bias = b.bind(3, ins[2], *_extent(0, (op.m, op.n), (bias_sm, bias_sn)))
-    b.set(0, m, n, k, batch, a, w, bias, c, a_bs, b_bs, sam, sak, sbk, sbn)
-    b.setf(14, op.alpha, op.beta)
-    b.set(16, bias_sm, bias_sn)
-    b.activation(18, op.activation)
-    if (be.kernels == "simd" and sbn == 1 and n % 4 == 0 and w % 4 == 0 and sbk % 4 == 0
-            and (batch == 1 or b_bs % 4 == 0)):
-        b.defines["B_VEC4"] = 1
-    b.groups = groups
-    _check_grid(be, b.groups)
-    return [b], "gemm_regblock" if be.kernels == "simd" else "gemm_tiled"
-
-
-def _check_grid(be, groups) -> None:
-    for g, limit in zip(groups, be.dev.max_group_count):
-        if g > limit:
-            raise VulkanError(f"workgroup grid {groups} exceeds the device limit {be.dev.max_group_count}")
-
-
-def _plan_conv2d(be, op: A.Conv2D, ins, outs):
-    n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
-    (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
-    (sh, sw), (ph, pw), (dh, dw) = op.strides, op.pads, op.dilations
-    x_len, w_len, o_len = n * c * h * w, oc * (c // g) * kh * kw, n * oc * oh * ow
-    defines: dict = {"HAS_BIAS": 1} if op.has_bias else {}
-    if g == c == oc and g > 1:
-        max_rn = 16 if be.kernels == "simd" else 4
-        rn = -(-ow // -(-ow // max_rn))  # <= max_rn pixels, evenly split rows
-        row_groups = -(-ow // rn)
-        b = _Builder(be, "conv2d", dict(defines, DEPTHWISE=1, RN=rn, KW=kw, SW=sw, DW=dw), 4)
-        o = b.bind(0, outs[0], 0, o_len, write=True)
-        x = b.bind(1, ins[0], 0, x_len)
-        wt = b.bind(2, ins[1], 0, w_len)
-        bias = b.bind(3, ins[2], 0, oc) if op.has_bias else 0
-        items = n * c * oh * row_groups
-        b.set(0, items, c, h, w, oh, ow, kh, 0, sh, 0, ph, pw, dh, 0, x, wt, bias, o, row_groups)
-        b.activation(22, op.activation)
-        b.grid1d(items, 16 if be.kernels == "simd" else 64)
-        return [b], "depthwise"
-    if be.kernels == "simd" and _is_constant(ins[1]):
-        return _plan_conv2d_direct_rb(be, op, ins, outs)
-    cg, ocg = c // g, oc // g
-    big_m, big_n, big_k = ocg, oh * ow, cg * kh * kw
-    tm, tn, rm, rn = _gemm_tiles(big_m, big_n)
-    defines.update(TM=tm, TN=tn, RM=rm, RN=rn, NT=(tm // rm) * (tn // rn))
-    pointwise = (kh, kw) == (1, 1) and (sh, sw) == (1, 1) and (ph, pw) == (0, 0) and (oh, ow) == (h, w)
-    if pointwise:
-        defines["POINTWISE"] = 1
-    b = _Builder(be, "conv2d", defines, 4)
-    o = b.bind(0, outs[0], 0, o_len, write=True)
-    x = b.bind(1, ins[0], 0, x_len)
-    wt = b.bind(2, ins[1], 0, w_len)
-    bias = b.bind(3, ins[2], 0, oc) if op.has_bias else 0
-    b.set(0, big_m, big_n, big_k, g, x, wt, bias, o, c, h, w, ow, oc, cg, kh, kw, sh, sw, ph, pw, dh, dw)
-    b.activation(22, op.activation)
-    b.groups = (math.ceil(big_n / tn), math.ceil(big_m / tm), n * g)
-    _check_grid(be, b.groups)
-    return [b], "gemm1x1" if pointwise else "implicit_gemm"
-
-
-def _is_constant(handle: TensorHandle) -> bool:
-    return getattr(handle.buffer, "kind", "") in ("constant", "arena")
-
-
-def _packed_conv_weights(be: VulkanBackend, weight: TensorHandle, groups: int, m: int, k: int, rm: int) -> TensorHandle:
-    """Weights [G, M, K] repacked to [G, ceil(M/RM), K, RM] (zero rows pad M), once per weight."""
-    key = (weight.buffer.id, weight.offset, weight.shape, groups, rm)
-    packed = be._packed.get(key)
-    if packed is None:
-        w = be.read(weight).reshape(groups, m, k)
-        blocks = -(-m // rm)
-        padded = np.zeros((groups, blocks * rm, k), dtype=np.float32)
-        padded[:, :m] = w
-        packed = be.constant(padded.reshape(groups, blocks, rm, k).transpose(0, 1, 3, 2).copy())
-        be._packed[key] = packed
-    return packed
-
-
-def _rb_blocks(m: int, oh: int, ow: int, lanes: int) -> tuple[int, int]:
-    """(RM output channels, RN pixels of a row) per invocation of DIRECT_RB.
-
-    On lavapipe (Mesa 22.x) every storage-buffer load, uniform address or not, is a scalar loop
-    over the SIMD lanes per component (tens of cycles per value loaded for one SIMD vector), an
-    FMA one instruction: per input channel and tap an
-    invocation loads RM + RN values for RM * RN FMAs, so bigger blocks win until the
-    accumulators spill (RM * RN <= 256 floats measured best), and lanes left idle by too few
-    pixel blocks (small late-stage maps, e.g. 7x7) or padding channels are wasted. Score each
-    candidate by FMAs per load times the fraction of lanes and block elements doing real work.
-    """
-    best = None
-    rms = (16, 32) if m >= 16 else (4 * -(-m // 4),)
-    for rm in rms:
-        for max_rn in (16, 8, 4):
-            if rm * max_rn > 256:
-                continue
-            rn = -(-ow // -(-ow // max_rn))  # <= max_rn pixels, evenly split rows
-            items = oh * -(-ow // rn)
-            used = (items / (-(-items // lanes) * lanes)) * (ow / (-(-ow // rn) * rn)) * (m / (-(-m // rm) * rm))
-            score = used * rm * rn / (rm + rn)
-            if best is None or score > best[0] + 1e-9:
-                best = (score, rm, rn)
-    return best[1], best[2]
-
-
-def _plan_conv2d_direct_rb(be, op: A.Conv2D, ins, outs):
-    """Register-blocked direct convolution (conv2d.comp DIRECT_RB) for SIMD CPU devices."""
-    n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
-    (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
-    (sh, sw), (ph, pw), (dh, dw) = op.strides, op.pads, op.dilations
-    cg, m = c // g, oc // g
-    pointwise = (kh, kw) == (1, 1) and (sh, sw) == (1, 1) and (ph, pw) == (0, 0) and (oh, ow) == (h, w)
-    if pointwise:  # one row of H*W pixels: no row-boundary waste
-        h, w, oh, ow = 1, h * w, 1, oh * ow
-    lanes = be.simd_lanes
-    rm, rn = _rb_blocks(m, oh, ow, lanes)
-    blocks = -(-m // rm)
-    packed = _packed_conv_weights(be, ins[1], g, m, cg * kh * kw, rm)
-    defines: dict = {"DIRECT_RB": 1, "RM": rm, "RN": rn, "KW": kw, "SW": sw, "DW": dw, "WG": lanes}
-    if op.has_bias:
-        defines["HAS_BIAS"] = 1
-    b = _Builder(be, "conv2d", defines, 4)
-    o = b.bind(0, outs[0], 0, n * oc * oh * ow, write=True)
-    x = b.bind(1, ins[0], 0, n * c * h * w)
-    wp = b.bind(2, packed)
-    bias = b.bind(3, ins[2], 0, oc) if op.has_bias else 0
-    if wp % 4:
-        raise VulkanError("packed weights are not vec4-aligned")
-    if pointwise and rn % 4 == 0 and x % 4 == 0 and w % 4 == 0 and (c * w) % 4 == 0:
-        b.defines["X_VEC4"] = 1
-    row_groups = -(-ow // rn)
-    b.set(0, m, oh, ow, g, x, wp // 4, bias, o, c, h, w, oc, cg, kh, sh, ph, pw, dh, row_groups, blocks)
-    b.activation(22, op.activation)
-    b.groups = (math.ceil(oh * row_groups / lanes), blocks, n * g)
-    _check_grid(be, b.groups)
-    return [b], "direct_regblock"
-
-
-def _plan_conv_transpose2d(be, op: A.ConvTranspose2D, ins, outs):
-    n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
-    (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
-    (sh, sw), (ph, pw), (dh, dw) = op.strides, op.pads, op.dilations
-    total = n * oc * oh * ow
-    b = _Builder(be, "conv_transpose2d", {"HAS_BIAS": 1} if op.has_bias else {}, 4)
-    o = b.bind(0, outs[0], 0, total, write=True)
-    x = b.bind(1, ins[0], 0, n * c * h * w)
-    wt = b.bind(2, ins[1], 0, c * (oc // g) * kh * kw)
-    bias = b.bind(3, ins[2], 0, oc) if op.has_bias else 0
-    b.set(0, total, c, h, w, oc, oh, ow, c // g, oc // g, kh, kw, sh, sw, ph, pw, dh, dw, x, wt, bias, o)
-    b.activation(22, op.activation)
-    b.grid1d(total, 128)
-    return [b], "direct"
-
-
-def _plan_pool2d(be, op: A.Pool2D, ins, outs):
-    n, c = op.batch, op.channels
-    (h, w), (oh, ow), (kh, kw), (sh, sw) = op.in_hw, op.out_hw, op.kernel, op.strides
-    is_max = op.op == "max"
-    if (kh, kw) == (h, w) and (oh, ow) == (1, 1) and not any(op.pads):
-        return [_reduce_builder(be, "max" if is_max else "mean", n * c, h * w, 1, ins[0], outs[0])], "global"
-    total = n * c * oh * ow
-    defines = {"MAX": 1} if is_max else ({"COUNT_PAD": 1} if op.count_include_pad else {})
-    b = _Builder(be, "pool2d", defines, 2)
-    o = b.bind(0, outs[0], 0, total, write=True)
-    x = b.bind(1, ins[0], 0, n * c * h * w)
-    b.set(0, total, h, w, oh, ow, kh, kw, sh, sw, *op.pads, x, o)
-    b.grid1d(total, 128)
-    return [b], "direct"
-
-
-def _plan_softmax(be, op: A.Softmax, ins, outs):
-    rows, count = op.outer * op.inner, op.outer * op.size * op.inner
-    b = _row_builder(be, "softmax", {"LOG": 1} if op.log else {}, 2, rows, op.size)
-    o = b.bind(0, outs[0], 0, count, write=True)
-    x = b.bind(1, ins[0], 0, count)
-    b.set(0, op.outer, op.size, op.inner, x, o)
-    return [b], None
-
-
-def _plan_normalize(be, op: A.Normalize, ins, outs):
-    count = op.outer * op.size
-    b = _row_builder(be, "normalize", {"AFFINE": 1} if op.has_affine else {}, 4, op.outer, op.size)
-    o = b.bind(0, outs[0], 0, count, write=True)
-    x = b.bind(1, ins[0], 0, count)
-    scale = b.bind(2, ins[1], 0, op.size) if op.has_affine else 0
-    shift = b.bind(3, ins[2], 0, op.size) if op.has_affine else 0
-    b.set(0, op.outer, op.size, x, o)
-    b.setf(4, op.eps)
-    b.set(5, scale, shift)
-    return [b], None
-
-
-def _resize_table(be: VulkanBackend, op: A.Resize) -> TensorHandle:
-    """Per-axis source indices and weights, computed in float64 exactly as the reference does."""
-    key = (op.in_hw, op.out_hw, op.scales, op.mode, op.coord, op.nearest_mode)
-    table = be._tables.get(key)
-    if table is not None:
-        return table
-    parts = []
-    for axis in range(2):
-        sampling = resize_axis(op, axis)
-        parts += [sampling.lo, sampling.hi, sampling.frac]
-    table = be.constant(np.concatenate([np.asarray(p, dtype=np.float32) for p in parts]))
-    be._tables[key] = table
-    return table
-
-
-def _plan_resize(be, op: A.Resize, ins, outs):
-    (h, w), (oh, ow) = op.in_hw, op.out_hw
-    total = op.planes * oh * ow
-    table = _resize_table(be, op)
-    b = _Builder(be, "resize", {"NEAREST": 1} if op.mode == "nearest" else {}, 3)
-    o = b.bind(0, outs[0], 0, total, write=True)
-    x = b.bind(1, ins[0], 0, op.planes * h * w)
-    t = b.bind(2, table)
-    b.set(0, total, h, w, oh, ow, x, o, t)
-    b.grid1d(total, 128)
-    return [b], op.mode
-
-
-def _plan_gather(be, op: A.Gather, ins, outs):
-    total = op.outer * op.count * op.inner
-    b = _Builder(be, "gather", {}, 3)
-    o = b.bind(0, outs[0], 0, total, write=True)
-    d = b.bind(1, ins[0], 0, op.outer * op.axis * op.inner)
-    i = b.bind(2, ins[1], 0, op.count)
-    b.set(0, total, op.axis, op.inner, op.count, d, i, o)
-    b.grid1d(total, 128)
-    return [b], None
-
-
-VulkanBackend.kernel_table = _PLANNERS = {
-    A.Raster: _plan_raster, A.Unary: _plan_unary, A.Binary: _plan_binary, A.Reduce: _plan_reduce,
-    A.MatMul: _plan_matmul, A.Conv2D: _plan_conv2d, A.ConvTranspose2D: _plan_conv_transpose2d,
-    A.Pool2D: _plan_pool2d, A.Softmax: _plan_softmax, A.Normalize: _plan_normalize,
-    A.Resize: _plan_resize, A.Gather: _plan_gather,
-}
-
-__all__ = ["VulkanBackend", "VulkanExecution", "VulkanRecording", "check_shader_op_ids"]
+__all__ = ["VulkanBackend", "VulkanRecording", "check_shader_op_ids"]

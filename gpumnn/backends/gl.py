@@ -1,0 +1,453 @@
+"""The OpenGL backend: the Vulkan backend's GLSL compute shaders on an OpenGL 4.3+ context.
+
+Design
+------
+* Context: one standalone moderngl context per backend, created through EGL (no display
+  needed; falls back to moderngl's default platform backend). GL state is per context and per
+  thread, so every entry point makes this backend's context current first (a cheap check
+  when it already is).
+* Memory: the session pool (``allocate``) and every constant are GL buffer objects
+  (``ctx.buffer``); ``write`` / ``read`` are glBufferSubData / glGetBufferSubData.
+* Kernels: the same API-neutral sources as Vulkan (``gpumnn/shaders/glsl``), preprocessed with
+  the GL prelude (``prelude_gl.glsl``: ``#version 430``, ``uniform int gpumnn_params[32]``) and
+  compiled by the driver into one compute program per (kernel, defines), cached per backend.
+* Planning: what to dispatch per atomic op is shared with Vulkan (:mod:`.glsl_plans`): kernel
+  variant, storage-buffer windows (start aligned down to GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT,
+  element offsets relative to the window passed as parameters), 32 int32 parameters, grid.
+* Recorded mode: ``create_execution`` compiles (or fetches) the programs and precomputes per
+  dispatch the SSBO ranges, the parameter bytes (sized to the uniform array the driver kept)
+  and the grid, once. GL has no command buffers: ``record`` flattens the executions into one
+  dispatch list, drops redundant state changes (re-binding an unchanged range, re-writing a
+  program's unchanged uniforms) and places glMemoryBarrier only in front of a dispatch that
+  touches bytes written (or writes bytes read) since the last barrier. ``submit`` replays that
+  list -- bind, uniforms, glDispatchCompute, barrier -- and waits with glFinish.
+* Eager mode: ``run_eager`` re-plans every op (planner, program look-up, parameter packing),
+  binds everything, dispatches and waits with glFinish after each op (the paper's baseline).
+"""
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+import re
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+
+import moderngl  # ModuleNotFoundError propagates: the registry says "pip install 'gpumnn[gl]'"
+
+from .. import atomic as A
+from ..errors import BackendUnavailableError
+from ..shaders.compile import ShaderCompileError, preprocess
+from .base import Backend, BackendInfo, Execution, TensorHandle
+from .cpu import host_cpu_flops
+from .glsl_plans import PLANNERS, Builder, DispatchExecution, Hazards, check_shader_op_ids, plan, window
+
+_GPU_DEFAULT_FLOPS = 4e9  # paper Appendix C fallback for an unknown GPU
+_GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT = 0x90DF
+_GL_MAX_COMPUTE_SHARED_MEMORY_SIZE = 0x8262
+_SOFTWARE = ("llvmpipe", "softpipe", "swrast", "software")
+_ids = itertools.count(1)
+_current = threading.local()  # .backend: the GLBackend whose context is current in this thread
+
+
+class GLError(RuntimeError):
+    """An OpenGL backend failure (closed backend, device limit, ...)."""
+
+
+class GLBuffer:
+    """A GL buffer object with the ``id``/``kind``/``size`` the planners use."""
+
+    __slots__ = ("id", "kind", "size", "obj", "__weakref__")
+
+    def __init__(self, obj: Any, kind: str, size: int):
+        self.id = next(_ids)
+        self.kind = kind
+        self.size = size
+        self.obj = obj
+
+    @property
+    def alive(self) -> bool:
+        return self.obj is not None
+
+    def __repr__(self) -> str:
+        return f"<GLBuffer #{self.id} {self.kind} {self.size} bytes>"
+
+
+class _Program:
+    __slots__ = ("prog", "uniform", "nparams", "key")
+
+    def __init__(self, prog, key):
+        self.prog = prog
+        self.key = key
+        try:
+            self.uniform = prog["gpumnn_params"]
+        except KeyError:  # a kernel that reads no parameter (the driver dropped the array)
+            self.uniform = None
+        # The driver keeps the array only up to the highest index used; write exactly that.
+        self.nparams = self.uniform.array_length if self.uniform is not None else 0
+
+
+class _Dispatch:
+    """One glDispatchCompute: program, SSBO ranges, parameter bytes, grid and bytes touched."""
+
+    __slots__ = ("program", "binds", "params", "groups", "reads", "writes")
+
+    def __init__(self, program: _Program, binds, params: bytes, groups, reads, writes):
+        self.program = program
+        self.binds = binds  # ((slot, moderngl.Buffer, byte offset, byte size), ...)
+        self.params = params
+        self.groups = groups
+        self.reads = reads
+        self.writes = writes
+
+
+class GLRecording:
+    """The flattened dispatch list of a run of executions, redundant state changes removed.
+
+    ``steps``: (barrier?, program, binds to (re)issue, uniform or None, parameter bytes, grid).
+    """
+
+    def __init__(self, steps: list[tuple], dispatches: int, barriers: int):
+        self.steps = steps
+        self.dispatches = dispatches
+        self.barriers = barriers
+
+    def __repr__(self) -> str:
+        return f"<GLRecording {self.dispatches} dispatches, {self.barriers} barriers>"
+
+
+def _create_context():
+    errors = []
+    for backend in ("egl", None):
+        try:
+            if backend is None:
+                return moderngl.create_standalone_context(require=430)
+            return moderngl.create_standalone_context(backend=backend, require=430)
+        except Exception as exc:  # noqa: BLE001 -- missing libEGL, no display, GL < 4.3, ...
+            errors.append(f"{backend or 'default'}: {type(exc).__name__}: {exc}")
+    raise BackendUnavailableError("no OpenGL 4.3+ context (compute shaders) could be created: "
+                                  + "; ".join(errors))
+
+
+def _gl_get_integer(pname: int) -> int | None:
+    """glGetIntegerv for a value moderngl's ``ctx.info`` lacks (None if no GL library loads)."""
+    for lib in ("libOpenGL.so.0", "libGL.so.1", "libGL.so", "opengl32"):
+        try:
+            gl = ctypes.CDLL(lib)
+            fn = gl.glGetIntegerv
+        except (OSError, AttributeError):
+            continue
+        value = ctypes.c_int(-1)
+        fn.argtypes = [ctypes.c_uint, ctypes.POINTER(ctypes.c_int)]
+        fn(pname, ctypes.byref(value))
+        return value.value if value.value > 0 else None
+    return None
+
+
+class GLBackend(Backend):
+    """OpenGL 4.3+ compute shaders on one context (llvmpipe, or a GPU driver)."""
+
+    name = "gl"
+    alignment = 64
+    plan_error = GLError
+
+    def __init__(self, device: Any = None, kernels: str | None = "auto", **_: Any):
+        super().__init__()
+        self._closed = True
+        check_shader_op_ids()
+        kernels = kernels or "auto"
+        if kernels == "auto":
+            kernels = os.environ.get("GPUMNN_GL_KERNELS") or "auto"
+        kernels = {"gpu": "tiled", "cpu": "simd"}.get(kernels, kernels)
+        if kernels not in ("auto", "simd", "tiled"):
+            raise ValueError(f"kernels must be 'auto', 'simd' (alias 'cpu') or 'tiled' (alias 'gpu'), "
+                             f"not {kernels!r}")
+        self.ctx = _create_context()
+        try:
+            self._setup(kernels)
+        except BaseException:
+            self.ctx.release()
+            _current.backend = None
+            raise
+        _current.backend = self
+        self._closed = False
+
+    def _setup(self, kernels: str) -> None:
+        ctx = self.ctx
+        info = ctx.info
+        if ctx.version_code < 430:
+            raise BackendUnavailableError(f"OpenGL {ctx.version_code} < 4.3: no compute shaders")
+        self.renderer = str(info.get("GL_RENDERER", "?"))
+        self.version = str(info.get("GL_VERSION", "?"))
+        self.software = any(s in self.renderer.lower() for s in _SOFTWARE)
+        self.max_group_count = tuple(int(v) for v in info["GL_MAX_COMPUTE_WORK_GROUP_COUNT"])
+        self.max_storage_range = int(info.get("GL_MAX_SHADER_STORAGE_BLOCK_SIZE", 1 << 27))
+        if int(info.get("GL_MAX_COMPUTE_SHADER_STORAGE_BLOCKS", 0)) < 4:
+            raise BackendUnavailableError(f"{self.renderer}: fewer than 4 storage blocks per compute shader")
+        self.storage_align = _gl_get_integer(_GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT) or 256
+        self.alignment = max(64, self.storage_align)
+        if kernels == "auto":
+            kernels = "simd" if self.software else "tiled"
+        self.kernels = kernels
+        bits = re.search(r"(\d+) bits", self.renderer)
+        self.simd_lanes = min(16, max(4, int(bits.group(1)) // 32)) if bits else 8
+        self._buffers: dict[int, GLBuffer] = {}
+        self._programs: dict[tuple, _Program] = {}
+        self._packed: dict[tuple, TensorHandle] = {}
+        self._tables: dict[tuple, TensorHandle] = {}
+        if self.software:
+            # A software rasteriser on the host's cores: the same Mesa shader compiler as lavapipe,
+            # so the Vulkan backend's estimate for CPU-type devices (a tenth of NumPy/BLAS).
+            flops = host_cpu_flops(os.cpu_count() or 1) / 10
+        else:
+            flops = _GPU_DEFAULT_FLOPS
+        self._info = BackendInfo("gl", f"{self.renderer} / OpenGL {self.version}", flops, 0.05,
+                                 20.0 if self.software else 8.0, is_gpu=not self.software)
+
+    # -- description -----------------------------------------------------------------------
+    @property
+    def info(self) -> BackendInfo:
+        return self._info
+
+    def unsupported_reason(self, op: A.AtomicOp) -> str | None:
+        reason = super().unsupported_reason(op)
+        if reason is not None:
+            return reason
+        if isinstance(op, A.Pool2D) and op.op not in ("max", "avg"):
+            return f"unknown pooling {op.op!r}"
+        if isinstance(op, A.Resize) and op.mode not in ("nearest", "linear"):
+            return f"unknown resize mode {op.mode!r}"
+        if isinstance(op, (A.Conv2D, A.MatMul)):
+            z = op.batch * getattr(op, "groups", 1)
+            if z > self.max_group_count[2]:
+                return f"batch x groups = {z} exceeds the GL workgroup grid ({self.max_group_count[2]})"
+        largest = 4 * max(_view_sizes(op), default=0)
+        if largest > self.max_storage_range:
+            return (f"a tensor of {largest} bytes exceeds GL_MAX_SHADER_STORAGE_BLOCK_SIZE "
+                    f"({self.max_storage_range} bytes)")
+        return None
+
+    @staticmethod
+    def rb_max_rn(op: A.Conv2D) -> int:
+        """Largest pixel block of the register-blocked convolution (glsl_plans). GLSL 4.30 has no
+        unroll hint (Vulkan's [[unroll]]): Mesa's unroll heuristic leaves the 16-pixel epilogue
+        loop rolled when the activation is more than a relu, which indexes the accumulators
+        dynamically and spills them (measured 5x slower on llvmpipe); 8 pixels stay unrolled."""
+        return 16 if op.activation is None or op.activation[0] in ("identity", "relu") else 8
+
+    # -- context -----------------------------------------------------------------------------
+    def _use(self) -> None:
+        """Make this backend's context current in this thread (several backends may coexist)."""
+        if self._closed:
+            raise GLError("the OpenGL backend is closed")
+        if getattr(_current, "backend", None) is not self:
+            self.ctx.__enter__()
+            _current.backend = self
+
+    # -- memory ----------------------------------------------------------------------------
+    def _new_buffer(self, nbytes: int, kind: str, data: bytes | None = None) -> GLBuffer:
+        obj = self.ctx.buffer(data) if data is not None else self.ctx.buffer(reserve=nbytes)
+        buf = GLBuffer(obj, kind, obj.size)
+        self.counters["buffers_allocated"] += 1
+        self._buffers[buf.id] = buf
+        return buf
+
+    def allocate(self, nbytes: int) -> GLBuffer:
+        self._use()
+        return self._new_buffer(max(int(nbytes), 16), "pool")
+
+    def release(self, buffer: Any) -> None:
+        if self._closed or not isinstance(buffer, GLBuffer) or not buffer.alive:
+            return
+        if self._buffers.pop(buffer.id, None) is None:
+            return  # another backend's buffer
+        self._use()
+        buffer.obj.release()
+        buffer.obj = None
+
+    def constant(self, array: np.ndarray) -> TensorHandle:
+        self._use()
+        data = np.ascontiguousarray(np.asarray(array, dtype=np.float32)).reshape(-1)
+        if data.size == 0:
+            data = np.zeros(1, np.float32)
+        buf = self._new_buffer(data.nbytes, "constant", data.tobytes())
+        return TensorHandle(buf, 0, tuple(np.shape(array)))
+
+    def write(self, handle: TensorHandle, array: np.ndarray) -> None:
+        self._use()
+        data = np.ascontiguousarray(np.asarray(array, dtype=np.float32)).reshape(-1)
+        if data.size != handle.size:
+            raise ValueError(f"write of {data.size} elements into a tensor of {handle.size}")
+        if data.size:
+            handle.buffer.obj.write(data, offset=4 * handle.offset)
+
+    def read(self, handle: TensorHandle) -> np.ndarray:
+        self._use()
+        out = np.empty(handle.shape, dtype=np.float32)
+        if out.size:
+            handle.buffer.obj.read_into(out, size=out.nbytes, offset=4 * handle.offset)
+        return out
+
+    def _binding(self, buf: GLBuffer, lo: int, hi: int):
+        return window(buf, lo, hi, self.storage_align, self.max_storage_range, GLError,
+                      "GL_MAX_SHADER_STORAGE_BLOCK_SIZE")
+
+    # -- kernels -----------------------------------------------------------------------------
+    def _program(self, kernel: str, defines: dict) -> _Program:
+        key = (kernel, tuple(sorted(defines.items())))
+        program = self._programs.get(key)
+        if program is not None:
+            return program
+        source = preprocess(kernel, defines, api="gl")
+        try:
+            prog = self.ctx.compute_shader(source)
+        except moderngl.Error as exc:
+            raise ShaderCompileError(f"the OpenGL driver rejected kernel {kernel} {dict(defines)}:\n{exc}") from exc
+        self.counters["programs_built"] += 1
+        program = _Program(prog, key)
+        self._programs[key] = program
+        return program
+
+    def _dispatch(self, builder: Builder, bindings: tuple) -> _Dispatch:
+        """A Builder (see glsl_plans) turned into GL objects: program, SSBO ranges, uniform bytes."""
+        program = self._program(builder.kernel, builder.defines)
+        binds = tuple((slot, b.buf.obj, b.base, b.range) for slot, b in enumerate(bindings))
+        params = builder.params[:program.nparams].tobytes()
+        return _Dispatch(program, binds, params, builder.groups, tuple(builder.reads), tuple(builder.writes))
+
+    # -- pre-inference ---------------------------------------------------------------------
+    def create_execution(self, op: A.AtomicOp, inputs: Sequence[TensorHandle],
+                         outputs: Sequence[TensorHandle]) -> DispatchExecution:
+        self._use()
+        if type(op) not in PLANNERS:
+            raise NotImplementedError(f"OpenGL backend: no kernel for {type(op).__name__} (node {op.source!r})")
+        self.counters["executions_created"] += 1
+        dispatches, scheme = plan(self, op, inputs, outputs)
+        return DispatchExecution(op, inputs, outputs, dispatches, scheme)
+
+    def record(self, executions: Sequence[Execution]) -> GLRecording:
+        self._use()
+        hazards = Hazards()
+        bound: dict[int, tuple] = {}  # slot -> (buffer, offset, size) bound by an earlier step
+        uniforms: dict[int, bytes] = {}  # id(program) -> parameter bytes written by an earlier step
+        steps = []
+        barriers = 0
+        for exe in executions:
+            for d in exe.dispatches:  # type: ignore[attr-defined]
+                barrier = hazards.needs_barrier(d)
+                if barrier:
+                    hazards.clear()
+                    barriers += 1
+                hazards.add(d)
+                binds = tuple(b for b in d.binds if bound.get(b[0]) != b[1:])
+                for slot, obj, off, size in binds:
+                    bound[slot] = (obj, off, size)
+                uniform = None
+                if d.program.uniform is not None and uniforms.get(id(d.program)) != d.params:
+                    uniform = d.program.uniform
+                    uniforms[id(d.program)] = d.params
+                steps.append((barrier, d.program.prog, binds, uniform, d.params, d.groups))
+        self.counters["recordings_made"] += 1
+        return GLRecording(steps, len(steps), barriers)
+
+    # -- run -------------------------------------------------------------------------------
+    def submit(self, recording: GLRecording) -> None:
+        self._use()
+        self.counters["submits"] += 1
+        ctx = self.ctx
+        storage = moderngl.SHADER_STORAGE_BARRIER_BIT
+        for barrier, prog, binds, uniform, params, (gx, gy, gz) in recording.steps:
+            if barrier:
+                ctx.memory_barrier(storage)
+            for slot, obj, off, size in binds:
+                obj.bind_to_storage_buffer(slot, offset=off, size=size)
+            if uniform is not None:
+                uniform.write(params)
+            prog.run(gx, gy, gz)
+        ctx.memory_barrier()  # all bits: buffer reads/updates and later dispatches see the results
+        ctx.finish()
+
+    def run_eager(self, executions: Sequence[Execution]) -> None:
+        self._use()
+        ctx = self.ctx
+        storage = moderngl.SHADER_STORAGE_BARRIER_BIT
+        for exe in executions:
+            # An engine without decoupling plans, looks up programs and packs arguments per run.
+            dispatches, _ = plan(self, exe.op, exe.inputs, exe.outputs)
+            self.counters["recordings_made"] += 1
+            self.counters["submits"] += 1
+            hazards = Hazards()
+            for d in dispatches:
+                if hazards.needs_barrier(d):
+                    ctx.memory_barrier(storage)
+                    hazards.clear()
+                hazards.add(d)
+                for slot, obj, off, size in d.binds:
+                    obj.bind_to_storage_buffer(slot, offset=off, size=size)
+                if d.program.uniform is not None:
+                    d.program.uniform.write(d.params)
+                d.program.prog.run(*d.groups)
+            ctx.memory_barrier()
+            ctx.finish()
+
+    # -- lifetime --------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._use()
+        self._closed = True
+        try:
+            self.ctx.finish()
+            for program in self._programs.values():
+                program.prog.release()
+            for buf in self._buffers.values():
+                if buf.obj is not None:
+                    buf.obj.release()
+                    buf.obj = None
+        finally:
+            self._programs.clear()
+            self._buffers.clear()
+            self._packed.clear()
+            self._tables.clear()
+            self.ctx.release()
+            if getattr(_current, "backend", None) is self:
+                _current.backend = None
+
+    def __repr__(self) -> str:
+        return f"<GLBackend {self.renderer!r} (OpenGL {self.version})>"
+
+
+def _view_sizes(op: A.AtomicOp) -> list[int]:
+    """Element counts of the tensors ``op`` binds (the largest must fit one SSBO binding)."""
+    import math
+    if isinstance(op, A.MatMul):
+        return [op.batch * op.m * op.n, (op.batch - 1) * op.a_batch_stride + op.m * op.k,
+                (op.batch - 1) * op.b_batch_stride + op.k * op.n]
+    if isinstance(op, (A.Conv2D, A.ConvTranspose2D)):
+        (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
+        return [op.batch * op.in_channels * h * w, op.batch * op.out_channels * oh * ow,
+                op.out_channels * op.in_channels * kh * kw // op.groups]
+    if isinstance(op, A.Pool2D):
+        (h, w), (oh, ow) = op.in_hw, op.out_hw
+        return [op.batch * op.channels * h * w, op.batch * op.channels * oh * ow]
+    if isinstance(op, (A.Softmax, A.Reduce)):
+        return [op.outer * op.size * op.inner]
+    if isinstance(op, A.Normalize):
+        return [op.outer * op.size]
+    if isinstance(op, A.Unary):
+        return [op.count]
+    if isinstance(op, (A.Binary, A.Raster)):
+        return [math.prod(op.out_shape)]
+    if isinstance(op, A.Gather):
+        return [op.outer * op.count * op.inner, op.outer * op.axis * op.inner]
+    if isinstance(op, A.Resize):
+        (h, w), (oh, ow) = op.in_hw, op.out_hw
+        return [op.planes * h * w, op.planes * oh * ow]
+    return []
+
+
+GLBackend.kernel_table = PLANNERS
+
+__all__ = ["GLBackend", "GLBuffer", "GLError", "GLRecording"]
