@@ -131,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     except GpumnnError as exc:
         print(f"gpumnn: error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # output piped into `head` and friends: stop quietly
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
