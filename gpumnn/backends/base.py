@@ -98,6 +98,10 @@ def contract_violation(op: AtomicOp) -> str | None:
         return f"unknown binary op {op.op!r}"
     if isinstance(op, A.Reduce) and op.op not in A.REDUCE_OPS:
         return f"unknown reduce op {op.op!r}"
+    if isinstance(op, A.Pool2D) and op.op not in ("max", "avg"):
+        return f"unknown pooling {op.op!r}"
+    if isinstance(op, A.Resize) and op.mode not in ("nearest", "linear"):
+        return f"unknown resize mode {op.mode!r}"
     return None
 
 

@@ -42,7 +42,7 @@ from ..errors import BackendUnavailableError
 from ..shaders.compile import ShaderCompileError, preprocess
 from .base import Backend, BackendInfo, Execution, TensorHandle
 from .cpu import host_cpu_flops
-from .glsl_plans import PLANNERS, Builder, DispatchExecution, Hazards, check_shader_op_ids, plan, window
+from .glsl_plans import PLANNERS, Builder, DispatchExecution, Hazards, check_shader_op_ids, grid_limit, plan, window
 
 _GPU_DEFAULT_FLOPS = 4e9  # paper Appendix C fallback for an unknown GPU
 _GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT = 0x90DF
@@ -212,17 +212,9 @@ class GLBackend(Backend):
         return self._info
 
     def unsupported_reason(self, op: A.AtomicOp) -> str | None:
-        reason = super().unsupported_reason(op)
+        reason = super().unsupported_reason(op) or grid_limit(op, self.max_group_count)
         if reason is not None:
             return reason
-        if isinstance(op, A.Pool2D) and op.op not in ("max", "avg"):
-            return f"unknown pooling {op.op!r}"
-        if isinstance(op, A.Resize) and op.mode not in ("nearest", "linear"):
-            return f"unknown resize mode {op.mode!r}"
-        if isinstance(op, (A.Conv2D, A.MatMul)):
-            z = op.batch * getattr(op, "groups", 1)
-            if z > self.max_group_count[2]:
-                return f"batch x groups = {z} exceeds the GL workgroup grid ({self.max_group_count[2]})"
         largest = 4 * max(_view_sizes(op), default=0)
         if largest > self.max_storage_range:
             return (f"a tensor of {largest} bytes exceeds GL_MAX_SHADER_STORAGE_BLOCK_SIZE "

@@ -43,6 +43,16 @@ from .base import Execution, TensorHandle
 from .sampling import resize_axis
 
 
+def grid_limit(op: A.AtomicOp, max_group_count: Sequence[int]) -> str | None:
+    """Why the planners' grid for ``op`` exceeds the device's workgroup-count limit, or None:
+    convolutions and matrix products put batch x groups on the grid's z axis."""
+    if isinstance(op, (A.Conv2D, A.MatMul)):
+        z = op.batch * getattr(op, "groups", 1)
+        if z > max_group_count[2]:
+            return f"batch x groups = {z} exceeds the device's workgroup grid ({max_group_count[2]})"
+    return None
+
+
 class DispatchExecution(Execution):
     """An atomic op as a list of prepared dispatches (most ops: one), in whatever form the
     backend made of each plan (a Vulkan pipeline + push constants, a GL program + uniforms)."""

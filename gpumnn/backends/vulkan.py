@@ -42,7 +42,7 @@ from .base import Backend, BackendInfo, Execution, TensorHandle
 from .cpu import host_cpu_flops
 # The API-neutral half (what to dispatch per atomic op) is shared with the OpenGL backend.
 from .glsl_plans import (PLANNERS as _PLANNERS, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
-                         DispatchExecution, Hazards as _Hazards, PlanError, _rb_blocks, check_shader_op_ids, window)
+                         DispatchExecution, Hazards as _Hazards, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, window)
 
 try:
     import vulkan as vk  # ModuleNotFoundError propagates: the registry says "pip install"
@@ -223,18 +223,7 @@ class VulkanBackend(Backend):
         return self.dev.validation
 
     def unsupported_reason(self, op: A.AtomicOp) -> str | None:
-        reason = super().unsupported_reason(op)
-        if reason is not None:
-            return reason
-        if isinstance(op, A.Pool2D) and op.op not in ("max", "avg"):
-            return f"unknown pooling {op.op!r}"
-        if isinstance(op, A.Resize) and op.mode not in ("nearest", "linear"):
-            return f"unknown resize mode {op.mode!r}"
-        if isinstance(op, (A.Conv2D, A.MatMul)):
-            z = op.batch * getattr(op, "groups", 1)
-            if z > self.dev.max_group_count[2]:
-                return f"batch x groups = {z} exceeds the device's workgroup grid"
-        return None
+        return super().unsupported_reason(op) or grid_limit(op, self.dev.max_group_count)
 
     # -- memory ----------------------------------------------------------------------------
     def _new_buffer(self, nbytes: int, kind: str) -> DeviceBuffer:
