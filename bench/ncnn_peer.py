@@ -28,7 +28,6 @@ import statistics
 import struct
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

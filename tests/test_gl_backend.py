@@ -12,10 +12,7 @@ import pytest
 
 from conftest import rel_l2, require_backend
 from gpumnn import atomic as A
-from gpumnn.backends.cpu import CpuBackend
-from test_vulkan_backend import CHAIN, CONSTANTS, GL_VARIANTS, SHAPES, X, _build
-
-ZERO = {"buffers_allocated": 0, "programs_built": 0, "executions_created": 0, "recordings_made": 0}
+from dispatch_chain import CHAIN, CONSTANTS, GL_VARIANTS, SHAPES, X, build, check_recorded_replay, cpu_reference
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -30,11 +27,7 @@ def _backend(**options):
 
 @pytest.fixture(scope="module")
 def reference():
-    cpu = CpuBackend(threads=1)
-    _, handles, executions = _build(cpu)
-    cpu.write(handles["x"], X)
-    cpu.submit(cpu.record(executions))
-    return cpu.read(handles["s"])
+    return cpu_reference()
 
 
 @pytest.mark.parametrize("kernels", ["simd", "tiled", "cpu", "gpu"])
@@ -42,22 +35,8 @@ def test_recorded_submits_create_nothing_and_eager_agrees(kernels, reference):
     be = _backend(kernels=kernels)
     try:
         assert be.kernels == {"cpu": "simd", "gpu": "tiled"}.get(kernels, kernels)
-        _, handles, executions = _build(be)
-        recording = be.record(executions)
-        assert recording.dispatches == len(CHAIN) + 1  # the concat is two region copies
-        assert recording.barriers < recording.dispatches  # the two concat copies share one
-        be.write(handles["x"], X)
-        be.submit(recording)
-        first = be.read(handles["s"])
-        assert rel_l2(first, reference) < 1e-4
-        before = dict(be.counters)
-        be.write(handles["x"], 2 * X)
-        be.submit(recording)
-        be.write(handles["x"], X)
-        be.submit(recording)
-        after = dict(be.counters)
-        assert {k: after[k] - before[k] for k in after} == dict(ZERO, submits=2)
-        np.testing.assert_array_equal(be.read(handles["s"]), first)
+        _, handles, executions = build(be)
+        recording, first = check_recorded_replay(be, handles, executions, reference)
         # eager: re-planned per op, waited on after each, same results
         be.write(handles["s"], np.zeros(SHAPES["s"], np.float32))
         before = dict(be.counters)
@@ -78,12 +57,12 @@ def test_recorded_submits_create_nothing_and_eager_agrees(kernels, reference):
 def test_eager_mode_with_fresh_pools_builds_no_programs_twice(reference):
     be = _backend()
     try:
-        pool, handles, executions = _build(be)
+        pool, handles, executions = build(be)
         be.write(handles["x"], X)
         be.run_eager(executions)
         built = be.counters["programs_built"]
         be.release(pool)  # the session's eager mode: a fresh pool and fresh executions every run
-        pool, handles, executions = _build(be)
+        pool, handles, executions = build(be)
         be.write(handles["x"], X)
         be.run_eager(executions)
         assert be.counters["programs_built"] == built
@@ -100,9 +79,9 @@ def test_two_backends_share_nothing_and_interleave(reference):
     b = _backend()
     try:
         assert a.ctx is not b.ctx
-        _, ha, ea = _build(a)
+        _, ha, ea = build(a)
         built_a = a.counters["programs_built"]
-        _, hb, eb = _build(b)
+        _, hb, eb = build(b)
         assert b.counters["programs_built"] == built_a  # b compiled its own programs
         assert not set(a._buffers) & set(b._buffers)
         ra, rb = a.record(ea), b.record(eb)

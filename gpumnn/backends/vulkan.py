@@ -385,7 +385,6 @@ class VulkanBackend(Backend):
         hazards = _Hazards()
         bound = None
         n = barriers = 0
-        device = self.dev.device
         compute = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
         bind_point = vk.VK_PIPELINE_BIND_POINT_COMPUTE
         vk.vkCmdPipelineBarrier(cmd, self._stages_in, compute, 0, 1, [self._barrier_in], 0, None, 0, None)
