@@ -81,6 +81,21 @@ def check_recorded_replay(be, handles, executions, reference):
     return recording, first
 
 
+
+def check_eager_with_fresh_pools(be, reference) -> None:
+    """The session's eager mode: a fresh pool and fresh executions every run. The second run
+    must build no program again (programs are cached by variant) and still be right."""
+    pool, handles, executions = build(be)
+    be.write(handles["x"], X)
+    be.run_eager(executions)
+    built = be.counters["programs_built"]
+    be.release(pool)
+    pool, handles, executions = build(be)
+    be.write(handles["x"], X)
+    be.run_eager(executions)
+    assert be.counters["programs_built"] == built
+    assert rel_l2(be.read(handles["s"]), reference) < 1e-4
+
 GL_VARIANTS = [
     ("raster", {"NDIM": 3}), ("unary", {"OP": 7}), ("binary", {"OP": 4, "ACT": 3, "NDIM": 2}), ("reduce", {"OP": 1, "WG_PER_ROW": 1, "WG": 64}),
     ("matmul", {"HAS_BIAS": 1, "NT": 256}), ("matmul", {"REGBLOCK": 1, "RM": 4, "RN": 8, "WG": 16, "B_VEC4": 1}),

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import rel_l2, require_backend
 from gpumnn import atomic as A
-from dispatch_chain import CHAIN, CONSTANTS, GL_VARIANTS, SHAPES, X, build, check_recorded_replay, cpu_reference
+from dispatch_chain import CHAIN, CONSTANTS, GL_VARIANTS, SHAPES, X, build, check_eager_with_fresh_pools, check_recorded_replay, cpu_reference
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -57,16 +57,7 @@ def test_recorded_submits_create_nothing_and_eager_agrees(kernels, reference):
 def test_eager_mode_with_fresh_pools_builds_no_programs_twice(reference):
     be = _backend()
     try:
-        pool, handles, executions = build(be)
-        be.write(handles["x"], X)
-        be.run_eager(executions)
-        built = be.counters["programs_built"]
-        be.release(pool)  # the session's eager mode: a fresh pool and fresh executions every run
-        pool, handles, executions = build(be)
-        be.write(handles["x"], X)
-        be.run_eager(executions)
-        assert be.counters["programs_built"] == built
-        assert rel_l2(be.read(handles["s"]), reference) < 1e-4
+        check_eager_with_fresh_pools(be, reference)
     finally:
         be.close()
 

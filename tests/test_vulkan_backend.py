@@ -17,7 +17,7 @@ from conftest import rel_l2, require_backend
 from gpumnn import atomic as A
 from gpumnn.backends.cpu import CpuBackend
 from gpumnn.errors import BackendUnavailableError
-from dispatch_chain import CHAIN, GL_VARIANTS, SHAPES, X, build, check_recorded_replay, cpu_reference
+from dispatch_chain import CHAIN, GL_VARIANTS, SHAPES, X, build, check_eager_with_fresh_pools, check_recorded_replay, cpu_reference
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -55,17 +55,7 @@ def test_recorded_submits_create_nothing_and_eager_agrees(kernels, reference):
 def test_eager_mode_rewrites_descriptors_but_builds_no_programs_twice(reference):
     be = _backend()
     try:
-        pool, handles, executions = build(be)
-        be.write(handles["x"], X)
-        be.run_eager(executions)
-        built = be.counters["programs_built"]
-        # The session's eager mode: a fresh pool and fresh executions every run.
-        be.release(pool)
-        pool, handles, executions = build(be)
-        be.write(handles["x"], X)
-        be.run_eager(executions)
-        assert be.counters["programs_built"] == built  # pipelines are cached by variant
-        assert rel_l2(be.read(handles["s"]), reference) < 1e-4
+        check_eager_with_fresh_pools(be, reference)
     finally:
         be.close()
 
