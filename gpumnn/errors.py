@@ -36,3 +36,7 @@ class InputError(GpumnnError, ValueError):
 
 class BackendUnavailableError(GpumnnError, RuntimeError):
     """A compute API cannot start on this machine; the message says why."""
+
+
+class SessionClosedError(GpumnnError, RuntimeError):
+    """A session (or its backend) was used after ``close()``."""

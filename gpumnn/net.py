@@ -32,14 +32,17 @@ class Net:
         return list(self.graph.outputs)
 
     def session(self, backend: str = "cpu", input_shapes: Mapping[str, Sequence[int]] | None = None,
-                record: bool = True, threads: int | None = None, fallback: bool = True, **backend_options: Any) -> Session:
+                record: bool = True, threads: int | None = None, fallback: bool = True,
+                max_concurrent_runs: int | None = None, **backend_options: Any) -> Session:
         """Pre-inference for one backend and one set of input shapes (see :class:`Session`).
 
         ``fallback=True`` runs on the CPU, with a warning, when the backend cannot start;
-        ``fallback=False`` raises BackendUnavailableError instead.
+        ``fallback=False`` raises BackendUnavailableError instead. ``max_concurrent_runs`` caps
+        how many threads' runs proceed at once (each needs a run state of its own; the backends
+        set the upper bound, see the README's Threads section).
         """
         return Session(self.graph, backend=backend, input_shapes=input_shapes, record=record, threads=threads,
-                       fallback=fallback, **backend_options)
+                       fallback=fallback, max_concurrent_runs=max_concurrent_runs, **backend_options)
 
     def infer_shapes(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, tuple[int, ...]]:
         """Concrete shape of every run-time tensor for the given input shapes."""

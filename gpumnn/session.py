@@ -5,13 +5,18 @@ selection -> placement -> memory plan per backend -> pools, constants, execution
 recordings. ``run`` then writes inputs, submits recordings (with copies between backends where
 placement split the graph) and reads outputs. With ``record=False`` (eager) the per-run
 preparation is redone on every run, which is what the paper's Table 2 compares against.
+
+Threads: ``run`` may be called from several threads at once. Each run borrows a prepared run
+state (pools, executions, recordings) of its own from a small pool (:mod:`.run_states`); the
+backends bound how many may be in flight, and callers past that wait their turn.
 """
 from __future__ import annotations
 
 import time
 import warnings
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -21,6 +26,7 @@ from .backends.cpu import CpuBackend
 from .errors import BackendUnavailableError, InputError
 from .geometry import lower
 from .ir import Graph
+from .run_states import RunStatePool
 from .scheduler import MemoryPlan, Placement, place, plan_memory, select_schemes
 
 
@@ -68,16 +74,26 @@ class Session:
     """A model prepared for one backend and one set of input shapes. Create with ``Net.session``."""
 
     def __init__(self, graph: Graph, backend: str = "cpu", input_shapes: Mapping[str, Sequence[int]] | None = None,
-                 record: bool = True, threads: int | None = None, fallback: bool = True, **backend_options: Any):
+                 record: bool = True, threads: int | None = None, fallback: bool = True,
+                 max_concurrent_runs: int | None = None, **backend_options: Any):
         started = time.perf_counter()
         self.graph = graph
         self.record = record
         self.input_shapes = resolve_input_shapes(graph, input_shapes)
         self.fallback_reason: str | None = None
+        self._closed = False
         self.backends = self._start_backends(backend, threads, fallback, backend_options)
         self.backend = backend if self.fallback_reason is None else "cpu"
+        try:
+            with self._active():
+                self._pre_inference(record, max_concurrent_runs)
+        except BaseException:
+            self.close()
+            raise
+        self.prepare_seconds = time.perf_counter() - started
 
-        program = lower(graph, self.input_shapes)
+    def _pre_inference(self, record: bool, max_concurrent_runs: int | None) -> None:
+        program = lower(self.graph, self.input_shapes)
         program.ops = select_schemes(program.ops)
         self.program = program
         self.placement: Placement = place(program, self.backends, self.backend)
@@ -89,8 +105,15 @@ class Session:
             for name in op.inputs:
                 if name in program.constants and (b, name) not in self._constants:
                     self._constants[(b, name)] = self.backends[b].constant(program.constants[name])
-        self._prepared = self._prepare(recorded=True) if record else None
-        self.prepare_seconds = time.perf_counter() - started
+        capacity = min(b.max_concurrent_runs for b in self.backends.values())
+        if max_concurrent_runs is not None:
+            if int(max_concurrent_runs) < 1:
+                raise ValueError(f"max_concurrent_runs must be at least 1, not {max_concurrent_runs}")
+            capacity = min(capacity, int(max_concurrent_runs))
+        self.max_concurrent_runs = capacity
+        self._states: RunStatePool[_Prepared] = RunStatePool(
+            lambda: self._prepare(recorded=record), capacity, keep=record, discard=self._release,
+            first=self._prepare(recorded=True) if record else None)
 
     # -- creation helpers ------------------------------------------------------------------
     def _start_backends(self, name: str, threads: int | None, fallback: bool, options: dict) -> dict[str, Backend]:
@@ -106,6 +129,20 @@ class Session:
             warnings.warn(f"{exc}; running on the cpu backend instead (pass fallback=False to refuse)", RuntimeWarning,
                           stacklevel=4)
             return {"cpu": cpu}
+
+    @contextmanager
+    def _active(self) -> Iterator[None]:
+        """Every backend ready for use from the calling thread (see ``Backend.activate``)."""
+        with ExitStack() as stack:
+            for backend in self.backends.values():
+                stack.enter_context(backend.activate())
+            yield
+
+    def _release(self, prepared: _Prepared) -> None:
+        """Free an eager run's pools (recorded states live until ``close``)."""
+        with self._active():
+            for b, pool in prepared.pools.items():
+                self.backends[b].release(pool)
 
     def _handle(self, pools: dict[str, Any], backend: str, name: str) -> TensorHandle:
         """The handle of tensor ``name`` on ``backend``: its storage's slot, seen with its own shape."""
@@ -163,9 +200,15 @@ class Session:
         return arrays
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Run the model; returns {output name: array}. A recorded run allocates and builds nothing."""
+        """Run the model; returns {output name: array}. A recorded run allocates and builds nothing.
+
+        Safe to call from several threads at once: each run borrows a run state of its own.
+        """
         arrays = self._check_inputs(inputs)
-        prepared = self._prepared if self.record else self._prepare(recorded=False)
+        with self._states.borrow() as prepared, self._active():
+            return self._run(prepared, arrays)
+
+    def _run(self, prepared: _Prepared, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         io = prepared.io
         for name, array in arrays.items():
             storage = self.program.storage_of(name)
@@ -191,9 +234,6 @@ class Session:
             if np.issubdtype(np.dtype(info.dtype), np.integer) or np.dtype(info.dtype) == np.bool_:
                 value = value.astype(info.dtype)
             results[name] = value
-        if not self.record:
-            for b, pool in prepared.pools.items():
-                self.backends[b].release(pool)
         return results
 
     __call__ = run
@@ -217,7 +257,8 @@ class Session:
     def report_rows(self) -> list[dict[str, Any]]:
         """Per atomic op: backend, scheme, shapes, bytes, MACs, estimated cost, fallback reason."""
         rows = []
-        executions = self._prepared.executions if self._prepared else [None] * len(self.program.ops)
+        prepared = self._states.peek() if self.record else None
+        executions = prepared.executions if prepared else [None] * len(self.program.ops)
         for i, (op, b) in enumerate(zip(self.program.ops, self.placement.op_backends)):
             exe = executions[i]
             out_shape = self.program.shapes[op.outputs[0]]
@@ -248,8 +289,22 @@ class Session:
         return "\n".join(lines)
 
     def close(self) -> None:
-        for backend in self.backends.values():
+        """Wait for runs in flight, then free every backend's resources. Idempotent; a run
+        after close raises SessionClosedError."""
+        if self._closed:
+            return
+        self._closed = True
+        states = getattr(self, "_states", None)
+        if states is not None:
+            states.close()
+        for backend in getattr(self, "backends", {}).values():
             backend.close()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return f"<Session backend={self.backend!r} ops={len(self.program.ops)} record={self.record}>"

@@ -17,11 +17,19 @@ Eager mode (``record=False``) is the paper's baseline: the session repeats alloc
 ``create_execution`` on every run and calls ``run_eager``, which waits after every op.
 
 ``counters`` lets tests prove that a recorded run allocates, builds and records nothing.
+
+Threads: a session lends each run its own pools, executions and recordings (a *run state*,
+see ``gpumnn.run_states``), so verbs of different runs never touch the same tensors. A backend
+says through ``max_concurrent_runs`` how many run states of one session may be in flight at
+once: more than one only where its verbs share no mutable per-backend state (a staging buffer,
+a fence, a command pool). ``activate`` brackets every use from a thread; an API whose context
+belongs to one thread at a time (OpenGL) makes it current there and holds it for the bracket.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import Counter
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping, Sequence
 
@@ -114,6 +122,8 @@ class Backend(ABC):
     alignment: int = 64
     #: atomic op type -> how this backend builds its kernel (checked by ``unsupported_reason``)
     kernel_table: ClassVar[Mapping[type, Any]] = {}
+    #: run states of one session that may run at once on this backend (1: runs take turns)
+    max_concurrent_runs: ClassVar[int] = 1
 
     def __init__(self) -> None:
         self.counters: Counter[str] = Counter({k: 0 for k in COUNTERS})
@@ -129,6 +139,16 @@ class Backend(ABC):
         if type(op) not in self.kernel_table:
             return f"the {self.name} backend has no kernel for atomic op {type(op).__name__}"
         return contract_violation(op)
+
+    # -- threads ---------------------------------------------------------------------------
+    def activate(self) -> AbstractContextManager[Any]:
+        """A bracket inside which the calling thread may use this backend's verbs.
+
+        Backends whose API objects may be used from any thread need nothing (the default); the
+        OpenGL backend makes its context current in the calling thread and holds it until the
+        bracket closes. Brackets nest; the session opens one around creation and each run.
+        """
+        return nullcontext()
 
     # -- memory ----------------------------------------------------------------------------
     @abstractmethod

@@ -10,6 +10,7 @@ constant folding of shape arithmetic (int64) reuses this backend.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -71,6 +72,8 @@ class CpuBackend(Backend):
     """NumPy on the host CPU, BLAS threads limited to ``threads`` (default: all cores)."""
 
     name = "cpu"
+    #: runs on distinct run states touch distinct buffers; nothing else is shared between them
+    max_concurrent_runs = 2
     alignment = 64
 
     def __init__(self, threads: int | None = None, **_: Any):
@@ -126,26 +129,50 @@ class CpuBackend(Backend):
 
 
 class _ThreadLimiter:
-    """Limits BLAS/OpenMP threads while a run is in flight (threadpoolctl), restoring after."""
+    """Limits BLAS/OpenMP threads while runs are in flight (threadpoolctl), restoring after.
+
+    The limit is process state, not per thread, so it is shared by every run in the process:
+    the first run to enter sets it, the last to leave restores the libraries' defaults. A
+    per-run set/restore would let one thread's restore lift another's limit mid-run.
+    """
+
+    _lock = threading.Lock()
+    _inside = 0
+    _ctx: Any = None
+    _controller: Any = None
+    _probed = False
 
     def __init__(self, threads: int):
         self.threads = threads
-        self._ctx = None
-        try:
-            from threadpoolctl import ThreadpoolController
-            self._controller = ThreadpoolController()
-        except Exception:  # threadpoolctl missing or no BLAS found: run with library defaults
-            self._controller = None
+
+    @classmethod
+    def _get_controller(cls) -> Any:
+        if not cls._probed:
+            cls._probed = True
+            try:
+                from threadpoolctl import ThreadpoolController
+                cls._controller = ThreadpoolController()
+            except Exception:  # threadpoolctl missing or no BLAS found: run with library defaults
+                cls._controller = None
+        return cls._controller
 
     def __enter__(self):
-        if self._controller is not None and self.threads != os.cpu_count():
-            self._ctx = self._controller.limit(limits=self.threads)
+        cls = type(self)
+        with cls._lock:
+            cls._inside += 1
+            if cls._inside == 1 and self.threads != os.cpu_count():
+                controller = cls._get_controller()
+                if controller is not None:
+                    cls._ctx = controller.limit(limits=self.threads)
         return self
 
     def __exit__(self, *exc):
-        if self._ctx is not None:
-            self._ctx.restore_original_limits()
-            self._ctx = None
+        cls = type(self)
+        with cls._lock:
+            cls._inside -= 1
+            if cls._inside == 0 and cls._ctx is not None:
+                cls._ctx.restore_original_limits()
+                cls._ctx = None
 
 
 # --------------------------------------------------------------------------------------------

@@ -3,9 +3,12 @@
 Design
 ------
 * Context: one standalone moderngl context per backend, created through EGL (no display
-  needed; falls back to moderngl's default platform backend). GL state is per context and per
-  thread, so every entry point makes this backend's context current first (a cheap check
-  when it already is).
+  needed; falls back to moderngl's default platform backend). A GL context is current in at
+  most one thread, so it is current nowhere between uses: every entry point runs inside
+  ``activate()``, which takes the backend's lock, makes the context current in the calling
+  thread and releases it when the outermost bracket closes (an eglMakeCurrent pair, ~2 us).
+  The session brackets creation and each whole run, so any thread may create, run and close,
+  one at a time.
 * Memory: the session pool (``allocate``) and every constant are GL buffer objects
   (``ctx.buffer``); ``write`` / ``read`` are glBufferSubData / glGetBufferSubData.
 * Kernels: the same API-neutral sources as Vulkan (``gpumnn/shaders/glsl``), preprocessed with
@@ -27,11 +30,13 @@ Design
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import os
 import re
 import threading
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
@@ -49,7 +54,16 @@ _GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT = 0x90DF
 _GL_MAX_COMPUTE_SHARED_MEMORY_SIZE = 0x8262
 _SOFTWARE = ("llvmpipe", "softpipe", "swrast", "software")
 _ids = itertools.count(1)
-_current = threading.local()  # .backend: the GLBackend whose context is current in this thread
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _in_context(method: _Method) -> _Method:
+    """Run a GLBackend verb inside ``activate()`` (its context current in this thread)."""
+    @functools.wraps(method)
+    def wrapper(self: "GLBackend", *args: Any, **kwargs: Any) -> Any:
+        with self.activate():
+            return method(self, *args, **kwargs)
+    return wrapper  # type: ignore[return-value]
 
 
 class GLError(RuntimeError):
@@ -156,6 +170,8 @@ class GLBackend(Backend):
     def __init__(self, device: Any = None, kernels: str | None = "auto", **_: Any):
         super().__init__()
         self._closed = True
+        self._lock = threading.RLock()
+        self._depth = 0  # nesting of activate() brackets in the thread holding the lock
         check_shader_op_ids()
         kernels = kernels or "auto"
         if kernels == "auto":
@@ -164,14 +180,14 @@ class GLBackend(Backend):
         if kernels not in ("auto", "simd", "tiled"):
             raise ValueError(f"kernels must be 'auto', 'simd' (alias 'cpu') or 'tiled' (alias 'gpu'), "
                              f"not {kernels!r}")
-        self.ctx = _create_context()
+        self.ctx = _create_context()  # created current in this thread
         try:
             self._setup(kernels)
         except BaseException:
             self.ctx.release()
-            _current.backend = None
             raise
-        _current.backend = self
+        finally:
+            self.ctx.__exit__(None, None, None)  # current nowhere until a bracket opens
         self._closed = False
 
     def _setup(self, kernels: str) -> None:
@@ -230,13 +246,23 @@ class GLBackend(Backend):
         return 16 if op.activation is None or op.activation[0] in ("identity", "relu") else 8
 
     # -- context -----------------------------------------------------------------------------
-    def _use(self) -> None:
-        """Make this backend's context current in this thread (several backends may coexist)."""
-        if self._closed:
-            raise GLError("the OpenGL backend is closed")
-        if getattr(_current, "backend", None) is not self:
-            self.ctx.__enter__()
-            _current.backend = self
+    @contextmanager
+    def activate(self) -> Iterator[None]:
+        """This backend's context current in the calling thread, exclusively, until the
+        outermost bracket closes (then current in no thread, ready for any other)."""
+        with self._lock:
+            if self._closed:
+                raise GLError("the OpenGL backend is closed")
+            outermost = self._depth == 0
+            if outermost:
+                self.ctx.__enter__()
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if outermost and self.ctx is not None:
+                    self.ctx.__exit__(None, None, None)
 
     # -- memory ----------------------------------------------------------------------------
     def _new_buffer(self, nbytes: int, kind: str, data: bytes | None = None) -> GLBuffer:
@@ -246,37 +272,37 @@ class GLBackend(Backend):
         self._buffers[buf.id] = buf
         return buf
 
+    @_in_context
     def allocate(self, nbytes: int) -> GLBuffer:
-        self._use()
         return self._new_buffer(max(int(nbytes), 16), "pool")
 
     def release(self, buffer: Any) -> None:
         if self._closed or not isinstance(buffer, GLBuffer) or not buffer.alive:
             return
-        if self._buffers.pop(buffer.id, None) is None:
-            return  # another backend's buffer
-        self._use()
-        buffer.obj.release()
-        buffer.obj = None
+        with self.activate():
+            if self._buffers.pop(buffer.id, None) is None:
+                return  # another backend's buffer
+            buffer.obj.release()
+            buffer.obj = None
 
+    @_in_context
     def constant(self, array: np.ndarray) -> TensorHandle:
-        self._use()
         data = np.ascontiguousarray(np.asarray(array, dtype=np.float32)).reshape(-1)
         if data.size == 0:
             data = np.zeros(1, np.float32)
         buf = self._new_buffer(data.nbytes, "constant", data.tobytes())
         return TensorHandle(buf, 0, tuple(np.shape(array)))
 
+    @_in_context
     def write(self, handle: TensorHandle, array: np.ndarray) -> None:
-        self._use()
         data = np.ascontiguousarray(np.asarray(array, dtype=np.float32)).reshape(-1)
         if data.size != handle.size:
             raise ValueError(f"write of {data.size} elements into a tensor of {handle.size}")
         if data.size:
             handle.buffer.obj.write(data, offset=4 * handle.offset)
 
+    @_in_context
     def read(self, handle: TensorHandle) -> np.ndarray:
-        self._use()
         out = np.empty(handle.shape, dtype=np.float32)
         if out.size:
             handle.buffer.obj.read_into(out, size=out.nbytes, offset=4 * handle.offset)
@@ -287,6 +313,7 @@ class GLBackend(Backend):
                       "GL_MAX_SHADER_STORAGE_BLOCK_SIZE")
 
     # -- kernels -----------------------------------------------------------------------------
+    @_in_context
     def _program(self, kernel: str, defines: dict) -> _Program:
         key = (kernel, tuple(sorted(defines.items())))
         program = self._programs.get(key)
@@ -310,17 +337,17 @@ class GLBackend(Backend):
         return _Dispatch(program, binds, params, builder.groups, tuple(builder.reads), tuple(builder.writes))
 
     # -- pre-inference ---------------------------------------------------------------------
+    @_in_context
     def create_execution(self, op: A.AtomicOp, inputs: Sequence[TensorHandle],
                          outputs: Sequence[TensorHandle]) -> DispatchExecution:
-        self._use()
         if type(op) not in PLANNERS:
             raise NotImplementedError(f"OpenGL backend: no kernel for {type(op).__name__} (node {op.source!r})")
         self.counters["executions_created"] += 1
         dispatches, scheme = plan(self, op, inputs, outputs)
         return DispatchExecution(op, inputs, outputs, dispatches, scheme)
 
+    @_in_context
     def record(self, executions: Sequence[Execution]) -> GLRecording:
-        self._use()
         hazards = Hazards()
         bound: dict[int, tuple] = {}  # slot -> (buffer, offset, size) bound by an earlier step
         uniforms: dict[int, bytes] = {}  # id(program) -> parameter bytes written by an earlier step
@@ -345,8 +372,8 @@ class GLBackend(Backend):
         return GLRecording(steps, len(steps), barriers)
 
     # -- run -------------------------------------------------------------------------------
+    @_in_context
     def submit(self, recording: GLRecording) -> None:
-        self._use()
         self.counters["submits"] += 1
         ctx = self.ctx
         storage = moderngl.SHADER_STORAGE_BARRIER_BIT
@@ -361,8 +388,8 @@ class GLBackend(Backend):
         ctx.memory_barrier()  # all bits: buffer reads/updates and later dispatches see the results
         ctx.finish()
 
+    @_in_context
     def run_eager(self, executions: Sequence[Execution]) -> None:
-        self._use()
         ctx = self.ctx
         storage = moderngl.SHADER_STORAGE_BARRIER_BIT
         for exe in executions:
@@ -386,26 +413,26 @@ class GLBackend(Backend):
 
     # -- lifetime --------------------------------------------------------------------------
     def close(self) -> None:
-        if self._closed:
-            return
-        self._use()
-        self._closed = True
-        try:
-            self.ctx.finish()
-            for program in self._programs.values():
-                program.prog.release()
-            for buf in self._buffers.values():
-                if buf.obj is not None:
-                    buf.obj.release()
-                    buf.obj = None
-        finally:
-            self._programs.clear()
-            self._buffers.clear()
-            self._packed.clear()
-            self._tables.clear()
-            self.ctx.release()
-            if getattr(_current, "backend", None) is self:
-                _current.backend = None
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                with self.activate():
+                    self._closed = True
+                    self.ctx.finish()
+                    for program in self._programs.values():
+                        program.prog.release()
+                    for buf in self._buffers.values():
+                        if buf.obj is not None:
+                            buf.obj.release()
+                            buf.obj = None
+            finally:
+                self._closed = True
+                self._programs.clear()
+                self._buffers.clear()
+                self._packed.clear()
+                self._tables.clear()
+                self.ctx.release()  # current in no thread now (the bracket has closed)
 
     def __repr__(self) -> str:
         return f"<GLBackend {self.renderer!r} (OpenGL {self.version})>"

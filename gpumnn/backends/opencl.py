@@ -200,6 +200,8 @@ class OpenCLBackend(Backend):
     """OpenCL 1.2+ on one device (a GPU if there is one, else e.g. PoCL on the CPU)."""
 
     name = "opencl"
+    #: runs on distinct run states touch distinct buffers; nothing else is shared between them
+    max_concurrent_runs = 2
 
     def __init__(self, device: str | int | None = None, kernels: str = "auto", **_: Any):
         """``device``: index or name substring (or "gpu"/"cpu"); default a GPU, else any device.
