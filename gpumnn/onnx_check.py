@@ -11,12 +11,13 @@ What the checker is given, and why:
 * Weights stay out of it. The checker works on a serialised model, and serialising (and the
   checker's own parse of) 100 MB of weights cost several times the rest of a load. So the
   checker sees a *weightless view*: initializers of more than ``INLINE_ELEMENTS`` elements, and
-  those stored as external data, are declared as graph inputs of the same type and shape instead
-  of being carried along. Shape inference needs only their type and shape; the small tensors it
-  reads values from (Reshape shapes, Slice starts, ...) stay inline. What the view leaves
-  unchecked -- a weight's byte count against its shape -- ``onnx_import`` finds when it reads the
-  weight. The view is small whatever the model's size, so models over protobuf's 2 GiB limit
-  (weights in external data) are checked too.
+  those stored as external data, are declared as graph inputs of the same type and shape
+  instead of being carried along (a large initializer that is also a declared graph input stays,
+  to be checked against its declaration). Shape inference needs only their type and shape; the
+  small tensors it reads values from (Reshape shapes, Slice starts, ...) stay inline. What the
+  view leaves unchecked -- a weight's byte count against its shape -- ``onnx_import`` finds when
+  it reads the weight. The view is small whatever the model's size, so models over protobuf's
+  2 GiB limit (weights in external data) are checked too.
 * The checker wants every graph input and output declared with an element type and a shape;
   ONNX Runtime (and most hand-built test models) leave output types to inference. When a
   declaration is missing, the check runs on ``onnx.shape_inference.infer_shapes(strict_mode=True,
@@ -65,8 +66,8 @@ def weightless_view(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with its large and external initializers declared as graph inputs (see above)."""
     graph = model.graph
     declared = {i.name for i in graph.input}
-    moved = [t for t in graph.initializer if t.name not in declared
-             and (external_data_helper.uses_external_data(t) or int(np.prod(t.dims)) > INLINE_ELEMENTS)]
+    moved = [t for t in graph.initializer if external_data_helper.uses_external_data(t)
+             or (t.name not in declared and int(np.prod(t.dims)) > INLINE_ELEMENTS)]
     if not moved:
         return model
     moved_names = {t.name for t in moved}
@@ -74,7 +75,8 @@ def weightless_view(model: onnx.ModelProto) -> onnx.ModelProto:
     _copy_fields(model, view, skip="graph")
     _copy_fields(graph, view.graph, skip="initializer")
     view.graph.initializer.extend(t for t in graph.initializer if t.name not in moved_names)
-    view.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in moved)
+    view.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                            for t in moved if t.name not in declared)
     return view
 
 

@@ -101,3 +101,14 @@ def test_external_references_in_memory_are_refused(tmp_path):
     for source in (unloaded, path.read_bytes()):
         with pytest.raises(gpumnn.ModelError, match="'W'.*'weights.bin'.*no folder"):
             gpumnn.load(source)
+
+
+def test_external_weight_also_declared_as_graph_input_loads(tmp_path):
+    """Old exporters (IR < 4) also list every weight as a graph input; the checker must not look for its bytes."""
+    folder = tmp_path / "model"
+    path = _write(folder, "weights.bin", folder / "weights.bin")
+    model = onnx.load(str(path), load_external_data=False)
+    model.graph.input.append(helper.make_tensor_value_info("W", TensorProto.FLOAT, WEIGHT.shape))
+    path.write_bytes(model.SerializeToString())
+    x = np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_allclose(gpumnn.load(path).session().run({"x": x})["y"], x @ WEIGHT, rtol=1e-5, atol=1e-5)
