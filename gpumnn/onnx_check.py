@@ -17,7 +17,8 @@ What the checker is given, and why:
   small tensors it reads values from (Reshape shapes, Slice starts, ...) stay inline. What the
   view leaves unchecked -- a weight's byte count against its shape -- ``onnx_import`` finds when
   it reads the weight. The view is small whatever the model's size, so models over protobuf's
-  2 GiB limit (weights in external data) are checked too.
+  2 GiB limit (weights in external data) are checked too; only a model holding over 2 GiB
+  elsewhere (weights in Constant nodes) is loaded unchecked, with a warning.
 * The checker wants every graph input and output declared with an element type and a shape;
   ONNX Runtime (and most hand-built test models) leave output types to inference. When a
   declaration is missing, the check runs on ``onnx.shape_inference.infer_shapes(strict_mode=True,
@@ -28,6 +29,7 @@ What the checker is given, and why:
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 import onnx
@@ -38,6 +40,8 @@ from .errors import ModelError
 
 #: initializers up to this many elements stay in the checked view (shape inference reads their values)
 INLINE_ELEMENTS = 4096
+#: protobuf's limit on one serialised message, and so on what the checker can take
+PROTOBUF_LIMIT = 2**31 - 1
 
 # Where the checker's messages name a node: "(op_type:Add, node name: add1)" from inference
 # ("(op_type:Add)" for an unnamed node), "Name: add1 OpType: Add" from the node checks,
@@ -54,10 +58,19 @@ def check_model(model: onnx.ModelProto) -> None:
     """Run the ONNX checker with full, strict shape inference; raise ModelError naming the node."""
     view = weightless_view(model)
     try:
+        serialized = view.SerializeToString()
+    except Exception:  # protobuf refuses to encode a message over 2 GiB
+        serialized = None
+    if serialized is None or len(serialized) > PROTOBUF_LIMIT:
+        warnings.warn(f"the ONNX model {model.graph.name!r} holds more than 2 GiB outside its initializers "
+                      "(e.g. in Constant nodes), which the ONNX checker cannot take; it was loaded unchecked",
+                      RuntimeWarning, stacklevel=5)
+        return
+    try:
         if _declarations_complete(view.graph):
-            checker.check_model(view.SerializeToString(), full_check=True)
+            checker.check_model(serialized, full_check=True)
         else:
-            checker.check_model(_completed(view), full_check=True)
+            checker.check_model(_completed(serialized), full_check=True)
     except (checker.ValidationError, shape_inference.InferenceError) as exc:
         raise checker_error(model, str(exc)) from None
 
@@ -105,9 +118,9 @@ def _declarations_complete(graph: onnx.GraphProto) -> bool:
     return True
 
 
-def _completed(view: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``view`` whose missing output declarations strict shape inference filled in."""
-    inferred = shape_inference.infer_shapes(view, check_type=True, strict_mode=True, data_prop=True)
+def _completed(serialized: bytes) -> onnx.ModelProto:
+    """The checked view with the missing output declarations strict shape inference filled in."""
+    inferred = shape_inference.infer_shapes(serialized, check_type=True, strict_mode=True, data_prop=True)
     graph = inferred.graph
     undeclared = [o for o in graph.output
                   if o.type.WhichOneof("value") is None
@@ -163,4 +176,4 @@ def _named_nodes(graph: onnx.GraphProto, message: str) -> list[tuple[str, str]]:
     return list(dict.fromkeys(found))
 
 
-__all__ = ["INLINE_ELEMENTS", "check_model", "checker_error", "weightless_view"]
+__all__ = ["INLINE_ELEMENTS", "PROTOBUF_LIMIT", "check_model", "checker_error", "weightless_view"]

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import gpumnn
 from gpumnn import zoo
+from gpumnn import onnx_check
 from gpumnn.onnx_check import INLINE_ELEMENTS, weightless_view
 
 ort = pytest.importorskip("onnxruntime")
@@ -128,6 +129,19 @@ def test_valid_model_with_undeclared_outputs_loads_and_runs(backend):
     x = np.random.default_rng(1).standard_normal((2, 2, 3)).astype(np.float32)
     got = gpumnn.load(model).session(backend=backend, fallback=False).run({"x": x})["y"]
     np.testing.assert_allclose(got, x.reshape(4, 3) @ weight, rtol=1e-4, atol=1e-4)
+
+
+def test_model_too_large_for_the_checker_loads_unchecked_with_a_warning(monkeypatch):
+    """Weights in Constant nodes stay in the checked view; past protobuf's 2 GiB the checker cannot run."""
+    value = np.arange(2 * INLINE_ELEMENTS, dtype=np.float32).reshape(2, INLINE_ELEMENTS)
+    model = _model([helper.make_node("Constant", [], ["c"], name="weights", value=numpy_helper.from_array(value)),
+                    helper.make_node("Add", ["x", "c"], ["y"], name="add")],
+                   [_vi("x", (2, INLINE_ELEMENTS))], [_vi("y", (2, INLINE_ELEMENTS))])
+    monkeypatch.setattr(onnx_check, "PROTOBUF_LIMIT", model.ByteSize() // 2)  # stand-in for 2 GiB
+    with pytest.warns(RuntimeWarning, match="2 GiB.*unchecked"):
+        net = gpumnn.load(model)
+    x = np.ones((2, INLINE_ELEMENTS), np.float32)
+    np.testing.assert_array_equal(net.session().run({"x": x})["y"], x + value)
 
 
 @pytest.mark.parametrize("name", zoo.names())
