@@ -118,7 +118,13 @@ def test_two_processes_warm_one_empty_cache(tmp_path):
     env = dict(os.environ, GPUMNN_CACHE_DIR=str(cache))
     children = [subprocess.Popen([sys.executable, "-c", script, str(i), *backends], env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
-    outputs = [child.communicate(timeout=240)[0] for child in children]
+    try:
+        outputs = [child.communicate(timeout=240)[0] for child in children]
+    finally:
+        for child in children:  # a hung child is stopped, not left behind
+            if child.poll() is None:
+                child.kill()
+                child.wait()
     for child, output in zip(children, outputs):
         assert child.returncode == 0, output
     for backend in backends:
