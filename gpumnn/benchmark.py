@@ -111,11 +111,11 @@ def benchmark(models: Iterable[str], backends: Sequence[str], threads: int | Non
     for model_name in models:
         if model_name in zoo.MODELS:
             proto, shape = zoo.build(model_name), zoo.input_shape(model_name)
+            net = load(proto)
         else:
             import onnx
-            proto = onnx.load(model_name)
-            shape = None
-        net = load(proto)
+            net = load(model_name)  # first: it refuses invalid models and external data outside their folder
+            proto, shape = onnx.load(model_name), None
         if shape is None:
             shape = tuple(int(d) for d in net.inputs[0].shape)
         x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)

@@ -1,8 +1,10 @@
 """ONNX -> gpumnn IR.
 
-The importer is the only module that touches protobufs. It turns attributes into plain Python
-values, initializers and Constant nodes into NumPy constants, and rejects what we cannot run
-with an error that names the problem (file, node, op type, reason).
+The importer (with its helpers onnx_check.py and external_data.py) is the only code that touches
+protobufs. It refuses a model the ONNX checker refuses (onnx_check.py) and external data outside
+the model's folder (external_data.py), turns attributes into plain Python values, initializers
+and Constant nodes into NumPy constants, and rejects what we cannot run with an error that names
+the problem (file, node, op type, reason).
 """
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ import onnx
 from onnx import numpy_helper
 
 from .errors import ModelError, UnsupportedOpError
+from .external_data import check_locations, load_external_data, refuse_unresolvable
 from .ir import Graph, Node, ValueInfo
+from .onnx_check import check_model
 
 MIN_OPSET, MAX_OPSET = 11, 21
 
@@ -56,25 +60,40 @@ def _value_info(info: onnx.ValueInfoProto) -> ValueInfo:
 
 
 def _read_model(source: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
+    """Parse the model, check it with the ONNX checker and read its external data (from its folder only)."""
     if isinstance(source, onnx.ModelProto):
+        refuse_unresolvable(source, f"model {source.graph.name!r}")
+        _check_opset(source)
+        check_model(source)
         return source
+    path = None
     try:
         if isinstance(source, (bytes, bytearray)):
-            return onnx.load_from_string(bytes(source))
-        path = Path(source)
-        if not path.exists():
-            raise ModelError(f"model file {str(path)!r} does not exist")
-        return onnx.load(str(path))
+            data = bytes(source)
+        else:
+            path = Path(source)
+            if not path.exists():
+                raise ModelError(f"model file {str(path)!r} does not exist")
+            data = path.read_bytes()
+        model = onnx.load_from_string(data)
     except ModelError:
         raise
     except Exception as exc:  # protobuf DecodeError and friends
         name = "<bytes>" if isinstance(source, (bytes, bytearray)) else str(source)
         raise ModelError(f"{name} is not a valid ONNX model: {type(exc).__name__}: {exc}") from exc
+    _check_opset(model)
+    if path is None:
+        refuse_unresolvable(model, "the model bytes")
+        check_model(model)
+    else:
+        check_locations(model, path.parent)
+        check_model(model)  # before reading external data: the checker needs no weights
+        load_external_data(model, path.parent)
+    return model
 
 
-def import_onnx(source: str | os.PathLike | bytes | onnx.ModelProto) -> Graph:
-    """Parse an ONNX model into a :class:`Graph`; raises ModelError if it is not usable."""
-    model = _read_model(source)
+def _check_opset(model: onnx.ModelProto) -> None:
+    """gpumnn's own limits, checked before the ONNX checker so that their message comes first."""
     graph_proto = model.graph
     if not graph_proto.node and not graph_proto.output:
         raise ModelError("the ONNX model has an empty graph (no nodes and no outputs)")
@@ -83,6 +102,17 @@ def import_onnx(source: str | os.PathLike | bytes | onnx.ModelProto) -> Graph:
         raise ModelError("the ONNX model imports no default-domain opset")
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise ModelError(f"opset {opset} is outside the supported range {MIN_OPSET}..{MAX_OPSET}")
+    for index, proto in enumerate(graph_proto.node):
+        if proto.domain not in ("", "ai.onnx"):
+            raise UnsupportedOpError(proto.op_type, proto.name or f"{proto.op_type}_{index}",
+                                     f"custom domain {proto.domain!r} is not supported")
+
+
+def import_onnx(source: str | os.PathLike | bytes | onnx.ModelProto) -> Graph:
+    """Parse an ONNX model into a :class:`Graph`; raises ModelError if it is not usable."""
+    model = _read_model(source)
+    graph_proto = model.graph
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
     initializers: dict[str, np.ndarray] = {}
     for tensor in graph_proto.initializer:
@@ -99,8 +129,6 @@ def import_onnx(source: str | os.PathLike | bytes | onnx.ModelProto) -> Graph:
             name = f"{name}_{index}"
         used_names.add(name)
         attrs = {a.name: _attribute_value(a) for a in proto.attribute}
-        if proto.domain not in ("", "ai.onnx"):
-            raise UnsupportedOpError(proto.op_type, name, f"custom domain {proto.domain!r} is not supported")
         if proto.op_type == "Constant":  # constants become initializers right away
             initializers[proto.output[0]] = _constant_value(attrs, name)
             continue

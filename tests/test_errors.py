@@ -31,8 +31,12 @@ def test_missing_file_raises_model_error(tmp_path):
 
 
 def test_unsupported_op_names_op_node_and_supported_set():
+    node = helper.make_node("NonMaxSuppression", ["boxes", "scores"], ["y"], name="the_node")
+    graph = helper.make_graph([node], "nms", [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, (1, 5, 4)),
+                                              helper.make_tensor_value_info("scores", TensorProto.FLOAT, (1, 1, 5))],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, (None, 3))])
     with pytest.raises(gpumnn.UnsupportedOpError) as info:
-        gpumnn.load(_tiny("NonMaxSuppression"))
+        gpumnn.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
     message = str(info.value)
     assert "NonMaxSuppression" in message and "the_node" in message and "Conv" in message
     assert info.value.op_type == "NonMaxSuppression" and info.value.node_name == "the_node"

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ import numpy as np
 import pyopencl as cl
 
 from .. import atomic as A
+from .. import diskcache
 from ..strides import contiguous_strides, merge_dims
 from .base import Backend, BackendInfo, Execution, TensorHandle
 from .opencl_cmdbuf import CommandBufferAPI, CommandBufferError
@@ -101,13 +101,6 @@ def _activation_args(act: A.Activation) -> list:
     name, params = act
     p = list(params) + [0.0] * (3 - len(params))
     return [_i(UNARY_IDS[name]), _f(p[0]), _f(p[1]), _f(p[2])]
-
-
-def cache_dir() -> Path:
-    """Where compiled program binaries are kept (``GPUMNN_CACHE_DIR`` overrides the root)."""
-    root = os.environ.get("GPUMNN_CACHE_DIR")
-    base = Path(root) if root else Path.home() / ".cache" / "gpumnn"
-    return base / "opencl"
 
 
 class ConstantBuffer(cl.Buffer):
@@ -266,12 +259,13 @@ class OpenCLBackend(Backend):
         prg = self._programs.get(key)
         if prg is not None:
             return prg
-        path = cache_dir() / f"{family}-{key}.bin"
-        if path.is_file():
+        path = diskcache.cache_dir("opencl") / f"{family}-{key}.bin"
+        binary = diskcache.read(path)  # checksummed: a damaged entry is a miss, rebuilt and overwritten
+        if binary is not None:
             try:
-                prg = cl._cl._Program(self.context, [dev], [path.read_bytes()])
+                prg = cl._cl._Program(self.context, [dev], [binary])
                 prg.build(options.encode(), [dev])
-            except Exception:  # stale or foreign binary: rebuild from source
+            except Exception:  # a binary this driver no longer takes: rebuild from source
                 prg = None
         if prg is None:
             prg = cl._cl._Program(self.context, source)
@@ -293,15 +287,10 @@ class OpenCLBackend(Backend):
     def _store_binary(self, prg: Any, path: Path) -> None:
         try:
             binaries = prg.get_info(cl.program_info.BINARIES)
-            if not binaries or not binaries[0]:
-                return
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(bytes(binaries[0]))
-            os.replace(tmp, path)
-        except Exception:  # a read-only home or a driver without binaries: memory cache only
-            pass
+        except cl.Error:  # a driver without binaries: memory cache only
+            return
+        if binaries and binaries[0]:
+            diskcache.write(path, bytes(binaries[0]))  # atomic; a read-only home only costs rebuilding
 
     # -- memory ----------------------------------------------------------------------------
     def _buffer(self, nbytes: int, flags: int = cl.mem_flags.READ_WRITE, hostbuf: Any = None,

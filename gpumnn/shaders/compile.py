@@ -10,8 +10,9 @@ result needs no include support from the GLSL compiler or driver.
 
 :func:`compile_glsl` turns a Vulkan variant into SPIR-V with ``glslangValidator`` (Debian
 package ``glslang-tools``) or ``glslc`` (package ``glslc`` / ``shaderc``), caching the binary in
-memory and on disk (``~/.cache/gpumnn/spirv/``, or ``$GPUMNN_CACHE_DIR/spirv``) under the hash
-of the final source, the compiler and its version.
+memory and on disk (``~/.cache/gpumnn/spirv/``, or ``$GPUMNN_CACHE_DIR/spirv``; checksummed and
+published atomically by :mod:`gpumnn.diskcache`) under the hash of the final source, the compiler
+and its version.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import Mapping
+
+from .. import diskcache
 
 GLSL_DIR = Path(__file__).resolve().parent / "glsl"
 SPIRV_MAGIC = b"\x03\x02\x23\x07"
@@ -128,11 +131,6 @@ def find_compiler() -> tuple[str, str, str]:
         "(shaderc), e.g. `apt-get install glslang-tools`, or set GPUMNN_GLSL_COMPILER.")
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("GPUMNN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gpumnn")
-    return Path(root) / "spirv"
-
-
 def _excerpt(source: str, log: str) -> str:
     """The source lines the compiler log points at (``ERROR: 0:LINE:`` / ``file:LINE:``)."""
     lines = source.splitlines()
@@ -157,26 +155,13 @@ def compile_glsl(source_or_name: str, defines: Mapping[str, object] | None = Non
         hit = _memory_cache.get(key)
     if hit is not None:
         return hit
-    disk = cache_dir() / f"{key}.spv"
-    try:
-        data = disk.read_bytes()
-        if data[:4] == SPIRV_MAGIC and len(data) % 4 == 0:
-            with _lock:
-                _memory_cache[key] = data
-            return data
-    except OSError:
-        pass
-    data = _run_compiler(kind, path, source, stage)
+    disk = diskcache.cache_dir("spirv") / f"{key}.spv"
+    data = diskcache.read(disk)  # checksummed: a damaged entry is a miss, rebuilt and overwritten below
+    if data is None:
+        data = _run_compiler(kind, path, source, stage)
+        diskcache.write(disk, data)  # atomic; a read-only home only costs recompilation
     with _lock:
         _memory_cache[key] = data
-    try:  # atomic publish: concurrent processes may compile the same variant
-        disk.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=disk.parent, suffix=".tmp")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, disk)
-    except OSError:
-        pass  # a read-only home directory only costs recompilation
     return data
 
 
@@ -197,5 +182,5 @@ def _run_compiler(kind: str, path: str, source: str, stage: str) -> bytes:
         return out.read_bytes()
 
 
-__all__ = ["GLSL_DIR", "ShaderCompileError", "ShaderCompilerNotFound", "cache_dir", "compile_glsl",
+__all__ = ["GLSL_DIR", "ShaderCompileError", "ShaderCompilerNotFound", "compile_glsl",
            "find_compiler", "preprocess"]
