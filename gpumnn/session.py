@@ -245,6 +245,12 @@ class Session:
         return {name: dict(backend.counters) for name, backend in self.backends.items()}
 
     @property
+    def run_states(self) -> int:
+        """Run states prepared so far (recorded mode: grows up to ``max_concurrent_runs`` as
+        threads overlap, then stays; eager mode: those lent to runs in flight)."""
+        return self._states.prepared
+
+    @property
     def output_shapes(self) -> dict[str, tuple[int, ...]]:
         return {n: (tuple(np.shape(self.program.folded_outputs[n])) if n in self.program.folded_outputs
                     else self.program.shapes[n]) for n in self.program.outputs}

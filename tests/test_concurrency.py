@@ -67,7 +67,7 @@ def test_threads_share_one_session(backend, model, record):
         wrong = [e for e in errors if e > 1e-4]
         assert not wrong, f"{len(wrong)} of {len(errors)} concurrent runs were wrong on {backend}: {wrong[:4]}"
         if record:  # recorded states are kept for later runs; eager ones are freed after each run
-            assert 1 <= sess._states.prepared <= sess.max_concurrent_runs
+            assert 1 <= sess.run_states <= sess.max_concurrent_runs
 
 
 def test_sessions_on_their_own_threads(backend, model):

@@ -1,0 +1,83 @@
+"""Throughput of one session called from several threads, beside the same work done serially.
+
+For each backend: one session, ``--threads`` workers each running ``--runs`` inferences on one
+input; the session with ``max_concurrent_runs=1`` (a lock: runs take turns) and with the
+backend's own bound (runs overlap where the API allows) are timed in alternation, ``--repeats``
+times, and the median wall time per run is printed with its spread. Every result is checked
+against the first serial one (the runs must agree, not only be fast).
+
+    .venv/bin/python bench/threads.py --model squeezenet1_1 --threads 4 --runs 5
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import gpumnn  # noqa: E402
+from gpumnn import zoo  # noqa: E402
+
+
+def timed_threads(sess: gpumnn.Session, feed: dict, threads: int, runs: int, expect: np.ndarray) -> float:
+    """Wall milliseconds per run for ``threads`` workers x ``runs`` runs; checks every output."""
+    errors: list[float] = []
+    barrier = threading.Barrier(threads + 1)
+
+    def worker() -> None:
+        barrier.wait()
+        for _ in range(runs):
+            out = next(iter(sess.run(feed).values()))
+            errors.append(float(np.abs(out - expect).max()))
+
+    workers = [threading.Thread(target=worker) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for w in workers:
+        w.join()
+    elapsed = (time.perf_counter() - start) * 1000.0 / (threads * runs)
+    if max(errors) > 1e-3 * max(1.0, float(np.abs(expect).max())):
+        raise SystemExit(f"{sess.backend}: a concurrent run disagreed with the serial one by {max(errors)}")
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="squeezenet1_1", choices=zoo.names())
+    parser.add_argument("--backend", default="all")
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    backends = gpumnn.available_backends() if args.backend == "all" else args.backend.split(",")
+    net = gpumnn.load(zoo.build(args.model))
+    name = net.inputs[0].name
+    feed = {name: np.random.default_rng(0).standard_normal(zoo.input_shape(args.model)).astype(np.float32)}
+    print(f"{args.model}: {args.threads} threads x {args.runs} runs, median of {args.repeats} repeats "
+          f"(ms per run, wall clock; min-max in brackets)")
+    print(f"{'backend':<8} {'bound':>5} {'serial (lock)':>22} {'overlapping':>22} {'states':>6}")
+    for backend in backends:
+        serial = net.session(backend=backend, max_concurrent_runs=1, fallback=False)
+        shared = net.session(backend=backend, fallback=False)
+        expect = next(iter(serial.run(feed).values()))
+        shared.run(feed)
+        samples: dict[str, list[float]] = {"serial": [], "overlap": []}
+        for _ in range(args.repeats):
+            samples["serial"].append(timed_threads(serial, feed, args.threads, args.runs, expect))
+            samples["overlap"].append(timed_threads(shared, feed, args.threads, args.runs, expect))
+        cells = [f"{statistics.median(v):8.2f} [{min(v):.2f}-{max(v):.2f}]" for v in samples.values()]
+        print(f"{backend:<8} {shared.max_concurrent_runs:>5} {cells[0]:>22} {cells[1]:>22} {shared.run_states:>6}")
+        serial.close()
+        shared.close()
+
+
+if __name__ == "__main__":
+    main()
