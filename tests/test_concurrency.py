@@ -70,6 +70,19 @@ def test_threads_share_one_session(backend, model, record):
             assert 1 <= sess.run_states <= sess.max_concurrent_runs
 
 
+@pytest.mark.parametrize("record", [True, False], ids=["recorded", "eager"])
+def test_vulkan_staging_path_under_threads(model, record):
+    """Discrete GPUs write and read through staging buffers: each submit lane has its own."""
+    from conftest import require_backend
+    require_backend("vulkan")
+    net, reference = model
+    with net.session(backend="vulkan", record=record, fallback=False, force_staging=True) as sess:
+        with ThreadPoolExecutor(THREADS) as pool:
+            errors = [e for errs in pool.map(lambda seed: _check_runs(sess, reference, seed, 3), range(THREADS))
+                      for e in errs]
+    assert max(errors) < 1e-4
+
+
 def test_sessions_on_their_own_threads(backend, model):
     """Three sessions of one backend, each created, run and closed on its own thread, at once."""
     net, reference = model

@@ -24,6 +24,13 @@ Design
   dispatch in order; a global compute->compute memory barrier is inserted only in front of a
   dispatch that touches a byte range written (or writes a range read) since the last barrier.
   ``submit`` is one ``vkQueueSubmit`` and a wait on one reused fence.
+* Threads: preparation verbs (allocate, constant, create_execution, record, release) share
+  descriptor pools, the recording command pool and the buffer registry, so they take the
+  backend's lock. Run verbs (write, read, submit, run_eager) borrow a *submit lane* instead
+  (``vulkan_device.SubmitLane``: its own command pool, transfer command buffer, fence, staging
+  buffer and eager descriptor pool); the queue itself is held only for each ``vkQueueSubmit``.
+  So two runs of one session (on separate run states) overlap, and a run overlaps the
+  preparation of another state.
 * Eager mode: ``run_eager`` records, submits, waits and frees one command buffer per execution,
   writing fresh descriptor sets each time (the un-decoupled baseline of the paper).
 """
@@ -31,8 +38,10 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import weakref
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -51,7 +60,7 @@ except OSError as _exc:  # the binding is installed but the loader (libvulkan.so
     _VK_IMPORT_ERROR: Exception | None = _exc
 else:
     _VK_IMPORT_ERROR = None
-    from .vulkan_device import DeviceBuffer, DescriptorAllocator, VulkanDevice, VulkanError
+    from .vulkan_device import DeviceBuffer, DescriptorAllocator, SubmitLane, VulkanDevice, VulkanError
 
 from ..shaders.compile import ShaderCompilerNotFound, compile_glsl, find_compiler
 
@@ -106,6 +115,8 @@ class VulkanBackend(Backend):
 
     name = "vulkan"
     alignment = 64
+    #: runs borrow submit lanes of their own (see the module docstring)
+    max_concurrent_runs = 2
 
     def __init__(self, device: str | int | None = None, validation: bool | None = None,
                  force_staging: bool = False, kernels: str | None = None, **_: Any):
@@ -150,7 +161,10 @@ class VulkanBackend(Backend):
         self.simd_lanes = min(16, max(4, int(bits.group(1)) // 32)) if bits else 8
         self._packed: dict[tuple, TensorHandle] = {}
         self._buffers: dict[int, DeviceBuffer] = {}
-        self._staging: DeviceBuffer | None = None
+        self._lock = threading.RLock()  # preparation verbs: descriptor pools, recording pool, registry
+        self._lanes_lock = threading.Lock()
+        self._lanes: list[SubmitLane] = []  # every lane made
+        self._idle_lanes: list[SubmitLane] = []
         self._arena: DeviceBuffer | None = None
         self._arena_used = 0
         self._tables: dict[tuple, TensorHandle] = {}
@@ -158,7 +172,6 @@ class VulkanBackend(Backend):
         self._dsets: dict[tuple, tuple[Any, Any]] = {}
         self._dsets_by_buffer: dict[int, set[tuple]] = {}
         self._garbage_cmds: list = []
-        self._transfer_cmd = dev.allocate_command_buffer()
         self._set_layouts: dict[int, Any] = {}
         self._pipeline_layouts: dict[int, Any] = {}
         for n in (2, 3, 4):
@@ -172,7 +185,6 @@ class VulkanBackend(Backend):
             self._pipeline_layouts[n] = vk.vkCreatePipelineLayout(dev.device, vk.VkPipelineLayoutCreateInfo(
                 setLayoutCount=1, pSetLayouts=[layout], pushConstantRangeCount=1, pPushConstantRanges=[push]), None)
         self._descriptors = DescriptorAllocator(dev.device, 4, freeable=True)
-        self._eager_descriptors = DescriptorAllocator(dev.device, 4, freeable=False)
         self._pipeline_cache = vk.vkCreatePipelineCache(dev.device, vk.VkPipelineCacheCreateInfo(), None)
         # Barriers reused by every recording.
         self._barrier_in = vk.VkMemoryBarrier(
@@ -226,11 +238,13 @@ class VulkanBackend(Backend):
         return super().unsupported_reason(op) or grid_limit(op, self.dev.max_group_count)
 
     # -- memory ----------------------------------------------------------------------------
-    def _new_buffer(self, nbytes: int, kind: str) -> DeviceBuffer:
+    def _new_buffer(self, nbytes: int, kind: str, **options: Any) -> DeviceBuffer:
         self._check_open()
-        buf = self.dev.create_buffer(nbytes, kind, host_visible=self._direct)
-        self.counters["buffers_allocated"] += 1
-        self._buffers[buf.id] = buf
+        options.setdefault("host_visible", self._direct)
+        buf = self.dev.create_buffer(nbytes, kind, **options)
+        with self._lock:
+            self.counters["buffers_allocated"] += 1
+            self._buffers[buf.id] = buf
         return buf
 
     def allocate(self, nbytes: int) -> DeviceBuffer:
@@ -239,25 +253,25 @@ class VulkanBackend(Backend):
     def release(self, buffer: Any) -> None:
         if not isinstance(buffer, DeviceBuffer) or not buffer.alive or buffer.kind == "arena":
             return  # arena chunks hold many constants and live as long as the backend
-        if buffer is self._staging:
-            self._staging = None
-        for key in self._dsets_by_buffer.pop(buffer.id, ()):
-            entry = self._dsets.pop(key, None)
-            if entry is not None:
-                self._descriptors.free(entry[1], entry[0])
-        self._buffers.pop(buffer.id, None)
-        self.dev.destroy_buffer(buffer)
+        with self._lock:
+            for key in self._dsets_by_buffer.pop(buffer.id, ()):
+                entry = self._dsets.pop(key, None)
+                if entry is not None:
+                    self._descriptors.free(entry[1], entry[0])
+            if self._buffers.pop(buffer.id, None) is not None:
+                self.dev.destroy_buffer(buffer)
 
     def constant(self, array: np.ndarray) -> TensorHandle:
         data = np.ascontiguousarray(np.asarray(array, dtype=np.float32)).reshape(-1)
         nbytes = max(data.nbytes, 4)
         if nbytes <= _SMALL_CONSTANT:
-            start = -(-self._arena_used // self.alignment) * self.alignment
-            if self._arena is None or start + nbytes > self._arena.size:
-                self._arena = self._new_buffer(_ARENA_CHUNK, "arena")
-                start = 0
-            self._arena_used = start + nbytes
-            handle = TensorHandle(self._arena, start // 4, tuple(np.shape(array)))
+            with self._lock:
+                start = -(-self._arena_used // self.alignment) * self.alignment
+                if self._arena is None or start + nbytes > self._arena.size:
+                    self._arena = self._new_buffer(_ARENA_CHUNK, "arena")
+                    start = 0
+                self._arena_used = start + nbytes
+                handle = TensorHandle(self._arena, start // 4, tuple(np.shape(array)))
         else:
             handle = TensorHandle(self._new_buffer(nbytes, "constant"), 0, tuple(np.shape(array)))
         if data.size:
@@ -279,9 +293,10 @@ class VulkanBackend(Backend):
             return np.zeros(handle.shape, dtype=np.float32)
         if self._direct and buf.mapped is not None:
             return buf.mapped[handle.offset:handle.offset + n].reshape(handle.shape).copy()
-        staging = self._staging_buffer(4 * n)
-        self._copy(buf, 4 * handle.offset, staging, 0, 4 * n)
-        return staging.mapped[:n].reshape(handle.shape).copy()
+        with self._lane() as lane:
+            staging = self._staging_buffer(lane, 4 * n)
+            self._copy(lane, buf, 4 * handle.offset, staging, 0, 4 * n)
+            return staging.mapped[:n].reshape(handle.shape).copy()
 
     def _upload(self, handle: TensorHandle, data: np.ndarray) -> None:
         self._check_open()
@@ -289,27 +304,44 @@ class VulkanBackend(Backend):
         if self._direct and buf.mapped is not None:
             buf.mapped[handle.offset:handle.offset + data.size] = data
             return
-        staging = self._staging_buffer(data.nbytes)
-        staging.mapped[:data.size] = data
-        self._copy(staging, 0, buf, 4 * handle.offset, data.nbytes)
+        with self._lane() as lane:
+            staging = self._staging_buffer(lane, data.nbytes)
+            staging.mapped[:data.size] = data
+            self._copy(lane, staging, 0, buf, 4 * handle.offset, data.nbytes)
 
-    def _staging_buffer(self, nbytes: int) -> DeviceBuffer:
-        if self._staging is None or self._staging.size < nbytes:
-            if self._staging is not None:
-                old, self._staging = self._staging, None
+    @contextmanager
+    def _lane(self) -> Iterator[SubmitLane]:
+        """Lend a submit lane (an idle one, else a new one) for one write, read or run."""
+        with self._lanes_lock:
+            lane = self._idle_lanes.pop() if self._idle_lanes else None
+        if lane is None:
+            with self._lock:
+                self._check_open()
+                lane = SubmitLane(self.dev)
+                self._lanes.append(lane)
+        try:
+            yield lane
+        finally:
+            with self._lanes_lock:
+                self._idle_lanes.append(lane)
+
+    def _staging_buffer(self, lane: SubmitLane, nbytes: int) -> DeviceBuffer:
+        """The lane's host-visible staging buffer, grown (never shrunk) to ``nbytes``."""
+        if lane.staging is None or lane.staging.size < nbytes:
+            if lane.staging is not None:
+                old, lane.staging = lane.staging, None
                 self.release(old)
             size = 1 << max(20, (nbytes - 1).bit_length())  # >= 1 MiB, powers of two: grows rarely
-            buf = self.dev.create_buffer(size, "staging", host_visible=True, prefer_device_local=False)
+            buf = self._new_buffer(size, "staging", host_visible=True, prefer_device_local=False)
             if buf.mapped is None:
-                self.dev.destroy_buffer(buf)
+                self.release(buf)
                 raise VulkanError(f"{self.dev.name}: no host-visible coherent memory for staging")
-            self.counters["buffers_allocated"] += 1
-            self._buffers[buf.id] = buf
-            self._staging = buf
-        return self._staging
+            lane.staging = buf
+        return lane.staging
 
-    def _copy(self, src: DeviceBuffer, src_offset: int, dst: DeviceBuffer, dst_offset: int, nbytes: int) -> None:
-        cmd = self._transfer_cmd
+    def _copy(self, lane: SubmitLane, src: DeviceBuffer, src_offset: int, dst: DeviceBuffer, dst_offset: int,
+              nbytes: int) -> None:
+        cmd = lane.transfer_cmd
         vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
         vk.vkCmdPipelineBarrier(cmd, self._stages_in, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1,
                                 [self._barrier_xfer_in], 0, None, 0, None)
@@ -318,7 +350,7 @@ class VulkanBackend(Backend):
         vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, self._stages_out, 0, 1,
                                 [self._barrier_xfer_out], 0, None, 0, None)
         vk.vkEndCommandBuffer(cmd)
-        self.dev.submit_and_wait(cmd)
+        lane.submit_and_wait(cmd)
 
     def _binding(self, buf: DeviceBuffer, lo: int, hi: int) -> tuple[_Binding, int]:
         """The descriptor range covering elements [lo, hi) of ``buf`` and the element index its
@@ -373,15 +405,18 @@ class VulkanBackend(Backend):
         planner = _PLANNERS.get(type(op))
         if planner is None:
             raise NotImplementedError(f"Vulkan backend: no kernel for {type(op).__name__} (node {op.source!r})")
-        self.counters["executions_created"] += 1
-        builders, scheme = planner(self, op, list(inputs), list(outputs))
-        dispatches = [d for d in (b.build() for b in builders) if d is not None]
-        for d in dispatches:
-            d.dset = self._descriptor_set(d)
+        with self._lock:
+            self.counters["executions_created"] += 1
+            builders, scheme = planner(self, op, list(inputs), list(outputs))
+            dispatches = [d for d in (b.build() for b in builders) if d is not None]
+            for d in dispatches:
+                d.dset = self._descriptor_set(d)
         return DispatchExecution(op, inputs, outputs, dispatches, scheme)
 
-    def _record_into(self, cmd, executions: Sequence[Execution], eager: bool) -> tuple[int, int]:
-        """Record dispatches with hazard barriers; returns (dispatches, barriers)."""
+    def _record_into(self, cmd, executions: Sequence[Execution],
+                     eager_descriptors: DescriptorAllocator | None = None) -> tuple[int, int]:
+        """Record dispatches with hazard barriers; returns (dispatches, barriers). Eager mode
+        passes the allocator its descriptor sets are written from at run time."""
         hazards = _Hazards()
         bound = None
         n = barriers = 0
@@ -398,8 +433,8 @@ class VulkanBackend(Backend):
                 if d.pipeline is not bound:
                     vk.vkCmdBindPipeline(cmd, bind_point, d.pipeline.handle)
                     bound = d.pipeline
-                if eager:  # an engine without decoupling writes its descriptors at run time
-                    dset, _ = self._eager_descriptors.allocate(self._set_layouts[d.pipeline.nbind])
+                if eager_descriptors is not None:  # an engine without decoupling writes them at run time
+                    dset, _ = eager_descriptors.allocate(self._set_layouts[d.pipeline.nbind])
                     self._write_set(dset, d.bindings)
                 else:
                     dset = d.dset
@@ -412,35 +447,40 @@ class VulkanBackend(Backend):
 
     def record(self, executions: Sequence[Execution]) -> VulkanRecording:
         self._check_open()
-        self._collect_garbage()
-        cmd = self.dev.allocate_command_buffer()
-        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
-        n, barriers = self._record_into(cmd, executions, eager=False)
-        vk.vkEndCommandBuffer(cmd)
-        self.counters["recordings_made"] += 1
+        with self._lock:
+            self._collect_garbage()
+            cmd = self.dev.allocate_command_buffer()
+            vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
+            n, barriers = self._record_into(cmd, executions)
+            vk.vkEndCommandBuffer(cmd)
+            self.counters["recordings_made"] += 1
         return VulkanRecording(self, cmd, n, barriers)
 
     # -- run -------------------------------------------------------------------------------
     def submit(self, recording: VulkanRecording) -> None:
         self._check_open()
         self.counters["submits"] += 1
-        self.dev.submit_and_wait(recording.cmd)
+        with self._lane() as lane:
+            lane.submit_and_wait(recording.cmd)
 
     def run_eager(self, executions: Sequence[Execution]) -> None:
         self._check_open()
-        for exe in executions:
-            cmd = self.dev.allocate_command_buffer()
-            try:
-                vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
-                    flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
-                self._record_into(cmd, [exe], eager=True)
-                vk.vkEndCommandBuffer(cmd)
-                self.counters["recordings_made"] += 1
-                self.counters["submits"] += 1
-                self.dev.submit_and_wait(cmd)
-            finally:
-                self.dev.free_command_buffer(cmd)
-                self._eager_descriptors.reset()
+        with self._lane() as lane:
+            if lane.eager_descriptors is None:
+                lane.eager_descriptors = DescriptorAllocator(self.dev.device, 4, freeable=False)
+            for exe in executions:
+                cmd = lane.allocate_command_buffer()
+                try:
+                    vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
+                        flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+                    self._record_into(cmd, [exe], lane.eager_descriptors)
+                    vk.vkEndCommandBuffer(cmd)
+                    self.counters["recordings_made"] += 1
+                    self.counters["submits"] += 1
+                    lane.submit_and_wait(cmd)
+                finally:
+                    lane.free_command_buffer(cmd)
+                    lane.eager_descriptors.reset()
 
     # -- lifetime --------------------------------------------------------------------------
     def _collect_garbage(self) -> None:
@@ -465,7 +505,10 @@ class VulkanBackend(Backend):
         self._pipelines.clear()
         vk.vkDestroyPipelineCache(device, self._pipeline_cache, None)
         self._descriptors.destroy()
-        self._eager_descriptors.destroy()
+        for lane in self._lanes:
+            lane.destroy()
+        self._lanes.clear()
+        self._idle_lanes.clear()
         self._dsets.clear()
         for layout in self._pipeline_layouts.values():
             vk.vkDestroyPipelineLayout(device, layout, None)

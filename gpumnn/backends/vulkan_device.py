@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,6 +142,62 @@ class DescriptorAllocator:
         self.pools.clear()
 
 
+class SubmitLane:
+    """What one submission in flight needs for itself, so that several threads can submit at once.
+
+    Vulkan leaves synchronisation to the caller: a command pool (and every command buffer from
+    it, while recorded) and a fence may be used by one thread at a time, and the queue by one
+    ``vkQueueSubmit`` at a time. A lane owns a command pool with one reusable transfer command
+    buffer, a fence and a prebuilt submit-info; the queue is held only for the submit itself,
+    and the wait on the lane's own fence runs without any lock. The backend keeps a few lanes and
+    lends one per write, read or run (see ``VulkanBackend._lane``).
+    """
+
+    def __init__(self, dev: "VulkanDevice"):
+        self.dev = dev
+        device = dev.device
+        pool_info = vk.VkCommandPoolCreateInfo(flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+                                               queueFamilyIndex=dev.queue_family)
+        self.command_pool = vk.vkCreateCommandPool(device, pool_info, None)
+        self.fence = vk.vkCreateFence(device, vk.VkFenceCreateInfo(), None)
+        self._fences = ffi.new("VkFence[1]", [self.fence])
+        self._submit = ffi.new("VkSubmitInfo*")
+        self._submit.sType = vk.VK_STRUCTURE_TYPE_SUBMIT_INFO
+        self._cmd_array = ffi.new("VkCommandBuffer[1]")
+        self._submit.commandBufferCount = 1
+        self._submit.pCommandBuffers = self._cmd_array
+        self.transfer_cmd = self.allocate_command_buffer()
+        self.staging: DeviceBuffer | None = None  # the backend's, grown on demand
+        self.eager_descriptors: DescriptorAllocator | None = None  # likewise
+
+    def allocate_command_buffer(self):
+        return self.dev.allocate_command_buffer(self.command_pool)
+
+    def free_command_buffer(self, cmd) -> None:
+        self.dev.free_command_buffer(cmd, self.command_pool)
+
+    def submit_and_wait(self, cmd) -> None:
+        """One vkQueueSubmit of ``cmd`` signalling this lane's fence, wait, reset the fence."""
+        dev = self.dev
+        self._cmd_array[0] = cmd
+        with dev.queue_lock:
+            _check(lib.vkQueueSubmit(dev.queue, 1, self._submit, self.fence), "vkQueueSubmit")
+        result = lib.vkWaitForFences(dev.device, 1, self._fences, vk.VK_TRUE, _FENCE_TIMEOUT_NS)
+        if result == vk.VK_TIMEOUT:
+            raise VulkanError(f"{dev.name}: a submission did not finish within "
+                              f"{_FENCE_TIMEOUT_NS // 10**9} s")
+        _check(result, "vkWaitForFences")
+        _check(lib.vkResetFences(dev.device, 1, self._fences), "vkResetFences")
+
+    def destroy(self) -> None:
+        """Free the lane's own objects (the device must be idle; staging is the backend's)."""
+        device = self.dev.device
+        if self.eager_descriptors is not None:
+            self.eager_descriptors.destroy()
+        vk.vkDestroyFence(device, self.fence, None)
+        vk.vkDestroyCommandPool(device, self.command_pool, None)
+
+
 class VulkanDevice:
     """Instance + one physical device + logical device with one compute queue."""
 
@@ -251,13 +308,7 @@ class VulkanDevice:
         pool_info = vk.VkCommandPoolCreateInfo(flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
                                                queueFamilyIndex=self.queue_family)
         self.command_pool = vk.vkCreateCommandPool(self.device, pool_info, None)
-        self.fence = vk.vkCreateFence(self.device, vk.VkFenceCreateInfo(), None)
-        self._fences = ffi.new("VkFence[1]", [self.fence])
-        self._submit = ffi.new("VkSubmitInfo*")
-        self._submit.sType = vk.VK_STRUCTURE_TYPE_SUBMIT_INFO
-        self._cmd_array = ffi.new("VkCommandBuffer[1]")
-        self._submit.commandBufferCount = 1
-        self._submit.pCommandBuffers = self._cmd_array
+        self.queue_lock = threading.Lock()  # vkQueueSubmit and vkDeviceWaitIdle need the queue to themselves
 
     # -- memory ------------------------------------------------------------------------------
     def memory_type(self, type_bits: int, required: int, preferred: int = 0) -> int:
@@ -322,33 +373,24 @@ class VulkanDevice:
         vk.vkFreeMemory(self.device, buf.memory, None)
 
     # -- commands ----------------------------------------------------------------------------
-    def allocate_command_buffer(self):
-        info = vk.VkCommandBufferAllocateInfo(commandPool=self.command_pool,
+    def allocate_command_buffer(self, pool=None):
+        """A primary command buffer from ``pool`` (default: the device's pool for recordings,
+        used only under the backend's lock)."""
+        info = vk.VkCommandBufferAllocateInfo(commandPool=pool or self.command_pool,
                                               level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1)
         return vk.vkAllocateCommandBuffers(self.device, info)[0]
 
-    def free_command_buffer(self, cmd) -> None:
-        vk.vkFreeCommandBuffers(self.device, self.command_pool, 1, [cmd])
-
-    def submit_and_wait(self, cmd) -> None:
-        """One vkQueueSubmit of ``cmd`` signalling the shared fence, wait, reset the fence."""
-        self._cmd_array[0] = cmd
-        _check(lib.vkQueueSubmit(self.queue, 1, self._submit, self.fence), "vkQueueSubmit")
-        result = lib.vkWaitForFences(self.device, 1, self._fences, vk.VK_TRUE, _FENCE_TIMEOUT_NS)
-        if result == vk.VK_TIMEOUT:
-            raise VulkanError(f"{self.name}: a submission did not finish within "
-                              f"{_FENCE_TIMEOUT_NS // 10**9} s")
-        _check(result, "vkWaitForFences")
-        _check(lib.vkResetFences(self.device, 1, self._fences), "vkResetFences")
+    def free_command_buffer(self, cmd, pool=None) -> None:
+        vk.vkFreeCommandBuffers(self.device, pool or self.command_pool, 1, [cmd])
 
     def wait_idle(self) -> None:
         if self.device is not None:
-            vk.vkDeviceWaitIdle(self.device)
+            with self.queue_lock:
+                vk.vkDeviceWaitIdle(self.device)
 
     def close(self) -> None:
         if self.device is not None:
             vk.vkDeviceWaitIdle(self.device)
-            vk.vkDestroyFence(self.device, self.fence, None)
             vk.vkDestroyCommandPool(self.device, self.command_pool, None)
             vk.vkDestroyDevice(self.device, None)
             self.device = None
