@@ -48,7 +48,11 @@ def _value_info(info: onnx.ValueInfoProto) -> ValueInfo:
     if info.type.HasField("tensor_type"):
         tensor_type = info.type.tensor_type
         if tensor_type.elem_type:
-            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
+            try:
+                dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ModelError(f"graph value {info.name!r} has element type {tensor_type.elem_type}, "
+                                 "which is no ONNX tensor type") from exc
         if tensor_type.HasField("shape"):
             shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                           for d in tensor_type.shape.dim)

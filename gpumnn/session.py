@@ -76,8 +76,16 @@ class Session:
         self.fallback_reason: str | None = None
         self.backends = self._start_backends(backend, threads, fallback, backend_options)
         self.backend = backend if self.fallback_reason is None else "cpu"
+        try:
+            self._pre_inference()
+        except BaseException:  # a model we refuse must not keep devices, pools or programs alive
+            self.close()
+            raise
+        self.prepare_seconds = time.perf_counter() - started
 
-        program = lower(graph, self.input_shapes)
+    def _pre_inference(self) -> None:
+        """Lowering, schemes, placement, memory plans, constants and (recorded mode) recordings."""
+        program = lower(self.graph, self.input_shapes)
         program.ops = select_schemes(program.ops)
         self.program = program
         self.placement: Placement = place(program, self.backends, self.backend)
@@ -89,8 +97,7 @@ class Session:
             for name in op.inputs:
                 if name in program.constants and (b, name) not in self._constants:
                     self._constants[(b, name)] = self.backends[b].constant(program.constants[name])
-        self._prepared = self._prepare(recorded=True) if record else None
-        self.prepare_seconds = time.perf_counter() - started
+        self._prepared = self._prepare(recorded=True) if self.record else None
 
     # -- creation helpers ------------------------------------------------------------------
     def _start_backends(self, name: str, threads: int | None, fallback: bool, options: dict) -> dict[str, Backend]:

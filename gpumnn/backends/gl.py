@@ -38,7 +38,7 @@ import numpy as np
 import moderngl  # ModuleNotFoundError propagates: the registry says "pip install 'gpumnn[gl]'"
 
 from .. import atomic as A
-from ..errors import BackendUnavailableError
+from ..errors import BackendUnavailableError, GpumnnError
 from ..shaders.compile import ShaderCompileError, preprocess
 from .base import Backend, BackendInfo, Execution, TensorHandle
 from .cpu import host_cpu_flops
@@ -52,7 +52,7 @@ _ids = itertools.count(1)
 _current = threading.local()  # .backend: the GLBackend whose context is current in this thread
 
 
-class GLError(RuntimeError):
+class GLError(GpumnnError, RuntimeError):
     """An OpenGL backend failure (closed backend, device limit, ...)."""
 
 
