@@ -78,6 +78,22 @@ def _read_frame(stream):
 
 # -- the worker process ---------------------------------------------------------------------------
 
+#: environment variable naming cases at which a worker misbehaves on purpose ("crash:3,hang:5,raw:7"),
+#: so that the test of the harness itself sees each failure recorded and the worker restarted
+INJECT = "GPUMNN_FUZZ_INJECT"
+
+
+def _inject(index: int) -> None:
+    faults = dict(item.split(":")[::-1] for item in os.environ.get(INJECT, "").split(",") if item)
+    fault = faults.get(str(index))
+    if fault == "crash":
+        os.abort()
+    if fault == "hang":
+        time.sleep(3600)
+    if fault == "raw":
+        raise KeyError("injected")
+
+
 def _run_one(backend: str, index: int, seed: int):
     """(kind, payload) for one case: ok / gpumnn / raw / unrunnable; ``ort`` runs the reference."""
     from fuzz_corpus import UnrunnableCase, make_case, run_gpumnn, run_onnxruntime
@@ -85,6 +101,8 @@ def _run_one(backend: str, index: int, seed: int):
     import gpumnn
     case = make_case(index, seed)
     try:
+        if backend != REFERENCE:
+            _inject(index)
         outputs = run_onnxruntime(case) if backend == REFERENCE else run_gpumnn(case, backend)
     except UnrunnableCase as exc:
         return "unrunnable", str(exc)
@@ -121,8 +139,8 @@ def worker_main(backend: str, seed: int) -> None:
 class Worker:
     """One worker process for one backend, restarted after a crash or a hang."""
 
-    def __init__(self, backend: str, seed: int, env: dict[str, str]):
-        self.backend, self.seed, self.env = backend, seed, env
+    def __init__(self, backend: str, seed: int, env: dict[str, str], case_timeout: float = CASE_TIMEOUT):
+        self.backend, self.seed, self.env, self.case_timeout = backend, seed, env, case_timeout
         self.proc: subprocess.Popen | None = None
         self.stderr = None
         self.restarts = -1
@@ -142,7 +160,7 @@ class Worker:
     def send(self, index: int) -> None:
         self.current = index
         self.sent_at = time.monotonic()
-        self.deadline = self.sent_at + CASE_TIMEOUT
+        self.deadline = self.sent_at + self.case_timeout
         _write_frame(self.proc.stdin, index)
 
     def stderr_tail(self, chars: int = 1500) -> str:
@@ -192,7 +210,8 @@ class FuzzRun:
     seconds: float = 0.0
 
 
-def run_corpus(backends: list[str], indices: list[int], seed: int, env: dict[str, str] | None = None) -> FuzzRun:
+def run_corpus(backends: list[str], indices: list[int], seed: int, env: dict[str, str] | None = None,
+               case_timeout: float = CASE_TIMEOUT) -> FuzzRun:
     """Every case on every backend and on ONNX Runtime, all workers at once."""
     started = time.monotonic()
     env = dict(os.environ if env is None else env)
@@ -200,7 +219,7 @@ def run_corpus(backends: list[str], indices: list[int], seed: int, env: dict[str
     names = [REFERENCE] + [b for b in backends if b != REFERENCE]
     run = FuzzRun(seed, list(indices), {b: {} for b in names})
     pending = {b: list(indices) for b in names}
-    workers = {b: Worker(b, seed, env) for b in names}
+    workers = {b: Worker(b, seed, env, case_timeout) for b in names}
     selector = selectors.DefaultSelector()
     ready: dict[str, bool] = {}
 
@@ -252,7 +271,7 @@ def run_corpus(backends: list[str], indices: list[int], seed: int, env: dict[str
         for key in list(selector.get_map().values()):
             worker = key.data
             if now > worker.deadline:
-                limit = CASE_TIMEOUT if worker.current is not None else START_TIMEOUT
+                limit = case_timeout if worker.current is not None else START_TIMEOUT
                 fail(worker, "hang", f"no answer within {limit:.0f} s")
     run.restarts = {b: w.restarts for b, w in workers.items()}
     run.seconds = time.monotonic() - started

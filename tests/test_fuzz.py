@@ -8,6 +8,8 @@ outcome table of all backends is printed once per run.
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import gpumnn
@@ -21,8 +23,8 @@ ORT_REFUSES_IS_FAILURE = False
 
 #: raw out-of-memory errors of huge-dimension cases wait for ResourceError (part 2 of issue 7):
 #: once gpumnn.ResourceError exists, they fail like any raw exception
-MEMORY_ERRORS = ("MemoryError", "OutOfDeviceMemory", "OutOfHostMemory", "INVALID_BUFFER_SIZE", "Maximum allowed dimension",
-                 "MEM_OBJECT_ALLOCATION_FAILURE", "array is too big")
+MEMORY_ERRORS = ("MemoryError", "OutOfDeviceMemory", "OutOfHostMemory", "INVALID_BUFFER_SIZE",
+                 "MEM_OBJECT_ALLOCATION_FAILURE", "Maximum allowed dimension", "array is too big")
 
 
 def awaiting_resource_error(outcome: str, detail: str) -> bool:
@@ -61,4 +63,17 @@ def test_fuzz_corpus(backend, fuzz_run):
     assert backend in backends, f"the fuzz run did not include {backend!r}"
     disallowed = harness.DISALLOWED + (("ort_refuses",) if ORT_REFUSES_IS_FAILURE else ())
     problems = harness.failures(run, backend, disallowed, excuse=awaiting_resource_error)
-    assert not problems, f"{len(problems)} of {len(run.indices)} fuzz cases failed on {backend}:\n" + "\n".join(problems)
+    assert not problems, (f"{len(problems)} of {len(run.indices)} fuzz cases failed on {backend}:\n"
+                          + "\n".join(problems))
+
+
+def test_harness_records_crash_hang_and_raw_exception_and_goes_on():
+    """The harness itself: injected faults are recorded against their cases, the rest still run."""
+    env = dict(os.environ, **{harness.INJECT: "crash:1,hang:2,raw:3"})
+    run = harness.run_corpus(["cpu"], list(range(6)), SEED, env=env, case_timeout=3.0)
+    kinds = {i: kind for i, (kind, _) in harness.outcomes(run, "cpu").items()}
+    assert (kinds[1], kinds[2], kinds[3]) == ("crash", "hang", "raw"), kinds
+    assert all(kinds[i] not in harness.DISALLOWED for i in (0, 4, 5)), kinds
+    assert run.restarts["cpu"] == 2
+    listed = harness.failures(run, "cpu")
+    assert len(listed) == 3 and all("python tests/fuzz_corpus.py --case" in line for line in listed)

@@ -660,6 +660,8 @@ def lower_resize(ctx: LoweringContext, node: Node, opset: int) -> None:
         raise UnsupportedOpError("Resize", node.name, f"coordinate_transformation_mode {coord!r} is not supported")
     if node.attr("antialias", 0):
         raise UnsupportedOpError("Resize", node.name, "antialias is not supported")
+    if node.attr("exclude_outside", 0):
+        raise UnsupportedOpError("Resize", node.name, "exclude_outside is not supported")
     sizes = ctx.const(node.inputs[3], node, "sizes") if len(node.inputs) > 3 and node.inputs[3] else None
     scales = ctx.const(node.inputs[2], node, "scales") if len(node.inputs) > 2 and node.inputs[2] else None
     if sizes is not None and np.asarray(sizes).size:

@@ -1,0 +1,102 @@
+"""Bugs the fuzz corpus found, each as the smallest model that showed it, on every backend."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import gpumnn
+from conftest import rel_l2
+from gpumnn.backends import backend_class
+
+
+def _model(nodes, inputs, inits=(), outputs=("y",), opset=17) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "regression",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+                              [helper.make_empty_tensor_value_info(o) for o in outputs],
+                              [numpy_helper.from_array(np.asarray(v), n) for n, v in inits])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def _matches_onnxruntime(model: onnx.ModelProto, feeds, backend: str) -> None:
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = gpumnn.load(model).session(backend=backend, fallback=False).run(feeds)
+    for name, want in zip([o.name for o in model.graph.output], ref):
+        assert got[name].shape == want.shape
+        assert rel_l2(got[name], want) < 1e-5
+
+
+def test_refused_session_closes_its_backends(backend, monkeypatch):
+    """A model refused during pre-inference kept its device alive (~40 MiB of address space on Vulkan)."""
+    closed = []
+    cls = backend_class(backend)
+    original = cls.close
+    monkeypatch.setattr(cls, "close", lambda self: (closed.append(self), original(self))[1])
+    bad_gather = helper.make_node("Gather", ["x", "i"], ["y"], "gather", axis=0)
+    net = gpumnn.load(_model([bad_gather], [("x", (2, 3))], [("i", np.array([5], np.int64))]))
+    with pytest.raises(gpumnn.GpumnnError, match="gather"):
+        net.session(backend=backend, fallback=False)
+    assert closed, "the session's backends were not closed"
+
+
+@pytest.mark.parametrize("op", ["Softmax", "Sub", "ReduceMean"])
+def test_empty_tensors_compute_nothing(backend, op):
+    """Ops on zero-element tensors: OpenCL's padded CPU-kernel grids wrote past the pool (heap corruption)."""
+    attrs = {"axis": 1} if op == "Softmax" else {"axes": [2, 3]} if op == "ReduceMean" else {}
+    inputs = ["x", "b"] if op == "Sub" else ["x"]
+    model = _model([helper.make_node(op, inputs, ["y"], "op", **attrs)], [("x", (0, 7, 6, 6))],
+                   [("b", np.ones((1, 7, 1, 1), np.float32))] if op == "Sub" else [])
+    sess = gpumnn.load(model).session(backend=backend, fallback=False, input_shapes={"x": (0, 7, 6, 6)})
+    out = sess.run({"x": np.zeros((0, 7, 6, 6), np.float32)})["y"]
+    assert out.size == 0 and out.shape[0] == 0
+
+
+def test_clip_with_min_above_max_follows_onnx(backend):
+    """ONNX: min(max(x, lo), hi), so every output is hi; OpenCL's clip returned lo."""
+    model = _model([helper.make_node("Clip", ["x", "lo", "hi"], ["y"], "clip")], [("x", (2, 8))],
+                   [("lo", np.array(0.7, np.float32)), ("hi", np.array(0.5, np.float32))])
+    _matches_onnxruntime(model, {"x": np.linspace(-2, 2, 16, dtype=np.float32).reshape(2, 8)}, backend)
+
+
+def test_tile_with_many_repeats_is_a_few_regions(backend):
+    """Tile's periodic index map became one Raster region per period (41k regions, 30 s to prepare)."""
+    model = _model([helper.make_node("Tile", ["x", "r"], ["y"], "tile")], [("x", (1, 3, 2, 2))],
+                   [("r", np.array([1, 5000, 1, 2], np.int64))])
+    sess = gpumnn.load(model).session(backend=backend, fallback=False)
+    rasters = [op for op in sess.program.ops if op.kind == "raster"]
+    assert len(rasters) == 1 and len(rasters[0].regions) <= 4
+    x = np.arange(12, dtype=np.float32).reshape(1, 3, 2, 2)
+    np.testing.assert_array_equal(sess.run({"x": x})["y"], np.tile(x, (1, 5000, 1, 2)))
+
+
+@pytest.mark.parametrize("attrs, message", [
+    ({"kernel_shape": [2, 2], "strides": [2, 2]}, "does not fit the input"),
+    ({"kernel_shape": [2, 2], "strides": [0, 1]}, "strides .* must be positive"),
+    ({"kernel_shape": [2, 2], "pads": [1, 1]}, "pads must be 4 integers"),
+    ({"strides": [1, 1]}, "no kernel_shape"),
+])
+def test_bad_pooling_windows_name_the_node(attrs, message):
+    model = _model([helper.make_node("MaxPool", ["x"], ["y"], "the_pool", **attrs)], [("x", (1, 3, 8, 1))])
+    with pytest.raises(gpumnn.ModelError, match=f"the_pool.*{message}"):
+        gpumnn.load(model).session()
+
+
+def test_unknown_element_type_is_a_model_error():
+    model = _model([helper.make_node("Relu", ["x"], ["y"], "relu")], [("x", (2, 2))])
+    model.graph.input[0].type.tensor_type.elem_type = 999
+    with pytest.raises(gpumnn.ModelError, match="'x' has element type 999"):
+        gpumnn.load(model)
+
+
+def test_batchnorm_with_mismatched_parameters_names_the_node():
+    """fold_batchnorm raised a raw ValueError at load when BN's parameters did not fit the conv."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], "conv"),
+             helper.make_node("BatchNormalization", ["c", "g", "b", "m", "v"], ["y"], "bn")]
+    inits = [("w", rng.standard_normal((4, 3, 1, 1)).astype(np.float32)), ("g", np.ones(4, np.float32)),
+             ("b", np.zeros(4, np.float32)), ("m", np.zeros(3, np.float32)), ("v", np.ones(4, np.float32))]
+    net = gpumnn.load(_model(nodes, [("x", (1, 3, 4, 4))], inits))
+    with pytest.raises(gpumnn.ModelError, match="'bn'.*for 4 channels"):
+        net.session()
