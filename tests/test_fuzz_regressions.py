@@ -101,3 +101,32 @@ def test_batchnorm_with_mismatched_parameters_names_the_node():
              ("b", np.zeros(4, np.float32)), ("m", np.zeros(3, np.float32)), ("v", np.ones(4, np.float32))]
     with pytest.raises(gpumnn.ModelError, match="'bn'"):  # at load once the ONNX checker runs there
         gpumnn.load(_model(nodes, [("x", (1, 3, 4, 4))], inits)).session()
+
+
+def _refused_by_onnxruntime() -> list[tuple[str, onnx.ModelProto]]:
+    n = helper.make_node
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    no_outputs = _model([n("Relu", ["x"], ["y"], "relu")], [("x", (1, 4))])
+    del no_outputs.graph.output[:]
+    return [
+        ("flatten-axis-beyond-rank", _model([n("Flatten", ["x"], ["y"], "flat", axis=-99)], [("x", (1, 3, 2, 2))])),
+        ("flatten-huge-axis", _model([n("Flatten", ["x"], ["y"], "flat", axis=2**40)], [("x", (1, 3, 2, 2))])),
+        ("slice-2d-starts", _model([n("Slice", ["x", "s", "e"], ["y"], "slice")], [("x", (4, 6))],
+                                   [("s", np.array([[1]], np.int64)), ("e", i64(3))])),
+        ("pool-pads-not-below-kernel", _model([n("AveragePool", ["x"], ["y"], "pool", kernel_shape=[1, 3],
+                                                 pads=[1, 1, 1, 1])], [("x", (1, 2, 6, 6))])),
+        ("resize-exclude-outside", _model([n("Resize", ["x", "", "s"], ["y"], "resize", mode="linear",
+                                             exclude_outside=1)], [("x", (1, 1, 4, 4))],
+                                          [("s", np.array([1, 1, 2, 2], np.float32))])),
+        ("no-graph-outputs", no_outputs),
+    ]
+
+
+@pytest.mark.parametrize("name, model", _refused_by_onnxruntime(), ids=[c[0] for c in _refused_by_onnxruntime()])
+def test_refused_like_onnxruntime(name, model):
+    """Models the fuzz corpus found gpumnn running although ONNX Runtime refuses them."""
+    feeds = {"x": np.ones([d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim], np.float32)}
+    with pytest.raises(Exception):
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    with pytest.raises(gpumnn.ModelError):  # UnsupportedOpError is a ModelError
+        gpumnn.load(model).session().run(feeds)

@@ -368,6 +368,9 @@ def lower_pool(ctx: LoweringContext, node: Node, opset: int) -> None:
         raise UnsupportedOpError(node.op_type, node.name, "dilated pooling is not supported")
     pads4 = _pads4(node, is1d)
     _check_window(node, (h, w), kernel, strides, (1, 1), pads4)
+    if any(p >= kernel[i % 2] for i, p in enumerate(pads4)):  # as ONNX Runtime: a window of padding only
+        raise ModelError(f"node {node.name!r} ({node.op_type}): pads {pads4} must be smaller than the kernel "
+                         f"{list(kernel)}")
     ceil_mode = bool(node.attr("ceil_mode", 0))
     auto_pad = node.attr("auto_pad", "NOTSET")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER", "VALID"):

@@ -80,6 +80,8 @@ def lower_reshape(ctx: LoweringContext, node: Node, opset: int) -> None:
 def lower_flatten(ctx: LoweringContext, node: Node, opset: int) -> None:
     shape = ctx.shape(node.inputs[0])
     axis = node.attr("axis", 1)
+    if not -len(shape) <= axis <= len(shape):  # Flatten's axis may also be the rank itself
+        raise ModelError(f"node {node.name!r} (Flatten): axis {axis} is out of range for rank {len(shape)}")
     axis = axis + len(shape) if axis < 0 else axis
     outer = int(np.prod(shape[:axis], dtype=np.int64))
     ctx.alias(node.outputs[0], node.inputs[0], (outer, int(np.prod(shape[axis:], dtype=np.int64))))
@@ -167,6 +169,10 @@ def lower_split(ctx: LoweringContext, node: Node, opset: int) -> None:
 @lowers("Slice")
 def lower_slice(ctx: LoweringContext, node: Node, opset: int) -> None:
     shape = ctx.shape(node.inputs[0])
+    given = [ctx.const(n, node, what) for n, what in zip(node.inputs[1:5], ("starts", "ends", "axes", "steps")) if n]
+    if len(node.inputs) < 3 or any(np.ndim(v) != 1 or len(v) != len(given[0]) for v in given):
+        raise ModelError(f"node {node.name!r} (Slice): starts, ends, axes and steps must be 1-D and of one length, "
+                         f"got shapes {[list(np.shape(v)) for v in given]}")
     starts = _ints(ctx.const(node.inputs[1], node, "starts"))
     ends = _ints(ctx.const(node.inputs[2], node, "ends"))
     axes = _ints(ctx.const(node.inputs[3], node, "axes")) if len(node.inputs) > 3 and node.inputs[3] else list(range(len(starts)))
