@@ -6,7 +6,7 @@ from typing import Any, Mapping, Sequence
 
 import onnx
 
-from .errors import UnsupportedOpError
+from .errors import GpumnnError, ModelError, UnsupportedOpError
 from .geometry import lower, supported_ops
 from .geometry.registry import lowering_for
 from .ir import Graph, ValueInfo
@@ -55,7 +55,13 @@ class Net:
 
 def load(model: str | os.PathLike | bytes | onnx.ModelProto, optimize: bool = True) -> Net:
     """Load an ONNX model (path, bytes or ModelProto); raises ModelError / UnsupportedOpError."""
-    graph = import_onnx(model)
+    try:
+        graph = import_onnx(model)
+    except GpumnnError:
+        raise
+    except Exception as exc:  # a reader or checker tripping over a malformed file is still the file's fault
+        name = str(model) if isinstance(model, (str, os.PathLike)) else "the model"
+        raise ModelError(f"{name} could not be read: {type(exc).__name__}: {exc}") from exc
     for node in graph.nodes:
         if lowering_for(node) is None:
             raise UnsupportedOpError(node.op_type, node.name, "gpumnn has no implementation of this op",

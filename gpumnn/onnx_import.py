@@ -51,8 +51,11 @@ def _value_info(info: onnx.ValueInfoProto) -> ValueInfo:
     shape = None
     if info.type.HasField("tensor_type"):
         tensor_type = info.type.tensor_type
-        if tensor_type.elem_type:
+        try:  # as ONNX Runtime: a declared tensor type names a known element type
             dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ModelError(f"graph value {info.name!r} has element type {tensor_type.elem_type}, "
+                             "which is no ONNX tensor type") from exc
         if tensor_type.HasField("shape"):
             shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                           for d in tensor_type.shape.dim)
@@ -95,8 +98,8 @@ def _read_model(source: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.Mod
 def _check_opset(model: onnx.ModelProto) -> None:
     """gpumnn's own limits, checked before the ONNX checker so that their message comes first."""
     graph_proto = model.graph
-    if not graph_proto.node and not graph_proto.output:
-        raise ModelError("the ONNX model has an empty graph (no nodes and no outputs)")
+    if not graph_proto.output:
+        raise ModelError("the ONNX model's graph declares no outputs")
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None:
         raise ModelError("the ONNX model imports no default-domain opset")

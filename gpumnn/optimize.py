@@ -11,6 +11,7 @@ from collections import Counter
 
 import numpy as np
 
+from .errors import GpumnnError, ModelError
 from .geometry import LoweringContext, lower_into
 from .geometry.compute import unary_spec
 from .ir import Graph, Node
@@ -19,16 +20,26 @@ ACTIVATION_HOSTS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "Mu
 
 
 def optimize(graph: Graph) -> dict[str, int]:
-    """Apply every pass in place; returns how many rewrites each pass made."""
-    stats = {
-        "identity_removed": remove_identities(graph),
-        "constants_folded": fold_constants(graph),
-        "batchnorm_folded": fold_batchnorm(graph),
-        "bias_fused": fuse_matmul_bias(graph),
-        "activations_fused": fuse_activations(graph),
-    }
-    stats["constants_folded"] += fold_constants(graph)
-    remove_dead_nodes(graph)
+    """Apply every pass in place; returns how many rewrites each pass made.
+
+    The passes skip what they cannot rewrite (the lowering reports a malformed node with its
+    name and shapes); should one still fail, the ModelError names the pass and keeps the cause.
+    """
+    passes = (("identity_removed", remove_identities), ("constants_folded", fold_constants),
+              ("batchnorm_folded", fold_batchnorm), ("bias_fused", fuse_matmul_bias),
+              ("activations_fused", fuse_activations), ("constants_folded", fold_constants),
+              ("dead_nodes_removed", remove_dead_nodes))
+    stats: dict[str, int] = {}
+    for key, rewrite in passes:
+        try:
+            count = rewrite(graph)
+        except GpumnnError:
+            raise
+        except Exception as exc:
+            raise ModelError(f"the model could not be optimised: pass {rewrite.__name__} failed with "
+                             f"{type(exc).__name__}: {exc}") from exc
+        if count is not None:
+            stats[key] = stats.get(key, 0) + count
     return stats
 
 
@@ -42,7 +53,7 @@ def remove_identities(graph: Graph) -> int:
     outputs = set(graph.output_names)
     removed = 0
     for node in list(graph.nodes):
-        if node.op_type not in ("Identity", "Dropout"):
+        if node.op_type not in ("Identity", "Dropout") or not node.inputs or not node.inputs[0] or not node.outputs:
             continue
         if node.outputs[0] in outputs or any(node.outputs[1:]):
             continue
@@ -78,6 +89,10 @@ def fold_constants(graph: Graph) -> int:
     return folded
 
 
+def _is_channel_vector(array: np.ndarray | None, channels: int) -> bool:
+    return array is not None and array.shape == (channels,) and array.dtype.kind == "f"
+
+
 def _single_consumer(graph: Graph, uses: Counter, name: str) -> bool:
     return uses[name] == 1 and name not in graph.output_names
 
@@ -88,19 +103,20 @@ def fold_batchnorm(graph: Graph) -> int:
     uses = Counter(n for node in graph.nodes for n in node.inputs)
     folded = 0
     for bn in list(graph.nodes):
-        if bn.op_type != "BatchNormalization" or any(bn.outputs[1:]):
+        if bn.op_type != "BatchNormalization" or len(bn.inputs) != 5 or any(bn.outputs[1:]):
             continue
         conv = producers.get(bn.inputs[0])
-        if conv is None or conv.op_type != "Conv" or not _single_consumer(graph, uses, bn.inputs[0]):
+        if (conv is None or conv.op_type != "Conv" or len(conv.inputs) < 2
+                or not _single_consumer(graph, uses, bn.inputs[0])):
             continue
         params = [graph.initializers.get(n) for n in bn.inputs[1:5]]
         weight = graph.initializers.get(conv.inputs[1])
-        if weight is None or any(p is None for p in params):
-            continue
+        if weight is None or weight.ndim < 3 or weight.dtype.kind != "f" or not all(_is_channel_vector(p, weight.shape[0]) for p in params):
+            continue  # not a foldable pair: lowering the two nodes reports what is wrong, if anything
         gamma, beta, mean, var = (p.astype(np.float64) for p in params)
         scale = gamma / np.sqrt(var + float(bn.attr("epsilon", 1e-5)))
         bias = graph.initializers.get(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] else np.zeros_like(mean)
-        if bias is None:
+        if not _is_channel_vector(bias, weight.shape[0]):
             continue
         w_name, b_name = f"{conv.name}/weight_bn", f"{conv.name}/bias_bn"
         graph.initializers[w_name] = (weight * scale.reshape(-1, *[1] * (weight.ndim - 1))).astype(np.float32)
@@ -123,8 +139,8 @@ def fuse_matmul_bias(graph: Graph) -> int:
         for mm_out, bias in (add.inputs, add.inputs[::-1]):
             mm = producers.get(mm_out)
             const = graph.initializers.get(bias)
-            if (mm is None or mm.op_type != "MatMul" or const is None or "gpumnn_bias" in mm.attrs
-                    or not _single_consumer(graph, uses, mm_out)):
+            if (mm is None or mm.op_type != "MatMul" or len(mm.inputs) != 2 or const is None
+                    or "gpumnn_bias" in mm.attrs or not _single_consumer(graph, uses, mm_out)):
                 continue
             weight = graph.initializers.get(mm.inputs[1])
             n = weight.shape[-1] if weight is not None and weight.ndim >= 2 else None
@@ -145,6 +161,8 @@ def fuse_activations(graph: Graph) -> int:
     uses = Counter(n for node in graph.nodes for n in node.inputs)
     fused = 0
     for act in list(graph.nodes):
+        if not act.inputs or not act.outputs:
+            continue
         spec = unary_spec(act, graph.initializers.get)
         if spec is None:
             continue

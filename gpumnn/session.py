@@ -87,12 +87,13 @@ class Session:
         try:
             with self._active():
                 self._pre_inference(record, max_concurrent_runs)
-        except BaseException:
+        except BaseException:  # a model we refuse must not keep devices, pools or programs alive
             self.close()
             raise
         self.prepare_seconds = time.perf_counter() - started
 
     def _pre_inference(self, record: bool, max_concurrent_runs: int | None) -> None:
+        """Lowering, schemes, placement, memory plans, constants and the first run state."""
         program = lower(self.graph, self.input_shapes)
         program.ops = select_schemes(program.ops)
         self.program = program

@@ -43,7 +43,7 @@ import numpy as np
 import moderngl  # ModuleNotFoundError propagates: the registry says "pip install 'gpumnn[gl]'"
 
 from .. import atomic as A
-from ..errors import BackendUnavailableError
+from ..errors import BackendUnavailableError, GpumnnError
 from ..shaders.compile import ShaderCompileError, preprocess
 from .base import Backend, BackendInfo, Execution, TensorHandle
 from .cpu import host_cpu_flops
@@ -66,7 +66,7 @@ def _in_context(method: _Method) -> _Method:
     return wrapper  # type: ignore[return-value]
 
 
-class GLError(RuntimeError):
+class GLError(GpumnnError, RuntimeError):
     """An OpenGL backend failure (closed backend, device limit, ...)."""
 
 

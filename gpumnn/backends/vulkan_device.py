@@ -17,6 +17,8 @@ import numpy as np
 
 import vulkan as vk
 
+from ..errors import GpumnnError
+
 ffi = vk.ffi
 lib = vk.lib
 
@@ -37,7 +39,7 @@ _FENCE_TIMEOUT_NS = 600 * 10**9  # a wedged device fails loudly after 10 minutes
 _ids = itertools.count(1)
 
 
-class VulkanError(RuntimeError):
+class VulkanError(GpumnnError, RuntimeError):
     """A Vulkan call failed or the device cannot do what gpumnn needs."""
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 
 from .. import atomic as A
-from ..errors import UnsupportedOpError
+from ..errors import ModelError, UnsupportedOpError
 from ..ir import Node
 from .context import LoweringContext
 from ..strides import contiguous_strides, merge_dims
@@ -41,11 +41,11 @@ def unary_spec(node: Node, lookup: ConstLookup) -> tuple[str, tuple[float, ...]]
         return None
     name = UNARY_ONNX[op]
     if op == "LeakyRelu":
-        return name, (float(node.attr("alpha", 0.01)),)
+        return name, (_scalar(node, "alpha", node.attr("alpha", 0.01)),)
     if op == "HardSigmoid":
-        return name, (float(node.attr("alpha", 0.2)), float(node.attr("beta", 0.5)))
+        return name, (_scalar(node, "alpha", node.attr("alpha", 0.2)), _scalar(node, "beta", node.attr("beta", 0.5)))
     if op == "Elu":
-        return name, (float(node.attr("alpha", 1.0)),)
+        return name, (_scalar(node, "alpha", node.attr("alpha", 1.0)),)
     if op == "Gelu":
         return (name, ()) if node.attr("approximate", "none") == "none" else None
     if op == "Clip":
@@ -55,13 +55,23 @@ def unary_spec(node: Node, lookup: ConstLookup) -> tuple[str, tuple[float, ...]]
                 value = lookup(node.inputs[i])
                 if value is None:
                     return None
-                bounds.append(float(np.asarray(value).reshape(-1)[0]))
+                bounds.append(_scalar(node, attr, value))
             else:
-                bounds.append(float(node.attr(attr, default)))
+                bounds.append(_scalar(node, attr, node.attr(attr, default)))
         if bounds == [0.0, np.inf]:
             return "relu", ()
-        return name, (bounds[0], bounds[1])
+        # ONNX defines Clip as min(max(x, lo), hi): with lo > hi every output is hi. OpenCL's and
+        # GLSL's clamp() leave that case undefined, so it never reaches them.
+        return name, (min(bounds), bounds[1])
     return name, ()
+
+
+def _scalar(node: Node, what: str, value) -> float:
+    """One number from an attribute or a one-element constant, else a ModelError naming the node."""
+    array = np.asarray(value)
+    if array.size != 1 or array.dtype.kind not in "biuf":
+        raise ModelError(f"node {node.name!r} ({node.op_type}): {what} must be a single number, got {value!r}")
+    return float(array.reshape(-1)[0])
 
 
 def fused_activation(node: Node) -> A.Activation:
@@ -198,37 +208,90 @@ def _spatial_view(ctx: LoweringContext, node: Node, name: str) -> tuple[str, tup
     raise UnsupportedOpError(node.op_type, node.name, f"only 1D and 2D spatial inputs are supported, got shape {list(shape)}")
 
 
-def _pair(values, default, is1d: bool) -> tuple[int, int]:
+def _pair(values, default, is1d: bool, node: Node | None = None, what: str = "") -> tuple[int, int]:
     if values is None:
         return (default, default)
-    values = list(values)
-    return (1 if default == 1 else 0, values[0]) if is1d and len(values) == 1 else (values[0], values[1])
+    values = _int_list(node, what, values, 1 if is1d else 2)
+    return (1 if default == 1 else 0, values[0]) if is1d else (values[0], values[1])
 
 
 def _pads4(node: Node, is1d: bool) -> list[int]:
     """The node's pads as [top, left, bottom, right] (a 1D op pads only its width)."""
-    pads = list(node.attr("pads", [0, 0] if is1d else [0, 0, 0, 0]))
+    pads = _int_list(node, "pads", node.attr("pads", [0, 0] if is1d else [0, 0, 0, 0]), 2 if is1d else 4)
     return [0, pads[0], 0, pads[1]] if is1d else pads
+
+
+def _int_list(node: Node | None, what: str, values, length: int) -> list[int]:
+    """An ints attribute of the expected length, else a ModelError naming the node."""
+    try:
+        values = [int(v) for v in values]
+    except (TypeError, ValueError):
+        values = None
+    if values is None or len(values) != length:
+        where = f"node {node.name!r} ({node.op_type})" if node is not None else "a window op"
+        raise ModelError(f"{where}: {what} must be {length} integers, got {node.attr(what) if node else values!r}")
+    return values
+
+
+def _check_window(node: Node, in_hw, kernel, strides, dilations, pads, out_hw=None) -> None:
+    """Refuse a convolution or pooling window that is empty, never moves, or does not fit its input.
+
+    Called before the geometry is computed (strides of 0 would divide by zero) and again with
+    the output size, which must be at least 1: ONNX Runtime rounds a negative span up to one
+    output element, which would read only padding, so gpumnn names the node instead.
+    """
+    where = f"node {node.name!r} ({node.op_type})"
+    for what, values, low in (("kernel", kernel, 1), ("strides", strides, 1), ("dilations", dilations, 1),
+                              ("pads", pads, 0)):
+        if len(values) not in (2, 4) or any(int(v) < low for v in values):
+            raise ModelError(f"{where}: {what} {list(values)} must be {'positive' if low else 'non-negative'} "
+                             "(one value per spatial axis)")
+        if any(int(v) >= 2**31 for v in values):
+            raise ModelError(f"{where}: {what} {list(values)} exceed the 32-bit range of gpumnn's kernels")
+    if out_hw is not None and any(o < 1 for o in out_hw):
+        raise ModelError(f"{where}: a window of {list(kernel)} (dilations {list(dilations)}, strides {list(strides)}) "
+                         f"does not fit the input of {list(in_hw)} padded by {list(pads)}: "
+                         f"the output would be {list(out_hw)}")
+
+
+def _check_bias(ctx: LoweringContext, node: Node, inputs: list[str], channels: int) -> None:
+    """A convolution's optional third input must hold one value per output channel."""
+    if len(inputs) == 3 and tuple(ctx.shape(inputs[2])) != (channels,):
+        raise ModelError(f"node {node.name!r} ({node.op_type}): bias of shape {list(ctx.shape(inputs[2]))} for "
+                         f"{channels} output channels")
 
 
 @lowers("Conv")
 def lower_conv(ctx: LoweringContext, node: Node, opset: int) -> None:
-    x, x_shape, is1d = _spatial_view(ctx, node, node.inputs[0])
     w_name = node.inputs[1]
     w_shape = ctx.shape(w_name)
+    if len(w_shape) != len(ctx.shape(node.inputs[0])):
+        raise ModelError(f"node {node.name!r} (Conv): weights of shape {list(w_shape)} do not fit an input of shape "
+                         f"{list(ctx.shape(node.inputs[0]))} (their ranks differ)")
+    x, x_shape, is1d = _spatial_view(ctx, node, node.inputs[0])
     if is1d:
         w4 = ctx.temp(node, "w2d")
         ctx.alias(w4, w_name, (w_shape[0], w_shape[1], 1, w_shape[2]))
         w_name, w_shape = w4, ctx.shape(w4)
     n, c, h, w = x_shape
     groups = int(node.attr("group", 1))
+    if groups < 1 or w_shape[0] % groups:
+        raise ModelError(f"node {node.name!r} (Conv): group {groups} does not divide the {w_shape[0]} output channels")
     if c != w_shape[1] * groups:
         raise UnsupportedOpError("Conv", node.name, f"input has {c} channels, weights expect {w_shape[1] * groups}")
     kernel = tuple(w_shape[2:])
-    strides = _pair(node.attr("strides"), 1, is1d)
-    dilations = _pair(node.attr("dilations"), 1, is1d)
-    pads, out_hw = _conv_geometry(node, (h, w), kernel, strides, dilations, _pads4(node, is1d))
+    declared = node.attr("kernel_shape")
+    if declared is not None and list(declared) != list(kernel[-len(declared):] if is1d else kernel):
+        raise ModelError(f"node {node.name!r} (Conv): kernel_shape {list(declared)} disagrees with the weights "
+                         f"{list(ctx.shape(node.inputs[1]))}")
+    strides = _pair(node.attr("strides"), 1, is1d, node, "strides")
+    dilations = _pair(node.attr("dilations"), 1, is1d, node, "dilations")
+    pads4 = _pads4(node, is1d)
+    _check_window(node, (h, w), kernel, strides, dilations, pads4)
+    pads, out_hw = _conv_geometry(node, (h, w), kernel, strides, dilations, pads4)
+    _check_window(node, (h, w), kernel, strides, dilations, pads4, out_hw)
     inputs = [x, w_name] + ([node.inputs[2]] if len(node.inputs) > 2 and node.inputs[2] else [])
+    _check_bias(ctx, node, inputs, w_shape[0])
     out = node.outputs[0] if not is1d else ctx.temp(node, "out2d")
     op = A.Conv2D(tuple(inputs), (out,), node.name, batch=n, in_channels=c, in_hw=(h, w),
                   out_channels=w_shape[0], out_hw=out_hw, kernel=kernel, strides=strides, pads=pads,
@@ -247,12 +310,16 @@ def lower_conv_transpose(ctx: LoweringContext, node: Node, opset: int) -> None:
     n, c, h, w = x_shape
     w_shape = ctx.shape(node.inputs[1])
     groups = int(node.attr("group", 1))
+    if len(w_shape) != 4 or groups < 1 or w_shape[0] != c:
+        raise ModelError(f"node {node.name!r} (ConvTranspose): weights of shape {list(w_shape)} with group {groups} "
+                         f"do not fit an input of shape {list(x_shape)}")
     oc = w_shape[1] * groups
     kernel = tuple(w_shape[2:])
-    strides = _pair(node.attr("strides"), 1, False)
-    dilations = _pair(node.attr("dilations"), 1, False)
-    out_pad = list(node.attr("output_padding", [0, 0]))
-    pads = list(node.attr("pads", [0, 0, 0, 0]))
+    strides = _pair(node.attr("strides"), 1, False, node, "strides")
+    dilations = _pair(node.attr("dilations"), 1, False, node, "dilations")
+    out_pad = _int_list(node, "output_padding", node.attr("output_padding", [0, 0]), 2)
+    pads = _pads4(node, False)
+    _check_window(node, (h, w), kernel, strides, dilations, pads)
     full = [strides[i] * ((h, w)[i] - 1) + out_pad[i] + dilations[i] * (kernel[i] - 1) + 1 for i in range(2)]
     if node.attr("output_shape") is not None:
         target = list(node.attr("output_shape"))[-2:]
@@ -268,7 +335,9 @@ def lower_conv_transpose(ctx: LoweringContext, node: Node, opset: int) -> None:
             pads[i] = total // 2 if node.attr("auto_pad") == "SAME_UPPER" else total - total // 2
             pads[i + 2] = total - pads[i]
     out_hw = (full[0] - pads[0] - pads[2], full[1] - pads[1] - pads[3])
+    _check_window(node, (h, w), kernel, strides, dilations, pads, out_hw)
     inputs = [x, node.inputs[1]] + ([node.inputs[2]] if len(node.inputs) > 2 and node.inputs[2] else [])
+    _check_bias(ctx, node, inputs, oc)
     op = A.ConvTranspose2D(tuple(inputs), (node.outputs[0],), node.name, batch=n, in_channels=c, in_hw=(h, w),
                            out_channels=oc, out_hw=out_hw, kernel=kernel, strides=strides,
                            pads=(pads[0], pads[1]), dilations=dilations, groups=groups,
@@ -291,11 +360,17 @@ def lower_pool(ctx: LoweringContext, node: Node, opset: int) -> None:
     if len(node.outputs) > 1 and node.outputs[1]:
         raise UnsupportedOpError(node.op_type, node.name, "the Indices output is not supported")
     x, (n, c, h, w), is1d = _spatial_view(ctx, node, node.inputs[0])
-    kernel = _pair(node.attr("kernel_shape"), 1, is1d)
-    strides = _pair(node.attr("strides"), 1, is1d)
+    if node.attr("kernel_shape") is None:
+        raise ModelError(f"node {node.name!r} ({node.op_type}) has no kernel_shape attribute, which ONNX requires")
+    kernel = _pair(node.attr("kernel_shape"), 1, is1d, node, "kernel_shape")
+    strides = _pair(node.attr("strides"), 1, is1d, node, "strides")
     if any(d != 1 for d in node.attr("dilations", [1, 1])):
         raise UnsupportedOpError(node.op_type, node.name, "dilated pooling is not supported")
     pads4 = _pads4(node, is1d)
+    _check_window(node, (h, w), kernel, strides, (1, 1), pads4)
+    if any(p >= kernel[i % 2] for i, p in enumerate(pads4)):  # as ONNX Runtime: a window of padding only
+        raise ModelError(f"node {node.name!r} ({node.op_type}): pads {pads4} must be smaller than the kernel "
+                         f"{list(kernel)}")
     ceil_mode = bool(node.attr("ceil_mode", 0))
     auto_pad = node.attr("auto_pad", "NOTSET")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER", "VALID"):
@@ -307,6 +382,7 @@ def lower_pool(ctx: LoweringContext, node: Node, opset: int) -> None:
         pads = tuple(pads4)
         out_hw = (pool_output_size(h, kernel[0], strides[0], pads[0], pads[2], ceil_mode),
                   pool_output_size(w, kernel[1], strides[1], pads[1], pads[3], ceil_mode))
+    _check_window(node, (h, w), kernel, strides, (1, 1), pads, out_hw)
     out = node.outputs[0] if not is1d else ctx.temp(node, "out2d")
     op = A.Pool2D((x,), (out,), node.name, op="max" if node.op_type == "MaxPool" else "avg", batch=n,
                   channels=c, in_hw=(h, w), out_hw=out_hw, kernel=kernel, strides=strides, pads=pads,
@@ -348,7 +424,11 @@ def lower_gemm(ctx: LoweringContext, node: Node, opset: int) -> None:
     beta = float(node.attr("beta", 1.0))
     if len(node.inputs) > 2 and node.inputs[2] and beta != 0.0:
         inputs.append(node.inputs[2])
-        bias_strides = tuple(broadcast_strides((m, n), ctx.shape(node.inputs[2])))
+        c_shape = tuple(ctx.shape(node.inputs[2]))
+        if len(c_shape) > 2 or any(c not in (1, o) for c, o in zip(c_shape[::-1], (n, m))):
+            raise ModelError(f"node {node.name!r} (Gemm): C of shape {list(c_shape)} does not broadcast to the "
+                             f"output [{m}, {n}]")
+        bias_strides = tuple(broadcast_strides((m, n), c_shape))
     op = A.MatMul(tuple(inputs), (node.outputs[0],), node.name, batch=1, m=m, n=n, k=k,
                   trans_a=trans_a, trans_b=trans_b, alpha=float(node.attr("alpha", 1.0)), beta=beta,
                   has_bias=len(inputs) == 3, bias_strides=bias_strides, activation=fused_activation(node))
@@ -422,9 +502,16 @@ def lower_batch_norm(ctx: LoweringContext, node: Node, opset: int) -> None:
     if any(o for o in node.outputs[1:]):
         raise UnsupportedOpError("BatchNormalization", node.name, "training-mode outputs are not supported")
     x = node.inputs[0]
-    rank = len(ctx.shape(x))
+    shape = ctx.shape(x)
+    rank = len(shape)
+    if len(node.inputs) != 5 or rank < 2:
+        raise ModelError(f"node {node.name!r} (BatchNormalization) needs X, scale, B, mean and var, and X of rank 2 "
+                         f"or more; got inputs {node.inputs} and X of shape {list(shape)}")
     gamma, beta, mean, var = (ctx.const(n, node, w).astype(np.float64) for n, w in
                               zip(node.inputs[1:5], ("scale", "bias", "mean", "var")))
+    if any(p.shape != (shape[1],) for p in (gamma, beta, mean, var)):
+        raise ModelError(f"node {node.name!r} (BatchNormalization): scale, B, mean and var of shapes "
+                         f"{[list(p.shape) for p in (gamma, beta, mean, var)]} for {shape[1]} channels")
     scale = gamma / np.sqrt(var + float(node.attr("epsilon", 1e-5)))
     shift = beta - mean * scale
     scale_name, shift_name = ctx.temp(node, "scale"), ctx.temp(node, "shift")
@@ -537,6 +624,9 @@ def lower_lrn(ctx: LoweringContext, node: Node, opset: int) -> None:
     """LRN = x / (bias + alpha * mean of squares over a channel window)^beta, from atomic ops."""
     x = node.inputs[0]
     n, c, h, w = ctx.shape(x)
+    if node.attr("size") is None or int(node.attr("size")) < 1:
+        raise ModelError(f"node {node.name!r} (LRN): the size attribute must be a positive integer, "
+                         f"got {node.attr('size')!r}")
     size = int(node.attr("size"))
     before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
     squares = ctx.temp(node, "squares")
@@ -573,18 +663,28 @@ def lower_resize(ctx: LoweringContext, node: Node, opset: int) -> None:
         raise UnsupportedOpError("Resize", node.name, f"coordinate_transformation_mode {coord!r} is not supported")
     if node.attr("antialias", 0):
         raise UnsupportedOpError("Resize", node.name, "antialias is not supported")
+    if node.attr("exclude_outside", 0):
+        raise UnsupportedOpError("Resize", node.name, "exclude_outside is not supported")
     sizes = ctx.const(node.inputs[3], node, "sizes") if len(node.inputs) > 3 and node.inputs[3] else None
     scales = ctx.const(node.inputs[2], node, "scales") if len(node.inputs) > 2 and node.inputs[2] else None
     if sizes is not None and np.asarray(sizes).size:
         out = [int(v) for v in np.asarray(sizes).reshape(-1)]
-        factors = [o / i for o, i in zip(out, shape)]
+        factors = [o / i if i else 1.0 for o, i in zip(out, shape)]
     elif scales is not None and np.asarray(scales).size:
         factors = [float(v) for v in np.asarray(scales).reshape(-1)]
+        if not all(np.isfinite(factors)):
+            raise ModelError(f"node {node.name!r} (Resize): scales {factors} must be finite")
         out = [int(np.floor(i * f)) for i, f in zip(shape, factors)]
     else:
         raise UnsupportedOpError("Resize", node.name, "neither scales nor sizes is given")
+    if len(out) != len(shape) or len(factors) != len(shape):
+        raise ModelError(f"node {node.name!r} (Resize): {len(out)} output sizes for an input of rank {len(shape)}")
     if out[:2] != list(shape[:2]):
         raise UnsupportedOpError("Resize", node.name, "resizing the batch or channel axis is not supported")
+    if min(out) < 0 or not all(np.isfinite(factors)) or min(factors) <= 0:
+        raise ModelError(f"node {node.name!r} (Resize): output sizes {out} (scales {factors}) must be positive")
+    if min(shape) < 1 or min(out) < 1:
+        raise UnsupportedOpError("Resize", node.name, f"resizing an empty tensor ({list(shape)} to {out}) is not supported")
     ctx.emit(A.Resize((x,), (node.outputs[0],), node.name, planes=shape[0] * shape[1], in_hw=tuple(shape[2:]),
                       out_hw=(out[2], out[3]), scales=(factors[2], factors[3]), mode=mode, coord=coord,
                       nearest_mode=node.attr("nearest_mode", "round_prefer_floor")), out)

@@ -64,10 +64,12 @@ class LoweringContext:
             return self.values[name]
         except KeyError:
             where = f" (read by node {node.name!r})" if node else ""
+            if not name:
+                raise ModelError(f"a required input{where} is empty") from None
             raise ModelError(f"tensor {name!r}{where} has no value") from None
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return self.values[name].shape
+        return self.value(name).shape
 
     def const(self, name: str, node: Node, what: str) -> np.ndarray:
         """Data of an input that must be known at session creation (e.g. a Reshape's shape)."""

@@ -52,7 +52,12 @@ def _linear_strides(idx: np.ndarray) -> tuple[int, ...] | None:
 def _emit(block_src: int, base_src: int, src_strides, base_dst: int, dst_strides, size) -> list[Region]:
     """Regions for one linear block, split along outer dims if it has more than RANK dims."""
     dims = merge_dims(size, src_strides, dst_strides) or [(1, 0, 0)]
-    outer, inner = dims[:-RANK] if len(dims) > RANK else [], dims[-RANK:]
+    outer, inner = [], dims
+    if len(dims) > RANK:  # loop over the smallest extents (never the innermost), so that a broadcast
+        # with a long outer axis (Tile, Expand) stays a few regions instead of one per element of it
+        looped = set(sorted(range(len(dims) - 1), key=lambda i: (dims[i][0], i))[:len(dims) - RANK])
+        outer = [d for i, d in enumerate(dims) if i in looped]
+        inner = [d for i, d in enumerate(dims) if i not in looped]
     inner = [(1, 0, 0)] * (RANK - len(inner)) + inner
     regions = []
     for counter in np.ndindex(*[n for n, _, _ in outer]) if outer else [()]:

@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..errors import UnsupportedOpError
+from ..errors import ModelError, UnsupportedOpError
 from ..ir import Node
 from .context import LoweringContext, PendingRaster
 from .regions import IndexMap
@@ -59,6 +59,11 @@ def lower_reshape(ctx: LoweringContext, node: Node, opset: int) -> None:
     in_shape = ctx.shape(node.inputs[0])
     target = _ints(ctx.const(node.inputs[1], node, "the target shape"))
     allow_zero = bool(node.attr("allowzero", 0))
+    if not allow_zero and any(d == 0 and i >= len(in_shape) for i, d in enumerate(target)):
+        raise ModelError(f"node {node.name!r} (Reshape): target shape {target} copies (0) a dimension beyond the "
+                         f"input's rank {len(in_shape)}")
+    if any(d < -1 for d in target):
+        raise ModelError(f"node {node.name!r} (Reshape): target shape {target} has a negative dimension other than -1")
     shape = [in_shape[i] if (d == 0 and not allow_zero) else d for i, d in enumerate(target)]
     size = int(np.prod(in_shape, dtype=np.int64))
     if shape.count(-1) > 1:
@@ -75,6 +80,8 @@ def lower_reshape(ctx: LoweringContext, node: Node, opset: int) -> None:
 def lower_flatten(ctx: LoweringContext, node: Node, opset: int) -> None:
     shape = ctx.shape(node.inputs[0])
     axis = node.attr("axis", 1)
+    if not -len(shape) <= axis <= len(shape):  # Flatten's axis may also be the rank itself
+        raise ModelError(f"node {node.name!r} (Flatten): axis {axis} is out of range for rank {len(shape)}")
     axis = axis + len(shape) if axis < 0 else axis
     outer = int(np.prod(shape[:axis], dtype=np.int64))
     ctx.alias(node.outputs[0], node.inputs[0], (outer, int(np.prod(shape[axis:], dtype=np.int64))))
@@ -120,6 +127,9 @@ def lower_unsqueeze(ctx: LoweringContext, node: Node, opset: int) -> None:
 def lower_transpose(ctx: LoweringContext, node: Node, opset: int) -> None:
     rank = len(ctx.shape(node.inputs[0]))
     perm = node.attr("perm") or list(reversed(range(rank)))
+    if sorted(perm) != list(range(rank)):
+        raise ModelError(f"node {node.name!r} (Transpose): perm {perm} is not a permutation of the input's "
+                         f"{rank} axes")
     reorder(ctx, node, node.inputs[:1], lambda xs, f: [np.transpose(xs[0], perm)], node.outputs)
 
 
@@ -127,6 +137,11 @@ def lower_transpose(ctx: LoweringContext, node: Node, opset: int) -> None:
 def lower_concat(ctx: LoweringContext, node: Node, opset: int) -> None:
     sources = [n for n in node.inputs if n and ctx.value(n, node).size > 0] or node.inputs[:1]
     axis = norm_axis(node.attr("axis", 0), len(ctx.shape(sources[0])), node)
+    shapes = [ctx.shape(n) for n in sources]
+    if any(len(s) != len(shapes[0]) or any(a != b for i, (a, b) in enumerate(zip(s, shapes[0])) if i != axis)
+           for s in shapes):
+        raise ModelError(f"node {node.name!r} (Concat): input shapes {[list(s) for s in shapes]} differ outside "
+                         f"the concatenation axis {axis}")
     reorder(ctx, node, sources, lambda xs, f: [np.concatenate(xs, axis=axis)], node.outputs)
 
 
@@ -154,6 +169,10 @@ def lower_split(ctx: LoweringContext, node: Node, opset: int) -> None:
 @lowers("Slice")
 def lower_slice(ctx: LoweringContext, node: Node, opset: int) -> None:
     shape = ctx.shape(node.inputs[0])
+    given = [ctx.const(n, node, what) for n, what in zip(node.inputs[1:5], ("starts", "ends", "axes", "steps")) if n]
+    if len(node.inputs) < 3 or any(np.ndim(v) != 1 or len(v) != len(given[0]) for v in given):
+        raise ModelError(f"node {node.name!r} (Slice): starts, ends, axes and steps must be 1-D and of one length, "
+                         f"got shapes {[list(np.shape(v)) for v in given]}")
     starts = _ints(ctx.const(node.inputs[1], node, "starts"))
     ends = _ints(ctx.const(node.inputs[2], node, "ends"))
     axes = _ints(ctx.const(node.inputs[3], node, "axes")) if len(node.inputs) > 3 and node.inputs[3] else list(range(len(starts)))
@@ -170,14 +189,31 @@ def lower_slice(ctx: LoweringContext, node: Node, opset: int) -> None:
 @lowers("Expand")
 def lower_expand(ctx: LoweringContext, node: Node, opset: int) -> None:
     target = tuple(_ints(ctx.const(node.inputs[1], node, "the target shape")))
-    out_shape = np.broadcast_shapes(ctx.shape(node.inputs[0]), target)
+    try:
+        out_shape = np.broadcast_shapes(ctx.shape(node.inputs[0]), target)
+    except ValueError:
+        raise ModelError(f"node {node.name!r} (Expand): shape {list(ctx.shape(node.inputs[0]))} does not broadcast "
+                         f"to {list(target)}") from None
     reorder(ctx, node, node.inputs[:1], lambda xs, f: [np.broadcast_to(xs[0], out_shape)], node.outputs)
 
 
 @lowers("Tile")
 def lower_tile(ctx: LoweringContext, node: Node, opset: int) -> None:
+    """Tile as a broadcast over interleaved (repeat, size) axes, then a free view of the result.
+
+    The broadcast's index map is linear (stride 0 on the repeat axes), so it compresses into a
+    few regions however large the repeat counts; ``np.tile``'s map on the output shape is
+    periodic and would be cut into one region per period.
+    """
+    shape = ctx.shape(node.inputs[0])
     repeats = _ints(ctx.const(node.inputs[1], node, "repeats"))
-    reorder(ctx, node, node.inputs[:1], lambda xs, f: [np.tile(xs[0], repeats)], node.outputs)
+    if len(repeats) != len(shape) or any(r < 0 for r in repeats):
+        raise ModelError(f"node {node.name!r} (Tile): repeats {repeats} must be {len(shape)} non-negative counts")
+    spread = [v for d in shape for v in (1, d)]
+    interleaved = [v for r, d in zip(repeats, shape) for v in (r, d)]
+    tiled = ctx.temp(node, "tiled")
+    reorder(ctx, node, node.inputs[:1], lambda xs, f: [np.broadcast_to(xs[0].reshape(spread), interleaved)], [tiled])
+    ctx.alias(node.outputs[0], tiled, [r * d for r, d in zip(repeats, shape)])
 
 
 @lowers("Pad")
@@ -192,9 +228,13 @@ def lower_pad(ctx: LoweringContext, node: Node, opset: int) -> None:
         value = float(node.attr("value", 0.0))
     axes = _ints(ctx.const(node.inputs[3], node, "axes")) if len(node.inputs) > 3 and node.inputs[3] else list(range(rank))
     axes = [norm_axis(a, rank, node) for a in axes]
+    if len(pads) != 2 * len(axes):
+        raise ModelError(f"node {node.name!r} (Pad): {len(pads)} pads for {len(axes)} axes (2 per axis expected)")
     begin, end = [0] * rank, [0] * rank
     for i, a in enumerate(axes):
         begin[a], end[a] = pads[i], pads[i + len(axes)]
+    if any(d + b + e < 0 for d, b, e in zip(shape, begin, end)):
+        raise ModelError(f"node {node.name!r} (Pad): pads {pads} crop more than the input's shape {list(shape)}")
     mode = node.attr("mode", "constant")
     if mode not in ("constant", "reflect", "edge"):
         raise UnsupportedOpError("Pad", node.name, f"mode {mode!r} is not supported (constant, reflect, edge)")
@@ -209,9 +249,22 @@ def lower_pad(ctx: LoweringContext, node: Node, opset: int) -> None:
     reorder(ctx, node, node.inputs[:1], pad, node.outputs, fill=value if mode == "constant" else None)
 
 
+def _block_geometry(ctx: LoweringContext, node: Node) -> tuple[int, int, int, int]:
+    """NCHW of a DepthToSpace/SpaceToDepth input whose blocksize divides what it must."""
+    shape = ctx.shape(node.inputs[0])
+    b = node.attr("blocksize")
+    if len(shape) != 4 or not isinstance(b, int) or b < 1:
+        raise ModelError(f"node {node.name!r} ({node.op_type}): needs a 4D input and a positive blocksize, got "
+                         f"shape {list(shape)} and blocksize {b!r}")
+    n, c, h, w = shape
+    if (node.op_type == "DepthToSpace" and c % (b * b)) or (node.op_type == "SpaceToDepth" and (h % b or w % b)):
+        raise ModelError(f"node {node.name!r} ({node.op_type}): blocksize {b} does not divide the input {list(shape)}")
+    return n, c, h, w
+
+
 @lowers("DepthToSpace")
 def lower_depth_to_space(ctx: LoweringContext, node: Node, opset: int) -> None:
-    n, c, h, w = ctx.shape(node.inputs[0])
+    n, c, h, w = _block_geometry(ctx, node)
     b = int(node.attr("blocksize"))
     if node.attr("mode", "DCR") == "DCR":
         fn = lambda xs, f: [xs[0].reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2).reshape(n, c // (b * b), h * b, w * b)]
@@ -222,7 +275,7 @@ def lower_depth_to_space(ctx: LoweringContext, node: Node, opset: int) -> None:
 
 @lowers("SpaceToDepth")
 def lower_space_to_depth(ctx: LoweringContext, node: Node, opset: int) -> None:
-    n, c, h, w = ctx.shape(node.inputs[0])
+    n, c, h, w = _block_geometry(ctx, node)
     b = int(node.attr("blocksize"))
     fn = lambda xs, f: [xs[0].reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4).reshape(n, c * b * b, h // b, w // b)]
     reorder(ctx, node, node.inputs[:1], fn, node.outputs)
