@@ -73,6 +73,8 @@ def check_model(model: onnx.ModelProto) -> None:
             checker.check_model(_completed(serialized), full_check=True)
     except (checker.ValidationError, shape_inference.InferenceError) as exc:
         raise checker_error(model, str(exc)) from None
+    except (ValueError, UnicodeDecodeError) as exc:  # e.g. "Invalid tensor data type 999", a non-UTF-8 name
+        raise ModelError(f"invalid ONNX model: {type(exc).__name__}: {exc}") from exc
 
 
 def weightless_view(model: onnx.ModelProto) -> onnx.ModelProto:
