@@ -322,7 +322,8 @@ def _make_conv2d(op: A.Conv2D, ins, outs):
         if act:
             act(out)
 
-    if g == c == oc and g > 1:  # depthwise: KH*KW multiply-adds of shifted views
+    # op.scheme (decided by gpumnn.scheduler.schemes, which checked the geometry fits) names the kernel
+    if op.scheme == "depthwise":  # KH*KW multiply-adds of shifted views
         padded = _PaddedInput(x, pads, 0.0, (0, 0))
         windows = _window_view(padded.buf, op.kernel, op.strides, op.dilations, op.out_hw)
         taps = [(np.ascontiguousarray(weight[:, 0, i, j]).reshape(1, c, 1, 1), windows[:, :, i, j])
@@ -341,8 +342,7 @@ def _make_conv2d(op: A.Conv2D, ins, outs):
 
     cg, ocg = c // g, oc // g
     w_packed = np.ascontiguousarray(weight.reshape(g, ocg, cg * kh * kw))
-    pointwise = (kh, kw) == (1, 1) and not any(pads) and op.strides == (1, 1)
-    if pointwise:  # 1x1 convolution is a GEMM on the input as it lies
+    if op.scheme == "gemm1x1":  # 1x1 convolution is a GEMM on the input as it lies
         xs = x.reshape(n, g, cg, h * w)
         outg = out.reshape(n, g, ocg, oh * ow)
 
@@ -518,6 +518,7 @@ def _make_gather(op: A.Gather, ins, outs):
     return run
 
 
+CpuBackend.schemes = {A.Conv2D: frozenset({"depthwise", "gemm1x1", "im2col"}), A.MatMul: frozenset({"gemm"})}
 CpuBackend.kernel_table = _MAKERS = {
     A.Raster: _make_raster, A.Unary: _make_unary, A.Binary: _make_binary, A.Reduce: _make_reduce,
     A.MatMul: _make_matmul, A.Conv2D: _make_conv2d, A.ConvTranspose2D: _make_conv_transpose2d,
