@@ -25,8 +25,9 @@ channel (the paper's last term omits ``oc``). ``C(1)`` is the sliding window's o
 Matrix products: ``gemm``, or ``strassen`` (with ``strassen_levels``) while Eq. 9 says one more
 level of recursion saves more multiplications than its additions cost.
 
-Winograd and Strassen are not kernels: ``gpumnn.geometry.fast`` rewrites them into Raster,
-batched MatMul and Binary atomic ops, so every backend that runs those gets them. A scheme the
+Winograd and Strassen are not kernels: ``gpumnn.geometry.fast`` rewrites them into Raster and
+(batched) MatMul atomic ops, bias and activation in the last MatMul's epilogue, so every backend
+that runs those gets them. A scheme the
 requested backend lacks is skipped for the next candidate; when it has none, the op keeps the
 best scheme and placement runs it where it is built (the CPU).
 """
@@ -210,12 +211,12 @@ def _forced_matmul(op: A.MatMul, constants: Mapping[str, Any], candidates: list)
 
 def _builds(backend: Any, op_type: type, scheme: str) -> bool:
     """Whether ``backend`` runs ``scheme`` for ``op_type``: its own kernels, or (an expanded
-    scheme) the Raster / MatMul / Binary kernels the rewrite uses."""
+    scheme) the Raster and MatMul kernels the rewrite uses."""
     if backend is None:
         return True
     if scheme in EXPANDED:
         table = backend.kernel_table
-        return all(t in table for t in (A.Raster, A.MatMul, A.Binary)) and "gemm" in backend.schemes.get(A.MatMul, ())
+        return A.Raster in table and A.MatMul in table and "gemm" in backend.schemes.get(A.MatMul, ())
     return scheme in backend.schemes.get(op_type, ())
 
 
