@@ -162,7 +162,10 @@ class MatMul(AtomicOp):
     has_bias: bool = False
     bias_strides: tuple[int, int] = (0, 1)
     activation: Activation = None
+    #: ``gemm``, or ``strassen`` (with ``strassen_levels``), chosen by the session's scheme step;
+    #: Strassen is rewritten into atomic ops before any backend sees it (``gpumnn.geometry.fast``)
     scheme: str = "gemm"
+    strassen_levels: int = 0
 
     def macs(self) -> int:
         return self.batch * self.m * self.n * self.k
@@ -191,9 +194,11 @@ class Conv2D(ConvGeometry):
     """NCHW convolution: inputs x ``[N,C,H,W]``, weight ``[OC, C/groups, KH, KW]``, bias ``[OC]``.
 
     ``pads`` is (top, left); bottom/right padding is implied by ``out_hw``. ``scheme`` is chosen
-    by the session's scheme selection (``gpumnn.scheduler.schemes``) and is a hint a backend
-    may use to pick its kernel: ``im2col``, ``gemm1x1``, ``depthwise``, ``direct``,
-    ``winograd`` (with ``winograd_tile``).
+    by the session's scheme selection (``gpumnn.scheduler.schemes``, the only place that decides)
+    and names the kernel a backend builds: ``im2col`` (the sliding window, correct for any
+    geometry, so the default for ops made outside a session), ``gemm1x1``, ``depthwise``; or
+    ``winograd`` (with ``winograd_tile``), which is rewritten into atomic ops before any backend
+    sees it (``gpumnn.geometry.fast``).
     """
 
     kind: ClassVar[str] = "conv2d"
@@ -319,6 +324,8 @@ class AtomicProgram:
     aliases: dict[str, str] = field(default_factory=dict)
     #: graph outputs whose values were fully known at session creation (folded constants)
     folded_outputs: dict[str, "object"] = field(default_factory=dict)
+    #: the scheme chosen for each convolution and matrix product (``gpumnn.scheduler.schemes.Decision``)
+    decisions: list = field(default_factory=list)
 
     def storage_of(self, name: str) -> str:
         """The tensor that owns the memory ``name`` lives in."""

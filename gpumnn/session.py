@@ -25,6 +25,7 @@ from .backends.base import Backend, Execution, TensorHandle
 from .backends.cpu import CpuBackend
 from .errors import BackendUnavailableError, InputError
 from .geometry import lower
+from .geometry.fast import expand_schemes
 from .ir import Graph
 from .run_states import RunStatePool
 from .scheduler import MemoryPlan, Placement, place, plan_memory, select_schemes
@@ -94,8 +95,8 @@ class Session:
 
     def _pre_inference(self, record: bool, max_concurrent_runs: int | None) -> None:
         """Lowering, schemes, placement, memory plans, constants and the first run state."""
-        program = lower(self.graph, self.input_shapes)
-        program.ops = select_schemes(program.ops)
+        # schemes are decided once, for the requested backend, then Winograd / Strassen become atomic ops
+        program = expand_schemes(select_schemes(lower(self.graph, self.input_shapes), self.backends[self.backend]))
         self.program = program
         self.placement: Placement = place(program, self.backends, self.backend)
         self.memory: dict[str, MemoryPlan] = {
@@ -290,10 +291,17 @@ class Session:
             note = f"  [cpu fallback: {r['fallback']}]" if r["fallback"] else ""
             lines.append(f"{r['index']:>4} {r['op']:<17} {r['backend']:<7} {r['scheme']:<10} {str(r['output']):<20} "
                          f"{r['bytes']:>10} {r['macs'] / 1e6:>8.2f} {r['cost_ms']:>7.3f}  {r['node']}{note}")
+        lines.extend(self.scheme_lines())
         for b, m in self.memory_summary().items():
             lines.append(f"memory[{b}]: pool {m['pool_bytes'] / 2**20:.2f} MiB for {m['tensors']} tensors "
                          f"(naive sum {m['naive_bytes'] / 2**20:.2f} MiB)")
         return "\n".join(lines)
+
+    def scheme_lines(self) -> list[str]:
+        """One line per convolution and matrix product of the model: the scheme chosen and why."""
+        decisions = getattr(self.program, "decisions", [])
+        return ([f"schemes ({len(decisions)} convolutions and matrix products):"]
+                + [f"  {d.describe()}" for d in decisions]) if decisions else []
 
     def close(self) -> None:
         """Wait for runs in flight, then free every backend's resources. Idempotent; a run

@@ -38,6 +38,10 @@ import numpy as np
 from .. import atomic as A
 from ..atomic import AtomicOp
 
+#: The schemes every backend's kernel for these ops builds: the general algorithms (sliding
+#: window, plain GEMM) that are correct for any geometry. Faster ones are listed per backend.
+GENERAL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: frozenset({"im2col"}), A.MatMul: frozenset({"gemm"})}
+
 #: Counter names every backend maintains (others may add more).
 COUNTERS = ("buffers_allocated", "programs_built", "executions_created", "recordings_made", "submits")
 
@@ -122,6 +126,14 @@ class Backend(ABC):
     alignment: int = 64
     #: atomic op type -> how this backend builds its kernel (checked by ``unsupported_reason``)
     kernel_table: ClassVar[Mapping[type, Any]] = {}
+    #: atomic op type -> the ``scheme`` values it builds (``gpumnn.scheduler.schemes`` decides which
+    #: one an op uses, asking the backend; a backend builds what ``op.scheme`` names, never re-derives
+    #: it). Every backend builds the general schemes; a backend lists more where it has kernels.
+    schemes: ClassVar[Mapping[type, frozenset[str]]] = GENERAL_SCHEMES
+    #: the rewritten schemes (Winograd, Strassen: ``gpumnn.geometry.fast``) the scheme step may
+    #: choose by the paper's multiplication counts for this backend; a backend whose measured
+    #: sliding window / plain GEMM beats the rewrite at every size leaves them out
+    cost_model_expansions: ClassVar[frozenset[str]] = frozenset({"winograd", "strassen"})
     #: run states of one session that may run at once on this backend (1: runs take turns)
     max_concurrent_runs: ClassVar[int] = 1
 
@@ -138,6 +150,9 @@ class Backend(ABC):
         """None when this backend can run ``op``; otherwise why not (shown in the report)."""
         if type(op) not in self.kernel_table:
             return f"the {self.name} backend has no kernel for atomic op {type(op).__name__}"
+        scheme = getattr(op, "scheme", None)
+        if scheme is not None and scheme not in self.schemes.get(type(op), GENERAL_SCHEMES.get(type(op), ())):
+            return f"the {self.name} backend has no {scheme!r} kernel for atomic op {type(op).__name__}"
         return contract_violation(op)
 
     # -- threads ---------------------------------------------------------------------------

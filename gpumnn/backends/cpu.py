@@ -72,6 +72,11 @@ class CpuBackend(Backend):
     """NumPy on the host CPU, BLAS threads limited to ``threads`` (default: all cores)."""
 
     name = "cpu"
+    #: NumPy's sliding window is one BLAS GEMM at full speed; the Winograd and Strassen rewrites add
+    #: passes over memory and GEMMs with m or k of 4-8 that BLAS runs far below peak, and measured
+    #: slower at every Table 1 and Table 3 size (bench/schemes.py), so the cost model, which counts
+    #: multiplications only, does not choose them here (they stay available when forced)
+    cost_model_expansions = frozenset()
     #: runs on distinct run states touch distinct buffers; nothing else is shared between them
     max_concurrent_runs = 2
     alignment = 64
@@ -324,7 +329,8 @@ def _make_conv2d(op: A.Conv2D, ins, outs):
         if act:
             act(out)
 
-    if g == c == oc and g > 1:  # depthwise: KH*KW multiply-adds of shifted views
+    # op.scheme (decided by gpumnn.scheduler.schemes, which checked the geometry fits) names the kernel
+    if op.scheme == "depthwise":  # KH*KW multiply-adds of shifted views
         padded = _PaddedInput(x, pads, 0.0, (0, 0))
         windows = _window_view(padded.buf, op.kernel, op.strides, op.dilations, op.out_hw)
         taps = [(np.ascontiguousarray(weight[:, 0, i, j]).reshape(1, c, 1, 1), windows[:, :, i, j])
@@ -343,8 +349,7 @@ def _make_conv2d(op: A.Conv2D, ins, outs):
 
     cg, ocg = c // g, oc // g
     w_packed = np.ascontiguousarray(weight.reshape(g, ocg, cg * kh * kw))
-    pointwise = (kh, kw) == (1, 1) and not any(pads) and op.strides == (1, 1)
-    if pointwise:  # 1x1 convolution is a GEMM on the input as it lies
+    if op.scheme == "gemm1x1":  # 1x1 convolution is a GEMM on the input as it lies
         xs = x.reshape(n, g, cg, h * w)
         outg = out.reshape(n, g, ocg, oh * ow)
 
@@ -520,6 +525,7 @@ def _make_gather(op: A.Gather, ins, outs):
     return run
 
 
+CpuBackend.schemes = {A.Conv2D: frozenset({"depthwise", "gemm1x1", "im2col"}), A.MatMul: frozenset({"gemm"})}
 CpuBackend.kernel_table = _MAKERS = {
     A.Raster: _make_raster, A.Unary: _make_unary, A.Binary: _make_binary, A.Reduce: _make_reduce,
     A.MatMul: _make_matmul, A.Conv2D: _make_conv2d, A.ConvTranspose2D: _make_conv_transpose2d,

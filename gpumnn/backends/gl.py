@@ -47,7 +47,7 @@ from ..errors import BackendUnavailableError, GpumnnError
 from ..shaders.compile import ShaderCompileError, preprocess
 from .base import Backend, BackendInfo, Execution, TensorHandle
 from .cpu import host_cpu_flops
-from .glsl_plans import PLANNERS, Builder, DispatchExecution, Hazards, check_shader_op_ids, grid_limit, plan, window
+from .glsl_plans import PLANNERS, SCHEMES, Builder, DispatchExecution, Hazards, check_shader_op_ids, grid_limit, plan, window
 
 _GPU_DEFAULT_FLOPS = 4e9  # paper Appendix C fallback for an unknown GPU
 _GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT = 0x90DF
@@ -468,5 +468,6 @@ def _view_sizes(op: A.AtomicOp) -> list[int]:
 
 
 GLBackend.kernel_table = PLANNERS
+GLBackend.schemes = SCHEMES
 
 __all__ = ["GLBackend", "GLBuffer", "GLError", "GLRecording"]

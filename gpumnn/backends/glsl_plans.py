@@ -405,7 +405,8 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
     (sh, sw), (ph, pw), (dh, dw) = op.strides, op.pads, op.dilations
     x_len, w_len, o_len = n * c * h * w, oc * (c // g) * kh * kw, n * oc * oh * ow
     defines: dict = {"HAS_BIAS": 1} if op.has_bias else {}
-    if g == c == oc and g > 1:
+    # op.scheme (decided by gpumnn.scheduler.schemes, which checked the geometry fits) names the kernel
+    if op.scheme == "depthwise":
         max_rn = 16 if be.kernels == "simd" else 4
         rn = -(-ow // -(-ow // max_rn))  # <= max_rn pixels, evenly split rows
         row_groups = -(-ow // rn)
@@ -425,7 +426,7 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
     big_m, big_n, big_k = ocg, oh * ow, cg * kh * kw
     tm, tn, rm, rn = _gemm_tiles(big_m, big_n)
     defines.update(TM=tm, TN=tn, RM=rm, RN=rn, NT=(tm // rm) * (tn // rn))
-    pointwise = (kh, kw) == (1, 1) and (sh, sw) == (1, 1) and (ph, pw) == (0, 0) and (oh, ow) == (h, w)
+    pointwise = op.scheme == "gemm1x1"
     if pointwise:
         defines["POINTWISE"] = 1
     b = Builder(be, "conv2d", defines, 4)
@@ -490,7 +491,7 @@ def _plan_conv2d_direct_rb(be, op: A.Conv2D, ins, outs):
     (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
     (sh, sw), (ph, pw), (dh, dw) = op.strides, op.pads, op.dilations
     cg, m = c // g, oc // g
-    pointwise = (kh, kw) == (1, 1) and (sh, sw) == (1, 1) and (ph, pw) == (0, 0) and (oh, ow) == (h, w)
+    pointwise = op.scheme == "gemm1x1"
     if pointwise:  # one row of H*W pixels: no row-boundary waste
         h, w, oh, ow = 1, h * w, 1, oh * ow
     lanes = be.simd_lanes
@@ -613,6 +614,10 @@ def _plan_gather(be, op: A.Gather, ins, outs):
     return [b], None
 
 
+#: The schemes the planners build (Vulkan and OpenGL both use these planners).
+SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: frozenset({"depthwise", "gemm1x1", "im2col"}),
+                                          A.MatMul: frozenset({"gemm"})}
+
 PLANNERS: Mapping[type, Callable] = {
     A.Raster: _plan_raster, A.Unary: _plan_unary, A.Binary: _plan_binary, A.Reduce: _plan_reduce,
     A.MatMul: _plan_matmul, A.Conv2D: _plan_conv2d, A.ConvTranspose2D: _plan_conv_transpose2d,
@@ -628,4 +633,4 @@ def plan(be: PlanTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outputs
 
 
 __all__ = ["BINARY_IDS", "Binding", "Builder", "Hazards", "PARAMS", "PLANNERS", "PlanError", "PlanTarget",
-           "REDUCE_IDS", "UNARY_IDS", "check_shader_op_ids", "plan"]
+           "REDUCE_IDS", "SCHEMES", "UNARY_IDS", "check_shader_op_ids", "plan"]

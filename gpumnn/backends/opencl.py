@@ -736,21 +736,22 @@ def _make_conv2d(be, op: A.Conv2D, ins, outs):
     n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
     (h, wd), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
     (sh, sw), (ph, pw), (dh, dw) = op.strides, op.pads, op.dilations
-    if g == c == oc and g > 1 and be.cpu_kernels:
+    # op.scheme (decided by gpumnn.scheduler.schemes, which checked the geometry fits) names the kernel
+    if op.scheme == "depthwise" and be.cpu_kernels:
         vec = 16 if ow >= 16 else 8
         args = [x.buffer, _i(x.offset), w.buffer, _i(w.offset), bias.buffer, _i(bias.offset),
                 o.buffer, _i(o.offset), _i(c), _i(h), _i(wd), _i(oh), _i(ow), _i(kh), _i(kw), _i(sh), _i(sw),
                 _i(ph), _i(pw), _i(dh), _i(dw), _i(int(op.has_bias))] + _activation_args(op.activation)
         return [be.launch("gemm_cpu", "dw_vec", args, (-(-ow // vec), oh, n * c), (1, 1, 1),
                           defines={"VEC": vec, "RB": 1})], "depthwise", ()
-    if g == c == oc and g > 1:
+    if op.scheme == "depthwise":
         args = [x.buffer, _i(x.offset), w.buffer, _i(w.offset), bias.buffer, _i(bias.offset),
                 o.buffer, _i(o.offset), _i(n * c), _i(c), _i(h), _i(wd), _i(oh), _i(ow), _i(kh), _i(kw),
                 _i(sh), _i(sw), _i(ph), _i(pw), _i(dh), _i(dw), _i(int(op.has_bias))]
         args += _activation_args(op.activation)
         return [be.launch1d("conv", "conv_depthwise", args, n * c * oh * ow)], "depthwise", ()
     common = _conv_gemm_args(op, x, w, bias, o)
-    pointwise = (kh, kw) == (1, 1) and (ph, pw) == (0, 0) and (sh, sw) == (1, 1) and (oh, ow) == (h, wd)
+    pointwise = op.scheme == "gemm1x1"
     if be.cpu_kernels:
         if pointwise:
             return [_gemm_vn_launch(be, am=c // g, ak=1, ldb=h * wd, **common)], "gemm1x1", ()
@@ -810,6 +811,7 @@ def _make_gather(be, op: A.Gather, ins, outs):
     return [be.launch1d("gather", "gather", args, op.outer * op.count * op.inner)], None, ()
 
 
+OpenCLBackend.schemes = {A.Conv2D: frozenset({"depthwise", "gemm1x1", "im2col"}), A.MatMul: frozenset({"gemm"})}
 OpenCLBackend.kernel_table = _MAKERS = {
     A.Raster: _make_raster, A.Unary: _make_unary, A.Binary: _make_binary, A.Reduce: _make_reduce,
     A.MatMul: _make_matmul, A.Conv2D: _make_conv2d, A.ConvTranspose2D: _make_conv_transpose2d,

@@ -50,7 +50,7 @@ from ..errors import BackendUnavailableError
 from .base import Backend, BackendInfo, Execution, TensorHandle
 from .cpu import host_cpu_flops
 # The API-neutral half (what to dispatch per atomic op) is shared with the OpenGL backend.
-from .glsl_plans import (PLANNERS as _PLANNERS, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
+from .glsl_plans import (PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
                          DispatchExecution, Hazards as _Hazards, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, window)
 
 try:
@@ -536,6 +536,7 @@ class VulkanBackend(Backend):
 
 
 VulkanBackend.kernel_table = _PLANNERS
+VulkanBackend.schemes = _SCHEMES
 VulkanBackend.plan_error = VulkanError if vk is not None else PlanError
 
 __all__ = ["VulkanBackend", "VulkanRecording", "check_shader_op_ids"]

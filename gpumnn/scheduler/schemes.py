@@ -1,30 +1,266 @@
-"""Scheme selection: which algorithm each compute op uses (paper Section 3.2, first form).
+"""Scheme selection: which algorithm each convolution and matrix product uses (paper Section 3.2).
 
-The session calls :func:`select_schemes` once; every backend then builds the kernel the scheme
-names. Convolutions choose between depthwise, 1x1-as-GEMM and im2col+GEMM here; the cost-based
-Winograd and Strassen choices (paper Eq. 2-3 and 9) plug into the same step.
+The session runs :func:`select_schemes` once, after lowering and before placement; it is the
+only place that decides. Every backend then builds what ``op.scheme`` names (and lists the
+schemes it has in ``Backend.schemes``; ``unsupported_reason`` refuses any other), so no backend
+re-derives a depthwise or pointwise test of its own.
+
+Convolution (Eq. 2-3):
+
+* ``depthwise`` when every group has one input and one output channel;
+* ``gemm1x1`` for a 1x1, stride-1, unpadded convolution (a GEMM on the input as it lies);
+* otherwise ``n_hat = argmin_n C(n)`` over ``n = 1`` and the Winograd tiles whose float32 error
+  we measured acceptable (:func:`winograd_allowed`): the sliding window (``im2col``) when
+  ``n_hat = 1``, else Winograd F(n_hat x n_hat, k x k) (``winograd``, tile in ``winograd_tile``).
+
+``C(n)`` is the arithmetic cost of the whole convolution: tiles(n) times Eq. 2's cost per tile,
+``2 ic a^3 + ic oc a^2 + oc n a (a + n)`` with ``a = n + k - 1`` (input transform, Hadamard
+products summed over channels, output transform). Two readings of Eq. 2 are made explicit here:
+the per-tile cost is multiplied by the number of tiles ``ceil(oh/n) ceil(ow/n)`` (per tile, the
+smallest n always wins; counting tiles also charges the waste of partial tiles at the border, which
+is what makes a small map prefer a smaller tile), and the output transform is per output
+channel (the paper's last term omits ``oc``). ``C(1)`` is the sliding window's own count,
+``ic oc k^2`` per output.
+
+Matrix products: ``gemm``, or ``strassen`` (with ``strassen_levels``) while Eq. 9 says one more
+level of recursion saves more multiplications than its additions cost.
+
+Winograd and Strassen are not kernels: ``gpumnn.geometry.fast`` rewrites them into Raster and
+(batched) MatMul atomic ops, bias and activation in the last MatMul's epilogue, so every backend
+that runs those gets them. A scheme the
+requested backend lacks is skipped for the next candidate; when it has none, the op keeps the
+best scheme and placement runs it where it is built (the CPU).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
 
 from .. import atomic as A
 
+#: Schemes that are rewritten into atomic ops (``gpumnn.geometry.fast``) instead of built by a kernel.
+EXPANDED = frozenset({"winograd", "strassen"})
+
+#: Winograd tiles are allowed while alpha = n + k - 1 stays at or below this. Measured
+#: (``bench/winograd_error.py``, points 0, +-1/2, +-1, ...): float32 max |error| / max |ref| is
+#: below 7e-6 for every F(n, k) with alpha <= 8 and n <= 6, and 4e-5 to 1.6e-2 beyond.
+MAX_ALPHA = 8
+MAX_TILE = 6
+#: Strassen (Eq. 9): the cost of one addition in multiplications. The paper takes them as equal
+#: on mobile CPUs (1.0).
+STRASSEN_ADD_COST = 1.0
+#: ... and stops the recursion before a sub-product drops below this many rows, columns or
+#: inner products: a GEMM kernel far below it no longer runs at full speed, so the saved
+#: multiplications are slower ones (measured in ``bench/schemes.py``).
+STRASSEN_MIN_BLOCK = 256
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the scheme step chose for one convolution or matrix product, and why."""
+
+    node: str
+    kind: str
+    scheme: str
+    detail: str  # e.g. "F(4x4, 3x3)", "2 levels", "" -- and the costs compared
+
+    def describe(self) -> str:
+        return f"{self.node}: {self.kind} -> {self.scheme}{' ' + self.detail if self.detail else ''}"
+
+
+# -- convolution ---------------------------------------------------------------------------------
+
+def is_depthwise(op: A.Conv2D) -> bool:
+    return op.groups > 1 and op.groups == op.in_channels == op.out_channels
+
+
+def is_pointwise(op: A.Conv2D) -> bool:
+    return op.kernel == (1, 1) and op.strides == (1, 1) and op.pads == (0, 0) and op.in_hw == op.out_hw
+
 
 def conv_scheme(op: A.Conv2D) -> str:
-    """The algorithm for one convolution, from its geometry alone."""
-    if op.groups > 1 and op.groups == op.in_channels == op.out_channels:
+    """The scheme from the geometry alone (no Winograd): for ops made outside a session."""
+    if is_depthwise(op):
         return "depthwise"
-    if op.kernel == (1, 1) and op.strides == (1, 1) and op.pads == (0, 0) and op.in_hw == op.out_hw:
+    if is_pointwise(op):
         return "gemm1x1"
     return "im2col"
 
 
-def select_schemes(ops: list[A.AtomicOp]) -> list[A.AtomicOp]:
-    """Return the ops with their ``scheme`` fields decided."""
-    chosen = []
-    for op in ops:
+def winograd_allowed(n: int, k: int) -> bool:
+    """Whether F(n x n, k x k) is accurate enough in float32 to be chosen (see ``MAX_ALPHA``)."""
+    return 2 <= n <= MAX_TILE and k >= 2 and n + k - 1 <= MAX_ALPHA
+
+
+def winograd_fits(op: A.Conv2D, weights_constant: bool) -> bool:
+    """Winograd's geometry: one group, unit stride and dilation, a square kernel of 2 or more,
+    and weights known at session creation (they are transformed once, G W G^T)."""
+    return (weights_constant and op.groups == 1 and op.strides == (1, 1) and op.dilations == (1, 1)
+            and op.kernel[0] == op.kernel[1] >= 2)
+
+
+def conv_cost(op: A.Conv2D, n: int) -> int:
+    """Eq. 2 over the whole convolution: multiplications of F(n x n, k x k); n = 1 is the sliding window."""
+    ic, oc, k = op.in_channels // op.groups, op.out_channels, op.kernel[0]
+    (oh, ow) = op.out_hw
+    if n == 1:
+        return op.batch * oh * ow * ic * oc * op.kernel[0] * op.kernel[1]
+    a = n + k - 1
+    tiles = op.batch * math.ceil(oh / n) * math.ceil(ow / n)
+    return tiles * (2 * ic * a ** 3 + ic * oc * a ** 2 + oc * n * a * (a + n))
+
+
+def winograd_tiles(k: int) -> list[int]:
+    """The tile sizes n > 1 allowed for kernel size k."""
+    return [n for n in range(2, MAX_TILE + 1) if winograd_allowed(n, k)]
+
+
+def best_tile(op: A.Conv2D) -> tuple[int, dict[int, int]]:
+    """(n_hat, {n: C(n)}): Eq. 2's argmin over n = 1 and the allowed Winograd tiles."""
+    costs = {n: conv_cost(op, n) for n in [1] + winograd_tiles(op.kernel[0])}
+    return min(costs, key=lambda n: (costs[n], n)), costs
+
+
+def conv_candidates(op: A.Conv2D, weights_constant: bool) -> list[tuple[str, int, str]]:
+    """(scheme, winograd tile, detail) best first; the last is always the general sliding window."""
+    if is_depthwise(op):
+        return [("depthwise", 0, ""), ("im2col", 0, "")]
+    if is_pointwise(op):
+        return [("gemm1x1", 0, ""), ("im2col", 0, "")]
+    if not winograd_fits(op, weights_constant):
+        return [("im2col", 0, "")]
+    n_hat, costs = best_tile(op)
+    k = op.kernel[0]
+    compared = "C(n): " + ", ".join(f"{n}:{c:.3g}" for n, c in costs.items())
+    if n_hat == 1:
+        return [("im2col", 0, f"n_hat=1 ({compared})")]
+    return [("winograd", n_hat, f"F({n_hat}x{n_hat}, {k}x{k}) ({compared})"), ("im2col", 0, "")]
+
+
+# -- matrix products -----------------------------------------------------------------------------
+
+def strassen_saves(m: int, n: int, k: int, add_cost: float | None = None) -> bool:
+    """Eq. 9 for one level of [m, k] x [k, n]: multiplications saved exceed the additions' cost."""
+    add_cost = STRASSEN_ADD_COST if add_cost is None else add_cost
+    m2, n2, k2 = m / 2, n / 2, k / 2
+    return m * n * k - 7 * m2 * n2 * k2 > add_cost * (4 * m2 * k2 + 4 * n2 * k2 + 7 * m2 * n2)
+
+
+def strassen_levels(m: int, n: int, k: int, add_cost: float | None = None, min_block: int | None = None) -> int:
+    """Levels of Strassen recursion: go on while Eq. 9 holds and the halves stay >= ``min_block``."""
+    min_block = STRASSEN_MIN_BLOCK if min_block is None else min_block
+    levels = 0
+    while min(m, n, k) >= 2 * min_block and strassen_saves(m, n, k, add_cost):
+        m, n, k = -(-m // 2), -(-n // 2), -(-k // 2)
+        levels += 1
+    return levels
+
+
+def strassen_fits(op: A.MatMul, constants: Mapping[str, Any]) -> bool:
+    """One product (batch 1) whose bias, if any, is known at session creation."""
+    return op.batch == 1 and (not op.has_bias or op.inputs[2] in constants)
+
+
+def matmul_candidates(op: A.MatMul, constants: Mapping[str, Any]) -> list[tuple[str, int, str]]:
+    if strassen_fits(op, constants):
+        levels = strassen_levels(op.m, op.n, op.k)
+        if levels:
+            return [("strassen", levels, f"{levels} level{'s' * (levels > 1)} (Eq. 9, "
+                     f"{op.m}x{op.k}x{op.n})"), ("gemm", 0, "")]
+    return [("gemm", 0, "")]
+
+
+# -- the step ------------------------------------------------------------------------------------
+
+#: Choices imposed by :func:`forced_schemes` (benchmarks and tests compare schemes with it).
+#: A context variable, not a global: a forced choice holds in the thread (and context) that made
+#: it, so sessions created meanwhile by other threads keep the cost model's choices.
+_FORCED_VAR: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("gpumnn_forced_schemes", default={})
+
+
+@contextlib.contextmanager
+def forced_schemes(conv: tuple[str, int] | None = None, strassen: int | None = None) -> Iterator[None]:
+    """Within the block, sessions use ``conv`` = (scheme, Winograd tile) for every convolution
+    it fits (``("im2col", 0)``, ``("winograd", n)``) and ``strassen`` levels (0: plain GEMM) for
+    every matrix product it fits, instead of the cost model's choice. For measuring the choices
+    against each other (``bench/schemes.py``) and for tests; sessions never use it otherwise."""
+    forced = dict(_FORCED_VAR.get())
+    forced.update({k: v for k, v in (("conv", conv), ("strassen", strassen)) if v is not None})
+    token = _FORCED_VAR.set(forced)
+    try:
+        yield
+    finally:
+        _FORCED_VAR.reset(token)
+
+
+def _forced_conv(op: A.Conv2D, weights_constant: bool, candidates: list) -> list:
+    scheme, tile = _FORCED_VAR.get()["conv"]
+    if scheme == "winograd" and not (winograd_fits(op, weights_constant) and 2 <= tile):
+        return candidates
+    if scheme in ("depthwise", "gemm1x1") and conv_scheme(op) != scheme:
+        return candidates
+    return [(scheme, tile, "(forced)")] + candidates
+
+
+def _forced_matmul(op: A.MatMul, constants: Mapping[str, Any], candidates: list) -> list:
+    levels = _FORCED_VAR.get()["strassen"]
+    if levels == 0:
+        return [("gemm", 0, "(forced)")]
+    return [("strassen", levels, f"{levels} levels (forced)")] + candidates if strassen_fits(op, constants) else candidates
+
+def _builds(backend: Any, op_type: type, scheme: str, forced: bool = False) -> bool:
+    """Whether ``backend`` runs ``scheme`` for ``op_type``: its own kernels, or (an expanded
+    scheme) the Raster and MatMul kernels the rewrite uses -- and, unless forced, the backend
+    lets the cost model choose that rewrite (``Backend.cost_model_expansions``)."""
+    if backend is None:
+        return True
+    if scheme in EXPANDED:
+        table = backend.kernel_table
+        runs = A.Raster in table and A.MatMul in table and "gemm" in backend.schemes.get(A.MatMul, ())
+        return runs and (forced or scheme in backend.cost_model_expansions)
+    return scheme in backend.schemes.get(op_type, ())
+
+
+def _choose(op: A.AtomicOp, candidates: Sequence[tuple[str, int, str]], backend: Any,
+            forced: bool = False) -> tuple[str, int, str]:
+    for candidate in candidates:
+        if _builds(backend, type(op), candidate[0], forced):
+            return candidate
+    return candidates[0]  # none here: placement runs the op where it is built
+
+
+def select_schemes(program: A.AtomicProgram, backend: Any = None) -> A.AtomicProgram:
+    """Decide ``scheme`` for every Conv2D and MatMul of ``program`` (for ``backend``, the
+    requested one; None: any scheme), recording each decision in ``program.decisions``."""
+    ops, decisions = [], []
+    forced = _FORCED_VAR.get()
+    for op in program.ops:
         if isinstance(op, A.Conv2D):
-            op = dataclasses.replace(op, scheme=conv_scheme(op))
-        chosen.append(op)
-    return chosen
+            constant = op.inputs[1] in program.constants
+            candidates = conv_candidates(op, constant)
+            if "conv" in forced:
+                candidates = _forced_conv(op, constant, candidates)
+            scheme, tile, detail = _choose(op, candidates, backend, forced="conv" in forced)
+            op = dataclasses.replace(op, scheme=scheme, winograd_tile=tile)
+            decisions.append(Decision(op.source, _conv_kind(op), scheme, detail))
+        elif isinstance(op, A.MatMul):
+            candidates = matmul_candidates(op, program.constants)
+            if "strassen" in forced:
+                candidates = _forced_matmul(op, program.constants, candidates)
+            scheme, levels, detail = _choose(op, candidates, backend, forced="strassen" in forced)
+            op = dataclasses.replace(op, scheme=scheme, strassen_levels=levels)
+            decisions.append(Decision(op.source, f"matmul {op.batch}x{op.m}x{op.k}x{op.n}", scheme, detail))
+        ops.append(op)
+    program.ops = ops
+    program.decisions = decisions
+    return program
+
+
+def _conv_kind(op: A.Conv2D) -> str:
+    kh, kw = op.kernel
+    return (f"conv {kh}x{kw} {op.in_channels}->{op.out_channels} {op.in_hw[0]}x{op.in_hw[1]}"
+            + (f" stride {op.strides[0]}" if op.strides != (1, 1) else "") + (f" groups {op.groups}" if op.groups > 1 else ""))

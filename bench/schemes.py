@@ -1,0 +1,149 @@
+"""The paper's Table 1 (convolution schemes) and Table 3 (Strassen) on every backend here.
+
+Table 1: (kernel, in channels, out channels, input size) = (2, 3, 16, 224), (2, 512, 512, 16),
+(3, 64, 64, 112), batch 1, stride 1, padding (k - 1) // 2; schemes: the sliding window,
+Winograd with the smallest tile (WinoMin, F(2x2, kxk)), with the largest tile we allow
+(WinoMax), and the scheme step's own choice (Ours). Table 3: [a, b] x [b, c] for the paper's
+sizes, a plain GEMM against Strassen (the levels Eq. 9 gives, at least one).
+
+Every variant of one setting is a session prepared once; the variants are timed in alternation
+(one run of each, repeated), so machine noise hits them alike; the figure is the median of the
+repeats in milliseconds with the spread (min-max) after it. Outputs are checked against the
+first variant's (relative L2).
+
+    python bench/schemes.py [--backends cpu,opencl] [--repeats 5] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import gpumnn  # noqa: E402
+from gpumnn.scheduler import schemes  # noqa: E402
+
+TABLE1 = [(2, 3, 16, 224), (2, 512, 512, 16), (3, 64, 64, 112)]
+TABLE3 = [(256, 256, 256), (512, 512, 512), (512, 512, 1024), (1024, 1024, 1024)]
+
+
+def conv_model(k: int, ic: int, oc: int, size: int) -> onnx.ModelProto:
+    rng = np.random.default_rng(k * 1000 + ic)
+    w = (rng.standard_normal((oc, ic, k, k)) / np.sqrt(ic * k * k)).astype(np.float32)
+    b = rng.standard_normal(oc).astype(np.float32) * 0.1
+    p = (k - 1) // 2
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv", pads=[p, p, p, p])
+    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, ic, size, size])],
+                              [helper.make_empty_tensor_value_info("y")],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def matmul_model(a: int, b: int, c: int) -> onnx.ModelProto:
+    node = helper.make_node("MatMul", ["a", "b"], ["y"], name="matmul")
+    graph = helper.make_graph([node], "matmul", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [a, b]),
+                                                 helper.make_tensor_value_info("b", TensorProto.FLOAT, [b, c])],
+                              [helper.make_empty_tensor_value_info("y")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _session(model: onnx.ModelProto, backend: str, **force):
+    with schemes.forced_schemes(**force):
+        return gpumnn.load(model).session(backend=backend, fallback=False)
+
+
+def time_alternating(sessions: dict, feeds: dict, repeats: int) -> dict:
+    """{variant: (median ms, min ms, max ms, relative L2 to the first variant)}."""
+    outputs = {name: s.run(feeds)["y"] for name, s in sessions.items()}  # warm-up and answers
+    first = next(iter(outputs.values())).astype(np.float64)
+    times: dict[str, list[float]] = {name: [] for name in sessions}
+    for _ in range(repeats):
+        for name, s in sessions.items():
+            start = time.perf_counter()
+            s.run(feeds)
+            times[name].append((time.perf_counter() - start) * 1000)
+    return {name: (statistics.median(t), min(t), max(t),
+                   float(np.linalg.norm(outputs[name] - first) / np.linalg.norm(first)))
+            for name, t in times.items()}
+
+
+def table1(backend: str, repeats: int) -> list[dict]:
+    rows = []
+    for k, ic, oc, size in TABLE1:
+        tiles = schemes.winograd_tiles(k)
+        model = conv_model(k, ic, oc, size)
+        sessions = {"Sliding": _session(model, backend, conv=("im2col", 0)),
+                    f"WinoMin F({tiles[0]})": _session(model, backend, conv=("winograd", tiles[0])),
+                    f"WinoMax F({tiles[-1]})": _session(model, backend, conv=("winograd", tiles[-1])),
+                    "Ours": _session(model, backend)}
+        ours = sessions["Ours"].program.decisions[0]
+        x = np.random.default_rng(0).standard_normal((1, ic, size, size)).astype(np.float32)
+        result = time_alternating(sessions, {"x": x}, repeats)
+        rows.append({"setting": (k, ic, oc, size), "ours": f"{ours.scheme} {ours.detail.split(' (')[0]}".strip(),
+                     "times": result})
+        for s in sessions.values():
+            s.close()
+    return rows
+
+
+def table3(backend: str, repeats: int) -> list[dict]:
+    rows = []
+    for a, b, c in TABLE3:
+        model = matmul_model(a, b, c)
+        levels = max(1, schemes.strassen_levels(a, c, b))
+        ours = _session(model, backend)
+        sessions = {"w/o Strassen": _session(model, backend, strassen=0),
+                    f"w/ Strassen ({levels} level{'s' * (levels > 1)})": _session(model, backend, strassen=levels)}
+        chosen = ours.program.decisions[0]
+        ours.close()
+        rng = np.random.default_rng(1)
+        feeds = {"a": rng.standard_normal((a, b)).astype(np.float32), "b": rng.standard_normal((b, c)).astype(np.float32)}
+        result = time_alternating(sessions, feeds, repeats)
+        rows.append({"setting": (a, b, c), "ours": f"{chosen.scheme} {chosen.detail.split(' (')[0]}".strip(),
+                     "times": result})
+        for s in sessions.values():
+            s.close()
+    return rows
+
+
+def _print(title: str, backend: str, rows: list[dict]) -> None:
+    print(f"\n{title} on {backend}: median ms (min-max) over alternating repeats; [rel. L2 vs first]")
+    for row in rows:
+        cells = "  ".join(f"{name} {med:.1f} ({lo:.1f}-{hi:.1f}) [{err:.0e}]"
+                          for name, (med, lo, hi, err) in row["times"].items())
+        print(f"  {row['setting']}: {cells}   -> ours: {row['ours']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", default=",".join(b for b in gpumnn.available_backends() if b != "cuda"))
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--tables", default="1,3")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    report = {}
+    for backend in args.backends.split(","):
+        entry = {}
+        if "1" in args.tables:
+            entry["table1"] = table1(backend, args.repeats)
+            if not args.json:
+                _print("Table 1 (convolution schemes)", backend, entry["table1"])
+        if "3" in args.tables:
+            entry["table3"] = table3(backend, args.repeats)
+            if not args.json:
+                _print("Table 3 (Strassen)", backend, entry["table3"])
+        report[backend] = entry
+    if args.json:
+        print(json.dumps(report, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

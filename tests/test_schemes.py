@@ -1,0 +1,250 @@
+"""Computation schemes (paper Section 3.2-3.3): the Winograd generator, selection by cost, the
+backends' scheme tables, and Winograd / Strassen rewritten into atomic ops, checked against ONNX
+Runtime on every backend (relative L2 < 1e-4)."""
+from __future__ import annotations
+
+import dataclasses
+import random
+from fractions import Fraction
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import gpumnn
+from conftest import rel_l2
+from gpumnn import atomic as A
+from gpumnn.backends.cpu import CpuBackend
+from gpumnn.scheduler import schemes
+from gpumnn.scheduler.winograd import (direct_tile_2d, exact_matrices, measured_error, winograd_matrices,
+                                       winograd_tile_2d)
+
+TOLERANCE = 1e-4
+
+
+# -- the generator -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", range(2, 7))
+@pytest.mark.parametrize("k", range(2, 8))
+def test_generator_is_exact_and_matches_direct_convolution(n, k):
+    a, b, g = exact_matrices(n, k)
+    alpha = n + k - 1
+    rng = random.Random(n * 10 + k)
+    for _ in range(3):  # 1D, exact rationals: y = A^T [(G g) * (B^T d)] is the correlation
+        d = [Fraction(rng.randint(-9, 9)) for _ in range(alpha)]
+        w = [Fraction(rng.randint(-9, 9)) for _ in range(k)]
+        gw = [sum(g[t][j] * w[j] for j in range(k)) for t in range(alpha)]
+        bd = [sum(b[s][t] * d[s] for s in range(alpha)) for t in range(alpha)]
+        y = [sum(a[t][i] * gw[t] * bd[t] for t in range(alpha)) for i in range(n)]
+        assert y == [sum(w[j] * d[i + j] for j in range(k)) for i in range(n)]
+    m = winograd_matrices(n, k)
+    assert m.A.shape == (alpha, n) and m.B.shape == (alpha, alpha) and m.G.shape == (alpha, k)
+    x = np.random.default_rng(n + k).uniform(-1, 1, (3, 4, alpha, alpha))
+    w2 = np.random.default_rng(k).standard_normal((5, 4, k, k))
+    ref = direct_tile_2d(x, w2, n)
+    assert np.abs(winograd_tile_2d(x, w2, n) - ref).max() < 1e-9 * np.abs(ref).max()  # Eq. 6 in float64
+
+
+def test_points_follow_eq8():
+    _, b, _ = exact_matrices(2, 3)  # alpha 4: points 0, 1/2, -1/2 and infinity
+    bt_last = [b[s][3] for s in range(4)]  # coefficients of x (x - 1/2)(x + 1/2) = x^3 - x/4
+    assert bt_last == [0, Fraction(-1, 4), 0, 1]
+
+
+def test_allowed_tiles_are_accurate_in_float32():
+    for k in range(2, 8):
+        for n in schemes.winograd_tiles(k):
+            worst, _ = measured_error(n, k, np.float32)
+            assert worst <= 1e-5, f"F({n}, {k}) float32 error {worst:.1e}"
+    assert schemes.winograd_tiles(3) == [2, 3, 4, 5, 6] and schemes.winograd_tiles(7) == [2]
+
+
+# -- selection by cost ---------------------------------------------------------------------------
+
+def _conv_op(k, ic, oc, size, **kw):
+    p = (k - 1) // 2
+    out = size + 2 * p - k + 1
+    return A.Conv2D(("x", "w"), ("y",), "conv", in_channels=ic, out_channels=oc, in_hw=(size, size),
+                    out_hw=(out, out), kernel=(k, k), pads=(p, p), **kw)
+
+
+def test_table1_choices():
+    assert schemes.conv_candidates(_conv_op(2, 3, 16, 224), True)[0][0] == "im2col"  # few channels: sliding
+    scheme, tile, _ = schemes.conv_candidates(_conv_op(2, 512, 512, 16), True)[0]
+    assert scheme == "winograd" and 2 < tile < 6  # a 15x15 output wastes F(6)'s partial tiles
+    scheme, tile, _ = schemes.conv_candidates(_conv_op(3, 64, 64, 112), True)[0]
+    assert scheme == "winograd" and tile == 6
+    # Eq. 2-3 choose n_hat = argmin C(n); C(1) is the sliding window
+    _, costs = schemes.best_tile(_conv_op(3, 64, 64, 112))
+    assert costs[1] == 112 * 112 * 64 * 64 * 9 and min(costs, key=costs.get) == 6
+
+
+def test_geometry_rules():
+    assert schemes.conv_candidates(_conv_op(3, 8, 8, 10, groups=8), True)[0][0] == "depthwise"
+    assert schemes.conv_candidates(_conv_op(1, 8, 4, 10), True)[0][0] == "gemm1x1"
+    assert schemes.conv_candidates(_conv_op(3, 64, 64, 56), False)[0][0] == "im2col"  # run-time weights
+    assert schemes.conv_candidates(_conv_op(3, 64, 64, 56, strides=(2, 2)), True)[0][0] == "im2col"
+
+
+def test_strassen_levels_follow_eq9():
+    assert schemes.strassen_saves(1024, 1024, 1024) and not schemes.strassen_saves(16, 16, 16)
+    assert schemes.strassen_levels(256, 256, 256) == 0
+    assert schemes.strassen_levels(512, 512, 512) == 1
+    assert schemes.strassen_levels(1024, 1024, 1024) == 2
+    assert schemes.strassen_levels(64, 64, 64, min_block=1) == 2  # Eq. 9 alone stops at 16x16 blocks
+
+
+# -- backends build what op.scheme names ---------------------------------------------------------
+
+class NoDepthwise(CpuBackend):
+    name = "nodw"
+    schemes = {A.Conv2D: frozenset({"im2col", "gemm1x1"}), A.MatMul: frozenset({"gemm"})}
+
+
+def _program_with(op):
+    return A.AtomicProgram([op], {"x": (1, op.in_channels) + op.in_hw, "y": (1, op.out_channels) + op.out_hw},
+                           {"w": np.zeros(1)}, ["x"], ["y"])
+
+
+def test_scheme_step_asks_the_backend():
+    op = _conv_op(3, 8, 8, 10, groups=8)
+    assert schemes.select_schemes(_program_with(op), CpuBackend()).ops[0].scheme == "depthwise"
+    chosen = schemes.select_schemes(_program_with(op), NoDepthwise()).ops[0]
+    assert chosen.scheme == "im2col"
+    assert NoDepthwise().unsupported_reason(chosen) is None
+    reason = NoDepthwise().unsupported_reason(dataclasses.replace(chosen, scheme="depthwise"))
+    assert reason is not None and "depthwise" in reason
+
+
+def test_report_shows_the_scheme_of_every_conv_and_matmul(backend):
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="wino", pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["a", "w2"], ["b"], name="dw", pads=[1, 1, 1, 1], group=32),
+             helper.make_node("Conv", ["b", "w3"], ["c"], name="pw"),
+             helper.make_node("Flatten", ["c"], ["f"], name="flat"),
+             helper.make_node("MatMul", ["f", "w4"], ["y"], name="fc")]
+    inits = {"w1": (32, 16, 3, 3), "w2": (32, 1, 3, 3), "w3": (8, 32, 1, 1), "w4": (8 * 12 * 12, 10)}
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 12, 12])],
+                              [helper.make_empty_tensor_value_info("y")],
+                              [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) * 0.1, n)
+                               for n, s in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    sess = gpumnn.load(model).session(backend=backend, fallback=False)
+    # the cpu's cost model leaves Winograd out (its BLAS sliding window measured faster)
+    wino = "winograd" if "winograd" in sess.backends[backend].cost_model_expansions else "im2col"
+    chosen = {d.node: d.scheme for d in sess.program.decisions}
+    assert chosen == {"wino": wino, "dw": "depthwise", "pw": "gemm1x1", "fc": "gemm"}
+    text = sess.report()
+    for node, scheme in chosen.items():
+        assert f"{node}: " in text and f"-> {scheme}" in text
+    rewritten = not any(isinstance(op, A.Conv2D) and op.source == "wino" for op in sess.program.ops)
+    assert rewritten == (wino == "winograd")
+    sess.close()
+
+
+# -- Winograd and Strassen on every backend, against ONNX Runtime ----------------------------------
+
+def _conv_model(k, ic, oc, size, pads, bias, act, hw=None):
+    rng = np.random.default_rng(k * 100 + ic)
+    inits = [numpy_helper.from_array((rng.standard_normal((oc, ic, k, k)) / np.sqrt(ic * k * k)).astype(np.float32), "w")]
+    inputs = ["x", "w"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(oc).astype(np.float32), "b"))
+        inputs.append("b")
+    nodes = [helper.make_node("Conv", inputs, ["c" if act else "y"], name="conv", pads=pads)]
+    if act:
+        nodes.append(helper.make_node(act, ["c"], ["y"], name="act"))
+    shape = [2, ic, size, hw or size] if hw else [1, ic, size, size]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_empty_tensor_value_info("y")], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), shape
+
+
+def _check(model, feeds, backend, **force):
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    with schemes.forced_schemes(**force):
+        sess = gpumnn.load(model).session(backend=backend, fallback=False)
+    got = sess.run(feeds)["y"]
+    err = rel_l2(got, ref)
+    assert err < TOLERANCE, f"relative L2 {err:.2e} on {backend}"
+    sess.close()
+    return sess
+
+
+WINOGRAD_CASES = {  # id: (k, ic, oc, size, pads, bias, activation, tile, width for a 2-image batch)
+    "F2-k3-pad1-bias-relu": (3, 8, 6, 13, [1, 1, 1, 1], True, "Relu", 2, None),
+    "F4-k3-batch2-nonsquare": (3, 5, 7, 9, [1, 1, 1, 1], True, None, 4, 14),
+    "F6-k3": (3, 4, 4, 17, [1, 1, 1, 1], False, None, 6, None),
+    "F3-k5-asym-pads": (5, 3, 4, 11, [2, 1, 0, 2], True, "Sigmoid", 3, None),
+    "F5-k2-valid": (2, 6, 5, 12, [0, 0, 0, 0], False, "Relu", 5, None),
+    "F2-k7": (7, 2, 3, 10, [3, 3, 3, 3], True, None, 2, None),
+    # the paper's Table 1 settings at reduced spatial size, with the scheme step's own choice
+    "table1-2-3-16": (2, 3, 16, 24, [0, 0, 0, 0], True, None, 0, None),
+    "table1-2-512-512": (2, 512, 512, 6, [0, 0, 0, 0], True, None, 0, None),
+    "table1-3-64-64": (3, 64, 64, 14, [1, 1, 1, 1], True, None, 0, None),
+}
+
+
+@pytest.mark.parametrize("case", list(WINOGRAD_CASES), ids=list(WINOGRAD_CASES))
+def test_winograd_matches_onnxruntime(case, backend):
+    k, ic, oc, size, pads, bias, act, tile, hw = WINOGRAD_CASES[case]
+    model, shape = _conv_model(k, ic, oc, size, pads, bias, act, hw)
+    x = np.random.default_rng(len(case)).standard_normal(shape).astype(np.float32)
+    sess = _check(model, {"x": x}, backend, **({"conv": ("winograd", tile)} if tile else {}))
+    decision = sess.program.decisions[0]
+    expected = "im2col" if case == "table1-2-3-16" else "winograd"  # Table 1: few input channels slide
+    if not tile and "winograd" not in sess.backends[backend].cost_model_expansions:
+        expected = "im2col"  # the cost model's own choice, on a backend that leaves Winograd out
+    assert decision.scheme == expected, decision.describe()
+
+
+def _matmul_model(m, k, n, trans_a=False, trans_b=False, const_b=False, bias=False, act=None):
+    rng = np.random.default_rng(m + k + n)
+    a_shape, b_shape = ([k, m] if trans_a else [m, k]), ([n, k] if trans_b else [k, n])
+    inits, inputs = [], [helper.make_tensor_value_info("a", TensorProto.FLOAT, a_shape)]
+    if const_b:
+        inits.append(numpy_helper.from_array(rng.standard_normal(b_shape).astype(np.float32), "b"))
+    else:
+        inputs.append(helper.make_tensor_value_info("b", TensorProto.FLOAT, b_shape))
+    names = ["a", "b"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal((1, n)).astype(np.float32), "c"))
+        names.append("c")
+    nodes = [helper.make_node("Gemm", names, ["t" if act else "y"], name="gemm", transA=int(trans_a),
+                              transB=int(trans_b), alpha=0.75, beta=1.25)]
+    if act:
+        nodes.append(helper.make_node(act, ["t"], ["y"], name="act"))
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_empty_tensor_value_info("y")], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    feeds = {"a": rng.standard_normal(a_shape).astype(np.float32)}
+    if not const_b:
+        feeds["b"] = rng.standard_normal(b_shape).astype(np.float32)
+    return model, feeds
+
+
+STRASSEN_CASES = {  # id: (m, k, n, levels, options)
+    "1-level-even": (48, 64, 40, 1, {}),
+    "1-level-odd-padded": (37, 45, 29, 1, {}),
+    "2-levels-transA": (44, 36, 52, 2, {"trans_a": True}),
+    "1-level-const-transB-bias-relu": (40, 48, 56, 1, {"trans_b": True, "const_b": True, "bias": True, "act": "Relu"}),
+}
+
+
+@pytest.mark.parametrize("case", list(STRASSEN_CASES), ids=list(STRASSEN_CASES))
+def test_strassen_matches_onnxruntime(case, backend):
+    m, k, n, levels, options = STRASSEN_CASES[case]
+    model, feeds = _matmul_model(m, k, n, **options)
+    sess = _check(model, feeds, backend, strassen=levels)
+    assert sess.program.decisions[0].scheme == "strassen"
+    assert not any(isinstance(op, A.MatMul) and (op.m, op.n, op.k) == (m, n, k) for op in sess.program.ops)
+
+
+def test_strassen_by_eq9_on_a_large_product(backend):
+    model, feeds = _matmul_model(512, 512, 512)
+    sess = _check(model, feeds, backend)
+    decision = sess.program.decisions[0]
+    if "strassen" in sess.backends[backend].cost_model_expansions:
+        assert decision.scheme == "strassen" and decision.detail.startswith("1 level"), decision.describe()
+    else:  # the cpu's plain BLAS GEMM measured faster than the rewrite
+        assert decision.scheme == "gemm", decision.describe()
