@@ -117,6 +117,8 @@ def _cases() -> list[OpCase]:
     c.append(OpCase("Gemm-transB-bias", "Gemm", {"a": (3, 10)}, {"b": _w(7, 10), "c": _w(7)},
                     attrs={"transB": 1, "alpha": 0.7, "beta": 1.3}))
     c.append(OpCase("Gemm-transA-matrix-bias", "Gemm", {"a": (10, 3), "b": (10, 7)}, {"c": _w(3, 1)}, attrs={"transA": 1}))
+    c.append(OpCase("Gemm-runtime-bias-beta", "Gemm", {"a": (4, 6), "b": (5, 6), "c": (1, 5)},
+                    attrs={"transB": 1, "alpha": 0.25, "beta": 0.35}))  # beta != 1 on a run-time C
     c.append(OpCase("MatMul-2d", "MatMul", {"a": (5, 12), "b": (12, 7)}))
     c.append(OpCase("MatMul-batched", "MatMul", {"a": (2, 3, 5, 8), "b": (2, 3, 8, 4)}))
     c.append(OpCase("MatMul-shared-weight", "MatMul", {"a": (2, 6, 8)}, {"b": _w(8, 5)}))

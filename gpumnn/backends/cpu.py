@@ -244,20 +244,23 @@ def _make_matmul(op: A.MatMul, ins, outs):
     o = view(outs[0]).reshape(a.shape[0], a.shape[1], op.n)
     if op.batch == 1 or a.shape[0] == 1:
         a, b, o = a[0], b[0], o[0]
-    bias = None
+    bias = scaled_bias = None
     if op.has_bias:
         bias = strided(ins[2], 0, (op.m, op.n), op.bias_strides)
-        if op.beta != 1.0:
-            bias = np.ascontiguousarray(bias * op.beta)  # constant bias: scaled once
+        if op.beta != 1.0:  # the bias may be a run-time tensor: scaled on every run, into scratch
+            scaled_bias = np.empty((op.m, op.n), dtype=bias.dtype)
     out3 = view(outs[0]).reshape(op.batch, op.m, op.n)
     act = _epilogue(op.activation)
-    alpha = op.alpha
+    alpha, beta = op.alpha, op.beta
 
     def run():
         np.matmul(a, b, out=o)
         if alpha != 1.0:
             np.multiply(o, alpha, out=o)
-        if bias is not None:
+        if scaled_bias is not None:
+            np.multiply(bias, beta, out=scaled_bias)
+            np.add(out3, scaled_bias, out=out3)
+        elif bias is not None:
             np.add(out3, bias, out=out3)
         if act:
             act(o)
