@@ -111,6 +111,10 @@ def _cases() -> list[OpCase]:
     c.append(OpCase("Conv-1d", "Conv", {"x": (2, 3, 15)}, {"w": _w(4, 3, 5)}, attrs={"pads": [2, 1], "strides": [2]}))
     c.append(OpCase("ConvTranspose-stride2", "ConvTranspose", {"x": (1, 4, 5, 6)}, {"w": _w(4, 3, 3, 3), "b": _w(3)},
                     attrs={"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}))
+    c.append(OpCase("Conv-depthwise-runtime-weight", "Conv", {"x": (1, 4, 6, 6), "w": (4, 1, 3, 3)},
+                    attrs={"group": 4, "pads": [1, 1, 1, 1]}))  # weights written at run time, after creation
+    c.append(OpCase("ConvTranspose-runtime-weight", "ConvTranspose", {"x": (1, 3, 4, 4), "w": (3, 2, 3, 3)},
+                    attrs={"strides": [2, 2]}))
     c.append(OpCase("ConvTranspose-groups", "ConvTranspose", {"x": (1, 4, 4, 4)}, {"w": _w(4, 2, 2, 2)},
                     attrs={"strides": [2, 2], "group": 2}))
     # -- matrix products

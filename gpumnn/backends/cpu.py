@@ -328,7 +328,8 @@ def _make_conv2d(op: A.Conv2D, ins, outs):
     if g == c == oc and g > 1:  # depthwise: KH*KW multiply-adds of shifted views
         padded = _PaddedInput(x, pads, 0.0, (0, 0))
         windows = _window_view(padded.buf, op.kernel, op.strides, op.dilations, op.out_hw)
-        taps = [(np.ascontiguousarray(weight[:, 0, i, j]).reshape(1, c, 1, 1), windows[:, :, i, j])
+        # views, not copies: the weight may be a run-time tensor, written after creation
+        taps = [(weight[:, 0, i, j].reshape(1, c, 1, 1), windows[:, :, i, j])
                 for i in range(kh) for j in range(kw)]
         out4 = out.reshape(n, oc, oh, ow)
         tmp = np.empty_like(out4)
@@ -343,7 +344,7 @@ def _make_conv2d(op: A.Conv2D, ins, outs):
         return run_depthwise, "depthwise"
 
     cg, ocg = c // g, oc // g
-    w_packed = np.ascontiguousarray(weight.reshape(g, ocg, cg * kh * kw))
+    w_packed = weight.reshape(g, ocg, cg * kh * kw)  # a view of the pool: W may be a run-time tensor
     pointwise = (kh, kw) == (1, 1) and not any(pads) and op.strides == (1, 1)
     if pointwise:  # 1x1 convolution is a GEMM on the input as it lies
         xs = x.reshape(n, g, cg, h * w)
@@ -379,7 +380,7 @@ def _make_conv_transpose2d(op: A.ConvTranspose2D, ins, outs):
     cg, ocg = c // g, oc // g
     x = view(ins[0]).reshape(n, g, cg, h * w)
     weight = view(ins[1]).reshape(g, cg, ocg * kh * kw)
-    w_t = np.ascontiguousarray(weight.transpose(0, 2, 1))  # [g, ocg*kh*kw, cg]
+    w_t = weight.transpose(0, 2, 1)  # [g, ocg*kh*kw, cg]; a view (BLAS reads it transposed): W may be a run-time tensor
     out = view(outs[0]).reshape(n, oc, oh, ow)
     bias = view(ins[2]).reshape(1, oc, 1, 1) if op.has_bias else None
     full_h = max((h - 1) * sh + (kh - 1) * dh + 1, top + oh)
