@@ -72,6 +72,8 @@ def _cases() -> list[OpCase]:
     for op in ("Relu", "Sigmoid", "Tanh", "Erf", "Exp", "Neg", "Abs", "Floor", "Ceil", "HardSwish", "Softplus", "Sign"):
         c.append(OpCase(f"{op}", op, {"x": X4}))
     c.append(OpCase("Log", "Log", {"x": X4}, low=0.1, high=3.0))
+    c.append(OpCase("Softplus-tail", "Softplus", {"x": X4}, low=-14.0, high=-8.0))  # log(1 + tiny) without log1p
+    c.append(OpCase("Tanh-near-zero", "Tanh", {"x": X4}, low=-1e-4, high=1e-4))  # 1 - exp(-2|x|) cancels
     c.append(OpCase("Sqrt", "Sqrt", {"x": X4}, low=0.0, high=3.0))
     c.append(OpCase("Reciprocal", "Reciprocal", {"x": X4}, low=0.5, high=3.0))
     c.append(OpCase("LeakyRelu", "LeakyRelu", {"x": X4}, attrs={"alpha": 0.1}))
