@@ -129,6 +129,16 @@ def test_newer_op_version_that_changed_is_refused_naming_op_node_opset_and_chang
         assert part in message
 
 
+def test_changed_op_gpumnn_does_not_implement_is_named_as_unimplemented():
+    """QuantizeLinear changed at opset 23, but what a user needs to hear is that gpumnn has no QuantizeLinear."""
+    node = helper.make_node("QuantizeLinear", ["x", "scale"], ["y"], name="the_node")
+    graph = helper.make_graph([node], "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4,))],
+                              [helper.make_empty_tensor_value_info("y")],
+                              [numpy_helper.from_array(np.array(0.5, np.float32), "scale")])
+    with pytest.raises(gpumnn.UnsupportedOpError, match="gpumnn has no implementation of this op"):
+        gpumnn.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10))
+
+
 def test_reviewed_change_refuses_attribute_values_it_does_not_cover(monkeypatch):
     monkeypatch.setitem(onnx_opsets.REVIEWED, ("SpaceToDepth", 28),
                         onnx_opsets.Reviewed("only the default order, for this test", allowed={"mode": ("DCR",)}))
