@@ -16,6 +16,13 @@ from .errors import GpumnnError
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    if args.ops:
+        from .opsdoc import ops_section
+        from .onnx_opsets import MAX_OPSET
+        import onnx
+        print(f"gpumnn {__version__}, onnx {onnx.__version__} (opsets up to {MAX_OPSET})\n")
+        print(ops_section())
+        return 0
     print(f"gpumnn {__version__}")
     for name in REGISTRY:
         reason = probe(name)
@@ -92,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpumnn {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    sub.add_parser("info", help="backends and devices found here, and why a missing one is missing").set_defaults(fn=cmd_info)
+    info = sub.add_parser("info", help="backends and devices found here, and why a missing one is missing")
+    info.add_argument("--ops", action="store_true", help="the opsets and op types gpumnn supports instead")
+    info.set_defaults(fn=cmd_info)
 
     run = sub.add_parser("run", help="run one model once")
     run.add_argument("model", help="an .onnx file or a zoo model name")

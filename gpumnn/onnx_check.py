@@ -79,20 +79,44 @@ def check_model(model: onnx.ModelProto) -> None:
 
 def weightless_view(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with its large and external initializers declared as graph inputs (see above)."""
+    return split_weights(model)[0]
+
+
+def split_weights(model: onnx.ModelProto, keep_declared: bool = True
+                  ) -> tuple[onnx.ModelProto, list[onnx.TensorProto], set[str]]:
+    """(weightless view, the initializers moved out of it, names of the graph inputs it added for them).
+
+    ``keep_declared`` keeps large initializers that are also declared graph inputs in the view (the
+    checker checks them against their declaration); the version converter (onnx_opsets.upgrade) is
+    given a view without them, since IR<4 exporters declare every weight as a graph input.
+    :func:`restore_weights` puts the moved tensors back into a model derived from the view.
+    """
     graph = model.graph
     declared = {i.name for i in graph.input}
     moved = [t for t in graph.initializer if external_data_helper.uses_external_data(t)
-             or (t.name not in declared and int(np.prod(t.dims)) > INLINE_ELEMENTS)]
+             or ((not keep_declared or t.name not in declared) and int(np.prod(t.dims)) > INLINE_ELEMENTS)]
     if not moved:
-        return model
+        return model, [], set()
     moved_names = {t.name for t in moved}
     view = onnx.ModelProto()
     _copy_fields(model, view, skip="graph")
     _copy_fields(graph, view.graph, skip="initializer")
     view.graph.initializer.extend(t for t in graph.initializer if t.name not in moved_names)
-    view.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                            for t in moved if t.name not in declared)
-    return view
+    added = [t for t in moved if t.name not in declared]
+    view.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in added)
+    return view, moved, {t.name for t in added}
+
+
+def restore_weights(model: onnx.ModelProto, moved: list[onnx.TensorProto], added: set[str]) -> onnx.ModelProto:
+    """Undo :func:`split_weights` on ``model`` (the view or one derived from it), in place."""
+    if not moved:
+        return model
+    graph = model.graph
+    for index in reversed(range(len(graph.input))):
+        if graph.input[index].name in added:
+            del graph.input[index]
+    graph.initializer.extend(moved)
+    return model
 
 
 def _copy_fields(source: Message, target: Message, skip: str) -> None:
@@ -178,4 +202,5 @@ def _named_nodes(graph: onnx.GraphProto, message: str) -> list[tuple[str, str]]:
     return list(dict.fromkeys(found))
 
 
-__all__ = ["INLINE_ELEMENTS", "PROTOBUF_LIMIT", "check_model", "checker_error", "weightless_view"]
+__all__ = ["INLINE_ELEMENTS", "PROTOBUF_LIMIT", "check_model", "checker_error", "restore_weights",
+           "split_weights", "weightless_view"]

@@ -20,8 +20,7 @@ from .errors import ModelError, UnsupportedOpError
 from .external_data import check_locations, load_external_data, refuse_unresolvable
 from .ir import Graph, Node, ValueInfo
 from .onnx_check import check_model
-
-MIN_OPSET, MAX_OPSET = 11, 21
+from .onnx_opsets import MAX_OPSET, MIN_OPSET, check_newer_ops, check_opset_range, default_opset, upgrade  # noqa: F401
 
 
 def _attribute_value(attr: onnx.AttributeProto) -> Any:
@@ -67,6 +66,7 @@ def _read_model(source: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.Mod
     if isinstance(source, onnx.ModelProto):
         refuse_unresolvable(source, f"model {source.graph.name!r}")
         _check_opset(source)
+        source = upgrade(source)  # read -> convert -> check -> import
         check_model(source)
         return source
     path = None
@@ -85,6 +85,7 @@ def _read_model(source: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.Mod
         name = "<bytes>" if isinstance(source, (bytes, bytearray)) else str(source)
         raise ModelError(f"{name} is not a valid ONNX model: {type(exc).__name__}: {exc}") from exc
     _check_opset(model)
+    model = upgrade(model)  # external weights stay out of the converter (onnx_opsets.upgrade)
     if path is None:
         refuse_unresolvable(model, "the model bytes")
         check_model(model)
@@ -100,22 +101,22 @@ def _check_opset(model: onnx.ModelProto) -> None:
     graph_proto = model.graph
     if not graph_proto.output:
         raise ModelError("the ONNX model's graph declares no outputs")
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    opset = default_opset(model)
     if opset is None:
         raise ModelError("the ONNX model imports no default-domain opset")
-    if not MIN_OPSET <= opset <= MAX_OPSET:
-        raise ModelError(f"opset {opset} is outside the supported range {MIN_OPSET}..{MAX_OPSET}")
+    check_opset_range(opset)
     for index, proto in enumerate(graph_proto.node):
         if proto.domain not in ("", "ai.onnx"):
             raise UnsupportedOpError(proto.op_type, proto.name or f"{proto.op_type}_{index}",
                                      f"custom domain {proto.domain!r} is not supported")
+    check_newer_ops(model)
 
 
 def import_onnx(source: str | os.PathLike | bytes | onnx.ModelProto) -> Graph:
     """Parse an ONNX model into a :class:`Graph`; raises ModelError if it is not usable."""
     model = _read_model(source)
     graph_proto = model.graph
-    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    opset = default_opset(model)
 
     initializers: dict[str, np.ndarray] = {}
     for tensor in graph_proto.initializer:

@@ -72,12 +72,15 @@ def _cases() -> list[OpCase]:
     for op in ("Relu", "Sigmoid", "Tanh", "Erf", "Exp", "Neg", "Abs", "Floor", "Ceil", "HardSwish", "Softplus", "Sign"):
         c.append(OpCase(f"{op}", op, {"x": X4}))
     c.append(OpCase("Log", "Log", {"x": X4}, low=0.1, high=3.0))
+    c.append(OpCase("Softplus-tail", "Softplus", {"x": X4}, low=-14.0, high=-8.0))  # log(1 + tiny) without log1p
+    c.append(OpCase("Tanh-near-zero", "Tanh", {"x": X4}, low=-1e-4, high=1e-4))  # 1 - exp(-2|x|) cancels
     c.append(OpCase("Sqrt", "Sqrt", {"x": X4}, low=0.0, high=3.0))
     c.append(OpCase("Reciprocal", "Reciprocal", {"x": X4}, low=0.5, high=3.0))
     c.append(OpCase("LeakyRelu", "LeakyRelu", {"x": X4}, attrs={"alpha": 0.1}))
     c.append(OpCase("HardSigmoid", "HardSigmoid", {"x": X4}, attrs={"alpha": 0.3, "beta": 0.4}))
     c.append(OpCase("Elu", "Elu", {"x": X4}, attrs={"alpha": 0.7}))
     c.append(OpCase("Gelu", "Gelu", {"x": X4}, opset=20))
+    c.append(OpCase("Gelu-tanh", "Gelu", {"x": X4}, attrs={"approximate": "tanh"}, opset=20))
     c.append(OpCase("Clip", "Clip", {"x": X4}, {"lo": np.float32(-0.5), "hi": np.float32(0.8)}))
     c.append(OpCase("Clip-min-only", "Clip", {"x": X4}, {"lo": np.float32(0.1)}, node_inputs=["x", "lo"]))
     # -- binary with broadcasting
@@ -111,12 +114,20 @@ def _cases() -> list[OpCase]:
     c.append(OpCase("Conv-1d", "Conv", {"x": (2, 3, 15)}, {"w": _w(4, 3, 5)}, attrs={"pads": [2, 1], "strides": [2]}))
     c.append(OpCase("ConvTranspose-stride2", "ConvTranspose", {"x": (1, 4, 5, 6)}, {"w": _w(4, 3, 3, 3), "b": _w(3)},
                     attrs={"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}))
+    c.append(OpCase("Conv-depthwise-runtime-weight", "Conv", {"x": (1, 4, 6, 6), "w": (4, 1, 3, 3)},
+                    attrs={"group": 4, "pads": [1, 1, 1, 1]}))  # weights written at run time, after creation
+    c.append(OpCase("ConvTranspose-1d", "ConvTranspose", {"x": (1, 4, 7)}, {"w": _w(4, 3, 3), "b": _w(3)},
+                    attrs={"strides": [2], "pads": [1, 0], "output_padding": [1]}))
+    c.append(OpCase("ConvTranspose-runtime-weight", "ConvTranspose", {"x": (1, 3, 4, 4), "w": (3, 2, 3, 3)},
+                    attrs={"strides": [2, 2]}))
     c.append(OpCase("ConvTranspose-groups", "ConvTranspose", {"x": (1, 4, 4, 4)}, {"w": _w(4, 2, 2, 2)},
                     attrs={"strides": [2, 2], "group": 2}))
     # -- matrix products
     c.append(OpCase("Gemm-transB-bias", "Gemm", {"a": (3, 10)}, {"b": _w(7, 10), "c": _w(7)},
                     attrs={"transB": 1, "alpha": 0.7, "beta": 1.3}))
     c.append(OpCase("Gemm-transA-matrix-bias", "Gemm", {"a": (10, 3), "b": (10, 7)}, {"c": _w(3, 1)}, attrs={"transA": 1}))
+    c.append(OpCase("Gemm-runtime-bias-beta", "Gemm", {"a": (4, 6), "b": (5, 6), "c": (1, 5)},
+                    attrs={"transB": 1, "alpha": 0.25, "beta": 0.35}))  # beta != 1 on a run-time C
     c.append(OpCase("MatMul-2d", "MatMul", {"a": (5, 12), "b": (12, 7)}))
     c.append(OpCase("MatMul-batched", "MatMul", {"a": (2, 3, 5, 8), "b": (2, 3, 8, 4)}))
     c.append(OpCase("MatMul-shared-weight", "MatMul", {"a": (2, 6, 8)}, {"b": _w(8, 5)}))
@@ -137,6 +148,7 @@ def _cases() -> list[OpCase]:
     c.append(OpCase("LayerNormalization", "LayerNormalization", {"x": (2, 5, 16)}, {"g": _w(16), "b": _w(16)}, attrs={"epsilon": 1e-5}))
     c.append(OpCase("LayerNormalization-axis1", "LayerNormalization", {"x": (2, 3, 4)}, {"g": _w(3, 4)}, attrs={"axis": 1}))
     c.append(OpCase("InstanceNormalization", "InstanceNormalization", {"x": X4}, {"g": _w(3), "b": _w(3)}))
+    c.append(OpCase("InstanceNormalization-runtime-scale", "InstanceNormalization", {"x": X4, "g": (3,), "b": (3,)}))
     c.append(OpCase("Softmax-last", "Softmax", {"x": (2, 3, 10)}))
     c.append(OpCase("Softmax-axis1", "Softmax", {"x": (2, 5, 3, 4)}, attrs={"axis": 1}))
     c.append(OpCase("Softmax-opset11", "Softmax", {"x": (2, 3, 4)}, attrs={"axis": 1}, opset=11))
@@ -248,7 +260,21 @@ def _composite_cases() -> list[tuple[str, Callable[[], onnx.ModelProto], dict[st
                                   [helper.make_empty_tensor_value_info("y0"), helper.make_empty_tensor_value_info("y1")], inits)
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
-    return [("shape-chain-fold-and-raster-fusion", shape_chain, {"x": (2, 4, 30)}),
+    def clip_computed_bounds() -> onnx.ModelProto:
+        # Clip whose bounds are run-time scalars (computed from an input): max, then min
+        nodes = [
+            helper.make_node("ReduceMin", ["b"], ["lo"], name="lower", keepdims=0),
+            helper.make_node("ReduceMax", ["b"], ["hi"], name="upper", keepdims=0),
+            helper.make_node("Clip", ["x", "lo", "hi"], ["y0"], name="clip_both"),
+            helper.make_node("Clip", ["x", "", "lo"], ["y1"], name="clip_max_only"),
+        ]
+        graph = helper.make_graph(nodes, "clip_bounds", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (2, 3, 4)),
+                                                         helper.make_tensor_value_info("b", TensorProto.FLOAT, (5,))],
+                                  [helper.make_empty_tensor_value_info("y0"), helper.make_empty_tensor_value_info("y1")])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+    return [("clip-with-run-time-bounds", clip_computed_bounds, {"x": (2, 3, 4), "b": (5,)}),
+            ("shape-chain-fold-and-raster-fusion", shape_chain, {"x": (2, 4, 30)}),
             ("conv-bn-relu-residual-clip", conv_bn_relu_add, {"x": (1, 4, 6, 6)}),
             ("two-outputs-view-and-matmul-bias", two_outputs_and_view, {"x": (2, 4, 5)})]
 

@@ -3,11 +3,16 @@ from __future__ import annotations
 
 import json
 
+from pathlib import Path
+
 import numpy as np
+import onnx
 import onnxruntime as ort
 
+import gpumnn
 from gpumnn import zoo
 from gpumnn.cli import main
+from gpumnn.opsdoc import ops_section, readme_section
 
 
 def test_info_lists_every_backend_and_why_missing(capsys):
@@ -16,6 +21,19 @@ def test_info_lists_every_backend_and_why_missing(capsys):
     for name in ("cpu", "opencl", "vulkan", "gl", "cuda"):
         assert name in out
     assert "available" in out
+
+
+def test_info_ops_prints_the_opsets_and_every_supported_op(capsys):
+    assert main(["info", "--ops"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"opsets up to {onnx.defs.onnx_opset_version()}" in out
+    for op in gpumnn.supported_ops():
+        assert f"`{op}`" in out
+
+
+def test_readme_lists_the_supported_ops_from_the_code():
+    readme = Path(__file__).resolve().parent.parent / "README.md"
+    assert readme_section(readme) == ops_section(), "README.md is stale: run python -m gpumnn.opsdoc README.md"
 
 
 def test_run_reads_input_and_writes_outputs(tmp_path, capsys):

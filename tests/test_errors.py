@@ -57,10 +57,21 @@ def test_unsupported_attribute_value_is_named():
         net.session()
 
 
+def test_training_mode_dropout_is_refused():
+    node = helper.make_node("Dropout", ["x", "ratio", "training"], ["y"], name="the_dropout")
+    graph = helper.make_graph([node], "dropout", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (2, 3))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (2, 3))],
+                              [onnx.numpy_helper.from_array(np.array(0.5, np.float32), "ratio"),
+                               onnx.numpy_helper.from_array(np.array(True), "training")])
+    net = gpumnn.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    with pytest.raises(gpumnn.UnsupportedOpError, match="the_dropout.*training mode"):
+        net.session()
+
+
 def test_out_of_range_opset_is_a_model_error():
     model = _tiny()
-    model.opset_import[0].version = 7
-    with pytest.raises(gpumnn.ModelError, match="opset 7"):
+    model.opset_import[0].version = 6  # opsets 7-10 are converted at load (tests/test_opsets.py)
+    with pytest.raises(gpumnn.ModelError, match="opset 6"):
         gpumnn.load(model)
 
 

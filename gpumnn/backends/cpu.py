@@ -251,20 +251,23 @@ def _make_matmul(op: A.MatMul, ins, outs):
     o = view(outs[0]).reshape(a.shape[0], a.shape[1], op.n)
     if op.batch == 1 or a.shape[0] == 1:
         a, b, o = a[0], b[0], o[0]
-    bias = None
+    bias = scaled_bias = None
     if op.has_bias:
         bias = strided(ins[2], 0, (op.m, op.n), op.bias_strides)
-        if op.beta != 1.0:
-            bias = np.ascontiguousarray(bias * op.beta)  # constant bias: scaled once
+        if op.beta != 1.0:  # the bias may be a run-time tensor: scaled on every run, into scratch
+            scaled_bias = np.empty((op.m, op.n), dtype=bias.dtype)
     out3 = view(outs[0]).reshape(op.batch, op.m, op.n)
     act = _epilogue(op.activation)
-    alpha = op.alpha
+    alpha, beta = op.alpha, op.beta
 
     def run():
         np.matmul(a, b, out=o)
         if alpha != 1.0:
             np.multiply(o, alpha, out=o)
-        if bias is not None:
+        if scaled_bias is not None:
+            np.multiply(bias, beta, out=scaled_bias)
+            np.add(out3, scaled_bias, out=out3)
+        elif bias is not None:
             np.add(out3, bias, out=out3)
         if act:
             act(o)
@@ -333,7 +336,8 @@ def _make_conv2d(op: A.Conv2D, ins, outs):
     if op.scheme == "depthwise":  # KH*KW multiply-adds of shifted views
         padded = _PaddedInput(x, pads, 0.0, (0, 0))
         windows = _window_view(padded.buf, op.kernel, op.strides, op.dilations, op.out_hw)
-        taps = [(np.ascontiguousarray(weight[:, 0, i, j]).reshape(1, c, 1, 1), windows[:, :, i, j])
+        # views, not copies: the weight may be a run-time tensor, written after creation
+        taps = [(weight[:, 0, i, j].reshape(1, c, 1, 1), windows[:, :, i, j])
                 for i in range(kh) for j in range(kw)]
         out4 = out.reshape(n, oc, oh, ow)
         tmp = np.empty_like(out4)
@@ -348,7 +352,7 @@ def _make_conv2d(op: A.Conv2D, ins, outs):
         return run_depthwise, "depthwise"
 
     cg, ocg = c // g, oc // g
-    w_packed = np.ascontiguousarray(weight.reshape(g, ocg, cg * kh * kw))
+    w_packed = weight.reshape(g, ocg, cg * kh * kw)  # a view of the pool: W may be a run-time tensor
     if op.scheme == "gemm1x1":  # 1x1 convolution is a GEMM on the input as it lies
         xs = x.reshape(n, g, cg, h * w)
         outg = out.reshape(n, g, ocg, oh * ow)
@@ -383,7 +387,7 @@ def _make_conv_transpose2d(op: A.ConvTranspose2D, ins, outs):
     cg, ocg = c // g, oc // g
     x = view(ins[0]).reshape(n, g, cg, h * w)
     weight = view(ins[1]).reshape(g, cg, ocg * kh * kw)
-    w_t = np.ascontiguousarray(weight.transpose(0, 2, 1))  # [g, ocg*kh*kw, cg]
+    w_t = weight.transpose(0, 2, 1)  # [g, ocg*kh*kw, cg]; a view (BLAS reads it transposed): W may be a run-time tensor
     out = view(outs[0]).reshape(n, oc, oh, ow)
     bias = view(ins[2]).reshape(1, oc, 1, 1) if op.has_bias else None
     full_h = max((h - 1) * sh + (kh - 1) * dh + 1, top + oh)

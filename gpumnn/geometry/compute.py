@@ -125,9 +125,52 @@ def emit_unary(ctx: LoweringContext, node: Node, op: str, params: tuple[float, .
 @lowers(*UNARY_ONNX)
 def lower_unary(ctx: LoweringContext, node: Node, opset: int) -> None:
     spec = unary_spec(node, lambda n: ctx.values[n].const if n in ctx.values else None)
+    if spec is None and node.op_type == "Clip":
+        _lower_clip_runtime_bounds(ctx, node)
+        return
+    if spec is None and node.op_type == "Gelu" and node.attr("approximate", "none") == "tanh":
+        _lower_gelu_tanh(ctx, node)
+        return
     if spec is None:
         raise UnsupportedOpError(node.op_type, node.name, "attributes or data-dependent bounds not supported")
     emit_unary(ctx, node, spec[0], spec[1], node.inputs[0], node.outputs[0])
+
+
+def _lower_clip_runtime_bounds(ctx: LoweringContext, node: Node) -> None:
+    """Clip whose min or max is a run-time tensor: max(x, min), then min(., max) (max wins when min > max)."""
+    current = node.inputs[0]
+    bounds = [(i, op) for i, op in ((1, "max"), (2, "min")) if len(node.inputs) > i and node.inputs[i]]
+    if not bounds:
+        ctx.alias(node.outputs[0], current, ctx.shape(current))
+        return
+    for k, (i, op) in enumerate(bounds):
+        target = node.outputs[0] if k == len(bounds) - 1 else ctx.temp(node, "lower_bounded")
+        emit_binary(ctx, node, op, current, node.inputs[i], target)
+        current = target
+
+
+def _lower_gelu_tanh(ctx: LoweringContext, node: Node) -> None:
+    """Gelu(approximate="tanh") = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), from atomic ops."""
+    x = node.inputs[0]
+
+    def const(value: float) -> str:
+        name = ctx.temp(node, "coefficient")
+        ctx.set_const(name, np.array(value, dtype=np.float32))
+        return name
+
+    def unary(op: str, a: str) -> str:
+        out = ctx.temp(node, op)
+        emit_unary(ctx, node, op, (), a, out)
+        return out
+
+    def binary(op: str, a: str, b: str) -> str:
+        out = ctx.temp(node, op)
+        emit_binary(ctx, node, op, a, b, out)
+        return out
+    cube = binary("mul", unary("square", x), x)
+    inner = binary("add", x, binary("mul", cube, const(0.044715)))
+    gate = binary("add", unary("tanh", binary("mul", inner, const(float(np.sqrt(2.0 / np.pi))))), const(1.0))
+    emit_binary(ctx, node, "mul", binary("mul", x, const(0.5)), gate, node.outputs[0])
 
 
 @lowers(*[k for k in BINARY_ONNX if k not in ("Sum",)], "Sum", "Mean")
@@ -305,24 +348,27 @@ def lower_conv(ctx: LoweringContext, node: Node, opset: int) -> None:
 @lowers("ConvTranspose")
 def lower_conv_transpose(ctx: LoweringContext, node: Node, opset: int) -> None:
     x, x_shape, is1d = _spatial_view(ctx, node, node.inputs[0])
-    if is1d:
-        raise UnsupportedOpError("ConvTranspose", node.name, "1D transposed convolution is not supported")
     n, c, h, w = x_shape
-    w_shape = ctx.shape(node.inputs[1])
+    w_name = node.inputs[1]
+    w_shape = ctx.shape(w_name)
+    if is1d:  # a 1D transposed convolution runs as 2D with H=1, like Conv
+        w4 = ctx.temp(node, "w2d")
+        ctx.alias(w4, w_name, (w_shape[0], w_shape[1], 1, w_shape[2]))
+        w_name, w_shape = w4, ctx.shape(w4)
     groups = int(node.attr("group", 1))
     if len(w_shape) != 4 or groups < 1 or w_shape[0] != c:
         raise ModelError(f"node {node.name!r} (ConvTranspose): weights of shape {list(w_shape)} with group {groups} "
                          f"do not fit an input of shape {list(x_shape)}")
     oc = w_shape[1] * groups
     kernel = tuple(w_shape[2:])
-    strides = _pair(node.attr("strides"), 1, False, node, "strides")
-    dilations = _pair(node.attr("dilations"), 1, False, node, "dilations")
-    out_pad = _int_list(node, "output_padding", node.attr("output_padding", [0, 0]), 2)
-    pads = _pads4(node, False)
+    strides = _pair(node.attr("strides"), 1, is1d, node, "strides")
+    dilations = _pair(node.attr("dilations"), 1, is1d, node, "dilations")
+    out_pad = list(_pair(node.attr("output_padding"), 0, is1d, node, "output_padding"))
+    pads = _pads4(node, is1d)
     _check_window(node, (h, w), kernel, strides, dilations, pads)
     full = [strides[i] * ((h, w)[i] - 1) + out_pad[i] + dilations[i] * (kernel[i] - 1) + 1 for i in range(2)]
     if node.attr("output_shape") is not None:
-        target = list(node.attr("output_shape"))[-2:]
+        target = [1, list(node.attr("output_shape"))[-1]] if is1d else list(node.attr("output_shape"))[-2:]
         upper = node.attr("auto_pad", "NOTSET") == "SAME_UPPER"
         for i in range(2):
             total = full[i] - target[i]
@@ -336,13 +382,16 @@ def lower_conv_transpose(ctx: LoweringContext, node: Node, opset: int) -> None:
             pads[i + 2] = total - pads[i]
     out_hw = (full[0] - pads[0] - pads[2], full[1] - pads[1] - pads[3])
     _check_window(node, (h, w), kernel, strides, dilations, pads, out_hw)
-    inputs = [x, node.inputs[1]] + ([node.inputs[2]] if len(node.inputs) > 2 and node.inputs[2] else [])
+    inputs = [x, w_name] + ([node.inputs[2]] if len(node.inputs) > 2 and node.inputs[2] else [])
     _check_bias(ctx, node, inputs, oc)
-    op = A.ConvTranspose2D(tuple(inputs), (node.outputs[0],), node.name, batch=n, in_channels=c, in_hw=(h, w),
+    out = node.outputs[0] if not is1d else ctx.temp(node, "out2d")
+    op = A.ConvTranspose2D(tuple(inputs), (out,), node.name, batch=n, in_channels=c, in_hw=(h, w),
                            out_channels=oc, out_hw=out_hw, kernel=kernel, strides=strides,
                            pads=(pads[0], pads[1]), dilations=dilations, groups=groups,
                            has_bias=len(inputs) == 3, activation=fused_activation(node))
     ctx.emit(op, (n, oc) + out_hw)
+    if is1d:
+        ctx.alias(node.outputs[0], out, (n, oc, out_hw[1]))
 
 
 # -- pooling -------------------------------------------------------------------------------------
@@ -559,8 +608,17 @@ def lower_instance_norm(ctx: LoweringContext, node: Node, opset: int) -> None:
     ctx.emit(A.Normalize((x,), (normed,), node.name, outer=outer, size=size,
                          eps=float(node.attr("epsilon", 1e-5))), shape)
     scaled = ctx.temp(node, "scaled")
-    emit_binary(ctx, node, "mul", normed, _channel_param(ctx, node, node.inputs[1], len(shape), "scale"), scaled)
-    emit_binary(ctx, node, "add", scaled, _channel_param(ctx, node, node.inputs[2], len(shape), "bias"), node.outputs[0])
+    emit_binary(ctx, node, "mul", normed, _channel_operand(ctx, node, node.inputs[1], len(shape), "scale"), scaled)
+    emit_binary(ctx, node, "add", scaled, _channel_operand(ctx, node, node.inputs[2], len(shape), "bias"), node.outputs[0])
+
+
+def _channel_operand(ctx: LoweringContext, node: Node, name: str, rank: int, what: str) -> str:
+    """A per-channel vector, constant or run-time, seen as [C, 1, ...] (broadcasts over NC... data)."""
+    if ctx.value(name, node).is_const:
+        return _channel_param(ctx, node, name, rank, what)
+    view = ctx.temp(node, what)
+    ctx.alias(view, name, (ctx.value(name, node).size,) + (1,) * (rank - 2))
+    return view
 
 
 @lowers("Softmax", "LogSoftmax")

@@ -49,6 +49,9 @@ def _ints(array: np.ndarray) -> list[int]:
 
 @lowers("Identity", "Dropout")
 def lower_identity(ctx: LoweringContext, node: Node, opset: int) -> None:
+    if node.op_type == "Dropout" and len(node.inputs) > 2 and node.inputs[2]:
+        if bool(np.asarray(ctx.const(node.inputs[2], node, "training_mode")).reshape(-1)[0]):
+            raise UnsupportedOpError("Dropout", node.name, "training mode (random masks) is not supported")
     ctx.alias(node.outputs[0], node.inputs[0], ctx.shape(node.inputs[0]))
     if len(node.outputs) > 1 and node.outputs[1]:  # Dropout's mask: all ones at inference
         ctx.set_const(node.outputs[1], np.ones(ctx.shape(node.inputs[0]), dtype=bool))
@@ -277,7 +280,8 @@ def lower_depth_to_space(ctx: LoweringContext, node: Node, opset: int) -> None:
 def lower_space_to_depth(ctx: LoweringContext, node: Node, opset: int) -> None:
     n, c, h, w = _block_geometry(ctx, node)
     b = int(node.attr("blocksize"))
-    fn = lambda xs, f: [xs[0].reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4).reshape(n, c * b * b, h // b, w // b)]
+    order = (0, 3, 5, 1, 2, 4) if node.attr("mode", "DCR") == "DCR" else (0, 1, 3, 5, 2, 4)  # CRD: opset 28
+    fn = lambda xs, f: [xs[0].reshape(n, c, h // b, b, w // b, b).transpose(order).reshape(n, c * b * b, h // b, w // b)]
     reorder(ctx, node, node.inputs[:1], fn, node.outputs)
 
 

@@ -39,11 +39,25 @@ float erf_as(float x) {
     return x < 0.0 ? -r : r;
 }
 
-// tanh that never overflows (exp of a non-positive argument only).
+// tanh that never overflows (exp of a non-positive argument only). Below |x| = 0.1, 1 - exp(-2|x|)
+// cancels (relative error ~1e-7 / |x|), so the odd Taylor series is used there (truncation < 1e-7).
 float tanh_safe(float x) {
-    float e = exp(-2.0 * abs(x));
+    float ax = abs(x);
+    if (ax < 0.1) {
+        float x2 = x * x;
+        return x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0))));
+    }
+    float e = exp(-2.0 * ax);
     float r = (1.0 - e) / (1.0 + e);
     return x < 0.0 ? -r : r;
+}
+
+// log(1 + e) accurate for small e (GLSL has no log1p): Goldberg's correction of the rounded 1 + e.
+// `precise` keeps compilers from folding (1 + e) - 1 back into e, which would undo the correction.
+float log1p_acc(float e) {
+    precise float u = 1.0 + e;
+    precise float rounded = u - 1.0;
+    return u == 1.0 ? e : log(u) * (e / rounded);
 }
 
 float apply_unary(int op, float x, float a, float b, float c) {
@@ -69,7 +83,7 @@ float apply_unary(int op, float x, float a, float b, float c) {
     case U_ROUND: return roundEven(x);
     case U_TRUNC: return trunc(x);
     case U_SQUARE: return x * x;
-    case U_SOFTPLUS: return max(x, 0.0) + log(1.0 + exp(-abs(x)));
+    case U_SOFTPLUS: return max(x, 0.0) + log1p_acc(exp(-abs(x)));
     case U_ELU: return x < 0.0 ? a * (exp(x) - 1.0) : x;
     case U_SIGN: return sign(x);
     case U_AFFINE_POW: return safe_pow(a + b * x, c);

@@ -1,0 +1,69 @@
+"""gpumnn.onnx_backend: the onnx.backend.base API (prepare, run_model, run_node, supports_device)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import gpumnn
+from gpumnn.backends import probe
+from gpumnn.onnx_backend import GpumnnBackend, backend_for
+
+
+def _add_relu_model():
+    nodes = [helper.make_node("Add", ["a", "b"], ["s"], name="add"), helper.make_node("Relu", ["s"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "add_relu", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ("n", 4)),
+                                                  helper.make_tensor_value_info("b", TensorProto.FLOAT, (4,))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ("n", 4))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_prepare_runs_on_the_bound_backend_and_keeps_a_session_per_shape(backend):
+    rng = np.random.default_rng(3)
+    b = rng.standard_normal(4).astype(np.float32)
+    with backend_for(backend).prepare(_add_relu_model()) as rep:
+        assert rep.backend == backend
+        for n in (2, 5, 2):
+            a = rng.standard_normal((n, 4)).astype(np.float32)
+            (y,) = rep.run([a, b])
+            np.testing.assert_allclose(y, np.maximum(a + b, 0), rtol=1e-6)
+            assert rep.run({"a": a, "b": b}).y.shape == (n, 4)  # by name; outputs by name too
+        sessions = list(rep._sessions.values())
+        assert len(sessions) == 2 and all(s.backend == backend for s in sessions)
+    assert all(s._closed for s in sessions)
+
+
+def test_run_model_and_run_node(backend):
+    cls = backend_for(backend)
+    x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+    (y,) = cls.run_node(helper.make_node("LeakyRelu", ["x"], ["y"], alpha=0.25), [x])
+    np.testing.assert_allclose(y, np.where(x < 0, 0.25 * x, x), rtol=1e-6)
+    (y,) = cls.run_node(helper.make_node("Softmax", ["x"], ["y"], axis=0), [x], opset_version=11)
+    np.testing.assert_allclose(y, np.exp(x) / np.exp(x).sum(), rtol=1e-5)  # opset 11: the input as 2D from axis 0
+    (y,) = cls.run_model(_add_relu_model(), [x, np.ones(4, np.float32)])
+    np.testing.assert_allclose(y, np.maximum(x + 1, 0))
+
+
+def test_devices_name_the_bound_backend_or_a_gpumnn_backend():
+    assert GpumnnBackend.gpumnn_backend("CPU") == "cpu" and GpumnnBackend.gpumnn_backend("CPU:0") == "cpu"
+    assert backend_for("vulkan").gpumnn_backend("CPU") == "vulkan"
+    assert GpumnnBackend.gpumnn_backend("VULKAN") == "vulkan" and GpumnnBackend.gpumnn_backend("gl") == "gl"
+    assert backend_for("gl") is backend_for("GL") and backend_for("cpu") is GpumnnBackend
+    for name in ("cpu", "opencl", "vulkan", "gl", "cuda"):
+        assert backend_for(name).supports_device("CPU") == (probe(name) is None)
+    assert GpumnnBackend.supports_device("CUDA") == (probe("cuda") is None)
+    assert not GpumnnBackend.supports_device("TPU")
+    with pytest.raises(gpumnn.BackendUnavailableError, match="unknown device 'TPU'"):
+        GpumnnBackend.prepare(_add_relu_model(), "TPU")
+    with pytest.raises(gpumnn.BackendUnavailableError, match="unknown backend 'metal'"):
+        backend_for("metal")
+
+
+def test_non_tensor_graph_values_are_refused():
+    seq = helper.make_tensor_sequence_value_info("x", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "seq", [seq],
+                              [helper.make_tensor_sequence_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    assert not GpumnnBackend.is_compatible(model)
+    with pytest.raises(gpumnn.ModelError, match=r"\['x', 'y'\] are not tensors"):
+        GpumnnBackend.prepare(model)
