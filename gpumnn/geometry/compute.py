@@ -381,7 +381,8 @@ def lower_conv_transpose(ctx: LoweringContext, node: Node, opset: int) -> None:
             pads[i] = total // 2 if node.attr("auto_pad") == "SAME_UPPER" else total - total // 2
             pads[i + 2] = total - pads[i]
     out_hw = (full[0] - pads[0] - pads[2], full[1] - pads[1] - pads[3])
-    _check_window(node, (h, w), kernel, strides, dilations, pads, out_hw)
+    # output_shape may ask for more than the window covers: negative end pads, which extend the output
+    _check_window(node, (h, w), kernel, strides, dilations, pads[:2] + [max(p, 0) for p in pads[2:]], out_hw)
     inputs = [x, w_name] + ([node.inputs[2]] if len(node.inputs) > 2 and node.inputs[2] else [])
     _check_bias(ctx, node, inputs, oc)
     out = node.outputs[0] if not is1d else ctx.temp(node, "out2d")
