@@ -858,6 +858,9 @@ def lower_resize(ctx: LoweringContext, node: Node, opset: int) -> None:
         raise UnsupportedOpError("Resize", node.name, f"mode {mode!r} is not supported (nearest, linear, cubic)")
     if coord not in RESIZE_COORDS:
         raise UnsupportedOpError("Resize", node.name, f"coordinate_transformation_mode {coord!r} is not supported")
+    if node.attr("exclude_outside", 0) and mode != "cubic":
+        raise ModelError(f"node {node.name!r} (Resize): exclude_outside applies to mode 'cubic' only, "
+                         f"not {mode!r} (ONNX Runtime refuses it too)")
     out, factors, rois = _resize_geometry(ctx, node, shape)
     if out[:2] != list(shape[:2]):
         raise UnsupportedOpError("Resize", node.name, "resizing the batch or channel axis is not supported")
