@@ -275,7 +275,8 @@ class Resize(AtomicOp):
     ``align_corners``, ``asymmetric``. ``nearest_mode``: ``round_prefer_floor``,
     ``round_prefer_ceil``, ``floor``, ``ceil``. ``scales`` are output/input per axis (h, w).
     Source coordinate: half_pixel (o+0.5)/s-0.5; pytorch_half_pixel same but 0 when the output
-    size is 1; align_corners o*(in-1)/(out-1) (0 when out==1); asymmetric o/s.
+    size is 1; align_corners o*(in-1)/(s*in-1) (the unrounded output length, as the ONNX reference;
+    0 when out==1); asymmetric o/s. Other modes (cubic, antialias, crops) are lowered to MatMuls.
     """
 
     kind: ClassVar[str] = "resize"

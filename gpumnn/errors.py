@@ -30,6 +30,18 @@ class UnsupportedOpError(ModelError):
         super().__init__(msg)
 
 
+class DataDependentError(UnsupportedOpError):
+    """An input a node needs at session creation (a shape, sizes, axes) depends on run-time data.
+
+    ``tensor`` names that input, so a caller that knows the data (``gpumnn.onnx_backend``, which
+    gets the values with each run) can bind it and prepare a session for those values.
+    """
+
+    def __init__(self, op_type: str, node_name: str, tensor: str, reason: str):
+        self.tensor = tensor
+        super().__init__(op_type, node_name, reason)
+
+
 class InputError(GpumnnError, ValueError):
     """A run or session was given an input with the wrong name, shape or dtype."""
 

@@ -16,6 +16,15 @@ that backend can start here.
 A prepared model (:class:`GpumnnRep`) creates one gpumnn session per set of input shapes it is
 run with (a session is prepared for fixed shapes), on its backend only (``fallback=False``),
 and closes them in :meth:`GpumnnRep.close` or when it is collected.
+
+Inputs that fix shapes. A session needs at creation every value that decides a shape (a
+Reshape's target, Resize's scales or sizes, Slice's starts, ...). A plain ``Net.session`` refuses
+a graph *input* in that role (:class:`DataDependentError`), since it is prepared before any data
+is seen. Here each run brings its data, so the Rep does what MNN's ``resizeSession`` does for
+content-dependent shapes: the small graph inputs such a value is computed from (up to
+:data:`BIND_LIMIT` elements each) are bound to the values of that run, and the session is
+prepared for those values, kept and reused while they repeat; a run with other values gets a
+session of its own. A large input in that role stays refused.
 """
 from __future__ import annotations
 
@@ -28,7 +37,7 @@ from onnx import helper
 from onnx.backend.base import Backend, BackendRep, namedtupledict
 
 from .backends import REGISTRY, probe
-from .errors import BackendUnavailableError, InputError, ModelError
+from .errors import BackendUnavailableError, DataDependentError, InputError, ModelError
 from .net import Net, load
 from .onnx_opsets import MAX_OPSET
 from .session import Session
@@ -36,6 +45,8 @@ from .session import Session
 #: keyword arguments of prepare() that go to gpumnn.load and to Net.session
 LOAD_OPTIONS = ("optimize",)
 SESSION_OPTIONS = ("record", "threads", "max_concurrent_runs")
+#: the most elements a graph input may have to be bound per run as a shape-determining value
+BIND_LIMIT = 1024
 
 
 class GpumnnRep(BackendRep):
@@ -49,23 +60,62 @@ class GpumnnRep(BackendRep):
         self.output_names = [v.name for v in net.outputs]
         self._sessions: dict[tuple, Session] = {}
         self._lock = threading.Lock()
+        #: graph inputs found to decide shapes: bound to each run's values (see the module docstring)
+        self.bound_inputs: set[str] = set()
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         feeds = self._feeds(inputs)
-        session = self.session_for({name: np.shape(value) for name, value in feeds.items()})
-        results = session.run(feeds)
+        shapes = {name: np.shape(value) for name, value in feeds.items()}
+        while True:
+            bound = {name: feeds[name] for name in self.bound_inputs if name in feeds}
+            try:
+                session = self.session_for(shapes, bound)
+                break
+            except DataDependentError as exc:
+                wanted = {name for name in self._inputs_behind(exc.tensor) - self.bound_inputs
+                          if name in feeds and np.size(feeds[name]) <= BIND_LIMIT}
+                if not wanted:
+                    raise
+                self.bound_inputs |= wanted
+        results = session.run({name: value for name, value in feeds.items() if name not in bound})
         return namedtupledict("Outputs", self.output_names)(*[results[name] for name in self.output_names])
 
-    def session_for(self, shapes: Mapping[str, Sequence[int]]) -> Session:
-        """The session prepared for these input shapes (created on first use, then kept)."""
-        key = tuple((name, tuple(int(d) for d in shapes[name])) for name in self.input_names)
+    def session_for(self, shapes: Mapping[str, Sequence[int]],
+                    values: Mapping[str, np.ndarray] | None = None) -> Session:
+        """The session prepared for these input shapes and these values of the bound inputs
+        (created on first use, then kept); bound inputs are constants of that session."""
+        values = {name: np.ascontiguousarray(value) for name, value in (values or {}).items()}
+        key = (tuple((name, tuple(int(d) for d in shapes[name])) for name in self.input_names if name not in values),
+               tuple((name, values[name].dtype.str, values[name].shape, values[name].tobytes())
+                     for name in sorted(values)))
         with self._lock:
             session = self._sessions.get(key)
             if session is None:
-                session = self.net.session(backend=self.backend, input_shapes=dict(key), fallback=False,
-                                           **self.session_options)
+                net = self.net if not values else self._net_with_constants(values)
+                session = net.session(backend=self.backend, input_shapes=dict(key[0]), fallback=False,
+                                      **self.session_options)
                 self._sessions[key] = session
             return session
+
+    def _net_with_constants(self, values: Mapping[str, np.ndarray]) -> Net:
+        """The loaded model with the graph inputs in ``values`` turned into constants of those values."""
+        graph = self.net.graph.copy()
+        graph.inputs = [v for v in graph.inputs if v.name not in values]
+        graph.initializers.update(values)
+        return Net(graph, self.net.optimizations, self.net.source)
+
+    def _inputs_behind(self, tensor: str) -> set[str]:
+        """The graph inputs ``tensor`` is computed from (itself, if it is one)."""
+        producers = self.net.graph.producers()
+        inputs, seen, todo = set(self.input_names), set(), [tensor]
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            if name in producers:
+                todo.extend(n for n in producers[name].inputs if n)
+        return seen & inputs
 
     def _feeds(self, inputs: Any) -> dict[str, np.ndarray]:
         if isinstance(inputs, Mapping):

@@ -103,7 +103,8 @@ def fold_batchnorm(graph: Graph) -> int:
     uses = Counter(n for node in graph.nodes for n in node.inputs)
     folded = 0
     for bn in list(graph.nodes):
-        if bn.op_type != "BatchNormalization" or len(bn.inputs) != 5 or any(bn.outputs[1:]):
+        if (bn.op_type != "BatchNormalization" or len(bn.inputs) != 5 or any(bn.outputs[1:])
+                or bn.attr("training_mode", 0)):  # training mode normalises by the batch statistics
             continue
         conv = producers.get(bn.inputs[0])
         if (conv is None or conv.op_type != "Conv" or len(conv.inputs) < 2

@@ -147,6 +147,13 @@ def _cases() -> list[OpCase]:
                     {"g": _w(3), "b": _w(3), "m": _w(3), "v": np.abs(_w(3)) + 0.5}))
     c.append(OpCase("LayerNormalization", "LayerNormalization", {"x": (2, 5, 16)}, {"g": _w(16), "b": _w(16)}, attrs={"epsilon": 1e-5}))
     c.append(OpCase("LayerNormalization-axis1", "LayerNormalization", {"x": (2, 3, 4)}, {"g": _w(3, 4)}, attrs={"axis": 1}))
+    c.append(OpCase("BatchNormalization-runtime-params", "BatchNormalization",
+                    {"x": X4, "g": (3,), "b": (3,), "m": (3,), "v": (3,)}, low=0.1, high=2.0))
+    c.append(OpCase("BatchNormalization-training", "BatchNormalization", {"x": (2, 3, 4, 5)},
+                    {"g": _w(3), "b": _w(3), "m": _w(3), "v": np.abs(_w(3)) + 0.5},
+                    attrs={"training_mode": 1, "momentum": 0.8, "epsilon": 1e-3}, outputs=3, opset=15))
+    c.append(OpCase("LayerNormalization-mean-invstd", "LayerNormalization", {"x": (2, 3, 4, 5)}, {"g": _w(4, 5), "b": _w(4, 5)},
+                    attrs={"axis": -2, "epsilon": 1e-3}, outputs=3))
     c.append(OpCase("InstanceNormalization", "InstanceNormalization", {"x": X4}, {"g": _w(3), "b": _w(3)}))
     c.append(OpCase("InstanceNormalization-runtime-scale", "InstanceNormalization", {"x": X4, "g": (3,), "b": (3,)}))
     c.append(OpCase("Softmax-last", "Softmax", {"x": (2, 3, 10)}))
@@ -197,6 +204,26 @@ def _cases() -> list[OpCase]:
                     attrs={"mode": "linear", "coordinate_transformation_mode": "align_corners"}))
     c.append(OpCase("Resize-linear-pytorch", "Resize", {"x": (1, 1, 5, 5)}, {"roi": np.zeros(0, np.float32), "sc": np.array([1, 1, 0.6, 0.6], np.float32)},
                     attrs={"mode": "linear", "coordinate_transformation_mode": "pytorch_half_pixel"}))
+    # modes beyond 2 taps (cubic, antialias, crops) run as two MatMuls with host-built weights
+    no_roi = np.zeros(0, np.float32)
+    c.append(OpCase("Resize-cubic-half-pixel", "Resize", {"x": (1, 2, 5, 6)}, {"roi": no_roi, "sc": np.array([1, 1, 1.6, 2.5], np.float32)},
+                    attrs={"mode": "cubic"}))
+    c.append(OpCase("Resize-cubic-align-corners-exclude-outside", "Resize", {"x": (1, 2, 6, 5)},
+                    {"roi": no_roi, "sc": np.zeros(0, np.float32), "sz": _i64(1, 2, 4, 9)},
+                    attrs={"mode": "cubic", "coordinate_transformation_mode": "align_corners", "cubic_coeff_a": -0.5,
+                           "exclude_outside": 1}))
+    c.append(OpCase("Resize-cubic-asymmetric-down", "Resize", {"x": (2, 1, 8, 7)}, {"roi": no_roi, "sc": np.array([1, 1, 0.5, 0.75], np.float32)},
+                    attrs={"mode": "cubic", "coordinate_transformation_mode": "asymmetric"}))
+    c.append(OpCase("Resize-linear-antialias", "Resize", {"x": (1, 2, 12, 10)}, {"roi": no_roi, "sc": np.array([1, 1, 0.5, 0.4], np.float32)},
+                    attrs={"mode": "linear", "antialias": 1}, opset=18))
+    c.append(OpCase("Resize-cubic-antialias", "Resize", {"x": (1, 2, 12, 10)},
+                    {"roi": no_roi, "sc": np.zeros(0, np.float32), "sz": _i64(1, 2, 5, 7)},
+                    attrs={"mode": "cubic", "antialias": 1}, opset=18))
+    c.append(OpCase("Resize-tf-crop-and-resize", "Resize", {"x": (1, 2, 6, 7)},
+                    {"roi": np.array([0, 0, 0.2, -0.1, 1, 1, 0.9, 1.2], np.float32), "sc": np.zeros(0, np.float32), "sz": _i64(1, 2, 5, 8)},
+                    attrs={"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize", "extrapolation_value": 3.0}))
+    c.append(OpCase("Resize-nearest-axes-keep-aspect", "Resize", {"x": (1, 2, 4, 6)}, {"roi": no_roi, "sc": np.zeros(0, np.float32), "sz": _i64(9, 7)},
+                    attrs={"mode": "nearest", "axes": [3, 2], "keep_aspect_ratio_policy": "not_larger"}, opset=18))
     # -- the same ops in older and newer opsets (attributes that became inputs, and back)
     c.append(OpCase("Squeeze-opset11", "Squeeze", {"x": (2, 1, 3)}, attrs={"axes": [1]}, opset=11))
     c.append(OpCase("Unsqueeze-opset11", "Unsqueeze", {"x": (2, 3)}, attrs={"axes": [-1, 0]}, opset=11))

@@ -48,12 +48,12 @@ def test_custom_domain_is_unsupported():
 
 
 def test_unsupported_attribute_value_is_named():
-    node = helper.make_node("Resize", ["x", "", "s"], ["y"], name="cubic_resize", mode="cubic")
+    node = helper.make_node("Pad", ["x", "p"], ["y"], name="wrap_pad", mode="wrap")
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 1, 4, 4))],
                               [helper.make_empty_tensor_value_info("y")],
-                              [onnx.numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "s")])
-    net = gpumnn.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
-    with pytest.raises(gpumnn.UnsupportedOpError, match="cubic_resize.*cubic"):
+                              [onnx.numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "p")])
+    net = gpumnn.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9))
+    with pytest.raises(gpumnn.UnsupportedOpError, match="wrap_pad.*wrap"):
         net.session()
 
 

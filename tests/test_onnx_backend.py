@@ -67,3 +67,44 @@ def test_non_tensor_graph_values_are_refused():
     assert not GpumnnBackend.is_compatible(model)
     with pytest.raises(gpumnn.ModelError, match=r"\['x', 'y'\] are not tensors"):
         GpumnnBackend.prepare(model)
+
+
+def _resize_by_input_scales_model():
+    """Resize whose scales are a graph input, behind a Mul (the value a session needs is computed from it)."""
+    nodes = [helper.make_node("Mul", ["s", "two"], ["scales"], name="double"),
+             helper.make_node("Resize", ["x", "", "scales"], ["y"], name="resize", mode="nearest")]
+    graph = helper.make_graph(nodes, "resize_scales_input",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 1, 2, 3)),
+                               helper.make_tensor_value_info("s", TensorProto.FLOAT, (4,))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [helper.make_tensor("two", TensorProto.FLOAT, (), [2.0])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_shape_determining_graph_inputs_are_bound_per_run(backend):
+    """A session cannot know a graph input's value, so Net.session refuses it by name; the onnx
+    backend binds it to each run's value, one session per value."""
+    model = _resize_by_input_scales_model()
+    x = np.arange(6, dtype=np.float32).reshape(1, 1, 2, 3)
+    with pytest.raises(gpumnn.errors.DataDependentError) as info:
+        gpumnn.load(model).session(backend=backend, fallback=False)
+    assert info.value.tensor == "scales" and "depends on input data" in str(info.value)
+    with backend_for(backend).prepare(model) as rep:
+        for factors in ((0.5, 0.5, 1, 1), (0.5, 0.5, 0.5, 1.5), (0.5, 0.5, 1, 1)):  # doubled: 2x2, then 1x3
+            s = np.array(factors, np.float32)
+            (y,) = rep.run([x, s])
+            f = (2 * s).astype(int)
+            np.testing.assert_array_equal(y, x.repeat(f[2], axis=2).repeat(f[3], axis=3))
+        assert rep.bound_inputs == {"s"} and len(rep._sessions) == 2
+
+
+def test_large_inputs_are_not_bound(backend):
+    """Only small inputs are bound (BIND_LIMIT elements): a large one stays refused by name."""
+    node = helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")
+    graph = helper.make_graph([node], "reshape_big_shape",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, (2, 3)),
+                               helper.make_tensor_value_info("shape", TensorProto.INT64, (2000,))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    with backend_for(backend).prepare(model) as rep, pytest.raises(gpumnn.errors.DataDependentError, match="reshape"):
+        rep.run([np.zeros((2, 3), np.float32), np.ones(2000, np.int64)])

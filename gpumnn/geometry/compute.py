@@ -549,19 +549,22 @@ def _channel_param(ctx: LoweringContext, node: Node, name: str, rank: int, what:
 
 @lowers("BatchNormalization")
 def lower_batch_norm(ctx: LoweringContext, node: Node, opset: int) -> None:
-    if any(o for o in node.outputs[1:]):
-        raise UnsupportedOpError("BatchNormalization", node.name, "training-mode outputs are not supported")
     x = node.inputs[0]
     shape = ctx.shape(x)
     rank = len(shape)
     if len(node.inputs) != 5 or rank < 2:
         raise ModelError(f"node {node.name!r} (BatchNormalization) needs X, scale, B, mean and var, and X of rank 2 "
                          f"or more; got inputs {node.inputs} and X of shape {list(shape)}")
+    params = [ctx.value(n, node) for n in node.inputs[1:5]]
+    if any(p.shape != (shape[1],) for p in params):
+        raise ModelError(f"node {node.name!r} (BatchNormalization): scale, B, mean and var of shapes "
+                         f"{[list(p.shape) for p in params]} for {shape[1]} channels")
+    training = bool(node.attr("training_mode", 0)) if opset >= 14 else False
+    if training or any(o for o in node.outputs[1:]) or not all(p.is_const for p in params):
+        _lower_batch_norm_ops(ctx, node, training)
+        return
     gamma, beta, mean, var = (ctx.const(n, node, w).astype(np.float64) for n, w in
                               zip(node.inputs[1:5], ("scale", "bias", "mean", "var")))
-    if any(p.shape != (shape[1],) for p in (gamma, beta, mean, var)):
-        raise ModelError(f"node {node.name!r} (BatchNormalization): scale, B, mean and var of shapes "
-                         f"{[list(p.shape) for p in (gamma, beta, mean, var)]} for {shape[1]} channels")
     scale = gamma / np.sqrt(var + float(node.attr("epsilon", 1e-5)))
     shift = beta - mean * scale
     scale_name, shift_name = ctx.temp(node, "scale"), ctx.temp(node, "shift")
@@ -572,10 +575,66 @@ def lower_batch_norm(ctx: LoweringContext, node: Node, opset: int) -> None:
     emit_binary(ctx, node, "add", scaled, shift_name, node.outputs[0], fused_activation(node))
 
 
+def _lower_batch_norm_ops(ctx: LoweringContext, node: Node, training: bool) -> None:
+    """BatchNormalization from Reduce, Unary and Binary ops: run-time scale/B/mean/var, and training mode.
+
+    ``y = x * k + (B - mean * k)`` with ``k = scale / sqrt(var + eps)`` per channel (constant parts
+    fold at session creation). In training mode mean and var are the batch's (population variance
+    over every axis but the channel), and the optional outputs are the running statistics
+    ``input * momentum + batch * (1 - momentum)``.
+    """
+    x = node.inputs[0]
+    shape = ctx.shape(x)
+    n, c, rank = shape[0], shape[1], len(shape)
+    spatial = int(np.prod(shape[2:], dtype=np.int64))
+    scale, bias, mean, var = node.inputs[1:5]
+
+    def const(value: float) -> str:
+        name = ctx.temp(node, "coefficient")
+        ctx.set_const(name, np.array(value, dtype=np.float32))
+        return name
+
+    def binary(op: str, a: str, b: str, out: str | None = None) -> str:
+        out = out or ctx.temp(node, op)
+        emit_binary(ctx, node, op, a, b, out)
+        return out
+
+    def per_channel(name: str) -> str:  # [C] seen as [C, 1, ...], which broadcasts over N C ... data
+        view = ctx.temp(node, "per_channel")
+        ctx.alias(view, name, (c,) + (1,) * (rank - 2))
+        return view
+
+    def channel_mean(name: str) -> str:  # [N, C, ...] -> [C]: the mean over every axis but the channel
+        planes = ctx.temp(node, "planes")
+        ctx.alias(planes, name, (n * c, spatial))
+        rows = ctx.temp(node, "plane_means")
+        ctx.emit(A.Reduce((planes,), (rows,), node.name, op="mean", outer=n * c, size=spatial, inner=1), (n, c))
+        out = ctx.temp(node, "channel_mean")
+        ctx.emit(A.Reduce((rows,), (out,), node.name, op="mean", outer=1, size=n, inner=c), (c,))
+        return out
+
+    if training:
+        batch_mean = channel_mean(x)
+        centred = binary("sub", x, per_channel(batch_mean))
+        squares = ctx.temp(node, "squares")
+        emit_unary(ctx, node, "square", (), centred, squares)
+        batch_var = channel_mean(squares)
+        momentum = float(node.attr("momentum", 0.9))
+        for i, (given, batch) in enumerate(((mean, batch_mean), (var, batch_var)), start=1):
+            if len(node.outputs) > i and node.outputs[i]:
+                binary("add", binary("mul", given, const(momentum)), binary("mul", batch, const(1.0 - momentum)),
+                       node.outputs[i])
+        mean, var = batch_mean, batch_var
+    std = ctx.temp(node, "std")
+    emit_unary(ctx, node, "sqrt", (), binary("add", var, const(float(node.attr("epsilon", 1e-5)))), std)
+    k = binary("div", scale, std)
+    shift = binary("sub", bias, binary("mul", mean, k))
+    scaled = binary("mul", x, per_channel(k))
+    emit_binary(ctx, node, "add", scaled, per_channel(shift), node.outputs[0], fused_activation(node))
+
+
 @lowers("LayerNormalization")
 def lower_layer_norm(ctx: LoweringContext, node: Node, opset: int) -> None:
-    if any(o for o in node.outputs[1:]):
-        raise UnsupportedOpError("LayerNormalization", node.name, "the Mean/InvStdDev outputs are not supported")
     x = node.inputs[0]
     shape = ctx.shape(x)
     axis = norm_axis(node.attr("axis", -1), len(shape), node)
@@ -598,6 +657,33 @@ def lower_layer_norm(ctx: LoweringContext, node: Node, opset: int) -> None:
         params.append(name)
     ctx.emit(A.Normalize((x, params[0], params[1]), (node.outputs[0],), node.name, outer=outer, size=size,
                          eps=float(node.attr("epsilon", 1e-5)), has_affine=True), shape)
+    if any(o for o in node.outputs[1:]):
+        _layer_norm_statistics(ctx, node, outer, size, axis)
+
+
+def _layer_norm_statistics(ctx: LoweringContext, node: Node, outer: int, size: int, axis: int) -> None:
+    """LayerNormalization's optional Mean and InvStdDev outputs (shape ``X.shape[:axis] + [1, ...]``):
+    a Reduce mean, then the mean of squared deviations, ``+ eps``, sqrt and reciprocal."""
+    x = node.inputs[0]
+    shape = ctx.shape(x)
+    stat_shape = tuple(shape[:axis]) + (1,) * (len(shape) - axis)
+    rows = ctx.temp(node, "rows")
+    ctx.alias(rows, x, (outer, size))
+    mean = ctx.temp(node, "mean")
+    ctx.emit(A.Reduce((rows,), (mean,), node.name, op="mean", outer=outer, size=size, inner=1), (outer, 1))
+    centred, squares, var = ctx.temp(node, "centred"), ctx.temp(node, "squares"), ctx.temp(node, "var")
+    emit_binary(ctx, node, "sub", rows, mean, centred)
+    emit_unary(ctx, node, "square", (), centred, squares)
+    ctx.emit(A.Reduce((squares,), (var,), node.name, op="mean", outer=outer, size=size, inner=1), (outer, 1))
+    eps = ctx.temp(node, "epsilon")
+    ctx.set_const(eps, np.array(float(node.attr("epsilon", 1e-5)), dtype=np.float32))
+    shifted, std, inv = ctx.temp(node, "var_eps"), ctx.temp(node, "std"), ctx.temp(node, "inv_std")
+    emit_binary(ctx, node, "add", var, eps, shifted)
+    emit_unary(ctx, node, "sqrt", (), shifted, std)
+    emit_unary(ctx, node, "reciprocal", (), std, inv)
+    for output, value in zip(node.outputs[1:3], (mean, inv)):
+        if output:
+            ctx.alias(output, value, stat_shape)
 
 
 @lowers("InstanceNormalization")
@@ -655,6 +741,12 @@ def lower_reduce(ctx: LoweringContext, node: Node, opset: int) -> None:
             return
         axes = list(range(len(shape)))
     axes = sorted({norm_axis(int(a), len(shape), node) for a in axes})
+    if any(shape[a] == 0 for a in axes):  # an empty reduction: ONNX's identity values, known now
+        kept = [1 if i in axes else d for i, d in enumerate(shape)]
+        final = kept if node.attr("keepdims", 1) else [d for i, d in enumerate(shape) if i not in axes]
+        identity = {"sum": 0.0, "mean": np.nan, "max": -np.inf, "min": np.inf}[REDUCE_ONNX[node.op_type]]
+        ctx.set_const(node.outputs[0], np.full(final, identity, dtype=np.float32))
+        return
     runs: list[list[int]] = []
     for a in axes:
         if runs and runs[-1][-1] == a - 1:
@@ -705,7 +797,54 @@ def lower_lrn(ctx: LoweringContext, node: Node, opset: int) -> None:
     emit_binary(ctx, node, "div", x, denom4, node.outputs[0])
 
 
-RESIZE_COORDS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
+RESIZE_COORDS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "half_pixel_symmetric",
+                 "tf_crop_and_resize")
+
+
+def _resize_geometry(ctx: LoweringContext, node: Node, shape: tuple[int, ...]):
+    """(output sizes, scale factors, roi as (start, end) per axis) of a Resize, with ``axes`` and
+    ``keep_aspect_ratio_policy`` applied as the ONNX reference does."""
+    rank = len(shape)
+    axes = node.attr("axes")
+    axes = list(range(rank)) if axes is None else [norm_axis(int(a), rank, node) for a in axes]
+    if len(set(axes)) != len(axes):
+        raise ModelError(f"node {node.name!r} (Resize): axes {axes} repeat an axis")
+
+    def given(i: int, what: str) -> np.ndarray | None:
+        if len(node.inputs) <= i or not node.inputs[i]:
+            return None
+        value = np.asarray(ctx.const(node.inputs[i], node, what), dtype=np.float64).reshape(-1)
+        return value if value.size else None
+    roi, scales, sizes = given(1, "roi"), given(2, "scales"), given(3, "sizes")
+    for what, values, length in (("scales", scales, len(axes)), ("sizes", sizes, len(axes)),
+                                 ("roi", roi, 2 * len(axes))):
+        if values is not None and values.size != length:
+            raise ModelError(f"node {node.name!r} (Resize): {values.size} {what} for {len(axes)} resized axes")
+    factors, out = [1.0] * rank, list(shape)
+    if sizes is not None:
+        for a, size in zip(axes, sizes):
+            out[a] = int(size)
+            factors[a] = size / shape[a] if shape[a] else 1.0
+        policy = node.attr("keep_aspect_ratio_policy", "stretch")
+        if policy in ("not_larger", "not_smaller"):
+            scale = (min if policy == "not_larger" else max)(factors[a] for a in axes)
+            for a in axes:
+                factors[a], out[a] = scale, int(scale * shape[a] + 0.5)
+        elif policy != "stretch":
+            raise ModelError(f"node {node.name!r} (Resize): keep_aspect_ratio_policy {policy!r} is not one of "
+                             "stretch, not_larger, not_smaller")
+    elif scales is not None:
+        if not all(np.isfinite(scales)):
+            raise ModelError(f"node {node.name!r} (Resize): scales {list(scales)} must be finite")
+        for a, factor in zip(axes, scales):
+            factors[a], out[a] = float(factor), int(np.floor(shape[a] * factor))
+    else:
+        raise UnsupportedOpError("Resize", node.name, "neither scales nor sizes is given")
+    rois = [(0.0, 1.0)] * rank
+    if roi is not None:
+        for i, a in enumerate(axes):
+            rois[a] = (float(roi[i]), float(roi[len(axes) + i]))
+    return out, factors, rois
 
 
 @lowers("Resize")
@@ -716,37 +855,79 @@ def lower_resize(ctx: LoweringContext, node: Node, opset: int) -> None:
         raise UnsupportedOpError("Resize", node.name, f"only 4D NCHW inputs are supported, got {list(shape)}")
     mode = node.attr("mode", "nearest")
     coord = node.attr("coordinate_transformation_mode", "half_pixel")
-    if mode not in ("nearest", "linear"):
-        raise UnsupportedOpError("Resize", node.name, f"mode {mode!r} is not supported (nearest, linear)")
+    if mode not in ("nearest", "linear", "cubic"):
+        raise UnsupportedOpError("Resize", node.name, f"mode {mode!r} is not supported (nearest, linear, cubic)")
     if coord not in RESIZE_COORDS:
         raise UnsupportedOpError("Resize", node.name, f"coordinate_transformation_mode {coord!r} is not supported")
-    if node.attr("antialias", 0):
-        raise UnsupportedOpError("Resize", node.name, "antialias is not supported")
-    if node.attr("exclude_outside", 0):
-        raise UnsupportedOpError("Resize", node.name, "exclude_outside is not supported")
-    sizes = ctx.const(node.inputs[3], node, "sizes") if len(node.inputs) > 3 and node.inputs[3] else None
-    scales = ctx.const(node.inputs[2], node, "scales") if len(node.inputs) > 2 and node.inputs[2] else None
-    if sizes is not None and np.asarray(sizes).size:
-        out = [int(v) for v in np.asarray(sizes).reshape(-1)]
-        factors = [o / i if i else 1.0 for o, i in zip(out, shape)]
-    elif scales is not None and np.asarray(scales).size:
-        factors = [float(v) for v in np.asarray(scales).reshape(-1)]
-        if not all(np.isfinite(factors)):
-            raise ModelError(f"node {node.name!r} (Resize): scales {factors} must be finite")
-        out = [int(np.floor(i * f)) for i, f in zip(shape, factors)]
-    else:
-        raise UnsupportedOpError("Resize", node.name, "neither scales nor sizes is given")
-    if len(out) != len(shape) or len(factors) != len(shape):
-        raise ModelError(f"node {node.name!r} (Resize): {len(out)} output sizes for an input of rank {len(shape)}")
+    if node.attr("exclude_outside", 0) and mode != "cubic":
+        raise ModelError(f"node {node.name!r} (Resize): exclude_outside applies to mode 'cubic' only, "
+                         f"not {mode!r} (ONNX Runtime refuses it too)")
+    out, factors, rois = _resize_geometry(ctx, node, shape)
     if out[:2] != list(shape[:2]):
         raise UnsupportedOpError("Resize", node.name, "resizing the batch or channel axis is not supported")
     if min(out) < 0 or not all(np.isfinite(factors)) or min(factors) <= 0:
         raise ModelError(f"node {node.name!r} (Resize): output sizes {out} (scales {factors}) must be positive")
     if min(shape) < 1 or min(out) < 1:
         raise UnsupportedOpError("Resize", node.name, f"resizing an empty tensor ({list(shape)} to {out}) is not supported")
+    nearest_mode = node.attr("nearest_mode", "round_prefer_floor")
+    antialias = bool(node.attr("antialias", 0)) and mode != "nearest"
+    # the Resize kernels sample 2 taps at the coordinates of sampling.resize_axis; the rest are matrix
+    # products (half_pixel_symmetric too: the ONNX reference picks its taps from the coordinate in a way
+    # that rounds differently from the kernels' tables at exact integers, and axis_weights follows it)
+    if mode == "cubic" or antialias or node.attr("exclude_outside", 0) or coord in ("tf_crop_and_resize",
+                                                                                    "half_pixel_symmetric"):
+        _resize_by_matmul(ctx, node, shape, out, factors, rois, mode, coord, nearest_mode, antialias)
+        return
     ctx.emit(A.Resize((x,), (node.outputs[0],), node.name, planes=shape[0] * shape[1], in_hw=tuple(shape[2:]),
                       out_hw=(out[2], out[3]), scales=(factors[2], factors[3]), mode=mode, coord=coord,
-                      nearest_mode=node.attr("nearest_mode", "round_prefer_floor")), out)
+                      nearest_mode=nearest_mode), out)
+
+
+def _resize_by_matmul(ctx: LoweringContext, node: Node, shape, out, factors, rois, mode: str, coord: str,
+                      nearest_mode: str, antialias: bool) -> None:
+    """Resize as separable matrix products: ``X @ Ww^T`` along the width, then ``Wh @ .`` along the
+    height, with the ``[out, in]`` weight matrices of :func:`axis_weights` as constants.
+
+    Exact for every mode and tap count (cubic, antialias, exclude_outside, tf_crop_and_resize),
+    on every backend's MatMul. Outputs whose crop coordinate falls outside the input get zero
+    rows, and the extrapolation value is added there afterwards.
+    """
+    from ..backends.sampling import axis_weights
+    n, c, h, w = shape
+    oh, ow = out[2], out[3]
+    options = dict(nearest_mode=nearest_mode, cubic_coeff_a=float(node.attr("cubic_coeff_a", -0.75)),
+                   exclude_outside=bool(node.attr("exclude_outside", 0)), antialias=antialias)
+    wh, outside_h = axis_weights(h, oh, factors[2], mode, coord, roi=rois[2], **options)
+    ww, outside_w = axis_weights(w, ow, factors[3], mode, coord, roi=rois[3], **options)
+
+    def weights(matrix: np.ndarray, hint: str) -> str:
+        name = ctx.temp(node, hint)
+        ctx.set_const(name, np.ascontiguousarray(matrix, dtype=np.float32))
+        return name
+    current, cur_w = node.inputs[0], w
+    if not (ow == w and np.array_equal(ww, np.eye(w))):
+        rows = ctx.temp(node, "rows")
+        ctx.alias(rows, current, (n * c * h, w))
+        along_w = ctx.temp(node, "resized_w")
+        ctx.emit(A.MatMul((rows, weights(ww.T, "width_weights")), (along_w,), node.name, m=n * c * h, n=ow, k=w),
+                 (n * c * h, ow))
+        current, cur_w = along_w, ow
+    if not (oh == h and np.array_equal(wh, np.eye(h))):
+        planes = ctx.temp(node, "planes")
+        ctx.alias(planes, current, (n * c, h, cur_w))
+        along_h = ctx.temp(node, "resized_h")
+        ctx.emit(A.MatMul((weights(wh, "height_weights"), planes), (along_h,), node.name, batch=n * c, m=oh,
+                          n=cur_w, k=h, a_batch_stride=0, b_batch_stride=h * cur_w), (n * c, oh, cur_w))
+        current = along_h
+    extrapolated = outside_h[:, None] | outside_w[None, :]
+    value = float(node.attr("extrapolation_value", 0.0))
+    if value != 0.0 and extrapolated.any():
+        resized = ctx.temp(node, "resized")
+        ctx.alias(resized, current, out)
+        emit_binary(ctx, node, "add", resized, weights(np.where(extrapolated, value, 0.0), "extrapolation"),
+                    node.outputs[0])
+    else:
+        ctx.alias(node.outputs[0], current, out)
 
 
 @lowers("Gather")

@@ -75,8 +75,8 @@ class LoweringContext:
         """Data of an input that must be known at session creation (e.g. a Reshape's shape)."""
         value = self.value(name, node)
         if value.const is None:
-            from ..errors import UnsupportedOpError
-            raise UnsupportedOpError(node.op_type, node.name, f"{what} ({name!r}) must be a constant "
+            from ..errors import DataDependentError
+            raise DataDependentError(node.op_type, node.name, name, f"{what} ({name!r}) must be a constant "
                                      "or computable from input shapes; it depends on input data")
         return value.const
 

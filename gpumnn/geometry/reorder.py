@@ -319,5 +319,9 @@ def lower_constant_of_shape(ctx: LoweringContext, node: Node, opset: int) -> Non
 
 @lowers("Range")
 def lower_range(ctx: LoweringContext, node: Node, opset: int) -> None:
-    start, limit, delta = (ctx.const(n, node, "Range bounds") for n in node.inputs[:3])
-    ctx.set_const(node.outputs[0], np.arange(start, limit, delta).astype(np.result_type(start, limit, delta)))
+    bounds = [np.asarray(ctx.const(n, node, "Range bounds")) for n in node.inputs[:3]]
+    if any(b.size != 1 for b in bounds):
+        raise ModelError(f"node {node.name!r} (Range): start, limit and delta must be single numbers, got shapes "
+                         f"{[list(b.shape) for b in bounds]}")
+    dtype = np.result_type(*bounds)
+    ctx.set_const(node.outputs[0], np.arange(*[b.reshape(-1)[0] for b in bounds]).astype(dtype))
