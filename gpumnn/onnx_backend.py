@@ -29,6 +29,7 @@ session of its own. A large input in that role stays refused.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -37,7 +38,7 @@ from onnx import helper
 from onnx.backend.base import Backend, BackendRep, namedtupledict
 
 from .backends import REGISTRY, probe
-from .errors import BackendUnavailableError, DataDependentError, InputError, ModelError
+from .errors import BackendUnavailableError, DataDependentError, InputError, ModelError, SessionClosedError
 from .net import Net, load
 from .onnx_opsets import MAX_OPSET
 from .session import Session
@@ -47,6 +48,9 @@ LOAD_OPTIONS = ("optimize",)
 SESSION_OPTIONS = ("record", "threads", "max_concurrent_runs")
 #: the most elements a graph input may have to be bound per run as a shape-determining value
 BIND_LIMIT = 1024
+#: sessions a model keeps for distinct input shapes / bound values; the least recently used beyond
+#: this are closed, so a caller feeding ever new shapes does not pile up devices and pools
+MAX_SESSIONS = 8
 
 
 class GpumnnRep(BackendRep):
@@ -58,7 +62,7 @@ class GpumnnRep(BackendRep):
         self.session_options = dict(session_options or {})
         self.input_names = [v.name for v in net.inputs]
         self.output_names = [v.name for v in net.outputs]
-        self._sessions: dict[tuple, Session] = {}
+        self._sessions: OrderedDict[tuple, Session] = OrderedDict()
         self._lock = threading.Lock()
         #: graph inputs found to decide shapes: bound to each run's values (see the module docstring)
         self.bound_inputs: set[str] = set()
@@ -77,7 +81,10 @@ class GpumnnRep(BackendRep):
                 if not wanted:
                     raise
                 self.bound_inputs |= wanted
-        results = session.run({name: value for name, value in feeds.items() if name not in bound})
+        try:
+            results = session.run({name: value for name, value in feeds.items() if name not in bound})
+        except SessionClosedError:  # evicted by another thread's shapes meanwhile: prepare it again
+            return self.run(inputs, **kwargs)
         return namedtupledict("Outputs", self.output_names)(*[results[name] for name in self.output_names])
 
     def session_for(self, shapes: Mapping[str, Sequence[int]],
@@ -88,6 +95,7 @@ class GpumnnRep(BackendRep):
         key = (tuple((name, tuple(int(d) for d in shapes[name])) for name in self.input_names if name not in values),
                tuple((name, values[name].dtype.str, values[name].shape, values[name].tobytes())
                      for name in sorted(values)))
+        evicted = []
         with self._lock:
             session = self._sessions.get(key)
             if session is None:
@@ -95,7 +103,13 @@ class GpumnnRep(BackendRep):
                 session = net.session(backend=self.backend, input_shapes=dict(key[0]), fallback=False,
                                       **self.session_options)
                 self._sessions[key] = session
-            return session
+                while len(self._sessions) > MAX_SESSIONS:
+                    evicted.append(self._sessions.popitem(last=False)[1])
+            else:
+                self._sessions.move_to_end(key)
+        for old in evicted:
+            old.close()  # waits for its runs in flight
+        return session
 
     def _net_with_constants(self, values: Mapping[str, np.ndarray]) -> Net:
         """The loaded model with the graph inputs in ``values`` turned into constants of those values."""

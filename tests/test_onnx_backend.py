@@ -108,3 +108,22 @@ def test_large_inputs_are_not_bound(backend):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     with backend_for(backend).prepare(model) as rep, pytest.raises(gpumnn.errors.DataDependentError, match="reshape"):
         rep.run([np.zeros((2, 3), np.float32), np.ones(2000, np.int64)])
+
+
+def test_sessions_per_shape_are_bounded():
+    """A model fed ever new input shapes keeps at most MAX_SESSIONS sessions, closing the oldest."""
+    from gpumnn import onnx_backend
+
+    node = helper.make_node("Relu", ["x"], ["y"], name="relu")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+                                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    rep = onnx_backend.prepare(model)
+    first = rep.session_for({"x": (1,)})
+    for n in range(1, onnx_backend.MAX_SESSIONS + 3):
+        x = np.linspace(-1, 1, n, dtype=np.float32)
+        np.testing.assert_array_equal(rep.run([x])[0], np.maximum(x, 0))
+    assert len(rep._sessions) == onnx_backend.MAX_SESSIONS
+    with pytest.raises(gpumnn.SessionClosedError):
+        first.run({"x": np.zeros(1, np.float32)})
+    rep.close()
