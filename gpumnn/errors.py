@@ -36,3 +36,13 @@ class InputError(GpumnnError, ValueError):
 
 class BackendUnavailableError(GpumnnError, RuntimeError):
     """A compute API cannot start on this machine; the message says why."""
+
+
+class ResourceError(GpumnnError, MemoryError):
+    """A model needs more memory than a device (or the host) can give.
+
+    Raised before anything is allocated, naming the backend, the bytes needed, the bytes
+    available and the largest tensor, so that a user can see which input shape or which
+    node to shrink. It is also a ``MemoryError``, so code that already guards against
+    NumPy running out of memory keeps working.
+    """

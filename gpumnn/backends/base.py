@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import atomic as A
 from ..atomic import AtomicOp
+from .limits import MemoryLimits, host_limits
 
 #: Counter names every backend maintains (others may add more).
 COUNTERS = ("buffers_allocated", "programs_built", "executions_created", "recordings_made", "submits")
@@ -131,6 +132,12 @@ class Backend(ABC):
         return contract_violation(op)
 
     # -- memory ----------------------------------------------------------------------------
+    def memory_limits(self) -> MemoryLimits:
+        """What this backend's device can give: total and available bytes, the largest single
+        allocation and tensor binding. The session checks its memory plan against it before it
+        allocates anything. The default is the host's RAM (a device without memory of its own)."""
+        return host_limits()
+
     @abstractmethod
     def allocate(self, nbytes: int) -> Any:
         """Allocate one device buffer of at least ``nbytes`` (the session's pool)."""
