@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -18,10 +19,12 @@ import numpy as np
 from .backends import create_backend
 from .backends.base import Backend, Execution, TensorHandle
 from .backends.cpu import CpuBackend
-from .errors import BackendUnavailableError, InputError
+from .backends.limits import release_freed_memory
+from .errors import BackendUnavailableError, GpumnnError, InputError
 from .geometry import lower
 from .ir import Graph
 from .scheduler import MemoryPlan, Placement, place, plan_memory, select_schemes
+from .scheduler.resources import check_memory_plan
 
 
 def resolve_input_shapes(graph: Graph, given: Mapping[str, Sequence[int]] | None) -> dict[str, tuple[int, ...]]:
@@ -75,6 +78,7 @@ class Session:
         self.input_shapes = resolve_input_shapes(graph, input_shapes)
         self.fallback_reason: str | None = None
         self.backends = self._start_backends(backend, threads, fallback, backend_options)
+        self._closer = weakref.finalize(self, _close_backends, list(self.backends.values()))  # close(), GC or exit
         self.backend = backend if self.fallback_reason is None else "cpu"
 
         program = lower(graph, self.input_shapes)
@@ -84,6 +88,7 @@ class Session:
         self.memory: dict[str, MemoryPlan] = {
             b: plan_memory(lifetimes, self.backends[b].alignment)
             for b, lifetimes in self.placement.lifetimes.items() if lifetimes}
+        check_memory_plan(program, self.placement, self.memory, self.backends)  # ResourceError, before allocating
         self._constants: dict[tuple[str, str], TensorHandle] = {}
         for op, b in zip(program.ops, self.placement.op_backends):
             for name in op.inputs:
@@ -164,6 +169,8 @@ class Session:
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Run the model; returns {output name: array}. A recorded run allocates and builds nothing."""
+        if self.closed:
+            raise GpumnnError(f"{self!r} is closed")
         arrays = self._check_inputs(inputs)
         prepared = self._prepared if self.record else self._prepare(recorded=False)
         io = prepared.io
@@ -248,8 +255,35 @@ class Session:
         return "\n".join(lines)
 
     def close(self) -> None:
-        for backend in self.backends.values():
-            backend.close()
+        """Free everything the session holds on its devices and on the host. Safe to call more
+        than once; a session that is garbage-collected (or still open at exit) is closed too."""
+        self._prepared = None  # executions, recordings and pools go before their backends
+        self._constants = {}
+        self._closer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._closer.alive
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return f"<Session backend={self.backend!r} ops={len(self.program.ops)} record={self.record}>"
+
+
+def _close_backends(backends: list[Backend]) -> None:
+    """Close every backend (the first error is raised after all were tried), then hand the heap
+    pages their drivers freed back to the operating system."""
+    error: BaseException | None = None
+    for backend in backends:
+        try:
+            backend.close()
+        except BaseException as exc:  # noqa: BLE001 -- close the others first
+            error = error or exc
+    release_freed_memory()
+    if error is not None:
+        raise error
