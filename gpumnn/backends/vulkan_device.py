@@ -70,7 +70,7 @@ def _cstring(chars) -> str:
 
 
 def _debug_callback(severity, types, data, user_data):
-    """Debug-utils messenger callback: appends a line to the owning device's ``messages``."""
+    """Debug-utils messenger callback: appends a line to the ``messages`` of every backend on the device."""
     try:
         owner = ffi.from_handle(user_data)
         level = ("ERROR" if severity & vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT else
@@ -78,7 +78,9 @@ def _debug_callback(severity, types, data, user_data):
                  "INFO" if severity & vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_INFO_BIT_EXT else "VERBOSE")
         ident = _cstring(data.pMessageIdName) if data.pMessageIdName != ffi.NULL else ""
         text = _cstring(data.pMessage) if data.pMessage != ffi.NULL else ""
-        owner.messages.append(f"[{level}] {ident}: {text}")
+        message = f"[{level}] {ident}: {text}"
+        for listener in list(owner.listeners):  # each open backend's own list (VulkanDevice.messages)
+            listener.append(message)
     except Exception:  # never let an exception cross the C boundary
         pass
     return 0
@@ -172,7 +174,7 @@ class SharedDevice:
     backends that ask for the same device, with the layouts and pipelines worth keeping."""
 
     def __init__(self, device: str | int | None = None, validation: bool = False):
-        self.messages: list[str] = []
+        self.listeners: list[list[str]] = []  # the ``messages`` of the backends using this device
         self._handle = ffi.new_handle(self)
         self.validation = False
         self.instance = None
@@ -473,7 +475,8 @@ class VulkanDevice:
         shared = self.shared
         for name in self.SHARED:
             setattr(self, name, getattr(shared, name))
-        self._first_message = len(shared.messages)
+        self.messages: list[str] = []  # validation-layer messages since this backend started
+        shared.listeners.append(self.messages)
         self.command_pool = None
         self.fence = None
         try:
@@ -490,11 +493,6 @@ class VulkanDevice:
         self._cmd_array = ffi.new("VkCommandBuffer[1]")
         self._submit.commandBufferCount = 1
         self._submit.pCommandBuffers = self._cmd_array
-
-    @property
-    def messages(self) -> list[str]:
-        """Validation-layer messages since this backend started."""
-        return self.shared.messages[self._first_message:] if self.shared is not None else []
 
 
     # -- memory ------------------------------------------------------------------------------
@@ -603,6 +601,8 @@ class VulkanDevice:
         shared, self.shared = self.shared, None
         if shared is None:
             return
+        if any(listener is self.messages for listener in shared.listeners):
+            shared.listeners = [listener for listener in shared.listeners if listener is not self.messages]
         try:
             if self.fence is not None or self.command_pool is not None:
                 with shared.queue_lock:
