@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 import warnings
 from contextlib import ExitStack, contextmanager
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -23,12 +24,14 @@ import numpy as np
 from .backends import create_backend
 from .backends.base import Backend, Execution, TensorHandle
 from .backends.cpu import CpuBackend
+from .backends.limits import release_freed_memory
 from .errors import BackendUnavailableError, InputError
 from .geometry import lower
 from .geometry.fast import expand_schemes
 from .ir import Graph
 from .run_states import RunStatePool
 from .scheduler import MemoryPlan, Placement, place, plan_memory, select_schemes
+from .scheduler.resources import check_memory_plan, run_states_that_fit
 
 
 def resolve_input_shapes(graph: Graph, given: Mapping[str, Sequence[int]] | None) -> dict[str, tuple[int, ...]]:
@@ -82,8 +85,8 @@ class Session:
         self.record = record
         self.input_shapes = resolve_input_shapes(graph, input_shapes)
         self.fallback_reason: str | None = None
-        self._closed = False
         self.backends = self._start_backends(backend, threads, fallback, backend_options)
+        self._closer = weakref.finalize(self, _close_backends, list(self.backends.values()))  # close(), GC or exit
         self.backend = backend if self.fallback_reason is None else "cpu"
         try:
             with self._active():
@@ -102,6 +105,7 @@ class Session:
         self.memory: dict[str, MemoryPlan] = {
             b: plan_memory(lifetimes, self.backends[b].alignment)
             for b, lifetimes in self.placement.lifetimes.items() if lifetimes}
+        limits = check_memory_plan(program, self.placement, self.memory, self.backends)  # ResourceError, before allocating
         self._constants: dict[tuple[str, str], TensorHandle] = {}
         for op, b in zip(program.ops, self.placement.op_backends):
             for name in op.inputs:
@@ -112,7 +116,8 @@ class Session:
             if int(max_concurrent_runs) < 1:
                 raise ValueError(f"max_concurrent_runs must be at least 1, not {max_concurrent_runs}")
             capacity = min(capacity, int(max_concurrent_runs))
-        self.max_concurrent_runs = capacity
+        # every further run state needs pools of its own: no more states than the devices can hold
+        self.max_concurrent_runs = run_states_that_fit(program, self.placement, self.memory, limits, capacity)
         self._states: RunStatePool[_Prepared] = RunStatePool(
             lambda: self._prepare(recorded=record), capacity, keep=record, discard=self._release,
             first=self._prepare(recorded=True) if record else None)
@@ -304,16 +309,18 @@ class Session:
                 + [f"  {d.describe()}" for d in decisions]) if decisions else []
 
     def close(self) -> None:
-        """Wait for runs in flight, then free every backend's resources. Idempotent; a run
-        after close raises SessionClosedError."""
-        if self._closed:
-            return
-        self._closed = True
+        """Wait for runs in flight, then free everything the session holds on its devices and on the
+        host. Idempotent; a run after close raises SessionClosedError. A session that is
+        garbage-collected (or still open at exit) is closed too."""
         states = getattr(self, "_states", None)
         if states is not None:
-            states.close()
-        for backend in getattr(self, "backends", {}).values():
-            backend.close()
+            states.close()  # waits for runs in flight; executions, recordings and pools go before their backends
+        self._constants = {}
+        self._closer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._closer.alive
 
     def __enter__(self) -> "Session":
         return self
@@ -323,3 +330,17 @@ class Session:
 
     def __repr__(self) -> str:
         return f"<Session backend={self.backend!r} ops={len(self.program.ops)} record={self.record}>"
+
+
+def _close_backends(backends: list[Backend]) -> None:
+    """Close every backend (the first error is raised after all were tried), then hand the heap
+    pages their drivers freed back to the operating system."""
+    error: BaseException | None = None
+    for backend in backends:
+        try:
+            backend.close()
+        except BaseException as exc:  # noqa: BLE001 -- close the others first
+            error = error or exc
+    release_freed_memory()
+    if error is not None:
+        raise error

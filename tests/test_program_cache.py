@@ -42,8 +42,14 @@ def _model():
 
 
 def _run_new_session(backend: str, monkeypatch) -> dict[str, int]:
-    """One session as a new process would make it (no SPIR-V in memory); its backend's counters."""
+    """One session as a new process would make it (no SPIR-V in memory, no Vulkan device kept
+    with its pipelines from an earlier session); its backend's counters."""
     monkeypatch.setattr(shader_compile, "_memory_cache", {})
+    if backend == "vulkan":
+        import gc
+        from gpumnn.backends.vulkan_device import release_idle_devices
+        gc.collect()  # sessions earlier tests dropped without closing give their device back
+        release_idle_devices()
     sess = gpumnn.load(_model()).session(backend=backend, fallback=False)
     try:
         np.testing.assert_allclose(sess.run({"x": X})["y"], EXPECTED, rtol=1e-4, atol=1e-4)

@@ -37,6 +37,7 @@ import numpy as np
 
 from .. import atomic as A
 from ..atomic import AtomicOp
+from .limits import MemoryLimits, host_limits
 
 #: The schemes every backend's kernel for these ops builds: the general algorithms (sliding
 #: window, plain GEMM) that are correct for any geometry. Faster ones are listed per backend.
@@ -166,6 +167,12 @@ class Backend(ABC):
         return nullcontext()
 
     # -- memory ----------------------------------------------------------------------------
+    def memory_limits(self) -> MemoryLimits:
+        """What this backend's device can give: total and available bytes, the largest single
+        allocation and tensor binding. The session checks its memory plan against it before it
+        allocates anything. The default is the host's RAM (a device without memory of its own)."""
+        return host_limits()
+
     @abstractmethod
     def allocate(self, nbytes: int) -> Any:
         """Allocate one device buffer of at least ``nbytes`` (the session's pool)."""

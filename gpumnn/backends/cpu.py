@@ -18,6 +18,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from .. import atomic as A
 from .base import Backend, BackendInfo, Execution, TensorHandle
+from .limits import MemoryLimits, host_limits
 from .cpu_math import binary_function, unary_function
 from .sampling import resize_axis
 
@@ -93,6 +94,9 @@ class CpuBackend(Backend):
         return self._info
 
     # -- memory ----------------------------------------------------------------------------
+    def memory_limits(self) -> MemoryLimits:
+        return host_limits(copies_constants=False)  # constant() keeps a view of the host array
+
     def allocate(self, nbytes: int) -> np.ndarray:
         self.counters["buffers_allocated"] += 1
         return np.zeros(max(1, (nbytes + 3) // 4), dtype=np.float32)

@@ -2,18 +2,20 @@
 
 Design
 ------
-* Context: one standalone moderngl context per backend, created through EGL (no display
-  needed; falls back to moderngl's default platform backend). A GL context is current in at
-  most one thread, so it is current nowhere between uses: every entry point runs inside
-  ``activate()``, which takes the backend's lock, makes the context current in the calling
-  thread and releases it when the outermost bracket closes (an eglMakeCurrent pair, ~2 us).
-  The session brackets creation and each whole run, so any thread may create, run and close,
-  one at a time.
+* Context: one standalone moderngl context per backend (taken from a small pool, see
+  :mod:`.gl_context`), created through EGL (no display needed; falls back to moderngl's default
+  platform backend). A GL context is current in at most one thread, so it is current nowhere
+  between uses: every entry point runs inside ``activate()``, which takes the backend's lock,
+  makes the context current in the calling thread and releases it when the outermost bracket
+  closes (an eglMakeCurrent pair, ~2 us). The session brackets creation and each whole run, so
+  any thread may create, run and close, one at a time.
 * Memory: the session pool (``allocate``) and every constant are GL buffer objects
   (``ctx.buffer``); ``write`` / ``read`` are glBufferSubData / glGetBufferSubData.
 * Kernels: the same API-neutral sources as Vulkan (``gpumnn/shaders/glsl``), preprocessed with
   the GL prelude (``prelude_gl.glsl``: ``#version 430``, ``uniform int gpumnn_params[32]``) and
-  compiled by the driver into one compute program per (kernel, defines), cached per backend.
+  compiled by the driver into one compute program per (kernel, defines), cached with the
+  context. Contexts are pooled (:mod:`.gl_context`): a closing backend deletes its buffers and
+  hands its context, programs included, to the next backend.
 * Planning: what to dispatch per atomic op is shared with Vulkan (:mod:`.glsl_plans`): kernel
   variant, storage-buffer windows (start aligned down to GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT,
   element offsets relative to the window passed as parameters), 32 int32 parameters, grid.
@@ -45,13 +47,19 @@ import moderngl  # ModuleNotFoundError propagates: the registry says "pip instal
 from .. import atomic as A
 from ..errors import BackendUnavailableError, GpumnnError
 from ..shaders.compile import ShaderCompileError, preprocess
+from . import gl_context
 from .base import Backend, BackendInfo, Execution, TensorHandle
 from .cpu import host_cpu_flops
-from .glsl_plans import PLANNERS, SCHEMES, Builder, DispatchExecution, Hazards, check_shader_op_ids, grid_limit, plan, window
+from .glsl_plans import (PLANNERS, SCHEMES, Builder, DispatchExecution, Hazards, binding_limit, check_shader_op_ids,
+                         grid_limit, plan, window)
+from .limits import MemoryLimits, host_memory
 
 _GPU_DEFAULT_FLOPS = 4e9  # paper Appendix C fallback for an unknown GPU
 _GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT = 0x90DF
 _GL_MAX_COMPUTE_SHARED_MEMORY_SIZE = 0x8262
+_GL_GPU_MEMORY_INFO_TOTAL_AVAILABLE_MEMORY_NVX = 0x9048  # KiB
+_GL_GPU_MEMORY_INFO_CURRENT_AVAILABLE_VIDMEM_NVX = 0x9049  # KiB
+_GL_VBO_FREE_MEMORY_ATI = 0x87FB  # four KiB values, the first is the free total
 _SOFTWARE = ("llvmpipe", "softpipe", "swrast", "software")
 _ids = itertools.count(1)
 _Method = TypeVar("_Method", bound=Callable[..., Any])
@@ -132,31 +140,27 @@ class GLRecording:
         return f"<GLRecording {self.dispatches} dispatches, {self.barriers} barriers>"
 
 
-def _create_context():
-    errors = []
-    for backend in ("egl", None):
-        try:
-            if backend is None:
-                return moderngl.create_standalone_context(require=430)
-            return moderngl.create_standalone_context(backend=backend, require=430)
-        except Exception as exc:  # noqa: BLE001 -- missing libEGL, no display, GL < 4.3, ...
-            errors.append(f"{backend or 'default'}: {type(exc).__name__}: {exc}")
-    raise BackendUnavailableError("no OpenGL 4.3+ context (compute shaders) could be created: "
-                                  + "; ".join(errors))
+def _create_context(platform: str | None):
+    """A new standalone OpenGL 4.3 context on ``platform`` ("egl", or None for moderngl's
+    default); backends get theirs through the pool in :mod:`.gl_context`."""
+    if platform is None:
+        return moderngl.create_standalone_context(require=430)
+    return moderngl.create_standalone_context(backend=platform, require=430)
 
 
-def _gl_get_integer(pname: int) -> int | None:
-    """glGetIntegerv for a value moderngl's ``ctx.info`` lacks (None if no GL library loads)."""
+def _gl_get_integer(pname: int, count: int = 1) -> int | None:
+    """glGetIntegerv for a value moderngl's ``ctx.info`` lacks (None if no GL library loads);
+    ``count`` values are fetched (GL_VBO_FREE_MEMORY_ATI has four) and the first is returned."""
     for lib in ("libOpenGL.so.0", "libGL.so.1", "libGL.so", "opengl32"):
         try:
             gl = ctypes.CDLL(lib)
             fn = gl.glGetIntegerv
         except (OSError, AttributeError):
             continue
-        value = ctypes.c_int(-1)
+        values = (ctypes.c_int * max(count, 1))(*([-1] * max(count, 1)))
         fn.argtypes = [ctypes.c_uint, ctypes.POINTER(ctypes.c_int)]
-        fn(pname, ctypes.byref(value))
-        return value.value if value.value > 0 else None
+        fn(pname, values)
+        return values[0] if values[0] > 0 else None
     return None
 
 
@@ -180,14 +184,19 @@ class GLBackend(Backend):
         if kernels not in ("auto", "simd", "tiled"):
             raise ValueError(f"kernels must be 'auto', 'simd' (alias 'cpu') or 'tiled' (alias 'gpu'), "
                              f"not {kernels!r}")
-        self.ctx = _create_context()  # created current in this thread
+        previous = gl_context.current_egl()
+        self._pooled = gl_context.acquire(_create_context)  # a reused context (with its programs), current here
+        self.ctx = self._pooled.ctx
         try:
             self._setup(kernels)
         except BaseException:
-            self.ctx.release()
+            self._pooled.release()
             raise
-        finally:
-            self.ctx.__exit__(None, None, None)  # current nowhere until a bracket opens
+        finally:  # current nowhere (or what was current before) until a bracket opens
+            if previous is not None:
+                gl_context.make_current_egl(previous)
+            else:
+                self.ctx.__exit__(None, None, None)
         self._closed = False
 
     def _setup(self, kernels: str) -> None:
@@ -228,14 +237,8 @@ class GLBackend(Backend):
         return self._info
 
     def unsupported_reason(self, op: A.AtomicOp) -> str | None:
-        reason = super().unsupported_reason(op) or grid_limit(op, self.max_group_count)
-        if reason is not None:
-            return reason
-        largest = 4 * max(_view_sizes(op), default=0)
-        if largest > self.max_storage_range:
-            return (f"a tensor of {largest} bytes exceeds GL_MAX_SHADER_STORAGE_BLOCK_SIZE "
-                    f"({self.max_storage_range} bytes)")
-        return None
+        return (super().unsupported_reason(op) or grid_limit(op, self.max_group_count)
+                or binding_limit(op, self.max_storage_range, "GL_MAX_SHADER_STORAGE_BLOCK_SIZE"))
 
     @staticmethod
     def rb_max_rn(op: A.Conv2D) -> int:
@@ -249,22 +252,49 @@ class GLBackend(Backend):
     @contextmanager
     def activate(self) -> Iterator[None]:
         """This backend's context current in the calling thread, exclusively, until the
-        outermost bracket closes (then current in no thread, ready for any other)."""
+        outermost bracket closes; then what was current before (usually nothing, so the context
+        is current in no thread, ready for any other)."""
         with self._lock:
             if self._closed:
                 raise GLError("the OpenGL backend is closed")
             outermost = self._depth == 0
             if outermost:
+                previous = gl_context.current_egl()  # another backend's bracket in this thread, if any
                 self.ctx.__enter__()
             self._depth += 1
             try:
                 yield
             finally:
                 self._depth -= 1
-                if outermost and self.ctx is not None:
-                    self.ctx.__exit__(None, None, None)
+                if outermost:
+                    if previous is not None:
+                        gl_context.make_current_egl(previous)
+                    elif self.ctx is not None:
+                        self.ctx.__exit__(None, None, None)
 
     # -- memory ----------------------------------------------------------------------------
+    @_in_context
+    def memory_limits(self) -> MemoryLimits:
+        """GL has no core query of memory: GL_NVX_gpu_memory_info (NVIDIA) or GL_ATI_meminfo (AMD)
+        where the driver has them, the host's RAM for software renderers (llvmpipe) and
+        GL_MAX_SHADER_STORAGE_BLOCK_SIZE for the largest tensor one kernel binds."""
+        total, available, host_source = host_memory()
+        in_host, used, source = True, None, f"host memory ({host_source})"
+        extensions = self.ctx.extensions
+        if not self.software and "GL_NVX_gpu_memory_info" in extensions:
+            total_kib = _gl_get_integer(_GL_GPU_MEMORY_INFO_TOTAL_AVAILABLE_MEMORY_NVX)
+            free_kib = _gl_get_integer(_GL_GPU_MEMORY_INFO_CURRENT_AVAILABLE_VIDMEM_NVX)
+            if total_kib and free_kib is not None:
+                total, available, in_host = 1024 * total_kib, 1024 * free_kib, False
+                used, source = total - available, "GL_NVX_gpu_memory_info"
+        elif not self.software and "GL_ATI_meminfo" in extensions:
+            free_kib = _gl_get_integer(_GL_VBO_FREE_MEMORY_ATI, 4)
+            if free_kib:
+                total = available = 1024 * free_kib
+                in_host, source = False, "GL_ATI_meminfo"
+        return MemoryLimits(total, available, available, self.max_storage_range, host_memory=in_host,
+                            used=used, source=f"{source}; GL_MAX_SHADER_STORAGE_BLOCK_SIZE {self.max_storage_range}")
+
     def _new_buffer(self, nbytes: int, kind: str, data: bytes | None = None) -> GLBuffer:
         obj = self.ctx.buffer(data) if data is not None else self.ctx.buffer(reserve=nbytes)
         buf = GLBuffer(obj, kind, obj.size)
@@ -319,13 +349,17 @@ class GLBackend(Backend):
         program = self._programs.get(key)
         if program is not None:
             return program
-        source = preprocess(kernel, defines, api="gl")
-        try:
-            prog = self.ctx.compute_shader(source)
-        except moderngl.Error as exc:
-            raise ShaderCompileError(f"the OpenGL driver rejected kernel {kernel} {dict(defines)}:\n{exc}") from exc
-        self.counters["programs_built"] += 1
-        program = _Program(prog, key)
+
+        def build() -> _Program:
+            source = preprocess(kernel, defines, api="gl")
+            try:
+                return _Program(self.ctx.compute_shader(source), key)
+            except moderngl.Error as exc:
+                raise ShaderCompileError(f"the OpenGL driver rejected kernel {kernel} {dict(defines)}:\n{exc}") from exc
+
+        program, built = self._pooled.program(key, build)  # kept with the context (gl_context)
+        if built:
+            self.counters["programs_built"] += 1
         self._programs[key] = program
         return program
 
@@ -420,51 +454,21 @@ class GLBackend(Backend):
                 with self.activate():
                     self._closed = True
                     self.ctx.finish()
-                    for program in self._programs.values():
-                        program.prog.release()
                     for buf in self._buffers.values():
                         if buf.obj is not None:
                             buf.obj.release()
                             buf.obj = None
+                    pooled, self._pooled = self._pooled, None
+                    gl_context.give_back(pooled)  # pooled (current in no thread) or released
             finally:
                 self._closed = True
-                self._programs.clear()
+                self._programs.clear()  # they stay compiled in the context, for its next backend
                 self._buffers.clear()
                 self._packed.clear()
                 self._tables.clear()
-                self.ctx.release()  # current in no thread now (the bracket has closed)
 
     def __repr__(self) -> str:
         return f"<GLBackend {self.renderer!r} (OpenGL {self.version})>"
-
-
-def _view_sizes(op: A.AtomicOp) -> list[int]:
-    """Element counts of the tensors ``op`` binds (the largest must fit one SSBO binding)."""
-    import math
-    if isinstance(op, A.MatMul):
-        return [op.batch * op.m * op.n, (op.batch - 1) * op.a_batch_stride + op.m * op.k,
-                (op.batch - 1) * op.b_batch_stride + op.k * op.n]
-    if isinstance(op, (A.Conv2D, A.ConvTranspose2D)):
-        (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
-        return [op.batch * op.in_channels * h * w, op.batch * op.out_channels * oh * ow,
-                op.out_channels * op.in_channels * kh * kw // op.groups]
-    if isinstance(op, A.Pool2D):
-        (h, w), (oh, ow) = op.in_hw, op.out_hw
-        return [op.batch * op.channels * h * w, op.batch * op.channels * oh * ow]
-    if isinstance(op, (A.Softmax, A.Reduce)):
-        return [op.outer * op.size * op.inner]
-    if isinstance(op, A.Normalize):
-        return [op.outer * op.size]
-    if isinstance(op, A.Unary):
-        return [op.count]
-    if isinstance(op, (A.Binary, A.Raster)):
-        return [math.prod(op.out_shape)]
-    if isinstance(op, A.Gather):
-        return [op.outer * op.count * op.inner, op.outer * op.axis * op.inner]
-    if isinstance(op, A.Resize):
-        (h, w), (oh, ow) = op.in_hw, op.out_hw
-        return [op.planes * h * w, op.planes * oh * ow]
-    return []
 
 
 GLBackend.kernel_table = PLANNERS

@@ -53,6 +53,43 @@ def grid_limit(op: A.AtomicOp, max_group_count: Sequence[int]) -> str | None:
     return None
 
 
+def view_sizes(op: A.AtomicOp) -> list[int]:
+    """Element counts of the tensors ``op`` binds (the largest must fit one storage-buffer binding)."""
+    if isinstance(op, A.MatMul):
+        return [op.batch * op.m * op.n, (op.batch - 1) * op.a_batch_stride + op.m * op.k,
+                (op.batch - 1) * op.b_batch_stride + op.k * op.n]
+    if isinstance(op, (A.Conv2D, A.ConvTranspose2D)):
+        (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
+        return [op.batch * op.in_channels * h * w, op.batch * op.out_channels * oh * ow,
+                op.out_channels * op.in_channels * kh * kw // op.groups]
+    if isinstance(op, A.Pool2D):
+        (h, w), (oh, ow) = op.in_hw, op.out_hw
+        return [op.batch * op.channels * h * w, op.batch * op.channels * oh * ow]
+    if isinstance(op, (A.Softmax, A.Reduce)):
+        return [op.outer * op.size * op.inner]
+    if isinstance(op, A.Normalize):
+        return [op.outer * op.size]
+    if isinstance(op, A.Unary):
+        return [op.count]
+    if isinstance(op, (A.Binary, A.Raster)):
+        return [math.prod(op.out_shape)]
+    if isinstance(op, A.Gather):
+        return [op.outer * op.count * op.inner, op.outer * op.axis * op.inner]
+    if isinstance(op, A.Resize):
+        (h, w), (oh, ow) = op.in_hw, op.out_hw
+        return [op.planes * h * w, op.planes * oh * ow]
+    return []
+
+
+def binding_limit(op: A.AtomicOp, max_range: int, what: str) -> str | None:
+    """Why a tensor ``op`` binds is larger than one storage-buffer binding may be (``max_range``
+    bytes, the API limit ``what``), or None. Such an op is left to the CPU by placement."""
+    largest = 4 * max(view_sizes(op), default=0)
+    if largest > max_range:
+        return f"a tensor of {largest} bytes exceeds {what} ({max_range} bytes)"
+    return None
+
+
 class DispatchExecution(Execution):
     """An atomic op as a list of prepared dispatches (most ops: one), in whatever form the
     backend made of each plan (a Vulkan pipeline + push constants, a GL program + uniforms)."""
@@ -633,4 +670,4 @@ def plan(be: PlanTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outputs
 
 
 __all__ = ["BINARY_IDS", "Binding", "Builder", "Hazards", "PARAMS", "PLANNERS", "PlanError", "PlanTarget",
-           "REDUCE_IDS", "SCHEMES", "UNARY_IDS", "check_shader_op_ids", "plan"]
+           "REDUCE_IDS", "SCHEMES", "UNARY_IDS", "binding_limit", "check_shader_op_ids", "plan", "view_sizes"]

@@ -38,6 +38,7 @@ from .. import atomic as A
 from .. import diskcache
 from ..strides import contiguous_strides, merge_dims
 from .base import Backend, BackendInfo, Execution, TensorHandle
+from .limits import MemoryLimits, host_memory
 from .opencl_cmdbuf import CommandBufferAPI, CommandBufferError
 from .sampling import resize_axis
 
@@ -293,6 +294,26 @@ class OpenCLBackend(Backend):
             diskcache.write(path, bytes(binaries[0]))  # atomic; a read-only home only costs rebuilding
 
     # -- memory ----------------------------------------------------------------------------
+    def memory_limits(self) -> MemoryLimits:
+        """CL_DEVICE_GLOBAL_MEM_SIZE and CL_DEVICE_MAX_MEM_ALLOC_SIZE; what is free now where the
+        device says (AMD's cl_amd_device_attribute_query), and the host's free RAM for CPU
+        devices and GPUs sharing host memory."""
+        dev = self.device
+        total, max_alloc = int(dev.global_mem_size), int(dev.max_mem_alloc_size)
+        available, source = total, "CL_DEVICE_GLOBAL_MEM_SIZE"
+        try:
+            free_kib = dev.global_free_memory_amd  # per memory bank, KiB
+            available, source = min(total, int(free_kib[0]) * 1024), "CL_DEVICE_GLOBAL_FREE_MEMORY_AMD"
+        except Exception:
+            pass
+        in_host = not self.is_gpu or bool(getattr(dev, "host_unified_memory", False))
+        if in_host:
+            _, host_available, host_source = host_memory()
+            if host_available < available:
+                available, source = host_available, f"host memory ({host_source})"
+        return MemoryLimits(total, available, max_alloc, max_alloc, host_memory=in_host,
+                            source=f"{source}; CL_DEVICE_MAX_MEM_ALLOC_SIZE {max_alloc}")
+
     def _buffer(self, nbytes: int, flags: int = cl.mem_flags.READ_WRITE, hostbuf: Any = None,
                 cls: type = cl.Buffer) -> Any:
         self.counters["buffers_allocated"] += 1

@@ -18,7 +18,8 @@ Design
 * Kernels: one GLSL file per atomic-op family in ``gpumnn/shaders/glsl`` (API-neutral bodies,
   see ``gpumnn.shaders.compile``); per-op choices (op id, activation, tile sizes, bias) are
   ``#define`` variants, each compiled once and cached (memory + disk) and turned into one
-  ``VkPipeline`` per backend.
+  ``VkPipeline`` per device, kept by the device that the backends on it share (bounded; see
+  ``vulkan_device``), so that a new session on a device compiles nothing it compiled before.
 * Recorded mode: ``create_execution`` builds (or fetches) the pipeline, the descriptor set, the
   push-constant block and the grid, once. ``record`` writes one command buffer with every
   dispatch in order; a global compute->compute memory barrier is inserted only in front of a
@@ -49,9 +50,10 @@ from .. import atomic as A
 from ..errors import BackendUnavailableError
 from .base import Backend, BackendInfo, Execution, TensorHandle
 from .cpu import host_cpu_flops
+from .limits import MemoryLimits, host_memory
 # The API-neutral half (what to dispatch per atomic op) is shared with the OpenGL backend.
 from .glsl_plans import (PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
-                         DispatchExecution, Hazards as _Hazards, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, window)
+                         DispatchExecution, Hazards as _Hazards, binding_limit, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, window)
 
 try:
     import vulkan as vk  # ModuleNotFoundError propagates: the registry says "pip install"
@@ -61,6 +63,7 @@ except OSError as _exc:  # the binding is installed but the loader (libvulkan.so
 else:
     _VK_IMPORT_ERROR = None
     from .vulkan_device import DeviceBuffer, DescriptorAllocator, SubmitLane, VulkanDevice, VulkanError
+    from .vulkan_device import Pipeline as _Pipeline
 
 from ..shaders.compile import ShaderCompilerNotFound, compile_glsl, find_compiler
 
@@ -68,13 +71,6 @@ PUSH_BYTES = 128
 _SMALL_CONSTANT = 64 * 1024  # constants up to this size share arena chunks
 _ARENA_CHUNK = 4 * 1024 * 1024
 _GPU_DEFAULT_FLOPS = 4e9  # paper Appendix C fallback for an unknown GPU
-
-
-class _Pipeline:
-    __slots__ = ("handle", "module", "layout", "nbind", "key")
-
-    def __init__(self, handle, module, layout, nbind, key):
-        self.handle, self.module, self.layout, self.nbind, self.key = handle, module, layout, nbind, key
 
 
 class _Dispatch:
@@ -174,18 +170,9 @@ class VulkanBackend(Backend):
         self._garbage_cmds: list = []
         self._set_layouts: dict[int, Any] = {}
         self._pipeline_layouts: dict[int, Any] = {}
-        for n in (2, 3, 4):
-            bindings = [vk.VkDescriptorSetLayoutBinding(binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                                        descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
-                        for i in range(n)]
-            layout = vk.vkCreateDescriptorSetLayout(dev.device, vk.VkDescriptorSetLayoutCreateInfo(
-                bindingCount=n, pBindings=bindings), None)
-            push = vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=PUSH_BYTES)
-            self._set_layouts[n] = layout
-            self._pipeline_layouts[n] = vk.vkCreatePipelineLayout(dev.device, vk.VkPipelineLayoutCreateInfo(
-                setLayoutCount=1, pSetLayouts=[layout], pushConstantRangeCount=1, pPushConstantRanges=[push]), None)
+        for n in (2, 3, 4):  # owned by the shared device, like the pipelines built with them
+            self._set_layouts[n], self._pipeline_layouts[n] = dev.shared.layouts(n, PUSH_BYTES)
         self._descriptors = DescriptorAllocator(dev.device, 4, freeable=True)
-        self._pipeline_cache = vk.vkCreatePipelineCache(dev.device, vk.VkPipelineCacheCreateInfo(), None)
         # Barriers reused by every recording.
         self._barrier_in = vk.VkMemoryBarrier(
             srcAccessMask=(vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT | vk.VK_ACCESS_HOST_WRITE_BIT),
@@ -235,7 +222,28 @@ class VulkanBackend(Backend):
         return self.dev.validation
 
     def unsupported_reason(self, op: A.AtomicOp) -> str | None:
-        return super().unsupported_reason(op) or grid_limit(op, self.dev.max_group_count)
+        return (super().unsupported_reason(op) or grid_limit(op, self.dev.max_group_count)
+                or binding_limit(op, self.dev.max_storage_range, "the device's maxStorageBufferRange"))
+
+    def memory_limits(self) -> MemoryLimits:
+        """The largest device-local heap (what is left of its budget with VK_EXT_memory_budget),
+        maxMemoryAllocationSize and maxStorageBufferRange; CPU devices and integrated GPUs are
+        further bounded by the host's free RAM, which is their memory."""
+        self._check_open()
+        dev = self.dev
+        total = dev.shared.device_heap_size()
+        # without a budget to ask, what other backends on this (shared) device hold is not free
+        available, used, source = total - dev.shared.allocated, None, "device-local heap size less gpumnn's buffers"
+        budget = dev.shared.memory_budget()
+        if budget is not None:
+            available, used, source = max(0, budget[0] - budget[1]), budget[1], "VK_EXT_memory_budget"
+        in_host = dev.device_type in (vk.VK_PHYSICAL_DEVICE_TYPE_CPU, vk.VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU)
+        if in_host:
+            _, host_available, host_source = host_memory()
+            if host_available < available:
+                available, source = host_available, f"host memory ({host_source})"
+        return MemoryLimits(total, available, dev.max_allocation, dev.max_storage_range, host_memory=in_host,
+                            used=used, source=f"{source}; maxMemoryAllocationSize {dev.max_allocation}")
 
     # -- memory ----------------------------------------------------------------------------
     def _new_buffer(self, nbytes: int, kind: str, **options: Any) -> DeviceBuffer:
@@ -258,6 +266,9 @@ class VulkanBackend(Backend):
                 entry = self._dsets.pop(key, None)
                 if entry is not None:
                     self._descriptors.free(entry[1], entry[0])
+                for other, _, _ in key[1]:  # the set is gone for the other buffers it bound too
+                    if other != buffer.id and other in self._dsets_by_buffer:
+                        self._dsets_by_buffer[other].discard(key)
             if self._buffers.pop(buffer.id, None) is not None:
                 self.dev.destroy_buffer(buffer)
 
@@ -363,18 +374,15 @@ class VulkanBackend(Backend):
 
     # -- kernels -----------------------------------------------------------------------------
     def _pipeline(self, kernel: str, defines: dict, nbind: int) -> _Pipeline:
+        """The pipeline of a kernel variant: this backend's, else the shared device's (built
+        there once per process; see vulkan_device)."""
         key = (kernel, tuple(sorted(defines.items())), nbind)
         pipe = self._pipelines.get(key)
         if pipe is not None:
             return pipe
-        spirv = compile_glsl(kernel, defines)
-        device = self.dev.device
-        module = vk.vkCreateShaderModule(device, vk.VkShaderModuleCreateInfo(codeSize=len(spirv), pCode=spirv), None)
-        stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=module, pName="main")
-        info = vk.VkComputePipelineCreateInfo(stage=stage, layout=self._pipeline_layouts[nbind], basePipelineIndex=-1)
-        handle = vk.vkCreateComputePipelines(device, self._pipeline_cache, 1, [info], None)[0]
-        self.counters["programs_built"] += 1
-        pipe = _Pipeline(handle, module, self._pipeline_layouts[nbind], nbind, key)
+        pipe, built = self.dev.shared.pipeline(key, nbind, PUSH_BYTES, lambda: compile_glsl(kernel, defines))
+        if built:
+            self.counters["programs_built"] += 1
         self._pipelines[key] = pipe
         return pipe
 
@@ -496,30 +504,26 @@ class VulkanBackend(Backend):
             return
         self._closed = True
         dev = self.dev
-        device = dev.device
-        dev.wait_idle()
-        self._garbage_cmds.clear()  # freed with the command pool
-        for pipe in self._pipelines.values():
-            vk.vkDestroyPipeline(device, pipe.handle, None)
-            vk.vkDestroyShaderModule(device, pipe.module, None)
-        self._pipelines.clear()
-        vk.vkDestroyPipelineCache(device, self._pipeline_cache, None)
-        self._descriptors.destroy()
-        for lane in self._lanes:
-            lane.destroy()
-        self._lanes.clear()
-        self._idle_lanes.clear()
-        self._dsets.clear()
-        for layout in self._pipeline_layouts.values():
-            vk.vkDestroyPipelineLayout(device, layout, None)
-        for layout in self._set_layouts.values():
-            vk.vkDestroyDescriptorSetLayout(device, layout, None)
-        for buf in list(self._buffers.values()):
-            dev.destroy_buffer(buf)
-        self._buffers.clear()
-        self._tables.clear()
-        self._packed.clear()
-        dev.close()
+        try:
+            dev.wait_idle()
+            self._garbage_cmds.clear()  # freed with the command pool
+            dev.shared.release_pipelines(self._pipelines)  # the shared device keeps them (bounded)
+            self._pipelines.clear()
+            self._descriptors.destroy()
+            for lane in self._lanes:
+                lane.destroy()
+            self._lanes.clear()
+            self._idle_lanes.clear()
+            self._dsets.clear()
+            self._dsets_by_buffer.clear()
+            for buf in list(self._buffers.values()):
+                dev.destroy_buffer(buf)
+            self._buffers.clear()
+            self._tables.clear()
+            self._packed.clear()
+            self._arena = None
+        finally:
+            dev.close()  # this backend's command pool; the device is shared
 
     def __repr__(self) -> str:
         return f"<VulkanBackend {self.dev.name!r} ({self.dev.type_name})>"

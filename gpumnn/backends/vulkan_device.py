@@ -1,23 +1,34 @@
 """A thin layer over the ``vulkan`` (cffi) package: instance, device, queue, memory, buffers.
 
 Only what a compute-only inference engine needs: one compute queue, storage buffers (device-local
-for tensors and weights, host-visible coherent staging for transfers), one command pool, one
-fence reused by every submission, descriptor pools that grow on demand, and an optional
-VK_LAYER_KHRONOS_validation layer whose messages are collected in ``messages``.
+for tensors and weights, host-visible coherent staging for transfers), one command pool per backend
+for its recordings, :class:`SubmitLane` s (command pool, fence) for submissions from several
+threads, descriptor pools that grow on demand, and an optional VK_LAYER_KHRONOS_validation layer
+whose messages are collected in ``messages``.
+
+Sharing: the instance, the logical device, its queue, the pipeline layouts and the compiled
+pipelines live in a :class:`SharedDevice` that every backend asking for the same device uses
+(:func:`acquire`); each backend has its own :class:`VulkanDevice` (command pool) and lanes on top.
+A shared device whose last backend closes is kept, with its pipelines (at most
+``MAX_PIPELINES`` unused ones, least recently used dropped first), for the next backend, and
+destroyed at interpreter exit or by :func:`release_idle_devices`. Why: creating a device and
+compiling pipelines per session costs 0.3-1 s and, on Mesa's lavapipe, about 40 KiB of resident
+memory per session that the driver never returns (measured with 1,000 sessions, bench/soak.py).
+The queue is shared, so submissions take the shared device's ``queue_lock``.
 """
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 import vulkan as vk
-
-from ..errors import GpumnnError
 
 ffi = vk.ffi
 lib = vk.lib
@@ -37,9 +48,11 @@ DEVICE_TYPE_NAMES = {
 }
 _FENCE_TIMEOUT_NS = 600 * 10**9  # a wedged device fails loudly after 10 minutes
 _ids = itertools.count(1)
+#: compiled pipelines a shared device keeps when no backend uses them (least recently used go first)
+MAX_PIPELINES = 256
 
 
-class VulkanError(GpumnnError, RuntimeError):
+class VulkanError(RuntimeError):
     """A Vulkan call failed or the device cannot do what gpumnn needs."""
 
 
@@ -58,7 +71,7 @@ def _cstring(chars) -> str:
 
 
 def _debug_callback(severity, types, data, user_data):
-    """Debug-utils messenger callback: appends a line to the owning device's ``messages``."""
+    """Debug-utils messenger callback: appends a line to the ``messages`` of every backend on the device."""
     try:
         owner = ffi.from_handle(user_data)
         level = ("ERROR" if severity & vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT else
@@ -66,7 +79,9 @@ def _debug_callback(severity, types, data, user_data):
                  "INFO" if severity & vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_INFO_BIT_EXT else "VERBOSE")
         ident = _cstring(data.pMessageIdName) if data.pMessageIdName != ffi.NULL else ""
         text = _cstring(data.pMessage) if data.pMessage != ffi.NULL else ""
-        owner.messages.append(f"[{level}] {ident}: {text}")
+        message = f"[{level}] {ident}: {text}"
+        for listener in list(owner.listeners):  # each open backend's own list (VulkanDevice.messages)
+            listener.append(message)
     except Exception:  # never let an exception cross the C boundary
         pass
     return 0
@@ -144,78 +159,43 @@ class DescriptorAllocator:
         self.pools.clear()
 
 
-class SubmitLane:
-    """What one submission in flight needs for itself, so that several threads can submit at once.
+@dataclass(eq=False)
+class Pipeline:
+    """A compute pipeline with its shader module, layout and cache key."""
 
-    Vulkan leaves synchronisation to the caller: a command pool (and every command buffer from
-    it, while recorded) and a fence may be used by one thread at a time, and the queue by one
-    ``vkQueueSubmit`` at a time. A lane owns a command pool with one reusable transfer command
-    buffer, a fence and a prebuilt submit-info; the queue is held only for the submit itself,
-    and the wait on the lane's own fence runs without any lock. The backend keeps a few lanes and
-    lends one per write, read or run (see ``VulkanBackend._lane``).
-    """
-
-    def __init__(self, dev: "VulkanDevice"):
-        self.dev = dev
-        device = dev.device
-        pool_info = vk.VkCommandPoolCreateInfo(flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
-                                               queueFamilyIndex=dev.queue_family)
-        self.command_pool = vk.vkCreateCommandPool(device, pool_info, None)
-        self.fence = vk.vkCreateFence(device, vk.VkFenceCreateInfo(), None)
-        self._fences = ffi.new("VkFence[1]", [self.fence])
-        self._submit = ffi.new("VkSubmitInfo*")
-        self._submit.sType = vk.VK_STRUCTURE_TYPE_SUBMIT_INFO
-        self._cmd_array = ffi.new("VkCommandBuffer[1]")
-        self._submit.commandBufferCount = 1
-        self._submit.pCommandBuffers = self._cmd_array
-        self.transfer_cmd = self.allocate_command_buffer()
-        self.staging: DeviceBuffer | None = None  # the backend's, grown on demand
-        self.eager_descriptors: DescriptorAllocator | None = None  # likewise
-
-    def allocate_command_buffer(self):
-        return self.dev.allocate_command_buffer(self.command_pool)
-
-    def free_command_buffer(self, cmd) -> None:
-        self.dev.free_command_buffer(cmd, self.command_pool)
-
-    def submit_and_wait(self, cmd) -> None:
-        """One vkQueueSubmit of ``cmd`` signalling this lane's fence, wait, reset the fence."""
-        dev = self.dev
-        self._cmd_array[0] = cmd
-        with dev.queue_lock:
-            _check(lib.vkQueueSubmit(dev.queue, 1, self._submit, self.fence), "vkQueueSubmit")
-        result = lib.vkWaitForFences(dev.device, 1, self._fences, vk.VK_TRUE, _FENCE_TIMEOUT_NS)
-        if result == vk.VK_TIMEOUT:
-            raise VulkanError(f"{dev.name}: a submission did not finish within "
-                              f"{_FENCE_TIMEOUT_NS // 10**9} s")
-        _check(result, "vkWaitForFences")
-        _check(lib.vkResetFences(dev.device, 1, self._fences), "vkResetFences")
-
-    def destroy(self) -> None:
-        """Free the lane's own objects (the device must be idle; staging is the backend's)."""
-        device = self.dev.device
-        if self.eager_descriptors is not None:
-            self.eager_descriptors.destroy()
-        vk.vkDestroyFence(device, self.fence, None)
-        vk.vkDestroyCommandPool(device, self.command_pool, None)
+    handle: Any
+    module: Any
+    layout: Any
+    nbind: int
+    key: tuple
 
 
-class VulkanDevice:
-    """Instance + one physical device + logical device with one compute queue."""
+class SharedDevice:
+    """Instance + one physical device + logical device with one compute queue, shared by the
+    backends that ask for the same device, with the layouts and pipelines worth keeping."""
 
     def __init__(self, device: str | int | None = None, validation: bool = False):
-        self.messages: list[str] = []
+        self.listeners: list[list[str]] = []  # the ``messages`` of the backends using this device
         self._handle = ffi.new_handle(self)
         self.validation = False
         self.instance = None
         self.messenger = None
         self.device = None
+        self.pipeline_cache = None
+        self.users = 0  # backends using this device (the registry's lock guards it)
+        self.allocated = 0  # bytes of device memory gpumnn's backends hold on this device now
+        self.allocated_lock = threading.Lock()
+        self.lost = False  # a submission failed with VK_ERROR_DEVICE_LOST: never hand it out again
+        self.queue_lock = threading.Lock()  # vkQueueSubmit / vkQueueWaitIdle need it (one queue)
+        self._lock = threading.Lock()  # layouts and pipelines
+        self._layouts: dict[int, tuple[Any, Any]] = {}  # bindings -> (set layout, pipeline layout)
+        self._pipelines: OrderedDict[tuple, list] = OrderedDict()  # key -> [Pipeline, users]
         self._create_instance(validation)
         try:
             self._choose_physical_device(device)
             self._create_device()
         except BaseException:
-            self.close()
+            self.destroy()
             raise
 
     # -- creation ----------------------------------------------------------------------------
@@ -290,6 +270,9 @@ class VulkanDevice:
         self.max_group_invocations = int(limits.maxComputeWorkGroupInvocations)
         self.max_shared_memory = int(limits.maxComputeSharedMemorySize)
         self.memory = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
+        self.max_allocation = self._max_allocation()
+        extensions = {_cstring(e.extensionName) for e in vk.vkEnumerateDeviceExtensionProperties(self.physical, None)}
+        self.has_memory_budget = "VK_EXT_memory_budget" in extensions
         if self.max_push_constants < 128:
             raise VulkanError(f"{self.name}: maxPushConstantsSize {self.max_push_constants} < 128")
 
@@ -307,10 +290,205 @@ class VulkanDevice:
                                      ppEnabledExtensionNames=extensions or None)
         self.device = vk.vkCreateDevice(self.physical, info, None)
         self.queue = vk.vkGetDeviceQueue(self.device, self.queue_family, 0)
+        self.pipeline_cache = vk.vkCreatePipelineCache(self.device, vk.VkPipelineCacheCreateInfo(), None)
+
+    # -- memory limits -----------------------------------------------------------------------
+    def _max_allocation(self) -> int:
+        """maxMemoryAllocationSize (Vulkan 1.1 / VK_KHR_maintenance3); the largest device-local
+        heap where the device cannot say."""
+        heap = self.device_heap_size()
+        try:
+            maint3 = vk.VkPhysicalDeviceMaintenance3Properties()
+            vk.vkGetPhysicalDeviceProperties2(self.physical, vk.VkPhysicalDeviceProperties2(pNext=maint3))
+            value = int(maint3.maxMemoryAllocationSize)
+            return min(value, heap) if value > 0 else heap
+        except Exception:  # a 1.0 loader or driver
+            return heap
+
+    def device_heap_index(self) -> int:
+        """The largest device-local memory heap (where pools and weights go)."""
+        heaps = [(int(self.memory.memoryHeaps[i].size), i) for i in range(self.memory.memoryHeapCount)
+                 if self.memory.memoryHeaps[i].flags & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT]
+        if not heaps:
+            heaps = [(int(self.memory.memoryHeaps[i].size), i) for i in range(self.memory.memoryHeapCount)]
+        return max(heaps)[1]
+
+    def device_heap_size(self) -> int:
+        return int(self.memory.memoryHeaps[self.device_heap_index()].size)
+
+    def memory_budget(self) -> tuple[int, int] | None:
+        """(budget, usage) of the device-local heap from VK_EXT_memory_budget, None without it."""
+        if not self.has_memory_budget:
+            return None
+        try:
+            budget = vk.VkPhysicalDeviceMemoryBudgetPropertiesEXT()
+            vk.vkGetPhysicalDeviceMemoryProperties2(self.physical, vk.VkPhysicalDeviceMemoryProperties2(pNext=budget))
+            index = self.device_heap_index()
+            return int(budget.heapBudget[index]), int(budget.heapUsage[index])
+        except Exception:
+            return None
+
+    # -- layouts and pipelines (shared by every backend on this device) ----------------------
+    def layouts(self, nbind: int, push_bytes: int) -> tuple[Any, Any]:
+        """(descriptor set layout, pipeline layout) for ``nbind`` storage buffers and
+        ``push_bytes`` of push constants, created once per device."""
+        with self._lock:
+            entry = self._layouts.get(nbind)
+            if entry is None:
+                bindings = [vk.VkDescriptorSetLayoutBinding(
+                    binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1,
+                    stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT) for i in range(nbind)]
+                set_layout = vk.vkCreateDescriptorSetLayout(self.device, vk.VkDescriptorSetLayoutCreateInfo(
+                    bindingCount=nbind, pBindings=bindings), None)
+                push = vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=push_bytes)
+                layout = vk.vkCreatePipelineLayout(self.device, vk.VkPipelineLayoutCreateInfo(
+                    setLayoutCount=1, pSetLayouts=[set_layout], pushConstantRangeCount=1,
+                    pPushConstantRanges=[push]), None)
+                entry = self._layouts[nbind] = (set_layout, layout)
+            return entry
+
+    def pipeline(self, key: tuple, nbind: int, push_bytes: int, spirv: Callable[[], bytes]) -> tuple[Pipeline, bool]:
+        """The pipeline cached under ``key`` (one more user), built from ``spirv()`` if absent.
+        Returns (pipeline, whether it was built now)."""
+        layout = self.layouts(nbind, push_bytes)[1]
+        with self._lock:
+            entry = self._pipelines.get(key)
+            if entry is not None:
+                entry[1] += 1
+                self._pipelines.move_to_end(key)
+                return entry[0], False
+            code = spirv()
+            module = vk.vkCreateShaderModule(self.device, vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code),
+                                             None)
+            try:
+                stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=module,
+                                                           pName="main")
+                info = vk.VkComputePipelineCreateInfo(stage=stage, layout=layout, basePipelineIndex=-1)
+                handle = vk.vkCreateComputePipelines(self.device, self.pipeline_cache, 1, [info], None)[0]
+            except BaseException:
+                vk.vkDestroyShaderModule(self.device, module, None)
+                raise
+            pipe = Pipeline(handle, module, layout, nbind, key)
+            self._pipelines[key] = [pipe, 1]
+            self._trim()
+            return pipe, True
+
+    def release_pipelines(self, keys) -> None:
+        """A backend stops using the pipelines under ``keys``."""
+        with self._lock:
+            for key in keys:
+                entry = self._pipelines.get(key)
+                if entry is not None:
+                    entry[1] -= 1
+            self._trim()
+
+    def _trim(self) -> None:
+        unused = [key for key, (_, users) in self._pipelines.items() if users <= 0]
+        for key in unused[:max(0, len(unused) - MAX_PIPELINES)]:  # oldest first
+            pipe = self._pipelines.pop(key)[0]
+            vk.vkDestroyPipeline(self.device, pipe.handle, None)
+            vk.vkDestroyShaderModule(self.device, pipe.module, None)
+
+    @property
+    def cached_pipelines(self) -> int:
+        return len(self._pipelines)
+
+    def destroy(self) -> None:
+        """Destroy everything (no backend may use this device any more)."""
+        if self.device is not None:
+            vk.vkDeviceWaitIdle(self.device)
+            for pipe, _ in self._pipelines.values():
+                vk.vkDestroyPipeline(self.device, pipe.handle, None)
+                vk.vkDestroyShaderModule(self.device, pipe.module, None)
+            self._pipelines.clear()
+            for set_layout, layout in self._layouts.values():
+                vk.vkDestroyPipelineLayout(self.device, layout, None)
+                vk.vkDestroyDescriptorSetLayout(self.device, set_layout, None)
+            self._layouts.clear()
+            if self.pipeline_cache is not None:
+                vk.vkDestroyPipelineCache(self.device, self.pipeline_cache, None)
+                self.pipeline_cache = None
+            vk.vkDestroyDevice(self.device, None)
+            self.device = None
+        if self.messenger is not None:
+            self._destroy_messenger(self.instance, self.messenger, None)
+            self.messenger = None
+        if self.instance is not None:
+            vk.vkDestroyInstance(self.instance, None)
+            self.instance = None
+
+
+_registry_lock = threading.Lock()
+_shared: dict[tuple, SharedDevice] = {}
+
+
+def _key(device: str | int | None, validation: bool) -> tuple:
+    if device is None:
+        device = os.environ.get("GPUMNN_VULKAN_DEVICE") or None
+    return (None if device is None else str(device), bool(validation))
+
+
+def acquire(device: str | int | None = None, validation: bool = False) -> SharedDevice:
+    """The shared device for this device choice, created on first use; one more user."""
+    key = _key(device, validation)
+    with _registry_lock:
+        shared = _shared.get(key)
+        if shared is None or shared.lost:
+            shared = SharedDevice(key[0], validation)
+            _shared[key] = shared
+        shared.users += 1
+        return shared
+
+
+def release(shared: SharedDevice) -> None:
+    """One user less; a lost device is destroyed when nobody uses it, a healthy one is kept."""
+    with _registry_lock:
+        shared.users -= 1
+        if shared.users <= 0 and shared.lost and shared not in _shared.values():
+            shared.destroy()
+
+
+def release_idle_devices() -> int:
+    """Destroy every shared device no backend uses (with its pipelines); returns how many.
+    Runs at interpreter exit; call it to give a device's memory back earlier."""
+    with _registry_lock:
+        idle = [(key, shared) for key, shared in _shared.items() if shared.users <= 0]
+        for key, shared in idle:
+            del _shared[key]
+            shared.destroy()
+        return len(idle)
+
+
+atexit.register(release_idle_devices)
+
+
+class VulkanDevice:
+    """One backend's use of a :class:`SharedDevice`: its own command pool for recordings (Vulkan
+    requires external synchronisation of each pool), the shared queue and limits."""
+
+    #: what a backend reads of the shared device (copied: some are read on every run)
+    SHARED = ("instance", "physical", "props", "name", "device_type", "type_name", "max_storage_range",
+              "min_storage_align", "max_push_constants", "max_group_count", "max_group_invocations",
+              "max_shared_memory", "memory", "device", "queue", "queue_family", "validation", "max_allocation")
+
+    def __init__(self, device: str | int | None = None, validation: bool = False):
+        self.shared: SharedDevice | None = acquire(device, validation)
+        shared = self.shared
+        for name in self.SHARED:
+            setattr(self, name, getattr(shared, name))
+        self.messages: list[str] = []  # validation-layer messages since this backend started
+        shared.listeners.append(self.messages)
+        self.command_pool = None
+        try:
+            self.command_pool = self.create_command_pool()
+        except BaseException:
+            self.close()
+            raise
+
+    def create_command_pool(self):
         pool_info = vk.VkCommandPoolCreateInfo(flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
                                                queueFamilyIndex=self.queue_family)
-        self.command_pool = vk.vkCreateCommandPool(self.device, pool_info, None)
-        self.queue_lock = threading.Lock()  # vkQueueSubmit and vkDeviceWaitIdle need the queue to themselves
+        return vk.vkCreateCommandPool(self.device, pool_info, None)
 
     # -- memory ------------------------------------------------------------------------------
     def memory_type(self, type_bits: int, required: int, preferred: int = 0) -> int:
@@ -356,6 +534,8 @@ class VulkanDevice:
             raise VulkanError(f"{self.name}: cannot allocate {size} bytes for a {kind} buffer "
                               f"({type(exc).__name__})") from exc
         vk.vkBindBufferMemory(self.device, handle, memory, 0)
+        with self.shared.allocated_lock:
+            self.shared.allocated += size
         flags = self.memory_flags(index)
         mappable = (flags & host) == host
         buf = DeviceBuffer(handle, memory, size, kind, mappable)
@@ -373,10 +553,13 @@ class VulkanDevice:
             vk.vkUnmapMemory(self.device, buf.memory)
         vk.vkDestroyBuffer(self.device, buf.handle, None)
         vk.vkFreeMemory(self.device, buf.memory, None)
+        if self.shared is not None:
+            with self.shared.allocated_lock:
+                self.shared.allocated -= buf.size
 
     # -- commands ----------------------------------------------------------------------------
     def allocate_command_buffer(self, pool=None):
-        """A primary command buffer from ``pool`` (default: the device's pool for recordings,
+        """A primary command buffer from ``pool`` (default: this backend's pool for recordings,
         used only under the backend's lock)."""
         info = vk.VkCommandBufferAllocateInfo(commandPool=pool or self.command_pool,
                                               level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1)
@@ -385,20 +568,87 @@ class VulkanDevice:
     def free_command_buffer(self, cmd, pool=None) -> None:
         vk.vkFreeCommandBuffers(self.device, pool or self.command_pool, 1, [cmd])
 
+    def submit_and_wait(self, cmd, fence, submit, fences) -> None:
+        """One vkQueueSubmit of ``cmd`` (through the prebuilt ``submit`` info) signalling
+        ``fence``; wait and reset it. The shared queue is held for the submit only."""
+        submit.pCommandBuffers[0] = cmd
+        with self.shared.queue_lock:
+            result = lib.vkQueueSubmit(self.queue, 1, submit, fence)
+        self._check_lost(result)
+        _check(result, "vkQueueSubmit")
+        result = lib.vkWaitForFences(self.device, 1, fences, vk.VK_TRUE, _FENCE_TIMEOUT_NS)
+        if result == vk.VK_TIMEOUT:
+            raise VulkanError(f"{self.name}: a submission did not finish within "
+                              f"{_FENCE_TIMEOUT_NS // 10**9} s")
+        self._check_lost(result)
+        _check(result, "vkWaitForFences")
+        _check(lib.vkResetFences(self.device, 1, fences), "vkResetFences")
+
+    def _check_lost(self, result: int) -> None:
+        if result == vk.VK_ERROR_DEVICE_LOST and self.shared is not None:
+            self.shared.lost = True  # later backends get a fresh device
+
     def wait_idle(self) -> None:
-        if self.device is not None:
-            with self.queue_lock:
-                vk.vkDeviceWaitIdle(self.device)
+        if self.shared is not None:
+            with self.shared.queue_lock:
+                vk.vkQueueWaitIdle(self.queue)
 
     def close(self) -> None:
-        if self.device is not None:
-            vk.vkDeviceWaitIdle(self.device)
-            vk.vkDestroyCommandPool(self.device, self.command_pool, None)
-            vk.vkDestroyDevice(self.device, None)
-            self.device = None
-        if self.messenger is not None:
-            self._destroy_messenger(self.instance, self.messenger, None)
-            self.messenger = None
-        if self.instance is not None:
-            vk.vkDestroyInstance(self.instance, None)
-            self.instance = None
+        """Destroy this backend's command pool (with its command buffers), and stop
+        using the shared device (which stays, for the next backend; see the module docstring)."""
+        shared, self.shared = self.shared, None
+        if shared is None:
+            return
+        if any(listener is self.messages for listener in shared.listeners):
+            shared.listeners = [listener for listener in shared.listeners if listener is not self.messages]
+        try:
+            if self.command_pool is not None:
+                with shared.queue_lock:
+                    vk.vkQueueWaitIdle(self.queue)
+                vk.vkDestroyCommandPool(self.device, self.command_pool, None)
+                self.command_pool = None
+        finally:
+            release(shared)
+
+
+class SubmitLane:
+    """What one submission in flight needs for itself, so that several threads can submit at once.
+
+    Vulkan leaves synchronisation to the caller: a command pool (and every command buffer from
+    it, while recorded) and a fence may be used by one thread at a time, and the queue by one
+    ``vkQueueSubmit`` at a time. A lane owns a command pool with one reusable transfer command
+    buffer, a fence and a prebuilt submit-info; the (shared) queue is held only for the submit
+    itself, and the wait on the lane's own fence runs without any lock. The backend keeps a few
+    lanes and lends one per write, read or run (see ``VulkanBackend._lane``).
+    """
+
+    def __init__(self, dev: VulkanDevice):
+        self.dev = dev
+        self.command_pool = dev.create_command_pool()
+        self.fence = vk.vkCreateFence(dev.device, vk.VkFenceCreateInfo(), None)
+        self._fences = ffi.new("VkFence[1]", [self.fence])
+        self._submit = ffi.new("VkSubmitInfo*")
+        self._submit.sType = vk.VK_STRUCTURE_TYPE_SUBMIT_INFO
+        self._cmd_array = ffi.new("VkCommandBuffer[1]")
+        self._submit.commandBufferCount = 1
+        self._submit.pCommandBuffers = self._cmd_array
+        self.transfer_cmd = self.allocate_command_buffer()
+        self.staging: DeviceBuffer | None = None  # the backend's, grown on demand
+        self.eager_descriptors: DescriptorAllocator | None = None  # likewise
+
+    def allocate_command_buffer(self):
+        return self.dev.allocate_command_buffer(self.command_pool)
+
+    def free_command_buffer(self, cmd) -> None:
+        self.dev.free_command_buffer(cmd, self.command_pool)
+
+    def submit_and_wait(self, cmd) -> None:
+        self.dev.submit_and_wait(cmd, self.fence, self._submit, self._fences)
+
+    def destroy(self) -> None:
+        """Free the lane's own objects (its submissions must have finished; staging is the backend's)."""
+        device = self.dev.device
+        if self.eager_descriptors is not None:
+            self.eager_descriptors.destroy()
+        vk.vkDestroyFence(device, self.fence, None)
+        vk.vkDestroyCommandPool(device, self.command_pool, None)

@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .. import atomic as A
-from ..errors import GpumnnError, ModelError, UnsupportedOpError
+from ..errors import GpumnnError, ModelError, ResourceError, UnsupportedOpError
 from ..ir import Graph
 from .context import LoweringContext, PendingRaster, Value
 from .regions import IndexMap, is_identity, regions_of
@@ -32,10 +32,28 @@ def lower_into(ctx: LoweringContext, graph: Graph, nodes=None) -> None:
             fn(ctx, node, graph.opset)
         except GpumnnError:
             raise
+        except MemoryError as exc:  # an allocation no guard foresaw (see scheduler.resources)
+            raise ResourceError(f"node {node.name!r} ({node.op_type}) ran out of host memory while being "
+                                f"lowered: {exc}") from exc
+        except ValueError as exc:
+            if not _numpy_too_big(exc):
+                raise _lowering_error(ctx, node, exc) from exc
+            raise ResourceError(f"node {node.name!r} ({node.op_type}) needs an array larger than NumPy can "
+                                f"allocate: {exc}") from exc
         except Exception as exc:  # a bug or a malformed attribute: say where
-            shapes = {n: list(ctx.values[n].shape) for n in node.inputs if n in ctx.values}
-            raise ModelError(f"node {node.name!r} ({node.op_type}) with input shapes {shapes} could not be "
-                             f"lowered: {type(exc).__name__}: {exc}") from exc
+            raise _lowering_error(ctx, node, exc) from exc
+
+
+def _lowering_error(ctx: LoweringContext, node, exc: Exception) -> ModelError:
+    shapes = {n: list(ctx.values[n].shape) for n in node.inputs if n in ctx.values}
+    return ModelError(f"node {node.name!r} ({node.op_type}) with input shapes {shapes} could not be "
+                      f"lowered: {type(exc).__name__}: {exc}")
+
+
+def _numpy_too_big(exc: ValueError) -> bool:
+    """NumPy's ValueErrors for sizes beyond what it can index (np.empty, np.arange, reshape)."""
+    text = str(exc)
+    return "array is too big" in text or "Maximum allowed size exceeded" in text
 
 
 def lower(graph: Graph, input_shapes: Mapping[str, Sequence[int]]) -> A.AtomicProgram:

@@ -7,6 +7,7 @@ Gather -> Concat -> Reshape chains disappear), otherwise the op joins the progra
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -15,6 +16,7 @@ import numpy as np
 from .. import atomic as A
 from ..backends.base import TensorHandle
 from ..errors import ModelError
+from ..scheduler.resources import check_host_bytes
 from ..ir import Node
 from .regions import IndexMap
 
@@ -33,7 +35,7 @@ class Value:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)  # Python ints: no int64 wrap-around for absurd shapes
 
 
 @dataclass
@@ -132,8 +134,11 @@ class LoweringContext:
         if self._folder is None:
             from ..backends.cpu import CpuBackend
             self._folder = CpuBackend(threads=1)
+        size = math.prod(shape)
+        check_host_bytes(size * np.dtype(dtype).itemsize, f"folding node {op.source!r} into a constant of shape "
+                         f"{list(shape)}")
         handles = [TensorHandle(np.ascontiguousarray(a).reshape(-1), 0, tuple(a.shape)) for a in arrays]
-        out = np.zeros(max(1, int(np.prod(shape, dtype=np.int64))), dtype=dtype)
+        out = np.zeros(max(1, size), dtype=dtype)
         out_handle = TensorHandle(out, 0, tuple(shape))
         exe = self._folder.create_execution(op, handles, [out_handle])
         self._folder.run_eager([exe])

@@ -6,11 +6,13 @@ regions are cut (see ``regions.py``). One definition serves both, so they cannot
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import numpy as np
 
 from ..errors import ModelError, UnsupportedOpError
+from ..scheduler.resources import check_host_bytes
 from ..ir import Node
 from .context import LoweringContext, PendingRaster
 from .regions import IndexMap
@@ -25,17 +27,40 @@ def norm_axis(axis: int, rank: int, node: Node) -> int:
     return axis % max(rank, 1)
 
 
+def _check_memory(node: Node, values, out_shapes: Sequence[Sequence[int]]) -> None:
+    """ResourceError before a reorder materialises more than the host can hold: folded constants
+    (their dtype's size per element) or Raster index maps (int32 source id + int64 index per
+    element of every input and output, twice for the outputs' fusion and region temporaries)."""
+    out_elements = sum(math.prod(s) for s in out_shapes)
+    shapes = [list(s) for s in out_shapes] or [list(v.shape) for v in values]
+    what = f"node {node.name!r} ({node.op_type}) with {'output' if out_shapes else 'input'} shape(s) {shapes}"
+    if all(v.is_const for v in values):
+        itemsize = max((v.const.dtype.itemsize for v in values), default=4)
+        check_host_bytes(itemsize * out_elements, f"folding {what} into a constant")
+    else:
+        in_elements = sum(v.size for v in values)
+        check_host_bytes(12 * in_elements + 24 * out_elements, f"lowering {what} to a Raster (index maps)")
+
+
 def reorder(ctx: LoweringContext, node: Node, sources: Sequence[str], fn: ArrayFn,
-            outputs: Sequence[str], fill: float | None = None) -> None:
-    """Lower a reorder op given by ``fn`` (NumPy semantics) into constants or Rasters."""
+            outputs: Sequence[str], fill: float | None = None,
+            out_shapes: Sequence[Sequence[int]] | None = None) -> None:
+    """Lower a reorder op given by ``fn`` (NumPy semantics) into constants or Rasters.
+
+    ``out_shapes`` is required of ops whose ``fn`` allocates outputs larger than its inputs
+    (Tile, Pad, Gather), so that memory is checked before ``fn`` runs; the outputs of the
+    others are views until they are copied here, and are checked before that."""
     values = [ctx.value(s, node) for s in sources]
+    _check_memory(node, values, out_shapes or [])
     if all(v.is_const for v in values):
         results = fn([v.const for v in values], 0.0 if fill is None else fill)
+        _check_memory(node, values, [np.shape(r) for r in results])
         for name, array in zip(outputs, results):
             ctx.set_const(name, np.asarray(array, order="C"))
         return
     src_maps = fn([np.full(v.shape, k, dtype=np.int32) for k, v in enumerate(values)], -1)
     idx_maps = fn([np.arange(v.size, dtype=np.int64).reshape(v.shape) for v in values], 0)
+    _check_memory(node, values, [np.shape(m) for m in idx_maps])
     for name, src, idx in zip(outputs, src_maps, idx_maps):
         index_map = IndexMap(np.asarray(src, dtype=np.int32, order="C"), np.asarray(idx, dtype=np.int64, order="C"))
         ctx.emit_raster(PendingRaster(list(sources), index_map, name, fill, node.name))
@@ -197,7 +222,8 @@ def lower_expand(ctx: LoweringContext, node: Node, opset: int) -> None:
     except ValueError:
         raise ModelError(f"node {node.name!r} (Expand): shape {list(ctx.shape(node.inputs[0]))} does not broadcast "
                          f"to {list(target)}") from None
-    reorder(ctx, node, node.inputs[:1], lambda xs, f: [np.broadcast_to(xs[0], out_shape)], node.outputs)
+    reorder(ctx, node, node.inputs[:1], lambda xs, f: [np.broadcast_to(xs[0], out_shape)], node.outputs,
+            out_shapes=[out_shape])
 
 
 @lowers("Tile")
@@ -215,7 +241,8 @@ def lower_tile(ctx: LoweringContext, node: Node, opset: int) -> None:
     spread = [v for d in shape for v in (1, d)]
     interleaved = [v for r, d in zip(repeats, shape) for v in (r, d)]
     tiled = ctx.temp(node, "tiled")
-    reorder(ctx, node, node.inputs[:1], lambda xs, f: [np.broadcast_to(xs[0].reshape(spread), interleaved)], [tiled])
+    reorder(ctx, node, node.inputs[:1], lambda xs, f: [np.broadcast_to(xs[0].reshape(spread), interleaved)], [tiled],
+            out_shapes=[interleaved])
     ctx.alias(node.outputs[0], tiled, [r * d for r, d in zip(repeats, shape)])
 
 
@@ -243,13 +270,15 @@ def lower_pad(ctx: LoweringContext, node: Node, opset: int) -> None:
         raise UnsupportedOpError("Pad", node.name, f"mode {mode!r} is not supported (constant, reflect, edge)")
     crop = tuple(slice(max(0, -b), d - max(0, -e)) for b, e, d in zip(begin, end, shape))
     widths = [(max(0, b), max(0, e)) for b, e in zip(begin, end)]
+    out_shape = [max(0, d + b + e) for b, e, d in zip(begin, end, shape)]
 
     def pad(xs: list[np.ndarray], fill: float) -> list[np.ndarray]:
         x = xs[0][crop]
         if mode == "constant":
             return [np.pad(x, widths, mode="constant", constant_values=fill)]
         return [np.pad(x, widths, mode=mode)]
-    reorder(ctx, node, node.inputs[:1], pad, node.outputs, fill=value if mode == "constant" else None)
+    reorder(ctx, node, node.inputs[:1], pad, node.outputs, fill=value if mode == "constant" else None,
+            out_shapes=[out_shape])
 
 
 def _block_geometry(ctx: LoweringContext, node: Node) -> tuple[int, int, int, int]:
@@ -292,7 +321,10 @@ def gather_constant_indices(ctx: LoweringContext, node: Node, axis: int, indices
     if np.any((idx < -dim) | (idx >= dim)):
         raise UnsupportedOpError("Gather", node.name, f"indices out of range for axis of size {dim}")
     idx = np.where(idx < 0, idx + dim, idx)
-    reorder(ctx, node, node.inputs[:1], lambda xs, f: [np.take(xs[0], idx, axis=axis)], node.outputs)
+    shape = ctx.shape(node.inputs[0])
+    out_shape = [*shape[:axis], *idx.shape, *shape[axis + 1:]]
+    reorder(ctx, node, node.inputs[:1], lambda xs, f: [np.take(xs[0], idx, axis=axis)], node.outputs,
+            out_shapes=[out_shape])
 
 
 # -- shape computations (always folded) ----------------------------------------------------------
@@ -314,6 +346,7 @@ def lower_constant_of_shape(ctx: LoweringContext, node: Node, opset: int) -> Non
     shape = _ints(ctx.const(node.inputs[0], node, "the shape"))
     fill = node.attr("value")
     fill = np.zeros(1, dtype=np.float32) if fill is None else np.asarray(fill).reshape(-1)
+    check_host_bytes(fill.dtype.itemsize * math.prod(shape), f"node {node.name!r} (ConstantOfShape) of shape {shape}")
     ctx.set_const(node.outputs[0], np.full(shape, fill[0], dtype=fill.dtype))
 
 
@@ -323,5 +356,8 @@ def lower_range(ctx: LoweringContext, node: Node, opset: int) -> None:
     if any(b.size != 1 for b in bounds):
         raise ModelError(f"node {node.name!r} (Range): start, limit and delta must be single numbers, got shapes "
                          f"{[list(b.shape) for b in bounds]}")
-    dtype = np.result_type(*bounds)
-    ctx.set_const(node.outputs[0], np.arange(*[b.reshape(-1)[0] for b in bounds]).astype(dtype))
+    start, limit, delta = (b.reshape(-1)[0] for b in bounds)
+    if float(delta) != 0:
+        count = max(0, math.ceil((float(limit) - float(start)) / float(delta)))
+        check_host_bytes(8 * count, f"node {node.name!r} (Range) of {count} elements")
+    ctx.set_const(node.outputs[0], np.arange(start, limit, delta).astype(np.result_type(*bounds)))

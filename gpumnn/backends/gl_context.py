@@ -1,0 +1,174 @@
+"""OpenGL contexts, reused across GL backends, each with the compute programs compiled in it.
+
+Why a pool: creating and releasing a standalone EGL context costs about 40 KiB of resident
+memory that Mesa (22.x, llvmpipe) never gives back, and compiling a model's compute programs
+again in every new context costs more (and 0.05-1 s). A GL backend that closes deletes its
+buffers, makes its context current in no thread and hands it back here with its programs; the
+next backend takes it. At most ``MAX_IDLE`` contexts wait here (the rest are released), and
+each keeps at most ``MAX_PROGRAMS`` programs (least recently used are deleted first), so the
+pool is bounded however many sessions a process opens. :func:`release_idle_contexts` (run at
+interpreter exit) releases the waiting ones.
+
+Only EGL contexts are pooled: an EGL context can be made current in another thread once the
+thread that used it last has let go of it (eglMakeCurrent with no context), which the pool does
+on return. Contexts of other platforms (GLX) are released as before.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import threading
+from collections import OrderedDict
+from typing import Any, Callable
+
+import moderngl
+
+#: idle contexts kept for the next backend
+MAX_IDLE = 4
+#: programs a pooled context keeps (least recently used are deleted first)
+MAX_PROGRAMS = 256
+
+_lock = threading.Lock()
+_idle: list["PooledContext"] = []
+_egl: Any = None
+
+
+class PooledContext:
+    """A moderngl context and the programs compiled in it, keyed by (kernel, defines)."""
+
+    def __init__(self, ctx: moderngl.Context, platform: str):
+        self.ctx = ctx
+        self.platform = platform
+        self.programs: OrderedDict[tuple, Any] = OrderedDict()
+
+    def program(self, key: tuple, build: Callable[[], Any]) -> tuple[Any, bool]:
+        """The program under ``key``, built by ``build()`` if absent; (program, built now)."""
+        program = self.programs.get(key)
+        if program is not None:
+            self.programs.move_to_end(key)
+            return program, False
+        program = build()
+        self.programs[key] = program
+        return program, True
+
+    def trim(self) -> None:
+        while len(self.programs) > MAX_PROGRAMS:
+            _, program = self.programs.popitem(last=False)
+            program.prog.release()
+
+    def release(self) -> None:
+        """Delete the programs and the context (it must be current in this thread)."""
+        try:
+            for program in self.programs.values():
+                program.prog.release()
+        finally:
+            self.programs.clear()
+            self.ctx.release()
+
+
+def _create(create: Callable[[str | None], moderngl.Context]) -> PooledContext:
+    errors = []
+    for platform in ("egl", None):
+        try:
+            return PooledContext(create(platform), platform or "default")
+        except Exception as exc:  # noqa: BLE001 -- missing libEGL, no display, GL < 4.3, ...
+            errors.append(f"{platform or 'default'}: {type(exc).__name__}: {exc}")
+    from ..errors import BackendUnavailableError
+    raise BackendUnavailableError("no OpenGL 4.3+ context (compute shaders) could be created: "
+                                  + "; ".join(errors))
+
+
+def acquire(create: Callable[[str | None], moderngl.Context]) -> PooledContext:
+    """An idle pooled context made current in this thread, else a new one from ``create``
+    (called with "egl", then None for moderngl's default platform)."""
+    with _lock:
+        pooled = _idle.pop() if _idle else None
+    if pooled is None:
+        return _create(create)
+    pooled.ctx.__enter__()
+    return pooled
+
+
+def _egl_lib() -> Any:
+    global _egl
+    if _egl is None:
+        lib = ctypes.CDLL("libEGL.so.1")
+        lib.eglGetCurrentDisplay.restype = ctypes.c_void_p
+        lib.eglGetCurrentContext.restype = ctypes.c_void_p
+        lib.eglGetCurrentSurface.restype = ctypes.c_void_p
+        lib.eglGetCurrentSurface.argtypes = [ctypes.c_int32]
+        lib.eglMakeCurrent.argtypes = [ctypes.c_void_p] * 4
+        lib.eglMakeCurrent.restype = ctypes.c_uint
+        _egl = lib
+    return _egl
+
+
+_EGL_DRAW, _EGL_READ = 0x3059, 0x305A
+
+
+def current_egl() -> tuple | None:
+    """What EGL has current in this thread (display, draw, read, context), None if nothing.
+
+    A backend's bracket saves it on entry and puts it back on exit, so brackets of different
+    backends nest in one thread: a session closed by the garbage collector in the middle of
+    another GL session's work leaves that session's context current.
+    """
+    try:
+        egl = _egl_lib()
+    except OSError:
+        return None
+    context = egl.eglGetCurrentContext()
+    if not context:
+        return None
+    return (egl.eglGetCurrentDisplay(), egl.eglGetCurrentSurface(_EGL_DRAW), egl.eglGetCurrentSurface(_EGL_READ),
+            context)
+
+
+def make_current_egl(state: tuple) -> None:
+    """Make ``state`` (from :func:`current_egl`) current again in this thread."""
+    _egl_lib().eglMakeCurrent(*state)
+
+
+def _let_go_egl() -> bool:
+    """Make no EGL context current in this thread, so another thread may take it."""
+    try:
+        egl = _egl_lib()
+        display = egl.eglGetCurrentDisplay()
+        return not display or bool(egl.eglMakeCurrent(display, None, None, None))
+    except OSError:
+        return False
+
+
+def give_back(pooled: PooledContext) -> None:
+    """Take back a context whose backend has deleted its buffers; it must be current in this
+    thread. Pooled (with its programs) if there is room and it is EGL, else released."""
+    pooled.ctx.finish()
+    pooled.trim()
+    with _lock:
+        keep = pooled.platform == "egl" and len(_idle) < MAX_IDLE
+    if keep and _let_go_egl():
+        with _lock:
+            _idle.append(pooled)
+        return
+    pooled.release()
+
+
+def release_idle_contexts() -> int:
+    """Release every idle pooled context (and its programs); returns how many."""
+    with _lock:
+        idle = list(_idle)
+        _idle.clear()
+    for pooled in idle:
+        try:
+            pooled.ctx.__enter__()
+            pooled.release()
+        except Exception:  # noqa: BLE001 -- at exit, the driver may already be gone
+            pass
+    if idle:
+        _let_go_egl()
+    return len(idle)
+
+
+atexit.register(release_idle_contexts)
+
+__all__ = ["MAX_IDLE", "MAX_PROGRAMS", "PooledContext", "acquire", "give_back", "release_idle_contexts"]
