@@ -30,7 +30,7 @@ def test_prepare_runs_on_the_bound_backend_and_keeps_a_session_per_shape(backend
             assert rep.run({"a": a, "b": b}).y.shape == (n, 4)  # by name; outputs by name too
         sessions = list(rep._sessions.values())
         assert len(sessions) == 2 and all(s.backend == backend for s in sessions)
-    assert all(s._closed for s in sessions)
+    assert all(s.closed for s in sessions)
 
 
 def test_run_model_and_run_node(backend):

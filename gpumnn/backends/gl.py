@@ -459,6 +459,7 @@ class GLBackend(Backend):
                             buf.obj.release()
                             buf.obj = None
                     pooled, self._pooled = self._pooled, None
+                    self.ctx = None  # no longer ours (the bracket's exit must not touch it)
                     gl_context.give_back(pooled)  # pooled (current in no thread) or released
             finally:
                 self._closed = True
