@@ -22,7 +22,7 @@ import sys
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -208,17 +208,21 @@ def bad_attribute_value(m: onnx.ModelProto, rnd: random.Random) -> Mutated:
     return m, f"node {node.name!r} ({node.op_type}): attribute {attr.name} = {new!r}"
 
 
+def _replace_attribute(node: onnx.NodeProto, name: str, value: object = None) -> None:
+    """Drop ``node``'s attribute ``name`` and, unless ``value`` is None, add it back with ``value``."""
+    kept = [a for a in node.attribute if a.name != name]
+    del node.attribute[:]
+    node.attribute.extend(kept + ([helper.make_attribute(name, value)] if value is not None else []))
+
+
 def bad_attribute_type(m: onnx.ModelProto, rnd: random.Random) -> Mutated:
     node = _pick_node(m, rnd, with_attrs=True)
     if not node.attribute:
         return bad_attribute_added(m, rnd)
     attr = rnd.choice(list(node.attribute))
-    old = node.attribute
-    kept = [a for a in old if a.name != attr.name]
     choice = rnd.choice(("int", "float", "string", "ints", "floats"))
     value = {"int": 3, "float": 1.5, "string": "3", "ints": [3, 3], "floats": [1.5, -1.0]}[choice]
-    del node.attribute[:]
-    node.attribute.extend(kept + [helper.make_attribute(attr.name, value)])
+    _replace_attribute(node, attr.name, value)
     return m, f"node {node.name!r} ({node.op_type}): attribute {attr.name} retyped to {choice} {value!r}"
 
 
@@ -238,9 +242,7 @@ EXTRA_ATTRIBUTES = (
 def bad_attribute_added(m: onnx.ModelProto, rnd: random.Random) -> Mutated:
     node = _pick_node(m, rnd)
     name, value = rnd.choice(EXTRA_ATTRIBUTES)
-    kept = [a for a in node.attribute if a.name != name]
-    del node.attribute[:]
-    node.attribute.extend(kept + [helper.make_attribute(name, value)])
+    _replace_attribute(node, name, value)
     return m, f"node {node.name!r} ({node.op_type}): attribute {name} set to {value!r}"
 
 
@@ -249,9 +251,7 @@ def attribute_dropped(m: onnx.ModelProto, rnd: random.Random) -> Mutated:
     if not node.attribute:
         return bad_attribute_added(m, rnd)
     attr = rnd.choice(list(node.attribute))
-    kept = [a for a in node.attribute if a.name != attr.name]
-    del node.attribute[:]
-    node.attribute.extend(kept)
+    _replace_attribute(node, attr.name)
     return m, f"node {node.name!r} ({node.op_type}): attribute {attr.name} removed"
 
 
@@ -399,32 +399,29 @@ def _shape_like_initializers(m: onnx.ModelProto) -> list[onnx.TensorProto]:
     return [t for t in m.graph.initializer if t.data_type == TensorProto.INT64 and len(t.dims) == 1]
 
 
-def huge_dims(m: onnx.ModelProto, rnd: random.Random) -> Mutated:
+def _extreme_dim(m: onnx.ModelProto, rnd: random.Random, choices: Sequence[int], p_initializer: float,
+                 label: str) -> Mutated:
+    """One dim of a shape-like initializer (with probability ``p_initializer``) or of a graph
+    input set to one of ``choices``."""
     shape_like = _shape_like_initializers(m)
-    if shape_like and rnd.random() < 0.4:
+    if shape_like and rnd.random() < p_initializer:
         tensor = rnd.choice(shape_like)
         values = numpy_helper.to_array(tensor).copy()
-        values[rnd.randrange(values.size)] = rnd.choice(HUGE_DIMS)
+        values[rnd.randrange(values.size)] = rnd.choice(choices)
         tensor.CopyFrom(numpy_helper.from_array(values, tensor.name))
-        return m, f"initializer {tensor.name!r} = {values.tolist()} (huge)"
+        return m, f"initializer {tensor.name!r} = {values.tolist()} ({label})"
     info = rnd.choice(list(m.graph.input))
     dims = _dims(info)
-    dims[rnd.randrange(len(dims))].dim_value = rnd.choice(HUGE_DIMS)
-    return m, f"graph input {info.name!r}: dims -> {[d.dim_value for d in dims]} (huge)"
+    dims[rnd.randrange(len(dims))].dim_value = rnd.choice(choices)
+    return m, f"graph input {info.name!r}: dims -> {[d.dim_value for d in dims]} ({label})"
+
+
+def huge_dims(m: onnx.ModelProto, rnd: random.Random) -> Mutated:
+    return _extreme_dim(m, rnd, HUGE_DIMS, 0.4, "huge")
 
 
 def negative_dims(m: onnx.ModelProto, rnd: random.Random) -> Mutated:
-    shape_like = _shape_like_initializers(m)
-    if shape_like and rnd.random() < 0.5:
-        tensor = rnd.choice(shape_like)
-        values = numpy_helper.to_array(tensor).copy()
-        values[rnd.randrange(values.size)] = rnd.choice(NEGATIVE_DIMS)
-        tensor.CopyFrom(numpy_helper.from_array(values, tensor.name))
-        return m, f"initializer {tensor.name!r} = {values.tolist()} (negative)"
-    info = rnd.choice(list(m.graph.input))
-    dims = _dims(info)
-    dims[rnd.randrange(len(dims))].dim_value = rnd.choice(NEGATIVE_DIMS)
-    return m, f"graph input {info.name!r}: dims -> {[d.dim_value for d in dims]} (negative)"
+    return _extreme_dim(m, rnd, NEGATIVE_DIMS, 0.5, "negative")
 
 
 OP_SWAPS = {
