@@ -2,7 +2,7 @@
 
 For each backend: one session, ``--threads`` workers each running ``--runs`` inferences on one
 input; the session with ``max_concurrent_runs=1`` (a lock: runs take turns) and with the
-backend's own bound (runs overlap where the API allows) are timed in alternation, ``--repeats``
+backend's safe bound (runs overlap where the API allows) are timed in alternation, ``--repeats``
 times, and the median wall time per run is printed with its spread. Every result is checked
 against the first serial one (the runs must agree, not only be fast).
 
@@ -63,10 +63,10 @@ def main() -> None:
     feed = {name: np.random.default_rng(0).standard_normal(zoo.input_shape(args.model)).astype(np.float32)}
     print(f"{args.model}: {args.threads} threads x {args.runs} runs, median of {args.repeats} repeats "
           f"(ms per run, wall clock; min-max in brackets)")
-    print(f"{'backend':<8} {'bound':>5} {'serial (lock)':>22} {'overlapping':>22} {'states':>6}")
+    print(f"{'backend':<8} {'bound':>5} {'default':>7} {'serial (lock)':>22} {'overlapping':>22} {'states':>6}")
     for backend in backends:
         serial = net.session(backend=backend, max_concurrent_runs=1, fallback=False)
-        shared = net.session(backend=backend, fallback=False)
+        shared = net.session(backend=backend, fallback=False, max_concurrent_runs=args.threads)  # up to the bound
         expect = next(iter(serial.run(feed).values()))
         shared.run(feed)
         samples: dict[str, list[float]] = {"serial": [], "overlap": []}
@@ -74,7 +74,9 @@ def main() -> None:
             samples["serial"].append(timed_threads(serial, feed, args.threads, args.runs, expect))
             samples["overlap"].append(timed_threads(shared, feed, args.threads, args.runs, expect))
         cells = [f"{statistics.median(v):8.2f} [{min(v):.2f}-{max(v):.2f}]" for v in samples.values()]
-        print(f"{backend:<8} {shared.max_concurrent_runs:>5} {cells[0]:>22} {cells[1]:>22} {shared.run_states:>6}")
+        default = shared.backends[backend].default_concurrent_runs
+        print(f"{backend:<8} {shared.max_concurrent_runs:>5} {default:>7} {cells[0]:>22} {cells[1]:>22} "
+              f"{shared.run_states:>6}")
         serial.close()
         shared.close()
 

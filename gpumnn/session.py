@@ -111,11 +111,13 @@ class Session:
             for name in op.inputs:
                 if name in program.constants and (b, name) not in self._constants:
                     self._constants[(b, name)] = self.backends[b].constant(program.constants[name])
-        capacity = min(b.max_concurrent_runs for b in self.backends.values())
-        if max_concurrent_runs is not None:
-            if int(max_concurrent_runs) < 1:
-                raise ValueError(f"max_concurrent_runs must be at least 1, not {max_concurrent_runs}")
-            capacity = min(capacity, int(max_concurrent_runs))
+        safe = min(b.max_concurrent_runs for b in self.backends.values())
+        if max_concurrent_runs is None:  # what pays on these devices (see Backend.default_concurrent_runs)
+            capacity = min(safe, *(b.default_concurrent_runs for b in self.backends.values()))
+        elif int(max_concurrent_runs) < 1:
+            raise ValueError(f"max_concurrent_runs must be at least 1, not {max_concurrent_runs}")
+        else:  # asked for: as many as are safe
+            capacity = min(safe, int(max_concurrent_runs))
         # every further run state needs pools of its own: no more states than the devices can hold
         self.max_concurrent_runs = run_states_that_fit(program, self.placement, self.memory, limits, capacity)
         self._states: RunStatePool[_Prepared] = RunStatePool(

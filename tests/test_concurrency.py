@@ -2,6 +2,7 @@
 every result is compared with ONNX Runtime on fresh random inputs, on every backend."""
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -54,7 +55,8 @@ def _check_runs(sess, reference, seed: int, runs: int) -> list[float]:
 @pytest.mark.parametrize("record", [True, False], ids=["recorded", "eager"])
 def test_threads_share_one_session(backend, model, record):
     net, reference = model
-    with net.session(backend=backend, record=record, fallback=False) as sess:
+    # as many overlapping runs as the backend allows (its default may be fewer, where overlap does not pay)
+    with net.session(backend=backend, record=record, fallback=False, max_concurrent_runs=THREADS) as sess:
         barrier = threading.Barrier(THREADS)
 
         def worker(seed: int) -> list[float]:
@@ -76,7 +78,9 @@ def test_vulkan_staging_path_under_threads(model, record):
     from conftest import require_backend
     require_backend("vulkan")
     net, reference = model
-    with net.session(backend="vulkan", record=record, fallback=False, force_staging=True) as sess:
+    with net.session(backend="vulkan", record=record, fallback=False, force_staging=True,
+                     max_concurrent_runs=THREADS) as sess:
+        assert sess.max_concurrent_runs == 2
         with ThreadPoolExecutor(THREADS) as pool:
             errors = [e for errs in pool.map(lambda seed: _check_runs(sess, reference, seed, 3), range(THREADS))
                       for e in errs]
@@ -153,3 +157,7 @@ def test_max_concurrent_runs_is_bounded(model):
         net.session(backend="cpu", max_concurrent_runs=0)
     with net.session(backend="cpu", max_concurrent_runs=1) as sess:
         assert sess.max_concurrent_runs == 1
+    with net.session(backend="cpu", max_concurrent_runs=8) as sess:
+        assert sess.max_concurrent_runs == 2  # the cpu backend's safe bound
+    with net.session(backend="cpu", threads=1) as sess:  # one run leaves cores idle: overlap by default
+        assert sess.max_concurrent_runs == min(2, os.cpu_count() or 1)

@@ -135,7 +135,8 @@ class Backend(ABC):
     #: choose by the paper's multiplication counts for this backend; a backend whose measured
     #: sliding window / plain GEMM beats the rewrite at every size leaves them out
     cost_model_expansions: ClassVar[frozenset[str]] = frozenset({"winograd", "strassen"})
-    #: run states of one session that may run at once on this backend (1: runs take turns)
+    #: run states of one session that may run at once on this backend (1: runs take turns) --
+    #: what is *safe*; ``default_concurrent_runs`` says what *pays*
     max_concurrent_runs: ClassVar[int] = 1
 
     def __init__(self) -> None:
@@ -157,6 +158,13 @@ class Backend(ABC):
         return contract_violation(op)
 
     # -- threads ---------------------------------------------------------------------------
+    @property
+    def default_concurrent_runs(self) -> int:
+        """Run states a session prepares for overlapping callers unless told otherwise: as many
+        as are safe, except where one run already keeps every core of the device busy and a
+        second would only compete for them (a CPU device), where callers take turns."""
+        return self.max_concurrent_runs if self.info.is_gpu else 1
+
     def activate(self) -> AbstractContextManager[Any]:
         """A bracket inside which the calling thread may use this backend's verbs.
 
