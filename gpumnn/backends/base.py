@@ -131,10 +131,6 @@ class Backend(ABC):
     #: one an op uses, asking the backend; a backend builds what ``op.scheme`` names, never re-derives
     #: it). Every backend builds the general schemes; a backend lists more where it has kernels.
     schemes: ClassVar[Mapping[type, frozenset[str]]] = GENERAL_SCHEMES
-    #: the rewritten schemes (Winograd, Strassen: ``gpumnn.geometry.fast``) the scheme step may
-    #: choose by the paper's multiplication counts for this backend; a backend whose measured
-    #: sliding window / plain GEMM beats the rewrite at every size leaves them out
-    cost_model_expansions: ClassVar[frozenset[str]] = frozenset({"winograd", "strassen"})
     #: run states of one session that may run at once on this backend (1: runs take turns) --
     #: what is *safe*; ``default_concurrent_runs`` says what *pays*
     max_concurrent_runs: ClassVar[int] = 1
@@ -156,6 +152,18 @@ class Backend(ABC):
         if scheme is not None and scheme not in self.schemes.get(type(op), GENERAL_SCHEMES.get(type(op), ())):
             return f"the {self.name} backend has no {scheme!r} kernel for atomic op {type(op).__name__}"
         return contract_violation(op)
+
+    # -- schemes ---------------------------------------------------------------------------
+    @property
+    def cost_model_expansions(self) -> frozenset[str]:
+        """The rewritten schemes (Winograd, Strassen: ``gpumnn.geometry.fast``) the scheme step
+        may choose here by the paper's multiplication counts. Not on CPU devices: there the
+        sliding window / plain GEMM is one large GEMM at full speed, while the rewrites add
+        passes over memory and GEMMs with m or k of 4-8 far below peak. Measured slower on
+        every CPU device here: NumPy at every Table 1 / Table 3 size (bench/schemes.py), and
+        ResNet-18 on PoCL, lavapipe and llvmpipe by 4-14% (13 Winograd convolutions). They stay
+        available when forced (``schemes.forced_schemes``)."""
+        return frozenset({"winograd", "strassen"}) if self.info.is_gpu else frozenset()
 
     # -- threads ---------------------------------------------------------------------------
     @property

@@ -73,11 +73,6 @@ class CpuBackend(Backend):
     """NumPy on the host CPU, BLAS threads limited to ``threads`` (default: all cores)."""
 
     name = "cpu"
-    #: NumPy's sliding window is one BLAS GEMM at full speed; the Winograd and Strassen rewrites add
-    #: passes over memory and GEMMs with m or k of 4-8 that BLAS runs far below peak, and measured
-    #: slower at every Table 1 and Table 3 size (bench/schemes.py), so the cost model, which counts
-    #: multiplications only, does not choose them here (they stay available when forced)
-    cost_model_expansions = frozenset()
     #: runs on distinct run states touch distinct buffers; nothing else is shared between them
     max_concurrent_runs = 2
 
