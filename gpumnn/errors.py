@@ -52,11 +52,14 @@ class BackendUnavailableError(GpumnnError, RuntimeError):
 
 class SessionClosedError(GpumnnError, RuntimeError):
     """A session (or its backend) was used after ``close()``."""
+
+
 class ResourceError(GpumnnError, MemoryError):
     """A model needs more memory than a device (or the host) can give.
 
-    Raised before anything is allocated, naming the backend, the bytes needed, the bytes
-    available and the largest tensor, so that a user can see which input shape or which
+    Raised before the session allocates (and, at lowering, before NumPy materialises an index
+    map or a folded constant; a NumPy allocation that fails anyway is reported the same way),
+    naming the backend or node, the bytes needed, the bytes available and the largest tensor, so that a user can see which input shape or which
     node to shrink. It is also a ``MemoryError``, so code that already guards against
     NumPy running out of memory keeps working.
     """

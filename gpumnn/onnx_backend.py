@@ -80,7 +80,8 @@ class GpumnnRep(BackendRep):
                           if name in feeds and np.size(feeds[name]) <= BIND_LIMIT}
                 if not wanted:
                     raise
-                self.bound_inputs |= wanted
+                with self._lock:  # replaced, not changed in place: other threads may be reading it
+                    self.bound_inputs = self.bound_inputs | wanted
         try:
             results = session.run({name: value for name, value in feeds.items() if name not in bound})
         except SessionClosedError:  # evicted by another thread's shapes meanwhile: prepare it again
@@ -95,18 +96,22 @@ class GpumnnRep(BackendRep):
         key = (tuple((name, tuple(int(d) for d in shapes[name])) for name in self.input_names if name not in values),
                tuple((name, values[name].dtype.str, values[name].shape, values[name].tobytes())
                      for name in sorted(values)))
-        evicted = []
         with self._lock:
             session = self._sessions.get(key)
-            if session is None:
-                net = self.net if not values else self._net_with_constants(values)
-                session = net.session(backend=self.backend, input_shapes=dict(key[0]), fallback=False,
-                                      **self.session_options)
-                self._sessions[key] = session
+            if session is not None:
+                self._sessions.move_to_end(key)
+                return session
+        # prepared outside the lock: other threads' cached shapes need not wait for this one
+        net = self.net if not values else self._net_with_constants(values)
+        fresh = net.session(backend=self.backend, input_shapes=dict(key[0]), fallback=False, **self.session_options)
+        evicted = []
+        with self._lock:
+            session = self._sessions.setdefault(key, fresh)
+            if session is fresh:
                 while len(self._sessions) > MAX_SESSIONS:
                     evicted.append(self._sessions.popitem(last=False)[1])
             else:
-                self._sessions.move_to_end(key)
+                evicted.append(fresh)  # another thread prepared the same shapes first
         for old in evicted:
             old.close()  # waits for its runs in flight
         return session
@@ -145,7 +150,7 @@ class GpumnnRep(BackendRep):
     def close(self) -> None:
         """Close every session this model created (idempotent)."""
         with self._lock:
-            sessions, self._sessions = list(self._sessions.values()), {}
+            sessions, self._sessions = list(self._sessions.values()), OrderedDict()
         for session in sessions:
             session.close()
 
@@ -235,9 +240,9 @@ def backend_for(name: str) -> type[GpumnnBackend]:
     key = str(name).lower()
     if key not in REGISTRY:
         raise BackendUnavailableError(f"unknown backend {name!r}; known backends: {', '.join(REGISTRY)}")
-    if key not in _BOUND:
-        _BOUND[key] = type(f"Gpumnn{key.capitalize()}Backend", (GpumnnBackend,),
-                           {"backend_name": key, "__doc__": f"gpumnn on its {key!r} backend (device 'CPU')."})
+    if key not in _BOUND:  # setdefault: two threads asking at once get the same class
+        _BOUND.setdefault(key, type(f"Gpumnn{key.capitalize()}Backend", (GpumnnBackend,),
+                                    {"backend_name": key, "__doc__": f"gpumnn on its {key!r} backend (device 'CPU')."}))
     return _BOUND[key]
 
 

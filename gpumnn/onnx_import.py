@@ -1,7 +1,8 @@
 """ONNX -> gpumnn IR.
 
-The importer (with its helpers onnx_check.py and external_data.py) is the only code that touches
-protobufs. It refuses a model the ONNX checker refuses (onnx_check.py) and external data outside
+The importer (with its helpers onnx_check.py, onnx_opsets.py and external_data.py) is the only
+code of the engine that reads protobufs; onnx_backend.py, the ONNX backend-test adapter, builds
+them for ``run_node``. It refuses a model the ONNX checker refuses (onnx_check.py) and external data outside
 the model's folder (external_data.py), turns attributes into plain Python values, initializers
 and Constant nodes into NumPy constants, and rejects what we cannot run with an error that names
 the problem (file, node, op type, reason).
@@ -20,7 +21,7 @@ from .errors import ModelError, UnsupportedOpError
 from .external_data import check_locations, load_external_data, refuse_unresolvable
 from .ir import Graph, Node, ValueInfo
 from .onnx_check import check_model
-from .onnx_opsets import MAX_OPSET, MIN_OPSET, check_newer_ops, check_opset_range, default_opset, upgrade  # noqa: F401
+from .onnx_opsets import check_newer_ops, check_opset_range, default_opset, upgrade
 
 
 def _attribute_value(attr: onnx.AttributeProto) -> Any:
@@ -61,14 +62,10 @@ def _value_info(info: onnx.ValueInfoProto) -> ValueInfo:
     return ValueInfo(info.name, shape, dtype)
 
 
-def _read_model(source: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
-    """Parse the model, check it with the ONNX checker and read its external data (from its folder only)."""
+def _parse(source: str | os.PathLike | bytes | onnx.ModelProto) -> tuple[onnx.ModelProto, Path | None]:
+    """The ModelProto and the folder its external data may come from (None for bytes or a proto)."""
     if isinstance(source, onnx.ModelProto):
-        refuse_unresolvable(source, f"model {source.graph.name!r}")
-        _check_opset(source)
-        source = upgrade(source)  # read -> convert -> check -> import
-        check_model(source)
-        return source
+        return source, None
     path = None
     try:
         if isinstance(source, (bytes, bytearray)):
@@ -78,16 +75,22 @@ def _read_model(source: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.Mod
             if not path.exists():
                 raise ModelError(f"model file {str(path)!r} does not exist")
             data = path.read_bytes()
-        model = onnx.load_from_string(data)
+        return onnx.load_from_string(data), path
     except ModelError:
         raise
     except Exception as exc:  # protobuf DecodeError and friends
         name = "<bytes>" if isinstance(source, (bytes, bytearray)) else str(source)
         raise ModelError(f"{name} is not a valid ONNX model: {type(exc).__name__}: {exc}") from exc
+
+
+def _read_model(source: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
+    """Parse the model, check it with the ONNX checker and read its external data (from its folder only)."""
+    model, path = _parse(source)
     _check_opset(model)
-    model = upgrade(model)  # external weights stay out of the converter (onnx_opsets.upgrade)
+    model = upgrade(model)  # read -> convert -> check -> import; external weights stay out of the converter
     if path is None:
-        refuse_unresolvable(model, "the model bytes")
+        what = "the model bytes" if isinstance(source, (bytes, bytearray)) else f"model {model.graph.name!r}"
+        refuse_unresolvable(model, what)
         check_model(model)
     else:
         check_locations(model, path.parent)

@@ -90,11 +90,6 @@ class RunStatePool(Generic[State]):
             self._idle.append(state)
             self._cond.notify()
 
-    def peek(self) -> State | None:
-        """An idle state, for inspection (the session's report), without lending it."""
-        with self._cond:
-            return self._idle[-1] if self._idle else None
-
     def close(self) -> list[State]:
         """Refuse new borrowers, wait for lent states to come back, and hand all of them over."""
         with self._cond:

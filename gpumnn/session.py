@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import time
 import warnings
-from contextlib import ExitStack, contextmanager
 import weakref
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -120,9 +120,10 @@ class Session:
             capacity = min(safe, int(max_concurrent_runs))
         # every further run state needs pools of its own: no more states than the devices can hold
         self.max_concurrent_runs = run_states_that_fit(program, self.placement, self.memory, limits, capacity)
+        self._first_state = self._prepare(recorded=True) if record else None  # for the report, even under load
         self._states: RunStatePool[_Prepared] = RunStatePool(
-            lambda: self._prepare(recorded=record), capacity, keep=record, discard=self._release,
-            first=self._prepare(recorded=True) if record else None)
+            lambda: self._prepare_active(recorded=record), self.max_concurrent_runs, keep=record, discard=self._release,
+            first=self._first_state)
 
     # -- creation helpers ------------------------------------------------------------------
     def _start_backends(self, name: str, threads: int | None, fallback: bool, options: dict) -> dict[str, Backend]:
@@ -146,6 +147,12 @@ class Session:
             for backend in self.backends.values():
                 stack.enter_context(backend.activate())
             yield
+
+    def _prepare_active(self, recorded: bool) -> _Prepared:
+        """``_prepare`` inside one bracket of every backend (a run state prepared while serving a
+        caller, outside the bracket of its run: see ``run``)."""
+        with self._active():
+            return self._prepare(recorded)
 
     def _release(self, prepared: _Prepared) -> None:
         """Free an eager run's pools (recorded states live until ``close``)."""
@@ -183,6 +190,9 @@ class Session:
                     io[(b, step.tensor)] = self._handle(pools, b, step.tensor)
         for name, b in self.placement.output_backends.items():
             io[(b, name)] = self._handle(pools, b, name)
+        if recorded:  # what this state's runs will stage through, set aside now: a run allocates nothing
+            for b in self.backends:
+                self.backends[b].reserve_run(max((h.nbytes for (hb, _), h in io.items() if hb == b), default=0))
         return _Prepared(pools, executions, recordings, io)
 
     # -- running ---------------------------------------------------------------------------
@@ -272,7 +282,7 @@ class Session:
     def report_rows(self) -> list[dict[str, Any]]:
         """Per atomic op: backend, scheme, shapes, bytes, MACs, estimated cost, fallback reason."""
         rows = []
-        prepared = self._states.peek() if self.record else None
+        prepared = self._first_state
         executions = prepared.executions if prepared else [None] * len(self.program.ops)
         for i, (op, b) in enumerate(zip(self.program.ops, self.placement.op_backends)):
             exe = executions[i]
@@ -306,7 +316,7 @@ class Session:
 
     def scheme_lines(self) -> list[str]:
         """One line per convolution and matrix product of the model: the scheme chosen and why."""
-        decisions = getattr(self.program, "decisions", [])
+        decisions = self.program.decisions
         return ([f"schemes ({len(decisions)} convolutions and matrix products):"]
                 + [f"  {d.describe()}" for d in decisions]) if decisions else []
 
@@ -317,6 +327,7 @@ class Session:
         states = getattr(self, "_states", None)
         if states is not None:
             states.close()  # waits for runs in flight; executions, recordings and pools go before their backends
+        self._first_state = None
         self._constants = {}
         self._closer()
 

@@ -14,7 +14,7 @@ Outcome of one case on one backend (``classify``):
     correct        gpumnn ran it, ONNX Runtime ran it, every output within rel L2 < 1e-3
     both_refuse    gpumnn raised a GpumnnError and ONNX Runtime refused the model too
     gpumnn_refuses gpumnn raised a GpumnnError, ONNX Runtime ran the model (allowed: e.g. unsupported)
-    ort_refuses    gpumnn ran a model ONNX Runtime refuses (reported; part 3 of issue 7 removes these)
+    ort_refuses    gpumnn ran a model ONNX Runtime refuses (load runs onnx.checker) -- disallowed
     wrong          both ran it and the answers differ                        -- disallowed
     unrunnable     gpumnn accepted declared inputs that cannot exist          -- disallowed
     raw            an exception that is not a GpumnnError escaped             -- disallowed
@@ -44,8 +44,8 @@ TOLERANCE = 1e-3
 MEMORY_LIMIT = 3 << 30  # per worker address space
 START_TIMEOUT = 60.0  # imports + device start on a busy 2-core machine
 CASE_TIMEOUT = 20.0
-DISALLOWED = ("wrong", "unrunnable", "raw", "crash", "hang")
-COLUMNS = ("correct", "both_refuse", "gpumnn_refuses", "ort_refuses") + DISALLOWED
+DISALLOWED = ("ort_refuses", "wrong", "unrunnable", "raw", "crash", "hang")
+COLUMNS = ("correct", "both_refuse", "gpumnn_refuses") + DISALLOWED
 
 
 # -- frames: 4-byte length + pickle ---------------------------------------------------------------
@@ -149,6 +149,8 @@ class Worker:
         self.sent_at = 0.0
 
     def start(self) -> None:
+        if self.stderr is not None:  # a restart: the dead worker's log is no longer read
+            self.stderr.close()
         self.stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", self.backend,
                                       "--seed", str(self.seed)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -364,15 +366,12 @@ def summary(run: FuzzRun, backends: list[str]) -> str:
     return "\n".join(lines)
 
 
-def failures(run: FuzzRun, backend: str, disallowed=DISALLOWED, excuse=None) -> list[str]:
-    """One reproducible line (plus detail) per disallowed outcome on ``backend``.
-
-    ``excuse(outcome, detail)`` may name outcomes another part of the work is known to remove.
-    """
+def failures(run: FuzzRun, backend: str, disallowed=DISALLOWED) -> list[str]:
+    """One reproducible line (plus detail) per disallowed outcome on ``backend``."""
     from fuzz_corpus import make_case
     lines = []
     for index, (kind, detail) in sorted(outcomes(run, backend).items()):
-        if kind in disallowed and not (excuse and excuse(kind, detail)):
+        if kind in disallowed:
             case = make_case(index, run.seed)
             lines.append(f"[{backend}] {kind.upper()} {case.label}\n    {detail.strip()[:1500]}\n"
                          f"    rerun: python tests/fuzz_corpus.py --case {index} --backend {backend} --seed {run.seed}")

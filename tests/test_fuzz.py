@@ -13,24 +13,9 @@ from collections import Counter
 
 import pytest
 
-import gpumnn
 import fuzz_harness as harness
 from fuzz_corpus import CASES, SEED
 from gpumnn.backends import REGISTRY, probe
-
-#: gpumnn running a model ONNX Runtime refuses fails the test (load runs onnx.checker, so none should)
-ORT_REFUSES_IS_FAILURE = True
-
-#: raw out-of-memory errors of huge-dimension cases wait for ResourceError (part 2 of issue 7):
-#: once gpumnn.ResourceError exists, they fail like any raw exception
-MEMORY_ERRORS = ("MemoryError", "OutOfDeviceMemory", "OutOfHostMemory", "INVALID_BUFFER_SIZE",
-                 "MEM_OBJECT_ALLOCATION_FAILURE", "Maximum allowed dimension", "array is too big")
-
-
-def awaiting_resource_error(outcome: str, detail: str) -> bool:
-    return (outcome == "raw" and not hasattr(gpumnn, "ResourceError")
-            and any(m in detail.split("\n", 1)[0] for m in MEMORY_ERRORS))
-
 
 def _selected_backends(session: pytest.Session) -> list[str]:
     """The backends whose fuzz test runs in this session (all of them under plain pytest)."""
@@ -44,11 +29,7 @@ def fuzz_run(request):
     """One run of the corpus on every selected backend at once (workers overlap on the cores)."""
     backends = _selected_backends(request.session)
     run = harness.run_corpus(backends, list(range(CASES)), SEED)
-    excused = [f"[{b}] case {i}: {detail.splitlines()[0][:160]}" for b in backends
-               for i, (kind, detail) in harness.outcomes(run, b).items() if awaiting_resource_error(kind, detail)]
     lines = [harness.summary(run, backends)]
-    if excused:
-        lines.append(f"raw out-of-memory errors awaiting ResourceError (issue 7 part 2): {len(excused)}")
     reporter = request.config.pluginmanager.getplugin("terminalreporter")
     capture = request.config.pluginmanager.getplugin("capturemanager")
     if reporter is not None and capture is not None:
@@ -64,8 +45,7 @@ def test_fuzz_corpus(backend, fuzz_run):
     # the corpus must exercise answers too, not only refusals (a broken reference would hide wrong ones)
     ran = Counter(kind for kind, _ in harness.outcomes(run, backend).values())
     assert ran["correct"] >= len(run.indices) // 5, f"only {ran['correct']} cases were compared with ONNX Runtime"
-    disallowed = harness.DISALLOWED + (("ort_refuses",) if ORT_REFUSES_IS_FAILURE else ())
-    problems = harness.failures(run, backend, disallowed, excuse=awaiting_resource_error)
+    problems = harness.failures(run, backend)
     assert not problems, (f"{len(problems)} of {len(run.indices)} fuzz cases failed on {backend}:\n"
                           + "\n".join(problems))
 

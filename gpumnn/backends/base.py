@@ -42,6 +42,9 @@ from .limits import MemoryLimits, host_limits
 #: The schemes every backend's kernel for these ops builds: the general algorithms (sliding
 #: window, plain GEMM) that are correct for any geometry. Faster ones are listed per backend.
 GENERAL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: frozenset({"im2col"}), A.MatMul: frozenset({"gemm"})}
+#: ... plus the depthwise and 1x1-as-GEMM convolution kernels, which every backend here has.
+KERNEL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: frozenset({"depthwise", "gemm1x1", "im2col"}),
+                                                 A.MatMul: frozenset({"gemm"})}
 
 #: Counter names every backend maintains (others may add more).
 COUNTERS = ("buffers_allocated", "programs_built", "executions_created", "recordings_made", "submits")
@@ -181,6 +184,11 @@ class Backend(ABC):
         bracket closes. Brackets nest; the session opens one around creation and each run.
         """
         return nullcontext()
+
+    def reserve_run(self, io_bytes: int) -> None:
+        """Set aside, at session creation, what one more run in flight needs at run time beyond
+        its pools (staging of up to ``io_bytes`` per write or read, a submission slot), so that
+        a recorded run allocates nothing. Called once per recorded run state."""
 
     # -- memory ----------------------------------------------------------------------------
     def memory_limits(self) -> MemoryLimits:

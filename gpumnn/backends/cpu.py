@@ -17,7 +17,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .. import atomic as A
-from .base import Backend, BackendInfo, Execution, TensorHandle
+from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, TensorHandle
 from .limits import MemoryLimits, host_limits
 from .cpu_math import binary_function, unary_function
 from .sampling import resize_axis
@@ -73,15 +73,16 @@ class CpuBackend(Backend):
     """NumPy on the host CPU, BLAS threads limited to ``threads`` (default: all cores)."""
 
     name = "cpu"
-    #: runs on distinct run states touch distinct buffers; nothing else is shared between them
+    #: runs on distinct run states touch distinct buffers; they share read-only weights and the
+    #: process-wide BLAS thread limit (``_ThreadLimiter``)
     max_concurrent_runs = 2
+    alignment = 64
 
     @property
     def default_concurrent_runs(self) -> int:
         """Overlap only where one run leaves cores idle (``threads`` below the core count):
         measured on 2 cores with threads=2, two overlapping runs were ~10% slower than turns."""
         return max(1, min(self.max_concurrent_runs, (os.cpu_count() or 1) // self.threads))
-    alignment = 64
 
     def __init__(self, threads: int | None = None, **_: Any):
         super().__init__()
@@ -534,7 +535,7 @@ def _make_gather(op: A.Gather, ins, outs):
     return run
 
 
-CpuBackend.schemes = {A.Conv2D: frozenset({"depthwise", "gemm1x1", "im2col"}), A.MatMul: frozenset({"gemm"})}
+CpuBackend.schemes = KERNEL_SCHEMES
 CpuBackend.kernel_table = _MAKERS = {
     A.Raster: _make_raster, A.Unary: _make_unary, A.Binary: _make_binary, A.Reduce: _make_reduce,
     A.MatMul: _make_matmul, A.Conv2D: _make_conv2d, A.ConvTranspose2D: _make_conv_transpose2d,

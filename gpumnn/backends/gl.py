@@ -190,12 +190,13 @@ class GLBackend(Backend):
         try:
             self._setup(kernels)
         except BaseException:
-            self._pooled.release()
+            self._pooled.release()  # the context is gone: nothing to let go of below
+            self.ctx = None
             raise
         finally:  # current nowhere (or what was current before) until a bracket opens
             if previous is not None:
                 gl_context.make_current_egl(previous)
-            else:
+            elif self.ctx is not None:
                 self.ctx.__exit__(None, None, None)
         self._closed = False
 

@@ -39,7 +39,7 @@ import numpy as np
 from .. import atomic as A
 from ..shaders.compile import GLSL_DIR
 from ..strides import contiguous_strides, merge_dims
-from .base import Execution, TensorHandle
+from .base import KERNEL_SCHEMES, Execution, TensorHandle
 from .sampling import resize_axis
 
 
@@ -652,8 +652,7 @@ def _plan_gather(be, op: A.Gather, ins, outs):
 
 
 #: The schemes the planners build (Vulkan and OpenGL both use these planners).
-SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: frozenset({"depthwise", "gemm1x1", "im2col"}),
-                                          A.MatMul: frozenset({"gemm"})}
+SCHEMES: Mapping[type, frozenset[str]] = KERNEL_SCHEMES
 
 PLANNERS: Mapping[type, Callable] = {
     A.Raster: _plan_raster, A.Unary: _plan_unary, A.Binary: _plan_binary, A.Reduce: _plan_reduce,

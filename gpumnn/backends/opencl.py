@@ -37,7 +37,7 @@ import pyopencl as cl
 from .. import atomic as A
 from .. import diskcache
 from ..strides import contiguous_strides, merge_dims
-from .base import Backend, BackendInfo, Execution, TensorHandle
+from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, TensorHandle
 from .limits import MemoryLimits, host_memory
 from .opencl_cmdbuf import CommandBufferAPI, CommandBufferError
 from .sampling import resize_axis
@@ -194,7 +194,8 @@ class OpenCLBackend(Backend):
     """OpenCL 1.2+ on one device (a GPU if there is one, else e.g. PoCL on the CPU)."""
 
     name = "opencl"
-    #: runs on distinct run states touch distinct buffers; nothing else is shared between them
+    #: runs on distinct run states touch distinct buffers and kernel objects; they share the one
+    #: in-order queue (thread-safe in OpenCL 1.1+), so a run's finish also waits for the other's work
     max_concurrent_runs = 2
 
     def __init__(self, device: str | int | None = None, kernels: str = "auto", **_: Any):
@@ -832,7 +833,7 @@ def _make_gather(be, op: A.Gather, ins, outs):
     return [be.launch1d("gather", "gather", args, op.outer * op.count * op.inner)], None, ()
 
 
-OpenCLBackend.schemes = {A.Conv2D: frozenset({"depthwise", "gemm1x1", "im2col"}), A.MatMul: frozenset({"gemm"})}
+OpenCLBackend.schemes = KERNEL_SCHEMES
 OpenCLBackend.kernel_table = _MAKERS = {
     A.Raster: _make_raster, A.Unary: _make_unary, A.Binary: _make_binary, A.Reduce: _make_reduce,
     A.MatMul: _make_matmul, A.Conv2D: _make_conv2d, A.ConvTranspose2D: _make_conv_transpose2d,

@@ -24,7 +24,7 @@ Design
   push-constant block and the grid, once. ``record`` writes one command buffer with every
   dispatch in order; a global compute->compute memory barrier is inserted only in front of a
   dispatch that touches a byte range written (or writes a range read) since the last barrier.
-  ``submit`` is one ``vkQueueSubmit`` and a wait on one reused fence.
+  ``submit`` is one ``vkQueueSubmit`` and a wait on the fence of the submit lane it borrowed.
 * Threads: preparation verbs (allocate, constant, create_execution, record, release) share
   descriptor pools, the recording command pool and the buffer registry, so they take the
   backend's lock. Run verbs (write, read, submit, run_eager) borrow a *submit lane* instead
@@ -160,6 +160,7 @@ class VulkanBackend(Backend):
         self._lock = threading.RLock()  # preparation verbs: descriptor pools, recording pool, registry
         self._lanes_lock = threading.Lock()
         self._lanes: list[SubmitLane] = []  # every lane made
+        self._reserved = 0  # lanes run states asked for (reserve_run)
         self._idle_lanes: list[SubmitLane] = []
         self._arena: DeviceBuffer | None = None
         self._arena_used = 0
@@ -169,9 +170,8 @@ class VulkanBackend(Backend):
         self._dsets_by_buffer: dict[int, set[tuple]] = {}
         self._garbage_cmds: list = []
         self._set_layouts: dict[int, Any] = {}
-        self._pipeline_layouts: dict[int, Any] = {}
         for n in (2, 3, 4):  # owned by the shared device, like the pipelines built with them
-            self._set_layouts[n], self._pipeline_layouts[n] = dev.shared.layouts(n, PUSH_BYTES)
+            self._set_layouts[n] = dev.shared.layouts(n, PUSH_BYTES)[0]
         self._descriptors = DescriptorAllocator(dev.device, 4, freeable=True)
         # Barriers reused by every recording.
         self._barrier_in = vk.VkMemoryBarrier(
@@ -319,6 +319,23 @@ class VulkanBackend(Backend):
             staging = self._staging_buffer(lane, data.nbytes)
             staging.mapped[:data.size] = data
             self._copy(lane, staging, 0, buf, 4 * handle.offset, data.nbytes)
+
+    def reserve_run(self, io_bytes: int) -> None:
+        """One more submit lane, made now with its staging buffer for ``io_bytes``, so a recorded
+        run borrows a ready lane (one per run state) instead of creating one."""
+        made = []
+        with self._lock:
+            self._check_open()
+            self._reserved += 1
+            while len(self._lanes) < self._reserved:
+                made.append(SubmitLane(self.dev))
+                self._lanes.append(made[-1])
+        with self._lanes_lock:  # (never taken while holding self._lock: one lock order)
+            self._idle_lanes.extend(made)
+        if not self._direct and io_bytes:
+            with self._lanes_lock:  # only idle lanes: one lent to a run is that run's alone
+                for lane in self._idle_lanes:
+                    self._staging_buffer(lane, io_bytes)
 
     @contextmanager
     def _lane(self) -> Iterator[SubmitLane]:
@@ -504,8 +521,7 @@ class VulkanBackend(Backend):
             return
         self._closed = True
         dev = self.dev
-        try:
-            dev.wait_idle()
+        try:  # every submission waited on its lane's fence; dev.close() waits for the queue once more
             self._garbage_cmds.clear()  # freed with the command pool
             dev.shared.release_pipelines(self._pipelines)  # the shared device keeps them (bounded)
             self._pipelines.clear()

@@ -389,10 +389,6 @@ class SharedDevice:
             vk.vkDestroyPipeline(self.device, pipe.handle, None)
             vk.vkDestroyShaderModule(self.device, pipe.module, None)
 
-    @property
-    def cached_pipelines(self) -> int:
-        return len(self._pipelines)
-
     def destroy(self) -> None:
         """Destroy everything (no backend may use this device any more)."""
         if self.device is not None:
@@ -477,7 +473,8 @@ class VulkanDevice:
         for name in self.SHARED:
             setattr(self, name, getattr(shared, name))
         self.messages: list[str] = []  # validation-layer messages since this backend started
-        shared.listeners.append(self.messages)
+        with _registry_lock:
+            shared.listeners.append(self.messages)
         self.command_pool = None
         try:
             self.command_pool = self.create_command_pool()
@@ -568,30 +565,9 @@ class VulkanDevice:
     def free_command_buffer(self, cmd, pool=None) -> None:
         vk.vkFreeCommandBuffers(self.device, pool or self.command_pool, 1, [cmd])
 
-    def submit_and_wait(self, cmd, fence, submit, fences) -> None:
-        """One vkQueueSubmit of ``cmd`` (through the prebuilt ``submit`` info) signalling
-        ``fence``; wait and reset it. The shared queue is held for the submit only."""
-        submit.pCommandBuffers[0] = cmd
-        with self.shared.queue_lock:
-            result = lib.vkQueueSubmit(self.queue, 1, submit, fence)
-        self._check_lost(result)
-        _check(result, "vkQueueSubmit")
-        result = lib.vkWaitForFences(self.device, 1, fences, vk.VK_TRUE, _FENCE_TIMEOUT_NS)
-        if result == vk.VK_TIMEOUT:
-            raise VulkanError(f"{self.name}: a submission did not finish within "
-                              f"{_FENCE_TIMEOUT_NS // 10**9} s")
-        self._check_lost(result)
-        _check(result, "vkWaitForFences")
-        _check(lib.vkResetFences(self.device, 1, fences), "vkResetFences")
-
     def _check_lost(self, result: int) -> None:
         if result == vk.VK_ERROR_DEVICE_LOST and self.shared is not None:
             self.shared.lost = True  # later backends get a fresh device
-
-    def wait_idle(self) -> None:
-        if self.shared is not None:
-            with self.shared.queue_lock:
-                vk.vkQueueWaitIdle(self.queue)
 
     def close(self) -> None:
         """Destroy this backend's command pool (with its command buffers), and stop
@@ -599,7 +575,7 @@ class VulkanDevice:
         shared, self.shared = self.shared, None
         if shared is None:
             return
-        if any(listener is self.messages for listener in shared.listeners):
+        with _registry_lock:
             shared.listeners = [listener for listener in shared.listeners if listener is not self.messages]
         try:
             if self.command_pool is not None:
@@ -643,7 +619,20 @@ class SubmitLane:
         self.dev.free_command_buffer(cmd, self.command_pool)
 
     def submit_and_wait(self, cmd) -> None:
-        self.dev.submit_and_wait(cmd, self.fence, self._submit, self._fences)
+        """One vkQueueSubmit of ``cmd`` signalling this lane's fence; wait and reset it. The
+        shared queue is held for the submit only."""
+        dev = self.dev
+        self._cmd_array[0] = cmd
+        with dev.shared.queue_lock:
+            result = lib.vkQueueSubmit(dev.queue, 1, self._submit, self.fence)
+        dev._check_lost(result)
+        _check(result, "vkQueueSubmit")
+        result = lib.vkWaitForFences(dev.device, 1, self._fences, vk.VK_TRUE, _FENCE_TIMEOUT_NS)
+        if result == vk.VK_TIMEOUT:
+            raise VulkanError(f"{dev.name}: a submission did not finish within {_FENCE_TIMEOUT_NS // 10**9} s")
+        dev._check_lost(result)
+        _check(result, "vkWaitForFences")
+        _check(lib.vkResetFences(dev.device, 1, self._fences), "vkResetFences")
 
     def destroy(self) -> None:
         """Free the lane's own objects (its submissions must have finished; staging is the backend's)."""

@@ -7,6 +7,7 @@ becomes Normalize + per-channel mul/add, 1D convolution is a 2D one on a free vi
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import numpy as np
@@ -446,7 +447,7 @@ def lower_pool(ctx: LoweringContext, node: Node, opset: int) -> None:
 def lower_global_pool(ctx: LoweringContext, node: Node, opset: int) -> None:
     shape = ctx.shape(node.inputs[0])
     n, c = shape[:2]
-    spatial = int(np.prod(shape[2:], dtype=np.int64))
+    spatial = math.prod(shape[2:])
     x = ctx.temp(node, "planes")
     ctx.alias(x, node.inputs[0], (n, c, 1, spatial))
     out = ctx.temp(node, "pooled")
@@ -586,7 +587,7 @@ def _lower_batch_norm_ops(ctx: LoweringContext, node: Node, training: bool) -> N
     x = node.inputs[0]
     shape = ctx.shape(x)
     n, c, rank = shape[0], shape[1], len(shape)
-    spatial = int(np.prod(shape[2:], dtype=np.int64))
+    spatial = math.prod(shape[2:])
     scale, bias, mean, var = node.inputs[1:5]
 
     def const(value: float) -> str:
@@ -690,7 +691,7 @@ def _layer_norm_statistics(ctx: LoweringContext, node: Node, outer: int, size: i
 def lower_instance_norm(ctx: LoweringContext, node: Node, opset: int) -> None:
     x = node.inputs[0]
     shape = ctx.shape(x)
-    outer, size = shape[0] * shape[1], int(np.prod(shape[2:], dtype=np.int64))
+    outer, size = shape[0] * shape[1], math.prod(shape[2:])
     normed = ctx.temp(node, "normalized")
     ctx.emit(A.Normalize((x,), (normed,), node.name, outer=outer, size=size,
                          eps=float(node.attr("epsilon", 1e-5))), shape)

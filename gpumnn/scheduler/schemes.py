@@ -98,7 +98,8 @@ def winograd_allowed(n: int, k: int) -> bool:
 
 def winograd_fits(op: A.Conv2D, weights_constant: bool) -> bool:
     """Winograd's geometry: one group, unit stride and dilation, a square kernel of 2 or more,
-    and weights known at session creation (they are transformed once, G W G^T)."""
+    and weights (and bias, if any) known at session creation: the weights are transformed once
+    (G W G^T) and the bias is folded into the output transform's epilogue."""
     return (weights_constant and op.groups == 1 and op.strides == (1, 1) and op.dilations == (1, 1)
             and op.kernel[0] == op.kernel[1] >= 2)
 
@@ -240,7 +241,7 @@ def select_schemes(program: A.AtomicProgram, backend: Any = None) -> A.AtomicPro
     forced = _FORCED_VAR.get()
     for op in program.ops:
         if isinstance(op, A.Conv2D):
-            constant = op.inputs[1] in program.constants
+            constant = op.inputs[1] in program.constants and (not op.has_bias or op.inputs[2] in program.constants)
             candidates = conv_candidates(op, constant)
             if "conv" in forced:
                 candidates = _forced_conv(op, constant, candidates)

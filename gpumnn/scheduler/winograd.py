@@ -94,7 +94,11 @@ def exact_matrices(n: int, k: int, f: Fraction = F_SCALE) -> tuple[list[list[Fra
 def winograd_matrices(n: int, k: int) -> WinogradMatrices:
     """A, B, G for F(n, k) in float64 (exact rationals, cast once)."""
     a, b, g = exact_matrices(n, k)
-    as_array = lambda m: np.array([[float(v) for v in row] for row in m], dtype=np.float64)  # noqa: E731
+    def as_array(m) -> np.ndarray:  # read-only: the cached arrays are shared by every session and thread
+        array = np.array([[float(v) for v in row] for row in m], dtype=np.float64)
+        array.setflags(write=False)
+        return array
+
     return WinogradMatrices(n, k, as_array(a), as_array(b), as_array(g))
 
 
