@@ -248,3 +248,18 @@ def test_strassen_by_eq9_on_a_large_product(backend):
         assert decision.scheme == "strassen" and decision.detail.startswith("1 level"), decision.describe()
     else:  # the cpu's plain BLAS GEMM measured faster than the rewrite
         assert decision.scheme == "gemm", decision.describe()
+
+
+def test_winograd_needs_a_constant_bias():
+    """The bias is folded into the output transform at session creation: a run-time bias keeps
+    the sliding window, even when Winograd is forced (it used to end in a raw KeyError)."""
+    rng = np.random.default_rng(5)
+    w = numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) * 0.1).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv", pads=[1, 1, 1, 1])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 12, 12]),
+                               helper.make_tensor_value_info("b", TensorProto.FLOAT, [8])],
+                              [helper.make_empty_tensor_value_info("y")], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    feeds = {"x": rng.standard_normal((1, 8, 12, 12)).astype(np.float32), "b": rng.standard_normal(8).astype(np.float32)}
+    sess = _check(model, feeds, "cpu", conv=("winograd", 2))
+    assert sess.program.decisions[0].scheme == "im2col", sess.program.decisions[0].describe()
