@@ -7,8 +7,15 @@ creation), so a backend never does shape arithmetic of its own and never sees ON
 
 Conventions shared by all ops:
 
-* Runtime tensors are float32, contiguous, row-major (NCHW for images). A backend's tensor
-  handle points at ``shape`` elements starting at an element offset inside a pool buffer.
+* Runtime tensors are contiguous, row-major (NCHW for images) and have one of two *storage
+  dtypes*, both 4 bytes an element, so that the memory plan and every pool are dtype-blind:
+  ``float32`` (every float type of a model: float16 and float64 tensors are computed in float32)
+  and ``int32`` (every integer type, checked for range where values enter, and bool as 0/1).
+  Every op carries ``dtype``, the storage dtype of its data operand; ops whose kernels move
+  elements without arithmetic (Raster, Gather, Select, Scatter) copy 32-bit words, so one kernel
+  serves both. A backend lists the dtypes its kernels take (``Backend.dtypes``); an op it cannot
+  run goes to the CPU. A tensor handle points at ``shape`` elements starting at an element
+  offset inside a pool buffer.
 * ``inputs`` / ``outputs`` are tensor names in the atomic program; the session maps them to
   backend handles. Optional inputs (a bias) are simply absent from ``inputs`` and the op says
   so with a flag.
@@ -23,6 +30,33 @@ from typing import ClassVar
 
 RANK = 4
 
+FLOAT32 = "float32"
+INT32 = "int32"
+#: storage dtypes of run-time tensors (see the module docstring)
+STORAGE_DTYPES: tuple[str, ...] = (FLOAT32, INT32)
+
+
+def storage_dtype(dtype) -> str:
+    """The storage dtype a model's dtype is held in on every backend: float32 for float kinds,
+    int32 for integer kinds and bool."""
+    import numpy as np
+    kind = np.dtype(dtype).kind
+    if kind == "f":
+        return FLOAT32
+    if kind in "iub":
+        return INT32
+    raise TypeError(f"no storage dtype for {np.dtype(dtype)}")
+
+
+def fill_bits(fill: float, dtype: str) -> int:
+    """The 32-bit word a Raster's ``fill`` is stored as in a tensor of storage ``dtype``
+    (kernels that copy words write this)."""
+    import numpy as np
+    if dtype == INT32:
+        return int(np.array(int(fill), dtype=np.int32).view(np.uint32))
+    return int(np.array(fill, dtype=np.float32).view(np.uint32))
+
+
 Activation = tuple[str, tuple[float, ...]] | None
 
 #: Unary ops and the number of float parameters each takes. Semantics (x is the input):
@@ -30,18 +64,37 @@ Activation = tuple[str, tuple[float, ...]] | None
 #: gelu 0.5*x*(1+erf(x/sqrt 2)); hard_sigmoid(a,b) clip(a*x+b,0,1); hard_swish x*clip(x/6+0.5,0,1);
 #: exp; log; sqrt; neg; abs; reciprocal; floor; ceil; round (half to even); trunc (toward 0);
 #: square; softplus log(1+exp x); elu(a) x<0 ? a*(exp x-1) : x; sign;
-#: affine_pow(a,b,p) (a + b*x)^p  (used by LRN's lowering).
+#: affine_pow(a,b,p) (a + b*x)^p  (used by LRN's lowering); selu(a,g) g*(x<=0 ? a*(exp x-1) : x);
+#: celu(a) max(0,x) + min(0, a*(exp(x/a)-1)); mish x*tanh(softplus x); thresholded_relu(a)
+#: x>a ? x : 0; round_f16: to the nearest float16 value (overflow to +-inf), so a Cast to float16
+#: rounds as the model says though the tensor is held in float32;
+#: not: x==0 ? 1 : 0; nonzero: x!=0 ? 1 : 0 (a Cast to bool; output int32).
+#: ``identity`` from one storage dtype to another converts (float to int32 truncates toward 0).
 UNARY_OPS: dict[str, int] = {
     "identity": 0, "relu": 0, "leaky_relu": 1, "clip": 2, "sigmoid": 0, "tanh": 0, "erf": 0,
     "gelu": 0, "hard_sigmoid": 2, "hard_swish": 0, "exp": 0, "log": 0, "sqrt": 0, "neg": 0,
     "abs": 0, "reciprocal": 0, "floor": 0, "ceil": 0, "round": 0, "trunc": 0, "square": 0,
-    "softplus": 0, "elu": 1, "sign": 0, "affine_pow": 3,
+    "softplus": 0, "elu": 1, "sign": 0, "affine_pow": 3, "selu": 2, "celu": 1, "mish": 0,
+    "thresholded_relu": 1, "round_f16": 0, "not": 0, "nonzero": 0,
 }
+#: the unary ops defined on int32 tensors (the rest are float32 only)
+INT_UNARY_OPS: frozenset[str] = frozenset({"identity", "relu", "clip", "neg", "abs", "sign", "square", "not",
+                                           "nonzero"})
 
-#: Binary ops: add, sub, mul, div, pow, max, min, and prelu (a<0 ? a*b : a).
-BINARY_OPS: tuple[str, ...] = ("add", "sub", "mul", "div", "pow", "max", "min", "prelu")
+#: Binary ops: add, sub, mul, div, pow, max, min, prelu (a<0 ? a*b : a); mod (the sign of b, as
+#: Python's %), fmod (the sign of a, as C's fmod); the comparisons equal, less, less_equal,
+#: greater, greater_equal and the logical and, or, xor (of 0/1 operands), whose output is int32
+#: 0/1 whatever ``dtype`` is. On int32: div truncates toward zero; add, sub, mul wrap around.
+BINARY_OPS: tuple[str, ...] = ("add", "sub", "mul", "div", "pow", "max", "min", "prelu", "mod", "fmod",
+                               "equal", "less", "less_equal", "greater", "greater_equal", "and", "or", "xor")
+#: the binary ops whose output is int32 0/1 (a bool tensor) whatever their operands' dtype
+BOOL_BINARY_OPS: frozenset[str] = frozenset({"equal", "less", "less_equal", "greater", "greater_equal",
+                                             "and", "or", "xor"})
+#: the binary ops defined on int32 operands
+INT_BINARY_OPS: frozenset[str] = frozenset(BINARY_OPS) - {"prelu"}
 
-REDUCE_OPS: tuple[str, ...] = ("sum", "mean", "max", "min")
+#: Reduce ops; argmax / argmin give the int32 index of the first extreme along the axis.
+REDUCE_OPS: tuple[str, ...] = ("sum", "mean", "max", "min", "argmax", "argmin")
 
 #: Stable integer ids kernels use for the names above (their order in the tables).
 UNARY_IDS: dict[str, int] = {name: i for i, name in enumerate(UNARY_OPS)}
@@ -54,9 +107,17 @@ class AtomicOp:
     """Base of all atomic ops: what it reads and writes, and the ONNX node it came from."""
 
     kind: ClassVar[str] = "atomic"
+    #: which input holds the data whose storage dtype is the op's ``dtype``
+    data_input: ClassVar[int] = 0
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     source: str  # name of the ONNX node this op was lowered from (for reports and errors)
+    #: storage dtype of the data operand (set by lowering from the tensors the op reads)
+    dtype: str = FLOAT32
+
+    def output_dtype(self) -> str:
+        """Storage dtype of the op's (first) output."""
+        return self.dtype
 
     def macs(self) -> int:
         """Multiply-accumulates (the paper's MUL) used by the placement cost model."""
@@ -92,7 +153,8 @@ class Raster(AtomicOp):
     """Data reorder: fill the output with ``fill`` (if not None) then copy every region.
 
     Transpose, Slice, Concat, Split, Pad, Tile, Expand, Gather with constant indices,
-    DepthToSpace ... all become Rasters.
+    DepthToSpace ... all become Rasters. Elements are copied as 32-bit words (any ``dtype``);
+    ``fill`` is written as the word ``fill_bits(fill, dtype)``.
     """
 
     kind: ClassVar[str] = "raster"
@@ -103,12 +165,17 @@ class Raster(AtomicOp):
 
 @dataclass(frozen=True)
 class Unary(AtomicOp):
-    """``out = op(x)`` elementwise over ``count`` elements."""
+    """``out = op(x)`` elementwise over ``count`` elements; x is ``dtype``, out ``out_dtype``
+    (empty: the same; int32 for ``nonzero``). ``identity`` between dtypes is a Cast."""
 
     kind: ClassVar[str] = "unary"
     op: str = "identity"
     params: tuple[float, ...] = ()
     count: int = 0
+    out_dtype: str = ""
+
+    def output_dtype(self) -> str:
+        return self.out_dtype or self.dtype
 
 
 @dataclass(frozen=True)
@@ -126,6 +193,9 @@ class Binary(AtomicOp):
     b_strides: tuple[int, ...] = (0, 0, 0, 0)
     activation: Activation = None
 
+    def output_dtype(self) -> str:
+        return INT32 if self.op in BOOL_BINARY_OPS else self.dtype
+
 
 @dataclass(frozen=True)
 class Reduce(AtomicOp):
@@ -136,6 +206,9 @@ class Reduce(AtomicOp):
     outer: int = 1
     size: int = 1
     inner: int = 1
+
+    def output_dtype(self) -> str:
+        return INT32 if self.op in ("argmax", "argmin") else self.dtype
 
 
 @dataclass(frozen=True)
@@ -291,10 +364,11 @@ class Resize(AtomicOp):
 
 @dataclass(frozen=True)
 class Gather(AtomicOp):
-    """Gather with run-time indices: data ``[outer, axis, inner]``, indices (float32 holding
-    integers, negative counted from the end) ``[count]`` -> out ``[outer, count, inner]``.
+    """Gather with run-time indices: data ``[outer, axis, inner]``, indices (int32, negative
+    counted from the end) ``[count]`` -> out ``[outer, count, inner]``, elements copied as words.
     Out-of-range indices are clamped to the axis (run-time data cannot raise mid-kernel on a
-    GPU, so every backend clamps). Gathers with constant indices are Rasters instead."""
+    GPU, so every backend clamps). Gathers with constant indices are Rasters instead;
+    GatherElements and GatherND are this op on a flat view with indices computed by Binary ops."""
 
     kind: ClassVar[str] = "gather"
     outer: int = 1
@@ -303,9 +377,69 @@ class Gather(AtomicOp):
     count: int = 1
 
 
+@dataclass(frozen=True)
+class Select(AtomicOp):
+    """Where: ``out[i] = cond[i . c_strides] != 0 ? a[i . a_strides] : b[i . b_strides]`` over
+    ``out_shape`` (RANK dims, zero strides broadcast). Inputs ``(cond int32, a, b)``; a, b and
+    out are ``dtype`` and copied as words."""
+
+    kind: ClassVar[str] = "select"
+    data_input: ClassVar[int] = 1
+    out_shape: tuple[int, ...] = (1, 1, 1, 1)
+    c_strides: tuple[int, ...] = (0, 0, 0, 0)
+    a_strides: tuple[int, ...] = (0, 0, 0, 0)
+    b_strides: tuple[int, ...] = (0, 0, 0, 0)
+
+
+@dataclass(frozen=True)
+class CumSum(AtomicOp):
+    """Input viewed as ``[outer, size, inner]``: running sums along the middle axis, from the end
+    when ``reverse``, each excluding its own element when ``exclusive`` (ONNX CumSum)."""
+
+    kind: ClassVar[str] = "cumsum"
+    outer: int = 1
+    size: int = 1
+    inner: int = 1
+    exclusive: bool = False
+    reverse: bool = False
+
+
+@dataclass(frozen=True)
+class TopK(AtomicOp):
+    """Input viewed as ``[outer, size, inner]`` -> int32 indices ``[outer, k, inner]`` of the ``k``
+    largest (smallest unless ``largest``) elements along the middle axis, in order of value
+    (largest first, or smallest first), equal values by lower index first. The values are a
+    Gather of these indices, done by the lowering."""
+
+    kind: ClassVar[str] = "topk"
+    outer: int = 1
+    size: int = 1
+    inner: int = 1
+    k: int = 1
+    largest: bool = True
+
+    def output_dtype(self) -> str:
+        return INT32
+
+
+@dataclass(frozen=True)
+class Scatter(AtomicOp):
+    """ScatterND / ScatterElements: ``out = data`` (``[rows, inner]``), then for each ``j <
+    count``, row ``index[j]`` of out (negative counted from the end, out of range clamped) becomes
+    ``updates[j]`` (``reduction`` none) or is combined with it (add, mul, max, min). Inputs
+    ``(data, index int32 [count], updates [count, inner])``. With ``none`` and a repeated index
+    one of the writes wins (ONNX leaves the order undefined)."""
+
+    kind: ClassVar[str] = "scatter"
+    rows: int = 1
+    inner: int = 1
+    count: int = 1
+    reduction: str = "none"
+
+
 ALL_OPS: tuple[type[AtomicOp], ...] = (
     Raster, Unary, Binary, Reduce, MatMul, Conv2D, ConvTranspose2D, Pool2D, Softmax, Normalize,
-    Resize, Gather,
+    Resize, Gather, Select, CumSum, TopK, Scatter,
 )
 
 
@@ -313,8 +447,10 @@ ALL_OPS: tuple[type[AtomicOp], ...] = (
 class AtomicProgram:
     """The lowered model: ops in execution order and every runtime tensor's shape.
 
-    ``constants`` hold weights (float32) that backends upload once. ``aliases`` map a tensor to
-    the tensor whose memory it shares (Reshape/Flatten/Squeeze are free views).
+    ``constants`` hold weights (in their storage dtype: float32 or int32) that backends upload
+    once. ``aliases`` map a tensor to the tensor whose memory it shares (Reshape/Flatten/Squeeze
+    are free views). ``dtypes`` give every run-time tensor's dtype as the model has it (int64,
+    bool, float16, ...); ``storage_dtype`` says how it is held.
     """
 
     ops: list[AtomicOp]
@@ -327,6 +463,14 @@ class AtomicProgram:
     folded_outputs: dict[str, "object"] = field(default_factory=dict)
     #: the scheme chosen for each convolution and matrix product (``gpumnn.scheduler.schemes.Decision``)
     decisions: list = field(default_factory=list)
+    dtypes: dict[str, "object"] = field(default_factory=dict)
+
+    def storage_dtype_of(self, name: str) -> str:
+        """The storage dtype of a run-time tensor or constant (float32 unless the model says otherwise)."""
+        if name in self.constants:
+            return storage_dtype(self.constants[name].dtype)
+        dtype = self.dtypes.get(name)
+        return FLOAT32 if dtype is None else storage_dtype(dtype)
 
     def storage_of(self, name: str) -> str:
         """The tensor that owns the memory ``name`` lives in."""

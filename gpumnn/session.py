@@ -21,6 +21,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from . import atomic as A
 from .backends import create_backend
 from .backends.base import Backend, Execution, TensorHandle
 from .backends.cpu import CpuBackend
@@ -166,7 +167,8 @@ class Session:
             return self._constants[(backend, name)]
         storage = self.program.storage_of(name)
         offset = self.memory[backend].element_offset(storage)
-        return self.backends[backend].tensor(pools[backend], offset, self.program.shapes[name])
+        return self.backends[backend].tensor(pools[backend], offset, self.program.shapes[name],
+                                             self.program.storage_dtype_of(name))
 
     def _prepare(self, recorded: bool) -> _Prepared:
         pools = {b: self.backends[b].allocate(plan.pool_bytes) for b, plan in self.memory.items()}
@@ -210,12 +212,12 @@ class Session:
         for name, value in inputs.items():
             array = np.asarray(value)
             want = np.dtype(expected[name].dtype)
-            if array.dtype != want and not (np.issubdtype(want, np.integer) and np.issubdtype(array.dtype, np.integer)):
+            if array.dtype != want and not (want.kind in "iu" and array.dtype.kind in "iu"):
                 raise InputError(f"input {name!r} has dtype {array.dtype}, expected {want}")
             if tuple(array.shape) != self.input_shapes[name]:
                 raise InputError(f"input {name!r} has shape {list(array.shape)}, this session was prepared for "
                                  f"{list(self.input_shapes[name])} (create another session for other shapes)")
-            arrays[name] = np.asarray(array, dtype=np.float32, order="C")
+            arrays[name] = _to_storage(name, array, want)
         return arrays
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -250,12 +252,16 @@ class Session:
             else:
                 b = self.placement.output_backends[name]
                 value = self.backends[b].read(io[(b, name)])
-            if np.issubdtype(np.dtype(info.dtype), np.integer) or np.dtype(info.dtype) == np.bool_:
-                value = value.astype(info.dtype)
-            results[name] = value
+            results[name] = value.astype(self._output_dtype(info), copy=False)
         return results
 
     __call__ = run
+
+    def _output_dtype(self, info) -> np.dtype:
+        """The dtype an output is returned in: the model's declaration, else what lowering inferred."""
+        if info.dtype is not None and np.dtype(info.dtype) != np.float32:
+            return np.dtype(info.dtype)
+        return np.dtype(self.program.dtypes.get(info.name, info.dtype or np.float32))
 
     # -- introspection ---------------------------------------------------------------------
     @property
@@ -343,6 +349,18 @@ class Session:
 
     def __repr__(self) -> str:
         return f"<Session backend={self.backend!r} ops={len(self.program.ops)} record={self.record}>"
+
+
+def _to_storage(name: str, array: np.ndarray, want: np.dtype) -> np.ndarray:
+    """An input as its storage dtype (float32 or int32, see gpumnn.atomic), C-contiguous. Integer
+    values must fit int32: an int64 input outside that range is refused, not wrapped."""
+    storage = np.dtype(A.storage_dtype(want))
+    if storage == np.int32 and array.size and array.dtype.itemsize >= 4 and array.dtype != np.int32:
+        lo, hi = int(array.min()), int(array.max())
+        if lo < -2**31 or hi >= 2**31:
+            raise InputError(f"input {name!r} ({array.dtype}) holds values in [{lo}, {hi}]; gpumnn keeps integer "
+                             "tensors as int32 on every device, so values must lie in [-2**31, 2**31)")
+    return np.ascontiguousarray(array, dtype=storage)
 
 
 def _close_backends(backends: list[Backend]) -> None:

@@ -64,15 +64,18 @@ class BackendInfo:
 
 @dataclass
 class TensorHandle:
-    """A float32 tensor living in a backend buffer: ``shape`` elements from ``offset``.
+    """A tensor living in a backend buffer: ``shape`` elements of ``dtype`` from ``offset``.
 
-    ``offset`` counts float32 elements from the start of ``buffer``. ``buffer`` is whatever the
-    backend allocated (a NumPy array, a ``cl.Buffer``, a ``VkBuffer`` wrapper, ...).
+    ``offset`` counts 4-byte elements from the start of ``buffer``. ``buffer`` is whatever the
+    backend allocated (a NumPy array, a ``cl.Buffer``, a ``VkBuffer`` wrapper, ...). ``dtype`` is
+    a storage dtype (``float32`` or ``int32``; see ``gpumnn.atomic``); the NumPy backend's
+    constant folding also passes arrays of any NumPy dtype, named by ``dtype``.
     """
 
     buffer: Any
     offset: int
     shape: tuple[int, ...]
+    dtype: str = A.FLOAT32
 
     @property
     def size(self) -> int:
@@ -84,6 +87,20 @@ class TensorHandle:
     @property
     def nbytes(self) -> int:
         return 4 * self.size
+
+
+#: what the GPU backends' kernels implement until their integer and boolean kernels land
+FLOAT_ONLY_OP_NAMES: Mapping[type, frozenset[str]] = {
+    A.Unary: frozenset(A.UNARY_OPS) - {"not", "nonzero"},
+    A.Binary: frozenset(A.BINARY_OPS) - A.BOOL_BINARY_OPS,
+    A.Reduce: frozenset({"sum", "mean", "max", "min"}),
+}
+
+
+def constant_words(array: np.ndarray) -> tuple[np.ndarray, str]:
+    """A weight as the flat, contiguous array of its storage dtype that ``constant`` uploads."""
+    dtype = A.storage_dtype(np.asarray(array).dtype)
+    return np.ascontiguousarray(array, dtype=dtype).reshape(-1), dtype
 
 
 class Execution(ABC):
@@ -104,16 +121,26 @@ class Execution(ABC):
 
 def contract_violation(op: AtomicOp) -> str | None:
     """Why ``op`` names something outside the atomic-op contract (an unknown unary, binary or
-    reduce op), or None. Every backend checks this before it looks for a kernel."""
+    reduce op, or one not defined on its dtype), or None. Every backend checks this before it
+    looks for a kernel."""
     activation = getattr(op, "activation", None)
     if activation is not None and activation[0] not in A.UNARY_OPS:
         return f"unknown activation {activation[0]!r}"
+    for dtype in {op.dtype, op.output_dtype()}:
+        if dtype not in A.STORAGE_DTYPES:
+            return f"unknown storage dtype {dtype!r}"
     if isinstance(op, A.Unary) and op.op not in A.UNARY_OPS:
         return f"unknown unary op {op.op!r}"
+    if isinstance(op, A.Unary) and A.INT32 in (op.dtype, op.out_dtype) and op.op not in A.INT_UNARY_OPS:
+        return f"unary op {op.op!r} is not defined on int32"
     if isinstance(op, A.Binary) and op.op not in A.BINARY_OPS:
         return f"unknown binary op {op.op!r}"
+    if isinstance(op, A.Binary) and op.dtype == A.INT32 and (op.op not in A.INT_BINARY_OPS or activation is not None):
+        return f"binary op {op.op!r}{' with an activation' if activation else ''} is not defined on int32"
     if isinstance(op, A.Reduce) and op.op not in A.REDUCE_OPS:
         return f"unknown reduce op {op.op!r}"
+    if isinstance(op, A.Scatter) and op.reduction not in ("none", "add", "mul", "max", "min"):
+        return f"unknown scatter reduction {op.reduction!r}"
     if isinstance(op, A.Pool2D) and op.op not in ("max", "avg"):
         return f"unknown pooling {op.op!r}"
     if isinstance(op, A.Resize) and op.mode not in ("nearest", "linear"):
@@ -137,6 +164,12 @@ class Backend(ABC):
     #: run states of one session that may run at once on this backend (1: runs take turns) --
     #: what is *safe*; ``default_concurrent_runs`` says what *pays*
     max_concurrent_runs: ClassVar[int] = 1
+    #: atomic op type -> the storage dtypes (``op.dtype`` and the output's) its kernel takes
+    #: besides float32, which every kernel takes
+    dtypes: ClassVar[Mapping[type, frozenset[str]]] = {}
+    #: atomic op type -> the ``op`` names (of Unary, Binary, Reduce) its kernel implements; a type
+    #: not listed implements every name the contract defines (fused activations are Unary names)
+    op_names: ClassVar[Mapping[type, frozenset[str]]] = {}
 
     def __init__(self) -> None:
         self.counters: Counter[str] = Counter({k: 0 for k in COUNTERS})
@@ -154,6 +187,16 @@ class Backend(ABC):
         scheme = getattr(op, "scheme", None)
         if scheme is not None and scheme not in self.schemes.get(type(op), GENERAL_SCHEMES.get(type(op), ())):
             return f"the {self.name} backend has no {scheme!r} kernel for atomic op {type(op).__name__}"
+        for dtype in {op.dtype, op.output_dtype()} - {A.FLOAT32}:
+            if dtype not in self.dtypes.get(type(op), ()):
+                return f"the {self.name} backend has no {dtype} kernel for atomic op {type(op).__name__}"
+        names = self.op_names.get(type(op))
+        if names is not None and getattr(op, "op", None) not in names:
+            return f"the {self.name} backend has no kernel for {type(op).__name__} {op.op!r}"
+        activation = getattr(op, "activation", None)
+        unary_names = self.op_names.get(A.Unary)
+        if activation is not None and unary_names is not None and activation[0] not in unary_names:
+            return f"the {self.name} backend has no kernel for the activation {activation[0]!r}"
         return contract_violation(op)
 
     # -- schemes ---------------------------------------------------------------------------
@@ -201,21 +244,22 @@ class Backend(ABC):
     def allocate(self, nbytes: int) -> Any:
         """Allocate one device buffer of at least ``nbytes`` (the session's pool)."""
 
-    def tensor(self, buffer: Any, offset: int, shape: tuple[int, ...]) -> TensorHandle:
-        """A view of ``shape`` float32 elements at element ``offset`` of ``buffer``."""
-        return TensorHandle(buffer, offset, tuple(shape))
+    def tensor(self, buffer: Any, offset: int, shape: tuple[int, ...], dtype: str = A.FLOAT32) -> TensorHandle:
+        """A view of ``shape`` elements of storage ``dtype`` at element ``offset`` of ``buffer``."""
+        return TensorHandle(buffer, offset, tuple(shape), dtype)
 
     @abstractmethod
     def constant(self, array: np.ndarray) -> TensorHandle:
-        """Upload a weight once; the handle stays valid for the backend's lifetime."""
+        """Upload a weight (float32 or int32) once; the handle, of the array's dtype, stays valid
+        for the backend's lifetime."""
 
     @abstractmethod
     def write(self, handle: TensorHandle, array: np.ndarray) -> None:
-        """Copy a host array (float32, C-contiguous, ``handle.size`` elements) into the device."""
+        """Copy a host array (of ``handle.dtype``, C-contiguous, ``handle.size`` elements) into the device."""
 
     @abstractmethod
     def read(self, handle: TensorHandle) -> np.ndarray:
-        """Copy a tensor back to a new host array of ``handle.shape``."""
+        """Copy a tensor back to a new host array of ``handle.shape`` and ``handle.dtype``."""
 
     def release(self, buffer: Any) -> None:
         """Free a buffer from ``allocate`` (eager mode frees its per-run pool)."""

@@ -17,7 +17,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .. import atomic as A
-from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, TensorHandle
+from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, TensorHandle, constant_words
 from .limits import MemoryLimits, host_limits
 from .cpu_math import binary_function, unary_function
 from .sampling import resize_axis
@@ -25,18 +25,24 @@ from .sampling import resize_axis
 _CPU_DEFAULT_FLOPS = 2e9  # paper Appendix C fallback when frequencies are unknown
 
 
+def typed(handle: TensorHandle) -> np.ndarray:
+    """The handle's whole buffer seen as its dtype (a pool holds float32 and int32 tensors)."""
+    buf = handle.buffer
+    return buf if buf.dtype.name == handle.dtype else buf.view(handle.dtype)
+
+
 def view(handle: TensorHandle) -> np.ndarray:
     """The NumPy array a handle denotes (a view into its pool, never a copy)."""
-    return handle.buffer[handle.offset:handle.offset + handle.size].reshape(handle.shape)
+    return typed(handle)[handle.offset:handle.offset + handle.size].reshape(handle.shape)
 
 
 def flat(handle: TensorHandle) -> np.ndarray:
-    return handle.buffer[handle.offset:handle.offset + handle.size]
+    return typed(handle)[handle.offset:handle.offset + handle.size]
 
 
 def strided(handle: TensorHandle, offset: int, shape: Sequence[int], strides: Sequence[int]) -> np.ndarray:
     """An element-strided view starting ``offset`` elements into a handle (strides may be <= 0)."""
-    base = handle.buffer
+    base = typed(handle)
     start = base[handle.offset + offset:]
     if start.size == 0:  # a view at the very end (only possible for empty shapes)
         start = base[-1:]
@@ -104,8 +110,8 @@ class CpuBackend(Backend):
         return np.zeros(max(1, (nbytes + 3) // 4), dtype=np.float32)
 
     def constant(self, array: np.ndarray) -> TensorHandle:
-        data = np.ascontiguousarray(array).reshape(-1)
-        return TensorHandle(data, 0, tuple(array.shape))
+        data, dtype = constant_words(array)
+        return TensorHandle(data, 0, tuple(array.shape), dtype)
 
     def write(self, handle: TensorHandle, array: np.ndarray) -> None:
         flat(handle)[...] = np.asarray(array).reshape(-1)
@@ -224,7 +230,7 @@ def _make_binary(op: A.Binary, ins, outs):
     o = view(outs[0]).reshape(op.out_shape)
     a = strided(ins[0], 0, op.out_shape, op.a_strides)
     b = strided(ins[1], 0, op.out_shape, op.b_strides)
-    fn = binary_function(op.op, o.dtype)
+    fn = binary_function(op.op, a.dtype)
     act = _epilogue(op.activation)
 
     def run():
@@ -237,6 +243,16 @@ def _make_binary(op: A.Binary, ins, outs):
 def _make_reduce(op: A.Reduce, ins, outs):
     x = view(ins[0]).reshape(op.outer, op.size, op.inner)
     o = view(outs[0]).reshape(op.outer, op.inner)
+    if op.op in ("argmax", "argmin"):
+        found = np.empty((op.outer, op.inner), dtype=np.intp)  # NumPy's arg-reductions write intp only
+        arg = np.argmax if op.op == "argmax" else np.argmin
+
+        def run_arg():
+            arg(x, axis=1, out=found)
+            np.copyto(o, found, casting="unsafe")
+        return run_arg
+    if op.op == "mean" and o.dtype.kind != "f":
+        return lambda: np.copyto(o, np.mean(x, axis=1), casting="unsafe")  # integer mean truncates
     reducer = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}[op.op]
     return lambda: reducer(x, axis=1, out=o)
 
@@ -535,10 +551,73 @@ def _make_gather(op: A.Gather, ins, outs):
     return run
 
 
+def _make_select(op: A.Select, ins, outs):
+    o = view(outs[0]).reshape(op.out_shape)
+    cond = strided(ins[0], 0, op.out_shape, op.c_strides)
+    a = strided(ins[1], 0, op.out_shape, op.a_strides)
+    b = strided(ins[2], 0, op.out_shape, op.b_strides)
+    mask = np.empty(op.out_shape, dtype=bool)
+
+    def run():
+        np.not_equal(cond, 0, out=mask)
+        np.copyto(o, b)
+        np.copyto(o, a, where=mask)
+    return run
+
+
+def _make_cumsum(op: A.CumSum, ins, outs):
+    x = view(ins[0]).reshape(op.outer, op.size, op.inner)
+    o = view(outs[0]).reshape(op.outer, op.size, op.inner)
+    if op.reverse:  # the same running sum over reversed views
+        x, o = x[:, ::-1], o[:, ::-1]
+    if not op.exclusive:
+        return lambda: np.cumsum(x, axis=1, out=o)
+
+    def run_exclusive():
+        o[:, :1] = 0
+        np.cumsum(x[:, :-1], axis=1, out=o[:, 1:])
+    return run_exclusive
+
+
+def _make_topk(op: A.TopK, ins, outs):
+    x = view(ins[0]).reshape(op.outer, op.size, op.inner)
+    o = view(outs[0]).reshape(op.outer, op.k, op.inner)
+
+    def run():
+        keys = x.astype(np.float64) if x.dtype.kind != "f" else x
+        order = np.argsort(-keys if op.largest else keys, axis=1, kind="stable")  # ties: lower index first
+        np.copyto(o, order[:, :op.k], casting="unsafe")
+    return run
+
+
+def _make_scatter(op: A.Scatter, ins, outs):
+    data = view(ins[0]).reshape(op.rows, op.inner)
+    index = flat(ins[1])
+    updates = view(ins[2]).reshape(op.count, op.inner)
+    out = view(outs[0]).reshape(op.rows, op.inner)
+    combine = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}.get(op.reduction)
+
+    def run():
+        rows = index.astype(np.int64)
+        rows[rows < 0] += op.rows
+        np.clip(rows, 0, op.rows - 1, out=rows)  # the contract: out-of-range rows clamp
+        np.copyto(out, data)
+        if combine is None:
+            out[rows] = updates
+        else:
+            combine.at(out, rows, updates)
+    return run
+
+
 CpuBackend.schemes = KERNEL_SCHEMES
+_ANY_INT = frozenset({A.INT32})
+#: NumPy computes every integer op; float-only kernels (convolution, pooling, ...) stay float32
+CpuBackend.dtypes = {op: _ANY_INT for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.MatMul, A.Gather, A.Select,
+                                             A.CumSum, A.TopK, A.Scatter)}
 CpuBackend.kernel_table = _MAKERS = {
     A.Raster: _make_raster, A.Unary: _make_unary, A.Binary: _make_binary, A.Reduce: _make_reduce,
     A.MatMul: _make_matmul, A.Conv2D: _make_conv2d, A.ConvTranspose2D: _make_conv_transpose2d,
     A.Pool2D: _make_pool2d, A.Softmax: _make_softmax, A.Normalize: _make_normalize,
-    A.Resize: _make_resize, A.Gather: _make_gather,
+    A.Resize: _make_resize, A.Gather: _make_gather, A.Select: _make_select, A.CumSum: _make_cumsum,
+    A.TopK: _make_topk, A.Scatter: _make_scatter,
 }

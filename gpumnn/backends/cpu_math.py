@@ -41,7 +41,11 @@ def unary_function(name: str, params: tuple[float, ...], dtype: np.dtype) -> Una
     if name == "relu":
         return lambda x, out: np.maximum(x, 0, out=out)
     if name == "clip":
-        return lambda x, out: np.clip(x, p[0], p[1], out=out)
+        lo, hi = p[0], p[1]
+        if np.dtype(dtype).kind in "iu":  # integer bounds (an infinite bound is the type's limit)
+            info = np.iinfo(dtype)
+            lo, hi = (dtype.type(int(min(max(v, info.min), info.max))) for v in (lo, hi))
+        return lambda x, out: np.clip(x, lo, hi, out=out)
     if name == "neg":
         return lambda x, out: np.negative(x, out=out)
     if name == "abs":
@@ -75,6 +79,13 @@ def unary_function(name: str, params: tuple[float, ...], dtype: np.dtype) -> Una
         "elu": lambda x: np.where(x < 0, p[0] * np.expm1(np.minimum(x, 0)), x) if p else x,
         "sign": np.sign,
         "affine_pow": lambda x: np.power(p[0] + p[1] * x, p[2]),
+        "selu": lambda x: p[1] * np.where(x <= 0, p[0] * np.expm1(np.minimum(x, 0)), x),
+        "celu": lambda x: np.maximum(x, 0) + np.minimum(0, p[0] * np.expm1(np.minimum(x, 0) / p[0])),
+        "mish": lambda x: x * np.tanh(np.logaddexp(0.0, x)),
+        "thresholded_relu": lambda x: np.where(x > p[0], x, 0),
+        "round_f16": lambda x: x.astype(np.float16).astype(x.dtype),
+        "not": lambda x: x == 0,
+        "nonzero": lambda x: x != 0,
     }
     if name not in table:
         raise KeyError(f"unknown unary op {name!r}")
@@ -87,13 +98,24 @@ def _int_div(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     np.copyto(out, np.where((a < 0) ^ (b < 0), -q, q), casting="unsafe")
 
 
+def _int_pow(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """Integer Pow through float64 (NumPy refuses negative integer exponents; ONNX does not)."""
+    np.copyto(out, np.power(a.astype(np.float64), b), casting="unsafe")
+
+
 def binary_function(name: str, dtype: np.dtype) -> BinaryFn:
-    """``fn(a, b, out)`` computing atomic Binary ``name``; a and b may be broadcast views."""
-    integer = np.issubdtype(dtype, np.integer)
+    """``fn(a, b, out)`` computing atomic Binary ``name`` on operands of ``dtype``; a and b may be
+    broadcast views, ``out`` is of the op's output dtype."""
+    integer = np.issubdtype(dtype, np.integer) or np.dtype(dtype) == np.bool_
     if name == "div" and integer:
         return _int_div
+    if name == "pow" and integer:
+        return _int_pow
     ufuncs = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
-              "pow": np.power, "max": np.maximum, "min": np.minimum}
+              "pow": np.power, "max": np.maximum, "min": np.minimum, "mod": np.mod, "fmod": np.fmod,
+              "equal": np.equal, "less": np.less, "less_equal": np.less_equal, "greater": np.greater,
+              "greater_equal": np.greater_equal, "and": np.logical_and, "or": np.logical_or,
+              "xor": np.logical_xor}
     if name in ufuncs:
         ufunc = ufuncs[name]
         return lambda a, b, out: ufunc(a, b, out=out, casting="unsafe")

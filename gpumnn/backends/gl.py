@@ -48,9 +48,9 @@ from .. import atomic as A
 from ..errors import BackendUnavailableError, GpumnnError
 from ..shaders.compile import ShaderCompileError, preprocess
 from . import gl_context
-from .base import Backend, BackendInfo, Execution, TensorHandle
+from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words, FLOAT_ONLY_OP_NAMES
 from .cpu import host_cpu_flops
-from .glsl_plans import (PLANNERS, SCHEMES, Builder, DispatchExecution, Hazards, binding_limit, check_shader_op_ids,
+from .glsl_plans import (DTYPES as GLSL_DTYPES, PLANNERS, SCHEMES, Builder, DispatchExecution, Hazards, binding_limit, check_shader_op_ids,
                          grid_limit, plan, window)
 from .limits import MemoryLimits, host_memory
 
@@ -318,15 +318,15 @@ class GLBackend(Backend):
 
     @_in_context
     def constant(self, array: np.ndarray) -> TensorHandle:
-        data = np.ascontiguousarray(np.asarray(array, dtype=np.float32)).reshape(-1)
+        data, dtype = constant_words(array)
         if data.size == 0:
             data = np.zeros(1, np.float32)
         buf = self._new_buffer(data.nbytes, "constant", data.tobytes())
-        return TensorHandle(buf, 0, tuple(np.shape(array)))
+        return TensorHandle(buf, 0, tuple(np.shape(array)), dtype)
 
     @_in_context
     def write(self, handle: TensorHandle, array: np.ndarray) -> None:
-        data = np.ascontiguousarray(np.asarray(array, dtype=np.float32)).reshape(-1)
+        data = np.ascontiguousarray(array, dtype=handle.dtype).reshape(-1)
         if data.size != handle.size:
             raise ValueError(f"write of {data.size} elements into a tensor of {handle.size}")
         if data.size:
@@ -334,7 +334,7 @@ class GLBackend(Backend):
 
     @_in_context
     def read(self, handle: TensorHandle) -> np.ndarray:
-        out = np.empty(handle.shape, dtype=np.float32)
+        out = np.empty(handle.shape, dtype=handle.dtype)
         if out.size:
             handle.buffer.obj.read_into(out, size=out.nbytes, offset=4 * handle.offset)
         return out
@@ -475,5 +475,7 @@ class GLBackend(Backend):
 
 GLBackend.kernel_table = PLANNERS
 GLBackend.schemes = SCHEMES
+GLBackend.op_names = FLOAT_ONLY_OP_NAMES
+GLBackend.dtypes = GLSL_DTYPES
 
 __all__ = ["GLBackend", "GLBuffer", "GLError", "GLRecording"]

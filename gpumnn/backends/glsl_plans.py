@@ -653,6 +653,8 @@ def _plan_gather(be, op: A.Gather, ins, outs):
 
 #: The schemes the planners build (Vulkan and OpenGL both use these planners).
 SCHEMES: Mapping[type, frozenset[str]] = KERNEL_SCHEMES
+#: the int32 kernels (see Backend.dtypes): Gather copies 32-bit words
+DTYPES: Mapping[type, frozenset[str]] = {A.Gather: frozenset({A.INT32})}
 
 PLANNERS: Mapping[type, Callable] = {
     A.Raster: _plan_raster, A.Unary: _plan_unary, A.Binary: _plan_binary, A.Reduce: _plan_reduce,

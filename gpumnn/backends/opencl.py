@@ -37,7 +37,7 @@ import pyopencl as cl
 from .. import atomic as A
 from .. import diskcache
 from ..strides import contiguous_strides, merge_dims
-from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, TensorHandle
+from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, TensorHandle, constant_words, FLOAT_ONLY_OP_NAMES
 from .limits import MemoryLimits, host_memory
 from .opencl_cmdbuf import CommandBufferAPI, CommandBufferError
 from .sampling import resize_axis
@@ -329,11 +329,11 @@ class OpenCLBackend(Backend):
         return buf
 
     def constant(self, array: np.ndarray) -> TensorHandle:
-        data = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+        data, dtype = constant_words(array)
         if data.size == 0:
             data = np.zeros(1, dtype=np.float32)
         buf = self._buffer(data.nbytes, cl.mem_flags.READ_ONLY, hostbuf=data, cls=ConstantBuffer)
-        return TensorHandle(buf, 0, tuple(np.shape(array)))
+        return TensorHandle(buf, 0, tuple(np.shape(array)), dtype)
 
     @staticmethod
     def is_constant(handle: TensorHandle) -> bool:
@@ -342,14 +342,14 @@ class OpenCLBackend(Backend):
         return isinstance(handle.buffer, ConstantBuffer)
 
     def write(self, handle: TensorHandle, array: np.ndarray) -> None:
-        data = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+        data = np.ascontiguousarray(array, dtype=handle.dtype).reshape(-1)
         if data.size != handle.size:
             raise ValueError(f"write of {data.size} elements into a tensor of {handle.size}")
         if data.size:
             cl.enqueue_copy(self.queue, handle.buffer, data, dst_offset=4 * handle.offset, is_blocking=True)
 
     def read(self, handle: TensorHandle) -> np.ndarray:
-        out = np.empty(handle.shape, dtype=np.float32)
+        out = np.empty(handle.shape, dtype=handle.dtype)
         if out.size:
             cl.enqueue_copy(self.queue, out, handle.buffer, src_offset=4 * handle.offset, is_blocking=True)
         return out
@@ -834,6 +834,9 @@ def _make_gather(be, op: A.Gather, ins, outs):
 
 
 OpenCLBackend.schemes = KERNEL_SCHEMES
+#: the int32 kernels (see Backend.dtypes): Gather copies 32-bit words
+OpenCLBackend.op_names = FLOAT_ONLY_OP_NAMES
+OpenCLBackend.dtypes = {A.Gather: frozenset({A.INT32})}
 OpenCLBackend.kernel_table = _MAKERS = {
     A.Raster: _make_raster, A.Unary: _make_unary, A.Binary: _make_binary, A.Reduce: _make_reduce,
     A.MatMul: _make_matmul, A.Conv2D: _make_conv2d, A.ConvTranspose2D: _make_conv_transpose2d,

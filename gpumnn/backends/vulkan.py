@@ -48,11 +48,11 @@ import numpy as np
 
 from .. import atomic as A
 from ..errors import BackendUnavailableError
-from .base import Backend, BackendInfo, Execution, TensorHandle
+from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words, FLOAT_ONLY_OP_NAMES
 from .cpu import host_cpu_flops
 from .limits import MemoryLimits, host_memory
 # The API-neutral half (what to dispatch per atomic op) is shared with the OpenGL backend.
-from .glsl_plans import (PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
+from .glsl_plans import (DTYPES as GLSL_DTYPES, PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
                          DispatchExecution, Hazards as _Hazards, binding_limit, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, window)
 
 try:
@@ -273,7 +273,7 @@ class VulkanBackend(Backend):
                 self.dev.destroy_buffer(buffer)
 
     def constant(self, array: np.ndarray) -> TensorHandle:
-        data = np.ascontiguousarray(np.asarray(array, dtype=np.float32)).reshape(-1)
+        data, dtype = constant_words(array)
         nbytes = max(data.nbytes, 4)
         if nbytes <= _SMALL_CONSTANT:
             with self._lock:
@@ -282,15 +282,15 @@ class VulkanBackend(Backend):
                     self._arena = self._new_buffer(_ARENA_CHUNK, "arena")
                     start = 0
                 self._arena_used = start + nbytes
-                handle = TensorHandle(self._arena, start // 4, tuple(np.shape(array)))
+                handle = TensorHandle(self._arena, start // 4, tuple(np.shape(array)), dtype)
         else:
-            handle = TensorHandle(self._new_buffer(nbytes, "constant"), 0, tuple(np.shape(array)))
+            handle = TensorHandle(self._new_buffer(nbytes, "constant"), 0, tuple(np.shape(array)), dtype)
         if data.size:
             self._upload(handle, data)
         return handle
 
     def write(self, handle: TensorHandle, array: np.ndarray) -> None:
-        data = np.ascontiguousarray(np.asarray(array, dtype=np.float32)).reshape(-1)
+        data = np.ascontiguousarray(array, dtype=handle.dtype).reshape(-1)
         if data.size != handle.size:
             raise ValueError(f"write of {data.size} elements into a tensor of {handle.size}")
         if data.size:
@@ -301,23 +301,23 @@ class VulkanBackend(Backend):
         n = handle.size
         buf = handle.buffer
         if n == 0:
-            return np.zeros(handle.shape, dtype=np.float32)
+            return np.zeros(handle.shape, dtype=handle.dtype)
         if self._direct and buf.mapped is not None:
-            return buf.mapped[handle.offset:handle.offset + n].reshape(handle.shape).copy()
+            return buf.mapped[handle.offset:handle.offset + n].view(handle.dtype).reshape(handle.shape).copy()
         with self._lane() as lane:
             staging = self._staging_buffer(lane, 4 * n)
             self._copy(lane, buf, 4 * handle.offset, staging, 0, 4 * n)
-            return staging.mapped[:n].reshape(handle.shape).copy()
+            return staging.mapped[:n].view(handle.dtype).reshape(handle.shape).copy()
 
     def _upload(self, handle: TensorHandle, data: np.ndarray) -> None:
         self._check_open()
         buf = handle.buffer
         if self._direct and buf.mapped is not None:
-            buf.mapped[handle.offset:handle.offset + data.size] = data
+            buf.mapped[handle.offset:handle.offset + data.size] = data.view(buf.mapped.dtype)  # words, any dtype
             return
         with self._lane() as lane:
             staging = self._staging_buffer(lane, data.nbytes)
-            staging.mapped[:data.size] = data
+            staging.mapped[:data.size] = data.view(staging.mapped.dtype)
             self._copy(lane, staging, 0, buf, 4 * handle.offset, data.nbytes)
 
     def reserve_run(self, io_bytes: int) -> None:
@@ -557,6 +557,8 @@ class VulkanBackend(Backend):
 
 VulkanBackend.kernel_table = _PLANNERS
 VulkanBackend.schemes = _SCHEMES
+VulkanBackend.op_names = FLOAT_ONLY_OP_NAMES
+VulkanBackend.dtypes = GLSL_DTYPES
 VulkanBackend.plan_error = VulkanError if vk is not None else PlanError
 
 __all__ = ["VulkanBackend", "VulkanRecording", "check_shader_op_ids"]

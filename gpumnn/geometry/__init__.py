@@ -62,7 +62,11 @@ def lower(graph: Graph, input_shapes: Mapping[str, Sequence[int]]) -> A.AtomicPr
     for name, array in graph.initializers.items():
         ctx.set_const(name, array)
     for info in graph.inputs:
-        ctx.set_runtime(info.name, input_shapes[info.name])
+        try:
+            A.storage_dtype(info.dtype)
+        except TypeError:
+            raise ModelError(f"graph input {info.describe()}: gpumnn runs float, integer and bool tensors only") from None
+        ctx.set_runtime(info.name, input_shapes[info.name], info.dtype)
     lower_into(ctx, graph)
     return _finalize(ctx, graph)
 
@@ -133,7 +137,8 @@ def _finalize(ctx: LoweringContext, graph: Graph) -> A.AtomicProgram:
         regions = tuple(regions_of(op.index_map))
         needs_fill = bool(np.any(op.index_map.src < 0))
         final_ops.append(A.Raster(tuple(op.sources), (op.output,), op.source_node, out_shape=op.index_map.shape,
-                                  regions=regions, fill=(op.fill if op.fill is not None else 0.0) if needs_fill else None))
+                                  regions=regions, fill=(op.fill if op.fill is not None else 0.0) if needs_fill else None,
+                                  dtype=A.storage_dtype(ctx.values[op.output].dtype)))
 
     used = {n for op in final_ops for n in op.inputs + op.outputs} | set(graph.output_names) | set(graph.input_names)
     for name in list(used):  # keep whole alias chains, so storage_of() resolves every view
@@ -147,4 +152,6 @@ def _finalize(ctx: LoweringContext, graph: Graph) -> A.AtomicProgram:
         if name not in ctx.values:
             raise ModelError(f"graph output {name!r} was never computed")
     aliases = {n: s for n, s in ctx.aliases.items() if n in used}
-    return A.AtomicProgram(final_ops, shapes, constants, graph.input_names, graph.output_names, aliases, folded)
+    dtypes = {n: ctx.values[n].dtype for n in shapes}
+    return A.AtomicProgram(final_ops, shapes, constants, graph.input_names, graph.output_names, aliases, folded,
+                           dtypes=dtypes)

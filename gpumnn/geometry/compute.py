@@ -7,6 +7,7 @@ becomes Normalize + per-channel mul/add, 1D convolution is a 2D one on a free vi
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Callable, Sequence
 
@@ -98,8 +99,24 @@ def collapse_binary(out_shape, a_strides, b_strides, node: Node):
     return tuple(m[0] for m in merged), tuple(m[1] for m in merged), tuple(m[2] for m in merged)
 
 
+def as_dtype(ctx: LoweringContext, node: Node, name: str, dtype) -> str:
+    """``name`` converted to ``dtype``'s storage: itself when it is held so already, else a
+    converted constant or a converting Unary (ONNX Pow takes an integer exponent for a float base)."""
+    value = ctx.value(name, node)
+    dtype = np.dtype(dtype)
+    if A.storage_dtype(value.dtype) == A.storage_dtype(dtype):
+        return name
+    converted = ctx.temp(node, f"as_{dtype.name}")
+    if value.is_const:
+        ctx.set_const(converted, value.const.astype(dtype))
+    else:
+        ctx.emit(A.Unary((name,), (converted,), node.name, op="identity", count=value.size), value.shape, dtype)
+    return converted
+
+
 def emit_binary(ctx: LoweringContext, node: Node, op: str, a: str, b: str, out: str,
                 activation: A.Activation = None) -> None:
+    b = as_dtype(ctx, node, b, ctx.dtype(a))  # the result has the first operand's type
     sa, sb = ctx.shape(a), ctx.shape(b)
     try:
         out_shape = tuple(np.broadcast_shapes(sa, sb))
@@ -119,8 +136,9 @@ def emit_binary(ctx: LoweringContext, node: Node, op: str, a: str, b: str, out: 
                       activation=activation), out_shape)
 
 
-def emit_unary(ctx: LoweringContext, node: Node, op: str, params: tuple[float, ...], x: str, out: str) -> None:
-    ctx.emit(A.Unary((x,), (out,), node.name, op=op, params=params, count=ctx.value(x).size), ctx.shape(x))
+def emit_unary(ctx: LoweringContext, node: Node, op: str, params: tuple[float, ...], x: str, out: str,
+               out_dtype=None) -> None:
+    ctx.emit(A.Unary((x,), (out,), node.name, op=op, params=params, count=ctx.value(x).size), ctx.shape(x), out_dtype)
 
 
 @lowers(*UNARY_ONNX)
@@ -202,18 +220,57 @@ def lower_binary(ctx: LoweringContext, node: Node, opset: int) -> None:
         emit_binary(ctx, node, "mul", current, scale, node.outputs[0])
 
 
-@lowers("Cast")
+@lowers("Cast", "CastLike")
 def lower_cast(ctx: LoweringContext, node: Node, opset: int) -> None:
-    target = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(node.attr("to"))))
-    value = ctx.value(node.inputs[0], node)
-    if value.is_const:
-        ctx.set_const(node.outputs[0], value.const.astype(target))
-    elif np.issubdtype(target, np.floating):
-        ctx.alias(node.outputs[0], node.inputs[0], value.shape)
-    elif np.issubdtype(target, np.integer):  # run-time tensors are float32: keep the integer value
-        emit_unary(ctx, node, "trunc", (), node.inputs[0], node.outputs[0])
+    """Cast between the dtypes gpumnn holds. Float types share float32 storage (a Cast to float16
+    rounds to float16's precision), integer types and bool share int32: a Cast to bool tests for
+    non-zero, float to integer truncates toward zero, and a narrower integer type wraps."""
+    if node.op_type == "CastLike":
+        target = ctx.dtype(node.inputs[1])
     else:
-        raise UnsupportedOpError("Cast", node.name, f"cast of run-time data to {target} is not supported")
+        target = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(node.attr("to"))))
+    source, out = node.inputs[0], node.outputs[0]
+    value = ctx.value(source, node)
+    if value.is_const:
+        ctx.set_const(out, value.const.astype(target))
+        return
+    try:
+        storage = A.storage_dtype(target)
+    except TypeError:
+        raise UnsupportedOpError(node.op_type, node.name, f"cast of run-time data to {target}: gpumnn holds float, "
+                                 "integer and bool tensors only") from None
+    if target == np.bool_:
+        emit_unary(ctx, node, "nonzero", (), source, out, out_dtype=bool)
+        return
+    if target == np.float16:
+        converted = as_dtype(ctx, node, source, np.float32)
+        emit_unary(ctx, node, "round_f16", (), converted, out, out_dtype=np.float16)
+        return
+    narrow = storage == A.INT32 and target.itemsize < 4
+    if A.storage_dtype(value.dtype) == storage and not (narrow and target.itemsize < value.dtype.itemsize):
+        ctx.alias(out, source, value.shape, target)
+        return
+    if not narrow:
+        ctx.emit(A.Unary((source,), (out,), node.name, op="identity", count=value.size), value.shape, target)
+        return
+    # int8/uint8/int16/uint16 wrap: ((x + offset) mod 2^bits) - offset, offset 2^(bits-1) for signed
+    wide = as_dtype(ctx, node, source, np.int64)
+    span = 1 << (8 * target.itemsize)
+    offset = span // 2 if target.kind == "i" else 0
+
+    def const(v: int) -> str:
+        name = ctx.temp(node, "wrap")
+        ctx.set_const(name, np.array(v, dtype=np.int64))
+        return name
+    shifted = wide
+    if offset:
+        shifted = ctx.temp(node, "shifted")
+        emit_binary(ctx, node, "add", wide, const(offset), shifted)
+    wrapped = ctx.temp(node, "wrapped") if offset else out
+    emit_binary(ctx, node, "mod", shifted, const(span), wrapped)
+    if offset:
+        emit_binary(ctx, node, "sub", wrapped, const(offset), out)
+    ctx.values[out] = dataclasses.replace(ctx.values[out], dtype=target)
 
 
 # -- convolution ---------------------------------------------------------------------------------

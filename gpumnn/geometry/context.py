@@ -7,6 +7,7 @@ Gather -> Concat -> Reshape chains disappear), otherwise the op joins the progra
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -86,48 +87,72 @@ class LoweringContext:
         array = np.asarray(array)
         self.values[name] = Value(tuple(int(d) for d in array.shape), array.dtype, array)
 
-    def set_runtime(self, name: str, shape: Sequence[int]) -> None:
-        self.values[name] = Value(tuple(int(d) for d in shape))
+    def set_runtime(self, name: str, shape: Sequence[int], dtype=np.float32) -> None:
+        """A tensor known at run time only; ``dtype`` is the model's (int64, bool, float16, ...)."""
+        self.values[name] = Value(tuple(int(d) for d in shape), np.dtype(dtype))
+
+    def dtype(self, name: str) -> np.dtype:
+        return self.value(name).dtype
 
     def temp(self, node: Node, hint: str) -> str:
         self._counter += 1
         return f"{node.name}/{hint}:{self._counter}"
 
     def runtime_input(self, name: str) -> str:
-        """Make sure a tensor an atomic op reads exists at run time (constants become float32 weights)."""
+        """Make sure a tensor an atomic op reads exists at run time (constants become weights in
+        their storage dtype: float32, or int32 when every value fits)."""
         value = self.values[name]
         if value.const is not None and name not in self.constants:
-            self.constants[name] = np.asarray(value.const, dtype=np.float32, order="C")
+            storage = np.dtype(A.storage_dtype(value.const.dtype))
+            if storage == np.int32 and value.const.size and value.const.dtype.itemsize > 4:
+                lo, hi = int(value.const.min()), int(value.const.max())
+                if lo < -2**31 or hi >= 2**31:
+                    raise ModelError(f"constant {name!r} ({value.const.dtype}) holds values in [{lo}, {hi}], outside "
+                                     "int32: gpumnn keeps integer tensors as int32 on every device")
+            self.constants[name] = np.asarray(value.const, dtype=storage, order="C")
         return name
 
-    def alias(self, output: str, source: str, shape: Sequence[int]) -> None:
-        """``output`` is ``source`` seen with another shape (Reshape, Flatten, Squeeze, ...)."""
+    def alias(self, output: str, source: str, shape: Sequence[int], dtype=None) -> None:
+        """``output`` is ``source`` seen with another shape (Reshape, Flatten, Squeeze, ...), or
+        as another ``dtype`` held in the same storage dtype (a Cast from int64 to int32)."""
         src_value = self.values[source]
+        dtype = src_value.dtype if dtype is None else np.dtype(dtype)
+        if A.storage_dtype(dtype) != A.storage_dtype(src_value.dtype):
+            raise ModelError(f"internal: {output!r} cannot alias {source!r} across storage dtypes")
         if src_value.const is not None:
-            self.set_const(output, src_value.const.reshape(tuple(shape)))
+            self.set_const(output, src_value.const.reshape(tuple(shape)).astype(dtype, copy=False))
             return
         self.aliases[output] = source
-        self.set_runtime(output, shape)
+        self.set_runtime(output, shape, dtype)
 
     # -- emission --------------------------------------------------------------------------
     def emit(self, op: A.AtomicOp, out_shape: Sequence[int], out_dtype: np.dtype | None = None) -> None:
-        """Add an atomic op with one output, or evaluate it now if its inputs are all constant."""
+        """Add an atomic op with one output, or evaluate it now if its inputs are all constant.
+
+        The op's storage dtypes are set here from the tensors it reads (``op.dtype`` from its
+        data input); ``out_dtype`` is the output's dtype as the model has it, by default the data
+        input's (bool for comparisons, int64 for indices)."""
         inputs = [self.values[n] for n in op.inputs]
         name = op.outputs[0]
+        data = inputs[op.data_input].dtype if inputs else np.dtype(np.float32)
+        result = np.dtype(out_dtype) if out_dtype is not None else _default_result(op, data)
         if all(v.is_const for v in inputs):
-            dtype = out_dtype or (np.result_type(*[v.const for v in inputs]) if inputs else np.float32)
-            self.set_const(name, self._fold(op, [v.const for v in inputs], tuple(out_shape), dtype))
+            self.set_const(name, self._fold(op, [v.const for v in inputs], tuple(out_shape), result))
             return
+        op = dataclasses.replace(op, dtype=A.storage_dtype(data))
+        if isinstance(op, A.Unary):
+            op = dataclasses.replace(op, out_dtype=A.storage_dtype(result))
         for input_name in op.inputs:
             self.runtime_input(input_name)
         self.ops.append(op)
-        self.set_runtime(name, out_shape)
+        self.set_runtime(name, out_shape, result)
 
     def emit_raster(self, pending: PendingRaster) -> None:
         for name in pending.sources:
             self.runtime_input(name)
         self.ops.append(pending)
-        self.set_runtime(pending.output, pending.index_map.shape)
+        dtype = self.values[pending.sources[0]].dtype if pending.sources else np.dtype(np.float32)
+        self.set_runtime(pending.output, pending.index_map.shape, dtype)
 
     def _fold(self, op: A.AtomicOp, arrays: list[np.ndarray], shape, dtype) -> np.ndarray:
         """Run one atomic op on the NumPy backend with arrays of any dtype."""
@@ -137,9 +162,20 @@ class LoweringContext:
         size = math.prod(shape)
         check_host_bytes(size * np.dtype(dtype).itemsize, f"folding node {op.source!r} into a constant of shape "
                          f"{list(shape)}")
-        handles = [TensorHandle(np.ascontiguousarray(a).reshape(-1), 0, tuple(a.shape)) for a in arrays]
+        arrays = [np.ascontiguousarray(a) for a in arrays]
+        handles = [TensorHandle(a.reshape(-1), 0, tuple(a.shape), a.dtype.name) for a in arrays]
         out = np.zeros(max(1, size), dtype=dtype)
-        out_handle = TensorHandle(out, 0, tuple(shape))
+        out_handle = TensorHandle(out, 0, tuple(shape), out.dtype.name)
         exe = self._folder.create_execution(op, handles, [out_handle])
         self._folder.run_eager([exe])
         return out[:out_handle.size].reshape(shape)
+
+
+def _default_result(op: A.AtomicOp, data: np.dtype) -> np.dtype:
+    """The model-level dtype of an op's output when the lowering does not say: bool for
+    comparisons and logic, int64 for indices, else the data input's."""
+    if isinstance(op, A.Binary) and op.op in A.BOOL_BINARY_OPS or isinstance(op, A.Unary) and op.op in ("not", "nonzero"):
+        return np.dtype(bool)
+    if isinstance(op, A.TopK) or isinstance(op, A.Reduce) and op.op in ("argmax", "argmin"):
+        return np.dtype(np.int64)
+    return np.dtype(data)

@@ -16,6 +16,7 @@ from typing import Mapping
 
 from .. import atomic as A
 from ..backends.base import Backend, BackendInfo
+from ..errors import UnsupportedOpError
 from .memory import Lifetime
 
 
@@ -54,6 +55,12 @@ def place(program: A.AtomicProgram, backends: Mapping[str, Backend], requested: 
     for op in program.ops:
         reason = backends[requested].unsupported_reason(op)
         chosen = requested if reason is None else "cpu"
+        if reason is not None and requested != "cpu":
+            cpu_reason = backends["cpu"].unsupported_reason(op)
+            if cpu_reason is not None:  # nowhere to run it: say so at creation, not mid-run
+                raise UnsupportedOpError(f"atomic {op.kind}", op.source, f"{reason}; and {cpu_reason}")
+        elif reason is not None:
+            raise UnsupportedOpError(f"atomic {op.kind}", op.source, reason)
         op_backends.append(chosen)
         reasons.append(reason)
         costs.append(op_cost_ms(op, backends[chosen].info))

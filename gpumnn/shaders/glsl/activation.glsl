@@ -28,6 +28,13 @@
 #define U_ELU 22
 #define U_SIGN 23
 #define U_AFFINE_POW 24
+#define U_SELU 25
+#define U_CELU 26
+#define U_MISH 27
+#define U_THRESHOLDED_RELU 28
+#define U_ROUND_F16 29
+#define U_NOT 30
+#define U_NONZERO 31
 
 // erf by Abramowitz & Stegun 7.1.26 (the same formula as gpumnn.backends.cpu_math.erf).
 float erf_as(float x) {
@@ -87,6 +94,11 @@ float apply_unary(int op, float x, float a, float b, float c) {
     case U_ELU: return x < 0.0 ? a * (exp(x) - 1.0) : x;
     case U_SIGN: return sign(x);
     case U_AFFINE_POW: return safe_pow(a + b * x, c);
+    case U_SELU: return b * (x <= 0.0 ? a * (exp(x) - 1.0) : x);
+    case U_CELU: return max(x, 0.0) + min(0.0, a * (exp(x / a) - 1.0));
+    case U_MISH: return x * tanh_safe(max(x, 0.0) + log1p_acc(exp(-abs(x))));
+    case U_THRESHOLDED_RELU: return x > a ? x : 0.0;
+    case U_ROUND_F16: return unpackHalf2x16(packHalf2x16(vec2(x, 0.0))).x;  // round to nearest even
     }
     return x;
 }

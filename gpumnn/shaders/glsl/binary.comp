@@ -19,6 +19,16 @@ BUFFER_RO(2, B);
 #define B_MAX 5
 #define B_MIN 6
 #define B_PRELU 7
+#define B_MOD 8
+#define B_FMOD 9
+#define B_EQUAL 10
+#define B_LESS 11
+#define B_LESS_EQUAL 12
+#define B_GREATER 13
+#define B_GREATER_EQUAL 14
+#define B_AND 15
+#define B_OR 16
+#define B_XOR 17
 
 void main() {
     int i = GLOBAL_ID();
@@ -41,6 +51,11 @@ void main() {
     r = max(a, b);
 #elif OP == B_MIN
     r = min(a, b);
+#elif OP == B_FMOD
+    r = a - b * trunc(a / b);  // C's fmod: the sign of a
+#elif OP == B_MOD
+    r = a - b * trunc(a / b);  // then the sign of b, as Python's %
+    if (r != 0.0 && ((r < 0.0) != (b < 0.0))) r += b;
 #else
     r = a < 0.0 ? a * b : a;
 #endif

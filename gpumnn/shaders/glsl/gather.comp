@@ -1,11 +1,11 @@
-// Gather with run-time indices: data [outer, axis, inner], indices (float) [count]
-// -> out [outer, count, inner]; negative indices count from the end.
+// Gather with run-time indices: data [outer, axis, inner], indices (int32) [count]
+// -> out [outer, count, inner], copied as 32-bit words; negative indices count from the end.
 // params: 0 total | 1 axis | 2 inner | 3 count | 4 data_off | 5 idx_off | 6 out_off
 #include "common.glsl"
 layout(local_size_x = WG) in;
-BUFFER_WO(0, dst);
-BUFFER_RO(1, data);
-BUFFER_RO(2, idx);
+BUFFER_WO_OF(uint, 0, dst);
+BUFFER_RO_OF(uint, 1, data);
+BUFFER_RO_OF(int, 2, idx);
 
 void main() {
     int i = GLOBAL_ID();
@@ -15,7 +15,7 @@ void main() {
     int t = i / inner;
     int c = t % PI(3);
     int o = t / PI(3);
-    int j = int(idx[PI(5) + c]);
+    int j = idx[PI(5) + c];
     if (j < 0) j += axis;
     j = clamp(j, 0, axis - 1);
     dst[PI(6) + i] = data[PI(4) + (o * axis + j) * inner + e];

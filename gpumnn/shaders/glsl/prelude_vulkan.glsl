@@ -18,5 +18,9 @@ layout(push_constant) uniform PushConstants { int p[32]; } gpumnn_pc;
 #define BUFFER_RO(b, name) layout(std430, set = 0, binding = b) readonly buffer Buf##b { float name[]; }
 #define BUFFER_WO(b, name) layout(std430, set = 0, binding = b) writeonly buffer Buf##b { float name[]; }
 #define BUFFER_RW(b, name) layout(std430, set = 0, binding = b) buffer Buf##b { float name[]; }
+// A binding seen as elements of another 32-bit type T (int for int32 tensors, uint to copy words).
+#define BUFFER_RO_OF(T, b, name) layout(std430, set = 0, binding = b) readonly buffer Buf##b##T { T name[]; }
+#define BUFFER_WO_OF(T, b, name) layout(std430, set = 0, binding = b) writeonly buffer Buf##b##T { T name[]; }
+#define BUFFER_RW_OF(T, b, name) layout(std430, set = 0, binding = b) buffer Buf##b##T { T name[]; }
 // A vec4 view of a binding (aliases the float view; element offsets must be multiples of 4).
 #define BUFFER_RO_VEC4(b, name) layout(std430, set = 0, binding = b) readonly buffer Buf##b##v4 { vec4 name[]; }

@@ -35,6 +35,11 @@
     case UOP_ELU:          return x < (T)(0.0f) ? p0 * expm1(x) : x;                           \
     case UOP_SIGN:         return x > (T)(0.0f) ? (T)(1.0f) : (x < (T)(0.0f) ? (T)(-1.0f) : x); \
     case UOP_AFFINE_POW:   return pow((T)(p0) + p1 * x, (T)(p2));                              \
+    case UOP_SELU:         return p1 * (x <= (T)(0.0f) ? p0 * expm1(x) : x);                   \
+    case UOP_CELU:         return fmax(x, (T)(0.0f)) + fmin((T)(0.0f), p0 * expm1(x / p0));    \
+    case UOP_MISH:         return x * tanh(fmax(x, (T)(0.0f)) + log1p(exp(-fabs(x))));          \
+    case UOP_THRESHOLDED_RELU: return x > (T)(p0) ? x : (T)(0.0f);                             \
+    case UOP_ROUND_F16:    return ROUND_F16(x);                                                \
     default:               return x;                                                           \
     }
 
@@ -48,8 +53,21 @@
     case BOP_MAX:   return (a > b || isnan(a)) ? a : b;   /* NaN-propagating like np.maximum */ \
     case BOP_MIN:   return (a < b || isnan(a)) ? a : b;                                        \
     case BOP_PRELU: return a < (T)(0.0f) ? a * b : a;                                          \
+    case BOP_FMOD:  return fmod(a, b);                                                         \
+    case BOP_MOD:   { T r = fmod(a, b);  /* the sign of b, as Python's % */                    \
+                      return (r != (T)(0.0f) && ((r < (T)(0.0f)) != (b < (T)(0.0f)))) ? r + b : r; } \
     default:        return a;                                                                  \
     }
+
+/* x rounded to the nearest float16 value (a Cast to float16 held in float32): through the
+ * half-precision store and load every OpenCL device has (vstore_half_rte rounds to nearest even). */
+inline float round_f16(const float x)
+{
+    ushort h[1];  /* half variables need cl_khr_fp16; a half pointer does not */
+    vstore_half_rte(x, 0, (__private half*)h);
+    return vload_half(0, (__private const half*)h);
+}
+#define ROUND_F16(x) round_f16(x)
 
 inline float apply_unary(const int op, const float x, const float p0, const float p1, const float p2)
 {
@@ -62,6 +80,15 @@ inline float apply_binary(const int op, const float a, const float b)
 }
 
 #ifdef VEC   /* VT: see vec.cl */
+inline VT round_f16_v(const VT x)
+{
+    ushort h[VEC];
+    VCAT(VCAT(vstore_half, VEC), _rte)(x, 0, (__private half*)h);
+    return VCAT(vload_half, VEC)(0, (__private const half*)h);
+}
+#undef ROUND_F16
+#define ROUND_F16(x) round_f16_v(x)
+
 inline VT apply_unary_v(const int op, const VT x, const float p0, const float p1, const float p2)
 {
     UNARY_BODY(VT)
