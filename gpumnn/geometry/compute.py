@@ -29,6 +29,7 @@ UNARY_ONNX: dict[str, str] = {
     "Sqrt": "sqrt", "Neg": "neg", "Abs": "abs", "Reciprocal": "reciprocal", "Floor": "floor",
     "Ceil": "ceil", "Round": "round", "Softplus": "softplus", "Sign": "sign", "HardSwish": "hard_swish",
     "LeakyRelu": "leaky_relu", "HardSigmoid": "hard_sigmoid", "Elu": "elu", "Gelu": "gelu", "Clip": "clip",
+    "Selu": "selu", "Celu": "celu", "Mish": "mish", "ThresholdedRelu": "thresholded_relu",
 }
 
 BINARY_ONNX: dict[str, str] = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow",
@@ -46,8 +47,11 @@ def unary_spec(node: Node, lookup: ConstLookup) -> tuple[str, tuple[float, ...]]
         return name, (_scalar(node, "alpha", node.attr("alpha", 0.01)),)
     if op == "HardSigmoid":
         return name, (_scalar(node, "alpha", node.attr("alpha", 0.2)), _scalar(node, "beta", node.attr("beta", 0.5)))
-    if op == "Elu":
+    if op in ("Elu", "Celu", "ThresholdedRelu"):
         return name, (_scalar(node, "alpha", node.attr("alpha", 1.0)),)
+    if op == "Selu":
+        return name, (_scalar(node, "alpha", node.attr("alpha", 1.67326319217681884765625)),
+                      _scalar(node, "gamma", node.attr("gamma", 1.05070102214813232421875)))
     if op == "Gelu":
         return (name, ()) if node.attr("approximate", "none") == "none" else None
     if op == "Clip":
