@@ -18,6 +18,7 @@ import numpy as np
 from . import zoo
 from .backends import probe
 from .net import load
+from .feeds import random_input
 
 
 @dataclass
@@ -118,7 +119,7 @@ def benchmark(models: Iterable[str], backends: Sequence[str], threads: int | Non
             proto, shape = onnx.load(model_name), None
         if shape is None:
             shape = tuple(int(d) for d in net.inputs[0].shape)
-        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        x = random_input(net.inputs[0].dtype, shape, np.random.default_rng(0))
         bar.step(f"{model_name} on onnxruntime")
         ort_ms, reference = _onnxruntime_ms(proto.SerializeToString(), x, threads, runs, warmup)
         input_name = net.inputs[0].name

@@ -13,6 +13,7 @@ import numpy as np
 from . import __version__, zoo
 from .backends import REGISTRY, create_backend, probe
 from .errors import GpumnnError
+from .feeds import random_input
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -52,7 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.input:
         x = np.load(args.input)
     else:
-        x = np.random.default_rng(0).standard_normal(sess.input_shapes[name]).astype(np.float32)
+        x = random_input(net.inputs[0].dtype, sess.input_shapes[name], np.random.default_rng(0))
     start = time.perf_counter()
     outputs = sess.run({name: x})
     elapsed = (time.perf_counter() - start) * 1000

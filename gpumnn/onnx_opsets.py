@@ -54,6 +54,9 @@ REVIEWED: dict[tuple[str, int], Reviewed] = {
     ("MaxPool", 22): Reviewed("bfloat16 added; the text now says that with ceil_mode a window starting in the "
                               "right padding is dropped, which gpumnn's output-size rule already does"),
     ("Cast", 24): Reviewed("round_mode and the saturation table concern casts to float8 types only"),
+    ("CastLike", 24): Reviewed("round_mode and the saturation table concern casts to float8 types only"),
+    ("Mod", 28): Reviewed("fmod=0 is now defined for floating-point inputs too (A - floor(A/B)*B, the sign of B): "
+                          "gpumnn's mod computes exactly that for floats as for integers"),
     ("Range", 27): Reviewed("stash_type sets the accumulation type of float16/bfloat16 ranges only"),
     ("SpaceToDepth", 28): Reviewed("new attribute mode: DCR (the default, the order of earlier versions) and CRD, "
                                    "both of which gpumnn's lowering implements"),
