@@ -36,16 +36,19 @@ INT32 = "int32"
 STORAGE_DTYPES: tuple[str, ...] = (FLOAT32, INT32)
 
 
+#: the model dtypes gpumnn holds (bfloat16, the float8 and 4-bit types and strings it does not)
+HELD_DTYPES: tuple[str, ...] = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
+                                "uint16", "uint32", "uint64", "bool")
+
+
 def storage_dtype(dtype) -> str:
-    """The storage dtype a model's dtype is held in on every backend: float32 for float kinds,
-    int32 for integer kinds and bool."""
+    """The storage dtype a model's dtype is held in on every backend: float32 for float16/32/64,
+    int32 for integer types and bool. TypeError for a dtype gpumnn does not hold."""
     import numpy as np
-    kind = np.dtype(dtype).kind
-    if kind == "f":
-        return FLOAT32
-    if kind in "iub":
-        return INT32
-    raise TypeError(f"no storage dtype for {np.dtype(dtype)}")
+    dtype = np.dtype(dtype)
+    if dtype.name not in HELD_DTYPES:
+        raise TypeError(f"gpumnn holds no {dtype.name} tensors")
+    return FLOAT32 if dtype.kind == "f" else INT32
 
 
 def fill_bits(fill: float, dtype: str) -> int:

@@ -143,6 +143,8 @@ def contract_violation(op: AtomicOp) -> str | None:
         return f"unknown scatter reduction {op.reduction!r}"
     if isinstance(op, A.Pool2D) and op.op not in ("max", "avg"):
         return f"unknown pooling {op.op!r}"
+    if isinstance(op, A.Pool2D) and op.dtype == A.INT32 and op.op != "max":
+        return "average pooling is not defined on int32"
     if isinstance(op, A.Resize) and op.mode not in ("nearest", "linear"):
         return f"unknown resize mode {op.mode!r}"
     return None

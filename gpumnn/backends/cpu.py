@@ -446,7 +446,7 @@ def _make_pool2d(op: A.Pool2D, ins, outs):
         reducer = np.max if op.op == "max" else np.mean
         return (lambda: reducer(x3, axis=2, out=o3)), "global"
     extent = ((oh - 1) * sh + kh, (ow - 1) * sw + kw)
-    border = -np.inf if op.op == "max" else 0.0
+    border = (np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf) if op.op == "max" else 0.0
     padded = _PaddedInput(x, op.pads, border, extent)
     windows = _window_view(padded.buf, op.kernel, op.strides, (1, 1), op.out_hw)
     taps = [windows[:, :, i, j] for i in range(kh) for j in range(kw)]
@@ -613,7 +613,7 @@ CpuBackend.schemes = KERNEL_SCHEMES
 _ANY_INT = frozenset({A.INT32})
 #: NumPy computes every integer op; float-only kernels (convolution, pooling, ...) stay float32
 CpuBackend.dtypes = {op: _ANY_INT for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.MatMul, A.Gather, A.Select,
-                                             A.CumSum, A.TopK, A.Scatter)}
+                                             A.CumSum, A.TopK, A.Scatter, A.Pool2D)}
 CpuBackend.kernel_table = _MAKERS = {
     A.Raster: _make_raster, A.Unary: _make_unary, A.Binary: _make_binary, A.Reduce: _make_reduce,
     A.MatMul: _make_matmul, A.Conv2D: _make_conv2d, A.ConvTranspose2D: _make_conv_transpose2d,

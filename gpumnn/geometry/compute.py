@@ -789,6 +789,18 @@ def lower_softmax(ctx: LoweringContext, node: Node, opset: int) -> None:
 REDUCE_ONNX = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min"}
 
 
+def _empty_reduction(op: str, dtype: np.dtype):
+    """ONNX's value of a reduction over nothing: the identity of ``op`` in ``dtype`` (the lowest
+    value of an integer or bool type for max, not -inf)."""
+    if op == "sum":
+        return 0
+    if op == "mean":
+        return np.nan
+    low, high = ((False, True) if dtype == np.bool_ else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+                 if dtype.kind in "iu" else (-np.inf, np.inf))
+    return low if op == "max" else high
+
+
 @lowers(*REDUCE_ONNX)
 def lower_reduce(ctx: LoweringContext, node: Node, opset: int) -> None:
     shape = list(ctx.shape(node.inputs[0]))
@@ -806,8 +818,8 @@ def lower_reduce(ctx: LoweringContext, node: Node, opset: int) -> None:
     if any(shape[a] == 0 for a in axes):  # an empty reduction: ONNX's identity values, known now
         kept = [1 if i in axes else d for i, d in enumerate(shape)]
         final = kept if node.attr("keepdims", 1) else [d for i, d in enumerate(shape) if i not in axes]
-        identity = {"sum": 0.0, "mean": np.nan, "max": -np.inf, "min": np.inf}[REDUCE_ONNX[node.op_type]]
-        ctx.set_const(node.outputs[0], np.full(final, identity, dtype=np.float32))
+        ctx.set_const(node.outputs[0], np.full(final, _empty_reduction(REDUCE_ONNX[node.op_type],
+                                                                        ctx.dtype(node.inputs[0])), dtype=ctx.dtype(node.inputs[0])))
         return
     runs: list[list[int]] = []
     for a in axes:
