@@ -81,10 +81,11 @@ def label_sizes(labels: Sequence[str], shapes: Sequence[Sequence[int]], node: No
     sizes: dict[str, int] = {}
     for term, shape in zip(labels, shapes):
         for label, dim in zip(term, shape):
-            known = sizes.get(label, 1)
-            if dim != 1 and known != 1 and dim != known:
+            known = sizes.setdefault(label, dim)
+            if dim != known and known == 1:
+                sizes[label] = dim
+            elif dim != known and dim != 1:
                 raise ModelError(f"node {node.name!r} (Einsum): label {label!r} has sizes {known} and {dim}")
-            sizes[label] = max(known, dim) if dim != 0 and known != 0 else 0
     return sizes
 
 
