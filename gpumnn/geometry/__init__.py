@@ -153,5 +153,6 @@ def _finalize(ctx: LoweringContext, graph: Graph) -> A.AtomicProgram:
             raise ModelError(f"graph output {name!r} was never computed")
     aliases = {n: s for n, s in ctx.aliases.items() if n in used}
     dtypes = {n: ctx.values[n].dtype for n in shapes}
+    dtypes.update({n: np.asarray(a).dtype for n, a in folded.items()})  # returned as folded when undeclared
     return A.AtomicProgram(final_ops, shapes, constants, graph.input_names, graph.output_names, aliases, folded,
                            dtypes=dtypes)
