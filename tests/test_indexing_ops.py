@@ -169,11 +169,15 @@ def test_nonzero_of_runtime_data_is_data_dependent() -> None:
         gpumnn.load(case.model()).session(backend="cpu")
 
 
-def test_integer_einsum_product_is_refused_by_name() -> None:
-    case = Case("Einsum-int-product", "Einsum", {"a": _ints(0, 3, 2, 3), "b": _ints(0, 3, 3, 2)},
+def test_integer_einsum_product_runs_on_the_cpu(backend: str) -> None:
+    """GPU matrix kernels are float: an integer product is placed on the cpu backend, visibly."""
+    case = Case("Einsum-int-product", "Einsum", {"a": _ints(-9, 9, 2, 3), "b": _ints(-9, 9, 3, 2)},
                 attrs={"equation": "ij,jk->ik"})
-    with pytest.raises(gpumnn.UnsupportedOpError, match="einsum_node.*float kernel"):
-        gpumnn.load(case.model()).session(backend="cpu")
+    sess = gpumnn.load(case.model()).session(backend=backend)
+    (got,) = sess.run(case.feeds).values()
+    np.testing.assert_array_equal(got, case.feeds["a"] @ case.feeds["b"])
+    matmuls = [r for r in sess.report_rows() if r["op"] == "matmul"]
+    assert matmuls and all(r["backend"] == "cpu" for r in matmuls)
 
 
 def test_constant_indices_out_of_range_are_refused() -> None:
