@@ -313,6 +313,12 @@ for _r in A.REDUCE_OPS:
         return Case(op, {"x": rng.integers(-1000, 1000, 105).astype(np.int32)}, {"y": (3, 5)})
     CASES[f"reduce-int32-{_r}"] = _make_int
 
+for _r in ("argmax", "argmin"):
+    def _make_ties(rng, _r=_r):  # few distinct values: the first index of the extreme wins
+        op = A.Reduce(("x",), ("y",), f"reduce_ties_{_r}", op=_r, outer=3, size=9, inner=4, dtype=A.INT32)
+        return Case(op, {"x": rng.integers(-2, 3, 108).astype(np.int32)}, {"y": (3, 4)})
+    CASES[f"reduce-{_r}-int32-ties"] = _make_ties
+
 
 def _matmul(rng, *, batch, m, n, k, trans_a=False, trans_b=False, shared=False, bias=None, alpha=1.0,
             beta=1.0, activation=None, const_b=False) -> Case:
@@ -568,6 +574,15 @@ CASES["scatter-float32-none"] = lambda rng: _scatter(rng, A.FLOAT32, "none")
 CASES["scatter-int32-none"] = lambda rng: _scatter(rng, A.INT32, "none")
 CASES["scatter-float32-add"] = lambda rng: _scatter(rng, A.FLOAT32, "add")
 CASES["scatter-float32-max"] = lambda rng: _scatter(rng, A.FLOAT32, "max")
+
+
+@case("scatter-int32-add-repeated-clamped")
+def _(rng):  # a reduction combines every update of a repeated row; 9 clamps to the last row, -5 wraps to 0
+    rows = np.array([1, -5, 1, 9, 0, 1], dtype=np.int32)
+    op = A.Scatter(("data", "rows", "upd"), ("y",), "scatter_add", rows=5, inner=3, count=len(rows), reduction="add",
+                   dtype=A.INT32)
+    return Case(op, {"data": rng.integers(-99, 99, (5, 3)).astype(np.int32), "rows": rows,
+                     "upd": rng.integers(-99, 99, (len(rows), 3)).astype(np.int32)}, {"y": (5, 3)})
 
 
 def _region(src, src_offset, src_strides, dst_offset, dst_strides, size):

@@ -6,7 +6,8 @@
  * The bodies are written once for a type T and instantiated for float and, when the program is
  * built with -DVEC=n (CPU devices), for floatn: a CPU OpenCL compiler cannot vectorise across
  * work-items through a run-time switch, so those kernels process VEC elements per work-item
- * with one switch per vector. */
+ * with one switch per vector. Truth-valued ops (not, nonzero, comparisons, and/or/xor) give
+ * (T)1 / (T)0 here; the kernels writing int32 0/1 convert (elementwise.cl). */
 
 #define UNARY_BODY(T)                                                                          \
     switch (op) {                                                                              \
