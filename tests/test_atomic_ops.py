@@ -214,6 +214,8 @@ def _binary_inputs(opname, rng, a_n, b_n):
         a = rng.uniform(0.2, 2.0, a_n)
     if opname == "div":
         b = np.sign(b) * (np.abs(b) + 0.5)
+    if opname in ("equal", "less", "less_equal", "greater", "greater_equal"):  # ties, so equal finds some
+        a, b = rng.integers(-2, 3, a_n) / 2.0, rng.integers(-2, 3, b_n) / 2.0
     return a, b
 
 
@@ -310,6 +312,12 @@ for _r in A.REDUCE_OPS:
         op = A.Reduce(("x",), ("y",), f"reduce_int_{_r}", op=_r, outer=3, size=7, inner=5, dtype=A.INT32)
         return Case(op, {"x": rng.integers(-1000, 1000, 105).astype(np.int32)}, {"y": (3, 5)})
     CASES[f"reduce-int32-{_r}"] = _make_int
+
+for _r in ("argmax", "argmin"):
+    def _make_ties(rng, _r=_r):  # few distinct values: the first index of the extreme wins
+        op = A.Reduce(("x",), ("y",), f"reduce_ties_{_r}", op=_r, outer=3, size=9, inner=4, dtype=A.INT32)
+        return Case(op, {"x": rng.integers(-2, 3, 108).astype(np.int32)}, {"y": (3, 4)})
+    CASES[f"reduce-{_r}-int32-ties"] = _make_ties
 
 
 def _matmul(rng, *, batch, m, n, k, trans_a=False, trans_b=False, shared=False, bias=None, alpha=1.0,
@@ -568,6 +576,15 @@ CASES["scatter-float32-add"] = lambda rng: _scatter(rng, A.FLOAT32, "add")
 CASES["scatter-float32-max"] = lambda rng: _scatter(rng, A.FLOAT32, "max")
 
 
+@case("scatter-int32-add-repeated-clamped")
+def _(rng):  # a reduction combines every update of a repeated row; 9 clamps to the last row, -5 wraps to 0
+    rows = np.array([1, -5, 1, 9, 0, 1], dtype=np.int32)
+    op = A.Scatter(("data", "rows", "upd"), ("y",), "scatter_add", rows=5, inner=3, count=len(rows), reduction="add",
+                   dtype=A.INT32)
+    return Case(op, {"data": rng.integers(-99, 99, (5, 3)).astype(np.int32), "rows": rows,
+                     "upd": rng.integers(-99, 99, (len(rows), 3)).astype(np.int32)}, {"y": (5, 3)})
+
+
 def _region(src, src_offset, src_strides, dst_offset, dst_strides, size):
     return A.Region(src, src_offset, tuple(src_strides), dst_offset, tuple(dst_strides), tuple(size))
 
@@ -671,7 +688,7 @@ _INT_AND_NEW = {name for name in CASES if any(name.startswith(p) for p in (
     "raster-int32-", "unary-not", "unary-nonzero"))} | {f"binary-{b}-bcast" for b in A.BOOL_BINARY_OPS}
 
 #: per backend family (one line each: the OpenCL and GLSL kernels are written separately)
-AWAITING_OPENCL = set(_INT_AND_NEW)
+AWAITING_OPENCL: set[str] = set()
 
 AWAITING_GLSL = set(_INT_AND_NEW)  # vulkan and gl
 

@@ -6,7 +6,8 @@
  * The bodies are written once for a type T and instantiated for float and, when the program is
  * built with -DVEC=n (CPU devices), for floatn: a CPU OpenCL compiler cannot vectorise across
  * work-items through a run-time switch, so those kernels process VEC elements per work-item
- * with one switch per vector. */
+ * with one switch per vector. Truth-valued ops (not, nonzero, comparisons, and/or/xor) give
+ * (T)1 / (T)0 here; the kernels writing int32 0/1 convert (elementwise.cl). */
 
 #define UNARY_BODY(T)                                                                          \
     switch (op) {                                                                              \
@@ -40,8 +41,23 @@
     case UOP_MISH:         return x * tanh(fmax(x, (T)(0.0f)) + log1p(exp(-fabs(x))));          \
     case UOP_THRESHOLDED_RELU: return x > (T)(p0) ? x : (T)(0.0f);                             \
     case UOP_ROUND_F16:    return ROUND_F16(x);                                                \
+    case UOP_NOT:          return x == (T)(0.0f) ? (T)(1.0f) : (T)(0.0f);                      \
+    case UOP_NONZERO:      return x != (T)(0.0f) ? (T)(1.0f) : (T)(0.0f);                      \
     default:               return x;                                                           \
     }
+
+/* The binary ops whose result is a truth value, as (T)1 / (T)0 for any scalar or vector T (a
+ * vector comparison is -1 per true lane, so the ternary, a per-lane select, maps it to 1). The
+ * host converts it to the int32 0/1 the contract gives. */
+#define BOOL_BINARY_CASES(T)                                                                   \
+    case BOP_EQUAL:         return a == b ? (T)(1) : (T)(0);                                   \
+    case BOP_LESS:          return a < b ? (T)(1) : (T)(0);                                    \
+    case BOP_LESS_EQUAL:    return a <= b ? (T)(1) : (T)(0);                                   \
+    case BOP_GREATER:       return a > b ? (T)(1) : (T)(0);                                    \
+    case BOP_GREATER_EQUAL: return a >= b ? (T)(1) : (T)(0);                                   \
+    case BOP_AND:           return (a != (T)(0) && b != (T)(0)) ? (T)(1) : (T)(0);             \
+    case BOP_OR:            return (a != (T)(0) || b != (T)(0)) ? (T)(1) : (T)(0);             \
+    case BOP_XOR:           return ((a != (T)(0)) != (b != (T)(0))) ? (T)(1) : (T)(0);
 
 #define BINARY_BODY(T)                                                                         \
     switch (op) {                                                                              \
@@ -56,6 +72,7 @@
     case BOP_FMOD:  return fmod(a, b);                                                         \
     case BOP_MOD:   { T r = fmod(a, b);  /* the sign of b, as Python's % */                    \
                       return (r != (T)(0.0f) && ((r < (T)(0.0f)) != (b < (T)(0.0f)))) ? r + b : r; } \
+    BOOL_BINARY_CASES(T)                                                                       \
     default:        return a;                                                                  \
     }
 

@@ -1,40 +1,62 @@
-/* Unary and Binary atomic ops (needs activation.cl). */
+/* Unary and Binary atomic ops (needs activation.cl and integer.cl).
+ *
+ * One kernel per (input dtype, output dtype), suffixed f (float32) / i (int32): the op is
+ * computed in the input's type (APPLY), then converted to the output's (CONV: float to int32
+ * truncates toward zero, as a Cast does). Unary params have the input's type (the host converts
+ * clip's bounds for int32). A comparison of floats is computed as a float 1/0 and converted; the
+ * fused activation of a float Binary runs before that conversion. */
 
-__kernel void unary_op(__global const float* x, const int x_off,
-                       __global float* y, const int y_off, const int n,
-                       const int op, const float p0, const float p1, const float p2)
-{
-    const int i = get_global_id(0);
-    if (i < n) y[y_off + i] = apply_unary(op, x[x_off + i], p0, p1, p2);
+#define SAME(v) (v)
+
+#define UNARY_KERNEL(SUF, TI, TO, PT, APPLY, CONV)                                            \
+__kernel void unary_##SUF(__global const TI* x, const int x_off,                               \
+                          __global TO* y, const int y_off, const int n,                        \
+                          const int op, const PT p0, const PT p1, const PT p2)                 \
+{                                                                                              \
+    const int i = get_global_id(0);                                                            \
+    if (i < n) y[y_off + i] = CONV(APPLY(op, x[x_off + i], p0, p1, p2));                       \
 }
 
-/* out[i] = act(op(a[i . a_strides], b[i . b_strides])) over a RANK-4 shape (d0, d1, d2, d3). */
-__kernel void binary_op(__global const float* a, const int a_off,
-                        __global const float* b, const int b_off,
-                        __global float* out, const int o_off,
-                        const int d1, const int d2, const int d3, const int n,
-                        const int as0, const int as1, const int as2, const int as3,
-                        const int bs0, const int bs1, const int bs2, const int bs3,
-                        const int op, const int act, const float p0, const float p1, const float p2)
-{
-    const int i = get_global_id(0);
-    if (i >= n) return;
-    int i0, i1, i2, i3;
-    split4(i, d1, d2, d3, &i0, &i1, &i2, &i3);
-    const float va = a[a_off + i0 * as0 + i1 * as1 + i2 * as2 + i3 * as3];
-    const float vb = b[b_off + i0 * bs0 + i1 * bs1 + i2 * bs2 + i3 * bs3];
-    out[o_off + i] = apply_unary(act, apply_binary(op, va, vb), p0, p1, p2);
+UNARY_KERNEL(ff, float, float, float, apply_unary, SAME)
+UNARY_KERNEL(fi, float, int, float, apply_unary, convert_int_rtz)
+UNARY_KERNEL(ii, int, int, int, apply_unary_int, SAME)
+UNARY_KERNEL(if, int, float, int, apply_unary_int, convert_float)
+
+/* the epilogue of a Binary: the fused activation (float results only; the contract has none on int32) */
+#define EPILOGUE_F(r) apply_unary(act, r, p0, p1, p2)
+#define EPILOGUE_FI(r) convert_int_rtz(apply_unary(act, r, p0, p1, p2))
+
+/* binary_SUF: out[i] = act(op(a[i . a_strides], b[i . b_strides])) over a RANK-4 shape
+ * (d0, d1, d2, d3); binary_flat_SUF: both operands contiguous over the output (residual adds). */
+#define BINARY_KERNELS(SUF, TI, TO, APPLY, EPILOGUE)                                           \
+__kernel void binary_##SUF(__global const TI* a, const int a_off,                              \
+                           __global const TI* b, const int b_off,                              \
+                           __global TO* out, const int o_off,                                  \
+                           const int d1, const int d2, const int d3, const int n,              \
+                           const int as0, const int as1, const int as2, const int as3,         \
+                           const int bs0, const int bs1, const int bs2, const int bs3,         \
+                           const int op, const int act, const float p0, const float p1, const float p2) \
+{                                                                                              \
+    const int i = get_global_id(0);                                                            \
+    if (i >= n) return;                                                                        \
+    int i0, i1, i2, i3;                                                                        \
+    split4(i, d1, d2, d3, &i0, &i1, &i2, &i3);                                                 \
+    const TI va = a[a_off + i0 * as0 + i1 * as1 + i2 * as2 + i3 * as3];                        \
+    const TI vb = b[b_off + i0 * bs0 + i1 * bs1 + i2 * bs2 + i3 * bs3];                        \
+    out[o_off + i] = EPILOGUE(APPLY(op, va, vb));                                              \
+}                                                                                              \
+__kernel void binary_flat_##SUF(__global const TI* a, const int a_off,                         \
+                                __global const TI* b, const int b_off,                         \
+                                __global TO* out, const int o_off, const int n,                \
+                                const int op, const int act, const float p0, const float p1, const float p2) \
+{                                                                                              \
+    const int i = get_global_id(0);                                                            \
+    if (i < n) out[o_off + i] = EPILOGUE(APPLY(op, a[a_off + i], b[b_off + i]));               \
 }
 
-/* Fast path: both operands contiguous over the output (residual adds). */
-__kernel void binary_flat(__global const float* a, const int a_off,
-                          __global const float* b, const int b_off,
-                          __global float* out, const int o_off, const int n,
-                          const int op, const int act, const float p0, const float p1, const float p2)
-{
-    const int i = get_global_id(0);
-    if (i < n) out[o_off + i] = apply_unary(act, apply_binary(op, a[a_off + i], b[b_off + i]), p0, p1, p2);
-}
+BINARY_KERNELS(ff, float, float, apply_binary, EPILOGUE_F)
+BINARY_KERNELS(fi, float, int, apply_binary, EPILOGUE_FI)
+BINARY_KERNELS(ii, int, int, apply_binary_int, SAME)
 
 #ifdef VEC
 /* ---- CPU devices: VEC elements per work-item (see activation.cl) ---- */

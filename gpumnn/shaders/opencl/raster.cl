@@ -1,13 +1,15 @@
-/* Raster: fill, then one strided copy per region (offsets/strides in elements, may be <= 0). */
+/* Raster: fill, then one strided copy per region (offsets/strides in elements, may be <= 0).
+ * Elements are 32-bit words of any storage dtype (float32, int32): copied, never converted; the
+ * fill arrives as the word the host made of it (atomic.fill_bits). */
 
-__kernel void raster_fill(__global float* dst, const int d_off, const int n, const float value)
+__kernel void raster_fill(__global uint* dst, const int d_off, const int n, const uint value)
 {
     const int i = get_global_id(0);
     if (i < n) dst[d_off + i] = value;
 }
 
-__kernel void raster_copy(__global const float* src, const int s_off,
-                          __global float* dst, const int d_off,
+__kernel void raster_copy(__global const uint* src, const int s_off,
+                          __global uint* dst, const int d_off,
                           const int n1, const int n2, const int n3, const int n,
                           const int ss0, const int ss1, const int ss2, const int ss3,
                           const int ds0, const int ds1, const int ds2, const int ds3)
@@ -21,19 +23,19 @@ __kernel void raster_copy(__global const float* src, const int s_off,
 }
 
 /* Common special case: a contiguous run (concat / slice of whole rows). */
-__kernel void raster_copy_flat(__global const float* src, const int s_off,
-                               __global float* dst, const int d_off, const int n)
+__kernel void raster_copy_flat(__global const uint* src, const int s_off,
+                               __global uint* dst, const int d_off, const int n)
 {
     const int i = get_global_id(0);
     if (i < n) dst[d_off + i] = src[s_off + i];
 }
 
 #ifdef VEC
-/* CPU devices: a work-item copies VEC elements of the innermost dim (vector load / store when
+/* CPU devices: a work-item copies VEC elements of the innermost dim (uintN vector load / store when
  * that dim is contiguous, else a gather / scatter) -- no integer division per element.
  * Global: (ceil(n3/VEC), n2, n0*n1). */
-__kernel void raster_copy_vec(__global const float* src, const int s_off,
-                              __global float* dst, const int d_off,
+__kernel void raster_copy_vec(__global const uint* src, const int s_off,
+                              __global uint* dst, const int d_off,
                               const int n1, const int n2, const int n3,
                               const int ss0, const int ss1, const int ss2, const int ss3,
                               const int ds0, const int ds1, const int ds2, const int ds3)
@@ -41,8 +43,8 @@ __kernel void raster_copy_vec(__global const float* src, const int s_off,
     const int i3 = get_global_id(0) * VEC, i2 = get_global_id(1), z = get_global_id(2);
     if (i3 >= n3) return;
     const int i1 = z % n1, i0 = z / n1;
-    __global const float* ps = src + s_off + i0 * ss0 + i1 * ss1 + i2 * ss2 + i3 * ss3;
-    __global float* pd = dst + d_off + i0 * ds0 + i1 * ds1 + i2 * ds2 + i3 * ds3;
+    __global const uint* ps = src + s_off + i0 * ss0 + i1 * ss1 + i2 * ss2 + i3 * ss3;
+    __global uint* pd = dst + d_off + i0 * ds0 + i1 * ds1 + i2 * ds2 + i3 * ds3;
     const int count = min(VEC, n3 - i3);
     if (count == VEC && ss3 == 1 && ds3 == 1) {
         VSTORE(VLOAD(0, ps), 0, pd);
