@@ -87,7 +87,9 @@ INT_UNARY_OPS: frozenset[str] = frozenset({"identity", "relu", "clip", "neg", "a
 #: Binary ops: add, sub, mul, div, pow, max, min, prelu (a<0 ? a*b : a); mod (the sign of b, as
 #: Python's %), fmod (the sign of a, as C's fmod); the comparisons equal, less, less_equal,
 #: greater, greater_equal and the logical and, or, xor (of 0/1 operands), whose output is int32
-#: 0/1 whatever ``dtype`` is. On int32: div truncates toward zero; add, sub, mul wrap around.
+#: 0/1 whatever ``dtype`` is (and take no activation). On int32: div truncates toward zero (a zero
+#: divisor gives 0); add, sub, mul wrap around; pow with a negative exponent is 1 / a**|b| truncated
+#: toward zero (0 for a base of 0).
 BINARY_OPS: tuple[str, ...] = ("add", "sub", "mul", "div", "pow", "max", "min", "prelu", "mod", "fmod",
                                "equal", "less", "less_equal", "greater", "greater_equal", "and", "or", "xor")
 #: the binary ops whose output is int32 0/1 (a bool tensor) whatever their operands' dtype

@@ -135,6 +135,8 @@ def contract_violation(op: AtomicOp) -> str | None:
         return f"unary op {op.op!r} is not defined on int32"
     if isinstance(op, A.Binary) and op.op not in A.BINARY_OPS:
         return f"unknown binary op {op.op!r}"
+    if isinstance(op, A.Binary) and op.op in A.BOOL_BINARY_OPS and activation is not None:
+        return f"binary op {op.op!r} gives 0/1 and takes no activation"
     if isinstance(op, A.Binary) and op.dtype == A.INT32 and (op.op not in A.INT_BINARY_OPS or activation is not None):
         return f"binary op {op.op!r}{' with an activation' if activation else ''} is not defined on int32"
     if isinstance(op, A.Reduce) and op.op not in A.REDUCE_OPS:

@@ -94,13 +94,17 @@ def unary_function(name: str, params: tuple[float, ...], dtype: np.dtype) -> Una
 
 def _int_div(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """ONNX integer Div truncates toward zero (C semantics), unlike NumPy's floor division."""
-    q = np.abs(a) // np.abs(b)
-    np.copyto(out, np.where((a < 0) ^ (b < 0), -q, q), casting="unsafe")
+    wide_a, wide_b = a.astype(np.int64), b.astype(np.int64)  # abs(INT32_MIN) does not fit int32
+    q = np.abs(wide_a) // np.abs(wide_b)
+    np.copyto(out, np.where((wide_a < 0) ^ (wide_b < 0), -q, q), casting="unsafe")
 
 
 def _int_pow(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    """Integer Pow through float64 (NumPy refuses negative integer exponents; ONNX does not)."""
-    np.copyto(out, np.power(a.astype(np.float64), b), casting="unsafe")
+    """Integer Pow through float64 (NumPy refuses negative integer exponents; ONNX does not): a
+    negative exponent truncates 1 / a**|b| toward zero (0 for a base of 0, as the contract says)."""
+    with np.errstate(divide="ignore"):
+        value = np.trunc(np.power(a.astype(np.float64), b))
+    np.copyto(out, np.where((b < 0) & (a == 0), 0, value), casting="unsafe")
 
 
 def binary_function(name: str, dtype: np.dtype) -> BinaryFn:
