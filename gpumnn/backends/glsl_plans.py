@@ -379,8 +379,8 @@ def _plan_unary(be, op: A.Unary, ins, outs):
     return [b], None
 
 
-def _plan_elementwise(be, kernel: str, defines: dict, shape: Sequence[int], operand_strides: Sequence[Sequence[int]],
-                      ins, outs) -> Builder:
+def _elementwise_builder(be, kernel: str, defines: dict, shape: Sequence[int],
+                         operand_strides: Sequence[Sequence[int]], ins, outs) -> Builder:
     """An elementwise dispatch over ``shape`` (RANK dims, output contiguous) reading each input
     through its strides (binary.comp, select.comp): dims contiguous in every view collapsed,
     then params total | shape[1..3] | per operand: offset, 4 strides | out offset."""
@@ -399,7 +399,7 @@ def _plan_elementwise(be, kernel: str, defines: dict, shape: Sequence[int], oper
 
 def _plan_binary(be, op: A.Binary, ins, outs):
     defines = dict(_int_defines(op.dtype), OP=BINARY_IDS[op.op])
-    b = _plan_elementwise(be, "binary", defines, op.out_shape, (op.a_strides, op.b_strides), ins, outs)
+    b = _elementwise_builder(be, "binary", defines, op.out_shape, (op.a_strides, op.b_strides), ins, outs)
     b.activation(15, op.activation)
     return [b], None
 
@@ -692,8 +692,8 @@ def _plan_gather(be, op: A.Gather, ins, outs):
 
 
 def _plan_select(be, op: A.Select, ins, outs):
-    return [_plan_elementwise(be, "select", {}, op.out_shape, (op.c_strides, op.a_strides, op.b_strides),
-                              ins, outs)], None
+    return [_elementwise_builder(be, "select", {}, op.out_shape, (op.c_strides, op.a_strides, op.b_strides),
+                                 ins, outs)], None
 
 
 def _plan_cumsum(be, op: A.CumSum, ins, outs):
@@ -754,5 +754,6 @@ def plan(be: PlanTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outputs
     return [d for d in (b.build() for b in builders) if d is not None], scheme
 
 
-__all__ = ["BINARY_IDS", "Binding", "Builder", "DTYPES", "Hazards", "OP_NAMES", "PARAMS", "PLANNERS", "PlanError", "PlanTarget",
-           "REDUCE_IDS", "SCHEMES", "UNARY_IDS", "binding_limit", "check_shader_op_ids", "plan", "view_sizes"]
+__all__ = ["BINARY_IDS", "Binding", "Builder", "DTYPES", "Hazards", "OP_NAMES", "PARAMS", "PLANNERS", "PlanError",
+           "PlanTarget", "REDUCE_IDS", "SCHEMES", "UNARY_IDS", "binding_limit", "check_shader_op_ids", "plan",
+           "view_sizes"]
