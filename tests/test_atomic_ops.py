@@ -214,7 +214,7 @@ def _binary_inputs(opname, rng, a_n, b_n):
         a = rng.uniform(0.2, 2.0, a_n)
     if opname == "div":
         b = np.sign(b) * (np.abs(b) + 0.5)
-    if opname == "equal":  # random floats are never equal: make one pair so
+    if opname == "equal":  # random floats are never equal: make one pair equal
         b[0] = a[0]
     return a, b
 
