@@ -48,9 +48,9 @@ from .. import atomic as A
 from ..errors import BackendUnavailableError, GpumnnError
 from ..shaders.compile import ShaderCompileError, preprocess
 from . import gl_context
-from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words, FLOAT_ONLY_OP_NAMES
+from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words
 from .cpu import host_cpu_flops
-from .glsl_plans import (DTYPES as GLSL_DTYPES, PLANNERS, SCHEMES, Builder, DispatchExecution, Hazards, binding_limit, check_shader_op_ids,
+from .glsl_plans import (DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, Builder, DispatchExecution, Hazards, binding_limit, check_shader_op_ids,
                          grid_limit, plan, window)
 from .limits import MemoryLimits, host_memory
 
@@ -475,7 +475,7 @@ class GLBackend(Backend):
 
 GLBackend.kernel_table = PLANNERS
 GLBackend.schemes = SCHEMES
-GLBackend.op_names = FLOAT_ONLY_OP_NAMES
+GLBackend.op_names = GLSL_OP_NAMES
 GLBackend.dtypes = GLSL_DTYPES
 
 __all__ = ["GLBackend", "GLBuffer", "GLError", "GLRecording"]

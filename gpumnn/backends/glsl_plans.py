@@ -71,8 +71,12 @@ def view_sizes(op: A.AtomicOp) -> list[int]:
         return [op.outer * op.size]
     if isinstance(op, A.Unary):
         return [op.count]
-    if isinstance(op, (A.Binary, A.Raster)):
+    if isinstance(op, (A.Binary, A.Raster, A.Select)):
         return [math.prod(op.out_shape)]
+    if isinstance(op, A.CumSum):
+        return [op.outer * op.size * op.inner]
+    if isinstance(op, A.Scatter):
+        return [op.rows * op.inner, op.count * op.inner]
     if isinstance(op, A.Gather):
         return [op.outer * op.count * op.inner, op.outer * op.axis * op.inner]
     if isinstance(op, A.Resize):
@@ -127,10 +131,11 @@ def _shader_ids(path: str, prefix: str) -> dict[str, int]:
 
 def check_shader_op_ids() -> None:
     """The GLSL op ids must follow gpumnn.atomic's orders (one source of truth each side)."""
-    if _shader_ids("activation.glsl", "U") != UNARY_IDS:
-        raise RuntimeError("gpumnn/shaders/glsl/activation.glsl op ids do not match atomic.UNARY_OPS")
-    if _shader_ids("binary.comp", "B") != BINARY_IDS:
-        raise RuntimeError("gpumnn/shaders/glsl/binary.comp op ids do not match atomic.BINARY_OPS")
+    for path, prefix, ids, table in (("activation.glsl", "U", UNARY_IDS, "UNARY_OPS"),
+                                     ("binary.comp", "B", BINARY_IDS, "BINARY_OPS"),
+                                     ("reduce.comp", "R", REDUCE_IDS, "REDUCE_OPS")):
+        if _shader_ids(path, prefix) != ids:
+            raise RuntimeError(f"gpumnn/shaders/glsl/{path} op ids do not match atomic.{table}")
 
 
 
@@ -313,56 +318,89 @@ class Builder:
 # Planners: one per atomic op; each returns (builders, scheme).
 # --------------------------------------------------------------------------------------------
 
+def _int_defines(in_dtype: str, out_dtype: str = A.FLOAT32) -> dict:
+    """``IN_INT`` / ``OUT_INT`` where the input / output storage dtype is int32: kernels that
+    compute read and write int32 views of their bindings with these (see unary.comp)."""
+    return {name: 1 for name, dtype in (("IN_INT", in_dtype), ("OUT_INT", out_dtype)) if dtype == A.INT32}
+
+
+def _word(bits: int) -> int:
+    """A 32-bit word as the int32 parameter that carries it."""
+    return bits - (1 << 32) if bits >= 1 << 31 else bits
+
+
+def _region_builder(be: PlanTarget, r: A.Region, src: TensorHandle, out: TensorHandle) -> Builder:
+    """One strided copy of 32-bit words (raster.comp)."""
+    size = _pad4(r.size, 1)
+    sst, dst = _pad4(r.src_strides, 0), _pad4(r.dst_strides, 0)
+    slo, shi = _extent(r.src_offset, size, sst)
+    dlo, dhi = _extent(r.dst_offset, size, dst)
+    ndim, csize, (csst, cdst) = _collapse(size, sst, dst)
+    b = Builder(be, "raster", {"NDIM": ndim}, 2)
+    do = b.bind(0, out, dlo, dhi, write=True)
+    so = b.bind(1, src, slo, shi)
+    b.set(0, r.count, csize[1], csize[2], csize[3], so + r.src_offset, *csst, do + r.dst_offset, *cdst)
+    b.grid1d(r.count, 128)
+    return b
+
+
 def _plan_raster(be: PlanTarget, op: A.Raster, ins, outs):
     out = outs[0]
     builders = []
     if op.fill is not None and out.size:
         b = Builder(be, "raster", {"FILL": 1}, 2)
         o = b.bind(0, out, write=True)
-        b.set(0, out.size, o)
-        b.setf(2, op.fill)
+        b.set(0, out.size, o, _word(A.fill_bits(op.fill, op.dtype)))
         b.grid1d(out.size, 128)
         builders.append(b)
-    for r in op.regions:
-        if r.count == 0:
-            continue
-        size = _pad4(r.size, 1)
-        sst, dst = _pad4(r.src_strides, 0), _pad4(r.dst_strides, 0)
-        src = ins[r.src]
-        slo, shi = _extent(r.src_offset, size, sst)
-        dlo, dhi = _extent(r.dst_offset, size, dst)
-        ndim, csize, (csst, cdst) = _collapse(size, sst, dst)
-        b = Builder(be, "raster", {"NDIM": ndim}, 2)
-        do = b.bind(0, out, dlo, dhi, write=True)
-        so = b.bind(1, src, slo, shi)
-        b.set(0, r.count, csize[1], csize[2], csize[3], so + r.src_offset, *csst, do + r.dst_offset, *cdst)
-        b.grid1d(r.count, 128)
-        builders.append(b)
+    builders += [_region_builder(be, r, ins[r.src], out) for r in op.regions if r.count]
     return builders, "raster"
 
 
+def _int_clip_bounds(params: Sequence[float]) -> tuple[int, int]:
+    """Clip's float bounds as int32 bounds, as the reference takes them (truncated, an infinite
+    or out-of-range bound the type's limit)."""
+    lo, hi = -2**31, 2**31 - 1
+    return tuple(int(min(max(v, lo), hi)) for v in params[:2])  # type: ignore[return-value]
+
+
 def _plan_unary(be, op: A.Unary, ins, outs):
-    b = Builder(be, "unary", {"OP": UNARY_IDS[op.op]}, 2)
+    defines = dict(_int_defines(op.dtype, op.output_dtype()), OP=UNARY_IDS[op.op])
+    b = Builder(be, "unary", defines, 2)
     o = b.bind(0, outs[0], 0, op.count, write=True)
     x = b.bind(1, ins[0], 0, op.count)
     b.set(0, op.count, x, o)
-    b.setf(3, *(tuple(op.params) + (0.0, 0.0, 0.0))[:3])
+    if op.dtype == A.INT32:
+        if op.op == "clip":
+            b.set(3, *_int_clip_bounds(op.params))
+    else:
+        b.setf(3, *(tuple(op.params) + (0.0, 0.0, 0.0))[:3])
     b.grid1d(op.count, 128)
     return [b], None
 
 
-def _plan_binary(be, op: A.Binary, ins, outs):
-    shape = _pad4(op.out_shape, 1)
+def _elementwise_builder(be, kernel: str, defines: dict, shape: Sequence[int],
+                         operand_strides: Sequence[Sequence[int]], ins, outs) -> Builder:
+    """An elementwise dispatch over ``shape`` (RANK dims, output contiguous) reading each input
+    through its strides (binary.comp, select.comp): dims contiguous in every view collapsed,
+    then params total | shape[1..3] | per operand: offset, 4 strides | out offset."""
+    shape, padded = _pad4(shape, 1), [_pad4(st, 0) for st in operand_strides]
     total = math.prod(shape)
-    sa, sb = _pad4(op.a_strides, 0), _pad4(op.b_strides, 0)
-    ndim, cshape, (csa, csb, _) = _collapse(shape, sa, sb, contiguous_strides(shape))
-    b = Builder(be, "binary", {"OP": BINARY_IDS[op.op], "NDIM": ndim}, 3)
+    ndim, cshape, collapsed = _collapse(shape, *padded, contiguous_strides(shape))
+    b = Builder(be, kernel, dict(defines, NDIM=ndim), len(padded) + 1)
     o = b.bind(0, outs[0], 0, total, write=True)
-    a_off = b.bind(1, ins[0], *_extent(0, shape, sa))
-    b_off = b.bind(2, ins[1], *_extent(0, shape, sb))
-    b.set(0, total, cshape[1], cshape[2], cshape[3], a_off, *csa, b_off, *csb, o)
-    b.activation(15, op.activation)
+    params = [total, *cshape[1:]]
+    for slot, (x, st, cst) in enumerate(zip(ins, padded, collapsed), 1):
+        params += [b.bind(slot, x, *_extent(0, shape, st)), *cst]
+    b.set(0, *params, o)
     b.grid1d(total, 128)
+    return b
+
+
+def _plan_binary(be, op: A.Binary, ins, outs):
+    defines = dict(_int_defines(op.dtype), OP=BINARY_IDS[op.op])
+    b = _elementwise_builder(be, "binary", defines, op.out_shape, (op.a_strides, op.b_strides), ins, outs)
+    b.activation(15, op.activation)
     return [b], None
 
 
@@ -378,8 +416,10 @@ def _row_builder(be, kernel: str, defines: dict, nbind: int, rows: int, size: in
     return b
 
 
-def _reduce_builder(be, op_name: str, outer: int, size: int, inner: int, x: TensorHandle, out: TensorHandle):
-    b = _row_builder(be, "reduce", {"OP": REDUCE_IDS[op_name]}, 2, outer * inner, size)
+def _reduce_builder(be, op_name: str, outer: int, size: int, inner: int, x: TensorHandle, out: TensorHandle,
+                    dtype: str = A.FLOAT32):
+    defines = dict(_int_defines(dtype), OP=REDUCE_IDS[op_name])
+    b = _row_builder(be, "reduce", defines, 2, outer * inner, size)
     o = b.bind(0, out, 0, outer * inner, write=True)
     xo = b.bind(1, x, 0, outer * size * inner)
     b.set(0, outer, size, inner, xo, o)
@@ -387,7 +427,7 @@ def _reduce_builder(be, op_name: str, outer: int, size: int, inner: int, x: Tens
 
 
 def _plan_reduce(be, op: A.Reduce, ins, outs):
-    return [_reduce_builder(be, op.op, op.outer, op.size, op.inner, ins[0], outs[0])], None
+    return [_reduce_builder(be, op.op, op.outer, op.size, op.inner, ins[0], outs[0], op.dtype)], None
 
 
 def _plan_matmul(be, op: A.MatMul, ins, outs):
@@ -651,16 +691,60 @@ def _plan_gather(be, op: A.Gather, ins, outs):
     return [b], None
 
 
+def _plan_select(be, op: A.Select, ins, outs):
+    return [_elementwise_builder(be, "select", {}, op.out_shape, (op.c_strides, op.a_strides, op.b_strides),
+                                 ins, outs)], None
+
+
+def _plan_cumsum(be, op: A.CumSum, ins, outs):
+    count = op.outer * op.size * op.inner
+    b = Builder(be, "cumsum", _int_defines(op.dtype), 2)
+    o = b.bind(0, outs[0], 0, count, write=True)
+    x = b.bind(1, ins[0], 0, count)
+    b.set(0, op.outer, op.size, op.inner, x, o, int(op.exclusive), int(op.reverse))
+    b.grid1d(op.outer * op.inner, 64)
+    return [b], None
+
+
+SCATTER_REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+def _plan_scatter(be, op: A.Scatter, ins, outs):
+    """Two dispatches: data copied to out, then the rows written (the hazard tracker puts a
+    barrier between them: both write out)."""
+    data, index, updates = ins
+    out = outs[0]
+    n, items = op.rows * op.inner, op.count * op.inner
+    if n == 0:
+        return [], None
+    copy = _region_builder(be, A.Region(0, 0, (0, 0, 0, 1), 0, (0, 0, 0, 1), (1, 1, 1, n)), data, out)
+    defines = dict(_int_defines(op.dtype), REDUCTION=SCATTER_REDUCTIONS.index(op.reduction))
+    b = Builder(be, "scatter", defines, 3)
+    o = b.bind(0, out, 0, n, write=True)
+    i = b.bind(1, index, 0, op.count)
+    u = b.bind(2, updates, 0, items)
+    b.set(0, items, op.rows, op.inner, o, i, u)
+    b.grid1d(items, 128)
+    return [copy, b], None
+
+
 #: The schemes the planners build (Vulkan and OpenGL both use these planners).
 SCHEMES: Mapping[type, frozenset[str]] = KERNEL_SCHEMES
-#: the int32 kernels (see Backend.dtypes): Gather copies 32-bit words
-DTYPES: Mapping[type, frozenset[str]] = {A.Gather: frozenset({A.INT32})}
+#: the int32 kernels (see Backend.dtypes): Raster, Gather, Select and Scatter copy 32-bit words;
+#: Unary, Binary, Reduce, CumSum and Scatter's reductions compute on ints with -DIN_INT
+DTYPES: Mapping[type, frozenset[str]] = {
+    op: frozenset({A.INT32}) for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.Gather, A.Select, A.CumSum,
+                                        A.Scatter)}
+#: the Unary, Binary and Reduce names the kernels implement (see Backend.op_names): all of them
+OP_NAMES: Mapping[type, frozenset[str]] = {A.Unary: frozenset(A.UNARY_OPS), A.Binary: frozenset(A.BINARY_OPS),
+                                           A.Reduce: frozenset(A.REDUCE_OPS)}
 
 PLANNERS: Mapping[type, Callable] = {
     A.Raster: _plan_raster, A.Unary: _plan_unary, A.Binary: _plan_binary, A.Reduce: _plan_reduce,
     A.MatMul: _plan_matmul, A.Conv2D: _plan_conv2d, A.ConvTranspose2D: _plan_conv_transpose2d,
     A.Pool2D: _plan_pool2d, A.Softmax: _plan_softmax, A.Normalize: _plan_normalize,
-    A.Resize: _plan_resize, A.Gather: _plan_gather,
+    A.Resize: _plan_resize, A.Gather: _plan_gather, A.Select: _plan_select, A.CumSum: _plan_cumsum,
+    A.Scatter: _plan_scatter,
 }
 
 
@@ -670,5 +754,6 @@ def plan(be: PlanTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outputs
     return [d for d in (b.build() for b in builders) if d is not None], scheme
 
 
-__all__ = ["BINARY_IDS", "Binding", "Builder", "Hazards", "PARAMS", "PLANNERS", "PlanError", "PlanTarget",
-           "REDUCE_IDS", "SCHEMES", "UNARY_IDS", "binding_limit", "check_shader_op_ids", "plan", "view_sizes"]
+__all__ = ["BINARY_IDS", "Binding", "Builder", "DTYPES", "Hazards", "OP_NAMES", "PARAMS", "PLANNERS", "PlanError",
+           "PlanTarget", "REDUCE_IDS", "SCHEMES", "UNARY_IDS", "binding_limit", "check_shader_op_ids", "plan",
+           "view_sizes"]

@@ -48,11 +48,11 @@ import numpy as np
 
 from .. import atomic as A
 from ..errors import BackendUnavailableError
-from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words, FLOAT_ONLY_OP_NAMES
+from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words
 from .cpu import host_cpu_flops
 from .limits import MemoryLimits, host_memory
 # The API-neutral half (what to dispatch per atomic op) is shared with the OpenGL backend.
-from .glsl_plans import (DTYPES as GLSL_DTYPES, PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
+from .glsl_plans import (DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
                          DispatchExecution, Hazards as _Hazards, binding_limit, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, window)
 
 try:
@@ -557,7 +557,7 @@ class VulkanBackend(Backend):
 
 VulkanBackend.kernel_table = _PLANNERS
 VulkanBackend.schemes = _SCHEMES
-VulkanBackend.op_names = FLOAT_ONLY_OP_NAMES
+VulkanBackend.op_names = GLSL_OP_NAMES
 VulkanBackend.dtypes = GLSL_DTYPES
 VulkanBackend.plan_error = VulkanError if vk is not None else PlanError
 

@@ -187,7 +187,9 @@ class SharedDevice:
         self.allocated_lock = threading.Lock()
         self.lost = False  # a submission failed with VK_ERROR_DEVICE_LOST: never hand it out again
         self.queue_lock = threading.Lock()  # vkQueueSubmit / vkQueueWaitIdle need it (one queue)
-        self._lock = threading.Lock()  # layouts and pipelines
+        # layouts and pipelines; re-entrant: a garbage-collected session's finalizer may close a
+        # backend (release_pipelines) inside pipeline(), on the same thread, while it holds the lock
+        self._lock = threading.RLock()
         self._layouts: dict[int, tuple[Any, Any]] = {}  # bindings -> (set layout, pipeline layout)
         self._pipelines: OrderedDict[tuple, list] = OrderedDict()  # key -> [Pipeline, users]
         self._create_instance(validation)

@@ -99,6 +99,8 @@ float apply_unary(int op, float x, float a, float b, float c) {
     case U_MISH: return x * tanh_safe(max(x, 0.0) + log1p_acc(exp(-abs(x))));
     case U_THRESHOLDED_RELU: return x > a ? x : 0.0;
     case U_ROUND_F16: return unpackHalf2x16(packHalf2x16(vec2(x, 0.0))).x;  // round to nearest even
+    case U_NOT: return x == 0.0 ? 1.0 : 0.0;
+    case U_NONZERO: return x != 0.0 ? 1.0 : 0.0;  // NaN is nonzero
     }
     return x;
 }

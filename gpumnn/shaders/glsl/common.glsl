@@ -6,6 +6,9 @@
 #define WG 128
 #endif
 
+#define INT_MIN (-2147483647 - 1)
+#define INT_MAX 2147483647
+
 // Linear invocation index over a 2-D grid of 1-D workgroups (x is capped by the host at
 // maxComputeWorkGroupCount[0]; y carries the rest).
 #define GROUP_ID() int(gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x)
