@@ -48,11 +48,13 @@ BUFFER_WO_OF(int, 0, dst);
 BUFFER_WO(0, dst);
 #endif
 
-// C's fmod (the sign of a): a - b * trunc(a / b); an int32 zero divisor gives 0, as NumPy.
+// C's fmod (the sign of a): a - b * trunc(a / b); an int32 zero divisor gives 0, as NumPy; a
+// finite a over an infinite b is a (the formula would give NaN).
 T fmod_t(T a, T b) {
 #ifdef IN_INT
     return b == 0 ? 0 : a - b * int_div(a, b);
 #else
+    if (isinf(b) && !isinf(a) && !isnan(a)) return a;
     return a - b * trunc(a / b);
 #endif
 }
