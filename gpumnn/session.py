@@ -102,6 +102,7 @@ class Session:
         # schemes are decided once, for the requested backend, then Winograd / Strassen become atomic ops
         program = expand_schemes(select_schemes(lower(self.graph, self.input_shapes), self.backends[self.backend]))
         self.program = program
+        self._output_dtypes = {info.name: self._output_dtype(info) for info in self.graph.outputs}  # run() reads
         self.placement: Placement = place(program, self.backends, self.backend)
         self.memory: dict[str, MemoryPlan] = {
             b: plan_memory(lifetimes, self.backends[b].alignment)
@@ -252,7 +253,7 @@ class Session:
             else:
                 b = self.placement.output_backends[name]
                 value = self.backends[b].read(io[(b, name)])
-            results[name] = value.astype(self._output_dtype(info), copy=False)
+            results[name] = value.astype(self._output_dtypes[name], copy=False)
         return results
 
     __call__ = run

@@ -89,14 +89,6 @@ class TensorHandle:
         return 4 * self.size
 
 
-#: what the GPU backends' kernels implement until their integer and boolean kernels land
-FLOAT_ONLY_OP_NAMES: Mapping[type, frozenset[str]] = {
-    A.Unary: frozenset(A.UNARY_OPS) - {"not", "nonzero"},
-    A.Binary: frozenset(A.BINARY_OPS) - A.BOOL_BINARY_OPS,
-    A.Reduce: frozenset({"sum", "mean", "max", "min"}),
-}
-
-
 def constant_words(array: np.ndarray) -> tuple[np.ndarray, str]:
     """A weight as the flat, contiguous array of its storage dtype that ``constant`` uploads."""
     dtype = A.storage_dtype(np.asarray(array).dtype)

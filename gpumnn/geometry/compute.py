@@ -7,7 +7,6 @@ becomes Normalize + per-channel mul/add, 1D convolution is a 2D one on a free vi
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Callable, Sequence
 
@@ -119,7 +118,7 @@ def as_dtype(ctx: LoweringContext, node: Node, name: str, dtype) -> str:
 
 
 def emit_binary(ctx: LoweringContext, node: Node, op: str, a: str, b: str, out: str,
-                activation: A.Activation = None) -> None:
+                activation: A.Activation = None, out_dtype=None) -> None:
     b = as_dtype(ctx, node, b, ctx.dtype(a))  # the result has the first operand's type
     sa, sb = ctx.shape(a), ctx.shape(b)
     try:
@@ -134,10 +133,10 @@ def emit_binary(ctx: LoweringContext, node: Node, op: str, a: str, b: str, out: 
         expanded = ctx.temp(node, "broadcast")
         reorder(ctx, node, [small], lambda xs, f: [np.broadcast_to(xs[0], out_shape)], [expanded])
         a, b = (expanded, b) if small == a else (a, expanded)
-        emit_binary(ctx, node, op, a, b, out, activation)
+        emit_binary(ctx, node, op, a, b, out, activation, out_dtype)
         return
     ctx.emit(A.Binary((a, b), (out,), node.name, op=op, out_shape=shape4, a_strides=a4, b_strides=b4,
-                      activation=activation), out_shape)
+                      activation=activation), out_shape, out_dtype)
 
 
 def emit_unary(ctx: LoweringContext, node: Node, op: str, params: tuple[float, ...], x: str, out: str,
@@ -270,11 +269,12 @@ def lower_cast(ctx: LoweringContext, node: Node, opset: int) -> None:
     if offset:
         shifted = ctx.temp(node, "shifted")
         emit_binary(ctx, node, "add", wide, const(offset), shifted)
-    wrapped = ctx.temp(node, "wrapped") if offset else out
+    if not offset:
+        emit_binary(ctx, node, "mod", shifted, const(span), out, out_dtype=target)
+        return
+    wrapped = ctx.temp(node, "wrapped")
     emit_binary(ctx, node, "mod", shifted, const(span), wrapped)
-    if offset:
-        emit_binary(ctx, node, "sub", wrapped, const(offset), out)
-    ctx.values[out] = dataclasses.replace(ctx.values[out], dtype=target)
+    emit_binary(ctx, node, "sub", wrapped, const(offset), out, out_dtype=target)
 
 
 # -- convolution ---------------------------------------------------------------------------------

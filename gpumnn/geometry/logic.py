@@ -15,7 +15,7 @@ from .. import atomic as A
 from ..errors import UnsupportedOpError
 from ..ir import Node
 from ..strides import merge_dims
-from .compute import broadcast_strides, emit_binary, emit_unary
+from .compute import as_dtype, broadcast_strides, emit_binary, emit_unary
 from .context import LoweringContext
 from .registry import lowers
 from .reorder import norm_axis, reorder
@@ -46,7 +46,7 @@ def emit_select(ctx: LoweringContext, node: Node, cond: str, a: str, b: str, out
     """``out = cond ? a : b`` with ONNX broadcasting of all three (Where)."""
     if ctx.dtype(cond) != np.bool_ and A.storage_dtype(ctx.dtype(cond)) != A.INT32:
         raise UnsupportedOpError(node.op_type, node.name, f"condition of dtype {ctx.dtype(cond)}, not bool")
-    b_converted = _same_dtype(ctx, node, b, ctx.dtype(a))
+    b_converted = as_dtype(ctx, node, b, ctx.dtype(a))
     shapes = [ctx.shape(n) for n in (cond, a, b_converted)]
     try:
         out_shape = tuple(np.broadcast_shapes(*shapes))
@@ -63,11 +63,6 @@ def emit_select(ctx: LoweringContext, node: Node, cond: str, a: str, b: str, out
     column = lambda k: tuple(m[k] for m in merged)  # noqa: E731
     ctx.emit(A.Select((cond, a, b_converted), (out,), node.name, out_shape=column(0), c_strides=column(1),
                       a_strides=column(2), b_strides=column(3)), out_shape, ctx.dtype(a))
-
-
-def _same_dtype(ctx: LoweringContext, node: Node, name: str, dtype: np.dtype) -> str:
-    from .compute import as_dtype
-    return as_dtype(ctx, node, name, dtype)
 
 
 @lowers("Where")
