@@ -2,7 +2,9 @@
 
 Every test that takes the ``backend`` fixture runs once per backend gpumnn knows. A backend that
 cannot start here is skipped with its reason, except those named in GPUMNN_REQUIRE_BACKENDS
-(.ci/run sets it to the APIs CI installs), which fail instead.
+(.ci/run sets it to the APIs CI installs), which fail instead. Tools that tests use without a
+backend (NVRTC, which compiles the kernels as CUDA on a machine without a GPU) follow the same
+rule through GPUMNN_REQUIRE_TOOLS and :func:`require_tool`.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import gpumnn  # noqa: E402
 from gpumnn.backends import REGISTRY, probe  # noqa: E402
 
 REQUIRED = [b for b in os.environ.get("GPUMNN_REQUIRE_BACKENDS", "").split(",") if b]
+REQUIRED_TOOLS = [t for t in os.environ.get("GPUMNN_REQUIRE_TOOLS", "").split(",") if t]
 
 
 def backend_lines() -> list[str]:
@@ -29,6 +32,8 @@ def backend_lines() -> list[str]:
         lines.append(f"{name:<7} {'RUNS' if reason is None else 'skipped: ' + reason}")
     if REQUIRED:
         lines.append(f"required here (GPUMNN_REQUIRE_BACKENDS): {', '.join(REQUIRED)}")
+    if REQUIRED_TOOLS:
+        lines.append(f"tools required here (GPUMNN_REQUIRE_TOOLS): {', '.join(REQUIRED_TOOLS)}")
     return lines
 
 
@@ -71,6 +76,16 @@ def require_backend(name: str) -> None:
     if name in REQUIRED:
         pytest.fail(f"backend {name!r} is required here but cannot start: {reason}")
     pytest.skip(f"backend {name!r} unavailable: {reason}")
+
+
+def require_tool(name: str, reason: str | None) -> None:
+    """Skip (or, for a tool named in GPUMNN_REQUIRE_TOOLS, fail) when ``reason`` says ``name`` is
+    missing here; None means it is present."""
+    if reason is None:
+        return
+    if name in REQUIRED_TOOLS:
+        pytest.fail(f"tool {name!r} is required here but missing: {reason}")
+    pytest.skip(f"tool {name!r} unavailable: {reason}")
 
 
 @pytest.fixture(params=list(REGISTRY))

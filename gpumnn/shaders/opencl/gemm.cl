@@ -60,7 +60,7 @@ inline void tile_split(const int e, const int kmajor, const int T, int* x, int* 
     if (kmajor) { *kk = e / T; *x = e - *kk * T; } else { *x = e / TK; *kk = e - *x * TK; }
 }
 
-inline void gemm_body(const int mode, __local float* As, __local float* Bs, GEMM_ARGS)
+inline void gemm_body(const int mode, LOCAL_PTR float* As, LOCAL_PTR float* Bs, GEMM_ARGS)
 {
     const int tx = get_local_id(0), ty = get_local_id(1);
     const int tid = ty * LX + tx;

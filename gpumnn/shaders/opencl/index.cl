@@ -1,6 +1,13 @@
 /* Index helpers shared by every program (included after vec.cl). Inline and branch-free, so a
  * CPU OpenCL compiler still vectorises the kernels that use them across work-items. */
 
+/* The address space of a pointer parameter into local memory. A macro because CUDA
+ * (prelude_cuda.h) spells the two uses differently: a __local array declared in a kernel is
+ * __shared__ there, a pointer parameter to one has no qualifier. */
+#ifndef LOCAL_PTR
+#define LOCAL_PTR __local
+#endif
+
 /* Split a row-major flat index over [*, D1, D2] into (i0, i1, i2): e.g. gid over
  * [planes, OH, OW] -> (plane, oy, ox). */
 inline void split3(const int gid, const int D1, const int D2, int* i0, int* i1, int* i2)

@@ -21,7 +21,7 @@ inline float reduce_step(const int op, const float acc, const float v)
 }
 
 /* Tree reduction of scratch[0..RWG) into scratch[0]; every work-item returns the result. */
-inline float group_reduce(__local float* scratch, const int lid, const float value, const int op)
+inline float group_reduce(LOCAL_PTR float* scratch, const int lid, const float value, const int op)
 {
     scratch[lid] = value;
     barrier(CLK_LOCAL_MEM_FENCE);

@@ -1,0 +1,94 @@
+/* CUDA prelude: lets the OpenCL C kernels of this folder compile as CUDA C++ (NVRTC), unchanged.
+ *
+ * gpumnn.shaders.cuda_source puts this file in front of an OpenCL program's text (the same
+ * text the OpenCL backend builds: op-id header, vec.cl, index.cl, the family's files), followed
+ * by the program's defines as #define lines. Compile with the options in
+ * cuda_source.NVRTC_OPTIONS: -default-device makes the sources' plain ``inline`` helper
+ * functions __device__ functions, so no OpenCL text needs a CUDA execution-space qualifier.
+ *
+ * Only what the sources use is mapped. OpenCL builtins that CUDA already has with the same name
+ * and meaning for the types used (min / max / abs on int and long, fmin / fmax, exp, log, sqrt,
+ * tanh, erf, pow, fmod, floor, ceil, rint, trunc, fabs, expm1, log1p, isnan on float) are CUDA's.
+ * The CPU-device variants (-DVEC: floatN vectors, per-lane ?:) are OpenCL-only; see
+ * cuda_source.py. */
+
+/* ---- address spaces and kernels ---- */
+#define __kernel extern "C" __global__   /* unmangled names: a module looks kernels up by name */
+#define __global                         /* pointers into global memory are generic in CUDA */
+#define __private
+#define __local __shared__               /* __local arrays declared in a kernel body */
+#define LOCAL_PTR                        /* a parameter pointing into them (index.cl: __local) */
+/* __attribute__((reqd_work_group_size(X, Y, Z))): the launch must use exactly that block; in
+ * CUDA the nearest promise is a bound on the threads per block, which lets the compiler budget
+ * registers for it (a larger launch fails, as it does in OpenCL). */
+#define reqd_work_group_size(x, y, z) launch_bounds((x) * (y) * (z))
+
+/* ---- work-items: OpenCL's (global, local, group) ids over dims 0..2 are CUDA's x, y, z ---- */
+__device__ __forceinline__ size_t get_local_id(const unsigned d)
+{
+    return d == 0 ? threadIdx.x : (d == 1 ? threadIdx.y : threadIdx.z);
+}
+__device__ __forceinline__ size_t get_group_id(const unsigned d)
+{
+    return d == 0 ? blockIdx.x : (d == 1 ? blockIdx.y : blockIdx.z);
+}
+__device__ __forceinline__ size_t get_global_id(const unsigned d)
+{
+    const unsigned size = d == 0 ? blockDim.x : (d == 1 ? blockDim.y : blockDim.z);
+    return get_group_id(d) * size + get_local_id(d);
+}
+
+/* barrier(CLK_LOCAL_MEM_FENCE): every thread of the block waits; __syncthreads also orders the
+ * block's shared (and global) memory accesses. */
+#define CLK_LOCAL_MEM_FENCE 1
+#define barrier(flags) __syncthreads()
+
+/* ---- OpenCL scalar types and constants ---- */
+typedef unsigned int uint;
+typedef unsigned short ushort;
+typedef unsigned short half;   /* storage only: vstore_half_rte / vload_half below */
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+#ifndef INT_MAX
+#define INT_MAX 2147483647
+#endif
+#ifndef INT_MIN
+#define INT_MIN (-INT_MAX - 1)
+#endif
+
+/* ---- builtins CUDA lacks or names differently ---- */
+__device__ __forceinline__ float mad(const float a, const float b, const float c) { return fmaf(a, b, c); }
+
+/* clamp(x, lo, hi) = min(max(x, lo), hi), with fmin / fmax for floats as OpenCL specifies */
+__device__ __forceinline__ float clamp(const float x, const float lo, const float hi) { return fminf(fmaxf(x, lo), hi); }
+__device__ __forceinline__ int clamp(const int x, const int lo, const int hi) { return min(max(x, lo), hi); }
+
+/* as_type: the same 32 bits reinterpreted */
+__device__ __forceinline__ int as_int(const int x) { return x; }
+__device__ __forceinline__ int as_int(const uint x) { return (int)x; }
+__device__ __forceinline__ int as_int(const float x) { return __float_as_int(x); }
+__device__ __forceinline__ uint as_uint(const uint x) { return x; }
+__device__ __forceinline__ uint as_uint(const int x) { return (uint)x; }
+__device__ __forceinline__ uint as_uint(const float x) { return __float_as_uint(x); }
+
+/* conversions: float -> int toward zero (NaN 0, out of range saturated: what OpenCL leaves to
+ * the implementation), int -> float to nearest even */
+__device__ __forceinline__ int convert_int_rtz(const float x) { return __float2int_rz(x); }
+__device__ __forceinline__ float convert_float(const int x) { return __int2float_rn(x); }
+
+/* float16 storage: round to nearest even on the store, exact on the load */
+__device__ __forceinline__ void vstore_half_rte(const float x, const size_t i, half* p)
+{
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    p[i] = h;
+}
+__device__ __forceinline__ float vload_half(const size_t i, const half* p)
+{
+    float x;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(p[i]));
+    return x;
+}
+
+/* ---- end of the CUDA prelude ---- */

@@ -1,0 +1,164 @@
+"""Every kernel program the OpenCL backend builds for a GPU also compiles as CUDA, with NVRTC.
+
+The OpenCL C sources (gpumnn/shaders/opencl) are the CUDA kernels too, behind prelude_cuda.h
+(gpumnn.shaders.cuda_source). NVRTC compiles each program variant -- every GPU-family program,
+with every define combination the OpenCL backend builds it with -- to PTX for compute_90, which
+needs no GPU and no driver, so a prelude mistake fails here and not on a user's GPU. The PTX must
+keep the source's promises: the kernels OpenCL finds in the same program (CL_PROGRAM_KERNEL_NAMES,
+on PoCL in CI) are exactly its entries, unmangled; a kernel with reqd_work_group_size is bounded
+to that many threads; a kernel declaring __local arrays works in shared memory.
+
+NVRTC comes from pip (cuda-bindings, nvidia-cuda-nvrtc: the [dev] and [all] extras). Where it is
+missing the tests skip saying so, except under GPUMNN_REQUIRE_TOOLS=nvrtc (CI), where they fail.
+"""
+from __future__ import annotations
+
+import functools
+import re
+
+import pytest
+
+from conftest import require_backend, require_tool
+from gpumnn.backends.opencl import GEMM_CONFIGS
+from gpumnn.shaders.cuda_source import (CPU_ONLY_DEFINE, CPU_ONLY_FAMILIES, NVRTC_OPTIONS, cuda_families,
+                                        cuda_source, program_source)
+
+ARCH = "compute_90"  # PTX for Hopper; any arch NVRTC knows compiles without a GPU
+
+
+def gpu_variants() -> list[tuple[str, dict[str, int]]]:
+    """(family, defines) of every program the OpenCL backend builds with the GPU kernels: the GEMM
+    tilings of GEMM_CONFIGS (as ``_gemm_launch`` passes them), the other families without defines."""
+    out: list[tuple[str, dict[str, int]]] = []
+    for family in cuda_families():
+        if family == "gemm":
+            out += [(family, dict(zip(("TM", "TN", "WM", "WN", "TK"), cfg))) for cfg in GEMM_CONFIGS.values()]
+        else:
+            out.append((family, {}))
+    return out
+
+
+VARIANTS = gpu_variants()
+IDS = [family + "".join(f"-{k}{v}" for k, v in defines.items()) for family, defines in VARIANTS]
+
+
+@functools.cache
+def _nvrtc():
+    """(the nvrtc module, None) or (None, why it cannot be used here)."""
+    try:
+        from cuda.bindings import nvrtc
+        err, major, minor = nvrtc.nvrtcVersion()
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return None, f"nvrtcVersion failed: {err}"
+        return nvrtc, None
+    except Exception as exc:  # no package, or no libnvrtc for it to load
+        return None, (f"{type(exc).__name__}: {exc}; pip install cuda-bindings nvidia-cuda-nvrtc "
+                      "(gpumnn's [dev] extra)")
+
+
+def _excerpt(source: str, log: str, name: str) -> str:
+    """The source lines NVRTC's log points at (``name(LINE): error``)."""
+    lines = source.splitlines()
+    out = []
+    for n in sorted({int(m) for m in re.findall(rf"{re.escape(name)}\((\d+)\)", log)})[:5]:
+        out += [f"{k:5d}{'>' if k == n else ' '} {lines[k - 1]}" for k in range(max(1, n - 2), min(len(lines), n + 2) + 1)]
+        out.append("  ...")
+    return "\n".join(out)
+
+
+@functools.cache
+def compile_ptx(family: str, defines: tuple[tuple[str, int], ...]) -> str:
+    """PTX of the CUDA text of ``family`` built with ``defines``; a failed compile fails the test
+    with NVRTC's log and the source lines it names."""
+    nvrtc, reason = _nvrtc()
+    require_tool("nvrtc", reason)
+    source = cuda_source(family, dict(defines))
+    name = f"{family}.cu"
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"nvrtcCreateProgram: {err}"
+    try:
+        options = [f"-arch={ARCH}".encode()] + [o.encode() for o in NVRTC_OPTIONS]
+        (status,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        log_text = log.decode(errors="replace").rstrip("\x00 \n")
+        if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            pytest.fail(f"NVRTC cannot compile {family} {dict(defines)} as CUDA: {status}\n{log_text}\n"
+                        f"{_excerpt(source, log_text, name)}")
+        _, size = nvrtc.nvrtcGetPTXSize(prog)
+        ptx = b" " * size
+        nvrtc.nvrtcGetPTX(prog, ptx)
+        return ptx.decode().rstrip("\x00")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def ptx_entries(ptx: str) -> dict[str, str]:
+    """Kernel name -> its PTX (from ``.entry name(`` to the next entry)."""
+    parts = re.split(r"^\.visible \.entry ", ptx, flags=re.MULTILINE)[1:]
+    return {part[:part.index("(")]: part for part in parts}
+
+
+def kernels_with_local_arrays(source: str) -> set[str]:
+    """Kernels written out in ``source`` (not macro-generated) whose body declares a __local array."""
+    found = set()
+    for m in re.finditer(r"__kernel\b[^{;]*?\bvoid\s+(\w+)\s*\(", source):
+        start = source.index("{", m.end())
+        depth, i = 0, start
+        while True:
+            depth += {"{": 1, "}": -1}.get(source[i], 0)
+            if depth == 0:
+                break
+            i += 1
+        if re.search(r"^\s*__local\s", source[start:i], flags=re.MULTILINE):
+            found.add(m.group(1))
+    return found
+
+
+@pytest.mark.parametrize("family,defines", VARIANTS, ids=IDS)
+def test_program_compiles_as_cuda(family, defines):
+    ptx = compile_ptx(family, tuple(sorted(defines.items())))
+    entries = ptx_entries(ptx)
+    assert entries, f"{family}: PTX has no kernel entry"
+    for name in kernels_with_local_arrays(program_source(family)):
+        assert name in entries, f"{family}: kernel {name} missing from the PTX (entries: {sorted(entries)})"
+        assert re.search(r"\b(st|ld)\.shared\.", entries[name]), f"{family}: {name}'s __local arrays are not in shared memory"
+    if family == "gemm":  # reqd_work_group_size(LX, LY, 1), LX = TN / WN, LY = TM / WM
+        threads = (defines["TN"] // defines["WN"]) * (defines["TM"] // defines["WM"])
+        for name, body in entries.items():
+            bound = re.search(r"\.maxntid\s+(\d+),\s*(\d+),\s*(\d+)", body[:body.index("{")])
+            assert bound and int(bound.group(1)) * int(bound.group(2)) * int(bound.group(3)) == threads, \
+                f"{name}: launch bound {bound and bound.group(0)} != the work-group of {threads} threads"
+
+
+@pytest.fixture(scope="module")
+def opencl_gpu_family():
+    """The OpenCL backend building the GPU kernels (PoCL in CI), whatever the device."""
+    require_backend("opencl")
+    from gpumnn.backends import create_backend
+
+    be = create_backend("opencl", kernels="gpu")
+    yield be
+    be.close()
+
+
+@pytest.mark.parametrize("family,defines", VARIANTS, ids=IDS)
+def test_cuda_kernels_are_the_opencl_kernels(opencl_gpu_family, family, defines):
+    """The same text, the same kernels: what OpenCL builds is what CUDA compiles."""
+    import pyopencl as cl
+
+    assert program_source(family) == opencl_gpu_family._source(family)
+    program = opencl_gpu_family.program(family, defines)
+    opencl_names = set(program.get_info(cl.program_info.KERNEL_NAMES).split(";"))
+    ptx = compile_ptx(family, tuple(sorted(defines.items())))
+    assert set(ptx_entries(ptx)) == opencl_names
+
+
+def test_cpu_device_variants_are_refused():
+    """The CPU-device kernels (floatN vectors) are OpenCL-only, and say so."""
+    for family in CPU_ONLY_FAMILIES:
+        with pytest.raises(ValueError, match="CPU-device variant"):
+            cuda_source(family, {CPU_ONLY_DEFINE: 16})
+    with pytest.raises(ValueError, match="OpenCL-only"):
+        cuda_source("elementwise", {CPU_ONLY_DEFINE: 16})
