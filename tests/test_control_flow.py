@@ -140,9 +140,10 @@ def test_if_with_a_run_time_condition_and_differently_shaped_branches_is_refused
     assert "'pick'" in text and "run time" in text and "then_branch gives float32[] and else_branch float32[2, 3]" in text
 
 
-def _loop_model(trip_input: bool):
-    """y_{i+1} = y_i + X * i (i as float), with scan output y_{i+1} * 2; M = 4 (or an input),
-    a condition input, and a body condition i < 10 that folds each iteration."""
+def _loop_model(run_time: str = "", trips: int = 4, limit: int = 10):
+    """y_{i+1} = y_i + X * i (i as float), with scan output y_{i+1} * 2; M = ``trips``, a condition
+    input true, and a body condition i < ``limit`` that folds each iteration; ``run_time`` names
+    the one of M and the condition input that is a graph input instead."""
     body = helper.make_graph([
         helper.make_node("Cast", ["i"], ["fi"], to=F),
         helper.make_node("Mul", ["X", "fi"], ["step"]),
@@ -151,33 +152,37 @@ def _loop_model(trip_input: bool):
         helper.make_node("Less", ["i", "ten"], ["cond_out"])],
         "body", [_info("i", I64, []), _info("cond_in", B, []), _info("y_in", F, [2, 3])],
         [_info("cond_out", B, []), _info("y_out", F, [2, 3]), _info("scan", F, [2, 3])],
-        [_const("two", np.array(2.0, np.float32)), _const("ten", np.array(10, np.int64))])
+        [_const("two", np.array(2.0, np.float32)), _const("ten", np.array(limit, np.int64))])
     nodes = [helper.make_node("Loop", ["M", "keep_going", "Y0"], ["Y", "S"], name="loop", body=body)]
-    inits = [_const("keep_going", np.array(True))]
     inputs = [_info("X", F, [2, 3]), _info("Y0", F, [2, 3])]
-    if trip_input:
-        inputs.append(_info("M", I64, []))
-    else:
-        inits.append(_const("M", np.array(4, np.int64)))
+    inits = []
+    for name, elem, value in (("M", I64, np.array(trips, np.int64)), ("keep_going", B, np.array(True))):
+        if name == run_time:
+            inputs.append(_info(name, elem, []))
+        else:
+            inits.append(_const(name, value))
     return _model(nodes, inputs, [_info("Y"), _info("S")], inits)
 
 
-def test_loop_with_a_known_trip_count(backend):
+@pytest.mark.parametrize("trips,limit", [(4, 10), (4, 2), (0, 10)])
+def test_loop_with_a_known_trip_count(backend, trips, limit):
+    """Unrolled: M iterations, or fewer where the body's condition folds to false (limit 2: three);
+    zero trips give the initial values and an empty scan output of one iteration's shape."""
     feeds = [{"X": _x(2, 3, seed=s), "Y0": _x(2, 3, seed=s + 10)} for s in (1, 2)]
-    _check(_loop_model(trip_input=False), feeds, backend)
+    _check(_loop_model(trips=trips, limit=limit), feeds, backend)
 
 
-def test_loop_with_a_trip_count_known_only_at_run_time_is_refused():
-    net = gpumnn.load(_loop_model(trip_input=True))
+@pytest.mark.parametrize("run_time", ["M", "keep_going"])
+def test_loop_with_a_trip_count_known_only_at_run_time_is_refused(run_time):
+    net = gpumnn.load(_loop_model(run_time=run_time))
     with pytest.raises(gpumnn.UnsupportedOpError, match="Loop trip count not known at session creation") as info:
         net.session(backend="cpu")
     assert "'loop'" in str(info.value)
 
 
-@pytest.mark.parametrize("reverse", [False, True])
-def test_scan(backend, reverse):
-    """A running sum over axis 1 of X (scan_input_axes), emitted along axis 1 of the output
-    (scan_output_axes), forward or backward in both directions; two states, one outer tensor."""
+def _scan_model(reverse: bool, length: int) -> onnx.ModelProto:
+    """A running sum over axis 1 of X (scan_input_axes), emitted along the last axis of the
+    output (scan_output_axes), forward or backward in both directions; two states, one outer tensor."""
     body = helper.make_graph([
         helper.make_node("Add", ["sum_in", "x_t"], ["sum_out"]),
         helper.make_node("Mul", ["x_t", "x_t"], ["sq"]),
@@ -189,10 +194,30 @@ def test_scan(backend, reverse):
     nodes = [helper.make_node("Scan", ["S0", "Q0", "X"], ["S", "Q", "Y"], body=body, num_scan_inputs=1,
                               scan_input_axes=[1], scan_output_axes=[-1], scan_input_directions=direction,
                               scan_output_directions=direction)]
-    model = _model(nodes, [_info("S0", F, [2, 4]), _info("Q0", F, [2, 4]), _info("X", F, [2, 5, 4])],
-                   [_info("S"), _info("Q"), _info("Y")], [_const("W", _x(4, seed=3))])
-    feeds = [{"S0": _x(2, 4, seed=s), "Q0": _x(2, 4, seed=s + 1), "X": _x(2, 5, 4, seed=s + 2)} for s in (1, 5)]
-    _check(model, feeds, backend)
+    return _model(nodes, [_info("S0", F, [2, 4]), _info("Q0", F, [2, 4]), _info("X", F, [2, length, 4])],
+                  [_info("S"), _info("Q"), _info("Y")], [_const("W", _x(4, seed=3))])
+
+
+def _scan_feeds(length: int, seed: int) -> dict[str, np.ndarray]:
+    return {"S0": _x(2, 4, seed=seed), "Q0": _x(2, 4, seed=seed + 1), "X": _x(2, length, 4, seed=seed + 2)}
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_scan(backend, reverse):
+    _check(_scan_model(reverse, 5), [_scan_feeds(5, seed) for seed in (1, 5)], backend)
+
+
+def test_scan_over_an_empty_sequence(backend):
+    """Zero iterations: the states come back unchanged and the scan output is empty, of one
+    iteration's shape (ONNX Runtime and onnx's reference evaluator both refuse this case, so the
+    expectation is ONNX's definition, written out)."""
+    feeds = _scan_feeds(0, seed=1)
+    with gpumnn.load(_scan_model(False, 0)).session(backend=backend, input_shapes={k: v.shape for k, v in feeds.items()},
+                                                    fallback=False) as sess:
+        got = sess.run(feeds)
+    np.testing.assert_array_equal(got["S"], feeds["S0"])
+    np.testing.assert_array_equal(got["Q"], feeds["Q0"])
+    assert got["Y"].shape == (2, 4, 0) and got["Y"].dtype == np.float32
 
 
 def test_info_lists_control_flow_ops():
