@@ -32,7 +32,8 @@ class ValueInfo:
 class Node:
     """One operator: ONNX op type, a unique name, tensor names in and out, attributes.
 
-    Attributes are plain Python values (int, float, str, list, np.ndarray). Optimisation passes
+    Attributes are plain Python values (int, float, str, list, np.ndarray), and a :class:`Graph`
+    for a control-flow op's subgraph (If's branches, Loop's and Scan's body). Optimisation passes
     may add gpumnn-private attributes whose names start with ``gpumnn_`` (e.g. a fused
     activation), which the lowering reads.
     """
@@ -71,10 +72,10 @@ class Graph:
         )
 
     def consumers(self) -> dict[str, list[Node]]:
-        """Map each tensor name to the nodes that read it."""
+        """Map each tensor name to the nodes that read it (through their subgraphs too)."""
         users: dict[str, list[Node]] = {}
         for node in self.nodes:
-            for name in node.inputs:
+            for name in node_reads(node):
                 if name:
                     users.setdefault(name, []).append(node)
         return users
@@ -89,3 +90,37 @@ class Graph:
     @property
     def input_names(self) -> list[str]:
         return [v.name for v in self.inputs]
+
+    def defined_names(self) -> set[str]:
+        """The names this graph binds itself: its inputs, constants and node outputs."""
+        names = set(self.input_names) | set(self.initializers)
+        names.update(o for node in self.nodes for o in node.outputs if o)
+        return names
+
+    def outer_reads(self) -> set[str]:
+        """The names this graph (a control-flow op's body) reads from enclosing scopes.
+
+        ONNX subgraphs may read any tensor of an enclosing graph by name, without it being an
+        input of the node that holds them; passes that rename, fold or drop outer tensors must
+        see these reads (:func:`node_reads`)."""
+        reads = {n for node in self.nodes for n in node_reads(node)} | set(self.output_names)
+        return reads - self.defined_names() - {""}
+
+
+def subgraphs(node: Node) -> list[Graph]:
+    """The graph attributes of a node (If's branches, Loop's and Scan's body), in attribute order."""
+    return [value for value in node.attrs.values() if isinstance(value, Graph)]
+
+
+def node_reads(node: Node) -> list[str]:
+    """Every tensor ``node`` reads: its inputs, then what its subgraphs read from outside them."""
+    outer = sorted(set().union(*(g.outer_reads() for g in subgraphs(node))) - set(node.inputs))
+    return [n for n in node.inputs if n] + outer
+
+
+def all_nodes(graph: Graph):
+    """The nodes of ``graph`` and, recursively, of its nodes' subgraphs."""
+    for node in graph.nodes:
+        yield node
+        for sub in subgraphs(node):
+            yield from all_nodes(sub)

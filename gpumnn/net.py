@@ -9,7 +9,7 @@ import onnx
 from .errors import GpumnnError, ModelError, UnsupportedOpError
 from .geometry import lower, supported_ops
 from .geometry.registry import lowering_for
-from .ir import Graph, ValueInfo
+from .ir import Graph, ValueInfo, all_nodes
 from .onnx_import import import_onnx
 from .optimize import optimize as optimize_graph
 from .session import Session, resolve_input_shapes
@@ -62,7 +62,7 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, optimize: bool = Tr
     except Exception as exc:  # a reader or checker tripping over a malformed file is still the file's fault
         name = str(model) if isinstance(model, (str, os.PathLike)) else "the model"
         raise ModelError(f"{name} could not be read: {type(exc).__name__}: {exc}") from exc
-    for node in graph.nodes:
+    for node in all_nodes(graph):  # subgraphs' nodes too: a branch that cannot run is refused at load
         if lowering_for(node) is None:
             raise UnsupportedOpError(node.op_type, node.name, "gpumnn has no implementation of this op",
                                      supported_ops())

@@ -39,6 +39,7 @@ from onnx.backend.base import Backend, BackendRep, namedtupledict
 
 from .backends import REGISTRY, probe
 from .errors import BackendUnavailableError, DataDependentError, InputError, ModelError, SessionClosedError
+from .ir import node_reads
 from .net import Net, load
 from .onnx_opsets import MAX_OPSET
 from .session import Session
@@ -92,7 +93,7 @@ class GpumnnRep(BackendRep):
                     values: Mapping[str, np.ndarray] | None = None) -> Session:
         """The session prepared for these input shapes and these values of the bound inputs
         (created on first use, then kept); bound inputs are constants of that session."""
-        values = {name: np.ascontiguousarray(value) for name, value in (values or {}).items()}
+        values = {name: np.asarray(value, order="C") for name, value in (values or {}).items()}  # 0-d stays 0-d
         key = (tuple((name, tuple(int(d) for d in shapes[name])) for name in self.input_names if name not in values),
                tuple((name, values[name].dtype.str, values[name].shape, values[name].tobytes())
                      for name in sorted(values)))
@@ -133,7 +134,7 @@ class GpumnnRep(BackendRep):
                 continue
             seen.add(name)
             if name in producers:
-                todo.extend(n for n in producers[name].inputs if n)
+                todo.extend(node_reads(producers[name]))  # a subgraph's outer reads too
         return seen & inputs
 
     def _feeds(self, inputs: Any) -> dict[str, np.ndarray]:

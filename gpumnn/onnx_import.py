@@ -19,12 +19,12 @@ from onnx import numpy_helper
 
 from .errors import ModelError, UnsupportedOpError
 from .external_data import check_locations, load_external_data, refuse_unresolvable
-from .ir import Graph, Node, ValueInfo
+from .ir import Graph, Node, ValueInfo, subgraphs
 from .onnx_check import check_model
-from .onnx_opsets import check_newer_ops, check_opset_range, default_opset, upgrade
+from .onnx_opsets import check_newer_ops, check_opset_range, default_opset, upgrade, walk_nodes
 
 
-def _attribute_value(attr: onnx.AttributeProto) -> Any:
+def _attribute_value(attr: onnx.AttributeProto, opset: int) -> Any:
     kind = attr.type
     A = onnx.AttributeProto
     if kind == A.FLOAT:
@@ -41,8 +41,8 @@ def _attribute_value(attr: onnx.AttributeProto) -> Any:
         return [int(v) for v in attr.ints]
     if kind == A.STRINGS:
         return [s.decode("utf-8", "replace") for s in attr.strings]
-    if kind == A.GRAPH:
-        return attr.g  # only control-flow ops have these; they are rejected as unsupported
+    if kind == A.GRAPH:  # If's branches, Loop's and Scan's body: an IR graph of their own
+        return _graph(attr.g, opset, subgraph=True)
     return None
 
 
@@ -108,7 +108,7 @@ def _check_opset(model: onnx.ModelProto) -> None:
     if opset is None:
         raise ModelError("the ONNX model imports no default-domain opset")
     check_opset_range(opset)
-    for index, proto in enumerate(graph_proto.node):
+    for index, proto in enumerate(walk_nodes(graph_proto)):
         if proto.domain not in ("", "ai.onnx"):
             raise UnsupportedOpError(proto.op_type, proto.name or f"{proto.op_type}_{index}",
                                      f"custom domain {proto.domain!r} is not supported")
@@ -118,9 +118,14 @@ def _check_opset(model: onnx.ModelProto) -> None:
 def import_onnx(source: str | os.PathLike | bytes | onnx.ModelProto) -> Graph:
     """Parse an ONNX model into a :class:`Graph`; raises ModelError if it is not usable."""
     model = _read_model(source)
-    graph_proto = model.graph
-    opset = default_opset(model)
+    graph = _graph(model.graph, default_opset(model), subgraph=False)
+    _check_topology(graph)
+    return graph
 
+
+def _graph(graph_proto: onnx.GraphProto, opset: int, subgraph: bool) -> Graph:
+    """One graph, the model's or a subgraph (whose inputs are its formal parameters, kept even
+    where a constant of the same name exists, and whose nodes may read outer tensors by name)."""
     initializers: dict[str, np.ndarray] = {}
     for tensor in graph_proto.initializer:
         try:
@@ -135,17 +140,15 @@ def import_onnx(source: str | os.PathLike | bytes | onnx.ModelProto) -> Graph:
         while name in used_names:
             name = f"{name}_{index}"
         used_names.add(name)
-        attrs = {a.name: _attribute_value(a) for a in proto.attribute}
+        attrs = {a.name: _attribute_value(a, opset) for a in proto.attribute}
         if proto.op_type == "Constant":  # constants become initializers right away
             initializers[proto.output[0]] = _constant_value(attrs, name)
             continue
         nodes.append(Node(proto.op_type, name, list(proto.input), list(proto.output), attrs))
 
-    inputs = [_value_info(v) for v in graph_proto.input if v.name not in initializers]
+    inputs = [_value_info(v) for v in graph_proto.input if subgraph or v.name not in initializers]
     outputs = [_value_info(v) for v in graph_proto.output]
-    graph = Graph(nodes, inputs, outputs, initializers, opset, graph_proto.name or "graph")
-    _check_topology(graph)
-    return graph
+    return Graph(nodes, inputs, outputs, initializers, opset, graph_proto.name or "graph")
 
 
 def _constant_value(attrs: dict[str, Any], node: str) -> np.ndarray:
@@ -158,14 +161,17 @@ def _constant_value(attrs: dict[str, Any], node: str) -> np.ndarray:
     raise UnsupportedOpError("Constant", node, f"attribute(s) {sorted(attrs)} not supported")
 
 
-def _check_topology(graph: Graph) -> None:
-    """Every node input must be produced earlier (ONNX requires topological order)."""
-    known = set(graph.initializers) | set(graph.input_names) | {""}
+def _check_topology(graph: Graph, outer: frozenset[str] = frozenset()) -> None:
+    """Every node input must be produced earlier (ONNX requires topological order); a subgraph
+    may also read what its enclosing graphs know at its node."""
+    known = set(outer) | set(graph.initializers) | set(graph.input_names) | {""}
     for node in graph.nodes:
         for name in node.inputs:
             if name not in known:
                 raise ModelError(f"node {node.name!r} ({node.op_type}) reads {name!r}, which no earlier node "
                                  "produces and which is neither a graph input nor an initializer")
+        for sub in subgraphs(node):
+            _check_topology(sub, frozenset(known))
         known.update(node.outputs)
     for out in graph.output_names:
         if out not in known:

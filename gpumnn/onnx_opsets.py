@@ -104,7 +104,7 @@ def check_newer_ops(model: onnx.ModelProto) -> None:
     if opset is None or opset <= MAX_IMPLEMENTED:
         return
     lowered = set(supported_ops())
-    for index, node in enumerate(model.graph.node):
+    for index, node in enumerate(walk_nodes(model.graph)):
         if node.domain not in DEFAULT_DOMAINS or node.op_type not in lowered:
             continue  # an op gpumnn does not implement at all: the unsupported-op check names it
         changes = unreviewed_changes(node, opset)
@@ -112,6 +112,18 @@ def check_newer_ops(model: onnx.ModelProto) -> None:
             name = node.name or f"{node.op_type}_{index}"
             raise UnsupportedOpError(node.op_type, name, f"at opset {opset}; gpumnn implements {node.op_type} as "
                                      f"defined up to opset {MAX_IMPLEMENTED}, and " + "; ".join(changes))
+
+
+def walk_nodes(graph: onnx.GraphProto):
+    """The graph's nodes and, recursively, those of their subgraphs (If, Loop, Scan bodies)."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from walk_nodes(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from walk_nodes(sub)
 
 
 def unreviewed_changes(node: onnx.NodeProto, opset: int) -> list[str]:
@@ -182,4 +194,4 @@ def _attribute_value(attr: onnx.AttributeProto):
 
 
 __all__ = ["MIN_OPSET", "MAX_OPSET", "MIN_IMPLEMENTED", "MAX_IMPLEMENTED", "REVIEWED", "check_newer_ops",
-           "check_opset_range", "default_opset", "schema_differences", "unreviewed_changes", "upgrade"]
+           "check_opset_range", "default_opset", "schema_differences", "unreviewed_changes", "upgrade", "walk_nodes"]

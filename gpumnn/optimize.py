@@ -14,7 +14,7 @@ import numpy as np
 from .errors import GpumnnError, ModelError
 from .geometry import LoweringContext, lower_into
 from .geometry.compute import unary_spec
-from .ir import Graph, Node
+from .ir import Graph, Node, node_reads, subgraphs
 
 ACTIVATION_HOSTS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "Mul", "BatchNormalization")
 
@@ -48,9 +48,16 @@ def _rename_input(graph: Graph, old: str, new: str) -> None:
         node.inputs = [new if n == old else n for n in node.inputs]
 
 
+def _uses(graph: Graph) -> Counter:
+    """How many times each tensor is read, counting reads by subgraphs (If, Loop, Scan bodies)."""
+    return Counter(n for node in graph.nodes for n in node_reads(node))
+
+
 def remove_identities(graph: Graph) -> int:
-    """Drop Identity and inference-mode Dropout, rewiring their readers to the source."""
+    """Drop Identity and inference-mode Dropout, rewiring their readers to the source (not where
+    a subgraph reads the output by name: the rewiring renames the top graph's inputs only)."""
     outputs = set(graph.output_names)
+    outputs.update(*(sub.outer_reads() for node in graph.nodes for sub in subgraphs(node)))
     removed = 0
     for node in list(graph.nodes):
         if node.op_type not in ("Identity", "Dropout") or not node.inputs or not node.inputs[0] or not node.outputs:
@@ -64,15 +71,16 @@ def remove_identities(graph: Graph) -> int:
 
 
 def fold_constants(graph: Graph) -> int:
-    """Evaluate every node whose inputs are all constants, turning its outputs into initializers."""
+    """Evaluate every node whose inputs (and the outer tensors its subgraphs read) are all
+    constants, turning its outputs into initializers."""
     folded = 0
     kept: list[Node] = []
     for node in graph.nodes:
-        if node.inputs and all((not n) or n in graph.initializers for n in node.inputs):
+        reads = node_reads(node)
+        if reads and all(n in graph.initializers for n in reads):
             ctx = LoweringContext()
-            for name in node.inputs:
-                if name:
-                    ctx.set_const(name, graph.initializers[name])
+            for name in reads:
+                ctx.set_const(name, graph.initializers[name])
             try:
                 lower_into(ctx, graph, [node])
             except Exception:
@@ -100,7 +108,7 @@ def _single_consumer(graph: Graph, uses: Counter, name: str) -> bool:
 def fold_batchnorm(graph: Graph) -> int:
     """Conv followed by BatchNormalization becomes one Conv with rescaled weights and bias."""
     producers = graph.producers()
-    uses = Counter(n for node in graph.nodes for n in node.inputs)
+    uses = _uses(graph)
     folded = 0
     for bn in list(graph.nodes):
         if (bn.op_type != "BatchNormalization" or len(bn.inputs) != 5 or any(bn.outputs[1:])
@@ -132,7 +140,7 @@ def fold_batchnorm(graph: Graph) -> int:
 def fuse_matmul_bias(graph: Graph) -> int:
     """MatMul followed by Add of a constant row vector becomes MatMul with a bias epilogue."""
     producers = graph.producers()
-    uses = Counter(n for node in graph.nodes for n in node.inputs)
+    uses = _uses(graph)
     fused = 0
     for add in list(graph.nodes):
         if add.op_type != "Add" or len(add.inputs) != 2:
@@ -159,7 +167,7 @@ def fuse_matmul_bias(graph: Graph) -> int:
 def fuse_activations(graph: Graph) -> int:
     """Relu, Clip, Sigmoid, HardSwish, ... fold into the epilogue of the op that feeds them."""
     producers = graph.producers()
-    uses = Counter(n for node in graph.nodes for n in node.inputs)
+    uses = _uses(graph)
     fused = 0
     for act in list(graph.nodes):
         if not act.inputs or not act.outputs:
@@ -182,12 +190,13 @@ def fuse_activations(graph: Graph) -> int:
 
 
 def remove_dead_nodes(graph: Graph) -> None:
-    """Drop nodes whose outputs nobody reads, and initializers nobody uses."""
+    """Drop nodes whose outputs nobody reads, and initializers nobody uses (a subgraph's reads
+    of outer tensors count as uses)."""
     needed = set(graph.output_names)
     kept = []
     for node in reversed(graph.nodes):
         if any(o in needed for o in node.outputs):
             kept.append(node)
-            needed.update(n for n in node.inputs if n)
+            needed.update(node_reads(node))
     graph.nodes = list(reversed(kept))
     graph.initializers = {k: v for k, v in graph.initializers.items() if k in needed}

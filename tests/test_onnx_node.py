@@ -27,7 +27,7 @@ import gpumnn
 from conftest import require_backend
 from gpumnn.backends import REGISTRY, probe
 from gpumnn.onnx_backend import backend_for
-from gpumnn.onnx_opsets import upgrade
+from gpumnn.onnx_opsets import upgrade, walk_nodes
 from onnx_node_expected_failures import EXPECTED, Group, expected_failure
 
 with warnings.catch_warnings():  # the case generators' own overflow/divide warnings
@@ -38,13 +38,14 @@ SUPPORTED = set(gpumnn.supported_ops()) | {"Constant"}  # Constant nodes become 
 
 
 def claimed(model: onnx.ModelProto) -> bool:
-    """Whether gpumnn claims every op of the case's graph (default domain, an op it lowers), after
-    the version conversion that loading applies to opsets 7-10 (Upsample-9 becomes Resize)."""
+    """Whether gpumnn claims every op of the case's graph and its subgraphs (default domain, an op
+    it lowers), after the version conversion that loading applies to opsets 7-10 (Upsample-9
+    becomes Resize)."""
     try:
         model = upgrade(model)
     except gpumnn.ModelError:
         pass
-    return all(n.domain in ("", "ai.onnx") and n.op_type in SUPPORTED for n in model.graph.node)
+    return all(n.domain in ("", "ai.onnx") and n.op_type in SUPPORTED for n in walk_nodes(model.graph))
 
 
 CLAIMED = sorted(c.name for c in NODE_CASES if claimed(c.model))
@@ -114,7 +115,7 @@ def test_unimplemented_ops_are_refused_by_name():
             raw.append(f"{case.name}: {type(exc).__name__}: {exc}"[:300])
         else:
             raw.append(f"{case.name}: loaded although it uses "
-                       f"{sorted({n.op_type for n in case.model.graph.node} - SUPPORTED)}")
+                       f"{sorted({n.op_type for n in walk_nodes(case.model.graph)} - SUPPORTED)}")
     assert not raw, f"{len(raw)} of {len(UNCLAIMED)} cases:\n" + "\n".join(raw)
 
 
