@@ -189,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                            series=series, ratios=RATIOS, extras=False))
     if args.png:
         from gpumnn.bench_charts import write_charts
+        sys.stdout.flush()
         for path in write_charts(rows, args.png, series, RATIOS, prefix="ncnn_"):
             print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -94,6 +94,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(format_table(rows, threads, skipped, runs=args.runs, warmup=args.warmup, repeats=args.repeats))
     if args.png:
         from .bench_charts import write_charts
+        sys.stdout.flush()  # the table first, then the file names on stderr
         for path in write_charts(rows, args.png, SERIES):
             print(f"wrote {path}", file=sys.stderr)
     return 0
