@@ -27,8 +27,15 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c 'import gpumnn, onnxruntime, pyopencl, vulkan, moderngl, pytest, cuda.bindings.nvrtc' >/dev/null 2>&1; then
+if ! .venv/bin/python -c 'import gpumnn, onnxruntime, pyopencl, vulkan, moderngl, matplotlib, pytest, cuda.bindings.nvrtc' >/dev/null 2>&1; then
   echo "setup: installing gpumnn[all] into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e ".[all]"
+fi
+# pnnx converts models for the ncnn peer (bench/ncnn_peer.py), which runs the converter executable
+# bundled in the wheel (29 MB); pnnx's Python API, and so its declared dependency, is torch (~5 GB
+# with its CUDA wheels), which that executable does not use: hence --no-deps.
+if ! .venv/bin/python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("pnnx") is None)' 2>/dev/null; then
+  echo "setup: installing pnnx (the converter executable only, without torch)"
+  .venv/bin/python -m pip install -q --no-deps pnnx
 fi

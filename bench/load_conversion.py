@@ -20,7 +20,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gpumnn  # noqa: E402
 from gpumnn import zoo  # noqa: E402
+from gpumnn.benchmark import time_runs  # noqa: E402
 from gpumnn.onnx_opsets import upgrade  # noqa: E402
 
 
@@ -51,12 +51,8 @@ def as_opset9(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def median_ms(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
+    """Median of ``repeats`` timed calls, none untimed (the first load is part of what is measured)."""
+    return statistics.median(time_runs(fn, runs=repeats, warmup=0))
 
 
 def main() -> int:

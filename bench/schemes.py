@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gpumnn  # noqa: E402
+from gpumnn.benchmark import Spread, alternate, rel_l2  # noqa: E402
 from gpumnn.scheduler import schemes  # noqa: E402
 
 TABLE1 = [(2, 3, 16, 224), (2, 512, 512, 16), (3, 64, 64, 112)]
@@ -61,18 +60,13 @@ def _session(model: onnx.ModelProto, backend: str, **force):
 
 
 def time_alternating(sessions: dict, feeds: dict, repeats: int) -> dict:
-    """{variant: (median ms, min ms, max ms, relative L2 to the first variant)}."""
+    """{variant: (median ms, min ms, max ms, relative L2 to the first variant)}: one run of each
+    variant per repeat (:func:`gpumnn.benchmark.alternate`), after one untimed run of each."""
     outputs = {name: s.run(feeds)["y"] for name, s in sessions.items()}  # warm-up and answers
-    first = next(iter(outputs.values())).astype(np.float64)
-    times: dict[str, list[float]] = {name: [] for name in sessions}
-    for _ in range(repeats):
-        for name, s in sessions.items():
-            start = time.perf_counter()
-            s.run(feeds)
-            times[name].append((time.perf_counter() - start) * 1000)
-    return {name: (statistics.median(t), min(t), max(t),
-                   float(np.linalg.norm(outputs[name] - first) / np.linalg.norm(first)))
-            for name, t in times.items()}
+    first = next(iter(outputs.values()))
+    samples = alternate({name: (lambda s=s: s.run(feeds)) for name, s in sessions.items()}, repeats, runs=1, warmup=0)
+    cells = {name: Spread.of([ms for (ms,) in repeats_]) for name, repeats_ in samples.items()}
+    return {name: (c.median, c.low, c.high, rel_l2(outputs[name], first)) for name, c in cells.items()}
 
 
 def table1(backend: str, repeats: int) -> list[dict]:

@@ -11,11 +11,10 @@ against the first serial one (the runs must agree, not only be fast).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import threading
-import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -23,30 +22,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gpumnn  # noqa: E402
 from gpumnn import zoo  # noqa: E402
+from gpumnn.benchmark import Spread, alternate  # noqa: E402
 
 
-def timed_threads(sess: gpumnn.Session, feed: dict, threads: int, runs: int, expect: np.ndarray) -> float:
-    """Wall milliseconds per run for ``threads`` workers x ``runs`` runs; checks every output."""
-    errors: list[float] = []
-    barrier = threading.Barrier(threads + 1)
+def threaded_runs(sess: gpumnn.Session, feed: dict, threads: int, runs: int, expect: np.ndarray) -> Callable[[], None]:
+    """A function that runs ``threads`` workers x ``runs`` runs on ``sess`` and checks every output
+    (timed whole by :func:`gpumnn.benchmark.time_runs`; starting the threads is ~0.1 ms of it)."""
 
-    def worker() -> None:
-        barrier.wait()
-        for _ in range(runs):
-            out = next(iter(sess.run(feed).values()))
-            errors.append(float(np.abs(out - expect).max()))
+    def run_all() -> None:
+        errors: list[float] = []
 
-    workers = [threading.Thread(target=worker) for _ in range(threads)]
-    for w in workers:
-        w.start()
-    barrier.wait()
-    start = time.perf_counter()
-    for w in workers:
-        w.join()
-    elapsed = (time.perf_counter() - start) * 1000.0 / (threads * runs)
-    if max(errors) > 1e-3 * max(1.0, float(np.abs(expect).max())):
-        raise SystemExit(f"{sess.backend}: a concurrent run disagreed with the serial one by {max(errors)}")
-    return elapsed
+        def worker() -> None:
+            for _ in range(runs):
+                out = next(iter(sess.run(feed).values()))
+                errors.append(float(np.abs(out - expect).max()))
+
+        workers = [threading.Thread(target=worker) for _ in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        if len(errors) < threads * runs or max(errors) > 1e-3 * max(1.0, float(np.abs(expect).max())):
+            raise SystemExit(f"{sess.backend}: a concurrent run failed or disagreed with the serial one")
+
+    return run_all
 
 
 def main() -> None:
@@ -62,18 +61,18 @@ def main() -> None:
     name = net.inputs[0].name
     feed = {name: np.random.default_rng(0).standard_normal(zoo.input_shape(args.model)).astype(np.float32)}
     print(f"{args.model}: {args.threads} threads x {args.runs} runs, median of {args.repeats} repeats "
-          f"(ms per run, wall clock; min-max in brackets)")
+          f"(ms per run, wall clock; min-max in parentheses)")
     print(f"{'backend':<8} {'bound':>5} {'default':>7} {'serial (lock)':>22} {'overlapping':>22} {'states':>6}")
     for backend in backends:
         serial = net.session(backend=backend, max_concurrent_runs=1, fallback=False)
         shared = net.session(backend=backend, fallback=False, max_concurrent_runs=args.threads)  # up to the bound
         expect = next(iter(serial.run(feed).values()))
         shared.run(feed)
-        samples: dict[str, list[float]] = {"serial": [], "overlap": []}
-        for _ in range(args.repeats):
-            samples["serial"].append(timed_threads(serial, feed, args.threads, args.runs, expect))
-            samples["overlap"].append(timed_threads(shared, feed, args.threads, args.runs, expect))
-        cells = [f"{statistics.median(v):8.2f} [{min(v):.2f}-{max(v):.2f}]" for v in samples.values()]
+        samples = alternate({"serial": threaded_runs(serial, feed, args.threads, args.runs, expect),
+                             "overlap": threaded_runs(shared, feed, args.threads, args.runs, expect)},
+                            args.repeats, runs=1, warmup=0)
+        per_run = args.threads * args.runs
+        cells = [f"{Spread.of([ms / per_run for (ms,) in repeats]):.2f}" for repeats in samples.values()]
         default = shared.backends[backend].default_concurrent_runs
         print(f"{backend:<8} {shared.max_concurrent_runs:>5} {default:>7} {cells[0]:>22} {cells[1]:>22} "
               f"{shared.run_states:>6}")

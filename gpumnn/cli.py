@@ -69,7 +69,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .benchmark import benchmark, format_table, resolve_backends, rows_as_dicts
+    from .benchmark import SERIES, benchmark, format_table, resolve_backends, rows_as_dicts
+    if args.png:
+        from .bench_charts import ChartsUnavailable, require_matplotlib
+        try:
+            require_matplotlib()  # before the timing, not after it
+        except ChartsUnavailable as exc:
+            print(f"gpumnn: error: --png: {exc}", file=sys.stderr)
+            return 2
     backends, skipped = resolve_backends(args.backend)
     if not backends:
         print("no requested backend can start here: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()), file=sys.stderr)
@@ -78,12 +85,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if models == ["all"]:
         models = zoo.names()
     threads = args.threads or os.cpu_count() or 1
-    rows = benchmark(models, backends, threads=threads, runs=args.runs, warmup=args.warmup, eager=not args.no_eager,
-                     progress=not args.json and sys.stderr.isatty() or args.progress)
+    rows = benchmark(models, backends, threads=threads, runs=args.runs, warmup=args.warmup, repeats=args.repeats,
+                     eager=not args.no_eager, progress=not args.json and sys.stderr.isatty() or args.progress)
     if args.json:
-        print(json.dumps({"threads": threads, "skipped": skipped, "rows": rows_as_dicts(rows)}, indent=2))
+        print(json.dumps({"threads": threads, "runs": args.runs, "warmup": args.warmup, "repeats": args.repeats,
+                          "skipped": skipped, "rows": rows_as_dicts(rows)}, indent=2))
     else:
-        print(format_table(rows, threads, skipped))
+        print(format_table(rows, threads, skipped, runs=args.runs, warmup=args.warmup, repeats=args.repeats))
+    if args.png:
+        from .bench_charts import write_charts
+        sys.stdout.flush()  # the table first, then the file names on stderr
+        for path in write_charts(rows, args.png, SERIES):
+            print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
@@ -116,14 +129,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--report", action="store_true", help="print the per-op plan")
     run.set_defaults(fn=cmd_run)
 
-    bench = sub.add_parser("bench", help="time models on backends, recorded and eager, beside ONNX Runtime")
+    bench = sub.add_parser("bench", help="time models on backends, recorded and eager, in alternation with ONNX Runtime")
     bench.add_argument("models", nargs="*", help="zoo names or .onnx paths (default: the paper's three; 'all' for the zoo)")
     bench.add_argument("--backend", nargs="+", default=["all"], help="backends to time, or 'all' (default)")
     bench.add_argument("--threads", type=int, help="CPU threads for NumPy and ONNX Runtime (default: all cores)")
-    bench.add_argument("--runs", type=int, default=10)
+    bench.add_argument("--runs", type=int, default=10, help="timed runs per figure, after --warmup (default 10)")
+    bench.add_argument("--repeats", type=int, default=5,
+                       help="figures per series, taken in alternation with the others; cells are their median (default 5)")
     bench.add_argument("--warmup", type=int, default=1)
     bench.add_argument("--no-eager", action="store_true", help="skip the eager (undecoupled) timing")
-    bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bench.add_argument("--json", action="store_true", help="print JSON (raw samples of every repeat) instead of a table")
+    bench.add_argument("--png", metavar="DIR", help="also write charts (latency per model, ratios) into DIR; needs matplotlib")
     bench.add_argument("--progress", action="store_true", help="show progress even when stderr is not a terminal")
     bench.set_defaults(fn=cmd_bench)
 

@@ -1,4 +1,5 @@
-"""The ncnn peer benchmark's exporter (bench/ncnn_peer.py) writes models ncnn computes correctly."""
+"""The ncnn peer (bench/ncnn_peer.py): pnnx's converter executable turns a zoo model into ncnn
+files that ncnn computes like ONNX Runtime, and the peer times the three in alternation."""
 from __future__ import annotations
 
 import importlib.util
@@ -15,29 +16,57 @@ def _load_peer():
         return sys.modules["ncnn_peer"]
     spec = importlib.util.spec_from_file_location("ncnn_peer", BENCH)
     module = importlib.util.module_from_spec(spec)
-    sys.modules["ncnn_peer"] = module  # dataclasses look their module up there
+    sys.modules["ncnn_peer"] = module
     spec.loader.exec_module(module)
     return module
 
 
-def test_ncnn_cpu_matches_onnxruntime_on_squeezenet(tmp_path):
-    pytest.importorskip("ncnn", reason="the optional peer `ncnn` is not installed (pip install ncnn)")
+@pytest.fixture
+def peer():
+    module = _load_peer()
+    for check in (module.pnnx_executable, module.require_ncnn):
+        try:
+            check()
+        except module.PeerUnavailable as exc:
+            pytest.skip(f"the optional ncnn peer cannot run here: {exc}")
     pytest.importorskip("onnxruntime", reason="onnxruntime is the reference")
-    peer = _load_peer()
-    param, bin_, in_blob, out_blob = peer.export_ncnn("squeezenet1_1", tmp_path)
-    assert Path(param).read_text().startswith("7767517\n")
-    x = peer.random_input("squeezenet1_1")
-    reference, _ = peer.onnxruntime_reference("squeezenet1_1", x)
-    net = peer._ncnn_net(param, bin_, vulkan=False, threads=1)
+    return module
+
+
+def test_pnnx_conversion_computes_like_onnxruntime(peer, tmp_path):
+    from gpumnn.benchmark import load_model, onnxruntime_runner, rel_l2
+    _, model_bytes, feed = load_model("squeezenet1_1")
+    (x,) = feed.values()
+    param, bin_ = peer.convert(model_bytes, x.shape, tmp_path)
+    assert param.read_text().startswith("7767517\n")
+    assert bin_.stat().st_size > 4 * 1_200_000  # float32 weights (fp16=0): SqueezeNet-1.1 has ~1.24 M
+    reference = onnxruntime_runner(model_bytes, threads=1)(feed)
+    run, net = peer.ncnn_runner(param, bin_, vulkan=False, threads=1)
     try:
-        y = peer.run_ncnn(net, x, in_blob, out_blob)
+        y = run(x)
     finally:
         net.clear()
     assert y.shape == reference.shape
-    assert peer.rel_l2(y, reference) < 1e-3
+    assert rel_l2(y, reference) < 1e-3
 
 
-def test_unsupported_op_is_named():
-    peer = _load_peer()
-    with pytest.raises(peer.NcnnExportError, match="MatMul"):
-        peer.export_ncnn("transformer_encoder", "/nonexistent-not-written")
+def test_peer_row_alternates_and_checks_every_peer(peer, tmp_path):
+    row = peer.peer_row("transformer_encoder", threads=1, runs=1, warmup=0, repeats=2, vulkan=False,
+                        workdir=str(tmp_path))
+    assert list(row.samples) == ["recorded", "onnxruntime", "ncnn-cpu"]
+    assert all(len(repeats) == 2 and all(len(runs) == 1 for runs in repeats) for repeats in row.samples.values())
+    assert set(row.rel_errors) == {"recorded", "ncnn-cpu"}
+    assert max(row.rel_errors.values()) < 1e-3
+    assert row.ratio("ncnn-cpu", "onnxruntime") is not None
+
+
+def test_pnnx_failure_shows_its_log(peer, tmp_path):
+    with pytest.raises(RuntimeError, match="pnnx failed"):
+        peer.convert(b"not an onnx model", (1, 3, 8, 8), tmp_path)
+
+
+def test_missing_pnnx_says_how_to_install_it(monkeypatch):
+    module = _load_peer()
+    monkeypatch.setattr(module.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(module.PeerUnavailable, match="pip install --no-deps pnnx"):
+        module.pnnx_executable()

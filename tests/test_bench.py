@@ -1,0 +1,115 @@
+"""The benchmark's protocol on a fake clock: alternation order, the per-repeat figures, medians,
+spreads and per-repeat ratios, the table and the charts. No speed is asserted anywhere."""
+from __future__ import annotations
+
+import pytest
+
+from gpumnn.benchmark import BenchRow, Spread, alternate, format_table, rows_as_dicts, time_runs
+
+
+class FakeClock:
+    """A clock that moves only when a timed function says how long it took."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def spend(self, ms: float) -> None:
+        self.now += ms / 1000.0
+
+
+def test_time_runs_warms_up_untimed_then_times_each_run():
+    clock, durations = FakeClock(), iter([100.0, 1.0, 2.0, 3.0])  # the warm-up's 100 ms is not counted
+    samples = time_runs(lambda: clock.spend(next(durations)), runs=3, warmup=1, clock=clock)
+    assert samples == pytest.approx([1.0, 2.0, 3.0])
+
+
+def test_alternate_times_every_series_once_per_repeat_in_turn():
+    clock, log, repeats_seen = FakeClock(), [], []
+    cost = {"a": 10.0, "b": 30.0}
+
+    def timed(name):
+        def fn():
+            log.append(name)
+            clock.spend(cost[name] + len(repeats_seen))  # repeat r costs r ms more
+        return fn
+
+    samples = alternate({"a": timed("a"), "b": timed("b")}, repeats=3, runs=2, warmup=1, clock=clock,
+                        on_repeat=repeats_seen.append)
+    assert repeats_seen == [0, 1, 2]
+    assert log == (["a"] * 3 + ["b"] * 3) * 3  # per repeat: a's warm-up and runs, then b's
+    assert list(samples) == ["a", "b"]
+    assert samples["a"] == [pytest.approx([ms] * 2) for ms in (11.0, 12.0, 13.0)]
+    assert samples["b"] == [pytest.approx([ms] * 2) for ms in (31.0, 32.0, 33.0)]
+
+
+def test_cells_are_medians_of_repeat_means_and_ratios_medians_of_per_repeat_ratios():
+    row = BenchRow("m", "cpu", samples={
+        "recorded": [[10.0, 12.0], [30.0, 30.0], [20.0, 20.0]],   # repeat means 11, 30, 20
+        "eager": [[22.0], [40.0], [20.0]],
+        "onnxruntime": [[5.0], [10.0], [20.0]],
+    })
+    assert row.repeat_means("recorded") == [11.0, 30.0, 20.0]
+    assert row.cell("recorded") == Spread(20.0, 11.0, 30.0)
+    assert row.recorded_ms == 20.0 and row.onnxruntime_ms == 10.0
+    # per-repeat ratios 11/5, 30/10, 20/20 = 2.2, 3.0, 1.0 -> median 2.2; the ratio of the
+    # medians (20 / 10 = 2.0) pairs figures from different repeats and is not what is reported
+    assert row.ratio("recorded", "onnxruntime") == Spread(pytest.approx(2.2), 1.0, 3.0)
+    assert row.vs_onnxruntime == pytest.approx(2.2)
+    assert row.decoupling_gain == pytest.approx(0.75 - 1.0)  # recorded/eager: 0.5, 0.75, 1.0
+    assert row.cell("ncnn") is None and row.ratio("recorded", "ncnn") is None
+
+
+def _rows():
+    return [BenchRow("squeezenet1_1", "cpu", device="NumPy", prepare_ms=5.0, pool_mib=1.0, naive_mib=2.0,
+                     rel_errors={"recorded": 1e-6},
+                     samples={"recorded": [[4.0], [6.0], [5.0]], "eager": [[8.0], [9.0], [7.0]],
+                              "onnxruntime": [[2.0], [3.0], [2.5]]}),
+            BenchRow("squeezenet1_1", "gl", note="failed: RuntimeError: no context")]
+
+
+def test_table_says_protocol_and_shows_median_spread_and_ratios():
+    text = format_table(_rows(), threads=2, runs=7, warmup=1, repeats=3)
+    assert "median over 3 repeats (min-max)" in text and "mean of 7 runs" in text
+    cpu = next(line for line in text.splitlines() if line.startswith("squeezenet1_1  cpu"))
+    assert "5.0 (4.0-6.0)" in cpu and "8.0 (7.0-9.0)" in cpu and "2.5 (2.0-3.0)" in cpu
+    assert "2.00 (2.00-2.00)" in cpu  # recorded/ORT per repeat: 2, 2, 2
+    gl = next(line for line in text.splitlines() if " gl " in line)
+    assert gl.count(" - ") >= 3 and "failed: RuntimeError" in gl
+
+
+def test_json_rows_keep_raw_samples_and_cells():
+    (cpu, gl) = rows_as_dicts(_rows())
+    assert cpu["samples"]["recorded"] == [[4.0], [6.0], [5.0]]
+    assert cpu["cells"]["recorded"] == {"median": 5.0, "low": 4.0, "high": 6.0}
+    assert cpu["ratios"]["recorded/onnxruntime"]["median"] == 2.0 and cpu["vs_onnxruntime"] == 2.0
+    assert gl["cells"] == {} and gl["recorded_ms"] is None
+
+
+def test_png_writes_latency_and_ratio_charts(tmp_path):
+    pytest.importorskip("matplotlib", reason="charts need matplotlib (the bench and dev extras install it)")
+    from gpumnn.bench_charts import write_charts
+    rows = _rows() + [BenchRow("resnet18", "cpu", samples={"recorded": [[40.0]], "onnxruntime": [[20.0]]})]
+    paths = write_charts(rows, tmp_path / "png", ("recorded", "eager", "onnxruntime"))
+    names = sorted(p.name for p in paths)
+    assert names == ["latency_resnet18.png", "latency_squeezenet1_1.png", "ratios.png"]
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+
+
+def test_missing_matplotlib_is_a_clear_error(monkeypatch):
+    import builtins
+
+    from gpumnn import bench_charts
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.split(".")[0] == "matplotlib":
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    with pytest.raises(bench_charts.ChartsUnavailable, match=r"pip install 'gpumnn\[bench\]'"):
+        bench_charts.require_matplotlib()
