@@ -231,7 +231,7 @@ class Recurrence:
     clip: float | None
     activations: list[tuple[RnnActivation, ...]]
     projection: str = ""
-    _weights: dict[tuple[int, int], str] = field(default_factory=dict)
+    _slices: dict[tuple[str, int], str] = field(default_factory=dict)
 
     @property
     def width(self) -> int:
@@ -295,14 +295,17 @@ class Recurrence:
         return strided_slice(self.ctx, self.node, self.projection, offset, (self.batch, self.hidden),
                              (row_stride, 1), "step_input")
 
+    def block(self, source: str, offset: int, shape: tuple[int, ...], hint: str) -> str:
+        """A contiguous block of a weight (R, P, B): sliced once per node, not per step (folded when constant)."""
+        if (source, offset) not in self._slices:
+            strides = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
+            self._slices[source, offset] = strided_slice(self.ctx, self.node, source, offset, shape, strides, hint)
+        return self._slices[source, offset]
+
     def weight(self, d: int, gate: int) -> str:
-        """R's block ``[hidden, hidden]`` of one direction and gate (sliced once, folded when constant)."""
-        if (d, gate) not in self._weights:
-            block = self.hidden * self.hidden
-            self._weights[d, gate] = strided_slice(self.ctx, self.node, self.node.inputs[2],
-                                                   (d * self.kind.gates + gate) * block, (self.hidden, self.hidden),
-                                                   (self.hidden, 1), "recurrence")
-        return self._weights[d, gate]
+        """R's block ``[hidden, hidden]`` of one direction and gate."""
+        return self.block(self.node.inputs[2], (d * self.kind.gates + gate) * self.hidden * self.hidden,
+                          (self.hidden, self.hidden), "recurrence")
 
     def gate(self, t: int, d: int, gate: int, h: str, act: RnnActivation, extra: str | None = None) -> str:
         """``act(clip(x_t . W_g^T + h . R_g^T + biases [+ extra]))``."""
@@ -402,7 +405,7 @@ def gru_recurrent_bias(r: Recurrence, d: int) -> str | None:
     if b is None:
         return None
     half = r.kind.gates * r.hidden
-    return strided_slice(r.ctx, r.node, b, 2 * half * d + half + GRU_H * r.hidden, (r.hidden,), (1,), "rbh")
+    return r.block(b, 2 * half * d + half + GRU_H * r.hidden, (r.hidden,), "rbh")
 
 
 def lstm_cell(r: Recurrence, t: int, d: int, state: tuple[str, ...]) -> tuple[str, ...]:
@@ -415,9 +418,7 @@ def lstm_cell(r: Recurrence, t: int, d: int, state: tuple[str, ...]) -> tuple[st
     def peephole(gate: int, cell: str) -> str | None:
         if p is None:
             return None
-        block = strided_slice(r.ctx, r.node, p, (3 * d + PEEPHOLE_OF_GATE[gate]) * r.hidden, (r.hidden,), (1,),
-                              "peephole")
-        return r.binary("mul", cell, block)
+        return r.binary("mul", cell, r.block(p, (3 * d + PEEPHOLE_OF_GATE[gate]) * r.hidden, (r.hidden,), "peephole"))
     i = r.gate(t, d, LSTM_I, h, f_act, peephole(LSTM_I, c))
     if r.node.attr("input_forget", 0):
         f = r.binary("sub", r.const(1.0, "one"), i)
