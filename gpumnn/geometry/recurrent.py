@@ -193,9 +193,11 @@ class SequenceLengths:
             valid = t < self.lengths
             if valid.all():
                 return None
-            return False if not valid.any() else self._const(valid.reshape(self.batch, 1), bool, "step_mask")
-        if t not in self._steps:
-            self._steps[t] = self._compare((self.batch, 1), np.array(t), "step_mask")
+            if not valid.any():
+                return False
+        if t not in self._steps:  # one mask per step, shared by the directions
+            self._steps[t] = (self._compare((self.batch, 1), np.array(t), "step_mask") if self.lengths is None
+                              else self._const(valid.reshape(self.batch, 1), bool, "step_mask"))
         return self._steps[t]
 
     def mask(self, shape: Sequence[int], t_axis: int | None, b_axis: int) -> str | None:
@@ -266,7 +268,8 @@ class Recurrence:
             emit_unary(self.ctx, self.node, act.unary[0], act.unary[1], x, out)
             return out
         if act.name == "affine":
-            return self.binary("add", self.binary("mul", x, self.const(act.alpha, "alpha")), self.const(act.beta, "beta"))
+            scaled = self.binary("mul", x, self.const(act.alpha, "alpha"))
+            return self.binary("add", scaled, self.const(act.beta, "beta"))
         if act.name == "scaledtanh":
             scaled = self.binary("mul", x, self.const(act.beta, "beta"), ("tanh", ()))
             return self.binary("mul", scaled, self.const(act.alpha, "alpha"))
@@ -451,6 +454,8 @@ def lower_recurrent(ctx: LoweringContext, node: Node, opset: int) -> None:
         raise ModelError(f"node {node.name!r} ({node.op_type}): direction {direction!r} is not forward, reverse "
                          "or bidirectional")
     directions = 2 if direction == "bidirectional" else 1
+    if seq == 0 or batch == 0:
+        raise UnsupportedOpError(node.op_type, node.name, f"X of shape {list(x_shape)} holds no sequence step")
     r_shape = ctx.shape(rec)
     hidden = int(node.attr("hidden_size", r_shape[-1] if r_shape else 0))
     clip = node.attr("clip")
