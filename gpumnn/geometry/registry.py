@@ -20,7 +20,7 @@ def lowers(*op_types: str) -> Callable[[Lowering], Lowering]:
 
 
 def supported_ops() -> tuple[str, ...]:
-    from . import compute, control_flow, einsum, indexing, logic, reorder  # noqa: F401  (importing fills the table)
+    from . import compute, control_flow, einsum, indexing, logic, recurrent, reorder  # noqa: F401  (importing fills the table)
     return tuple(sorted(LOWERINGS))
 
 
