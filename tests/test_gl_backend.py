@@ -101,7 +101,7 @@ def test_unaligned_offsets_bind_aligned_windows():
         x = be.tensor(pool, 3, (1000,))
         y = be.tensor(pool, 1500 + 5, (1000,))
         exe = be.create_execution(A.Unary(("x",), ("y",), "neg", op="neg", count=1000), [x], [y])
-        (d,) = exe.dispatches
+        (d,) = exe.work
         assert all(off % be.storage_align == 0 for _, _, off, _ in d.binds)
         data = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
         be.write(x, data)

@@ -95,15 +95,38 @@ def constant_words(array: np.ndarray) -> tuple[np.ndarray, str]:
     return np.ascontiguousarray(array, dtype=dtype).reshape(-1), dtype
 
 
-class Execution(ABC):
-    """One atomic op made ready to run on one backend: kernels chosen, arguments bound."""
+@dataclass(frozen=True)
+class OpPlan:
+    """What every backend's kernel maker returns for one atomic op: one shape on every backend,
+    so that ``create_execution`` reads a maker's answer the same way everywhere.
+
+    ``work``: the backend's work items in run order (NumPy: callables; OpenCL: kernel launches;
+    Vulkan and OpenGL: dispatches), empty where there is nothing to compute; ``scheme``: the
+    algorithm the work uses, shown by ``Session.report`` (None: the op's own ``scheme``);
+    ``keep``: objects the work references that must live as long as the execution (scratch
+    buffers, sampling tables), beyond the op's own tensors.
+    """
+
+    work: tuple = ()
+    scheme: str | None = None
+    keep: tuple = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "work", tuple(self.work))
+        object.__setattr__(self, "keep", tuple(self.keep))
+
+
+class Execution:
+    """One atomic op made ready to run on one backend: its plan's work, arguments bound."""
 
     def __init__(self, op: AtomicOp, inputs: Sequence[TensorHandle], outputs: Sequence[TensorHandle],
-                 scheme: str | None = None):
+                 plan: OpPlan):
         self.op = op
         self.inputs = list(inputs)
         self.outputs = list(outputs)
-        self._scheme = scheme
+        self.work = plan.work
+        self.keep = plan.keep
+        self._scheme = plan.scheme
 
     @property
     def scheme(self) -> str:

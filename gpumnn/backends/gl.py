@@ -50,7 +50,7 @@ from ..shaders.compile import ShaderCompileError, preprocess
 from . import gl_context
 from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words
 from .cpu import host_cpu_flops
-from .glsl_plans import (DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, Builder, DispatchExecution, Hazards, binding_limit, check_shader_op_ids,
+from .glsl_plans import (DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, Builder, Hazards, binding_limit, check_shader_op_ids,
                          grid_limit, plan, window)
 from .limits import MemoryLimits, host_memory
 
@@ -374,12 +374,11 @@ class GLBackend(Backend):
     # -- pre-inference ---------------------------------------------------------------------
     @_in_context
     def create_execution(self, op: A.AtomicOp, inputs: Sequence[TensorHandle],
-                         outputs: Sequence[TensorHandle]) -> DispatchExecution:
+                         outputs: Sequence[TensorHandle]) -> Execution:
         if type(op) not in PLANNERS:
             raise NotImplementedError(f"OpenGL backend: no kernel for {type(op).__name__} (node {op.source!r})")
         self.counters["executions_created"] += 1
-        dispatches, scheme = plan(self, op, inputs, outputs)
-        return DispatchExecution(op, inputs, outputs, dispatches, scheme)
+        return Execution(op, inputs, outputs, plan(self, op, inputs, outputs))
 
     @_in_context
     def record(self, executions: Sequence[Execution]) -> GLRecording:
@@ -389,7 +388,7 @@ class GLBackend(Backend):
         steps = []
         barriers = 0
         for exe in executions:
-            for d in exe.dispatches:  # type: ignore[attr-defined]
+            for d in exe.work:
                 barrier = hazards.needs_barrier(d)
                 if barrier:
                     hazards.clear()
@@ -429,7 +428,7 @@ class GLBackend(Backend):
         storage = moderngl.SHADER_STORAGE_BARRIER_BIT
         for exe in executions:
             # An engine without decoupling plans, looks up programs and packs arguments per run.
-            dispatches, _ = plan(self, exe.op, exe.inputs, exe.outputs)
+            dispatches = plan(self, exe.op, exe.inputs, exe.outputs).work
             self.counters["recordings_made"] += 1
             self.counters["submits"] += 1
             hazards = Hazards()

@@ -30,6 +30,7 @@ kernels are float32 only: int32 and boolean work runs on the scalar kernels ther
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import weakref
@@ -43,7 +44,7 @@ import pyopencl as cl
 from .. import atomic as A
 from .. import diskcache
 from ..strides import contiguous_strides, merge_dims
-from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, TensorHandle, constant_words
+from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, OpPlan, TensorHandle, constant_words
 from .limits import MemoryLimits, host_memory
 from .opencl_cmdbuf import CommandBufferAPI, CommandBufferError
 from .sampling import resize_axis
@@ -156,14 +157,6 @@ class Launch:
         kernel = cl.Kernel(self.program, self.name)
         kernel.set_args(*self.args)
         return kernel
-
-
-class OpenCLExecution(Execution):
-    def __init__(self, op, inputs, outputs, launches: list[Launch], scheme: str | None = None,
-                 keep: Sequence[Any] = ()):
-        super().__init__(op, inputs, outputs, scheme)
-        self.launches = launches
-        self.keep = list(keep)  # buffers the launches reference (sampling tables)
 
 
 @dataclass
@@ -390,19 +383,18 @@ class OpenCLBackend(Backend):
 
     # -- pre-inference ---------------------------------------------------------------------
     def create_execution(self, op: A.AtomicOp, inputs: Sequence[TensorHandle],
-                         outputs: Sequence[TensorHandle]) -> OpenCLExecution:
+                         outputs: Sequence[TensorHandle]) -> Execution:
         self.counters["executions_created"] += 1
         maker = _MAKERS.get(type(op))
         if maker is None:
             raise NotImplementedError(self.unsupported_reason(op))
-        result = maker(self, op, list(inputs), list(outputs))
-        launches, scheme, keep = result
-        launches = [ln for ln in launches if all(g > 0 for g in ln.gsize)]
+        plan = maker(self, op, list(inputs), list(outputs))
+        launches = [ln for ln in plan.work if all(g > 0 for g in ln.gsize)]
         if outputs and all(o.size == 0 for o in outputs):  # nothing to write: the CPU kernels' padded grids would write anyway
             launches = []
         for ln in launches:
             ln.kernel = ln.make_kernel()
-        return OpenCLExecution(op, inputs, outputs, launches, scheme, keep)
+        return Execution(op, inputs, outputs, dataclasses.replace(plan, work=launches))
 
     def launch(self, family: str, name: str, args: Sequence[Any], gsize: Sequence[int],
                lsize: Sequence[int] | None, defines: dict[str, int] | None = None) -> Launch:
@@ -470,7 +462,7 @@ class OpenCLBackend(Backend):
     def record(self, executions: Sequence[Execution]) -> Recording:
         self.counters["recordings_made"] += 1
         launches = [(ln.kernel, ln.gsize, ln.lsize) for exe in executions
-                    for ln in exe.launches]  # type: ignore[attr-defined]
+                    for ln in exe.work]
         rec = Recording(launches, None, list(executions))
         api = self._command_buffers()
         if api is not None and launches:
@@ -503,7 +495,7 @@ class OpenCLBackend(Backend):
     def run_eager(self, executions: Sequence[Execution]) -> None:
         enqueue, queue = cl._cl.enqueue_nd_range_kernel, self.queue
         for exe in executions:
-            for ln in exe.launches:  # type: ignore[attr-defined]
+            for ln in exe.work:
                 enqueue(queue, ln.make_kernel(), ln.gsize, ln.lsize)
             queue.finish()
 
@@ -522,7 +514,7 @@ class OpenCLBackend(Backend):
 
 
 # --------------------------------------------------------------------------------------------
-# One maker per atomic op: returns (launches, scheme, buffers to keep alive)
+# One maker per atomic op: returns an OpPlan of launches, the scheme and the buffers to keep alive
 # --------------------------------------------------------------------------------------------
 
 def _make_raster(be: OpenCLBackend, op: A.Raster, ins, outs):
@@ -553,7 +545,7 @@ def _make_raster(be: OpenCLBackend, op: A.Raster, ins, outs):
         args = [src.buffer, _i(s_off), out.buffer, _i(d_off), _i(sizes[1]), _i(sizes[2]), _i(sizes[3]),
                 _i(r.count)] + [_i(d[1]) for d in dims] + [_i(d[2]) for d in dims]
         launches.append(be.launch1d("raster", "raster_copy", args, r.count))
-    return launches, "raster", ()
+    return OpPlan(launches, "raster")
 
 
 def _make_unary(be, op: A.Unary, ins, outs):
@@ -561,8 +553,8 @@ def _make_unary(be, op: A.Unary, ins, outs):
     args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.count)] + _unary_args(op.op, op.params, op.dtype)
     suffix = DTYPE_SUFFIX[op.dtype] + DTYPE_SUFFIX[op.output_dtype()]
     if be.cpu_kernels and suffix == "ff":
-        return [be.vec_launch("elementwise", "unary_vec", args, (-(-op.count // CPU_VEC),))], "vec", ()
-    return [be.launch1d("elementwise", f"unary_{suffix}", args, op.count)], None, ()
+        return OpPlan([be.vec_launch("elementwise", "unary_vec", args, (-(-op.count // CPU_VEC),))], "vec")
+    return OpPlan([be.launch1d("elementwise", f"unary_{suffix}", args, op.count)])
 
 
 def _make_binary(be, op: A.Binary, ins, outs):
@@ -576,7 +568,7 @@ def _make_binary(be, op: A.Binary, ins, outs):
     if len(dims) <= 1 and all(d[2] == 1 and d[3] == 1 for d in dims) and not vector:
         args = [a.buffer, _i(a.offset), b.buffer, _i(b.offset), o.buffer, _i(o.offset), _i(n),
                 _i(BINARY_IDS[op.op])] + act
-        return [be.launch1d("elementwise", f"binary_flat_{suffix}", args, n)], "flat", ()
+        return OpPlan([be.launch1d("elementwise", f"binary_flat_{suffix}", args, n)], "flat")
     dims = [(1, 0, 0, 0)] * (A.RANK - len(dims)) + dims
     d = [x[0] for x in dims]
     head = [a.buffer, _i(a.offset), b.buffer, _i(b.offset), o.buffer, _i(o.offset), _i(d[1]), _i(d[2]), _i(d[3])]
@@ -584,9 +576,9 @@ def _make_binary(be, op: A.Binary, ins, outs):
     tail = [_i(BINARY_IDS[op.op])] + act
     if vector:
         grid = (-(-d[3] // CPU_VEC), d[2], d[0] * d[1])
-        return [be.vec_launch("elementwise", "binary_vec", head + strides + tail, grid)], "vec", ()
+        return OpPlan([be.vec_launch("elementwise", "binary_vec", head + strides + tail, grid)], "vec")
     args = head + [_i(n)] + strides + tail
-    return [be.launch1d("elementwise", f"binary_{suffix}", args, n)], "strided", ()
+    return OpPlan([be.launch1d("elementwise", f"binary_{suffix}", args, n)], "strided")
 
 
 def _make_reduce(be, op: A.Reduce, ins, outs):
@@ -595,36 +587,36 @@ def _make_reduce(be, op: A.Reduce, ins, outs):
     if op.op in ("argmax", "argmin") or op.dtype == A.INT32:  # one work-item per (outer, inner)
         name = f"arg_reduce_{DTYPE_SUFFIX[op.dtype]}" if op.op in ("argmax", "argmin") else "reduce_cols_i"
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.outer), _i(op.size), _i(op.inner), rop]
-        return [be.launch1d("reduce", name, args, op.outer * op.inner)], "cols", ()
+        return OpPlan([be.launch1d("reduce", name, args, op.outer * op.inner)], "cols")
     if be.cpu_kernels and op.inner == 1:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.outer), _i(op.size), rop]
-        return [be.vec_launch("reduce", "reduce_rows_vec", args, (op.outer,))], "rows-vec", ()
+        return OpPlan([be.vec_launch("reduce", "reduce_rows_vec", args, (op.outer,))], "rows-vec")
     if be.cpu_kernels and op.inner >= CPU_VEC:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.size), _i(op.inner), rop]
         grid = (-(-op.inner // CPU_VEC), op.outer)
-        return [be.vec_launch("reduce", "reduce_cols_vec", args, grid)], "cols-vec", ()
+        return OpPlan([be.vec_launch("reduce", "reduce_cols_vec", args, grid)], "cols-vec")
     if op.inner == 1 and op.size >= 2 * RWG:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.size), rop]
-        return [be.launch("reduce", "reduce_rows", args, (op.outer * RWG,), (RWG,))], "rows", ()
+        return OpPlan([be.launch("reduce", "reduce_rows", args, (op.outer * RWG,), (RWG,))], "rows")
     args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.outer), _i(op.size), _i(op.inner), rop]
-    return [be.launch1d("reduce", "reduce_cols", args, op.outer * op.inner)], "cols", ()
+    return OpPlan([be.launch1d("reduce", "reduce_cols", args, op.outer * op.inner)], "cols")
 
 
 def _make_softmax(be, op: A.Softmax, ins, outs):
     x, y = ins[0], outs[0]
     if be.cpu_kernels and op.inner == 1:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.outer), _i(op.size), _i(int(op.log))]
-        return [be.vec_launch("reduce", "softmax_rows_vec", args, (op.outer,))], "rows-vec", ()
+        return OpPlan([be.vec_launch("reduce", "softmax_rows_vec", args, (op.outer,))], "rows-vec")
     if be.cpu_kernels and op.inner >= CPU_VEC:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.size), _i(op.inner), _i(int(op.log))]
         grid = (-(-op.inner // CPU_VEC), op.outer)
-        return [be.vec_launch("reduce", "softmax_cols_vec", args, grid)], "cols-vec", ()
+        return OpPlan([be.vec_launch("reduce", "softmax_cols_vec", args, grid)], "cols-vec")
     if op.inner == 1 and op.size >= 2 * RWG:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.size), _i(int(op.log))]
-        return [be.launch("reduce", "softmax_rows", args, (op.outer * RWG,), (RWG,))], "rows", ()
+        return OpPlan([be.launch("reduce", "softmax_rows", args, (op.outer * RWG,), (RWG,))], "rows")
     args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.outer), _i(op.size), _i(op.inner),
             _i(int(op.log))]
-    return [be.launch1d("reduce", "softmax_cols", args, op.outer * op.inner)], "cols", ()
+    return OpPlan([be.launch1d("reduce", "softmax_cols", args, op.outer * op.inner)], "cols")
 
 
 def _make_normalize(be, op: A.Normalize, ins, outs):
@@ -634,12 +626,12 @@ def _make_normalize(be, op: A.Normalize, ins, outs):
               shift.buffer, _i(shift.offset)]
     if be.cpu_kernels:
         args = common + [_i(op.outer), _i(op.size), _f(op.eps), _i(int(op.has_affine))]
-        return [be.vec_launch("reduce", "normalize_rows_vec", args, (op.outer,))], "rows-vec", ()
+        return OpPlan([be.vec_launch("reduce", "normalize_rows_vec", args, (op.outer,))], "rows-vec")
     if op.size >= 2 * RWG or op.outer < 4 * be.compute_units:
         args = common + [_i(op.size), _f(op.eps), _i(int(op.has_affine))]
-        return [be.launch("reduce", "normalize_rows", args, (op.outer * RWG,), (RWG,))], "rows", ()
+        return OpPlan([be.launch("reduce", "normalize_rows", args, (op.outer * RWG,), (RWG,))], "rows")
     args = common + [_i(op.outer), _i(op.size), _f(op.eps), _i(int(op.has_affine))]
-    return [be.launch1d("reduce", "normalize_item", args, op.outer)], "items", ()
+    return OpPlan([be.launch1d("reduce", "normalize_item", args, op.outer)], "items")
 
 
 def _gemm_config(be: OpenCLBackend, m: int, n: int, batch: int) -> str:
@@ -715,8 +707,8 @@ def _conv_voc(be, op: A.Conv2D | A.ConvTranspose2D, x, w, bias, o):
     conv = be.launch("gemm_cpu", kernel, args, (-(-ow // rb), oh, n * g * ob), (1, 1, 1), defines=defines)
     if be.is_constant(w):  # weights: pack once now (preparation), the run is the conv alone
         be.run_now(relayout)
-        return [conv], "direct-vec", (packed,)
-    return [relayout, conv], "direct-vec(+pack)", (packed,)
+        return OpPlan([conv], "direct-vec", (packed,))
+    return OpPlan([relayout, conv], "direct-vec(+pack)", (packed,))
 
 
 def _make_matmul(be, op: A.MatMul, ins, outs):
@@ -751,7 +743,7 @@ def _make_matmul(be, op: A.MatMul, ins, outs):
             bias=bias.buffer, bias_off=bias.offset, M=m, N=op.n, K=op.k, batch=batch, a_s=(a_stride, 0),
             b_s=(b_stride, 0), c_s=(c_stride, 0), am=am, ak=ak, ldb=op.n, has_bias=op.has_bias,
             bias_mn=tuple(op.bias_strides), alpha=op.alpha, beta=op.beta, act=op.activation))
-        return launches, "vec-" + scheme, keep
+        return OpPlan(launches, "vec-" + scheme, keep)
     ln = _gemm_launch(be, "gemm_dense", A_=a.buffer, a_off=a.offset, B_=b.buffer, b_off=b.offset,
                       C_=o.buffer, c_off=o.offset, bias=bias.buffer, bias_off=bias.offset,
                       M=m, N=op.n, K=op.k, batch=batch, a_s=(a_stride, 0),
@@ -759,7 +751,7 @@ def _make_matmul(be, op: A.MatMul, ins, outs):
                       lda=op.m if op.trans_a else op.k, ldb=op.k if op.trans_b else op.n,
                       trans_a=op.trans_a, trans_b=op.trans_b, has_bias=op.has_bias,
                       bias_mn=tuple(op.bias_strides), alpha=op.alpha, beta=op.beta, act=op.activation)
-    return [ln], scheme, ()
+    return OpPlan([ln], scheme)
 
 
 def _conv_operands(op: A.Conv2D | A.ConvTranspose2D, ins, outs):
@@ -799,34 +791,34 @@ def _make_conv2d(be, op: A.Conv2D, ins, outs):
         args = [x.buffer, _i(x.offset), w.buffer, _i(w.offset), bias.buffer, _i(bias.offset),
                 o.buffer, _i(o.offset), _i(c), _i(h), _i(wd), _i(oh), _i(ow), _i(kh), _i(kw), _i(sh), _i(sw),
                 _i(ph), _i(pw), _i(dh), _i(dw), _i(int(op.has_bias))] + _activation_args(op.activation)
-        return [be.launch("gemm_cpu", "dw_vec", args, (-(-ow // vec), oh, n * c), (1, 1, 1),
-                          defines={"VEC": vec, "RB": 1})], "depthwise", ()
+        return OpPlan([be.launch("gemm_cpu", "dw_vec", args, (-(-ow // vec), oh, n * c), (1, 1, 1),
+                                 defines={"VEC": vec, "RB": 1})], "depthwise")
     if op.scheme == "depthwise":
         args = [x.buffer, _i(x.offset), w.buffer, _i(w.offset), bias.buffer, _i(bias.offset),
                 o.buffer, _i(o.offset), _i(n * c), _i(c), _i(h), _i(wd), _i(oh), _i(ow), _i(kh), _i(kw),
                 _i(sh), _i(sw), _i(ph), _i(pw), _i(dh), _i(dw), _i(int(op.has_bias))]
         args += _activation_args(op.activation)
-        return [be.launch1d("conv", "conv_depthwise", args, n * c * oh * ow)], "depthwise", ()
+        return OpPlan([be.launch1d("conv", "conv_depthwise", args, n * c * oh * ow)], "depthwise")
     common = _conv_gemm_args(op, x, w, bias, o)
     pointwise = op.scheme == "gemm1x1"
     if be.cpu_kernels:
         if pointwise:
-            return [_gemm_vn_launch(be, am=c // g, ak=1, ldb=h * wd, **common)], "gemm1x1", ()
+            return OpPlan([_gemm_vn_launch(be, am=c // g, ak=1, ldb=h * wd, **common)], "gemm1x1")
         return _conv_voc(be, op, x, w, bias, o)
     lda = common["K"]
     if pointwise:
-        return [_gemm_launch(be, "gemm_dense", lda=lda, ldb=h * wd, **common)], "gemm1x1", ()
+        return OpPlan([_gemm_launch(be, "gemm_dense", lda=lda, ldb=h * wd, **common)], "gemm1x1")
     ln = _gemm_launch(be, "gemm_conv", lda=lda, conv=_conv_geometry(op), **common)
-    return [ln], "im2col", ()
+    return OpPlan([ln], "im2col")
 
 
 def _make_conv_transpose2d(be, op: A.ConvTranspose2D, ins, outs):
     x, w, bias, o = _conv_operands(op, ins, outs)
     if be.cpu_kernels:
-        launches, scheme, keep = _conv_voc(be, op, x, w, bias, o)
-        return launches, scheme.replace("direct", "gather"), keep
+        voc = _conv_voc(be, op, x, w, bias, o)
+        return dataclasses.replace(voc, scheme=voc.scheme.replace("direct", "gather"))
     ln = _gemm_launch(be, "gemm_deconv", conv=_conv_geometry(op), **_conv_gemm_args(op, x, w, bias, o))
-    return [ln], "gather-gemm", ()
+    return OpPlan([ln], "gather-gemm")
 
 
 def _make_pool2d(be, op: A.Pool2D, ins, outs):
@@ -836,12 +828,12 @@ def _make_pool2d(be, op: A.Pool2D, ins, outs):
     is_max = _i(int(op.op == "max"))
     if (kh, kw) == (h, w) and (oh, ow) == (1, 1) and not any(op.pads) and h * w >= RWG:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(h * w), is_max]
-        return [be.launch("pool", "pool_global", args, (planes * RWG,), (RWG,))], "global", ()
+        return OpPlan([be.launch("pool", "pool_global", args, (planes * RWG,), (RWG,))], "global")
     top, left, bottom, right = op.pads
     args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(planes), _i(h), _i(w), _i(oh), _i(ow),
             _i(kh), _i(kw), _i(sh), _i(sw), _i(top), _i(left), _i(bottom), _i(right), is_max,
             _i(int(op.count_include_pad))]
-    return [be.launch1d("pool", "pool2d", args, planes * oh * ow)], "direct", ()
+    return OpPlan([be.launch1d("pool", "pool2d", args, planes * oh * ow)], "direct")
 
 
 def _resize_table(op: A.Resize) -> np.ndarray:
@@ -858,7 +850,7 @@ def _make_resize(be, op: A.Resize, ins, outs):
     (h, w), (oh, ow) = op.in_hw, op.out_hw
     args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), table, _i(op.planes), _i(h), _i(w), _i(oh), _i(ow)]
     name = "resize_nearest" if op.mode == "nearest" else "resize_linear"
-    return [be.launch1d("resize", name, args, op.planes * oh * ow)], op.mode, (table,)
+    return OpPlan([be.launch1d("resize", name, args, op.planes * oh * ow)], op.mode, (table,))
 
 
 def _make_select(be, op: A.Select, ins, outs):
@@ -870,14 +862,14 @@ def _make_select(be, op: A.Select, ins, outs):
     d = [x[0] for x in dims]
     args = [c.buffer, _i(c.offset), a.buffer, _i(a.offset), b.buffer, _i(b.offset), o.buffer, _i(o.offset),
             _i(d[1]), _i(d[2]), _i(d[3]), _i(n)] + [_i(x[k]) for k in (2, 3, 4) for x in dims]
-    return [be.launch1d("select", "select_words", args, n)], None, ()
+    return OpPlan([be.launch1d("select", "select_words", args, n)])
 
 
 def _make_cumsum(be, op: A.CumSum, ins, outs):
     x, y = ins[0], outs[0]
     args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.outer), _i(op.size), _i(op.inner),
             _i(int(op.exclusive)), _i(int(op.reverse))]
-    return [be.launch1d("cumsum", f"cumsum_{DTYPE_SUFFIX[op.dtype]}", args, op.outer * op.inner)], None, ()
+    return OpPlan([be.launch1d("cumsum", f"cumsum_{DTYPE_SUFFIX[op.dtype]}", args, op.outer * op.inner)])
 
 
 def _make_scatter(be, op: A.Scatter, ins, outs):
@@ -893,17 +885,17 @@ def _make_scatter(be, op: A.Scatter, ins, outs):
             _i(op.rows), _i(op.inner), _i(op.count)]
     if op.reduction == "none":
         launches.append(be.launch1d("scatter", "scatter_set", args, op.count * op.inner))
-        return launches, "parallel", ()
+        return OpPlan(launches, "parallel")
     launches.append(be.launch1d("scatter", f"scatter_reduce_{DTYPE_SUFFIX[op.dtype]}",
                                 args + [_i(BINARY_IDS[op.reduction])], op.inner))
-    return launches, f"{op.reduction} serial per column", ()
+    return OpPlan(launches, f"{op.reduction} serial per column")
 
 
 def _make_gather(be, op: A.Gather, ins, outs):
     data, idx, y = ins[0], ins[1], outs[0]
     args = [data.buffer, _i(data.offset), idx.buffer, _i(idx.offset), y.buffer, _i(y.offset),
             _i(op.outer), _i(op.axis), _i(op.inner), _i(op.count)]
-    return [be.launch1d("gather", "gather", args, op.outer * op.count * op.inner)], None, ()
+    return OpPlan([be.launch1d("gather", "gather", args, op.outer * op.count * op.inner)])
 
 
 OpenCLBackend.schemes = KERNEL_SCHEMES

@@ -53,7 +53,7 @@ from .cpu import host_cpu_flops
 from .limits import MemoryLimits, host_memory
 # The API-neutral half (what to dispatch per atomic op) is shared with the OpenGL backend.
 from .glsl_plans import (DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
-                         DispatchExecution, Hazards as _Hazards, binding_limit, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, window)
+                         Hazards as _Hazards, binding_limit, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, plan, window)
 
 try:
     import vulkan as vk  # ModuleNotFoundError propagates: the registry says "pip install"
@@ -425,18 +425,16 @@ class VulkanBackend(Backend):
 
     # -- pre-inference ---------------------------------------------------------------------
     def create_execution(self, op: A.AtomicOp, inputs: Sequence[TensorHandle],
-                         outputs: Sequence[TensorHandle]) -> DispatchExecution:
+                         outputs: Sequence[TensorHandle]) -> Execution:
         self._check_open()
-        planner = _PLANNERS.get(type(op))
-        if planner is None:
+        if type(op) not in _PLANNERS:
             raise NotImplementedError(f"Vulkan backend: no kernel for {type(op).__name__} (node {op.source!r})")
         with self._lock:
             self.counters["executions_created"] += 1
-            builders, scheme = planner(self, op, list(inputs), list(outputs))
-            dispatches = [d for d in (b.build() for b in builders) if d is not None]
-            for d in dispatches:
+            planned = plan(self, op, inputs, outputs)
+            for d in planned.work:
                 d.dset = self._descriptor_set(d)
-        return DispatchExecution(op, inputs, outputs, dispatches, scheme)
+        return Execution(op, inputs, outputs, planned)
 
     def _record_into(self, cmd, executions: Sequence[Execution],
                      eager_descriptors: DescriptorAllocator | None = None) -> tuple[int, int]:
@@ -449,7 +447,7 @@ class VulkanBackend(Backend):
         bind_point = vk.VK_PIPELINE_BIND_POINT_COMPUTE
         vk.vkCmdPipelineBarrier(cmd, self._stages_in, compute, 0, 1, [self._barrier_in], 0, None, 0, None)
         for exe in executions:
-            for d in exe.dispatches:  # type: ignore[attr-defined]
+            for d in exe.work:
                 if hazards.needs_barrier(d):
                     vk.vkCmdPipelineBarrier(cmd, compute, compute, 0, 1, [self._barrier_cc], 0, None, 0, None)
                     hazards.clear()
