@@ -16,7 +16,10 @@ Run (every inference; MNN's *execute*)
 Eager mode (``record=False``) is the paper's baseline: the session repeats allocation and
 ``create_execution`` on every run and calls ``run_eager``, which waits after every op.
 
-``counters`` lets tests prove that a recorded run allocates, builds and records nothing.
+``counters`` lets tests prove that a recorded run allocates, builds and records nothing. They
+mean the same on every backend because they are counted here, in template methods that call
+the backend's hooks (``_new_buffer``, ``_load_program``, ``_create_execution``, ``_record``,
+``_submit``, ``_run_eager``), never by a backend itself; see ``COUNTERS``.
 
 Threads: a session lends each run its own pools, executions and recordings (a *run state*,
 see ``gpumnn.run_states``), so verbs of different runs never touch the same tensors. A backend
@@ -27,11 +30,12 @@ belongs to one thread at a time (OpenGL) makes it current there and holds it for
 """
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections import Counter
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -46,7 +50,12 @@ GENERAL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: frozenset({"im2col"}
 KERNEL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: frozenset({"depthwise", "gemm1x1", "im2col"}),
                                                  A.MatMul: frozenset({"gemm"})}
 
-#: Counter names every backend maintains (others may add more).
+#: The counters of every backend, each counted by one template method of :class:`Backend`:
+#: ``buffers_allocated`` -- device buffers created (pools, constants' storage, scratch, staging), by ``buffer``;
+#: ``programs_built`` -- kernel variants compiled, not found in any cache (memory, disk, a shared
+#: device or pooled context), by ``program``; ``executions_created`` -- by ``create_execution``;
+#: ``recordings_made`` -- by ``record``; ``submits`` -- device work handed over and waited for: one
+#: per ``submit``, one per execution in ``run_eager`` (the eager baseline waits after every op).
 COUNTERS = ("buffers_allocated", "programs_built", "executions_created", "recordings_made", "submits")
 
 
@@ -192,6 +201,13 @@ class Backend(ABC):
 
     def __init__(self) -> None:
         self.counters: Counter[str] = Counter({k: 0 for k in COUNTERS})
+        self._counters_lock = threading.Lock()  # verbs of concurrent runs count at once
+        #: compiled programs (kernel variants) by key, see ``program``
+        self._programs: dict[Hashable, Any] = {}
+
+    def _count(self, counter: str, n: int = 1) -> None:
+        with self._counters_lock:
+            self.counters[counter] += n
 
     # -- description -----------------------------------------------------------------------
     @property
@@ -259,9 +275,22 @@ class Backend(ABC):
         allocates anything. The default is the host's RAM (a device without memory of its own)."""
         return host_limits()
 
-    @abstractmethod
     def allocate(self, nbytes: int) -> Any:
         """Allocate one device buffer of at least ``nbytes`` (the session's pool)."""
+        return self.buffer(nbytes, "pool")
+
+    def buffer(self, nbytes: int, kind: str, **how: Any) -> Any:
+        """A new device buffer of at least ``nbytes``, counted in ``buffers_allocated``: every
+        buffer a backend creates (pool, constant storage, scratch, staging) is made here."""
+        buf = self._new_buffer(nbytes, kind, **how)
+        self._count("buffers_allocated")
+        return buf
+
+    @abstractmethod
+    def _new_buffer(self, nbytes: int, kind: str, **how: Any) -> Any:
+        """Hook of ``buffer``: create one buffer. ``kind`` says what for ("pool": the session's
+        pool; backends add their own kinds: "constant", "scratch", "staging", ...);
+        ``how`` carries backend-specific details (initial contents, memory flags)."""
 
     def tensor(self, buffer: Any, offset: int, shape: tuple[int, ...], dtype: str = A.FLOAT32) -> TensorHandle:
         """A view of ``shape`` elements of storage ``dtype`` at element ``offset`` of ``buffer``."""
@@ -283,24 +312,67 @@ class Backend(ABC):
     def release(self, buffer: Any) -> None:
         """Free a buffer from ``allocate`` (eager mode frees its per-run pool)."""
 
+    # -- programs --------------------------------------------------------------------------
+    def program(self, key: Hashable) -> Any:
+        """The compiled program (one kernel variant) ``key`` names, from this backend's memory
+        cache, else from ``_load_program``; one it had to compile counts in ``programs_built``."""
+        prog = self._programs.get(key)
+        if prog is None:
+            prog, built = self._load_program(key)
+            if built:
+                self._count("programs_built")
+            self._programs[key] = prog
+        return prog
+
+    def _load_program(self, key: Hashable) -> tuple[Any, bool]:
+        """Hook of ``program``: (the program ``key`` names, whether it was compiled now rather
+        than found compiled: on disk, in a shared device or a pooled context)."""
+        raise NotImplementedError(f"the {self.name} backend compiles no programs")
+
     # -- pre-inference ---------------------------------------------------------------------
-    @abstractmethod
     def create_execution(self, op: AtomicOp, inputs: Sequence[TensorHandle],
                          outputs: Sequence[TensorHandle]) -> Execution:
         """MNN's onCreate: everything an op needs before it can run, done once."""
+        if type(op) not in self.kernel_table:
+            raise NotImplementedError(f"{self.unsupported_reason(op)} (node {op.source!r})")
+        exe = self._create_execution(op, list(inputs), list(outputs))
+        self._count("executions_created")
+        return exe
 
     @abstractmethod
+    def _create_execution(self, op: AtomicOp, inputs: list[TensorHandle],
+                          outputs: list[TensorHandle]) -> Execution:
+        """Hook of ``create_execution``: ``op`` is of a type in ``kernel_table``."""
+
     def record(self, executions: Sequence[Execution]) -> Any:
         """Record executions (in order) into one replayable unit for ``submit``."""
+        recording = self._record(list(executions))
+        self._count("recordings_made")
+        return recording
+
+    @abstractmethod
+    def _record(self, executions: list[Execution]) -> Any:
+        """Hook of ``record``."""
 
     # -- run -------------------------------------------------------------------------------
-    @abstractmethod
     def submit(self, recording: Any) -> None:
         """Run a recording and wait until its results are visible to ``read``."""
+        self._submit(recording)
+        self._count("submits")
 
     @abstractmethod
+    def _submit(self, recording: Any) -> None:
+        """Hook of ``submit``."""
+
     def run_eager(self, executions: Sequence[Execution]) -> None:
         """Run executions one by one, waiting after each (the paper's un-decoupled baseline)."""
+        executions = list(executions)
+        self._run_eager(executions)
+        self._count("submits", len(executions))
+
+    @abstractmethod
+    def _run_eager(self, executions: list[Execution]) -> None:
+        """Hook of ``run_eager``."""
 
     def close(self) -> None:
         """Free device resources; the backend is unusable afterwards."""

@@ -94,8 +94,7 @@ class CpuBackend(Backend):
     def memory_limits(self) -> MemoryLimits:
         return host_limits(copies_constants=False)  # constant() keeps a view of the host array
 
-    def allocate(self, nbytes: int) -> np.ndarray:
-        self.counters["buffers_allocated"] += 1
+    def _new_buffer(self, nbytes: int, kind: str, **how: Any) -> np.ndarray:
         return np.zeros(max(1, (nbytes + 3) // 4), dtype=np.float32)
 
     def constant(self, array: np.ndarray) -> TensorHandle:
@@ -109,25 +108,22 @@ class CpuBackend(Backend):
         return view(handle).copy()
 
     # -- pre-inference ---------------------------------------------------------------------
-    def create_execution(self, op: A.AtomicOp, inputs: Sequence[TensorHandle],
-                         outputs: Sequence[TensorHandle]) -> Execution:
-        self.counters["executions_created"] += 1
+    def _create_execution(self, op: A.AtomicOp, inputs: list[TensorHandle],
+                          outputs: list[TensorHandle]) -> Execution:
         if outputs and all(o.size == 0 for o in outputs):  # nothing to compute (NumPy refuses empty reductions)
             return Execution(op, inputs, outputs, OpPlan((), "empty"))
-        return Execution(op, inputs, outputs, _MAKERS[type(op)](op, list(inputs), list(outputs)))
+        return Execution(op, inputs, outputs, _MAKERS[type(op)](op, inputs, outputs))
 
-    def record(self, executions: Sequence[Execution]) -> list[Callable[[], None]]:
-        self.counters["recordings_made"] += 1
+    def _record(self, executions: list[Execution]) -> list[Callable[[], None]]:
         return [fn for exe in executions for fn in exe.work]
 
     # -- run -------------------------------------------------------------------------------
-    def submit(self, recording: list[Callable[[], None]]) -> None:
-        self.counters["submits"] += 1
+    def _submit(self, recording: list[Callable[[], None]]) -> None:
         with self._limiter, np.errstate(all="ignore"):
             for fn in recording:
                 fn()
 
-    def run_eager(self, executions: Sequence[Execution]) -> None:
+    def _run_eager(self, executions: list[Execution]) -> None:
         with self._limiter, np.errstate(all="ignore"):
             for exe in executions:
                 for fn in exe.work:

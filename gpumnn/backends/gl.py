@@ -220,7 +220,6 @@ class GLBackend(Backend):
         bits = re.search(r"(\d+) bits", self.renderer)
         self.simd_lanes = min(16, max(4, int(bits.group(1)) // 32)) if bits else 8
         self._buffers: dict[int, GLBuffer] = {}
-        self._programs: dict[tuple, _Program] = {}
         self._packed: dict[tuple, TensorHandle] = {}
         self._tables: dict[tuple, TensorHandle] = {}
         if self.software:
@@ -296,16 +295,14 @@ class GLBackend(Backend):
         return MemoryLimits(total, available, available, self.max_storage_range, host_memory=in_host,
                             used=used, source=f"{source}; GL_MAX_SHADER_STORAGE_BLOCK_SIZE {self.max_storage_range}")
 
+    @_in_context
     def _new_buffer(self, nbytes: int, kind: str, data: bytes | None = None) -> GLBuffer:
+        if kind == "pool":
+            nbytes = max(int(nbytes), 16)
         obj = self.ctx.buffer(data) if data is not None else self.ctx.buffer(reserve=nbytes)
         buf = GLBuffer(obj, kind, obj.size)
-        self.counters["buffers_allocated"] += 1
         self._buffers[buf.id] = buf
         return buf
-
-    @_in_context
-    def allocate(self, nbytes: int) -> GLBuffer:
-        return self._new_buffer(max(int(nbytes), 16), "pool")
 
     def release(self, buffer: Any) -> None:
         if self._closed or not isinstance(buffer, GLBuffer) or not buffer.alive:
@@ -321,7 +318,7 @@ class GLBackend(Backend):
         data, dtype = constant_words(array)
         if data.size == 0:
             data = np.zeros(1, np.float32)
-        buf = self._new_buffer(data.nbytes, "constant", data.tobytes())
+        buf = self.buffer(data.nbytes, "constant", data=data.tobytes())
         return TensorHandle(buf, 0, tuple(np.shape(array)), dtype)
 
     @_in_context
@@ -344,25 +341,21 @@ class GLBackend(Backend):
                       "GL_MAX_SHADER_STORAGE_BLOCK_SIZE")
 
     # -- kernels -----------------------------------------------------------------------------
-    @_in_context
     def _program(self, kernel: str, defines: dict) -> _Program:
-        key = (kernel, tuple(sorted(defines.items())))
-        program = self._programs.get(key)
-        if program is not None:
-            return program
+        return self.program((kernel, tuple(sorted(defines.items()))))
+
+    @_in_context
+    def _load_program(self, key: tuple) -> tuple[_Program, bool]:
+        kernel, defines = key
 
         def build() -> _Program:
-            source = preprocess(kernel, defines, api="gl")
+            source = preprocess(kernel, dict(defines), api="gl")
             try:
                 return _Program(self.ctx.compute_shader(source), key)
             except moderngl.Error as exc:
                 raise ShaderCompileError(f"the OpenGL driver rejected kernel {kernel} {dict(defines)}:\n{exc}") from exc
 
-        program, built = self._pooled.program(key, build)  # kept with the context (gl_context)
-        if built:
-            self.counters["programs_built"] += 1
-        self._programs[key] = program
-        return program
+        return self._pooled.program(key, build)  # kept with the context (gl_context)
 
     def _dispatch(self, builder: Builder, bindings: tuple) -> _Dispatch:
         """A Builder (see glsl_plans) turned into GL objects: program, SSBO ranges, uniform bytes."""
@@ -373,15 +366,12 @@ class GLBackend(Backend):
 
     # -- pre-inference ---------------------------------------------------------------------
     @_in_context
-    def create_execution(self, op: A.AtomicOp, inputs: Sequence[TensorHandle],
-                         outputs: Sequence[TensorHandle]) -> Execution:
-        if type(op) not in PLANNERS:
-            raise NotImplementedError(f"OpenGL backend: no kernel for {type(op).__name__} (node {op.source!r})")
-        self.counters["executions_created"] += 1
+    def _create_execution(self, op: A.AtomicOp, inputs: list[TensorHandle],
+                          outputs: list[TensorHandle]) -> Execution:
         return Execution(op, inputs, outputs, plan(self, op, inputs, outputs))
 
     @_in_context
-    def record(self, executions: Sequence[Execution]) -> GLRecording:
+    def _record(self, executions: list[Execution]) -> GLRecording:
         hazards = Hazards()
         bound: dict[int, tuple] = {}  # slot -> (buffer, offset, size) bound by an earlier step
         uniforms: dict[int, bytes] = {}  # id(program) -> parameter bytes written by an earlier step
@@ -402,13 +392,11 @@ class GLBackend(Backend):
                     uniform = d.program.uniform
                     uniforms[id(d.program)] = d.params
                 steps.append((barrier, d.program.prog, binds, uniform, d.params, d.groups))
-        self.counters["recordings_made"] += 1
         return GLRecording(steps, len(steps), barriers)
 
     # -- run -------------------------------------------------------------------------------
     @_in_context
-    def submit(self, recording: GLRecording) -> None:
-        self.counters["submits"] += 1
+    def _submit(self, recording: GLRecording) -> None:
         ctx = self.ctx
         storage = moderngl.SHADER_STORAGE_BARRIER_BIT
         for barrier, prog, binds, uniform, params, (gx, gy, gz) in recording.steps:
@@ -423,14 +411,12 @@ class GLBackend(Backend):
         ctx.finish()
 
     @_in_context
-    def run_eager(self, executions: Sequence[Execution]) -> None:
+    def _run_eager(self, executions: list[Execution]) -> None:
         ctx = self.ctx
         storage = moderngl.SHADER_STORAGE_BARRIER_BIT
         for exe in executions:
             # An engine without decoupling plans, looks up programs and packs arguments per run.
             dispatches = plan(self, exe.op, exe.inputs, exe.outputs).work
-            self.counters["recordings_made"] += 1
-            self.counters["submits"] += 1
             hazards = Hazards()
             for d in dispatches:
                 if hazards.needs_barrier(d):

@@ -250,7 +250,6 @@ class OpenCLBackend(Backend):
         )
         self._header = _header()
         self._sources: dict[str, str] = {}
-        self._programs: dict[str, Any] = {}
         self._cmdbuf_api: CommandBufferAPI | None | bool = False  # False = not probed yet
         self._finalizers: list[weakref.finalize] = []
         #: CPU devices get explicitly vectorised kernels (gemm_cpu.cl); GPUs the tiled ones
@@ -271,41 +270,43 @@ class OpenCLBackend(Backend):
             self._sources[family] = "\n".join(parts)
         return self._sources[family]
 
-    def program(self, family: str, defines: dict[str, int] | None = None) -> Any:
-        """The built program of ``family`` with ``defines`` (memory cache, then disk, then build)."""
-        options = " ".join(f"-D{k}={v}" for k, v in sorted((defines or {}).items()))
+    def family_program(self, family: str, defines: dict[str, int] | None = None) -> Any:
+        """The built program of ``family`` with ``defines`` (see ``program``)."""
+        return self.program((family, tuple(sorted((defines or {}).items()))))
+
+    def _load_program(self, key: tuple) -> tuple[Any, bool]:
+        """The program of (family, defines): from the disk cache, else built from source."""
+        family, defines = key
+        options = " ".join(f"-D{k}={v}" for k, v in defines)
         source = self._source(family)
         dev = self.device
-        key = hashlib.sha256("\0".join([
+        digest = hashlib.sha256("\0".join([
             source, options, self.platform.name, self.platform.version, dev.name, dev.version,
             dev.driver_version, cl.VERSION_TEXT]).encode()).hexdigest()[:40]
-        prg = self._programs.get(key)
-        if prg is not None:
-            return prg
-        path = diskcache.cache_dir("opencl") / f"{family}-{key}.bin"
+        path = diskcache.cache_dir("opencl") / f"{family}-{digest}.bin"
         binary = diskcache.read(path)  # checksummed: a damaged entry is a miss, rebuilt and overwritten
+        prg = None
         if binary is not None:
             try:
                 prg = cl._cl._Program(self.context, [dev], [binary])
                 prg.build(options.encode(), [dev])
             except Exception:  # a binary this driver no longer takes: rebuild from source
                 prg = None
-        if prg is None:
-            prg = cl._cl._Program(self.context, source)
+        if prg is not None:
+            return prg, False
+        prg = cl._cl._Program(self.context, source)
+        try:
+            prg.build(options.encode(), [dev])
+        except cl.Error as exc:
             try:
-                prg.build(options.encode(), [dev])
-            except cl.Error as exc:
-                try:
-                    log = prg.get_build_info(dev, cl.program_build_info.LOG)
-                except Exception:
-                    log = ""
-                detail = str(exc) if log and log.strip() in str(exc) else f"{exc}\n{log}"
-                raise RuntimeError(f"OpenCL build of {family!r} ({options or 'no options'}) failed on "
-                                   f"{dev.name}: {detail}") from None
-            self.counters["programs_built"] += 1
-            self._store_binary(prg, path)
-        self._programs[key] = prg
-        return prg
+                log = prg.get_build_info(dev, cl.program_build_info.LOG)
+            except Exception:
+                log = ""
+            detail = str(exc) if log and log.strip() in str(exc) else f"{exc}\n{log}"
+            raise RuntimeError(f"OpenCL build of {family!r} ({options or 'no options'}) failed on "
+                               f"{dev.name}: {detail}") from None
+        self._store_binary(prg, path)
+        return prg, True
 
     def _store_binary(self, prg: Any, path: Path) -> None:
         try:
@@ -336,24 +337,21 @@ class OpenCLBackend(Backend):
         return MemoryLimits(total, available, max_alloc, max_alloc, host_memory=in_host,
                             source=f"{source}; CL_DEVICE_MAX_MEM_ALLOC_SIZE {max_alloc}")
 
-    def _buffer(self, nbytes: int, flags: int = cl.mem_flags.READ_WRITE, hostbuf: Any = None,
-                cls: type = cl.Buffer) -> Any:
-        self.counters["buffers_allocated"] += 1
+    def _new_buffer(self, nbytes: int, kind: str, flags: int = cl.mem_flags.READ_WRITE, hostbuf: Any = None,
+                    cls: type = cl.Buffer) -> Any:
         if hostbuf is not None:
             return cls(self.context, flags | cl.mem_flags.COPY_HOST_PTR, hostbuf=hostbuf)
-        return cls(self.context, flags, max(4, int(nbytes)))
-
-    def allocate(self, nbytes: int) -> Any:
         size = max(4, (int(nbytes) + 3) // 4 * 4)
-        buf = self._buffer(size)
-        cl.enqueue_fill_buffer(self.queue, buf, np.float32(0), 0, size)
+        buf = cls(self.context, flags, size)
+        if kind == "pool":
+            cl.enqueue_fill_buffer(self.queue, buf, np.float32(0), 0, size)
         return buf
 
     def constant(self, array: np.ndarray) -> TensorHandle:
         data, dtype = constant_words(array)
         if data.size == 0:
             data = np.zeros(1, dtype=np.float32)
-        buf = self._buffer(data.nbytes, cl.mem_flags.READ_ONLY, hostbuf=data, cls=ConstantBuffer)
+        buf = self.buffer(data.nbytes, "constant", flags=cl.mem_flags.READ_ONLY, hostbuf=data, cls=ConstantBuffer)
         return TensorHandle(buf, 0, tuple(np.shape(array)), dtype)
 
     @staticmethod
@@ -382,13 +380,9 @@ class OpenCLBackend(Backend):
             pass
 
     # -- pre-inference ---------------------------------------------------------------------
-    def create_execution(self, op: A.AtomicOp, inputs: Sequence[TensorHandle],
-                         outputs: Sequence[TensorHandle]) -> Execution:
-        self.counters["executions_created"] += 1
-        maker = _MAKERS.get(type(op))
-        if maker is None:
-            raise NotImplementedError(self.unsupported_reason(op))
-        plan = maker(self, op, list(inputs), list(outputs))
+    def _create_execution(self, op: A.AtomicOp, inputs: list[TensorHandle],
+                          outputs: list[TensorHandle]) -> Execution:
+        plan = _MAKERS[type(op)](self, op, inputs, outputs)
         launches = [ln for ln in plan.work if all(g > 0 for g in ln.gsize)]
         if outputs and all(o.size == 0 for o in outputs):  # nothing to write: the CPU kernels' padded grids would write anyway
             launches = []
@@ -398,7 +392,7 @@ class OpenCLBackend(Backend):
 
     def launch(self, family: str, name: str, args: Sequence[Any], gsize: Sequence[int],
                lsize: Sequence[int] | None, defines: dict[str, int] | None = None) -> Launch:
-        return Launch(self.program(family, defines), name, tuple(args), tuple(int(g) for g in gsize),
+        return Launch(self.family_program(family, defines), name, tuple(args), tuple(int(g) for g in gsize),
                       tuple(int(s) for s in lsize) if lsize is not None else None)
 
     def vec_launch(self, family: str, name: str, args: Sequence[Any], grid: Sequence[int],
@@ -431,8 +425,8 @@ class OpenCLBackend(Backend):
 
     def _self_test(self, api: CommandBufferAPI) -> bool:
         """Record two dependent launches into a command buffer, replay twice, check the result."""
-        prg = self.program("raster")
-        buf = self._buffer(4 * 256)
+        prg = self.family_program("raster")
+        buf = self.buffer(4 * 256, "scratch")
         k1 = cl.Kernel(prg, "raster_fill")
         k1.set_args(buf, _i(0), _i(128), _word(A.fill_bits(3.0, A.FLOAT32)))
         k2 = cl.Kernel(prg, "raster_copy_flat")
@@ -459,8 +453,7 @@ class OpenCLBackend(Backend):
         """True when ``record`` produces cl_khr_command_buffer recordings on this device."""
         return self._command_buffers() is not None
 
-    def record(self, executions: Sequence[Execution]) -> Recording:
-        self.counters["recordings_made"] += 1
+    def _record(self, executions: list[Execution]) -> Recording:
         launches = [(ln.kernel, ln.gsize, ln.lsize) for exe in executions
                     for ln in exe.work]
         rec = Recording(launches, None, list(executions))
@@ -482,8 +475,7 @@ class OpenCLBackend(Backend):
         return rec
 
     # -- run -------------------------------------------------------------------------------
-    def submit(self, recording: Recording) -> None:
-        self.counters["submits"] += 1
+    def _submit(self, recording: Recording) -> None:
         if recording.command_buffer is not None:
             self._cmdbuf_api.enqueue(recording.command_buffer)  # type: ignore[union-attr]
         else:
@@ -492,7 +484,7 @@ class OpenCLBackend(Backend):
                 enqueue(queue, kernel, gsize, lsize)
         self.queue.finish()
 
-    def run_eager(self, executions: Sequence[Execution]) -> None:
+    def _run_eager(self, executions: list[Execution]) -> None:
         enqueue, queue = cl._cl.enqueue_nd_range_kernel, self.queue
         for exe in executions:
             for ln in exe.work:
@@ -694,7 +686,7 @@ def _conv_voc(be, op: A.Conv2D | A.ConvTranspose2D, x, w, bias, o):
     defines = {"VEC": vec, "RB": rb}
     ob = -(-ocg // vec)
     total = g * ob * cg * kh * kw * vec
-    packed = be._buffer(4 * total)
+    packed = be.buffer(4 * total, "scratch")
     relayout = be.launch("gemm_cpu", "relayout_oc", [w.buffer, _i(w.offset), packed, _i(g), _i(ocg),
                                                      _i(cg * kh * kw), _i(total), _i(int(transposed)),
                                                      _i(kh * kw)],
@@ -726,7 +718,7 @@ def _make_matmul(be, op: A.MatMul, ins, outs):
         b_buf, b_off, b_stride = b.buffer, b.offset, op.b_batch_stride
         if op.trans_b:  # the vector kernel wants B [K, N]: transpose it once (weights) or per run
             nb = 1 if op.b_batch_stride == 0 else op.batch
-            b_buf, b_off, b_stride = be._buffer(4 * nb * op.k * op.n), 0, 0 if nb == 1 else op.k * op.n
+            b_buf, b_off, b_stride = be.buffer(4 * nb * op.k * op.n, "scratch"), 0, 0 if nb == 1 else op.k * op.n
             keep.append(b_buf)
             args = [b.buffer, _i(b.offset), b_buf, _i(0), _i(nb), _i(op.k), _i(op.n), _i(nb * op.k * op.n),
                     _i(0), _i(op.b_batch_stride), _i(1), _i(op.k), _i(0), _i(op.k * op.n), _i(op.n), _i(1)]
@@ -846,7 +838,7 @@ def _resize_table(op: A.Resize) -> np.ndarray:
 
 def _make_resize(be, op: A.Resize, ins, outs):
     x, y = ins[0], outs[0]
-    table = be._buffer(0, cl.mem_flags.READ_ONLY, hostbuf=_resize_table(op))
+    table = be.buffer(0, "table", flags=cl.mem_flags.READ_ONLY, hostbuf=_resize_table(op))
     (h, w), (oh, ow) = op.in_hw, op.out_hw
     args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), table, _i(op.planes), _i(h), _i(w), _i(oh), _i(ow)]
     name = "resize_nearest" if op.mode == "nearest" else "resize_linear"

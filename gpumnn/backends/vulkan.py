@@ -165,7 +165,6 @@ class VulkanBackend(Backend):
         self._arena: DeviceBuffer | None = None
         self._arena_used = 0
         self._tables: dict[tuple, TensorHandle] = {}
-        self._pipelines: dict[tuple, _Pipeline] = {}
         self._dsets: dict[tuple, tuple[Any, Any]] = {}
         self._dsets_by_buffer: dict[int, set[tuple]] = {}
         self._garbage_cmds: list = []
@@ -249,14 +248,10 @@ class VulkanBackend(Backend):
     def _new_buffer(self, nbytes: int, kind: str, **options: Any) -> DeviceBuffer:
         self._check_open()
         options.setdefault("host_visible", self._direct)
-        buf = self.dev.create_buffer(nbytes, kind, **options)
+        buf = self.dev.create_buffer(max(int(nbytes), 16) if kind == "pool" else nbytes, kind, **options)
         with self._lock:
-            self.counters["buffers_allocated"] += 1
             self._buffers[buf.id] = buf
         return buf
-
-    def allocate(self, nbytes: int) -> DeviceBuffer:
-        return self._new_buffer(max(int(nbytes), 16), "pool")
 
     def release(self, buffer: Any) -> None:
         if not isinstance(buffer, DeviceBuffer) or not buffer.alive or buffer.kind == "arena":
@@ -279,12 +274,12 @@ class VulkanBackend(Backend):
             with self._lock:
                 start = -(-self._arena_used // self.alignment) * self.alignment
                 if self._arena is None or start + nbytes > self._arena.size:
-                    self._arena = self._new_buffer(_ARENA_CHUNK, "arena")
+                    self._arena = self.buffer(_ARENA_CHUNK, "arena")
                     start = 0
                 self._arena_used = start + nbytes
                 handle = TensorHandle(self._arena, start // 4, tuple(np.shape(array)), dtype)
         else:
-            handle = TensorHandle(self._new_buffer(nbytes, "constant"), 0, tuple(np.shape(array)), dtype)
+            handle = TensorHandle(self.buffer(nbytes, "constant"), 0, tuple(np.shape(array)), dtype)
         if data.size:
             self._upload(handle, data)
         return handle
@@ -360,7 +355,7 @@ class VulkanBackend(Backend):
                 old, lane.staging = lane.staging, None
                 self.release(old)
             size = 1 << max(20, (nbytes - 1).bit_length())  # >= 1 MiB, powers of two: grows rarely
-            buf = self._new_buffer(size, "staging", host_visible=True, prefer_device_local=False)
+            buf = self.buffer(size, "staging", host_visible=True, prefer_device_local=False)
             if buf.mapped is None:
                 self.release(buf)
                 raise VulkanError(f"{self.dev.name}: no host-visible coherent memory for staging")
@@ -393,15 +388,11 @@ class VulkanBackend(Backend):
     def _pipeline(self, kernel: str, defines: dict, nbind: int) -> _Pipeline:
         """The pipeline of a kernel variant: this backend's, else the shared device's (built
         there once per process; see vulkan_device)."""
-        key = (kernel, tuple(sorted(defines.items())), nbind)
-        pipe = self._pipelines.get(key)
-        if pipe is not None:
-            return pipe
-        pipe, built = self.dev.shared.pipeline(key, nbind, PUSH_BYTES, lambda: compile_glsl(kernel, defines))
-        if built:
-            self.counters["programs_built"] += 1
-        self._pipelines[key] = pipe
-        return pipe
+        return self.program((kernel, tuple(sorted(defines.items())), nbind))
+
+    def _load_program(self, key: tuple) -> tuple[_Pipeline, bool]:
+        kernel, defines, nbind = key
+        return self.dev.shared.pipeline(key, nbind, PUSH_BYTES, lambda: compile_glsl(kernel, dict(defines)))
 
     def _write_set(self, dset, bindings: Sequence[_Binding]) -> None:
         infos = [vk.VkDescriptorBufferInfo(buffer=b.buf.handle, offset=b.base, range=b.range) for b in bindings]
@@ -424,13 +415,10 @@ class VulkanBackend(Backend):
         return entry[0]
 
     # -- pre-inference ---------------------------------------------------------------------
-    def create_execution(self, op: A.AtomicOp, inputs: Sequence[TensorHandle],
-                         outputs: Sequence[TensorHandle]) -> Execution:
+    def _create_execution(self, op: A.AtomicOp, inputs: list[TensorHandle],
+                          outputs: list[TensorHandle]) -> Execution:
         self._check_open()
-        if type(op) not in _PLANNERS:
-            raise NotImplementedError(f"Vulkan backend: no kernel for {type(op).__name__} (node {op.source!r})")
         with self._lock:
-            self.counters["executions_created"] += 1
             planned = plan(self, op, inputs, outputs)
             for d in planned.work:
                 d.dset = self._descriptor_set(d)
@@ -468,7 +456,7 @@ class VulkanBackend(Backend):
         vk.vkCmdPipelineBarrier(cmd, compute, self._stages_out, 0, 1, [self._barrier_out], 0, None, 0, None)
         return n, barriers
 
-    def record(self, executions: Sequence[Execution]) -> VulkanRecording:
+    def _record(self, executions: list[Execution]) -> VulkanRecording:
         self._check_open()
         with self._lock:
             self._collect_garbage()
@@ -476,17 +464,15 @@ class VulkanBackend(Backend):
             vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
             n, barriers = self._record_into(cmd, executions)
             vk.vkEndCommandBuffer(cmd)
-            self.counters["recordings_made"] += 1
         return VulkanRecording(self, cmd, n, barriers)
 
     # -- run -------------------------------------------------------------------------------
-    def submit(self, recording: VulkanRecording) -> None:
+    def _submit(self, recording: VulkanRecording) -> None:
         self._check_open()
-        self.counters["submits"] += 1
         with self._lane() as lane:
             lane.submit_and_wait(recording.cmd)
 
-    def run_eager(self, executions: Sequence[Execution]) -> None:
+    def _run_eager(self, executions: list[Execution]) -> None:
         self._check_open()
         with self._lane() as lane:
             if lane.eager_descriptors is None:
@@ -498,8 +484,6 @@ class VulkanBackend(Backend):
                         flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
                     self._record_into(cmd, [exe], lane.eager_descriptors)
                     vk.vkEndCommandBuffer(cmd)
-                    self.counters["recordings_made"] += 1
-                    self.counters["submits"] += 1
                     lane.submit_and_wait(cmd)
                 finally:
                     lane.free_command_buffer(cmd)
@@ -521,8 +505,8 @@ class VulkanBackend(Backend):
         dev = self.dev
         try:  # every submission waited on its lane's fence; dev.close() waits for the queue once more
             self._garbage_cmds.clear()  # freed with the command pool
-            dev.shared.release_pipelines(self._pipelines)  # the shared device keeps them (bounded)
-            self._pipelines.clear()
+            dev.shared.release_pipelines(self._programs)  # the shared device keeps them (bounded)
+            self._programs.clear()
             self._descriptors.destroy()
             for lane in self._lanes:
                 lane.destroy()
