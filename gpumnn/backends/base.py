@@ -30,6 +30,8 @@ belongs to one thread at a time (OpenGL) makes it current there and holds it for
 """
 from __future__ import annotations
 
+import inspect
+import os
 import threading
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -41,6 +43,7 @@ import numpy as np
 
 from .. import atomic as A
 from ..atomic import AtomicOp
+from ..errors import BackendOptionError
 from .limits import MemoryLimits, host_limits
 
 #: The schemes every backend's kernel for these ops builds: the general algorithms (sliding
@@ -49,6 +52,33 @@ GENERAL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: frozenset({"im2col"}
 #: ... plus the depthwise and 1x1-as-GEMM convolution kernels, which every backend here has.
 KERNEL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: frozenset({"depthwise", "gemm1x1", "im2col"}),
                                                  A.MatMul: frozenset({"gemm"})}
+
+#: The ``kernels=`` option of every backend, one vocabulary: "simd" (kernels for a CPU device's
+#: vector units: explicit vectors, register blocking, narrow work-groups, no barriers), "tiled"
+#: (kernels for a GPU: shared/local-memory tiles, wide work-groups) or "auto" (simd on CPU
+#: devices, tiled on GPUs). Unset, ``$GPUMNN_KERNELS`` decides, else "auto". The NumPy backend
+#: has one family and checks the value only, so a session's options work on every backend.
+KERNEL_FAMILIES = ("auto", "simd", "tiled")
+KERNELS_ENV = "GPUMNN_KERNELS"
+
+
+def kernels_option(kernels: str | None, backend: str) -> str:
+    """The ``kernels=`` value asked for ("auto", "simd" or "tiled"; unset: ``$GPUMNN_KERNELS``,
+    else "auto"), or a BackendOptionError naming the valid values."""
+    where = "kernels="
+    if kernels is None:
+        kernels, where = os.environ.get(KERNELS_ENV) or "auto", f"${KERNELS_ENV}="
+    if kernels not in KERNEL_FAMILIES:
+        raise BackendOptionError(f"backend {backend!r}: {where}{kernels!r} is not one of "
+                                 f"{', '.join(map(repr, KERNEL_FAMILIES))}")
+    return kernels
+
+
+def kernel_family(requested: str, cpu_device: bool) -> str:
+    """The family a backend with kernels for both uses: ``requested``, or for "auto" simd on a
+    CPU device and tiled on a GPU."""
+    return requested if requested != "auto" else ("simd" if cpu_device else "tiled")
+
 
 #: The counters of every backend, each counted by one template method of :class:`Backend`:
 #: ``buffers_allocated`` -- device buffers created (pools, constants' storage, scratch, staging), by ``buffer``;
@@ -199,7 +229,13 @@ class Backend(ABC):
     #: not listed implements every name the contract defines (fused activations are Unary names)
     op_names: ClassVar[Mapping[type, frozenset[str]]] = {}
 
-    def __init__(self) -> None:
+    def __init__(self, **unknown: Any) -> None:
+        """Every backend passes the keyword options its own ``__init__`` does not take here,
+        where any left is a BackendOptionError listing the ones it does (``options``)."""
+        if unknown:
+            raise BackendOptionError(
+                f"backend {self.name!r} has no option {', '.join(map(repr, sorted(unknown)))}; "
+                f"its options: {', '.join(self.options()) or 'none'}")
         self.counters: Counter[str] = Counter({k: 0 for k in COUNTERS})
         self._counters_lock = threading.Lock()  # verbs of concurrent runs count at once
         #: compiled programs (kernel variants) by key, see ``program``
@@ -208,6 +244,13 @@ class Backend(ABC):
     def _count(self, counter: str, n: int = 1) -> None:
         with self._counters_lock:
             self.counters[counter] += n
+
+    @classmethod
+    def options(cls) -> tuple[str, ...]:
+        """The keyword options this backend takes (those its ``__init__`` names)."""
+        params = inspect.signature(cls.__init__).parameters.values()
+        return tuple(p.name for p in params if p.name != "self"
+                     and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
     # -- description -----------------------------------------------------------------------
     @property

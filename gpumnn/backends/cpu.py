@@ -17,7 +17,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .. import atomic as A
-from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, OpPlan, TensorHandle, constant_words
+from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, OpPlan, TensorHandle, constant_words, kernels_option
 from .limits import MemoryLimits, host_limits
 from .cpu_math import binary_function, unary_function
 from .sampling import resize_axis
@@ -79,8 +79,11 @@ class CpuBackend(Backend):
         measured on 2 cores with threads=2, two overlapping runs were ~10% slower than turns."""
         return max(1, min(self.max_concurrent_runs, (os.cpu_count() or 1) // self.threads))
 
-    def __init__(self, threads: int | None = None, **_: Any):
-        super().__init__()
+    def __init__(self, threads: int | None = None, kernels: str | None = None, **unknown: Any):
+        """``threads``: BLAS threads (default: all cores). ``kernels``: the option every backend
+        takes (``base.KERNEL_FAMILIES``), checked only: NumPy has one family."""
+        super().__init__(**unknown)
+        kernels_option(kernels, self.name)
         self.threads = threads or os.cpu_count() or 1
         self._info = BackendInfo("cpu", f"NumPy {np.__version__} on {self.threads} thread(s)",
                                  host_cpu_flops(self.threads), 0.0, float("inf"), is_gpu=False)

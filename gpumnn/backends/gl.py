@@ -48,7 +48,7 @@ from .. import atomic as A
 from ..errors import BackendUnavailableError, GpumnnError
 from ..shaders.compile import ShaderCompileError, preprocess
 from . import gl_context
-from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words
+from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words, kernel_family, kernels_option
 from .cpu import host_cpu_flops
 from .glsl_plans import (DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, Builder, Hazards, binding_limit, check_shader_op_ids,
                          grid_limit, plan, window)
@@ -171,24 +171,20 @@ class GLBackend(Backend):
     alignment = 64
     plan_error = GLError
 
-    def __init__(self, device: Any = None, kernels: str | None = "auto", **_: Any):
-        super().__init__()
+    def __init__(self, kernels: str | None = None, **unknown: Any):
+        """``kernels``: "auto" (simd on software renderers, tiled on GPUs), "simd" or "tiled".
+        (No ``device``: the context is EGL's default display's.)"""
+        super().__init__(**unknown)
+        requested = kernels_option(kernels, self.name)
         self._closed = True
         self._lock = threading.RLock()
         self._depth = 0  # nesting of activate() brackets in the thread holding the lock
         check_shader_op_ids()
-        kernels = kernels or "auto"
-        if kernels == "auto":
-            kernels = os.environ.get("GPUMNN_GL_KERNELS") or "auto"
-        kernels = {"gpu": "tiled", "cpu": "simd"}.get(kernels, kernels)
-        if kernels not in ("auto", "simd", "tiled"):
-            raise ValueError(f"kernels must be 'auto', 'simd' (alias 'cpu') or 'tiled' (alias 'gpu'), "
-                             f"not {kernels!r}")
         previous = gl_context.current_egl()
         self._pooled = gl_context.acquire(_create_context)  # a reused context (with its programs), current here
         self.ctx = self._pooled.ctx
         try:
-            self._setup(kernels)
+            self._setup(requested)
         except BaseException:
             self._pooled.release()  # the context is gone: nothing to let go of below
             self.ctx = None
@@ -200,7 +196,7 @@ class GLBackend(Backend):
                 self.ctx.__exit__(None, None, None)
         self._closed = False
 
-    def _setup(self, kernels: str) -> None:
+    def _setup(self, requested: str) -> None:
         ctx = self.ctx
         info = ctx.info
         if ctx.version_code < 430:
@@ -214,9 +210,7 @@ class GLBackend(Backend):
             raise BackendUnavailableError(f"{self.renderer}: fewer than 4 storage blocks per compute shader")
         self.storage_align = _gl_get_integer(_GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT) or 256
         self.alignment = max(64, self.storage_align)
-        if kernels == "auto":
-            kernels = "simd" if self.software else "tiled"
-        self.kernels = kernels
+        self.kernels = kernel_family(requested, self.software)
         bits = re.search(r"(\d+) bits", self.renderer)
         self.simd_lanes = min(16, max(4, int(bits.group(1)) // 32)) if bits else 8
         self._buffers: dict[int, GLBuffer] = {}

@@ -11,12 +11,12 @@ re-creates every kernel object and re-sets its arguments, and waits after every 
 Tensors are element offsets into pool buffers; kernels take ``(buffer, element offset)`` pairs,
 so no sub-buffers (and no sub-buffer alignment rules) are involved.
 
-Two kernel families, chosen by device type (``kernels=`` overrides):
+Two kernel families, chosen by device type (``kernels="tiled"`` / ``"simd"`` overrides):
 
-* GPUs: work-item-per-element kernels, local-memory tiled GEMM (``gemm.cl``) shared by MatMul,
+* GPUs ("tiled"): work-item-per-element kernels, local-memory tiled GEMM (``gemm.cl``) shared by MatMul,
   Conv2D (implicit im2col; 1x1 as a plain GEMM) and ConvTranspose2D (implicit col2im gather),
   work-group tree reductions, a direct depthwise kernel.
-* CPU devices (PoCL, Intel CPU runtime): a CPU OpenCL compiler vectorises across work-items
+* CPU devices ("simd": PoCL, Intel CPU runtime): a CPU OpenCL compiler vectorises across work-items
   only for loop-free, switch-free kernel bodies, so these kernels use explicit ``floatN``
   vectors per work-item (``-DVEC``): GEMM with a vector along N (``gemm_cpu.cl``), direct
   convolution vectorised over output channels with weights packed once at creation, vector
@@ -44,7 +44,7 @@ import pyopencl as cl
 from .. import atomic as A
 from .. import diskcache
 from ..strides import contiguous_strides, merge_dims
-from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, OpPlan, TensorHandle, constant_words
+from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, OpPlan, TensorHandle, constant_words, kernel_family, kernels_option
 from .limits import MemoryLimits, host_memory
 from .opencl_cmdbuf import CommandBufferAPI, CommandBufferError
 from .sampling import resize_axis
@@ -219,13 +219,12 @@ class OpenCLBackend(Backend):
     #: in-order queue (thread-safe in OpenCL 1.1+), so a run's finish also waits for the other's work
     max_concurrent_runs = 2
 
-    def __init__(self, device: str | int | None = None, kernels: str = "auto", **_: Any):
+    def __init__(self, device: str | int | None = None, kernels: str | None = None, **unknown: Any):
         """``device``: index or name substring (or "gpu"/"cpu"); default a GPU, else any device.
-        ``kernels``: "auto" (vectorised kernels on CPU devices, tiled ones on GPUs), "gpu" or
-        "cpu" to force one family (tests use "gpu" to cover the tiled kernels on PoCL)."""
-        super().__init__()
-        if kernels not in ("auto", "gpu", "cpu"):
-            raise ValueError(f"kernels must be 'auto', 'gpu' or 'cpu', not {kernels!r}")
+        ``kernels``: "auto" (vectorised kernels on CPU devices, tiled ones on GPUs), "simd" or
+        "tiled" to force one family (tests use "tiled" to cover the tiled kernels on PoCL)."""
+        super().__init__(**unknown)
+        requested = kernels_option(kernels, self.name)
         self.platform, self.device = _pick_device(device)
         self.context = cl.Context([self.device])
         self.queue = cl.CommandQueue(self.context, self.device)
@@ -252,8 +251,8 @@ class OpenCLBackend(Backend):
         self._sources: dict[str, str] = {}
         self._cmdbuf_api: CommandBufferAPI | None | bool = False  # False = not probed yet
         self._finalizers: list[weakref.finalize] = []
-        #: CPU devices get explicitly vectorised kernels (gemm_cpu.cl); GPUs the tiled ones
-        self.cpu_kernels = kernels == "cpu" or (kernels == "auto" and not self.is_gpu)
+        #: CPU devices get explicitly vectorised kernels (gemm_cpu.cl, "simd"); GPUs the tiled ones
+        self.kernels = kernel_family(requested, not self.is_gpu)
         self._closed = False
 
     # -- description -----------------------------------------------------------------------
@@ -528,7 +527,7 @@ def _make_raster(be: OpenCLBackend, op: A.Raster, ins, outs):
             continue
         dims = [(1, 0, 0)] * (A.RANK - len(dims)) + dims
         sizes = [d[0] for d in dims]
-        if be.cpu_kernels:
+        if be.kernels == "simd":
             args = [src.buffer, _i(s_off), out.buffer, _i(d_off), _i(sizes[1]), _i(sizes[2]), _i(sizes[3])]
             args += [_i(d[1]) for d in dims] + [_i(d[2]) for d in dims]
             grid = (-(-sizes[3] // CPU_VEC), sizes[2], sizes[0] * sizes[1])
@@ -544,7 +543,7 @@ def _make_unary(be, op: A.Unary, ins, outs):
     x, y = ins[0], outs[0]
     args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.count)] + _unary_args(op.op, op.params, op.dtype)
     suffix = DTYPE_SUFFIX[op.dtype] + DTYPE_SUFFIX[op.output_dtype()]
-    if be.cpu_kernels and suffix == "ff":
+    if be.kernels == "simd" and suffix == "ff":
         return OpPlan([be.vec_launch("elementwise", "unary_vec", args, (-(-op.count // CPU_VEC),))], "vec")
     return OpPlan([be.launch1d("elementwise", f"unary_{suffix}", args, op.count)])
 
@@ -555,7 +554,7 @@ def _make_binary(be, op: A.Binary, ins, outs):
     n = int(np.prod(shape))
     act = _activation_args(op.activation)
     suffix = DTYPE_SUFFIX[op.dtype] + DTYPE_SUFFIX[op.output_dtype()]
-    vector = be.cpu_kernels and suffix == "ff"  # the CPU family's vector kernel is float only
+    vector = be.kernels == "simd" and suffix == "ff"  # the CPU family's vector kernel is float only
     dims = merge_dims(shape, contiguous_strides(shape), op.a_strides, op.b_strides)
     if len(dims) <= 1 and all(d[2] == 1 and d[3] == 1 for d in dims) and not vector:
         args = [a.buffer, _i(a.offset), b.buffer, _i(b.offset), o.buffer, _i(o.offset), _i(n),
@@ -580,10 +579,10 @@ def _make_reduce(be, op: A.Reduce, ins, outs):
         name = f"arg_reduce_{DTYPE_SUFFIX[op.dtype]}" if op.op in ("argmax", "argmin") else "reduce_cols_i"
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.outer), _i(op.size), _i(op.inner), rop]
         return OpPlan([be.launch1d("reduce", name, args, op.outer * op.inner)], "cols")
-    if be.cpu_kernels and op.inner == 1:
+    if be.kernels == "simd" and op.inner == 1:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.outer), _i(op.size), rop]
         return OpPlan([be.vec_launch("reduce", "reduce_rows_vec", args, (op.outer,))], "rows-vec")
-    if be.cpu_kernels and op.inner >= CPU_VEC:
+    if be.kernels == "simd" and op.inner >= CPU_VEC:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.size), _i(op.inner), rop]
         grid = (-(-op.inner // CPU_VEC), op.outer)
         return OpPlan([be.vec_launch("reduce", "reduce_cols_vec", args, grid)], "cols-vec")
@@ -596,10 +595,10 @@ def _make_reduce(be, op: A.Reduce, ins, outs):
 
 def _make_softmax(be, op: A.Softmax, ins, outs):
     x, y = ins[0], outs[0]
-    if be.cpu_kernels and op.inner == 1:
+    if be.kernels == "simd" and op.inner == 1:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.outer), _i(op.size), _i(int(op.log))]
         return OpPlan([be.vec_launch("reduce", "softmax_rows_vec", args, (op.outer,))], "rows-vec")
-    if be.cpu_kernels and op.inner >= CPU_VEC:
+    if be.kernels == "simd" and op.inner >= CPU_VEC:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.size), _i(op.inner), _i(int(op.log))]
         grid = (-(-op.inner // CPU_VEC), op.outer)
         return OpPlan([be.vec_launch("reduce", "softmax_cols_vec", args, grid)], "cols-vec")
@@ -616,7 +615,7 @@ def _make_normalize(be, op: A.Normalize, ins, outs):
     scale, shift = (ins[1], ins[2]) if op.has_affine else (x, x)
     common = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), scale.buffer, _i(scale.offset),
               shift.buffer, _i(shift.offset)]
-    if be.cpu_kernels:
+    if be.kernels == "simd":
         args = common + [_i(op.outer), _i(op.size), _f(op.eps), _i(int(op.has_affine))]
         return OpPlan([be.vec_launch("reduce", "normalize_rows_vec", args, (op.outer,))], "rows-vec")
     if op.size >= 2 * RWG or op.outer < 4 * be.compute_units:
@@ -713,7 +712,7 @@ def _make_matmul(be, op: A.MatMul, ins, outs):
             and (not op.has_bias or op.bias_strides[0] == 0)):
         m, batch, a_stride, c_stride = op.m * op.batch, 1, 0, 0  # shared weights: one tall GEMM
         scheme = "gemm(flattened batch)"
-    if be.cpu_kernels:
+    if be.kernels == "simd":
         launches, keep = [], []
         b_buf, b_off, b_stride = b.buffer, b.offset, op.b_batch_stride
         if op.trans_b:  # the vector kernel wants B [K, N]: transpose it once (weights) or per run
@@ -778,7 +777,7 @@ def _make_conv2d(be, op: A.Conv2D, ins, outs):
     (h, wd), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
     (sh, sw), (ph, pw), (dh, dw) = op.strides, op.pads, op.dilations
     # op.scheme (decided by gpumnn.scheduler.schemes, which checked the geometry fits) names the kernel
-    if op.scheme == "depthwise" and be.cpu_kernels:
+    if op.scheme == "depthwise" and be.kernels == "simd":
         vec = 16 if ow >= 16 else 8
         args = [x.buffer, _i(x.offset), w.buffer, _i(w.offset), bias.buffer, _i(bias.offset),
                 o.buffer, _i(o.offset), _i(c), _i(h), _i(wd), _i(oh), _i(ow), _i(kh), _i(kw), _i(sh), _i(sw),
@@ -793,7 +792,7 @@ def _make_conv2d(be, op: A.Conv2D, ins, outs):
         return OpPlan([be.launch1d("conv", "conv_depthwise", args, n * c * oh * ow)], "depthwise")
     common = _conv_gemm_args(op, x, w, bias, o)
     pointwise = op.scheme == "gemm1x1"
-    if be.cpu_kernels:
+    if be.kernels == "simd":
         if pointwise:
             return OpPlan([_gemm_vn_launch(be, am=c // g, ak=1, ldb=h * wd, **common)], "gemm1x1")
         return _conv_voc(be, op, x, w, bias, o)
@@ -806,7 +805,7 @@ def _make_conv2d(be, op: A.Conv2D, ins, outs):
 
 def _make_conv_transpose2d(be, op: A.ConvTranspose2D, ins, outs):
     x, w, bias, o = _conv_operands(op, ins, outs)
-    if be.cpu_kernels:
+    if be.kernels == "simd":
         voc = _conv_voc(be, op, x, w, bias, o)
         return dataclasses.replace(voc, scheme=voc.scheme.replace("direct", "gather"))
     ln = _gemm_launch(be, "gemm_deconv", conv=_conv_geometry(op), **_conv_gemm_args(op, x, w, bias, o))

@@ -48,7 +48,7 @@ import numpy as np
 
 from .. import atomic as A
 from ..errors import BackendUnavailableError
-from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words
+from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words, kernel_family, kernels_option
 from .cpu import host_cpu_flops
 from .limits import MemoryLimits, host_memory
 # The API-neutral half (what to dispatch per atomic op) is shared with the OpenGL backend.
@@ -115,8 +115,9 @@ class VulkanBackend(Backend):
     max_concurrent_runs = 2
 
     def __init__(self, device: str | int | None = None, validation: bool | None = None,
-                 force_staging: bool = False, kernels: str | None = None, **_: Any):
-        super().__init__()
+                 force_staging: bool = False, kernels: str | None = None, **unknown: Any):
+        super().__init__(**unknown)
+        requested = kernels_option(kernels, self.name)
         self._closed = True
         if _VK_IMPORT_ERROR is not None:
             raise BackendUnavailableError(
@@ -127,31 +128,24 @@ class VulkanBackend(Backend):
         except ShaderCompilerNotFound as exc:
             raise BackendUnavailableError(f"backend 'vulkan' cannot start: {exc}") from exc
         check_shader_op_ids()
-        # Kernel profile: "tiled" (shared-memory tiles, wide workgroups: GPUs) or "simd"
-        # (register blocking, vec4 loads, narrow workgroups: CPU devices such as lavapipe).
-        kernels = kernels or os.environ.get("GPUMNN_VULKAN_KERNELS") or "auto"
-        kernels = {"gpu": "tiled", "cpu": "simd"}.get(kernels, kernels)  # the OpenCL backend's names
-        if kernels not in ("auto", "simd", "tiled"):
-            raise ValueError(f"kernels must be 'auto', 'simd' (alias 'cpu') or 'tiled' (alias 'gpu'), "
-                             f"not {kernels!r}")
         if validation is None:
             validation = os.environ.get("GPUMNN_VULKAN_VALIDATION", "").strip().lower() in ("1", "true", "yes", "on")
         self.dev = VulkanDevice(device, validation=bool(validation))
         try:
-            self._setup(kernels, force_staging)
+            self._setup(requested, force_staging)
         except BaseException:
             self.dev.close()
             raise
         self._closed = False
 
-    def _setup(self, kernels: str, force_staging: bool) -> None:
+    def _setup(self, requested: str, force_staging: bool) -> None:
         dev = self.dev
         self.alignment = max(64, dev.min_storage_align)
         # Direct mapping only where it is cheap both ways (unified memory); staging otherwise.
         self._direct = not force_staging and dev.device_type != vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU
-        if kernels == "auto":
-            kernels = "simd" if dev.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_CPU else "tiled"
-        self.kernels = kernels
+        # Kernel profile: "tiled" (shared-memory tiles, wide workgroups: GPUs) or "simd"
+        # (register blocking, vec4 loads, narrow workgroups: CPU devices such as lavapipe).
+        self.kernels = kernel_family(requested, dev.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_CPU)
         # SIMD lanes of a CPU device's vector unit (llvmpipe names its width: "..., 256 bits)").
         bits = re.search(r"(\d+) bits", dev.name)
         self.simd_lanes = min(16, max(4, int(bits.group(1)) // 32)) if bits else 8
