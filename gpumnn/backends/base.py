@@ -143,16 +143,18 @@ class OpPlan:
     Vulkan and OpenGL: dispatches), empty where there is nothing to compute; ``scheme``: the
     algorithm the work uses, shown by ``Session.report`` (None: the op's own ``scheme``);
     ``keep``: objects the work references that must live as long as the execution (scratch
-    buffers, sampling tables), beyond the op's own tensors.
+    buffers, sampling tables), beyond the op's own tensors; ``prepare``: work items to run once,
+    at creation, before any run (packing a constant weight; see ``cl_plans``).
     """
 
     work: tuple = ()
     scheme: str | None = None
     keep: tuple = ()
+    prepare: tuple = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "work", tuple(self.work))
-        object.__setattr__(self, "keep", tuple(self.keep))
+        for name in ("work", "keep", "prepare"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
 
 
 class Execution:
