@@ -21,9 +21,7 @@ from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, OpPlan, Tenso
 from .limits import MemoryLimits, host_limits
 from .cpu_math import binary_function, unary_function
 from .sampling import resize_axis
-
-_CPU_DEFAULT_FLOPS = 2e9  # paper Appendix C fallback when frequencies are unknown
-
+from .speed import host_cpu_flops
 
 def typed(handle: TensorHandle) -> np.ndarray:
     """The handle's whole buffer seen as its dtype (a pool holds float32 and int32 tensors)."""
@@ -48,20 +46,6 @@ def strided(handle: TensorHandle, offset: int, shape: Sequence[int], strides: Se
         start = base[-1:]
     item = base.itemsize
     return as_strided(start, shape=tuple(shape), strides=tuple(s * item for s in strides), writeable=True)
-
-
-def host_cpu_flops(threads: int) -> float:
-    """Paper Appendix C: sum of the max frequencies of the ``threads`` fastest cores (Hz)."""
-    freqs = []
-    for cpu in range(os.cpu_count() or 1):
-        try:
-            with open(f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/cpuinfo_max_freq") as fh:
-                freqs.append(int(fh.read()) * 1e3)
-        except OSError:
-            break
-    if not freqs:
-        return _CPU_DEFAULT_FLOPS * threads
-    return float(sum(sorted(freqs, reverse=True)[:threads]))
 
 
 class CpuBackend(Backend):

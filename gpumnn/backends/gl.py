@@ -34,11 +34,9 @@ from __future__ import annotations
 import ctypes
 import functools
 import itertools
-import os
-import re
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 
@@ -49,12 +47,11 @@ from ..errors import BackendUnavailableError, GpumnnError
 from ..shaders.compile import ShaderCompileError, preprocess
 from . import gl_context
 from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words, kernel_family, kernels_option
-from .cpu import host_cpu_flops
 from .glsl_plans import (DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, Builder, Hazards, binding_limit, check_shader_op_ids,
                          grid_limit, plan, window)
 from .limits import MemoryLimits, host_memory
+from .speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
 
-_GPU_DEFAULT_FLOPS = 4e9  # paper Appendix C fallback for an unknown GPU
 _GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT = 0x90DF
 _GL_MAX_COMPUTE_SHARED_MEMORY_SIZE = 0x8262
 _GL_GPU_MEMORY_INFO_TOTAL_AVAILABLE_MEMORY_NVX = 0x9048  # KiB
@@ -211,17 +208,11 @@ class GLBackend(Backend):
         self.storage_align = _gl_get_integer(_GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT) or 256
         self.alignment = max(64, self.storage_align)
         self.kernels = kernel_family(requested, self.software)
-        bits = re.search(r"(\d+) bits", self.renderer)
-        self.simd_lanes = min(16, max(4, int(bits.group(1)) // 32)) if bits else 8
+        self.simd_lanes = simd_lanes(self.renderer)
         self._buffers: dict[int, GLBuffer] = {}
         self._packed: dict[tuple, TensorHandle] = {}
         self._tables: dict[tuple, TensorHandle] = {}
-        if self.software:
-            # A software rasteriser on the host's cores: the same Mesa shader compiler as lavapipe,
-            # so the Vulkan backend's estimate for CPU-type devices (a tenth of NumPy/BLAS).
-            flops = host_cpu_flops(os.cpu_count() or 1) / 10
-        else:
-            flops = _GPU_DEFAULT_FLOPS
+        flops = software_renderer_flops() if self.software else GPU_DEFAULT_FLOPS
         self._info = BackendInfo("gl", f"{self.renderer} / OpenGL {self.version}", flops, 0.05,
                                  20.0 if self.software else 8.0, is_gpu=not self.software)
 

@@ -13,8 +13,7 @@ import pyopencl as cl
 
 from .base import BackendInfo
 from .limits import MemoryLimits, host_memory
-
-_GPU_DEFAULT_FLOPS = 4e9  # paper Appendix C fallback for unknown GPUs
+from .speed import CPU_DEFAULT_FLOPS, GPU_DEFAULT_FLOPS
 
 
 def pick_device(device: str | int | None) -> tuple[Any, Any]:
@@ -74,7 +73,7 @@ def device_info(platform: Any, device: Any) -> BackendInfo:
     if clock > 0:
         flops = units * clock * 1e6 * 8
     else:
-        flops = _GPU_DEFAULT_FLOPS if gpu else 2e9 * units
+        flops = GPU_DEFAULT_FLOPS if gpu else CPU_DEFAULT_FLOPS * units
     return BackendInfo(name="opencl", device=f"{platform.name.strip()} / {device.name.strip()}",
                        flops=float(flops), t_schedule_ms=0.05,
                        bandwidth_gbs=20.0 if in_host_memory(device) else 12.0, is_gpu=gpu)

@@ -38,7 +38,6 @@ Design
 from __future__ import annotations
 
 import os
-import re
 import threading
 import weakref
 from contextlib import contextmanager
@@ -49,8 +48,8 @@ import numpy as np
 from .. import atomic as A
 from ..errors import BackendUnavailableError
 from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words, kernel_family, kernels_option
-from .cpu import host_cpu_flops
 from .limits import MemoryLimits, host_memory
+from .speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
 # The API-neutral half (what to dispatch per atomic op) is shared with the OpenGL backend.
 from .glsl_plans import (DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
                          Hazards as _Hazards, binding_limit, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, plan, window)
@@ -70,7 +69,6 @@ from ..shaders.compile import ShaderCompilerNotFound, compile_glsl, find_compile
 PUSH_BYTES = 128
 _SMALL_CONSTANT = 64 * 1024  # constants up to this size share arena chunks
 _ARENA_CHUNK = 4 * 1024 * 1024
-_GPU_DEFAULT_FLOPS = 4e9  # paper Appendix C fallback for an unknown GPU
 
 
 class _Dispatch:
@@ -146,9 +144,7 @@ class VulkanBackend(Backend):
         # Kernel profile: "tiled" (shared-memory tiles, wide workgroups: GPUs) or "simd"
         # (register blocking, vec4 loads, narrow workgroups: CPU devices such as lavapipe).
         self.kernels = kernel_family(requested, dev.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_CPU)
-        # SIMD lanes of a CPU device's vector unit (llvmpipe names its width: "..., 256 bits)").
-        bits = re.search(r"(\d+) bits", dev.name)
-        self.simd_lanes = min(16, max(4, int(bits.group(1)) // 32)) if bits else 8
+        self.simd_lanes = simd_lanes(dev.name)  # of a CPU device's vector unit
         self._packed: dict[tuple, TensorHandle] = {}
         self._buffers: dict[int, DeviceBuffer] = {}
         self._lock = threading.RLock()  # preparation verbs: descriptor pools, recording pool, registry
@@ -190,12 +186,8 @@ class VulkanBackend(Backend):
                            | vk.VK_PIPELINE_STAGE_HOST_BIT)
         self._stages_out = (vk.VK_PIPELINE_STAGE_HOST_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
                             | vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT)
-        if dev.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_CPU:
-            # A software Vulkan (lavapipe) on the host's cores: measured ~10x below NumPy/BLAS on
-            # the same cores (scalarised buffer loads), so a tenth of the CPU backend's estimate.
-            flops = host_cpu_flops(os.cpu_count() or 1) / 10
-        else:
-            flops = _GPU_DEFAULT_FLOPS
+        cpu_device = dev.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_CPU  # lavapipe
+        flops = software_renderer_flops() if cpu_device else GPU_DEFAULT_FLOPS
         bandwidth = 8.0 if dev.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU else 20.0
         self._info = BackendInfo("vulkan", dev.name, flops, 0.01, bandwidth,
                                  is_gpu=dev.device_type != vk.VK_PHYSICAL_DEVICE_TYPE_CPU)
