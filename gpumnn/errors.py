@@ -50,6 +50,12 @@ class BackendUnavailableError(GpumnnError, RuntimeError):
     """A compute API cannot start on this machine; the message says why."""
 
 
+class BackendOptionError(GpumnnError, ValueError):
+    """A backend was given an option it does not take, or a value the option does not accept;
+    the message names the option and lists the valid ones. Never a reason to fall back to the
+    CPU: the same options would be wrong on every machine."""
+
+
 class SessionClosedError(GpumnnError, RuntimeError):
     """A session (or its backend) was used after ``close()``."""
 

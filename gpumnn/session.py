@@ -129,9 +129,9 @@ class Session:
 
     # -- creation helpers ------------------------------------------------------------------
     def _start_backends(self, name: str, threads: int | None, fallback: bool, options: dict) -> dict[str, Backend]:
+        if name == "cpu":  # the session's options are the cpu backend's own (checked there)
+            return {"cpu": CpuBackend(threads=threads, **options)}
         cpu = CpuBackend(threads=threads)
-        if name == "cpu":
-            return {"cpu": cpu}
         try:
             return {name: create_backend(name, **options), "cpu": cpu}
         except BackendUnavailableError as exc:

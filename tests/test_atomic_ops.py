@@ -29,7 +29,7 @@ if GPU_BACKENDS:
     # run both families on whatever device is here.
     KERNEL_FAMILIES = ("opencl", "vulkan", "gl")
     BACKEND_PARAMS = [p for name in GPU_BACKENDS
-                      for p in ([f"{name}:kernels=gpu", f"{name}:kernels=cpu"] if name in KERNEL_FAMILIES else [name])]
+                      for p in ([f"{name}:kernels=tiled", f"{name}:kernels=simd"] if name in KERNEL_FAMILIES else [name])]
 else:
     _why = "; ".join(f"{n}: {probe(n)}" for n in ("opencl", "vulkan"))
     BACKEND_PARAMS = [pytest.param("none", marks=pytest.mark.skip(reason=f"no GPU backend available ({_why})"))]

@@ -48,6 +48,30 @@ def test_eager_run_repeats_preparation(backend):
     assert after["buffers_allocated"] > before["buffers_allocated"]
 
 
+def test_counters_mean_the_same_on_every_backend(backend):
+    """Counted in Backend's template methods, never by a backend itself (base.COUNTERS): from the
+    first recorded run on, a run submits each recording once and creates nothing; an eager run
+    creates and submits one execution per op, and records nothing."""
+    net = gpumnn.load(zoo.build("squeezenet1_1"))
+    x = np.random.default_rng(6).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    with net.session(backend=backend, fallback=False) as sess:
+        created = sess.counters[backend]
+        assert created["executions_created"] == len(sess.program.ops)
+        assert created["recordings_made"] >= 1 and created["submits"] == 0 and created["buffers_allocated"] >= 1
+        for runs in (1, 2):
+            sess.run({"input": x})
+            assert sess.counters[backend] == dict(created, submits=runs * created["recordings_made"])
+    with net.session(backend=backend, record=False, fallback=False) as sess:
+        ops = len(sess.program.ops)
+        for runs in (1, 2):
+            before = sess.counters[backend]
+            sess.run({"input": x})
+            after = sess.counters[backend]
+            delta = {k: after[k] - before[k] for k in after}
+            assert delta["executions_created"] == delta["submits"] == ops
+            assert delta["recordings_made"] == 0 and delta["buffers_allocated"] >= 1
+
+
 def test_memory_plan_shares_memory_and_never_overlaps_live_tensors(resnet):
     net, _ = resnet
     sess = net.session()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ..errors import BackendUnavailableError
+from ..errors import BackendOptionError, BackendUnavailableError
 from .base import Backend, BackendInfo, Execution, TensorHandle
 
 #: name -> (module, class). The order is the order of preference for reports and "all".
@@ -39,11 +39,12 @@ def backend_class(name: str) -> type[Backend]:
 
 
 def create_backend(name: str, **options: Any) -> Backend:
-    """Start backend ``name`` or raise BackendUnavailableError saying why it cannot start."""
+    """Start backend ``name`` or raise BackendUnavailableError saying why it cannot start (or
+    BackendOptionError for an option it does not take)."""
     cls = backend_class(name)
     try:
         return cls(**options)
-    except BackendUnavailableError:
+    except (BackendUnavailableError, BackendOptionError):
         raise
     except Exception as exc:  # a driver error, no device, ...: say which API and why
         raise BackendUnavailableError(f"backend {name!r} cannot start: {type(exc).__name__}: {exc}") from exc

@@ -16,7 +16,10 @@ Run (every inference; MNN's *execute*)
 Eager mode (``record=False``) is the paper's baseline: the session repeats allocation and
 ``create_execution`` on every run and calls ``run_eager``, which waits after every op.
 
-``counters`` lets tests prove that a recorded run allocates, builds and records nothing.
+``counters`` lets tests prove that a recorded run allocates, builds and records nothing. They
+mean the same on every backend because they are counted here, in template methods that call
+the backend's hooks (``_new_buffer``, ``_load_program``, ``_create_execution``, ``_record``,
+``_submit``, ``_run_eager``), never by a backend itself; see ``COUNTERS``.
 
 Threads: a session lends each run its own pools, executions and recordings (a *run state*,
 see ``gpumnn.run_states``), so verbs of different runs never touch the same tensors. A backend
@@ -27,16 +30,20 @@ belongs to one thread at a time (OpenGL) makes it current there and holds it for
 """
 from __future__ import annotations
 
+import inspect
+import os
+import threading
 from abc import ABC, abstractmethod
 from collections import Counter
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Hashable, Mapping, Sequence
 
 import numpy as np
 
 from .. import atomic as A
 from ..atomic import AtomicOp
+from ..errors import BackendOptionError
 from .limits import MemoryLimits, host_limits
 
 #: The schemes every backend's kernel for these ops builds: the general algorithms (sliding
@@ -46,7 +53,39 @@ GENERAL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: frozenset({"im2col"}
 KERNEL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: frozenset({"depthwise", "gemm1x1", "im2col"}),
                                                  A.MatMul: frozenset({"gemm"})}
 
-#: Counter names every backend maintains (others may add more).
+#: The ``kernels=`` option of every backend, one vocabulary: "simd" (kernels for a CPU device's
+#: vector units: explicit vectors, register blocking, narrow work-groups, no barriers), "tiled"
+#: (kernels for a GPU: shared/local-memory tiles, wide work-groups) or "auto" (simd on CPU
+#: devices, tiled on GPUs). Unset, ``$GPUMNN_KERNELS`` decides, else "auto". The NumPy backend
+#: has one family and checks the value only, so a session's options work on every backend.
+KERNEL_FAMILIES = ("auto", "simd", "tiled")
+KERNELS_ENV = "GPUMNN_KERNELS"
+
+
+def kernels_option(kernels: str | None, backend: str) -> str:
+    """The ``kernels=`` value asked for ("auto", "simd" or "tiled"; unset: ``$GPUMNN_KERNELS``,
+    else "auto"), or a BackendOptionError naming the valid values."""
+    where = "kernels="
+    if kernels is None:
+        kernels, where = os.environ.get(KERNELS_ENV) or "auto", f"${KERNELS_ENV}="
+    if kernels not in KERNEL_FAMILIES:
+        raise BackendOptionError(f"backend {backend!r}: {where}{kernels!r} is not one of "
+                                 f"{', '.join(map(repr, KERNEL_FAMILIES))}")
+    return kernels
+
+
+def kernel_family(requested: str, cpu_device: bool) -> str:
+    """The family a backend with kernels for both uses: ``requested``, or for "auto" simd on a
+    CPU device and tiled on a GPU."""
+    return requested if requested != "auto" else ("simd" if cpu_device else "tiled")
+
+
+#: The counters of every backend, each counted by one template method of :class:`Backend`:
+#: ``buffers_allocated`` -- device buffers created (pools, constants' storage, scratch, staging), by ``buffer``;
+#: ``programs_built`` -- kernel variants compiled, not found in any cache (memory, disk, a shared
+#: device or pooled context), by ``program``; ``executions_created`` -- by ``create_execution``;
+#: ``recordings_made`` -- by ``record``; ``submits`` -- device work handed over and waited for: one
+#: per ``submit``, one per execution in ``run_eager`` (the eager baseline waits after every op).
 COUNTERS = ("buffers_allocated", "programs_built", "executions_created", "recordings_made", "submits")
 
 
@@ -95,15 +134,40 @@ def constant_words(array: np.ndarray) -> tuple[np.ndarray, str]:
     return np.ascontiguousarray(array, dtype=dtype).reshape(-1), dtype
 
 
-class Execution(ABC):
-    """One atomic op made ready to run on one backend: kernels chosen, arguments bound."""
+@dataclass(frozen=True)
+class OpPlan:
+    """What every backend's kernel maker returns for one atomic op: one shape on every backend,
+    so that ``create_execution`` reads a maker's answer the same way everywhere.
+
+    ``work``: the backend's work items in run order (NumPy: callables; OpenCL: kernel launches;
+    Vulkan and OpenGL: dispatches), empty where there is nothing to compute; ``scheme``: the
+    algorithm the work uses, shown by ``Session.report`` (None: the op's own ``scheme``);
+    ``keep``: objects the work references that must live as long as the execution (scratch
+    buffers, sampling tables), beyond the op's own tensors; ``prepare``: work items to run once,
+    at creation, before any run (packing a constant weight; see ``cl_plans``).
+    """
+
+    work: tuple = ()
+    scheme: str | None = None
+    keep: tuple = ()
+    prepare: tuple = ()
+
+    def __post_init__(self) -> None:
+        for name in ("work", "keep", "prepare"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+
+
+class Execution:
+    """One atomic op made ready to run on one backend: its plan's work, arguments bound."""
 
     def __init__(self, op: AtomicOp, inputs: Sequence[TensorHandle], outputs: Sequence[TensorHandle],
-                 scheme: str | None = None):
+                 plan: OpPlan):
         self.op = op
         self.inputs = list(inputs)
         self.outputs = list(outputs)
-        self._scheme = scheme
+        self.work = plan.work
+        self.keep = plan.keep
+        self._scheme = plan.scheme
 
     @property
     def scheme(self) -> str:
@@ -167,8 +231,28 @@ class Backend(ABC):
     #: not listed implements every name the contract defines (fused activations are Unary names)
     op_names: ClassVar[Mapping[type, frozenset[str]]] = {}
 
-    def __init__(self) -> None:
+    def __init__(self, **unknown: Any) -> None:
+        """Every backend passes the keyword options its own ``__init__`` does not take here,
+        where any left is a BackendOptionError listing the ones it does (``options``)."""
+        if unknown:
+            raise BackendOptionError(
+                f"backend {self.name!r} has no option {', '.join(map(repr, sorted(unknown)))}; "
+                f"its options: {', '.join(self.options()) or 'none'}")
         self.counters: Counter[str] = Counter({k: 0 for k in COUNTERS})
+        self._counters_lock = threading.Lock()  # verbs of concurrent runs count at once
+        #: compiled programs (kernel variants) by key, see ``program``
+        self._programs: dict[Hashable, Any] = {}
+
+    def _count(self, counter: str, n: int = 1) -> None:
+        with self._counters_lock:
+            self.counters[counter] += n
+
+    @classmethod
+    def options(cls) -> tuple[str, ...]:
+        """The keyword options this backend takes (those its ``__init__`` names)."""
+        params = inspect.signature(cls.__init__).parameters.values()
+        return tuple(p.name for p in params if p.name != "self"
+                     and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
     # -- description -----------------------------------------------------------------------
     @property
@@ -236,9 +320,22 @@ class Backend(ABC):
         allocates anything. The default is the host's RAM (a device without memory of its own)."""
         return host_limits()
 
-    @abstractmethod
     def allocate(self, nbytes: int) -> Any:
         """Allocate one device buffer of at least ``nbytes`` (the session's pool)."""
+        return self.buffer(nbytes, "pool")
+
+    def buffer(self, nbytes: int, kind: str, **how: Any) -> Any:
+        """A new device buffer of at least ``nbytes``, counted in ``buffers_allocated``: every
+        buffer a backend creates (pool, constant storage, scratch, staging) is made here."""
+        buf = self._new_buffer(nbytes, kind, **how)
+        self._count("buffers_allocated")
+        return buf
+
+    @abstractmethod
+    def _new_buffer(self, nbytes: int, kind: str, **how: Any) -> Any:
+        """Hook of ``buffer``: create one buffer. ``kind`` says what for ("pool": the session's
+        pool; backends add their own kinds: "constant", "scratch", "staging", ...);
+        ``how`` carries backend-specific details (initial contents, memory flags)."""
 
     def tensor(self, buffer: Any, offset: int, shape: tuple[int, ...], dtype: str = A.FLOAT32) -> TensorHandle:
         """A view of ``shape`` elements of storage ``dtype`` at element ``offset`` of ``buffer``."""
@@ -260,24 +357,67 @@ class Backend(ABC):
     def release(self, buffer: Any) -> None:
         """Free a buffer from ``allocate`` (eager mode frees its per-run pool)."""
 
+    # -- programs --------------------------------------------------------------------------
+    def program(self, key: Hashable) -> Any:
+        """The compiled program (one kernel variant) ``key`` names, from this backend's memory
+        cache, else from ``_load_program``; one it had to compile counts in ``programs_built``."""
+        prog = self._programs.get(key)
+        if prog is None:
+            prog, built = self._load_program(key)
+            if built:
+                self._count("programs_built")
+            self._programs[key] = prog
+        return prog
+
+    def _load_program(self, key: Hashable) -> tuple[Any, bool]:
+        """Hook of ``program``: (the program ``key`` names, whether it was compiled now rather
+        than found compiled: on disk, in a shared device or a pooled context)."""
+        raise NotImplementedError(f"the {self.name} backend compiles no programs")
+
     # -- pre-inference ---------------------------------------------------------------------
-    @abstractmethod
     def create_execution(self, op: AtomicOp, inputs: Sequence[TensorHandle],
                          outputs: Sequence[TensorHandle]) -> Execution:
         """MNN's onCreate: everything an op needs before it can run, done once."""
+        if type(op) not in self.kernel_table:
+            raise NotImplementedError(f"{self.unsupported_reason(op)} (node {op.source!r})")
+        exe = self._create_execution(op, list(inputs), list(outputs))
+        self._count("executions_created")
+        return exe
 
     @abstractmethod
+    def _create_execution(self, op: AtomicOp, inputs: list[TensorHandle],
+                          outputs: list[TensorHandle]) -> Execution:
+        """Hook of ``create_execution``: ``op`` is of a type in ``kernel_table``."""
+
     def record(self, executions: Sequence[Execution]) -> Any:
         """Record executions (in order) into one replayable unit for ``submit``."""
+        recording = self._record(list(executions))
+        self._count("recordings_made")
+        return recording
+
+    @abstractmethod
+    def _record(self, executions: list[Execution]) -> Any:
+        """Hook of ``record``."""
 
     # -- run -------------------------------------------------------------------------------
-    @abstractmethod
     def submit(self, recording: Any) -> None:
         """Run a recording and wait until its results are visible to ``read``."""
+        self._submit(recording)
+        self._count("submits")
 
     @abstractmethod
+    def _submit(self, recording: Any) -> None:
+        """Hook of ``submit``."""
+
     def run_eager(self, executions: Sequence[Execution]) -> None:
         """Run executions one by one, waiting after each (the paper's un-decoupled baseline)."""
+        executions = list(executions)
+        self._run_eager(executions)
+        self._count("submits", len(executions))
+
+    @abstractmethod
+    def _run_eager(self, executions: list[Execution]) -> None:
+        """Hook of ``run_eager``."""
 
     def close(self) -> None:
         """Free device resources; the backend is unusable afterwards."""

@@ -17,13 +17,11 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .. import atomic as A
-from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, TensorHandle, constant_words
+from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, OpPlan, TensorHandle, constant_words, kernels_option
 from .limits import MemoryLimits, host_limits
 from .cpu_math import binary_function, unary_function
 from .sampling import resize_axis
-
-_CPU_DEFAULT_FLOPS = 2e9  # paper Appendix C fallback when frequencies are unknown
-
+from .speed import host_cpu_flops
 
 def typed(handle: TensorHandle) -> np.ndarray:
     """The handle's whole buffer seen as its dtype (a pool holds float32 and int32 tensors)."""
@@ -50,31 +48,6 @@ def strided(handle: TensorHandle, offset: int, shape: Sequence[int], strides: Se
     return as_strided(start, shape=tuple(shape), strides=tuple(s * item for s in strides), writeable=True)
 
 
-class CpuExecution(Execution):
-    """An execution whose work is one Python callable prepared at creation."""
-
-    def __init__(self, op, inputs, outputs, fn: Callable[[], None], scheme: str | None = None):
-        super().__init__(op, inputs, outputs, scheme)
-        self._fn = fn
-
-    def run(self) -> None:
-        self._fn()
-
-
-def host_cpu_flops(threads: int) -> float:
-    """Paper Appendix C: sum of the max frequencies of the ``threads`` fastest cores (Hz)."""
-    freqs = []
-    for cpu in range(os.cpu_count() or 1):
-        try:
-            with open(f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/cpuinfo_max_freq") as fh:
-                freqs.append(int(fh.read()) * 1e3)
-        except OSError:
-            break
-    if not freqs:
-        return _CPU_DEFAULT_FLOPS * threads
-    return float(sum(sorted(freqs, reverse=True)[:threads]))
-
-
 class CpuBackend(Backend):
     """NumPy on the host CPU, BLAS threads limited to ``threads`` (default: all cores)."""
 
@@ -90,8 +63,11 @@ class CpuBackend(Backend):
         measured on 2 cores with threads=2, two overlapping runs were ~10% slower than turns."""
         return max(1, min(self.max_concurrent_runs, (os.cpu_count() or 1) // self.threads))
 
-    def __init__(self, threads: int | None = None, **_: Any):
-        super().__init__()
+    def __init__(self, threads: int | None = None, kernels: str | None = None, **unknown: Any):
+        """``threads``: BLAS threads (default: all cores). ``kernels``: the option every backend
+        takes (``base.KERNEL_FAMILIES``), checked only: NumPy has one family."""
+        super().__init__(**unknown)
+        kernels_option(kernels, self.name)
         self.threads = threads or os.cpu_count() or 1
         self._info = BackendInfo("cpu", f"NumPy {np.__version__} on {self.threads} thread(s)",
                                  host_cpu_flops(self.threads), 0.0, float("inf"), is_gpu=False)
@@ -105,8 +81,7 @@ class CpuBackend(Backend):
     def memory_limits(self) -> MemoryLimits:
         return host_limits(copies_constants=False)  # constant() keeps a view of the host array
 
-    def allocate(self, nbytes: int) -> np.ndarray:
-        self.counters["buffers_allocated"] += 1
+    def _new_buffer(self, nbytes: int, kind: str, **how: Any) -> np.ndarray:
         return np.zeros(max(1, (nbytes + 3) // 4), dtype=np.float32)
 
     def constant(self, array: np.ndarray) -> TensorHandle:
@@ -120,31 +95,26 @@ class CpuBackend(Backend):
         return view(handle).copy()
 
     # -- pre-inference ---------------------------------------------------------------------
-    def create_execution(self, op: A.AtomicOp, inputs: Sequence[TensorHandle],
-                         outputs: Sequence[TensorHandle]) -> CpuExecution:
-        self.counters["executions_created"] += 1
+    def _create_execution(self, op: A.AtomicOp, inputs: list[TensorHandle],
+                          outputs: list[TensorHandle]) -> Execution:
         if outputs and all(o.size == 0 for o in outputs):  # nothing to compute (NumPy refuses empty reductions)
-            return CpuExecution(op, inputs, outputs, lambda: None, "empty")
-        maker = _MAKERS[type(op)]
-        result = maker(op, list(inputs), list(outputs))
-        fn, scheme = result if isinstance(result, tuple) else (result, None)
-        return CpuExecution(op, inputs, outputs, fn, scheme)
+            return Execution(op, inputs, outputs, OpPlan((), "empty"))
+        return Execution(op, inputs, outputs, _MAKERS[type(op)](op, inputs, outputs))
 
-    def record(self, executions: Sequence[Execution]) -> list[Callable[[], None]]:
-        self.counters["recordings_made"] += 1
-        return [exe._fn for exe in executions]  # type: ignore[attr-defined]
+    def _record(self, executions: list[Execution]) -> list[Callable[[], None]]:
+        return [fn for exe in executions for fn in exe.work]
 
     # -- run -------------------------------------------------------------------------------
-    def submit(self, recording: list[Callable[[], None]]) -> None:
-        self.counters["submits"] += 1
+    def _submit(self, recording: list[Callable[[], None]]) -> None:
         with self._limiter, np.errstate(all="ignore"):
             for fn in recording:
                 fn()
 
-    def run_eager(self, executions: Sequence[Execution]) -> None:
+    def _run_eager(self, executions: list[Execution]) -> None:
         with self._limiter, np.errstate(all="ignore"):
             for exe in executions:
-                exe.run()  # type: ignore[attr-defined]
+                for fn in exe.work:
+                    fn()
 
 
 class _ThreadLimiter:
@@ -195,7 +165,7 @@ class _ThreadLimiter:
 
 
 # --------------------------------------------------------------------------------------------
-# One maker per atomic op: binds views and scratch, returns the callable that does the work.
+# One maker per atomic op: binds views and scratch, returns an OpPlan of the callables that do the work.
 # --------------------------------------------------------------------------------------------
 
 def _epilogue(activation: A.Activation) -> Callable[[np.ndarray], None] | None:
@@ -217,13 +187,13 @@ def _make_raster(op: A.Raster, ins, outs):
             out_flat.fill(fill)
         for src, dst in copies:
             np.copyto(dst, src)
-    return run
+    return OpPlan((run,))
 
 
 def _make_unary(op: A.Unary, ins, outs):
     x, o = flat(ins[0]), flat(outs[0])
     fn = unary_function(op.op, op.params, o.dtype)
-    return lambda: fn(x, o)
+    return OpPlan((lambda: fn(x, o),))
 
 
 def _make_binary(op: A.Binary, ins, outs):
@@ -237,7 +207,7 @@ def _make_binary(op: A.Binary, ins, outs):
         fn(a, b, o)
         if act:
             act(o)
-    return run
+    return OpPlan((run,))
 
 
 def _make_reduce(op: A.Reduce, ins, outs):
@@ -250,11 +220,11 @@ def _make_reduce(op: A.Reduce, ins, outs):
         def run_arg():
             arg(x, axis=1, out=found)
             np.copyto(o, found, casting="unsafe")
-        return run_arg
+        return OpPlan((run_arg,))
     if op.op == "mean" and o.dtype.kind != "f":
-        return lambda: np.copyto(o, np.mean(x, axis=1), casting="unsafe")  # integer mean truncates
+        return OpPlan((lambda: np.copyto(o, np.mean(x, axis=1), casting="unsafe"),))  # integer mean truncates
     reducer = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}[op.op]
-    return lambda: reducer(x, axis=1, out=o)
+    return OpPlan((lambda: reducer(x, axis=1, out=o),))
 
 
 def _make_matmul(op: A.MatMul, ins, outs):
@@ -293,7 +263,7 @@ def _make_matmul(op: A.MatMul, ins, outs):
             np.add(out3, bias, out=out3)
         if act:
             act(o)
-    return run
+    return OpPlan((run,))
 
 
 class _PaddedInput:
@@ -371,7 +341,7 @@ def _make_conv2d(op: A.Conv2D, ins, outs):
                 np.multiply(win, wt, out=tmp)
                 np.add(out4, tmp, out=out4)
             finish()
-        return run_depthwise, "depthwise"
+        return OpPlan((run_depthwise,), "depthwise")
 
     cg, ocg = c // g, oc // g
     w_packed = weight.reshape(g, ocg, cg * kh * kw)  # a view of the pool: W may be a run-time tensor
@@ -384,7 +354,7 @@ def _make_conv2d(op: A.Conv2D, ins, outs):
                 for gi in range(g):
                     np.matmul(w_packed[gi], xs[b, gi], out=outg[b, gi])
             finish()
-        return run_1x1, "gemm1x1"
+        return OpPlan((run_1x1,), "gemm1x1")
 
     padded = _PaddedInput(x, pads, 0.0, (0, 0))
     windows = _window_view(padded.buf, op.kernel, op.strides, op.dilations, op.out_hw)
@@ -399,7 +369,7 @@ def _make_conv2d(op: A.Conv2D, ins, outs):
             for gi in range(g):
                 np.matmul(w_packed[gi], cols2[gi], out=outg[b, gi])
         finish()
-    return run_im2col, "im2col"
+    return OpPlan((run_im2col,), "im2col")
 
 
 def _make_conv_transpose2d(op: A.ConvTranspose2D, ins, outs):
@@ -433,7 +403,7 @@ def _make_conv_transpose2d(op: A.ConvTranspose2D, ins, outs):
             np.add(out, bias, out=out)
         if act:
             act(out)
-    return run
+    return OpPlan((run,))
 
 
 def _make_pool2d(op: A.Pool2D, ins, outs):
@@ -444,7 +414,7 @@ def _make_pool2d(op: A.Pool2D, ins, outs):
     if (kh, kw) == (h, w) and (oh, ow) == (1, 1) and not any(op.pads):  # global pooling
         x3, o3 = x.reshape(n, c, h * w), out.reshape(n, c)
         reducer = np.max if op.op == "max" else np.mean
-        return (lambda: reducer(x3, axis=2, out=o3)), "global"
+        return OpPlan((lambda: reducer(x3, axis=2, out=o3),), "global")
     extent = ((oh - 1) * sh + kh, (ow - 1) * sw + kw)
     border = (np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf) if op.op == "max" else 0.0
     padded = _PaddedInput(x, op.pads, border, extent)
@@ -456,7 +426,7 @@ def _make_pool2d(op: A.Pool2D, ins, outs):
             np.copyto(out, taps[0])
             for win in taps[1:]:
                 np.maximum(out, win, out=out)
-        return run_max
+        return OpPlan((run_max,))
     top, left, bottom, right = op.pads
     starts_h = np.arange(oh) * sh - top
     starts_w = np.arange(ow) * sw - left
@@ -474,7 +444,7 @@ def _make_pool2d(op: A.Pool2D, ins, outs):
         for win in taps[1:]:
             np.add(out, win, out=out)
         np.multiply(out, inv_count, out=out)
-    return run_avg
+    return OpPlan((run_avg,))
 
 
 def _make_softmax(op: A.Softmax, ins, outs):
@@ -493,7 +463,7 @@ def _make_softmax(op: A.Softmax, ins, outs):
             np.exp(o, out=o)
             np.sum(o, axis=1, keepdims=True, out=total)
             np.divide(o, total, out=o)
-    return run
+    return OpPlan((run,))
 
 
 def _make_normalize(op: A.Normalize, ins, outs):
@@ -514,7 +484,7 @@ def _make_normalize(op: A.Normalize, ins, outs):
         if scale is not None:
             np.multiply(o, scale, out=o)
             np.add(o, shift, out=o)
-    return run
+    return OpPlan((run,))
 
 
 def _make_resize(op: A.Resize, ins, outs):
@@ -528,14 +498,14 @@ def _make_resize(op: A.Resize, ins, outs):
         def run_nearest():
             np.take(x, rows.lo, axis=1, out=picked)
             np.take(picked, cols.lo, axis=2, out=out)
-        return run_nearest
+        return OpPlan((run_nearest,))
     fh, fw = rows.frac.reshape(1, oh, 1), cols.frac.reshape(1, 1, ow)
 
     def run_linear():
         top = x[:, rows.lo][:, :, cols.lo] * (1 - fw) + x[:, rows.lo][:, :, cols.hi] * fw
         bottom = x[:, rows.hi][:, :, cols.lo] * (1 - fw) + x[:, rows.hi][:, :, cols.hi] * fw
         np.copyto(out, top * (1 - fh) + bottom * fh)
-    return run_linear
+    return OpPlan((run_linear,))
 
 
 def _make_gather(op: A.Gather, ins, outs):
@@ -548,7 +518,7 @@ def _make_gather(op: A.Gather, ins, outs):
         idx[idx < 0] += op.axis
         np.clip(idx, 0, op.axis - 1, out=idx)  # the contract: out-of-range indices clamp
         np.take(data, idx, axis=1, out=out)
-    return run
+    return OpPlan((run,))
 
 
 def _make_select(op: A.Select, ins, outs):
@@ -562,7 +532,7 @@ def _make_select(op: A.Select, ins, outs):
         np.not_equal(cond, 0, out=mask)
         np.copyto(o, b)
         np.copyto(o, a, where=mask)
-    return run
+    return OpPlan((run,))
 
 
 def _make_cumsum(op: A.CumSum, ins, outs):
@@ -571,12 +541,12 @@ def _make_cumsum(op: A.CumSum, ins, outs):
     if op.reverse:  # the same running sum over reversed views
         x, o = x[:, ::-1], o[:, ::-1]
     if not op.exclusive:
-        return lambda: np.cumsum(x, axis=1, out=o)
+        return OpPlan((lambda: np.cumsum(x, axis=1, out=o),))
 
     def run_exclusive():
         o[:, :1] = 0
         np.cumsum(x[:, :-1], axis=1, out=o[:, 1:])
-    return run_exclusive
+    return OpPlan((run_exclusive,))
 
 
 def _make_topk(op: A.TopK, ins, outs):
@@ -587,7 +557,7 @@ def _make_topk(op: A.TopK, ins, outs):
         keys = x.astype(np.float64) if x.dtype.kind != "f" else x
         order = np.argsort(-keys if op.largest else keys, axis=1, kind="stable")  # ties: lower index first
         np.copyto(o, order[:, :op.k], casting="unsafe")
-    return run
+    return OpPlan((run,))
 
 
 def _make_scatter(op: A.Scatter, ins, outs):
@@ -606,7 +576,7 @@ def _make_scatter(op: A.Scatter, ins, outs):
             out[rows] = updates
         else:
             combine.at(out, rows, updates)
-    return run
+    return OpPlan((run,))
 
 
 CpuBackend.schemes = KERNEL_SCHEMES

@@ -34,11 +34,9 @@ from __future__ import annotations
 import ctypes
 import functools
 import itertools
-import os
-import re
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 
@@ -48,13 +46,12 @@ from .. import atomic as A
 from ..errors import BackendUnavailableError, GpumnnError
 from ..shaders.compile import ShaderCompileError, preprocess
 from . import gl_context
-from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words
-from .cpu import host_cpu_flops
-from .glsl_plans import (DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, Builder, DispatchExecution, Hazards, binding_limit, check_shader_op_ids,
+from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words, kernel_family, kernels_option
+from .glsl_plans import (DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, Builder, Hazards, binding_limit, check_shader_op_ids,
                          grid_limit, plan, window)
 from .limits import MemoryLimits, host_memory
+from .speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
 
-_GPU_DEFAULT_FLOPS = 4e9  # paper Appendix C fallback for an unknown GPU
 _GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT = 0x90DF
 _GL_MAX_COMPUTE_SHARED_MEMORY_SIZE = 0x8262
 _GL_GPU_MEMORY_INFO_TOTAL_AVAILABLE_MEMORY_NVX = 0x9048  # KiB
@@ -171,24 +168,20 @@ class GLBackend(Backend):
     alignment = 64
     plan_error = GLError
 
-    def __init__(self, device: Any = None, kernels: str | None = "auto", **_: Any):
-        super().__init__()
+    def __init__(self, kernels: str | None = None, **unknown: Any):
+        """``kernels``: "auto" (simd on software renderers, tiled on GPUs), "simd" or "tiled".
+        (No ``device``: the context is EGL's default display's.)"""
+        super().__init__(**unknown)
+        requested = kernels_option(kernels, self.name)
         self._closed = True
         self._lock = threading.RLock()
         self._depth = 0  # nesting of activate() brackets in the thread holding the lock
         check_shader_op_ids()
-        kernels = kernels or "auto"
-        if kernels == "auto":
-            kernels = os.environ.get("GPUMNN_GL_KERNELS") or "auto"
-        kernels = {"gpu": "tiled", "cpu": "simd"}.get(kernels, kernels)
-        if kernels not in ("auto", "simd", "tiled"):
-            raise ValueError(f"kernels must be 'auto', 'simd' (alias 'cpu') or 'tiled' (alias 'gpu'), "
-                             f"not {kernels!r}")
         previous = gl_context.current_egl()
         self._pooled = gl_context.acquire(_create_context)  # a reused context (with its programs), current here
         self.ctx = self._pooled.ctx
         try:
-            self._setup(kernels)
+            self._setup(requested)
         except BaseException:
             self._pooled.release()  # the context is gone: nothing to let go of below
             self.ctx = None
@@ -200,7 +193,7 @@ class GLBackend(Backend):
                 self.ctx.__exit__(None, None, None)
         self._closed = False
 
-    def _setup(self, kernels: str) -> None:
+    def _setup(self, requested: str) -> None:
         ctx = self.ctx
         info = ctx.info
         if ctx.version_code < 430:
@@ -214,21 +207,12 @@ class GLBackend(Backend):
             raise BackendUnavailableError(f"{self.renderer}: fewer than 4 storage blocks per compute shader")
         self.storage_align = _gl_get_integer(_GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT) or 256
         self.alignment = max(64, self.storage_align)
-        if kernels == "auto":
-            kernels = "simd" if self.software else "tiled"
-        self.kernels = kernels
-        bits = re.search(r"(\d+) bits", self.renderer)
-        self.simd_lanes = min(16, max(4, int(bits.group(1)) // 32)) if bits else 8
+        self.kernels = kernel_family(requested, self.software)
+        self.simd_lanes = simd_lanes(self.renderer)
         self._buffers: dict[int, GLBuffer] = {}
-        self._programs: dict[tuple, _Program] = {}
         self._packed: dict[tuple, TensorHandle] = {}
         self._tables: dict[tuple, TensorHandle] = {}
-        if self.software:
-            # A software rasteriser on the host's cores: the same Mesa shader compiler as lavapipe,
-            # so the Vulkan backend's estimate for CPU-type devices (a tenth of NumPy/BLAS).
-            flops = host_cpu_flops(os.cpu_count() or 1) / 10
-        else:
-            flops = _GPU_DEFAULT_FLOPS
+        flops = software_renderer_flops() if self.software else GPU_DEFAULT_FLOPS
         self._info = BackendInfo("gl", f"{self.renderer} / OpenGL {self.version}", flops, 0.05,
                                  20.0 if self.software else 8.0, is_gpu=not self.software)
 
@@ -296,16 +280,14 @@ class GLBackend(Backend):
         return MemoryLimits(total, available, available, self.max_storage_range, host_memory=in_host,
                             used=used, source=f"{source}; GL_MAX_SHADER_STORAGE_BLOCK_SIZE {self.max_storage_range}")
 
+    @_in_context
     def _new_buffer(self, nbytes: int, kind: str, data: bytes | None = None) -> GLBuffer:
+        if kind == "pool":
+            nbytes = max(int(nbytes), 16)
         obj = self.ctx.buffer(data) if data is not None else self.ctx.buffer(reserve=nbytes)
         buf = GLBuffer(obj, kind, obj.size)
-        self.counters["buffers_allocated"] += 1
         self._buffers[buf.id] = buf
         return buf
-
-    @_in_context
-    def allocate(self, nbytes: int) -> GLBuffer:
-        return self._new_buffer(max(int(nbytes), 16), "pool")
 
     def release(self, buffer: Any) -> None:
         if self._closed or not isinstance(buffer, GLBuffer) or not buffer.alive:
@@ -321,7 +303,7 @@ class GLBackend(Backend):
         data, dtype = constant_words(array)
         if data.size == 0:
             data = np.zeros(1, np.float32)
-        buf = self._new_buffer(data.nbytes, "constant", data.tobytes())
+        buf = self.buffer(data.nbytes, "constant", data=data.tobytes())
         return TensorHandle(buf, 0, tuple(np.shape(array)), dtype)
 
     @_in_context
@@ -344,25 +326,21 @@ class GLBackend(Backend):
                       "GL_MAX_SHADER_STORAGE_BLOCK_SIZE")
 
     # -- kernels -----------------------------------------------------------------------------
-    @_in_context
     def _program(self, kernel: str, defines: dict) -> _Program:
-        key = (kernel, tuple(sorted(defines.items())))
-        program = self._programs.get(key)
-        if program is not None:
-            return program
+        return self.program((kernel, tuple(sorted(defines.items()))))
+
+    @_in_context
+    def _load_program(self, key: tuple) -> tuple[_Program, bool]:
+        kernel, defines = key
 
         def build() -> _Program:
-            source = preprocess(kernel, defines, api="gl")
+            source = preprocess(kernel, dict(defines), api="gl")
             try:
                 return _Program(self.ctx.compute_shader(source), key)
             except moderngl.Error as exc:
                 raise ShaderCompileError(f"the OpenGL driver rejected kernel {kernel} {dict(defines)}:\n{exc}") from exc
 
-        program, built = self._pooled.program(key, build)  # kept with the context (gl_context)
-        if built:
-            self.counters["programs_built"] += 1
-        self._programs[key] = program
-        return program
+        return self._pooled.program(key, build)  # kept with the context (gl_context)
 
     def _dispatch(self, builder: Builder, bindings: tuple) -> _Dispatch:
         """A Builder (see glsl_plans) turned into GL objects: program, SSBO ranges, uniform bytes."""
@@ -373,23 +351,19 @@ class GLBackend(Backend):
 
     # -- pre-inference ---------------------------------------------------------------------
     @_in_context
-    def create_execution(self, op: A.AtomicOp, inputs: Sequence[TensorHandle],
-                         outputs: Sequence[TensorHandle]) -> DispatchExecution:
-        if type(op) not in PLANNERS:
-            raise NotImplementedError(f"OpenGL backend: no kernel for {type(op).__name__} (node {op.source!r})")
-        self.counters["executions_created"] += 1
-        dispatches, scheme = plan(self, op, inputs, outputs)
-        return DispatchExecution(op, inputs, outputs, dispatches, scheme)
+    def _create_execution(self, op: A.AtomicOp, inputs: list[TensorHandle],
+                          outputs: list[TensorHandle]) -> Execution:
+        return Execution(op, inputs, outputs, plan(self, op, inputs, outputs))
 
     @_in_context
-    def record(self, executions: Sequence[Execution]) -> GLRecording:
+    def _record(self, executions: list[Execution]) -> GLRecording:
         hazards = Hazards()
         bound: dict[int, tuple] = {}  # slot -> (buffer, offset, size) bound by an earlier step
         uniforms: dict[int, bytes] = {}  # id(program) -> parameter bytes written by an earlier step
         steps = []
         barriers = 0
         for exe in executions:
-            for d in exe.dispatches:  # type: ignore[attr-defined]
+            for d in exe.work:
                 barrier = hazards.needs_barrier(d)
                 if barrier:
                     hazards.clear()
@@ -403,13 +377,11 @@ class GLBackend(Backend):
                     uniform = d.program.uniform
                     uniforms[id(d.program)] = d.params
                 steps.append((barrier, d.program.prog, binds, uniform, d.params, d.groups))
-        self.counters["recordings_made"] += 1
         return GLRecording(steps, len(steps), barriers)
 
     # -- run -------------------------------------------------------------------------------
     @_in_context
-    def submit(self, recording: GLRecording) -> None:
-        self.counters["submits"] += 1
+    def _submit(self, recording: GLRecording) -> None:
         ctx = self.ctx
         storage = moderngl.SHADER_STORAGE_BARRIER_BIT
         for barrier, prog, binds, uniform, params, (gx, gy, gz) in recording.steps:
@@ -424,14 +396,12 @@ class GLBackend(Backend):
         ctx.finish()
 
     @_in_context
-    def run_eager(self, executions: Sequence[Execution]) -> None:
+    def _run_eager(self, executions: list[Execution]) -> None:
         ctx = self.ctx
         storage = moderngl.SHADER_STORAGE_BARRIER_BIT
         for exe in executions:
             # An engine without decoupling plans, looks up programs and packs arguments per run.
-            dispatches, _ = plan(self, exe.op, exe.inputs, exe.outputs)
-            self.counters["recordings_made"] += 1
-            self.counters["submits"] += 1
+            dispatches = plan(self, exe.op, exe.inputs, exe.outputs).work
             hazards = Hazards()
             for d in dispatches:
                 if hazards.needs_barrier(d):

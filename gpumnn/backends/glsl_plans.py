@@ -5,7 +5,9 @@ an atomic op -- which kernel variant (``#define``s: op ids, activation, tile and
 sizes), which element ranges of which buffers at which binding slots, the 32 int32/float32
 parameters and the workgroup grid -- is the same decision on both. This module makes it:
 
-* one *planner* per atomic op (``PLANNERS``) returns ``(builders, scheme)``;
+* one *planner* per atomic op (``PLANNERS``) returns an :class:`~gpumnn.backends.base.OpPlan`
+  of :class:`Builder` objects and the scheme; :func:`plan` turns it into one of the backend's
+  dispatches;
 * a :class:`Builder` collects one dispatch; ``Builder.build()`` hands it to the backend, which
   turns it into its API objects (a Vulkan pipeline + descriptor set + push constants, or a GL
   program + SSBO ranges + uniform bytes);
@@ -30,6 +32,7 @@ Buffers handed to the planners carry ``id`` (unique per backend) and ``kind`` ("
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
@@ -39,7 +42,7 @@ import numpy as np
 from .. import atomic as A
 from ..shaders.compile import GLSL_DIR
 from ..strides import contiguous_strides, merge_dims
-from .base import KERNEL_SCHEMES, Execution, TensorHandle
+from .base import KERNEL_SCHEMES, OpPlan, TensorHandle
 from .sampling import resize_axis
 
 
@@ -93,14 +96,6 @@ def binding_limit(op: A.AtomicOp, max_range: int, what: str) -> str | None:
         return f"a tensor of {largest} bytes exceeds {what} ({max_range} bytes)"
     return None
 
-
-class DispatchExecution(Execution):
-    """An atomic op as a list of prepared dispatches (most ops: one), in whatever form the
-    backend made of each plan (a Vulkan pipeline + push constants, a GL program + uniforms)."""
-
-    def __init__(self, op, inputs, outputs, dispatches: list, scheme: str | None):
-        super().__init__(op, inputs, outputs, scheme)
-        self.dispatches = dispatches
 
 UNARY_IDS, BINARY_IDS, REDUCE_IDS = A.UNARY_IDS, A.BINARY_IDS, A.REDUCE_IDS
 PARAMS = 32  # int32 parameters per dispatch (128 bytes: Vulkan push constants, GL uniform array)
@@ -315,7 +310,7 @@ class Builder:
 
 
 # --------------------------------------------------------------------------------------------
-# Planners: one per atomic op; each returns (builders, scheme).
+# Planners: one per atomic op; each returns an OpPlan of Builders and the scheme.
 # --------------------------------------------------------------------------------------------
 
 def _int_defines(in_dtype: str, out_dtype: str = A.FLOAT32) -> dict:
@@ -354,7 +349,7 @@ def _plan_raster(be: PlanTarget, op: A.Raster, ins, outs):
         b.grid1d(out.size, 128)
         builders.append(b)
     builders += [_region_builder(be, r, ins[r.src], out) for r in op.regions if r.count]
-    return builders, "raster"
+    return OpPlan(builders, "raster")
 
 
 def _int_clip_bounds(params: Sequence[float]) -> tuple[int, int]:
@@ -376,7 +371,7 @@ def _plan_unary(be, op: A.Unary, ins, outs):
     else:
         b.setf(3, *(tuple(op.params) + (0.0, 0.0, 0.0))[:3])
     b.grid1d(op.count, 128)
-    return [b], None
+    return OpPlan([b])
 
 
 def _elementwise_builder(be, kernel: str, defines: dict, shape: Sequence[int],
@@ -401,7 +396,7 @@ def _plan_binary(be, op: A.Binary, ins, outs):
     defines = dict(_int_defines(op.dtype), OP=BINARY_IDS[op.op])
     b = _elementwise_builder(be, "binary", defines, op.out_shape, (op.a_strides, op.b_strides), ins, outs)
     b.activation(15, op.activation)
-    return [b], None
+    return OpPlan([b])
 
 
 def _row_builder(be, kernel: str, defines: dict, nbind: int, rows: int, size: int) -> Builder:
@@ -427,7 +422,7 @@ def _reduce_builder(be, op_name: str, outer: int, size: int, inner: int, x: Tens
 
 
 def _plan_reduce(be, op: A.Reduce, ins, outs):
-    return [_reduce_builder(be, op.op, op.outer, op.size, op.inner, ins[0], outs[0], op.dtype)], None
+    return OpPlan([_reduce_builder(be, op.op, op.outer, op.size, op.inner, ins[0], outs[0], op.dtype)])
 
 
 def _plan_matmul(be, op: A.MatMul, ins, outs):
@@ -467,7 +462,7 @@ def _plan_matmul(be, op: A.MatMul, ins, outs):
         b.defines["B_VEC4"] = 1
     b.groups = groups
     _check_grid(be, b.groups)
-    return [b], "gemm_regblock" if be.kernels == "simd" else "gemm_tiled"
+    return OpPlan([b], "gemm_regblock" if be.kernels == "simd" else "gemm_tiled")
 
 
 def _check_grid(be, groups) -> None:
@@ -496,7 +491,7 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
         b.set(0, items, c, h, w, oh, ow, kh, 0, sh, 0, ph, pw, dh, 0, x, wt, bias, o, row_groups)
         b.activation(22, op.activation)
         b.grid1d(items, 16 if be.kernels == "simd" else 64)
-        return [b], "depthwise"
+        return OpPlan([b], "depthwise")
     if be.kernels == "simd" and _is_constant(ins[1]):
         return _plan_conv2d_direct_rb(be, op, ins, outs)
     cg, ocg = c // g, oc // g
@@ -515,7 +510,7 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
     b.activation(22, op.activation)
     b.groups = (math.ceil(big_n / tn), math.ceil(big_m / tm), n * g)
     _check_grid(be, b.groups)
-    return [b], "gemm1x1" if pointwise else "implicit_gemm"
+    return OpPlan([b], "gemm1x1" if pointwise else "implicit_gemm")
 
 
 def _is_constant(handle: TensorHandle) -> bool:
@@ -595,7 +590,7 @@ def _plan_conv2d_direct_rb(be, op: A.Conv2D, ins, outs):
     b.activation(22, op.activation)
     b.groups = (math.ceil(oh * row_groups / lanes), blocks, n * g)
     _check_grid(be, b.groups)
-    return [b], "direct_regblock"
+    return OpPlan([b], "direct_regblock")
 
 
 def _plan_conv_transpose2d(be, op: A.ConvTranspose2D, ins, outs):
@@ -611,7 +606,7 @@ def _plan_conv_transpose2d(be, op: A.ConvTranspose2D, ins, outs):
     b.set(0, total, c, h, w, oc, oh, ow, c // g, oc // g, kh, kw, sh, sw, ph, pw, dh, dw, x, wt, bias, o)
     b.activation(22, op.activation)
     b.grid1d(total, 128)
-    return [b], "direct"
+    return OpPlan([b], "direct")
 
 
 def _plan_pool2d(be, op: A.Pool2D, ins, outs):
@@ -619,7 +614,7 @@ def _plan_pool2d(be, op: A.Pool2D, ins, outs):
     (h, w), (oh, ow), (kh, kw), (sh, sw) = op.in_hw, op.out_hw, op.kernel, op.strides
     is_max = op.op == "max"
     if (kh, kw) == (h, w) and (oh, ow) == (1, 1) and not any(op.pads):
-        return [_reduce_builder(be, "max" if is_max else "mean", n * c, h * w, 1, ins[0], outs[0])], "global"
+        return OpPlan([_reduce_builder(be, "max" if is_max else "mean", n * c, h * w, 1, ins[0], outs[0])], "global")
     total = n * c * oh * ow
     defines = {"MAX": 1} if is_max else ({"COUNT_PAD": 1} if op.count_include_pad else {})
     b = Builder(be, "pool2d", defines, 2)
@@ -627,7 +622,7 @@ def _plan_pool2d(be, op: A.Pool2D, ins, outs):
     x = b.bind(1, ins[0], 0, n * c * h * w)
     b.set(0, total, h, w, oh, ow, kh, kw, sh, sw, *op.pads, x, o)
     b.grid1d(total, 128)
-    return [b], "direct"
+    return OpPlan([b], "direct")
 
 
 def _plan_softmax(be, op: A.Softmax, ins, outs):
@@ -636,7 +631,7 @@ def _plan_softmax(be, op: A.Softmax, ins, outs):
     o = b.bind(0, outs[0], 0, count, write=True)
     x = b.bind(1, ins[0], 0, count)
     b.set(0, op.outer, op.size, op.inner, x, o)
-    return [b], None
+    return OpPlan([b])
 
 
 def _plan_normalize(be, op: A.Normalize, ins, outs):
@@ -649,7 +644,7 @@ def _plan_normalize(be, op: A.Normalize, ins, outs):
     b.set(0, op.outer, op.size, x, o)
     b.setf(4, op.eps)
     b.set(5, scale, shift)
-    return [b], None
+    return OpPlan([b])
 
 
 def _resize_table(be: PlanTarget, op: A.Resize) -> TensorHandle:
@@ -677,7 +672,7 @@ def _plan_resize(be, op: A.Resize, ins, outs):
     t = b.bind(2, table)
     b.set(0, total, h, w, oh, ow, x, o, t)
     b.grid1d(total, 128)
-    return [b], op.mode
+    return OpPlan([b], op.mode)
 
 
 def _plan_gather(be, op: A.Gather, ins, outs):
@@ -688,12 +683,12 @@ def _plan_gather(be, op: A.Gather, ins, outs):
     i = b.bind(2, ins[1], 0, op.count)
     b.set(0, total, op.axis, op.inner, op.count, d, i, o)
     b.grid1d(total, 128)
-    return [b], None
+    return OpPlan([b])
 
 
 def _plan_select(be, op: A.Select, ins, outs):
-    return [_elementwise_builder(be, "select", {}, op.out_shape, (op.c_strides, op.a_strides, op.b_strides),
-                                 ins, outs)], None
+    return OpPlan([_elementwise_builder(be, "select", {}, op.out_shape, (op.c_strides, op.a_strides, op.b_strides),
+                                        ins, outs)])
 
 
 def _plan_cumsum(be, op: A.CumSum, ins, outs):
@@ -703,7 +698,7 @@ def _plan_cumsum(be, op: A.CumSum, ins, outs):
     x = b.bind(1, ins[0], 0, count)
     b.set(0, op.outer, op.size, op.inner, x, o, int(op.exclusive), int(op.reverse))
     b.grid1d(op.outer * op.inner, 64)
-    return [b], None
+    return OpPlan([b])
 
 
 SCATTER_REDUCTIONS = ("none", "add", "mul", "max", "min")
@@ -716,7 +711,7 @@ def _plan_scatter(be, op: A.Scatter, ins, outs):
     out = outs[0]
     n, items = op.rows * op.inner, op.count * op.inner
     if n == 0:
-        return [], None
+        return OpPlan([])
     copy = _region_builder(be, A.Region(0, 0, (0, 0, 0, 1), 0, (0, 0, 0, 1), (1, 1, 1, n)), data, out)
     defines = dict(_int_defines(op.dtype), REDUCTION=SCATTER_REDUCTIONS.index(op.reduction))
     b = Builder(be, "scatter", defines, 3)
@@ -725,7 +720,7 @@ def _plan_scatter(be, op: A.Scatter, ins, outs):
     u = b.bind(2, updates, 0, items)
     b.set(0, items, op.rows, op.inner, o, i, u)
     b.grid1d(items, 128)
-    return [copy, b], None
+    return OpPlan([copy, b])
 
 
 #: The schemes the planners build (Vulkan and OpenGL both use these planners).
@@ -748,10 +743,11 @@ PLANNERS: Mapping[type, Callable] = {
 }
 
 
-def plan(be: PlanTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outputs: Sequence[TensorHandle]):
-    """(dispatches, scheme) of one atomic op: its planner's builders, built by ``be``."""
-    builders, scheme = PLANNERS[type(op)](be, op, list(inputs), list(outputs))
-    return [d for d in (b.build() for b in builders) if d is not None], scheme
+def plan(be: PlanTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outputs: Sequence[TensorHandle]) -> OpPlan:
+    """One atomic op's plan with the backend's dispatches as its work: its planner's builders,
+    each built by ``be`` (empty grids dropped)."""
+    planned = PLANNERS[type(op)](be, op, list(inputs), list(outputs))
+    return dataclasses.replace(planned, work=[d for d in (b.build() for b in planned.work) if d is not None])
 
 
 __all__ = ["BINARY_IDS", "Binding", "Builder", "DTYPES", "Hazards", "OP_NAMES", "PARAMS", "PLANNERS", "PlanError",

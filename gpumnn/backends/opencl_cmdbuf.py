@@ -4,14 +4,19 @@ Only five entry points are used: create, record an NDRange, finalize, enqueue, r
 are fetched with ``clGetExtensionFunctionAddressForPlatform`` from the ICD loader pyopencl is
 linked against, and take pyopencl objects through their ``int_ptr``. The signatures are those of
 the provisional extension (0.9.x), which have not changed for these five functions.
-``CommandBufferAPI.load`` returns None whenever anything is missing, and the backend then falls
-back to an enqueue loop; the backend also runs a self-test before trusting it.
+``CommandBufferAPI.load`` returns None whenever anything is missing; :func:`probe` also runs a
+self-test before trusting it, and the backend falls back to an enqueue loop without it.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-from typing import Any, Sequence
+import os
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import atomic as A
 
 _cl_int = ctypes.c_int32
 _cl_uint = ctypes.c_uint32
@@ -110,3 +115,45 @@ class CommandBufferAPI:
 
     def release(self, cmdbuf: int) -> None:
         self._release(_ptr(cmdbuf))
+
+
+def probe(platform: Any, device: Any, queue: Any, raster_program: Callable[[], Any],
+          make_buffer: Callable[[int], Any]) -> CommandBufferAPI | None:
+    """The extension's entry points where the device has them and a self-test passes, else None
+    (also with ``GPUMNN_OPENCL_CMDBUF=0``). ``raster_program`` gives the built "raster" family,
+    ``make_buffer(nbytes)`` a device buffer for the test."""
+    if os.environ.get("GPUMNN_OPENCL_CMDBUF", "1") == "0":
+        return None
+    try:
+        api = CommandBufferAPI.load(platform, device)
+        if api is not None and not _self_test(api, queue, raster_program(), make_buffer(4 * 256)):
+            api = None
+    except Exception:
+        api = None
+    return api
+
+
+def _self_test(api: CommandBufferAPI, queue: Any, prg: Any, buf: Any) -> bool:
+    """Record two dependent launches into a command buffer, replay twice, check the result."""
+    import pyopencl as cl
+
+    k1 = cl.Kernel(prg, "raster_fill")
+    k1.set_args(buf, np.int32(0), np.int32(128), np.uint32(A.fill_bits(3.0, A.FLOAT32)))
+    k2 = cl.Kernel(prg, "raster_copy_flat")
+    k2.set_args(buf, np.int32(0), buf, np.int32(128), np.int32(128))
+    cmd = api.create(queue)
+    try:
+        sp = api.add_ndrange(cmd, k1, (128,), (64,))
+        api.add_ndrange(cmd, k2, (128,), (64,), after=sp)
+        api.finalize(cmd)
+        for _ in range(2):
+            api.enqueue(cmd)
+            queue.finish()
+        out = np.empty(256, dtype=np.float32)
+        cl.enqueue_copy(queue, out, buf, is_blocking=True)
+        return bool(np.all(out == 3.0))
+    except CommandBufferError:
+        return False
+    finally:
+        api.release(cmd)
+        buf.release()

@@ -38,7 +38,6 @@ Design
 from __future__ import annotations
 
 import os
-import re
 import threading
 import weakref
 from contextlib import contextmanager
@@ -48,12 +47,12 @@ import numpy as np
 
 from .. import atomic as A
 from ..errors import BackendUnavailableError
-from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words
-from .cpu import host_cpu_flops
+from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words, kernel_family, kernels_option
 from .limits import MemoryLimits, host_memory
+from .speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
 # The API-neutral half (what to dispatch per atomic op) is shared with the OpenGL backend.
 from .glsl_plans import (DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
-                         DispatchExecution, Hazards as _Hazards, binding_limit, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, window)
+                         Hazards as _Hazards, binding_limit, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, plan, window)
 
 try:
     import vulkan as vk  # ModuleNotFoundError propagates: the registry says "pip install"
@@ -70,7 +69,6 @@ from ..shaders.compile import ShaderCompilerNotFound, compile_glsl, find_compile
 PUSH_BYTES = 128
 _SMALL_CONSTANT = 64 * 1024  # constants up to this size share arena chunks
 _ARENA_CHUNK = 4 * 1024 * 1024
-_GPU_DEFAULT_FLOPS = 4e9  # paper Appendix C fallback for an unknown GPU
 
 
 class _Dispatch:
@@ -115,8 +113,9 @@ class VulkanBackend(Backend):
     max_concurrent_runs = 2
 
     def __init__(self, device: str | int | None = None, validation: bool | None = None,
-                 force_staging: bool = False, kernels: str | None = None, **_: Any):
-        super().__init__()
+                 force_staging: bool = False, kernels: str | None = None, **unknown: Any):
+        super().__init__(**unknown)
+        requested = kernels_option(kernels, self.name)
         self._closed = True
         if _VK_IMPORT_ERROR is not None:
             raise BackendUnavailableError(
@@ -127,34 +126,25 @@ class VulkanBackend(Backend):
         except ShaderCompilerNotFound as exc:
             raise BackendUnavailableError(f"backend 'vulkan' cannot start: {exc}") from exc
         check_shader_op_ids()
-        # Kernel profile: "tiled" (shared-memory tiles, wide workgroups: GPUs) or "simd"
-        # (register blocking, vec4 loads, narrow workgroups: CPU devices such as lavapipe).
-        kernels = kernels or os.environ.get("GPUMNN_VULKAN_KERNELS") or "auto"
-        kernels = {"gpu": "tiled", "cpu": "simd"}.get(kernels, kernels)  # the OpenCL backend's names
-        if kernels not in ("auto", "simd", "tiled"):
-            raise ValueError(f"kernels must be 'auto', 'simd' (alias 'cpu') or 'tiled' (alias 'gpu'), "
-                             f"not {kernels!r}")
         if validation is None:
             validation = os.environ.get("GPUMNN_VULKAN_VALIDATION", "").strip().lower() in ("1", "true", "yes", "on")
         self.dev = VulkanDevice(device, validation=bool(validation))
         try:
-            self._setup(kernels, force_staging)
+            self._setup(requested, force_staging)
         except BaseException:
             self.dev.close()
             raise
         self._closed = False
 
-    def _setup(self, kernels: str, force_staging: bool) -> None:
+    def _setup(self, requested: str, force_staging: bool) -> None:
         dev = self.dev
         self.alignment = max(64, dev.min_storage_align)
         # Direct mapping only where it is cheap both ways (unified memory); staging otherwise.
         self._direct = not force_staging and dev.device_type != vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU
-        if kernels == "auto":
-            kernels = "simd" if dev.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_CPU else "tiled"
-        self.kernels = kernels
-        # SIMD lanes of a CPU device's vector unit (llvmpipe names its width: "..., 256 bits)").
-        bits = re.search(r"(\d+) bits", dev.name)
-        self.simd_lanes = min(16, max(4, int(bits.group(1)) // 32)) if bits else 8
+        # Kernel profile: "tiled" (shared-memory tiles, wide workgroups: GPUs) or "simd"
+        # (register blocking, vec4 loads, narrow workgroups: CPU devices such as lavapipe).
+        self.kernels = kernel_family(requested, dev.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_CPU)
+        self.simd_lanes = simd_lanes(dev.name)  # of a CPU device's vector unit
         self._packed: dict[tuple, TensorHandle] = {}
         self._buffers: dict[int, DeviceBuffer] = {}
         self._lock = threading.RLock()  # preparation verbs: descriptor pools, recording pool, registry
@@ -165,7 +155,6 @@ class VulkanBackend(Backend):
         self._arena: DeviceBuffer | None = None
         self._arena_used = 0
         self._tables: dict[tuple, TensorHandle] = {}
-        self._pipelines: dict[tuple, _Pipeline] = {}
         self._dsets: dict[tuple, tuple[Any, Any]] = {}
         self._dsets_by_buffer: dict[int, set[tuple]] = {}
         self._garbage_cmds: list = []
@@ -197,12 +186,8 @@ class VulkanBackend(Backend):
                            | vk.VK_PIPELINE_STAGE_HOST_BIT)
         self._stages_out = (vk.VK_PIPELINE_STAGE_HOST_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
                             | vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT)
-        if dev.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_CPU:
-            # A software Vulkan (lavapipe) on the host's cores: measured ~10x below NumPy/BLAS on
-            # the same cores (scalarised buffer loads), so a tenth of the CPU backend's estimate.
-            flops = host_cpu_flops(os.cpu_count() or 1) / 10
-        else:
-            flops = _GPU_DEFAULT_FLOPS
+        cpu_device = dev.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_CPU  # lavapipe
+        flops = software_renderer_flops() if cpu_device else GPU_DEFAULT_FLOPS
         bandwidth = 8.0 if dev.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU else 20.0
         self._info = BackendInfo("vulkan", dev.name, flops, 0.01, bandwidth,
                                  is_gpu=dev.device_type != vk.VK_PHYSICAL_DEVICE_TYPE_CPU)
@@ -249,14 +234,10 @@ class VulkanBackend(Backend):
     def _new_buffer(self, nbytes: int, kind: str, **options: Any) -> DeviceBuffer:
         self._check_open()
         options.setdefault("host_visible", self._direct)
-        buf = self.dev.create_buffer(nbytes, kind, **options)
+        buf = self.dev.create_buffer(max(int(nbytes), 16) if kind == "pool" else nbytes, kind, **options)
         with self._lock:
-            self.counters["buffers_allocated"] += 1
             self._buffers[buf.id] = buf
         return buf
-
-    def allocate(self, nbytes: int) -> DeviceBuffer:
-        return self._new_buffer(max(int(nbytes), 16), "pool")
 
     def release(self, buffer: Any) -> None:
         if not isinstance(buffer, DeviceBuffer) or not buffer.alive or buffer.kind == "arena":
@@ -279,12 +260,12 @@ class VulkanBackend(Backend):
             with self._lock:
                 start = -(-self._arena_used // self.alignment) * self.alignment
                 if self._arena is None or start + nbytes > self._arena.size:
-                    self._arena = self._new_buffer(_ARENA_CHUNK, "arena")
+                    self._arena = self.buffer(_ARENA_CHUNK, "arena")
                     start = 0
                 self._arena_used = start + nbytes
                 handle = TensorHandle(self._arena, start // 4, tuple(np.shape(array)), dtype)
         else:
-            handle = TensorHandle(self._new_buffer(nbytes, "constant"), 0, tuple(np.shape(array)), dtype)
+            handle = TensorHandle(self.buffer(nbytes, "constant"), 0, tuple(np.shape(array)), dtype)
         if data.size:
             self._upload(handle, data)
         return handle
@@ -360,7 +341,7 @@ class VulkanBackend(Backend):
                 old, lane.staging = lane.staging, None
                 self.release(old)
             size = 1 << max(20, (nbytes - 1).bit_length())  # >= 1 MiB, powers of two: grows rarely
-            buf = self._new_buffer(size, "staging", host_visible=True, prefer_device_local=False)
+            buf = self.buffer(size, "staging", host_visible=True, prefer_device_local=False)
             if buf.mapped is None:
                 self.release(buf)
                 raise VulkanError(f"{self.dev.name}: no host-visible coherent memory for staging")
@@ -393,15 +374,11 @@ class VulkanBackend(Backend):
     def _pipeline(self, kernel: str, defines: dict, nbind: int) -> _Pipeline:
         """The pipeline of a kernel variant: this backend's, else the shared device's (built
         there once per process; see vulkan_device)."""
-        key = (kernel, tuple(sorted(defines.items())), nbind)
-        pipe = self._pipelines.get(key)
-        if pipe is not None:
-            return pipe
-        pipe, built = self.dev.shared.pipeline(key, nbind, PUSH_BYTES, lambda: compile_glsl(kernel, defines))
-        if built:
-            self.counters["programs_built"] += 1
-        self._pipelines[key] = pipe
-        return pipe
+        return self.program((kernel, tuple(sorted(defines.items())), nbind))
+
+    def _load_program(self, key: tuple) -> tuple[_Pipeline, bool]:
+        kernel, defines, nbind = key
+        return self.dev.shared.pipeline(key, nbind, PUSH_BYTES, lambda: compile_glsl(kernel, dict(defines)))
 
     def _write_set(self, dset, bindings: Sequence[_Binding]) -> None:
         infos = [vk.VkDescriptorBufferInfo(buffer=b.buf.handle, offset=b.base, range=b.range) for b in bindings]
@@ -424,19 +401,14 @@ class VulkanBackend(Backend):
         return entry[0]
 
     # -- pre-inference ---------------------------------------------------------------------
-    def create_execution(self, op: A.AtomicOp, inputs: Sequence[TensorHandle],
-                         outputs: Sequence[TensorHandle]) -> DispatchExecution:
+    def _create_execution(self, op: A.AtomicOp, inputs: list[TensorHandle],
+                          outputs: list[TensorHandle]) -> Execution:
         self._check_open()
-        planner = _PLANNERS.get(type(op))
-        if planner is None:
-            raise NotImplementedError(f"Vulkan backend: no kernel for {type(op).__name__} (node {op.source!r})")
         with self._lock:
-            self.counters["executions_created"] += 1
-            builders, scheme = planner(self, op, list(inputs), list(outputs))
-            dispatches = [d for d in (b.build() for b in builders) if d is not None]
-            for d in dispatches:
+            planned = plan(self, op, inputs, outputs)
+            for d in planned.work:
                 d.dset = self._descriptor_set(d)
-        return DispatchExecution(op, inputs, outputs, dispatches, scheme)
+        return Execution(op, inputs, outputs, planned)
 
     def _record_into(self, cmd, executions: Sequence[Execution],
                      eager_descriptors: DescriptorAllocator | None = None) -> tuple[int, int]:
@@ -449,7 +421,7 @@ class VulkanBackend(Backend):
         bind_point = vk.VK_PIPELINE_BIND_POINT_COMPUTE
         vk.vkCmdPipelineBarrier(cmd, self._stages_in, compute, 0, 1, [self._barrier_in], 0, None, 0, None)
         for exe in executions:
-            for d in exe.dispatches:  # type: ignore[attr-defined]
+            for d in exe.work:
                 if hazards.needs_barrier(d):
                     vk.vkCmdPipelineBarrier(cmd, compute, compute, 0, 1, [self._barrier_cc], 0, None, 0, None)
                     hazards.clear()
@@ -470,7 +442,7 @@ class VulkanBackend(Backend):
         vk.vkCmdPipelineBarrier(cmd, compute, self._stages_out, 0, 1, [self._barrier_out], 0, None, 0, None)
         return n, barriers
 
-    def record(self, executions: Sequence[Execution]) -> VulkanRecording:
+    def _record(self, executions: list[Execution]) -> VulkanRecording:
         self._check_open()
         with self._lock:
             self._collect_garbage()
@@ -478,17 +450,15 @@ class VulkanBackend(Backend):
             vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
             n, barriers = self._record_into(cmd, executions)
             vk.vkEndCommandBuffer(cmd)
-            self.counters["recordings_made"] += 1
         return VulkanRecording(self, cmd, n, barriers)
 
     # -- run -------------------------------------------------------------------------------
-    def submit(self, recording: VulkanRecording) -> None:
+    def _submit(self, recording: VulkanRecording) -> None:
         self._check_open()
-        self.counters["submits"] += 1
         with self._lane() as lane:
             lane.submit_and_wait(recording.cmd)
 
-    def run_eager(self, executions: Sequence[Execution]) -> None:
+    def _run_eager(self, executions: list[Execution]) -> None:
         self._check_open()
         with self._lane() as lane:
             if lane.eager_descriptors is None:
@@ -500,8 +470,6 @@ class VulkanBackend(Backend):
                         flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
                     self._record_into(cmd, [exe], lane.eager_descriptors)
                     vk.vkEndCommandBuffer(cmd)
-                    self.counters["recordings_made"] += 1
-                    self.counters["submits"] += 1
                     lane.submit_and_wait(cmd)
                 finally:
                     lane.free_command_buffer(cmd)
@@ -523,8 +491,8 @@ class VulkanBackend(Backend):
         dev = self.dev
         try:  # every submission waited on its lane's fence; dev.close() waits for the queue once more
             self._garbage_cmds.clear()  # freed with the command pool
-            dev.shared.release_pipelines(self._pipelines)  # the shared device keeps them (bounded)
-            self._pipelines.clear()
+            dev.shared.release_pipelines(self._programs)  # the shared device keeps them (bounded)
+            self._programs.clear()
             self._descriptors.destroy()
             for lane in self._lanes:
                 lane.destroy()

@@ -1,0 +1,69 @@
+"""Backend options mean the same on every backend: one ``kernels=`` vocabulary, and an option a
+backend does not take (a misspelling) is an error listing the ones it does, never ignored and
+never a reason to fall back to the CPU."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import gpumnn
+from gpumnn.backends import backend_class, create_backend
+from gpumnn.backends.base import KERNEL_FAMILIES, KERNELS_ENV
+from gpumnn.errors import BackendOptionError
+
+
+def _relu_net() -> gpumnn.Net:
+    node = helper.make_node("Relu", ["x"], ["y"])
+    graph = helper.make_graph([node], "relu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (2, 3))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (2, 3))])
+    return gpumnn.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+
+
+def test_unknown_option_is_an_error_naming_the_valid_ones(backend):
+    options = backend_class(backend).options()
+    assert "kernels" in options
+    with pytest.raises(BackendOptionError) as err:
+        create_backend(backend, kernals="simd")
+    message = str(err.value)
+    assert "'kernals'" in message and backend in message
+    for option in options:
+        assert option in message
+
+
+def test_session_with_an_unknown_option_refuses_instead_of_falling_back(backend):
+    with pytest.raises(BackendOptionError, match="kernals"):
+        _relu_net().session(backend=backend, kernals="simd")  # fallback=True: still an error
+
+
+@pytest.mark.parametrize("kernels", KERNEL_FAMILIES)
+def test_kernels_vocabulary_is_accepted_everywhere(backend, kernels):
+    x = np.array([[-1.0, 2.0, -3.0], [4.0, -5.0, 6.0]], np.float32)
+    with _relu_net().session(backend=backend, kernels=kernels, fallback=False) as sess:
+        np.testing.assert_array_equal(sess.run({"x": x})["y"], np.maximum(x, 0))
+        family = getattr(sess.backends[backend], "kernels", None)  # NumPy has one family
+        if family is not None:
+            assert family == kernels if kernels != "auto" else family in ("simd", "tiled")
+
+
+@pytest.mark.parametrize("value", ["gpu", "cpu", "fast"])
+def test_other_kernels_values_are_errors(backend, value):
+    with pytest.raises(BackendOptionError, match="'auto', 'simd', 'tiled'"):
+        create_backend(backend, kernels=value)
+
+
+def test_kernels_environment_variable_is_the_default(backend, monkeypatch):
+    monkeypatch.setenv(KERNELS_ENV, "gpu")
+    with pytest.raises(BackendOptionError, match=KERNELS_ENV):
+        create_backend(backend)
+    monkeypatch.setenv(KERNELS_ENV, "simd")
+    be = create_backend(backend)
+    try:
+        assert getattr(be, "kernels", "simd") == "simd"
+    finally:
+        be.close()
+    be = create_backend(backend, kernels="tiled")  # an explicit value wins
+    try:
+        assert getattr(be, "kernels", "tiled") == "tiled"
+    finally:
+        be.close()
