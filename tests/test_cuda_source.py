@@ -19,9 +19,9 @@ import re
 import pytest
 
 from conftest import require_backend, require_tool
-from gpumnn.backends.opencl import GEMM_CONFIGS
+from gpumnn.backends.cl_plans import GEMM_CONFIGS, family_source
 from gpumnn.shaders.cuda_source import (CPU_ONLY_DEFINE, CPU_ONLY_FAMILIES, NVRTC_OPTIONS, cuda_families,
-                                        cuda_source, program_source)
+                                        cuda_source)
 
 ARCH = "compute_90"  # PTX for Hopper; any arch NVRTC knows compiles without a GPU
 
@@ -121,7 +121,7 @@ def test_program_compiles_as_cuda(family, defines):
     ptx = compile_ptx(family, tuple(sorted(defines.items())))
     entries = ptx_entries(ptx)
     assert entries, f"{family}: PTX has no kernel entry"
-    for name in kernels_with_local_arrays(program_source(family)):
+    for name in kernels_with_local_arrays(family_source(family)):
         assert name in entries, f"{family}: kernel {name} missing from the PTX (entries: {sorted(entries)})"
         assert re.search(r"\b(st|ld)\.shared\.", entries[name]), f"{family}: {name}'s __local arrays are not in shared memory"
     if family == "gemm":  # reqd_work_group_size(LX, LY, 1), LX = TN / WN, LY = TM / WM
@@ -138,7 +138,7 @@ def opencl_gpu_family():
     require_backend("opencl")
     from gpumnn.backends import create_backend
 
-    be = create_backend("opencl", kernels="gpu")
+    be = create_backend("opencl", kernels="tiled")
     yield be
     be.close()
 
@@ -148,8 +148,7 @@ def test_cuda_kernels_are_the_opencl_kernels(opencl_gpu_family, family, defines)
     """The same text, the same kernels: what OpenCL builds is what CUDA compiles."""
     import pyopencl as cl
 
-    assert program_source(family) == opencl_gpu_family._source(family)
-    program = opencl_gpu_family.program(family, defines)
+    program = opencl_gpu_family.program((family, tuple(sorted(defines.items()))))
     opencl_names = set(program.get_info(cl.program_info.KERNEL_NAMES).split(";"))
     ptx = compile_ptx(family, tuple(sorted(defines.items())))
     assert set(ptx_entries(ptx)) == opencl_names

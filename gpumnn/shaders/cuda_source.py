@@ -1,6 +1,6 @@
 """CUDA C source of the OpenCL kernel programs: one kernel source, two APIs.
 
-A CUDA program is the OpenCL program's own text (:func:`program_source`: the generated op-id
+A CUDA program is the OpenCL program's own text (``cl_plans.family_source``: the generated op-id
 header, ``vec.cl``, ``index.cl`` and the family's files, exactly as the OpenCL backend builds it)
 behind ``opencl/prelude_cuda.h``, a prelude of macros and inline functions that maps OpenCL C
 onto CUDA C++ (qualifiers, work-item ids, barriers, the few builtins CUDA lacks). The program's
@@ -15,14 +15,14 @@ they rely on OpenCL's vector types (per-lane ``?:``, swizzles such as ``.even``)
 cannot express with macros. A GPU never runs them: the OpenCL backend picks the GPU family on
 GPU devices, and so does CUDA. :func:`cuda_source` refuses them with that reason.
 
-No GPU package is imported here. The program tables are the OpenCL backend's (imported, one
-definition); they belong in an API-neutral module beside this one.
+No GPU package is imported here. The program tables and the text of a family are
+:mod:`gpumnn.backends.cl_plans`' (the API-neutral planner both backends read).
 """
 from __future__ import annotations
 
 from typing import Mapping
 
-from ..backends.opencl import FAMILIES, PRELUDE, SHADER_DIR, _header
+from ..backends.cl_plans import FAMILIES, SHADER_DIR, family_source
 
 PRELUDE_FILE = SHADER_DIR / "prelude_cuda.h"
 
@@ -32,16 +32,6 @@ NVRTC_OPTIONS: tuple[str, ...] = ("-default-device",)
 #: program families made for CPU OpenCL devices only, and the define that selects CPU variants
 CPU_ONLY_FAMILIES: frozenset[str] = frozenset({"gemm_cpu"})
 CPU_ONLY_DEFINE = "VEC"
-
-
-def program_source(family: str) -> str:
-    """The OpenCL C text of program ``family`` (what ``OpenCLBackend.program`` builds)."""
-    if family not in FAMILIES:
-        raise KeyError(f"unknown kernel program family {family!r}; known: {', '.join(FAMILIES)}")
-    parts = [_header()]
-    for fname in PRELUDE + FAMILIES[family]:
-        parts.append(f"/* ---- {fname} ---- */\n" + (SHADER_DIR / fname).read_text())
-    return "\n".join(parts)
 
 
 def cuda_families() -> tuple[str, ...]:
@@ -58,5 +48,5 @@ def cuda_source(family: str, defines: Mapping[str, int] | None = None) -> str:
                          "CUDA builds the GPU kernels")
     lines = [PRELUDE_FILE.read_text()]
     lines += [f"#define {key} {value}" for key, value in sorted(defines.items())]
-    lines.append(program_source(family))
+    lines.append(family_source(family))
     return "\n".join(lines)
