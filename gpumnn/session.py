@@ -150,7 +150,9 @@ class Session:
         return [dict(key) for key in self._cache.keys()]
 
     # -- running ---------------------------------------------------------------------------
-    def _check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def _check_inputs(self, inputs: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], ShapeKey]:
+        """The inputs in storage dtypes, and the key of their shapes (taken before the conversion,
+        which makes a 0-d array 1-d)."""
         if not isinstance(inputs, Mapping):
             raise InputError(f"run() takes a dict {{input name: array}}; got {type(inputs).__name__}")
         expected = {v.name: v for v in self.graph.inputs}
@@ -160,15 +162,15 @@ class Session:
             raise InputError(f"inputs {sorted(inputs)} do not match the model's inputs "
                              f"{[v.describe() for v in self.graph.inputs]}" + (f"; unknown: {unknown}" if unknown else "")
                              + (f"; missing: {missing}" if missing else ""))
-        arrays = {}
+        arrays, shapes = {}, {}
         for name, value in inputs.items():
             array = np.asarray(value)
             want = np.dtype(expected[name].dtype)
             if array.dtype != want and not (want.kind in "iu" and array.dtype.kind in "iu"):
                 raise InputError(f"input {name!r} has dtype {array.dtype}, expected {want}")
-            check_input_shape(expected[name], array.shape)
+            shapes[name] = check_input_shape(expected[name], array.shape)
             arrays[name] = _to_storage(name, array, want)
-        return arrays
+        return arrays, self._key(shapes)
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Run the model; returns {output name: array}. Inputs of shapes the session has not
@@ -177,8 +179,7 @@ class Session:
 
         Safe to call from several threads at once, with the same or different shapes.
         """
-        arrays = self._check_inputs(inputs)
-        key = self._key({name: array.shape for name, array in arrays.items()})
+        arrays, key = self._check_inputs(inputs)
         with self._cache.lease(key) as shape_set, self._run_slots:
             return shape_set.run(arrays)
 

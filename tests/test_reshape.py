@@ -203,3 +203,14 @@ def test_cli_shape_option(tmp_path, capsys, model):
     np.save(tmp_path / "x.npy", x)
     assert main(["run", str(path), "--input", str(tmp_path / "x.npy")]) == 0  # the array says the width
     assert "y: shape [1, 4, 8, 9]" in capsys.readouterr().out
+
+
+def test_a_scalar_input_keeps_its_shape():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [])
+    proto = helper.make_model(helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "scalar", [x], [y]))
+    with gpumnn.load(proto).session() as sess:
+        for value in (1.5, -2.0):
+            got = sess.run({"x": np.array(value, np.float32)})["y"]
+            assert got.shape == () and got == -value
+        assert (sess.stats["prepares"], sess.stats["cache_hits"]) == (1, 2)
