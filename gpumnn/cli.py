@@ -44,18 +44,44 @@ def _load_model(path: str):
     return load(path), path
 
 
+def parse_shapes(specs: list[list[str]] | None, input_names: list[str]) -> dict[str, tuple[int, ...]] | None:
+    """``--shape`` values as {input: shape}: ``NAME=1,3,224,224`` (repeatable, one per input), or
+    the dims alone (``1 3 224 224`` or ``1,3,224,224``) for the first input."""
+    if not specs:
+        return None
+    shapes = {}
+    for spec in specs:
+        text = " ".join(spec)
+        name, sep, dims = text.rpartition("=")
+        name = name.strip() if sep else input_names[0]
+        try:
+            shape = tuple(int(d) for d in dims.replace(",", " ").replace("x", " ").split())
+        except ValueError:
+            raise GpumnnError(f"--shape {text!r}: expected NAME=D0,D1,... (or the first input's dims alone)") from None
+        if not shape:
+            raise GpumnnError(f"--shape {text!r} gives no dimensions")
+        shapes[name] = shape
+    return shapes
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    from .input_shapes import resolve_input_shapes
     net, _ = _load_model(args.model)
-    shapes = {net.inputs[0].name: tuple(args.shape)} if args.shape else None
+    names = [v.name for v in net.inputs]
+    given = parse_shapes(args.shape, names) or {}
+    first = net.inputs[0]
+    x = np.load(args.input) if args.input else None
+    if x is not None and first.name not in given:
+        given[first.name] = x.shape  # the array says what symbolic dims are
+    shapes = resolve_input_shapes(net.graph, given)  # InputError naming the input and --shape where one is unknown
     sess = net.session(backend=args.backend, input_shapes=shapes, record=not args.eager, threads=args.threads,
                        fallback=not args.no_fallback)
-    name = net.inputs[0].name
-    if args.input:
-        x = np.load(args.input)
-    else:
-        x = random_input(net.inputs[0].dtype, sess.input_shapes[name], np.random.default_rng(0))
+    rng = np.random.default_rng(0)
+    feeds = {v.name: random_input(v.dtype, shapes[v.name], rng) for v in net.inputs}
+    if x is not None:
+        feeds[first.name] = x
     start = time.perf_counter()
-    outputs = sess.run({name: x})
+    outputs = sess.run(feeds)
     elapsed = (time.perf_counter() - start) * 1000
     if args.report:
         print(sess.report())
@@ -121,7 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("model", help="an .onnx file or a zoo model name")
     run.add_argument("--backend", default="cpu", choices=list(REGISTRY))
     run.add_argument("--input", help=".npy file for the (first) input; default: random normal data")
-    run.add_argument("--shape", type=int, nargs="+", help="input shape, for models with symbolic dimensions")
+    run.add_argument("--shape", nargs="+", action="append", metavar="NAME=D0,D1,...",
+                     help="an input's shape, for models with symbolic dimensions (repeat for each input; "
+                          "the dims alone, e.g. --shape 1 3 224 224, give the first input's)")
     run.add_argument("--output", help="write the outputs to this .npz file")
     run.add_argument("--threads", type=int)
     run.add_argument("--eager", action="store_true", help="no prerecorded work (the paper's baseline)")

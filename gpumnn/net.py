@@ -12,7 +12,8 @@ from .geometry.registry import lowering_for
 from .ir import Graph, ValueInfo, all_nodes
 from .onnx_import import import_onnx
 from .optimize import optimize as optimize_graph
-from .session import Session, resolve_input_shapes
+from .input_shapes import resolve_input_shapes
+from .session import DEFAULT_SHAPE_CACHE, Session
 
 
 class Net:
@@ -33,8 +34,12 @@ class Net:
 
     def session(self, backend: str = "cpu", input_shapes: Mapping[str, Sequence[int]] | None = None,
                 record: bool = True, threads: int | None = None, fallback: bool = True,
-                max_concurrent_runs: int | None = None, **backend_options: Any) -> Session:
-        """Pre-inference for one backend and one set of input shapes (see :class:`Session`).
+                max_concurrent_runs: int | None = None, shape_cache: int = DEFAULT_SHAPE_CACHE,
+                **backend_options: Any) -> Session:
+        """Pre-inference for one backend (see :class:`Session`): at creation for ``input_shapes``
+        (which may leave out static dims), or, for a model with symbolic dims and no shapes given,
+        at the first run; runs with other shapes prepare for them, keeping the ``shape_cache``
+        most recently used shape sets (0: the first shape set only; others raise InputError).
 
         ``fallback=True`` runs on the CPU, with a warning, when the backend cannot start;
         ``fallback=False`` raises BackendUnavailableError instead. ``max_concurrent_runs`` caps
@@ -42,7 +47,8 @@ class Net:
         set the upper bound, see the README's Threads section).
         """
         return Session(self.graph, backend=backend, input_shapes=input_shapes, record=record, threads=threads,
-                       fallback=fallback, max_concurrent_runs=max_concurrent_runs, **backend_options)
+                       fallback=fallback, max_concurrent_runs=max_concurrent_runs, shape_cache=shape_cache,
+                       **backend_options)
 
     def infer_shapes(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, tuple[int, ...]]:
         """Concrete shape of every run-time tensor for the given input shapes."""

@@ -8,8 +8,9 @@ while every state is busy, another is prepared (up to ``capacity``, which the ba
 a backend whose verbs cannot overlap allows one) and kept for later runs, so steady-state runs
 prepare nothing. Past the capacity, callers wait their turn; with capacity 1 this is a lock.
 
-States are prepared one at a time (``_make_lock``), since preparation builds programs into the
-backends' shared caches; runs on other states go on meanwhile.
+States are prepared one at a time (``make_lock``, which the session shares among all its shape
+sets), since preparation builds programs into the backends' shared caches; runs on other states
+go on meanwhile.
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ class RunStatePool(Generic[State]):
     """
 
     def __init__(self, make: Callable[[], State], capacity: int, keep: bool = True,
-                 discard: Callable[[State], None] | None = None, first: State | None = None):
+                 discard: Callable[[State], None] | None = None, first: State | None = None,
+                 make_lock: threading.Lock | threading.RLock | None = None):
         if capacity < 1:
             raise ValueError(f"a session needs at least one run state, not {capacity}")
         self.capacity = capacity
@@ -38,7 +40,7 @@ class RunStatePool(Generic[State]):
         self._keep = keep
         self._discard = discard or (lambda state: None)
         self._cond = threading.Condition()
-        self._make_lock = threading.Lock()
+        self._make_lock = make_lock or threading.Lock()
         self._idle: list[State] = [first] if first is not None else []
         self._created = len(self._idle)
         self._closed = False

@@ -1,131 +1,97 @@
-"""Session: MNN's pre-inference, done once, and the run that only submits prerecorded work.
+"""Session: a model on one backend, prepared for each set of input shapes it is run with.
 
-Creation: input shapes -> geometry lowering (shape inference, folding, Rasters) -> scheme
-selection -> placement -> memory plan per backend -> pools, constants, executions and
-recordings. ``run`` then writes inputs, submits recordings (with copies between backends where
-placement split the graph) and reads outputs. With ``record=False`` (eager) the per-run
-preparation is redone on every run, which is what the paper's Table 2 compares against.
+MNN's pre-inference (lowering, schemes, placement, memory plan, pools, executions, recordings)
+depends on the input shapes; it lives in :class:`~gpumnn.prepared.ShapeSet`. The session holds
+what does not depend on them -- the loaded graph, the started backends with their compiled
+programs, the uploaded weights (:mod:`.session_shared`) -- and a bounded cache of prepared shape
+sets (:mod:`.shape_sets`): ``run`` with shapes it has not prepared prepares them (MNN's
+``resizeSession``), keeping the ``shape_cache`` most recently used sets so that alternating shapes
+are prepared once each. A model whose inputs all have static dims is prepared at creation; one
+with symbolic dims and no ``input_shapes`` waits for its first run. ``run`` then writes inputs,
+submits recordings and reads outputs. With ``record=False`` (eager) the per-run preparation is
+redone on every run, which is what the paper's Table 2 compares against.
 
-Threads: ``run`` may be called from several threads at once. Each run borrows a prepared run
-state (pools, executions, recordings) of its own from a small pool (:mod:`.run_states`); the
-backends bound how many may be in flight, and callers past that wait their turn.
+Threads: ``run`` may be called from several threads at once, with the same or different shapes.
+Each run leases its shape set (an evicted set is closed when its last run ends) and borrows one
+of its run states (:mod:`.run_states`); at most ``max_concurrent_runs`` runs are in flight across
+all shape sets, the backends bounding how many may be, and callers past that wait their turn.
+Preparation (of a shape set or a run state) and release go one at a time (``build_lock``).
 """
 from __future__ import annotations
 
+import functools
+import threading
 import time
 import warnings
 import weakref
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from . import atomic as A
 from .backends import create_backend
-from .backends.base import Backend, Execution, TensorHandle
+from .backends.base import Backend
 from .backends.cpu import CpuBackend
 from .backends.limits import release_freed_memory
 from .errors import BackendUnavailableError, InputError
-from .geometry import lower
-from .geometry.fast import expand_schemes
+from .input_shapes import ShapeKey, check_input_shape, declared_shapes, resolve_input_shapes, shape_key
 from .ir import Graph
-from .run_states import RunStatePool
-from .scheduler import MemoryPlan, Placement, place, plan_memory, select_schemes
-from .scheduler.resources import check_memory_plan, run_states_that_fit
+from .prepared import SessionParts, ShapeSet
+from .scheduler import MemoryPlan, Placement
+from .session_shared import ConstantStore, RunReservations
+from .shape_sets import ShapeSetCache
 
-
-def resolve_input_shapes(graph: Graph, given: Mapping[str, Sequence[int]] | None) -> dict[str, tuple[int, ...]]:
-    """Concrete shapes for every graph input: the user's, else the model's static ones."""
-    given = dict(given or {})
-    expected = {v.name: v for v in graph.inputs}
-    unknown = sorted(set(given) - set(expected))
-    if unknown:
-        raise InputError(f"input_shapes names unknown input(s) {unknown}; the model's inputs are "
-                         f"{[v.describe() for v in graph.inputs]}")
-    shapes = {}
-    for name, info in expected.items():
-        if name in given:
-            shape = tuple(int(d) for d in given[name])
-            if info.shape is not None:
-                if len(shape) != len(info.shape):
-                    raise InputError(f"input {name!r}: shape {list(shape)} has rank {len(shape)}, the model "
-                                     f"expects rank {len(info.shape)} ({info.describe()})")
-                for got, want in zip(shape, info.shape):
-                    if isinstance(want, int) and want > 0 and got != want:
-                        raise InputError(f"input {name!r}: shape {list(shape)} does not match the model's {info.describe()}")
-        elif info.shape is not None and all(isinstance(d, int) and d > 0 for d in info.shape):
-            shape = tuple(info.shape)
-        else:
-            raise InputError(f"input {name!r} has no fixed shape ({info.describe()}); pass "
-                             f"input_shapes={{{name!r}: (...)}} when creating the session")
-        if any(d < 0 for d in shape):
-            raise InputError(f"input {name!r}: negative dimension in {list(shape)}")
-        shapes[name] = shape
-    return shapes
-
-
-@dataclass
-class _Prepared:
-    """Everything a run needs: pools, tensor handles, executions and (recorded mode) recordings."""
-
-    pools: dict[str, Any]
-    executions: list[Execution]
-    recordings: dict[int, Any]  # step index -> recording
-    io: dict[tuple[str, str], TensorHandle]  # (backend, tensor) -> handle for writes, copies, reads
+#: prepared shape sets a session keeps unless told otherwise (``shape_cache=``)
+DEFAULT_SHAPE_CACHE = 4
 
 
 class Session:
-    """A model prepared for one backend and one set of input shapes. Create with ``Net.session``."""
+    """A model prepared for one backend, following its inputs' shapes. Create with ``Net.session``.
+
+    ``shape_cache=N`` keeps the N most recently used prepared shape sets (N >= 1; 1 prepares again
+    at every change of shape, as MNN's ``resizeSession`` does); ``shape_cache=0`` fixes the session
+    to its first shape set, and a run with other shapes raises InputError.
+    """
 
     def __init__(self, graph: Graph, backend: str = "cpu", input_shapes: Mapping[str, Sequence[int]] | None = None,
                  record: bool = True, threads: int | None = None, fallback: bool = True,
-                 max_concurrent_runs: int | None = None, **backend_options: Any):
+                 max_concurrent_runs: int | None = None, shape_cache: int = DEFAULT_SHAPE_CACHE,
+                 **backend_options: Any):
         started = time.perf_counter()
         self.graph = graph
         self.record = record
-        self.input_shapes = resolve_input_shapes(graph, input_shapes)
+        if int(shape_cache) < 0:
+            raise ValueError(f"shape_cache must be 0 (fixed shapes) or more, not {shape_cache}")
+        if max_concurrent_runs is not None and int(max_concurrent_runs) < 1:
+            raise ValueError(f"max_concurrent_runs must be at least 1, not {max_concurrent_runs}")
+        self.shape_cache = int(shape_cache)
+        initial = declared_shapes(graph, input_shapes)  # InputError for shapes the model refuses; None: wait for a run
         self.fallback_reason: str | None = None
         self.backends = self._start_backends(backend, threads, fallback, backend_options)
         self._closer = weakref.finalize(self, _close_backends, list(self.backends.values()))  # close(), GC or exit
         self.backend = backend if self.fallback_reason is None else "cpu"
+        safe = min(b.max_concurrent_runs for b in self.backends.values())
+        if max_concurrent_runs is None:  # what pays on these devices (see Backend.default_concurrent_runs)
+            concurrent = min(safe, *(b.default_concurrent_runs for b in self.backends.values()))
+        else:  # asked for: as many as are safe
+            concurrent = min(safe, int(max_concurrent_runs))
+        self._run_slots = threading.BoundedSemaphore(concurrent)  # runs in flight, across shape sets
+        build_lock = threading.RLock()
+        self._parts = SessionParts(graph, self.backends, self.backend, record, concurrent, ConstantStore(self.backends),
+                                   RunReservations(self.backends, concurrent), build_lock,
+                                   functools.partial(_activate, list(self.backends.values())))
+        parts = self._parts
+        self._cache: ShapeSetCache[ShapeKey, ShapeSet] = ShapeSetCache(
+            max(1, self.shape_cache), lambda key: ShapeSet(parts, dict(key)), ShapeSet.close, build_lock)
         try:
-            with self._active():
-                self._pre_inference(record, max_concurrent_runs)
+            if initial is not None:
+                with self._cache.lease(shape_key(graph, initial)):
+                    pass
         except BaseException:  # a model we refuse must not keep devices, pools or programs alive
             self.close()
             raise
         self.prepare_seconds = time.perf_counter() - started
-
-    def _pre_inference(self, record: bool, max_concurrent_runs: int | None) -> None:
-        """Lowering, schemes, placement, memory plans, constants and the first run state."""
-        # schemes are decided once, for the requested backend, then Winograd / Strassen become atomic ops
-        program = expand_schemes(select_schemes(lower(self.graph, self.input_shapes), self.backends[self.backend]))
-        self.program = program
-        self._output_dtypes = {info.name: self._output_dtype(info) for info in self.graph.outputs}  # run() reads
-        self.placement: Placement = place(program, self.backends, self.backend)
-        self.memory: dict[str, MemoryPlan] = {
-            b: plan_memory(lifetimes, self.backends[b].alignment)
-            for b, lifetimes in self.placement.lifetimes.items() if lifetimes}
-        limits = check_memory_plan(program, self.placement, self.memory, self.backends)  # ResourceError, before allocating
-        self._constants: dict[tuple[str, str], TensorHandle] = {}
-        for op, b in zip(program.ops, self.placement.op_backends):
-            for name in op.inputs:
-                if name in program.constants and (b, name) not in self._constants:
-                    self._constants[(b, name)] = self.backends[b].constant(program.constants[name])
-        safe = min(b.max_concurrent_runs for b in self.backends.values())
-        if max_concurrent_runs is None:  # what pays on these devices (see Backend.default_concurrent_runs)
-            capacity = min(safe, *(b.default_concurrent_runs for b in self.backends.values()))
-        elif int(max_concurrent_runs) < 1:
-            raise ValueError(f"max_concurrent_runs must be at least 1, not {max_concurrent_runs}")
-        else:  # asked for: as many as are safe
-            capacity = min(safe, int(max_concurrent_runs))
-        # every further run state needs pools of its own: no more states than the devices can hold
-        self.max_concurrent_runs = run_states_that_fit(program, self.placement, self.memory, limits, capacity)
-        self._first_state = self._prepare(recorded=True) if record else None  # for the report, even under load
-        self._states: RunStatePool[_Prepared] = RunStatePool(
-            lambda: self._prepare_active(recorded=record), self.max_concurrent_runs, keep=record, discard=self._release,
-            first=self._first_state)
 
     # -- creation helpers ------------------------------------------------------------------
     def _start_backends(self, name: str, threads: int | None, fallback: bool, options: dict) -> dict[str, Backend]:
@@ -142,64 +108,51 @@ class Session:
                           stacklevel=4)
             return {"cpu": cpu}
 
-    @contextmanager
-    def _active(self) -> Iterator[None]:
-        """Every backend ready for use from the calling thread (see ``Backend.activate``)."""
-        with ExitStack() as stack:
-            for backend in self.backends.values():
-                stack.enter_context(backend.activate())
-            yield
+    # -- shape sets ------------------------------------------------------------------------
+    def _key(self, shapes: Mapping[str, Sequence[int]]) -> ShapeKey:
+        """The cache key of complete, checked input shapes; InputError where a session with
+        ``shape_cache=0`` is asked for shapes other than its own."""
+        key = shape_key(self.graph, shapes)
+        fixed = self._cache.recent
+        if self.shape_cache == 0 and fixed is not None and key != fixed:
+            raise InputError(f"input shapes {_describe(key)} differ from {_describe(fixed)}, which this session is "
+                             "prepared for; it was created with shape_cache=0, which fixes its shapes (a session "
+                             "with shape_cache >= 1 prepares for new shapes)")
+        return key
 
-    def _prepare_active(self, recorded: bool) -> _Prepared:
-        """``_prepare`` inside one bracket of every backend (a run state prepared while serving a
-        caller, outside the bracket of its run: see ``run``)."""
-        with self._active():
-            return self._prepare(recorded)
+    def shape_set(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> ShapeSet:
+        """The prepared shape set for ``input_shapes`` (prepared now if not kept; static dims may
+        be left out), or, without them, the one most recently run (or prepared at creation).
+        InputError, saying how to give shapes, when there is none yet."""
+        if input_shapes is None and self._cache.recent is not None:
+            kept = self._cache.peek(self._cache.recent)
+            if kept is not None:
+                return kept
+            input_shapes = dict(self._cache.recent)
+        key = self._key(resolve_input_shapes(self.graph, input_shapes))
+        kept = self._cache.peek(key)
+        if kept is not None:
+            return kept
+        with self._cache.lease(key) as shape_set:
+            return shape_set
 
-    def _release(self, prepared: _Prepared) -> None:
-        """Free an eager run's pools (recorded states live until ``close``)."""
-        with self._active():
-            for b, pool in prepared.pools.items():
-                self.backends[b].release(pool)
+    @property
+    def stats(self) -> dict[str, int]:
+        """How the session followed its inputs' shapes: shape sets prepared, runs that found
+        theirs kept (cache hits), sets evicted, sets kept now and the bound; constants uploaded
+        and uploads reused by a later shape set instead of uploading again."""
+        constants = self._parts.constants
+        return {**self._cache.stats(), "constant_uploads": constants.uploads, "constant_reuses": constants.reuses}
 
-    def _handle(self, pools: dict[str, Any], backend: str, name: str) -> TensorHandle:
-        """The handle of tensor ``name`` on ``backend``: its storage's slot, seen with its own shape."""
-        if name in self.program.constants:
-            return self._constants[(backend, name)]
-        storage = self.program.storage_of(name)
-        offset = self.memory[backend].element_offset(storage)
-        return self.backends[backend].tensor(pools[backend], offset, self.program.shapes[name],
-                                             self.program.storage_dtype_of(name))
-
-    def _prepare(self, recorded: bool) -> _Prepared:
-        pools = {b: self.backends[b].allocate(plan.pool_bytes) for b, plan in self.memory.items()}
-        executions = []
-        for op, b in zip(self.program.ops, self.placement.op_backends):
-            ins = [self._handle(pools, b, n) for n in op.inputs]
-            outs = [self._handle(pools, b, n) for n in op.outputs]
-            executions.append(self.backends[b].create_execution(op, ins, outs))
-        recordings = {}
-        if recorded:
-            for index, step in enumerate(self.placement.steps):
-                if step.kind == "run":
-                    recordings[index] = self.backends[step.backend].record([executions[i] for i in step.ops])
-        io = {}
-        for storage, backends in self.placement.input_backends.items():
-            for b in backends:
-                io[(b, storage)] = self._handle(pools, b, storage)
-        for step in self.placement.steps:
-            if step.kind == "copy":
-                for b in (step.source, step.backend):
-                    io[(b, step.tensor)] = self._handle(pools, b, step.tensor)
-        for name, b in self.placement.output_backends.items():
-            io[(b, name)] = self._handle(pools, b, name)
-        if recorded:  # what this state's runs will stage through, set aside now: a run allocates nothing
-            for b in self.backends:
-                self.backends[b].reserve_run(max((h.nbytes for (hb, _), h in io.items() if hb == b), default=0))
-        return _Prepared(pools, executions, recordings, io)
+    @property
+    def shape_sets(self) -> list[dict[str, tuple[int, ...]]]:
+        """The input shapes of every prepared shape set kept, least recently used first."""
+        return [dict(key) for key in self._cache.keys()]
 
     # -- running ---------------------------------------------------------------------------
-    def _check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def _check_inputs(self, inputs: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], ShapeKey]:
+        """The inputs in storage dtypes, and the key of their shapes (taken before the conversion,
+        which makes a 0-d array 1-d)."""
         if not isinstance(inputs, Mapping):
             raise InputError(f"run() takes a dict {{input name: array}}; got {type(inputs).__name__}")
         expected = {v.name: v for v in self.graph.inputs}
@@ -209,134 +162,117 @@ class Session:
             raise InputError(f"inputs {sorted(inputs)} do not match the model's inputs "
                              f"{[v.describe() for v in self.graph.inputs]}" + (f"; unknown: {unknown}" if unknown else "")
                              + (f"; missing: {missing}" if missing else ""))
-        arrays = {}
+        arrays, shapes = {}, {}
         for name, value in inputs.items():
             array = np.asarray(value)
             want = np.dtype(expected[name].dtype)
             if array.dtype != want and not (want.kind in "iu" and array.dtype.kind in "iu"):
                 raise InputError(f"input {name!r} has dtype {array.dtype}, expected {want}")
-            if tuple(array.shape) != self.input_shapes[name]:
-                raise InputError(f"input {name!r} has shape {list(array.shape)}, this session was prepared for "
-                                 f"{list(self.input_shapes[name])} (create another session for other shapes)")
+            shapes[name] = check_input_shape(expected[name], array.shape)
             arrays[name] = _to_storage(name, array, want)
-        return arrays
+        return arrays, self._key(shapes)
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Run the model; returns {output name: array}. A recorded run allocates and builds nothing.
+        """Run the model; returns {output name: array}. Inputs of shapes the session has not
+        prepared are prepared for first (then kept, see ``shape_cache``); a recorded run on
+        prepared shapes allocates and builds nothing.
 
-        Safe to call from several threads at once: each run borrows a run state of its own.
+        Safe to call from several threads at once, with the same or different shapes.
         """
-        arrays = self._check_inputs(inputs)
-        with self._states.borrow() as prepared, self._active():
-            return self._run(prepared, arrays)
-
-    def _run(self, prepared: _Prepared, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        io = prepared.io
-        for name, array in arrays.items():
-            storage = self.program.storage_of(name)
-            for b in self.placement.input_backends.get(storage, []):
-                self.backends[b].write(io[(b, storage)], array)
-        for index, step in enumerate(self.placement.steps):
-            backend = self.backends[step.backend]
-            if step.kind == "copy":
-                data = self.backends[step.source].read(io[(step.source, step.tensor)])
-                backend.write(io[(step.backend, step.tensor)], data)
-            elif self.record:
-                backend.submit(prepared.recordings[index])
-            else:
-                backend.run_eager([prepared.executions[i] for i in step.ops])
-        results = {}
-        for info in self.graph.outputs:
-            name = info.name
-            if name in self.program.folded_outputs:
-                value = np.array(self.program.folded_outputs[name])
-            else:
-                b = self.placement.output_backends[name]
-                value = self.backends[b].read(io[(b, name)])
-            results[name] = value.astype(self._output_dtypes[name], copy=False)
-        return results
+        arrays, key = self._check_inputs(inputs)
+        with self._cache.lease(key) as shape_set, self._run_slots:
+            return shape_set.run(arrays)
 
     __call__ = run
 
-    def _output_dtype(self, info) -> np.dtype:
-        """The dtype an output is returned in: the model's declaration, else what lowering inferred."""
-        if info.dtype is not None and np.dtype(info.dtype) != np.float32:
-            return np.dtype(info.dtype)
-        return np.dtype(self.program.dtypes.get(info.name, info.dtype or np.float32))
-
-    # -- introspection ---------------------------------------------------------------------
+    # -- introspection (of the shape set most recently run, unless shapes are given) --------
     @property
     def counters(self) -> dict[str, dict[str, int]]:
         """Per-backend counters (buffers allocated, programs built, executions, recordings, submits)."""
         return {name: dict(backend.counters) for name, backend in self.backends.items()}
 
     @property
+    def input_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The input shapes of the shape set most recently run (or prepared at creation)."""
+        return dict(self.shape_set().input_shapes)
+
+    @property
+    def program(self) -> A.AtomicProgram:
+        return self.shape_set().program
+
+    @property
+    def placement(self) -> Placement:
+        return self.shape_set().placement
+
+    @property
+    def memory(self) -> dict[str, MemoryPlan]:
+        return self.shape_set().memory
+
+    @property
+    def max_concurrent_runs(self) -> int:
+        """Runs that may be in flight at once: the session's bound, lowered by what the pools of
+        the current shape set leave room for on the devices."""
+        if self._cache.recent is None:
+            return self._parts.concurrent_runs
+        return self.shape_set().max_concurrent_runs
+
+    @property
     def run_states(self) -> int:
-        """Run states prepared so far (recorded mode: grows up to ``max_concurrent_runs`` as
-        threads overlap, then stays; eager mode: those lent to runs in flight)."""
-        return self._states.prepared
+        """Run states of the current shape set prepared so far (recorded mode: grows up to
+        ``max_concurrent_runs`` as threads overlap, then stays; eager mode: those lent to runs in flight)."""
+        return self.shape_set().run_states
 
     @property
     def output_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {n: (tuple(np.shape(self.program.folded_outputs[n])) if n in self.program.folded_outputs
-                    else self.program.shapes[n]) for n in self.program.outputs}
+        return self.shape_set().output_shapes
 
-    def memory_summary(self) -> dict[str, dict[str, int]]:
+    def memory_summary(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, dict[str, int]]:
         """Peak pool bytes beside the naive sum of all tensor sizes, per backend."""
-        return {b: {"pool_bytes": p.pool_bytes, "naive_bytes": p.naive_bytes, "tensors": len(p.offsets)}
-                for b, p in self.memory.items()}
+        return self.shape_set(input_shapes).memory_summary()
 
-    def report_rows(self) -> list[dict[str, Any]]:
+    def report_rows(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> list[dict[str, Any]]:
         """Per atomic op: backend, scheme, shapes, bytes, MACs, estimated cost, fallback reason."""
-        rows = []
-        prepared = self._first_state
-        executions = prepared.executions if prepared else [None] * len(self.program.ops)
-        for i, (op, b) in enumerate(zip(self.program.ops, self.placement.op_backends)):
-            exe = executions[i]
-            out_shape = self.program.shapes[op.outputs[0]]
-            rows.append({
-                "index": i, "op": op.kind, "node": op.source, "backend": b,
-                "scheme": exe.scheme if exe is not None else getattr(op, "scheme", "-"),
-                "inputs": [list(self.program.shapes.get(n, np.shape(self.program.constants.get(n)))) for n in op.inputs],
-                "output": list(out_shape), "bytes": 4 * int(np.prod(out_shape, dtype=np.int64)),
-                "macs": op.macs(), "cost_ms": self.placement.costs_ms[i],
-                "fallback": self.placement.fallback_reasons[i],
-            })
-        return rows
+        return self.shape_set(input_shapes).report_rows()
 
-    def report(self) -> str:
-        """A readable table of the session's plan (one line per atomic op) and its memory."""
+    def scheme_lines(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> list[str]:
+        """One line per convolution and matrix product of the model: the scheme chosen and why."""
+        return self.shape_set(input_shapes).scheme_lines()
+
+    def report(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> str:
+        """A readable table of one shape set's plan (one line per atomic op) and its memory: the
+        set for ``input_shapes``, else the one most recently run."""
+        shape_set = self.shape_set(input_shapes)
+        stats = self._cache.stats()
         lines = [f"session on {self.backend!r}" + (f" (fell back: {self.fallback_reason})" if self.fallback_reason else "")
-                 + f", {len(self.program.ops)} atomic ops, prepared in {self.prepare_seconds * 1000:.1f} ms,"
-                 f" {'recorded' if self.record else 'eager'}"]
+                 + f", input shapes {shape_set.describe_shapes()}: {len(shape_set.program.ops)} atomic ops, prepared in "
+                 f"{shape_set.prepare_seconds * 1000:.1f} ms, {'recorded' if self.record else 'eager'}"
+                 f" ({stats['cached']} of at most {stats['limit']} shape sets kept, {stats['prepares']} prepared)"]
         header = f"{'#':>4} {'op':<17} {'backend':<7} {'scheme':<10} {'output':<20} {'bytes':>10} {'MMACs':>8} {'est ms':>7}  node"
         lines.append(header)
-        for r in self.report_rows():
+        for r in shape_set.report_rows():
             note = f"  [cpu fallback: {r['fallback']}]" if r["fallback"] else ""
             lines.append(f"{r['index']:>4} {r['op']:<17} {r['backend']:<7} {r['scheme']:<10} {str(r['output']):<20} "
                          f"{r['bytes']:>10} {r['macs'] / 1e6:>8.2f} {r['cost_ms']:>7.3f}  {r['node']}{note}")
-        lines.extend(self.scheme_lines())
-        for b, m in self.memory_summary().items():
+        lines.extend(shape_set.scheme_lines())
+        for b, m in shape_set.memory_summary().items():
             lines.append(f"memory[{b}]: pool {m['pool_bytes'] / 2**20:.2f} MiB for {m['tensors']} tensors "
                          f"(naive sum {m['naive_bytes'] / 2**20:.2f} MiB)")
         return "\n".join(lines)
-
-    def scheme_lines(self) -> list[str]:
-        """One line per convolution and matrix product of the model: the scheme chosen and why."""
-        decisions = self.program.decisions
-        return ([f"schemes ({len(decisions)} convolutions and matrix products):"]
-                + [f"  {d.describe()}" for d in decisions]) if decisions else []
 
     def close(self) -> None:
         """Wait for runs in flight, then free everything the session holds on its devices and on the
         host. Idempotent; a run after close raises SessionClosedError. A session that is
         garbage-collected (or still open at exit) is closed too."""
-        states = getattr(self, "_states", None)
-        if states is not None:
-            states.close()  # waits for runs in flight; executions, recordings and pools go before their backends
-        self._first_state = None
-        self._constants = {}
-        self._closer()
+        cache = getattr(self, "_cache", None)
+        if cache is not None:
+            for shape_set in cache.close():
+                shape_set.close()  # waits for its runs in flight; pools and constants go before their backends
+        parts = getattr(self, "_parts", None)
+        if parts is not None:
+            with parts.build_lock:  # no preparation half done on a closed device
+                self._closer()
+        else:
+            self._closer()
 
     @property
     def closed(self) -> bool:
@@ -349,7 +285,22 @@ class Session:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<Session backend={self.backend!r} ops={len(self.program.ops)} record={self.record}>"
+        recent = self._cache.recent
+        return (f"<Session backend={self.backend!r} shapes={_describe(recent) if recent else 'not yet known'} "
+                f"shape_sets={len(self._cache)} record={self.record}>")
+
+
+def _describe(key: ShapeKey) -> str:
+    return "{" + ", ".join(f"{name}: {list(shape)}" for name, shape in key) + "}"
+
+
+@contextmanager
+def _activate(backends: list[Backend]) -> Iterator[None]:
+    """Every backend ready for use from the calling thread (see ``Backend.activate``)."""
+    with ExitStack() as stack:
+        for backend in backends:
+            stack.enter_context(backend.activate())
+        yield
 
 
 def _to_storage(name: str, array: np.ndarray, want: np.dtype) -> np.ndarray:

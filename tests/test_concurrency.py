@@ -129,14 +129,15 @@ def test_close_waits_for_runs_in_flight(model):
     net, reference = model
     sess = net.session(backend="cpu")
     started, release = threading.Event(), threading.Event()
-    original = sess._run
+    shape_set = sess.shape_set()
+    original = shape_set._run
 
     def slow_run(prepared, arrays):
         started.set()
         release.wait(5)
         return original(prepared, arrays)
 
-    sess._run = slow_run
+    shape_set._run = slow_run
     x = np.random.default_rng(7).standard_normal(SHAPE).astype(np.float32)
     with ThreadPoolExecutor(2) as pool:
         result = pool.submit(sess.run, {"input": x})

@@ -105,10 +105,14 @@ def test_session_still_works_after_bad_input(session):
     assert np.all(np.isfinite(session.run({"input": x})["output"]))
 
 
-def test_symbolic_input_needs_input_shapes():
+def test_symbolic_input_shapes_come_from_the_first_run_or_input_shapes():
     net = gpumnn.load(_tiny(shape=("batch", 3, 4, 4)))
-    with pytest.raises(gpumnn.InputError, match="input_shapes"):
-        net.session()
+    lazy = net.session()  # nothing to prepare until a run says what "batch" is
+    with pytest.raises(gpumnn.InputError, match=r"input_shapes=.*gpumnn run MODEL --shape x=N,3,4,4"):
+        lazy.report()
+    x = np.random.default_rng(2).standard_normal((3, 3, 4, 4)).astype(np.float32)
+    np.testing.assert_array_equal(lazy.run({"x": x})["y"], np.maximum(x, 0))
+    assert lazy.input_shapes == {"x": (3, 3, 4, 4)}
     sess = net.session(input_shapes={"x": (2, 3, 4, 4)})
     x = np.random.default_rng(2).standard_normal((2, 3, 4, 4)).astype(np.float32)
     np.testing.assert_array_equal(sess.run({"x": x})["y"], np.maximum(x, 0))

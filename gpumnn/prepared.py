@@ -1,0 +1,244 @@
+"""One shape set prepared: MNN's pre-inference for one set of concrete input shapes.
+
+Input shapes -> geometry lowering (shape inference, folding, Rasters) -> scheme selection ->
+placement -> memory plan per backend -> constants, then run states (pools, executions and
+recordings: :mod:`.run_states`) lent to runs. Everything here depends on the input shapes;
+what does not (the loaded graph, the backends with their compiled programs, uploaded weights)
+belongs to the :class:`~gpumnn.session.Session`, which keeps several shape sets
+(:mod:`.shape_sets`) and hands each the shared parts.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from .backends.base import Backend, Execution, TensorHandle
+from .geometry import lower
+from .geometry.fast import expand_schemes
+from .input_shapes import shape_key
+from .ir import Graph, ValueInfo
+from .run_states import RunStatePool
+from .scheduler import MemoryPlan, Placement, place, plan_memory, select_schemes
+from .scheduler.resources import check_memory_plan, run_states_that_fit
+from .session_shared import ConstantStore, RunReservations
+
+
+@dataclass
+class RunState:
+    """Everything a run needs: pools, tensor handles, executions and (recorded mode) recordings."""
+
+    pools: dict[str, Any]
+    executions: list[Execution]
+    recordings: dict[int, Any]  # step index -> recording
+    io: dict[tuple[str, str], TensorHandle]  # (backend, tensor) -> handle for writes, copies, reads
+
+
+@dataclass(frozen=True)
+class SessionParts:
+    """What a session's shape sets share (see :mod:`.session_shared`)."""
+
+    graph: Graph
+    backends: Mapping[str, Backend]
+    backend: str  # the requested backend (schemes are chosen for it); "cpu" after a fallback
+    record: bool
+    concurrent_runs: int  # run states a shape set may prepare: the session's bound
+    constants: ConstantStore
+    reservations: RunReservations
+    build_lock: threading.RLock  # one preparation (or release) at a time across the session
+    active: Callable[[], AbstractContextManager[None]]  # every backend usable from this thread
+
+
+class ShapeSet:
+    """A model prepared for one set of input shapes on the session's backends."""
+
+    def __init__(self, parts: SessionParts, input_shapes: Mapping[str, tuple[int, ...]]):
+        started = time.perf_counter()
+        self.parts = parts
+        self.input_shapes = {v.name: tuple(input_shapes[v.name]) for v in parts.graph.inputs}
+        self.key = shape_key(parts.graph, self.input_shapes)
+        self.closed = False
+        self._states: RunStatePool[RunState] | None = None
+        self.first_state: RunState | None = None
+        try:
+            with parts.active():
+                self._pre_inference()
+        except BaseException:  # a shape set we refuse must not keep pools or constants
+            self.close()
+            raise
+        self.prepare_seconds = time.perf_counter() - started
+
+    def _pre_inference(self) -> None:
+        parts = self.parts
+        # schemes are decided for the requested backend, then Winograd / Strassen become atomic ops
+        program = expand_schemes(select_schemes(lower(parts.graph, self.input_shapes), parts.backends[parts.backend]))
+        self.program = program
+        self.output_dtypes = {info.name: self._output_dtype(info) for info in parts.graph.outputs}  # run() reads
+        self.placement: Placement = place(program, parts.backends, parts.backend)
+        self.memory: dict[str, MemoryPlan] = {
+            b: plan_memory(lifetimes, parts.backends[b].alignment)
+            for b, lifetimes in self.placement.lifetimes.items() if lifetimes}
+        limits = check_memory_plan(program, self.placement, self.memory, parts.backends)  # before allocating
+        self._constants: dict[tuple[str, str], TensorHandle] = {}
+        for op, b in zip(program.ops, self.placement.op_backends):
+            for name in op.inputs:
+                if name in program.constants and (b, name) not in self._constants:
+                    self._constants[(b, name)] = parts.constants.acquire(self, b, program.constants[name])
+        # every further run state needs pools of its own: no more states than the devices can hold
+        self.max_concurrent_runs = run_states_that_fit(program, self.placement, self.memory, limits,
+                                                       parts.concurrent_runs)
+        self.first_state = self._prepare(recorded=True) if parts.record else None  # for the report, even under load
+        self._states = RunStatePool(lambda: self._prepare_active(recorded=parts.record), self.max_concurrent_runs,
+                                    keep=parts.record, discard=self._release, first=self.first_state,
+                                    make_lock=parts.build_lock)
+
+    # -- run states ------------------------------------------------------------------------
+    def _prepare_active(self, recorded: bool) -> RunState:
+        """``_prepare`` inside one bracket of every backend (a run state prepared while serving a
+        caller, outside the bracket of its run: see ``run``)."""
+        with self.parts.active():
+            return self._prepare(recorded)
+
+    def _release(self, state: RunState) -> None:
+        """Free a run state's pools (eager runs after each run; recorded states at close)."""
+        with self.parts.active():
+            for b, pool in state.pools.items():
+                self.parts.backends[b].release(pool)
+
+    def _handle(self, pools: dict[str, Any], backend: str, name: str) -> TensorHandle:
+        """The handle of tensor ``name`` on ``backend``: its storage's slot, seen with its own shape."""
+        if name in self.program.constants:
+            return self._constants[(backend, name)]
+        storage = self.program.storage_of(name)
+        offset = self.memory[backend].element_offset(storage)
+        return self.parts.backends[backend].tensor(pools[backend], offset, self.program.shapes[name],
+                                                   self.program.storage_dtype_of(name))
+
+    def _prepare(self, recorded: bool) -> RunState:
+        backends = self.parts.backends
+        pools = {b: backends[b].allocate(plan.pool_bytes) for b, plan in self.memory.items()}
+        executions = []
+        for op, b in zip(self.program.ops, self.placement.op_backends):
+            ins = [self._handle(pools, b, n) for n in op.inputs]
+            outs = [self._handle(pools, b, n) for n in op.outputs]
+            executions.append(backends[b].create_execution(op, ins, outs))
+        recordings = {}
+        if recorded:
+            for index, step in enumerate(self.placement.steps):
+                if step.kind == "run":
+                    recordings[index] = backends[step.backend].record([executions[i] for i in step.ops])
+        io = {}
+        for storage, bs in self.placement.input_backends.items():
+            for b in bs:
+                io[(b, storage)] = self._handle(pools, b, storage)
+        for step in self.placement.steps:
+            if step.kind == "copy":
+                for b in (step.source, step.backend):
+                    io[(b, step.tensor)] = self._handle(pools, b, step.tensor)
+        for name, b in self.placement.output_backends.items():
+            io[(b, name)] = self._handle(pools, b, name)
+        if recorded:  # what this state's runs will stage through, set aside now: a run allocates nothing
+            for b in backends:
+                self.parts.reservations.reserve(b, max((h.nbytes for (hb, _), h in io.items() if hb == b), default=0))
+        return RunState(pools, executions, recordings, io)
+
+    # -- running ---------------------------------------------------------------------------
+    def run(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run on a borrowed run state; ``arrays`` are checked, in storage dtypes, of this set's shapes."""
+        assert self._states is not None
+        with self._states.borrow() as state, self.parts.active():
+            return self._run(state, arrays)
+
+    def _run(self, state: RunState, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        backends, io = self.parts.backends, state.io
+        for name, array in arrays.items():
+            storage = self.program.storage_of(name)
+            for b in self.placement.input_backends.get(storage, []):
+                backends[b].write(io[(b, storage)], array)
+        for index, step in enumerate(self.placement.steps):
+            backend = backends[step.backend]
+            if step.kind == "copy":
+                data = backends[step.source].read(io[(step.source, step.tensor)])
+                backend.write(io[(step.backend, step.tensor)], data)
+            elif self.parts.record:
+                backend.submit(state.recordings[index])
+            else:
+                backend.run_eager([state.executions[i] for i in step.ops])
+        results = {}
+        for info in self.parts.graph.outputs:
+            name = info.name
+            if name in self.program.folded_outputs:
+                value = np.array(self.program.folded_outputs[name])
+            else:
+                b = self.placement.output_backends[name]
+                value = backends[b].read(io[(b, name)])
+            results[name] = value.astype(self.output_dtypes[name], copy=False)
+        return results
+
+    def _output_dtype(self, info: ValueInfo) -> np.dtype:
+        """The dtype an output is returned in: the model's declaration, else what lowering inferred."""
+        if info.dtype is not None and np.dtype(info.dtype) != np.float32:
+            return np.dtype(info.dtype)
+        return np.dtype(self.program.dtypes.get(info.name, info.dtype or np.float32))
+
+    # -- introspection ---------------------------------------------------------------------
+    @property
+    def run_states(self) -> int:
+        return self._states.prepared if self._states is not None else 0
+
+    @property
+    def output_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {n: (tuple(np.shape(self.program.folded_outputs[n])) if n in self.program.folded_outputs
+                    else self.program.shapes[n]) for n in self.program.outputs}
+
+    def memory_summary(self) -> dict[str, dict[str, int]]:
+        """Peak pool bytes beside the naive sum of all tensor sizes, per backend."""
+        return {b: {"pool_bytes": p.pool_bytes, "naive_bytes": p.naive_bytes, "tensors": len(p.offsets)}
+                for b, p in self.memory.items()}
+
+    def report_rows(self) -> list[dict[str, Any]]:
+        """Per atomic op: backend, scheme, shapes, bytes, MACs, estimated cost, fallback reason."""
+        rows = []
+        executions = self.first_state.executions if self.first_state else [None] * len(self.program.ops)
+        for i, (op, b) in enumerate(zip(self.program.ops, self.placement.op_backends)):
+            exe = executions[i]
+            out_shape = self.program.shapes[op.outputs[0]]
+            rows.append({
+                "index": i, "op": op.kind, "node": op.source, "backend": b,
+                "scheme": exe.scheme if exe is not None else getattr(op, "scheme", "-"),
+                "inputs": [list(self.program.shapes.get(n, np.shape(self.program.constants.get(n)))) for n in op.inputs],
+                "output": list(out_shape), "bytes": 4 * int(np.prod(out_shape, dtype=np.int64)),
+                "macs": op.macs(), "cost_ms": self.placement.costs_ms[i],
+                "fallback": self.placement.fallback_reasons[i],
+            })
+        return rows
+
+    def scheme_lines(self) -> list[str]:
+        """One line per convolution and matrix product of the model: the scheme chosen and why."""
+        decisions = self.program.decisions
+        return ([f"schemes ({len(decisions)} convolutions and matrix products):"]
+                + [f"  {d.describe()}" for d in decisions]) if decisions else []
+
+    def describe_shapes(self) -> str:
+        return ", ".join(f"{name} {list(shape)}" for name, shape in self.input_shapes.items())
+
+    def close(self) -> None:
+        """Wait for this set's runs in flight, then free its pools and release its constants.
+        Idempotent. Introspection (program, placement, report rows) stays readable."""
+        if self.closed:
+            return
+        self.closed = True
+        states = self._states.close() if self._states is not None else []  # waits, holding no lock
+        if self.first_state is not None and all(s is not self.first_state for s in states):
+            states.append(self.first_state)  # prepared, but the pool was never made (creation failed)
+        with self.parts.build_lock:
+            for state in states:
+                self._release(state)
+            self.parts.constants.release(self)
+
+
+__all__ = ["RunState", "SessionParts", "ShapeSet"]
