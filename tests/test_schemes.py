@@ -165,11 +165,19 @@ def _check(model, feeds, backend, **force):
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     with schemes.forced_schemes(**force):
         sess = gpumnn.load(model).session(backend=backend, fallback=False)
-    got = sess.run(feeds)["y"]
-    err = rel_l2(got, ref)
-    assert err < TOLERANCE, f"relative L2 {err:.2e} on {backend}"
-    sess.close()
-    return sess
+    with sess:
+        got = sess.run(feeds)["y"]
+        err = rel_l2(got, ref)
+        assert err < TOLERANCE, f"relative L2 {err:.2e} on {backend}"
+        return Checked(sess.program, sess.backends[backend].cost_model_expansions)
+
+
+@dataclasses.dataclass
+class Checked:
+    """What a closed session's checks read: its program (decisions, ops) and the cost model's reach."""
+
+    program: A.AtomicProgram
+    cost_model_expansions: frozenset
 
 
 WINOGRAD_CASES = {  # id: (k, ic, oc, size, pads, bias, activation, tile, width for a 2-image batch)
@@ -194,7 +202,7 @@ def test_winograd_matches_onnxruntime(case, backend):
     sess = _check(model, {"x": x}, backend, **({"conv": ("winograd", tile)} if tile else {}))
     decision = sess.program.decisions[0]
     expected = "im2col" if case == "table1-2-3-16" else "winograd"  # Table 1: few input channels slide
-    if not tile and "winograd" not in sess.backends[backend].cost_model_expansions:
+    if not tile and "winograd" not in sess.cost_model_expansions:
         expected = "im2col"  # the cost model's own choice, on a backend that leaves Winograd out
     assert decision.scheme == expected, decision.describe()
 
@@ -244,7 +252,7 @@ def test_strassen_by_eq9_on_a_large_product(backend):
     model, feeds = _matmul_model(512, 512, 512)
     sess = _check(model, feeds, backend)
     decision = sess.program.decisions[0]
-    if "strassen" in sess.backends[backend].cost_model_expansions:
+    if "strassen" in sess.cost_model_expansions:
         assert decision.scheme == "strassen" and decision.detail.startswith("1 level"), decision.describe()
     else:  # the cpu's plain BLAS GEMM measured faster than the rewrite
         assert decision.scheme == "gemm", decision.describe()
