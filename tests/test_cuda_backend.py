@@ -27,7 +27,7 @@ from gpumnn.backends.cpu import CpuBackend
 from gpumnn.backends.cuda_launch import (MAX_BLOCK_THREADS, CudaLaunch, DeviceBuffer, Lane, Lanes, bind, capture,
                                          grid_block, kernel_args)
 from gpumnn.device_arrays import host_array, is_device_array
-from gpumnn.errors import DeviceArrayError
+from gpumnn.errors import DeviceArrayError, InputError
 from gpumnn.shaders.cuda_source import cuda_source
 
 
@@ -413,3 +413,42 @@ def test_the_session_hands_device_arrays_to_its_backend_and_returns_device_outpu
         np.testing.assert_allclose(host["y"], X + [1, 2, 3])
     finally:
         sess.close()
+
+
+# -- on a CUDA GPU ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def cuda_session():
+    require_backend("cuda")
+    sess = gpumnn.load(_add_model()).session(backend="cuda", fallback=False)
+    yield sess
+    sess.close()
+
+
+def test_cuda_takes_cupy_arrays_and_gives_device_outputs_without_allocating(cuda_session):
+    import cupy
+
+    expected = cuda_session.run({"x": X})
+    before = dict(cuda_session.counters["cuda"])
+    out = cuda_session.run({"x": cupy.asarray(X)}, outputs="device")
+    assert all(isinstance(v, cupy.ndarray) for v in out.values())
+    for name, value in expected.items():
+        np.testing.assert_allclose(cupy.asnumpy(out[name]), value, rtol=1e-6)
+        assert out[name].dtype == value.dtype
+    after = cuda_session.counters["cuda"]
+    assert {k: after[k] - before[k] for k in after if k != "submits"} == {
+        "buffers_allocated": 0, "programs_built": 0, "executions_created": 0, "recordings_made": 0}
+    strided = cupy.asarray(np.ascontiguousarray(X.T)).T  # not C-contiguous: converted on the device
+    np.testing.assert_allclose(cuda_session.run({"x": strided})["y"], expected["y"])
+    as_double = cupy.asarray(X, dtype=cupy.float64)
+    with pytest.raises(InputError, match="dtype float64"):
+        cuda_session.run({"x": as_double})
+
+
+def test_cuda_takes_dlpack_tensors(cuda_session):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    x = torch.as_tensor(X, device="cuda") * 1  # made on torch's stream: the DLPack handshake orders it first
+    out = cuda_session.run({"x": x})
+    np.testing.assert_allclose(out["y"], X + [1, 2, 3])
