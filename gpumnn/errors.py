@@ -46,6 +46,12 @@ class InputError(GpumnnError, ValueError):
     """A run or session was given an input with the wrong name, shape or dtype."""
 
 
+class DeviceArrayError(InputError):
+    """A run was given a device array (a DLPack or CUDA-array tensor on a GPU), or asked for
+    device outputs, on a backend that takes host arrays only, or a device array it cannot use
+    (another GPU); the message says why."""
+
+
 class BackendUnavailableError(GpumnnError, RuntimeError):
     """A compute API cannot start on this machine; the message says why."""
 

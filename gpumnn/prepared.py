@@ -147,18 +147,26 @@ class ShapeSet:
         return RunState(pools, executions, recordings, io)
 
     # -- running ---------------------------------------------------------------------------
-    def run(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run on a borrowed run state; ``arrays`` are checked, in storage dtypes, of this set's shapes."""
+    def run(self, arrays: Mapping[str, Any], device_outputs: bool = False) -> dict[str, Any]:
+        """Run on a borrowed run state; ``arrays`` are checked, in storage dtypes, of this set's
+        shapes: NumPy arrays, or device arrays of the session's backend (``Backend.device_array``).
+        ``device_outputs``: return the session backend's device arrays instead of NumPy arrays."""
         assert self._states is not None
         with self._states.borrow() as state, self.parts.active():
-            return self._run(state, arrays)
+            return self._run(state, arrays, device_outputs)
 
-    def _run(self, state: RunState, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _run(self, state: RunState, arrays: Mapping[str, Any], device_outputs: bool) -> dict[str, Any]:
         backends, io = self.parts.backends, state.io
+        owner = backends[self.parts.backend]  # whose device arrays the inputs may be
         for name, array in arrays.items():
             storage = self.program.storage_of(name)
+            host_copy = None
             for b in self.placement.input_backends.get(storage, []):
-                backends[b].write(io[(b, storage)], array)
+                if not isinstance(array, np.ndarray) and backends[b] is not owner:  # a cpu fallback op reads it
+                    host_copy = owner.to_host(array) if host_copy is None else host_copy
+                    backends[b].write(io[(b, storage)], host_copy)
+                else:
+                    backends[b].write(io[(b, storage)], array)
         for index, step in enumerate(self.placement.steps):
             backend = backends[step.backend]
             if step.kind == "copy":
@@ -173,9 +181,15 @@ class ShapeSet:
             name = info.name
             if name in self.program.folded_outputs:
                 value = np.array(self.program.folded_outputs[name])
+                value = owner.to_device(value) if device_outputs else value
             else:
                 b = self.placement.output_backends[name]
-                value = backends[b].read(io[(b, name)])
+                if device_outputs and backends[b] is owner:
+                    value = owner.read_device(io[(b, name)])
+                elif device_outputs:  # computed by a cpu fallback op
+                    value = owner.to_device(backends[b].read(io[(b, name)]))
+                else:
+                    value = backends[b].read(io[(b, name)])
             results[name] = value.astype(self.output_dtypes[name], copy=False)
         return results
 

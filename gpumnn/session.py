@@ -34,7 +34,8 @@ from .backends import create_backend
 from .backends.base import Backend
 from .backends.cpu import CpuBackend
 from .backends.limits import release_freed_memory
-from .errors import BackendUnavailableError, InputError
+from .device_arrays import host_array, is_device_array
+from .errors import BackendUnavailableError, DeviceArrayError, InputError
 from .input_shapes import ShapeKey, check_input_shape, declared_shapes, resolve_input_shapes, shape_key
 from .ir import Graph
 from .prepared import SessionParts, ShapeSet
@@ -44,6 +45,8 @@ from .shape_sets import ShapeSetCache
 
 #: prepared shape sets a session keeps unless told otherwise (``shape_cache=``)
 DEFAULT_SHAPE_CACHE = 4
+#: where ``run`` returns its outputs: NumPy arrays, or device arrays of the session's backend
+OUTPUT_PLACES = ("host", "device")
 
 
 class Session:
@@ -150,9 +153,21 @@ class Session:
         return [dict(key) for key in self._cache.keys()]
 
     # -- running ---------------------------------------------------------------------------
-    def _check_inputs(self, inputs: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], ShapeKey]:
+    def _device_backend(self, what: str) -> Backend:
+        """The session's backend, where it takes device arrays; else DeviceArrayError saying why
+        not (``what``: the device array or request refused)."""
+        backend = self.backends[self.backend]
+        if backend.device_arrays_unsupported is None:
+            return backend
+        fell_back = f" (the session fell back to cpu: {self.fallback_reason})" if self.fallback_reason else ""
+        raise DeviceArrayError(f"{what}: the session runs on the {self.backend} backend{fell_back}, which takes and "
+                               f"returns host arrays only: {backend.device_arrays_unsupported}")
+
+    def _check_inputs(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Any], ShapeKey]:
         """The inputs in storage dtypes, and the key of their shapes (taken before the conversion,
-        which makes a 0-d array 1-d)."""
+        which makes a 0-d array 1-d). A device array (see ``gpumnn.device_arrays``) becomes the
+        backend's own, still on the device; its conversion to the storage dtype is the backend's
+        ``write``."""
         if not isinstance(inputs, Mapping):
             raise InputError(f"run() takes a dict {{input name: array}}; got {type(inputs).__name__}")
         expected = {v.name: v for v in self.graph.inputs}
@@ -164,24 +179,36 @@ class Session:
                              + (f"; missing: {missing}" if missing else ""))
         arrays, shapes = {}, {}
         for name, value in inputs.items():
-            array = np.asarray(value)
+            if is_device_array(value):
+                array = self._device_backend(f"input {name!r} is a device array ({type(value).__name__})").device_array(value)
+            else:
+                array = host_array(value)
             want = np.dtype(expected[name].dtype)
             if array.dtype != want and not (want.kind in "iu" and array.dtype.kind in "iu"):
                 raise InputError(f"input {name!r} has dtype {array.dtype}, expected {want}")
-            shapes[name] = check_input_shape(expected[name], array.shape)
+            shapes[name] = check_input_shape(expected[name], tuple(array.shape))
             arrays[name] = _to_storage(name, array, want)
         return arrays, self._key(shapes)
 
-    def run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def run(self, inputs: Mapping[str, Any], outputs: str = "host") -> dict[str, Any]:
         """Run the model; returns {output name: array}. Inputs of shapes the session has not
         prepared are prepared for first (then kept, see ``shape_cache``); a recorded run on
         prepared shapes allocates and builds nothing.
 
+        Inputs are host arrays (NumPy, or anything ``numpy.asarray`` or ``numpy.from_dlpack``
+        takes) or, on a backend that takes them (cuda), device arrays: CuPy arrays and DLPack
+        tensors on its GPU, copied device to device. ``outputs="device"`` returns the backend's
+        device arrays (CuPy) instead of NumPy arrays; elsewhere it is a DeviceArrayError saying
+        why the backend cannot.
+
         Safe to call from several threads at once, with the same or different shapes.
         """
+        if outputs not in OUTPUT_PLACES:
+            raise ValueError(f"outputs={outputs!r}: expected one of {', '.join(map(repr, OUTPUT_PLACES))}")
+        device = self._device_backend('outputs="device"') if outputs == "device" else None
         arrays, key = self._check_inputs(inputs)
         with self._cache.lease(key) as shape_set, self._run_slots:
-            return shape_set.run(arrays)
+            return shape_set.run(arrays, device_outputs=device is not None)
 
     __call__ = run
 
@@ -303,15 +330,18 @@ def _activate(backends: list[Backend]) -> Iterator[None]:
         yield
 
 
-def _to_storage(name: str, array: np.ndarray, want: np.dtype) -> np.ndarray:
+def _to_storage(name: str, array: Any, want: np.dtype) -> Any:
     """An input as its storage dtype (float32 or int32, see gpumnn.atomic), C-contiguous. Integer
-    values must fit int32: an int64 input outside that range is refused, not wrapped."""
+    values must fit int32: an int64 input outside that range is refused, not wrapped. A device
+    array is checked alike (on its device) and left to the backend's ``write`` to convert."""
     storage = np.dtype(A.storage_dtype(want))
     if storage == np.int32 and array.size and array.dtype.itemsize >= 4 and array.dtype != np.int32:
         lo, hi = int(array.min()), int(array.max())
         if lo < -2**31 or hi >= 2**31:
             raise InputError(f"input {name!r} ({array.dtype}) holds values in [{lo}, {hi}]; gpumnn keeps integer "
                              "tensors as int32 on every device, so values must lie in [-2**31, 2**31)")
+    if not isinstance(array, np.ndarray):
+        return array
     return np.ascontiguousarray(array, dtype=storage)
 
 

@@ -20,6 +20,12 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "cuda": ("gpumnn.backends.cuda", "CudaBackend"),
 }
 
+#: how to install a backend's binding, where more than ``pip install gpumnn[NAME]`` needs saying
+INSTALL_HINTS: dict[str, str] = {
+    "cuda": "pip install 'gpumnn[cuda]' (CuPy for CUDA 12, which CUDA 12 and 13 drivers run), or "
+            "'gpumnn[cuda13]' (CuPy for CUDA 13, a CUDA 13 driver)",
+}
+
 _probe_cache: dict[str, str | None] = {}
 
 
@@ -34,7 +40,10 @@ def backend_class(name: str) -> type[Backend]:
         if exc.name == module_name:
             raise BackendUnavailableError(f"backend {name!r} is not implemented in this version of gpumnn") from exc
         raise BackendUnavailableError(
-            f"backend {name!r} needs the Python package {exc.name!r}: pip install 'gpumnn[{name}]'") from exc
+            f"backend {name!r} needs the Python package {exc.name!r}: {INSTALL_HINTS.get(name, f'pip install gpumnn[{name}]')}"
+        ) from exc
+    except ImportError as exc:  # the package is there but does not load (a missing shared library, ...)
+        raise BackendUnavailableError(f"backend {name!r} cannot import its binding: {exc}") from exc
     return getattr(module, class_name)
 
 

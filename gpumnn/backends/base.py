@@ -43,7 +43,7 @@ import numpy as np
 
 from .. import atomic as A
 from ..atomic import AtomicOp
-from ..errors import BackendOptionError
+from ..errors import BackendOptionError, DeviceArrayError
 from .limits import MemoryLimits, host_limits
 
 #: The schemes every backend's kernel for these ops builds: the general algorithms (sliding
@@ -230,6 +230,10 @@ class Backend(ABC):
     #: atomic op type -> the ``op`` names (of Unary, Binary, Reduce) its kernel implements; a type
     #: not listed implements every name the contract defines (fused activations are Unary names)
     op_names: ClassVar[Mapping[type, frozenset[str]]] = {}
+    #: why this backend takes and returns host (NumPy) arrays only; None where it takes device
+    #: arrays (DLPack or CUDA-array-interface tensors on its GPU) and returns them without a host
+    #: round trip (``device_array``, ``write``, ``read_device``, ``to_device``, ``to_host``)
+    device_arrays_unsupported: ClassVar[str | None] = "it has no way to use another API's device memory"
 
     def __init__(self, **unknown: Any) -> None:
         """Every backend passes the keyword options its own ``__init__`` does not take here,
@@ -348,7 +352,9 @@ class Backend(ABC):
 
     @abstractmethod
     def write(self, handle: TensorHandle, array: np.ndarray) -> None:
-        """Copy a host array (of ``handle.dtype``, C-contiguous, ``handle.size`` elements) into the device."""
+        """Copy a host array (of ``handle.dtype``, C-contiguous, ``handle.size`` elements) into the
+        device; a backend that takes device arrays also takes its ``device_array`` results here
+        (``handle.size`` elements of any dtype, converted on the device)."""
 
     @abstractmethod
     def read(self, handle: TensorHandle) -> np.ndarray:
@@ -356,6 +362,31 @@ class Backend(ABC):
 
     def release(self, buffer: Any) -> None:
         """Free a buffer from ``allocate`` (eager mode frees its per-run pool)."""
+
+    # -- device arrays (see ``device_arrays_unsupported``) ---------------------------------
+    def _device_arrays_refused(self) -> DeviceArrayError:
+        return DeviceArrayError(f"the {self.name} backend takes and returns host arrays only: "
+                                f"{self.device_arrays_unsupported}")
+
+    def device_array(self, value: Any) -> Any:
+        """``value``, a tensor on a device (``__dlpack__`` with a non-CPU ``__dlpack_device__``,
+        or ``__cuda_array_interface__``), as this backend's device array, without a copy: an
+        object with ``shape``, a NumPy ``dtype``, ``size``, ``min`` and ``max`` that ``write``
+        takes. DeviceArrayError where the backend cannot (``device_arrays_unsupported``)."""
+        raise self._device_arrays_refused()
+
+    def read_device(self, handle: TensorHandle) -> Any:
+        """A tensor copied into a new device array of this backend (``outputs="device"``)."""
+        raise self._device_arrays_refused()
+
+    def to_device(self, array: np.ndarray) -> Any:
+        """A host array as a new device array of this backend (an output computed elsewhere)."""
+        raise self._device_arrays_refused()
+
+    def to_host(self, array: Any) -> np.ndarray:
+        """A device array from ``device_array`` copied to the host (for another backend of the
+        session that reads the same input)."""
+        raise self._device_arrays_refused()
 
     # -- programs --------------------------------------------------------------------------
     def program(self, key: Hashable) -> Any:

@@ -52,6 +52,9 @@ class CpuBackend(Backend):
     """NumPy on the host CPU, BLAS threads limited to ``threads`` (default: all cores)."""
 
     name = "cpu"
+    device_arrays_unsupported = ("its tensors are NumPy arrays in host memory; a CPU DLPack tensor is taken as a "
+                                 "host array, a GPU tensor must be copied to the host first (tensor.cpu(), "
+                                 "cupy.asnumpy) or run on the cuda backend")
     #: runs on distinct run states touch distinct buffers; they share read-only weights and the
     #: process-wide BLAS thread limit (``_ThreadLimiter``)
     max_concurrent_runs = 2

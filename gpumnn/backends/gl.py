@@ -165,6 +165,8 @@ class GLBackend(Backend):
     """OpenGL 4.3+ compute shaders on one context (llvmpipe, or a GPU driver)."""
 
     name = "gl"
+    device_arrays_unsupported = ("OpenGL buffers cannot import CUDA or other device memory without interop "
+                                 "extensions gpumnn does not use; pass a host array, or use the cuda backend")
     alignment = 64
     plan_error = GLError
 

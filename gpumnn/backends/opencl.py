@@ -74,6 +74,9 @@ class OpenCLBackend(Backend):
     """OpenCL 1.2+ on one device (a GPU if there is one, else e.g. PoCL on the CPU)."""
 
     name = "opencl"
+    device_arrays_unsupported = ("an OpenCL buffer cannot wrap memory another API allocated (DLPack has no OpenCL "
+                                 "device type, and pyopencl imports no CUDA memory), so a device array would "
+                                 "need a host round trip; pass a host array, or use the cuda backend")
     #: runs on distinct run states touch distinct buffers and kernel objects; they share the one
     #: in-order queue (thread-safe in OpenCL 1.1+), so a run's finish also waits for the other's work
     max_concurrent_runs = 2

@@ -108,6 +108,9 @@ class VulkanBackend(Backend):
     """Vulkan compute on one device (discrete GPU first, then integrated, virtual, CPU)."""
 
     name = "vulkan"
+    device_arrays_unsupported = ("importing another API's GPU memory into Vulkan needs external-memory "
+                                 "interop (VK_KHR_external_memory_fd), which gpumnn does not use; pass a host "
+                                 "array, or use the cuda backend")
     alignment = 64
     #: runs borrow submit lanes of their own (see the module docstring)
     max_concurrent_runs = 2
