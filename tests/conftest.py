@@ -94,6 +94,13 @@ def backend(request) -> str:
     return request.param
 
 
+def onnxruntime_session(model):
+    """ONNX Runtime on the CPU for ``model`` (a ModelProto): the reference every test compares with."""
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
 def rel_l2(got: np.ndarray, ref: np.ndarray) -> float:
     got = np.asarray(got, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)

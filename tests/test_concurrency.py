@@ -7,11 +7,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 import gpumnn
-from conftest import rel_l2
+from conftest import onnxruntime_session, rel_l2
 from gpumnn.zoo.builder import GraphBuilder
 
 THREADS, RUNS = 4, 6
@@ -38,7 +37,7 @@ def small_cnn() -> "gpumnn.Net":
 @pytest.fixture(scope="module")
 def model():
     proto = small_cnn()
-    return gpumnn.load(proto), ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return gpumnn.load(proto), onnxruntime_session(proto)
 
 
 def _check_runs(sess, reference, seed: int, runs: int) -> list[float]:
@@ -132,10 +131,10 @@ def test_close_waits_for_runs_in_flight(model):
     shape_set = sess.shape_set()
     original = shape_set._run
 
-    def slow_run(prepared, arrays):
+    def slow_run(*args):
         started.set()
         release.wait(5)
-        return original(prepared, arrays)
+        return original(*args)
 
     shape_set._run = slow_run
     x = np.random.default_rng(7).standard_normal(SHAPE).astype(np.float32)

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import gpumnn
-from conftest import rel_l2
+from conftest import onnxruntime_session, rel_l2
 from gpumnn.atomic import Select
 
 TOLERANCE = 1e-4
@@ -40,7 +39,7 @@ def _const(name, array):
 
 def _check(model, feed_sets, backend):
     """Run one session on every feed set in turn (fresh inputs each) against ONNX Runtime."""
-    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    reference = onnxruntime_session(model)
     names = [o.name for o in reference.get_outputs()]
     shapes = {k: v.shape for k, v in feed_sets[0].items()}
     with gpumnn.load(model).session(backend=backend, input_shapes=shapes, fallback=False) as sess:

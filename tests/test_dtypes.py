@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
@@ -16,7 +15,7 @@ from onnx import helper, numpy_helper
 import gpumnn
 from gpumnn.errors import InputError, ModelError
 
-from conftest import rel_l2
+from conftest import onnxruntime_session, rel_l2
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=18) -> onnx.ModelProto:
@@ -29,7 +28,7 @@ def _vi(name, dtype, shape):
 
 
 def _check(model: onnx.ModelProto, feeds: dict, backend: str) -> gpumnn.Session:
-    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    ref = onnxruntime_session(model).run(None, feeds)
     sess = gpumnn.load(model).session(backend=backend)
     got = sess.run(feeds)
     for (name, value), expected in zip(got.items(), ref):

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import gpumnn
-from conftest import rel_l2
+from conftest import onnxruntime_session, rel_l2
 from gpumnn.backends import backend_class
 
 
@@ -21,7 +20,7 @@ def _model(nodes, inputs, inits=(), outputs=("y",), opset=17) -> onnx.ModelProto
 
 
 def _matches_onnxruntime(model: onnx.ModelProto, feeds, backend: str) -> None:
-    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    ref = onnxruntime_session(model).run(None, feeds)
     got = gpumnn.load(model).session(backend=backend, fallback=False).run(feeds)
     for name, want in zip([o.name for o in model.graph.output], ref):
         assert got[name].shape == want.shape
@@ -127,6 +126,6 @@ def test_refused_like_onnxruntime(name, model):
     """Models the fuzz corpus found gpumnn running although ONNX Runtime refuses them."""
     feeds = {"x": np.ones([d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim], np.float32)}
     with pytest.raises(Exception):
-        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        onnxruntime_session(model).run(None, feeds)
     with pytest.raises(gpumnn.ModelError):  # UnsupportedOpError is a ModelError
         gpumnn.load(model).session().run(feeds)

@@ -7,12 +7,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
 import gpumnn
-from conftest import rel_l2
+from conftest import onnxruntime_session, rel_l2
 from gpumnn.errors import DataDependentError
 
 TOLERANCE = 1e-4
@@ -143,7 +142,7 @@ CASES = _cases()
 
 
 def _reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = onnxruntime_session(model)
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 import gpumnn
-from conftest import rel_l2
+from conftest import onnxruntime_session, rel_l2
 from gpumnn import zoo
 
 TOLERANCE = 1e-3
@@ -18,7 +17,7 @@ TOLERANCE = 1e-3
 def _model_and_reference(name: str):
     model = zoo.build(name)
     x = np.random.default_rng(abs(hash(name)) % 2**32).standard_normal(zoo.input_shape(name)).astype(np.float32)
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = onnxruntime_session(model)
     return model, x, sess.run(None, {"input": x})[0]
 
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import gpumnn
-from conftest import rel_l2
+from conftest import onnxruntime_session, rel_l2
 from gpumnn import onnx_opsets
 from gpumnn.onnx_check import INLINE_ELEMENTS
 
@@ -53,7 +52,7 @@ def test_opset9_model_converted_at_load_matches_onnxruntime(backend, weights_as_
     model = _opset9_model(weights_as_inputs)
     onnx.checker.check_model(model, full_check=True)
     x = np.random.default_rng(1).standard_normal((1, 3, 10, 10)).astype(np.float32)
-    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    ref = onnxruntime_session(model).run(None, {"x": x})[0]
     net = gpumnn.load(model)
     assert net.graph.opset == onnx_opsets.MIN_IMPLEMENTED
     assert [v.name for v in net.inputs] == ["x"]
@@ -114,7 +113,7 @@ def test_newer_opset_with_type_only_changes_runs(backend):
                               [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)], ir_version=10)
     x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
-    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    ref = onnxruntime_session(model).run(None, {"x": x})[0]
     got = gpumnn.load(model).session(backend=backend, fallback=False).run({"x": x})["y"]
     assert rel_l2(got, ref) < 1e-5
 

@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import gpumnn
-from conftest import rel_l2
+from conftest import onnxruntime_session, rel_l2
 
 TOLERANCE = 1e-4
 SEQ, BATCH, INPUT, HIDDEN = 5, 3, 4, 6
@@ -164,7 +163,7 @@ CASES = _cases()
 
 def _reference(case: RnnCase) -> dict[str, np.ndarray]:
     """ONNX Runtime's outputs, at layout 0 (transposed to layout 1's order for a layout-1 case)."""
-    sess = ort.InferenceSession(case.model(0).SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = onnxruntime_session(case.model(0))
     outputs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, case.feeds(0))))
     if case.layout == 1:
         outputs = {k: v.transpose(2, 0, 1, 3) if v.ndim == 4 else v.transpose(1, 0, 2) for k, v in outputs.items()}

@@ -9,12 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import gpumnn
-from conftest import rel_l2
+from conftest import onnxruntime_session, rel_l2
 from gpumnn.cli import main
 
 WIDTHS = (5, 12, 20)
@@ -52,7 +51,7 @@ def width_net() -> onnx.ModelProto:
 @pytest.fixture(scope="module")
 def model():
     proto = width_net()
-    return gpumnn.load(proto), ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return gpumnn.load(proto), onnxruntime_session(proto)
 
 
 def _check(sess, reference, width: int, seed: int) -> None:

@@ -8,12 +8,11 @@ import random
 from fractions import Fraction
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import gpumnn
-from conftest import rel_l2
+from conftest import onnxruntime_session, rel_l2
 from gpumnn import atomic as A
 from gpumnn.backends.cpu import CpuBackend
 from gpumnn.scheduler import schemes
@@ -162,7 +161,7 @@ def _conv_model(k, ic, oc, size, pads, bias, act, hw=None):
 
 
 def _check(model, feeds, backend, **force):
-    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    ref = onnxruntime_session(model).run(None, feeds)[0]
     with schemes.forced_schemes(**force):
         sess = gpumnn.load(model).session(backend=backend, fallback=False)
     with sess:

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import gpumnn
-from conftest import rel_l2
+from conftest import onnxruntime_session, rel_l2
 
 HEIGHT, HIDDEN, CLASSES = 16, 24, 11
 WIDTHS = (32, 48, 64)  # 8, 12 and 16 LSTM steps after two 2x2 poolings
@@ -60,7 +59,7 @@ def text_recognizer() -> onnx.ModelProto:
 @pytest.fixture(scope="module")
 def model():
     proto = text_recognizer()
-    return gpumnn.load(proto), ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return gpumnn.load(proto), onnxruntime_session(proto)
 
 
 def test_text_lines_of_three_widths_in_alternation(backend, model):
