@@ -6,6 +6,12 @@ recordings. ``run`` then writes inputs, submits recordings (with copies between 
 placement split the graph) and reads outputs. With ``record=False`` (eager) the per-run
 preparation is redone on every run, which is what the paper's Table 2 compares against.
 
+Placement: ``backend`` names one backend, a list of them or ``"auto"`` (every available one);
+with more than one, :mod:`.scheduler.placement` chooses each op's backend by the calibrated cost
+model (:mod:`.scheduler.cost`), and ``placement={node name: backend}`` pins ops. Copies between
+backends go through host memory prepared at creation (a CPU tensor's own pool view, or a
+staging array), so a recorded run allocates nothing for them.
+
 Threads: ``run`` may be called from several threads at once. Each run borrows a prepared run
 state (pools, executions, recordings) of its own from a small pool (:mod:`.run_states`); the
 backends bound how many may be in flight, and callers past that wait their turn.
@@ -17,12 +23,12 @@ import warnings
 import weakref
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from . import atomic as A
-from .backends import create_backend
+from .backends import available_backends, create_backend
 from .backends.base import Backend, Execution, TensorHandle
 from .backends.cpu import CpuBackend
 from .backends.limits import release_freed_memory
@@ -32,6 +38,8 @@ from .geometry.fast import expand_schemes
 from .ir import Graph
 from .run_states import RunStatePool
 from .scheduler import MemoryPlan, Placement, place, plan_memory, select_schemes
+from .scheduler.calibration import calibration_for
+from .scheduler.cost import CostModel
 from .scheduler.resources import check_memory_plan, run_states_that_fit
 
 
@@ -73,22 +81,28 @@ class _Prepared:
     executions: list[Execution]
     recordings: dict[int, Any]  # step index -> recording
     io: dict[tuple[str, str], TensorHandle]  # (backend, tensor) -> handle for writes, copies, reads
+    copies: dict[int, Callable[[], None]]  # step index -> the copy between backends, host memory prepared
 
 
 class Session:
     """A model prepared for one backend and one set of input shapes. Create with ``Net.session``."""
 
-    def __init__(self, graph: Graph, backend: str = "cpu", input_shapes: Mapping[str, Sequence[int]] | None = None,
+    def __init__(self, graph: Graph, backend: str | Sequence[str] = "cpu",
+                 input_shapes: Mapping[str, Sequence[int]] | None = None,
                  record: bool = True, threads: int | None = None, fallback: bool = True,
-                 max_concurrent_runs: int | None = None, **backend_options: Any):
+                 max_concurrent_runs: int | None = None, placement: Mapping[str, str] | None = None,
+                 **backend_options: Any):
         started = time.perf_counter()
         self.graph = graph
         self.record = record
         self.input_shapes = resolve_input_shapes(graph, input_shapes)
         self.fallback_reason: str | None = None
+        self.pins = dict(placement or {})
+        #: the backends placement chooses among (``backends`` also holds the CPU, for fallback, and pinned ones)
+        self.candidates: list[str] = []
         self.backends = self._start_backends(backend, threads, fallback, backend_options)
         self._closer = weakref.finalize(self, _close_backends, list(self.backends.values()))  # close(), GC or exit
-        self.backend = backend if self.fallback_reason is None else "cpu"
+        self.backend = "+".join(self.candidates) if backend != "auto" or self.fallback_reason else "auto"
         try:
             with self._active():
                 self._pre_inference(record, max_concurrent_runs)
@@ -99,11 +113,17 @@ class Session:
 
     def _pre_inference(self, record: bool, max_concurrent_runs: int | None) -> None:
         """Lowering, schemes, placement, memory plans, constants and the first run state."""
-        # schemes are decided once, for the requested backend, then Winograd / Strassen become atomic ops
-        program = expand_schemes(select_schemes(lower(self.graph, self.input_shapes), self.backends[self.backend]))
+        # several candidates: the cost model needs measured numbers (a quick calibration the first time)
+        choosing = len(self.candidates) > 1
+        calibrations = {b: calibration_for(be, measure=choosing) for b, be in self.backends.items()}
+        cost_model = CostModel(calibrations, record=record)
+        # schemes are decided once, for the requested backend (of several, the fastest at GEMMs),
+        # then Winograd / Strassen become atomic ops that any backend runs
+        primary = max(self.candidates, key=lambda b: calibrations[b].matmul_macs)
+        program = expand_schemes(select_schemes(lower(self.graph, self.input_shapes), self.backends[primary]))
         self.program = program
         self._output_dtypes = {info.name: self._output_dtype(info) for info in self.graph.outputs}  # run() reads
-        self.placement: Placement = place(program, self.backends, self.backend)
+        self.placement: Placement = place(program, self.backends, self.candidates, cost_model, self.pins)
         self.memory: dict[str, MemoryPlan] = {
             b: plan_memory(lifetimes, self.backends[b].alignment)
             for b, lifetimes in self.placement.lifetimes.items() if lifetimes}
@@ -128,19 +148,35 @@ class Session:
             first=self._first_state)
 
     # -- creation helpers ------------------------------------------------------------------
-    def _start_backends(self, name: str, threads: int | None, fallback: bool, options: dict) -> dict[str, Backend]:
-        cpu = CpuBackend(threads=threads)
-        if name == "cpu":
-            return {"cpu": cpu}
-        try:
-            return {name: create_backend(name, **options), "cpu": cpu}
-        except BackendUnavailableError as exc:
-            if not fallback:
-                raise
-            self.fallback_reason = str(exc)
-            warnings.warn(f"{exc}; running on the cpu backend instead (pass fallback=False to refuse)", RuntimeWarning,
-                          stacklevel=4)
-            return {"cpu": cpu}
+    def _start_backends(self, spec: str | Sequence[str], threads: int | None, fallback: bool,
+                        options: dict) -> dict[str, Backend]:
+        """Start the requested backends (``"auto"``: every available one), the CPU (fallback for
+        ops they cannot run) and any a pin names; set ``candidates``. A requested backend that
+        cannot start is dropped with a warning (or, ``fallback=False``, raises)."""
+        names = available_backends() if spec == "auto" else [spec] if isinstance(spec, str) else list(spec)
+        if not names:
+            raise ValueError("backend=[] names no backend")
+        if options and len(names) > 1:
+            raise ValueError(f"backend options {sorted(options)} are for a session on one backend, not {names}")
+        backends: dict[str, Backend] = {"cpu": CpuBackend(threads=threads)}
+        failed = []
+        for name in dict.fromkeys([*names, *self.pins.values()]):
+            if name in backends:
+                continue
+            try:
+                backends[name] = create_backend(name, **options)
+            except BackendUnavailableError as exc:
+                if not fallback or name not in names:
+                    _close_backends(list(backends.values()))
+                    raise
+                failed.append(str(exc))
+        self.candidates = [n for n in names if n in backends] or ["cpu"]
+        if failed:
+            self.fallback_reason = "; ".join(failed)
+            instead = "the cpu backend" if self.candidates == ["cpu"] else f"{self.candidates}"
+            warnings.warn(f"{self.fallback_reason}; running on {instead} instead (pass fallback=False to refuse)",
+                          RuntimeWarning, stacklevel=4)
+        return {n: backends[n] for n in [*self.candidates, *backends] if n in backends}
 
     @contextmanager
     def _active(self) -> Iterator[None]:
@@ -187,16 +223,35 @@ class Session:
         for storage, backends in self.placement.input_backends.items():
             for b in backends:
                 io[(b, storage)] = self._handle(pools, b, storage)
-        for step in self.placement.steps:
+        copies = {}
+        for index, step in enumerate(self.placement.steps):
             if step.kind == "copy":
                 for b in (step.source, step.backend):
                     io[(b, step.tensor)] = self._handle(pools, b, step.tensor)
+                copies[index] = self._copy(io[(step.source, step.tensor)], io[(step.backend, step.tensor)],
+                                           self.backends[step.source], self.backends[step.backend])
         for name, b in self.placement.output_backends.items():
             io[(b, name)] = self._handle(pools, b, name)
         if recorded:  # what this state's runs will stage through, set aside now: a run allocates nothing
             for b in self.backends:
                 self.backends[b].reserve_run(max((h.nbytes for (hb, _), h in io.items() if hb == b), default=0))
-        return _Prepared(pools, executions, recordings, io)
+        return _Prepared(pools, executions, recordings, io, copies)
+
+    @staticmethod
+    def _copy(src: TensorHandle, dst: TensorHandle, source: Backend, target: Backend) -> Callable[[], None]:
+        """One copy between backends through host memory chosen now: a side whose tensor is host
+        memory (``host_view``) is read or written in place, else a staging array made here."""
+        src_view, dst_view = source.host_view(src), target.host_view(dst)
+        if src_view is not None:
+            return lambda: target.write(dst, src_view)
+        if dst_view is not None:
+            return lambda: source.read_into(src, dst_view)
+        staging = np.empty(src.shape, dtype=src.dtype)
+
+        def through_staging() -> None:
+            source.read_into(src, staging)
+            target.write(dst, staging)
+        return through_staging
 
     # -- running ---------------------------------------------------------------------------
     def _check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -239,8 +294,7 @@ class Session:
         for index, step in enumerate(self.placement.steps):
             backend = self.backends[step.backend]
             if step.kind == "copy":
-                data = self.backends[step.source].read(io[(step.source, step.tensor)])
-                backend.write(io[(step.backend, step.tensor)], data)
+                prepared.copies[index]()
             elif self.record:
                 backend.submit(prepared.recordings[index])
             else:

@@ -1,0 +1,246 @@
+"""Calibration: the numbers the placement cost model uses, measured on this device.
+
+The paper (Eq. 5, Appendix C) costs an op as ``MUL / FLOPS`` plus, on a GPU, a fixed
+``t_schedule``, with FLOPS from the CPU's core frequencies or a table of mobile GPUs and
+t_schedule from experience (0.05 ms for OpenCL and OpenGL, 0.01 ms for Vulkan). Those constants
+are far from the devices here (a software Vulkan on two x86 cores is not a Mali), so every
+backend is measured through its own kernels and verbs:
+
+* ``matmul_macs``: multiply-accumulates per second of one square GEMM (the backend's MatMul kernel);
+* ``elementwise_gbs``: bytes per second a large Binary add moves inside the device (memory-bound ops);
+* ``dispatch_ms``: what one more op costs inside a recording (N tiny adds recorded, minus one);
+* ``submit_ms``: submitting one recorded tiny op and waiting for it (a segment's fixed cost);
+* ``eager_ms``: one tiny op run eagerly (prepared work submitted and waited for per op);
+* ``upload_gbs`` / ``download_gbs`` and ``transfer_ms``: host -> device and device -> host copies
+  of a large tensor, and the fixed cost of one copy (a tiny tensor's write plus read).
+
+Results are kept per backend, device and driver under the cache root (``$GPUMNN_CACHE_DIR`` or
+``~/.cache/gpumnn``, folder ``calibration``) through :mod:`gpumnn.diskcache` (checked reads,
+atomic writes). ``gpumnn calibrate`` measures fully; a session that chooses between backends on
+a device never calibrated runs the quick variant (smaller sizes, fewer repeats: a fraction of a
+second per backend once its kernels are in the program cache) and stores it, marked ``quick``.
+A session that needs numbers only for its report uses what is stored, else the paper's constants
+(:func:`paper_constants`), and says which (``Calibration.source``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from .. import atomic as A
+from .. import diskcache
+from ..backends.base import Backend
+
+#: bump when what is measured or how changes: older entries are then measured again
+VERSION = 1
+
+#: sources of a calibration, as reports show them
+MEASURED, QUICK, PAPER = "calibrated", "quick calibration", "not calibrated: paper constants"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One backend's cost-model numbers (see the module docstring), and where they come from."""
+
+    backend: str
+    device: str
+    driver: str
+    source: str
+    matmul_macs: float
+    elementwise_gbs: float
+    dispatch_ms: float
+    submit_ms: float
+    eager_ms: float
+    upload_gbs: float
+    download_gbs: float
+    transfer_ms: float
+    measured_at: float = 0.0
+    seconds: float = 0.0  # how long measuring took
+
+    @property
+    def calibrated(self) -> bool:
+        return self.source != PAPER
+
+    def describe(self) -> str:
+        """One line for ``gpumnn info`` and reports."""
+        if not self.calibrated:
+            return (f"{PAPER} (FLOPS {self.matmul_macs / 1e9:.1f} G, t_schedule {self.dispatch_ms:g} ms, "
+                    f"copies {self.upload_gbs:g} GB/s)")
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.measured_at))
+        return (f"{self.source} {when}: GEMM {self.matmul_macs / 1e9:.2f} GMAC/s, elementwise "
+                f"{self.elementwise_gbs:.2f} GB/s, dispatch {self.dispatch_ms * 1000:.0f} us (recorded) / "
+                f"{self.eager_ms * 1000:.0f} us (eager), submit {self.submit_ms * 1000:.0f} us, "
+                f"copies up {self.upload_gbs:.2f} / down {self.download_gbs:.2f} GB/s + {self.transfer_ms * 1000:.0f} us")
+
+
+def paper_constants(backend: Backend) -> Calibration:
+    """The paper's constants (Appendix C) as the backend states them in ``info``: FLOPS (on the
+    CPU the sum of the k fastest cores' max frequencies), t_schedule on a GPU, its copy
+    bandwidth; no memory-bound term and no per-segment or per-copy fixed cost."""
+    info = backend.info
+    t_schedule = info.t_schedule_ms if info.is_gpu else 0.0
+    return Calibration(backend.name, info.device, backend.driver, PAPER, matmul_macs=info.flops,
+                       elementwise_gbs=float("inf"), dispatch_ms=t_schedule, submit_ms=0.0, eager_ms=t_schedule,
+                       upload_gbs=info.bandwidth_gbs, download_gbs=info.bandwidth_gbs, transfer_ms=0.0)
+
+
+# -- the cache -------------------------------------------------------------------------------------
+
+_memory: dict[str, Calibration] = {}
+_lock = threading.Lock()
+
+
+def _key(backend: Backend) -> str:
+    info = backend.info
+    text = f"v{VERSION}|{backend.name}|{info.device}|{backend.driver}"
+    return f"{backend.name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def cache_path(backend: Backend):
+    return diskcache.cache_dir("calibration") / f"{_key(backend)}.json"
+
+
+def stored(backend: Backend) -> Calibration | None:
+    """The calibration stored for this backend's device and driver, or None."""
+    key = _key(backend)
+    with _lock:
+        if key in _memory:
+            return _memory[key]
+    payload = diskcache.read(cache_path(backend))
+    if payload is None:
+        return None
+    try:
+        data = json.loads(payload)
+        result = Calibration(**{f.name: data[f.name] for f in fields(Calibration)})
+    except (ValueError, KeyError, TypeError):
+        return None
+    with _lock:
+        _memory[key] = result
+    return result
+
+
+def store(backend: Backend, calibration: Calibration) -> None:
+    with _lock:
+        _memory[_key(backend)] = calibration
+    diskcache.write(cache_path(backend), json.dumps(asdict(calibration), indent=1).encode())
+
+
+def forget(backend: Backend | None = None) -> None:
+    """Drop the in-process copy (of one backend, or all): the next look-up reads the disk."""
+    with _lock:
+        if backend is None:
+            _memory.clear()
+        else:
+            _memory.pop(_key(backend), None)
+
+
+def calibration_for(backend: Backend, measure: bool = False) -> Calibration:
+    """What the cost model uses for ``backend``: the stored calibration; else, with ``measure``,
+    a quick one (measured now and stored); else the paper's constants."""
+    found = stored(backend)
+    if found is not None:
+        return found
+    if measure:
+        return calibrate(backend, quick=True)
+    return paper_constants(backend)
+
+
+# -- measuring -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Sizes:
+    gemm: int  # square GEMM side
+    elements: int  # elements of the large add and of the copies
+    chain: int  # tiny ops recorded together for the per-op cost
+    repeats: int
+
+
+FULL = _Sizes(gemm=512, elements=1 << 22, chain=32, repeats=5)
+QUICK_SIZES = _Sizes(gemm=192, elements=1 << 18, chain=8, repeats=3)
+TINY = 64
+
+
+class _Bench:
+    """Tensors in one pool of a backend, and executions over them: the backend's own kernels."""
+
+    def __init__(self, backend: Backend, shapes: dict[str, tuple[int, ...]]):
+        self.backend = backend
+        align = max(4, backend.alignment) // 4
+        self.offsets, offset = {}, 0
+        for name, shape in shapes.items():
+            self.offsets[name] = offset
+            offset += -(-int(np.prod(shape)) // align) * align
+        self.pool = backend.allocate(4 * offset)
+        self.handles = {n: backend.tensor(self.pool, self.offsets[n], s) for n, s in shapes.items()}
+        rng = np.random.default_rng(0)
+        for name, handle in self.handles.items():
+            backend.write(handle, rng.standard_normal(handle.size).astype(np.float32))
+
+    def execution(self, op: A.AtomicOp):
+        return self.backend.create_execution(op, [self.handles[n] for n in op.inputs],
+                                             [self.handles[n] for n in op.outputs])
+
+    def close(self) -> None:
+        self.backend.release(self.pool)
+
+
+def _add(n: int, a: str, b: str, out: str) -> A.Binary:
+    return A.Binary(inputs=(a, b), outputs=(out,), source="calibration", op="add", out_shape=(1, 1, 1, n),
+                    a_strides=(0, 0, 0, 1), b_strides=(0, 0, 0, 1))
+
+
+def _rate(amount: float, seconds: float) -> float:
+    return amount / max(seconds, 1e-9)
+
+
+def calibrate(backend: Backend, quick: bool = False) -> Calibration:
+    """Measure ``backend`` (see the module docstring), store the result and return it."""
+    sizes = QUICK_SIZES if quick else FULL
+    started = time.perf_counter()
+    n, e = sizes.gemm, sizes.elements
+    shapes = {"a": (n, n), "b": (n, n), "c": (n, n), "x": (e,), "y": (e,), "z": (e,),
+              "t0": (TINY,), "t1": (TINY,), "t2": (TINY,)}
+    bench = _Bench(backend, shapes)
+    def measure(work, repeats):
+        return backend.measure(work, repeats, best=True)
+
+    try:
+        gemm = bench.execution(A.MatMul(inputs=("a", "b"), outputs=("c",), source="calibration", m=n, n=n, k=n))
+        add = bench.execution(_add(e, "x", "y", "z"))
+        tiny = [bench.execution(_add(TINY, "t0", "t1", "t2")) for _ in range(sizes.chain)]
+        rec_gemm, rec_add = backend.record([gemm]), backend.record([add])
+        rec_one, rec_chain = backend.record(tiny[:1]), backend.record(tiny)
+        t_gemm = measure(lambda: backend.submit(rec_gemm), sizes.repeats)
+        t_add = measure(lambda: backend.submit(rec_add), sizes.repeats)
+        t_one = measure(lambda: backend.submit(rec_one), sizes.repeats * 2)
+        t_chain = measure(lambda: backend.submit(rec_chain), sizes.repeats * 2)
+        t_eager = measure(lambda: backend.run_eager(tiny[:1]), sizes.repeats * 2)
+        host_big, host_tiny = np.ones(e, np.float32), np.ones(TINY, np.float32)
+        big, small = bench.handles["x"], bench.handles["t0"]
+        t_up = measure(lambda: backend.write(big, host_big), sizes.repeats)
+        t_down = measure(lambda: backend.read_into(big, host_big), sizes.repeats)
+        t_up0 = measure(lambda: backend.write(small, host_tiny), sizes.repeats * 2)
+        t_down0 = measure(lambda: backend.read_into(small, host_tiny), sizes.repeats * 2)
+    finally:
+        bench.close()
+    dispatch = max(0.0, (t_chain - t_one) / (sizes.chain - 1))
+    info = backend.info
+    result = Calibration(
+        backend.name, info.device, backend.driver, QUICK if quick else MEASURED,
+        matmul_macs=_rate(n ** 3, t_gemm - t_one + dispatch),  # the GEMM's own time, not the submission's
+        elementwise_gbs=_rate(12 * e, t_add - t_one + dispatch) / 1e9,
+        dispatch_ms=dispatch * 1e3, submit_ms=max(0.0, t_one - dispatch) * 1e3, eager_ms=t_eager * 1e3,
+        upload_gbs=_rate(4 * e, t_up - t_up0) / 1e9, download_gbs=_rate(4 * e, t_down - t_down0) / 1e9,
+        transfer_ms=(t_up0 + t_down0) / 2 * 1e3, measured_at=time.time(), seconds=time.perf_counter() - started)
+    store(backend, result)
+    return result
+
+
+__all__ = ["Calibration", "MEASURED", "PAPER", "QUICK", "cache_path", "calibrate", "calibration_for", "forget",
+           "paper_constants", "store", "stored"]
