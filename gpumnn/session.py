@@ -153,7 +153,7 @@ class Session:
         """Start the requested backends (``"auto"``: every available one), the CPU (fallback for
         ops they cannot run) and any a pin names; set ``candidates``. A requested backend that
         cannot start is dropped with a warning (or, ``fallback=False``, raises)."""
-        names = available_backends() if spec == "auto" else [spec] if isinstance(spec, str) else list(spec)
+        names = available_backends() if spec == "auto" else [spec] if isinstance(spec, str) else list(dict.fromkeys(spec))
         if not names:
             raise ValueError("backend=[] names no backend")
         if options and len(names) > 1:
@@ -341,8 +341,10 @@ class Session:
                 for b, p in self.memory.items()}
 
     def report_rows(self) -> list[dict[str, Any]]:
-        """Per atomic op: backend, scheme, shapes, bytes, MACs, estimated cost, fallback reason."""
+        """Per atomic op: backend, scheme, shapes, bytes, MACs, estimated cost, bytes copied in
+        from other backends, fallback reason."""
         rows = []
+        moved = self.placement.moved_bytes()
         prepared = self._first_state
         executions = prepared.executions if prepared else [None] * len(self.program.ops)
         for i, (op, b) in enumerate(zip(self.program.ops, self.placement.op_backends)):
@@ -353,7 +355,7 @@ class Session:
                 "scheme": exe.scheme if exe is not None else getattr(op, "scheme", "-"),
                 "inputs": [list(self.program.shapes.get(n, np.shape(self.program.constants.get(n)))) for n in op.inputs],
                 "output": list(out_shape), "bytes": 4 * int(np.prod(out_shape, dtype=np.int64)),
-                "macs": op.macs(), "cost_ms": self.placement.costs_ms[i],
+                "macs": op.macs(), "cost_ms": self.placement.costs_ms[i], "moved_bytes": moved[i],
                 "fallback": self.placement.fallback_reasons[i],
             })
         return rows
@@ -363,12 +365,20 @@ class Session:
         lines = [f"session on {self.backend!r}" + (f" (fell back: {self.fallback_reason})" if self.fallback_reason else "")
                  + f", {len(self.program.ops)} atomic ops, prepared in {self.prepare_seconds * 1000:.1f} ms,"
                  f" {'recorded' if self.record else 'eager'}"]
-        header = f"{'#':>4} {'op':<17} {'backend':<7} {'scheme':<10} {'output':<20} {'bytes':>10} {'MMACs':>8} {'est ms':>7}  node"
+        lines.append("costs: " + ", ".join(f"{b} {src}" for b, src in self.placement.cost_sources.items()))
+        header = (f"{'#':>4} {'op':<17} {'backend':<7} {'scheme':<10} {'output':<20} {'bytes':>10} {'MMACs':>8} "
+                  f"{'est ms':>7} {'moved':>9}  node")
         lines.append(header)
         for r in self.report_rows():
             note = f"  [cpu fallback: {r['fallback']}]" if r["fallback"] else ""
             lines.append(f"{r['index']:>4} {r['op']:<17} {r['backend']:<7} {r['scheme']:<10} {str(r['output']):<20} "
-                         f"{r['bytes']:>10} {r['macs'] / 1e6:>8.2f} {r['cost_ms']:>7.3f}  {r['node']}{note}")
+                         f"{r['bytes']:>10} {r['macs'] / 1e6:>8.2f} {r['cost_ms']:>7.3f} {r['moved_bytes']:>9}  "
+                         f"{r['node']}{note}")
+        est = self.placement.estimate
+        if est is not None:
+            lines.append(f"estimated total {est.total_ms:.3f} ms: ops {est.ops_ms:.3f}, {est.segments} segment(s) "
+                         f"{est.segments_ms:.3f}, {est.transfers} copies of {est.moved_bytes} bytes between backends "
+                         f"and inputs/outputs {est.transfers_ms:.3f}")
         lines.extend(self.scheme_lines())
         for b, m in self.memory_summary().items():
             lines.append(f"memory[{b}]: pool {m['pool_bytes'] / 2**20:.2f} MiB for {m['tensors']} tensors "
