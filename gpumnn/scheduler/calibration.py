@@ -6,7 +6,10 @@ t_schedule from experience (0.05 ms for OpenCL and OpenGL, 0.01 ms for Vulkan). 
 are far from the devices here (a software Vulkan on two x86 cores is not a Mali), so every
 backend is measured through its own kernels and verbs:
 
-* ``matmul_macs``: multiply-accumulates per second of one square GEMM (the backend's MatMul kernel);
+* ``matmul_macs``: multiply-accumulates per second of one square GEMM (the backend's MatMul kernel),
+  and likewise ``conv_macs``, ``conv1x1_macs`` and ``depthwise_macs`` for a 3x3 convolution, a
+  1x1 one and a depthwise 3x3 one, each through the kernel its scheme names (a depthwise or a
+  1x1 convolution runs far from a GEMM's rate, so each scheme is costed at its own);
 * ``elementwise_gbs``: bytes per second a large Binary add moves inside the device (memory-bound ops);
 * ``dispatch_ms``: what one more op costs inside a recording (N tiny adds recorded, minus one);
 * ``submit_ms``: submitting one recorded tiny op and waiting for it (a segment's fixed cost);
@@ -29,7 +32,6 @@ import json
 import threading
 import time
 from dataclasses import asdict, dataclass, fields
-from typing import Any
 
 import numpy as np
 
@@ -38,7 +40,7 @@ from .. import diskcache
 from ..backends.base import Backend
 
 #: bump when what is measured or how changes: older entries are then measured again
-VERSION = 1
+VERSION = 2
 
 #: sources of a calibration, as reports show them
 MEASURED, QUICK, PAPER = "calibrated", "quick calibration", "not calibrated: paper constants"
@@ -53,6 +55,9 @@ class Calibration:
     driver: str
     source: str
     matmul_macs: float
+    conv_macs: float
+    conv1x1_macs: float
+    depthwise_macs: float
     elementwise_gbs: float
     dispatch_ms: float
     submit_ms: float
@@ -73,10 +78,13 @@ class Calibration:
             return (f"{PAPER} (FLOPS {self.matmul_macs / 1e9:.1f} G, t_schedule {self.dispatch_ms:g} ms, "
                     f"copies {self.upload_gbs:g} GB/s)")
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.measured_at))
-        return (f"{self.source} {when}: GEMM {self.matmul_macs / 1e9:.2f} GMAC/s, elementwise "
+        return (f"{self.source} {when}: GMAC/s GEMM {self.matmul_macs / 1e9:.2f}, conv 3x3 "
+                f"{self.conv_macs / 1e9:.2f}, 1x1 {self.conv1x1_macs / 1e9:.2f}, depthwise "
+                f"{self.depthwise_macs / 1e9:.2f}; elementwise "
                 f"{self.elementwise_gbs:.2f} GB/s, dispatch {self.dispatch_ms * 1000:.0f} us (recorded) / "
                 f"{self.eager_ms * 1000:.0f} us (eager), submit {self.submit_ms * 1000:.0f} us, "
-                f"copies up {self.upload_gbs:.2f} / down {self.download_gbs:.2f} GB/s + {self.transfer_ms * 1000:.0f} us")
+                f"copies up {self.upload_gbs:.2f} / down {self.download_gbs:.2f} GB/s "
+                f"+ {self.transfer_ms * 1000:.0f} us")
 
 
 def paper_constants(backend: Backend) -> Calibration:
@@ -86,6 +94,7 @@ def paper_constants(backend: Backend) -> Calibration:
     info = backend.info
     t_schedule = info.t_schedule_ms if info.is_gpu else 0.0
     return Calibration(backend.name, info.device, backend.driver, PAPER, matmul_macs=info.flops,
+                       conv_macs=info.flops, conv1x1_macs=info.flops, depthwise_macs=info.flops,
                        elementwise_gbs=float("inf"), dispatch_ms=t_schedule, submit_ms=0.0, eager_ms=t_schedule,
                        upload_gbs=info.bandwidth_gbs, download_gbs=info.bandwidth_gbs, transfer_ms=0.0)
 
@@ -156,20 +165,22 @@ def calibration_for(backend: Backend, measure: bool = False) -> Calibration:
 @dataclass(frozen=True)
 class _Sizes:
     gemm: int  # square GEMM side
+    channels: int  # of the convolutions, on maps of ``hw`` x ``hw``
+    hw: int
     elements: int  # elements of the large add and of the copies
     chain: int  # tiny ops recorded together for the per-op cost
     repeats: int
 
 
-FULL = _Sizes(gemm=512, elements=1 << 22, chain=32, repeats=5)
-QUICK_SIZES = _Sizes(gemm=192, elements=1 << 18, chain=8, repeats=3)
+FULL = _Sizes(gemm=512, channels=64, hw=56, elements=1 << 22, chain=32, repeats=5)
+QUICK_SIZES = _Sizes(gemm=192, channels=32, hw=28, elements=1 << 18, chain=8, repeats=3)
 TINY = 64
 
 
 class _Bench:
     """Tensors in one pool of a backend, and executions over them: the backend's own kernels."""
 
-    def __init__(self, backend: Backend, shapes: dict[str, tuple[int, ...]]):
+    def __init__(self, backend: Backend, shapes: dict[str, tuple[int, ...]], weights: dict[str, tuple[int, ...]]):
         self.backend = backend
         align = max(4, backend.alignment) // 4
         self.offsets, offset = {}, 0
@@ -181,6 +192,8 @@ class _Bench:
         rng = np.random.default_rng(0)
         for name, handle in self.handles.items():
             backend.write(handle, rng.standard_normal(handle.size).astype(np.float32))
+        for name, shape in weights.items():  # uploaded as a session uploads weights (packed where it packs)
+            self.handles[name] = backend.constant(rng.standard_normal(shape).astype(np.float32) * 0.1)
 
     def execution(self, op: A.AtomicOp):
         return self.backend.create_execution(op, [self.handles[n] for n in op.inputs],
@@ -195,20 +208,41 @@ def _add(n: int, a: str, b: str, out: str) -> A.Binary:
                     a_strides=(0, 0, 0, 1), b_strides=(0, 0, 0, 1))
 
 
+def _conv(channels: int, hw: int, kernel: int, groups: int, scheme: str) -> A.Conv2D:
+    pad = kernel // 2
+    return A.Conv2D(inputs=(f"i_{scheme}", f"w_{scheme}"), outputs=(f"o_{scheme}",), source="calibration",
+                    in_channels=channels,
+                    in_hw=(hw, hw), out_channels=channels, out_hw=(hw, hw), kernel=(kernel, kernel), pads=(pad, pad),
+                    groups=groups, scheme=scheme)
+
+
 def _rate(amount: float, seconds: float) -> float:
     return amount / max(seconds, 1e-9)
+
+
+def _own(seconds: float, submit: float) -> float:
+    """A measured op's own time: less its submission, but never below a tenth of what was
+    measured (on a fast device the difference of two noisy times can vanish)."""
+    return max(seconds - submit, 0.1 * seconds)
 
 
 def calibrate(backend: Backend, quick: bool = False) -> Calibration:
     """Measure ``backend`` (see the module docstring), store the result and return it."""
     sizes = QUICK_SIZES if quick else FULL
     started = time.perf_counter()
-    n, e = sizes.gemm, sizes.elements
+    n, e, c, hw = sizes.gemm, sizes.elements, sizes.channels, sizes.hw
+    convs = {"conv_macs": _conv(c, hw, 3, 1, "im2col"), "conv1x1_macs": _conv(2 * c, hw, 1, 1, "gemm1x1"),
+             "depthwise_macs": _conv(2 * c, hw, 3, 2 * c, "depthwise")}
     shapes = {"a": (n, n), "b": (n, n), "c": (n, n), "x": (e,), "y": (e,), "z": (e,),
               "t0": (TINY,), "t1": (TINY,), "t2": (TINY,)}
-    bench = _Bench(backend, shapes)
-    def measure(work, repeats):
-        return backend.measure(work, repeats, best=True)
+    for op in convs.values():
+        shapes[op.inputs[0]] = (1, op.in_channels, *op.in_hw)
+        shapes[op.outputs[0]] = (1, op.out_channels, *op.out_hw)
+    weights = {op.inputs[1]: (op.out_channels, op.in_channels // op.groups, *op.kernel) for op in convs.values()}
+    bench = _Bench(backend, shapes, weights)
+
+    def measure(work, repeats):  # medians, as runs are timed: a shared machine's load is in both
+        return backend.measure(work, repeats)
 
     try:
         gemm = bench.execution(A.MatMul(inputs=("a", "b"), outputs=("c",), source="calibration", m=n, n=n, k=n))
@@ -218,6 +252,10 @@ def calibrate(backend: Backend, quick: bool = False) -> Calibration:
         rec_one, rec_chain = backend.record(tiny[:1]), backend.record(tiny)
         t_gemm = measure(lambda: backend.submit(rec_gemm), sizes.repeats)
         t_add = measure(lambda: backend.submit(rec_add), sizes.repeats)
+        t_convs = {}
+        for key, op in convs.items():
+            recording = backend.record([bench.execution(op)])
+            t_convs[key] = measure(lambda recording=recording: backend.submit(recording), sizes.repeats)
         t_one = measure(lambda: backend.submit(rec_one), sizes.repeats * 2)
         t_chain = measure(lambda: backend.submit(rec_chain), sizes.repeats * 2)
         t_eager = measure(lambda: backend.run_eager(tiny[:1]), sizes.repeats * 2)
@@ -230,13 +268,15 @@ def calibrate(backend: Backend, quick: bool = False) -> Calibration:
     finally:
         bench.close()
     dispatch = max(0.0, (t_chain - t_one) / (sizes.chain - 1))
+    submit = t_one - dispatch  # each measured op's own time excludes its segment's submission
     info = backend.info
     result = Calibration(
         backend.name, info.device, backend.driver, QUICK if quick else MEASURED,
-        matmul_macs=_rate(n ** 3, t_gemm - t_one + dispatch),  # the GEMM's own time, not the submission's
-        elementwise_gbs=_rate(12 * e, t_add - t_one + dispatch) / 1e9,
-        dispatch_ms=dispatch * 1e3, submit_ms=max(0.0, t_one - dispatch) * 1e3, eager_ms=t_eager * 1e3,
-        upload_gbs=_rate(4 * e, t_up - t_up0) / 1e9, download_gbs=_rate(4 * e, t_down - t_down0) / 1e9,
+        matmul_macs=_rate(n ** 3, _own(t_gemm, submit)),
+        **{key: _rate(convs[key].macs(), _own(t, submit)) for key, t in t_convs.items()},
+        elementwise_gbs=_rate(12 * e, _own(t_add, submit)) / 1e9,
+        dispatch_ms=dispatch * 1e3, submit_ms=max(0.0, submit) * 1e3, eager_ms=t_eager * 1e3,
+        upload_gbs=_rate(4 * e, _own(t_up, t_up0)) / 1e9, download_gbs=_rate(4 * e, _own(t_down, t_down0)) / 1e9,
         transfer_ms=(t_up0 + t_down0) / 2 * 1e3, measured_at=time.time(), seconds=time.perf_counter() - started)
     store(backend, result)
     return result

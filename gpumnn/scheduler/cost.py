@@ -1,11 +1,11 @@
 """The placement cost model: what one atomic op costs on one backend, and what a copy costs.
 
 The paper's Eq. 5 is ``MUL / FLOPS * 1000 + t_schedule`` (the last term on a GPU only). Costing
-every op by its multiplications alone calls a Relu, a Raster or a depthwise convolution free,
-although on every device here they are bound by memory, not arithmetic. So the compute term is a
-roofline: the larger of the op's multiply-accumulates at the device's GEMM rate and the bytes
-it reads and writes at the device's elementwise bandwidth, both measured by
-:mod:`.calibration`. The fixed term is the calibrated cost of one more dispatch inside a
+every op by its multiplications alone calls a Relu, a Raster or a pooling free, although on every
+device here they are bound by memory, not arithmetic. So the compute term is a roofline: the
+larger of the op's multiply-accumulates at the rate of its scheme's kernel (GEMM, 3x3, 1x1 or
+depthwise convolution) and the bytes it reads and writes at the device's elementwise
+bandwidth, all measured by :mod:`.calibration`. The fixed term is the calibrated cost of one more dispatch inside a
 recording (or, for an eager session, of one op submitted and waited for). A run of consecutive
 ops on one backend (a *segment*, one recording) adds one submission and wait; a tensor that
 crosses backends adds a device -> host read on its source and a host -> device write on its
@@ -40,6 +40,15 @@ def op_bytes(program: A.AtomicProgram, op: A.AtomicOp) -> int:
     return sum(tensor_bytes(program, n) for n in (*op.inputs, *op.outputs))
 
 
+def macs_rate(op: A.AtomicOp, cal: Calibration) -> float:
+    """The calibrated multiply-accumulate rate of the kernel ``op`` runs: its scheme's."""
+    if isinstance(op, A.Conv2D):
+        return {"gemm1x1": cal.conv1x1_macs, "depthwise": cal.depthwise_macs}.get(op.scheme, cal.conv_macs)
+    if isinstance(op, A.ConvTranspose2D):
+        return cal.conv_macs
+    return cal.matmul_macs
+
+
 def _per_second(amount: float, rate: float) -> float:
     return amount / rate if rate > 0 and math.isfinite(rate) else 0.0
 
@@ -56,7 +65,7 @@ class CostModel:
     def op_ms(self, op: A.AtomicOp, backend: str, nbytes: int) -> float:
         """One op on ``backend``: roofline of MACs and ``nbytes`` of traffic, plus the dispatch."""
         cal = self.calibrations[backend]
-        compute = max(_per_second(op.macs(), cal.matmul_macs), _per_second(nbytes, cal.elementwise_gbs * 1e9))
+        compute = max(_per_second(op.macs(), macs_rate(op, cal)), _per_second(nbytes, cal.elementwise_gbs * 1e9))
         return compute * 1e3 + (cal.dispatch_ms if self.record else cal.eager_ms)
 
     def segment_ms(self, backend: str) -> float:
