@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run one model once")
     run.add_argument("model", help="an .onnx file or a zoo model name")
-    run.add_argument("--backend", default="cpu", choices=list(REGISTRY))
+    run.add_argument("--backend", default="cpu", choices=[*REGISTRY, "auto"])
     run.add_argument("--input", help=".npy file for the (first) input; default: random normal data")
     run.add_argument("--shape", type=int, nargs="+", help="input shape, for models with symbolic dimensions")
     run.add_argument("--output", help="write the outputs to this .npz file")
