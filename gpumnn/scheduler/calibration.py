@@ -239,34 +239,35 @@ def calibrate(backend: Backend, quick: bool = False) -> Calibration:
         shapes[op.inputs[0]] = (1, op.in_channels, *op.in_hw)
         shapes[op.outputs[0]] = (1, op.out_channels, *op.out_hw)
     weights = {op.inputs[1]: (op.out_channels, op.in_channels // op.groups, *op.kernel) for op in convs.values()}
-    bench = _Bench(backend, shapes, weights)
 
     def measure(work, repeats):  # medians, as runs are timed: a shared machine's load is in both
         return backend.measure(work, repeats)
 
-    try:
-        gemm = bench.execution(A.MatMul(inputs=("a", "b"), outputs=("c",), source="calibration", m=n, n=n, k=n))
-        add = bench.execution(_add(e, "x", "y", "z"))
-        tiny = [bench.execution(_add(TINY, "t0", "t1", "t2")) for _ in range(sizes.chain)]
-        rec_gemm, rec_add = backend.record([gemm]), backend.record([add])
-        rec_one, rec_chain = backend.record(tiny[:1]), backend.record(tiny)
-        t_gemm = measure(lambda: backend.submit(rec_gemm), sizes.repeats)
-        t_add = measure(lambda: backend.submit(rec_add), sizes.repeats)
-        t_convs = {}
-        for key, op in convs.items():
-            recording = backend.record([bench.execution(op)])
-            t_convs[key] = measure(lambda recording=recording: backend.submit(recording), sizes.repeats)
-        t_one = measure(lambda: backend.submit(rec_one), sizes.repeats * 2)
-        t_chain = measure(lambda: backend.submit(rec_chain), sizes.repeats * 2)
-        t_eager = measure(lambda: backend.run_eager(tiny[:1]), sizes.repeats * 2)
-        host_big, host_tiny = np.ones(e, np.float32), np.ones(TINY, np.float32)
-        big, small = bench.handles["x"], bench.handles["t0"]
-        t_up = measure(lambda: backend.write(big, host_big), sizes.repeats)
-        t_down = measure(lambda: backend.read_into(big, host_big), sizes.repeats)
-        t_up0 = measure(lambda: backend.write(small, host_tiny), sizes.repeats * 2)
-        t_down0 = measure(lambda: backend.read_into(small, host_tiny), sizes.repeats * 2)
-    finally:
-        bench.close()
+    with backend.activate():
+        bench = _Bench(backend, shapes, weights)
+        try:
+            gemm = bench.execution(A.MatMul(inputs=("a", "b"), outputs=("c",), source="calibration", m=n, n=n, k=n))
+            add = bench.execution(_add(e, "x", "y", "z"))
+            tiny = [bench.execution(_add(TINY, "t0", "t1", "t2")) for _ in range(sizes.chain)]
+            rec_gemm, rec_add = backend.record([gemm]), backend.record([add])
+            rec_one, rec_chain = backend.record(tiny[:1]), backend.record(tiny)
+            t_gemm = measure(lambda: backend.submit(rec_gemm), sizes.repeats)
+            t_add = measure(lambda: backend.submit(rec_add), sizes.repeats)
+            t_convs = {}
+            for key, op in convs.items():
+                recording = backend.record([bench.execution(op)])
+                t_convs[key] = measure(lambda recording=recording: backend.submit(recording), sizes.repeats)
+            t_one = measure(lambda: backend.submit(rec_one), sizes.repeats * 2)
+            t_chain = measure(lambda: backend.submit(rec_chain), sizes.repeats * 2)
+            t_eager = measure(lambda: backend.run_eager(tiny[:1]), sizes.repeats * 2)
+            host_big, host_tiny = np.ones(e, np.float32), np.ones(TINY, np.float32)
+            big, small = bench.handles["x"], bench.handles["t0"]
+            t_up = measure(lambda: backend.write(big, host_big), sizes.repeats)
+            t_down = measure(lambda: backend.read_into(big, host_big), sizes.repeats)
+            t_up0 = measure(lambda: backend.write(small, host_tiny), sizes.repeats * 2)
+            t_down0 = measure(lambda: backend.read_into(small, host_tiny), sizes.repeats * 2)
+        finally:
+            bench.close()
     dispatch = max(0.0, (t_chain - t_one) / (sizes.chain - 1))
     submit = t_one - dispatch  # each measured op's own time excludes its segment's submission
     info = backend.info
