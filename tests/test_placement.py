@@ -165,8 +165,8 @@ def test_a_split_chosen_by_the_cost_model_agrees_with_onnxruntime(backend, monke
 
     def fake(be, measure=False):
         gemm, memory = (1e15, 1e-3) if be.name == backend else (1e6, 1e6)
-        return dataclasses.replace(C.paper_constants(be), source=C.MEASURED, matmul_macs=gemm, conv_macs=gemm,
-                                   conv1x1_macs=gemm, depthwise_macs=gemm, elementwise_gbs=memory,
+        return dataclasses.replace(C.paper_constants(be), source=C.MEASURED,
+                                   kernels={k: [0.0, gemm] for k in C.KERNELS}, elementwise_gbs=memory,
                                    upload_gbs=1e6, download_gbs=1e6)
 
     monkeypatch.setattr(gpumnn.session, "calibration_for", fake)

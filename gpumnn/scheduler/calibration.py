@@ -6,10 +6,10 @@ t_schedule from experience (0.05 ms for OpenCL and OpenGL, 0.01 ms for Vulkan). 
 are far from the devices here (a software Vulkan on two x86 cores is not a Mali), so every
 backend is measured through its own kernels and verbs:
 
-* ``matmul_macs``: multiply-accumulates per second of one square GEMM (the backend's MatMul kernel),
-  and likewise ``conv_macs``, ``conv1x1_macs`` and ``depthwise_macs`` for a 3x3 convolution, a
-  1x1 one and a depthwise 3x3 one, each through the kernel its scheme names (a depthwise or a
-  1x1 convolution runs far from a GEMM's rate, so each scheme is costed at its own);
+* ``kernels``: for each kernel that multiplies (``gemm``: the MatMul kernel; ``conv3x3``,
+  ``conv1x1``, ``depthwise``: the convolution kernels those schemes name), a fixed cost and a
+  rate, ``[ms, MAC/s]``, fitted through two sizes of it: a depthwise or a small 1x1 convolution
+  runs far below a large GEMM's rate, and a CPU BLAS call pays for waking its threads;
 * ``elementwise_gbs``: bytes per second a large Binary add moves inside the device (memory-bound ops);
 * ``dispatch_ms``: what one more op costs inside a recording (N tiny adds recorded, minus one);
 * ``submit_ms``: submitting one recorded tiny op and waiting for it (a segment's fixed cost);
@@ -40,7 +40,10 @@ from .. import diskcache
 from ..backends.base import Backend
 
 #: bump when what is measured or how changes: older entries are then measured again
-VERSION = 2
+VERSION = 3
+
+#: the kernels that multiply, each with a fixed cost and a rate (see ``Calibration.kernels``)
+KERNELS = ("gemm", "conv3x3", "conv1x1", "depthwise")
 
 #: sources of a calibration, as reports show them
 MEASURED, QUICK, PAPER = "calibrated", "quick calibration", "not calibrated: paper constants"
@@ -54,10 +57,7 @@ class Calibration:
     device: str
     driver: str
     source: str
-    matmul_macs: float
-    conv_macs: float
-    conv1x1_macs: float
-    depthwise_macs: float
+    kernels: dict[str, list[float]]  # kernel -> [fixed ms, MAC/s]
     elementwise_gbs: float
     dispatch_ms: float
     submit_ms: float
@@ -69,6 +69,11 @@ class Calibration:
     seconds: float = 0.0  # how long measuring took
 
     @property
+    def matmul_macs(self) -> float:
+        """The GEMM kernel's rate (which backend is fastest at the heavy work)."""
+        return self.kernels["gemm"][1]
+
+    @property
     def calibrated(self) -> bool:
         return self.source != PAPER
 
@@ -78,9 +83,9 @@ class Calibration:
             return (f"{PAPER} (FLOPS {self.matmul_macs / 1e9:.1f} G, t_schedule {self.dispatch_ms:g} ms, "
                     f"copies {self.upload_gbs:g} GB/s)")
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.measured_at))
-        return (f"{self.source} {when}: GMAC/s GEMM {self.matmul_macs / 1e9:.2f}, conv 3x3 "
-                f"{self.conv_macs / 1e9:.2f}, 1x1 {self.conv1x1_macs / 1e9:.2f}, depthwise "
-                f"{self.depthwise_macs / 1e9:.2f}; elementwise "
+        kernels = ", ".join(f"{k} {rate / 1e9:.2f} GMAC/s + {fixed * 1000:.0f} us"
+                            for k, (fixed, rate) in self.kernels.items())
+        return (f"{self.source} {when}: {kernels}; elementwise "
                 f"{self.elementwise_gbs:.2f} GB/s, dispatch {self.dispatch_ms * 1000:.0f} us (recorded) / "
                 f"{self.eager_ms * 1000:.0f} us (eager), submit {self.submit_ms * 1000:.0f} us, "
                 f"copies up {self.upload_gbs:.2f} / down {self.download_gbs:.2f} GB/s "
@@ -93,8 +98,8 @@ def paper_constants(backend: Backend) -> Calibration:
     bandwidth; no memory-bound term and no per-segment or per-copy fixed cost."""
     info = backend.info
     t_schedule = info.t_schedule_ms if info.is_gpu else 0.0
-    return Calibration(backend.name, info.device, backend.driver, PAPER, matmul_macs=info.flops,
-                       conv_macs=info.flops, conv1x1_macs=info.flops, depthwise_macs=info.flops,
+    return Calibration(backend.name, info.device, backend.driver, PAPER,
+                       kernels={k: [t_schedule, info.flops] for k in KERNELS},
                        elementwise_gbs=float("inf"), dispatch_ms=t_schedule, submit_ms=0.0, eager_ms=t_schedule,
                        upload_gbs=info.bandwidth_gbs, download_gbs=info.bandwidth_gbs, transfer_ms=0.0)
 
@@ -210,7 +215,8 @@ def _add(n: int, a: str, b: str, out: str) -> A.Binary:
 
 def _conv(channels: int, hw: int, kernel: int, groups: int, scheme: str) -> A.Conv2D:
     pad = kernel // 2
-    return A.Conv2D(inputs=(f"i_{scheme}", f"w_{scheme}"), outputs=(f"o_{scheme}",), source="calibration",
+    tag = f"{scheme}{channels}x{hw}"
+    return A.Conv2D(inputs=(f"i_{tag}", f"w_{tag}"), outputs=(f"o_{tag}",), source="calibration",
                     in_channels=channels,
                     in_hw=(hw, hw), out_channels=channels, out_hw=(hw, hw), kernel=(kernel, kernel), pads=(pad, pad),
                     groups=groups, scheme=scheme)
@@ -226,40 +232,66 @@ def _own(seconds: float, submit: float) -> float:
     return max(seconds - submit, 0.1 * seconds)
 
 
+def _affine(small: tuple[int, float], large: tuple[int, float]) -> list[float]:
+    """[fixed ms, MAC/s] through (MACs, seconds) at two sizes. Where the fit is not to be
+    trusted -- the times do not rise with the work, or the fixed part would be more than half
+    the large op's time (a BLAS that stalls at one size: measured, 128^3 took 16 ms on two
+    loaded cores while 256^3 took 0.4 ms) -- the large op's rate alone."""
+    (m0, t0), (m1, t1) = small, large
+    plain = [0.0, _rate(m1, t1)]
+    if t1 <= t0 or m1 <= m0:
+        return plain
+    rate = (m1 - m0) / (t1 - t0)
+    fixed = max(0.0, t0 - m0 / rate)
+    return plain if fixed > t1 / 2 else [fixed * 1e3, rate]
+
+
+def _kernel_ops(sizes: _Sizes) -> dict[str, tuple[A.AtomicOp, A.AtomicOp]]:
+    """Per kernel, a small and a large op of it."""
+    n, c, hw = sizes.gemm, sizes.channels, sizes.hw
+
+    def gemm(side: int) -> A.MatMul:
+        return A.MatMul(inputs=(f"a{side}", f"b{side}"), outputs=(f"c{side}",), source="calibration",
+                        m=side, n=side, k=side)
+    return {"gemm": (gemm(n // 8), gemm(n)),
+            "conv3x3": (_conv(c // 2, hw // 2, 3, 1, "im2col"), _conv(c, hw, 3, 1, "im2col")),
+            "conv1x1": (_conv(c // 2, hw // 2, 1, 1, "gemm1x1"), _conv(2 * c, hw, 1, 1, "gemm1x1")),
+            "depthwise": (_conv(c // 2, hw // 2, 3, c // 2, "depthwise"), _conv(2 * c, hw, 3, 2 * c, "depthwise"))}
+
+
 def calibrate(backend: Backend, quick: bool = False) -> Calibration:
     """Measure ``backend`` (see the module docstring), store the result and return it."""
     sizes = QUICK_SIZES if quick else FULL
     started = time.perf_counter()
-    n, e, c, hw = sizes.gemm, sizes.elements, sizes.channels, sizes.hw
-    convs = {"conv_macs": _conv(c, hw, 3, 1, "im2col"), "conv1x1_macs": _conv(2 * c, hw, 1, 1, "gemm1x1"),
-             "depthwise_macs": _conv(2 * c, hw, 3, 2 * c, "depthwise")}
-    shapes = {"a": (n, n), "b": (n, n), "c": (n, n), "x": (e,), "y": (e,), "z": (e,),
-              "t0": (TINY,), "t1": (TINY,), "t2": (TINY,)}
-    for op in convs.values():
-        shapes[op.inputs[0]] = (1, op.in_channels, *op.in_hw)
-        shapes[op.outputs[0]] = (1, op.out_channels, *op.out_hw)
-    weights = {op.inputs[1]: (op.out_channels, op.in_channels // op.groups, *op.kernel) for op in convs.values()}
+    e = sizes.elements
+    kernel_ops = _kernel_ops(sizes)
+    shapes = {"x": (e,), "y": (e,), "z": (e,), "t0": (TINY,), "t1": (TINY,), "t2": (TINY,)}
+    weights = {}
+    for op in (op for pair in kernel_ops.values() for op in pair):
+        if isinstance(op, A.MatMul):
+            shapes.update({op.inputs[0]: (op.m, op.k), op.inputs[1]: (op.k, op.n), op.outputs[0]: (op.m, op.n)})
+        else:
+            shapes.update({op.inputs[0]: (1, op.in_channels, *op.in_hw),
+                           op.outputs[0]: (1, op.out_channels, *op.out_hw)})
+            weights[op.inputs[1]] = (op.out_channels, op.in_channels // op.groups, *op.kernel)
 
     def measure(work, repeats):  # medians, as runs are timed: a shared machine's load is in both
         return backend.measure(work, repeats)
 
+    def timed(op: A.AtomicOp, repeats: int) -> float:
+        recording = backend.record([bench.execution(op)])
+        return measure(lambda: backend.submit(recording), repeats)
+
     with backend.activate():
         bench = _Bench(backend, shapes, weights)
         try:
-            gemm = bench.execution(A.MatMul(inputs=("a", "b"), outputs=("c",), source="calibration", m=n, n=n, k=n))
-            add = bench.execution(_add(e, "x", "y", "z"))
             tiny = [bench.execution(_add(TINY, "t0", "t1", "t2")) for _ in range(sizes.chain)]
-            rec_gemm, rec_add = backend.record([gemm]), backend.record([add])
             rec_one, rec_chain = backend.record(tiny[:1]), backend.record(tiny)
-            t_gemm = measure(lambda: backend.submit(rec_gemm), sizes.repeats)
-            t_add = measure(lambda: backend.submit(rec_add), sizes.repeats)
-            t_convs = {}
-            for key, op in convs.items():
-                recording = backend.record([bench.execution(op)])
-                t_convs[key] = measure(lambda recording=recording: backend.submit(recording), sizes.repeats)
             t_one = measure(lambda: backend.submit(rec_one), sizes.repeats * 2)
             t_chain = measure(lambda: backend.submit(rec_chain), sizes.repeats * 2)
             t_eager = measure(lambda: backend.run_eager(tiny[:1]), sizes.repeats * 2)
+            t_kernels = {k: [(op.macs(), timed(op, sizes.repeats)) for op in pair] for k, pair in kernel_ops.items()}
+            t_add = timed(_add(e, "x", "y", "z"), sizes.repeats)
             host_big, host_tiny = np.ones(e, np.float32), np.ones(TINY, np.float32)
             big, small = bench.handles["x"], bench.handles["t0"]
             t_up = measure(lambda: backend.write(big, host_big), sizes.repeats)
@@ -273,8 +305,7 @@ def calibrate(backend: Backend, quick: bool = False) -> Calibration:
     info = backend.info
     result = Calibration(
         backend.name, info.device, backend.driver, QUICK if quick else MEASURED,
-        matmul_macs=_rate(n ** 3, _own(t_gemm, submit)),
-        **{key: _rate(convs[key].macs(), _own(t, submit)) for key, t in t_convs.items()},
+        kernels={k: _affine(*[(macs, _own(t, submit)) for macs, t in pair]) for k, pair in t_kernels.items()},
         elementwise_gbs=_rate(12 * e, _own(t_add, submit)) / 1e9,
         dispatch_ms=dispatch * 1e3, submit_ms=max(0.0, submit) * 1e3, eager_ms=t_eager * 1e3,
         upload_gbs=_rate(4 * e, _own(t_up, t_up0)) / 1e9, download_gbs=_rate(4 * e, _own(t_down, t_down0)) / 1e9,
@@ -283,5 +314,5 @@ def calibrate(backend: Backend, quick: bool = False) -> Calibration:
     return result
 
 
-__all__ = ["Calibration", "MEASURED", "PAPER", "QUICK", "cache_path", "calibrate", "calibration_for", "forget",
-           "paper_constants", "store", "stored"]
+__all__ = ["KERNELS", "Calibration", "MEASURED", "PAPER", "QUICK", "cache_path", "calibrate", "calibration_for",
+           "forget", "paper_constants", "store", "stored"]

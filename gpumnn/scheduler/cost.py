@@ -2,11 +2,11 @@
 
 The paper's Eq. 5 is ``MUL / FLOPS * 1000 + t_schedule`` (the last term on a GPU only). Costing
 every op by its multiplications alone calls a Relu, a Raster or a pooling free, although on every
-device here they are bound by memory, not arithmetic. So the compute term is a roofline: the
-larger of the op's multiply-accumulates at the rate of its scheme's kernel (GEMM, 3x3, 1x1 or
-depthwise convolution) and the bytes it reads and writes at the device's elementwise
-bandwidth, all measured by :mod:`.calibration`. The fixed term is the calibrated cost of one more dispatch inside a
-recording (or, for an eager session, of one op submitted and waited for). A run of consecutive
+device here they are bound by memory, not arithmetic. So an op costs a roofline, the larger of
+its multiplications at its scheme's kernel (GEMM, 3x3, 1x1 or depthwise convolution: a fixed cost
+plus MACs at a rate, fitted through two sizes) and the bytes it reads and writes at the device's
+elementwise bandwidth plus one dispatch inside a recording (or, for an eager session, one op
+submitted and waited for), all measured by :mod:`.calibration`. A run of consecutive
 ops on one backend (a *segment*, one recording) adds one submission and wait; a tensor that
 crosses backends adds a device -> host read on its source and a host -> device write on its
 destination, each ``latency + bytes / bandwidth``. Graph inputs start on the host and graph
@@ -40,13 +40,14 @@ def op_bytes(program: A.AtomicProgram, op: A.AtomicOp) -> int:
     return sum(tensor_bytes(program, n) for n in (*op.inputs, *op.outputs))
 
 
-def macs_rate(op: A.AtomicOp, cal: Calibration) -> float:
-    """The calibrated multiply-accumulate rate of the kernel ``op`` runs: its scheme's."""
+def kernel_of(op: A.AtomicOp) -> str | None:
+    """The calibrated kernel (``Calibration.kernels``) whose cost ``op``'s multiplications follow:
+    its scheme's; None for an op that does not multiply."""
     if isinstance(op, A.Conv2D):
-        return {"gemm1x1": cal.conv1x1_macs, "depthwise": cal.depthwise_macs}.get(op.scheme, cal.conv_macs)
+        return {"gemm1x1": "conv1x1", "depthwise": "depthwise"}.get(op.scheme, "conv3x3")
     if isinstance(op, A.ConvTranspose2D):
-        return cal.conv_macs
-    return cal.matmul_macs
+        return "conv3x3"
+    return "gemm" if op.macs() else None
 
 
 def _per_second(amount: float, rate: float) -> float:
@@ -65,8 +66,14 @@ class CostModel:
     def op_ms(self, op: A.AtomicOp, backend: str, nbytes: int) -> float:
         """One op on ``backend``: roofline of MACs and ``nbytes`` of traffic, plus the dispatch."""
         cal = self.calibrations[backend]
-        compute = max(_per_second(op.macs(), macs_rate(op, cal)), _per_second(nbytes, cal.elementwise_gbs * 1e9))
-        return compute * 1e3 + (cal.dispatch_ms if self.record else cal.eager_ms)
+        fixed = cal.dispatch_ms if self.record else cal.eager_ms
+        cost = fixed + _per_second(nbytes, cal.elementwise_gbs * 1e9) * 1e3
+        kernel = kernel_of(op)
+        if kernel is not None:
+            kernel_fixed, rate = cal.kernels[kernel]
+            multiply = kernel_fixed + _per_second(op.macs(), rate) * 1e3
+            cost = max(cost, multiply if self.record else multiply - cal.dispatch_ms + fixed)
+        return cost
 
     def segment_ms(self, backend: str) -> float:
         """The fixed cost of one segment: submitting its recording and waiting for it."""
