@@ -153,7 +153,10 @@ class Session:
         """Start the requested backends (``"auto"``: every available one), the CPU (fallback for
         ops they cannot run) and any a pin names; set ``candidates``. A requested backend that
         cannot start is dropped with a warning (or, ``fallback=False``, raises)."""
-        names = available_backends() if spec == "auto" else [spec] if isinstance(spec, str) else list(dict.fromkeys(spec))
+        if spec == "auto":
+            names = available_backends()
+        else:
+            names = [spec] if isinstance(spec, str) else list(dict.fromkeys(spec))
         if not names:
             raise ValueError("backend=[] names no backend")
         if options and len(names) > 1:
@@ -164,7 +167,7 @@ class Session:
             if name in backends:
                 continue
             try:
-                backends[name] = create_backend(name, **options)
+                backends[name] = create_backend(name, **(options if name in names else {}))
             except BackendUnavailableError as exc:
                 if not fallback or name not in names:
                     _close_backends(list(backends.values()))
