@@ -145,6 +145,14 @@ def test_pin_by_node_name_splits_the_graph_and_a_run_allocates_nothing(backend):
     assert after["cpu"]["read_temporaries"] == before["cpu"]["read_temporaries"] == 0
 
 
+def test_eager_split_agrees_with_onnxruntime(backend):
+    other = _other(backend)
+    net, _, _ = _model_and_reference()
+    sess = net.session(backend=backend, record=False, placement={SQUEEZE: other})
+    assert {r["backend"] for r in sess.report_rows() if r["node"] == SQUEEZE} == {other}
+    _check(sess)
+
+
 def test_placement_names_unknown_nodes():
     net, _, _ = _model_and_reference()
     with pytest.raises(InputError, match="no_such_node"):
