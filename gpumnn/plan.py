@@ -118,17 +118,18 @@ def chart(prof: Profile, path: str, title: str = "") -> None:
     backends = list(dict.fromkeys(r.backend for r in prof.rows))
     colours = {b: plt.get_cmap("tab10")(i) for i, b in enumerate(backends)}
     fig, ax = plt.subplots(figsize=(max(8.0, len(prof.rows) * 0.12), 4.5))
+    from matplotlib.patches import Patch
     ax.bar(x - 0.2, [r.estimated_ms for r in prof.rows], 0.4, color=[colours[r.backend] for r in prof.rows],
-           alpha=0.45, label="estimated")
-    ax.bar(x + 0.2, [r.measured_ms for r in prof.rows], 0.4, color=[colours[r.backend] for r in prof.rows],
-           label="measured (eager, op by op)")
-    for b in backends:
-        ax.bar([], [], color=colours[b], label=b)
+           alpha=0.4, hatch="//")
+    ax.bar(x + 0.2, [r.measured_ms for r in prof.rows], 0.4, color=[colours[r.backend] for r in prof.rows])
+    handles = [Patch(facecolor="grey", alpha=0.4, hatch="//", label="estimated"),
+               Patch(facecolor="grey", label="measured (eager, op by op)")]
+    handles += [Patch(facecolor=colours[b], label=b) for b in backends]
     ax.set_yscale("log")
     ax.set_xlabel("atomic op")
     ax.set_ylabel("ms")
     ax.set_title(title or f"estimated {prof.estimated_ms:.1f} ms vs measured {prof.recorded_ms:.1f} ms per run")
-    ax.legend(fontsize=8)
+    ax.legend(handles=handles, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
