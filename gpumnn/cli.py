@@ -1,4 +1,4 @@
-"""The ``gpumnn`` command: info, run, bench and zoo export."""
+"""The ``gpumnn`` command: info, calibrate, run, plan, bench and zoo export."""
 from __future__ import annotations
 
 import argparse
@@ -28,12 +28,51 @@ def cmd_info(args: argparse.Namespace) -> int:
     for name in REGISTRY:
         reason = probe(name)
         if reason is None:
+            from .scheduler.calibration import calibration_for
             backend = create_backend(name)
-            info = backend.info
-            print(f"  {name:<7} available  {info.device}  (FLOPS {info.flops / 1e9:.1f} G, t_schedule {info.t_schedule_ms} ms)")
+            print(f"  {name:<7} available  {backend.info.device}")
+            print(f"          {calibration_for(backend).describe()}")
             backend.close()
         else:
             print(f"  {name:<7} missing    {reason}")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .backends import available_backends
+    from .scheduler.calibration import calibrate, cache_path
+    names = available_backends() if args.backend == ["all"] else args.backend
+    for name in names:
+        backend = create_backend(name)
+        try:
+            result = calibrate(backend, quick=args.quick)
+        finally:
+            backend.close()
+        print(f"{name:<7} {result.device}\n        {result.describe()} ({result.seconds:.1f} s)"
+              f"\n        stored in {cache_path(backend)}")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .bench_charts import ChartsUnavailable, require_matplotlib
+    from .plan import chart, format_profile, profile
+    if args.png:
+        try:
+            require_matplotlib()  # before the profiling, not after it
+        except ChartsUnavailable as exc:
+            print(f"gpumnn: error: {exc}", file=sys.stderr)
+            return 2
+    net, _ = _load_model(args.model)
+    shapes = {net.inputs[0].name: tuple(args.shape)} if args.shape else None
+    backend = args.backend[0] if len(args.backend) == 1 else args.backend
+    with net.session(backend=backend, input_shapes=shapes, threads=args.threads) as sess:
+        rng = np.random.default_rng(0)
+        feeds = {v.name: random_input(v.dtype, sess.input_shapes[v.name], rng) for v in net.inputs}
+        prof = profile(sess, feeds, runs=args.runs)
+        print(format_profile(sess, prof))
+    if args.png:
+        chart(prof, args.png, title=f"{args.model} on {sess.backend}: estimated vs measured per op")
+        print(f"wrote {args.png}")
     return 0
 
 
@@ -145,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run one model once")
     run.add_argument("model", help="an .onnx file or a zoo model name")
-    run.add_argument("--backend", default="cpu", choices=list(REGISTRY))
+    run.add_argument("--backend", default="cpu", choices=[*REGISTRY, "auto"])
     run.add_argument("--input", help=".npy file for the (first) input; default: random normal data")
     run.add_argument("--shape", nargs="+", action="append", metavar="NAME=D0,D1,...",
                      help="an input's shape, for models with symbolic dimensions (repeat for each input; "
@@ -156,6 +195,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-fallback", action="store_true", help="fail instead of running on the cpu if the backend cannot start")
     run.add_argument("--report", action="store_true", help="print the per-op plan")
     run.set_defaults(fn=cmd_run)
+
+    calibrate = sub.add_parser("calibrate", help="measure each backend's cost-model numbers and cache them")
+    calibrate.add_argument("--backend", nargs="+", default=["all"], help="backends to measure (default: all available)")
+    calibrate.add_argument("--quick", action="store_true", help="the quick variant a session runs on its own")
+    calibrate.set_defaults(fn=cmd_calibrate)
+
+    plan = sub.add_parser("plan", help="placement per op: backend, scheme, estimated cost beside measured time")
+    plan.add_argument("model", help="an .onnx file or a zoo model name")
+    plan.add_argument("--backend", nargs="+", default=["auto"],
+                      help="'auto' (every available backend), one backend, or several to choose among")
+    plan.add_argument("--shape", type=int, nargs="+", help="input shape, for models with symbolic dimensions")
+    plan.add_argument("--threads", type=int)
+    plan.add_argument("--runs", type=int, default=3, help="recorded runs timed for the measured total")
+    plan.add_argument("--png", metavar="FILE", help="also chart estimated vs measured per op (needs matplotlib)")
+    plan.set_defaults(fn=cmd_plan)
 
     bench = sub.add_parser("bench", help="time models on backends, recorded and eager, in alternation with ONNX Runtime")
     bench.add_argument("models", nargs="*", help="zoo names or .onnx paths (default: the paper's three; 'all' for the zoo)")

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from .input_shapes import shape_key
 from .ir import Graph, ValueInfo
 from .run_states import RunStatePool
 from .scheduler import MemoryPlan, Placement, place, plan_memory, select_schemes
+from .scheduler.cost import CostModel
 from .scheduler.resources import check_memory_plan, run_states_that_fit
 from .session_shared import ConstantStore, RunReservations
 
@@ -36,6 +37,7 @@ class RunState:
     executions: list[Execution]
     recordings: dict[int, Any]  # step index -> recording
     io: dict[tuple[str, str], TensorHandle]  # (backend, tensor) -> handle for writes, copies, reads
+    copies: dict[int, Callable[[], None]]  # step index -> the copy between backends, host memory prepared
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,11 @@ class SessionParts:
 
     graph: Graph
     backends: Mapping[str, Backend]
-    backend: str  # the requested backend (schemes are chosen for it); "cpu" after a fallback
+    candidates: tuple[str, ...]  # the backends placement chooses among ("cpu" alone after a fallback)
+    pins: Mapping[str, str]  # node name -> backend, for ops pinned by the caller
+    cost_model: CostModel  # calibrated (or the paper's) costs per backend, for placement
+    scheme_backend: str  # schemes are decided once, for this one: of several, the fastest at GEMMs
+    device_backend: str  # whose device arrays runs take and return
     record: bool
     concurrent_runs: int  # run states a shape set may prepare: the session's bound
     constants: ConstantStore
@@ -74,11 +80,12 @@ class ShapeSet:
 
     def _pre_inference(self) -> None:
         parts = self.parts
-        # schemes are decided for the requested backend, then Winograd / Strassen become atomic ops
-        program = expand_schemes(select_schemes(lower(parts.graph, self.input_shapes), parts.backends[parts.backend]))
+        # schemes are decided once, for one backend, then Winograd / Strassen become atomic ops any backend runs
+        program = expand_schemes(select_schemes(lower(parts.graph, self.input_shapes),
+                                                parts.backends[parts.scheme_backend]))
         self.program = program
         self.output_dtypes = {info.name: self._output_dtype(info) for info in parts.graph.outputs}  # run() reads
-        self.placement: Placement = place(program, parts.backends, parts.backend)
+        self.placement: Placement = place(program, parts.backends, parts.candidates, parts.cost_model, parts.pins)
         self.memory: dict[str, MemoryPlan] = {
             b: plan_memory(lifetimes, parts.backends[b].alignment)
             for b, lifetimes in self.placement.lifetimes.items() if lifetimes}
@@ -135,16 +142,19 @@ class ShapeSet:
         for storage, bs in self.placement.input_backends.items():
             for b in bs:
                 io[(b, storage)] = self._handle(pools, b, storage)
-        for step in self.placement.steps:
+        copies = {}
+        for index, step in enumerate(self.placement.steps):
             if step.kind == "copy":
                 for b in (step.source, step.backend):
                     io[(b, step.tensor)] = self._handle(pools, b, step.tensor)
+                copies[index] = _copy_between(io[(step.source, step.tensor)], io[(step.backend, step.tensor)],
+                                              backends[step.source], backends[step.backend])
         for name, b in self.placement.output_backends.items():
             io[(b, name)] = self._handle(pools, b, name)
         if recorded:  # what this state's runs will stage through, set aside now: a run allocates nothing
             for b in backends:
                 self.parts.reservations.reserve(b, max((h.nbytes for (hb, _), h in io.items() if hb == b), default=0))
-        return RunState(pools, executions, recordings, io)
+        return RunState(pools, executions, recordings, io, copies)
 
     # -- running ---------------------------------------------------------------------------
     def run(self, arrays: Mapping[str, Any], device_outputs: bool = False) -> dict[str, Any]:
@@ -155,9 +165,18 @@ class ShapeSet:
         with self._states.borrow() as state, self.parts.active():
             return self._run(state, arrays, device_outputs)
 
+    @contextmanager
+    def lent_state(self, arrays: Mapping[str, Any]) -> Iterator[RunState]:
+        """A run state, borrowed with every backend active, after one run of ``arrays`` (so every
+        tensor holds real data): what ``gpumnn plan`` times op by op."""
+        assert self._states is not None
+        with self._states.borrow() as state, self.parts.active():
+            self._run(state, arrays, False)
+            yield state
+
     def _run(self, state: RunState, arrays: Mapping[str, Any], device_outputs: bool) -> dict[str, Any]:
         backends, io = self.parts.backends, state.io
-        owner = backends[self.parts.backend]  # whose device arrays the inputs may be
+        owner = backends[self.parts.device_backend]  # whose device arrays the inputs may be
         for name, array in arrays.items():
             storage = self.program.storage_of(name)
             host_copy = None
@@ -170,8 +189,7 @@ class ShapeSet:
         for index, step in enumerate(self.placement.steps):
             backend = backends[step.backend]
             if step.kind == "copy":
-                data = backends[step.source].read(io[(step.source, step.tensor)])
-                backend.write(io[(step.backend, step.tensor)], data)
+                state.copies[index]()
             elif self.parts.record:
                 backend.submit(state.recordings[index])
             else:
@@ -215,8 +233,10 @@ class ShapeSet:
                 for b, p in self.memory.items()}
 
     def report_rows(self) -> list[dict[str, Any]]:
-        """Per atomic op: backend, scheme, shapes, bytes, MACs, estimated cost, fallback reason."""
+        """Per atomic op: backend, scheme, shapes, bytes, MACs, estimated cost, bytes copied in
+        from other backends, fallback reason."""
         rows = []
+        moved = self.placement.moved_bytes()
         executions = self.first_state.executions if self.first_state else [None] * len(self.program.ops)
         for i, (op, b) in enumerate(zip(self.program.ops, self.placement.op_backends)):
             exe = executions[i]
@@ -226,7 +246,7 @@ class ShapeSet:
                 "scheme": exe.scheme if exe is not None else getattr(op, "scheme", "-"),
                 "inputs": [list(self.program.shapes.get(n, np.shape(self.program.constants.get(n)))) for n in op.inputs],
                 "output": list(out_shape), "bytes": 4 * int(np.prod(out_shape, dtype=np.int64)),
-                "macs": op.macs(), "cost_ms": self.placement.costs_ms[i],
+                "macs": op.macs(), "cost_ms": self.placement.costs_ms[i], "moved_bytes": moved[i],
                 "fallback": self.placement.fallback_reasons[i],
             })
         return rows
@@ -256,3 +276,20 @@ class ShapeSet:
 
 
 __all__ = ["RunState", "SessionParts", "ShapeSet"]
+
+
+def _copy_between(src: TensorHandle, dst: TensorHandle, source: Backend, target: Backend) -> Callable[[], None]:
+    """One copy between backends through host memory chosen now, so a run allocates nothing: a
+    side whose tensor is host memory (``host_view``) is read or written in place, else through a
+    staging array made here."""
+    src_view, dst_view = source.host_view(src), target.host_view(dst)
+    if src_view is not None:
+        return lambda: target.write(dst, src_view)
+    if dst_view is not None:
+        return lambda: source.read_into(src, dst_view)
+    staging = np.empty(src.shape, dtype=src.dtype)
+
+    def through_staging() -> None:
+        source.read_into(src, staging)
+        target.write(dst, staging)
+    return through_staging

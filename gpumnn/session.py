@@ -11,6 +11,12 @@ with symbolic dims and no ``input_shapes`` waits for its first run. ``run`` then
 submits recordings and reads outputs. With ``record=False`` (eager) the per-run preparation is
 redone on every run, which is what the paper's Table 2 compares against.
 
+Placement: ``backend`` names one backend, a list of them or ``"auto"`` (every available one);
+with more than one, :mod:`.scheduler.placement` chooses each op's backend by the calibrated cost
+model (:mod:`.scheduler.cost`), and ``placement={node name: backend}`` pins ops. Copies between
+backends go through host memory prepared with each run state (a CPU tensor's own pool view, or a
+staging array), so a recorded run allocates nothing for them.
+
 Threads: ``run`` may be called from several threads at once, with the same or different shapes.
 Each run leases its shape set (an evicted set is closed when its last run ends) and borrows one
 of its run states (:mod:`.run_states`); at most ``max_concurrent_runs`` runs are in flight across
@@ -30,7 +36,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from . import atomic as A
-from .backends import create_backend
+from .backends import available_backends, create_backend
 from .backends.base import Backend
 from .backends.cpu import CpuBackend
 from .backends.limits import release_freed_memory
@@ -40,6 +46,8 @@ from .input_shapes import ShapeKey, check_input_shape, declared_shapes, resolve_
 from .ir import Graph
 from .prepared import SessionParts, ShapeSet
 from .scheduler import MemoryPlan, Placement
+from .scheduler.calibration import calibration_for
+from .scheduler.cost import CostModel
 from .session_shared import ConstantStore, RunReservations
 from .shape_sets import ShapeSetCache
 
@@ -57,10 +65,11 @@ class Session:
     to its first shape set, and a run with other shapes raises InputError.
     """
 
-    def __init__(self, graph: Graph, backend: str = "cpu", input_shapes: Mapping[str, Sequence[int]] | None = None,
+    def __init__(self, graph: Graph, backend: str | Sequence[str] = "cpu",
+                 input_shapes: Mapping[str, Sequence[int]] | None = None,
                  record: bool = True, threads: int | None = None, fallback: bool = True,
                  max_concurrent_runs: int | None = None, shape_cache: int = DEFAULT_SHAPE_CACHE,
-                 **backend_options: Any):
+                 placement: Mapping[str, str] | None = None, **backend_options: Any):
         started = time.perf_counter()
         self.graph = graph
         self.record = record
@@ -71,9 +80,18 @@ class Session:
         self.shape_cache = int(shape_cache)
         initial = declared_shapes(graph, input_shapes)  # InputError for shapes the model refuses; None: wait for a run
         self.fallback_reason: str | None = None
+        self.pins = dict(placement or {})
+        #: the backends placement chooses among (``backends`` also holds the CPU, for fallback, and pinned ones)
+        self.candidates: list[str] = []
         self.backends = self._start_backends(backend, threads, fallback, backend_options)
         self._closer = weakref.finalize(self, _close_backends, list(self.backends.values()))  # close(), GC or exit
-        self.backend = backend if self.fallback_reason is None else "cpu"
+        self.backend = "+".join(self.candidates) if backend != "auto" or self.fallback_reason else "auto"
+        #: whose device arrays runs take and return: the first device backend among the candidates
+        self.device_backend = next((b for b in self.candidates if b != "cpu"), self.candidates[0])
+        # several candidates: the cost model needs measured numbers (a quick calibration the first time)
+        calibrations = {b: calibration_for(be, measure=len(self.candidates) > 1) for b, be in self.backends.items()}
+        cost_model = CostModel(calibrations, record=record)
+        scheme_backend = max(self.candidates, key=lambda b: calibrations[b].matmul_macs)
         safe = min(b.max_concurrent_runs for b in self.backends.values())
         if max_concurrent_runs is None:  # what pays on these devices (see Backend.default_concurrent_runs)
             concurrent = min(safe, *(b.default_concurrent_runs for b in self.backends.values()))
@@ -81,7 +99,8 @@ class Session:
             concurrent = min(safe, int(max_concurrent_runs))
         self._run_slots = threading.BoundedSemaphore(concurrent)  # runs in flight, across shape sets
         build_lock = threading.RLock()
-        self._parts = SessionParts(graph, self.backends, self.backend, record, concurrent, ConstantStore(self.backends),
+        self._parts = SessionParts(graph, self.backends, tuple(self.candidates), self.pins, cost_model, scheme_backend,
+                                   self.device_backend, record, concurrent, ConstantStore(self.backends),
                                    RunReservations(self.backends, concurrent), build_lock,
                                    functools.partial(_activate, list(self.backends.values())))
         parts = self._parts
@@ -97,19 +116,36 @@ class Session:
         self.prepare_seconds = time.perf_counter() - started
 
     # -- creation helpers ------------------------------------------------------------------
-    def _start_backends(self, name: str, threads: int | None, fallback: bool, options: dict) -> dict[str, Backend]:
-        if name == "cpu":  # the session's options are the cpu backend's own (checked there)
-            return {"cpu": CpuBackend(threads=threads, **options)}
-        cpu = CpuBackend(threads=threads)
-        try:
-            return {name: create_backend(name, **options), "cpu": cpu}
-        except BackendUnavailableError as exc:
-            if not fallback:
-                raise
-            self.fallback_reason = str(exc)
-            warnings.warn(f"{exc}; running on the cpu backend instead (pass fallback=False to refuse)", RuntimeWarning,
-                          stacklevel=4)
-            return {"cpu": cpu}
+    def _start_backends(self, spec: str | Sequence[str], threads: int | None, fallback: bool,
+                        options: dict) -> dict[str, Backend]:
+        """Start the requested backends (``"auto"``: every available one), the CPU (fallback for
+        ops they cannot run) and any a pin names; set ``candidates``. A requested backend that
+        cannot start is dropped with a warning (or, ``fallback=False``, raises)."""
+        names = available_backends() if spec == "auto" else [spec] if isinstance(spec, str) else list(dict.fromkeys(spec))
+        if not names:
+            raise ValueError("backend=[] names no backend")
+        if options and len(names) > 1:
+            raise ValueError(f"backend options {sorted(options)} are for a session on one backend, not {names}")
+        # a cpu-only session's options are the cpu backend's own (checked there)
+        backends: dict[str, Backend] = {"cpu": CpuBackend(threads=threads, **(options if names == ["cpu"] else {}))}
+        failed = []
+        for name in dict.fromkeys([*names, *self.pins.values()]):
+            if name in backends:
+                continue
+            try:
+                backends[name] = create_backend(name, **(options if name in names else {}))
+            except BackendUnavailableError as exc:
+                if not fallback or name not in names:
+                    _close_backends(list(backends.values()))
+                    raise
+                failed.append(str(exc))
+        self.candidates = [n for n in names if n in backends] or ["cpu"]
+        if failed:
+            self.fallback_reason = "; ".join(failed)
+            instead = "the cpu backend" if self.candidates == ["cpu"] else f"{self.candidates}"
+            warnings.warn(f"{self.fallback_reason}; running on {instead} instead (pass fallback=False to refuse)",
+                          RuntimeWarning, stacklevel=4)
+        return {n: backends[n] for n in [*self.candidates, *backends] if n in backends}
 
     # -- shape sets ------------------------------------------------------------------------
     def _key(self, shapes: Mapping[str, Sequence[int]]) -> ShapeKey:
@@ -156,11 +192,11 @@ class Session:
     def _device_backend(self, what: str) -> Backend:
         """The session's backend, where it takes device arrays; else DeviceArrayError saying why
         not (``what``: the device array or request refused)."""
-        backend = self.backends[self.backend]
+        backend = self.backends[self.device_backend]
         if backend.device_arrays_unsupported is None:
             return backend
         fell_back = f" (the session fell back to cpu: {self.fallback_reason})" if self.fallback_reason else ""
-        raise DeviceArrayError(f"{what}: the session runs on the {self.backend} backend{fell_back}, which takes and "
+        raise DeviceArrayError(f"{what}: the session runs on the {self.device_backend} backend{fell_back}, which takes and "
                                f"returns host arrays only: {backend.device_arrays_unsupported}")
 
     def _check_inputs(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Any], ShapeKey]:
@@ -274,12 +310,20 @@ class Session:
                  + f", input shapes {shape_set.describe_shapes()}: {len(shape_set.program.ops)} atomic ops, prepared in "
                  f"{shape_set.prepare_seconds * 1000:.1f} ms, {'recorded' if self.record else 'eager'}"
                  f" ({stats['cached']} of at most {stats['limit']} shape sets kept, {stats['prepares']} prepared)"]
-        header = f"{'#':>4} {'op':<17} {'backend':<7} {'scheme':<10} {'output':<20} {'bytes':>10} {'MMACs':>8} {'est ms':>7}  node"
-        lines.append(header)
+        placement = shape_set.placement
+        lines.append("costs: " + ", ".join(f"{b} {src}" for b, src in placement.cost_sources.items()))
+        lines.append(f"{'#':>4} {'op':<17} {'backend':<7} {'scheme':<10} {'output':<20} {'bytes':>10} {'MMACs':>8} "
+                     f"{'est ms':>7} {'moved':>9}  node")
         for r in shape_set.report_rows():
             note = f"  [cpu fallback: {r['fallback']}]" if r["fallback"] else ""
             lines.append(f"{r['index']:>4} {r['op']:<17} {r['backend']:<7} {r['scheme']:<10} {str(r['output']):<20} "
-                         f"{r['bytes']:>10} {r['macs'] / 1e6:>8.2f} {r['cost_ms']:>7.3f}  {r['node']}{note}")
+                         f"{r['bytes']:>10} {r['macs'] / 1e6:>8.2f} {r['cost_ms']:>7.3f} {r['moved_bytes']:>9}  "
+                         f"{r['node']}{note}")
+        est = placement.estimate
+        if est is not None:
+            lines.append(f"estimated total {est.total_ms:.3f} ms: ops {est.ops_ms:.3f}, {est.segments} segment(s) "
+                         f"{est.segments_ms:.3f}, {est.transfers} copies of {est.moved_bytes} bytes between backends "
+                         f"and inputs/outputs {est.transfers_ms:.3f}")
         lines.extend(shape_set.scheme_lines())
         for b, m in shape_set.memory_summary().items():
             lines.append(f"memory[{b}]: pool {m['pool_bytes'] / 2**20:.2f} MiB for {m['tensors']} tensors "

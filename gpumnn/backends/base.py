@@ -21,6 +21,9 @@ mean the same on every backend because they are counted here, in template method
 the backend's hooks (``_new_buffer``, ``_load_program``, ``_create_execution``, ``_record``,
 ``_submit``, ``_run_eager``), never by a backend itself; see ``COUNTERS``.
 
+Measuring (``measure``) times work with the backend's own synchronisation, for calibration
+(``gpumnn.scheduler.calibration``) and the per-op profile of ``gpumnn plan``.
+
 Threads: a session lends each run its own pools, executions and recordings (a *run state*,
 see ``gpumnn.run_states``), so verbs of different runs never touch the same tensors. A backend
 says through ``max_concurrent_runs`` how many run states of one session may be in flight at
@@ -33,11 +36,12 @@ from __future__ import annotations
 import inspect
 import os
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections import Counter
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, ClassVar, Hashable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -85,8 +89,10 @@ def kernel_family(requested: str, cpu_device: bool) -> str:
 #: ``programs_built`` -- kernel variants compiled, not found in any cache (memory, disk, a shared
 #: device or pooled context), by ``program``; ``executions_created`` -- by ``create_execution``;
 #: ``recordings_made`` -- by ``record``; ``submits`` -- device work handed over and waited for: one
-#: per ``submit``, one per execution in ``run_eager`` (the eager baseline waits after every op).
-COUNTERS = ("buffers_allocated", "programs_built", "executions_created", "recordings_made", "submits")
+#: per ``submit``, one per execution in ``run_eager`` (the eager baseline waits after every op);
+#: ``read_temporaries`` -- host arrays a ``read_into`` allocated on the way (the default, through ``read``).
+COUNTERS = ("buffers_allocated", "programs_built", "executions_created", "recordings_made", "submits",
+            "read_temporaries")
 
 
 @dataclass(frozen=True)
@@ -360,6 +366,21 @@ class Backend(ABC):
     def read(self, handle: TensorHandle) -> np.ndarray:
         """Copy a tensor back to a new host array of ``handle.shape`` and ``handle.dtype``."""
 
+    def read_into(self, handle: TensorHandle, out: np.ndarray) -> None:
+        """Copy a tensor into ``out``, a C-contiguous host array of ``handle.size`` elements of
+        ``handle.dtype`` prepared beforehand (the session's copies between backends use it, so a
+        recorded run allocates nothing). This default goes through ``read`` and so allocates a
+        temporary (counted in ``read_temporaries``); a backend that can copy straight into host
+        memory overrides it."""
+        self._count("read_temporaries")
+        np.copyto(out.reshape(-1), self.read(handle).reshape(-1))
+
+    def host_view(self, handle: TensorHandle) -> np.ndarray | None:
+        """A host array that *is* the tensor's memory (reads and writes go straight to it), or
+        None where the device's memory cannot be seen from the host this way (the default).
+        A copy between this backend and another then needs no staging buffer."""
+        return None
+
     def release(self, buffer: Any) -> None:
         """Free a buffer from ``allocate`` (eager mode frees its per-run pool)."""
 
@@ -449,6 +470,37 @@ class Backend(ABC):
     @abstractmethod
     def _run_eager(self, executions: list[Execution]) -> None:
         """Hook of ``run_eager``."""
+
+    def finish(self) -> None:
+        """Wait until all work handed to the device is done. The verbs above already wait
+        (``submit``, ``run_eager``, ``write``, ``read``), so the default does nothing; a backend
+        that returns before the device is done overrides it."""
+
+    def measure(self, work: Callable[[], None], repeats: int = 3, best: bool = False) -> float:
+        """The median wall time, in seconds, of ``work()`` followed by ``finish``, over
+        ``repeats`` calls (after one untimed call that warms caches and lazy initialisation);
+        with ``best``, the fastest call instead (what the device does when nothing else competes
+        for it: calibration on a shared machine).
+
+        This default brackets the host's ``perf_counter`` around the work and the wait, so it
+        includes the submission overhead a run pays too. A backend with device timestamps
+        (OpenCL profiling events, Vulkan timestamp queries, GL timer queries, CUDA events) may
+        override it to time the device's side alone."""
+        work()
+        self.finish()
+        times = []
+        for _ in range(max(1, repeats)):
+            start = time.perf_counter()
+            work()
+            self.finish()
+            times.append(time.perf_counter() - start)
+        return float(min(times) if best else np.median(times))
+
+    @property
+    def driver(self) -> str:
+        """The driver and library versions behind this backend (a calibration is kept per device
+        and driver, so a new driver is measured again). Empty by default: the device name alone."""
+        return ""
 
     def close(self) -> None:
         """Free device resources; the backend is unusable afterwards."""

@@ -97,6 +97,12 @@ class CpuBackend(Backend):
     def read(self, handle: TensorHandle) -> np.ndarray:
         return view(handle).copy()
 
+    def read_into(self, handle: TensorHandle, out: np.ndarray) -> None:
+        np.copyto(out.reshape(-1), flat(handle))
+
+    def host_view(self, handle: TensorHandle) -> np.ndarray:
+        return view(handle)  # the pool is host memory: other backends copy straight into it
+
     # -- pre-inference ---------------------------------------------------------------------
     def _create_execution(self, op: A.AtomicOp, inputs: list[TensorHandle],
                           outputs: list[TensorHandle]) -> Execution:

@@ -1,71 +1,232 @@
 """Placement (hybrid scheduling): which backend runs each atomic op, and the copies it implies.
 
-First form: every op goes to the requested backend unless that backend says it cannot run it,
-in which case it goes to the CPU, visibly (the reason is kept for the report). The paper's
-cost (Eq. 5: MUL / FLOPS * 1000 + t_schedule on a GPU) is computed for every op so reports
-show it and the cost-model placement (``backend="auto"``) can reuse it.
+Three parts, each its own function:
 
-The result is a schedule of steps: runs of consecutive ops on one backend (each becomes one
-recording) and copies of tensors between backends, plus each backend's tensor lifetimes for
-memory planning. Times are integers: op ``i`` runs at ``2i+1``, copies before it at ``2i``.
+1. :func:`allowed_backends`: per op, the backends that may run it -- the session's candidates
+   (one backend, a list, or every available one for ``backend="auto"``), or the backend a node
+   is pinned to -- less those that say they cannot (``Backend.unsupported_reason``). An op none
+   of them can run goes to the CPU, visibly: the reason is kept for the report.
+2. :func:`assign`: the backend of every op, minimising the estimated time of the whole schedule
+   (op costs, one submission per segment, copies between backends, inputs written and outputs
+   read) from the cost table of :mod:`.cost`: a dynamic programme over the op order.
+3. :func:`build_steps`: the schedule -- runs of consecutive ops on one backend (each becomes one
+   recording) and copies of tensors between backends -- plus each backend's tensor lifetimes for
+   memory planning. Times are integers: op ``i`` runs at ``2i+1``, copies before it at ``2i``.
+
+:func:`estimate` prices any assignment with the same model (reports, ``gpumnn plan``, tests).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from .. import atomic as A
-from ..backends.base import Backend, BackendInfo
-from ..errors import UnsupportedOpError
+from ..backends.base import Backend
+from ..errors import InputError, UnsupportedOpError
+from .cost import HOST, CostModel, cost_table, tensor_bytes
 from .memory import Lifetime
 
 
 @dataclass
 class Step:
-    """Either ``run`` ops ``ops`` on ``backend``, or ``copy`` storage ``tensor`` from ``source``."""
+    """Either ``run`` ops ``ops`` on ``backend``, or ``copy`` storage ``tensor`` from ``source``
+    (``nbytes`` bytes, estimated ``cost_ms``)."""
 
     kind: str
     backend: str
     ops: list[int] = field(default_factory=list)
     tensor: str = ""
     source: str = ""
+    nbytes: int = 0
+    cost_ms: float = 0.0
 
 
 @dataclass
 class Placement:
     op_backends: list[str]
     fallback_reasons: list[str | None]
-    costs_ms: list[float]
+    costs_ms: list[float]  # estimated cost of each op on its backend (copies and segments apart)
     steps: list[Step]
     lifetimes: dict[str, list[Lifetime]]
     input_backends: dict[str, list[str]]  # graph input storage -> backends it is written to
     output_backends: dict[str, str]  # graph output name -> backend it is read from
+    estimate: "Estimate | None" = None
+    cost_sources: dict[str, str] = field(default_factory=dict)  # backend -> calibrated / paper constants
+
+    def moved_bytes(self) -> list[int]:
+        """Per op, the bytes copied from other backends just before it runs (its inputs)."""
+        moved = [0] * len(self.op_backends)
+        pending = 0
+        for step in self.steps:
+            if step.kind == "copy":
+                pending += step.nbytes
+            else:
+                moved[step.ops[0]] += pending
+                pending = 0
+        return moved
 
 
-def op_cost_ms(op: A.AtomicOp, info: BackendInfo) -> float:
-    """Paper Eq. 5: MUL / FLOPS * 1000 (+ t_schedule on a GPU), in milliseconds."""
-    cost = op.macs() / info.flops * 1000.0 if info.flops > 0 else 0.0
-    return cost + (info.t_schedule_ms if info.is_gpu else 0.0)
+@dataclass(frozen=True)
+class Estimate:
+    """An assignment priced by the cost model (milliseconds)."""
+
+    ops_ms: float
+    segments_ms: float
+    transfers_ms: float
+    segments: int
+    transfers: int
+    moved_bytes: int
+
+    @property
+    def total_ms(self) -> float:
+        return self.ops_ms + self.segments_ms + self.transfers_ms
 
 
-def place(program: A.AtomicProgram, backends: Mapping[str, Backend], requested: str) -> Placement:
+# -- 1. who may run what -----------------------------------------------------------------------
+
+def allowed_backends(program: A.AtomicProgram, backends: Mapping[str, Backend], candidates: Sequence[str],
+                     pins: Mapping[str, str] | None = None) -> tuple[list[list[str]], list[str | None]]:
+    """Per op: the backends that may run it, and why it fell back to the CPU (None if it did not).
+
+    ``pins`` maps ONNX node names to a backend; a pinned op considers only that backend. An op
+    that none of its backends can run goes to the CPU (raises UnsupportedOpError if the CPU
+    cannot run it either)."""
+    pins = dict(pins or {})
+    unknown = sorted(set(pins) - {op.source for op in program.ops})
+    if unknown:
+        raise InputError(f"placement names node(s) {unknown} that this session does not run "
+                         f"(folded at creation, or not in the model)")
+    allowed, reasons = [], []
+    for op in program.ops:
+        wanted = [pins[op.source]] if op.source in pins else list(candidates)
+        why = {b: backends[b].unsupported_reason(op) for b in wanted}
+        ok = [b for b in wanted if why[b] is None]
+        reason = None
+        if not ok:
+            reason = "; ".join(r for r in why.values() if r)
+            cpu_reason = backends["cpu"].unsupported_reason(op) if "cpu" not in wanted else reason
+            if cpu_reason is not None:  # nowhere to run it: say so at creation, not mid-run
+                raise UnsupportedOpError(f"atomic {op.kind}", op.source,
+                                         reason if "cpu" in wanted else f"{reason}; and {cpu_reason}")
+            ok = ["cpu"]
+        allowed.append(ok)
+        reasons.append(reason)
+    return allowed, reasons
+
+
+# -- 2. who runs what --------------------------------------------------------------------------
+
+def _reads(program: A.AtomicProgram, op: A.AtomicOp) -> list[tuple[str, int]]:
+    """(storage, bytes) of every run-time tensor ``op`` reads, each storage once."""
+    seen: dict[str, int] = {}
+    for name in op.inputs:
+        if name not in program.constants:
+            seen.setdefault(program.storage_of(name), tensor_bytes(program, name))
+    return list(seen.items())
+
+
+def _final_reads(program: A.AtomicProgram) -> list[tuple[str, int]]:
+    return [(program.storage_of(n), tensor_bytes(program, n)) for n in program.outputs
+            if n not in program.folded_outputs]
+
+
+def assign(program: A.AtomicProgram, allowed: list[list[str]], table: list[dict[str, float]],
+           model: CostModel) -> list[str]:
+    """The backend of every op, minimising the estimated time of the whole schedule.
+
+    A dynamic programme over the op order whose state is the backend of the current op: for
+    each op ``i`` and backend ``b`` it keeps the cheapest schedule of ops ``0..i`` that ends
+    with ``i`` on ``b``, extending each of the previous op's states by op ``i``'s cost on ``b``,
+    a segment's submission if the backend changes, and a copy of every input not yet on ``b``.
+
+    The approximation is in the tensors' residency (where copies of each tensor already are),
+    which the state does not hold. Each state carries the residency of its own best schedule,
+    and an extension charges copies against that (a Viterbi search with one survivor per
+    backend). For a chain -- every tensor read only by the next op -- this is exact. A tensor
+    read later (a residual branch, a Concat of branches) is charged against the survivor's
+    placement of its producer, which may differ from that of the schedule that is best
+    overall: the search is exact on chains and a good, cheap heuristic on DAGs, keeping
+    ``len(backends)`` candidate schedules instead of exponentially many. Graph inputs start on
+    the host and outputs are read back from wherever they end, so both are charged.
+    """
+    n = len(program.ops)
+    if n == 0:
+        return []
+    reads = [_reads(program, op) for op in program.ops]
+    writes = [[program.storage_of(o) for o in op.outputs] for op in program.ops]
+    home0 = {program.storage_of(name): HOST for name in program.inputs}
+    # a state: (cost, residency {storage: set of locations}, home {storage: producer location})
+    states: dict[str, tuple[float, dict[str, frozenset[str]], dict[str, str]]] = {
+        "": (0.0, {s: frozenset({HOST}) for s in home0}, home0)}
+    parents: list[dict[str, str]] = []
+    for i in range(n):
+        nxt, back = {}, {}
+        for b in allowed[i]:
+            best = None
+            for p, (cost, resident, home) in states.items():
+                c = cost + table[i][b] + (model.segment_ms(b) if b != p else 0.0)
+                for s, nbytes in reads[i]:
+                    if b not in resident.get(s, ()):
+                        c += model.transfer_ms(nbytes, home.get(s, HOST), b)
+                if best is None or c < best[0]:
+                    best = (c, p)
+            cost, p = best
+            resident, home = dict(states[p][1]), dict(states[p][2])
+            for s, _ in reads[i]:
+                resident[s] = resident.get(s, frozenset()) | {b}
+            for s in writes[i]:
+                resident[s], home[s] = frozenset({b}), b
+            nxt[b], back[b] = (cost, resident, home), p
+        states = nxt
+        parents.append(back)
+    finals = _final_reads(program)
+
+    def final_cost(b: str) -> float:
+        cost, _, home = states[b]
+        return cost + sum(model.transfer_ms(nbytes, home.get(s, HOST), HOST) for s, nbytes in finals)
+
+    b = min(states, key=final_cost)
+    chosen = [b]
+    for i in range(n - 1, 0, -1):
+        b = parents[i][b]
+        chosen.append(b)
+    return chosen[::-1]
+
+
+def estimate(program: A.AtomicProgram, op_backends: Sequence[str], table: list[dict[str, float]],
+             model: CostModel) -> Estimate:
+    """Price one assignment: op costs, a submission per segment, every copy (inputs written from
+    and outputs read to the host included), the residency rules of :func:`build_steps`."""
+    ops_ms = sum(table[i][b] for i, b in enumerate(op_backends))
+    segments = sum(1 for i, b in enumerate(op_backends) if i == 0 or op_backends[i - 1] != b)
+    segments_ms = sum(model.segment_ms(b) for i, b in enumerate(op_backends) if i == 0 or op_backends[i - 1] != b)
+    resident = {program.storage_of(n): {HOST} for n in program.inputs}
+    home = {s: HOST for s in resident}
+    transfers_ms, transfers, moved = 0.0, 0, 0
+    for i, (op, b) in enumerate(zip(program.ops, op_backends)):
+        for s, nbytes in _reads(program, op):
+            if b not in resident.setdefault(s, set()):
+                transfers_ms += model.transfer_ms(nbytes, home.get(s, HOST), b)
+                transfers += 1
+                moved += nbytes
+                resident[s].add(b)
+        for o in op.outputs:
+            s = program.storage_of(o)
+            resident[s], home[s] = {b}, b
+    for s, nbytes in _final_reads(program):
+        transfers_ms += model.transfer_ms(nbytes, home.get(s, HOST), HOST)
+    return Estimate(ops_ms, segments_ms, transfers_ms, segments, transfers, moved)
+
+
+# -- 3. the schedule ---------------------------------------------------------------------------
+
+def build_steps(program: A.AtomicProgram, op_backends: Sequence[str], backend_names: Sequence[str],
+                model: CostModel | None = None) -> tuple[list[Step], dict[str, list[Lifetime]],
+                                                      dict[str, list[str]], dict[str, str]]:
+    """Steps (segments and copies), per-backend lifetimes, input and output backends."""
     storage = program.storage_of
     input_storages = {storage(n) for n in program.inputs}
-    op_backends, reasons, costs = [], [], []
-    for op in program.ops:
-        reason = backends[requested].unsupported_reason(op)
-        chosen = requested if reason is None else "cpu"
-        if reason is not None and requested != "cpu":
-            cpu_reason = backends["cpu"].unsupported_reason(op)
-            if cpu_reason is not None:  # nowhere to run it: say so at creation, not mid-run
-                raise UnsupportedOpError(f"atomic {op.kind}", op.source, f"{reason}; and {cpu_reason}")
-        elif reason is not None:
-            raise UnsupportedOpError(f"atomic {op.kind}", op.source, reason)
-        op_backends.append(chosen)
-        reasons.append(reason)
-        costs.append(op_cost_ms(op, backends[chosen].info))
-
-    spans: dict[str, dict[str, list[int]]] = {name: {} for name in backends}
+    spans: dict[str, dict[str, list[int]]] = {name: {} for name in backend_names}
     home: dict[str, str] = {}
     input_backends: dict[str, list[str]] = {}
     steps: list[Step] = []
@@ -83,7 +244,9 @@ def place(program: A.AtomicProgram, backends: Mapping[str, Backend], requested: 
                 input_backends.setdefault(s, []).append(b)
             else:
                 src = home[s]
-                steps.append(Step("copy", b, tensor=s, source=src))
+                nbytes = tensor_bytes(program, s)
+                steps.append(Step("copy", b, tensor=s, source=src, nbytes=nbytes,
+                                  cost_ms=model.transfer_ms(nbytes, src, b) if model else 0.0))
                 spans[src][s][1] = max(spans[src][s][1], t - 1)
                 resident[s] = [t - 1, t]
         for name in op.outputs:
@@ -104,7 +267,7 @@ def place(program: A.AtomicProgram, backends: Mapping[str, Backend], requested: 
         if s in home:
             b = home[s]
         else:  # an output that is (a view of) an input
-            b = input_backends.get(s, [requested])[0]
+            b = input_backends.get(s, [op_backends[0] if op_backends else backend_names[0]])[0]
             if s not in spans[b]:
                 spans[b][s] = [0, end]
                 input_backends.setdefault(s, []).append(b)
@@ -112,8 +275,20 @@ def place(program: A.AtomicProgram, backends: Mapping[str, Backend], requested: 
         output_backends[name] = b
 
     lifetimes = {b: [Lifetime(s, 4 * _size(program.shapes[s]), first, last) for s, (first, last) in spans[b].items()]
-                 for b in backends}
-    return Placement(op_backends, reasons, costs, steps, lifetimes, input_backends, output_backends)
+                 for b in backend_names}
+    return steps, lifetimes, input_backends, output_backends
+
+
+def place(program: A.AtomicProgram, backends: Mapping[str, Backend], candidates: Sequence[str], model: CostModel,
+          pins: Mapping[str, str] | None = None) -> Placement:
+    """Decide every op's backend among ``candidates`` (or its pin), then build the schedule."""
+    allowed, reasons = allowed_backends(program, backends, candidates, pins)
+    table = cost_table(program, allowed, model)
+    op_backends = assign(program, allowed, table, model)
+    steps, lifetimes, inputs, outputs = build_steps(program, op_backends, list(backends), model)
+    costs = [table[i][b] for i, b in enumerate(op_backends)]
+    return Placement(op_backends, reasons, costs, steps, lifetimes, inputs, outputs,
+                     estimate(program, op_backends, table, model), model.sources())
 
 
 def _size(shape: tuple[int, ...]) -> int:

@@ -1,0 +1,58 @@
+"""Each single backend beside ``backend="auto"``, recorded, with the cost model's estimate.
+
+For every model: one recorded session per available backend and one with ``backend="auto"``;
+rounds alternate between the sessions (``--repeats`` rounds of ``--runs`` runs each), and the
+median wall time per run is printed beside the session's estimated total, with auto's placement.
+Run ``gpumnn calibrate`` first for calibrated estimates (otherwise a quick calibration is made).
+
+    .venv/bin/python bench/placement.py squeezenet1_1 mobilenet_v1 --runs 3 --repeats 3
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import gpumnn  # noqa: E402
+from gpumnn import zoo  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=["squeezenet1_1", "mobilenet_v1"])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    backends = gpumnn.available_backends()
+    print(f"{'model':<14} {'session':<8} {'measured ms':>12} {'estimated ms':>13} {'est/meas':>9}  placement")
+    for name in args.models:
+        net = gpumnn.load(zoo.build(name))
+        x = np.random.default_rng(0).standard_normal(zoo.input_shape(name)).astype(np.float32)
+        sessions = {b: net.session(backend=b) for b in [*backends, "auto"]}
+        times: dict[str, list[float]] = {b: [] for b in sessions}
+        for sess in sessions.values():
+            sess.run({"input": x})  # warm-up
+        for _ in range(args.repeats):
+            for b, sess in sessions.items():
+                start = time.perf_counter()
+                for _ in range(args.runs):
+                    sess.run({"input": x})
+                times[b].append((time.perf_counter() - start) / args.runs * 1e3)
+        for b, sess in sessions.items():
+            measured = statistics.median(times[b])
+            est = sess.placement.estimate.total_ms
+            where = ", ".join(f"{k} {v}" for k, v in Counter(sess.placement.op_backends).items())
+            print(f"{name:<14} {b:<8} {measured:>12.2f} {est:>13.2f} {est / measured:>9.2f}  {where}")
+        for sess in sessions.values():
+            sess.close()
+
+
+if __name__ == "__main__":
+    main()

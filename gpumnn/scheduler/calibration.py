@@ -1,0 +1,318 @@
+"""Calibration: the numbers the placement cost model uses, measured on this device.
+
+The paper (Eq. 5, Appendix C) costs an op as ``MUL / FLOPS`` plus, on a GPU, a fixed
+``t_schedule``, with FLOPS from the CPU's core frequencies or a table of mobile GPUs and
+t_schedule from experience (0.05 ms for OpenCL and OpenGL, 0.01 ms for Vulkan). Those constants
+are far from the devices here (a software Vulkan on two x86 cores is not a Mali), so every
+backend is measured through its own kernels and verbs:
+
+* ``kernels``: for each kernel that multiplies (``gemm``: the MatMul kernel; ``conv3x3``,
+  ``conv1x1``, ``depthwise``: the convolution kernels those schemes name), a fixed cost and a
+  rate, ``[ms, MAC/s]``, fitted through two sizes of it: a depthwise or a small 1x1 convolution
+  runs far below a large GEMM's rate, and a CPU BLAS call pays for waking its threads;
+* ``elementwise_gbs``: bytes per second a large Binary add moves inside the device (memory-bound ops);
+* ``dispatch_ms``: what one more op costs inside a recording (N tiny adds recorded, minus one);
+* ``submit_ms``: submitting one recorded tiny op and waiting for it (a segment's fixed cost);
+* ``eager_ms``: one tiny op run eagerly (prepared work submitted and waited for per op);
+* ``upload_gbs`` / ``download_gbs`` and ``transfer_ms``: host -> device and device -> host copies
+  of a large tensor, and the fixed cost of one copy (a tiny tensor's write plus read).
+
+Results are kept per backend, device and driver under the cache root (``$GPUMNN_CACHE_DIR`` or
+``~/.cache/gpumnn``, folder ``calibration``) through :mod:`gpumnn.diskcache` (checked reads,
+atomic writes). ``gpumnn calibrate`` measures fully; a session that chooses between backends on
+a device never calibrated runs the quick variant (smaller sizes, fewer repeats: a fraction of a
+second per backend once its kernels are in the program cache) and stores it, marked ``quick``.
+A session that needs numbers only for its report uses what is stored, else the paper's constants
+(:func:`paper_constants`), and says which (``Calibration.source``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+
+from .. import atomic as A
+from .. import diskcache
+from ..backends.base import Backend
+
+#: bump when what is measured or how changes: older entries are then measured again
+VERSION = 3
+
+#: the kernels that multiply, each with a fixed cost and a rate (see ``Calibration.kernels``)
+KERNELS = ("gemm", "conv3x3", "conv1x1", "depthwise")
+
+#: sources of a calibration, as reports show them
+MEASURED, QUICK, PAPER = "calibrated", "quick calibration", "not calibrated: paper constants"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One backend's cost-model numbers (see the module docstring), and where they come from."""
+
+    backend: str
+    device: str
+    driver: str
+    source: str
+    kernels: dict[str, list[float]]  # kernel -> [fixed ms, MAC/s]
+    elementwise_gbs: float
+    dispatch_ms: float
+    submit_ms: float
+    eager_ms: float
+    upload_gbs: float
+    download_gbs: float
+    transfer_ms: float
+    measured_at: float = 0.0
+    seconds: float = 0.0  # how long measuring took
+
+    @property
+    def matmul_macs(self) -> float:
+        """The GEMM kernel's rate (which backend is fastest at the heavy work)."""
+        return self.kernels["gemm"][1]
+
+    @property
+    def calibrated(self) -> bool:
+        return self.source != PAPER
+
+    def describe(self) -> str:
+        """One line for ``gpumnn info`` and reports."""
+        if not self.calibrated:
+            return (f"{PAPER} (FLOPS {self.matmul_macs / 1e9:.1f} G, t_schedule {self.dispatch_ms:g} ms, "
+                    f"copies {self.upload_gbs:g} GB/s)")
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.measured_at))
+        kernels = ", ".join(f"{k} {rate / 1e9:.2f} GMAC/s + {fixed * 1000:.0f} us"
+                            for k, (fixed, rate) in self.kernels.items())
+        return (f"{self.source} {when}: {kernels}; elementwise "
+                f"{self.elementwise_gbs:.2f} GB/s, dispatch {self.dispatch_ms * 1000:.0f} us (recorded) / "
+                f"{self.eager_ms * 1000:.0f} us (eager), submit {self.submit_ms * 1000:.0f} us, "
+                f"copies up {self.upload_gbs:.2f} / down {self.download_gbs:.2f} GB/s "
+                f"+ {self.transfer_ms * 1000:.0f} us")
+
+
+def paper_constants(backend: Backend) -> Calibration:
+    """The paper's constants (Appendix C) as the backend states them in ``info``: FLOPS (on the
+    CPU the sum of the k fastest cores' max frequencies), t_schedule on a GPU, its copy
+    bandwidth; no memory-bound term and no per-segment or per-copy fixed cost."""
+    info = backend.info
+    t_schedule = info.t_schedule_ms if info.is_gpu else 0.0
+    return Calibration(backend.name, info.device, backend.driver, PAPER,
+                       kernels={k: [t_schedule, info.flops] for k in KERNELS},
+                       elementwise_gbs=float("inf"), dispatch_ms=t_schedule, submit_ms=0.0, eager_ms=t_schedule,
+                       upload_gbs=info.bandwidth_gbs, download_gbs=info.bandwidth_gbs, transfer_ms=0.0)
+
+
+# -- the cache -------------------------------------------------------------------------------------
+
+_memory: dict[str, Calibration] = {}
+_lock = threading.Lock()
+
+
+def _key(backend: Backend) -> str:
+    info = backend.info
+    text = f"v{VERSION}|{backend.name}|{info.device}|{backend.driver}"
+    return f"{backend.name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def cache_path(backend: Backend):
+    return diskcache.cache_dir("calibration") / f"{_key(backend)}.json"
+
+
+def stored(backend: Backend) -> Calibration | None:
+    """The calibration stored for this backend's device and driver, or None."""
+    key = _key(backend)
+    with _lock:
+        if key in _memory:
+            return _memory[key]
+    payload = diskcache.read(cache_path(backend))
+    if payload is None:
+        return None
+    try:
+        data = json.loads(payload)
+        result = Calibration(**{f.name: data[f.name] for f in fields(Calibration)})
+    except (ValueError, KeyError, TypeError):
+        return None
+    with _lock:
+        _memory[key] = result
+    return result
+
+
+def store(backend: Backend, calibration: Calibration) -> None:
+    with _lock:
+        _memory[_key(backend)] = calibration
+    diskcache.write(cache_path(backend), json.dumps(asdict(calibration), indent=1).encode())
+
+
+def forget(backend: Backend | None = None) -> None:
+    """Drop the in-process copy (of one backend, or all): the next look-up reads the disk."""
+    with _lock:
+        if backend is None:
+            _memory.clear()
+        else:
+            _memory.pop(_key(backend), None)
+
+
+def calibration_for(backend: Backend, measure: bool = False) -> Calibration:
+    """What the cost model uses for ``backend``: the stored calibration; else, with ``measure``,
+    a quick one (measured now and stored); else the paper's constants."""
+    found = stored(backend)
+    if found is not None:
+        return found
+    if measure:
+        return calibrate(backend, quick=True)
+    return paper_constants(backend)
+
+
+# -- measuring -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Sizes:
+    gemm: int  # square GEMM side
+    channels: int  # of the convolutions, on maps of ``hw`` x ``hw``
+    hw: int
+    elements: int  # elements of the large add and of the copies
+    chain: int  # tiny ops recorded together for the per-op cost
+    repeats: int
+
+
+FULL = _Sizes(gemm=512, channels=64, hw=56, elements=1 << 22, chain=32, repeats=5)
+QUICK_SIZES = _Sizes(gemm=192, channels=32, hw=28, elements=1 << 18, chain=8, repeats=3)
+TINY = 64
+
+
+class _Bench:
+    """Tensors in one pool of a backend, and executions over them: the backend's own kernels."""
+
+    def __init__(self, backend: Backend, shapes: dict[str, tuple[int, ...]], weights: dict[str, tuple[int, ...]]):
+        self.backend = backend
+        align = max(4, backend.alignment) // 4
+        self.offsets, offset = {}, 0
+        for name, shape in shapes.items():
+            self.offsets[name] = offset
+            offset += -(-int(np.prod(shape)) // align) * align
+        self.pool = backend.allocate(4 * offset)
+        self.handles = {n: backend.tensor(self.pool, self.offsets[n], s) for n, s in shapes.items()}
+        rng = np.random.default_rng(0)
+        for name, handle in self.handles.items():
+            backend.write(handle, rng.standard_normal(handle.size).astype(np.float32))
+        for name, shape in weights.items():  # uploaded as a session uploads weights (packed where it packs)
+            self.handles[name] = backend.constant(rng.standard_normal(shape).astype(np.float32) * 0.1)
+
+    def execution(self, op: A.AtomicOp):
+        return self.backend.create_execution(op, [self.handles[n] for n in op.inputs],
+                                             [self.handles[n] for n in op.outputs])
+
+    def close(self) -> None:
+        self.backend.release(self.pool)
+
+
+def _add(n: int, a: str, b: str, out: str) -> A.Binary:
+    return A.Binary(inputs=(a, b), outputs=(out,), source="calibration", op="add", out_shape=(1, 1, 1, n),
+                    a_strides=(0, 0, 0, 1), b_strides=(0, 0, 0, 1))
+
+
+def _conv(channels: int, hw: int, kernel: int, groups: int, scheme: str) -> A.Conv2D:
+    pad = kernel // 2
+    tag = f"{scheme}{channels}x{hw}"
+    return A.Conv2D(inputs=(f"i_{tag}", f"w_{tag}"), outputs=(f"o_{tag}",), source="calibration",
+                    in_channels=channels,
+                    in_hw=(hw, hw), out_channels=channels, out_hw=(hw, hw), kernel=(kernel, kernel), pads=(pad, pad),
+                    groups=groups, scheme=scheme)
+
+
+def _rate(amount: float, seconds: float) -> float:
+    return amount / max(seconds, 1e-9)
+
+
+def _own(seconds: float, submit: float) -> float:
+    """A measured op's own time: less its submission, but never below a tenth of what was
+    measured (on a fast device the difference of two noisy times can vanish)."""
+    return max(seconds - submit, 0.1 * seconds)
+
+
+def _affine(small: tuple[int, float], large: tuple[int, float]) -> list[float]:
+    """[fixed ms, MAC/s] through (MACs, seconds) at two sizes. Where the fit is not to be
+    trusted -- the times do not rise with the work, or the fixed part would be more than half
+    the large op's time (a BLAS that stalls at one size: measured, 128^3 took 16 ms on two
+    loaded cores while 256^3 took 0.4 ms) -- the large op's rate alone."""
+    (m0, t0), (m1, t1) = small, large
+    plain = [0.0, _rate(m1, t1)]
+    if t1 <= t0 or m1 <= m0:
+        return plain
+    rate = (m1 - m0) / (t1 - t0)
+    fixed = max(0.0, t0 - m0 / rate)
+    return plain if fixed > t1 / 2 else [fixed * 1e3, rate]
+
+
+def _kernel_ops(sizes: _Sizes) -> dict[str, tuple[A.AtomicOp, A.AtomicOp]]:
+    """Per kernel, a small and a large op of it."""
+    n, c, hw = sizes.gemm, sizes.channels, sizes.hw
+
+    def gemm(side: int) -> A.MatMul:
+        return A.MatMul(inputs=(f"a{side}", f"b{side}"), outputs=(f"c{side}",), source="calibration",
+                        m=side, n=side, k=side)
+    return {"gemm": (gemm(n // 8), gemm(n)),
+            "conv3x3": (_conv(c // 2, hw // 2, 3, 1, "im2col"), _conv(c, hw, 3, 1, "im2col")),
+            "conv1x1": (_conv(c // 2, hw // 2, 1, 1, "gemm1x1"), _conv(2 * c, hw, 1, 1, "gemm1x1")),
+            "depthwise": (_conv(c // 2, hw // 2, 3, c // 2, "depthwise"), _conv(2 * c, hw, 3, 2 * c, "depthwise"))}
+
+
+def calibrate(backend: Backend, quick: bool = False) -> Calibration:
+    """Measure ``backend`` (see the module docstring), store the result and return it."""
+    sizes = QUICK_SIZES if quick else FULL
+    started = time.perf_counter()
+    e = sizes.elements
+    kernel_ops = _kernel_ops(sizes)
+    shapes = {"x": (e,), "y": (e,), "z": (e,), "t0": (TINY,), "t1": (TINY,), "t2": (TINY,)}
+    weights = {}
+    for op in (op for pair in kernel_ops.values() for op in pair):
+        if isinstance(op, A.MatMul):
+            shapes.update({op.inputs[0]: (op.m, op.k), op.inputs[1]: (op.k, op.n), op.outputs[0]: (op.m, op.n)})
+        else:
+            shapes.update({op.inputs[0]: (1, op.in_channels, *op.in_hw),
+                           op.outputs[0]: (1, op.out_channels, *op.out_hw)})
+            weights[op.inputs[1]] = (op.out_channels, op.in_channels // op.groups, *op.kernel)
+
+    def measure(work, repeats):  # medians, as runs are timed: a shared machine's load is in both
+        return backend.measure(work, repeats)
+
+    def timed(op: A.AtomicOp, repeats: int) -> float:
+        recording = backend.record([bench.execution(op)])
+        return measure(lambda: backend.submit(recording), repeats)
+
+    with backend.activate():
+        bench = _Bench(backend, shapes, weights)
+        try:
+            tiny = [bench.execution(_add(TINY, "t0", "t1", "t2")) for _ in range(sizes.chain)]
+            rec_one, rec_chain = backend.record(tiny[:1]), backend.record(tiny)
+            t_one = measure(lambda: backend.submit(rec_one), sizes.repeats * 2)
+            t_chain = measure(lambda: backend.submit(rec_chain), sizes.repeats * 2)
+            t_eager = measure(lambda: backend.run_eager(tiny[:1]), sizes.repeats * 2)
+            t_kernels = {k: [(op.macs(), timed(op, sizes.repeats)) for op in pair] for k, pair in kernel_ops.items()}
+            t_add = timed(_add(e, "x", "y", "z"), sizes.repeats)
+            host_big, host_tiny = np.ones(e, np.float32), np.ones(TINY, np.float32)
+            big, small = bench.handles["x"], bench.handles["t0"]
+            t_up = measure(lambda: backend.write(big, host_big), sizes.repeats)
+            t_down = measure(lambda: backend.read_into(big, host_big), sizes.repeats)
+            t_up0 = measure(lambda: backend.write(small, host_tiny), sizes.repeats * 2)
+            t_down0 = measure(lambda: backend.read_into(small, host_tiny), sizes.repeats * 2)
+        finally:
+            bench.close()
+    dispatch = max(0.0, (t_chain - t_one) / (sizes.chain - 1))
+    submit = t_one - dispatch  # each measured op's own time excludes its segment's submission
+    info = backend.info
+    result = Calibration(
+        backend.name, info.device, backend.driver, QUICK if quick else MEASURED,
+        kernels={k: _affine(*[(macs, _own(t, submit)) for macs, t in pair]) for k, pair in t_kernels.items()},
+        elementwise_gbs=_rate(12 * e, _own(t_add, submit)) / 1e9,
+        dispatch_ms=dispatch * 1e3, submit_ms=max(0.0, submit) * 1e3, eager_ms=t_eager * 1e3,
+        upload_gbs=_rate(4 * e, _own(t_up, t_up0)) / 1e9, download_gbs=_rate(4 * e, _own(t_down, t_down0)) / 1e9,
+        transfer_ms=(t_up0 + t_down0) / 2 * 1e3, measured_at=time.time(), seconds=time.perf_counter() - started)
+    store(backend, result)
+    return result
+
+
+__all__ = ["KERNELS", "Calibration", "MEASURED", "PAPER", "QUICK", "cache_path", "calibrate", "calibration_for",
+           "forget", "paper_constants", "store", "stored"]
