@@ -13,7 +13,8 @@ from conftest import rel_l2
 from gpumnn import atomic as A
 from gpumnn.backends.cpu import CpuBackend
 
-ZERO = {"buffers_allocated": 0, "programs_built": 0, "executions_created": 0, "recordings_made": 0}
+ZERO = {"buffers_allocated": 0, "programs_built": 0, "executions_created": 0, "recordings_made": 0,
+        "read_temporaries": 0}
 
 CHAIN = [
     A.Conv2D(("x", "w", "b"), ("y",), "conv", batch=1, in_channels=8, in_hw=(12, 12), out_channels=8, out_hw=(12, 12),
