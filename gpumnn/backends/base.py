@@ -21,8 +21,10 @@ mean the same on every backend because they are counted here, in template method
 the backend's hooks (``_new_buffer``, ``_load_program``, ``_create_execution``, ``_record``,
 ``_submit``, ``_run_eager``), never by a backend itself; see ``COUNTERS``.
 
-Measuring (``measure``) times work with the backend's own synchronisation, for calibration
-(``gpumnn.scheduler.calibration``) and the per-op profile of ``gpumnn plan``.
+Measuring: ``measure`` times any host callable with the backend's own synchronisation, on the
+host's clock (for calibration, ``gpumnn.scheduler.calibration``, and the per-op profile of
+``gpumnn plan``); ``measure_recording`` times one recording's commands on the device's own clock
+(``timer`` says which) where the API has one.
 
 Threads: a session lends each run its own pools, executions and recordings (a *run state*,
 see ``gpumnn.run_states``), so verbs of different runs never touch the same tensors. A backend
@@ -90,7 +92,8 @@ def kernel_family(requested: str, cpu_device: bool) -> str:
 #: device or pooled context), by ``program``; ``executions_created`` -- by ``create_execution``;
 #: ``recordings_made`` -- by ``record``; ``submits`` -- device work handed over and waited for: one
 #: per ``submit``, one per execution in ``run_eager`` (the eager baseline waits after every op);
-#: ``read_temporaries`` -- host arrays a ``read_into`` allocated on the way (the default, through ``read``).
+#: ``read_temporaries`` -- host arrays a ``read_into`` allocated on the way (the default, through ``read``;
+#: every backend here overrides it and copies straight into the prepared array).
 COUNTERS = ("buffers_allocated", "programs_built", "executions_created", "recordings_made", "submits",
             "read_temporaries")
 
@@ -132,6 +135,16 @@ class TensorHandle:
     @property
     def nbytes(self) -> int:
         return 4 * self.size
+
+
+def host_out(handle: TensorHandle, out: np.ndarray) -> np.ndarray:
+    """``out`` as the flat view a ``read_into`` copies into, or a ValueError: it must be C-contiguous
+    (a reshape of anything else would be a copy, and the data would land in it instead), of
+    ``handle.dtype`` and ``handle.size`` elements."""
+    if not out.flags.c_contiguous or out.dtype != np.dtype(handle.dtype) or out.size != handle.size:
+        raise ValueError(f"read_into needs a C-contiguous {handle.dtype} array of {handle.size} elements, "
+                         f"got {out.dtype} {out.shape}{'' if out.flags.c_contiguous else ' (not contiguous)'}")
+    return out.reshape(-1)
 
 
 def constant_words(array: np.ndarray) -> tuple[np.ndarray, str]:
@@ -240,6 +253,16 @@ class Backend(ABC):
     #: arrays (DLPack or CUDA-array-interface tensors on its GPU) and returns them without a host
     #: round trip (``device_array``, ``write``, ``read_device``, ``to_device``, ``to_host``)
     device_arrays_unsupported: ClassVar[str | None] = "it has no way to use another API's device memory"
+
+    #: the clock ``measure_recording`` reads: "host" (perf_counter around a submit: the default) or
+    #: the device's own ("OpenCL profiling events", "Vulkan timestamp queries", ...)
+    timer: str = "host"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """``read`` and ``read_into`` are each defined by the other here: a backend overrides one."""
+        super().__init_subclass__(**kwargs)
+        if cls.read is Backend.read and cls.read_into is Backend.read_into:
+            raise TypeError(f"{cls.__name__} must override read_into (or read)")
 
     def __init__(self, **unknown: Any) -> None:
         """Every backend passes the keyword options its own ``__init__`` does not take here,
@@ -362,18 +385,22 @@ class Backend(ABC):
         device; a backend that takes device arrays also takes its ``device_array`` results here
         (``handle.size`` elements of any dtype, converted on the device)."""
 
-    @abstractmethod
     def read(self, handle: TensorHandle) -> np.ndarray:
-        """Copy a tensor back to a new host array of ``handle.shape`` and ``handle.dtype``."""
+        """Copy a tensor back to a new host array of ``handle.shape`` and ``handle.dtype``: the
+        array made here, filled by ``read_into``."""
+        out = np.empty(handle.shape, dtype=handle.dtype)
+        self.read_into(handle, out)
+        return out
 
     def read_into(self, handle: TensorHandle, out: np.ndarray) -> None:
         """Copy a tensor into ``out``, a C-contiguous host array of ``handle.size`` elements of
         ``handle.dtype`` prepared beforehand (the session's copies between backends use it, so a
-        recorded run allocates nothing). This default goes through ``read`` and so allocates a
-        temporary (counted in ``read_temporaries``); a backend that can copy straight into host
-        memory overrides it."""
+        recorded run allocates nothing; ``host_out`` checks it). Every backend here overrides it
+        to copy straight into ``out``; this default, for one that overrides ``read`` instead, goes
+        through ``read`` and so allocates a temporary (counted in ``read_temporaries``)."""
+        flat = host_out(handle, out)
         self._count("read_temporaries")
-        np.copyto(out.reshape(-1), self.read(handle).reshape(-1))
+        np.copyto(flat, self.read(handle).reshape(-1))
 
     def host_view(self, handle: TensorHandle) -> np.ndarray | None:
         """A host array that *is* the tensor's memory (reads and writes go straight to it), or
@@ -482,10 +509,12 @@ class Backend(ABC):
         with ``best``, the fastest call instead (what the device does when nothing else competes
         for it: calibration on a shared machine).
 
-        This default brackets the host's ``perf_counter`` around the work and the wait, so it
-        includes the submission overhead a run pays too. A backend with device timestamps
-        (OpenCL profiling events, Vulkan timestamp queries, GL timer queries, CUDA events) may
-        override it to time the device's side alone."""
+        The host's ``perf_counter`` brackets the work and the wait, so the time includes the
+        submission overhead a run pays too -- and it is the only clock that is right for an
+        arbitrary callable: whatever device work the callable does (several submits, copies,
+        host-side NumPy) is not bracketed by anything the backend controls, so device timestamps
+        placed around the call would miss or mis-attribute it. Device-side time of recorded work
+        is ``measure_recording``'s."""
         work()
         self.finish()
         times = []
@@ -495,6 +524,27 @@ class Backend(ABC):
             self.finish()
             times.append(time.perf_counter() - start)
         return float(min(times) if best else np.median(times))
+
+    def measure_recording(self, recording: Any, repeats: int = 3, best: bool = False) -> float:
+        """The median (with ``best``: the least) time, in seconds, the device spends on one
+        ``submit`` of ``recording``, over ``repeats`` submits after one untimed one, on the clock
+        ``timer`` names: device timestamps written around the recording's commands inside the
+        submission itself (so they bracket exactly its work, and exclude the host's submission and
+        wait overhead), or where the backend has none the host's ``perf_counter`` around the
+        submit. Every submit counts in ``submits``."""
+        self.submit(recording)
+        times = []
+        for _ in range(max(1, repeats)):
+            times.append(self._timed_submit(recording))
+            self._count("submits")
+        return float(min(times) if best else np.median(times))
+
+    def _timed_submit(self, recording: Any) -> float:
+        """Hook of ``measure_recording``: submit ``recording``, wait, and return the seconds it
+        took on ``timer``'s clock. The default reads the host's clock around ``_submit``."""
+        start = time.perf_counter()
+        self._submit(recording)
+        return time.perf_counter() - start
 
     @property
     def driver(self) -> str:

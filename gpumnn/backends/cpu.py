@@ -9,6 +9,7 @@ constant folding of shape arithmetic (int64) reuses this backend.
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from typing import Any, Callable, Sequence
@@ -17,7 +18,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .. import atomic as A
-from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, OpPlan, TensorHandle, constant_words, kernels_option
+from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, OpPlan, TensorHandle, constant_words, host_out, kernels_option
 from .limits import MemoryLimits, host_limits
 from .cpu_math import binary_function, unary_function
 from .sampling import resize_axis
@@ -46,6 +47,16 @@ def strided(handle: TensorHandle, offset: int, shape: Sequence[int], strides: Se
         start = base[-1:]
     item = base.itemsize
     return as_strided(start, shape=tuple(shape), strides=tuple(s * item for s in strides), writeable=True)
+
+
+@functools.lru_cache(maxsize=1)
+def _numpy_blas() -> str:
+    """ "NumPy 2.4.6; BLAS scipy-openblas 0.3.31..." from NumPy's build configuration."""
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"NumPy {np.__version__}; BLAS {blas.get('name', '?')} {blas.get('version', '?')}"
+    except Exception:  # noqa: BLE001 -- NumPy < 1.26 has no dicts mode: the version alone
+        return f"NumPy {np.__version__}"
 
 
 class CpuBackend(Backend):
@@ -80,6 +91,11 @@ class CpuBackend(Backend):
     def info(self) -> BackendInfo:
         return self._info
 
+    @property
+    def driver(self) -> str:
+        """NumPy's version and the BLAS it was built with (what runs its matrix products)."""
+        return _numpy_blas()
+
     # -- memory ----------------------------------------------------------------------------
     def memory_limits(self) -> MemoryLimits:
         return host_limits(copies_constants=False)  # constant() keeps a view of the host array
@@ -98,7 +114,7 @@ class CpuBackend(Backend):
         return view(handle).copy()
 
     def read_into(self, handle: TensorHandle, out: np.ndarray) -> None:
-        np.copyto(out.reshape(-1), flat(handle))
+        np.copyto(host_out(handle, out), flat(handle))
 
     def host_view(self, handle: TensorHandle) -> np.ndarray:
         return view(handle)  # the pool is host memory: other backends copy straight into it

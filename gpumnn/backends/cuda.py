@@ -57,9 +57,9 @@ from .. import atomic as A
 from ..errors import BackendOptionError, DeviceArrayError
 from ..shaders.cuda_source import NVRTC_OPTIONS, cuda_source
 from . import cl_plans
-from .base import Backend, BackendInfo, Execution, OpPlan, TensorHandle, constant_words, kernels_option
+from .base import Backend, BackendInfo, Execution, OpPlan, TensorHandle, constant_words, host_out, kernels_option
 from .cl_plans import Scratch
-from .cuda_device import attribute, device_info, load_kernels, memory_limits, pick_device
+from .cuda_device import attribute, describe_versions, device_info, load_kernels, memory_limits, pick_device
 from .cuda_launch import CudaLaunch, DeviceBuffer, Lane, Lanes, Recording, bind, capture
 from .limits import MemoryLimits
 
@@ -73,6 +73,7 @@ class CudaBackend(Backend):
     """CUDA on one NVIDIA GPU, through CuPy."""
 
     name = "cuda"
+    timer = "CUDA events"
     #: runs in flight borrow lanes of their own (stream, event, staging), and touch their own
     #: pools and graphs (see the module docstring)
     max_concurrent_runs = 2
@@ -110,6 +111,11 @@ class CudaBackend(Backend):
     @property
     def info(self) -> BackendInfo:
         return self._info
+
+    @property
+    def driver(self) -> str:
+        """CuPy's version and the CUDA runtime, driver and NVRTC versions."""
+        return describe_versions()
 
     def activate(self) -> Any:
         """This backend's GPU current in the calling thread (CuPy's device context, which nests)."""
@@ -201,15 +207,18 @@ class CudaBackend(Backend):
             self._pointer(handle).copy_from_host_async(staging.ctypes.data, data.nbytes, lane.stream)
             lane.stream.synchronize()
 
-    def read(self, handle: TensorHandle) -> np.ndarray:
-        nbytes = handle.nbytes
+    def read_into(self, handle: TensorHandle, out: np.ndarray) -> None:
+        """Device to the lane's pinned staging (set aside by ``reserve_run``: a full-speed DMA),
+        then into ``out`` on the host."""
+        flat = host_out(handle, out)
+        nbytes = flat.nbytes
         if not nbytes:
-            return np.zeros(handle.shape, dtype=handle.dtype)
+            return
         with self._lane() as lane:
             staging = self._lanes.staging(lane, nbytes)
             self._pointer(handle).copy_to_host_async(staging.ctypes.data, nbytes, lane.stream)
             lane.stream.synchronize()
-            return staging[:nbytes].view(handle.dtype).reshape(handle.shape).copy()
+            np.copyto(flat.view(np.uint8), staging[:nbytes])
 
     def release(self, buffer: Any) -> None:
         """Nothing to do: the memory goes back to the driver with the last reference to it (the
@@ -332,6 +341,21 @@ class CudaBackend(Backend):
         with self._lane() as lane:
             recording.graph.launch(lane.stream)
             lane.stream.synchronize()
+
+    def _timed_submit(self, recording: Recording) -> float:
+        """Two timing events recorded on the lane's stream just before and after the graph's
+        launch: the GPU's time for the graph alone."""
+        if recording.graph is None:
+            return 0.0
+        with self._lane() as lane:
+            if lane.timing is None:
+                lane.timing = (cupy.cuda.Event(), cupy.cuda.Event())
+            start, end = lane.timing
+            start.record(lane.stream)
+            recording.graph.launch(lane.stream)
+            end.record(lane.stream)
+            end.synchronize()
+            return cupy.cuda.get_elapsed_time(start, end) * 1e-3
 
     def _run_eager(self, executions: list[Execution]) -> None:
         with self._lane() as lane:

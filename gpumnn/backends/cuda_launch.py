@@ -136,6 +136,7 @@ class Lane:
     stream: Any
     event: Any
     staging: Any = None  # a numpy uint8 view of pinned host memory (which it keeps alive)
+    timing: Any = None  # (start, end) timing events, made by the first measure_recording on the lane
 
 
 class Lanes:

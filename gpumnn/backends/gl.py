@@ -46,7 +46,7 @@ from .. import atomic as A
 from ..errors import BackendUnavailableError, GpumnnError
 from ..shaders.compile import ShaderCompileError, preprocess
 from . import gl_context
-from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words, kernel_family, kernels_option
+from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words, host_out, kernel_family, kernels_option
 from .glsl_plans import (DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, Builder, Hazards, binding_limit, check_shader_op_ids,
                          grid_limit, plan, window)
 from .limits import MemoryLimits, host_memory
@@ -148,17 +148,14 @@ def _create_context(platform: str | None):
 def _gl_get_integer(pname: int, count: int = 1) -> int | None:
     """glGetIntegerv for a value moderngl's ``ctx.info`` lacks (None if no GL library loads);
     ``count`` values are fetched (GL_VBO_FREE_MEMORY_ATI has four) and the first is returned."""
-    for lib in ("libOpenGL.so.0", "libGL.so.1", "libGL.so", "opengl32"):
-        try:
-            gl = ctypes.CDLL(lib)
-            fn = gl.glGetIntegerv
-        except (OSError, AttributeError):
-            continue
-        values = (ctypes.c_int * max(count, 1))(*([-1] * max(count, 1)))
-        fn.argtypes = [ctypes.c_uint, ctypes.POINTER(ctypes.c_int)]
-        fn(pname, values)
-        return values[0] if values[0] > 0 else None
-    return None
+    gl = gl_context.gl_library()
+    if gl is None:
+        return None
+    fn = gl.glGetIntegerv
+    values = (ctypes.c_int * max(count, 1))(*([-1] * max(count, 1)))
+    fn.argtypes = [ctypes.c_uint, ctypes.POINTER(ctypes.c_int)]
+    fn(pname, values)
+    return values[0] if values[0] > 0 else None
 
 
 class GLBackend(Backend):
@@ -202,6 +199,9 @@ class GLBackend(Backend):
             raise BackendUnavailableError(f"OpenGL {ctx.version_code} < 4.3: no compute shaders")
         self.renderer = str(info.get("GL_RENDERER", "?"))
         self.version = str(info.get("GL_VERSION", "?"))
+        self.vendor = str(info.get("GL_VENDOR", "?"))
+        if self._pooled.timestamps() is not None:
+            self.timer = "GL timestamp queries"
         self.software = any(s in self.renderer.lower() for s in _SOFTWARE)
         self.max_group_count = tuple(int(v) for v in info["GL_MAX_COMPUTE_WORK_GROUP_COUNT"])
         self.max_storage_range = int(info.get("GL_MAX_SHADER_STORAGE_BLOCK_SIZE", 1 << 27))
@@ -222,6 +222,12 @@ class GLBackend(Backend):
     @property
     def info(self) -> BackendInfo:
         return self._info
+
+    @property
+    def driver(self) -> str:
+        """GL_VENDOR, GL_VERSION (with the driver's own version: "4.5 (Core Profile) Mesa 22.3.6")
+        and GL_RENDERER (llvmpipe names its LLVM)."""
+        return f"{self.vendor}; OpenGL {self.version}; {self.renderer}"
 
     def unsupported_reason(self, op: A.AtomicOp) -> str | None:
         return (super().unsupported_reason(op) or grid_limit(op, self.max_group_count)
@@ -317,11 +323,11 @@ class GLBackend(Backend):
             handle.buffer.obj.write(data, offset=4 * handle.offset)
 
     @_in_context
-    def read(self, handle: TensorHandle) -> np.ndarray:
-        out = np.empty(handle.shape, dtype=handle.dtype)
-        if out.size:
-            handle.buffer.obj.read_into(out, size=out.nbytes, offset=4 * handle.offset)
-        return out
+    def read_into(self, handle: TensorHandle, out: np.ndarray) -> None:
+        """glGetBufferSubData from the tensor's offset straight into ``out``."""
+        flat = host_out(handle, out)
+        if flat.size:
+            handle.buffer.obj.read_into(flat, size=flat.nbytes, offset=4 * handle.offset)
 
     def _binding(self, buf: GLBuffer, lo: int, hi: int):
         return window(buf, lo, hi, self.storage_align, self.max_storage_range, GLError,
@@ -396,6 +402,21 @@ class GLBackend(Backend):
             prog.run(gx, gy, gz)
         ctx.memory_barrier()  # all bits: buffer reads/updates and later dispatches see the results
         ctx.finish()
+
+    @_in_context
+    def _timed_submit(self, recording: GLRecording) -> float:
+        """Timestamp queries written just before and after the submit's commands (see
+        ``gl_context.Timestamps``): the GPU's time from reaching the recording's first dispatch to
+        finishing its last. GL has no command buffers, so this includes what the GPU waits for
+        the host to issue the next dispatch (binding buffers, writing uniforms); nothing else is
+        issued on the context meanwhile."""
+        stamps = self._pooled.timestamps()
+        if stamps is None:
+            return super()._timed_submit(recording)
+        stamps.stamp(0)
+        self._submit(recording)
+        stamps.stamp(1)
+        return stamps.seconds()
 
     @_in_context
     def _run_eager(self, executions: list[Execution]) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import threading
 from collections import OrderedDict
 from typing import Any, Callable
@@ -40,6 +41,14 @@ class PooledContext:
         self.ctx = ctx
         self.platform = platform
         self.programs: OrderedDict[tuple, Any] = OrderedDict()
+        self._timestamps: Timestamps | None | bool = False  # False: not asked yet
+
+    def timestamps(self) -> "Timestamps | None":
+        """The context's pair of timestamp queries (made on first use, while the context is
+        current, and kept with it), or None where the GL library has no timestamp queries."""
+        if self._timestamps is False:
+            self._timestamps = Timestamps.create()
+        return self._timestamps or None
 
     def program(self, key: tuple, build: Callable[[], Any]) -> tuple[Any, bool]:
         """The program under ``key``, built by ``build()`` if absent; (program, built now)."""
@@ -61,9 +70,68 @@ class PooledContext:
         try:
             for program in self.programs.values():
                 program.prog.release()
+            if self._timestamps:
+                self._timestamps.release()
         finally:
             self.programs.clear()
             self.ctx.release()
+
+
+@functools.lru_cache(maxsize=1)
+def gl_library() -> ctypes.CDLL | None:
+    """The GL library (glvnd's libOpenGL, else libGL) for the few calls moderngl does not make,
+    or None where none loads. Its functions act on the context current in the calling thread."""
+    for name in ("libOpenGL.so.0", "libGL.so.1", "libGL.so", "opengl32"):
+        try:
+            lib = ctypes.CDLL(name)
+            lib.glGetIntegerv  # noqa: B018 -- a GL library at all
+        except (OSError, AttributeError):
+            continue
+        return lib
+    return None
+
+
+_GL_TIMESTAMP = 0x8E28
+_GL_QUERY_COUNTER_BITS = 0x8864
+_GL_QUERY_RESULT = 0x8866
+
+
+class Timestamps:
+    """Two GL_TIMESTAMP queries (glQueryCounter: GL 3.3 / ARB_timer_query) of one context, each
+    written by the GL when every command issued before it has completed. A GL_TIME_ELAPSED
+    query (what moderngl offers) would be simpler but is no good here: llvmpipe counts only
+    draws in it and gives 0 for compute dispatches, whose timestamps it does write."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self._lib = lib
+        self._ids = (ctypes.c_uint * 2)()
+        self._values = (ctypes.c_uint64 * 2)()
+        lib.glGenQueries(2, self._ids)
+
+    @classmethod
+    def create(cls) -> "Timestamps | None":
+        """A pair for the current context, or None where the library lacks the calls or the
+        GL's timestamp counter has no bits."""
+        lib = gl_library()
+        if lib is None or not all(hasattr(lib, f) for f in ("glGenQueries", "glQueryCounter", "glGetQueryiv",
+                                                            "glGetQueryObjectui64v", "glDeleteQueries")):
+            return None
+        bits = ctypes.c_int(0)
+        lib.glGetQueryiv(_GL_TIMESTAMP, _GL_QUERY_COUNTER_BITS, ctypes.byref(bits))
+        return cls(lib) if bits.value > 0 else None
+
+    def stamp(self, index: int) -> None:
+        """Have the GL write timestamp ``index`` (0 or 1) once the commands before it are done."""
+        self._lib.glQueryCounter(self._ids[index], _GL_TIMESTAMP)
+
+    def seconds(self) -> float:
+        """Timestamp 1 less timestamp 0 (waiting for them to be written)."""
+        for i in (0, 1):
+            self._lib.glGetQueryObjectui64v(self._ids[i], _GL_QUERY_RESULT, ctypes.byref(self._values, 8 * i))
+        return max(0, self._values[1] - self._values[0]) * 1e-9
+
+    def release(self) -> None:
+        self._lib.glDeleteQueries(2, self._ids)
 
 
 def _create(create: Callable[[str | None], moderngl.Context]) -> PooledContext:

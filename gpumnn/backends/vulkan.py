@@ -47,7 +47,7 @@ import numpy as np
 
 from .. import atomic as A
 from ..errors import BackendUnavailableError
-from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words, kernel_family, kernels_option
+from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words, host_out, kernel_family, kernels_option
 from .limits import MemoryLimits, host_memory
 from .speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
 # The API-neutral half (what to dispatch per atomic op) is shared with the OpenGL backend.
@@ -189,6 +189,8 @@ class VulkanBackend(Backend):
                            | vk.VK_PIPELINE_STAGE_HOST_BIT)
         self._stages_out = (vk.VK_PIPELINE_STAGE_HOST_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
                             | vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT)
+        if dev.timestamp_bits:
+            self.timer = "Vulkan timestamp queries"
         cpu_device = dev.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_CPU  # lavapipe
         flops = software_renderer_flops() if cpu_device else GPU_DEFAULT_FLOPS
         bandwidth = 8.0 if dev.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU else 20.0
@@ -199,6 +201,12 @@ class VulkanBackend(Backend):
     @property
     def info(self) -> BackendInfo:
         return self._info
+
+    @property
+    def driver(self) -> str:
+        """The Vulkan version the device implements, the driver's name and version text, and
+        driverVersion (e.g. "Vulkan 1.3.230; llvmpipe Mesa 22.3.6 (LLVM 15.0.6); driverVersion 0x1")."""
+        return self.dev.driver
 
     @property
     def validation_messages(self) -> list[str]:
@@ -280,18 +288,21 @@ class VulkanBackend(Backend):
         if data.size:
             self._upload(handle, data)
 
-    def read(self, handle: TensorHandle) -> np.ndarray:
+    def read_into(self, handle: TensorHandle, out: np.ndarray) -> None:
+        """Words copied into ``out`` from the mapped buffer itself (direct mapping), else from the
+        lane's staging buffer (set aside by ``reserve_run``) after a vkCmdCopyBuffer into it."""
+        words = host_out(handle, out).view(np.float32)  # bit-exact, whatever the storage dtype
         self._check_open()
-        n = handle.size
-        buf = handle.buffer
+        n, buf = words.size, handle.buffer
         if n == 0:
-            return np.zeros(handle.shape, dtype=handle.dtype)
+            return
         if self._direct and buf.mapped is not None:
-            return buf.mapped[handle.offset:handle.offset + n].view(handle.dtype).reshape(handle.shape).copy()
+            np.copyto(words, buf.mapped[handle.offset:handle.offset + n])
+            return
         with self._lane() as lane:
             staging = self._staging_buffer(lane, 4 * n)
             self._copy(lane, buf, 4 * handle.offset, staging, 0, 4 * n)
-            return staging.mapped[:n].view(handle.dtype).reshape(handle.shape).copy()
+            np.copyto(words, staging.mapped[:n])
 
     def _upload(self, handle: TensorHandle, data: np.ndarray) -> None:
         self._check_open()
@@ -460,6 +471,15 @@ class VulkanBackend(Backend):
         self._check_open()
         with self._lane() as lane:
             lane.submit_and_wait(recording.cmd)
+
+    def _timed_submit(self, recording: VulkanRecording) -> float:
+        """Timestamp queries in the same submission, just before and after the recording (see
+        ``vulkan_device._Timestamps``); the host's clock where the queue writes none."""
+        if self.timer == "host":
+            return super()._timed_submit(recording)
+        self._check_open()
+        with self._lane() as lane:
+            return lane.timed_submit(recording.cmd)
 
     def _run_eager(self, executions: list[Execution]) -> None:
         self._check_open()

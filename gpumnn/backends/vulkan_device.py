@@ -292,7 +292,27 @@ class SharedDevice:
                                      ppEnabledExtensionNames=extensions or None)
         self.device = vk.vkCreateDevice(self.physical, info, None)
         self.queue = vk.vkGetDeviceQueue(self.device, self.queue_family, 0)
+        #: bits of a timestamp the compute queue writes (0: no timestamps) and ns per tick
+        self.timestamp_bits = int(families[self.queue_family].timestampValidBits)
+        self.timestamp_period = float(self.props.limits.timestampPeriod)
+        self.driver = self._describe_driver()
         self.pipeline_cache = vk.vkCreatePipelineCache(self.device, vk.VkPipelineCacheCreateInfo(), None)
+
+    def _describe_driver(self) -> str:
+        """The API version the device implements, the driver's name and version text
+        (VkPhysicalDeviceDriverProperties, Vulkan 1.2) where it says, and driverVersion (encoded
+        by each vendor its own way, so shown raw)."""
+        api = self.props.apiVersion
+        text = f"Vulkan {vk.VK_VERSION_MAJOR(api)}.{vk.VK_VERSION_MINOR(api)}.{vk.VK_VERSION_PATCH(api)}"
+        try:
+            props = vk.VkPhysicalDeviceDriverProperties()
+            vk.vkGetPhysicalDeviceProperties2(self.physical, vk.VkPhysicalDeviceProperties2(pNext=props))
+            name, info = _cstring(props.driverName), _cstring(props.driverInfo)
+            if name:
+                text += f"; {name} {info}".rstrip()
+        except Exception:  # noqa: BLE001 -- a Vulkan 1.0 device without the query: the version alone
+            pass
+        return f"{text}; driverVersion {int(self.props.driverVersion):#x}"
 
     # -- memory limits -----------------------------------------------------------------------
     def _max_allocation(self) -> int:
@@ -467,7 +487,8 @@ class VulkanDevice:
     #: what a backend reads of the shared device (copied: some are read on every run)
     SHARED = ("instance", "physical", "props", "name", "device_type", "type_name", "max_storage_range",
               "min_storage_align", "max_push_constants", "max_group_count", "max_group_invocations",
-              "max_shared_memory", "memory", "device", "queue", "queue_family", "validation", "max_allocation")
+              "max_shared_memory", "memory", "device", "queue", "queue_family", "validation", "max_allocation",
+              "timestamp_bits", "timestamp_period", "driver")
 
     def __init__(self, device: str | int | None = None, validation: bool = False):
         self.shared: SharedDevice | None = acquire(device, validation)
@@ -613,6 +634,7 @@ class SubmitLane:
         self.transfer_cmd = self.allocate_command_buffer()
         self.staging: DeviceBuffer | None = None  # the backend's, grown on demand
         self.eager_descriptors: DescriptorAllocator | None = None  # likewise
+        self._timestamps: _Timestamps | None = None  # made by the first timed submit
 
     def allocate_command_buffer(self):
         return self.dev.allocate_command_buffer(self.command_pool)
@@ -623,10 +645,23 @@ class SubmitLane:
     def submit_and_wait(self, cmd) -> None:
         """One vkQueueSubmit of ``cmd`` signalling this lane's fence; wait and reset it. The
         shared queue is held for the submit only."""
-        dev = self.dev
         self._cmd_array[0] = cmd
+        self._submit_and_wait(self._submit)
+
+    def timed_submit(self, cmd) -> float:
+        """``submit_and_wait`` of ``cmd`` between two timestamp queries, and the seconds between
+        them: the device's own time for the command buffer (see :class:`_Timestamps`)."""
+        if self._timestamps is None:
+            self._timestamps = _Timestamps(self)
+        stamps = self._timestamps
+        stamps.cmds[1] = cmd
+        self._submit_and_wait(stamps.submit)
+        return stamps.seconds()
+
+    def _submit_and_wait(self, submit) -> None:
+        dev = self.dev
         with dev.shared.queue_lock:
-            result = lib.vkQueueSubmit(dev.queue, 1, self._submit, self.fence)
+            result = lib.vkQueueSubmit(dev.queue, 1, submit, self.fence)
         dev._check_lost(result)
         _check(result, "vkQueueSubmit")
         result = lib.vkWaitForFences(dev.device, 1, self._fences, vk.VK_TRUE, _FENCE_TIMEOUT_NS)
@@ -641,5 +676,47 @@ class SubmitLane:
         device = self.dev.device
         if self.eager_descriptors is not None:
             self.eager_descriptors.destroy()
+        if self._timestamps is not None:
+            vk.vkDestroyQueryPool(device, self._timestamps.pool, None)
         vk.vkDestroyFence(device, self.fence, None)
         vk.vkDestroyCommandPool(device, self.command_pool, None)
+
+
+class _Timestamps:
+    """Two timestamp queries of one lane around a command buffer, in one submission of three: a
+    command buffer that resets the query pool and writes the first timestamp (top of pipe), the
+    measured one, and one that writes the second (bottom of pipe: after every command submitted
+    before it has finished). Both brackets are recorded once and replayed; the submit-info and
+    the result array are made once too, so a timed submit allocates nothing."""
+
+    def __init__(self, lane: SubmitLane):
+        dev = lane.dev
+        if not dev.timestamp_bits:
+            raise VulkanError(f"{dev.name}: its compute queue writes no timestamps (timestampValidBits 0)")
+        self._dev = dev
+        self.pool = vk.vkCreateQueryPool(dev.device, vk.VkQueryPoolCreateInfo(
+            queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=2), None)
+        begin, end = lane.allocate_command_buffer(), lane.allocate_command_buffer()
+        vk.vkBeginCommandBuffer(begin, vk.VkCommandBufferBeginInfo())
+        vk.vkCmdResetQueryPool(begin, self.pool, 0, 2)
+        vk.vkCmdWriteTimestamp(begin, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, self.pool, 0)
+        vk.vkEndCommandBuffer(begin)
+        vk.vkBeginCommandBuffer(end, vk.VkCommandBufferBeginInfo())
+        vk.vkCmdWriteTimestamp(end, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, self.pool, 1)
+        vk.vkEndCommandBuffer(end)
+        self.cmds = ffi.new("VkCommandBuffer[3]", [begin, ffi.NULL, end])
+        self.submit = ffi.new("VkSubmitInfo*")
+        self.submit.sType = vk.VK_STRUCTURE_TYPE_SUBMIT_INFO
+        self.submit.commandBufferCount = 3
+        self.submit.pCommandBuffers = self.cmds
+        self._results = ffi.new("uint64_t[2]")
+        self._mask = (1 << dev.timestamp_bits) - 1 if dev.timestamp_bits < 64 else (1 << 64) - 1
+
+    def seconds(self) -> float:
+        """The time between the two timestamps of the last (waited-for) submission."""
+        dev = self._dev
+        _check(lib.vkGetQueryPoolResults(dev.device, self.pool, 0, 2, 16, self._results, 8,
+                                         vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT),
+               "vkGetQueryPoolResults")
+        ticks = (self._results[1] - self._results[0]) & self._mask
+        return ticks * dev.timestamp_period * 1e-9
