@@ -172,9 +172,11 @@ class _ThreadLimiter:
 # One maker per atomic op: binds views and scratch, returns an OpPlan of the callables that do the work.
 # --------------------------------------------------------------------------------------------
 
-#: Bytes one chunk's working set (im2col columns, depthwise planes) may take: small enough to
-#: stay in L2 between the pass that writes it and the ones that read it back.
-CHUNK_BYTES = 256 * 1024
+#: Bytes one chunk's scratch (im2col columns, depthwise windows) may take; within it, the chunk
+#: count (``CHUNKS_PER_THREAD``) decides. Chunks cut to fit L2 (256 KiB) measured up to 2.4x
+#: slower on 2 cores than chunks 4-16x larger: NumPy's cost per call and the GIL handed between
+#: threads at every call outweigh the cache misses they save.
+CHUNK_BYTES = 4 << 20
 #: An op shared between threads is cut into this many chunks per thread, so a thread the machine
 #: slows leaves its share to the others (see ``cpu_workers``).
 CHUNKS_PER_THREAD = 4
@@ -449,33 +451,31 @@ def _gemm_chunk(tasks: list, finish: Callable[[np.ndarray, int, int], None]) -> 
 
 
 def _depthwise(op: A.Conv2D, x, weight, out, pads, finish, pool: Workers, parts: int) -> OpPlan:
-    """KH*KW multiply-adds of shifted views, on channel blocks small enough that every pass
-    after the first reads and writes cache, not memory; blocks shared between threads."""
+    """Channel blocks, each in two passes: one copy of its KH*KW shifted windows into the
+    thread's scratch, then one batched [1, KH*KW] x [KH*KW, pixels] product per channel (BLAS),
+    bias and activation after. Measured 2-3x faster at MobileNet's sizes than a multiply and an
+    add per tap (18 NumPy calls and passes over memory per block)."""
     n, c = op.batch, op.in_channels
     (oh, ow), (kh, kw) = op.out_hw, op.kernel
+    taps, pixels = kh * kw, oh * ow
     padded = _PaddedInput(x, pads, 0.0, (0, 0))
-    windows = _window_view(padded.buf, op.kernel, op.strides, op.dilations, op.out_hw)
-    per_channel = 4 * (padded.buf.shape[2] * padded.buf.shape[3] + 2 * oh * ow)
+    windows = _window_view(padded.buf, op.kernel, op.strides, op.dilations, op.out_hw)  # [n, c, kh, kw, oh, ow]
+    per_channel = 4 * (padded.buf.shape[2] * padded.buf.shape[3] + (taps + 1) * pixels)
     per_block = max(1, min(CHUNK_BYTES // per_channel, -(-c // parts)))
-    out4 = out.reshape(n, c, oh, ow)
-    scratch = [np.empty((per_block, oh, ow), dtype=np.float32) for _ in range(pool.threads)]
-    tasks = []
-    for b in range(n):
-        for c0, c1 in _spans(c, -(-c // per_block)):
-            taps = [(weight[c0:c1, 0, i, j].reshape(c1 - c0, 1, 1), windows[b, c0:c1, i, j])
-                    for i in range(kh) for j in range(kw)]
-            interior = (padded.interior[b, c0:c1], x[b, c0:c1]) if padded.needed else None
-            tasks.append((interior, taps, out4[b, c0:c1], out[b, c0:c1], c0, c1))
+    w3 = weight.reshape(c, 1, taps)  # a view: W may be a run-time tensor
+    out3 = out.reshape(n, c, 1, pixels)
+    scratch = [np.empty(per_block * taps * pixels, dtype=np.float32) for _ in range(pool.threads)]
+    tasks = [((padded.interior[b, c0:c1], x[b, c0:c1]) if padded.needed else None, windows[b, c0:c1],
+              w3[c0:c1], out3[b, c0:c1], out[b, c0:c1], c0, c1)
+             for b in range(n) for c0, c1 in _spans(c, -(-c // per_block))]
 
     def block(index: int, slot: int) -> None:
-        interior, taps, o, o2, c0, c1 = tasks[index]
+        interior, src, wb, ob, o2, c0, c1 = tasks[index]
         if interior is not None:
             np.copyto(*interior)
-        tmp = scratch[slot][:c1 - c0]
-        np.multiply(taps[0][1], taps[0][0], out=o)
-        for wt, win in taps[1:]:
-            np.multiply(win, wt, out=tmp)
-            np.add(o, tmp, out=o)
+        cols = scratch[slot][:src.size]
+        np.copyto(cols.reshape(src.shape), src)
+        np.matmul(wb, cols.reshape(c1 - c0, taps, pixels), out=ob)
         finish(o2, c0, c1)
     return OpPlan((_on_pool(pool, len(tasks), block),), "depthwise")
 

@@ -29,17 +29,43 @@ import numpy as np
 ChunkFn = Callable[[int, int], None]
 
 
+class _Job:
+    """One op's chunks: the next index to take, and how many taken chunks are not done yet."""
+
+    def __init__(self, count: int, fn: ChunkFn):
+        self.count, self.fn = count, fn
+        self.next = itertools.count()
+        self.left = count
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.errors: list[BaseException] = []
+
+    def work(self, slot: int) -> None:
+        for k in self.next:  # next() on itertools.count is atomic under the GIL
+            if k >= self.count:
+                return
+            try:
+                self.fn(k, slot)
+            except BaseException as exc:  # handed to the caller, which raises it
+                self.errors.append(exc)
+            with self.lock:
+                self.left -= 1
+                if self.left == 0:
+                    self.done.set()
+
+
 class Workers:
-    """``threads - 1`` helper threads (started on first use) that join the caller on a job."""
+    """``threads - 1`` helper threads (started on first use) that join the caller on a job.
+
+    The caller waits for the chunks taken, never for a helper to wake: a helper the machine
+    has not scheduled yet finds the chunks gone when it does (or helps with the next job)."""
 
     def __init__(self, threads: int):
         self.threads = max(1, threads)
         self._busy = threading.Lock()
         self._started = False
         self._go = [threading.Event() for _ in range(self.threads - 1)]
-        self._done = threading.Semaphore(0)
-        self._job: tuple[int, ChunkFn, itertools.count] | None = None
-        self._errors: list[BaseException] = []
+        self._job: _Job | None = None
 
     def run(self, count: int, fn: ChunkFn) -> None:
         """Run ``fn(k, slot)`` for every k in ``range(count)``, on all threads, and wait."""
@@ -50,28 +76,15 @@ class Workers:
         try:
             if not self._started:
                 self._start()
-            self._job = (count, fn, itertools.count())
+            job = self._job = _Job(count, fn)
             for go in self._go:
                 go.set()
-            try:
-                self._work(0)
-            except BaseException as exc:  # the helpers still finish (or skip) their chunks first
-                self._errors.append(exc)
-            for _ in self._go:
-                self._done.acquire()
-            self._job = None
-            if self._errors:
-                error, self._errors = self._errors[0], []
-                raise error
+            job.work(0)
+            job.done.wait()
+            if job.errors:
+                raise job.errors[0]
         finally:
             self._busy.release()
-
-    def _work(self, slot: int) -> None:
-        count, fn, counter = self._job
-        for k in counter:  # next() on itertools.count is atomic under the GIL
-            if k >= count:
-                return
-            fn(k, slot)
 
     def _start(self) -> None:
         for slot in range(1, self.threads):
@@ -84,12 +97,9 @@ class Workers:
         while True:
             go.wait()
             go.clear()
-            try:
-                self._work(slot)
-            except BaseException as exc:  # handed to the caller, which raises it
-                self._errors.append(exc)
-            finally:
-                self._done.release()
+            job = self._job
+            if job is not None:
+                job.work(slot)
 
 
 _POOLS: dict[int, Workers] = {}
