@@ -12,11 +12,15 @@ from __future__ import annotations
 import argparse
 import collections
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from gpumnn.benchmark import load_model, time_runs
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's gpumnn, not an installed one
+
+from gpumnn.benchmark import load_model, time_runs  # noqa: E402
 
 
 def op_kind(exe) -> str:
