@@ -148,6 +148,8 @@ class LoweringContext:
         self.set_runtime(name, out_shape, result)
 
     def emit_raster(self, pending: PendingRaster) -> None:
+        """Add a Raster (its index map held reduced: see ``regions.py``)."""
+        pending = dataclasses.replace(pending, index_map=pending.index_map.reduced())
         for name in pending.sources:
             self.runtime_input(name)
         self.ops.append(pending)
