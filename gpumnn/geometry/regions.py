@@ -180,17 +180,18 @@ def _segments(src: np.ndarray, idx: np.ndarray, axis: int) -> list[tuple[int, in
         return [(0, 1)]
     d = np.diff(idx, axis=axis)
     other = tuple(a for a in range(idx.ndim) if a != axis)
-    real = np.take(src, range(1, n), axis=axis) >= 0  # fill entries carry no index: ignore their steps
+    real = src[_cut(axis, idx.ndim, slice(1, None))] >= 0  # fill entries carry no index: ignore their steps
     big = np.iinfo(np.int64).max
     d_min = np.where(real, d, big).min(axis=other)
     d_max = np.where(real, d, -big).max(axis=other)
     no_data = d_min == big
     d_min, d_max = np.where(no_data, 0, d_min), np.where(no_data, 0, d_max)
     same_src = np.all(np.diff(src, axis=axis) == 0, axis=other)
-    joinable = (d_min == d_max) & same_src
+    joinable = ((d_min == d_max) & same_src).tolist()  # Python values: the loop below reads each once
+    d_min = d_min.tolist()
     cuts, start = [], 0
     for i in range(n - 1):
-        linked = bool(joinable[i]) and (i == start or d_min[i] == d_min[i - 1])
+        linked = joinable[i] and (i == start or d_min[i] == d_min[i - 1])
         if not linked:
             cuts.append((start, i + 1))
             start = i + 1
