@@ -139,9 +139,10 @@ class LoweringContext:
         if all(v.is_const for v in inputs):
             self.set_const(name, self._fold(op, [v.const for v in inputs], tuple(out_shape), result))
             return
-        op = dataclasses.replace(op, dtype=A.storage_dtype(data))
+        typed = {"dtype": A.storage_dtype(data)}
         if isinstance(op, A.Unary):
-            op = dataclasses.replace(op, out_dtype=A.storage_dtype(result))
+            typed["out_dtype"] = A.storage_dtype(result)
+        op = dataclasses.replace(op, **typed)
         for input_name in op.inputs:
             self.runtime_input(input_name)
         self.ops.append(op)

@@ -55,6 +55,18 @@ class IndexMap:
     def size(self) -> int:
         return math.prod(self.full_shape)
 
+    @classmethod
+    def strided(cls, offset: int, shape, strides) -> "IndexMap":
+        """The map of one strided read of source 0: element ``i`` is ``offset + i . strides``
+        (every axis longer than 1 held affine, so nothing of the output's size is built)."""
+        shape = tuple(int(d) for d in shape)
+        if math.prod(shape) == 0:
+            idx = np.full(shape, offset, dtype=np.int64)
+            return cls(np.zeros(shape, dtype=np.int32), idx)
+        steps = tuple(int(s) if d > 1 else None for d, s in zip(shape, strides))
+        one = (1,) * len(shape)
+        return cls(np.zeros(one, dtype=np.int32), np.full(one, offset, dtype=np.int64), steps, shape)
+
     def reduced(self) -> "IndexMap":
         """The same map with every affine axis of length > 1 kept at length 1 (innermost first,
         so that each further test reads an already smaller array)."""
