@@ -61,8 +61,13 @@ def plan_memory(lifetimes: list[Lifetime], alignment: int = 64) -> MemoryPlan:
 def _lowest_fit(los: np.ndarray, his: np.ndarray, size: int, alignment: int) -> int:
     """The lowest offset, from 0 and after busy intervals [lo, hi) taken in (lo, hi) order, at
     which ``size`` bytes end at or before the next interval's start (each skip aligned up)."""
-    if los.size == 0:
-        return 0
+    if los.size <= 32:  # few neighbours (the common case): a plain scan beats array set-up
+        offset = 0
+        for lo, hi in sorted(zip(los.tolist(), his.tolist())):
+            if offset + size <= lo:
+                break
+            offset = max(offset, _align(hi, alignment))
+        return offset
     order = np.lexsort((his, los))
     los, his = los[order], his[order]
     after = np.maximum.accumulate(-(-his // alignment) * alignment)  # aligned end of the busy prefix
