@@ -116,12 +116,12 @@ def _uniform_step(src: np.ndarray, idx: np.ndarray, axis: int) -> int | None:
     return step if bool(np.all(d == step)) else None
 
 
-def _widen(src: np.ndarray, idx: np.ndarray, steps, sizes, limit: int | None = None):
-    """``src``, ``idx`` with each affine axis widened to ``sizes`` (at most ``limit``) elements."""
+def _widen(src: np.ndarray, idx: np.ndarray, steps, sizes):
+    """``src``, ``idx`` with each affine axis widened to its full length in ``sizes``."""
     for axis, step in enumerate(steps):
         if step is None:
             continue
-        n = sizes[axis] if limit is None else min(sizes[axis], limit)
+        n = sizes[axis]
         shape = [1] * idx.ndim
         shape[axis] = n
         offsets = (np.arange(n, dtype=np.int64) * step).reshape(shape)
