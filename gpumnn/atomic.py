@@ -41,14 +41,27 @@ HELD_DTYPES: tuple[str, ...] = ("float16", "float32", "float64", "int8", "int16"
                                 "uint16", "uint32", "uint64", "bool")
 
 
+#: storage_dtype's answers by the dtype (object or name) it was asked about
+_STORAGE_OF: dict = {}
+
+
 def storage_dtype(dtype) -> str:
     """The storage dtype a model's dtype is held in on every backend: float32 for float16/32/64,
     int32 for integer types and bool. TypeError for a dtype gpumnn does not hold."""
+    try:
+        return _STORAGE_OF[dtype]  # session preparation asks this thousands of times
+    except (KeyError, TypeError):  # not asked yet, or not hashable
+        pass
     import numpy as np
-    dtype = np.dtype(dtype)
-    if dtype.name not in HELD_DTYPES:
-        raise TypeError(f"gpumnn holds no {dtype.name} tensors")
-    return FLOAT32 if dtype.kind == "f" else INT32
+    held = np.dtype(dtype)
+    if held.name not in HELD_DTYPES:
+        raise TypeError(f"gpumnn holds no {held.name} tensors")
+    storage = FLOAT32 if held.kind == "f" else INT32
+    try:
+        _STORAGE_OF[dtype] = storage  # keys equal to one another name one dtype: one answer
+    except TypeError:
+        pass
+    return storage
 
 
 def fill_bits(fill: float, dtype: str) -> int:

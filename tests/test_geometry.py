@@ -72,3 +72,112 @@ def test_load_time_optimisations_fold_and_fuse():
     assert net.optimizations["batchnorm_folded"] == 20
     assert net.optimizations["activations_fused"] >= 17
     assert not any(n.op_type in ("BatchNormalization", "Relu") for n in net.graph.nodes)
+
+
+# -- reduced index maps (affine axes held at length 1) cut the regions the full maps cut ------------
+
+REORDERS = [
+    lambda a: [np.transpose(a[0], (0, 2, 3, 1))],
+    lambda a: [np.concatenate([a[0], a[1]], axis=1)],
+    lambda a: [np.concatenate([a[1], a[0], a[1]], axis=1)[:, 1:6]],
+    lambda a: [np.pad(a[0], ((0, 0), (1, 1), (2, 0), (0, 0)), constant_values=-1)],
+    lambda a: [np.pad(a[0], ((0, 0), (0, 0), (1, 2), (2, 1)), mode="reflect")],
+    lambda a: [np.pad(a[0], ((1, 0), (0, 2), (0, 0), (1, 1)), mode="edge")],
+    lambda a: [np.broadcast_to(a[1][:, :1], (2, 5, 4, 5))],
+    lambda a: [a[0][:, ::-1, 1:3, ::2]],
+    lambda a: [np.take(a[0], [2, 0, 2], axis=2)],
+    lambda a: [a[0].reshape(2, 3, 2, 2, 5).transpose(0, 1, 3, 2, 4).reshape(2, 3, 4, 5)],
+]
+
+
+@pytest.mark.parametrize("build", REORDERS)
+def test_reduced_maps_cut_the_regions_of_the_full_maps(build):
+    shapes = [(2, 3, 4, 5), (2, 2, 4, 5)]
+    srcs = build([np.full(s, k, dtype=np.int32) for k, s in enumerate(shapes)])[0]
+    idxs = build([np.arange(np.prod(s)).reshape(s) for s in shapes])[0]
+    full = IndexMap(np.ascontiguousarray(srcs, dtype=np.int32), np.ascontiguousarray(idxs, dtype=np.int64))
+    reduced = full.reduced()
+    assert reduced.shape == full.shape and reduced.idx.size < full.idx.size  # some axis is affine in each
+    assert regions_of(reduced) == regions_of(full)
+    widened = reduced.full()
+    assert np.array_equal(widened.src, full.src)
+    assert np.array_equal(np.where(full.src >= 0, widened.idx, 0), np.where(full.src >= 0, full.idx, 0))
+
+
+def _random_reorders(seed: int):
+    """A chain of random reorder ops (Transpose, Slice, Concat, Split, Pad, Gather) on one input."""
+    rng = np.random.default_rng(seed)
+    rank = int(rng.integers(2, 5))
+    shape = [int(d) for d in rng.integers(1, 6, size=rank)]
+    x_shape = tuple(shape)
+    nodes, inits, current = [], [], "x"
+
+    def const(name, values):
+        inits.append(numpy_helper.from_array(np.array(values, np.int64), name))
+        return name
+
+    for k in range(4):
+        kind = rng.choice(["Transpose", "Slice", "Concat", "Split", "Pad", "Gather"])
+        out, axis = f"t{k}", int(rng.integers(0, rank))
+        if kind == "Transpose":
+            perm = [int(p) for p in rng.permutation(rank)]
+            nodes.append(helper.make_node("Transpose", [current], [out], perm=perm))
+            shape = [shape[p] for p in perm]
+        elif kind == "Slice":
+            step = int(rng.choice([1, 1, 2, -1]))
+            start, end = sorted(int(v) for v in rng.integers(0, shape[axis] + 1, size=2))
+            if step < 0:
+                start, end = shape[axis] - 1 - start, -shape[axis] - 1 + start - (end - start)
+            nodes.append(helper.make_node("Slice", [current, const(f"s{k}", [start]), const(f"e{k}", [end]),
+                                                    const(f"a{k}", [axis]), const(f"p{k}", [step])], [out]))
+            shape[axis] = len(range(*slice(start, end, step).indices(shape[axis])))
+        elif kind == "Concat":
+            nodes.append(helper.make_node("Concat", [current, "x" if list(x_shape) == shape else current, current],
+                                          [out], axis=axis))
+            shape[axis] *= 3
+        elif kind == "Split":
+            first = int(rng.integers(0, shape[axis] + 1))
+            nodes.append(helper.make_node("Split", [current, const(f"sp{k}", [first, shape[axis] - first])],
+                                          [out, f"rest{k}"], axis=axis))
+            shape[axis] = first
+        elif kind == "Pad":
+            mode = str(rng.choice(["constant", "edge", "reflect"]))
+            most = max(shape[axis] - 1, 0) if mode == "reflect" else 2
+            pads = [0] * (2 * rank)
+            pads[axis], pads[axis + rank] = int(rng.integers(0, most + 1)), int(rng.integers(0, most + 1))
+            if mode != "constant" and shape[axis] == 0:
+                mode = "constant"
+            nodes.append(helper.make_node("Pad", [current, const(f"pd{k}", pads)], [out], mode=mode))
+            shape[axis] += pads[axis] + pads[axis + rank]
+        else:
+            if shape[axis] == 0:
+                continue
+            picks = [int(v) for v in rng.integers(-shape[axis], shape[axis], size=int(rng.integers(1, 4)))]
+            nodes.append(helper.make_node("Gather", [current, const(f"g{k}", picks)], [out], axis=axis))
+            shape[axis] = len(picks)
+        current = out
+    nodes.append(helper.make_node("Neg", [current], ["y"]))  # a compute op, so the last Raster is kept
+    graph = helper.make_graph(nodes, f"reorders{seed}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_empty_tensor_value_info("y")], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), x_shape
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_held_axes_and_reduced_maps_lower_as_full_maps_do(seed, monkeypatch):
+    """Random reorder chains lower to the very program that full index maps give (the code
+    before maps were held reduced), and that program computes what NumPy does."""
+    from gpumnn.geometry import regions, reorder
+    from test_lowering_digest import case_digest
+    model, x_shape = _random_reorders(seed)
+    fast = case_digest(model)
+    assert not fast.startswith("error:"), fast
+    with monkeypatch.context() as patch:
+        patch.setattr(reorder, "_held_axes", lambda shapes, kept: {})
+        patch.setattr(regions.IndexMap, "reduced", lambda self: self)
+        assert case_digest(model) == fast
+    x = np.random.default_rng(seed).standard_normal(x_shape).astype(np.float32)
+    with gpumnn.load(model).session() as sess:
+        got = sess.run({"x": x})["y"]
+    from conftest import onnxruntime_session
+    want = onnxruntime_session(model).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, want)

@@ -16,7 +16,7 @@ from .. import atomic as A
 from ..errors import GpumnnError, ModelError, ResourceError, UnsupportedOpError
 from ..ir import Graph
 from .context import LoweringContext, PendingRaster, Value
-from .regions import IndexMap, is_identity, regions_of
+from .regions import IndexMap, is_identity, needs_fill, regions_of
 from .registry import lowering_for, supported_ops
 
 __all__ = ["lower", "lower_into", "supported_ops", "LoweringContext", "Value"]
@@ -72,7 +72,9 @@ def lower(graph: Graph, input_shapes: Mapping[str, Sequence[int]]) -> A.AtomicPr
 
 
 def _compose(outer: PendingRaster, position: int, inner: PendingRaster) -> PendingRaster:
-    """Fuse ``inner`` (which produces source ``position`` of ``outer``) into ``outer``."""
+    """Fuse ``inner`` (which produces source ``position`` of ``outer``) into ``outer`` (on the
+    maps in full: the fused map is indexed by element; it is reduced again afterwards)."""
+    outer_map, inner_map = outer.index_map.full(), inner.index_map.full()
     sources = [s for i, s in enumerate(outer.sources) if i != position]
     remap_outer = np.array([i if i < position else i - 1 for i in range(len(outer.sources))] + [-1], dtype=np.int32)
     inner_ids = []
@@ -81,14 +83,14 @@ def _compose(outer: PendingRaster, position: int, inner: PendingRaster) -> Pendi
             sources.append(s)
         inner_ids.append(sources.index(s))
     remap_inner = np.array(inner_ids + [-1], dtype=np.int32)
-    src = remap_outer[outer.index_map.src]  # -1 indexes the trailing -1
-    idx = outer.index_map.idx.copy()
-    mask = outer.index_map.src == position
+    src = remap_outer[outer_map.src]  # -1 indexes the trailing -1
+    idx = outer_map.idx.copy()
+    mask = outer_map.src == position
     picked = idx[mask]
-    src[mask] = remap_inner[inner.index_map.src.reshape(-1)[picked]]
-    idx[mask] = inner.index_map.idx.reshape(-1)[picked]
+    src[mask] = remap_inner[inner_map.src.reshape(-1)[picked]]
+    idx[mask] = inner_map.idx.reshape(-1)[picked]
     fill = outer.fill if outer.fill is not None else inner.fill
-    return PendingRaster(sources, IndexMap(src, idx), outer.output, fill, outer.source_node)
+    return PendingRaster(sources, IndexMap(src, idx).reduced(), outer.output, fill, outer.source_node)
 
 
 def _finalize(ctx: LoweringContext, graph: Graph) -> A.AtomicProgram:
@@ -135,9 +137,9 @@ def _finalize(ctx: LoweringContext, graph: Graph) -> A.AtomicProgram:
             ctx.aliases[op.output] = op.sources[0]
             continue
         regions = tuple(regions_of(op.index_map))
-        needs_fill = bool(np.any(op.index_map.src < 0))
+        fill_needed = needs_fill(op.index_map)
         final_ops.append(A.Raster(tuple(op.sources), (op.output,), op.source_node, out_shape=op.index_map.shape,
-                                  regions=regions, fill=(op.fill if op.fill is not None else 0.0) if needs_fill else None,
+                                  regions=regions, fill=(op.fill if op.fill is not None else 0.0) if fill_needed else None,
                                   dtype=A.storage_dtype(ctx.values[op.output].dtype)))
 
     used = {n for op in final_ops for n in op.inputs + op.outputs} | set(graph.output_names) | set(graph.input_names)

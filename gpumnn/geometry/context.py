@@ -139,15 +139,18 @@ class LoweringContext:
         if all(v.is_const for v in inputs):
             self.set_const(name, self._fold(op, [v.const for v in inputs], tuple(out_shape), result))
             return
-        op = dataclasses.replace(op, dtype=A.storage_dtype(data))
+        typed = {"dtype": A.storage_dtype(data)}
         if isinstance(op, A.Unary):
-            op = dataclasses.replace(op, out_dtype=A.storage_dtype(result))
+            typed["out_dtype"] = A.storage_dtype(result)
+        op = dataclasses.replace(op, **typed)
         for input_name in op.inputs:
             self.runtime_input(input_name)
         self.ops.append(op)
         self.set_runtime(name, out_shape, result)
 
     def emit_raster(self, pending: PendingRaster) -> None:
+        """Add a Raster (its index map held reduced: see ``regions.py``)."""
+        pending = dataclasses.replace(pending, index_map=pending.index_map.reduced())
         for name in pending.sources:
             self.runtime_input(name)
         self.ops.append(pending)

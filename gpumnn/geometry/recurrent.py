@@ -118,18 +118,13 @@ def strided_slice(ctx: LoweringContext, node: Node, source: str, offset: int, sh
     """``source`` (flat) read at ``offset + i . strides`` for every index ``i`` of ``shape``: a
     folded constant, or a Raster whose index map is built for the slice alone (not the source, which
     may be every step's projection)."""
-    idx = np.full(tuple(shape), offset, dtype=np.int64)
-    for axis, (size, stride) in enumerate(zip(shape, strides)):
-        view = [1] * len(shape)
-        view[axis] = size
-        idx = idx + (np.arange(size, dtype=np.int64) * stride).reshape(view)
     out = ctx.temp(node, hint)
     value = ctx.value(source, node)
+    index_map = IndexMap.strided(offset, shape, strides)
     if value.is_const:
-        ctx.set_const(out, value.const.reshape(-1)[idx])
+        ctx.set_const(out, value.const.reshape(-1)[index_map.full().idx])
     else:
-        ctx.emit_raster(PendingRaster([source], IndexMap(np.zeros(idx.shape, dtype=np.int32), idx), out, None,
-                                      node.name))
+        ctx.emit_raster(PendingRaster([source], index_map, out, None, node.name))
     return out
 
 

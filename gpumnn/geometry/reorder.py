@@ -14,6 +14,7 @@ import numpy as np
 from ..errors import ModelError, UnsupportedOpError
 from ..scheduler.resources import check_host_bytes
 from ..ir import Node
+from ..strides import contiguous_strides
 from .context import LoweringContext, PendingRaster
 from .regions import IndexMap
 from .registry import lowers
@@ -44,12 +45,19 @@ def _check_memory(node: Node, values, out_shapes: Sequence[Sequence[int]]) -> No
 
 def reorder(ctx: LoweringContext, node: Node, sources: Sequence[str], fn: ArrayFn,
             outputs: Sequence[str], fill: float | None = None,
-            out_shapes: Sequence[Sequence[int]] | None = None) -> None:
+            out_shapes: Sequence[Sequence[int]] | None = None,
+            kept: Sequence[tuple[int, int]] = ()) -> None:
     """Lower a reorder op given by ``fn`` (NumPy semantics) into constants or Rasters.
 
     ``out_shapes`` is required of ops whose ``fn`` allocates outputs larger than its inputs
     (Tile, Pad, Gather), so that memory is checked before ``fn`` runs; the outputs of the
-    others are views until they are copied here, and are checked before that."""
+    others are views until they are copied here, and are checked before that.
+
+    ``kept`` names the axes the op copies through unchanged, as (input axis, output axis) pairs
+    that hold for every input and output (Concat: every axis but the concatenated one). Where
+    the inputs agree on such an axis's size and stride, ``fn`` is applied to index maps one
+    element long along it, and the output maps hold the axis as affine (see ``regions.py``):
+    the same Raster at a cost independent of that axis's length."""
     values = [ctx.value(s, node) for s in sources]
     _check_memory(node, values, out_shapes or [])
     if all(v.is_const for v in values):
@@ -58,12 +66,58 @@ def reorder(ctx: LoweringContext, node: Node, sources: Sequence[str], fn: ArrayF
         for name, array in zip(outputs, results):
             ctx.set_const(name, np.asarray(array, order="C"))
         return
-    src_maps = fn([np.full(v.shape, k, dtype=np.int32) for k, v in enumerate(values)], -1)
-    idx_maps = fn([np.arange(v.size, dtype=np.int64).reshape(v.shape) for v in values], 0)
-    _check_memory(node, values, [np.shape(m) for m in idx_maps])
-    for name, src, idx in zip(outputs, src_maps, idx_maps):
-        index_map = IndexMap(np.asarray(src, dtype=np.int32, order="C"), np.asarray(idx, dtype=np.int64, order="C"))
+    held = _held_axes([v.shape for v in values], kept)
+    src_maps = fn([np.full(_shrunk(v.shape, held), k, dtype=np.int32) for k, v in enumerate(values)], -1)
+    idx_maps = fn([_element_indices(v.shape, held) for v in values], 0)
+    full_shapes = [_grown(np.shape(m), held) for m in idx_maps]
+    _check_memory(node, values, full_shapes)
+    for name, src, idx, shape in zip(outputs, src_maps, idx_maps, full_shapes):
+        steps = tuple(held[axis][1] if axis in held else None for axis in range(len(shape)))
+        index_map = IndexMap(np.asarray(src, dtype=np.int32, order="C"), np.asarray(idx, dtype=np.int64, order="C"),
+                             steps, shape)
         ctx.emit_raster(PendingRaster(list(sources), index_map, name, fill, node.name))
+
+
+def _held_axes(shapes: Sequence[Sequence[int]], kept: Sequence[tuple[int, int]]) -> dict[int, tuple[int, int, int]]:
+    """Output axis -> (input axis, step, length) for each kept axis longer than 1 on which every
+    input has the same length and the same stride (its step in the output map)."""
+    held: dict[int, tuple[int, int, int]] = {}
+    if any(math.prod(s) == 0 for s in shapes):  # nothing to copy: no axis worth holding
+        return held
+    for in_axis, out_axis in kept:
+        lengths = {int(s[in_axis]) for s in shapes}
+        strides = {contiguous_strides(s)[in_axis] for s in shapes}
+        if len(lengths) == 1 and len(strides) == 1 and min(lengths) > 1:
+            held[out_axis] = (in_axis, strides.pop(), lengths.pop())
+    return held
+
+
+def _shrunk(shape: Sequence[int], held: dict[int, tuple[int, int, int]]) -> tuple[int, ...]:
+    ins = {in_axis for in_axis, _, _ in held.values()}
+    return tuple(1 if axis in ins else int(d) for axis, d in enumerate(shape))
+
+
+def _grown(shape: Sequence[int], held: dict[int, tuple[int, int, int]]) -> tuple[int, ...]:
+    return tuple(held[axis][2] if axis in held else int(d) for axis, d in enumerate(shape))
+
+
+def _element_indices(shape: Sequence[int], held: dict[int, tuple[int, int, int]]) -> np.ndarray:
+    """The flat element index of every element of a tensor of ``shape``, held axes at 0."""
+    shrunk = _shrunk(shape, held)
+    if shrunk == tuple(shape):
+        return np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
+    idx = np.zeros(shrunk, dtype=np.int64)
+    for axis, (length, stride) in enumerate(zip(shrunk, contiguous_strides(shape))):
+        if length > 1:
+            view = [1] * len(shrunk)
+            view[axis] = length
+            idx = idx + (np.arange(length, dtype=np.int64) * stride).reshape(view)
+    return idx
+
+
+def _all_but(rank: int, moved: Sequence[int]) -> list[tuple[int, int]]:
+    """Every axis but ``moved`` kept in place (for ``reorder``'s ``kept``)."""
+    return [(a, a) for a in range(rank) if a not in moved]
 
 
 def _ints(array: np.ndarray) -> list[int]:
@@ -158,19 +212,22 @@ def lower_transpose(ctx: LoweringContext, node: Node, opset: int) -> None:
     if sorted(perm) != list(range(rank)):
         raise ModelError(f"node {node.name!r} (Transpose): perm {perm} is not a permutation of the input's "
                          f"{rank} axes")
-    reorder(ctx, node, node.inputs[:1], lambda xs, f: [np.transpose(xs[0], perm)], node.outputs)
+    reorder(ctx, node, node.inputs[:1], lambda xs, f: [np.transpose(xs[0], perm)], node.outputs,
+            kept=[(p, out) for out, p in enumerate(perm)])
 
 
 @lowers("Concat")
 def lower_concat(ctx: LoweringContext, node: Node, opset: int) -> None:
-    sources = [n for n in node.inputs if n and ctx.value(n, node).size > 0] or node.inputs[:1]
+    named = [n for n in node.inputs if n]
+    sources = [n for n in named if ctx.value(n, node).size > 0] or named  # all empty: the empty result's shape
     axis = norm_axis(node.attr("axis", 0), len(ctx.shape(sources[0])), node)
     shapes = [ctx.shape(n) for n in sources]
     if any(len(s) != len(shapes[0]) or any(a != b for i, (a, b) in enumerate(zip(s, shapes[0])) if i != axis)
            for s in shapes):
         raise ModelError(f"node {node.name!r} (Concat): input shapes {[list(s) for s in shapes]} differ outside "
                          f"the concatenation axis {axis}")
-    reorder(ctx, node, sources, lambda xs, f: [np.concatenate(xs, axis=axis)], node.outputs)
+    reorder(ctx, node, sources, lambda xs, f: [np.concatenate(xs, axis=axis)], node.outputs,
+            kept=_all_but(len(shapes[0]), [axis]))
 
 
 @lowers("Split")
@@ -191,7 +248,7 @@ def lower_split(ctx: LoweringContext, node: Node, opset: int) -> None:
         raise UnsupportedOpError("Split", node.name, f"split sizes {sizes} do not add up to {shape[axis]}")
     reorder(ctx, node, node.inputs[:1],
             lambda xs, f: [np.take(xs[0], np.arange(bounds[i], bounds[i + 1]), axis=axis) for i in range(len(sizes))],
-            outputs)
+            outputs, kept=_all_but(len(shape), [axis]))
 
 
 @lowers("Slice")
@@ -211,7 +268,8 @@ def lower_slice(ctx: LoweringContext, node: Node, opset: int) -> None:
             raise UnsupportedOpError("Slice", node.name, "a step of 0 is not allowed")
         index[norm_axis(axis, len(shape), node)] = slice(start, end, step)
     key = tuple(index)
-    reorder(ctx, node, node.inputs[:1], lambda xs, f: [xs[0][key]], node.outputs)
+    reorder(ctx, node, node.inputs[:1], lambda xs, f: [xs[0][key]], node.outputs,
+            kept=_all_but(len(shape), [a for a, k in enumerate(key) if k != slice(None)]))
 
 
 @lowers("Expand")
@@ -278,7 +336,7 @@ def lower_pad(ctx: LoweringContext, node: Node, opset: int) -> None:
             return [np.pad(x, widths, mode="constant", constant_values=fill)]
         return [np.pad(x, widths, mode=mode)]
     reorder(ctx, node, node.inputs[:1], pad, node.outputs, fill=value if mode == "constant" else None,
-            out_shapes=[out_shape])
+            out_shapes=[out_shape], kept=_all_but(rank, [a for a in range(rank) if begin[a] or end[a]]))
 
 
 def _block_geometry(ctx: LoweringContext, node: Node) -> tuple[int, int, int, int]:
@@ -324,7 +382,7 @@ def gather_constant_indices(ctx: LoweringContext, node: Node, axis: int, indices
     shape = ctx.shape(node.inputs[0])
     out_shape = [*shape[:axis], *idx.shape, *shape[axis + 1:]]
     reorder(ctx, node, node.inputs[:1], lambda xs, f: [np.take(xs[0], idx, axis=axis)], node.outputs,
-            out_shapes=[out_shape])
+            out_shapes=[out_shape], kept=[(a, a if a < axis else a + idx.ndim - 1) for a in range(len(shape)) if a != axis])
 
 
 # -- shape computations (always folded) ----------------------------------------------------------

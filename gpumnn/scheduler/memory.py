@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Lifetime:
@@ -34,20 +36,41 @@ def _align(value: int, alignment: int) -> int:
 
 
 def plan_memory(lifetimes: list[Lifetime], alignment: int = 64) -> MemoryPlan:
-    """Assign aligned offsets so that tensors alive at the same time never overlap."""
-    placed: list[tuple[int, int, Lifetime]] = []  # (offset, aligned size, tensor)
+    """Assign aligned offsets so that tensors alive at the same time never overlap.
+
+    Each tensor, largest first, goes to the lowest aligned offset below, between or above the
+    tensors already placed whose lifetimes meet its own. Those are found, and the gap is
+    searched, with array operations over the placed tensors: a sequence model has a thousand
+    short-lived tensors, and a Python scan of every pair cost more than the rest of the plan."""
+    order = sorted(lifetimes, key=lambda t: (-t.nbytes, t.first, t.name))
+    count = len(order)
+    offs, ends = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64)
+    firsts, lasts = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64)
     offsets: dict[str, int] = {}
-    for tensor in sorted(lifetimes, key=lambda t: (-t.nbytes, t.first, t.name)):
+    for k, tensor in enumerate(order):
         size = _align(max(tensor.nbytes, 4), alignment)
-        busy = sorted((off, off + sz) for off, sz, other in placed
-                      if other.first <= tensor.last and tensor.first <= other.last)
+        meets = (firsts[:k] <= tensor.last) & (lasts[:k] >= tensor.first)
+        offset = _lowest_fit(offs[:k][meets], ends[:k][meets], size, alignment)
+        offs[k], ends[k], firsts[k], lasts[k] = offset, offset + size, tensor.first, tensor.last
+        offsets[tensor.name] = offset
+    pool = int(ends.max()) if count else 0
+    naive = sum(_align(max(t.nbytes, 4), alignment) for t in lifetimes)
+    return MemoryPlan(offsets, pool, naive)
+
+
+def _lowest_fit(los: np.ndarray, his: np.ndarray, size: int, alignment: int) -> int:
+    """The lowest offset, from 0 and after busy intervals [lo, hi) taken in (lo, hi) order, at
+    which ``size`` bytes end at or before the next interval's start (each skip aligned up)."""
+    if los.size <= 32:  # few neighbours (the common case): a plain scan beats array set-up
         offset = 0
-        for lo, hi in busy:
+        for lo, hi in sorted(zip(los.tolist(), his.tolist())):
             if offset + size <= lo:
                 break
             offset = max(offset, _align(hi, alignment))
-        placed.append((offset, size, tensor))
-        offsets[tensor.name] = offset
-    pool = max((off + sz for off, sz, _ in placed), default=0)
-    naive = sum(_align(max(t.nbytes, 4), alignment) for t in lifetimes)
-    return MemoryPlan(offsets, pool, naive)
+        return offset
+    order = np.lexsort((his, los))
+    los, his = los[order], his[order]
+    after = np.maximum.accumulate(-(-his // alignment) * alignment)  # aligned end of the busy prefix
+    before = np.concatenate(([0], np.maximum(after[:-1], 0)))  # the candidate offset at each interval
+    fits = np.flatnonzero(before + size <= los)
+    return int(before[fits[0]]) if fits.size else max(0, int(after[-1]))
