@@ -98,17 +98,25 @@ class ShapeSet:
         # every further run state needs pools of its own: no more states than the devices can hold
         self.max_concurrent_runs = run_states_that_fit(program, self.placement, self.memory, limits,
                                                        parts.concurrent_runs)
-        self.first_state = self._prepare(recorded=True) if parts.record else None  # for the report, even under load
-        self._states = RunStatePool(lambda: self._prepare_active(recorded=parts.record), self.max_concurrent_runs,
-                                    keep=parts.record, discard=self._release, first=self.first_state,
+        self.first_state = self._prepare(recorded=True) if parts.record else None
+        #: per op, the scheme its backend runs (read from the executions now: they go at ``close``)
+        self.schemes: list[str] = ([exe.scheme for exe in self.first_state.executions] if self.first_state
+                                   else [getattr(op, "scheme", "-") for op in program.ops])
+        self._states = RunStatePool(self.max_concurrent_runs, keep=parts.record, first=self.first_state,
                                     make_lock=parts.build_lock)
 
     # -- run states ------------------------------------------------------------------------
-    def _prepare_active(self, recorded: bool) -> RunState:
+    def _prepare_active(self) -> RunState:
         """``_prepare`` inside one bracket of every backend (a run state prepared while serving a
         caller, outside the bracket of its run: see ``run``)."""
         with self.parts.active():
-            return self._prepare(recorded)
+            return self._prepare(self.parts.record)
+
+    def _borrow(self) -> AbstractContextManager[RunState]:
+        """A run state lent by the pool (made or discarded with this set's methods, handed over
+        per borrow so that the pool holds no reference back to the set)."""
+        assert self._states is not None
+        return self._states.borrow(self._prepare_active, self._release)
 
     def _release(self, state: RunState) -> None:
         """Free a run state's pools (eager runs after each run; recorded states at close)."""
@@ -161,16 +169,14 @@ class ShapeSet:
         """Run on a borrowed run state; ``arrays`` are checked, in storage dtypes, of this set's
         shapes: NumPy arrays, or device arrays of the session's backend (``Backend.device_array``).
         ``device_outputs``: return the session backend's device arrays instead of NumPy arrays."""
-        assert self._states is not None
-        with self._states.borrow() as state, self.parts.active():
+        with self._borrow() as state, self.parts.active():
             return self._run(state, arrays, device_outputs)
 
     @contextmanager
     def lent_state(self, arrays: Mapping[str, Any]) -> Iterator[RunState]:
         """A run state, borrowed with every backend active, after one run of ``arrays`` (so every
         tensor holds real data): what ``gpumnn plan`` times op by op."""
-        assert self._states is not None
-        with self._states.borrow() as state, self.parts.active():
+        with self._borrow() as state, self.parts.active():
             self._run(state, arrays, False)
             yield state
 
@@ -237,13 +243,11 @@ class ShapeSet:
         from other backends, fallback reason."""
         rows = []
         moved = self.placement.moved_bytes()
-        executions = self.first_state.executions if self.first_state else [None] * len(self.program.ops)
         for i, (op, b) in enumerate(zip(self.program.ops, self.placement.op_backends)):
-            exe = executions[i]
             out_shape = self.program.shapes[op.outputs[0]]
             rows.append({
                 "index": i, "op": op.kind, "node": op.source, "backend": b,
-                "scheme": exe.scheme if exe is not None else getattr(op, "scheme", "-"),
+                "scheme": self.schemes[i],
                 "inputs": [list(self.program.shapes.get(n, np.shape(self.program.constants.get(n)))) for n in op.inputs],
                 "output": list(out_shape), "bytes": 4 * int(np.prod(out_shape, dtype=np.int64)),
                 "macs": op.macs(), "cost_ms": self.placement.costs_ms[i], "moved_bytes": moved[i],
@@ -261,8 +265,11 @@ class ShapeSet:
         return ", ".join(f"{name} {list(shape)}" for name, shape in self.input_shapes.items())
 
     def close(self) -> None:
-        """Wait for this set's runs in flight, then free its pools and release its constants.
-        Idempotent. Introspection (program, placement, report rows) stays readable."""
+        """Wait for this set's runs in flight, then free its pools, release its constants and drop
+        its run states, so that no execution, recording or scratch buffer (nor the device context
+        they hold) outlives the close: the session trims the heap right after closing its
+        backends, and device objects freed later would stay resident. Idempotent. Introspection
+        (program, placement, report rows) stays readable."""
         if self.closed:
             return
         self.closed = True
@@ -273,6 +280,7 @@ class ShapeSet:
             for state in states:
                 self._release(state)
             self.parts.constants.release(self)
+        self.first_state, self._constants = None, {}  # the pool handed over every other state
 
 
 __all__ = ["RunState", "SessionParts", "ShapeSet"]

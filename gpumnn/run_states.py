@@ -11,6 +11,13 @@ prepare nothing. Past the capacity, callers wait their turn; with capacity 1 thi
 States are prepared one at a time (``make_lock``, which the session shares among all its shape
 sets), since preparation builds programs into the backends' shared caches; runs on other states
 go on meanwhile.
+
+The pool holds states and nothing of their owner: the owner hands over how to make and discard
+a state with each ``borrow``. A pool that kept its owner's methods would form a reference cycle
+with it (owner -> pool -> bound method -> owner), and then a closed or dropped session's device
+objects (kernels, scratch buffers, the context they keep alive) would go only when the cyclic
+garbage collector next ran, not when the last reference went: resident memory then steps up by
+whatever several sessions' worth of freed-late device objects cost.
 """
 from __future__ import annotations
 
@@ -26,19 +33,16 @@ State = TypeVar("State")
 class RunStatePool(Generic[State]):
     """At most ``capacity`` states, each lent to one borrower at a time.
 
-    ``keep=False`` (eager sessions) discards a state after its run through ``discard`` instead
-    of keeping it, so every run prepares afresh while the capacity still bounds concurrency.
+    ``keep=False`` (eager sessions) discards a state after its run (the borrower's ``discard``)
+    instead of keeping it, so every run prepares afresh while the capacity still bounds concurrency.
     """
 
-    def __init__(self, make: Callable[[], State], capacity: int, keep: bool = True,
-                 discard: Callable[[State], None] | None = None, first: State | None = None,
+    def __init__(self, capacity: int, keep: bool = True, first: State | None = None,
                  make_lock: threading.Lock | threading.RLock | None = None):
         if capacity < 1:
             raise ValueError(f"a session needs at least one run state, not {capacity}")
         self.capacity = capacity
-        self._make = make
         self._keep = keep
-        self._discard = discard or (lambda state: None)
         self._cond = threading.Condition()
         self._make_lock = make_lock or threading.Lock()
         self._idle: list[State] = [first] if first is not None else []
@@ -51,15 +55,16 @@ class RunStatePool(Generic[State]):
         return self._created
 
     @contextmanager
-    def borrow(self) -> Iterator[State]:
-        """Lend an idle state, or prepare one if under capacity, or wait for one to come back."""
-        state = self._take()
+    def borrow(self, make: Callable[[], State], discard: Callable[[State], None] | None = None) -> Iterator[State]:
+        """Lend an idle state, or prepare one with ``make`` if under capacity, or wait for one to
+        come back. ``discard`` frees a state the pool does not keep (``keep=False``)."""
+        state = self._take(make)
         try:
             yield state
         finally:
-            self._give_back(state)
+            self._give_back(state, discard)
 
-    def _take(self) -> State:
+    def _take(self, make: Callable[[], State]) -> State:
         with self._cond:
             while True:
                 if self._closed:
@@ -72,17 +77,18 @@ class RunStatePool(Generic[State]):
                 self._cond.wait()
         try:
             with self._make_lock:
-                return self._make()
+                return make()
         except BaseException:
             with self._cond:
                 self._created -= 1
                 self._cond.notify()
             raise
 
-    def _give_back(self, state: State) -> None:
+    def _give_back(self, state: State, discard: Callable[[State], None] | None) -> None:
         if not self._keep:
             try:
-                self._discard(state)
+                if discard is not None:
+                    discard(state)
             finally:
                 with self._cond:
                     self._created -= 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import importlib.util
 import sys
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,31 @@ def test_create_run_close_keeps_memory_flat(backend, tiny):
     result = _soak().soak(net, inputs, backend, CYCLES, WARMUP, "tiny", every=25)
     samples = ", ".join(f"{c}: {rss / 2 ** 20:.1f} MiB" for c, rss in result.samples)
     assert result.growth < LIMIT, f"{result.line()}\n  samples after the warm-up: {samples}"
+
+
+def test_close_frees_device_objects_without_the_garbage_collector(backend, tiny):
+    """A closed session keeps no execution (kernels, scratch buffers, the device context they hold),
+    and a dropped one goes by reference counting alone. Device objects left to the cyclic garbage
+    collector (a shape set and its run-state pool referring to each other) were freed at some later
+    collection, after the close had trimmed the heap: resident memory stepped up by 5-30 MiB."""
+    net, inputs = tiny
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        sess = net.session(backend=backend, fallback=False)
+        sess.run(inputs)
+        shape_set = sess.shape_set()
+        executions = [weakref.ref(e) for e in shape_set.first_state.executions]
+        kept = [weakref.ref(o) for o in (shape_set, *sess.backends.values())]
+        del shape_set
+        sess.close()
+        assert not [e for e in executions if e() is not None], "a closed session still holds executions"
+        del sess
+        assert not [r() for r in kept if r() is not None], "a dropped session left cyclic garbage"
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def test_a_second_session_compiles_nothing(backend, tiny):
