@@ -53,15 +53,23 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def _charts_ready(png: str | None) -> bool:
+    """Whether ``--png`` (if given) can be honoured; checked before any timing, not after it."""
+    if not png:
+        return True
     from .bench_charts import ChartsUnavailable, require_matplotlib
+    try:
+        require_matplotlib()
+    except ChartsUnavailable as exc:
+        print(f"gpumnn: error: --png: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
     from .plan import chart, format_profile, profile
-    if args.png:
-        try:
-            require_matplotlib()  # before the profiling, not after it
-        except ChartsUnavailable as exc:
-            print(f"gpumnn: error: {exc}", file=sys.stderr)
-            return 2
+    if not _charts_ready(args.png):
+        return 2
     net, _ = _load_model(args.model)
     shapes = {net.inputs[0].name: tuple(args.shape)} if args.shape else None
     backend = args.backend[0] if len(args.backend) == 1 else args.backend
@@ -135,13 +143,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from .benchmark import SERIES, benchmark, format_table, resolve_backends, rows_as_dicts
-    if args.png:
-        from .bench_charts import ChartsUnavailable, require_matplotlib
-        try:
-            require_matplotlib()  # before the timing, not after it
-        except ChartsUnavailable as exc:
-            print(f"gpumnn: error: --png: {exc}", file=sys.stderr)
-            return 2
+    if not _charts_ready(args.png):
+        return 2
     backends, skipped = resolve_backends(args.backend)
     if not backends:
         print("no requested backend can start here: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()), file=sys.stderr)
