@@ -90,6 +90,7 @@ def test_cpu_hub_overlaps_the_device_branch_with_the_cpu_branch(device):
                      ("run", "cpu")]
     assert sync.detached == (False, False, True, False, False, False)
     assert sync.waits[4] == (device,) and sync.final == ()
+    assert "1 segment(s) submitted without waiting" in sess.report()
 
 
 def test_runs_from_several_threads_overlap_correctly(device):
