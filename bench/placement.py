@@ -4,12 +4,17 @@ For every model: one recorded session per available backend and one with ``backe
 rounds alternate between the sessions (``--repeats`` rounds of ``--runs`` runs each), and the
 median wall time per run is printed beside the session's estimated total, with auto's placement.
 Run ``gpumnn calibrate`` first for calibrated estimates (otherwise a quick calibration is made).
+The spread is the range of the per-round medians. ``--split HUB REGEX=BACKEND`` adds a session on
+HUB with the nodes whose names match REGEX pinned to BACKEND (e.g. one branch of every fire
+module on another backend, overlapped by ``submit_async``).
 
     .venv/bin/python bench/placement.py squeezenet1_1 mobilenet_v1 --runs 3 --repeats 3
+    .venv/bin/python bench/placement.py squeezenet1_1 --split cpu 'expand1x1'=opencl
 """
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import time
@@ -29,13 +34,18 @@ def main() -> None:
     parser.add_argument("models", nargs="*", default=["squeezenet1_1", "mobilenet_v1"])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--split", nargs=2, metavar=("HUB", "REGEX=BACKEND"))
     args = parser.parse_args()
     backends = gpumnn.available_backends()
-    print(f"{'model':<14} {'session':<8} {'measured ms':>12} {'estimated ms':>13} {'est/meas':>9}  placement")
+    print(f"{'model':<14} {'session':<8} {'measured ms':>12} {'spread':>13} {'estimated ms':>13} {'est/meas':>9}  placement")
     for name in args.models:
         net = gpumnn.load(zoo.build(name))
         x = np.random.default_rng(0).standard_normal(zoo.input_shape(name)).astype(np.float32)
         sessions = {b: net.session(backend=b) for b in [*backends, "auto"]}
+        if args.split:
+            hub, (pattern, target) = args.split[0], args.split[1].split("=")
+            nodes = {n.name for n in net.graph.nodes if re.search(pattern, n.name)}
+            sessions["split"] = net.session(backend=hub, placement={n: target for n in nodes})
         times: dict[str, list[float]] = {b: [] for b in sessions}
         for sess in sessions.values():
             sess.run({"input": x})  # warm-up
@@ -49,7 +59,14 @@ def main() -> None:
             measured = statistics.median(times[b])
             est = sess.placement.estimate.total_ms
             where = ", ".join(f"{k} {v}" for k, v in Counter(sess.placement.op_backends).items())
-            print(f"{name:<14} {b:<8} {measured:>12.2f} {est:>13.2f} {est / measured:>9.2f}  {where}")
+            spread = f"{min(times[b]):.1f}-{max(times[b]):.1f}"
+            print(f"{name:<14} {b:<8} {measured:>12.2f} {spread:>13} {est:>13.2f} {est / measured:>9.2f}  {where}"
+                  + (f"; {sess.placement.sync.overlaps} overlapped" if sess.placement.sync else ""))
+        singles = {b: statistics.median(times[b]) for b in backends}
+        best = min(singles, key=singles.get)
+        auto = statistics.median(times["auto"])
+        print(f"{name:<14} auto {auto:.2f} ms vs best single {best} {singles[best]:.2f} ms: "
+              f"{(auto / singles[best] - 1) * 100:+.1f}%")
         for sess in sessions.values():
             sess.close()
 

@@ -192,14 +192,7 @@ class ShapeSet:
                     backends[b].write(io[(b, storage)], host_copy)
                 else:
                     backends[b].write(io[(b, storage)], array)
-        for index, step in enumerate(self.placement.steps):
-            backend = backends[step.backend]
-            if step.kind == "copy":
-                state.copies[index]()
-            elif self.parts.record:
-                backend.submit(state.recordings[index])
-            else:
-                backend.run_eager([state.executions[i] for i in step.ops])
+        self._steps(state)
         results = {}
         for info in self.parts.graph.outputs:
             name = info.name
@@ -216,6 +209,36 @@ class ShapeSet:
                     value = backends[b].read(io[(b, name)])
             results[name] = value.astype(self.output_dtypes[name], copy=False)
         return results
+
+    def _steps(self, state: RunState) -> None:
+        """Every step in order. Recorded, a segment whose backend the next step does not touch is
+        submitted without waiting, and waited for just before a later step touches its backend,
+        or after the last step (``placement.sync``, decided at preparation): independent
+        branches on different backends run at once. Nothing stays in flight after a failure."""
+        backends, sync = self.parts.backends, self.placement.sync
+        tickets: dict[str, Any] = {}  # backend -> its submission in flight
+        try:
+            for index, step in enumerate(self.placement.steps):
+                backend = backends[step.backend]
+                if sync is not None:
+                    for b in sync.waits[index]:
+                        backends[b].wait(tickets.pop(b))
+                if step.kind == "copy":
+                    state.copies[index]()
+                elif not self.parts.record:
+                    backend.run_eager([state.executions[i] for i in step.ops])
+                elif sync is not None and sync.detached[index]:
+                    tickets[step.backend] = backend.submit_async(state.recordings[index])
+                else:
+                    backend.submit(state.recordings[index])
+            for b in (sync.final if sync is not None else ()):
+                backends[b].wait(tickets.pop(b))
+        finally:
+            for b, ticket in tickets.items():  # a step failed: the run state must be idle when lent again
+                try:
+                    backends[b].wait(ticket)
+                except Exception:  # noqa: BLE001 -- the step's own error is the one to raise
+                    pass
 
     def _output_dtype(self, info: ValueInfo) -> np.dtype:
         """The dtype an output is returned in: the model's declaration, else what lowering inferred."""

@@ -90,7 +90,8 @@ class Session:
         self.device_backend = next((b for b in self.candidates if b != "cpu"), self.candidates[0])
         # several candidates: the cost model needs measured numbers (a quick calibration the first time)
         calibrations = {b: calibration_for(be, measure=len(self.candidates) > 1) for b, be in self.backends.items()}
-        cost_model = CostModel(calibrations, record=record)
+        cost_model = CostModel(calibrations, record=record,
+                               host_devices=frozenset(b for b, be in self.backends.items() if not be.info.is_gpu))
         scheme_backend = max(self.candidates, key=lambda b: calibrations[b].matmul_macs)
         safe = min(b.max_concurrent_runs for b in self.backends.values())
         if max_concurrent_runs is None:  # what pays on these devices (see Backend.default_concurrent_runs)
@@ -323,7 +324,11 @@ class Session:
         if est is not None:
             lines.append(f"estimated total {est.total_ms:.3f} ms: ops {est.ops_ms:.3f}, {est.segments} segment(s) "
                          f"{est.segments_ms:.3f}, {est.transfers} copies of {est.moved_bytes} bytes between backends "
-                         f"and inputs/outputs {est.transfers_ms:.3f}")
+                         f"and inputs/outputs {est.transfers_ms:.3f}"
+                         + (f", less {est.overlap_ms:.3f} overlapped" if est.overlap_ms else ""))
+        if placement.sync is not None and placement.sync.overlaps:
+            lines.append(f"overlap: {placement.sync.overlaps} segment(s) submitted without waiting, their branch "
+                         f"on another backend running meanwhile")
         lines.extend(shape_set.scheme_lines())
         for b, m in shape_set.memory_summary().items():
             lines.append(f"memory[{b}]: pool {m['pool_bytes'] / 2**20:.2f} MiB for {m['tensors']} tensors "

@@ -11,7 +11,10 @@ Pre-inference (once, at session creation; MNN's *resize*)
     (a command buffer, a CUDA graph, an enqueue list) -- MNN's ``onResizeEnd``.
 
 Run (every inference; MNN's *execute*)
-    ``write`` inputs, ``submit`` recordings (submit and wait), ``read`` outputs.
+    ``write`` inputs, ``submit`` recordings (submit and wait), ``read`` outputs. Where a run's
+    next steps are on other backends, ``submit_async`` hands a recording over without waiting
+    and ``wait`` on its ticket comes later, just before the run next touches that backend (see
+    ``gpumnn.scheduler.overlap``): a GPU segment runs while the CPU works on another branch.
 
 Eager mode (``record=False``) is the paper's baseline: the session repeats allocation and
 ``create_execution`` on every run and calls ``run_eager``, which waits after every op.
@@ -19,7 +22,7 @@ Eager mode (``record=False``) is the paper's baseline: the session repeats alloc
 ``counters`` lets tests prove that a recorded run allocates, builds and records nothing. They
 mean the same on every backend because they are counted here, in template methods that call
 the backend's hooks (``_new_buffer``, ``_load_program``, ``_create_execution``, ``_record``,
-``_submit``, ``_run_eager``), never by a backend itself; see ``COUNTERS``.
+``_submit``, ``_submit_async``, ``_run_eager``), never by a backend itself; see ``COUNTERS``.
 
 Measuring: ``measure`` times any host callable with the backend's own synchronisation, on the
 host's clock (for calibration, ``gpumnn.scheduler.calibration``, and the per-op profile of
@@ -92,10 +95,12 @@ def kernel_family(requested: str, cpu_device: bool) -> str:
 #: device or pooled context), by ``program``; ``executions_created`` -- by ``create_execution``;
 #: ``recordings_made`` -- by ``record``; ``submits`` -- device work handed over and waited for: one
 #: per ``submit``, one per execution in ``run_eager`` (the eager baseline waits after every op);
+#: ``async_submits`` -- of those submits, the ones handed over by ``submit_async`` (waited for
+#: later, by ``wait``; a backend without its own ``_submit_async`` still waits inside it);
 #: ``read_temporaries`` -- host arrays a ``read_into`` allocated on the way (the default, through ``read``;
 #: every backend here overrides it and copies straight into the prepared array).
 COUNTERS = ("buffers_allocated", "programs_built", "executions_created", "recordings_made", "submits",
-            "read_temporaries")
+            "async_submits", "read_temporaries")
 
 
 @dataclass(frozen=True)
@@ -487,6 +492,36 @@ class Backend(ABC):
     @abstractmethod
     def _submit(self, recording: Any) -> None:
         """Hook of ``submit``."""
+
+    def submit_async(self, recording: Any) -> Any:
+        """Hand a recording to the device and return without waiting for it: a *ticket* that
+        ``wait`` takes. Until then the recording's results are not visible, and the caller must
+        not touch this backend's tensors (write, read, another submit) -- the run loop waits on
+        the ticket first (``gpumnn.scheduler.overlap``). Every ticket must be waited on exactly
+        once, from the thread that submitted (an OpenGL context is current there). Counts in
+        ``submits`` and ``async_submits``."""
+        ticket = self._submit_async(recording)
+        self._count("submits")
+        self._count("async_submits")
+        return ticket
+
+    def _submit_async(self, recording: Any) -> Any:
+        """Hook of ``submit_async``; returns the ticket ``_wait`` takes. The default submits and
+        waits at once (a backend whose work runs on the calling thread, like NumPy's, has nothing
+        to hand over) and returns None."""
+        self._submit(recording)
+        return None
+
+    def wait(self, ticket: Any) -> None:
+        """Wait until the submission behind ``ticket`` (from ``submit_async``) is done and its
+        results are visible to ``read`` and the other verbs; frees what it held (a lane, a fence)."""
+        if ticket is not None:
+            self._wait(ticket)
+
+    def _wait(self, ticket: Any) -> None:
+        """Hook of ``wait`` (never called with None): a backend with its own ``_submit_async``
+        overrides both."""
+        raise NotImplementedError(f"the {self.name} backend issued a ticket it cannot wait for")
 
     def run_eager(self, executions: Sequence[Execution]) -> None:
         """Run executions one by one, waiting after each (the paper's un-decoupled baseline)."""

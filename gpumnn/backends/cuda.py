@@ -342,6 +342,27 @@ class CudaBackend(Backend):
             recording.graph.launch(lane.stream)
             lane.stream.synchronize()
 
+    def _submit_async(self, recording: Recording) -> Lane | None:
+        """The graph launched on a borrowed lane's stream; the lane is the ticket and stays lent
+        until ``wait`` synchronises its stream (a recorded run holds one lane at a time)."""
+        if recording.graph is None:
+            return None
+        with self._device:
+            lane = self._lanes.take()
+            try:
+                recording.graph.launch(lane.stream)
+            except BaseException:
+                self._lanes.give(lane)
+                raise
+        return lane
+
+    def _wait(self, ticket: Lane) -> None:
+        try:
+            with self._device:
+                ticket.stream.synchronize()
+        finally:
+            self._lanes.give(ticket)
+
     def _timed_submit(self, recording: Recording) -> float:
         """Two timing events recorded on the lane's stream just before and after the graph's
         launch: the GPU's time for the graph alone."""

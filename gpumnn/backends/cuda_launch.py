@@ -180,15 +180,21 @@ class Lanes:
     @contextmanager
     def lend(self) -> Iterator[Lane]:
         """An idle lane (a new one when every lane is lent) for one call."""
-        with self._lock:
-            lane = self._idle.pop() if self._idle else None
-        if lane is None:
-            lane = self._new()
+        lane = self.take()
         try:
             yield lane
         finally:
-            with self._lock:
-                self._idle.append(lane)
+            self.give(lane)
+
+    def take(self) -> Lane:
+        """An idle lane (a new one when every lane is lent), the caller's until ``give``."""
+        with self._lock:
+            lane = self._idle.pop() if self._idle else None
+        return self._new() if lane is None else lane
+
+    def give(self, lane: Lane) -> None:
+        with self._lock:
+            self._idle.append(lane)
 
     def staging(self, lane: Lane, nbytes: int) -> Any:
         """The lane's staging, grown (never shrunk) to at least ``nbytes``."""

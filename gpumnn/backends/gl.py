@@ -390,6 +390,29 @@ class GLBackend(Backend):
     # -- run -------------------------------------------------------------------------------
     @_in_context
     def _submit(self, recording: GLRecording) -> None:
+        self._issue(recording)
+        self.ctx.finish()
+
+    @_in_context
+    def _submit_async(self, recording: GLRecording) -> Any:
+        """The recording's commands issued, then a fence sync behind them, flushed: the ticket.
+        (On llvmpipe a compute dispatch runs to its end inside glDispatchCompute, so the host is
+        busy until the last one returns and little is left to overlap; a hardware GL returns at
+        once.) Without fence syncs in the GL library, it waits here (ticket None)."""
+        self._issue(recording)
+        fences = self._pooled.fences()
+        if fences is None:
+            self.ctx.finish()
+            return None
+        return fences.fence()
+
+    @_in_context
+    def _wait(self, ticket: Any) -> None:
+        if not self._pooled.fences().wait(ticket):
+            raise GLError("glClientWaitSync failed: the GL lost the context or the submission")
+
+    def _issue(self, recording: GLRecording) -> None:
+        """Issue a recording's dispatches (and the barrier after them) without waiting."""
         ctx = self.ctx
         storage = moderngl.SHADER_STORAGE_BARRIER_BIT
         for barrier, prog, binds, uniform, params, (gx, gy, gz) in recording.steps:
@@ -401,7 +424,6 @@ class GLBackend(Backend):
                 uniform.write(params)
             prog.run(gx, gy, gz)
         ctx.memory_barrier()  # all bits: buffer reads/updates and later dispatches see the results
-        ctx.finish()
 
     @_in_context
     def _timed_submit(self, recording: GLRecording) -> float:

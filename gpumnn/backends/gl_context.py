@@ -42,6 +42,13 @@ class PooledContext:
         self.platform = platform
         self.programs: OrderedDict[tuple, Any] = OrderedDict()
         self._timestamps: Timestamps | None | bool = False  # False: not asked yet
+        self._fences: Fences | None | bool = False  # likewise
+
+    def fences(self) -> "Fences | None":
+        """Fence syncs for this context, or None where the GL library lacks them."""
+        if self._fences is False:
+            self._fences = Fences.create()
+        return self._fences or None
 
     def timestamps(self) -> "Timestamps | None":
         """The context's pair of timestamp queries (made on first use, while the context is
@@ -132,6 +139,54 @@ class Timestamps:
 
     def release(self) -> None:
         self._lib.glDeleteQueries(2, self._ids)
+
+
+_GL_SYNC_GPU_COMMANDS_COMPLETE = 0x9117
+_GL_SYNC_FLUSH_COMMANDS_BIT = 0x1
+_GL_WAIT_DONE = (0x911A, 0x911C)  # GL_ALREADY_SIGNALED, GL_CONDITION_SATISFIED
+_GL_WAIT_FAILED = 0x911D
+_GL_WAIT_STEP_NS = 10**9
+
+
+class Fences:
+    """Fence syncs (GL 3.2 / ARB_sync): ``fence`` puts one behind the commands issued so far and
+    flushes them to the GL, ``wait`` waits for it on the host and deletes it. What a GL submit
+    without waiting returns (moderngl has only ``finish``, which waits for everything)."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self._lib = lib
+        lib.glFenceSync.restype = ctypes.c_void_p
+        lib.glFenceSync.argtypes = [ctypes.c_uint, ctypes.c_uint]
+        lib.glClientWaitSync.restype = ctypes.c_uint
+        lib.glClientWaitSync.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint64]
+        lib.glDeleteSync.argtypes = [ctypes.c_void_p]
+
+    @classmethod
+    def create(cls) -> "Fences | None":
+        lib = gl_library()
+        if lib is None or not all(hasattr(lib, f) for f in ("glFenceSync", "glClientWaitSync", "glDeleteSync",
+                                                            "glFlush")):
+            return None
+        return cls(lib)
+
+    def fence(self) -> int:
+        """A fence behind every command issued so far, flushed (the GL starts on them now)."""
+        sync = self._lib.glFenceSync(_GL_SYNC_GPU_COMMANDS_COMPLETE, 0)
+        self._lib.glFlush()
+        return sync
+
+    def wait(self, sync: int) -> bool:
+        """Wait until the commands before ``sync`` are done, then delete it; False where the GL
+        says the wait failed."""
+        try:
+            while True:
+                result = self._lib.glClientWaitSync(sync, _GL_SYNC_FLUSH_COMMANDS_BIT, _GL_WAIT_STEP_NS)
+                if result in _GL_WAIT_DONE:
+                    return True
+                if result == _GL_WAIT_FAILED:
+                    return False
+        finally:
+            self._lib.glDeleteSync(sync)
 
 
 def _create(create: Callable[[str | None], moderngl.Context]) -> PooledContext:

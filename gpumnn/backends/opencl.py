@@ -237,6 +237,18 @@ class OpenCLBackend(Backend):
         self._enqueue(recording)
         self.queue.finish()
 
+    def _submit_async(self, recording: Recording) -> Any:
+        """Enqueue the recording and a marker after it, flush (the device starts now) and return
+        the marker's event: on the in-order queue it completes once the recording has. Not
+        ``queue.finish``, which would also wait for another run's work on the shared queue."""
+        self._enqueue(recording)
+        marker = cl.enqueue_marker(self.queue)
+        self.queue.flush()
+        return marker
+
+    def _wait(self, ticket: Any) -> None:
+        ticket.wait()
+
     def _enqueue(self, recording: Recording) -> None:
         if recording.command_buffer is not None:
             self._cmdbuf_api.enqueue(recording.command_buffer)  # type: ignore[union-attr]

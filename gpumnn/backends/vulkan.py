@@ -24,7 +24,8 @@ Design
   push-constant block and the grid, once. ``record`` writes one command buffer with every
   dispatch in order; a global compute->compute memory barrier is inserted only in front of a
   dispatch that touches a byte range written (or writes a range read) since the last barrier.
-  ``submit`` is one ``vkQueueSubmit`` and a wait on the fence of the submit lane it borrowed.
+  ``submit`` is one ``vkQueueSubmit`` and a wait on the fence of the submit lane it borrowed;
+  ``submit_async`` keeps the lane as its ticket and ``wait`` waits on that fence later.
 * Threads: preparation verbs (allocate, constant, create_execution, record, release) share
   descriptor pools, the recording command pool and the buffer registry, so they take the
   backend's lock. Run verbs (write, read, submit, run_eager) borrow a *submit lane* instead
@@ -335,6 +336,14 @@ class VulkanBackend(Backend):
     @contextmanager
     def _lane(self) -> Iterator[SubmitLane]:
         """Lend a submit lane (an idle one, else a new one) for one write, read or run."""
+        lane = self._take_lane()
+        try:
+            yield lane
+        finally:
+            self._give_lane(lane)
+
+    def _take_lane(self) -> SubmitLane:
+        """An idle lane, else a new one: the caller's until ``_give_lane``."""
         with self._lanes_lock:
             lane = self._idle_lanes.pop() if self._idle_lanes else None
         if lane is None:
@@ -342,11 +351,11 @@ class VulkanBackend(Backend):
                 self._check_open()
                 lane = SubmitLane(self.dev)
                 self._lanes.append(lane)
-        try:
-            yield lane
-        finally:
-            with self._lanes_lock:
-                self._idle_lanes.append(lane)
+        return lane
+
+    def _give_lane(self, lane: SubmitLane) -> None:
+        with self._lanes_lock:
+            self._idle_lanes.append(lane)
 
     def _staging_buffer(self, lane: SubmitLane, nbytes: int) -> DeviceBuffer:
         """The lane's host-visible staging buffer, grown (never shrunk) to ``nbytes``."""
@@ -471,6 +480,25 @@ class VulkanBackend(Backend):
         self._check_open()
         with self._lane() as lane:
             lane.submit_and_wait(recording.cmd)
+
+    def _submit_async(self, recording: VulkanRecording) -> SubmitLane:
+        """One vkQueueSubmit on a borrowed lane, signalling its fence; the lane is the ticket and
+        stays lent (its fence in use) until ``wait``. A recorded run holds at most one lane at a
+        time (it waits before it touches the backend again), the one ``reserve_run`` made."""
+        self._check_open()
+        lane = self._take_lane()
+        try:
+            lane.submit(recording.cmd)
+        except BaseException:
+            self._give_lane(lane)
+            raise
+        return lane
+
+    def _wait(self, ticket: SubmitLane) -> None:
+        try:
+            ticket.wait()
+        finally:
+            self._give_lane(ticket)
 
     def _timed_submit(self, recording: VulkanRecording) -> float:
         """Timestamp queries in the same submission, just before and after the recording (see

@@ -658,12 +658,26 @@ class SubmitLane:
         self._submit_and_wait(stamps.submit)
         return stamps.seconds()
 
+    def submit(self, cmd) -> None:
+        """One vkQueueSubmit of ``cmd`` signalling this lane's fence, without waiting: ``wait``
+        follows (the lane stays with its submitter until then)."""
+        self._cmd_array[0] = cmd
+        self._submit_only(self._submit)
+
     def _submit_and_wait(self, submit) -> None:
+        self._submit_only(submit)
+        self.wait()
+
+    def _submit_only(self, submit) -> None:
         dev = self.dev
         with dev.shared.queue_lock:
             result = lib.vkQueueSubmit(dev.queue, 1, submit, self.fence)
         dev._check_lost(result)
         _check(result, "vkQueueSubmit")
+
+    def wait(self) -> None:
+        """Wait for this lane's fence (its last submission) and reset it."""
+        dev = self.dev
         result = lib.vkWaitForFences(dev.device, 1, self._fences, vk.VK_TRUE, _FENCE_TIMEOUT_NS)
         if result == vk.VK_TIMEOUT:
             raise VulkanError(f"{dev.name}: a submission did not finish within {_FENCE_TIMEOUT_NS // 10**9} s")

@@ -62,6 +62,9 @@ class CostModel:
 
     calibrations: Mapping[str, Calibration]
     record: bool = True
+    #: backends whose device computes on the host's own cores (``BackendInfo.is_gpu`` false): a
+    #: segment there overlaps nothing on the host (``overlap.overlapped_ms``)
+    host_devices: frozenset[str] = frozenset()
 
     def op_ms(self, op: A.AtomicOp, backend: str, nbytes: int) -> float:
         """One op on ``backend``: roofline of MACs and ``nbytes`` of traffic, plus the dispatch."""

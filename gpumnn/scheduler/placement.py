@@ -14,10 +14,15 @@ Three parts, each its own function:
    memory planning. Times are integers: op ``i`` runs at ``2i+1``, copies before it at ``2i``.
 
 :func:`estimate` prices any assignment with the same model (reports, ``gpumnn plan``, tests).
+:func:`place` adds where a recorded run may overlap segments on different backends
+(:mod:`.overlap`): the estimate then counts independent segments as the longest path, not the
+sum. The dynamic programme does not: its state (the current op's backend) cannot say which
+later steps a segment would overlap, so it minimises the serial time and overlap only lowers
+the estimate of what it chose.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from .. import atomic as A
@@ -25,6 +30,7 @@ from ..backends.base import Backend
 from ..errors import InputError, UnsupportedOpError
 from .cost import HOST, CostModel, cost_table, tensor_bytes
 from .memory import Lifetime
+from .overlap import Sync, overlapped_ms, synchronisation
 
 
 @dataclass
@@ -52,6 +58,7 @@ class Placement:
     output_backends: dict[str, str]  # graph output name -> backend it is read from
     estimate: "Estimate | None" = None
     cost_sources: dict[str, str] = field(default_factory=dict)  # backend -> calibrated / paper constants
+    sync: Sync | None = None  # where a recorded run submits without waiting, and where it waits
 
     def moved_bytes(self) -> list[int]:
         """Per op, the bytes copied from other backends just before it runs (its inputs)."""
@@ -76,10 +83,11 @@ class Estimate:
     segments: int
     transfers: int
     moved_bytes: int
+    overlap_ms: float = 0.0  # saved where a segment on a device of its own overlaps later steps
 
     @property
     def total_ms(self) -> float:
-        return self.ops_ms + self.segments_ms + self.transfers_ms
+        return self.ops_ms + self.segments_ms + self.transfers_ms - self.overlap_ms
 
 
 # -- 1. who may run what -----------------------------------------------------------------------
@@ -287,8 +295,14 @@ def place(program: A.AtomicProgram, backends: Mapping[str, Backend], candidates:
     op_backends = assign(program, allowed, table, model)
     steps, lifetimes, inputs, outputs = build_steps(program, op_backends, list(backends), model)
     costs = [table[i][b] for i, b in enumerate(op_backends)]
-    return Placement(op_backends, reasons, costs, steps, lifetimes, inputs, outputs,
-                     estimate(program, op_backends, table, model), model.sources())
+    sync = synchronisation(steps) if model.record else None  # eager runs wait after every op
+    priced = estimate(program, op_backends, table, model)
+    if sync is not None and sync.overlaps:
+        step_ms = [step.cost_ms if step.kind == "copy" else sum(costs[i] for i in step.ops) + model.segment_ms(step.backend)
+                   for step in steps]
+        serial = sum(step_ms)
+        priced = replace(priced, overlap_ms=serial - overlapped_ms(steps, sync, step_ms, model.host_devices))
+    return Placement(op_backends, reasons, costs, steps, lifetimes, inputs, outputs, priced, model.sources(), sync)
 
 
 def _size(shape: tuple[int, ...]) -> int:
