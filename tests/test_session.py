@@ -133,3 +133,28 @@ def test_infer_shapes_gives_concrete_shapes():
     shapes = net.infer_shapes()
     assert shapes["output"] == (1, 128, 256)
     assert all(all(isinstance(d, int) for d in s) for s in shapes.values())
+
+
+def test_weights_are_hashed_once_per_process_not_per_session(monkeypatch):
+    """A second session of a model (or one after it is closed) finds its weights' digests known:
+    hashing ResNet-18's weights is most of a new session's time; a weight that dies is forgotten."""
+    from gpumnn import session_shared
+
+    hashed = []
+    real = session_shared.hashlib.sha256
+    monkeypatch.setattr(session_shared.hashlib, "sha256", lambda data: hashed.append(len(data)) or real(data))
+    net = gpumnn.load(zoo.build("squeezenet1_1"))
+    x = np.random.default_rng(5).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    with net.session(backend="cpu") as first:
+        want = first.run({"input": x})["output"]
+    assert len(hashed) > 10  # every weight once (and the shape set's folded constants)
+    hashed.clear()
+    with net.session(backend="cpu") as second:
+        np.testing.assert_array_equal(second.run({"input": x})["output"], want)
+    assert sum(hashed) < 1024, f"{len(hashed)} arrays ({sum(hashed)} bytes) hashed again"
+    weight = np.arange(6, dtype=np.float32)
+    key = session_shared.content_key(weight[2:])
+    assert session_shared.content_key(weight[2:]) == key and len(session_shared._memo) > 0
+    held = len(session_shared._memo)
+    del weight
+    assert len(session_shared._memo) == held - 1  # forgotten with its owner
