@@ -43,6 +43,7 @@ def one_thread():
 def threaded():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(cpu_module, "PARALLEL_MIN_MACS", 0)
+        patch.setattr(cpu_module, "DEPTHWISE_PARALLEL_MIN", 0)
         patch.setattr(cpu_module, "CHUNK_BYTES", 256)
         yield CpuBackend(threads=3)
 

@@ -211,6 +211,16 @@ CHUNKS_PER_THREAD = 2
 #: threads=2, ms per run (2M MACs and 4 chunks per thread -> 16M and 2): SqueezeNet-1.1 18.4 ->
 #: 14.9, MobileNet-v2 32.0 -> 26.6, ResNet-18 53.8 -> 51.6, transformer encoder 4.8 -> 4.3.
 PARALLEL_MIN_MACS = 1 << 24
+#: A depthwise convolution is shared between threads from this many window elements (channels x
+#: taps x output pixels) on: it is bound by passes over memory and per-channel BLAS calls, not by
+#: multiply-adds (MobileNet's are all under 5M MACs yet take 0.3-2.5 ms on one thread), so the
+#: MAC threshold above would keep every one of them on one thread.
+DEPTHWISE_PARALLEL_MIN = 1 << 18
+
+
+def _parts(pool: Workers, work: int, threshold: int) -> int:
+    """Chunks to cut an op into: ``CHUNKS_PER_THREAD`` per thread once ``work`` reaches ``threshold``."""
+    return pool.threads * CHUNKS_PER_THREAD if pool.threads > 1 and work >= threshold else 1
 
 
 def _spans(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
@@ -404,7 +414,7 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers):
     act = _epilogue(op.activation)
     pads = _conv_pads(op)
     macs = n * oc * oh * ow * (c // g) * kh * kw
-    parts = pool.threads * CHUNKS_PER_THREAD if pool.threads > 1 and macs >= PARALLEL_MIN_MACS else 1
+    parts = _parts(pool, macs, PARALLEL_MIN_MACS)
 
     def finish(dst: np.ndarray, o0: int, o1: int) -> None:
         """Bias and activation of output channels [o0, o1), on a block while it is in cache."""
@@ -415,7 +425,8 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers):
 
     # op.scheme (decided by gpumnn.scheduler.schemes, which checked the geometry fits) names the kernel
     if op.scheme == "depthwise":
-        return _depthwise(op, x, weight, out, pads, finish, pool, parts)
+        return _depthwise(op, x, weight, out, pads, finish, pool,
+                          _parts(pool, n * c * kh * kw * oh * ow, DEPTHWISE_PARALLEL_MIN))
     cg, ocg = c // g, oc // g
     k = cg * kh * kw
     w_packed = weight.reshape(g, ocg, k)
