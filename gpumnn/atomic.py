@@ -289,7 +289,7 @@ class Conv2D(ConvGeometry):
     and names the kernel a backend builds: ``im2col`` (the sliding window, correct for any
     geometry, so the default for ops made outside a session), ``gemm1x1``, ``depthwise``; or
     ``winograd`` (with ``winograd_tile``), which is rewritten into atomic ops before any backend
-    sees it (``gpumnn.geometry.fast``).
+    sees it (``gpumnn.geometry.fast``) unless the backend builds it as a kernel of its own (the cpu).
     """
 
     kind: ClassVar[str] = "conv2d"

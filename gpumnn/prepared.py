@@ -81,8 +81,8 @@ class ShapeSet:
     def _pre_inference(self) -> None:
         parts = self.parts
         # schemes are decided once, for one backend, then Winograd / Strassen become atomic ops any backend runs
-        program = expand_schemes(select_schemes(lower(parts.graph, self.input_shapes),
-                                                parts.backends[parts.scheme_backend]))
+        scheme_backend = parts.backends[parts.scheme_backend]
+        program = expand_schemes(select_schemes(lower(parts.graph, self.input_shapes), scheme_backend), scheme_backend)
         self.program = program
         self.output_dtypes = {info.name: self._output_dtype(info) for info in parts.graph.outputs}  # run() reads
         self.placement: Placement = place(program, parts.backends, parts.candidates, parts.cost_model, parts.pins)

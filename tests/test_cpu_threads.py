@@ -10,6 +10,7 @@ whole, so only an independent reference catches a block's wrong bias or offset).
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -22,6 +23,11 @@ from gpumnn.backends.cpu_math import unary_function
 from gpumnn.backends.cpu_workers import Workers
 from test_atomic_ops import CASES, _conv, _prepare, check, rel_err, run_case
 
+def _winograd(case, tile: int):
+    """``case`` with its convolution built as the cpu's Winograd kernel F(tile, k)."""
+    return dataclasses.replace(case, op=dataclasses.replace(case.op, scheme="winograd", winograd_tile=tile))
+
+
 #: more channels than output pixels: the columns once, then spans of the weights' rows
 LOCAL_CASES = {
     "conv-3x3-few-pixels-bias": lambda rng: _conv(rng, c=6, hw=(4, 4), oc=40, k=(3, 3), p=(1, 1), bias=True,
@@ -29,6 +35,10 @@ LOCAL_CASES = {
     "conv-1x1-few-pixels-groups2-bias": lambda rng: _conv(rng, c=8, hw=(3, 3), oc=36, k=(1, 1), g=2, bias=True),
     "conv-3x3-few-pixels-groups2-bias": lambda rng: _conv(rng, c=4, hw=(3, 4), oc=48, k=(3, 3), p=(1, 1), g=2,
                                                           bias=True),
+    # the cpu's own Winograd kernel (chunks of tile rows), partial border tiles, bias, activation, batch 2
+    "conv-winograd-F4-bias-relu": lambda rng: _winograd(_conv(rng, c=5, hw=(11, 9), oc=7, k=(3, 3), p=(1, 1),
+                                                              bias=True, act=("relu", ())), 4),
+    "conv-winograd-F2-k5-batch2": lambda rng: _winograd(_conv(rng, n=2, c=3, hw=(9, 10), oc=4, k=(5, 5), p=(2, 1)), 2),
 }
 ALL_CASES = {**CASES, **LOCAL_CASES}
 CHUNKED = sorted(name for name in ALL_CASES if name.startswith(("conv-", "matmul-")))
@@ -43,6 +53,7 @@ def one_thread():
 def threaded():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(cpu_module, "PARALLEL_MIN_MACS", 0)
+        patch.setattr(cpu_module, "DEPTHWISE_PARALLEL_MIN", 0)
         patch.setattr(cpu_module, "CHUNK_BYTES", 256)
         yield CpuBackend(threads=3)
 

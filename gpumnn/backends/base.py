@@ -318,6 +318,12 @@ class Backend(ABC):
         return contract_violation(op)
 
     # -- schemes ---------------------------------------------------------------------------
+    #: where ``schemes`` lists ``winograd`` for Conv2D (a kernel of the backend's own, not the
+    #: rewrite into atomic ops): the fewest output tiles and input channels from which the scheme
+    #: step chooses it
+    winograd_min_tiles: ClassVar[int] = 0
+    winograd_min_channels: ClassVar[int] = 0
+
     @property
     def cost_model_expansions(self) -> frozenset[str]:
         """The rewritten schemes (Winograd, Strassen: ``gpumnn.geometry.fast``) the scheme step

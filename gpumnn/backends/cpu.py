@@ -23,6 +23,7 @@ from .limits import MemoryLimits, host_limits
 from .cpu_math import binary_function, unary_function
 from .cpu_workers import Workers, workers
 from .sampling import resize_axis
+from ..scheduler.winograd import transformed_weights, winograd_matrices
 from .speed import host_cpu_flops
 
 def typed(handle: TensorHandle) -> np.ndarray:
@@ -211,6 +212,16 @@ CHUNKS_PER_THREAD = 2
 #: threads=2, ms per run (2M MACs and 4 chunks per thread -> 16M and 2): SqueezeNet-1.1 18.4 ->
 #: 14.9, MobileNet-v2 32.0 -> 26.6, ResNet-18 53.8 -> 51.6, transformer encoder 4.8 -> 4.3.
 PARALLEL_MIN_MACS = 1 << 24
+#: A depthwise convolution is shared between threads from this many window elements (channels x
+#: taps x output pixels) on: it is bound by passes over memory and per-channel BLAS calls, not by
+#: multiply-adds (MobileNet's are all under 5M MACs yet take 0.3-2.5 ms on one thread), so the
+#: MAC threshold above would keep every one of them on one thread.
+DEPTHWISE_PARALLEL_MIN = 1 << 18
+
+
+def _parts(pool: Workers, work: int, threshold: int) -> int:
+    """Chunks to cut an op into: ``CHUNKS_PER_THREAD`` per thread once ``work`` reaches ``threshold``."""
+    return pool.threads * CHUNKS_PER_THREAD if pool.threads > 1 and work >= threshold else 1
 
 
 def _spans(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
@@ -404,7 +415,7 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers):
     act = _epilogue(op.activation)
     pads = _conv_pads(op)
     macs = n * oc * oh * ow * (c // g) * kh * kw
-    parts = pool.threads * CHUNKS_PER_THREAD if pool.threads > 1 and macs >= PARALLEL_MIN_MACS else 1
+    parts = _parts(pool, macs, PARALLEL_MIN_MACS)
 
     def finish(dst: np.ndarray, o0: int, o1: int) -> None:
         """Bias and activation of output channels [o0, o1), on a block while it is in cache."""
@@ -414,8 +425,11 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers):
             act(dst)
 
     # op.scheme (decided by gpumnn.scheduler.schemes, which checked the geometry fits) names the kernel
+    if op.scheme == "winograd":
+        return _winograd(op, x, weight.reshape(oc, c, kh, kw), out, bias, pads, pool, parts)
     if op.scheme == "depthwise":
-        return _depthwise(op, x, weight, out, pads, finish, pool, parts)
+        return _depthwise(op, x, weight, out, pads, finish, pool,
+                          _parts(pool, n * c * kh * kw * oh * ow, DEPTHWISE_PARALLEL_MIN))
     cg, ocg = c // g, oc // g
     k = cg * kh * kw
     w_packed = weight.reshape(g, ocg, k)
@@ -476,6 +490,68 @@ def _gemm_chunk(tasks: list, finish: Callable[[np.ndarray, int, int], None]) -> 
         np.matmul(wb, xb, out=ob)
         finish(ob, o0, o1)
     return chunk
+
+
+def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: int) -> OpPlan:
+    """Winograd F(n x n, k x k) (``op.winograd_tile``; the scheme step chose it) in chunks of
+    tile rows, each in the thread's scratch while in cache: its [alpha, alpha, C, tiles] input
+    tiles copied out of the padded input, ``B^T d B`` as two GEMMs, one batched product per tile
+    position against the weights transformed at creation (``G W G^T``), ``A^T m A`` as two GEMMs,
+    then the tiles put in place with bias and activation. Measured against the im2col kernel on
+    one thread (ResNet-18): 1.45-2.6x at 64 channels 56x56 (F(6, 3)) and 1.6-2.7x at 128 channels
+    28x28 (F(4, 3)), 1.25x at 256 channels 14x14 (F(2, 3)); where it does not pay, see
+    ``CpuBackend.winograd_min_tiles``."""
+    c, oc = op.in_channels, op.out_channels
+    (oh, ow), k, n = op.out_hw, op.kernel[0], op.winograd_tile
+    mats = winograd_matrices(n, k)
+    a = mats.alpha
+    th, tw = -(-oh // n), -(-ow // n)
+    padded = _PaddedInput(x, pads, 0.0, (th * n + k - 1, tw * n + k - 1))
+    _, sc, sh, sw = padded.buf.strides
+    u = transformed_weights(mats, weight).astype(np.float32)  # constant weights (schemes.winograd_fits)
+    bt, at = mats.B.T.astype(np.float32), mats.A.T.astype(np.float32)
+    bias3 = bias.reshape(oc, 1, 1) if bias is not None else None
+    act = _epilogue(op.activation)
+    out4 = out.reshape(op.batch, oc, oh, ow)
+    # tile-row spans: ``parts`` of them, more where one would not fit CHUNK_BYTES of scratch
+    spans = _spans(th, max(parts, -(-th * tw * a * a * 4 * max(c, oc) // CHUNK_BYTES)))
+    size = a * a * max(c, oc) * max(t1 - t0 for t0, t1 in spans) * tw
+    scratch = [(np.empty(size, np.float32), np.empty(size, np.float32)) for _ in range(pool.threads)]
+    tasks = [(b, t0, t1) for b in range(op.batch) for t0, t1 in spans]
+
+    def chunk(index: int, slot: int) -> None:
+        b, t0, t1 = tasks[index]
+        t = (t1 - t0) * tw
+        p, q = scratch[slot]  # two buffers, each stage reading one and writing the other
+        d = p[:a * a * c * t].reshape(a, a, c, t1 - t0, tw)
+        np.copyto(d, as_strided(padded.buf[b, :, t0 * n:], shape=d.shape, strides=(sh, sw, sc, sh * n, sw * n)))
+        v1 = q[:a * a * c * t].reshape(a, a, c * t)
+        np.matmul(bt, d.reshape(a, a * c * t), out=v1.reshape(a, a * c * t))  # B^T on the tiles' rows
+        v = p[:a * a * c * t].reshape(a, a, c * t)
+        np.matmul(bt, v1, out=v)  # ... and on their columns
+        m = q[:a * a * oc * t].reshape(a * a, oc, t)
+        np.matmul(u, v.reshape(a * a, c, t), out=m)  # one product per tile position
+        y1 = p[:n * a * oc * t].reshape(n, a, oc * t)
+        np.matmul(at, m.reshape(a, a * oc * t), out=y1.reshape(n, a * oc * t))
+        y = q[:n * n * oc * t].reshape(n, n, oc, t1 - t0, tw)
+        np.matmul(at, y1, out=y.reshape(n, n, oc * t))
+        r1 = min(t1 * n, oh)
+        dst = out4[b, :, t0 * n:r1]
+        for i in range(n):  # tile position (i, j) lands on every n-th output row and column from (i, j)
+            rows_i = len(range(t0 * n + i, r1, n))
+            for j in range(min(n, ow)):
+                if rows_i:
+                    np.copyto(dst[:, i::n, j::n], y[i, j, :, :rows_i, :len(range(j, ow, n))])
+        if bias3 is not None:
+            np.add(dst, bias3, out=dst)
+        if act:
+            act(dst)
+    run_chunks = _on_pool(pool, len(tasks), chunk)
+
+    def run():
+        padded.refresh()
+        run_chunks()
+    return OpPlan((run,), "winograd")
 
 
 def _depthwise(op: A.Conv2D, x, weight, out, pads, finish, pool: Workers, parts: int) -> OpPlan:
@@ -715,7 +791,12 @@ def _make_scatter(op: A.Scatter, ins, outs, pool: Workers):
     return OpPlan((run,))
 
 
-CpuBackend.schemes = KERNEL_SCHEMES
+CpuBackend.schemes = {**KERNEL_SCHEMES, A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"}}
+#: Where the Winograd kernel pays, measured per op against im2col (``bench/cpu_winograd.py``): F(2, 3)
+#: at 256 channels 7x7 (16 tiles) no faster, 14x14 (49 tiles) 1.25x on one thread; with 16-32 input
+#: channels (SqueezeNet's 3x3 expands) 0.5-0.65x, as the transforms outweigh products with K = C.
+CpuBackend.winograd_min_tiles = 40
+CpuBackend.winograd_min_channels = 64
 _ANY_INT = frozenset({A.INT32})
 #: NumPy computes every integer op; float-only kernels (convolution, pooling, ...) stay float32
 CpuBackend.dtypes = {op: _ANY_INT for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.MatMul, A.Gather, A.Select,

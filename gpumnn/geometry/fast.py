@@ -31,10 +31,13 @@ Raster puts the blocks in place.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .. import atomic as A
-from ..scheduler.winograd import winograd_matrices
+from ..scheduler.schemes import builds_kernel
+from ..scheduler.winograd import transformed_weights, winograd_matrices
 
 #: One level of Strassen over quadrants (11, 12, 21, 22): the 7 products' left and right
 #: factors and how the 4 output quadrants combine them.
@@ -124,8 +127,7 @@ def winograd_ops(program: A.AtomicProgram, op: A.Conv2D) -> list[A.AtomicOp]:
     v = b.tensor("input_transformed", (alpha * alpha, c, t))
     b.matmul(bt, half, v, batch=alpha, m=alpha, n=c * t, k=alpha, b_batch_stride=alpha * c * t)
 
-    weights = np.asarray(program.constants[op.inputs[1]], dtype=np.float64).reshape(oc, c, k, k)
-    u = np.einsum("ai,ocij,bj->aboc", mats.G, weights, mats.G).reshape(alpha * alpha, oc, c)
+    u = transformed_weights(mats, np.asarray(program.constants[op.inputs[1]]).reshape(oc, c, k, k))
     u_name = b.const("weights_transformed", u)
     prod = b.tensor("products", (alpha * alpha, oc, t))
     b.matmul(u_name, v, prod, batch=alpha * alpha, m=oc, n=t, k=c, a_batch_stride=oc * c, b_batch_stride=c * t)
@@ -253,11 +255,13 @@ def strassen_ops(program: A.AtomicProgram, op: A.MatMul) -> list[A.AtomicOp]:
 
 # -- the rewrite -----------------------------------------------------------------------------------
 
-def expand_schemes(program: A.AtomicProgram) -> A.AtomicProgram:
-    """Replace every ``winograd`` Conv2D and ``strassen`` MatMul by its atomic ops."""
+def expand_schemes(program: A.AtomicProgram, backend: Any = None) -> A.AtomicProgram:
+    """Replace every ``winograd`` Conv2D and ``strassen`` MatMul by its atomic ops, except the
+    Winograd convolutions ``backend`` (the one the schemes were chosen for) builds as a kernel
+    of its own (``scheduler.schemes.builds_kernel``)."""
     ops: list[A.AtomicOp] = []
     for op in program.ops:
-        if isinstance(op, A.Conv2D) and op.scheme == "winograd":
+        if isinstance(op, A.Conv2D) and op.scheme == "winograd" and not builds_kernel(backend, A.Conv2D, "winograd"):
             ops.extend(winograd_ops(program, op))
         elif isinstance(op, A.MatMul) and op.scheme == "strassen" and op.strassen_levels > 0:
             ops.extend(strassen_ops(program, op))

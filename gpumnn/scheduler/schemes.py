@@ -25,9 +25,12 @@ channel (the paper's last term omits ``oc``). ``C(1)`` is the sliding window's o
 Matrix products: ``gemm``, or ``strassen`` (with ``strassen_levels``) while Eq. 9 says one more
 level of recursion saves more multiplications than its additions cost.
 
-Winograd and Strassen are not kernels: ``gpumnn.geometry.fast`` rewrites them into Raster and
-(batched) MatMul atomic ops, bias and activation in the last MatMul's epilogue, so every backend
-that runs those gets them. A scheme the
+Winograd and Strassen are rewritten by ``gpumnn.geometry.fast`` into Raster and (batched)
+MatMul atomic ops, bias and activation in the last MatMul's epilogue, so every backend that runs
+those gets them -- except on a backend that lists ``winograd`` among its own Conv2D kernels (the
+NumPy backend: one chunked kernel, each chunk's tiles transformed while in cache), which builds
+it itself from ``Backend.winograd_min_tiles`` tiles and ``winograd_min_channels`` input channels
+on (below, its im2col wins). A scheme the
 requested backend lacks is skipped for the next candidate; when it has none, the op keeps the
 best scheme and placement runs it where it is built (the CPU).
 """
@@ -139,7 +142,10 @@ def conv_candidates(op: A.Conv2D, weights_constant: bool) -> list[tuple[str, int
     compared = "C(n): " + ", ".join(f"{n}:{c:.3g}" for n, c in costs.items())
     if n_hat == 1:
         return [("im2col", 0, f"n_hat=1 ({compared})")]
-    return [("winograd", n_hat, f"F({n_hat}x{n_hat}, {k}x{k}) ({compared})"), ("im2col", 0, "")]
+    # n_hat first; the other tiles cheaper than the sliding window after it, for a backend that
+    # builds n_hat's tiles too few to pay (``Backend.winograd_min_tiles``)
+    cheaper = sorted((n for n in costs if 1 < n and costs[n] < costs[1]), key=lambda n: (costs[n], n))
+    return [("winograd", n, f"F({n}x{n}, {k}x{k}) ({compared})") for n in cheaper] + [("im2col", 0, "")]
 
 
 # -- matrix products -----------------------------------------------------------------------------
@@ -213,23 +219,40 @@ def _forced_matmul(op: A.MatMul, constants: Mapping[str, Any], candidates: list)
         return [("gemm", 0, "(forced)")]
     return [("strassen", levels, f"{levels} levels (forced)")] + candidates if strassen_fits(op, constants) else candidates
 
-def _builds(backend: Any, op_type: type, scheme: str, forced: bool = False) -> bool:
-    """Whether ``backend`` runs ``scheme`` for ``op_type``: its own kernels, or (an expanded
-    scheme) the Raster and MatMul kernels the rewrite uses -- and, unless forced, the backend
-    lets the cost model choose that rewrite (``Backend.cost_model_expansions``)."""
+def builds_kernel(backend: Any, op_type: type, scheme: str) -> bool:
+    """Whether ``backend`` builds ``scheme`` with a kernel of its own (``Backend.schemes``), so a
+    rewritable scheme (``EXPANDED``) is left to it rather than rewritten into atomic ops."""
+    return backend is not None and scheme in backend.schemes.get(op_type, ())
+
+
+def winograd_tile_count(op: A.Conv2D, n: int) -> int:
+    """Output tiles of F(n x n, k x k) over the whole batch."""
+    return op.batch * math.ceil(op.out_hw[0] / n) * math.ceil(op.out_hw[1] / n)
+
+
+def _builds(backend: Any, op: A.AtomicOp, candidate: tuple[str, int, str], forced: bool = False) -> bool:
+    """Whether ``backend`` runs ``candidate`` for ``op``: its own kernel (a Winograd kernel only
+    from ``Backend.winograd_min_tiles`` tiles and ``winograd_min_channels`` input
+    channels on, unless forced), or (an expanded scheme) the
+    Raster and MatMul kernels the rewrite uses -- and, unless forced, the backend lets the cost
+    model choose that rewrite (``Backend.cost_model_expansions``)."""
+    scheme, tile, _ = candidate
     if backend is None:
         return True
+    if builds_kernel(backend, type(op), scheme):
+        return (forced or scheme != "winograd" or (winograd_tile_count(op, tile) >= backend.winograd_min_tiles
+                                                   and op.in_channels >= backend.winograd_min_channels))
     if scheme in EXPANDED:
         table = backend.kernel_table
         runs = A.Raster in table and A.MatMul in table and "gemm" in backend.schemes.get(A.MatMul, ())
         return runs and (forced or scheme in backend.cost_model_expansions)
-    return scheme in backend.schemes.get(op_type, ())
+    return False
 
 
 def _choose(op: A.AtomicOp, candidates: Sequence[tuple[str, int, str]], backend: Any,
             forced: bool = False) -> tuple[str, int, str]:
     for candidate in candidates:
-        if _builds(backend, type(op), candidate[0], forced):
+        if _builds(backend, op, candidate, forced):
             return candidate
     return candidates[0]  # none here: placement runs the op where it is built
 

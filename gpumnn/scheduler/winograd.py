@@ -102,6 +102,14 @@ def winograd_matrices(n: int, k: int) -> WinogradMatrices:
     return WinogradMatrices(n, k, as_array(a), as_array(b), as_array(g))
 
 
+def transformed_weights(mats: WinogradMatrices, weights: np.ndarray) -> np.ndarray:
+    """``U = G W G^T`` of ``[OC, C, k, k]`` weights, float64, as ``[alpha * alpha, OC, C]``: the
+    left operands of the batched products, one per position of the transformed tile."""
+    alpha = mats.alpha
+    oc, c = weights.shape[:2]
+    return np.einsum("ai,ocij,bj->aboc", mats.G, np.asarray(weights, np.float64), mats.G).reshape(alpha * alpha, oc, c)
+
+
 def winograd_tile_2d(x: np.ndarray, w: np.ndarray, n: int, dtype=np.float64) -> np.ndarray:
     """Eq. 6 on one tile set: ``x`` [..., C, alpha, alpha], ``w`` [OC, C, k, k] -> [..., OC, n, n],
     all arithmetic in ``dtype`` (the reference the generator is checked with)."""
