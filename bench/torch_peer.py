@@ -274,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", action="store_true", help="print JSON (raw samples) instead of the report")
+    parser.add_argument("--save-json", metavar="FILE", help="also write that JSON into FILE")
     parser.add_argument("--png", metavar="DIR", help="also write charts into DIR (torch_*.png)")
     args = parser.parse_args(argv)
     try:
@@ -299,11 +300,14 @@ def main(argv: list[str] | None = None) -> int:
                                  args.runs, args.warmup, args.repeats))
         except Exception as exc:  # one model's failure must not hide the others
             rows.append(BenchRow(model, torch_device, note=f"failed: {type(exc).__name__}: {exc}"[:200]))
+    document = json.dumps({"threads": args.threads, "runs": args.runs, "warmup": args.warmup, "repeats": args.repeats,
+                           "io": args.io, "torch_device": torch_device, "skipped": skipped,
+                           "targets": [vars(t) | {"models": list(t.models or [])} for t in TARGETS],
+                           "rows": rows_as_dicts(rows, series, ratios)}, indent=2)
+    if args.save_json:
+        Path(args.save_json).write_text(document + "\n")
     if args.json:
-        print(json.dumps({"threads": args.threads, "runs": args.runs, "warmup": args.warmup, "repeats": args.repeats,
-                          "io": args.io, "torch_device": torch_device, "skipped": skipped,
-                          "targets": [vars(t) | {"models": list(t.models or [])} for t in TARGETS],
-                          "rows": rows_as_dicts(rows, series, ratios)}, indent=2))
+        print(document)
     else:
         header = (f"batch 1, io={args.io}; each repeat times {', '.join(series)} in turn ({args.warmup} warm-up, "
                   f"then the mean of {args.runs} runs); ms: median over {args.repeats} repeats (min-max); ratios: "
