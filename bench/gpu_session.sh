@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Issue 9 part 4 on a lent NVIDIA GPU (H100), in phases that each fit one device call (10 minutes):
+#
+#   tests   gpumnn info, then the test suite on cuda: tests/test_cuda_backend.py, then the rest -k cuda
+#   apis    the test suite on vulkan, gl and opencl through NVIDIA's drivers (opencl where NVIDIA's
+#           OpenCL ICD is found; the log says whether it was)
+#   bench   per zoo model (paper's three first): `gpumnn bench M --backend all --repeats 5 --json` and
+#           `bench/torch_peer.py M --backend all` (PyTorch eager and CUDA-graph replay beside gpumnn
+#           in one process), then the paper's three with --io device (gpumnn cuda vs PyTorch on
+#           device-resident tensors)
+#
+# First, on the development machine: `bash bench/gpu_prepare.sh` (wheels into .whl/, loaders into
+# .gl/; the GPU machine reaches no registry). Then one device call per phase, carrying both:
+#   run(command="bash bench/gpu_session.sh tests", carry=[".whl", ".gl"], timeout_s=600)
+# Everything lands under $OUT (the device tool brings it back): PHASE.log (the whole output) and
+# PHASE.tar.gz (JSON and text results, pytest's junit XML). bench/RESULTS.md says where they go next.
+# Each phase stops its steps at GPUMNN_PHASE_SECONDS (default 540) so the results still come back.
+# GPUMNN_GPU_SETUP=0 skips the unpacking and installing (for a dry run of a phase on a machine that
+# has everything, with PYTHON naming its interpreter).
+set -uo pipefail
+PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+OUT=${OUT:-$ROOT/bench/results/gpu}
+RES=/tmp/gpumnn-gpu/$PHASE
+mkdir -p "$OUT" "$RES"
+exec > >(tee "$OUT/$PHASE.log") 2>&1
+DEADLINE=$(( $(date +%s) + ${GPUMNN_PHASE_SECONDS:-540} ))
+left() { echo $(( DEADLINE - $(date +%s) )); }
+step() {  # step NAME COMMAND...: run with the phase's remaining time, record its exit status
+  local name=$1; shift
+  local remaining; remaining=$(left)
+  local line  # banners go to stderr, so a step's stdout can be redirected into a result file
+  if (( remaining < 20 )); then line="== $name: not run (phase time spent)"
+  else
+    echo "== $name (up to ${remaining}s): $*" >&2
+    timeout --kill-after=10 "$remaining" "$@"
+    line="== $name: exit $?"
+  fi
+  echo "$line" >&2; echo "$line" >>"$RES/steps.txt"
+}
+finish() {
+  tar -czf "$OUT/$PHASE.tar.gz" -C /tmp/gpumnn-gpu "$PHASE"
+  echo; echo "== steps of phase $PHASE"; cat "$RES/steps.txt"
+}
+trap finish EXIT
+
+PYTHON=${PYTHON:-python3}
+# --- setup: loaders into / (as the device tool's README says), the GLSL compiler beside, wheels to /tmp/site
+if [ "${GPUMNN_GPU_SETUP:-1}" != 0 ]; then
+for f in .gl/*.deb; do
+  case $(basename "$f") in
+    glslang-tools_*|spirv-tools_*) dpkg -x "$f" /tmp/gltools ;;
+    *) dpkg -x "$f" / ;;
+  esac
+done
+ldconfig
+export PATH=/tmp/gltools/usr/bin:$PATH
+"$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || { echo "wheels missing: run bash bench/gpu_prepare.sh here first and carry .whl"; exit 1; }
+fi
+export PYTHONPATH=/tmp/site:$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 GPUMNN_CACHE_DIR=/tmp/gpumnn-cache
+NV=/usr/local/nvidia/share
+if [ -f $NV/vulkan/icd.d/nvidia_icd.json ] && ! ls /usr/share/vulkan/icd.d/nvidia* /etc/vulkan/icd.d/nvidia* >/dev/null 2>&1; then
+  export VK_DRIVER_FILES=$NV/vulkan/icd.d/nvidia_icd.json
+fi
+if [ -f $NV/glvnd/egl_vendor.d/10_nvidia.json ] && ! ls /usr/share/glvnd/egl_vendor.d/*nvidia* >/dev/null 2>&1; then
+  export __EGL_VENDOR_LIBRARY_FILENAMES=$NV/glvnd/egl_vendor.d/10_nvidia.json
+fi
+OPENCL=""
+if ls /etc/OpenCL/vendors/*nvidia* >/dev/null 2>&1; then
+  OPENCL="NVIDIA OpenCL ICD: $(cat /etc/OpenCL/vendors/*nvidia* | head -1) (/etc/OpenCL/vendors)"
+else
+  lib=$(ldconfig -p | awk '/libnvidia-opencl\.so\.1/ {print $NF; exit}')
+  [ -n "$lib" ] || lib=$(find /usr/local/nvidia /usr/lib /usr/lib64 -name 'libnvidia-opencl.so.1' 2>/dev/null | head -1)
+  if [ -n "$lib" ]; then
+    mkdir -p /tmp/icd && echo "$lib" >/tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd
+    OPENCL="NVIDIA OpenCL ICD: none registered; made one for $lib (OCL_ICD_VENDORS=/tmp/icd)"
+  else
+    OPENCL="NVIDIA OpenCL ICD: not present (no /etc/OpenCL/vendors entry, no libnvidia-opencl.so.1)"
+  fi
+fi
+echo "$OPENCL" | tee "$RES/opencl_icd.txt"
+nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
+"$PYTHON" -c "import torch, cupy; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| cupy', cupy.__version__)"
+command -v glslangValidator; ldconfig -p | grep -E 'libvulkan.so.1|libEGL.so.1' || true
+"$PYTHON" -m gpumnn info | tee "$RES/info.txt"
+XDIST=(); "$PYTHON" -c "import xdist" 2>/dev/null && XDIST=(-n "${GPUMNN_TEST_WORKERS:-8}")
+PYTEST=("$PYTHON" -m pytest -q -ra -p no:cacheprovider)
+
+case $PHASE in
+  tests)
+    export GPUMNN_REQUIRE_BACKENDS=cuda
+    step cuda-backend "${PYTEST[@]}" tests/test_cuda_backend.py --junitxml="$RES/cuda_backend.xml"
+    step cuda-rest "${PYTEST[@]}" "${XDIST[@]}" tests -k "cuda and not test_cuda_backend" --junitxml="$RES/cuda_rest.xml"
+    ;;
+  apis)
+    required=vulkan,gl; [[ $OPENCL == *"not present"* ]] || required=$required,opencl
+    export GPUMNN_REQUIRE_BACKENDS=$required
+    step vulkan-gl-opencl "${PYTEST[@]}" "${XDIST[@]}" tests -k "vulkan or gl or opencl" --junitxml="$RES/apis.xml"
+    ;;
+  bench)
+    # GPUMNN_BENCH_MODELS splits the zoo over two calls where one does not fit ("resnet50 inception_v3 ...")
+    models=${GPUMNN_BENCH_MODELS:-$("$PYTHON" -c "from gpumnn import zoo; print(*dict.fromkeys([*zoo.PAPER_MODELS, *zoo.MODELS]))")}
+    for m in $models; do  # model by model, so a phase cut short keeps every finished model
+      step "bench-$m" "$PYTHON" -m gpumnn bench "$m" --backend all --repeats 5 --json --progress \
+        > "$RES/bench_$m.json"
+      step "torch-$m" "$PYTHON" bench/torch_peer.py "$m" --backend all --repeats 5 --save-json "$RES/torch_$m.json" \
+        | tee "$RES/torch_$m.txt"
+    done
+    step torch-device-io "$PYTHON" bench/torch_peer.py --backend cuda --io device --repeats 5 \
+      --save-json "$RES/torch_device_io.json" | tee "$RES/torch_device_io.txt"
+    ;;
+  *) echo "unknown phase $PHASE (tests, apis or bench)"; exit 2 ;;
+esac
