@@ -764,7 +764,7 @@ _INT_AND_NEW = {name for name in CASES if any(name.startswith(p) for p in (
     "raster-int32-", "unary-not", "unary-nonzero"))} | {f"binary-{b}-bcast" for b in A.BOOL_BINARY_OPS}
 
 #: per backend family (one line each: the OpenCL and GLSL kernels are written separately)
-AWAITING_OPENCL: set[str] = {name for name in CASES if name.startswith("recurrent_cell-")}
+AWAITING_OPENCL: set[str] = set()
 
 AWAITING_GLSL: set[str] = {name for name in CASES if name.startswith("recurrent_cell-")}  # vulkan and gl
 
