@@ -465,6 +465,9 @@ CELL_ACTIVATIONS: tuple[str, ...] = ("relu", "tanh", "sigmoid", "affine", "leaky
 CELL_ACTIVATION_IDS: dict[str, int] = {name: i for i, name in enumerate(CELL_ACTIVATIONS)}
 #: the cells RecurrentCell computes: (gate blocks of the projection, activations per direction)
 CELLS: dict[str, tuple[int, int]] = {"rnn": (1, 1), "gru": (3, 2), "gru_reset": (3, 1), "lstm": (4, 3)}
+#: RecurrentCell's boolean fields in the bit order kernels take them as one flags word
+CELL_FLAG_FIELDS: tuple[str, ...] = ("input_forget", "linear_before_reset", "has_recurrent_bias", "has_peephole",
+                                     "has_lengths")
 
 
 @dataclass(frozen=True)
@@ -549,6 +552,11 @@ class RecurrentCell(AtomicOp):
         if self.has_lengths and self.cell != "gru_reset":
             roles.append("lengths")
         return tuple(roles)
+
+    @property
+    def flags(self) -> int:
+        """The boolean fields as one word (bit k: ``CELL_FLAG_FIELDS[k]``), as kernels take them."""
+        return sum(1 << k for k, name in enumerate(CELL_FLAG_FIELDS) if getattr(self, name))
 
     def macs(self) -> int:
         return self.directions * self.batch * self.hidden * self.gate_blocks

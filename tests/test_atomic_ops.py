@@ -766,7 +766,7 @@ _INT_AND_NEW = {name for name in CASES if any(name.startswith(p) for p in (
 #: per backend family (one line each: the OpenCL and GLSL kernels are written separately)
 AWAITING_OPENCL: set[str] = set()
 
-AWAITING_GLSL: set[str] = {name for name in CASES if name.startswith("recurrent_cell-")}  # vulkan and gl
+AWAITING_GLSL: set[str] = set()  # vulkan and gl
 
 AWAITING_GPU_KERNELS = {"opencl": AWAITING_OPENCL, "vulkan": AWAITING_GLSL, "gl": AWAITING_GLSL}
 

@@ -568,10 +568,6 @@ def _plan_cumsum(be, op: A.CumSum, ins, outs):
     return OpPlan([launch1d("cumsum", f"cumsum_{DTYPE_SUFFIX[op.dtype]}", args, op.outer * op.inner)])
 
 
-#: RecurrentCell flags, as recurrent.cl's CELL_FLAG_* bits
-CELL_FLAGS = ("input_forget", "linear_before_reset", "has_recurrent_bias", "has_peephole", "has_lengths")
-
-
 def cell_tables(op: A.RecurrentCell) -> tuple[np.ndarray, np.ndarray]:
     """recurrent.cl's per-direction tables: ints (projection offset, time index, the activations'
     ids; 5 a direction) and floats (the activations' alphas, then betas; 6 a direction)."""
@@ -590,11 +586,10 @@ def _plan_recurrent_cell(be, op: A.RecurrentCell, ins, outs):
     peep, lengths = roles.get("peephole", roles["gates"]), roles.get("lengths", roles["gates"])
     ints, floats = cell_tables(op)
     tables = (Scratch(0, ints), Scratch(0, floats))
-    flags = sum(1 << k for k, name in enumerate(CELL_FLAGS) if getattr(op, name))
     args = [t for h in (roles["gates"], roles["projection"], roles["state"], extra, peep, lengths, outs[0])
             for t in (h.buffer, _i(h.offset))]
     args += [*tables, _i(list(A.CELLS).index(op.cell)), _i(op.directions), _i(op.batch), _i(op.hidden),
-             _i(op.gate_blocks), _i(op.x_row_stride), _f(op.clip), _i(flags)]
+             _i(op.gate_blocks), _i(op.x_row_stride), _f(op.clip), _i(op.flags)]
     return OpPlan([launch1d("recurrent", "recurrent_cell", args, op.directions * op.batch * op.hidden)], op.cell,
                   tables)
 
