@@ -455,9 +455,133 @@ class Scatter(AtomicOp):
     reduction: str = "none"
 
 
+#: The activations of a recurrent cell (ONNX's list for LSTM/GRU/RNN, lower case), by the id
+#: kernels use (their order here); each is ``(name, alpha, beta)`` with x the gate's input:
+#: relu max(x,0); tanh; sigmoid; affine a*x+b; leakyrelu x<0 ? a*x : x; thresholdedrelu x>a ? x : 0;
+#: scaledtanh a*tanh(b*x); hardsigmoid clip(a*x+b,0,1); elu x<0 ? a*(exp x-1) : x;
+#: softsign x/(1+|x|); softplus log(1+exp x).
+CELL_ACTIVATIONS: tuple[str, ...] = ("relu", "tanh", "sigmoid", "affine", "leakyrelu", "thresholdedrelu",
+                                     "scaledtanh", "hardsigmoid", "elu", "softsign", "softplus")
+CELL_ACTIVATION_IDS: dict[str, int] = {name: i for i, name in enumerate(CELL_ACTIVATIONS)}
+#: the cells RecurrentCell computes: (gate blocks of the projection, activations per direction)
+CELLS: dict[str, tuple[int, int]] = {"rnn": (1, 1), "gru": (3, 2), "gru_reset": (3, 1), "lstm": (4, 3)}
+#: RecurrentCell's boolean fields in the bit order kernels take them as one flags word
+CELL_FLAG_FIELDS: tuple[str, ...] = ("input_forget", "linear_before_reset", "has_recurrent_bias", "has_peephole",
+                                     "has_lengths")
+
+
+@dataclass(frozen=True)
+class RecurrentCell(AtomicOp):
+    """One time step of ``directions`` LSTM, GRU or RNN cells (ONNX semantics), elementwise.
+
+    Sizes: D = ``directions``, B = ``batch``, H = ``hidden``, G = ``gate_blocks`` (LSTM 4, RNN 1,
+    GRU 3 with ``linear_before_reset``, else 2, as for ``gru_reset``). Inputs, in this order, the
+    optional ones present by their flags (``input_roles()`` names them):
+
+    * ``gates`` ``[D, B, G*H]``: the recurrent products ``H_{t-1} . R_g^T`` of the first G gates,
+      side by side in ONNX's gate order (LSTM i, o, f, c; GRU z, r, h; RNN the one);
+    * ``projection``: the input projections ``x . W^T + biases`` of every step, each direction's
+      gates (all of them: ``CELLS``) side by side in ONNX's order; gate ``g`` of
+      direction ``d`` and batch row ``b`` this step is read at element
+      ``x_offsets[d] + b * x_row_stride + g * H + j`` (the cell takes the whole tensor, so the
+      step's slice needs no copy);
+    * ``state`` ``[S, D, B, H]``: the previous state, ``S`` = 2 for LSTM (H then C), else 1;
+    * ``candidate`` ``[D, B, H]`` (``gru`` without ``linear_before_reset``): ``(r . H) . Rh^T``;
+    * ``recurrent_bias`` ``[D, H]`` (``gru`` with ``linear_before_reset``, when ``has_recurrent_bias``): Rbh;
+    * ``peephole`` ``[D, 3*H]`` (``lstm``, when ``has_peephole``): P in ONNX's order (i, o, f);
+    * ``lengths`` int32 ``[B]`` (when ``has_lengths``): the sequence lengths.
+
+    With ``pre_g = clip(x_g + gates_g)`` (``clip`` > 0 bounds it to [-clip, clip]; 0: none) and the
+    activations ``f, g, h`` of direction d (``activations[d * A + k]``, A per ``CELLS``):
+
+    * ``rnn``: ``H' = f(pre_0)``;
+    * ``lstm``: ``i = f(clip(x_i + gates_i + P_i C))``, ``f = f(clip(x_f + gates_f + P_f C))`` (or
+      ``1 - i`` when ``input_forget``), ``c = g(pre_c)``, ``C' = f C + i c``,
+      ``o = f(clip(x_o + gates_o + P_o C'))``, ``H' = o h(C')``; output ``[2, D, B, H]`` (H', C');
+    * ``gru``: ``z = f(pre_z)``, ``r = f(pre_r)``, ``n = g(clip(x_h + r (gates_h + Rbh)))`` with
+      ``linear_before_reset``, else ``n = g(clip(x_h + candidate))``; ``H' = n + z (H - n)``;
+    * ``gru_reset``: the output is ``r . H`` with ``r = f(pre_r)`` (the input of the candidate's
+      product), ``[D, B, H]``.
+
+    With ``has_lengths``, a batch row whose length is at most ``steps[d]`` (this step's time index
+    in direction d) keeps its state: the output is the state input's (``rnn``, ``gru``, ``lstm``).
+    """
+
+    kind: ClassVar[str] = "recurrent_cell"
+    cell: str = "lstm"
+    directions: int = 1
+    batch: int = 1
+    hidden: int = 1
+    x_offsets: tuple[int, ...] = (0,)
+    x_row_stride: int = 0
+    steps: tuple[int, ...] = (0,)
+    #: ``(name, alpha, beta)`` per activation, direction after direction (see ``CELL_ACTIVATIONS``)
+    activations: tuple[tuple[str, float, float], ...] = ()
+    clip: float = 0.0
+    input_forget: bool = False
+    linear_before_reset: bool = False
+    has_recurrent_bias: bool = False
+    has_peephole: bool = False
+    has_lengths: bool = False
+
+    @property
+    def gate_blocks(self) -> int:
+        """Blocks ``[.., H]`` per row of the ``gates`` input (see the class docstring)."""
+        if self.cell == "gru_reset" or self.cell == "gru" and not self.linear_before_reset:
+            return 2
+        return CELLS[self.cell][0]
+
+    @property
+    def state_blocks(self) -> int:
+        """Blocks ``[D, B, H]`` of the state input: 2 for LSTM (H, C), else 1."""
+        return 2 if self.cell == "lstm" else 1
+
+    @property
+    def output_blocks(self) -> int:
+        return 1 if self.cell == "gru_reset" else self.state_blocks
+
+    def input_roles(self) -> tuple[str, ...]:
+        """The names of the inputs this op reads, in ``inputs`` order (see the class docstring)."""
+        roles = ["gates", "projection", "state"]
+        if self.cell == "gru" and not self.linear_before_reset:
+            roles.append("candidate")
+        if self.cell == "gru" and self.linear_before_reset and self.has_recurrent_bias:
+            roles.append("recurrent_bias")
+        if self.cell == "lstm" and self.has_peephole:
+            roles.append("peephole")
+        if self.has_lengths and self.cell != "gru_reset":
+            roles.append("lengths")
+        return tuple(roles)
+
+    @property
+    def flags(self) -> int:
+        """The boolean fields as one word (bit k: ``CELL_FLAG_FIELDS[k]``), as kernels take them."""
+        return sum(1 << k for k, name in enumerate(CELL_FLAG_FIELDS) if getattr(self, name))
+
+    def macs(self) -> int:
+        return self.directions * self.batch * self.hidden * self.gate_blocks
+
+
+def recurrent_cell_violation(op: RecurrentCell) -> str | None:
+    """Why ``op`` is outside the RecurrentCell contract (its cell, activations, per-direction
+    sizes or inputs), or None."""
+    if op.cell not in CELLS:
+        return f"unknown recurrent cell {op.cell!r}"
+    if len(op.activations) != op.directions * CELLS[op.cell][1]:
+        return f"{len(op.activations)} activations for {op.directions} {op.cell} direction(s)"
+    unknown = [a[0] for a in op.activations if a[0] not in CELL_ACTIVATIONS]
+    if unknown:
+        return f"unknown recurrent cell activation {unknown[0]!r}"
+    if len(op.x_offsets) != op.directions or len(op.steps) != op.directions:
+        return f"x_offsets and steps must give one value per direction ({op.directions})"
+    if len(op.inputs) != len(op.input_roles()):
+        return f"{len(op.inputs)} inputs where the cell reads {', '.join(op.input_roles())}"
+    return None
+
+
 ALL_OPS: tuple[type[AtomicOp], ...] = (
     Raster, Unary, Binary, Reduce, MatMul, Conv2D, ConvTranspose2D, Pool2D, Softmax, Normalize,
-    Resize, Gather, Select, CumSum, TopK, Scatter,
+    Resize, Gather, Select, CumSum, TopK, Scatter, RecurrentCell,
 )
 
 

@@ -702,6 +702,51 @@ def _(rng):  # write every other column; the rest keeps the output's prior conte
     return Case(op, {"x": rng.standard_normal((5, 9))}, {"y": (5, 8)})
 
 
+def _recurrent_cell(rng, cell: str, acts: tuple[str, ...], directions: int = 2, clip: float = 0.0,
+                    lengths: bool = False, **flags) -> Case:
+    """One RecurrentCell step at B=3, H=5, reading a projection of 4 steps (layout 0) at the steps'
+    offsets (the reverse direction at another step, as a bidirectional lowering does)."""
+    b, h, seq = 3, 5, 4
+    blocks, per = A.CELLS[cell]
+    probe = A.RecurrentCell((), (), "", cell=cell, directions=directions, **flags)
+    width = directions * blocks * h
+    steps = (1, seq - 2)[:directions]
+    activations = tuple((name, float(rng.uniform(0.3, 1.5)), float(rng.uniform(-0.5, 0.5)))
+                        for d in range(directions) for name in acts[d * per:(d + 1) * per])
+    inputs = {"gates": rng.standard_normal((directions, b, probe.gate_blocks * h)),
+              "projection": rng.standard_normal((seq * b, width)),
+              "state": rng.standard_normal((probe.state_blocks, directions, b, h))}
+    extra = {"candidate": (directions, b, h), "recurrent_bias": (directions, h), "peephole": (directions, 3 * h)}
+    op = A.RecurrentCell((), ("y",), f"cell_{cell}", cell=cell, directions=directions, batch=b, hidden=h,
+                         x_offsets=tuple(t * b * width + d * blocks * h for d, t in enumerate(steps)),
+                         x_row_stride=width, steps=steps, activations=activations, clip=clip,
+                         has_lengths=lengths, **flags)
+    for role in op.input_roles():
+        if role in extra:
+            inputs[role] = rng.standard_normal(extra[role])
+    if lengths:
+        inputs["lengths"] = np.array([0, 2, 4], dtype=np.int32)  # rows 0 (and 1 for the step at 2) keep
+    op = dataclasses.replace(op, inputs=op.input_roles())
+    return Case(op, inputs, {"y": (op.output_blocks, directions, b, h)})
+
+
+_LSTM = ("sigmoid", "tanh", "tanh")
+CASES["recurrent_cell-lstm-bidir"] = lambda rng: _recurrent_cell(rng, "lstm", _LSTM * 2)
+CASES["recurrent_cell-lstm-peephole-clip-lengths"] = lambda rng: _recurrent_cell(
+    rng, "lstm", _LSTM + ("hardsigmoid", "relu", "softsign"), clip=0.7, lengths=True, has_peephole=True)
+CASES["recurrent_cell-lstm-input_forget-forward"] = lambda rng: _recurrent_cell(
+    rng, "lstm", _LSTM, directions=1, input_forget=True, has_peephole=True)
+CASES["recurrent_cell-gru-linear_before_reset"] = lambda rng: _recurrent_cell(
+    rng, "gru", ("sigmoid", "tanh") * 2, linear_before_reset=True, has_recurrent_bias=True, lengths=True)
+CASES["recurrent_cell-gru-linear_before_reset-nobias"] = lambda rng: _recurrent_cell(
+    rng, "gru", ("sigmoid", "tanh", "hardsigmoid", "scaledtanh"), clip=1.5, linear_before_reset=True)
+CASES["recurrent_cell-gru-candidate"] = lambda rng: _recurrent_cell(rng, "gru", ("sigmoid", "tanh") * 2, lengths=True)
+CASES["recurrent_cell-gru_reset"] = lambda rng: _recurrent_cell(rng, "gru_reset", ("sigmoid", "hardsigmoid"), clip=0.9)
+for _act in A.CELL_ACTIVATIONS:  # every activation, in both directions' positions, with alpha/beta
+    _other = A.CELL_ACTIVATIONS[(A.CELL_ACTIVATIONS.index(_act) + 1) % len(A.CELL_ACTIVATIONS)]
+    CASES[f"recurrent_cell-rnn-{_act}"] = lambda rng, a=_act, o=_other: _recurrent_cell(rng, "rnn", (a, o))
+
+
 CASE_IDS = sorted(CASES)
 
 

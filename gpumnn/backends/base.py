@@ -229,6 +229,8 @@ def contract_violation(op: AtomicOp) -> str | None:
         return "average pooling is not defined on int32"
     if isinstance(op, A.Resize) and op.mode not in ("nearest", "linear"):
         return f"unknown resize mode {op.mode!r}"
+    if isinstance(op, A.RecurrentCell):
+        return A.recurrent_cell_violation(op)
     return None
 
 

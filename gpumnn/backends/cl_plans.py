@@ -74,6 +74,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "gather": ("gather.cl",),
     "select": ("select.cl",),
     "cumsum": ("cumsum.cl",),
+    "recurrent": ("recurrent.cl",),
     "scatter": ("activation.cl", "integer.cl", "scatter.cl"),
     "gemm": ("activation.cl", "gemm.cl"),
     "conv": ("activation.cl", "conv.cl"),
@@ -100,6 +101,8 @@ def header() -> str:
     lines += [f"#define UOP_{name.upper()} {i}" for name, i in UNARY_IDS.items()]
     lines += [f"#define BOP_{name.upper()} {i}" for name, i in BINARY_IDS.items()]
     lines += [f"#define ROP_{name.upper()} {i}" for name, i in REDUCE_IDS.items()]
+    lines += [f"#define CACT_{name.upper()} {i}" for name, i in A.CELL_ACTIVATION_IDS.items()]
+    lines += [f"#define CELL_{name.upper()} {i}" for i, name in enumerate(A.CELLS)]
     return "\n".join(lines) + "\n"
 
 
@@ -565,6 +568,32 @@ def _plan_cumsum(be, op: A.CumSum, ins, outs):
     return OpPlan([launch1d("cumsum", f"cumsum_{DTYPE_SUFFIX[op.dtype]}", args, op.outer * op.inner)])
 
 
+def cell_tables(op: A.RecurrentCell) -> tuple[np.ndarray, np.ndarray]:
+    """recurrent.cl's per-direction tables: ints (projection offset, time index, the activations'
+    ids; 5 a direction) and floats (the activations' alphas, then betas; 6 a direction)."""
+    per = A.CELLS[op.cell][1]
+    ints, floats = [], []
+    for d in range(op.directions):
+        acts = list(op.activations[d * per:(d + 1) * per]) + [("relu", 0.0, 0.0)] * (3 - per)
+        ints += [op.x_offsets[d], op.steps[d]] + [A.CELL_ACTIVATION_IDS[a[0]] for a in acts]
+        floats += [a[1] for a in acts] + [a[2] for a in acts]
+    return np.array(ints, dtype=np.int32), np.array(floats, dtype=np.float32)
+
+
+def _plan_recurrent_cell(be, op: A.RecurrentCell, ins, outs):
+    roles = dict(zip(op.input_roles(), ins))
+    extra = roles.get("candidate", roles.get("recurrent_bias", roles["gates"]))
+    peep, lengths = roles.get("peephole", roles["gates"]), roles.get("lengths", roles["gates"])
+    ints, floats = cell_tables(op)
+    tables = (Scratch(0, ints), Scratch(0, floats))
+    args = [t for h in (roles["gates"], roles["projection"], roles["state"], extra, peep, lengths, outs[0])
+            for t in (h.buffer, _i(h.offset))]
+    args += [*tables, _i(list(A.CELLS).index(op.cell)), _i(op.directions), _i(op.batch), _i(op.hidden),
+             _i(op.gate_blocks), _i(op.x_row_stride), _f(op.clip), _i(op.flags)]
+    return OpPlan([launch1d("recurrent", "recurrent_cell", args, op.directions * op.batch * op.hidden)], op.cell,
+                  tables)
+
+
 def _plan_scatter(be, op: A.Scatter, ins, outs):
     """Two launches: data copied into out (skipped when they are the same memory), then the rows written
     (reduction none: in parallel) or combined (one work-item per column, in update order)."""
@@ -603,7 +632,7 @@ PLANNERS: Mapping[type, Callable[..., OpPlan]] = {
     A.MatMul: _plan_matmul, A.Conv2D: _plan_conv2d, A.ConvTranspose2D: _plan_conv_transpose2d,
     A.Pool2D: _plan_pool2d, A.Softmax: _plan_softmax, A.Normalize: _plan_normalize,
     A.Resize: _plan_resize, A.Gather: _plan_gather, A.Select: _plan_select, A.CumSum: _plan_cumsum,
-    A.Scatter: _plan_scatter,
+    A.Scatter: _plan_scatter, A.RecurrentCell: _plan_recurrent_cell,
 }
 
 

@@ -21,6 +21,7 @@ from .. import atomic as A
 from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, OpPlan, TensorHandle, constant_words, host_out, kernels_option
 from .limits import MemoryLimits, host_limits
 from .cpu_math import binary_function, unary_function
+from .cpu_recurrent import cell_step, direction_groups
 from .cpu_workers import Workers, workers
 from .sampling import resize_axis
 from ..scheduler.winograd import transformed_weights, winograd_matrices
@@ -791,6 +792,23 @@ def _make_scatter(op: A.Scatter, ins, outs, pool: Workers):
     return OpPlan((run,))
 
 
+def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers):
+    """One LSTM/GRU/RNN step (``cpu_recurrent.cell_step``) on views of the pools: the projection's
+    step slices are one strided view (the directions' offsets apart), so nothing is copied in."""
+    d, b, h, g = op.directions, op.batch, op.hidden, op.gate_blocks
+    roles = dict(zip(op.input_roles(), ins))
+    gates = view(roles["gates"]).reshape(d, b, g, h)
+    x0 = op.x_offsets[0]
+    x = strided(roles["projection"], x0, (d, b, A.CELLS[op.cell][0], h),
+                (op.x_offsets[-1] - x0, op.x_row_stride, h, 1))
+    state = view(roles["state"]).reshape(op.state_blocks, d, b, h)
+    shapes = {"candidate": (d, b, h), "recurrent_bias": (d, 1, h), "peephole": (d, 1, 3, h), "lengths": (b,)}
+    extra = {role: view(roles[role]).reshape(shape) for role, shape in shapes.items() if role in roles}
+    out = view(outs[0]).reshape(op.output_blocks, d, b, h)
+    groups = direction_groups(op)
+    return OpPlan((lambda: cell_step(op, groups, gates, x, state, extra, out),))
+
+
 CpuBackend.schemes = {**KERNEL_SCHEMES, A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"}}
 #: Where the Winograd kernel pays, measured per op against im2col (``bench/cpu_winograd.py``): F(2, 3)
 #: at 256 channels 7x7 (16 tiles) no faster, 14x14 (49 tiles) 1.25x on one thread; with 16-32 input
@@ -806,5 +824,5 @@ CpuBackend.kernel_table = _MAKERS = {
     A.MatMul: _make_matmul, A.Conv2D: _make_conv2d, A.ConvTranspose2D: _make_conv_transpose2d,
     A.Pool2D: _make_pool2d, A.Softmax: _make_softmax, A.Normalize: _make_normalize,
     A.Resize: _make_resize, A.Gather: _make_gather, A.Select: _make_select, A.CumSum: _make_cumsum,
-    A.TopK: _make_topk, A.Scatter: _make_scatter,
+    A.TopK: _make_topk, A.Scatter: _make_scatter, A.RecurrentCell: _make_recurrent_cell,
 }

@@ -128,7 +128,9 @@ def check_shader_op_ids() -> None:
     """The GLSL op ids must follow gpumnn.atomic's orders (one source of truth each side)."""
     for path, prefix, ids, table in (("activation.glsl", "U", UNARY_IDS, "UNARY_OPS"),
                                      ("binary.comp", "B", BINARY_IDS, "BINARY_OPS"),
-                                     ("reduce.comp", "R", REDUCE_IDS, "REDUCE_OPS")):
+                                     ("reduce.comp", "R", REDUCE_IDS, "REDUCE_OPS"),
+                                     ("recurrent.comp", "CACT", A.CELL_ACTIVATION_IDS, "CELL_ACTIVATIONS"),
+                                     ("recurrent.comp", "CELL", {name: i for i, name in enumerate(A.CELLS)}, "CELLS")):
         if _shader_ids(path, prefix) != ids:
             raise RuntimeError(f"gpumnn/shaders/glsl/{path} op ids do not match atomic.{table}")
 
@@ -701,6 +703,43 @@ def _plan_cumsum(be, op: A.CumSum, ins, outs):
     return OpPlan([b])
 
 
+#: the most bindings a dispatch has: recurrent.comp's (out, gates, projection, state, one optional
+#: float input, lengths); the Vulkan backend sizes its descriptor sets for it
+MAX_BINDINGS = 6
+
+
+def _plan_recurrent_cell(be, op: A.RecurrentCell, ins, outs):
+    """One dispatch; the directions' values are parameters (recurrent.comp has room for two)."""
+    if op.directions > 2:
+        raise be.plan_error(f"recurrent.comp takes at most 2 directions, not {op.directions}")
+    roles = dict(zip(op.input_roles(), ins))
+    d, batch, h = op.directions, op.batch, op.hidden
+    total = d * batch * h
+    per = A.CELLS[op.cell][1]
+    b = Builder(be, "recurrent", {}, MAX_BINDINGS)
+    out = b.bind(0, outs[0], 0, op.output_blocks * total, write=True)
+    gates = b.bind(1, roles["gates"])
+    lo = min(op.x_offsets)
+    hi = max(op.x_offsets) + (batch - 1) * op.x_row_stride + A.CELLS[op.cell][0] * h
+    proj = b.bind(2, roles["projection"], lo, hi)
+    state = b.bind(3, roles["state"])
+    extra_handle = next((roles[r] for r in ("candidate", "recurrent_bias", "peephole") if r in roles), None)
+    extra = b.bind(4, extra_handle) if extra_handle is not None else 0
+    lengths = b.bind(5, roles["lengths"]) if "lengths" in roles else 0
+    ids = [A.CELL_ACTIVATION_IDS[a[0]] for a in op.activations]
+    packed = sum(ids[dd * per + k] << (4 * (3 * dd + k)) for dd in range(d) for k in range(per))
+    b.set(0, total, batch, h, op.gate_blocks, op.x_row_stride)
+    b.setf(5, op.clip)
+    b.set(6, list(A.CELLS).index(op.cell), op.flags, packed, out, gates, proj, state, extra, lengths)
+    for dd in range(d):
+        acts = op.activations[dd * per:(dd + 1) * per]
+        b.set(15 + 8 * dd, op.x_offsets[dd], op.steps[dd])
+        b.setf(17 + 8 * dd, *[a[1] for a in acts])
+        b.setf(20 + 8 * dd, *[a[2] for a in acts])
+    b.grid1d(total, 64)
+    return OpPlan([b], op.cell)
+
+
 SCATTER_REDUCTIONS = ("none", "add", "mul", "max", "min")
 
 
@@ -739,7 +778,7 @@ PLANNERS: Mapping[type, Callable] = {
     A.MatMul: _plan_matmul, A.Conv2D: _plan_conv2d, A.ConvTranspose2D: _plan_conv_transpose2d,
     A.Pool2D: _plan_pool2d, A.Softmax: _plan_softmax, A.Normalize: _plan_normalize,
     A.Resize: _plan_resize, A.Gather: _plan_gather, A.Select: _plan_select, A.CumSum: _plan_cumsum,
-    A.Scatter: _plan_scatter,
+    A.Scatter: _plan_scatter, A.RecurrentCell: _plan_recurrent_cell,
 }
 
 
@@ -750,6 +789,6 @@ def plan(be: PlanTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outputs
     return dataclasses.replace(planned, work=[d for d in (b.build() for b in planned.work) if d is not None])
 
 
-__all__ = ["BINARY_IDS", "Binding", "Builder", "DTYPES", "Hazards", "OP_NAMES", "PARAMS", "PLANNERS", "PlanError",
+__all__ = ["BINARY_IDS", "Binding", "Builder", "DTYPES", "MAX_BINDINGS", "Hazards", "OP_NAMES", "PARAMS", "PLANNERS", "PlanError",
            "PlanTarget", "REDUCE_IDS", "SCHEMES", "UNARY_IDS", "binding_limit", "check_shader_op_ids", "plan",
            "view_sizes"]

@@ -52,7 +52,7 @@ from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words,
 from .limits import MemoryLimits, host_memory
 from .speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
 # The API-neutral half (what to dispatch per atomic op) is shared with the OpenGL backend.
-from .glsl_plans import (DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
+from .glsl_plans import (MAX_BINDINGS, DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
                          Hazards as _Hazards, binding_limit, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, plan, window)
 
 try:
@@ -163,9 +163,9 @@ class VulkanBackend(Backend):
         self._dsets_by_buffer: dict[int, set[tuple]] = {}
         self._garbage_cmds: list = []
         self._set_layouts: dict[int, Any] = {}
-        for n in (2, 3, 4):  # owned by the shared device, like the pipelines built with them
+        for n in (2, 3, 4, MAX_BINDINGS):  # owned by the shared device, like the pipelines built with them
             self._set_layouts[n] = dev.shared.layouts(n, PUSH_BYTES)[0]
-        self._descriptors = DescriptorAllocator(dev.device, 4, freeable=True)
+        self._descriptors = DescriptorAllocator(dev.device, MAX_BINDINGS, freeable=True)
         # Barriers reused by every recording.
         self._barrier_in = vk.VkMemoryBarrier(
             srcAccessMask=(vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT | vk.VK_ACCESS_HOST_WRITE_BIT),
@@ -513,7 +513,7 @@ class VulkanBackend(Backend):
         self._check_open()
         with self._lane() as lane:
             if lane.eager_descriptors is None:
-                lane.eager_descriptors = DescriptorAllocator(self.dev.device, 4, freeable=False)
+                lane.eager_descriptors = DescriptorAllocator(self.dev.device, MAX_BINDINGS, freeable=False)
             for exe in executions:
                 cmd = lane.allocate_command_buffer()
                 try:
