@@ -76,3 +76,26 @@ def test_text_lines_of_three_widths_in_alternation(backend, model):
         assert (stats["prepares"], stats["cache_hits"], stats["evictions"]) == (3, 3, 0)
         placed = {row["backend"] for row in sess.report_rows()}
         assert placed == {backend}, f"ops fell back: {placed}"
+
+
+def test_a_vulkan_device_with_four_bindings_leaves_the_recurrent_cell_to_the_cpu(model, monkeypatch):
+    """Vulkan guarantees 4 storage buffers per shader stage; the recurrent cell binds 6. On a
+    device with fewer the cell runs on the cpu, visibly, and the answer does not change."""
+    from conftest import require_backend
+    from gpumnn.backends.vulkan_device import VulkanDevice
+
+    require_backend("vulkan")
+    net, reference = model
+    original = VulkanDevice.__init__
+
+    def four_bindings(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.max_storage_buffers = 4
+
+    monkeypatch.setattr(VulkanDevice, "__init__", four_bindings)
+    x = np.random.default_rng(1).standard_normal((1, 1, HEIGHT, 40)).astype(np.float32)
+    with net.session(backend="vulkan", fallback=False, input_shapes={"x": x.shape}) as sess:
+        assert rel_l2(sess.run({"x": x})["log_probs"], reference.run(None, {"x": x})[0]) < 1e-3
+        fallbacks = {r["op"]: r["fallback"] for r in sess.report_rows() if r["backend"] == "cpu"}
+    assert set(fallbacks) == {"recurrent_cell"}, fallbacks
+    assert "maxPerStageDescriptorStorageBuffers is 4" in fallbacks["recurrent_cell"]

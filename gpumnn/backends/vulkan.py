@@ -164,7 +164,8 @@ class VulkanBackend(Backend):
         self._garbage_cmds: list = []
         self._set_layouts: dict[int, Any] = {}
         for n in (2, 3, 4, MAX_BINDINGS):  # owned by the shared device, like the pipelines built with them
-            self._set_layouts[n] = dev.shared.layouts(n, PUSH_BYTES)[0]
+            if n <= dev.max_storage_buffers:  # Vulkan guarantees 4; wider ops are refused (unsupported_reason)
+                self._set_layouts[n] = dev.shared.layouts(n, PUSH_BYTES)[0]
         self._descriptors = DescriptorAllocator(dev.device, MAX_BINDINGS, freeable=True)
         # Barriers reused by every recording.
         self._barrier_in = vk.VkMemoryBarrier(
@@ -220,7 +221,15 @@ class VulkanBackend(Backend):
 
     def unsupported_reason(self, op: A.AtomicOp) -> str | None:
         return (super().unsupported_reason(op) or grid_limit(op, self.dev.max_group_count)
-                or binding_limit(op, self.dev.max_storage_range, "the device's maxStorageBufferRange"))
+                or binding_limit(op, self.dev.max_storage_range, "the device's maxStorageBufferRange")
+                or self._bindings_limit(op))
+
+    def _bindings_limit(self, op: A.AtomicOp) -> str | None:
+        """The recurrent cell's shader binds MAX_BINDINGS buffers; Vulkan guarantees only 4 per stage."""
+        if isinstance(op, A.RecurrentCell) and self.dev.max_storage_buffers < MAX_BINDINGS:
+            return (f"its shader binds {MAX_BINDINGS} storage buffers and the device's "
+                    f"maxPerStageDescriptorStorageBuffers is {self.dev.max_storage_buffers}")
+        return None
 
     def memory_limits(self) -> MemoryLimits:
         """The largest device-local heap (what is left of its budget with VK_EXT_memory_budget),

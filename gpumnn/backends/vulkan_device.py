@@ -271,6 +271,7 @@ class SharedDevice:
         self.max_group_count = tuple(int(limits.maxComputeWorkGroupCount[i]) for i in range(3))
         self.max_group_invocations = int(limits.maxComputeWorkGroupInvocations)
         self.max_shared_memory = int(limits.maxComputeSharedMemorySize)
+        self.max_storage_buffers = int(limits.maxPerStageDescriptorStorageBuffers)  # bindings a shader may have
         self.memory = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
         self.max_allocation = self._max_allocation()
         extensions = {_cstring(e.extensionName) for e in vk.vkEnumerateDeviceExtensionProperties(self.physical, None)}
@@ -487,7 +488,7 @@ class VulkanDevice:
     #: what a backend reads of the shared device (copied: some are read on every run)
     SHARED = ("instance", "physical", "props", "name", "device_type", "type_name", "max_storage_range",
               "min_storage_align", "max_push_constants", "max_group_count", "max_group_invocations",
-              "max_shared_memory", "memory", "device", "queue", "queue_family", "validation", "max_allocation",
+              "max_shared_memory", "max_storage_buffers", "memory", "device", "queue", "queue_family", "validation", "max_allocation",
               "timestamp_bits", "timestamp_period", "driver")
 
     def __init__(self, device: str | int | None = None, validation: bool = False):
