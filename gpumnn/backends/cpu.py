@@ -670,10 +670,12 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers):
     extent = ((oh - 1) * sh + kh, (ow - 1) * sw + kw)
     border = (np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf) if op.op == "max" else 0.0
     padded = _PaddedInput(x, op.pads, border, extent)
+    reduce_windows = _separable_windows(padded.buf, op.kernel, op.strides, out, np.maximum if op.op == "max" else np.add)
     if op.op == "max":
-        return OpPlan((_separable_max(padded, op.kernel, op.strides, out),))
-    windows = _window_view(padded.buf, op.kernel, op.strides, (1, 1), op.out_hw)
-    taps = [windows[:, :, i, j] for i in range(kh) for j in range(kw)]
+        def run_max():
+            padded.refresh()
+            reduce_windows()
+        return OpPlan((run_max,))
     top, left, bottom, right = op.pads
     starts_h = np.arange(oh) * sh - top
     starts_w = np.arange(ow) * sw - left
@@ -687,43 +689,39 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers):
 
     def run_avg():
         padded.refresh()
-        np.copyto(out, taps[0])
-        for win in taps[1:]:
-            np.add(out, win, out=out)
+        reduce_windows()
         np.multiply(out, inv_count, out=out)
     return OpPlan((run_avg,))
 
 
-def _separable_max(padded: _PaddedInput, kernel, strides, out: np.ndarray) -> Callable[[], None]:
-    """Max pooling as a max over each row's window (into scratch [N, C, rows, OW]), then over
-    each column's: kh + kw - 2 NumPy maximum passes instead of kh kw - 1, the second over a
-    map ``sw`` times narrower (max is exact in any order, so the result is the same). Measured
-    on SqueezeNet-1.1's 3x3 stride-2 pools at threads=2, ms, against a maximum per tap: 1.16
-    -> 0.76 at 64 channels 111x111, 0.52 -> 0.43 at 128x55x55, 0.29 -> 0.25 at 256x27x27.
-    Channel spans shared between the threads measured no faster (bound by memory)."""
+def _separable_windows(xp: np.ndarray, kernel, strides, out: np.ndarray, combine: np.ufunc) -> Callable[[], None]:
+    """``out`` = ``combine`` (np.maximum, np.add) over each pooling window of the padded NCHW
+    ``xp``, separably: over each row's window first (into scratch [N, C, rows, OW]), then over
+    each column's -- kh + kw - 2 passes instead of kh kw - 1, the second over a map ``sw`` times
+    narrower (max is exact in any order; a sum only reassociates). Measured at threads=2, ms,
+    against a pass per tap: SqueezeNet-1.1's 3x3 stride-2 max pools 1.16 -> 0.76 (64 channels
+    111x111), 0.52 -> 0.43 (128x55x55), 0.29 -> 0.25 (256x27x27); Inception-v3's 3x3 stride-1
+    average pools 0.95 -> 0.64 (192 channels 35x35), 1.31 -> 0.71 (768x17x17), 0.77 -> 0.40
+    (1280x8x8). Channel spans shared between the threads measured no faster (bound by memory)."""
     (kh, kw), (sh, sw) = kernel, strides
     n, c, oh, ow = out.shape
     rows = (oh - 1) * sh + kh
-    xp = padded.buf[:, :, :rows]
-    row_max = np.empty((n, c, rows, ow), dtype=out.dtype)
-    across = [xp[:, :, :, j:j + (ow - 1) * sw + 1:sw] for j in range(kw)]
-    down = [row_max[:, :, i:i + (oh - 1) * sh + 1:sh] for i in range(kh)]
+    row_acc = np.empty((n, c, rows, ow), dtype=out.dtype)
+    across = [xp[:, :, :rows, j:j + (ow - 1) * sw + 1:sw] for j in range(kw)]
+    down = [row_acc[:, :, i:i + (oh - 1) * sh + 1:sh] for i in range(kh)]
+
+    def fold(views: list[np.ndarray], dst: np.ndarray) -> None:
+        if len(views) == 1:
+            np.copyto(dst, views[0])
+            return
+        combine(views[0], views[1], out=dst)
+        for view_ in views[2:]:
+            combine(dst, view_, out=dst)
 
     def run() -> None:
-        padded.refresh()
-        _max_of(across, row_max)
-        _max_of(down, out)
+        fold(across, row_acc)
+        fold(down, out)
     return run
-
-
-def _max_of(views: list[np.ndarray], out: np.ndarray) -> None:
-    """``out`` = the elementwise max of ``views`` (one or more), in len(views) - 1 passes."""
-    if len(views) == 1:
-        np.copyto(out, views[0])
-        return
-    np.maximum(views[0], views[1], out=out)
-    for view_ in views[2:]:
-        np.maximum(out, view_, out=out)
 
 
 def _make_softmax(op: A.Softmax, ins, outs, pool: Workers):
