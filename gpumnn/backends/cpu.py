@@ -205,8 +205,14 @@ class _ThreadLimiter:
 CHUNK_BYTES = 4 << 20
 #: An op shared between threads is cut into this many chunks per thread: more let a thread the
 #: machine slows leave its share to the others, fewer hand the GIL between threads less often
-#: (every NumPy call gives it up and takes it back).
-CHUNKS_PER_THREAD = 2
+#: (every NumPy call gives it up and takes it back) and keep each chunk's GEMM wide (a GEMM cut
+#: into narrow column spans, or Winograd's tile products with few tiles, runs slower per
+#: multiply-add). Measured at threads=2 on 2 cores shared with other work, whole recorded runs
+#: in alternation, two chunks per thread -> one: Inception-v3 0.94x (0.90-1.15) and 0.94x,
+#: SqueezeNet-1.1 0.84x and 0.87x, MobileNet-v2 0.92x, ResNet-18 0.98x and 0.97x; ResNet-18's
+#: Winograd convolutions alone 2.43 -> 2.12 ms (64 channels 56x56), 2.18 -> 1.80 (128x28x28),
+#: 2.74 -> 2.13 (256x14x14).
+CHUNKS_PER_THREAD = 1
 #: Below this many multiply-adds a convolution or product runs whole on the calling thread:
 #: handing chunks to the helpers would cost more than it saves. Measured on 2 idle cores,
 #: threads=2, ms per run (2M MACs and 4 chunks per thread -> 16M and 2): SqueezeNet-1.1 18.4 ->
@@ -217,19 +223,11 @@ PARALLEL_MIN_MACS = 1 << 24
 #: multiply-adds (MobileNet's are all under 5M MACs yet take 0.3-2.5 ms on one thread), so the
 #: MAC threshold above would keep every one of them on one thread.
 DEPTHWISE_PARALLEL_MIN = 1 << 18
-#: The Winograd kernel's chunks per thread (``CHUNKS_PER_THREAD`` for the others): its tile
-#: products are one GEMM per tile position with the chunk's tiles as columns, which shorter
-#: chunks make slower. Measured on ResNet-18's 3x3 convolutions at threads=2 (2 cores shared
-#: with other work), ms, two chunks per thread -> one: 64 channels 56x56 2.43 -> 2.12, 128
-#: channels 28x28 2.18 -> 1.80, 256 channels 14x14 2.74 -> 2.13 (one thread: 2.45, 1.83, 2.51).
-WINOGRAD_CHUNKS_PER_THREAD = 1
 
 
-def _parts(pool: Workers, work: int, threshold: int, per_thread: int | None = None) -> int:
-    """Chunks to cut an op into: ``per_thread`` (default ``CHUNKS_PER_THREAD``) per thread once
-    ``work`` reaches ``threshold``."""
-    per_thread = CHUNKS_PER_THREAD if per_thread is None else per_thread
-    return pool.threads * per_thread if pool.threads > 1 and work >= threshold else 1
+def _parts(pool: Workers, work: int, threshold: int) -> int:
+    """Chunks to cut an op into: ``CHUNKS_PER_THREAD`` per thread once ``work`` reaches ``threshold``."""
+    return pool.threads * CHUNKS_PER_THREAD if pool.threads > 1 and work >= threshold else 1
 
 
 def _spans(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
@@ -426,6 +424,7 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers):
     act = _epilogue(op.activation)
     pads = _conv_pads(op)
     macs = n * oc * oh * ow * (c // g) * kh * kw
+    parts = _parts(pool, macs, PARALLEL_MIN_MACS)
 
     def finish(dst: np.ndarray, o0: int, o1: int) -> None:
         """Bias and activation of output channels [o0, o1), on a block while it is in cache."""
@@ -436,12 +435,10 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers):
 
     # op.scheme (decided by gpumnn.scheduler.schemes, which checked the geometry fits) names the kernel
     if op.scheme == "winograd":
-        return _winograd(op, x, weight.reshape(oc, c, kh, kw), out, bias, pads, pool,
-                         _parts(pool, macs, PARALLEL_MIN_MACS, WINOGRAD_CHUNKS_PER_THREAD))
+        return _winograd(op, x, weight.reshape(oc, c, kh, kw), out, bias, pads, pool, parts)
     if op.scheme == "depthwise":
         return _depthwise(op, x, weight, out, pads, finish, pool,
                           _parts(pool, n * c * kh * kw * oh * ow, DEPTHWISE_PARALLEL_MIN))
-    parts = _parts(pool, macs, PARALLEL_MIN_MACS)
     cg, ocg = c // g, oc // g
     k = cg * kh * kw
     w_packed = weight.reshape(g, ocg, k)
