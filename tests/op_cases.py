@@ -136,6 +136,9 @@ def _cases() -> list[OpCase]:
     # -- pooling
     c.append(OpCase("MaxPool-3x3s2p1", "MaxPool", {"x": (1, 3, 11, 11)}, attrs={"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}))
     c.append(OpCase("MaxPool-ceil", "MaxPool", {"x": (1, 2, 10, 10)}, attrs={"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}))
+    c.append(OpCase("MaxPool-2x3-asym", "MaxPool", {"x": (1, 3, 9, 10)},
+                    attrs={"kernel_shape": [2, 3], "strides": [1, 2], "pads": [0, 1, 1, 0], "ceil_mode": 1}))
+    c.append(OpCase("MaxPool-1x3", "MaxPool", {"x": (1, 2, 6, 9)}, attrs={"kernel_shape": [1, 3], "pads": [0, 1, 0, 1]}))
     c.append(OpCase("AveragePool-pad-exclude", "AveragePool", {"x": (1, 3, 8, 9)}, attrs={"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}))
     c.append(OpCase("AveragePool-pad-include", "AveragePool", {"x": (1, 3, 8, 9)},
                     attrs={"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1}))

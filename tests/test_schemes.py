@@ -181,12 +181,13 @@ class Checked:
 
 
 def _kernel_gate_passes(backend, program: A.AtomicProgram, ic: int) -> bool:
-    """Whether ``backend`` builds Winograd as a kernel and one of the tiles cheaper than the
-    sliding window has enough tiles (and the program's convolution enough input channels) for it."""
+    """Whether ``backend`` builds Winograd as a kernel and its gate passes for one of the tiles
+    cheaper than the sliding window."""
     op = next(op for op in program.ops if isinstance(op, A.Conv2D))
-    if not schemes.builds_kernel(backend, A.Conv2D, "winograd") or ic < backend.winograd_min_channels:
+    assert op.in_channels == ic
+    if not schemes.builds_kernel(backend, A.Conv2D, "winograd"):
         return False
-    return any(schemes.winograd_tile_count(op, n) >= backend.winograd_min_tiles
+    return any(schemes.winograd_kernel_pays(backend, op, n)
                for scheme, n, _ in schemes.conv_candidates(op, True) if scheme == "winograd")
 
 

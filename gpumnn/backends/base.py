@@ -321,10 +321,11 @@ class Backend(ABC):
 
     # -- schemes ---------------------------------------------------------------------------
     #: where ``schemes`` lists ``winograd`` for Conv2D (a kernel of the backend's own, not the
-    #: rewrite into atomic ops): the fewest output tiles and input channels from which the scheme
-    #: step chooses it
+    #: rewrite into atomic ops): the fewest output tiles and input channels, and the least
+    #: factor of multiplications saved, from which the scheme step chooses it
     winograd_min_tiles: ClassVar[int] = 0
     winograd_min_channels: ClassVar[int] = 0
+    winograd_min_saving: ClassVar[float] = 0.0
 
     @property
     def cost_model_expansions(self) -> frozenset[str]:

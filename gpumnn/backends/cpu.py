@@ -206,8 +206,14 @@ class _ThreadLimiter:
 CHUNK_BYTES = 4 << 20
 #: An op shared between threads is cut into this many chunks per thread: more let a thread the
 #: machine slows leave its share to the others, fewer hand the GIL between threads less often
-#: (every NumPy call gives it up and takes it back).
-CHUNKS_PER_THREAD = 2
+#: (every NumPy call gives it up and takes it back) and keep each chunk's GEMM wide (a GEMM cut
+#: into narrow column spans, or Winograd's tile products with few tiles, runs slower per
+#: multiply-add). Measured at threads=2 on 2 cores shared with other work, whole recorded runs
+#: in alternation, two chunks per thread -> one: Inception-v3 0.94x (0.90-1.15) and 0.94x,
+#: SqueezeNet-1.1 0.84x and 0.87x, MobileNet-v2 0.92x, ResNet-18 0.98x and 0.97x; ResNet-18's
+#: Winograd convolutions alone 2.43 -> 2.12 ms (64 channels 56x56), 2.18 -> 1.80 (128x28x28),
+#: 2.74 -> 2.13 (256x14x14).
+CHUNKS_PER_THREAD = 1
 #: Below this many multiply-adds a convolution or product runs whole on the calling thread:
 #: handing chunks to the helpers would cost more than it saves. Measured on 2 idle cores,
 #: threads=2, ms per run (2M MACs and 4 chunks per thread -> 16M and 2): SqueezeNet-1.1 18.4 ->
@@ -349,14 +355,17 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers):
     return OpPlan((_on_pool(pool, len(tasks), chunk),))
 
 
-def _gemm_blocks(batch: int, m: int, n: int, k: int, threads: int, align_m: int = 1) -> list[tuple[int, int, int, int, int]]:
+def _gemm_blocks(batch: int, m: int, n: int, k: int, threads: int,
+                 align_m: int = 1) -> list[tuple[int | slice, int, int, int, int]]:
     """(batch index, m0, m1, n0, n1) blocks of a batched [m, k] x [k, n] product for ``threads``:
     whole products while there are enough of them, else the longer side of each cut into spans
-    (rows in multiples of ``align_m``); one block when the product is too small to share."""
+    (rows in multiples of ``align_m``); one block, the whole batch (index ``slice(None)``: one
+    batched call), when the product is too small to share. Measured at threads=2, the
+    transformer's attention scores and context (4 heads of 128x64x128, 128x128x64): 0.21 and
+    0.20 ms as one block per head handed to the threads, 0.15 ms each as one call."""
     if threads == 1 or batch * m * n * k < PARALLEL_MIN_MACS:
-        parts = 1
-    else:
-        parts = max(1, -(-threads * CHUNKS_PER_THREAD // batch))
+        return [(slice(None), 0, m, 0, n)]
+    parts = max(1, -(-threads * CHUNKS_PER_THREAD // batch))
     if parts == 1:
         return [(bi, 0, m, 0, n) for bi in range(batch)]
     if n >= m or m // align_m < 2:
@@ -514,14 +523,14 @@ def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: in
     bias3 = bias.reshape(oc, 1, 1) if bias is not None else None
     act = _epilogue(op.activation)
     out4 = out.reshape(op.batch, oc, oh, ow)
-    # tile-row spans: ``parts`` of them, more where one would not fit CHUNK_BYTES of scratch
-    spans = _spans(th, max(parts, -(-th * tw * a * a * 4 * max(c, oc) // CHUNK_BYTES)))
+    # tile-row spans of even length: ``parts`` of them, more where one would not fit CHUNK_BYTES of scratch
+    spans = _even_spans(th, max(parts, -(-th * tw * a * a * 4 * max(c, oc) // CHUNK_BYTES)))
     size = a * a * max(c, oc) * max(t1 - t0 for t0, t1 in spans) * tw
     scratch = [(np.empty(size, np.float32), np.empty(size, np.float32)) for _ in range(pool.threads)]
-    tasks = [(b, t0, t1) for b in range(op.batch) for t0, t1 in spans]
+    tasks = [(b, t0, t1, _tile_places(out4[b], n, t0, t1)) for b in range(op.batch) for t0, t1 in spans]
 
     def chunk(index: int, slot: int) -> None:
-        b, t0, t1 = tasks[index]
+        b, t0, t1, places = tasks[index]
         t = (t1 - t0) * tw
         p, q = scratch[slot]  # two buffers, each stage reading one and writing the other
         d = p[:a * a * c * t].reshape(a, a, c, t1 - t0, tw)
@@ -536,13 +545,9 @@ def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: in
         np.matmul(at, m.reshape(a, a * oc * t), out=y1.reshape(n, a * oc * t))
         y = q[:n * n * oc * t].reshape(n, n, oc, t1 - t0, tw)
         np.matmul(at, y1, out=y.reshape(n, n, oc * t))
-        r1 = min(t1 * n, oh)
-        dst = out4[b, :, t0 * n:r1]
-        for i in range(n):  # tile position (i, j) lands on every n-th output row and column from (i, j)
-            rows_i = len(range(t0 * n + i, r1, n))
-            for j in range(min(n, ow)):
-                if rows_i:
-                    np.copyto(dst[:, i::n, j::n], y[i, j, :, :rows_i, :len(range(j, ow, n))])
+        for target, rows, cols, i, j in places:
+            np.copyto(target, y[:i, :j, :, rows, cols])
+        dst = out4[b, :, t0 * n:min(t1 * n, oh)]
         if bias3 is not None:
             np.add(dst, bias3, out=dst)
         if act:
@@ -553,6 +558,38 @@ def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: in
         padded.refresh()
         run_chunks()
     return OpPlan((run,), "winograd")
+
+
+def _even_spans(total: int, parts: int) -> list[tuple[int, int]]:
+    """[start, stop) spans cutting ``range(total)`` into ``min(parts, total)`` pieces whose
+    lengths differ by at most one (10 in 4: 3, 3, 2, 2, where ``_spans`` gives 3, 3, 3, 1)."""
+    parts = max(1, min(parts, total))
+    return [(total * i // parts, total * (i + 1) // parts) for i in range(parts)]
+
+
+def _tile_places(out3: np.ndarray, n: int, t0: int, t1: int) -> list[tuple[np.ndarray, slice, slice, int, int]]:
+    """Where Winograd's output tiles of tile rows [t0, t1) land in ``out3`` [C, OH, OW]: at most
+    four rectangles (whole tiles, the partial last tile row and column, their corner), each a
+    strided view [i, j, C, rows, cols] of the output (tile position (i, j) of tile (r, q) is
+    output pixel (r n + i, q n + j)) with the tile rows and columns it takes from the
+    [n, n, C, t1 - t0, tiles per row] products and the positions i, j it keeps. Four copies
+    instead of one per tile position (36 for F(6, 3)), each NumPy call costing a few
+    microseconds and a hand-over of the GIL between threads: measured at threads=2 on
+    ResNet-18, 64 channels 56x56 3.27 -> 2.85 ms, 128 channels 28x28 2.95 -> 2.66 ms."""
+    _, oh, ow = out3.shape
+    so, sr, sq = out3.strides
+    whole_r, whole_q = oh // n, ow // n
+    row_parts = [(t0, min(t1, whole_r), n), (whole_r, min(t1, whole_r + 1), oh % n)]
+    col_parts = [(0, whole_q, n), (whole_q, whole_q + 1, ow % n)]
+    places = []
+    for r0, r1, i in row_parts:
+        r0 = max(r0, t0)
+        for q0, q1, j in col_parts:
+            if r1 > r0 and q1 > q0 and i and j:
+                target = as_strided(out3[:, r0 * n:, q0 * n:], shape=(i, j, out3.shape[0], r1 - r0, q1 - q0),
+                                    strides=(sr, sq, so, sr * n, sq * n), writeable=True)
+                places.append((target, slice(r0 - t0, r1 - t0), slice(q0, q1), i, j))
+    return places
 
 
 def _depthwise(op: A.Conv2D, x, weight, out, pads, finish, pool: Workers, parts: int) -> OpPlan:
@@ -631,14 +668,11 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers):
     extent = ((oh - 1) * sh + kh, (ow - 1) * sw + kw)
     border = (np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf) if op.op == "max" else 0.0
     padded = _PaddedInput(x, op.pads, border, extent)
-    windows = _window_view(padded.buf, op.kernel, op.strides, (1, 1), op.out_hw)
-    taps = [windows[:, :, i, j] for i in range(kh) for j in range(kw)]
+    reduce_windows = _separable_windows(padded.buf, op.kernel, op.strides, out, np.maximum if op.op == "max" else np.add)
     if op.op == "max":
         def run_max():
             padded.refresh()
-            np.copyto(out, taps[0])
-            for win in taps[1:]:
-                np.maximum(out, win, out=out)
+            reduce_windows()
         return OpPlan((run_max,))
     top, left, bottom, right = op.pads
     starts_h = np.arange(oh) * sh - top
@@ -653,11 +687,39 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers):
 
     def run_avg():
         padded.refresh()
-        np.copyto(out, taps[0])
-        for win in taps[1:]:
-            np.add(out, win, out=out)
+        reduce_windows()
         np.multiply(out, inv_count, out=out)
     return OpPlan((run_avg,))
+
+
+def _separable_windows(xp: np.ndarray, kernel, strides, out: np.ndarray, combine: np.ufunc) -> Callable[[], None]:
+    """``out`` = ``combine`` (np.maximum, np.add) over each pooling window of the padded NCHW
+    ``xp``, separably: over each row's window first (into scratch [N, C, rows, OW]), then over
+    each column's -- kh + kw - 2 passes instead of kh kw - 1, the second over a map ``sw`` times
+    narrower (max is exact in any order; a sum only reassociates). Measured at threads=2, ms,
+    against a pass per tap: SqueezeNet-1.1's 3x3 stride-2 max pools 1.16 -> 0.76 (64 channels
+    111x111), 0.52 -> 0.43 (128x55x55), 0.29 -> 0.25 (256x27x27); Inception-v3's 3x3 stride-1
+    average pools 0.95 -> 0.64 (192 channels 35x35), 1.31 -> 0.71 (768x17x17), 0.77 -> 0.40
+    (1280x8x8). Channel spans shared between the threads measured no faster (bound by memory)."""
+    (kh, kw), (sh, sw) = kernel, strides
+    n, c, oh, ow = out.shape
+    rows = (oh - 1) * sh + kh
+    row_acc = np.empty((n, c, rows, ow), dtype=out.dtype)
+    across = [xp[:, :, :rows, j:j + (ow - 1) * sw + 1:sw] for j in range(kw)]
+    down = [row_acc[:, :, i:i + (oh - 1) * sh + 1:sh] for i in range(kh)]
+
+    def fold(views: list[np.ndarray], dst: np.ndarray) -> None:
+        if len(views) == 1:
+            np.copyto(dst, views[0])
+            return
+        combine(views[0], views[1], out=dst)
+        for view_ in views[2:]:
+            combine(dst, view_, out=dst)
+
+    def run() -> None:
+        fold(across, row_acc)
+        fold(down, out)
+    return run
 
 
 def _make_softmax(op: A.Softmax, ins, outs, pool: Workers):
@@ -815,6 +877,11 @@ CpuBackend.schemes = {**KERNEL_SCHEMES, A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"w
 #: channels (SqueezeNet's 3x3 expands) 0.5-0.65x, as the transforms outweigh products with K = C.
 CpuBackend.winograd_min_tiles = 40
 CpuBackend.winograd_min_channels = 64
+#: ... and where it makes at most half the sliding window's multiplications: SqueezeNet-1.1's
+#: 64 -> 256 channel 13x13 expands (F(2, 3), 1.8x fewer) measured 1.24 ms against im2col's 0.90
+#: at threads=2 (1.23 / 0.94 on one thread), ResNet-18's 256-channel 14x14 (F(2, 3), 2.16x
+#: fewer) 2.13 against 2.63.
+CpuBackend.winograd_min_saving = 2.0
 _ANY_INT = frozenset({A.INT32})
 #: NumPy computes every integer op; float-only kernels (convolution, pooling, ...) stay float32
 CpuBackend.dtypes = {op: _ANY_INT for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.MatMul, A.Gather, A.Select,

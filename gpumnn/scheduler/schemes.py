@@ -29,8 +29,8 @@ Winograd and Strassen are rewritten by ``gpumnn.geometry.fast`` into Raster and 
 MatMul atomic ops, bias and activation in the last MatMul's epilogue, so every backend that runs
 those gets them -- except on a backend that lists ``winograd`` among its own Conv2D kernels (the
 NumPy backend: one chunked kernel, each chunk's tiles transformed while in cache), which builds
-it itself from ``Backend.winograd_min_tiles`` tiles and ``winograd_min_channels`` input channels
-on (below, its im2col wins). A scheme the
+it itself where :func:`winograd_kernel_pays` (enough tiles, input channels and multiplications
+saved; elsewhere its im2col wins). A scheme the
 requested backend lacks is skipped for the next candidate; when it has none, the op keeps the
 best scheme and placement runs it where it is built (the CPU).
 """
@@ -230,18 +230,26 @@ def winograd_tile_count(op: A.Conv2D, n: int) -> int:
     return op.batch * math.ceil(op.out_hw[0] / n) * math.ceil(op.out_hw[1] / n)
 
 
+def winograd_kernel_pays(backend: Any, op: A.Conv2D, tile: int) -> bool:
+    """Whether ``backend``'s own Winograd kernel F(tile) is chosen for ``op``: from
+    ``Backend.winograd_min_tiles`` output tiles and ``winograd_min_channels`` input channels on,
+    and where it makes at most 1 / ``winograd_min_saving`` of the sliding window's multiplications
+    (its transforms and small per-position products run slower per multiplication than one big GEMM)."""
+    return (winograd_tile_count(op, tile) >= backend.winograd_min_tiles
+            and op.in_channels >= backend.winograd_min_channels
+            and conv_cost(op, 1) >= backend.winograd_min_saving * conv_cost(op, tile))
+
+
 def _builds(backend: Any, op: A.AtomicOp, candidate: tuple[str, int, str], forced: bool = False) -> bool:
     """Whether ``backend`` runs ``candidate`` for ``op``: its own kernel (a Winograd kernel only
-    from ``Backend.winograd_min_tiles`` tiles and ``winograd_min_channels`` input
-    channels on, unless forced), or (an expanded scheme) the
+    where :func:`winograd_kernel_pays`, unless forced), or (an expanded scheme) the
     Raster and MatMul kernels the rewrite uses -- and, unless forced, the backend lets the cost
     model choose that rewrite (``Backend.cost_model_expansions``)."""
     scheme, tile, _ = candidate
     if backend is None:
         return True
     if builds_kernel(backend, type(op), scheme):
-        return (forced or scheme != "winograd" or (winograd_tile_count(op, tile) >= backend.winograd_min_tiles
-                                                   and op.in_channels >= backend.winograd_min_channels))
+        return forced or scheme != "winograd" or winograd_kernel_pays(backend, op, tile)
     if scheme in EXPANDED:
         table = backend.kernel_table
         runs = A.Raster in table and A.MatMul in table and "gemm" in backend.schemes.get(A.MatMul, ())
