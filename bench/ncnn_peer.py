@@ -188,10 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         print(format_table(rows, args.threads, runs=args.runs, warmup=args.warmup, repeats=args.repeats,
                            series=series, ratios=RATIOS, extras=False))
     if args.png:
-        from gpumnn.bench_charts import write_charts
-        sys.stdout.flush()
-        for path in write_charts(rows, args.png, series, RATIOS, prefix="ncnn_"):
-            print(f"wrote {path}", file=sys.stderr)
+        from gpumnn.bench_charts import write_charts_and_say
+        write_charts_and_say(rows, args.png, series, RATIOS, prefix="ncnn_")
     return 0
 
 

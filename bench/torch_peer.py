@@ -315,10 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         header += "".join(f"\n{name}: not run ({reason})" for name, reason in skipped.items())
         print(format_report(rows, series, ratios, header))
     if args.png:
-        from gpumnn.bench_charts import write_charts
-        sys.stdout.flush()
-        for path in write_charts(rows, args.png, series, ratios, prefix="torch_"):
-            print(f"wrote {path}", file=sys.stderr)
+        from gpumnn.bench_charts import write_charts_and_say
+        write_charts_and_say(rows, args.png, series, ratios, prefix="torch_")
     return 0
 
 

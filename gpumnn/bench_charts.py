@@ -14,6 +14,7 @@ asked for, and its absence is a :class:`ChartsUnavailable` that says how to inst
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -116,3 +117,14 @@ def write_charts(rows: Sequence[BenchRow], directory: str | Path, series: Sequen
         fig.savefig(path, dpi=100)
         written.append(path)
     return written
+
+
+def write_charts_and_say(rows: Sequence[BenchRow], directory: str | Path, series: Sequence[str],
+                         ratios: Sequence[tuple[str, str]] = RATIOS, prefix: str = "") -> list[Path]:
+    """``write_charts``, naming each file on stderr after the table already printed on stdout."""
+    sys.stdout.flush()
+    paths = write_charts(rows, directory, series, ratios, prefix)
+    for path in paths:
+        print(f"wrote {path}", file=sys.stderr)
+    return paths
+

@@ -161,10 +161,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         print(format_table(rows, threads, skipped, runs=args.runs, warmup=args.warmup, repeats=args.repeats))
     if args.png:
-        from .bench_charts import write_charts
-        sys.stdout.flush()  # the table first, then the file names on stderr
-        for path in write_charts(rows, args.png, SERIES):
-            print(f"wrote {path}", file=sys.stderr)
+        from .bench_charts import write_charts_and_say
+        write_charts_and_say(rows, args.png, SERIES)
     return 0
 
 

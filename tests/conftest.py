@@ -8,6 +8,7 @@ rule through GPUMNN_REQUIRE_TOOLS and :func:`require_tool`.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -92,6 +93,19 @@ def require_tool(name: str, reason: str | None) -> None:
 def backend(request) -> str:
     require_backend(request.param)
     return request.param
+
+
+def bench_script(name: str):
+    """The module of ``bench/NAME.py`` (scripts, not a package), loaded once per test process
+    under the name ``bench_NAME`` (registered first: dataclasses look their module up there)."""
+    module_name = f"bench_{name}"
+    if module_name not in sys.modules:
+        path = Path(__file__).resolve().parent.parent / "bench" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[module_name]
 
 
 def onnxruntime_session(model):

@@ -9,29 +9,21 @@ pipelines per session never fully came back); it is now within noise (well under
 from __future__ import annotations
 
 import gc
-import importlib.util
-import sys
 import weakref
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import gpumnn
+from conftest import bench_script
 from gpumnn.backends import backend_class
 
-SOAK = Path(__file__).resolve().parent.parent / "bench" / "soak.py"
 WARMUP, CYCLES = 20, 100
 LIMIT = 2 * 2 ** 20  # bytes of RSS growth allowed over CYCLES (leaks of today: 4-10 MiB)
 
 
 def _soak():
-    if "gpumnn_soak" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("gpumnn_soak", SOAK)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["gpumnn_soak"] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-    return sys.modules["gpumnn_soak"]
+    return bench_script("soak")
 
 
 @pytest.fixture(scope="module")

@@ -2,28 +2,14 @@
 files that ncnn computes like ONNX Runtime, and the peer times the three in alternation."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "ncnn_peer.py"
-
-
-def _load_peer():
-    if "ncnn_peer" in sys.modules:
-        return sys.modules["ncnn_peer"]
-    spec = importlib.util.spec_from_file_location("ncnn_peer", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["ncnn_peer"] = module
-    spec.loader.exec_module(module)
-    return module
+from conftest import bench_script
 
 
 @pytest.fixture
 def peer():
-    module = _load_peer()
+    module = bench_script("ncnn_peer")
     for check in (module.pnnx_executable, module.require_ncnn):
         try:
             check()
@@ -66,7 +52,7 @@ def test_pnnx_failure_shows_its_log(peer, tmp_path):
 
 
 def test_missing_pnnx_says_how_to_install_it(monkeypatch):
-    module = _load_peer()
+    module = bench_script("ncnn_peer")
     monkeypatch.setattr(module.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(module.PeerUnavailable, match="pip install --no-deps pnnx"):
         module.pnnx_executable()

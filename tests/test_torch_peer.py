@@ -6,31 +6,16 @@ that need it skip with the import error as their reason. The series/ratio/target
 needs no torch and runs everywhere."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
+from conftest import bench_script
 from gpumnn import benchmark
 from gpumnn.benchmark import BenchRow
-
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "torch_peer.py"
-
-
-def _load_peer():
-    if "torch_peer" in sys.modules:
-        return sys.modules["torch_peer"]
-    spec = importlib.util.spec_from_file_location("torch_peer", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["torch_peer"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
 def peer():
-    return _load_peer()
+    return bench_script("torch_peer")
 
 
 @pytest.fixture
