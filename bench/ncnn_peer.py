@@ -37,8 +37,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from gpumnn import zoo  # noqa: E402
-from gpumnn.benchmark import (BenchRow, alternate, format_table, load_model, onnxruntime_runner,  # noqa: E402
-                              rel_l2, rows_as_dicts)
+from gpumnn.benchmark import (BenchRow, add_protocol_arguments, alternate, format_table, load_model,  # noqa: E402
+                              onnxruntime_runner, rel_l2, rows_as_dicts)
 
 SERIES = ("recorded", "onnxruntime", "ncnn-cpu", "ncnn-vulkan")
 RATIOS = (("ncnn-cpu", "onnxruntime"), ("recorded", "ncnn-cpu"), ("recorded", "onnxruntime"))
@@ -153,9 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("models", nargs="*", default=list(zoo.PAPER_MODELS),
                         help=f"zoo model names (default: {' '.join(zoo.PAPER_MODELS)})")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=5)
+    add_protocol_arguments(parser)
     parser.add_argument("--no-vulkan", action="store_true", help="time ncnn's CPU path only")
     parser.add_argument("--json", action="store_true", help="print JSON (raw samples) instead of a table")
     parser.add_argument("--png", metavar="DIR", help="also write charts into DIR (ncnn_*.png)")

@@ -42,8 +42,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from gpumnn import zoo  # noqa: E402
-from gpumnn.benchmark import (BenchRow, alternate, load_model, onnxruntime_runner, rel_l2,  # noqa: E402
-                              resolve_backends, rows_as_dicts)
+from gpumnn.benchmark import (BenchRow, add_protocol_arguments, alternate, load_model,  # noqa: E402
+                              onnxruntime_runner, rel_l2, resolve_backends, rows_as_dicts)
 
 
 
@@ -270,9 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="host: NumPy in and out everywhere (default); device: a CUDA tensor in, outputs left "
                              "on the GPU, for gpumnn cuda and PyTorch on CUDA")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=5)
+    add_protocol_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print JSON (raw samples) instead of the report")
     parser.add_argument("--save-json", metavar="FILE", help="also write that JSON into FILE")
     parser.add_argument("--png", metavar="DIR", help="also write charts into DIR (torch_*.png)")

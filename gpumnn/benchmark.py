@@ -12,6 +12,7 @@ here asserts speed: it prints tables (and JSON, and charts: :mod:`gpumnn.bench_c
 """
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
@@ -54,6 +55,16 @@ class Spread:
     def __format__(self, spec: str) -> str:
         spec = spec or ".1f"
         return f"{self.median:{spec}} ({self.low:{spec}}-{self.high:{spec}})"
+
+
+def add_protocol_arguments(parser: "argparse.ArgumentParser") -> None:
+    """The paper's protocol as command-line options, one spelling for ``gpumnn bench`` and the
+    peers in ``bench/``: ``--runs`` timed runs after ``--warmup``, taken ``--repeats`` times in
+    alternation with the other series."""
+    parser.add_argument("--runs", type=int, default=10, help="timed runs per figure, after --warmup (default 10)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="figures per series, taken in alternation with the others; cells are their median (default 5)")
+    parser.add_argument("--warmup", type=int, default=1)
 
 
 def time_runs(fn: Callable[[], object], runs: int = 10, warmup: int = 1, clock: Clock = time.perf_counter) -> list[float]:

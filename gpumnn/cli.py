@@ -216,10 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("models", nargs="*", help="zoo names or .onnx paths (default: the paper's three; 'all' for the zoo)")
     bench.add_argument("--backend", nargs="+", default=["all"], help="backends to time, or 'all' (default)")
     bench.add_argument("--threads", type=int, help="CPU threads for NumPy and ONNX Runtime (default: all cores)")
-    bench.add_argument("--runs", type=int, default=10, help="timed runs per figure, after --warmup (default 10)")
-    bench.add_argument("--repeats", type=int, default=5,
-                       help="figures per series, taken in alternation with the others; cells are their median (default 5)")
-    bench.add_argument("--warmup", type=int, default=1)
+    from .benchmark import add_protocol_arguments
+    add_protocol_arguments(bench)
     bench.add_argument("--no-eager", action="store_true", help="skip the eager (undecoupled) timing")
     bench.add_argument("--json", action="store_true", help="print JSON (raw samples of every repeat) instead of a table")
     bench.add_argument("--png", metavar="DIR", help="also write charts (latency per model, ratios) into DIR; needs matplotlib")
