@@ -34,7 +34,8 @@ def require_matplotlib() -> None:
                                 f" [{exc}]") from exc
 
 
-def _figure(width: float, height: float):
+def figure(width: float, height: float):
+    """A matplotlib Figure made without pyplot (no process-wide state: safe beside other threads)."""
     require_matplotlib()
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
     return Figure(figsize=(width, height), layout="constrained")
@@ -85,7 +86,7 @@ def write_charts(rows: Sequence[BenchRow], directory: str | Path, series: Sequen
             continue
         present = [s for s in series if any(r.cell(s) for r in model_rows)]
         cells = {(r.backend, s): c for r in model_rows for s in present if (c := r.cell(s)) is not None}
-        fig = _figure(max(6.0, 1.5 + 0.7 * len(model_rows) * max(len(present), 1)), 4)
+        fig = figure(max(6.0, 1.5 + 0.7 * len(model_rows) * max(len(present), 1)), 4)
         ax = fig.add_subplot()
         _bars(ax, [r.backend for r in model_rows], present, cells)
         values = [c.median for c in cells.values() if c.median > 0]
@@ -101,7 +102,7 @@ def write_charts(rows: Sequence[BenchRow], directory: str | Path, series: Sequen
     if ratio_list:
         models = list(dict.fromkeys(r.model for r in rows))
         backends = list(dict.fromkeys(r.backend for r in rows))
-        fig = _figure(max(6.0, 2 + 0.6 * len(models) * max(len(backends), 1)), 3.2 * len(ratio_list))
+        fig = figure(max(6.0, 2 + 0.6 * len(models) * max(len(backends), 1)), 3.2 * len(ratio_list))
         for i, (a, b) in enumerate(ratio_list, 1):
             ax = fig.add_subplot(len(ratio_list), 1, i)
             cells = {(r.model, r.backend): c for r in rows if (c := r.ratio(a, b)) is not None}

@@ -8,13 +8,13 @@ so the per-op sum is above a recorded run; the totals show both beside the estim
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
 
-from .bench_charts import require_matplotlib
+from .bench_charts import figure
+from .benchmark import time_runs
 from .session import Session
 
 
@@ -45,18 +45,14 @@ class Profile:
 
 def profile(sess: Session, inputs: Mapping[str, Any], runs: int = 3) -> Profile:
     """Time every op and copy of ``sess`` on its own, and whole runs (see the module docstring)."""
-    walls = []
-    for _ in range(max(1, runs) + 1):
-        start = time.perf_counter()
-        sess.run(inputs)
-        walls.append(time.perf_counter() - start)
-    recorded_ms = float(np.median(walls[1:])) * 1e3
+    recorded_ms = float(np.median(time_runs(lambda: sess.run(inputs), max(1, runs))))
     rows = sess.report_rows()
     op_ms = [0.0] * len(rows)
     copy_ms = [0.0] * len(rows)
     arrays, key = sess._check_inputs(inputs)
-    shape_set = sess.shape_set(dict(key))
-    with shape_set.lent_state(arrays) as prepared:  # after one run: every tensor holds real data
+    # leased, so that another thread's shapes cannot evict the set while it is timed
+    with sess._cache.lease(key) as shape_set, shape_set.lent_state(arrays) as prepared:
+        # after one run: every tensor holds real data
         pending = 0.0
         for index, step in enumerate(shape_set.placement.steps):
             backend = sess.backends[step.backend]
@@ -99,16 +95,14 @@ def format_profile(sess: Session, prof: Profile) -> str:
 
 def chart(prof: Profile, path: str, title: str = "") -> None:
     """Estimated vs measured milliseconds per op (bars), coloured by backend, written as a PNG."""
-    require_matplotlib()
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    fig = figure(max(8.0, len(prof.rows) * 0.12), 4.5)
+    from matplotlib import colormaps
+    from matplotlib.patches import Patch
 
     x = np.arange(len(prof.rows))
     backends = list(dict.fromkeys(r.backend for r in prof.rows))
-    colours = {b: plt.get_cmap("tab10")(i) for i, b in enumerate(backends)}
-    fig, ax = plt.subplots(figsize=(max(8.0, len(prof.rows) * 0.12), 4.5))
-    from matplotlib.patches import Patch
+    colours = {b: colormaps["tab10"](i) for i, b in enumerate(backends)}
+    ax = fig.add_subplot()
     ax.bar(x - 0.2, [r.estimated_ms for r in prof.rows], 0.4, color=[colours[r.backend] for r in prof.rows],
            alpha=0.4, hatch="//")
     ax.bar(x + 0.2, [r.measured_ms for r in prof.rows], 0.4, color=[colours[r.backend] for r in prof.rows])
@@ -120,9 +114,7 @@ def chart(prof: Profile, path: str, title: str = "") -> None:
     ax.set_ylabel("ms")
     ax.set_title(title or f"estimated {prof.estimated_ms:.1f} ms vs measured {prof.recorded_ms:.1f} ms per run")
     ax.legend(handles=handles, fontsize=8)
-    fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 __all__ = ["OpTiming", "Profile", "chart", "format_profile", "profile"]

@@ -106,7 +106,8 @@ class Session:
                                    functools.partial(_activate, list(self.backends.values())))
         parts = self._parts
         self._cache: ShapeSetCache[ShapeKey, ShapeSet] = ShapeSetCache(
-            max(1, self.shape_cache), lambda key: ShapeSet(parts, dict(key)), ShapeSet.close, build_lock)
+            max(1, self.shape_cache), lambda key: ShapeSet(parts, dict(key)), ShapeSet.close, build_lock,
+            fixed=_fixed_shapes_error if self.shape_cache == 0 else None)
         try:
             if initial is not None:
                 with self._cache.lease(shape_key(graph, initial)):
@@ -150,15 +151,8 @@ class Session:
 
     # -- shape sets ------------------------------------------------------------------------
     def _key(self, shapes: Mapping[str, Sequence[int]]) -> ShapeKey:
-        """The cache key of complete, checked input shapes; InputError where a session with
-        ``shape_cache=0`` is asked for shapes other than its own."""
-        key = shape_key(self.graph, shapes)
-        fixed = self._cache.recent
-        if self.shape_cache == 0 and fixed is not None and key != fixed:
-            raise InputError(f"input shapes {_describe(key)} differ from {_describe(fixed)}, which this session is "
-                             "prepared for; it was created with shape_cache=0, which fixes its shapes (a session "
-                             "with shape_cache >= 1 prepares for new shapes)")
-        return key
+        """The cache key of complete, checked input shapes."""
+        return shape_key(self.graph, shapes)
 
     def shape_set(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> ShapeSet:
         """The prepared shape set for ``input_shapes`` (prepared now if not kept; static dims may
@@ -364,6 +358,12 @@ class Session:
         recent = self._cache.recent
         return (f"<Session backend={self.backend!r} shapes={_describe(recent) if recent else 'not yet known'} "
                 f"shape_sets={len(self._cache)} record={self.record}>")
+
+
+def _fixed_shapes_error(key: ShapeKey, fixed: ShapeKey) -> InputError:
+    return InputError(f"input shapes {_describe(key)} differ from {_describe(fixed)}, which this session is "
+                      "prepared for; it was created with shape_cache=0, which fixes its shapes (a session "
+                      "with shape_cache >= 1 prepares for new shapes)")
 
 
 def _describe(key: ShapeKey) -> str:

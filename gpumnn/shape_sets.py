@@ -36,11 +36,13 @@ class ShapeSetCache(Generic[Key, Value]):
     """At most ``limit`` (at least 1) prepared values, least recently used evicted first.
 
     ``make(key)`` prepares a value (called with ``build_lock`` held); ``discard(value)`` closes
-    one that was evicted, once no lease holds it (called without the cache's lock).
+    one that was evicted, once no lease holds it (called without the cache's lock). With
+    ``fixed`` (a session with ``shape_cache=0``), the first key is the only one: another raises
+    ``fixed(new key, first key)``, decided under the cache's lock so concurrent first runs agree.
     """
 
     def __init__(self, limit: int, make: Callable[[Key], Value], discard: Callable[[Value], None],
-                 build_lock: threading.RLock):
+                 build_lock: threading.RLock, fixed: Callable[[Key, Key], Exception] | None = None):
         if limit < 1:
             raise ValueError(f"a shape-set cache holds at least one set, not {limit}")
         self.limit = limit
@@ -49,6 +51,8 @@ class ShapeSetCache(Generic[Key, Value]):
         self._build_lock = build_lock
         self._cond = threading.Condition()
         self._entries: OrderedDict[Key, _Entry[Value]] = OrderedDict()
+        self._draining: list[_Entry[Value]] = []  # evicted while leased: closed by their last lease
+        self._fixed = fixed
         self._making: set[Key] = set()
         self._closed = False
         self.recent: Key | None = None  # the key of the set most recently leased (introspection's default)
@@ -85,6 +89,8 @@ class ShapeSetCache(Generic[Key, Value]):
             with self._cond:
                 entry.leases -= 1
                 close = entry.evicted and entry.leases == 0
+                if close:
+                    self._draining.remove(entry)
             if close:
                 self._discard(entry.value)
 
@@ -100,6 +106,9 @@ class ShapeSetCache(Generic[Key, Value]):
                     self.hits += 1
                     self.recent = key
                     return entry
+                held = next(iter(self._entries), None) or next(iter(self._making), None)
+                if self._fixed is not None and held is not None and held != key:
+                    raise self._fixed(key, held)
                 if key not in self._making:
                     self._making.add(key)
                     break
@@ -116,31 +125,33 @@ class ShapeSetCache(Generic[Key, Value]):
                     self._entries[key] = entry
                     self.prepares += 1
                     self.recent = key
-                    while len(self._entries) > self.limit:
+                    while len(self._entries) > self.limit:  # idle: closed below; leased: by its last lease
                         _, old = self._entries.popitem(last=False)
-                        old.evicted = True
                         self.evictions += 1
-                        evicted.append(old)
+                        if old.leases:
+                            old.evicted = True
+                            self._draining.append(old)
+                        else:
+                            evicted.append(old)
         finally:
             with self._cond:
                 self._making.discard(key)
                 self._cond.notify_all()
         for old in evicted:
-            with self._cond:
-                idle = old.leases == 0
-            if idle:
-                self._discard(old.value)
+            self._discard(old.value)
         return entry
 
     def close(self) -> list[Value]:
-        """Refuse new leases and hand back every value kept (the caller closes them: ``discard``
-        of a value a run still leases must wait for that run)."""
+        """Refuse new leases and hand back every value kept or evicted but still leased (the
+        caller closes them: ``discard`` of a value a run still leases must wait for that run)."""
         with self._build_lock, self._cond:
             self._closed = True
-            values = [entry.value for entry in self._entries.values()]
-            for entry in self._entries.values():
+            entries = [*self._entries.values(), *self._draining]
+            values = [entry.value for entry in entries]
+            for entry in entries:
                 entry.evicted = False  # closed by the caller, not by the last lease
             self._entries.clear()
+            self._draining.clear()
             self._cond.notify_all()
             return values
 

@@ -213,3 +213,39 @@ def test_a_scalar_input_keeps_its_shape():
             got = sess.run({"x": np.array(value, np.float32)})["y"]
             assert got.shape == () and got == -value
         assert (sess.stats["prepares"], sess.stats["cache_hits"]) == (1, 2)
+
+
+def test_the_shape_set_cache_closes_an_evicted_set_once_and_hands_a_leased_one_to_close():
+    """An evicted set still leased is closed by its last lease, exactly once; a session closing
+    meanwhile gets it back too (to wait for its run), and then the lease no longer closes it."""
+    import threading
+
+    from gpumnn.shape_sets import ShapeSetCache
+
+    closed = []
+    cache = ShapeSetCache(1, lambda key: key, closed.append, threading.RLock())
+    with cache.lease("a"):
+        with cache.lease("b"):  # evicts "a", which is still leased
+            assert closed == []
+        assert closed == []
+    assert closed == ["a"]
+    with cache.lease("c"):  # evicts idle "b" at once
+        assert closed == ["a", "b"]
+    with cache.lease("d"):
+        with cache.lease("e"):  # "d" evicted while leased
+            pass
+        assert sorted(cache.close()) == ["d", "e"]  # the closer gets the draining set as well
+    assert closed == ["a", "b", "c"]  # "d" was not closed by its lease: the closer does it
+
+
+def test_a_fixed_session_refuses_other_shapes_even_from_its_first_runs():
+    import threading
+
+    from gpumnn.shape_sets import ShapeSetCache
+
+    cache = ShapeSetCache(1, lambda key: key, lambda value: None, threading.RLock(),
+                          fixed=lambda key, held: ValueError(f"{key} is not {held}"))
+    with cache.lease("a"):
+        with pytest.raises(ValueError, match="b is not a"):
+            with cache.lease("b"):
+                pass

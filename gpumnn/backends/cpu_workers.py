@@ -84,6 +84,7 @@ class Workers:
             if job.errors:
                 raise job.errors[0]
         finally:
+            self._job = None  # the pool outlives sessions: hold no chunk function (its views, scratch)
             self._busy.release()
 
     def _start(self) -> None:
@@ -100,6 +101,7 @@ class Workers:
             job = self._job
             if job is not None:
                 job.work(slot)
+            job = None  # nor while waiting for the next
 
 
 _POOLS: dict[int, Workers] = {}

@@ -108,6 +108,7 @@ def paper_constants(backend: Backend) -> Calibration:
 
 _memory: dict[str, Calibration] = {}
 _lock = threading.Lock()
+_measuring: dict[str, threading.Lock] = {}  # per device and driver: one quick calibration at a time
 
 
 def _key(backend: Backend) -> str:
@@ -158,11 +159,12 @@ def calibration_for(backend: Backend, measure: bool = False) -> Calibration:
     """What the cost model uses for ``backend``: the stored calibration; else, with ``measure``,
     a quick one (measured now and stored); else the paper's constants."""
     found = stored(backend)
-    if found is not None:
-        return found
-    if measure:
-        return calibrate(backend, quick=True)
-    return paper_constants(backend)
+    if found is not None or not measure:
+        return found if found is not None else paper_constants(backend)
+    with _lock:
+        measuring = _measuring.setdefault(_key(backend), threading.Lock())
+    with measuring:  # sessions created together measure the device once, not against each other
+        return stored(backend) or calibrate(backend, quick=True)
 
 
 # -- measuring -------------------------------------------------------------------------------------
