@@ -3,7 +3,8 @@
 For every model: one recorded session per available backend and one with ``backend="auto"``;
 rounds alternate between the sessions (``--repeats`` rounds of ``--runs`` runs each), and the
 median wall time per run is printed beside the session's estimated total, with auto's placement.
-Run ``gpumnn calibrate`` first for calibrated estimates (otherwise a quick calibration is made).
+``--calibrate`` measures every backend fully first, so that estimates and times share the
+machine's load (otherwise the stored calibration is used, or a quick one is made).
 The spread is the range of the per-round medians. ``--split HUB REGEX=BACKEND`` adds a session on
 HUB with the nodes whose names match REGEX pinned to BACKEND (e.g. one branch of every fire
 module on another backend, overlapped by ``submit_async``).
@@ -27,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gpumnn  # noqa: E402
 from gpumnn import zoo  # noqa: E402
+from gpumnn.backends import create_backend  # noqa: E402
+from gpumnn.scheduler.calibration import calibrate  # noqa: E402
 
 
 def main() -> None:
@@ -35,8 +38,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--split", nargs=2, metavar=("HUB", "REGEX=BACKEND"))
+    parser.add_argument("--calibrate", action="store_true", help="calibrate every backend fully first")
     args = parser.parse_args()
     backends = gpumnn.available_backends()
+    if args.calibrate:
+        for name in backends:
+            backend = create_backend(name)
+            try:
+                print(f"{name}: {calibrate(backend).describe()}")
+            finally:
+                backend.close()
     print(f"{'model':<14} {'session':<8} {'measured ms':>12} {'spread':>13} {'estimated ms':>13} {'est/meas':>9}  placement")
     for name in args.models:
         net = gpumnn.load(zoo.build(name))

@@ -74,6 +74,52 @@ def test_load_time_optimisations_fold_and_fuse():
     assert not any(n.op_type in ("BatchNormalization", "Relu") for n in net.graph.nodes)
 
 
+def _gelu_graph(form: str) -> "onnx.ModelProto":
+    """MatMul + bias, then the exact GELU as exporters write it: ``half_last`` (PyTorch: x/sqrt2,
+    Erf, +1, *x, *0.5), ``half_first`` (0.5x times 1 + erf(x * 1/sqrt2)), or ``wrong`` (a
+    constant off by 1%: not a GELU, left alone)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 32)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(32).astype(np.float32), "b")]
+    scalars = {"sqrt2": 2 ** 0.5 * (1.01 if form == "wrong" else 1), "rsqrt2": 2 ** -0.5, "one": 1.0, "half": 0.5}
+    inits += [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in scalars.items()]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"), helper.make_node("Add", ["m", "b"], ["h"], name="bias")]
+    if form == "half_first":
+        nodes += [helper.make_node("Mul", ["h", "rsqrt2"], ["s"], name="scale"),
+                  helper.make_node("Erf", ["s"], ["e"], name="erf"),
+                  helper.make_node("Add", ["one", "e"], ["p"], name="plus_one"),
+                  helper.make_node("Mul", ["h", "half"], ["hh"], name="half"),
+                  helper.make_node("Mul", ["hh", "p"], ["y"], name="product")]
+    else:
+        nodes += [helper.make_node("Div", ["h", "sqrt2"], ["s"], name="scale"),
+                  helper.make_node("Erf", ["s"], ["e"], name="erf"),
+                  helper.make_node("Add", ["e", "one"], ["p"], name="plus_one"),
+                  helper.make_node("Mul", ["h", "p"], ["q"], name="product"),
+                  helper.make_node("Mul", ["q", "half"], ["y"], name="half")]
+    graph = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4, 16))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (4, 32))], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("form", ["half_last", "half_first", "wrong"])
+def test_exported_gelu_fuses_into_the_matmul(form, backend):
+    """The five-node GELU becomes one activation of the MatMul (one atomic op), and agrees with
+    ONNX Runtime; a near miss is not fused."""
+    import onnxruntime as ort
+    from conftest import rel_l2, require_backend
+    require_backend(backend)
+    model = _gelu_graph(form)
+    net = gpumnn.load(model)
+    assert net.optimizations["gelu_fused"] == (0 if form == "wrong" else 1)
+    x = np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)
+    sess = net.session(backend=backend)
+    if form != "wrong":
+        assert [op.kind for op in sess.program.ops] == ["matmul"]
+        assert sess.program.ops[0].activation == ("gelu", ())
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert rel_l2(sess.run({"x": x})["y"], ref) < 1e-4
+
+
 # -- reduced index maps (affine axes held at length 1) cut the regions the full maps cut ------------
 
 REORDERS = [

@@ -105,6 +105,25 @@ def test_dynamic_programme_is_exact_on_chains():
         assert dp == pytest.approx(best)
 
 
+class _AnyBackend:
+    def unsupported_reason(self, op) -> None:
+        return None
+
+
+@pytest.mark.parametrize("middle, split", [(0.9, False), (0.1, True)])
+def test_a_split_must_be_estimated_clearly_faster_than_one_backend(monkeypatch, middle, split):
+    """The middle op of a chain is cheaper on ``b``; moving it there (free copies) saves 3% of the
+    estimate in one case (within the model's error: one backend is kept) and 30% in the other."""
+    from gpumnn.scheduler import placement as P
+    table = [{"a": 1.0, "b": 1.2}, {"a": 1.0, "b": middle}, {"a": 1.0, "b": 1.2}]
+    monkeypatch.setattr(P, "cost_table", lambda program, allowed, model: table)
+    model = _TableModel(copy=0.0)
+    model.record, model.host_devices, model.sources = True, frozenset(), dict
+    placed = P.place(_chain(3), dict.fromkeys(["cpu", "a", "b"], _AnyBackend()), ["a", "b"], model)
+    assert placed.op_backends == (["a", "b", "a"] if split else ["a", "a", "a"])
+    assert placed.fallback_reasons == [None] * 3
+
+
 # -- sessions -------------------------------------------------------------------------------------
 
 def test_auto_agrees_with_onnxruntime_and_uses_only_available_backends():
@@ -175,7 +194,8 @@ def test_a_split_chosen_by_the_cost_model_agrees_with_onnxruntime(backend, monke
     def fake(be, measure=False):
         gemm, memory = (1e15, 1e-3) if be.name == backend else (1e6, 1e6)
         return dataclasses.replace(C.paper_constants(be), source=C.MEASURED,
-                                   kernels={k: [0.0, gemm] for k in C.KERNELS}, elementwise_gbs=memory,
+                                   kernels={k: [0.0, gemm] for k in C.KERNELS},
+                                   memory_gbs={s: memory for s in C.STREAMS},
                                    upload_gbs=1e6, download_gbs=1e6)
 
     monkeypatch.setattr(gpumnn.session, "calibration_for", fake)
@@ -223,6 +243,41 @@ def test_calibration_cache_roundtrip(tmp_path, monkeypatch):
     path.write_bytes(path.read_bytes()[:-3])  # damaged: a miss, never a wrong number
     C.forget()
     assert C.stored(backend) is None
+
+
+def test_calibration_measures_every_family_and_the_winograd_kernel_where_a_backend_has_one(tmp_path, monkeypatch):
+    """Memory-bound ops of each family (``STREAMS``) and every multiplying kernel get numbers of
+    their own; the CPU's Winograd kernel is measured, a backend without one is not."""
+    monkeypatch.setenv("GPUMNN_CACHE_DIR", str(tmp_path))
+    cpu = C.calibrate(create_backend("cpu"), quick=True)
+    assert set(cpu.memory_gbs) == set(C.STREAMS) and all(v > 0 for v in cpu.memory_gbs.values())
+    assert set(cpu.kernels) == set(C.KERNELS) and all(fixed >= 0 and rate > 0 for fixed, rate in cpu.kernels.values())
+    require_backend("opencl")
+    assert "winograd" not in C.calibrate(create_backend("opencl"), quick=True).kernels
+
+
+def test_cost_follows_the_scheme_multiplications_and_the_family_bandwidth():
+    """A Winograd convolution is priced by the multiplications of its tile (Eq. 2), an erf at the
+    transcendental bandwidth, a pooling at the pooling bandwidth."""
+    from gpumnn.scheduler import schemes
+    from gpumnn.scheduler.cost import CostModel, stream_of
+    cal = dataclasses.replace(C.paper_constants(create_backend("cpu")), source=C.MEASURED, dispatch_ms=0.0,
+                              kernels={k: [0.0, 1e9] for k in C.KERNELS},
+                              memory_gbs={"elementwise": 10.0, "transcendental": 1.0, "rows": 2.0, "pool": 4.0})
+    model = CostModel({"cpu": cal})
+    conv = A.Conv2D(inputs=("x", "w"), outputs=("y",), source="c", in_channels=64, in_hw=(56, 56), out_channels=64,
+                    out_hw=(56, 56), kernel=(3, 3), pads=(1, 1))
+    sliding = model.op_ms(dataclasses.replace(conv, scheme="im2col"), "cpu", 0)
+    wino = dataclasses.replace(conv, scheme="winograd", winograd_tile=4)
+    assert sliding == pytest.approx(conv.macs() / 1e6)
+    assert model.op_ms(wino, "cpu", 0) == pytest.approx(schemes.conv_cost(conv, 4) / 1e6)
+    assert model.op_ms(wino, "cpu", 0) < sliding / 2
+    erf = A.Unary(inputs=("x",), outputs=("y",), source="e", op="erf", count=1 << 20)
+    relu = dataclasses.replace(erf, op="relu")
+    pool = A.Pool2D(inputs=("x",), outputs=("y",), source="p", kernel=(3, 3))
+    assert [stream_of(op) for op in (erf, relu, pool)] == ["transcendental", "elementwise", "pool"]
+    assert model.op_ms(erf, "cpu", 8 << 20) == pytest.approx(10 * model.op_ms(relu, "cpu", 8 << 20))
+    assert model.op_ms(pool, "cpu", 8 << 20) == pytest.approx(2.5 * model.op_ms(relu, "cpu", 8 << 20))
 
 
 def test_calibrate_and_info_cli(tmp_path, monkeypatch, capsys):

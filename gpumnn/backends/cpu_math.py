@@ -18,13 +18,33 @@ UnaryFn = Callable[[np.ndarray, np.ndarray], None]
 BinaryFn = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 
 
-def erf(x: np.ndarray) -> np.ndarray:
-    """Vectorised erf (NumPy has none; SciPy is not a dependency)."""
-    ax = np.abs(x)
-    t = 1.0 / (1.0 + ERF_P * ax)
+def erf_into(x: np.ndarray, out: np.ndarray) -> None:
+    """erf of ``x`` into ``out`` (which may be ``x``): NumPy has none and SciPy is not a
+    dependency. Two scratch arrays, every step in place."""
+    t = np.abs(x)
+    e = np.square(t)
+    np.negative(e, out=e)
+    np.exp(e, out=e)  # exp(-x^2)
+    t *= ERF_P
+    t += 1.0
+    np.reciprocal(t, out=t)
     a1, a2, a3, a4, a5 = ERF_A
-    poly = ((((a5 * t + a4) * t + a3) * t + a2) * t + a1) * t
-    return np.copysign(1.0 - poly * np.exp(-ax * ax), x).astype(x.dtype, copy=False)
+    poly = t * a5
+    for a in (a4, a3, a2, a1):
+        poly += a
+        poly *= t
+    poly *= e
+    np.subtract(1.0, poly, out=poly)
+    np.copysign(poly, x, out=out)
+
+
+def gelu_into(x: np.ndarray, out: np.ndarray) -> None:
+    """0.5 x (1 + erf(x / sqrt 2)) into ``out`` (which may be ``x``)."""
+    y = x * np.float32(0.7071067811865476)
+    erf_into(y, y)
+    y += 1.0
+    y *= 0.5
+    np.multiply(x, y, out=out)
 
 
 def _store(expr: Callable[[np.ndarray], np.ndarray]) -> UnaryFn:
@@ -54,6 +74,10 @@ def unary_function(name: str, params: tuple[float, ...], dtype: np.dtype) -> Una
         return lambda x, out: np.exp(x, out=out)
     if name == "tanh":
         return lambda x, out: np.tanh(x, out=out)
+    if name == "erf":
+        return erf_into
+    if name == "gelu":
+        return gelu_into
     if name == "sigmoid":
         def sigmoid(x: np.ndarray, out: np.ndarray) -> None:
             np.negative(x, out=out)
@@ -63,8 +87,6 @@ def unary_function(name: str, params: tuple[float, ...], dtype: np.dtype) -> Una
         return sigmoid
     table: dict[str, Callable[[np.ndarray], np.ndarray]] = {
         "leaky_relu": lambda x: np.where(x < 0, x * p[0], x) if p else x,
-        "erf": erf,
-        "gelu": lambda x: 0.5 * x * (1.0 + erf(x * np.float32(0.7071067811865476))),
         "hard_sigmoid": lambda x: np.clip(x * p[0] + p[1], 0.0, 1.0),
         "hard_swish": lambda x: x * np.clip(x / 6.0 + 0.5, 0.0, 1.0),
         "log": np.log,

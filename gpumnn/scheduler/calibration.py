@@ -7,10 +7,18 @@ are far from the devices here (a software Vulkan on two x86 cores is not a Mali)
 backend is measured through its own kernels and verbs:
 
 * ``kernels``: for each kernel that multiplies (``gemm``: the MatMul kernel; ``conv3x3``,
-  ``conv1x1``, ``depthwise``: the convolution kernels those schemes name), a fixed cost and a
-  rate, ``[ms, MAC/s]``, fitted through two sizes of it: a depthwise or a small 1x1 convolution
-  runs far below a large GEMM's rate, and a CPU BLAS call pays for waking its threads;
-* ``elementwise_gbs``: bytes per second a large Binary add moves inside the device (memory-bound ops);
+  ``conv1x1``, ``depthwise``: the convolution kernels those schemes name; ``winograd`` where the
+  backend has a Winograd kernel of its own), a fixed cost and a rate, ``[ms, MAC/s]``, fitted
+  through two sizes of it: a depthwise or a small 1x1 convolution runs far below a large GEMM's
+  rate, and a CPU BLAS call pays for waking its threads. Convolutions are measured with a bias
+  and a ReLU, as networks run them (on a device that applies them in passes of their own, those
+  passes are part of the cost), and Winograd's rate counts the multiplications of its scheme
+  (:func:`.schemes.scheme_macs`), so that one rate serves every tile size;
+* ``memory_gbs``: bytes per second the memory-bound ops move inside the device, per family
+  (``STREAMS``): a Binary add (``elementwise``, also Raster, Cast, cheap Unary ops), a Unary erf
+  (``transcendental``: where a function costs many instructions per element, as erf and its kin
+  do in NumPy), a Softmax over rows (``rows``: Softmax, Normalize, Reduce) and a 3x3 max pooling
+  (``pool``): on a CPU these differ by up to 20x at the same bytes;
 * ``dispatch_ms``: what one more op costs inside a recording (N tiny adds recorded, minus one);
 * ``submit_ms``: submitting one recorded tiny op and waiting for it (a segment's fixed cost);
 * ``eager_ms``: one tiny op run eagerly (prepared work submitted and waited for per op);
@@ -31,19 +39,23 @@ import hashlib
 import json
 import threading
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
 
 from .. import atomic as A
 from .. import diskcache
 from ..backends.base import Backend
+from . import schemes
 
 #: bump when what is measured or how changes: older entries are then measured again
-VERSION = 3
+VERSION = 4
 
 #: the kernels that multiply, each with a fixed cost and a rate (see ``Calibration.kernels``)
-KERNELS = ("gemm", "conv3x3", "conv1x1", "depthwise")
+KERNELS = ("gemm", "conv3x3", "conv1x1", "depthwise", "winograd")
+
+#: the families of memory-bound ops, each with its own bandwidth (see ``Calibration.memory_gbs``)
+STREAMS = ("elementwise", "transcendental", "rows", "pool")
 
 #: sources of a calibration, as reports show them
 MEASURED, QUICK, PAPER = "calibrated", "quick calibration", "not calibrated: paper constants"
@@ -58,7 +70,7 @@ class Calibration:
     driver: str
     source: str
     kernels: dict[str, list[float]]  # kernel -> [fixed ms, MAC/s]
-    elementwise_gbs: float
+    memory_gbs: dict[str, float]  # stream family -> GB/s
     dispatch_ms: float
     submit_ms: float
     eager_ms: float
@@ -74,6 +86,11 @@ class Calibration:
         return self.kernels["gemm"][1]
 
     @property
+    def elementwise_gbs(self) -> float:
+        """The bandwidth of plain elementwise ops (a Binary add)."""
+        return self.memory_gbs["elementwise"]
+
+    @property
     def calibrated(self) -> bool:
         return self.source != PAPER
 
@@ -85,8 +102,8 @@ class Calibration:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.measured_at))
         kernels = ", ".join(f"{k} {rate / 1e9:.2f} GMAC/s + {fixed * 1000:.0f} us"
                             for k, (fixed, rate) in self.kernels.items())
-        return (f"{self.source} {when}: {kernels}; elementwise "
-                f"{self.elementwise_gbs:.2f} GB/s, dispatch {self.dispatch_ms * 1000:.0f} us (recorded) / "
+        streams = ", ".join(f"{k} {gbs:.2f}" for k, gbs in self.memory_gbs.items())
+        return (f"{self.source} {when}: {kernels}; memory-bound ({streams}) GB/s, dispatch {self.dispatch_ms * 1000:.0f} us (recorded) / "
                 f"{self.eager_ms * 1000:.0f} us (eager), submit {self.submit_ms * 1000:.0f} us, "
                 f"copies up {self.upload_gbs:.2f} / down {self.download_gbs:.2f} GB/s "
                 f"+ {self.transfer_ms * 1000:.0f} us")
@@ -100,7 +117,7 @@ def paper_constants(backend: Backend) -> Calibration:
     t_schedule = info.t_schedule_ms if info.is_gpu else 0.0
     return Calibration(backend.name, info.device, backend.driver, PAPER,
                        kernels={k: [t_schedule, info.flops] for k in KERNELS},
-                       elementwise_gbs=float("inf"), dispatch_ms=t_schedule, submit_ms=0.0, eager_ms=t_schedule,
+                       memory_gbs={s: float("inf") for s in STREAMS}, dispatch_ms=t_schedule, submit_ms=0.0, eager_ms=t_schedule,
                        upload_gbs=info.bandwidth_gbs, download_gbs=info.bandwidth_gbs, transfer_ms=0.0)
 
 
@@ -215,13 +232,19 @@ def _add(n: int, a: str, b: str, out: str) -> A.Binary:
                     a_strides=(0, 0, 0, 1), b_strides=(0, 0, 0, 1))
 
 
-def _conv(channels: int, hw: int, kernel: int, groups: int, scheme: str) -> A.Conv2D:
+def _conv(channels: int, hw: int, kernel: int, groups: int, scheme: str, tile: int = 0) -> A.Conv2D:
+    """A same-size convolution with a bias and a ReLU (as networks run them)."""
     pad = kernel // 2
     tag = f"{scheme}{channels}x{hw}"
-    return A.Conv2D(inputs=(f"i_{tag}", f"w_{tag}"), outputs=(f"o_{tag}",), source="calibration",
-                    in_channels=channels,
-                    in_hw=(hw, hw), out_channels=channels, out_hw=(hw, hw), kernel=(kernel, kernel), pads=(pad, pad),
-                    groups=groups, scheme=scheme)
+    return A.Conv2D(inputs=(f"i_{tag}", f"w_{tag}", f"b_{tag}"), outputs=(f"o_{tag}",), source="calibration",
+                    in_channels=channels, in_hw=(hw, hw), out_channels=channels, out_hw=(hw, hw),
+                    kernel=(kernel, kernel), pads=(pad, pad), groups=groups, has_bias=True,
+                    activation=("relu", ()), scheme=scheme, winograd_tile=tile)
+
+
+def _winograd(channels: int, hw: int) -> A.Conv2D:
+    op = _conv(channels, hw, 3, 1, "winograd")
+    return replace(op, winograd_tile=min(schemes.winograd_tiles(3), key=lambda n: schemes.conv_cost(op, n)))
 
 
 def _rate(amount: float, seconds: float) -> float:
@@ -248,17 +271,31 @@ def _affine(small: tuple[int, float], large: tuple[int, float]) -> list[float]:
     return plain if fixed > t1 / 2 else [fixed * 1e3, rate]
 
 
-def _kernel_ops(sizes: _Sizes) -> dict[str, tuple[A.AtomicOp, A.AtomicOp]]:
-    """Per kernel, a small and a large op of it."""
+def _kernel_ops(sizes: _Sizes, backend: Backend) -> dict[str, tuple[A.AtomicOp, A.AtomicOp]]:
+    """Per kernel the backend has, a small and a large op of it."""
     n, c, hw = sizes.gemm, sizes.channels, sizes.hw
 
     def gemm(side: int) -> A.MatMul:
         return A.MatMul(inputs=(f"a{side}", f"b{side}"), outputs=(f"c{side}",), source="calibration",
                         m=side, n=side, k=side)
-    return {"gemm": (gemm(n // 8), gemm(n)),
-            "conv3x3": (_conv(c // 2, hw // 2, 3, 1, "im2col"), _conv(c, hw, 3, 1, "im2col")),
-            "conv1x1": (_conv(c // 2, hw // 2, 1, 1, "gemm1x1"), _conv(2 * c, hw, 1, 1, "gemm1x1")),
-            "depthwise": (_conv(c // 2, hw // 2, 3, c // 2, "depthwise"), _conv(2 * c, hw, 3, 2 * c, "depthwise"))}
+    ops = {"gemm": (gemm(n // 8), gemm(n)),
+           "conv3x3": (_conv(c // 2, hw // 2, 3, 1, "im2col"), _conv(c, hw, 3, 1, "im2col")),
+           "conv1x1": (_conv(c // 2, hw // 2, 1, 1, "gemm1x1"), _conv(2 * c, hw, 1, 1, "gemm1x1")),
+           "depthwise": (_conv(c // 2, hw // 2, 3, c // 2, "depthwise"), _conv(2 * c, hw, 3, 2 * c, "depthwise"))}
+    if schemes.builds_kernel(backend, A.Conv2D, "winograd"):
+        ops["winograd"] = (_winograd(c, hw // 2), _winograd(c, hw))
+    return ops
+
+
+def _stream_ops(sizes: _Sizes) -> dict[str, A.AtomicOp]:
+    """Per memory-bound family (``STREAMS``), one large op of it over ``sizes.elements``."""
+    e, c = sizes.elements, sizes.channels
+    side = int(round((e // c) ** 0.5))
+    return {"elementwise": _add(e, "x", "y", "z"),
+            "transcendental": A.Unary(inputs=("x",), outputs=("z",), source="calibration", op="erf", count=e),
+            "rows": A.Softmax(inputs=("x",), outputs=("z",), source="calibration", outer=e // 256, size=256),
+            "pool": A.Pool2D(inputs=("px",), outputs=("pz",), source="calibration", channels=c, in_hw=(side, side),
+                             out_hw=((side - 1) // 2 + 1,) * 2, kernel=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1))}
 
 
 def calibrate(backend: Backend, quick: bool = False) -> Calibration:
@@ -266,7 +303,8 @@ def calibrate(backend: Backend, quick: bool = False) -> Calibration:
     sizes = QUICK_SIZES if quick else FULL
     started = time.perf_counter()
     e = sizes.elements
-    kernel_ops = _kernel_ops(sizes)
+    kernel_ops = _kernel_ops(sizes, backend)
+    stream_ops = {k: op for k, op in _stream_ops(sizes).items() if backend.unsupported_reason(op) is None}
     shapes = {"x": (e,), "y": (e,), "z": (e,), "t0": (TINY,), "t1": (TINY,), "t2": (TINY,)}
     weights = {}
     for op in (op for pair in kernel_ops.values() for op in pair):
@@ -276,13 +314,26 @@ def calibrate(backend: Backend, quick: bool = False) -> Calibration:
             shapes.update({op.inputs[0]: (1, op.in_channels, *op.in_hw),
                            op.outputs[0]: (1, op.out_channels, *op.out_hw)})
             weights[op.inputs[1]] = (op.out_channels, op.in_channels // op.groups, *op.kernel)
+            weights[op.inputs[2]] = (op.out_channels,)
+    pool = _stream_ops(sizes)["pool"]
+    shapes.update({"px": (1, pool.channels, *pool.in_hw), "pz": (1, pool.channels, *pool.out_hw)})
 
     def measure(work, repeats):  # medians, as runs are timed: a shared machine's load is in both
         return backend.measure(work, repeats)
 
-    def timed(op: A.AtomicOp, repeats: int) -> float:
-        recording = backend.record([bench.execution(op)])
-        return measure(lambda: backend.submit(recording), repeats)
+    def timed_together(ops: dict[str, A.AtomicOp], rounds: int) -> dict[str, float]:
+        """Median seconds per recorded op, timed in rounds that take each op in turn: load that
+        comes and goes on a shared machine then falls on all of them alike, not on one fit."""
+        recordings = {k: backend.record([bench.execution(op)]) for k, op in ops.items()}
+        samples: dict[str, list[float]] = {k: [] for k in ops}
+        for k, rec in recordings.items():  # warm-up
+            backend.submit(rec)
+        for _ in range(rounds):
+            for k, rec in recordings.items():
+                start = time.perf_counter()
+                backend.submit(rec)
+                samples[k].append(time.perf_counter() - start)
+        return {k: float(np.median(v)) for k, v in samples.items()}
 
     with backend.activate():
         bench = _Bench(backend, shapes, weights)
@@ -292,8 +343,12 @@ def calibrate(backend: Backend, quick: bool = False) -> Calibration:
             t_one = measure(lambda: backend.submit(rec_one), sizes.repeats * 2)
             t_chain = measure(lambda: backend.submit(rec_chain), sizes.repeats * 2)
             t_eager = measure(lambda: backend.run_eager(tiny[:1]), sizes.repeats * 2)
-            t_kernels = {k: [(op.macs(), timed(op, sizes.repeats)) for op in pair] for k, pair in kernel_ops.items()}
-            t_add = timed(_add(e, "x", "y", "z"), sizes.repeats)
+            timed = timed_together({**{f"{k}{i}": op for k, pair in kernel_ops.items() for i, op in enumerate(pair)},
+                                    **stream_ops}, 2 * sizes.repeats)
+            t_kernels = {k: [(schemes.scheme_macs(op), timed[f"{k}{i}"]) for i, op in enumerate(pair)]
+                         for k, pair in kernel_ops.items()}
+            t_streams = {k: (4 * sum(int(np.prod(shapes[n])) for n in (*op.inputs, *op.outputs)), timed[k])
+                         for k, op in stream_ops.items()}
             host_big, host_tiny = np.ones(e, np.float32), np.ones(TINY, np.float32)
             big, small = bench.handles["x"], bench.handles["t0"]
             t_up = measure(lambda: backend.write(big, host_big), sizes.repeats)
@@ -304,11 +359,12 @@ def calibrate(backend: Backend, quick: bool = False) -> Calibration:
             bench.close()
     dispatch = max(0.0, (t_chain - t_one) / (sizes.chain - 1))
     submit = t_one - dispatch  # each measured op's own time excludes its segment's submission
+    memory = {k: _rate(nbytes, _own(t, submit)) / 1e9 for k, (nbytes, t) in t_streams.items()}
     info = backend.info
     result = Calibration(
         backend.name, info.device, backend.driver, QUICK if quick else MEASURED,
         kernels={k: _affine(*[(macs, _own(t, submit)) for macs, t in pair]) for k, pair in t_kernels.items()},
-        elementwise_gbs=_rate(12 * e, _own(t_add, submit)) / 1e9,
+        memory_gbs={k: memory.get(k, memory["elementwise"]) for k in STREAMS},
         dispatch_ms=dispatch * 1e3, submit_ms=max(0.0, submit) * 1e3, eager_ms=t_eager * 1e3,
         upload_gbs=_rate(4 * e, _own(t_up, t_up0)) / 1e9, download_gbs=_rate(4 * e, _own(t_down, t_down0)) / 1e9,
         transfer_ms=(t_up0 + t_down0) / 2 * 1e3, measured_at=time.time(), seconds=time.perf_counter() - started)
@@ -316,5 +372,5 @@ def calibrate(backend: Backend, quick: bool = False) -> Calibration:
     return result
 
 
-__all__ = ["KERNELS", "Calibration", "MEASURED", "PAPER", "QUICK", "cache_path", "calibrate", "calibration_for",
+__all__ = ["KERNELS", "STREAMS", "Calibration", "MEASURED", "PAPER", "QUICK", "cache_path", "calibrate", "calibration_for",
            "forget", "paper_constants", "store", "stored"]

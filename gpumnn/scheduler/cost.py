@@ -3,9 +3,10 @@
 The paper's Eq. 5 is ``MUL / FLOPS * 1000 + t_schedule`` (the last term on a GPU only). Costing
 every op by its multiplications alone calls a Relu, a Raster or a pooling free, although on every
 device here they are bound by memory, not arithmetic. So an op costs a roofline, the larger of
-its multiplications at its scheme's kernel (GEMM, 3x3, 1x1 or depthwise convolution: a fixed cost
-plus MACs at a rate, fitted through two sizes) and the bytes it reads and writes at the device's
-elementwise bandwidth plus one dispatch inside a recording (or, for an eager session, one op
+its multiplications at its scheme's kernel (GEMM, 3x3, 1x1, depthwise or Winograd convolution: a
+fixed cost plus the scheme's multiplications at a rate, fitted through two sizes) and the bytes it
+reads and writes at the device's bandwidth for its family of memory-bound ops (elementwise,
+transcendental, rows, pooling: :func:`stream_of`) plus one dispatch inside a recording (or, for an eager session, one op
 submitted and waited for), all measured by :mod:`.calibration`. A run of consecutive
 ops on one backend (a *segment*, one recording) adds one submission and wait; a tensor that
 crosses backends adds a device -> host read on its source and a host -> device write on its
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from .. import atomic as A
+from . import schemes
 from .calibration import Calibration
 
 #: where graph inputs come from and outputs go: the caller's NumPy arrays
@@ -44,10 +46,27 @@ def kernel_of(op: A.AtomicOp) -> str | None:
     """The calibrated kernel (``Calibration.kernels``) whose cost ``op``'s multiplications follow:
     its scheme's; None for an op that does not multiply."""
     if isinstance(op, A.Conv2D):
-        return {"gemm1x1": "conv1x1", "depthwise": "depthwise"}.get(op.scheme, "conv3x3")
+        return {"gemm1x1": "conv1x1", "depthwise": "depthwise", "winograd": "winograd"}.get(op.scheme, "conv3x3")
     if isinstance(op, A.ConvTranspose2D):
         return "conv3x3"
     return "gemm" if op.macs() else None
+
+
+#: Unary functions that cost many instructions per element (a polynomial, a log or an exp): the
+#: ``transcendental`` family of ``Calibration.memory_gbs``
+TRANSCENDENTAL = frozenset({"erf", "gelu", "softplus", "mish", "elu", "selu", "celu", "exp", "log", "tanh",
+                            "sigmoid", "affine_pow"})
+
+
+def stream_of(op: A.AtomicOp) -> str:
+    """The memory-bound family (``calibration.STREAMS``) whose bandwidth ``op``'s bytes move at."""
+    if isinstance(op, A.Unary) and op.op in TRANSCENDENTAL:
+        return "transcendental"
+    if isinstance(op, (A.Softmax, A.Normalize, A.Reduce)):
+        return "rows"
+    if isinstance(op, A.Pool2D):
+        return "pool"
+    return "elementwise"
 
 
 def _per_second(amount: float, rate: float) -> float:
@@ -70,11 +89,11 @@ class CostModel:
         """One op on ``backend``: roofline of MACs and ``nbytes`` of traffic, plus the dispatch."""
         cal = self.calibrations[backend]
         fixed = cal.dispatch_ms if self.record else cal.eager_ms
-        cost = fixed + _per_second(nbytes, cal.elementwise_gbs * 1e9) * 1e3
+        cost = fixed + _per_second(nbytes, cal.memory_gbs[stream_of(op)] * 1e9) * 1e3
         kernel = kernel_of(op)
         if kernel is not None:
-            kernel_fixed, rate = cal.kernels[kernel]
-            multiply = kernel_fixed + _per_second(op.macs(), rate) * 1e3
+            kernel_fixed, rate = cal.kernels.get(kernel) or cal.kernels["conv3x3"]
+            multiply = kernel_fixed + _per_second(schemes.scheme_macs(op), rate) * 1e3
             cost = max(cost, multiply if self.record else multiply - cal.dispatch_ms + fixed)
         return cost
 
@@ -109,4 +128,4 @@ def cost_table(program: A.AtomicProgram, allowed: list[list[str]], model: CostMo
     return table
 
 
-__all__ = ["HOST", "CostModel", "cost_table", "op_bytes", "tensor_bytes"]
+__all__ = ["HOST", "CostModel", "cost_table", "op_bytes", "stream_of", "tensor_bytes"]

@@ -118,6 +118,15 @@ def conv_cost(op: A.Conv2D, n: int) -> int:
     return tiles * (2 * ic * a ** 3 + ic * oc * a ** 2 + oc * n * a * (a + n))
 
 
+def scheme_macs(op: A.AtomicOp) -> int:
+    """The multiplications ``op`` does with the scheme chosen for it: Eq. 2's C(n) for a
+    Winograd convolution built by a backend's own kernel (its transforms included), the plain
+    count otherwise. The cost model (:mod:`.cost`) and calibration price kernels by this."""
+    if isinstance(op, A.Conv2D) and op.scheme == "winograd" and op.winograd_tile > 1:
+        return conv_cost(op, op.winograd_tile)
+    return op.macs()
+
+
 def winograd_tiles(k: int) -> list[int]:
     """The tile sizes n > 1 allowed for kernel size k."""
     return [n for n in range(2, MAX_TILE + 1) if winograd_allowed(n, k)]
