@@ -111,22 +111,37 @@ def parse_shapes(specs: list[list[str]] | None, input_names: list[str]) -> dict[
     return shapes
 
 
+def load_inputs(specs: list[str] | None, input_names: list[str]) -> dict[str, np.ndarray]:
+    """``--input`` values as {input: array}: ``NAME=FILE.npy`` (one per input), ``FILE.npz``
+    (its arrays by input name) or a lone ``FILE.npy`` for the first input."""
+    arrays: dict[str, np.ndarray] = {}
+    for spec in specs or []:
+        name, sep, path = spec.rpartition("=")
+        if not sep and path.endswith(".npz"):
+            with np.load(path) as archive:
+                arrays.update({key: archive[key] for key in archive.files})
+            continue
+        arrays[name if sep else input_names[0]] = np.load(path)
+    unknown = sorted(set(arrays) - set(input_names))
+    if unknown:
+        raise GpumnnError(f"--input names {unknown}, which the model does not take; its inputs are {input_names}")
+    return arrays
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .input_shapes import resolve_input_shapes
     net, _ = _load_model(args.model)
     names = [v.name for v in net.inputs]
     given = parse_shapes(args.shape, names) or {}
-    first = net.inputs[0]
-    x = np.load(args.input) if args.input else None
-    if x is not None and first.name not in given:
-        given[first.name] = x.shape  # the array says what symbolic dims are
+    arrays = load_inputs(args.input, names)
+    for name, array in arrays.items():
+        given.setdefault(name, array.shape)  # the array says what symbolic dims are
     shapes = resolve_input_shapes(net.graph, given)  # InputError naming the input and --shape where one is unknown
     sess = net.session(backend=args.backend, input_shapes=shapes, record=not args.eager, threads=args.threads,
                        fallback=not args.no_fallback)
     rng = np.random.default_rng(0)
-    feeds = {v.name: random_input(v.dtype, shapes[v.name], rng) for v in net.inputs}
-    if x is not None:
-        feeds[first.name] = x
+    feeds = {v.name: arrays[v.name] if v.name in arrays else random_input(v.dtype, shapes[v.name], rng)
+             for v in net.inputs}
     start = time.perf_counter()
     outputs = sess.run(feeds)
     elapsed = (time.perf_counter() - start) * 1000
@@ -186,7 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one model once")
     run.add_argument("model", help="an .onnx file or a zoo model name")
     run.add_argument("--backend", default="cpu", choices=[*REGISTRY, "auto"])
-    run.add_argument("--input", help=".npy file for the (first) input; default: random normal data")
+    run.add_argument("--input", nargs="+", metavar="[NAME=]FILE",
+                     help="inputs: NAME=FILE.npy per input, a FILE.npz of arrays named by input, or FILE.npy "
+                          "for the first input; the others get random data")
     run.add_argument("--shape", nargs="+", action="append", metavar="NAME=D0,D1,...",
                      help="an input's shape, for models with symbolic dimensions (repeat for each input; "
                           "the dims alone, e.g. --shape 1 3 224 224, give the first input's)")

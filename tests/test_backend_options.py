@@ -67,3 +67,20 @@ def test_kernels_environment_variable_is_the_default(backend, monkeypatch):
         assert getattr(be, "kernels", "tiled") == "tiled"
     finally:
         be.close()
+
+
+def test_device_option_means_the_same_on_every_api():
+    """``device=``: None the best-ranked, an index (int or digits), a kind word, a name part."""
+    from gpumnn.backends.device_choice import choose_device
+    names = ["llvmpipe (LLVM 15)", "NVIDIA H100 80GB HBM3", "NVIDIA RTX 4090"]
+    assert choose_device(None, names, "Test") == 0
+    assert choose_device(None, names, "Test", ranks=[3, 0, 0]) == 1
+    assert choose_device(2, names, "Test") == choose_device("2", names, "Test") == 2
+    assert choose_device("rtx", names, "Test") == 2
+    assert choose_device("gpu", names, "Test", kinds={"gpu": [1, 2], "cpu": [0]}) == 1
+    with pytest.raises(RuntimeError, match=r"Test device index 5 out of range; devices: 0: llvmpipe"):
+        choose_device(5, names, "Test")
+    with pytest.raises(KeyError, match="no Test device matches 'a100'"):
+        choose_device("a100", names, "Test", error=KeyError)
+    with pytest.raises(RuntimeError, match="no Test device of kind 'accelerator'"):
+        choose_device("accelerator", names, "Test", kinds={"accelerator": []})

@@ -49,6 +49,25 @@ def test_run_reads_input_and_writes_outputs(tmp_path, capsys):
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-3
 
 
+def test_run_takes_every_input_by_name_or_from_an_npz(tmp_path, capsys):
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Sub", ["a", "b"], ["y"], name="sub")], "two",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, ("n", 3)) for n in "ab"],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ("n", 3))])
+    model = tmp_path / "two.onnx"
+    model.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString())
+    a, b = np.arange(6, dtype=np.float32).reshape(2, 3), np.ones((2, 3), np.float32)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    np.savez(tmp_path / "ab.npz", a=a, b=b)
+    for given in ([f"a={tmp_path / 'a.npy'}", f"b={tmp_path / 'b.npy'}"], [str(tmp_path / "ab.npz")]):
+        out = tmp_path / "y.npz"
+        assert main(["run", str(model), "--input", *given, "--output", str(out)]) == 0
+        np.testing.assert_array_equal(np.load(out)["y"], a - b)
+    assert main(["run", str(model), "--input", f"c={tmp_path / 'a.npy'}"]) == 1
+    assert "does not take; its inputs are ['a', 'b']" in capsys.readouterr().err
+
+
 def test_run_reports_model_errors_without_a_traceback(tmp_path, capsys):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not a model")

@@ -96,11 +96,9 @@ def kernel_family(requested: str, cpu_device: bool) -> str:
 #: ``recordings_made`` -- by ``record``; ``submits`` -- device work handed over and waited for: one
 #: per ``submit``, one per execution in ``run_eager`` (the eager baseline waits after every op);
 #: ``async_submits`` -- of those submits, the ones handed over by ``submit_async`` (waited for
-#: later, by ``wait``; a backend without its own ``_submit_async`` still waits inside it);
-#: ``read_temporaries`` -- host arrays a ``read_into`` allocated on the way (the default, through ``read``;
-#: every backend here overrides it and copies straight into the prepared array).
+#: later, by ``wait``; a backend without its own ``_submit_async`` still waits inside it).
 COUNTERS = ("buffers_allocated", "programs_built", "executions_created", "recordings_made", "submits",
-            "async_submits", "read_temporaries")
+            "async_submits")
 
 
 @dataclass(frozen=True)
@@ -406,15 +404,11 @@ class Backend(ABC):
         self.read_into(handle, out)
         return out
 
+    @abstractmethod
     def read_into(self, handle: TensorHandle, out: np.ndarray) -> None:
-        """Copy a tensor into ``out``, a C-contiguous host array of ``handle.size`` elements of
-        ``handle.dtype`` prepared beforehand (the session's copies between backends use it, so a
-        recorded run allocates nothing; ``host_out`` checks it). Every backend here overrides it
-        to copy straight into ``out``; this default, for one that overrides ``read`` instead, goes
-        through ``read`` and so allocates a temporary (counted in ``read_temporaries``)."""
-        flat = host_out(handle, out)
-        self._count("read_temporaries")
-        np.copyto(flat, self.read(handle).reshape(-1))
+        """Copy a tensor straight into ``out``, a C-contiguous host array of ``handle.size``
+        elements of ``handle.dtype`` prepared beforehand (the session's copies between backends
+        use it, so a recorded run allocates nothing; ``host_out`` checks it)."""
 
     def host_view(self, handle: TensorHandle) -> np.ndarray | None:
         """A host array that *is* the tensor's memory (reads and writes go straight to it), or

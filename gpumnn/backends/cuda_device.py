@@ -15,6 +15,7 @@ import cupy
 from cupy.cuda import runtime
 
 from .base import BackendInfo
+from .device_choice import choose_device
 from .limits import MemoryLimits
 from .speed import GPU_DEFAULT_FLOPS
 
@@ -87,18 +88,7 @@ def pick_device(device: str | int | None) -> int:
         raise RuntimeError(f"no CUDA device: {exc} ({describe_versions()})") from None
     if count == 0:
         raise RuntimeError(f"no CUDA device ({describe_versions()})")
-    if device is None:
-        return 0
-    if isinstance(device, int) or (isinstance(device, str) and device.isdigit()):
-        index = int(device)
-        if not 0 <= index < count:
-            raise RuntimeError(f"CUDA device index {index} out of range; devices: "
-                               + "; ".join(f"{i}: {_name(i)}" for i in range(count)))
-        return index
-    for i in range(count):
-        if str(device).lower() in _name(i).lower():
-            return i
-    raise RuntimeError(f"no CUDA device matches {device!r}; devices: " + "; ".join(_name(i) for i in range(count)))
+    return choose_device(device, [_name(i) for i in range(count)], "CUDA")
 
 
 def attribute(device_id: int, name: str) -> int:

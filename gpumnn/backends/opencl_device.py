@@ -12,6 +12,7 @@ from typing import Any
 import pyopencl as cl
 
 from .base import BackendInfo
+from .device_choice import choose_device
 from .limits import MemoryLimits, host_memory
 from .speed import CPU_DEFAULT_FLOPS, GPU_DEFAULT_FLOPS
 
@@ -34,26 +35,10 @@ def pick_device(device: str | int | None) -> tuple[Any, Any]:
                            + ", ".join(p.name for p in platforms))
     # GPUs first, then everything else, each in platform order
     devices.sort(key=lambda pd: 0 if pd[1].type & cl.device_type.GPU else 1)
-    if device is None:
-        return devices[0]
-    if isinstance(device, int) or (isinstance(device, str) and device.isdigit()):
-        idx = int(device)
-        if not 0 <= idx < len(devices):
-            raise RuntimeError(f"OpenCL device index {idx} out of range; devices: "
-                               + "; ".join(f"{i}: {d.name}" for i, (_, d) in enumerate(devices)))
-        return devices[idx]
-    wanted = str(device).lower()
-    if wanted in ("gpu", "cpu", "accelerator"):
-        kind = {"gpu": cl.device_type.GPU, "cpu": cl.device_type.CPU,
-                "accelerator": cl.device_type.ACCELERATOR}[wanted]
-        for pd in devices:
-            if pd[1].type & kind:
-                return pd
-    for pd in devices:
-        if wanted in f"{pd[0].name} {pd[1].name}".lower():
-            return pd
-    raise RuntimeError(f"no OpenCL device matches {device!r}; devices: "
-                       + "; ".join(f"{p.name} / {d.name}" for p, d in devices))
+    kinds = {word: [i for i, (_, d) in enumerate(devices) if d.type & kind]
+             for word, kind in (("gpu", cl.device_type.GPU), ("cpu", cl.device_type.CPU),
+                                ("accelerator", cl.device_type.ACCELERATOR))}
+    return devices[choose_device(device, [f"{p.name} / {d.name}" for p, d in devices], "OpenCL", kinds=kinds)]
 
 
 def is_gpu(device: Any) -> bool:

@@ -30,6 +30,8 @@ import numpy as np
 
 import vulkan as vk
 
+from .device_choice import choose_device
+
 ffi = vk.ffi
 lib = vk.lib
 
@@ -247,18 +249,8 @@ class SharedDevice:
         names = [_cstring(p.deviceName) for p in props]
         if device is None:
             device = os.environ.get("GPUMNN_VULKAN_DEVICE") or None
-        if device is None:
-            order = sorted(range(len(devices)), key=lambda i: (_DEVICE_TYPE_RANK.get(props[i].deviceType, 9), i))
-            index = order[0]
-        elif isinstance(device, int) or (isinstance(device, str) and device.isdigit()):
-            index = int(device)
-            if not 0 <= index < len(devices):
-                raise VulkanError(f"Vulkan device index {index} out of range; devices: {names}")
-        else:
-            matches = [i for i, n in enumerate(names) if str(device).lower() in n.lower()]
-            if not matches:
-                raise VulkanError(f"no Vulkan device name contains {device!r}; devices: {names}")
-            index = matches[0]
+        index = choose_device(device, names, "Vulkan", error=VulkanError,
+                              ranks=[_DEVICE_TYPE_RANK.get(p.deviceType, 9) for p in props])
         self.physical = devices[index]
         self.props = props[index]
         self.name = names[index]

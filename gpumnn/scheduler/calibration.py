@@ -272,7 +272,9 @@ def _affine(small: tuple[int, float], large: tuple[int, float]) -> list[float]:
 
 
 def _kernel_ops(sizes: _Sizes, backend: Backend) -> dict[str, tuple[A.AtomicOp, A.AtomicOp]]:
-    """Per kernel the backend has, a small and a large op of it."""
+    """Per kernel the backend has, a small and a large op of it. The large 1x1 convolution has
+    the many channels and small map of a network's deep layers, where most of its 1x1
+    multiplications are (a GPU kernel runs them slower per multiplication than a wide map)."""
     n, c, hw = sizes.gemm, sizes.channels, sizes.hw
 
     def gemm(side: int) -> A.MatMul:
@@ -280,7 +282,7 @@ def _kernel_ops(sizes: _Sizes, backend: Backend) -> dict[str, tuple[A.AtomicOp, 
                         m=side, n=side, k=side)
     ops = {"gemm": (gemm(n // 8), gemm(n)),
            "conv3x3": (_conv(c // 2, hw // 2, 3, 1, "im2col"), _conv(c, hw, 3, 1, "im2col")),
-           "conv1x1": (_conv(c // 2, hw // 2, 1, 1, "gemm1x1"), _conv(2 * c, hw, 1, 1, "gemm1x1")),
+           "conv1x1": (_conv(c // 2, hw // 2, 1, 1, "gemm1x1"), _conv(4 * c, hw // 2, 1, 1, "gemm1x1")),
            "depthwise": (_conv(c // 2, hw // 2, 3, c // 2, "depthwise"), _conv(2 * c, hw, 3, 2 * c, "depthwise"))}
     if schemes.builds_kernel(backend, A.Conv2D, "winograd"):
         ops["winograd"] = (_winograd(c, hw // 2), _winograd(c, hw))

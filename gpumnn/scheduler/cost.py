@@ -85,8 +85,10 @@ class CostModel:
     #: segment there overlaps nothing on the host (``overlap.overlapped_ms``)
     host_devices: frozenset[str] = frozenset()
 
-    def op_ms(self, op: A.AtomicOp, backend: str, nbytes: int) -> float:
-        """One op on ``backend``: roofline of MACs and ``nbytes`` of traffic, plus the dispatch."""
+    def op_ms(self, op: A.AtomicOp, backend: str, nbytes: int, out_bytes: int = 0) -> float:
+        """One op on ``backend``: roofline of MACs and ``nbytes`` of traffic, plus the dispatch,
+        plus a transcendental epilogue (a fused GELU, Sigmoid, ...) over its ``out_bytes`` of
+        output: the calibrated kernels end in a ReLU, and erf costs many times more per element."""
         cal = self.calibrations[backend]
         fixed = cal.dispatch_ms if self.record else cal.eager_ms
         cost = fixed + _per_second(nbytes, cal.memory_gbs[stream_of(op)] * 1e9) * 1e3
@@ -95,6 +97,9 @@ class CostModel:
             kernel_fixed, rate = cal.kernels.get(kernel) or cal.kernels["conv3x3"]
             multiply = kernel_fixed + _per_second(schemes.scheme_macs(op), rate) * 1e3
             cost = max(cost, multiply if self.record else multiply - cal.dispatch_ms + fixed)
+        activation = getattr(op, "activation", None)
+        if activation and activation[0] in TRANSCENDENTAL:
+            cost += _per_second(2 * out_bytes, cal.memory_gbs["transcendental"] * 1e9) * 1e3
         return cost
 
     def segment_ms(self, backend: str) -> float:
@@ -124,7 +129,8 @@ def cost_table(program: A.AtomicProgram, allowed: list[list[str]], model: CostMo
     table = []
     for op, backends in zip(program.ops, allowed):
         nbytes = op_bytes(program, op)
-        table.append({b: model.op_ms(op, b, nbytes) for b in backends})
+        out_bytes = tensor_bytes(program, op.outputs[0]) if op.outputs else 0
+        table.append({b: model.op_ms(op, b, nbytes, out_bytes) for b in backends})
     return table
 
 
