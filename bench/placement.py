@@ -3,8 +3,8 @@
 For every model: one recorded session per available backend and one with ``backend="auto"``;
 rounds alternate between the sessions (``--repeats`` rounds of ``--runs`` runs each), and the
 median wall time per run is printed beside the session's estimated total, with auto's placement.
-``--calibrate`` measures every backend fully first, so that estimates and times share the
-machine's load (otherwise the stored calibration is used, or a quick one is made).
+``--calibrate`` measures every backend fully before each model, so that estimates and times share
+the machine's load (otherwise the stored calibration is used, or a quick one is made).
 The spread is the range of the per-round medians. ``--split HUB REGEX=BACKEND`` adds a session on
 HUB with the nodes whose names match REGEX pinned to BACKEND (e.g. one branch of every fire
 module on another backend, overlapped by ``submit_async``).
@@ -38,18 +38,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--split", nargs=2, metavar=("HUB", "REGEX=BACKEND"))
-    parser.add_argument("--calibrate", action="store_true", help="calibrate every backend fully first")
+    parser.add_argument("--calibrate", action="store_true", help="calibrate every backend fully before each model")
     args = parser.parse_args()
     backends = gpumnn.available_backends()
-    if args.calibrate:
-        for name in backends:
-            backend = create_backend(name)
-            try:
-                print(f"{name}: {calibrate(backend).describe()}")
-            finally:
-                backend.close()
     print(f"{'model':<14} {'session':<8} {'measured ms':>12} {'spread':>13} {'estimated ms':>13} {'est/meas':>9}  placement")
     for name in args.models:
+        if args.calibrate:  # just before this model's sessions: a shared machine's load drifts within minutes
+            _calibrate_all(backends)
         net = gpumnn.load(zoo.build(name))
         x = np.random.default_rng(0).standard_normal(zoo.input_shape(name)).astype(np.float32)
         sessions = {b: net.session(backend=b) for b in [*backends, "auto"]}
@@ -82,6 +77,15 @@ def main() -> None:
               + (f" (auto placed every op as {same[0]} does: the same work, the difference is noise)" if same else ""))
         for sess in sessions.values():
             sess.close()
+
+
+def _calibrate_all(backends: list[str]) -> None:
+    for name in backends:
+        backend = create_backend(name)
+        try:
+            print(f"  {name}: {calibrate(backend).describe()}")
+        finally:
+            backend.close()
 
 
 if __name__ == "__main__":
