@@ -56,7 +56,8 @@ class SessionParts:
     constants: ConstantStore
     reservations: RunReservations
     build_lock: threading.RLock  # one preparation (or release) at a time across the session
-    active: Callable[[], AbstractContextManager[None]]  # every backend usable from this thread
+    #: ``active(names)``: those backends (None: every one) usable from this thread, for a bracket
+    active: Callable[..., AbstractContextManager[None]]
 
 
 class ShapeSet:
@@ -86,6 +87,10 @@ class ShapeSet:
         self.program = program
         self.output_dtypes = {info.name: self._output_dtype(info) for info in parts.graph.outputs}  # run() reads
         self.placement: Placement = place(program, parts.backends, parts.candidates, parts.cost_model, parts.pins)
+        #: the backends a run of this set touches: a run activates only these (an OpenGL context
+        #: made current per run, and its lock, cost an auto session that placed nothing there)
+        self.run_backends = frozenset(self.placement.op_backends) | set(self.placement.output_backends.values()) | {
+            b for backends in self.placement.input_backends.values() for b in backends}
         self.memory: dict[str, MemoryPlan] = {
             b: plan_memory(lifetimes, parts.backends[b].alignment)
             for b, lifetimes in self.placement.lifetimes.items() if lifetimes}
@@ -169,16 +174,23 @@ class ShapeSet:
         """Run on a borrowed run state; ``arrays`` are checked, in storage dtypes, of this set's
         shapes: NumPy arrays, or device arrays of the session's backend (``Backend.device_array``).
         ``device_outputs``: return the session backend's device arrays instead of NumPy arrays."""
-        with self._borrow() as state, self.parts.active():
+        with self._borrow() as state, self.parts.active(self._touched(arrays, device_outputs)):
             return self._run(state, arrays, device_outputs)
 
     @contextmanager
     def lent_state(self, arrays: Mapping[str, Any]) -> Iterator[RunState]:
         """A run state, borrowed with every backend active, after one run of ``arrays`` (so every
         tensor holds real data): what ``gpumnn plan`` times op by op."""
-        with self._borrow() as state, self.parts.active():
+        with self._borrow() as state, self.parts.active(self._touched(arrays, False)):
             self._run(state, arrays, False)
             yield state
+
+    def _touched(self, arrays: Mapping[str, Any], device_outputs: bool) -> frozenset[str]:
+        """The backends a run touches: ``run_backends``, and the session's device backend where
+        device arrays come in or go out (its ``to_host`` / ``to_device``)."""
+        if device_outputs or any(not isinstance(a, np.ndarray) for a in arrays.values()):
+            return self.run_backends | {self.parts.device_backend}
+        return self.run_backends
 
     def _run(self, state: RunState, arrays: Mapping[str, Any], device_outputs: bool) -> dict[str, Any]:
         backends, io = self.parts.backends, state.io

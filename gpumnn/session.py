@@ -31,7 +31,7 @@ import time
 import warnings
 import weakref
 from contextlib import ExitStack, contextmanager
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -103,7 +103,7 @@ class Session:
         self._parts = SessionParts(graph, self.backends, tuple(self.candidates), self.pins, cost_model, scheme_backend,
                                    self.device_backend, record, concurrent, ConstantStore(self.backends),
                                    RunReservations(self.backends, concurrent), build_lock,
-                                   functools.partial(_activate, list(self.backends.values())))
+                                   functools.partial(_activate, dict(self.backends)))
         parts = self._parts
         self._cache: ShapeSetCache[ShapeKey, ShapeSet] = ShapeSetCache(
             max(1, self.shape_cache), lambda key: ShapeSet(parts, dict(key)), ShapeSet.close, build_lock,
@@ -371,11 +371,14 @@ def _describe(key: ShapeKey) -> str:
 
 
 @contextmanager
-def _activate(backends: list[Backend]) -> Iterator[None]:
-    """Every backend ready for use from the calling thread (see ``Backend.activate``)."""
+def _activate(backends: Mapping[str, Backend], names: Iterable[str] | None = None) -> Iterator[None]:
+    """The backends ``names`` (None: every one) ready for use from the calling thread (see
+    ``Backend.activate``), in the session's order."""
+    wanted = set(backends) if names is None else set(names)
     with ExitStack() as stack:
-        for backend in backends:
-            stack.enter_context(backend.activate())
+        for name, backend in backends.items():
+            if name in wanted:
+                stack.enter_context(backend.activate())
         yield
 
 

@@ -205,6 +205,29 @@ def test_a_split_chosen_by_the_cost_model_agrees_with_onnxruntime(backend, monke
     _check(sess)
 
 
+def test_a_run_activates_only_the_backends_its_placement_uses(monkeypatch):
+    """A session offered the CPU and OpenGL that places every op on the CPU never makes the
+    OpenGL context current during a run (nor takes its lock)."""
+    require_backend("gl")
+
+    def fake(be, measure=False):
+        gemm, memory = (1e15, 1e6) if be.name == "cpu" else (1e3, 1e-3)
+        return dataclasses.replace(C.paper_constants(be), source=C.MEASURED,
+                                   kernels={k: [0.0, gemm] for k in C.KERNELS},
+                                   memory_gbs={s: memory for s in C.STREAMS})
+
+    monkeypatch.setattr(gpumnn.session, "calibration_for", fake)
+    net, _, _ = _model_and_reference()
+    sess = net.session(backend=["cpu", "gl"])
+    assert set(sess.placement.op_backends) == {"cpu"}
+    entered = []
+    gl = sess.backends["gl"]
+    original = gl.activate
+    monkeypatch.setattr(gl, "activate", lambda: (entered.append(1), original())[1])
+    _check(sess)
+    assert entered == []
+
+
 def test_fallback_stays_visible(backend, monkeypatch):
     """A backend without a max-pooling kernel: those ops go to the CPU, with the reason, and the
     answer stays right."""
