@@ -13,39 +13,37 @@ from typing import Callable, Mapping
 import numpy as np
 
 from .. import atomic as A
+from .cpu_math import unary_function
 
 F32 = np.float32
 Fn = Callable[[np.ndarray], np.ndarray]
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    np.multiply(x, F32(-1), out=x)
-    np.exp(x, out=x)
-    np.add(x, F32(1), out=x)
-    return np.reciprocal(x, out=x)
-
-
-def _put(x: np.ndarray, value: np.ndarray) -> np.ndarray:
-    np.copyto(x, value)
-    return x
+#: cell activations that are Unary ops too (``cpu_math``): name there, and how many of the cell's
+#: (alpha, beta) they take as parameters
+AS_UNARY: dict[str, tuple[str, int]] = {
+    "relu": ("relu", 0), "tanh": ("tanh", 0), "sigmoid": ("sigmoid", 0), "leakyrelu": ("leaky_relu", 1),
+    "thresholdedrelu": ("thresholded_relu", 1), "hardsigmoid": ("hard_sigmoid", 2), "elu": ("elu", 1),
+    "softplus": ("softplus", 0)}
 
 
 def _activation(name: str, alpha: float, beta: float) -> Fn:
     """One of ``atomic.CELL_ACTIVATIONS`` as a float32 NumPy function that overwrites its argument
-    (always a temporary) and returns it."""
+    (always a temporary) and returns it: the Unary op's own function where ONNX's RNN list and
+    the Unary ops share one, else here (affine, scaled tanh and softsign are cell-only)."""
+    if name in AS_UNARY:
+        unary, count = AS_UNARY[name]
+        fn = unary_function(unary, (alpha, beta)[:count], np.dtype(np.float32))
+
+        def in_place(x: np.ndarray) -> np.ndarray:
+            fn(x, x)
+            return x
+        return in_place
     a, b = F32(alpha), F32(beta)
     table: dict[str, Fn] = {
-        "relu": lambda x: np.maximum(x, F32(0), out=x),
-        "tanh": lambda x: np.tanh(x, out=x),
-        "sigmoid": _sigmoid,
         "affine": lambda x: np.add(np.multiply(x, a, out=x), b, out=x),
-        "leakyrelu": lambda x: _put(x, np.where(x < 0, a * x, x)),
-        "thresholdedrelu": lambda x: _put(x, np.where(x > a, x, F32(0))),
         "scaledtanh": lambda x: np.multiply(np.tanh(np.multiply(x, b, out=x), out=x), a, out=x),
-        "hardsigmoid": lambda x: np.clip(np.add(np.multiply(x, a, out=x), b, out=x), F32(0), F32(1), out=x),
-        "elu": lambda x: _put(x, np.where(x < 0, a * np.expm1(np.minimum(x, F32(0))), x)),
         "softsign": lambda x: np.divide(x, F32(1) + np.abs(x), out=x),
-        "softplus": lambda x: _put(x, np.maximum(x, F32(0)) + np.log1p(np.exp(-np.abs(x)))),
     }
     return table[name]
 
