@@ -165,7 +165,7 @@ class ShapeSet:
         for name, b in self.placement.output_backends.items():
             io[(b, name)] = self._handle(pools, b, name)
         if recorded:  # what this state's runs will stage through, set aside now: a run allocates nothing
-            for b in backends:
+            for b in self.run_backends | {self.parts.device_backend}:  # not on backends the runs never touch
                 self.parts.reservations.reserve(b, max((h.nbytes for (hb, _), h in io.items() if hb == b), default=0))
         return RunState(pools, executions, recordings, io, copies)
 
