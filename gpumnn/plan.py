@@ -1,10 +1,12 @@
 """``gpumnn plan``: a session's placement, each op's estimated cost beside its measured time.
 
 The estimate is the cost model's (:mod:`gpumnn.scheduler.cost`); the measurement is a profiling
-run: after one ordinary run (so every tensor holds real data), each op is run on its own,
-eagerly, and timed with its backend's ``measure`` verb, as is each copy between backends. An
-op run eagerly pays a submission and a wait that inside a recording it shares with its segment,
-so the per-op sum is above a recorded run; the totals show both beside the estimate.
+run: after one ordinary run (so every tensor holds real data), each op is recorded on its own and
+timed with its backend's ``measure_recording`` verb -- the device's own clock around the op's
+commands where the backend has one (OpenCL profiling, Vulkan timestamps, GL timer queries, CUDA
+events), so an op's time excludes the submission and wait a recorded run pays once per segment,
+as its estimate does -- and each copy between backends with ``measure``. The totals set the
+per-op sum and a whole recorded run beside the estimate.
 """
 from __future__ import annotations
 
@@ -63,7 +65,7 @@ def profile(sess: Session, inputs: Mapping[str, Any], runs: int = 3) -> Profile:
             pending = 0.0
             for i in step.ops:
                 exe = prepared.executions[i]
-                op_ms[i] = backend.measure(lambda exe=exe: backend.run_eager([exe]), repeats=3) * 1e3
+                op_ms[i] = backend.measure_recording(backend.record([exe]), repeats=3) * 1e3
     timings = [OpTiming(r["index"], r["op"], r["node"], r["backend"], r["scheme"], r["cost_ms"], op_ms[i],
                         r["moved_bytes"], copy_ms[i]) for i, r in enumerate(rows)]
     est = shape_set.placement.estimate
@@ -107,7 +109,7 @@ def chart(prof: Profile, path: str, title: str = "") -> None:
            alpha=0.4, hatch="//")
     ax.bar(x + 0.2, [r.measured_ms for r in prof.rows], 0.4, color=[colours[r.backend] for r in prof.rows])
     handles = [Patch(facecolor="grey", alpha=0.4, hatch="//", label="estimated"),
-               Patch(facecolor="grey", label="measured (eager, op by op)")]
+               Patch(facecolor="grey", label="measured (each op recorded alone)")]
     handles += [Patch(facecolor=colours[b], label=b) for b in backends]
     ax.set_yscale("log")
     ax.set_xlabel("atomic op")
