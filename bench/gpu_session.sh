@@ -8,6 +8,9 @@
 #           `bench/torch_peer.py M --backend all` (PyTorch eager and CUDA-graph replay beside gpumnn
 #           in one process), then the paper's three with --io device (gpumnn cuda vs PyTorch on
 #           device-resident tensors)
+#   placement  issue 10 on a real GPU: `bench/placement.py --calibrate` (each backend and auto, the
+#           estimate beside the measured time) on the zoo, then forced splits of SqueezeNet-1.1
+#           (one branch of every fire module on cuda off a cpu hub, and the reverse)
 #
 # First, on the development machine: `bash bench/gpu_prepare.sh` (wheels into .whl/, loaders into
 # .gl/; the GPU machine reaches no registry). Then one device call per phase, carrying both:
@@ -18,7 +21,7 @@
 # GPUMNN_GPU_SETUP=0 skips the unpacking and installing (for a dry run of a phase on a machine that
 # has everything, with PYTHON naming its interpreter).
 set -uo pipefail
-PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench}
+PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench|placement}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/bench/results/gpu}
@@ -111,5 +114,13 @@ case $PHASE in
     step torch-device-io "$PYTHON" bench/torch_peer.py --backend cuda --io device --repeats 5 \
       --save-json "$RES/torch_device_io.json" | tee "$RES/torch_device_io.txt"
     ;;
-  *) echo "unknown phase $PHASE (tests, apis or bench)"; exit 2 ;;
+  placement)
+    step placement "$PYTHON" bench/placement.py ${GPUMNN_BENCH_MODELS:-squeezenet1_1 mobilenet_v1 mobilenet_v2 transformer_encoder resnet18 resnet50 inception_v3} \
+      --calibrate --runs 5 --repeats 5 | tee "$RES/placement.txt"
+    step split-cpu-hub "$PYTHON" bench/placement.py squeezenet1_1 --split cpu 'expand1x1'=cuda --runs 5 --repeats 5 \
+      | tee "$RES/split_cpu_hub.txt"
+    step split-cuda-hub "$PYTHON" bench/placement.py squeezenet1_1 --split cuda 'expand3x3'=cpu --runs 5 --repeats 5 \
+      | tee "$RES/split_cuda_hub.txt"
+    ;;
+  *) echo "unknown phase $PHASE (tests, apis, bench or placement)"; exit 2 ;;
 esac
