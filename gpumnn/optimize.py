@@ -190,7 +190,7 @@ def fuse_gelu(graph: Graph) -> int:
     or Mul by 1/sqrt 2, Erf, Add 1, Mul by x, Mul by 0.5 -- the halving before or after the
     product) becomes one Gelu, which then fuses into the MatMul before it like any activation:
     four ops and their passes over memory fewer per GELU on every backend."""
-    producers = graph.producers()
+    producers, consumers = graph.producers(), graph.consumers()
     uses = _uses(graph)
     fused = 0
     for erf in list(graph.nodes):
@@ -201,7 +201,6 @@ def fuse_gelu(graph: Graph) -> int:
             continue
         x = (_operand(graph, scale, math.sqrt(2.0)) if scale.op_type == "Div" and _scalar(graph, scale.inputs[1]) is not None
              else _operand(graph, scale, 1 / math.sqrt(2.0)) if scale.op_type == "Mul" else None)
-        consumers = graph.consumers()
         add = next(iter(consumers.get(erf.outputs[0], [])), None)
         if x is None or add is None or add.op_type != "Add" or _operand(graph, add, 1.0) != erf.outputs[0]:
             continue
@@ -211,26 +210,23 @@ def fuse_gelu(graph: Graph) -> int:
         if product is None or product.op_type != "Mul" or len(product.inputs) != 2:
             continue
         other = product.inputs[1] if product.inputs[0] == add.outputs[0] else product.inputs[0]
-        removed = [scale, erf, add, product]
-        if other == x:  # (x * (1 + erf)) * 0.5
+        if other == x:  # (x * (1 + erf)) * 0.5: the halving is the last node
             if not _single_consumer(graph, uses, product.outputs[0]):
                 continue
             half = next(iter(consumers.get(product.outputs[0], [])), None)
             if half is None or half.op_type != "Mul" or _operand(graph, half, 0.5) != product.outputs[0]:
                 continue
-            removed.append(half)
-        else:  # (x * 0.5) * (1 + erf)
+            last = half
+        else:  # (x * 0.5) * (1 + erf): the product is
             half = producers.get(other)
             if half is None or half.op_type != "Mul" or _operand(graph, half, 0.5) != x or uses[other] != 1:
                 continue
-            removed.append(half)
-        last = removed[-1] if other == x else product
-        gelu = Node("Gelu", f"{erf.name}/gelu", [x], [last.outputs[0]])
-        graph.nodes[graph.nodes.index(last)] = gelu
-        for node in removed:
+            last = product
+        graph.nodes[graph.nodes.index(last)] = Node("Gelu", f"{erf.name}/gelu", [x], [last.outputs[0]])
+        for node in (scale, erf, add, product, half):
             if node is not last:
                 graph.nodes.remove(node)
-        producers = graph.producers()
+        producers, consumers = graph.producers(), graph.consumers()
         uses = _uses(graph)
         fused += 1
     return fused

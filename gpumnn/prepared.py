@@ -179,8 +179,8 @@ class ShapeSet:
 
     @contextmanager
     def lent_state(self, arrays: Mapping[str, Any]) -> Iterator[RunState]:
-        """A run state, borrowed with every backend active, after one run of ``arrays`` (so every
-        tensor holds real data): what ``gpumnn plan`` times op by op."""
+        """A run state, borrowed with the backends its runs touch active, after one run of
+        ``arrays`` (so every tensor holds real data): what ``gpumnn plan`` times op by op."""
         with self._borrow() as state, self.parts.active(self._touched(arrays, False)):
             self._run(state, arrays, False)
             yield state

@@ -293,10 +293,13 @@ class Backend(ABC):
                      and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
     # -- description -----------------------------------------------------------------------
+    #: set by each backend's ``__init__`` once it knows its device (``info`` returns it)
+    _info: BackendInfo
+
     @property
-    @abstractmethod
     def info(self) -> BackendInfo:
         """Device name and the cost-model numbers (FLOPS, t_schedule, bandwidth)."""
+        return self._info
 
     def unsupported_reason(self, op: AtomicOp) -> str | None:
         """None when this backend can run ``op``; otherwise why not (shown in the report)."""

@@ -93,10 +93,6 @@ class CpuBackend(Backend):
         self._limiter = _ThreadLimiter(1)
 
     @property
-    def info(self) -> BackendInfo:
-        return self._info
-
-    @property
     def driver(self) -> str:
         """NumPy's version and the BLAS it was built with (what runs its matrix products)."""
         return _numpy_blas()

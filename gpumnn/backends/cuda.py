@@ -57,7 +57,7 @@ from .. import atomic as A
 from ..errors import BackendOptionError, DeviceArrayError
 from ..shaders.cuda_source import NVRTC_OPTIONS, cuda_source
 from . import cl_plans
-from .base import Backend, BackendInfo, Execution, OpPlan, TensorHandle, constant_words, host_out, kernels_option
+from .base import Backend, Execution, OpPlan, TensorHandle, constant_words, host_out, kernels_option
 from .cl_plans import Scratch
 from .cuda_device import attribute, describe_versions, device_info, load_kernels, memory_limits, pick_device
 from .cuda_launch import CudaLaunch, DeviceBuffer, Lane, Lanes, Recording, bind, capture
@@ -108,10 +108,6 @@ class CudaBackend(Backend):
         self._closed = False
 
     # -- description -----------------------------------------------------------------------
-    @property
-    def info(self) -> BackendInfo:
-        return self._info
-
     @property
     def driver(self) -> str:
         """CuPy's version and the CUDA runtime, driver and NVRTC versions."""

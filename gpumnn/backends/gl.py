@@ -220,10 +220,6 @@ class GLBackend(Backend):
 
     # -- description -----------------------------------------------------------------------
     @property
-    def info(self) -> BackendInfo:
-        return self._info
-
-    @property
     def driver(self) -> str:
         """GL_VENDOR, GL_VERSION (with the driver's own version: "4.5 (Core Profile) Mesa 22.3.6")
         and GL_RENDERER (llvmpipe names its LLVM)."""

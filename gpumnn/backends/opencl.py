@@ -30,7 +30,7 @@ import pyopencl as cl
 
 from .. import atomic as A
 from . import cl_plans
-from .base import (Backend, BackendInfo, Execution, OpPlan, TensorHandle, constant_words, host_out, kernel_family,
+from .base import (Backend, Execution, OpPlan, TensorHandle, constant_words, host_out, kernel_family,
                    kernels_option)
 from .cl_plans import Scratch
 from .limits import MemoryLimits
@@ -115,10 +115,6 @@ class OpenCLBackend(Backend):
         self._closed = False
 
     # -- description -----------------------------------------------------------------------
-    @property
-    def info(self) -> BackendInfo:
-        return self._info
-
     @property
     def driver(self) -> str:
         """The platform's version (e.g. "OpenCL 3.0 PoCL 3.1 ... LLVM 15.0.6") and the device's

@@ -201,10 +201,6 @@ class VulkanBackend(Backend):
 
     # -- description -----------------------------------------------------------------------
     @property
-    def info(self) -> BackendInfo:
-        return self._info
-
-    @property
     def driver(self) -> str:
         """The Vulkan version the device implements, the driver's name and version text, and
         driverVersion (e.g. "Vulkan 1.3.230; llvmpipe Mesa 22.3.6 (LLVM 15.0.6); driverVersion 0x1")."""

@@ -86,11 +86,6 @@ class Calibration:
         return self.kernels["gemm"][1]
 
     @property
-    def elementwise_gbs(self) -> float:
-        """The bandwidth of plain elementwise ops (a Binary add)."""
-        return self.memory_gbs["elementwise"]
-
-    @property
     def calibrated(self) -> bool:
         return self.source != PAPER
 
@@ -103,8 +98,8 @@ class Calibration:
         kernels = ", ".join(f"{k} {rate / 1e9:.2f} GMAC/s + {fixed * 1000:.0f} us"
                             for k, (fixed, rate) in self.kernels.items())
         streams = ", ".join(f"{k} {gbs:.2f}" for k, gbs in self.memory_gbs.items())
-        return (f"{self.source} {when}: {kernels}; memory-bound ({streams}) GB/s, dispatch {self.dispatch_ms * 1000:.0f} us (recorded) / "
-                f"{self.eager_ms * 1000:.0f} us (eager), submit {self.submit_ms * 1000:.0f} us, "
+        return (f"{self.source} {when}: {kernels}; memory-bound ({streams}) GB/s, "
+                f"dispatch {self.dispatch_ms * 1000:.0f} us (recorded) / {self.eager_ms * 1000:.0f} us (eager), submit {self.submit_ms * 1000:.0f} us, "
                 f"copies up {self.upload_gbs:.2f} / down {self.download_gbs:.2f} GB/s "
                 f"+ {self.transfer_ms * 1000:.0f} us")
 
