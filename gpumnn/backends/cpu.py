@@ -19,7 +19,9 @@ from numpy.lib.stride_tricks import as_strided
 
 from .. import atomic as A
 from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, OpPlan, TensorHandle, constant_words, host_out, kernels_option
+from ..errors import BackendOptionError, BackendUnavailableError
 from .limits import MemoryLimits, host_limits
+from . import cpu_jit
 from .cpu_math import binary_function, unary_function
 from .cpu_recurrent import cell_step, direction_groups
 from .cpu_workers import Workers, workers
@@ -81,13 +83,22 @@ class CpuBackend(Backend):
         measured on 2 cores with threads=2, two overlapping runs were ~10% slower than turns."""
         return max(1, min(self.max_concurrent_runs, (os.cpu_count() or 1) // self.threads))
 
-    def __init__(self, threads: int | None = None, kernels: str | None = None, **unknown: Any):
+    def __init__(self, threads: int | None = None, kernels: str | None = None, jit: bool | None = None,
+                 **unknown: Any):
         """``threads``: threads per run (default: all cores). ``kernels``: the option every backend
-        takes (``base.KERNEL_FAMILIES``), checked only: NumPy has one family."""
+        takes (``base.KERNEL_FAMILIES``), checked only: NumPy has one family. ``jit``: the compiled
+        loops of ``cpu_jit`` for the memory-bound ops (None: where Numba is installed; False: NumPy
+        only, the reference they are tested against; True: an error where Numba is missing)."""
         super().__init__(**unknown)
         kernels_option(kernels, self.name)
+        if jit not in (None, True, False):
+            raise BackendOptionError(f"backend 'cpu': jit={jit!r} is not one of None, True, False")
+        if jit and not cpu_jit.available():
+            raise BackendUnavailableError(f"backend 'cpu': jit=True, but {cpu_jit.MISSING}")
+        self.jit = cpu_jit.available() if jit is None else bool(jit)
         self.threads = threads or os.cpu_count() or 1
-        self._info = BackendInfo("cpu", f"NumPy {np.__version__} on {self.threads} thread(s)",
+        loops = f" and Numba {cpu_jit.numba.__version__}" if self.jit else ""
+        self._info = BackendInfo("cpu", f"NumPy {np.__version__}{loops} on {self.threads} thread(s)",
                                  host_cpu_flops(self.threads), 0.0, float("inf"), is_gpu=False)
         self._pool = workers(self.threads)
         self._limiter = _ThreadLimiter(1)
@@ -125,7 +136,10 @@ class CpuBackend(Backend):
                           outputs: list[TensorHandle]) -> Execution:
         if outputs and all(o.size == 0 for o in outputs):  # nothing to compute (NumPy refuses empty reductions)
             return Execution(op, inputs, outputs, OpPlan((), "empty"))
-        return Execution(op, inputs, outputs, _MAKERS[type(op)](op, inputs, outputs, self._pool))
+        maker = _MAKERS[type(op)]
+        if self.jit and maker in _JIT_AWARE:
+            return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, jit=True))
+        return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool))
 
     def _record(self, executions: list[Execution]) -> list[Callable[[], None]]:
         return [fn for exe in executions for fn in exe.work]
@@ -411,7 +425,7 @@ def _conv_pads(op) -> tuple[int, int, int, int]:
     return top, left, max(0, need_h - h - top), max(0, need_w - w - left)
 
 
-def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers):
+def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False):
     n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
     (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
     x = view(ins[0]).reshape(n, c, h, w)
@@ -423,26 +437,22 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers):
     macs = n * oc * oh * ow * (c // g) * kh * kw
     parts = _parts(pool, macs, PARALLEL_MIN_MACS)
 
-    def finish(dst: np.ndarray, o0: int, o1: int) -> None:
-        """Bias and activation of output channels [o0, o1), on a block while it is in cache."""
-        if bias is not None:
-            np.add(dst, bias[o0:o1], out=dst)
-        if act:
-            act(dst)
-
     # op.scheme (decided by gpumnn.scheduler.schemes, which checked the geometry fits) names the kernel
     if op.scheme == "winograd":
-        return _winograd(op, x, weight.reshape(oc, c, kh, kw), out, bias, pads, pool, parts)
+        return _winograd(op, x, weight.reshape(oc, c, kh, kw), out, bias, pads, pool, parts, jit)
     if op.scheme == "depthwise":
-        return _depthwise(op, x, weight, out, pads, finish, pool,
-                          _parts(pool, n * c * kh * kw * oh * ow, DEPTHWISE_PARALLEL_MIN))
+        parts = _parts(pool, n * c * kh * kw * oh * ow, DEPTHWISE_PARALLEL_MIN)
+        if jit:
+            return _depthwise_compiled(op, x, weight, out, bias, pool, parts)
+        return _depthwise(op, x, weight, out, pads, _conv_epilogue(op, out, bias, jit), pool, parts)
+    finish = _conv_epilogue(op, out, bias, jit)
     cg, ocg = c // g, oc // g
     k = cg * kh * kw
     w_packed = weight.reshape(g, ocg, k)
     if op.scheme == "gemm1x1":  # 1x1 convolution is a GEMM on the input as it lies
         xs = x.reshape(n, g, cg, h * w)
         tasks = [(w_packed[gi, m0:m1], xs[b, gi, :, n0:n1], out[b, gi * ocg + m0:gi * ocg + m1, n0:n1],
-                  gi * ocg + m0, gi * ocg + m1)
+                  (b, gi * ocg + m0, gi * ocg + m1, n0, n1))
                  for b in range(n) for gi in range(g) for _, m0, m1, n0, n1 in _gemm_blocks(1, ocg, h * w, cg, pool.threads)]
         return OpPlan((_on_pool(pool, len(tasks), _gemm_chunk(tasks, finish)),), "gemm1x1")
 
@@ -454,15 +464,15 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers):
         rows = max(1, min(CHUNK_BYTES // (4 * k * ow), -(-oh // parts)))
         scratch = [np.empty(k * rows * ow, dtype=np.float32) for _ in range(pool.threads)]
         tasks = [(windows[b, gi * cg:(gi + 1) * cg, :, :, r0:r1], w_packed[gi],
-                  out[b, gi * ocg:(gi + 1) * ocg, r0 * ow:r1 * ow], gi * ocg, (gi + 1) * ocg)
+                  out[b, gi * ocg:(gi + 1) * ocg, r0 * ow:r1 * ow], (b, gi * ocg, (gi + 1) * ocg, r0 * ow, r1 * ow))
                  for b in range(n) for gi in range(g) for r0, r1 in _spans(oh, -(-oh // rows))]
 
         def row_block(index: int, slot: int) -> None:
-            src, wg, dst, o0, o1 = tasks[index]
+            src, wg, dst, block = tasks[index]
             cols = scratch[slot][:src.size]
             np.copyto(cols.reshape(src.shape), src)
             np.matmul(wg, cols.reshape(k, -1), out=dst)
-            finish(dst, o0, o1)
+            finish(*block)
         run_rows = _on_pool(pool, len(tasks), row_block)
 
         def run_row_blocks():
@@ -476,7 +486,7 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers):
     cols2 = cols.reshape(g, k, oh * ow)
     copy_runs = [_on_pool(pool, len(pairs), lambda i, slot, pairs=pairs: np.copyto(*pairs[i]))
                  for pairs in ([(cols[c0:c1], windows[b, c0:c1]) for c0, c1 in _spans(c, parts)] for b in range(n))]
-    gemms = [[(w_packed[gi, m0:m1], cols2[gi], out[b, gi * ocg + m0:gi * ocg + m1], gi * ocg + m0, gi * ocg + m1)
+    gemms = [[(w_packed[gi, m0:m1], cols2[gi], out[b, gi * ocg + m0:gi * ocg + m1], (b, gi * ocg + m0, gi * ocg + m1, 0, oh * ow))
               for gi in range(g) for _, m0, m1, _, _ in _gemm_blocks(1, ocg, oh * ow, k, pool.threads)]
              for b in range(n)]
     gemm_runs = [_on_pool(pool, len(tasks), _gemm_chunk(tasks, finish)) for tasks in gemms]
@@ -489,16 +499,40 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers):
     return OpPlan((run_im2col,), "im2col")
 
 
-def _gemm_chunk(tasks: list, finish: Callable[[np.ndarray, int, int], None]) -> Callable[[int, int], None]:
-    """``chunk(k, slot)`` of (weights, columns, output block, o0, o1) GEMM tasks and their epilogue."""
+def _conv_epilogue(op: A.Conv2D, out: np.ndarray, bias: np.ndarray | None,
+                   jit: bool) -> Callable[[int, int, int, int, int], None]:
+    """``finish(b, o0, o1, p0, p1)``: the bias and activation of image b's output channels
+    [o0, o1) and pixels [p0, p1) of ``out`` [N, O, pixels], on a block while it is in cache --
+    with ``jit``, a clamp activation and the bias in one compiled pass (``cpu_jit.bias_clamp``)."""
+    act = _epilogue(op.activation)
+    clamp = cpu_jit.clamp_of(op.activation) if jit else None
+    if clamp is None:
+        def finish(b: int, o0: int, o1: int, p0: int, p1: int) -> None:
+            dst = out[b, o0:o1, p0:p1]
+            if bias is not None:
+                np.add(dst, bias[o0:o1], out=dst)
+            if act:
+                act(dst)
+        return finish
+    if bias is None and op.activation is None:
+        return lambda *block: None
+    bias1 = bias.reshape(-1) if bias is not None else np.zeros(out.shape[1], np.float32)
+    lo, hi = np.float32(clamp[0]), np.float32(clamp[1])
+    compiled = cpu_jit.bind(cpu_jit.bias_clamp, out[0], bias1, 0, 0, 0, 0, lo, hi)
+    return lambda b, o0, o1, p0, p1: compiled(out[b], bias1, o0, o1, p0, p1, lo, hi)
+
+
+def _gemm_chunk(tasks: list, finish: Callable[..., None]) -> Callable[[int, int], None]:
+    """``chunk(k, slot)`` of (weights, columns, output block, its ``finish`` arguments) GEMM tasks
+    and their epilogue."""
     def chunk(index: int, slot: int) -> None:
-        wb, xb, ob, o0, o1 = tasks[index]
+        wb, xb, ob, block = tasks[index]
         np.matmul(wb, xb, out=ob)
-        finish(ob, o0, o1)
+        finish(*block)
     return chunk
 
 
-def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: int) -> OpPlan:
+def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: int, jit: bool) -> OpPlan:
     """Winograd F(n x n, k x k) (``op.winograd_tile``; the scheme step chose it) in chunks of
     tile rows, each in the thread's scratch while in cache: its [alpha, alpha, C, tiles] input
     tiles copied out of the padded input, ``B^T d B`` as two GEMMs, one batched product per tile
@@ -523,6 +557,14 @@ def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: in
     spans = _even_spans(th, max(parts, -(-th * tw * a * a * 4 * max(c, oc) // CHUNK_BYTES)))
     size = a * a * max(c, oc) * max(t1 - t0 for t0, t1 in spans) * tw
     scratch = [(np.empty(size, np.float32), np.empty(size, np.float32)) for _ in range(pool.threads)]
+    if jit:  # the output tiles put in place with the bias and a clamp in one compiled pass
+        clamp = cpu_jit.clamp_of(op.activation)
+        lo, hi = (np.float32(v) for v in (clamp or (-np.inf, np.inf)))
+        act = None if clamp else act
+        bias1 = bias.reshape(oc) if bias is not None else np.zeros(oc, np.float32)
+        t = max(t1 - t0 for t0, t1 in spans)
+        place = cpu_jit.bind(cpu_jit.winograd_place, scratch[0][1][:n * n * oc * t * tw].reshape(n, n, oc, t, tw),
+                             bias1, out4[0], 0, lo, hi)
     tasks = [(b, t0, t1, _tile_places(out4[b], n, t0, t1)) for b in range(op.batch) for t0, t1 in spans]
 
     def chunk(index: int, slot: int) -> None:
@@ -541,11 +583,14 @@ def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: in
         np.matmul(at, m.reshape(a, a * oc * t), out=y1.reshape(n, a * oc * t))
         y = q[:n * n * oc * t].reshape(n, n, oc, t1 - t0, tw)
         np.matmul(at, y1, out=y.reshape(n, n, oc * t))
-        for target, rows, cols, i, j in places:
-            np.copyto(target, y[:i, :j, :, rows, cols])
         dst = out4[b, :, t0 * n:min(t1 * n, oh)]
-        if bias3 is not None:
-            np.add(dst, bias3, out=dst)
+        if jit:
+            place(y, bias1, out4[b], t0, lo, hi)
+        else:
+            for target, rows, cols, i, j in places:
+                np.copyto(target, y[:i, :j, :, rows, cols])
+            if bias3 is not None:
+                np.add(dst, bias3, out=dst)
         if act:
             act(dst)
     run_chunks = _on_pool(pool, len(tasks), chunk)
@@ -604,18 +649,45 @@ def _depthwise(op: A.Conv2D, x, weight, out, pads, finish, pool: Workers, parts:
     out3 = out.reshape(n, c, 1, pixels)
     scratch = [np.empty(per_block * taps * pixels, dtype=np.float32) for _ in range(pool.threads)]
     tasks = [((padded.interior[b, c0:c1], x[b, c0:c1]) if padded.needed else None, windows[b, c0:c1],
-              w3[c0:c1], out3[b, c0:c1], out[b, c0:c1], c0, c1)
+              w3[c0:c1], out3[b, c0:c1], (b, c0, c1, 0, pixels), c0, c1)
              for b in range(n) for c0, c1 in _spans(c, -(-c // per_block))]
 
     def block(index: int, slot: int) -> None:
-        interior, src, wb, ob, o2, c0, c1 = tasks[index]
+        interior, src, wb, ob, block, c0, c1 = tasks[index]
         if interior is not None:
             np.copyto(*interior)
         cols = scratch[slot][:src.size]
         np.copyto(cols.reshape(src.shape), src)
         np.matmul(wb, cols.reshape(c1 - c0, taps, pixels), out=ob)
-        finish(o2, c0, c1)
+        finish(*block)
     return OpPlan((_on_pool(pool, len(tasks), block),), "depthwise")
+
+
+def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts: int) -> OpPlan:
+    """The depthwise convolution as ``cpu_jit``'s one-pass loops on channel spans, the bias and a
+    clamp activation applied in the loop (others after, on the span). Measured on one thread
+    against ``_depthwise`` on two, MobileNet-v2's sizes: 0.30 against 1.34 ms (144 channels
+    56x56), 1.3 against 3.3 ms (96 channels 112x112, stride 2)."""
+    n, c = op.batch, op.in_channels
+    (oh, ow), (kh, kw) = op.out_hw, op.kernel
+    kernel, geometry = cpu_jit.depthwise_kernel(op.kernel, op.strides, op.dilations)
+    clamp = cpu_jit.clamp_of(op.activation)
+    lo, hi = (np.float32(v) for v in (clamp or (-np.inf, np.inf)))
+    act = None if clamp else _epilogue(op.activation)
+    w3 = weight.reshape(c, kh, kw)  # a view: W may be a run-time tensor
+    b1 = bias.reshape(c) if bias is not None else np.zeros(c, np.float32)
+    out4 = out.reshape(n, c, oh, ow)
+    top, left = op.pads
+    calls = [(x[b, c0:c1], w3[c0:c1], b1[c0:c1], out4[b, c0:c1], *geometry, top, left, lo, hi)
+             for b in range(n) for c0, c1 in _spans(c, parts)]
+    compiled = cpu_jit.bind(kernel, *calls[0])
+
+    def span(index: int, slot: int) -> None:
+        args = calls[index]
+        compiled(*args)
+        if act:
+            act(args[3])
+    return OpPlan((_on_pool(pool, len(calls), span),), "depthwise", keep=(b1,))
 
 
 def _make_conv_transpose2d(op: A.ConvTranspose2D, ins, outs, pool: Workers):
@@ -652,7 +724,7 @@ def _make_conv_transpose2d(op: A.ConvTranspose2D, ins, outs, pool: Workers):
     return OpPlan((run,))
 
 
-def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers):
+def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, jit: bool = False):
     n, c = op.batch, op.channels
     (h, w), (oh, ow), (kh, kw), (sh, sw) = op.in_hw, op.out_hw, op.kernel, op.strides
     x = view(ins[0]).reshape(n, c, h, w)
@@ -661,6 +733,20 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers):
         x3, o3 = x.reshape(n, c, h * w), out.reshape(n, c)
         reducer = np.max if op.op == "max" else np.mean
         return OpPlan((lambda: reducer(x3, axis=2, out=o3),), "global")
+    top, left, bottom, right = op.pads
+    inv_count = None
+    if op.op != "max":
+        starts_h = np.arange(oh) * sh - top
+        starts_w = np.arange(ow) * sw - left
+        if op.count_include_pad:
+            lo_h, hi_h, lo_w, hi_w = -top, h + bottom, -left, w + right
+        else:
+            lo_h, hi_h, lo_w, hi_w = 0, h, 0, w
+        count_h = np.minimum(starts_h + kh, hi_h) - np.maximum(starts_h, lo_h)
+        count_w = np.minimum(starts_w + kw, hi_w) - np.maximum(starts_w, lo_w)
+        inv_count = (1.0 / np.maximum(np.outer(count_h, count_w), 1)).astype(np.float32)
+    if jit and x.dtype == np.float32 and op.kernel == (3, 3):
+        return _pool_compiled(op, x, out, inv_count, pool)
     extent = ((oh - 1) * sh + kh, (ow - 1) * sw + kw)
     border = (np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf) if op.op == "max" else 0.0
     padded = _PaddedInput(x, op.pads, border, extent)
@@ -670,22 +756,31 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers):
             padded.refresh()
             reduce_windows()
         return OpPlan((run_max,))
-    top, left, bottom, right = op.pads
-    starts_h = np.arange(oh) * sh - top
-    starts_w = np.arange(ow) * sw - left
-    if op.count_include_pad:
-        lo_h, hi_h, lo_w, hi_w = -top, h + bottom, -left, w + right
-    else:
-        lo_h, hi_h, lo_w, hi_w = 0, h, 0, w
-    count_h = np.minimum(starts_h + kh, hi_h) - np.maximum(starts_h, lo_h)
-    count_w = np.minimum(starts_w + kw, hi_w) - np.maximum(starts_w, lo_w)
-    inv_count = (1.0 / np.maximum(np.outer(count_h, count_w), 1)).astype(np.float32)
 
     def run_avg():
         padded.refresh()
         reduce_windows()
         np.multiply(out, inv_count, out=out)
     return OpPlan((run_avg,))
+
+
+def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers) -> OpPlan:
+    """3x3 pooling as ``cpu_jit.pool3x3`` on channel spans: one pass reading the input in place
+    (no padded copy, no row-window scratch), the nine taps combined in registers. Measured on
+    one thread, ms: SqueezeNet-1.1's 3x3 stride-2 max pools 0.68 (64 channels 111x111) and 0.45
+    (128x55x55), where ``_separable_windows`` took 0.76 and 0.43 on two; Inception-v3's stride-1
+    average pools 0.78 (192x35x35) and 1.4 (768x17x17), against 0.64 and 0.71 on two."""
+    n, c = op.batch, op.channels
+    (sh, sw), (top, left) = op.strides, op.pads[:2]
+    if op.op == "max":
+        border, combine, scale = np.float32(-np.inf), cpu_jit.max_row, np.ones(op.out_hw, np.float32)
+    else:
+        border, combine, scale = np.float32(0.0), cpu_jit.mean_row, inv_count
+    parts = _parts(pool, n * c * 9 * op.out_hw[0] * op.out_hw[1], DEPTHWISE_PARALLEL_MIN)
+    calls = [(x[b, c0:c1], out[b, c0:c1], scale, border, combine, sh, sw, top, left)
+             for b in range(n) for c0, c1 in _spans(c, parts)]
+    compiled = cpu_jit.bind(cpu_jit.pool3x3, *calls[0])
+    return OpPlan((_on_pool(pool, len(calls), lambda index, slot: compiled(*calls[index])),), keep=(scale,))
 
 
 def _separable_windows(xp: np.ndarray, kernel, strides, out: np.ndarray, combine: np.ufunc) -> Callable[[], None]:
@@ -882,6 +977,8 @@ _ANY_INT = frozenset({A.INT32})
 #: NumPy computes every integer op; float-only kernels (convolution, pooling, ...) stay float32
 CpuBackend.dtypes = {op: _ANY_INT for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.MatMul, A.Gather, A.Select,
                                              A.CumSum, A.TopK, A.Scatter, A.Pool2D)}
+#: makers with a compiled variant (``jit=True``) for some of their ops
+_JIT_AWARE = frozenset({_make_conv2d, _make_pool2d})
 CpuBackend.kernel_table = _MAKERS = {
     A.Raster: _make_raster, A.Unary: _make_unary, A.Binary: _make_binary, A.Reduce: _make_reduce,
     A.MatMul: _make_matmul, A.Conv2D: _make_conv2d, A.ConvTranspose2D: _make_conv_transpose2d,

@@ -1,0 +1,282 @@
+"""Compiled loops for the cpu backend's memory-bound ops, where NumPy needs a pass per step.
+
+NumPy computes one elementwise step per call and per pass over memory, and BLAS only what is a
+matrix product. A depthwise convolution is neither: as NumPy calls it costs a padded copy, nine
+shifted window copies and a batched product (MobileNet-v2's 17 took 13 ms of its 24 ms run), and
+as compiled loops it is one pass that reads each input row into cache once and writes each output
+once, with the bias and a clamp activation on the way out. Numba compiles these loops (LLVM, the
+host's vector units) when it is installed (``pip install gpumnn[cpu]``); without it the backend
+keeps its NumPy kernels, which are the reference these are tested against.
+
+Every kernel releases the GIL (``nogil``): the backend's own threads (``cpu_workers``) run
+channel spans of one op side by side, as they run NumPy chunks. Kernels are compiled for the
+argument types an execution binds when it is created (``bind``), so a run neither compiles nor
+dispatches on types; compiled code is cached on disk by Numba (``cache=True``).
+
+Loops index slices taken outside the loop (``row[1:]``), never ``row[i + k]``: an index Numba
+cannot prove non-negative gets a wraparound branch that stops LLVM vectorising (measured 31 ->
+3 GFLOP/s on one axpy). Each stride has its own function for the same reason: a stride tested
+inside the row loop kept the 3x3 loop from vectorising (0.71 -> 0.30 ms, 144 channels 56x56).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import atomic as A
+
+try:
+    import numba
+except ImportError as exc:  # gpumnn[cpu] not installed: the NumPy kernels run
+    numba = None
+    MISSING = f"Numba is not importable ({exc}); install gpumnn[cpu] for compiled cpu kernels"
+else:
+    MISSING = None
+
+#: FMA contraction only: no ``nnan``/``ninf`` (a clamp to +-inf stands for "no bound" below, and
+#: NaNs must pass through as NumPy's kernels pass them)
+_FAST = {"contract"}
+
+
+def available() -> bool:
+    """Whether the compiled kernels can run (Numba importable)."""
+    return numba is not None
+
+
+def clamp_of(activation: A.Activation) -> tuple[float, float] | None:
+    """(lo, hi) for an activation that is a clamp (none, relu, clip), else None: the kernels
+    apply a clamp while a value is in a register; other activations run after, as NumPy calls."""
+    if activation is None:
+        return -math.inf, math.inf
+    name, params = activation
+    if name == "relu":
+        return 0.0, math.inf
+    if name == "clip":
+        return float(params[0]), float(params[1])
+    return None
+
+
+def _kernel(fn: Callable) -> Callable:
+    """``fn`` as a Numba function (the plain function where Numba is missing: never called)."""
+    if numba is None:
+        return fn
+    try:
+        return numba.njit(nogil=True, cache=True, fastmath=_FAST, boundscheck=False)(fn)
+    except RuntimeError:  # no writable place for Numba's cache (a read-only install): compile per process
+        return numba.njit(nogil=True, fastmath=_FAST, boundscheck=False)(fn)
+
+
+def bind(kernel: Callable, *args: Any) -> Callable[..., None]:
+    """``kernel`` compiled for these arguments' types (from the on-disk cache where Numba has it),
+    as its machine-code entry point: calling it skips the dispatcher's type checks."""
+    signature = tuple(numba.typeof(a) for a in args)
+    kernel.compile(signature)
+    return kernel.overloads[signature].entry_point
+
+
+# -- depthwise convolution --------------------------------------------------------------------
+# x [C, H, W], w [C, KH, KW], bias [C], out [C, OH, OW], all float32; pt, pl: top and left
+# padding (bottom and right follow from the output size); lo, hi: the clamp. Each channel's
+# zero-bordered plane is built in a scratch the size of one channel (in L1/L2), then every
+# output row is computed whole from it.
+
+@_kernel
+def depthwise3x3_s1(x, w, bias, out, pt, pl, lo, hi):
+    c_count, h, wd = x.shape
+    oh, ow = out.shape[1], out.shape[2]
+    plane = np.zeros((max(h + pt, oh + 2), max(wd + pl, ow + 2)), np.float32)
+    for c in range(c_count):
+        for iy in range(h):
+            src = x[c, iy]
+            dst = plane[iy + pt, pl:pl + wd]
+            for ix in range(wd):
+                dst[ix] = src[ix]
+        w0, w1, w2 = w[c, 0, 0], w[c, 0, 1], w[c, 0, 2]
+        w3, w4, w5 = w[c, 1, 0], w[c, 1, 1], w[c, 1, 2]
+        w6, w7, w8 = w[c, 2, 0], w[c, 2, 1], w[c, 2, 2]
+        b = bias[c]
+        for oy in range(oh):
+            o = out[c, oy]
+            r0, r1, r2 = plane[oy], plane[oy + 1], plane[oy + 2]
+            a0, a1, a2 = r0[1:], r1[1:], r2[1:]
+            b0, b1, b2 = r0[2:], r1[2:], r2[2:]
+            for ox in range(ow):
+                v = (b + w0 * r0[ox] + w1 * a0[ox] + w2 * b0[ox] + w3 * r1[ox] + w4 * a1[ox] + w5 * b1[ox]
+                     + w6 * r2[ox] + w7 * a2[ox] + w8 * b2[ox])
+                o[ox] = min(max(v, lo), hi)
+
+
+@_kernel
+def depthwise3x3_s2(x, w, bias, out, pt, pl, lo, hi):
+    """Stride 2: each padded row is split once into its even and odd columns, so the three taps
+    of a row read contiguous memory (even[ox], odd[ox], even[ox + 1]) instead of gathering every
+    other element three times (measured 2.0 -> 1.3 ms, 96 channels 112x112)."""
+    c_count, h, wd = x.shape
+    oh, ow = out.shape[1], out.shape[2]
+    rows = max(h + pt, 2 * oh + 1)
+    half = ow + 1
+    even = np.zeros((rows, half), np.float32)
+    odd = np.zeros((rows, half), np.float32)
+    e0 = (pl + 1) // 2  # first even padded column holding input: input column 2 e0 - pl
+    e1 = min(half, (wd - 1 + pl) // 2 + 1)
+    o0 = pl // 2  # first odd padded column: input column 2 o0 + 1 - pl
+    o1 = min(half, (wd - 2 + pl) // 2 + 1)
+    for c in range(c_count):
+        for iy in range(h):
+            src = x[c, iy]
+            ev, se = even[iy + pt, e0:], src[2 * e0 - pl:]
+            for j in range(e1 - e0):
+                ev[j] = se[2 * j]
+            od, so = odd[iy + pt, o0:], src[2 * o0 + 1 - pl:]
+            for j in range(o1 - o0):
+                od[j] = so[2 * j]
+        w0, w1, w2 = w[c, 0, 0], w[c, 0, 1], w[c, 0, 2]
+        w3, w4, w5 = w[c, 1, 0], w[c, 1, 1], w[c, 1, 2]
+        w6, w7, w8 = w[c, 2, 0], w[c, 2, 1], w[c, 2, 2]
+        b = bias[c]
+        for oy in range(oh):
+            o = out[c, oy]
+            y = 2 * oy
+            p0, p1, p2 = even[y], even[y + 1], even[y + 2]
+            q0, q1, q2 = odd[y], odd[y + 1], odd[y + 2]
+            n0, n1, n2 = p0[1:], p1[1:], p2[1:]
+            for ox in range(ow):
+                v = (b + w0 * p0[ox] + w1 * q0[ox] + w2 * n0[ox] + w3 * p1[ox] + w4 * q1[ox] + w5 * n1[ox]
+                     + w6 * p2[ox] + w7 * q2[ox] + w8 * n2[ox])
+                o[ox] = min(max(v, lo), hi)
+
+
+@_kernel
+def depthwise_any(x, w, bias, out, sh, sw, dh, dw, pt, pl, lo, hi):
+    """Any kernel size, stride and dilation: a tap at a time into a row accumulator."""
+    c_count, h, wd = x.shape
+    oh, ow = out.shape[1], out.shape[2]
+    kh, kw = w.shape[1], w.shape[2]
+    plane = np.zeros((max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1),
+                      max(wd + pl, (ow - 1) * sw + (kw - 1) * dw + 1)), np.float32)
+    acc = np.empty(ow, np.float32)
+    for c in range(c_count):
+        for iy in range(h):
+            src = x[c, iy]
+            dst = plane[iy + pt, pl:pl + wd]
+            for ix in range(wd):
+                dst[ix] = src[ix]
+        for oy in range(oh):
+            b = bias[c]
+            for ox in range(ow):
+                acc[ox] = b
+            for ky in range(kh):
+                row = plane[oy * sh + ky * dh]
+                for kx in range(kw):
+                    tap = w[c, ky, kx]
+                    shifted = row[kx * dw:]
+                    for ox in range(ow):
+                        acc[ox] += tap * shifted[ox * sw]
+            o = out[c, oy]
+            for ox in range(ow):
+                o[ox] = min(max(acc[ox], lo), hi)
+
+
+def depthwise_kernel(kernel: tuple[int, int], strides: tuple[int, int], dilations: tuple[int, int]) -> tuple[Callable, tuple]:
+    """The depthwise kernel for this geometry and the arguments it takes between ``out`` and
+    (pt, pl, lo, hi)."""
+    if kernel == (3, 3) and dilations == (1, 1) and strides in ((1, 1), (2, 2)):
+        return (depthwise3x3_s1 if strides == (1, 1) else depthwise3x3_s2), ()
+    return depthwise_any, (*strides, *dilations)
+
+
+# -- Winograd's output tiles ---------------------------------------------------------------------
+
+@_kernel
+def winograd_place(y, bias, out, t0, lo, hi):
+    """out[o, (t0 + r) n + i, q n + j] = clamp(y[i, j, o, r, q] + bias[o]): the output tiles
+    ``y`` [n, n, O, rows, tiles per row] of tile rows t0.. put in place, clipped at the output's
+    edges, with the bias and the clamp, in one pass. The transforms themselves stay BLAS
+    products: as loops over a channel's tiles in L1 they measured slower (1.9 against 0.7 ms,
+    64 channels 56x56 F(6, 3)), their rows of 100 tiles too short to amortise a loop."""
+    n, channels, rows, tiles_w = y.shape[0], y.shape[2], y.shape[3], y.shape[4]
+    oh, ow = out.shape[1], out.shape[2]
+    for o in range(channels):
+        b = bias[o]
+        for r in range(rows):
+            for i in range(n):
+                oy = (t0 + r) * n + i
+                if oy >= oh:
+                    break
+                row = out[o, oy]
+                for j in range(min(n, ow)):
+                    count = min(tiles_w, (ow - 1 - j) // n + 1)  # tiles whose column j is inside
+                    dst, src = row[j:], y[i, j, o, r]
+                    for q in range(count):
+                        dst[q * n] = min(max(src[q] + b, lo), hi)
+
+
+# -- epilogues and pooling ------------------------------------------------------------------------
+
+@_kernel
+def bias_clamp(out, bias, r0, r1, c0, c1, lo, hi):
+    """out[r, c] = clamp(out[r, c] + bias[r]) on rows [r0, r1) and columns [c0, c1) of a GEMM's
+    output [O, pixels]: one pass where NumPy makes two or three (add, then clip's max and min)."""
+    for r in range(r0, r1):
+        b = bias[r]
+        row = out[r, c0:c1]
+        for i in range(c1 - c0):
+            row[i] = min(max(row[i] + b, lo), hi)
+
+
+# x [C, H, W] -> out [C, OH, OW]. A channel's rows are first split by column phase (column j of
+# the padded row to phases[j % sw, j // sw], the border value around them), so that tap kx of
+# output column ox reads phases[kx % sw, ox + kx // sw]: contiguous loads for every stride (a
+# load of row[ox * sw] with a run-time stride ran scalar, 1.7 ms for SqueezeNet's first pool,
+# against 0.68 ms so).
+
+@_kernel
+def _split_phases(src, phases, sw, pl):
+    """phases[p, j] = src[j sw + p - pl] where that is inside ``src`` and ``phases``; the rest is
+    left alone."""
+    w = src.shape[0]
+    for p in range(sw):
+        first = (p - pl) % sw  # first input column of phase p
+        if first >= w:
+            continue
+        dst, row = phases[p, (first + pl) // sw:], src[first:]
+        for j in range(min((w - 1 - first) // sw + 1, dst.shape[0])):  # columns no window reads stop at the edge
+            dst[j] = row[j * sw]
+
+
+@_kernel
+def max_row(o, a0, b0, c0, a1, b1, c1, a2, b2, c2, factor):
+    for ox in range(o.shape[0]):
+        m0 = max(max(a0[ox], b0[ox]), c0[ox])
+        m1 = max(max(a1[ox], b1[ox]), c1[ox])
+        m2 = max(max(a2[ox], b2[ox]), c2[ox])
+        o[ox] = max(max(m0, m1), m2)
+
+
+@_kernel
+def mean_row(o, a0, b0, c0, a1, b1, c1, a2, b2, c2, factor):
+    for ox in range(o.shape[0]):
+        o[ox] = (a0[ox] + b0[ox] + c0[ox] + a1[ox] + b1[ox] + c1[ox] + a2[ox] + b2[ox] + c2[ox]) * factor[ox]
+
+
+@_kernel
+def pool3x3(x, out, scale, border, combine_row, sh, sw, pt, pl):
+    """3x3 windows: out[c, oy, ox] = ``combine_row`` of the window's nine taps (``max_row``, or
+    ``mean_row``: the sum times scale[oy, ox], 1 / the count that divides), in registers. Rows
+    and columns outside the input are ``border`` (-inf for a max, 0 for a sum). The row combiner
+    is a function of its own, not a test in the loop: a loop-invariant test kept the loop scalar."""
+    channels, h, w = x.shape
+    oh, ow = out.shape[1], out.shape[2]
+    rows = max(pt + h, (oh - 1) * sh + 3)
+    plane = np.full((rows, sw, ow + 2 // sw + 1), border, np.float32)
+    for c in range(channels):
+        for iy in range(h):
+            _split_phases(x[c, iy], plane[pt + iy], sw, pl)
+        for oy in range(oh):
+            y = oy * sh
+            p0, p1, p2 = plane[y], plane[y + 1], plane[y + 2]
+            combine_row(out[c, oy], p0[0, :ow], p0[1 % sw, 1 // sw:], p0[2 % sw, 2 // sw:],
+                        p1[0, :ow], p1[1 % sw, 1 // sw:], p1[2 % sw, 2 // sw:],
+                        p2[0, :ow], p2[1 % sw, 1 // sw:], p2[2 % sw, 2 // sw:], scale[oy])

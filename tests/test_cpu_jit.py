@@ -1,0 +1,158 @@
+"""The cpu backend's compiled loops (``cpu_jit``, Numba) against its NumPy kernels and ONNX Runtime.
+
+The ``backend`` fixture's cpu runs the compiled loops wherever Numba is installed, so the NumPy
+kernels (``jit=False``) are checked here: both against ONNX Runtime, on the geometries where the
+compiled loops have edge cases of their own (padding on one side only, strides 1-3, dilation,
+ceil-mode windows past the input, activations that are and are not a clamp, no bias).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import gpumnn
+from conftest import onnxruntime_session, rel_l2, require_tool
+from gpumnn.backends import cpu_jit
+from gpumnn.errors import BackendOptionError, BackendUnavailableError
+
+TOLERANCE = 1e-4
+
+
+def _conv_model(channels, size, kernel, stride, dilation, pads, groups, out_channels, activation, bias, rng):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size, size])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    weight = rng.standard_normal((out_channels, channels // groups, kernel, kernel)).astype(np.float32)
+    inits = [numpy_helper.from_array(weight, "W")]
+    inputs = ["x", "W"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(out_channels).astype(np.float32), "B"))
+        inputs.append("B")
+    nodes = [helper.make_node("Conv", inputs, ["c" if activation else "y"], group=groups, kernel_shape=[kernel, kernel],
+                              strides=[stride, stride], dilations=[dilation, dilation], pads=pads)]
+    if activation == "relu6":
+        inits += [numpy_helper.from_array(np.float32(0.0), "lo"), numpy_helper.from_array(np.float32(6.0), "hi")]
+        nodes.append(helper.make_node("Clip", ["c", "lo", "hi"], ["y"]))
+    elif activation:
+        nodes.append(helper.make_node({"relu": "Relu", "sigmoid": "Sigmoid"}[activation], ["c"], ["y"]))
+    graph = helper.make_graph(nodes, "conv", [x], [y], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def _pool_model(channels, size, op, kernel, stride, pads, ceil, include_pad):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size, size])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    attrs = dict(kernel_shape=[kernel, kernel], strides=[stride, stride], pads=pads, ceil_mode=ceil)
+    if op == "AveragePool":
+        attrs["count_include_pad"] = include_pad
+    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"], **attrs)], "pool", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+
+
+def _both_ways_match_onnxruntime(model, shape, rng):
+    """Run with the compiled loops and with NumPy's kernels: each within TOLERANCE of ONNX Runtime."""
+    require_tool("numba", cpu_jit.MISSING)
+    x = rng.standard_normal(shape).astype(np.float32)
+    ref = onnxruntime_session(model).run(None, {"x": x})[0]
+    net = gpumnn.load(model)
+    for jit in (True, False):
+        got = net.session(backend="cpu", jit=jit, threads=2).run({"x": x})["y"]
+        assert got.shape == ref.shape
+        err = rel_l2(got, ref)
+        assert err < TOLERANCE, f"jit={jit}: relative L2 error {err:.2e}"
+
+
+# (channels, size, kernel, stride, dilation, pads t/l/b/r, activation, bias)
+DEPTHWISE = [
+    (96, 28, 3, 2, 1, [1, 1, 1, 1], "relu6", True),    # MobileNet's stride-2 kernel
+    (32, 19, 3, 1, 1, [1, 1, 1, 1], "relu", True),     # stride 1, odd size
+    (16, 15, 3, 2, 1, [0, 0, 1, 1], "relu", True),     # TensorFlow's SAME: padding after only
+    (16, 9, 3, 2, 1, [2, 1, 0, 2], None, False),       # uneven padding, no bias, no activation
+    (24, 20, 5, 2, 1, [2, 2, 2, 2], "sigmoid", True),  # 5x5 (the generic loop), an activation after
+    (8, 17, 3, 1, 2, [2, 2, 2, 2], "relu", True),      # dilation
+    (8, 17, 3, 3, 1, [1, 0, 1, 0], "relu6", True),     # stride 3
+    (600, 7, 3, 1, 1, [1, 1, 1, 1], "relu6", True),    # many channels: spans on both threads
+]
+
+
+@pytest.mark.parametrize("case", DEPTHWISE, ids=[f"dw{c[0]}x{c[1]}k{c[2]}s{c[3]}d{c[4]}-{c[6]}" for c in DEPTHWISE])
+def test_depthwise_convolution_compiled_and_numpy(case):
+    channels, size, kernel, stride, dilation, pads, activation, bias = case
+    rng = np.random.default_rng()  # fresh inputs and weights every run
+    model = _conv_model(channels, size, kernel, stride, dilation, pads, channels, channels, activation, bias, rng)
+    _both_ways_match_onnxruntime(model, (1, channels, size, size), rng)
+
+
+# (in channels, size, kernel, stride, pads, out channels, activation, bias): Winograd (3x3 stride 1
+# at these sizes), the 1x1 GEMM and im2col with the compiled epilogue
+DENSE = [
+    (64, 24, 3, 1, [1, 1, 1, 1], 64, "relu", True),
+    (32, 13, 3, 1, [1, 1, 1, 1], 48, "sigmoid", True),
+    (32, 14, 3, 1, [0, 1, 2, 1], 32, None, False),
+    (48, 20, 1, 1, [0, 0, 0, 0], 96, "relu6", True),
+    (16, 23, 3, 2, [1, 1, 1, 1], 32, "relu", True),
+    (8, 30, 7, 2, [3, 3, 3, 3], 16, None, True),
+]
+
+
+@pytest.mark.parametrize("case", DENSE, ids=[f"conv{c[0]}x{c[1]}k{c[2]}s{c[3]}-{c[6]}" for c in DENSE])
+def test_convolution_epilogues_compiled_and_numpy(case):
+    channels, size, kernel, stride, pads, out_channels, activation, bias = case
+    rng = np.random.default_rng()  # fresh inputs and weights every run
+    model = _conv_model(channels, size, kernel, stride, 1, pads, 1, out_channels, activation, bias, rng)
+    _both_ways_match_onnxruntime(model, (1, channels, size, size), rng)
+
+
+def test_the_winograd_scheme_runs_with_the_compiled_epilogue():
+    rng = np.random.default_rng(3)
+    model = _conv_model(64, 24, 3, 1, 1, [1, 1, 1, 1], 1, 64, "relu", True, rng)
+    sess = gpumnn.load(model).session(backend="cpu", threads=2)
+    assert "winograd" in sess.report(), sess.report()
+
+
+# (channels, size, op, kernel, stride, pads, ceil mode, count_include_pad)
+POOLS = [
+    (64, 111, "MaxPool", 3, 2, [0, 0, 0, 0], 1, 0),      # SqueezeNet: ceil-mode windows past the edge
+    (32, 56, "MaxPool", 3, 2, [1, 1, 1, 1], 0, 0),       # ResNet
+    (48, 17, "AveragePool", 3, 1, [1, 1, 1, 1], 0, 0),   # Inception, padding not counted
+    (48, 17, "AveragePool", 3, 1, [1, 1, 1, 1], 0, 1),   # ... and counted
+    (8, 10, "AveragePool", 3, 2, [0, 1, 2, 0], 1, 0),    # uneven padding, ceil mode
+    (8, 9, "MaxPool", 3, 3, [1, 0, 1, 1], 1, 0),         # stride 3
+    (8, 9, "MaxPool", 2, 2, [0, 0, 1, 1], 0, 0),         # not 3x3: NumPy's kernel either way
+]
+
+
+@pytest.mark.parametrize("case", POOLS, ids=[f"{c[2]}{c[0]}x{c[1]}k{c[3]}s{c[4]}c{c[6]}p{c[7]}" for c in POOLS])
+def test_pooling_compiled_and_numpy(case):
+    channels, size, op, kernel, stride, pads, ceil, include_pad = case
+    rng = np.random.default_rng()  # fresh inputs and weights every run
+    _both_ways_match_onnxruntime(_pool_model(channels, size, op, kernel, stride, pads, ceil, include_pad),
+                                 (1, channels, size, size), rng)
+
+
+@pytest.mark.parametrize("model_name", ["mobilenet_v2", "squeezenet1_1"])
+def test_a_zoo_model_on_numpy_kernels_alone(model_name):
+    """The zoo runs on the compiled loops in every other test; here the NumPy reference kernels
+    carry a whole network (depthwise convolutions, pooling) against ONNX Runtime."""
+    from gpumnn.benchmark import load_model
+
+    import onnxruntime as ort
+
+    net, model_bytes, feed = load_model(model_name)
+    ref = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    got = next(iter(net.session(backend="cpu", jit=False, threads=2).run(feed).values()))
+    assert rel_l2(got, ref) < 1e-3
+
+
+def test_jit_option_is_checked():
+    with pytest.raises(BackendOptionError, match="jit"):
+        gpumnn.backends.create_backend("cpu", jit="yes")
+
+
+def test_jit_without_numba_says_why(monkeypatch):
+    monkeypatch.setattr(cpu_jit, "numba", None)
+    monkeypatch.setattr(cpu_jit, "MISSING", "Numba is not importable (test)")
+    with pytest.raises(BackendUnavailableError, match="Numba is not importable"):
+        gpumnn.backends.create_backend("cpu", jit=True)
+    backend = gpumnn.backends.create_backend("cpu")  # unset: the NumPy kernels, and it says so
+    assert not backend.jit and "Numba" not in backend.info.device
