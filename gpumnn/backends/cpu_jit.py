@@ -68,6 +68,12 @@ def _kernel(fn: Callable) -> Callable:
         return numba.njit(nogil=True, fastmath=_FAST, boundscheck=False)(fn)
 
 
+def _inlined(fn: Callable) -> Callable:
+    """``fn`` inlined into its callers by Numba (in its IR, before LLVM): the loops in a row
+    function called as a function of its own ran 2-4x slower than written out in the caller."""
+    return numba.njit(inline="always", fastmath=_FAST, boundscheck=False)(fn) if numba else fn
+
+
 def bind(kernel: Callable, *args: Any) -> Callable[..., None]:
     """``kernel`` compiled for these arguments' types (from the on-disk cache where Numba has it),
     as its machine-code entry point: calling it skips the dispatcher's type checks."""
@@ -83,29 +89,46 @@ def bind(kernel: Callable, *args: Any) -> Callable[..., None]:
 # output row is computed whole from it.
 
 @_kernel
+def _taps3x3(w):
+    """A channel's nine weights as scalars (registers in the loops below)."""
+    return w[0, 0], w[0, 1], w[0, 2], w[1, 0], w[1, 1], w[1, 2], w[2, 0], w[2, 1], w[2, 2]
+
+
+@_inlined
+def _into_plane(channel, plane, pt, pl):
+    """A channel [H, W] copied into its zero-bordered plane at (pt, pl)."""
+    w = channel.shape[1]
+    for iy in range(channel.shape[0]):
+        src, dst = channel[iy], plane[iy + pt, pl:pl + w]
+        for ix in range(w):
+            dst[ix] = src[ix]
+
+
+@_inlined
+def _depthwise_row(o, t0, t1, t2, t3, t4, t5, t6, t7, t8, weights, b, lo, hi):
+    """o[ox] = clamp(b + the nine taps' rows at ox times their weights)."""
+    w0, w1, w2, w3, w4, w5, w6, w7, w8 = weights
+    for ox in range(o.shape[0]):
+        v = (b + w0 * t0[ox] + w1 * t1[ox] + w2 * t2[ox] + w3 * t3[ox] + w4 * t4[ox] + w5 * t5[ox]
+             + w6 * t6[ox] + w7 * t7[ox] + w8 * t8[ox])
+        o[ox] = min(max(v, lo), hi)
+
+
+@_kernel
 def depthwise3x3_s1(x, w, bias, out, pt, pl, lo, hi):
     c_count, h, wd = x.shape
     oh, ow = out.shape[1], out.shape[2]
     plane = np.zeros((max(h + pt, oh + 2), max(wd + pl, ow + 2)), np.float32)
     for c in range(c_count):
-        for iy in range(h):
-            src = x[c, iy]
-            dst = plane[iy + pt, pl:pl + wd]
-            for ix in range(wd):
-                dst[ix] = src[ix]
-        w0, w1, w2 = w[c, 0, 0], w[c, 0, 1], w[c, 0, 2]
-        w3, w4, w5 = w[c, 1, 0], w[c, 1, 1], w[c, 1, 2]
-        w6, w7, w8 = w[c, 2, 0], w[c, 2, 1], w[c, 2, 2]
+        _into_plane(x[c], plane, pt, pl)
+        weights = _taps3x3(w[c])
         b = bias[c]
         for oy in range(oh):
             o = out[c, oy]
             r0, r1, r2 = plane[oy], plane[oy + 1], plane[oy + 2]
             a0, a1, a2 = r0[1:], r1[1:], r2[1:]
             b0, b1, b2 = r0[2:], r1[2:], r2[2:]
-            for ox in range(ow):
-                v = (b + w0 * r0[ox] + w1 * a0[ox] + w2 * b0[ox] + w3 * r1[ox] + w4 * a1[ox] + w5 * b1[ox]
-                     + w6 * r2[ox] + w7 * a2[ox] + w8 * b2[ox])
-                o[ox] = min(max(v, lo), hi)
+            _depthwise_row(o, r0, a0, b0, r1, a1, b1, r2, a2, b2, weights, b, lo, hi)
 
 
 @_kernel
@@ -132,9 +155,7 @@ def depthwise3x3_s2(x, w, bias, out, pt, pl, lo, hi):
             od, so = odd[iy + pt, o0:], src[2 * o0 + 1 - pl:]
             for j in range(o1 - o0):
                 od[j] = so[2 * j]
-        w0, w1, w2 = w[c, 0, 0], w[c, 0, 1], w[c, 0, 2]
-        w3, w4, w5 = w[c, 1, 0], w[c, 1, 1], w[c, 1, 2]
-        w6, w7, w8 = w[c, 2, 0], w[c, 2, 1], w[c, 2, 2]
+        weights = _taps3x3(w[c])
         b = bias[c]
         for oy in range(oh):
             o = out[c, oy]
@@ -142,10 +163,7 @@ def depthwise3x3_s2(x, w, bias, out, pt, pl, lo, hi):
             p0, p1, p2 = even[y], even[y + 1], even[y + 2]
             q0, q1, q2 = odd[y], odd[y + 1], odd[y + 2]
             n0, n1, n2 = p0[1:], p1[1:], p2[1:]
-            for ox in range(ow):
-                v = (b + w0 * p0[ox] + w1 * q0[ox] + w2 * n0[ox] + w3 * p1[ox] + w4 * q1[ox] + w5 * n1[ox]
-                     + w6 * p2[ox] + w7 * q2[ox] + w8 * n2[ox])
-                o[ox] = min(max(v, lo), hi)
+            _depthwise_row(o, p0, q0, n0, p1, q1, n1, p2, q2, n2, weights, b, lo, hi)
 
 
 @_kernel
@@ -158,11 +176,7 @@ def depthwise_any(x, w, bias, out, sh, sw, dh, dw, pt, pl, lo, hi):
                       max(wd + pl, (ow - 1) * sw + (kw - 1) * dw + 1)), np.float32)
     acc = np.empty(ow, np.float32)
     for c in range(c_count):
-        for iy in range(h):
-            src = x[c, iy]
-            dst = plane[iy + pt, pl:pl + wd]
-            for ix in range(wd):
-                dst[ix] = src[ix]
+        _into_plane(x[c], plane, pt, pl)
         for oy in range(oh):
             b = bias[c]
             for ox in range(ow):
