@@ -65,7 +65,8 @@ def _both_ways_match_onnxruntime(model, shape, rng):
 # (channels, size, kernel, stride, dilation, pads t/l/b/r, activation, bias)
 DEPTHWISE = [
     (96, 28, 3, 2, 1, [1, 1, 1, 1], "relu6", True),    # MobileNet's stride-2 kernel
-    (32, 19, 3, 1, 1, [1, 1, 1, 1], "relu", True),     # stride 1, odd size
+    (32, 19, 3, 1, 1, [1, 1, 1, 1], "relu", True),     # stride 1, odd size: the plane as one flat row
+    (16, 66, 3, 1, 1, [1, 1, 0, 1], "relu6", True),    # stride 1, a plane past FLAT_PLANE_MAX: row by row
     (16, 15, 3, 2, 1, [0, 0, 1, 1], "relu", True),     # TensorFlow's SAME: padding after only
     (16, 9, 3, 2, 1, [2, 1, 0, 2], None, False),       # uneven padding, no bias, no activation
     (24, 20, 5, 2, 1, [2, 2, 2, 2], "sigmoid", True),  # 5x5 (the generic loop), an activation after
@@ -101,6 +102,11 @@ def test_convolution_epilogues_compiled_and_numpy(case):
     rng = np.random.default_rng()  # fresh inputs and weights every run
     model = _conv_model(channels, size, kernel, stride, 1, pads, 1, out_channels, activation, bias, rng)
     _both_ways_match_onnxruntime(model, (1, channels, size, size), rng)
+
+
+def test_both_stride_1_depthwise_loops_are_covered():
+    flat, rows = (cpu_jit.depthwise_kernel((3, 3), (1, 1), (1, 1), (size + 2, size + 2))[0] for size in (19, 66))
+    assert flat is cpu_jit.depthwise3x3_s1_flat and rows is cpu_jit.depthwise3x3_s1
 
 
 def test_the_winograd_scheme_runs_with_the_compiled_epilogue():

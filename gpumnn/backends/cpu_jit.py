@@ -116,6 +116,7 @@ def _depthwise_row(o, t0, t1, t2, t3, t4, t5, t6, t7, t8, weights, b, lo, hi):
 
 @_kernel
 def depthwise3x3_s1(x, w, bias, out, pt, pl, lo, hi):
+    """Stride 1, a row loop per output row: for planes too large for L1 as one flat row."""
     c_count, h, wd = x.shape
     oh, ow = out.shape[1], out.shape[2]
     plane = np.zeros((max(h + pt, oh + 2), max(wd + pl, ow + 2)), np.float32)
@@ -129,6 +130,30 @@ def depthwise3x3_s1(x, w, bias, out, pt, pl, lo, hi):
             a0, a1, a2 = r0[1:], r1[1:], r2[1:]
             b0, b1, b2 = r0[2:], r1[2:], r2[2:]
             _depthwise_row(o, r0, a0, b0, r1, a1, b1, r2, a2, b2, weights, b, lo, hi)
+
+
+@_kernel
+def depthwise3x3_s1_flat(x, w, bias, out, pt, pl, lo, hi):
+    """Stride 1 on a small plane: the zero-bordered plane is one flat row, and so is the output
+    at the plane's width (two columns of each row computed and dropped), copied out after: one
+    loop of 9 taps per channel instead of one per output row, which at 14x14 spent its time
+    starting loops of 14 (measured 0.186 -> 0.082 ms, 384 channels 14x14; 0.38 -> 0.31 at 144
+    channels 56x56; slower, 0.26 -> 0.35, at 32 channels 112x112, whose plane is not in L1)."""
+    c_count, h, wd = x.shape
+    oh, ow = out.shape[1], out.shape[2]
+    rows, width = max(h + pt, oh + 2), max(wd + pl, ow + 2)
+    flat = np.zeros(rows * width, np.float32)
+    plane = flat.reshape(rows, width)
+    acc = np.empty((oh - 1) * width + ow, np.float32)
+    f1, f2, g0, g1, g2, h0, h1, h2 = (flat[1:], flat[2:], flat[width:], flat[width + 1:], flat[width + 2:],
+                                      flat[2 * width:], flat[2 * width + 1:], flat[2 * width + 2:])
+    for c in range(c_count):
+        _into_plane(x[c], plane, pt, pl)
+        _depthwise_row(acc, flat, f1, f2, g0, g1, g2, h0, h1, h2, _taps3x3(w[c]), bias[c], lo, hi)
+        for oy in range(oh):
+            src, dst = acc[oy * width:], out[c, oy]
+            for ox in range(ow):
+                dst[ox] = src[ox]
 
 
 @_kernel
@@ -193,11 +218,19 @@ def depthwise_any(x, w, bias, out, sh, sw, dh, dw, pt, pl, lo, hi):
                 o[ox] = min(max(acc[ox], lo), hi)
 
 
-def depthwise_kernel(kernel: tuple[int, int], strides: tuple[int, int], dilations: tuple[int, int]) -> tuple[Callable, tuple]:
-    """The depthwise kernel for this geometry and the arguments it takes between ``out`` and
-    (pt, pl, lo, hi)."""
-    if kernel == (3, 3) and dilations == (1, 1) and strides in ((1, 1), (2, 2)):
-        return (depthwise3x3_s1 if strides == (1, 1) else depthwise3x3_s2), ()
+#: a stride-1 plane of at most this many elements (it and the flat output: 32 KiB, an L1) runs
+#: as one flat row (``depthwise3x3_s1_flat``)
+FLAT_PLANE_MAX = 4096
+
+
+def depthwise_kernel(kernel: tuple[int, int], strides: tuple[int, int], dilations: tuple[int, int],
+                     padded_hw: tuple[int, int]) -> tuple[Callable, tuple]:
+    """The depthwise kernel for this geometry (``padded_hw``: the input's size with its padding)
+    and the arguments it takes between ``out`` and (pt, pl, lo, hi)."""
+    if kernel == (3, 3) and dilations == (1, 1) and strides == (1, 1):
+        return (depthwise3x3_s1_flat if padded_hw[0] * padded_hw[1] <= FLAT_PLANE_MAX else depthwise3x3_s1), ()
+    if kernel == (3, 3) and dilations == (1, 1) and strides == (2, 2):
+        return depthwise3x3_s2, ()
     return depthwise_any, (*strides, *dilations)
 
 
