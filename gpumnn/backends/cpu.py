@@ -666,8 +666,8 @@ def _depthwise(op: A.Conv2D, x, weight, out, pads, finish, pool: Workers, parts:
 def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts: int) -> OpPlan:
     """The depthwise convolution as ``cpu_jit``'s one-pass loops on channel spans, the bias and a
     clamp activation applied in the loop (others after, on the span). Measured on one thread
-    against ``_depthwise`` on two, MobileNet-v2's sizes: 0.30 against 1.34 ms (144 channels
-    56x56), 1.3 against 3.3 ms (96 channels 112x112, stride 2)."""
+    against ``_depthwise`` on two, MobileNet-v2's sizes: 0.26-0.30 against 1.34 ms (144 channels
+    56x56), 0.46-0.58 against 3.3 ms (96 channels 112x112, stride 2)."""
     n, c = op.batch, op.in_channels
     (oh, ow), (kh, kw) = op.out_hw, op.kernel
     top, left, bottom, right = _conv_pads(op)
