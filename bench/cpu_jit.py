@@ -33,7 +33,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"batch 1, {args.threads} threads, {args.warmup} warm-up + mean of {args.runs} runs, "
           f"{args.repeats} repeats in alternation; ms: median (min-max) over repeats")
-    print(f"{'model':<20} {'numpy ms':>20} {'jit ms':>20} {'ORT ms':>20} {'jit/numpy':>20} {'jit/ORT':>20}  err")
+    columns = ("numpy ms", "jit ms", "ORT ms", "jit/numpy", "jit/ORT")
+    print(f"{'model':<20}" + "".join(f"{c:>22}" for c in columns) + "  err")
     for name in args.models:
         net, model_bytes, feed = load_model(name)
         ort = onnxruntime_runner(model_bytes, args.threads)
@@ -42,11 +43,9 @@ def main() -> None:
         err = max(rel_l2(next(iter(s.run(feed).values())), reference) for s in sessions.values())
         samples = alternate({"numpy": lambda: sessions[False].run(feed), "jit": lambda: sessions[True].run(feed),
                              "ort": lambda: ort(feed)}, args.repeats, args.runs, args.warmup)
-        means = {k: [statistics.fmean(r) for r in v] for k, v in samples.items()}
-        cells = [f"{Spread.of(means[k]):.2f}" for k in ("numpy", "jit", "ort")]
-        print(f"{name:<20} {cells[0]:>20} {cells[1]:>20} {cells[2]:>20} "
-              f"{ratios(samples['jit'], samples['numpy']):.3f}".ljust(105) +
-              f" {ratios(samples['jit'], samples['ort']):.2f}".rjust(21) + f"  {err:.1e}", flush=True)
+        cells = [f"{Spread.of([statistics.fmean(r) for r in samples[k]]):.2f}" for k in ("numpy", "jit", "ort")]
+        cells += [f"{ratios(samples['jit'], samples['numpy']):.3f}", f"{ratios(samples['jit'], samples['ort']):.2f}"]
+        print(f"{name:<20}" + "".join(f"{c:>22}" for c in cells) + f"  {err:.1e}", flush=True)
         for sess in sessions.values():
             sess.close()
 

@@ -105,7 +105,12 @@ def test_convolution_epilogues_compiled_and_numpy(case):
 
 
 def test_both_stride_1_depthwise_loops_are_covered():
-    flat, rows = (cpu_jit.depthwise_kernel((3, 3), (1, 1), (1, 1), (size + 2, size + 2))[0] for size in (19, 66))
+    from gpumnn import atomic as A
+
+    flat, rows = (cpu_jit.depthwise_kernel(A.Conv2D(inputs=("x", "w"), outputs=("y",), source="test", in_channels=8,
+                                                    out_channels=8, groups=8, in_hw=(size, size),
+                                                    out_hw=(size, size), kernel=(3, 3), pads=(1, 1)))[0]
+                  for size in (19, 66))
     assert flat is cpu_jit.depthwise3x3_s1_flat and rows is cpu_jit.depthwise3x3_s1
 
 

@@ -499,6 +499,17 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False):
     return OpPlan((run_im2col,), "im2col")
 
 
+def _compiled_epilogue(activation: A.Activation, bias: np.ndarray | None,
+                       channels: int) -> tuple[np.ndarray, np.float32, np.float32, Callable | None]:
+    """What ``cpu_jit``'s loops take for a bias and an activation: the bias per channel (zeros
+    where there is none), the clamp (lo, hi) they apply in the loop (+-inf: none), and the
+    activation to run after them where it is not a clamp (else None)."""
+    clamp = cpu_jit.clamp_of(activation)
+    lo, hi = (np.float32(v) for v in (clamp or (-np.inf, np.inf)))
+    bias1 = bias.reshape(channels) if bias is not None else np.zeros(channels, np.float32)
+    return bias1, lo, hi, None if clamp else _epilogue(activation)
+
+
 def _conv_epilogue(op: A.Conv2D, out: np.ndarray, bias: np.ndarray | None,
                    jit: bool) -> Callable[[int, int, int, int, int], None]:
     """``finish(b, o0, o1, p0, p1)``: the bias and activation of image b's output channels
@@ -516,8 +527,7 @@ def _conv_epilogue(op: A.Conv2D, out: np.ndarray, bias: np.ndarray | None,
         return finish
     if bias is None and op.activation is None:
         return lambda *block: None
-    bias1 = bias.reshape(-1) if bias is not None else np.zeros(out.shape[1], np.float32)
-    lo, hi = np.float32(clamp[0]), np.float32(clamp[1])
+    bias1, lo, hi, _ = _compiled_epilogue(op.activation, bias, out.shape[1])
     compiled = cpu_jit.bind(cpu_jit.bias_clamp, out[0], bias1, 0, 0, 0, 0, lo, hi)
     return lambda b, o0, o1, p0, p1: compiled(out[b], bias1, o0, o1, p0, p1, lo, hi)
 
@@ -558,10 +568,7 @@ def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: in
     size = a * a * max(c, oc) * max(t1 - t0 for t0, t1 in spans) * tw
     scratch = [(np.empty(size, np.float32), np.empty(size, np.float32)) for _ in range(pool.threads)]
     if jit:  # the output tiles put in place with the bias and a clamp in one compiled pass
-        clamp = cpu_jit.clamp_of(op.activation)
-        lo, hi = (np.float32(v) for v in (clamp or (-np.inf, np.inf)))
-        act = None if clamp else act
-        bias1 = bias.reshape(oc) if bias is not None else np.zeros(oc, np.float32)
+        bias1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
         t = max(t1 - t0 for t0, t1 in spans)
         place = cpu_jit.bind(cpu_jit.winograd_place, scratch[0][1][:n * n * oc * t * tw].reshape(n, n, oc, t, tw),
                              bias1, out4[0], 0, lo, hi)
@@ -665,30 +672,26 @@ def _depthwise(op: A.Conv2D, x, weight, out, pads, finish, pool: Workers, parts:
 
 def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts: int) -> OpPlan:
     """The depthwise convolution as ``cpu_jit``'s one-pass loops on channel spans, the bias and a
-    clamp activation applied in the loop (others after, on the span). Measured on one thread
-    against ``_depthwise`` on two, MobileNet-v2's sizes: 0.26-0.30 against 1.34 ms (144 channels
-    56x56), 0.46-0.58 against 3.3 ms (96 channels 112x112, stride 2)."""
+    clamp activation applied in the loop (others after, on the span), each thread on its own
+    scratch plane. Measured on one thread against ``_depthwise`` on two, MobileNet-v2's sizes:
+    0.26-0.30 against 1.34 ms (144 channels 56x56), 0.46-0.58 against 3.3 ms (96 channels
+    112x112, stride 2)."""
     n, c = op.batch, op.in_channels
     (oh, ow), (kh, kw) = op.out_hw, op.kernel
-    top, left, bottom, right = _conv_pads(op)
-    kernel, geometry = cpu_jit.depthwise_kernel(op.kernel, op.strides, op.dilations,
-                                                (op.in_hw[0] + top + bottom, op.in_hw[1] + left + right))
-    clamp = cpu_jit.clamp_of(op.activation)
-    lo, hi = (np.float32(v) for v in (clamp or (-np.inf, np.inf)))
-    act = None if clamp else _epilogue(op.activation)
+    kernel, scratch_shapes, geometry = cpu_jit.depthwise_kernel(op)
+    b1, lo, hi, act = _compiled_epilogue(op.activation, bias, c)
     w3 = weight.reshape(c, kh, kw)  # a view: W may be a run-time tensor
-    b1 = bias.reshape(c) if bias is not None else np.zeros(c, np.float32)
     out4 = out.reshape(n, c, oh, ow)
-    calls = [(x[b, c0:c1], w3[c0:c1], b1[c0:c1], out4[b, c0:c1], *geometry, top, left, lo, hi)
-             for b in range(n) for c0, c1 in _spans(c, parts)]
-    compiled = cpu_jit.bind(kernel, *calls[0])
+    scratch = [tuple(np.zeros(shape, np.float32) for shape in scratch_shapes) for _ in range(pool.threads)]
+    spans = [(x[b, c0:c1], w3[c0:c1], b1[c0:c1], out4[b, c0:c1]) for b in range(n) for c0, c1 in _spans(c, parts)]
+    tail = (*geometry, *op.pads[:2], lo, hi)
+    compiled = cpu_jit.bind(kernel, *spans[0], *scratch[0], *tail)
 
     def span(index: int, slot: int) -> None:
-        args = calls[index]
-        compiled(*args)
+        compiled(*spans[index], *scratch[slot], *tail)
         if act:
-            act(args[3])
-    return OpPlan((_on_pool(pool, len(calls), span),), "depthwise", keep=(b1,))
+            act(spans[index][3])
+    return OpPlan((_on_pool(pool, len(spans), span),), "depthwise", keep=(b1, scratch))
 
 
 def _make_conv_transpose2d(op: A.ConvTranspose2D, ins, outs, pool: Workers):
@@ -767,21 +770,25 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, jit: bool = False):
 
 def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers) -> OpPlan:
     """3x3 pooling as ``cpu_jit.pool3x3`` on channel spans: one pass reading the input in place
-    (no padded copy, no row-window scratch), the nine taps combined in registers. Measured on
-    one thread, ms: SqueezeNet-1.1's 3x3 stride-2 max pools 0.68 (64 channels 111x111) and 0.45
-    (128x55x55), where ``_separable_windows`` took 0.76 and 0.43 on two; Inception-v3's stride-1
-    average pools 0.78 (192x35x35) and 1.4 (768x17x17), against 0.64 and 0.71 on two."""
+    (no padded copy, no row-window scratch), the nine taps combined in registers, each thread on
+    its own scratch of rows split by phase. Measured on one thread, ms: SqueezeNet-1.1's 3x3
+    stride-2 max pools 0.68 (64 channels 111x111) and 0.45 (128x55x55), where
+    ``_separable_windows`` took 0.76 and 0.43 on two; Inception-v3's stride-1 average pools 0.78
+    (192x35x35) and 1.4 (768x17x17), against 0.64 and 0.71 on two."""
     n, c = op.batch, op.channels
-    (sh, sw), (top, left) = op.strides, op.pads[:2]
+    (h, _), (oh, ow), (sh, sw), (top, left) = op.in_hw, op.out_hw, op.strides, op.pads[:2]
     if op.op == "max":
-        border, combine, scale = np.float32(-np.inf), cpu_jit.max_row, np.ones(op.out_hw, np.float32)
+        border, combine, scale = -np.inf, cpu_jit.max_row, np.ones(op.out_hw, np.float32)
     else:
-        border, combine, scale = np.float32(0.0), cpu_jit.mean_row, inv_count
-    parts = _parts(pool, n * c * 9 * op.out_hw[0] * op.out_hw[1], DEPTHWISE_PARALLEL_MIN)
-    calls = [(x[b, c0:c1], out[b, c0:c1], scale, border, combine, sh, sw, top, left)
-             for b in range(n) for c0, c1 in _spans(c, parts)]
-    compiled = cpu_jit.bind(cpu_jit.pool3x3, *calls[0])
-    return OpPlan((_on_pool(pool, len(calls), lambda index, slot: compiled(*calls[index])),), keep=(scale,))
+        border, combine, scale = 0.0, cpu_jit.mean_row, inv_count
+    shape = cpu_jit.phases_shape(h, top, oh, ow, sh, sw)
+    scratch = [np.full(shape, border, np.float32) for _ in range(pool.threads)]
+    parts = _parts(pool, n * c * 9 * oh * ow, DEPTHWISE_PARALLEL_MIN)
+    spans = [(x[b, c0:c1], out[b, c0:c1], scale) for b in range(n) for c0, c1 in _spans(c, parts)]
+    tail = (combine, sh, sw, top, left)
+    compiled = cpu_jit.bind(cpu_jit.pool3x3, *spans[0], scratch[0], *tail)
+    return OpPlan((_on_pool(pool, len(spans), lambda index, slot: compiled(*spans[index], scratch[slot], *tail)),),
+                  keep=(scale, scratch))
 
 
 def _separable_windows(xp: np.ndarray, kernel, strides, out: np.ndarray, combine: np.ufunc) -> Callable[[], None]:

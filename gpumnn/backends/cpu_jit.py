@@ -13,10 +13,13 @@ channel spans of one op side by side, as they run NumPy chunks. Kernels are comp
 argument types an execution binds when it is created (``bind``), so a run neither compiles nor
 dispatches on types; compiled code is cached on disk by Numba (``cache=True``).
 
-Loops index slices taken outside the loop (``row[1:]``), never ``row[i + k]``: an index Numba
-cannot prove non-negative gets a wraparound branch that stops LLVM vectorising (measured 31 ->
-3 GFLOP/s on one axpy). Each stride has its own function for the same reason: a stride tested
-inside the row loop kept the 3x3 loop from vectorising (0.71 -> 0.30 ms, 144 channels 56x56).
+What keeps LLVM from vectorising a loop, measured here: an index Numba cannot prove
+non-negative (``row[i + k]`` gets a wraparound branch: 31 -> 3 GFLOP/s on one axpy), a run-time
+stride in an index (``row[i * s]``), a test inside the loop (a stride tested in the row loop:
+0.71 against 0.30 ms, 144 channels 56x56), float64 mixed into float32 arithmetic, and a row loop
+in a function of its own that Numba does not inline (2-4x slower). Hence slices taken outside
+loops, rows split by stride phase first, a kernel per stride, ``_inlined`` row functions and
+np.float32 scalars.
 """
 from __future__ import annotations
 
@@ -82,13 +85,42 @@ def bind(kernel: Callable, *args: Any) -> Callable[..., None]:
     return kernel.overloads[signature].entry_point
 
 
-# -- depthwise convolution --------------------------------------------------------------------
-# x [C, H, W], w [C, KH, KW], bias [C], out [C, OH, OW], all float32; pt, pl: top and left
-# padding (bottom and right follow from the output size); lo, hi: the clamp. Each channel's
-# zero-bordered plane is built in a scratch the size of one channel (in L1/L2), then every
-# output row is computed whole from it.
+# -- 3x3 windows ---------------------------------------------------------------------------------
+# x [C, H, W] -> out [C, OH, OW]. A channel's rows are first split by column phase (column j of
+# the padded row to phases[j % sw, j // sw], the border value around them), so that tap kx of
+# output column ox reads phases[kx % sw, ox + kx // sw]: contiguous loads for every stride (a
+# load of row[ox * sw] with a run-time stride ran scalar, 1.7 ms for SqueezeNet's first pool,
+# against 0.68 ms so).
 
 @_kernel
+def _split_phases(src, phases, sw, pl):
+    """phases[p, j] = src[j sw + p - pl] where that is inside ``src`` and ``phases``; the rest is
+    left alone."""
+    w = src.shape[0]
+    for p in range(sw):
+        first = (p - pl) % sw  # first input column of phase p
+        if first >= w:
+            continue
+        dst, row = phases[p, (first + pl) // sw:], src[first:]
+        for j in range(min((w - 1 - first) // sw + 1, dst.shape[0])):  # columns no window reads stop at the edge
+            dst[j] = row[j * sw]
+
+
+def phases_shape(h: int, pt: int, oh: int, ow: int, sh: int, sw: int) -> tuple[int, int, int]:
+    """The scratch of a channel's padded rows split by column phase, for 3-wide windows:
+    [rows, sw phases, columns per phase]."""
+    return max(pt + h, (oh - 1) * sh + 3), sw, ow + 2 // sw + 1
+
+
+# -- depthwise convolution --------------------------------------------------------------------
+# x [C, H, W], w [C, KH, KW], bias [C], out [C, OH, OW], all float32; then the kernel's scratch
+# (``depthwise_kernel`` gives the shapes: allocated zeroed once per thread when the execution is
+# created, never in a run; the loops write only where input lands, so the zero border stays);
+# pt, pl: top and left padding (bottom and right follow from the output size); lo, hi: the
+# clamp. Each channel's zero-bordered plane is built in the scratch (in L1/L2), then every
+# output row is computed whole from it.
+
+@_inlined
 def _taps3x3(w):
     """A channel's nine weights as scalars (registers in the loops below)."""
     return w[0, 0], w[0, 1], w[0, 2], w[1, 0], w[1, 1], w[1, 2], w[2, 0], w[2, 1], w[2, 2]
@@ -115,39 +147,30 @@ def _depthwise_row(o, t0, t1, t2, t3, t4, t5, t6, t7, t8, weights, b, lo, hi):
 
 
 @_kernel
-def depthwise3x3_s1(x, w, bias, out, pt, pl, lo, hi):
+def depthwise3x3_s1(x, w, bias, out, plane, pt, pl, lo, hi):
     """Stride 1, a row loop per output row: for planes too large for L1 as one flat row."""
-    c_count, h, wd = x.shape
-    oh, ow = out.shape[1], out.shape[2]
-    plane = np.zeros((max(h + pt, oh + 2), max(wd + pl, ow + 2)), np.float32)
-    for c in range(c_count):
+    for c in range(x.shape[0]):
         _into_plane(x[c], plane, pt, pl)
         weights = _taps3x3(w[c])
         b = bias[c]
-        for oy in range(oh):
-            o = out[c, oy]
+        for oy in range(out.shape[1]):
             r0, r1, r2 = plane[oy], plane[oy + 1], plane[oy + 2]
-            a0, a1, a2 = r0[1:], r1[1:], r2[1:]
-            b0, b1, b2 = r0[2:], r1[2:], r2[2:]
-            _depthwise_row(o, r0, a0, b0, r1, a1, b1, r2, a2, b2, weights, b, lo, hi)
+            _depthwise_row(out[c, oy], r0, r0[1:], r0[2:], r1, r1[1:], r1[2:], r2, r2[1:], r2[2:], weights, b, lo, hi)
 
 
 @_kernel
-def depthwise3x3_s1_flat(x, w, bias, out, pt, pl, lo, hi):
+def depthwise3x3_s1_flat(x, w, bias, out, plane, acc, pt, pl, lo, hi):
     """Stride 1 on a small plane: the zero-bordered plane is one flat row, and so is the output
     at the plane's width (two columns of each row computed and dropped), copied out after: one
     loop of 9 taps per channel instead of one per output row, which at 14x14 spent its time
     starting loops of 14 (measured 0.186 -> 0.082 ms, 384 channels 14x14; 0.38 -> 0.31 at 144
     channels 56x56; slower, 0.26 -> 0.35, at 32 channels 112x112, whose plane is not in L1)."""
-    c_count, h, wd = x.shape
     oh, ow = out.shape[1], out.shape[2]
-    rows, width = max(h + pt, oh + 2), max(wd + pl, ow + 2)
-    flat = np.zeros(rows * width, np.float32)
-    plane = flat.reshape(rows, width)
-    acc = np.empty((oh - 1) * width + ow, np.float32)
+    width = plane.shape[1]
+    flat = plane.reshape(plane.size)
     f1, f2, g0, g1, g2, h0, h1, h2 = (flat[1:], flat[2:], flat[width:], flat[width + 1:], flat[width + 2:],
                                       flat[2 * width:], flat[2 * width + 1:], flat[2 * width + 2:])
-    for c in range(c_count):
+    for c in range(x.shape[0]):
         _into_plane(x[c], plane, pt, pl)
         _depthwise_row(acc, flat, f1, f2, g0, g1, g2, h0, h1, h2, _taps3x3(w[c]), bias[c], lo, hi)
         for oy in range(oh):
@@ -157,64 +180,38 @@ def depthwise3x3_s1_flat(x, w, bias, out, pt, pl, lo, hi):
 
 
 @_kernel
-def depthwise3x3_s2(x, w, bias, out, pt, pl, lo, hi):
-    """Stride 2: each padded row is split once into its even and odd columns, so the three taps
-    of a row read contiguous memory (even[ox], odd[ox], even[ox + 1]) instead of gathering every
-    other element three times (measured 2.0 -> 1.3 ms, 96 channels 112x112)."""
-    c_count, h, wd = x.shape
-    oh, ow = out.shape[1], out.shape[2]
-    rows = max(h + pt, 2 * oh + 1)
-    half = ow + 1
-    even = np.zeros((rows, half), np.float32)
-    odd = np.zeros((rows, half), np.float32)
-    e0 = (pl + 1) // 2  # first even padded column holding input: input column 2 e0 - pl
-    e1 = min(half, (wd - 1 + pl) // 2 + 1)
-    o0 = pl // 2  # first odd padded column: input column 2 o0 + 1 - pl
-    o1 = min(half, (wd - 2 + pl) // 2 + 1)
-    for c in range(c_count):
-        for iy in range(h):
-            src = x[c, iy]
-            ev, se = even[iy + pt, e0:], src[2 * e0 - pl:]
-            for j in range(e1 - e0):
-                ev[j] = se[2 * j]
-            od, so = odd[iy + pt, o0:], src[2 * o0 + 1 - pl:]
-            for j in range(o1 - o0):
-                od[j] = so[2 * j]
+def depthwise3x3_s2(x, w, bias, out, phases, pt, pl, lo, hi):
+    """Stride 2: each padded row split once into its even and odd columns (``_split_phases``), so
+    the three taps of a row read contiguous memory (even[ox], odd[ox], even[ox + 1]) instead of
+    gathering every other element three times (measured 2.0 -> 1.3 ms, 96 channels 112x112)."""
+    for c in range(x.shape[0]):
+        for iy in range(x.shape[1]):
+            _split_phases(x[c, iy], phases[pt + iy], 2, pl)
         weights = _taps3x3(w[c])
         b = bias[c]
-        for oy in range(oh):
-            o = out[c, oy]
-            y = 2 * oy
-            p0, p1, p2 = even[y], even[y + 1], even[y + 2]
-            q0, q1, q2 = odd[y], odd[y + 1], odd[y + 2]
-            n0, n1, n2 = p0[1:], p1[1:], p2[1:]
-            _depthwise_row(o, p0, q0, n0, p1, q1, n1, p2, q2, n2, weights, b, lo, hi)
+        for oy in range(out.shape[1]):
+            p0, p1, p2 = phases[2 * oy], phases[2 * oy + 1], phases[2 * oy + 2]
+            _depthwise_row(out[c, oy], p0[0], p0[1], p0[0, 1:], p1[0], p1[1], p1[0, 1:], p2[0], p2[1], p2[0, 1:],
+                           weights, b, lo, hi)
 
 
 @_kernel
-def depthwise_any(x, w, bias, out, sh, sw, dh, dw, pt, pl, lo, hi):
+def depthwise_any(x, w, bias, out, plane, acc, sh, sw, dh, dw, pt, pl, lo, hi):
     """Any kernel size, stride and dilation: a tap at a time into a row accumulator."""
-    c_count, h, wd = x.shape
-    oh, ow = out.shape[1], out.shape[2]
     kh, kw = w.shape[1], w.shape[2]
-    plane = np.zeros((max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1),
-                      max(wd + pl, (ow - 1) * sw + (kw - 1) * dw + 1)), np.float32)
-    acc = np.empty(ow, np.float32)
-    for c in range(c_count):
+    for c in range(x.shape[0]):
         _into_plane(x[c], plane, pt, pl)
-        for oy in range(oh):
-            b = bias[c]
-            for ox in range(ow):
-                acc[ox] = b
+        for oy in range(out.shape[1]):
+            acc[:] = bias[c]
             for ky in range(kh):
                 row = plane[oy * sh + ky * dh]
                 for kx in range(kw):
                     tap = w[c, ky, kx]
                     shifted = row[kx * dw:]
-                    for ox in range(ow):
+                    for ox in range(acc.shape[0]):
                         acc[ox] += tap * shifted[ox * sw]
             o = out[c, oy]
-            for ox in range(ow):
+            for ox in range(acc.shape[0]):
                 o[ox] = min(max(acc[ox], lo), hi)
 
 
@@ -223,15 +220,19 @@ def depthwise_any(x, w, bias, out, sh, sw, dh, dw, pt, pl, lo, hi):
 FLAT_PLANE_MAX = 4096
 
 
-def depthwise_kernel(kernel: tuple[int, int], strides: tuple[int, int], dilations: tuple[int, int],
-                     padded_hw: tuple[int, int]) -> tuple[Callable, tuple]:
-    """The depthwise kernel for this geometry (``padded_hw``: the input's size with its padding)
-    and the arguments it takes between ``out`` and (pt, pl, lo, hi)."""
-    if kernel == (3, 3) and dilations == (1, 1) and strides == (1, 1):
-        return (depthwise3x3_s1_flat if padded_hw[0] * padded_hw[1] <= FLAT_PLANE_MAX else depthwise3x3_s1), ()
-    if kernel == (3, 3) and dilations == (1, 1) and strides == (2, 2):
-        return depthwise3x3_s2, ()
-    return depthwise_any, (*strides, *dilations)
+def depthwise_kernel(op: A.Conv2D) -> tuple[Callable, list[tuple[int, ...]], tuple]:
+    """The depthwise kernel for this convolution's geometry, the shapes of the per-thread
+    scratch it takes after ``out``, and the arguments it takes between those and (pt, pl, lo, hi)."""
+    (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
+    (sh, sw), (dh, dw), (pt, pl) = op.strides, op.dilations, op.pads[:2]
+    plane = (max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1), max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1))
+    if (kh, kw) == (3, 3) and op.dilations == (1, 1) and op.strides == (1, 1):
+        if plane[0] * plane[1] <= FLAT_PLANE_MAX:
+            return depthwise3x3_s1_flat, [plane, ((oh - 1) * plane[1] + ow,)], ()
+        return depthwise3x3_s1, [plane], ()
+    if (kh, kw) == (3, 3) and op.dilations == (1, 1) and op.strides == (2, 2):
+        return depthwise3x3_s2, [phases_shape(h, pt, oh, ow, 2, 2)], ()
+    return depthwise_any, [plane, (ow,)], (sh, sw, dh, dw)
 
 
 # -- Winograd's output tiles ---------------------------------------------------------------------
@@ -273,26 +274,6 @@ def bias_clamp(out, bias, r0, r1, c0, c1, lo, hi):
             row[i] = min(max(row[i] + b, lo), hi)
 
 
-# x [C, H, W] -> out [C, OH, OW]. A channel's rows are first split by column phase (column j of
-# the padded row to phases[j % sw, j // sw], the border value around them), so that tap kx of
-# output column ox reads phases[kx % sw, ox + kx // sw]: contiguous loads for every stride (a
-# load of row[ox * sw] with a run-time stride ran scalar, 1.7 ms for SqueezeNet's first pool,
-# against 0.68 ms so).
-
-@_kernel
-def _split_phases(src, phases, sw, pl):
-    """phases[p, j] = src[j sw + p - pl] where that is inside ``src`` and ``phases``; the rest is
-    left alone."""
-    w = src.shape[0]
-    for p in range(sw):
-        first = (p - pl) % sw  # first input column of phase p
-        if first >= w:
-            continue
-        dst, row = phases[p, (first + pl) // sw:], src[first:]
-        for j in range(min((w - 1 - first) // sw + 1, dst.shape[0])):  # columns no window reads stop at the edge
-            dst[j] = row[j * sw]
-
-
 @_kernel
 def max_row(o, a0, b0, c0, a1, b1, c1, a2, b2, c2, factor):
     for ox in range(o.shape[0]):
@@ -309,21 +290,19 @@ def mean_row(o, a0, b0, c0, a1, b1, c1, a2, b2, c2, factor):
 
 
 @_kernel
-def pool3x3(x, out, scale, border, combine_row, sh, sw, pt, pl):
+def pool3x3(x, out, scale, phases, combine_row, sh, sw, pt, pl):
     """3x3 windows: out[c, oy, ox] = ``combine_row`` of the window's nine taps (``max_row``, or
-    ``mean_row``: the sum times scale[oy, ox], 1 / the count that divides), in registers. Rows
-    and columns outside the input are ``border`` (-inf for a max, 0 for a sum). The row combiner
-    is a function of its own, not a test in the loop: a loop-invariant test kept the loop scalar."""
-    channels, h, w = x.shape
-    oh, ow = out.shape[1], out.shape[2]
-    rows = max(pt + h, (oh - 1) * sh + 3)
-    plane = np.full((rows, sw, ow + 2 // sw + 1), border, np.float32)
-    for c in range(channels):
-        for iy in range(h):
-            _split_phases(x[c, iy], plane[pt + iy], sw, pl)
-        for oy in range(oh):
+    ``mean_row``: the sum times scale[oy, ox], 1 / the count that divides), in registers.
+    ``phases`` (``phases_shape``) is the caller's scratch, filled once with the border value
+    (-inf for a max, 0 for a sum): the loops write only where input lands. The row combiner is
+    a function of its own, not a test in the loop: a loop-invariant test kept the loop scalar."""
+    ow = out.shape[2]
+    for c in range(x.shape[0]):
+        for iy in range(x.shape[1]):
+            _split_phases(x[c, iy], phases[pt + iy], sw, pl)
+        for oy in range(out.shape[1]):
             y = oy * sh
-            p0, p1, p2 = plane[y], plane[y + 1], plane[y + 2]
+            p0, p1, p2 = phases[y], phases[y + 1], phases[y + 2]
             combine_row(out[c, oy], p0[0, :ow], p0[1 % sw, 1 // sw:], p0[2 % sw, 2 // sw:],
                         p1[0, :ow], p1[1 % sw, 1 // sw:], p1[2 % sw, 2 // sw:],
                         p2[0, :ow], p2[1 % sw, 1 // sw:], p2[2 % sw, 2 // sw:], scale[oy])
