@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import gpumnn  # noqa: E402
 from gpumnn import zoo  # noqa: E402
 from gpumnn.backends import create_backend  # noqa: E402
+from gpumnn.backends.limits import release_freed_memory  # noqa: E402
 from gpumnn.zoo.builder import GraphBuilder  # noqa: E402
 
 MIB = 2 ** 20
@@ -129,6 +130,7 @@ def soak(net: gpumnn.Net, inputs: dict[str, np.ndarray], backend: str, cycles: i
 
     def settled_rss() -> int:
         gc.collect()
+        release_freed_memory()  # what the collection freed, as a session's close does: count held memory only
         return rss_bytes()
 
     started = time.perf_counter()
