@@ -33,10 +33,11 @@ def op_kind(exe) -> str:
     return name
 
 
-def profile(model: str, threads: int, runs: int) -> tuple[list[tuple[str, str, float]], float]:
-    """[(kind, node, median ms)] per execution in run order, and a whole recorded run's median ms."""
+def profile(model: str, threads: int, runs: int, **options) -> tuple[list[tuple[str, str, float]], float]:
+    """[(kind, node, median ms)] per execution in run order, and a whole recorded run's median ms
+    (``options``: the cpu backend's, e.g. regions=False)."""
     net, _, feed = load_model(model)
-    sess = net.session(backend="cpu", threads=threads, fallback=False)
+    sess = net.session(backend="cpu", threads=threads, fallback=False, **options)
     sess.run(feed)
     backend = sess.backends["cpu"]
     state = sess.shape_set().first_state
@@ -62,8 +63,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--no-regions", action="store_true", help="the compiled loops on Python threads, not in native regions")
     args = parser.parse_args()
-    rows, whole = profile(args.model, args.threads, args.runs)
+    rows, whole = profile(args.model, args.threads, args.runs, **({"regions": False} if args.no_regions else {}))
     total = sum(ms for _, _, ms in rows)
     by_kind: dict[str, list[float]] = collections.defaultdict(list)
     for kind, _, ms in rows:

@@ -1,7 +1,9 @@
 """The cpu backend's compiled loops (``cpu_jit``, Numba) against its NumPy kernels and ONNX Runtime.
 
-The ``backend`` fixture's cpu runs the compiled loops wherever Numba is installed, so the NumPy
-kernels (``jit=False``) are checked here: both against ONNX Runtime, on the geometries where the
+The ``backend`` fixture's cpu runs the compiled loops (in native regions where ``cpu_parallel``
+can start them) wherever Numba is installed, so the other ways are checked here too: the compiled
+loops on the backend's Python threads (``regions=False``) and the NumPy kernels (``jit=False``), all
+against ONNX Runtime, on the geometries where the
 compiled loops have edge cases of their own (padding on one side only, strides 1-3, dilation,
 ceil-mode windows past the input, activations that are and are not a clamp, no bias).
 """
@@ -13,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import gpumnn
 from conftest import onnxruntime_session, rel_l2, require_tool
-from gpumnn.backends import cpu_jit
+from gpumnn.backends import cpu_jit, cpu_parallel
 from gpumnn.errors import BackendOptionError, BackendUnavailableError
 
 TOLERANCE = 1e-4
@@ -49,17 +51,24 @@ def _pool_model(channels, size, op, kernel, stride, pads, ceil, include_pad):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
 
 
-def _both_ways_match_onnxruntime(model, shape, rng):
-    """Run with the compiled loops and with NumPy's kernels: each within TOLERANCE of ONNX Runtime."""
+#: the ways the cpu backend runs an op: the compiled loops in native regions (``cpu_parallel``), the
+#: compiled loops on the backend's Python threads, and NumPy's kernels
+WAYS = ({"jit": True, "regions": True}, {"jit": True, "regions": False}, {"jit": False})
+
+
+def _both_ways_match_onnxruntime(model, shape, rng, names=("x",)):
+    """Run with the compiled loops (in native regions and on Python threads) and with NumPy's
+    kernels: each within TOLERANCE of ONNX Runtime."""
     require_tool("numba", cpu_jit.MISSING)
-    x = rng.standard_normal(shape).astype(np.float32)
-    ref = onnxruntime_session(model).run(None, {"x": x})[0]
+    require_tool("regions", cpu_parallel.available()[1])
+    feed = {name: rng.standard_normal(shape if len(names) == 1 else shape[name]).astype(np.float32) for name in names}
+    ref = onnxruntime_session(model).run(None, feed)[0]
     net = gpumnn.load(model)
-    for jit in (True, False):
-        got = net.session(backend="cpu", jit=jit, threads=2).run({"x": x})["y"]
+    for way in WAYS:
+        got = net.session(backend="cpu", threads=2, **way).run(feed)["y"]
         assert got.shape == ref.shape
         err = rel_l2(got, ref)
-        assert err < TOLERANCE, f"jit={jit}: relative L2 error {err:.2e}"
+        assert err < TOLERANCE, f"{way}: relative L2 error {err:.2e}"
 
 
 # (channels, size, kernel, stride, dilation, pads t/l/b/r, activation, bias)

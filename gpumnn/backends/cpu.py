@@ -21,7 +21,7 @@ from .. import atomic as A
 from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, OpPlan, TensorHandle, constant_words, host_out, kernels_option
 from ..errors import BackendOptionError, BackendUnavailableError
 from .limits import MemoryLimits, host_limits
-from . import cpu_jit
+from . import cpu_jit, cpu_parallel
 from .cpu_math import binary_function, unary_function
 from .cpu_recurrent import cell_step, direction_groups
 from .cpu_workers import Workers, workers
@@ -84,11 +84,15 @@ class CpuBackend(Backend):
         return max(1, min(self.max_concurrent_runs, (os.cpu_count() or 1) // self.threads))
 
     def __init__(self, threads: int | None = None, kernels: str | None = None, jit: bool | None = None,
-                 **unknown: Any):
+                 regions: bool | None = None, **unknown: Any):
         """``threads``: threads per run (default: all cores). ``kernels``: the option every backend
         takes (``base.KERNEL_FAMILIES``), checked only: NumPy has one family. ``jit``: the compiled
         loops of ``cpu_jit`` for the memory-bound ops (None: where Numba is installed; False: NumPy
-        only, the reference they are tested against; True: an error where Numba is missing)."""
+        only, the reference they are tested against; True: an error where Numba is missing).
+        ``regions``: with the compiled loops on more than one thread, GEMMs, depthwise
+        convolutions and pooling as ``cpu_parallel``'s native regions instead of on
+        ``cpu_workers``' Python threads (None: where available; False: never; True: an error
+        where they are not available, saying why)."""
         super().__init__(**unknown)
         kernels_option(kernels, self.name)
         if jit not in (None, True, False):
@@ -96,8 +100,22 @@ class CpuBackend(Backend):
         if jit and not cpu_jit.available():
             raise BackendUnavailableError(f"backend 'cpu': jit=True, but {cpu_jit.MISSING}")
         self.jit = cpu_jit.available() if jit is None else bool(jit)
+        if regions not in (None, True, False):
+            raise BackendOptionError(f"backend 'cpu': regions={regions!r} is not one of None, True, False")
         self.threads = threads or os.cpu_count() or 1
+        self.regions = 0  # threads of cpu_parallel's native regions (0: none)
+        if regions is not False and self.jit and self.threads > 1:
+            ok, why = cpu_parallel.available()
+            if ok:
+                self.regions = cpu_parallel.threads_for(self.threads)
+            elif regions:
+                raise BackendUnavailableError(f"backend 'cpu': regions=True, but {why}")
+        elif regions and not (self.jit and self.threads > 1):
+            raise BackendOptionError(f"backend 'cpu': regions=True needs the compiled loops (jit) on more than one "
+                                     f"thread; here jit={self.jit} and threads={self.threads}")
         loops = f" and Numba {cpu_jit.numba.__version__}" if self.jit else ""
+        if self.regions:
+            loops += f" ({cpu_parallel.available_layer()} regions)"
         self._info = BackendInfo("cpu", f"NumPy {np.__version__}{loops} on {self.threads} thread(s)",
                                  host_cpu_flops(self.threads), 0.0, float("inf"), is_gpu=False)
         self._pool = workers(self.threads)
@@ -138,7 +156,7 @@ class CpuBackend(Backend):
             return Execution(op, inputs, outputs, OpPlan((), "empty"))
         maker = _MAKERS[type(op)]
         if self.jit and maker in _JIT_AWARE:
-            return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, jit=True))
+            return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, jit=True, regions=self.regions))
         return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool))
 
     def _record(self, executions: list[Execution]) -> list[Callable[[], None]]:
@@ -146,11 +164,15 @@ class CpuBackend(Backend):
 
     # -- run -------------------------------------------------------------------------------
     def _submit(self, recording: list[Callable[[], None]]) -> None:
+        if self.regions:
+            cpu_parallel.set_threads(self.regions)  # per calling thread: set on every run
         with self._limiter, np.errstate(all="ignore"):
             for fn in recording:
                 fn()
 
     def _run_eager(self, executions: list[Execution]) -> None:
+        if self.regions:
+            cpu_parallel.set_threads(self.regions)
         with self._limiter, np.errstate(all="ignore"):
             for exe in executions:
                 for fn in exe.work:
@@ -236,6 +258,13 @@ PARALLEL_MIN_MACS = 1 << 24
 DEPTHWISE_PARALLEL_MIN = 1 << 18
 
 
+#: With ``cpu_parallel``'s native regions a product is shared between threads from this many
+#: multiply-adds, a depthwise convolution or pool from this many window elements: a region costs
+#: 2-5 us where a hand-over to ``cpu_workers`` costs 25-50.
+REGION_MIN_MACS = 1 << 20
+REGION_MIN_WINDOWS = 1 << 15
+
+
 def _parts(pool: Workers, work: int, threshold: int) -> int:
     """Chunks to cut an op into: ``CHUNKS_PER_THREAD`` per thread once ``work`` reaches ``threshold``."""
     return pool.threads * CHUNKS_PER_THREAD if pool.threads > 1 and work >= threshold else 1
@@ -315,7 +344,7 @@ def _make_reduce(op: A.Reduce, ins, outs, pool: Workers):
     return OpPlan((lambda: reducer(x, axis=1, out=o),))
 
 
-def _make_matmul(op: A.MatMul, ins, outs, pool: Workers):
+def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, jit: bool = False, regions: int = 0):
     a_shape = (op.batch, op.k, op.m) if op.trans_a else (op.batch, op.m, op.k)
     b_shape = (op.batch, op.n, op.k) if op.trans_b else (op.batch, op.k, op.n)
     a = strided(ins[0], 0, a_shape, (op.a_batch_stride, a_shape[2], 1))
@@ -334,6 +363,18 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers):
     act = _epilogue(op.activation)
     alpha, beta = op.alpha, op.beta
     # blocks of the output: whole batches, else column or row spans (rows in whole repeats of the bias)
+    if regions and o.dtype == np.float32:
+        blocks = _gemm_blocks(a.shape[0], a.shape[1], op.n, op.k, regions, min_macs=REGION_MIN_MACS)
+        bias_spec = None
+        if op.has_bias:
+            bias_spec = (typed(ins[2]), ins[2].offset, op.m, *op.bias_strides)
+        region = _gemm_region(
+            (typed(ins[0]), typed(ins[1]), typed(outs[0])),
+            [(a[bi, m0:m1], b[0 if b.shape[0] == 1 else bi, :, n0:n1], o[bi, m0:m1, n0:n1], m0, n0)
+             for bi, m0, m1, n0, n1 in _expand_batch(blocks, a.shape[0])],
+            op.activation, o, alpha=alpha, bias=bias_spec, beta=beta)
+        if region is not None:
+            return OpPlan((region,))
     blocks = _gemm_blocks(a.shape[0], a.shape[1], op.n, op.k, pool.threads,
                           align_m=rows_per_bias if a.shape[1] != op.m else 1)
     tasks = []
@@ -365,15 +406,15 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers):
     return OpPlan((_on_pool(pool, len(tasks), chunk),))
 
 
-def _gemm_blocks(batch: int, m: int, n: int, k: int, threads: int,
-                 align_m: int = 1) -> list[tuple[int | slice, int, int, int, int]]:
+def _gemm_blocks(batch: int, m: int, n: int, k: int, threads: int, align_m: int = 1,
+                 min_macs: int = PARALLEL_MIN_MACS) -> list[tuple[int | slice, int, int, int, int]]:
     """(batch index, m0, m1, n0, n1) blocks of a batched [m, k] x [k, n] product for ``threads``:
     whole products while there are enough of them, else the longer side of each cut into spans
     (rows in multiples of ``align_m``); one block, the whole batch (index ``slice(None)``: one
     batched call), when the product is too small to share. Measured at threads=2, the
     transformer's attention scores and context (4 heads of 128x64x128, 128x128x64): 0.21 and
     0.20 ms as one block per head handed to the threads, 0.15 ms each as one call."""
-    if threads == 1 or batch * m * n * k < PARALLEL_MIN_MACS:
+    if threads == 1 or batch * m * n * k < min_macs:
         return [(slice(None), 0, m, 0, n)]
     parts = max(1, -(-threads * CHUNKS_PER_THREAD // batch))
     if parts == 1:
@@ -381,6 +422,41 @@ def _gemm_blocks(batch: int, m: int, n: int, k: int, threads: int,
     if n >= m or m // align_m < 2:
         return [(bi, 0, m, n0, n1) for bi in range(batch) for n0, n1 in _spans(n, parts, 16)]
     return [(bi, m0, m1, 0, n) for bi in range(batch) for m0, m1 in _spans(m, parts, align_m if align_m > 1 else 8)]
+
+
+def _expand_batch(blocks: list[tuple[int | slice, int, int, int, int]], batch: int) -> list[tuple[int, int, int, int, int]]:
+    """``_gemm_blocks``'s blocks with a whole-batch block written out as one block per product."""
+    return [(bi, m0, m1, n0, n1) for index, m0, m1, n0, n1 in blocks
+            for bi in (range(batch) if isinstance(index, slice) else (index,))]
+
+
+def _gemm_region(bases: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list, activation: A.Activation,
+                 out: np.ndarray, alpha: float = 1.0, bias: tuple | None = None,
+                 beta: float = 1.0) -> Callable[[], None] | None:
+    """The work item running GEMM ``blocks`` (A, B and C views of the flat float32 ``bases``, bias
+    row, bias column) as one native region (``cpu_parallel.gemm_blocks``) with the bias and a clamp
+    activation on each block, any other activation after on ``out``; None where a layout is not
+    one BLAS takes. ``bias``: (flat buffer, offset, rows it repeats over, row stride, column stride)."""
+    calls = cpu_parallel.gemm_calls(*bases, blocks)
+    if bias is None:
+        bias = (np.zeros(1, np.float32), 0, 0, 0, 0)
+    buffer, offset, period, row_stride, column_stride = bias
+    if calls is None or column_stride not in (0, 1) or row_stride < 0 or buffer.dtype != np.float32:
+        return None
+    clamp = cpu_jit.clamp_of(activation)
+    lo, hi = (np.float32(v) for v in (clamp or (-np.inf, np.inf)))
+    epilogue = bool(period) or bool(clamp) and (lo > -np.inf or hi < np.inf)
+    args = (cpu_parallel.SGEMM, *bases, calls, np.float32(alpha), buffer, offset, period, row_stride, column_stride, np.float32(beta),
+            lo, hi, epilogue)
+    compiled = cpu_jit.bind(cpu_parallel.gemm_blocks, *args)
+    after = None if clamp else _epilogue(activation)
+    if after is None:
+        return lambda: compiled(*args)
+
+    def run() -> None:
+        compiled(*args)
+        after(out)
+    return run
 
 
 class _PaddedInput:
@@ -425,7 +501,7 @@ def _conv_pads(op) -> tuple[int, int, int, int]:
     return top, left, max(0, need_h - h - top), max(0, need_w - w - left)
 
 
-def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False):
+def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False, regions: int = 0):
     n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
     (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
     x = view(ins[0]).reshape(n, c, h, w)
@@ -441,7 +517,11 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False):
     if op.scheme == "winograd":
         return _winograd(op, x, weight.reshape(oc, c, kh, kw), out, bias, pads, pool, parts, jit)
     if op.scheme == "depthwise":
-        parts = _parts(pool, n * c * kh * kw * oh * ow, DEPTHWISE_PARALLEL_MIN)
+        windows = n * c * kh * kw * oh * ow
+        if regions:
+            return _depthwise_compiled(op, x, weight, out, bias, pool, regions if windows >= REGION_MIN_WINDOWS else 1,
+                                       regions)
+        parts = _parts(pool, windows, DEPTHWISE_PARALLEL_MIN)
         if jit:
             return _depthwise_compiled(op, x, weight, out, bias, pool, parts)
         return _depthwise(op, x, weight, out, pads, _conv_epilogue(op, out, bias, jit), pool, parts)
@@ -451,11 +531,22 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False):
     w_packed = weight.reshape(g, ocg, k)
     if op.scheme == "gemm1x1":  # 1x1 convolution is a GEMM on the input as it lies
         xs = x.reshape(n, g, cg, h * w)
+        if regions:
+            region = _gemm_region(
+                (typed(ins[1]), typed(ins[0]), typed(outs[0])),
+                [(w_packed[gi, m0:m1], xs[b, gi, :, n0:n1], out[b, gi * ocg + m0:gi * ocg + m1, n0:n1], gi * ocg + m0, n0)
+                 for b in range(n) for gi in range(g)
+                 for _, m0, m1, n0, n1 in _gemm_blocks(1, ocg, h * w, cg, regions, min_macs=REGION_MIN_MACS)],
+                op.activation, out, bias=(typed(ins[2]), ins[2].offset, oc, 1, 0) if op.has_bias else None)
+            if region is not None:
+                return OpPlan((region,), "gemm1x1")
         tasks = [(w_packed[gi, m0:m1], xs[b, gi, :, n0:n1], out[b, gi * ocg + m0:gi * ocg + m1, n0:n1],
                   (b, gi * ocg + m0, gi * ocg + m1, n0, n1))
                  for b in range(n) for gi in range(g) for _, m0, m1, n0, n1 in _gemm_blocks(1, ocg, h * w, cg, pool.threads)]
         return OpPlan((_on_pool(pool, len(tasks), _gemm_chunk(tasks, finish)),), "gemm1x1")
 
+    if regions and g == 1 and oh * ow >= oc:
+        return _im2col_region(op, x, w_packed[0], out, bias, regions, macs)
     padded = _PaddedInput(x, pads, 0.0, (0, 0))
     windows = _window_view(padded.buf, op.kernel, op.strides, op.dilations, op.out_hw)  # [n, c, kh, kw, oh, ow]
     if oh * ow >= ocg:
@@ -497,6 +588,25 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False):
             copy()
             gemm()
     return OpPlan((run_im2col,), "im2col")
+
+
+def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, macs: int) -> OpPlan:
+    """im2col as one native region per image (``cpu_parallel.im2col_blocks``): blocks of output
+    rows, each copying its windows into its thread's scratch, one BLAS product and the bias and a
+    clamp while in cache; padding is read as zeros in the copy, so no padded copy of the input."""
+    n, oc = op.batch, op.out_channels
+    (oh, ow), (kh, kw) = op.out_hw, op.kernel
+    k = weight.shape[1]
+    parts = regions if macs >= REGION_MIN_MACS else 1
+    rows = max(1, min(CHUNK_BYTES // (4 * k * ow), -(-oh // parts)))
+    cols = np.empty((regions, k * rows * ow), np.float32)  # a slice per thread
+    b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
+    epilogue = bias is not None or (act is None and (lo > -np.inf or hi < np.inf))
+    geometry = (kh, kw, *op.strides, *op.dilations, *op.pads[:2])
+    out4 = out.reshape(n, oc, oh, ow)
+    images = [(cpu_parallel.SGEMM, x[b], weight, out4[b], b1, _bounds(oh, -(-oh // rows)), cols, geometry, lo, hi,
+               epilogue) for b in range(n)]
+    return OpPlan((_region_items(cpu_parallel.im2col_blocks, images, act, out),), "im2col", keep=(b1, cols))
 
 
 def _compiled_epilogue(activation: A.Activation, bias: np.ndarray | None,
@@ -670,28 +780,52 @@ def _depthwise(op: A.Conv2D, x, weight, out, pads, finish, pool: Workers, parts:
     return OpPlan((_on_pool(pool, len(tasks), block),), "depthwise")
 
 
-def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts: int) -> OpPlan:
+def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts: int, regions: int = 0) -> OpPlan:
     """The depthwise convolution as ``cpu_jit``'s one-pass loops on channel spans, the bias and a
     clamp activation applied in the loop (others after, on the span), each thread on its own
     scratch plane. Measured on one thread against ``_depthwise`` on two, MobileNet-v2's sizes:
     0.26-0.30 against 1.34 ms (144 channels 56x56), 0.46-0.58 against 3.3 ms (96 channels
-    112x112, stride 2)."""
+    112x112, stride 2). With ``regions``, each image's spans are one native region."""
     n, c = op.batch, op.in_channels
     (oh, ow), (kh, kw) = op.out_hw, op.kernel
     kernel, scratch_shapes, geometry = cpu_jit.depthwise_kernel(op)
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, c)
     w3 = weight.reshape(c, kh, kw)  # a view: W may be a run-time tensor
     out4 = out.reshape(n, c, oh, ow)
-    scratch = [tuple(np.zeros(shape, np.float32) for shape in scratch_shapes) for _ in range(pool.threads)]
+    scratch = [np.zeros((regions or pool.threads, *shape), np.float32) for shape in scratch_shapes]  # a slice per thread
+    tail = (geometry, *op.pads[:2], lo, hi)
+    if regions:
+        regions_of = [cpu_parallel.depthwise_region(kernel, (x[b], w3, b1, out4[b], _bounds(c, parts), *scratch, *tail))
+                      for b in range(n)]
+        return OpPlan((_region_items(regions_of[0][0], [args for _, args in regions_of], act, out),), "depthwise",
+                      keep=(b1, scratch))
     spans = [(x[b, c0:c1], w3[c0:c1], b1[c0:c1], out4[b, c0:c1]) for b in range(n) for c0, c1 in _spans(c, parts)]
-    tail = (*geometry, *op.pads[:2], lo, hi)
-    compiled = cpu_jit.bind(kernel, *spans[0], *scratch[0], *tail)
+    compiled = cpu_jit.bind(kernel, *spans[0], scratch[0][0], scratch[1][0], *tail)
 
     def span(index: int, slot: int) -> None:
-        compiled(*spans[index], *scratch[slot], *tail)
+        compiled(*spans[index], scratch[0][slot], scratch[1][slot], *tail)
         if act:
             act(spans[index][3])
     return OpPlan((_on_pool(pool, len(spans), span),), "depthwise", keep=(b1, scratch))
+
+
+def _bounds(total: int, parts: int) -> np.ndarray:
+    """``_spans`` as the bounds array a region's ``prange`` walks: [start0, start1, ..., total]."""
+    return np.array([start for start, _ in _spans(total, parts)] + [total], np.int64)
+
+
+def _region_items(region: Callable, calls: list[tuple], after: Callable[[np.ndarray], None] | None,
+                  out: np.ndarray) -> Callable[[], None]:
+    """The work item calling ``region`` (compiled once, for the first call's types) with each of
+    ``calls``' arguments, then ``after`` on ``out`` (an activation the region does not apply)."""
+    compiled = cpu_jit.bind(region, *calls[0])
+
+    def run() -> None:
+        for args in calls:
+            compiled(*args)
+        if after:
+            after(out)
+    return run
 
 
 def _make_conv_transpose2d(op: A.ConvTranspose2D, ins, outs, pool: Workers):
@@ -728,7 +862,7 @@ def _make_conv_transpose2d(op: A.ConvTranspose2D, ins, outs, pool: Workers):
     return OpPlan((run,))
 
 
-def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, jit: bool = False):
+def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, jit: bool = False, regions: int = 0):
     n, c = op.batch, op.channels
     (h, w), (oh, ow), (kh, kw), (sh, sw) = op.in_hw, op.out_hw, op.kernel, op.strides
     x = view(ins[0]).reshape(n, c, h, w)
@@ -750,7 +884,7 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, jit: bool = False):
         count_w = np.minimum(starts_w + kw, hi_w) - np.maximum(starts_w, lo_w)
         inv_count = (1.0 / np.maximum(np.outer(count_h, count_w), 1)).astype(np.float32)
     if jit and x.dtype == np.float32 and op.kernel == (3, 3):
-        return _pool_compiled(op, x, out, inv_count, pool)
+        return _pool_compiled(op, x, out, inv_count, pool, regions)
     extent = ((oh - 1) * sh + kh, (ow - 1) * sw + kw)
     border = (np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf) if op.op == "max" else 0.0
     padded = _PaddedInput(x, op.pads, border, extent)
@@ -768,7 +902,7 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, jit: bool = False):
     return OpPlan((run_avg,))
 
 
-def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers) -> OpPlan:
+def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, regions: int = 0) -> OpPlan:
     """3x3 pooling as ``cpu_jit.pool3x3`` on channel spans: one pass reading the input in place
     (no padded copy, no row-window scratch), the nine taps combined in registers, each thread on
     its own scratch of rows split by phase. Measured on one thread, ms: SqueezeNet-1.1's 3x3
@@ -782,8 +916,13 @@ def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers) -> OpPlan:
     else:
         border, combine, scale = 0.0, cpu_jit.mean_row, inv_count
     shape = cpu_jit.phases_shape(h, top, oh, ow, sh, sw)
-    scratch = [np.full(shape, border, np.float32) for _ in range(pool.threads)]
-    parts = _parts(pool, n * c * 9 * oh * ow, DEPTHWISE_PARALLEL_MIN)
+    scratch = np.full((regions or pool.threads, *shape), border, np.float32)  # a slice per thread
+    windows = n * c * 9 * oh * ow
+    if regions:
+        parts = regions if windows >= REGION_MIN_WINDOWS else 1
+        images = [(op.op == "max", x[b], out[b], scale, _bounds(c, parts), scratch, sh, sw, top, left) for b in range(n)]
+        return OpPlan((_region_items(cpu_parallel.pool_spans, images, None, out),), keep=(scale, scratch))
+    parts = _parts(pool, windows, DEPTHWISE_PARALLEL_MIN)
     spans = [(x[b, c0:c1], out[b, c0:c1], scale) for b in range(n) for c0, c1 in _spans(c, parts)]
     tail = (combine, sh, sw, top, left)
     compiled = cpu_jit.bind(cpu_jit.pool3x3, *spans[0], scratch[0], *tail)
@@ -986,7 +1125,7 @@ _ANY_INT = frozenset({A.INT32})
 CpuBackend.dtypes = {op: _ANY_INT for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.MatMul, A.Gather, A.Select,
                                              A.CumSum, A.TopK, A.Scatter, A.Pool2D)}
 #: makers with a compiled variant (``jit=True``) for some of their ops
-_JIT_AWARE = frozenset({_make_conv2d, _make_pool2d})
+_JIT_AWARE = frozenset({_make_conv2d, _make_pool2d, _make_matmul})
 CpuBackend.kernel_table = _MAKERS = {
     A.Raster: _make_raster, A.Unary: _make_unary, A.Binary: _make_binary, A.Reduce: _make_reduce,
     A.MatMul: _make_matmul, A.Conv2D: _make_conv2d, A.ConvTranspose2D: _make_conv_transpose2d,

@@ -40,7 +40,7 @@ else:
 
 #: FMA contraction only: no ``nnan``/``ninf`` (a clamp to +-inf stands for "no bound" below, and
 #: NaNs must pass through as NumPy's kernels pass them)
-_FAST = {"contract"}
+FAST = {"contract"}
 
 
 def available() -> bool:
@@ -66,15 +66,15 @@ def _kernel(fn: Callable) -> Callable:
     if numba is None:
         return fn
     try:
-        return numba.njit(nogil=True, cache=True, fastmath=_FAST, boundscheck=False)(fn)
+        return numba.njit(nogil=True, cache=True, fastmath=FAST, boundscheck=False)(fn)
     except RuntimeError:  # no writable place for Numba's cache (a read-only install): compile per process
-        return numba.njit(nogil=True, fastmath=_FAST, boundscheck=False)(fn)
+        return numba.njit(nogil=True, fastmath=FAST, boundscheck=False)(fn)
 
 
 def _inlined(fn: Callable) -> Callable:
     """``fn`` inlined into its callers by Numba (in its IR, before LLVM): the loops in a row
     function called as a function of its own ran 2-4x slower than written out in the caller."""
-    return numba.njit(inline="always", fastmath=_FAST, boundscheck=False)(fn) if numba else fn
+    return numba.njit(inline="always", fastmath=FAST, boundscheck=False)(fn) if numba else fn
 
 
 def bind(kernel: Callable, *args: Any) -> Callable[..., None]:
@@ -113,11 +113,13 @@ def phases_shape(h: int, pt: int, oh: int, ow: int, sh: int, sw: int) -> tuple[i
 
 
 # -- depthwise convolution --------------------------------------------------------------------
-# x [C, H, W], w [C, KH, KW], bias [C], out [C, OH, OW], all float32; then the kernel's scratch
-# (``depthwise_kernel`` gives the shapes: allocated zeroed once per thread when the execution is
-# created, never in a run; the loops write only where input lands, so the zero border stays);
-# pt, pl: top and left padding (bottom and right follow from the output size); lo, hi: the
-# clamp. Each channel's zero-bordered plane is built in the scratch (in L1/L2), then every
+# x [C, H, W], w [C, KH, KW], bias [C], out [C, OH, OW], all float32; then the kernel's two
+# scratch arrays (``depthwise_kernel`` gives the shapes: allocated zeroed once per thread when the
+# execution is created, never in a run; the loops write only where input lands, so the zero border
+# stays; a kernel that needs one ignores the other); the geometry (sh, sw, dh, dw), which only
+# ``depthwise_any`` reads; pt, pl: top and left padding (bottom and right follow from the output
+# size); lo, hi: the clamp. One signature for all four, so that one parallel region
+# (``cpu_parallel.depthwise_spans``) runs any of them. Each channel's zero-bordered plane is built in the scratch (in L1/L2), then every
 # output row is computed whole from it.
 
 @_inlined
@@ -147,7 +149,7 @@ def _depthwise_row(o, t0, t1, t2, t3, t4, t5, t6, t7, t8, weights, b, lo, hi):
 
 
 @_kernel
-def depthwise3x3_s1(x, w, bias, out, plane, pt, pl, lo, hi):
+def depthwise3x3_s1(x, w, bias, out, plane, unused, geometry, pt, pl, lo, hi):
     """Stride 1, a row loop per output row: for planes too large for L1 as one flat row."""
     for c in range(x.shape[0]):
         _into_plane(x[c], plane, pt, pl)
@@ -159,7 +161,7 @@ def depthwise3x3_s1(x, w, bias, out, plane, pt, pl, lo, hi):
 
 
 @_kernel
-def depthwise3x3_s1_flat(x, w, bias, out, plane, acc, pt, pl, lo, hi):
+def depthwise3x3_s1_flat(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
     """Stride 1 on a small plane: the zero-bordered plane is one flat row, and so is the output
     at the plane's width (two columns of each row computed and dropped), copied out after: one
     loop of 9 taps per channel instead of one per output row, which at 14x14 spent its time
@@ -180,7 +182,7 @@ def depthwise3x3_s1_flat(x, w, bias, out, plane, acc, pt, pl, lo, hi):
 
 
 @_kernel
-def depthwise3x3_s2(x, w, bias, out, phases, pt, pl, lo, hi):
+def depthwise3x3_s2(x, w, bias, out, phases, unused, geometry, pt, pl, lo, hi):
     """Stride 2: each padded row split once into its even and odd columns (``_split_phases``), so
     the three taps of a row read contiguous memory (even[ox], odd[ox], even[ox + 1]) instead of
     gathering every other element three times (measured 2.0 -> 1.3 ms, 96 channels 112x112)."""
@@ -196,9 +198,10 @@ def depthwise3x3_s2(x, w, bias, out, phases, pt, pl, lo, hi):
 
 
 @_kernel
-def depthwise_any(x, w, bias, out, plane, acc, sh, sw, dh, dw, pt, pl, lo, hi):
+def depthwise_any(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
     """Any kernel size, stride and dilation: a tap at a time into a row accumulator."""
     kh, kw = w.shape[1], w.shape[2]
+    sh, sw, dh, dw = geometry
     for c in range(x.shape[0]):
         _into_plane(x[c], plane, pt, pl)
         for oy in range(out.shape[1]):
@@ -220,19 +223,20 @@ def depthwise_any(x, w, bias, out, plane, acc, sh, sw, dh, dw, pt, pl, lo, hi):
 FLAT_PLANE_MAX = 4096
 
 
-def depthwise_kernel(op: A.Conv2D) -> tuple[Callable, list[tuple[int, ...]], tuple]:
-    """The depthwise kernel for this convolution's geometry, the shapes of the per-thread
-    scratch it takes after ``out``, and the arguments it takes between those and (pt, pl, lo, hi)."""
+def depthwise_kernel(op: A.Conv2D) -> tuple[Callable, list[tuple[int, ...]], tuple[int, int, int, int]]:
+    """The depthwise kernel for this convolution's geometry, the shapes of the two per-thread
+    scratch arrays it takes after ``out``, and its geometry argument (sh, sw, dh, dw)."""
     (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
     (sh, sw), (dh, dw), (pt, pl) = op.strides, op.dilations, op.pads[:2]
     plane = (max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1), max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1))
+    geometry, unused = (sh, sw, dh, dw), (1,)
     if (kh, kw) == (3, 3) and op.dilations == (1, 1) and op.strides == (1, 1):
         if plane[0] * plane[1] <= FLAT_PLANE_MAX:
-            return depthwise3x3_s1_flat, [plane, ((oh - 1) * plane[1] + ow,)], ()
-        return depthwise3x3_s1, [plane], ()
+            return depthwise3x3_s1_flat, [plane, ((oh - 1) * plane[1] + ow,)], geometry
+        return depthwise3x3_s1, [plane, unused], geometry
     if (kh, kw) == (3, 3) and op.dilations == (1, 1) and op.strides == (2, 2):
-        return depthwise3x3_s2, [phases_shape(h, pt, oh, ow, 2, 2)], ()
-    return depthwise_any, [plane, (ow,)], (sh, sw, dh, dw)
+        return depthwise3x3_s2, [phases_shape(h, pt, oh, ow, 2, 2), unused], geometry
+    return depthwise_any, [plane, (ow,)], geometry
 
 
 # -- Winograd's output tiles ---------------------------------------------------------------------

@@ -12,6 +12,11 @@ fewer chunks. NumPy releases the GIL inside its loops and BLAS calls, so chunks 
 elementwise work (im2col copies, epilogues, depthwise taps), which NumPy runs on one thread,
 gets every thread too, on chunks small enough to stay in cache.
 
+Where Numba's compiled loops run with a TBB or OpenMP threading layer, the ops they cover (GEMMs,
+im2col, depthwise convolution, pooling) run as native parallel regions instead (``cpu_parallel``:
+a hand-over here costs a wake-up and GIL turns, 25-50 us each on a 2-core VM); Winograd and the
+NumPy kernels stay here.
+
 One pool per thread count serves the whole process (no threads per session to leak). It runs
 one op at a time: a run that finds it busy (another session's, or another run state's, op)
 runs its chunks on its own thread, which is what a busy pool would give it anyway.

@@ -1,0 +1,158 @@
+"""The cpu backend's native parallel regions (``cpu_parallel``): GEMM blocks through BLAS with their
+epilogue, and the compiled depthwise and pooling loops on channel spans, against ONNX Runtime.
+
+Each case runs three ways (regions, the compiled loops on the backend's Python threads, NumPy's
+kernels; ``test_cpu_jit.WAYS``) on fresh random inputs and weights. The cases cover the layouts the
+regions turn into BLAS arguments: transposed operands (Gemm's transA/transB, MatMul of a
+transposed view), a bias that is a scalar, a row, a column or a matrix, alpha and beta, batched
+products with shared or per-batch weights, grouped 1x1 convolutions and batches of images.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import gpumnn
+from conftest import require_tool
+from gpumnn.backends import cpu_parallel
+from test_cpu_jit import _both_ways_match_onnxruntime, _conv_model, _pool_model
+
+
+def _gemm_model(m, k, n, trans_a, trans_b, alpha, beta, bias_shape, activation, rng):
+    a = helper.make_tensor_value_info("x", TensorProto.FLOAT, [k, m] if trans_a else [m, k])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    weight = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
+    inits = [numpy_helper.from_array(weight, "W")]
+    inputs = ["x", "W"]
+    if bias_shape is not None:
+        inits.append(numpy_helper.from_array(rng.standard_normal(bias_shape).astype(np.float32), "C"))
+        inputs.append("C")
+    nodes = [helper.make_node("Gemm", inputs, ["g" if activation else "y"], transA=trans_a, transB=trans_b,
+                              alpha=alpha, beta=beta)]
+    if activation:
+        nodes.append(helper.make_node(activation, ["g"], ["y"]))
+    graph = helper.make_graph(nodes, "gemm", [a], [y], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), ([k, m] if trans_a else [m, k])
+
+
+# (m, k, n, transA, transB, alpha, beta, bias shape, activation)
+GEMMS = [
+    (128, 256, 512, 0, 0, 1.0, 1.0, (512,), "Relu"),        # a row bias, a clamp in the region
+    (100, 64, 300, 0, 1, 0.5, 2.0, (100, 1), None),         # a column bias, alpha and beta, B transposed
+    (96, 200, 130, 1, 0, 1.0, 0.5, (96, 130), "Sigmoid"),   # a full bias, A transposed, an activation after
+    (300, 96, 40, 1, 1, 2.0, 1.0, (), None),                # a scalar bias, both transposed, split by rows
+    (1, 512, 1000, 0, 1, 1.0, 1.0, (1000,), None),          # a classifier: one row
+    (64, 48, 64, 0, 0, 1.0, 1.0, None, "Relu"),             # no bias, small: one block
+]
+
+
+@pytest.mark.parametrize("case", GEMMS, ids=[f"gemm{c[0]}x{c[1]}x{c[2]}t{c[3]}{c[4]}" for c in GEMMS])
+def test_gemm_in_regions(case):
+    rng = np.random.default_rng()  # fresh inputs and weights every run
+    model, shape = _gemm_model(*case, rng)
+    _both_ways_match_onnxruntime(model, tuple(shape), rng)
+
+
+def _matmul_model(a_shape, b_shape, transpose_b, rng, constant_b):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(a_shape))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    inputs, inits, nodes = [x], [], []
+    b_name = "b"
+    if constant_b:
+        inits.append(numpy_helper.from_array(rng.standard_normal(b_shape).astype(np.float32), "b"))
+    else:
+        inputs.append(helper.make_tensor_value_info("b", TensorProto.FLOAT, list(b_shape)))
+    if transpose_b:
+        perm = list(range(len(b_shape)))
+        perm[-2:] = perm[-1], perm[-2]
+        nodes.append(helper.make_node("Transpose", ["b"], ["bt"], perm=perm))
+        b_name = "bt"
+    nodes.append(helper.make_node("MatMul", ["x", b_name], ["y"]))
+    graph = helper.make_graph(nodes, "matmul", inputs, [y], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+# (A shape, B shape as stored, B transposed by a Transpose node, B a constant)
+MATMULS = [
+    ((1, 128, 256), (256, 512), False, True),          # shared weights: batch folded into rows
+    ((4, 128, 64), (4, 64, 128), False, False),        # attention scores: a product per head
+    ((4, 128, 64), (4, 128, 64), True, False),         # ... with K transposed
+    ((2, 3, 40, 72), (2, 3, 72, 56), False, False),    # 4-D batches
+    ((3, 200, 100), (300, 100), True, True),           # shared transposed weights (stored [N, K])
+]
+
+
+@pytest.mark.parametrize("case", MATMULS, ids=[f"matmul{'x'.join(map(str, c[0]))}-{'x'.join(map(str, c[1]))}{'T' if c[2] else ''}"
+                                               for c in MATMULS])
+def test_matmul_in_regions(case):
+    a_shape, b_shape, transpose_b, constant_b = case
+    rng = np.random.default_rng()
+    model = _matmul_model(a_shape, b_shape, transpose_b, rng, constant_b)
+    names = ("x",) if constant_b else ("x", "b")
+    shapes = {"x": a_shape, "b": b_shape}
+    _both_ways_match_onnxruntime(model, a_shape if constant_b else shapes, rng, names=names)
+
+
+# batches of images, grouped 1x1 convolutions, im2col: (channels, size, kernel, stride, pads, groups, out channels, activation)
+IMAGES = [
+    (64, 28, 1, 1, [0, 0, 0, 0], 1, 96, "relu6"),
+    (64, 14, 1, 1, [0, 0, 0, 0], 4, 128, "relu"),      # grouped 1x1: a product per group
+    (96, 28, 3, 2, [1, 1, 1, 1], 96, 96, "relu6"),     # depthwise stride 2
+    (48, 21, 3, 1, [1, 1, 1, 1], 48, 48, "sigmoid"),   # depthwise stride 1, an activation after
+    (16, 20, 5, 1, [2, 2, 2, 2], 16, 16, None),        # depthwise 5x5 (the generic loop)
+    (16, 23, 3, 2, [1, 0, 2, 1], 1, 32, "relu"),       # im2col, stride 2, padding uneven
+    (3, 40, 7, 2, [3, 3, 3, 3], 1, 24, None),          # im2col, a ResNet stem
+    (24, 15, 3, 1, [0, 0, 0, 0], 1, 40, "sigmoid"),    # im2col or Winograd, no padding, an activation after
+]
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("case", IMAGES, ids=[f"conv{c[0]}x{c[1]}k{c[2]}s{c[3]}g{c[5]}" for c in IMAGES])
+def test_convolutions_in_regions(case, batch):
+    channels, size, kernel, stride, pads, groups, out_channels, activation = case
+    rng = np.random.default_rng()
+    model = _conv_model(channels, size, kernel, stride, 1, pads, groups, out_channels, activation, True, rng)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = batch
+    _both_ways_match_onnxruntime(model, (batch, channels, size, size), rng)
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+def test_pooling_of_a_batch_in_regions(op):
+    rng = np.random.default_rng()
+    model = _pool_model(40, 23, op, 3, 2, [1, 1, 1, 1], 0, 0)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 3
+    _both_ways_match_onnxruntime(model, (3, 40, 23, 23), rng)
+
+
+def test_blocks_blas_cannot_take_are_left_to_numpy():
+    """A view strided on both axes is no BLAS operand: the region declines (the NumPy chunks run)."""
+    require_tool("regions", cpu_parallel.available()[1])
+    buffer = np.zeros(4096, np.float32)
+    a = buffer[:64 * 64].reshape(64, 64)[::2, ::2]  # strides (128, 2) elements
+    b = buffer[:32 * 16].reshape(32, 16)
+    c = np.zeros((32, 16), np.float32)
+    assert cpu_parallel.gemm_calls(buffer, buffer, c.reshape(-1), [(a, b, c, 0, 0)]) is None
+    calls = cpu_parallel.gemm_calls(buffer, buffer, c.reshape(-1), [(b.T[:16], b[:, :16].T.T[:16], c[:16, :16], 0, 0)])
+    assert calls is not None and chr(calls[0, 1]) == "T"  # b.T: columns contiguous, BLAS's transpose
+
+
+def test_the_backend_uses_regions_and_says_so():
+    require_tool("regions", cpu_parallel.available()[1])
+    backend = gpumnn.backends.create_backend("cpu", threads=2)
+    assert backend.regions == 2 and f"{cpu_parallel.available_layer()} regions" in backend.info.device
+    assert gpumnn.backends.create_backend("cpu", threads=2, regions=False).regions == 0
+    assert gpumnn.backends.create_backend("cpu", threads=1).regions == 0  # one thread: nothing to share
+
+
+def test_regions_option_is_checked(monkeypatch):
+    from gpumnn.errors import BackendOptionError, BackendUnavailableError
+
+    with pytest.raises(BackendOptionError, match="regions"):
+        gpumnn.backends.create_backend("cpu", regions="yes")
+    with pytest.raises(BackendOptionError, match="regions=True needs"):
+        gpumnn.backends.create_backend("cpu", threads=2, jit=False, regions=True)
+    monkeypatch.setattr(cpu_parallel, "available", lambda: (False, "Numba's threading layer is 'workqueue' (test)"))
+    with pytest.raises(BackendUnavailableError, match="workqueue"):
+        gpumnn.backends.create_backend("cpu", threads=2, regions=True)
+    assert gpumnn.backends.create_backend("cpu", threads=2).regions == 0  # unset: the Python threads
