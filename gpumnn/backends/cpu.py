@@ -9,6 +9,7 @@ constant folding of shape arithmetic (int64) reuses this backend.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
@@ -120,6 +121,9 @@ class CpuBackend(Backend):
                                  host_cpu_flops(self.threads), 0.0, float("inf"), is_gpu=False)
         self._pool = workers(self.threads)
         self._limiter = _ThreadLimiter(1)
+        # a run's regions use self.regions threads (Numba keeps the count per calling thread)
+        self._region_threads = (functools.partial(cpu_parallel.using_threads, self.regions) if self.regions
+                                else contextlib.nullcontext)
 
     @property
     def driver(self) -> str:
@@ -164,16 +168,12 @@ class CpuBackend(Backend):
 
     # -- run -------------------------------------------------------------------------------
     def _submit(self, recording: list[Callable[[], None]]) -> None:
-        if self.regions:
-            cpu_parallel.set_threads(self.regions)  # per calling thread: set on every run
-        with self._limiter, np.errstate(all="ignore"):
+        with self._limiter, self._region_threads(), np.errstate(all="ignore"):
             for fn in recording:
                 fn()
 
     def _run_eager(self, executions: list[Execution]) -> None:
-        if self.regions:
-            cpu_parallel.set_threads(self.regions)
-        with self._limiter, np.errstate(all="ignore"):
+        with self._limiter, self._region_threads(), np.errstate(all="ignore"):
             for exe in executions:
                 for fn in exe.work:
                     fn()
@@ -443,13 +443,12 @@ def _gemm_region(bases: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list,
     buffer, offset, period, row_stride, column_stride = bias
     if calls is None or column_stride not in (0, 1) or row_stride < 0 or buffer.dtype != np.float32:
         return None
-    clamp = cpu_jit.clamp_of(activation)
-    lo, hi = (np.float32(v) for v in (clamp or (-np.inf, np.inf)))
-    epilogue = bool(period) or bool(clamp) and (lo > -np.inf or hi < np.inf)
-    args = (cpu_parallel.SGEMM, *bases, calls, np.float32(alpha), buffer, offset, period, row_stride, column_stride, np.float32(beta),
-            lo, hi, epilogue)
+    lo, hi, after = _compiled_clamp(activation)
+    epilogue = bool(period) or lo > -np.inf or hi < np.inf
+    scalars = np.array([alpha, 0.0], np.float32)
+    args = (cpu_parallel.SGEMM, *bases, calls, cpu_parallel.fortran_arguments(calls), scalars, buffer, offset, period,
+            row_stride, column_stride, np.float32(beta), lo, hi, epilogue)
     compiled = cpu_jit.bind(cpu_parallel.gemm_blocks, *args)
-    after = None if clamp else _epilogue(activation)
     if after is None:
         return lambda: compiled(*args)
 
@@ -601,23 +600,32 @@ def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, macs: int) 
     rows = max(1, min(CHUNK_BYTES // (4 * k * ow), -(-oh // parts)))
     cols = np.empty((regions, k * rows * ow), np.float32)  # a slice per thread
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
-    epilogue = bias is not None or (act is None and (lo > -np.inf or hi < np.inf))
+    epilogue = bias is not None or lo > -np.inf or hi < np.inf
     geometry = (kh, kw, *op.strides, *op.dilations, *op.pads[:2])
     out4 = out.reshape(n, oc, oh, ow)
-    images = [(cpu_parallel.SGEMM, x[b], weight, out4[b], b1, _bounds(oh, -(-oh // rows)), cols, geometry, lo, hi,
-               epilogue) for b in range(n)]
-    return OpPlan((_region_items(cpu_parallel.im2col_blocks, images, act, out),), "im2col", keep=(b1, cols))
+    bounds = _bounds(oh, -(-oh // rows))
+    fortran = cpu_parallel.im2col_arguments(bounds, oc, k, ow, oh * ow)
+    scalars = np.array([1.0, 0.0], np.float32)
+    images = [(cpu_parallel.SGEMM, x[b], weight, out4[b], b1, bounds, fortran, scalars, cols, geometry, lo, hi, epilogue)
+              for b in range(n)]
+    return OpPlan((_region_items(cpu_parallel.im2col_blocks, images, act, out),), "im2col",
+                  keep=(b1, cols, fortran, scalars))
+
+
+def _compiled_clamp(activation: A.Activation) -> tuple[np.float32, np.float32, Callable | None]:
+    """The clamp (lo, hi) compiled loops apply in a register (+-inf: none), and the activation to
+    run after them where it is not a clamp (else None)."""
+    clamp = cpu_jit.clamp_of(activation)
+    lo, hi = (np.float32(v) for v in (clamp or (-np.inf, np.inf)))
+    return lo, hi, None if clamp else _epilogue(activation)
 
 
 def _compiled_epilogue(activation: A.Activation, bias: np.ndarray | None,
                        channels: int) -> tuple[np.ndarray, np.float32, np.float32, Callable | None]:
     """What ``cpu_jit``'s loops take for a bias and an activation: the bias per channel (zeros
-    where there is none), the clamp (lo, hi) they apply in the loop (+-inf: none), and the
-    activation to run after them where it is not a clamp (else None)."""
-    clamp = cpu_jit.clamp_of(activation)
-    lo, hi = (np.float32(v) for v in (clamp or (-np.inf, np.inf)))
+    where there is none) and ``_compiled_clamp``'s three."""
     bias1 = bias.reshape(channels) if bias is not None else np.zeros(channels, np.float32)
-    return bias1, lo, hi, None if clamp else _epilogue(activation)
+    return bias1, *_compiled_clamp(activation)
 
 
 def _conv_epilogue(op: A.Conv2D, out: np.ndarray, bias: np.ndarray | None,

@@ -21,6 +21,7 @@ not available (``available()`` says why) the backend keeps ``cpu_workers``.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -139,35 +140,41 @@ def threads_for(threads: int) -> int:
     return max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
 
 
-def set_threads(threads: int) -> None:
-    """Regions entered by the calling thread use ``threads`` threads (Numba keeps it per thread)."""
+@contextlib.contextmanager
+def using_threads(threads: int):
+    """Regions the calling thread enters inside use ``threads`` threads; the thread's own Numba
+    setting (kept per thread) is restored after, so a run leaves the caller's Numba as it was."""
+    previous = numba.get_num_threads()
     numba.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(previous)
 
 
 # -- GEMM blocks through BLAS ------------------------------------------------------------------
 # ``calls`` [blocks, 13] int64, one row per block (``gemm_calls``): the Fortran sgemm arguments of
 # the row-major product C[rows, cols] = A[rows, k] B[k, cols] computed as C^T = B^T A^T (op of the
 # first operand, op of the second, cols, rows, k, ld of B, ld of A, ldc), the element offsets of B,
-# A and C in their flat buffers, and the bias row and column of the block's first element.
+# A and C in their flat buffers, and the bias row and column of the block's first element. Fortran
+# takes its arguments by reference: ``fortran_arguments`` lays the first eight out as the int32s
+# BLAS reads, and ``scalars`` holds (alpha, 0), both made at session creation so that a region
+# allocates nothing (BLAS only reads them, so every thread may point at the same ones).
 
 _COLUMNS = 13
 
 
 @_region
-def gemm_blocks(sgemm, a, b, c, calls, alpha, bias, bias_offset, bias_period, bias_rows, bias_cols, beta, lo, hi, epilogue):
-    """Every block of ``calls`` on the region's threads: the BLAS product (``sgemm``: ``SGEMM``, scaled by ``alpha``),
+def gemm_blocks(sgemm, a, b, c, calls, fortran, scalars, bias, bias_offset, bias_period, bias_rows, bias_cols, beta,
+                lo, hi, epilogue):
+    """Every block of ``calls`` on the region's threads: the BLAS product (``sgemm``: ``SGEMM``,
+    scaled by alpha, ``scalars[0]``),
     then, where ``epilogue``, clamp(C + beta * bias) to [lo, hi] over the block while it is in
     cache. The bias element of C's row r and column j is bias[bias_offset + (r % bias_period) *
     bias_rows + j * bias_cols] (bias_cols 0 or 1: a value per row or a row of values)."""
     for i in numba.prange(calls.shape[0]):
         p = calls[i]
-        ints = np.empty(8, np.int32)
-        for j in range(8):
-            ints[j] = p[j]
-        scalars = np.empty(2, np.float32)
-        scalars[0] = alpha
-        scalars[1] = 0.0
-        at, scalar_at = ints.ctypes.data, scalars.ctypes.data
+        at, scalar_at = fortran.ctypes.data + 32 * i, scalars.ctypes.data
         _call_sgemm(sgemm, at, at + 4, at + 8, at + 12, at + 16, scalar_at, b.ctypes.data + 4 * p[8], at + 20,
                     a.ctypes.data + 4 * p[9], at + 24, scalar_at + 4, c.ctypes.data + 4 * p[10], at + 28)
         if epilogue:
@@ -192,13 +199,14 @@ def gemm_blocks(sgemm, a, b, c, calls, alpha, bias, bias_offset, bias_period, bi
 
 def _operand(x: np.ndarray) -> tuple[int, int] | None:
     """(op, ld) of a row-major [R, C] view as the first operand of a column-major product of its
-    transpose ('N' where rows are contiguous, 'T' where columns are), None where neither is."""
+    transpose ('N' where rows are contiguous, 'T' where columns are), None where neither is (nor
+    where rows overlap or run backwards: BLAS needs ld >= the contiguous extent)."""
     rows, cols = x.shape
     s0, s1 = (s // x.itemsize for s in x.strides)
-    if s1 == 1 or cols == 1:
-        return _N, max(s0 if rows > 1 else cols, cols, 1)
-    if s0 == 1 or rows == 1:
-        return _T, max(s1 if cols > 1 else rows, rows, 1)
+    if (s1 == 1 or cols == 1) and (rows == 1 or s0 >= cols):
+        return _N, max(s0 if rows > 1 else cols, 1)
+    if (s0 == 1 or rows == 1) and (cols == 1 or s1 >= rows):
+        return _T, max(s1 if cols > 1 else rows, 1)
     return None
 
 
@@ -224,14 +232,21 @@ def gemm_calls(a: np.ndarray, b: np.ndarray, c: np.ndarray,
     return np.array(rows_out, dtype=np.int64).reshape(-1, _COLUMNS)
 
 
+def fortran_arguments(rows: np.ndarray) -> np.ndarray:
+    """The eight Fortran sgemm integers of each row of ``rows`` (``calls``, or im2col's) as the
+    contiguous int32s BLAS reads by reference, 32 bytes per block."""
+    return np.ascontiguousarray(rows[:, :8], dtype=np.int32)
+
+
 # -- im2col row blocks ----------------------------------------------------------------------------
 
 @_region
-def im2col_blocks(sgemm, x, w, out, bias, bounds, cols, geometry, lo, hi, epilogue):
+def im2col_blocks(sgemm, x, w, out, bias, bounds, fortran, scalars, cols, geometry, lo, hi, epilogue):
     """A convolution of one image, x [C, H, W] with w [O, C*KH*KW] into out [O, OH, OW], as blocks of
     output rows [bounds[i], bounds[i + 1]): each copies its windows (zeros past the input's edge)
-    into its thread's ``cols`` [C*KH*KW*rows*OW], multiplies w by them through BLAS (``sgemm``)
-    and, where ``epilogue``, applies clamp(out + bias[o]) to [lo, hi] while the block is in cache.
+    into its thread's ``cols`` [C*KH*KW*rows*OW], multiplies w by them through BLAS (``sgemm``,
+    with block i's integers at fortran[i] and (1, 0) in ``scalars``: ``im2col_arguments``) and,
+    where ``epilogue``, applies clamp(out + bias[o]) to [lo, hi] while the block is in cache.
     geometry: (kh, kw, sh, sw, dh, dw, pt, pl)."""
     channels, height, width = x.shape
     kh, kw, sh, sw, dh, dw, pt, pl = geometry
@@ -263,19 +278,7 @@ def im2col_blocks(sgemm, x, w, out, bias, bounds, cols, geometry, lo, hi, epilog
                         else:
                             for j in range(stop - first):
                                 dst[first + j] = src[j * sw]
-        ints = np.empty(8, np.int32)
-        ints[0] = _N
-        ints[1] = _N
-        ints[2] = pixels
-        ints[3] = o
-        ints[4] = k
-        ints[5] = pixels
-        ints[6] = k
-        ints[7] = oh * ow
-        scalars = np.empty(2, np.float32)
-        scalars[0] = 1.0
-        scalars[1] = 0.0
-        at, scalar_at = ints.ctypes.data, scalars.ctypes.data
+        at, scalar_at = fortran.ctypes.data + 32 * i, scalars.ctypes.data
         _call_sgemm(sgemm, at, at + 4, at + 8, at + 12, at + 16, scalar_at, col.ctypes.data, at + 20,
                     w.ctypes.data, at + 24, scalar_at + 4, out.ctypes.data + 4 * r0 * ow, at + 28)
         if epilogue:
@@ -284,6 +287,15 @@ def im2col_blocks(sgemm, x, w, out, bias, bounds, cols, geometry, lo, hi, epilog
                 dst = out[oc, r0:r1].reshape(pixels)
                 for j in range(pixels):
                     dst[j] = min(max(dst[j] + value, lo), hi)
+
+
+def im2col_arguments(bounds: np.ndarray, out_channels: int, k: int, ow: int, pixels: int) -> np.ndarray:
+    """``im2col_blocks``' Fortran integers per block of output rows [bounds[i], bounds[i + 1]):
+    (weights times columns) cols^T w^T, the block's pixels wide, into an output ``pixels`` wide."""
+    widths = np.diff(bounds) * ow
+    return fortran_arguments(np.stack([np.full_like(widths, _N), np.full_like(widths, _N), widths,
+                                       np.full_like(widths, out_channels), np.full_like(widths, k), widths,
+                                       np.full_like(widths, k), np.full_like(widths, pixels)], axis=1))
 
 
 # -- channel spans of the compiled depthwise and pooling loops ---------------------------------
