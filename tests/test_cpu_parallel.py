@@ -125,6 +125,75 @@ def test_pooling_of_a_batch_in_regions(op):
     _both_ways_match_onnxruntime(model, (3, 40, 23, 23), rng)
 
 
+# Winograd as tile blocks: (channels, size, kernel, tile, pads, out channels, activation); each runs
+# with one block per tile and with blocks of three tiles, which start and end inside tile rows
+WINOGRAD = [
+    (32, 24, 3, 4, [1, 1, 1, 1], 48, "relu"),           # F(4, 3): partial tiles at no edge
+    (16, 17, 3, 6, [1, 1, 1, 1], 16, "relu6"),          # F(6, 3): the last tile row and column partial
+    (6, 11, 5, 3, [2, 1, 0, 2], 8, "sigmoid"),          # F(3, 5), uneven padding, an activation after
+    (12, 12, 2, 5, [0, 0, 0, 0], 10, None),             # F(5, 2), no padding
+]
+
+
+@pytest.mark.parametrize("tiles_per_block", [1, 3])
+@pytest.mark.parametrize("case", WINOGRAD, ids=[f"wino{c[0]}x{c[1]}k{c[2]}F{c[3]}" for c in WINOGRAD])
+def test_winograd_tile_blocks_in_regions(case, tiles_per_block, monkeypatch):
+    from gpumnn.backends import cpu
+    from gpumnn.scheduler import schemes
+
+    channels, size, kernel, tile, pads, out_channels, activation = case
+    alpha = tile + kernel - 1
+    monkeypatch.setattr(cpu, "WINOGRAD_BLOCK_BYTES", tiles_per_block * 4 * alpha * alpha * max(channels, out_channels))
+    rng = np.random.default_rng()
+    model = _conv_model(channels, size, kernel, 1, 1, pads, 1, out_channels, activation, True, rng)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
+    with schemes.forced_schemes(conv=("winograd", tile)):
+        sess = gpumnn.load(model).session(backend="cpu", threads=2)
+        assert "winograd" in sess.report(), sess.report()
+        _both_ways_match_onnxruntime(model, (2, channels, size, size), rng)
+
+
+# im2col with fewer output pixels than output channels: channel spans, each copying its rows'
+# columns; with a small column budget, several row blocks too. (channels, size, stride, out channels)
+FEW_PIXELS = [
+    (96, 6, 1, 128),    # 36 pixels, 128 channels
+    (64, 9, 2, 84),     # stride 2: 25 pixels; 84 channels, spans not a multiple of 8
+]
+
+
+@pytest.mark.parametrize("cols_bytes", [1 << 20, 4 * 9 * 96 * 6 * 2])
+@pytest.mark.parametrize("case", FEW_PIXELS, ids=[f"im2col{c[0]}x{c[1]}s{c[2]}o{c[3]}" for c in FEW_PIXELS])
+def test_im2col_channel_spans_in_regions(case, cols_bytes, monkeypatch):
+    from gpumnn.backends import cpu
+    from gpumnn.scheduler import schemes
+
+    channels, size, stride, out_channels = case
+    monkeypatch.setattr(cpu, "REGION_COLS_BYTES", cols_bytes)  # the second: two output rows a block
+    rng = np.random.default_rng()
+    model = _conv_model(channels, size, 3, stride, 1, [1, 1, 1, 1], 1, out_channels, "relu", True, rng)
+    with schemes.forced_schemes(conv=("im2col", 0)):
+        _both_ways_match_onnxruntime(model, (1, channels, size, size), rng)
+
+
+def test_both_blas_libraries_run_the_blocks():
+    """The regions call NumPy's own OpenBLAS where it has one (64-bit integers in NumPy's wheels)
+    and SciPy's BLAS (32-bit) otherwise: the same blocks through each give NumPy's product."""
+    require_tool("regions", cpu_parallel.available()[1])
+    rng = np.random.default_rng()
+    a, b = rng.standard_normal((70, 90)).astype(np.float32), rng.standard_normal((90, 50)).astype(np.float32)
+    libraries = [cpu_parallel._scipy_sgemm()] + [found for found in [cpu_parallel._numpy_sgemm()] if found]
+    assert (cpu_parallel.SGEMM, cpu_parallel.BLAS_INT) in libraries
+    for address, integer in libraries:
+        c = np.zeros((70, 50), np.float32)
+        calls = cpu_parallel.gemm_calls(a.reshape(-1), b.reshape(-1), c.reshape(-1),
+                                        [(a[:40], b, c[:40], 0, 0), (a[40:], b, c[40:], 40, 0)])
+        fortran = np.ascontiguousarray(calls[:, :8], dtype=integer)
+        cpu_parallel.gemm_blocks(address, a.reshape(-1), b.reshape(-1), c.reshape(-1), calls, fortran,
+                                 np.array([1.0, 0.0], np.float32), np.zeros(1, np.float32), 0, 0, 0, 0,
+                                 np.float32(1.0), np.float32(-np.inf), np.float32(np.inf), False)
+        assert np.abs(c - a @ b).max() < 1e-4 * np.abs(a @ b).max(), integer
+
+
 def test_blocks_blas_cannot_take_are_left_to_numpy():
     """A view strided on both axes is no BLAS operand: the region declines (the NumPy chunks run)."""
     require_tool("regions", cpu_parallel.available()[1])

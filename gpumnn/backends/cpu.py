@@ -90,8 +90,8 @@ class CpuBackend(Backend):
         takes (``base.KERNEL_FAMILIES``), checked only: NumPy has one family. ``jit``: the compiled
         loops of ``cpu_jit`` for the memory-bound ops (None: where Numba is installed; False: NumPy
         only, the reference they are tested against; True: an error where Numba is missing).
-        ``regions``: with the compiled loops on more than one thread, GEMMs, depthwise
-        convolutions and pooling as ``cpu_parallel``'s native regions instead of on
+        ``regions``: with the compiled loops on more than one thread, GEMMs, im2col, Winograd and
+        depthwise convolutions and pooling as ``cpu_parallel``'s native regions instead of on
         ``cpu_workers``' Python threads (None: where available; False: never; True: an error
         where they are not available, saying why)."""
         super().__init__(**unknown)
@@ -263,6 +263,11 @@ DEPTHWISE_PARALLEL_MIN = 1 << 18
 #: 2-5 us where a hand-over to ``cpu_workers`` costs 25-50.
 REGION_MIN_MACS = 1 << 20
 REGION_MIN_WINDOWS = 1 << 15
+#: Bytes of im2col columns one block of a region copies, so that its product reads them from L2
+#: (1 MiB a core here). Measured at threads=2, ms per convolution at 256 KiB / 1 MiB / 4 MiB: ResNet's
+#: 7x7 stem 2.35 / 2.22 / 2.42, 64 -> 128 channels 3x3 stride 2 at 56x56 1.32 / 1.10 / 1.10,
+#: 128 -> 256 at 28x28 1.52 / 1.17 / 1.18, Inception's 32 -> 64 at 147x147 7.86 / 7.52 / 7.32.
+REGION_COLS_BYTES = 1 << 20
 
 
 def _parts(pool: Workers, work: int, threshold: int) -> int:
@@ -514,6 +519,8 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False, regi
 
     # op.scheme (decided by gpumnn.scheduler.schemes, which checked the geometry fits) names the kernel
     if op.scheme == "winograd":
+        if regions:
+            return _winograd_region(op, x, weight.reshape(oc, c, kh, kw), out, bias, regions, macs)
         return _winograd(op, x, weight.reshape(oc, c, kh, kw), out, bias, pads, pool, parts, jit)
     if op.scheme == "depthwise":
         windows = n * c * kh * kw * oh * ow
@@ -544,7 +551,7 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False, regi
                  for b in range(n) for gi in range(g) for _, m0, m1, n0, n1 in _gemm_blocks(1, ocg, h * w, cg, pool.threads)]
         return OpPlan((_on_pool(pool, len(tasks), _gemm_chunk(tasks, finish)),), "gemm1x1")
 
-    if regions and g == 1 and oh * ow >= oc:
+    if regions and g == 1:
         return _im2col_region(op, x, w_packed[0], out, bias, regions, macs)
     padded = _PaddedInput(x, pads, 0.0, (0, 0))
     windows = _window_view(padded.buf, op.kernel, op.strides, op.dilations, op.out_hw)  # [n, c, kh, kw, oh, ow]
@@ -591,25 +598,29 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False, regi
 
 def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, macs: int) -> OpPlan:
     """im2col as one native region per image (``cpu_parallel.im2col_blocks``): blocks of output
-    rows, each copying its windows into its thread's scratch, one BLAS product and the bias and a
-    clamp while in cache; padding is read as zeros in the copy, so no padded copy of the input."""
+    rows (of output channels too where the image has fewer pixels than channels), each copying
+    its windows into its thread's scratch, one BLAS product and the bias and a clamp while in
+    cache; padding is read as zeros in the copy, so no padded copy of the input."""
     n, oc = op.batch, op.out_channels
     (oh, ow), (kh, kw) = op.out_hw, op.kernel
     k = weight.shape[1]
     parts = regions if macs >= REGION_MIN_MACS else 1
-    rows = max(1, min(CHUNK_BYTES // (4 * k * ow), -(-oh // parts)))
+    fit = max(1, REGION_COLS_BYTES // (4 * k * ow))  # rows whose columns fit the scratch
+    channel_parts = parts if oh * ow < oc else 1
+    rows = min(fit, oh) if channel_parts > 1 else min(fit, -(-oh // parts))
+    blocks = np.array([(r0, r1, o0, o1) for r0, r1 in _spans(oh, -(-oh // rows))
+                       for o0, o1 in _spans(oc, channel_parts, align=8)], np.int64)
     cols = np.empty((regions, k * rows * ow), np.float32)  # a slice per thread
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
     epilogue = bias is not None or lo > -np.inf or hi < np.inf
     geometry = (kh, kw, *op.strides, *op.dilations, *op.pads[:2])
     out4 = out.reshape(n, oc, oh, ow)
-    bounds = _bounds(oh, -(-oh // rows))
-    fortran = cpu_parallel.im2col_arguments(bounds, oc, k, ow, oh * ow)
+    fortran = cpu_parallel.im2col_arguments(blocks, k, ow, oh * ow)
     scalars = np.array([1.0, 0.0], np.float32)
-    images = [(cpu_parallel.SGEMM, x[b], weight, out4[b], b1, bounds, fortran, scalars, cols, geometry, lo, hi, epilogue)
+    images = [(cpu_parallel.SGEMM, x[b], weight, out4[b], b1, blocks, fortran, scalars, cols, geometry, lo, hi, epilogue)
               for b in range(n)]
     return OpPlan((_region_items(cpu_parallel.im2col_blocks, images, act, out),), "im2col",
-                  keep=(b1, cols, fortran, scalars))
+                  keep=(b1, cols, blocks, fortran, scalars))
 
 
 def _compiled_clamp(activation: A.Activation) -> tuple[np.float32, np.float32, Callable | None]:
@@ -724,6 +735,51 @@ def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: in
         padded.refresh()
         run_chunks()
     return OpPlan((run,), "winograd")
+
+
+#: Tile blocks per region thread of a Winograd convolution (``_winograd_region``), and the most
+#: bytes one block's scratch buffer may take. More, smaller blocks measured slower: each tile
+#: position's product gets fewer tiles wide. ResNet-18's sizes at threads=2, ms at 1 / 2 / 4 blocks
+#: a thread: 64 channels 56x56 1.60 / 1.75 / 2.09, 128 at 28x28 1.35 / 1.64 / 2.27, 256 at 14x14
+#: 1.63 / 2.02 / 2.88.
+WINOGRAD_BLOCKS_PER_THREAD = 1
+WINOGRAD_BLOCK_BYTES = 1 << 20
+
+
+def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, macs: int) -> OpPlan:
+    """Winograd as one native region per image (``cpu_parallel.winograd_blocks``): blocks of
+    tiles, each through every stage (the input tiles copied with zeros past the edge, the
+    transforms and per-position products as BLAS calls, the tiles put in place with the bias and
+    a clamp) in its thread's scratch. Per convolution it measured level with ``_winograd``'s
+    chunks on the Python threads (ResNet-18's sizes at threads=2: 1.60 / 1.50, 1.35 / 1.37,
+    1.63 / 1.70 ms); it keeps the whole model in regions, with no hand-over to those threads."""
+    c, oc = op.in_channels, op.out_channels
+    (oh, ow), k, n = op.out_hw, op.kernel[0], op.winograd_tile
+    mats = winograd_matrices(n, k)
+    a = mats.alpha
+    th, tw = -(-oh // n), -(-ow // n)
+    u = np.ascontiguousarray(transformed_weights(mats, weight), dtype=np.float32)  # [a*a, oc, c]
+    bt, at = (np.ascontiguousarray(m.T, dtype=np.float32) for m in (mats.B, mats.A))
+    per_tile = 4 * a * a * max(c, oc)
+    parts = regions * WINOGRAD_BLOCKS_PER_THREAD if macs >= REGION_MIN_MACS else 1
+    bounds = _even_bounds(th * tw, max(parts, -(-th * tw * per_tile // WINOGRAD_BLOCK_BYTES)))
+    most = int(np.diff(bounds).max())
+    first, second = (np.empty((regions, per_tile // 4 * most), np.float32) for _ in range(2))
+    fortran = cpu_parallel.winograd_arguments(bounds, n, a, c, oc)
+    scalars = np.array([1.0, 0.0], np.float32)
+    b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
+    epilogue = bias is not None or lo > -np.inf or hi < np.inf
+    geometry = (n, a, tw, *op.pads[:2])
+    out4 = out.reshape(op.batch, oc, oh, ow)
+    images = [(cpu_parallel.SGEMM, x[b], u, bt, at, out4[b], b1, bounds, fortran, scalars, first, second, geometry,
+               lo, hi, epilogue) for b in range(op.batch)]
+    return OpPlan((_region_items(cpu_parallel.winograd_blocks, images, act, out),), "winograd",
+                  keep=(u, bt, at, b1, fortran, scalars, first, second))
+
+
+def _even_bounds(total: int, parts: int) -> np.ndarray:
+    """``_even_spans`` as a region's bounds array."""
+    return np.array([start for start, _ in _even_spans(total, parts)] + [total], np.int64)
 
 
 def _even_spans(total: int, parts: int) -> list[tuple[int, int]]:

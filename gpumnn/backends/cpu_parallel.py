@@ -6,9 +6,10 @@ each wait for the GIL held by the other thread, measured 25-50 us (a futex wake 
 vCPU). An op of 100-300 us, MobileNet's 1x1 convolutions among them, then gained nothing from a
 second thread (64x384x196 GEMM: 137 us on one thread, 199 us shared). A Numba ``parallel``
 function runs the op's blocks on OpenMP's threads, which spin a while between regions, with the
-GIL released throughout: an empty region costs 2 us, and each block's GEMM calls BLAS (SciPy's
-``cython_blas``, one thread inside each block) with the bias and a clamp applied to the block
-while it is in cache.
+GIL released throughout: an empty region costs 2 us, and each block's GEMM calls BLAS (NumPy's
+own OpenBLAS where it has one, else SciPy's ``cython_blas``; one thread inside each block) with
+the bias and a clamp applied to the block while it is in cache. The blocks: GEMM row and column
+spans, im2col row (and channel) blocks, Winograd tile blocks, depthwise and pooling channel spans.
 
 Only Numba's ``tbb`` and ``omp`` threading layers qualify: ``workqueue``, the fallback when
 neither loads, measured 106 us per region and is not safe to enter from two threads at once.
@@ -44,12 +45,33 @@ else:  # never called without Numba
 _N, _T = ord("N"), ord("T")
 
 
-def _sgemm_address() -> int:
-    """The address of SciPy's Fortran sgemm (what Numba's own np.dot calls). It is passed to the
-    regions as an argument: a ctypes function baked into a kernel would keep Numba from caching
-    the kernel on disk (an address differs per process), and parallel kernels take seconds to compile."""
+def _numpy_sgemm() -> tuple[int, type] | None:
+    """(address, integer type) of the Fortran sgemm in the OpenBLAS NumPy itself loaded
+    (threadpoolctl finds it, its symbol prefix and suffix), or None where NumPy uses another
+    BLAS. Preferred to SciPy's: NumPy's wheels bundle a newer OpenBLAS than SciPy's (0.3.31 against
+    0.3.30 here), whose products with few rows or a short inner dimension, Winograd's transforms
+    among them, measured 2-2.6x faster (8 x 8 by 8 x 3200: 14.5 against 29 us)."""
+    from threadpoolctl import ThreadpoolController
+    for lib in ThreadpoolController().select(internal_api="openblas").lib_controllers:
+        if "numpy" not in os.path.basename(os.path.dirname(lib.filepath)):
+            continue
+        prefix, suffix = getattr(lib, "_symbol_prefix", ""), getattr(lib, "_symbol_suffix", "")
+        try:
+            dll = ctypes.CDLL(lib.filepath)
+            sgemm = getattr(dll, f"{prefix}sgemm_{suffix}")
+            config = getattr(dll, f"{prefix}openblas_get_config{suffix}")
+        except (OSError, AttributeError):
+            continue
+        config.restype = ctypes.c_char_p
+        wide = b"USE64BITINT" in (config() or b"")
+        return ctypes.cast(sgemm, ctypes.c_void_p).value, np.int64 if wide else np.int32
+    return None
+
+
+def _scipy_sgemm() -> tuple[int, type]:
+    """(address, integer type) of SciPy's Fortran sgemm (what Numba's own np.dot calls)."""
     from numba.extending import get_cython_function_address
-    return get_cython_function_address("scipy.linalg.cython_blas", "sgemm")
+    return get_cython_function_address("scipy.linalg.cython_blas", "sgemm"), np.int32
 
 
 @intrinsic
@@ -68,10 +90,13 @@ def _call_sgemm(typingctx, function, transa, transb, m, n, k, alpha, a, lda, b, 
 try:
     if numba is None:
         raise ImportError(cpu_jit.MISSING)
-    SGEMM = _sgemm_address()
-except Exception as exc:  # noqa: BLE001 -- SciPy missing or without cython_blas: no regions
-    SGEMM = 0
-    _MISSING = f"SciPy's BLAS is not importable ({exc}); install gpumnn[cpu]"
+    #: The sgemm the regions call, passed to them as an argument (a ctypes function baked into a
+    #: kernel would keep Numba from caching it on disk: an address differs per process, and parallel
+    #: kernels take seconds to compile), and the integer type of its Fortran arguments.
+    SGEMM, BLAS_INT = _numpy_sgemm() or _scipy_sgemm()
+except Exception as exc:  # noqa: BLE001 -- neither BLAS is reachable: no regions
+    SGEMM, BLAS_INT = 0, np.int32
+    _MISSING = f"neither NumPy's OpenBLAS nor SciPy's BLAS is reachable ({exc}); install gpumnn[cpu]"
 else:
     _MISSING = None
 
@@ -157,7 +182,7 @@ def using_threads(threads: int):
 # the row-major product C[rows, cols] = A[rows, k] B[k, cols] computed as C^T = B^T A^T (op of the
 # first operand, op of the second, cols, rows, k, ld of B, ld of A, ldc), the element offsets of B,
 # A and C in their flat buffers, and the bias row and column of the block's first element. Fortran
-# takes its arguments by reference: ``fortran_arguments`` lays the first eight out as the int32s
+# takes its arguments by reference: ``fortran_arguments`` lays the first eight out as the integers
 # BLAS reads, and ``scalars`` holds (alpha, 0), both made at session creation so that a region
 # allocates nothing (BLAS only reads them, so every thread may point at the same ones).
 
@@ -174,9 +199,9 @@ def gemm_blocks(sgemm, a, b, c, calls, fortran, scalars, bias, bias_offset, bias
     bias_rows + j * bias_cols] (bias_cols 0 or 1: a value per row or a row of values)."""
     for i in numba.prange(calls.shape[0]):
         p = calls[i]
-        at, scalar_at = fortran.ctypes.data + 32 * i, scalars.ctypes.data
-        _call_sgemm(sgemm, at, at + 4, at + 8, at + 12, at + 16, scalar_at, b.ctypes.data + 4 * p[8], at + 20,
-                    a.ctypes.data + 4 * p[9], at + 24, scalar_at + 4, c.ctypes.data + 4 * p[10], at + 28)
+        at, w, scalar_at = fortran.ctypes.data + fortran.strides[0] * i, fortran.itemsize, scalars.ctypes.data
+        _call_sgemm(sgemm, at, at + w, at + 2 * w, at + 3 * w, at + 4 * w, scalar_at, b.ctypes.data + 4 * p[8],
+                    at + 5 * w, a.ctypes.data + 4 * p[9], at + 6 * w, scalar_at + 4, c.ctypes.data + 4 * p[10], at + 7 * w)
         if epilogue:
             cols, rows, ldc = p[2], p[3], p[7]
             for r in range(rows):
@@ -234,68 +259,190 @@ def gemm_calls(a: np.ndarray, b: np.ndarray, c: np.ndarray,
 
 def fortran_arguments(rows: np.ndarray) -> np.ndarray:
     """The eight Fortran sgemm integers of each row of ``rows`` (``calls``, or im2col's) as the
-    contiguous int32s BLAS reads by reference, 32 bytes per block."""
-    return np.ascontiguousarray(rows[:, :8], dtype=np.int32)
+    contiguous integers (``BLAS_INT``) BLAS reads by reference."""
+    return np.ascontiguousarray(rows[:, :8], dtype=BLAS_INT)
 
 
 # -- im2col row blocks ----------------------------------------------------------------------------
 
 @_region
-def im2col_blocks(sgemm, x, w, out, bias, bounds, fortran, scalars, cols, geometry, lo, hi, epilogue):
-    """A convolution of one image, x [C, H, W] with w [O, C*KH*KW] into out [O, OH, OW], as blocks of
-    output rows [bounds[i], bounds[i + 1]): each copies its windows (zeros past the input's edge)
-    into its thread's ``cols`` [C*KH*KW*rows*OW], multiplies w by them through BLAS (``sgemm``,
-    with block i's integers at fortran[i] and (1, 0) in ``scalars``: ``im2col_arguments``) and,
-    where ``epilogue``, applies clamp(out + bias[o]) to [lo, hi] while the block is in cache.
-    geometry: (kh, kw, sh, sw, dh, dw, pt, pl)."""
+def im2col_blocks(sgemm, x, w, out, bias, blocks, fortran, scalars, cols, geometry, lo, hi, epilogue):
+    """A convolution of one image, x [C, H, W] with w [O, C*KH*KW] into out [O, OH, OW], as blocks
+    (output rows [r0, r1), output channels [o0, o1)) = blocks[i]: each copies its rows' windows
+    (zeros past the input's edge) into its thread's ``cols`` [C*KH*KW*rows*OW], multiplies w's
+    rows o0.. by them through BLAS (``sgemm``, with block i's integers at fortran[i] and (1, 0) in
+    ``scalars``: ``im2col_arguments``) and, where ``epilogue``, applies clamp(out + bias[o]) to
+    [lo, hi] while the block is in cache. Blocks that share rows copy them each: where an image
+    has fewer pixels than channels, channel spans keep every product wide, and the copy is small
+    beside the product. geometry: (kh, kw, sh, sw, dh, dw, pt, pl)."""
     channels, height, width = x.shape
     kh, kw, sh, sw, dh, dw, pt, pl = geometry
-    o, k = w.shape
+    k = w.shape[1]
     oh, ow = out.shape[1], out.shape[2]
-    for i in numba.prange(bounds.shape[0] - 1):
+    flat = x.reshape(channels * height * width)
+    for i in numba.prange(blocks.shape[0]):
         col = cols[numba.get_thread_id()]
-        r0, r1 = bounds[i], bounds[i + 1]
+        r0, r1, o0, o1 = blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3]
         pixels = (r1 - r0) * ow
+        # flat indices, not slices: a block copies C*KH*KW*rows runs of OW elements, and a slice per
+        # run cost more than the run itself at OW = 7 (0.5 of 2.2 ms, 256 channels 14x14 stride 2)
         for ci in range(channels):
             for ky in range(kh):
                 for kx in range(kw):
-                    row = col[((ci * kh + ky) * kw + kx) * pixels:((ci * kh + ky) * kw + kx + 1) * pixels]
+                    base = ((ci * kh + ky) * kw + kx) * pixels
                     shift = kx * dw - pl  # input column of output column 0
                     first = max(0, (sw - 1 - shift) // sw)  # first output column inside the input
                     stop = min(ow, max(0, (width - 1 - shift) // sw + 1))  # past the last inside
                     for oy in range(r0, r1):
-                        dst = row[(oy - r0) * ow:(oy - r0 + 1) * ow]
+                        at = base + (oy - r0) * ow
                         iy = oy * sh + ky * dh - pt
                         if iy < 0 or iy >= height or first >= stop:
-                            dst[:] = 0.0
+                            for j in range(ow):
+                                col[at + j] = 0.0
                             continue
-                        dst[:first] = 0.0
-                        dst[stop:] = 0.0
-                        src = x[ci, iy, first * sw + shift:]
-                        if sw == 1:  # a loop of its own: a run-time stride in the index keeps it scalar
+                        for j in range(first):
+                            col[at + j] = 0.0
+                        for j in range(stop, ow):
+                            col[at + j] = 0.0
+                        src, dst = flat[(ci * height + iy) * width + first * sw + shift:], col[at + first:]
+                        # strides 1 and 2 in loops of their own: a run-time stride in the index keeps
+                        # the copy scalar, a constant one lets it use vector loads and shuffles
+                        if sw == 1:
                             for j in range(stop - first):
-                                dst[first + j] = src[j]
+                                dst[j] = src[j]
+                        elif sw == 2:
+                            for j in range(stop - first):
+                                dst[j] = src[2 * j]
                         else:
                             for j in range(stop - first):
-                                dst[first + j] = src[j * sw]
-        at, scalar_at = fortran.ctypes.data + 32 * i, scalars.ctypes.data
-        _call_sgemm(sgemm, at, at + 4, at + 8, at + 12, at + 16, scalar_at, col.ctypes.data, at + 20,
-                    w.ctypes.data, at + 24, scalar_at + 4, out.ctypes.data + 4 * r0 * ow, at + 28)
+                                dst[j] = src[j * sw]
+        at, size, scalar_at = fortran.ctypes.data + fortran.strides[0] * i, fortran.itemsize, scalars.ctypes.data
+        _call_sgemm(sgemm, at, at + size, at + 2 * size, at + 3 * size, at + 4 * size, scalar_at, col.ctypes.data,
+                    at + 5 * size, w.ctypes.data + 4 * o0 * k, at + 6 * size, scalar_at + 4,
+                    out.ctypes.data + 4 * (o0 * oh * ow + r0 * ow), at + 7 * size)
         if epilogue:
-            for oc in range(o):
+            for oc in range(o0, o1):
                 value = bias[oc]
                 dst = out[oc, r0:r1].reshape(pixels)
                 for j in range(pixels):
                     dst[j] = min(max(dst[j] + value, lo), hi)
 
 
-def im2col_arguments(bounds: np.ndarray, out_channels: int, k: int, ow: int, pixels: int) -> np.ndarray:
-    """``im2col_blocks``' Fortran integers per block of output rows [bounds[i], bounds[i + 1]):
-    (weights times columns) cols^T w^T, the block's pixels wide, into an output ``pixels`` wide."""
-    widths = np.diff(bounds) * ow
-    return fortran_arguments(np.stack([np.full_like(widths, _N), np.full_like(widths, _N), widths,
-                                       np.full_like(widths, out_channels), np.full_like(widths, k), widths,
-                                       np.full_like(widths, k), np.full_like(widths, pixels)], axis=1))
+def im2col_arguments(blocks: np.ndarray, k: int, ow: int, pixels: int) -> np.ndarray:
+    """``im2col_blocks``' Fortran integers per block (rows [r0, r1), channels [o0, o1)): (weights
+    times columns) cols^T w^T, the block's pixels wide, into an output ``pixels`` wide."""
+    widths = (blocks[:, 1] - blocks[:, 0]) * ow
+    channels = blocks[:, 3] - blocks[:, 2]
+    full = np.full_like
+    return fortran_arguments(np.stack([full(widths, _N), full(widths, _N), widths, channels, full(widths, k), widths,
+                                       full(widths, k), full(widths, pixels)], axis=1))
+
+
+# -- Winograd tile blocks ------------------------------------------------------------------------
+# Per block the Fortran integers (``winograd_arguments``), at these indices of its 16:
+_WN, _WACT, _WCT, _WT, _WAOT, _WOT, _WA, _WTILE, _WOC, _WC = range(10)
+
+
+@_region
+def winograd_blocks(sgemm, x, u, bt, at, out, bias, bounds, fortran, scalars, first, second, geometry, lo, hi,
+                    epilogue):
+    """Winograd F(n x n, k x k) of one image, x [C, H, W] into out [O, OH, OW], as blocks of tiles
+    [bounds[i], bounds[i + 1]) (tile t covers output rows (t // tiles per row) n.. and columns
+    (t % tiles per row) n..), each in its thread's two scratch rows ``first`` and ``second`` while
+    in cache: the [alpha, alpha, C, T] input tiles copied out of x (zeros past its edge), B^T d B
+    as BLAS products with ``bt``, one product per tile position against the weights transformed
+    at creation ``u`` [alpha^2, O, C], A^T m A with ``at``, then the tiles put in place with
+    clamp(y + bias[o]) to [lo, hi] where ``epilogue``. geometry: (n, alpha, tiles per row, pt, pl)."""
+    channels, height, width = x.shape
+    n, a, tiles_w, pt, pl = geometry
+    o, oh, ow = out.shape
+    for i in numba.prange(bounds.shape[0] - 1):
+        thread = numba.get_thread_id()
+        p, q = first[thread], second[thread]
+        s0, s1 = bounds[i], bounds[i + 1]
+        t = s1 - s0
+        # the input tiles d[y, x, c, tile], row by row of whole tiles
+        d = p[:a * a * channels * t].reshape(a, a, channels, t)
+        for ci in range(channels):
+            s = s0
+            while s < s1:
+                r, q0 = s // tiles_w, s % tiles_w
+                q1 = min(tiles_w, q0 + s1 - s)
+                k0 = s - s0
+                for yy in range(a):
+                    iy = r * n + yy - pt
+                    for xx in range(a):
+                        dst = d[yy, xx, ci, k0:k0 + q1 - q0]
+                        if iy < 0 or iy >= height:
+                            dst[:] = 0.0
+                            continue
+                        # tiles [inside, beyond) of this row read column q n + xx - pl inside the input
+                        shift = xx - pl
+                        inside = min(max(q0, (n - 1 - shift) // n), q1)
+                        beyond = max(min(q1, (width - 1 - shift) // n + 1), inside)
+                        dst[:inside - q0] = 0.0
+                        dst[beyond - q0:] = 0.0
+                        src = x[ci, iy, inside * n + shift:]
+                        part = dst[inside - q0:]
+                        for k in range(beyond - inside):
+                            part[k] = src[k * n]
+                s += q1 - q0
+        ints, size = fortran.ctypes.data + fortran.strides[0] * i, fortran.itemsize
+        one, zero = scalars.ctypes.data, scalars.ctypes.data + 4
+        nn, act, ct, tt = ints, ints + size * _WACT, ints + size * _WCT, ints + size * _WT
+        aot, ot, aa, tile = ints + size * _WAOT, ints + size * _WOT, ints + size * _WA, ints + size * _WTILE
+        oc, cc = ints + size * _WOC, ints + size * _WC
+        pa, qa = p.ctypes.data, q.ctypes.data
+        # B^T on the tiles' rows (one product), then on their columns (one per row)
+        _call_sgemm(sgemm, nn, nn, act, aa, aa, one, pa, act, bt.ctypes.data, aa, zero, qa, act)
+        for y in range(a):
+            offset = 4 * y * a * channels * t
+            _call_sgemm(sgemm, nn, nn, ct, aa, aa, one, qa + offset, ct, bt.ctypes.data, aa, zero, pa + offset, ct)
+        for f in range(a * a):  # one product per tile position: m[f] [O, T] = u[f] [O, C] v[f] [C, T]
+            _call_sgemm(sgemm, nn, nn, tt, oc, cc, one, pa + 4 * f * channels * t, tt, u.ctypes.data + 4 * f * o * channels,
+                        cc, zero, qa + 4 * f * o * t, tt)
+        # A^T on the rows of m, then on their columns
+        _call_sgemm(sgemm, nn, nn, aot, tile, aa, one, qa, aot, at.ctypes.data, aa, zero, pa, aot)
+        for y in range(n):
+            offset = 4 * y * a * o * t
+            _call_sgemm(sgemm, nn, nn, ot, tile, aa, one, pa + offset, ot, at.ctypes.data, aa, zero,
+                        qa + 4 * y * n * o * t, ot)
+        # y [n, n, O, T] into place, clipped at the output's edges
+        y4 = q[:n * n * o * t].reshape(n, n, o, t)
+        for oc_ in range(o):
+            b = bias[oc_] if epilogue else np.float32(0.0)
+            s = s0
+            while s < s1:
+                r, q0 = s // tiles_w, s % tiles_w
+                q1 = min(tiles_w, q0 + s1 - s)
+                k0 = s - s0
+                for yy in range(min(n, oh - r * n)):
+                    row = out[oc_, r * n + yy]
+                    for xx in range(min(n, ow - q0 * n)):
+                        count = min(q1, (ow - 1 - xx) // n + 1) - q0  # tiles whose column xx is inside
+                        src = y4[yy, xx, oc_, k0:k0 + count]
+                        dst = row[q0 * n + xx:]
+                        if epilogue:
+                            for k in range(count):
+                                dst[k * n] = min(max(src[k] + b, lo), hi)
+                        else:
+                            for k in range(count):
+                                dst[k * n] = src[k]
+                s += q1 - q0
+
+
+def winograd_arguments(bounds: np.ndarray, n: int, alpha: int, channels: int, out_channels: int) -> np.ndarray:
+    """``winograd_blocks``' Fortran integers per block of tiles, 16 each."""
+    tiles = np.diff(bounds)
+    rows = np.zeros((len(tiles), 16), np.int64)
+    rows[:, _WN] = _N
+    rows[:, _WACT] = alpha * channels * tiles
+    rows[:, _WCT] = channels * tiles
+    rows[:, _WT] = tiles
+    rows[:, _WAOT] = alpha * out_channels * tiles
+    rows[:, _WOT] = out_channels * tiles
+    rows[:, _WA], rows[:, _WTILE], rows[:, _WOC], rows[:, _WC] = alpha, n, out_channels, channels
+    return np.ascontiguousarray(rows, dtype=BLAS_INT)
 
 
 # -- channel spans of the compiled depthwise and pooling loops ---------------------------------
