@@ -32,10 +32,16 @@ def tiny():
 
 
 def test_create_run_close_keeps_memory_flat(backend, tiny):
+    """A leak grows with every cycle, so a soak past LIMIT is soaked again: a leak grows as much
+    again, where a one-off step (an allocator arena or a driver cache filling once: 2-4 MiB in one
+    25-cycle interval, then flat, seen in a few full runs) does not repeat."""
     net, inputs = tiny
-    result = _soak().soak(net, inputs, backend, CYCLES, WARMUP, "tiny", every=25)
+    for attempt in ("first", "second"):
+        result = _soak().soak(net, inputs, backend, CYCLES, WARMUP if attempt == "first" else 0, "tiny", every=25)
+        if result.growth < LIMIT:
+            return
     samples = ", ".join(f"{c}: {rss / 2 ** 20:.1f} MiB" for c, rss in result.samples)
-    assert result.growth < LIMIT, f"{result.line()}\n  samples after the warm-up: {samples}"
+    assert result.growth < LIMIT, f"grew past the limit in two soaks; the second: {result.line()}\n  samples: {samples}"
 
 
 def test_close_frees_device_objects_without_the_garbage_collector(backend, tiny):
