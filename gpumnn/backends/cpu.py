@@ -449,7 +449,7 @@ def _gemm_region(bases: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list,
     if calls is None or column_stride not in (0, 1) or row_stride < 0 or buffer.dtype != np.float32:
         return None
     lo, hi, after = _compiled_clamp(activation)
-    epilogue = bool(period) or lo > -np.inf or hi < np.inf
+    epilogue = _applies_epilogue(bool(period), lo, hi)
     scalars = np.array([alpha, 0.0], np.float32)
     args = (cpu_parallel.SGEMM, *bases, calls, cpu_parallel.fortran_arguments(calls), scalars, buffer, offset, period,
             row_stride, column_stride, np.float32(beta), lo, hi, epilogue)
@@ -612,7 +612,7 @@ def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, macs: int) 
                        for o0, o1 in _spans(oc, channel_parts, align=8)], np.int64)
     cols = np.empty((regions, k * rows * ow), np.float32)  # a slice per thread
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
-    epilogue = bias is not None or lo > -np.inf or hi < np.inf
+    epilogue = _applies_epilogue(bias is not None, lo, hi)
     geometry = (kh, kw, *op.strides, *op.dilations, *op.pads[:2])
     out4 = out.reshape(n, oc, oh, ow)
     fortran = cpu_parallel.im2col_arguments(blocks, k, ow, oh * ow)
@@ -629,6 +629,11 @@ def _compiled_clamp(activation: A.Activation) -> tuple[np.float32, np.float32, C
     clamp = cpu_jit.clamp_of(activation)
     lo, hi = (np.float32(v) for v in (clamp or (-np.inf, np.inf)))
     return lo, hi, None if clamp else _epilogue(activation)
+
+
+def _applies_epilogue(biased: bool, lo: np.float32, hi: np.float32) -> bool:
+    """Whether a region's loop has a bias to add or a clamp to apply (else it skips the pass)."""
+    return biased or lo > -np.inf or hi < np.inf
 
 
 def _compiled_epilogue(activation: A.Activation, bias: np.ndarray | None,
@@ -699,8 +704,8 @@ def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: in
     if jit:  # the output tiles put in place with the bias and a clamp in one compiled pass
         bias1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
         t = max(t1 - t0 for t0, t1 in spans)
-        place = cpu_jit.bind(cpu_jit.winograd_place, scratch[0][1][:n * n * oc * t * tw].reshape(n, n, oc, t, tw),
-                             bias1, out4[0], 0, lo, hi)
+        place = cpu_jit.bind(cpu_jit.winograd_place, scratch[0][1][:n * n * oc * t * tw].reshape(n, n, oc, t * tw),
+                             bias1, out4[0], 0, t * tw, tw, lo, hi, True)
     tasks = [(b, t0, t1, _tile_places(out4[b], n, t0, t1)) for b in range(op.batch) for t0, t1 in spans]
 
     def chunk(index: int, slot: int) -> None:
@@ -721,7 +726,7 @@ def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: in
         np.matmul(at, y1, out=y.reshape(n, n, oc * t))
         dst = out4[b, :, t0 * n:min(t1 * n, oh)]
         if jit:
-            place(y, bias1, out4[b], t0, lo, hi)
+            place(y.reshape(n, n, oc, t), bias1, out4[b], t0 * tw, t1 * tw, tw, lo, hi, True)
         else:
             for target, rows, cols, i, j in places:
                 np.copyto(target, y[:i, :j, :, rows, cols])
@@ -762,24 +767,19 @@ def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, macs: int
     bt, at = (np.ascontiguousarray(m.T, dtype=np.float32) for m in (mats.B, mats.A))
     per_tile = 4 * a * a * max(c, oc)
     parts = regions * WINOGRAD_BLOCKS_PER_THREAD if macs >= REGION_MIN_MACS else 1
-    bounds = _even_bounds(th * tw, max(parts, -(-th * tw * per_tile // WINOGRAD_BLOCK_BYTES)))
+    bounds = _bounds(_even_spans(th * tw, max(parts, -(-th * tw * per_tile // WINOGRAD_BLOCK_BYTES))))
     most = int(np.diff(bounds).max())
     first, second = (np.empty((regions, per_tile // 4 * most), np.float32) for _ in range(2))
     fortran = cpu_parallel.winograd_arguments(bounds, n, a, c, oc)
     scalars = np.array([1.0, 0.0], np.float32)
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
-    epilogue = bias is not None or lo > -np.inf or hi < np.inf
+    epilogue = _applies_epilogue(bias is not None, lo, hi)
     geometry = (n, a, tw, *op.pads[:2])
     out4 = out.reshape(op.batch, oc, oh, ow)
     images = [(cpu_parallel.SGEMM, x[b], u, bt, at, out4[b], b1, bounds, fortran, scalars, first, second, geometry,
                lo, hi, epilogue) for b in range(op.batch)]
     return OpPlan((_region_items(cpu_parallel.winograd_blocks, images, act, out),), "winograd",
                   keep=(u, bt, at, b1, fortran, scalars, first, second))
-
-
-def _even_bounds(total: int, parts: int) -> np.ndarray:
-    """``_even_spans`` as a region's bounds array."""
-    return np.array([start for start, _ in _even_spans(total, parts)] + [total], np.int64)
 
 
 def _even_spans(total: int, parts: int) -> list[tuple[int, int]]:
@@ -859,7 +859,8 @@ def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts
     scratch = [np.zeros((regions or pool.threads, *shape), np.float32) for shape in scratch_shapes]  # a slice per thread
     tail = (geometry, *op.pads[:2], lo, hi)
     if regions:
-        regions_of = [cpu_parallel.depthwise_region(kernel, (x[b], w3, b1, out4[b], _bounds(c, parts), *scratch, *tail))
+        bounds = _bounds(_spans(c, parts))
+        regions_of = [cpu_parallel.depthwise_region(kernel, (x[b], w3, b1, out4[b], bounds, *scratch, *tail))
                       for b in range(n)]
         return OpPlan((_region_items(regions_of[0][0], [args for _, args in regions_of], act, out),), "depthwise",
                       keep=(b1, scratch))
@@ -873,9 +874,10 @@ def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts
     return OpPlan((_on_pool(pool, len(spans), span),), "depthwise", keep=(b1, scratch))
 
 
-def _bounds(total: int, parts: int) -> np.ndarray:
-    """``_spans`` as the bounds array a region's ``prange`` walks: [start0, start1, ..., total]."""
-    return np.array([start for start, _ in _spans(total, parts)] + [total], np.int64)
+def _bounds(spans: list[tuple[int, int]]) -> np.ndarray:
+    """Consecutive [start, stop) spans (``_spans``, ``_even_spans``) as the bounds array a region's
+    ``prange`` walks: [start0, start1, ..., last stop]."""
+    return np.array([start for start, _ in spans] + [spans[-1][1]], np.int64)
 
 
 def _region_items(region: Callable, calls: list[tuple], after: Callable[[np.ndarray], None] | None,
@@ -984,7 +986,8 @@ def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, regions: int 
     windows = n * c * 9 * oh * ow
     if regions:
         parts = regions if windows >= REGION_MIN_WINDOWS else 1
-        images = [(op.op == "max", x[b], out[b], scale, _bounds(c, parts), scratch, sh, sw, top, left) for b in range(n)]
+        bounds = _bounds(_spans(c, parts))
+        images = [(op.op == "max", x[b], out[b], scale, bounds, scratch, sh, sw, top, left) for b in range(n)]
         return OpPlan((_region_items(cpu_parallel.pool_spans, images, None, out),), keep=(scale, scratch))
     parts = _parts(pool, windows, DEPTHWISE_PARALLEL_MIN)
     spans = [(x[b, c0:c1], out[b, c0:c1], scale) for b in range(n) for c0, c1 in _spans(c, parts)]

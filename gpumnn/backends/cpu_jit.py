@@ -242,27 +242,33 @@ def depthwise_kernel(op: A.Conv2D) -> tuple[Callable, list[tuple[int, ...]], tup
 # -- Winograd's output tiles ---------------------------------------------------------------------
 
 @_kernel
-def winograd_place(y, bias, out, t0, lo, hi):
-    """out[o, (t0 + r) n + i, q n + j] = clamp(y[i, j, o, r, q] + bias[o]): the output tiles
-    ``y`` [n, n, O, rows, tiles per row] of tile rows t0.. put in place, clipped at the output's
-    edges, with the bias and the clamp, in one pass. The transforms themselves stay BLAS
-    products: as loops over a channel's tiles in L1 they measured slower (1.9 against 0.7 ms,
-    64 channels 56x56 F(6, 3)), their rows of 100 tiles too short to amortise a loop."""
-    n, channels, rows, tiles_w = y.shape[0], y.shape[2], y.shape[3], y.shape[4]
+def winograd_place(y, bias, out, s0, s1, tiles_w, lo, hi, epilogue):
+    """out[o, r n + i, q n + j] = y[i, j, o, t - s0] for the tiles t in [s0, s1) (tile t is tile
+    row r = t // tiles_w, column q = t % tiles_w) of the output tiles ``y`` [n, n, O, tiles], clipped
+    at the output's edges, with clamp(. + bias[o]) to [lo, hi] where ``epilogue``, in one pass. A
+    span may start and end inside a tile row. The transforms themselves stay BLAS products: as
+    loops over a channel's tiles in L1 they measured slower (1.9 against 0.7 ms, 64 channels 56x56
+    F(6, 3)), their rows of 100 tiles too short to amortise a loop."""
+    n, channels = y.shape[0], y.shape[2]
     oh, ow = out.shape[1], out.shape[2]
     for o in range(channels):
         b = bias[o]
-        for r in range(rows):
-            for i in range(n):
-                oy = (t0 + r) * n + i
-                if oy >= oh:
-                    break
-                row = out[o, oy]
-                for j in range(min(n, ow)):
-                    count = min(tiles_w, (ow - 1 - j) // n + 1)  # tiles whose column j is inside
-                    dst, src = row[j:], y[i, j, o, r]
-                    for q in range(count):
-                        dst[q * n] = min(max(src[q] + b, lo), hi)
+        s = s0
+        while s < s1:  # the span's part in each tile row
+            r, q0 = s // tiles_w, s % tiles_w
+            q1 = min(tiles_w, q0 + s1 - s)
+            for i in range(min(n, oh - r * n)):
+                row = out[o, r * n + i]
+                for j in range(min(n, ow - q0 * n)):
+                    count = min(q1, (ow - 1 - j) // n + 1) - q0  # tiles whose column j is inside
+                    dst, src = row[q0 * n + j:], y[i, j, o, s - s0:]
+                    if epilogue:
+                        for k in range(count):
+                            dst[k * n] = min(max(src[k] + b, lo), hi)
+                    else:
+                        for k in range(count):
+                            dst[k * n] = src[k]
+            s += q1 - q0
 
 
 # -- epilogues and pooling ------------------------------------------------------------------------

@@ -19,6 +19,11 @@ team. On 2 cores shared with another engine's spinning threads (ONNX Runtime's s
 a run) that barrier waited for a descheduled thread: MobileNet-v2 in alternation with ONNX
 Runtime, 13.4 and 12.8 ms a run on TBB against 18.0 and 18.3 on OpenMP. Where the regions are
 not available (``available()`` says why) the backend keeps ``cpu_workers``.
+
+Numba caches the compiled regions on disk and checks only this file's time stamp, not those of
+the ``cpu_jit`` kernels the regions call (depthwise, pooling, Winograd's placing): after editing
+``cpu_jit.py`` alone, delete ``gpumnn/backends/__pycache__/cpu_parallel.*`` (an install or a
+checkout that changes this file too recompiles them).
 """
 from __future__ import annotations
 
@@ -355,7 +360,7 @@ def winograd_blocks(sgemm, x, u, bt, at, out, bias, bounds, fortran, scalars, fi
     clamp(y + bias[o]) to [lo, hi] where ``epilogue``. geometry: (n, alpha, tiles per row, pt, pl)."""
     channels, height, width = x.shape
     n, a, tiles_w, pt, pl = geometry
-    o, oh, ow = out.shape
+    o = out.shape[0]
     for i in numba.prange(bounds.shape[0] - 1):
         thread = numba.get_thread_id()
         p, q = first[thread], second[thread]
@@ -407,28 +412,7 @@ def winograd_blocks(sgemm, x, u, bt, at, out, bias, bounds, fortran, scalars, fi
             offset = 4 * y * a * o * t
             _call_sgemm(sgemm, nn, nn, ot, tile, aa, one, pa + offset, ot, at.ctypes.data, aa, zero,
                         qa + 4 * y * n * o * t, ot)
-        # y [n, n, O, T] into place, clipped at the output's edges
-        y4 = q[:n * n * o * t].reshape(n, n, o, t)
-        for oc_ in range(o):
-            b = bias[oc_] if epilogue else np.float32(0.0)
-            s = s0
-            while s < s1:
-                r, q0 = s // tiles_w, s % tiles_w
-                q1 = min(tiles_w, q0 + s1 - s)
-                k0 = s - s0
-                for yy in range(min(n, oh - r * n)):
-                    row = out[oc_, r * n + yy]
-                    for xx in range(min(n, ow - q0 * n)):
-                        count = min(q1, (ow - 1 - xx) // n + 1) - q0  # tiles whose column xx is inside
-                        src = y4[yy, xx, oc_, k0:k0 + count]
-                        dst = row[q0 * n + xx:]
-                        if epilogue:
-                            for k in range(count):
-                                dst[k * n] = min(max(src[k] + b, lo), hi)
-                        else:
-                            for k in range(count):
-                                dst[k * n] = src[k]
-                s += q1 - q0
+        cpu_jit.winograd_place(q[:n * n * o * t].reshape(n, n, o, t), bias, out, s0, s1, tiles_w, lo, hi, epilogue)
 
 
 def winograd_arguments(bounds: np.ndarray, n: int, alpha: int, channels: int, out_channels: int) -> np.ndarray:
