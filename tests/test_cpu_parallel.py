@@ -175,6 +175,88 @@ def test_im2col_channel_spans_in_regions(case, cols_bytes, monkeypatch):
         _both_ways_match_onnxruntime(model, (1, channels, size, size), rng)
 
 
+# im2col on constant weights through cpu_tiles' register tile (every depth here, to reach small
+# cases): (channels, size, kernel, stride, dilation, pads, out channels, activation, bias)
+PACKED = [
+    (96, 6, 3, 1, 1, [1, 1, 1, 1], 128, "relu", True),     # 36 pixels < 128 channels: panels packed once, shared
+    (64, 9, 3, 2, 1, [1, 1, 1, 1], 84, "relu6", True),     # 25 pixels, 84 channels: a partial weight panel
+    (16, 23, 3, 2, 1, [1, 0, 2, 1], 20, None, False),      # uneven padding, no bias: each block packs its own
+    (3, 40, 7, 2, 1, [3, 3, 3, 3], 24, "sigmoid", True),   # a ResNet stem, an activation after
+    (8, 17, 3, 1, 2, [2, 2, 2, 2], 16, "relu", True),      # dilation
+    (24, 15, 3, 1, 1, [0, 0, 0, 0], 40, None, True),       # no padding: the input read as it lies
+]
+
+
+@pytest.mark.parametrize("cols_bytes", [1 << 20, 4 * 9 * 96 * 6 * 2])
+@pytest.mark.parametrize("case", PACKED, ids=[f"packed{c[0]}x{c[1]}k{c[2]}s{c[3]}d{c[4]}o{c[6]}" for c in PACKED])
+def test_im2col_on_packed_weights_in_regions(case, cols_bytes, monkeypatch):
+    from gpumnn.backends import cpu
+    from gpumnn.scheduler import schemes
+
+    channels, size, kernel, stride, dilation, pads, out_channels, activation, bias = case
+    monkeypatch.setattr(cpu, "PACKED_MIN_DEPTH", 1)
+    monkeypatch.setattr(cpu, "REGION_COLS_BYTES", cols_bytes)  # the second: several pixel blocks
+    calls = []
+    monkeypatch.setattr(cpu, "_packed_conv_region", lambda *a, real=cpu._packed_conv_region: calls.append(a) or real(*a))
+    rng = np.random.default_rng()
+    model = _conv_model(channels, size, kernel, stride, dilation, pads, 1, out_channels, activation, bias, rng)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
+    with schemes.forced_schemes(conv=("im2col", 0)):
+        _both_ways_match_onnxruntime(model, (2, channels, size, size), rng)
+    assert calls, "the packed region was not used"
+
+
+def test_weights_known_only_at_run_time_keep_blas(monkeypatch):
+    """Weights that are a graph input are not packed at creation: the convolution keeps BLAS."""
+    from gpumnn.backends import cpu
+
+    monkeypatch.setattr(cpu, "PACKED_MIN_DEPTH", 1)
+    packed = []
+    monkeypatch.setattr(cpu, "_packed_conv_region", lambda *a: packed.append(a))
+    rng = np.random.default_rng()
+    model = _conv_model(16, 12, 3, 1, 1, [1, 1, 1, 1], 1, 24, "relu", False, rng)
+    model.graph.initializer.pop()
+    model.graph.input.append(helper.make_tensor_value_info("W", TensorProto.FLOAT, [24, 16, 3, 3]))
+    _both_ways_match_onnxruntime(model, {"x": (1, 16, 12, 12), "W": (24, 16, 3, 3)}, rng, names=("x", "W"))
+    assert not packed
+
+
+@pytest.mark.parametrize("depth", [0, 1, 37])
+def test_the_register_tile_against_numpy(depth):
+    """cpu_tiles.tile_product: acc = p^T v for strided p and v (none at depth 0)."""
+    require_tool("regions", cpu_parallel.available()[1])
+    from gpumnn.backends import cpu_tiles
+    import numba
+
+    @numba.njit
+    def run(p, p_stride, v, v_stride, depth, acc):
+        cpu_tiles.tile_product(p.ctypes.data, p_stride, v.ctypes.data, v_stride, depth, acc.ctypes.data)
+
+    rng = np.random.default_rng()
+    mr, nr = cpu_tiles.MR, cpu_tiles.NR
+    p = rng.standard_normal(depth * 9 + mr).astype(np.float32)
+    v = rng.standard_normal(depth * 21 + nr).astype(np.float32)
+    acc = np.full(mr * nr, np.nan, np.float32)
+    run(p, 9, v, 21, depth, acc)
+    ps = np.lib.stride_tricks.as_strided(p, (depth, mr), (36, 4))
+    vs = np.lib.stride_tricks.as_strided(v, (depth, nr), (84, 4))
+    want = ps.T.astype(np.float64) @ vs
+    assert np.abs(acc.reshape(mr, nr) - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+
+
+def test_constants_are_read_only_and_known():
+    """CpuBackend.constant hands out read-only buffers (what is_constant reads), leaving the
+    caller's array writable; the pool's buffers are writable."""
+    from gpumnn.backends.base import TensorHandle
+    from gpumnn.backends.cpu import CpuBackend
+
+    backend = CpuBackend()
+    array = np.arange(6, dtype=np.float32)
+    handle = backend.constant(array)
+    assert backend.is_constant(handle) and array.flags.writeable
+    assert not backend.is_constant(TensorHandle(backend.allocate(24), 0, (2, 3)))
+
+
 def test_both_blas_libraries_run_the_blocks():
     """The regions call NumPy's own OpenBLAS where it has one (64-bit integers in NumPy's wheels)
     and SciPy's BLAS (32-bit) otherwise: the same blocks through each give NumPy's product."""

@@ -18,7 +18,7 @@ non-negative (``row[i + k]`` gets a wraparound branch: 31 -> 3 GFLOP/s on one ax
 stride in an index (``row[i * s]``), a test inside the loop (a stride tested in the row loop:
 0.71 against 0.30 ms, 144 channels 56x56), float64 mixed into float32 arithmetic, and a row loop
 in a function of its own that Numba does not inline (2-4x slower). Hence slices taken outside
-loops, rows split by stride phase first, a kernel per stride, ``_inlined`` row functions and
+loops, rows split by stride phase first, a kernel per stride, ``inlined`` row functions and
 np.float32 scalars.
 """
 from __future__ import annotations
@@ -71,7 +71,7 @@ def _kernel(fn: Callable) -> Callable:
         return numba.njit(nogil=True, fastmath=FAST, boundscheck=False)(fn)
 
 
-def _inlined(fn: Callable) -> Callable:
+def inlined(fn: Callable) -> Callable:
     """``fn`` inlined into its callers by Numba (in its IR, before LLVM): the loops in a row
     function called as a function of its own ran 2-4x slower than written out in the caller."""
     return numba.njit(inline="always", fastmath=FAST, boundscheck=False)(fn) if numba else fn
@@ -122,13 +122,13 @@ def phases_shape(h: int, pt: int, oh: int, ow: int, sh: int, sw: int) -> tuple[i
 # (``cpu_parallel.depthwise_spans``) runs any of them. Each channel's zero-bordered plane is built in the scratch (in L1/L2), then every
 # output row is computed whole from it.
 
-@_inlined
+@inlined
 def _taps3x3(w):
     """A channel's nine weights as scalars (registers in the loops below)."""
     return w[0, 0], w[0, 1], w[0, 2], w[1, 0], w[1, 1], w[1, 2], w[2, 0], w[2, 1], w[2, 2]
 
 
-@_inlined
+@inlined
 def _into_plane(channel, plane, pt, pl):
     """A channel [H, W] copied into its zero-bordered plane at (pt, pl)."""
     w = channel.shape[1]
@@ -138,7 +138,7 @@ def _into_plane(channel, plane, pt, pl):
             dst[ix] = src[ix]
 
 
-@_inlined
+@inlined
 def _depthwise_row(o, t0, t1, t2, t3, t4, t5, t6, t7, t8, weights, b, lo, hi):
     """o[ox] = clamp(b + the nine taps' rows at ox times their weights)."""
     w0, w1, w2, w3, w4, w5, w6, w7, w8 = weights

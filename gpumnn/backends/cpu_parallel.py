@@ -9,7 +9,9 @@ function runs the op's blocks on OpenMP's threads, which spin a while between re
 GIL released throughout: an empty region costs 2 us, and each block's GEMM calls BLAS (NumPy's
 own OpenBLAS where it has one, else SciPy's ``cython_blas``; one thread inside each block) with
 the bias and a clamp applied to the block while it is in cache. The blocks: GEMM row and column
-spans, im2col row (and channel) blocks, Winograd tile blocks, depthwise and pooling channel spans.
+spans, im2col row (and channel) blocks, im2col on constant weights as pixel-panel or weight-panel
+spans through ``cpu_tiles``' register tile instead of BLAS, Winograd tile blocks, depthwise and
+pooling channel spans.
 
 Only Numba's ``tbb`` and ``omp`` threading layers qualify: ``workqueue``, the fallback when
 neither loads, measured 106 us per region and is not safe to enter from two threads at once.
@@ -37,7 +39,8 @@ from typing import Callable
 
 import numpy as np
 
-from . import cpu_jit
+from . import cpu_jit, cpu_tiles
+from .cpu_tiles import MR, NR
 
 numba = cpu_jit.numba
 if numba is not None:
@@ -270,6 +273,47 @@ def fortran_arguments(rows: np.ndarray) -> np.ndarray:
 
 # -- im2col row blocks ----------------------------------------------------------------------------
 
+@cpu_jit.inlined
+def copy_windows(flat, col, channels, height, width, geometry, r0, r1, ow):
+    """im2col of output rows [r0, r1) of one image (``flat``: x [C, H, W] flattened) into ``col``
+    [C*KH*KW, (r1 - r0) * OW], zeros where a window reaches past the input's edge.
+    geometry: (kh, kw, sh, sw, dh, dw, pt, pl)."""
+    kh, kw, sh, sw, dh, dw, pt, pl = geometry
+    pixels = (r1 - r0) * ow
+    # flat indices, not slices: a block copies C*KH*KW*rows runs of OW elements, and a slice per
+    # run cost more than the run itself at OW = 7 (0.5 of 2.2 ms, 256 channels 14x14 stride 2)
+    for ci in range(channels):
+        for ky in range(kh):
+            for kx in range(kw):
+                base = ((ci * kh + ky) * kw + kx) * pixels
+                shift = kx * dw - pl  # input column of output column 0
+                first = max(0, (sw - 1 - shift) // sw)  # first output column inside the input
+                stop = min(ow, max(0, (width - 1 - shift) // sw + 1))  # past the last inside
+                for oy in range(r0, r1):
+                    at = base + (oy - r0) * ow
+                    iy = oy * sh + ky * dh - pt
+                    if iy < 0 or iy >= height or first >= stop:
+                        for j in range(ow):
+                            col[at + j] = 0.0
+                        continue
+                    for j in range(first):
+                        col[at + j] = 0.0
+                    for j in range(stop, ow):
+                        col[at + j] = 0.0
+                    src, dst = flat[(ci * height + iy) * width + first * sw + shift:], col[at + first:]
+                    # strides 1 and 2 in loops of their own: a run-time stride in the index keeps
+                    # the copy scalar, a constant one lets it use vector loads and shuffles
+                    if sw == 1:
+                        for j in range(stop - first):
+                            dst[j] = src[j]
+                    elif sw == 2:
+                        for j in range(stop - first):
+                            dst[j] = src[2 * j]
+                    else:
+                        for j in range(stop - first):
+                            dst[j] = src[j * sw]
+
+
 @_region
 def im2col_blocks(sgemm, x, w, out, bias, blocks, fortran, scalars, cols, geometry, lo, hi, epilogue):
     """A convolution of one image, x [C, H, W] with w [O, C*KH*KW] into out [O, OH, OW], as blocks
@@ -281,7 +325,6 @@ def im2col_blocks(sgemm, x, w, out, bias, blocks, fortran, scalars, cols, geomet
     has fewer pixels than channels, channel spans keep every product wide, and the copy is small
     beside the product. geometry: (kh, kw, sh, sw, dh, dw, pt, pl)."""
     channels, height, width = x.shape
-    kh, kw, sh, sw, dh, dw, pt, pl = geometry
     k = w.shape[1]
     oh, ow = out.shape[1], out.shape[2]
     flat = x.reshape(channels * height * width)
@@ -289,38 +332,7 @@ def im2col_blocks(sgemm, x, w, out, bias, blocks, fortran, scalars, cols, geomet
         col = cols[numba.get_thread_id()]
         r0, r1, o0, o1 = blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3]
         pixels = (r1 - r0) * ow
-        # flat indices, not slices: a block copies C*KH*KW*rows runs of OW elements, and a slice per
-        # run cost more than the run itself at OW = 7 (0.5 of 2.2 ms, 256 channels 14x14 stride 2)
-        for ci in range(channels):
-            for ky in range(kh):
-                for kx in range(kw):
-                    base = ((ci * kh + ky) * kw + kx) * pixels
-                    shift = kx * dw - pl  # input column of output column 0
-                    first = max(0, (sw - 1 - shift) // sw)  # first output column inside the input
-                    stop = min(ow, max(0, (width - 1 - shift) // sw + 1))  # past the last inside
-                    for oy in range(r0, r1):
-                        at = base + (oy - r0) * ow
-                        iy = oy * sh + ky * dh - pt
-                        if iy < 0 or iy >= height or first >= stop:
-                            for j in range(ow):
-                                col[at + j] = 0.0
-                            continue
-                        for j in range(first):
-                            col[at + j] = 0.0
-                        for j in range(stop, ow):
-                            col[at + j] = 0.0
-                        src, dst = flat[(ci * height + iy) * width + first * sw + shift:], col[at + first:]
-                        # strides 1 and 2 in loops of their own: a run-time stride in the index keeps
-                        # the copy scalar, a constant one lets it use vector loads and shuffles
-                        if sw == 1:
-                            for j in range(stop - first):
-                                dst[j] = src[j]
-                        elif sw == 2:
-                            for j in range(stop - first):
-                                dst[j] = src[2 * j]
-                        else:
-                            for j in range(stop - first):
-                                dst[j] = src[j * sw]
+        copy_windows(flat, col, channels, height, width, geometry, r0, r1, ow)
         at, size, scalar_at = fortran.ctypes.data + fortran.strides[0] * i, fortran.itemsize, scalars.ctypes.data
         _call_sgemm(sgemm, at, at + size, at + 2 * size, at + 3 * size, at + 4 * size, scalar_at, col.ctypes.data,
                     at + 5 * size, w.ctypes.data + 4 * o0 * k, at + 6 * size, scalar_at + 4,
@@ -341,6 +353,116 @@ def im2col_arguments(blocks: np.ndarray, k: int, ow: int, pixels: int) -> np.nda
     full = np.full_like
     return fortran_arguments(np.stack([full(widths, _N), full(widths, _N), widths, channels, full(widths, k), widths,
                                        full(widths, k), full(widths, pixels)], axis=1))
+
+
+# -- im2col into packed panels, products by the register tile ------------------------------------
+
+@cpu_jit.inlined
+def pack_windows(xp, pack, bases, taps, plane, channels, q0, q1):
+    """im2col straight into ``cpu_tiles``' pixel panels: pack[q - q0] [C*T, MR] for the panels
+    q0..q1 of MR output pixels, element (c*T + t, r) = xp[bases[q*MR + r] + c*plane + taps[t]]
+    (``xp``: the input with its padding, flat; ``bases``: each pixel's window origin in a plane,
+    0 past the last pixel; ``taps``: each of the T window taps' offset from it)."""
+    depth = channels * taps.shape[0]
+    for q in range(q0, q1):
+        panel = pack[(q - q0) * depth * MR:]
+        lanes = bases[q * MR:(q + 1) * MR]
+        k = 0
+        for ci in range(channels):
+            for t in range(taps.shape[0]):
+                at, offset = k * MR, ci * plane + taps[t]
+                for r in range(MR):
+                    panel[at + r] = xp[lanes[r] + offset]
+                k += 1
+
+
+@cpu_jit.inlined
+def tile_products(panels, pack, acc, result, bias, q0, q1, v0, v1, pixels, pixels_outer, lo, hi, epilogue):
+    """result [O, pixels] (flat) for pixel panels [q0, q1) (``pack_windows``' panels, from pack's
+    start) and weight panels [v0, v1): ``cpu_tiles.tile_product`` per pair into ``acc``, each tile
+    stored with clamp(acc + bias[o]) to [lo, hi] where ``epilogue``; ``pixels_outer``: the
+    order of the pairs."""
+    depth = panels.shape[1]
+    o = bias.shape[0]
+    across = v1 - v0
+    for j in range((q1 - q0) * across):
+        # pixel panels outer where the weights are the smaller operand (they stay in cache while
+        # each pixel panel is used across them), weight panels outer where they are the larger
+        if pixels_outer:
+            q, v = q0 + j // across, v0 + j % across
+        else:
+            v, q = v0 + j // (q1 - q0), q0 + j % (q1 - q0)
+        channels_here = min(NR, o - v * NR)
+        cpu_tiles.tile_product(pack.ctypes.data + 4 * (q - q0) * depth * MR, MR, panels[v].ctypes.data, NR, depth,
+                               acc.ctypes.data)
+        first = q * MR
+        rows = min(MR, pixels - first)
+        for c in range(channels_here):
+            at = (v * NR + c) * pixels + first
+            if epilogue:
+                value = bias[v * NR + c]
+                for r in range(rows):
+                    result[at + r] = min(max(acc[r * NR + c] + value, lo), hi)
+            else:
+                for r in range(rows):
+                    result[at + r] = acc[r * NR + c]
+
+
+@_region
+def packed_conv(x, xp, inner, bases, taps, panels, out, bias, pack_bounds, blocks, packs, accs, shared, pixels_outer,
+                lo, hi, epilogue):
+    """A convolution of one image, x [C, H, W] with weights packed at creation ``panels`` [O / NR,
+    C*T, NR] (``cpu_tiles.pack_panels``) into out [O, OH, OW], in up to three parallel steps: x
+    copied into the inside ``inner`` = (top, left, rows, columns) of ``xp``, its zero-bordered
+    copy (none where there is no padding: ``xp`` is empty, x is read as it lies); the windows packed into pixel panels
+    (``pack_windows``); the products (``tile_products``) of blocks (pixel panels [q0, q1), weight
+    panels [v0, v1)) = blocks[i]. Where ``shared``, the panels are packed once, spans
+    [pack_bounds[j], pack_bounds[j + 1]) in parallel into packs[0], and every block reads them
+    (an image with fewer pixels than channels: its blocks are weight spans); else each block
+    packs its own into its thread's ``packs`` row and multiplies them while in cache. No BLAS:
+    its packing of the weights on every call was the cost (``cpu_tiles`` says why)."""
+    channels, height, width = x.shape
+    o, oh, ow = out.shape
+    top, left, rows, cols = inner
+    plane = rows * cols
+    result = out.reshape(o * oh * ow)
+    if xp.shape[0]:
+        grid = xp.reshape(channels, rows, cols)
+        for ci in numba.prange(channels):
+            grid[ci, top:top + height, left:left + width] = x[ci]
+        source = xp
+    else:
+        source = x.reshape(x.size)
+    if shared:
+        pack = packs[0]
+        depth = panels.shape[1]
+        for j in numba.prange(pack_bounds.shape[0] - 1):
+            q0 = pack_bounds[j]
+            pack_windows(source, pack[q0 * depth * MR:], bases, taps, plane, channels, q0, pack_bounds[j + 1])
+        for i in numba.prange(blocks.shape[0]):
+            q0, q1, v0, v1 = blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3]
+            tile_products(panels, pack[q0 * depth * MR:], accs[numba.get_thread_id()], result, bias, q0, q1, v0, v1,
+                          oh * ow, pixels_outer, lo, hi, epilogue)
+    else:
+        for i in numba.prange(blocks.shape[0]):
+            thread = numba.get_thread_id()
+            q0, q1, v0, v1 = blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3]
+            pack_windows(source, packs[thread], bases, taps, plane, channels, q0, q1)
+            tile_products(panels, packs[thread], accs[thread], result, bias, q0, q1, v0, v1, oh * ow, pixels_outer, lo,
+                          hi, epilogue)
+
+
+def packed_conv_tables(geometry: tuple, in_hw: tuple[int, int], out_hw: tuple[int, int],
+                       padded_hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """``pack_windows``' bases (each output pixel's window origin in a padded plane, in MR-pixel
+    panels, 0 past the last pixel) and taps (each window tap's offset from it)."""
+    kh, kw, sh, sw, dh, dw, _, _ = geometry
+    (oh, ow), (_, cols) = out_hw, padded_hw
+    origins = ((np.arange(oh)[:, None] * sh) * cols + np.arange(ow)[None, :] * sw).reshape(-1)
+    bases = np.zeros(-(-origins.size // MR) * MR, np.int64)
+    bases[:origins.size] = origins
+    taps = ((np.arange(kh)[:, None] * dh) * cols + np.arange(kw)[None, :] * dw).reshape(-1).astype(np.int64)
+    return bases, taps
 
 
 # -- Winograd tile blocks ------------------------------------------------------------------------
