@@ -41,12 +41,6 @@ def view(handle: TensorHandle) -> np.ndarray:
     return typed(handle)[handle.offset:handle.offset + handle.size].reshape(handle.shape)
 
 
-def _is_constant(handle: TensorHandle) -> bool:
-    """Whether ``handle`` is a constant: ``CpuBackend.constant`` hands out read-only buffers, the
-    pool's are writable."""
-    return not handle.buffer.flags.writeable
-
-
 def flat(handle: TensorHandle) -> np.ndarray:
     return typed(handle)[handle.offset:handle.offset + handle.size]
 
@@ -152,8 +146,9 @@ class CpuBackend(Backend):
     @staticmethod
     def is_constant(handle: TensorHandle) -> bool:
         """True when ``handle`` lives in a buffer from ``constant`` (its contents never change),
-        so kernels may pack it once at creation instead of on every run."""
-        return _is_constant(handle)
+        so kernels may pack it once at creation instead of on every run: ``constant`` hands out
+        read-only buffers, the pool's are writable."""
+        return not handle.buffer.flags.writeable
 
     def write(self, handle: TensorHandle, array: np.ndarray) -> None:
         flat(handle)[...] = np.asarray(array).reshape(-1)
@@ -574,7 +569,7 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False, regi
         return OpPlan((_on_pool(pool, len(tasks), _gemm_chunk(tasks, finish)),), "gemm1x1")
 
     if regions and g == 1:
-        if _is_constant(ins[1]) and k >= PACKED_MIN_DEPTH:
+        if CpuBackend.is_constant(ins[1]) and k >= PACKED_MIN_DEPTH:
             return _packed_conv_region(op, x, w_packed[0], out, bias, regions, macs)
         return _im2col_region(op, x, w_packed[0], out, bias, regions, macs)
     padded = _PaddedInput(x, pads, 0.0, (0, 0))
@@ -655,14 +650,13 @@ def _packed_conv_region(op: A.Conv2D, x, weight, out, bias, regions: int, macs: 
     panels, each packing its own, where the image has as many pixels as channels; else spans of
     weight panels, all reading panels packed once."""
     n, oc = op.batch, op.out_channels
-    (oh, ow), (kh, kw), (h, w) = op.out_hw, op.kernel, op.in_hw
+    (oh, ow), (h, w) = op.out_hw, op.in_hw
     k, pixels, mr = weight.shape[1], oh * ow, cpu_tiles.MR
     panels = cpu_tiles.pack_panels(weight, cpu_tiles.NR)
     parts = regions if macs >= REGION_MIN_MACS else 1
     top, left, bottom, right = _conv_pads(op)
     padded = (h + top + bottom, w + left + right)
-    geometry = (kh, kw, *op.strides, *op.dilations, top, left)
-    bases, taps = cpu_parallel.packed_conv_tables(geometry, (h, w), (oh, ow), padded)
+    bases, taps = cpu_parallel.packed_conv_tables(op.kernel, op.strides, op.dilations, (oh, ow), padded[1])
     count = -(-pixels // mr)  # pixel panels
     fit = max(1, REGION_COLS_BYTES // (4 * k * mr))  # panels whose packing fits the scratch
     shared = pixels < oc and parts > 1

@@ -23,8 +23,9 @@ Runtime, 13.4 and 12.8 ms a run on TBB against 18.0 and 18.3 on OpenMP. Where th
 not available (``available()`` says why) the backend keeps ``cpu_workers``.
 
 Numba caches the compiled regions on disk and checks only this file's time stamp, not those of
-the ``cpu_jit`` kernels the regions call (depthwise, pooling, Winograd's placing): after editing
-``cpu_jit.py`` alone, delete ``gpumnn/backends/__pycache__/cpu_parallel.*`` (an install or a
+the ``cpu_jit`` kernels and the ``cpu_tiles`` tile the regions call (depthwise, pooling,
+Winograd's placing, the packed products): after editing ``cpu_jit.py`` or ``cpu_tiles.py`` alone,
+delete ``gpumnn/backends/__pycache__/cpu_parallel.*`` (an install or a
 checkout that changes this file too recompiles them).
 """
 from __future__ import annotations
@@ -414,8 +415,8 @@ def packed_conv(x, xp, inner, bases, taps, panels, out, bias, pack_bounds, block
     """A convolution of one image, x [C, H, W] with weights packed at creation ``panels`` [O / NR,
     C*T, NR] (``cpu_tiles.pack_panels``) into out [O, OH, OW], in up to three parallel steps: x
     copied into the inside ``inner`` = (top, left, rows, columns) of ``xp``, its zero-bordered
-    copy (none where there is no padding: ``xp`` is empty, x is read as it lies); the windows packed into pixel panels
-    (``pack_windows``); the products (``tile_products``) of blocks (pixel panels [q0, q1), weight
+    copy (none where there is no padding: ``xp`` is empty, x is read as it lies); the windows
+    packed into pixel panels (``pack_windows``); the products (``tile_products``) of blocks (pixel panels [q0, q1), weight
     panels [v0, v1)) = blocks[i]. Where ``shared``, the panels are packed once, spans
     [pack_bounds[j], pack_bounds[j + 1]) in parallel into packs[0], and every block reads them
     (an image with fewer pixels than channels: its blocks are weight spans); else each block
@@ -452,16 +453,16 @@ def packed_conv(x, xp, inner, bases, taps, panels, out, bias, pack_bounds, block
                           hi, epilogue)
 
 
-def packed_conv_tables(geometry: tuple, in_hw: tuple[int, int], out_hw: tuple[int, int],
-                       padded_hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """``pack_windows``' bases (each output pixel's window origin in a padded plane, in MR-pixel
-    panels, 0 past the last pixel) and taps (each window tap's offset from it)."""
-    kh, kw, sh, sw, dh, dw, _, _ = geometry
-    (oh, ow), (_, cols) = out_hw, padded_hw
-    origins = ((np.arange(oh)[:, None] * sh) * cols + np.arange(ow)[None, :] * sw).reshape(-1)
+def packed_conv_tables(kernel: tuple[int, int], strides: tuple[int, int], dilations: tuple[int, int],
+                       out_hw: tuple[int, int], padded_width: int) -> tuple[np.ndarray, np.ndarray]:
+    """``pack_windows``' bases (each output pixel's window origin in a padded plane
+    ``padded_width`` wide, in MR-pixel panels, 0 past the last pixel) and taps (each window tap's
+    offset from it)."""
+    (kh, kw), (sh, sw), (dh, dw), (oh, ow) = kernel, strides, dilations, out_hw
+    origins = ((np.arange(oh)[:, None] * sh) * padded_width + np.arange(ow)[None, :] * sw).reshape(-1)
     bases = np.zeros(-(-origins.size // MR) * MR, np.int64)
     bases[:origins.size] = origins
-    taps = ((np.arange(kh)[:, None] * dh) * cols + np.arange(kw)[None, :] * dw).reshape(-1).astype(np.int64)
+    taps = ((np.arange(kh)[:, None] * dh) * padded_width + np.arange(kw)[None, :] * dw).reshape(-1).astype(np.int64)
     return bases, taps
 
 
