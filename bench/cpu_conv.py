@@ -36,7 +36,7 @@ def conv_model(channels: int, out_channels: int, size: int, kernel: int, stride:
              helper.make_node("Relu", ["c"], ["y"])]
     graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size, size])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
 
 
 def main() -> None:

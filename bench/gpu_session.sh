@@ -2,12 +2,15 @@
 # Issue 9 part 4 on a lent NVIDIA GPU (H100), in phases that each fit one device call (10 minutes):
 #
 #   tests   gpumnn info, then the test suite on cuda: tests/test_cuda_backend.py, then the rest -k cuda
-#   apis    the test suite on vulkan, gl and opencl through NVIDIA's drivers (opencl where NVIDIA's
-#           OpenCL ICD is found; the log says whether it was)
+#   apis [API]  the test suite on vulkan, gl and opencl (or on API alone) through NVIDIA's drivers
+#           (opencl where NVIDIA's OpenCL ICD is found; the log says whether it was)
 #   bench   per zoo model (paper's three first): `gpumnn bench M --backend all --repeats 5 --json` and
 #           `bench/torch_peer.py M --backend all` (PyTorch eager and CUDA-graph replay beside gpumnn
 #           in one process), then the paper's three with --io device (gpumnn cuda vs PyTorch on
 #           device-resident tensors)
+#   profile where the time goes on cuda: `gpumnn plan M --backend cuda` (each op recorded alone beside
+#           the whole recorded run) for the paper's three, and PyTorch beside the GPU backends only
+#           (vulkan, gl, cuda: the cpu and opencl eager series take most of a bench phase's time)
 #   placement  issue 10 on a real GPU: `bench/placement.py --calibrate` (each backend and auto, the
 #           estimate beside the measured time) on the zoo, then forced splits of SqueezeNet-1.1
 #           (one branch of every fire module on cuda off a cpu hub, and the reverse)
@@ -21,7 +24,7 @@
 # GPUMNN_GPU_SETUP=0 skips the unpacking and installing (for a dry run of a phase on a machine that
 # has everything, with PYTHON naming its interpreter).
 set -uo pipefail
-PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench|placement}
+PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench|profile|placement}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/bench/results/gpu}
@@ -99,8 +102,24 @@ case $PHASE in
     ;;
   apis)
     required=vulkan,gl; [[ $OPENCL == *"not present"* ]] || required=$required,opencl
+    [ -n "${2:-}" ] && required=$2
     export GPUMNN_REQUIRE_BACKENDS=$required
-    step vulkan-gl-opencl "${PYTEST[@]}" "${XDIST[@]}" tests -k "vulkan or gl or opencl" --junitxml="$RES/apis.xml"
+    # one API per call where the three do not fit (the suite on all three ran 35% in 290 s on an H100
+    # machine): `bash bench/gpu_session.sh apis vulkan`. Verbose (no -q): one line per test as it
+    # ends, so a phase cut short still names the failures so far.
+    apis=${2:-vulkan or gl or opencl}
+    step "apis-${apis// /-}" "$PYTHON" -m pytest -v -ra -p no:cacheprovider "${XDIST[@]}" tests -k "$apis" \
+      --junitxml="$RES/apis.xml" | grep -E --line-buffered "FAILED|ERROR|passed|failed" | tee "$RES/apis_failures.txt"
+    ;;
+  profile)
+    paper=$("$PYTHON" -c "from gpumnn import zoo; print(*zoo.PAPER_MODELS)")
+    for m in $paper; do
+      step "plan-$m" "$PYTHON" -m gpumnn plan "$m" --backend cuda --runs 10 | tee "$RES/plan_cuda_$m.txt"
+    done
+    step torch-gpu-apis "$PYTHON" bench/torch_peer.py $paper --backend vulkan gl cuda --repeats 5 \
+      --save-json "$RES/torch_gpu_apis.json" | tee "$RES/torch_gpu_apis.txt"
+    step torch-device-io "$PYTHON" bench/torch_peer.py $paper --backend cuda --io device --repeats 5 \
+      --save-json "$RES/torch_device_io.json" | tee "$RES/torch_device_io.txt"
     ;;
   bench)
     # GPUMNN_BENCH_MODELS splits the zoo over two calls where one does not fit ("resnet50 inception_v3 ...")
@@ -122,5 +141,5 @@ case $PHASE in
     step split-cuda-hub "$PYTHON" bench/placement.py squeezenet1_1 --split cuda 'expand3x3'=cpu --runs 5 --repeats 5 \
       | tee "$RES/split_cuda_hub.txt"
     ;;
-  *) echo "unknown phase $PHASE (tests, apis, bench or placement)"; exit 2 ;;
+  *) echo "unknown phase $PHASE (tests, apis, bench, profile or placement)"; exit 2 ;;
 esac

@@ -14,6 +14,18 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+def model_proto(graph: onnx.GraphProto, opset: int = 17) -> onnx.ModelProto:
+    """A model of ``graph`` at ``opset`` (default domain) with the lowest IR version that opset allows,
+    and at least 8 (from IR 4 on, initializers need not be graph inputs).
+
+    ``helper.make_model`` stamps the installed onnx package's IR version, which an older ONNX Runtime
+    refuses ("Unsupported model IR version: 14, max supported IR version: 13", seen with onnx 1.23 and
+    onnxruntime 1.30 on the GPU machine); the reference must load every test model.
+    """
+    opsets = [helper.make_opsetid("", opset)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=max(8, helper.find_min_ir_version_for(opsets)))
+
+
 
 @dataclass
 class OpCase:

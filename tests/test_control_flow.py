@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import gpumnn
 from conftest import onnxruntime_session, rel_l2
+from op_cases import model_proto
 from gpumnn.atomic import Select
 
 TOLERANCE = 1e-4
@@ -22,7 +23,7 @@ F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 
 def _model(nodes, inputs, outputs, initializers=(), opset=17) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "control_flow", inputs, outputs, list(initializers))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return model_proto(graph, opset)
 
 
 def _branch(name, nodes, outputs, initializers=()):

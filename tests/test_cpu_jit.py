@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import gpumnn
 from conftest import onnxruntime_session, rel_l2, require_tool
+from op_cases import model_proto
 from gpumnn.backends import cpu_jit, cpu_parallel
 from gpumnn.errors import BackendOptionError, BackendUnavailableError
 
@@ -38,7 +39,7 @@ def _conv_model(channels, size, kernel, stride, dilation, pads, groups, out_chan
     elif activation:
         nodes.append(helper.make_node({"relu": "Relu", "sigmoid": "Sigmoid"}[activation], ["c"], ["y"]))
     graph = helper.make_graph(nodes, "conv", [x], [y], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return model_proto(graph, 13)
 
 
 def _pool_model(channels, size, op, kernel, stride, pads, ceil, include_pad):
@@ -48,7 +49,7 @@ def _pool_model(channels, size, op, kernel, stride, pads, ceil, include_pad):
     if op == "AveragePool":
         attrs["count_include_pad"] = include_pad
     graph = helper.make_graph([helper.make_node(op, ["x"], ["y"], **attrs)], "pool", [x], [y])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    return model_proto(graph, 19)
 
 
 #: the ways the cpu backend runs an op: the compiled loops in native regions (``cpu_parallel``), the

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import gpumnn
 from conftest import require_tool
+from op_cases import model_proto
 from gpumnn.backends import cpu_parallel
 from test_cpu_jit import _both_ways_match_onnxruntime, _conv_model, _pool_model
 
@@ -33,7 +34,7 @@ def _gemm_model(m, k, n, trans_a, trans_b, alpha, beta, bias_shape, activation, 
     if activation:
         nodes.append(helper.make_node(activation, ["g"], ["y"]))
     graph = helper.make_graph(nodes, "gemm", [a], [y], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), ([k, m] if trans_a else [m, k])
+    return model_proto(graph, 13), ([k, m] if trans_a else [m, k])
 
 
 # (m, k, n, transA, transB, alpha, beta, bias shape, activation)
@@ -70,7 +71,7 @@ def _matmul_model(a_shape, b_shape, transpose_b, rng, constant_b):
         b_name = "bt"
     nodes.append(helper.make_node("MatMul", ["x", b_name], ["y"]))
     graph = helper.make_graph(nodes, "matmul", inputs, [y], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return model_proto(graph, 13)
 
 
 # (A shape, B shape as stored, B transposed by a Transpose node, B a constant)

@@ -22,6 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import gpumnn
 from conftest import onnxruntime_session, rel_l2
+from op_cases import model_proto
 
 TOLERANCE = 1e-4
 SEQ, BATCH, INPUT, HIDDEN = 5, 3, 4, 6
@@ -106,9 +107,7 @@ class RnnCase:
             nodes.append(helper.make_node(self.op, node_inputs, node_outputs, name=f"{self.op}_{direction}", **attrs))
             outputs += [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in node_outputs if o]
         graph = helper.make_graph(nodes, self.id, inputs, outputs, initializers)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
-        model.ir_version = 8
-        return model
+        return model_proto(graph, self.opset)
 
     def feeds(self, layout: int) -> dict[str, np.ndarray]:
         x = np.random.default_rng(zlib.crc32(self.id.encode())).standard_normal((SEQ, BATCH, INPUT))

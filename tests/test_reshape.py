@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import gpumnn
 from conftest import onnxruntime_session, rel_l2
+from op_cases import model_proto
 from gpumnn.cli import main
 
 WIDTHS = (5, 12, 20)
@@ -43,7 +44,7 @@ def width_net() -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "width_net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, "W"])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, "W"]),
                                helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 4, "W"])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = model_proto(graph, 17)
     onnx.checker.check_model(model, full_check=True)
     return model
 
@@ -169,7 +170,7 @@ def test_fixed_dims_and_rank_are_refused_by_name(model):
 def test_static_models_prepare_at_creation():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
-    proto = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "static", [x], [y]))
+    proto = model_proto(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "static", [x], [y]))
     with gpumnn.load(proto).session() as sess:
         assert sess.stats["prepares"] == 1 and sess.input_shapes == {"x": (2, 3)}
         with pytest.raises(gpumnn.InputError, match=r"\[2, 4\].*dimension 1 is fixed at 3"):
@@ -207,7 +208,7 @@ def test_cli_shape_option(tmp_path, capsys, model):
 def test_a_scalar_input_keeps_its_shape():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [])
-    proto = helper.make_model(helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "scalar", [x], [y]))
+    proto = model_proto(helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "scalar", [x], [y]))
     with gpumnn.load(proto).session() as sess:
         for value in (1.5, -2.0):
             got = sess.run({"x": np.array(value, np.float32)})["y"]

@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import gpumnn
 from conftest import onnxruntime_session, rel_l2
+from op_cases import model_proto
 
 HEIGHT, HIDDEN, CLASSES = 16, 24, 11
 WIDTHS = (32, 48, 64)  # 8, 12 and 16 LSTM steps after two 2x2 poolings
@@ -51,7 +52,7 @@ def text_recognizer() -> onnx.ModelProto:
     graph = helper.make_graph(
         nodes, "text_recognizer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, HEIGHT, "W"])],
         [helper.make_tensor_value_info("log_probs", TensorProto.FLOAT, ["T", 1, CLASSES])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = model_proto(graph, 17)
     onnx.checker.check_model(model, full_check=True)
     return model
 

@@ -52,6 +52,37 @@ def test_recorded_submits_create_nothing_and_eager_agrees(kernels, reference):
         be.close()
 
 
+@pytest.mark.parametrize("full", ["package's KeyError", "VkErrorOutOfPoolMemory"])
+def test_a_full_descriptor_pool_is_followed_by_a_new_one(monkeypatch, reference, full):
+    """NVIDIA's driver refuses a set past a pool's ``maxSets`` (VK_ERROR_OUT_OF_POOL_MEMORY), which
+    the ``vulkan`` package raises as ``KeyError(-1000069000)`` (its table has the code's sign wrong);
+    lavapipe hands out more. Pools of two sets here, refused as NVIDIA does: the chain still runs
+    on new pools, and any other error still escapes."""
+    from gpumnn.backends import vulkan_device
+    vk = vulkan_device.vk
+    allocate = vk.vkAllocateDescriptorSets
+    given: dict[int, int] = {}
+
+    def like_nvidia(device, info):
+        pool = int(vk.ffi.cast("uintptr_t", info.descriptorPool))
+        if given.get(pool, 0) >= 2:
+            raise KeyError(vulkan_device.OUT_OF_POOL_MEMORY) if full.startswith("package") \
+                else vk.VkErrorOutOfPoolMemory("out of pool memory")
+        given[pool] = given.get(pool, 0) + 1
+        return allocate(device, info)
+
+    be = _backend()
+    try:
+        monkeypatch.setattr(vk, "vkAllocateDescriptorSets", like_nvidia)
+        _, handles, executions = build(be)
+        check_recorded_replay(be, handles, executions, reference)
+        assert len(be._descriptors.pools) >= len(CHAIN) // 2
+        assert not vulkan_device._pool_exhausted(KeyError(-4))  # another code the package lacks
+    finally:
+        monkeypatch.undo()
+        be.close()
+
+
 def test_eager_mode_rewrites_descriptors_but_builds_no_programs_twice(reference):
     be = _backend()
     try:

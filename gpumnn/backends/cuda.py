@@ -46,6 +46,7 @@ GPU compilers typically do as well; results on normal numbers are unaffected.
 from __future__ import annotations
 
 import threading
+import weakref
 from contextlib import contextmanager
 from typing import Any, Hashable, Iterator
 
@@ -104,7 +105,11 @@ class CudaBackend(Backend):
             self.max_wg = attribute(self.device_id, "MaxThreadsPerBlock") or 1024
             self._info = device_info(self.device_id)
         self._kernels: dict[tuple, Any] = {}
-        self._lanes = Lanes(self._make_lane, lambda nbytes: self.buffer(nbytes, "staging"))
+        # the lanes call back into the backend through a weak proxy: a bound method held by an
+        # attribute is a reference cycle, which leaves a dropped backend (and its GPU memory) to the
+        # cyclic garbage collector instead of reference counting
+        this = weakref.proxy(self)
+        self._lanes = Lanes(lambda: this._make_lane(), lambda nbytes: this.buffer(nbytes, "staging"))
         self._closed = False
 
     # -- description -----------------------------------------------------------------------

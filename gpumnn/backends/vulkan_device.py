@@ -116,6 +116,19 @@ class DeviceBuffer:
         return f"<DeviceBuffer #{self.id} {self.kind} {self.size} B>"
 
 
+#: VkResult VK_ERROR_OUT_OF_POOL_MEMORY. The ``vulkan`` package (1.3.275.1) lists it as +1000069000,
+#: so the -1000069000 a driver returns is not in its table of exceptions and surfaces as a KeyError
+#: of that code. NVIDIA's driver returns it when a pool's ``maxSets`` are spent; lavapipe never did.
+OUT_OF_POOL_MEMORY = -1000069000
+
+
+def _pool_exhausted(exc: Exception) -> bool:
+    """Whether ``exc`` is a descriptor pool's "no room left" (retry with a new pool)."""
+    if isinstance(exc, (vk.VkErrorOutOfPoolMemory, vk.VkErrorFragmentedPool)):
+        return True
+    return isinstance(exc, KeyError) and exc.args == (OUT_OF_POOL_MEMORY,)
+
+
 class DescriptorAllocator:
     """Descriptor sets of storage buffers from pools that are added when one runs out."""
 
@@ -143,7 +156,9 @@ class DescriptorAllocator:
                                                   pSetLayouts=[set_layout])
             try:
                 return vk.vkAllocateDescriptorSets(self.device, info)[0], self.pools[-1]
-            except (vk.VkErrorOutOfPoolMemory, vk.VkErrorFragmentedPool):
+            except Exception as exc:  # noqa: BLE001 -- only a full pool is retried
+                if not _pool_exhausted(exc):
+                    raise
                 continue
         raise VulkanError("cannot allocate a descriptor set")
 
