@@ -783,6 +783,40 @@ def test_atomic_op(backend, cpu, name):
     check(backend, cpu, CASES[name](np.random.default_rng(seed)), seed)
 
 
+#: GEMMs with too few tiles for the device: the tiled family splits their inner dimension
+#: (cl_plans.k_splits) and sums the slices in a second kernel
+SPLIT_K_CASES = {
+    "classifier-gemv": lambda rng: _matmul(rng, batch=1, m=1, n=300, k=700, trans_b=True, bias="row",
+                                           activation=("gelu", ()), const_b=True),
+    "batched-fullbias-alpha": lambda rng: _matmul(rng, batch=2, m=9, n=20, k=333, bias="full", alpha=0.5, beta=2.0),
+    "conv-few-pixels-stride2": lambda rng: _conv(rng, n=2, c=40, hw=(6, 6), oc=24, k=(3, 3), s=(2, 2), p=(1, 1),
+                                                 bias=True, act=("relu", ())),
+    "conv-1x1-few-pixels-groups": lambda rng: _conv(rng, c=256, hw=(3, 3), oc=64, k=(1, 1), g=2, bias=True),
+    "deconv-deep": lambda rng: _deconv(rng, c=96, hw=(3, 3), oc=4, k=(3, 3), s=(2, 2), bias=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPLIT_K_CASES))
+def test_split_k_gemms_agree(cpu, name):
+    """The split-K path of the shared OpenCL C / CUDA GEMM (slices into scratch, then a sum with alpha,
+    bias and activation), on a device made to look like a GPU with many compute units: tiled
+    kernels, and compute units that outnumber the tiles of every case here."""
+    targets = [t for t in ("opencl", "cuda") if t in GPU_BACKENDS]
+    if not targets:
+        pytest.skip("neither opencl nor cuda is available here")
+    for target in targets:
+        be = create_backend(target, **({"kernels": "tiled"} if target == "opencl" else {}))
+        try:
+            be.compute_units = 256
+            case_ = SPLIT_K_CASES[name](np.random.default_rng(7))
+            pool, _, ins, outs = _prepare(be, case_, {n: np.zeros(s, np.float32) for n, s in case_.outputs.items()})
+            assert "split-K" in be.create_execution(case_.op, ins, outs).scheme
+            be.release(pool)
+            check(be, cpu, case_, 7)
+        finally:
+            be.close()
+
+
 def test_every_case_runs_on_the_cpu(cpu):
     """The NumPy backend is the reference and the fallback: it runs every case, int32 ones included."""
     for name in CASE_IDS:

@@ -8,7 +8,13 @@
  * Tiling (compile-time): a work-group of LX x LY work-items computes a TM x TN tile of C, each
  * work-item a WM x WN register block (rows ty + i*LY, cols tx + j*LX: coalesced stores), with
  * TK-deep slices of A and B staged in local memory. The operand loaders differ per kernel
- * (MODE is a literal in each kernel, so the compiler folds the branches). */
+ * (MODE is a literal in each kernel, so the compiler folds the branches).
+ *
+ * Split K: where the tiles are fewer than the device's compute units (a batch-1 classifier, a
+ * late-stage conv with 49 pixels), global dim 2 also walks KS slices of the inner dimension, KSLICE
+ * deep: slice s writes its raw sums alpha-free to C + s * C_SPLIT (a scratch [KS][batch][M][N]),
+ * and gemm_split_sum adds the slices with alpha, the bias and the activation. With KS = 1 the
+ * kernel writes the epilogue itself, as before. */
 
 #ifndef TM
 #define TM 64
@@ -46,12 +52,13 @@
     const int has_bias, const int bias_sm, const int bias_sn, const float alpha, const float beta, \
     const int act, const float p0, const float p1, const float p2, \
     const int H, const int W, const int OW, const int KH, const int KW, \
-    const int SH, const int SW, const int PH, const int PW, const int DH, const int DW
+    const int SH, const int SW, const int PH, const int PW, const int DH, const int DW, \
+    const int KS, const int KSLICE, const int C_SPLIT
 
 #define GEMM_PASS \
     A, a_off, B, b_off, C, c_off, bias, bias_off, M, N, K, G, a_s1, a_s0, b_s1, b_s0, \
     c_s1, c_s0, bias_s1, bias_s0, lda, ldb, trans_a, trans_b, has_bias, bias_sm, bias_sn, \
-    alpha, beta, act, p0, p1, p2, H, W, OW, KH, KW, SH, SW, PH, PW, DH, DW
+    alpha, beta, act, p0, p1, p2, H, W, OW, KH, KW, SH, SW, PH, PW, DH, DW, KS, KSLICE, C_SPLIT
 
 /* Element e of a T x TK operand tile -> (row x, depth kk): e walks the tile k-major
  * ([TK][T], ``kmajor``) or row-major ([T][TK]), whichever matches the operand's memory order. */
@@ -65,7 +72,8 @@ inline void gemm_body(const int mode, LOCAL_PTR float* As, LOCAL_PTR float* Bs, 
     const int tx = get_local_id(0), ty = get_local_id(1);
     const int tid = ty * LX + tx;
     const int n0 = get_group_id(0) * TN, m0 = get_group_id(1) * TM;
-    const int bz = get_global_id(2);
+    const int split = get_global_id(2) % KS, bz = get_global_id(2) / KS;
+    const int k_lo = split * KSLICE, k_hi = min(K, k_lo + KSLICE);
     const int bo = bz / G, bi = bz - bo * G;
     __global const float* Ab = A + a_off + bo * a_s1 + bi * a_s0;
     __global const float* Bb = B + b_off + bo * b_s1 + bi * b_s0;
@@ -77,14 +85,14 @@ inline void gemm_body(const int mode, LOCAL_PTR float* As, LOCAL_PTR float* Bs, 
     for (int i = 0; i < WM; ++i)
         for (int j = 0; j < WN; ++j) acc[i][j] = 0.0f;
 
-    for (int k0 = 0; k0 < K; k0 += TK) {
+    for (int k0 = k_lo; k0 < k_hi; k0 += TK) {
         /* ---- stage A(m0.., k0..) as As[kk][mm] ---- */
         for (int e = tid; e < TM * TK; e += NT) {
             int mm, kk;
             tile_split(e, tA, TM, &mm, &kk);
             const int m = m0 + mm, k = k0 + kk;
             float v = 0.0f;
-            if (m < M && k < K) {
+            if (m < M && k < k_hi) {
                 if (mode == MODE_DECONV) {          /* ONNX weight [C/g, OC/g, KH, KW] per group */
                     const int c = k / khw, r = k - c * khw;
                     v = Ab[(c * M + m) * khw + r];
@@ -100,7 +108,7 @@ inline void gemm_body(const int mode, LOCAL_PTR float* As, LOCAL_PTR float* Bs, 
             tile_split(e, !tB, TN, &nn, &kk);
             const int n = n0 + nn, k = k0 + kk;
             float v = 0.0f;
-            if (n < N && k < K) {
+            if (n < N && k < k_hi) {
                 if (mode == MODE_DENSE) {
                     v = tB ? Bb[n * ldb + k] : Bb[k * ldb + n];
                 } else {
@@ -133,7 +141,7 @@ inline void gemm_body(const int mode, LOCAL_PTR float* As, LOCAL_PTR float* Bs, 
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
-    __global float* Cb = C + c_off + bo * c_s1 + bi * c_s0;
+    __global float* Cb = C + c_off + bo * c_s1 + bi * c_s0 + split * C_SPLIT;
     __global const float* biasb = bias + bias_off + bo * bias_s1 + bi * bias_s0;
     for (int i = 0; i < WM; ++i) {
         const int m = m0 + ty + i * LY;
@@ -141,6 +149,7 @@ inline void gemm_body(const int mode, LOCAL_PTR float* As, LOCAL_PTR float* Bs, 
         for (int j = 0; j < WN; ++j) {
             const int n = n0 + tx + j * LX;
             if (n >= N) continue;
+            if (KS > 1) { Cb[m * N + n] = acc[i][j]; continue; }  /* one slice's sums: gemm_split_sum ends */
             float v = alpha * acc[i][j];
             if (has_bias) v += beta * biasb[m * bias_sm + n * bias_sn];
             Cb[m * N + n] = apply_unary(act, v, p0, p1, p2);
@@ -167,4 +176,28 @@ __kernel __attribute__((reqd_work_group_size(LX, LY, 1))) void gemm_deconv(GEMM_
     __local float As[TK * AS];
     __local float Bs[TK * TN];
     gemm_body(MODE_DECONV, As, Bs, GEMM_PASS);
+}
+
+/* The end of a split-K GEMM: out element e of [batch][M][N] (batch = bo * G + bi) is the sum of the
+ * KS slices' partial sums P[s][e], then alpha, the bias and the activation as gemm_body's epilogue.
+ * 1-D work-groups of the GEMM's NT work-items (every kernel of a variant has the same bound). */
+__kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void gemm_split_sum(__global const float* P, const int KS, const int C_SPLIT,
+                             const int M, const int N, const int G,
+                             __global float* C, const int c_off, const int c_s1, const int c_s0,
+                             __global const float* bias, const int bias_off, const int bias_s1, const int bias_s0,
+                             const int has_bias, const int bias_sm, const int bias_sn,
+                             const float alpha, const float beta,
+                             const int act, const float p0, const float p1, const float p2)
+{
+    const int e = get_global_id(0);
+    if (e >= C_SPLIT) return;
+    float sum = 0.0f;
+    for (int s = 0; s < KS; ++s) sum += P[s * C_SPLIT + e];
+    const int mn = M * N;
+    const int bz = e / mn, r = e - bz * mn;
+    const int m = r / N, n = r - m * N;
+    const int bo = bz / G, bi = bz - bo * G;
+    float v = alpha * sum;
+    if (has_bias) v += beta * bias[bias_off + bo * bias_s1 + bi * bias_s0 + m * bias_sm + n * bias_sn];
+    C[c_off + bo * c_s1 + bi * c_s0 + m * N + n] = apply_unary(act, v, p0, p1, p2);
 }
