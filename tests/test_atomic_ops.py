@@ -645,6 +645,27 @@ def _(rng):  # reflect-pad a row of 6 by 2 on each side: [x2 x1 | x0..x5 | x4 x3
     return Case(op, {"x": rng.standard_normal((3, 6))}, {"y": (3, 10)})
 
 
+def _tile_regions(collide: bool):
+    """Winograd's output raster in small: x [4 positions, 3 channels, 2 x 3 tiles] -> y [3, 4, 6],
+    position (p, q) of tile (ti, tj) to y[c, 2 ti + p, 2 tj + q]. The regions interleave but never
+    write one element twice; with ``collide`` positions (p, 0) and (p, 1) write the same elements,
+    and the later region must win."""
+    return tuple(_region(0, (2 * p + q) * 18, (0, 6, 3, 1), p * 6 + (0 if collide else q), (0, 24, 12, 2),
+                         (1, 3, 2, 3)) for p in range(2) for q in range(2))
+
+
+@case("raster-interleaved-tiles")
+def _(rng):
+    op = A.Raster(("x",), ("y",), "tiles_out", out_shape=(3, 4, 6), regions=_tile_regions(False))
+    return Case(op, {"x": rng.standard_normal((4, 3, 2, 3))}, {"y": (3, 4, 6)})
+
+
+@case("raster-colliding-regions-last-wins")
+def _(rng):
+    op = A.Raster(("x",), ("y",), "tiles_collide", out_shape=(3, 4, 6), regions=_tile_regions(True), fill=0.0)
+    return Case(op, {"x": rng.standard_normal((4, 3, 2, 3))}, {"y": (3, 4, 6)})
+
+
 @case("raster-broadcast-zero-strides")
 def _(rng):  # x [3] -> y [2,4,3] (Expand / Tile)
     r = _region(0, 0, (0, 0, 0, 1), 0, (0, 12, 3, 1), (1, 2, 4, 3))

@@ -78,3 +78,22 @@ def test_every_launch_names_a_declared_kernel_and_fits_its_work_groups(kernels, 
                     f"{op.source}: argument {arg!r} is neither a tensor's buffer, a scalar nor a declared Scratch")
     if kernels == "simd":
         assert prepared, "the simd family packs constant weights once, at creation"
+
+
+def test_raster_regions_of_one_source_share_a_launch_on_gpus_unless_they_collide():
+    """Tiled (GPU) plans copy the regions of one source in one launch when no element is written
+    twice (any order is then right); regions that collide keep one launch each, in order."""
+    from test_atomic_ops import _tile_regions
+
+    def plan(collide: bool, kernels: str = "tiled"):
+        op = A.Raster(("x",), ("y",), "tiles", out_shape=(3, 4, 6), regions=_tile_regions(collide))
+        ins = [TensorHandle("pool", 64, (4, 3, 2, 3))]
+        outs = [TensorHandle("pool", 256, (3, 4, 6))]
+        return cl_plans.PLANNERS[A.Raster](_Target(kernels, kernels == "tiled"), op, ins, outs)
+
+    merged = plan(False)
+    assert [ln.name for ln in merged.work] == ["raster_copy_regions"] and len(merged.keep) == 1
+    table = merged.keep[0].data.reshape(4, cl_plans.RASTER_REGION_WORDS)
+    assert list(table[:, 0]) == [18] * 4 and list(table[:, 5]) == [256, 257, 262, 263]  # counts, destination offsets
+    assert [ln.name for ln in plan(True).work] == ["raster_copy"] * 4
+    assert [ln.name for ln in plan(False, "simd").work] == ["raster_copy_vec"] * 4

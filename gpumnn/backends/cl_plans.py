@@ -214,6 +214,52 @@ def vec_launch(family: str, name: str, args: Sequence[Any], grid: Sequence[int],
 # Planners: one per atomic op; each returns an OpPlan of Launches (see the module docstring)
 # --------------------------------------------------------------------------------------------
 
+#: words per region in raster_copy_regions' table (raster.cl)
+RASTER_REGION_WORDS = 14
+#: regions whose destinations are compared element by element only up to this many elements in all
+MERGE_CHECK_ELEMENTS = 1 << 24
+
+
+def _region_indices(offset: int, strides: Sequence[int], size: Sequence[int]) -> np.ndarray:
+    """Every element index a strided region touches."""
+    index = np.full((1,) * len(size), offset, np.int64)
+    for axis, (n, st) in enumerate(zip(size, strides)):
+        shape = [1] * len(size)
+        shape[axis] = n
+        index = index + (np.arange(n, dtype=np.int64) * st).reshape(shape)
+    return index.ravel()
+
+
+def _disjoint_destinations(regions: Sequence[A.Region]) -> bool:
+    """Whether no element is written by two of ``regions`` (then they may run in one launch, in
+    any order): their destination spans do not meet, or, up to MERGE_CHECK_ELEMENTS, no index repeats
+    (Winograd's output tiles interleave but never collide)."""
+    spans = sorted((r.dst_offset + sum((n - 1) * st for n, st in zip(r.size, r.dst_strides) if st < 0),
+                    r.dst_offset + sum((n - 1) * st for n, st in zip(r.size, r.dst_strides) if st > 0))
+                   for r in regions)
+    if all(a[1] < b[0] for a, b in zip(spans, spans[1:])):
+        return True
+    if sum(r.count for r in regions) > MERGE_CHECK_ELEMENTS:
+        return False
+    written = np.concatenate([_region_indices(r.dst_offset, r.dst_strides, r.size) for r in regions])
+    return len(np.unique(written)) == len(written)
+
+
+def _merged_raster_launch(src, out, regions: Sequence[A.Region]) -> tuple[Launch, Scratch]:
+    """One raster_copy_regions launch over ``regions`` (all of one source), and its table (the
+    tensors' offsets are in it: a plan is made for one placement of its tensors)."""
+    rows = []
+    for r in regions:
+        dims = merge_dims(r.size, r.src_strides, r.dst_strides)
+        dims = [(1, 0, 0)] * (A.RANK - len(dims)) + dims
+        rows.append([r.count, dims[1][0], dims[2][0], dims[3][0], src.offset + r.src_offset, out.offset + r.dst_offset]
+                    + [d[1] for d in dims] + [d[2] for d in dims])
+    table = Scratch(0, np.asarray(rows, np.int32).reshape(-1))
+    widest = max(r.count for r in regions)
+    return launch("raster", "raster_copy_regions", [src.buffer, out.buffer, table],
+                  (_round_up(widest, WG1), len(regions)), (WG1, 1)), table
+
+
 def _plan_raster(be: CLTarget, op: A.Raster, ins, outs):
     out = outs[0]
     launches = []
@@ -221,13 +267,18 @@ def _plan_raster(be: CLTarget, op: A.Raster, ins, outs):
         launches.append(launch1d("raster", "raster_fill",
                                     [out.buffer, _i(out.offset), _i(out.size), _word(A.fill_bits(op.fill, op.dtype))],
                                     out.size))
-    for r in op.regions:
-        if r.count == 0:
-            continue
+    regions = [r for r in op.regions if r.count > 0]
+    if (be.kernels != "simd" and len(regions) > 1 and len({r.src for r in regions}) == 1
+            and _disjoint_destinations(regions)):
+        # GPUs: the regions of one source (Winograd's tiles, a pad) in one launch, since no element
+        # is written twice, their order does not matter; a launch each was most of a raster's time
+        ln, table = _merged_raster_launch(ins[regions[0].src], out, regions)
+        return OpPlan(launches + [ln], "raster", (table,))
+    for r in regions:
         src = ins[r.src]
         s_off, d_off = src.offset + r.src_offset, out.offset + r.dst_offset
         dims = merge_dims(r.size, r.src_strides, r.dst_strides)
-        if len(dims) <= 1 and all(s == 1 and d == 1 for _, s, d in dims):
+        if _is_flat(r):
             launches.append(launch1d("raster", "raster_copy_flat",
                                         [src.buffer, _i(s_off), out.buffer, _i(d_off), _i(r.count)], r.count))
             continue
@@ -243,6 +294,12 @@ def _plan_raster(be: CLTarget, op: A.Raster, ins, outs):
                 _i(r.count)] + [_i(d[1]) for d in dims] + [_i(d[2]) for d in dims]
         launches.append(launch1d("raster", "raster_copy", args, r.count))
     return OpPlan(launches, "raster")
+
+
+def _is_flat(r: A.Region) -> bool:
+    """Whether region ``r`` is one contiguous run on both sides (raster_copy_flat's case)."""
+    dims = merge_dims(r.size, r.src_strides, r.dst_strides)
+    return len(dims) <= 1 and all(s == 1 and d == 1 for _, s, d in dims)
 
 
 def _plan_unary(be, op: A.Unary, ins, outs):

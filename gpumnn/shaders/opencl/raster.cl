@@ -22,6 +22,22 @@ __kernel void raster_copy(__global const uint* src, const int s_off,
         src[s_off + i0 * ss0 + i1 * ss1 + i2 * ss2 + i3 * ss3];
 }
 
+/* GPUs: the strided regions of one source in one launch (global dim 1 = region), each region's
+ * geometry one row of RASTER_REGION_WORDS ints of a table: count, n1, n2, n3, s_off, d_off,
+ * ss0..ss3, ds0..ds3. The host merges only regions that write disjoint elements (their order
+ * then does not matter): Winograd's 16 input-tile regions were 16 launches. */
+#define RASTER_REGION_WORDS 14
+__kernel void raster_copy_regions(__global const uint* src, __global uint* dst, __global const int* table)
+{
+    __global const int* t = table + get_global_id(1) * RASTER_REGION_WORDS;
+    const int i = get_global_id(0);
+    if (i >= t[0]) return;
+    int i0, i1, i2, i3;
+    split4(i, t[1], t[2], t[3], &i0, &i1, &i2, &i3);
+    dst[t[5] + i0 * t[10] + i1 * t[11] + i2 * t[12] + i3 * t[13]] =
+        src[t[4] + i0 * t[6] + i1 * t[7] + i2 * t[8] + i3 * t[9]];
+}
+
 /* Common special case: a contiguous run (concat / slice of whole rows). */
 __kernel void raster_copy_flat(__global const uint* src, const int s_off,
                                __global uint* dst, const int d_off, const int n)
