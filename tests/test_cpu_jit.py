@@ -177,3 +177,44 @@ def test_jit_without_numba_says_why(monkeypatch):
         gpumnn.backends.create_backend("cpu", jit=True)
     backend = gpumnn.backends.create_backend("cpu")  # unset: the NumPy kernels, and it says so
     assert not backend.jit and "Numba" not in backend.info.device
+
+
+# -- compiled GELU and erf (cpu_activations) --------------------------------------------------------
+
+def test_compiled_gelu_and_erf_agree_with_numpy_and_the_exact_erf():
+    """One vectorised pass (exp written out) gives what the NumPy kernels give: the same A&S
+    formula, to float32 rounding; within 1e-6 of the exact erf; NaN and infinities as NumPy."""
+    import math
+
+    from gpumnn.backends import cpu_activations, cpu_math
+    require_tool("numba", cpu_jit.MISSING)
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.standard_normal(4099) * 3, rng.uniform(-12, 12, 997), [0.0, -0.0, 1e-30, -1e-30, 40.0,
+                        -40.0, 200.0, -200.0, np.inf, -np.inf, np.nan]]).astype(np.float32)
+    for compiled, numpy_kernel in ((cpu_activations.erf_in_place, cpu_math.erf_into),
+                                   (cpu_activations.gelu_in_place, cpu_math.gelu_into)):
+        got, want = x.copy(), np.empty_like(x)
+        compiled(got)
+        with np.errstate(invalid="ignore"):
+            numpy_kernel(x, want)
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6, equal_nan=True)
+    erf = x.copy()
+    cpu_activations.erf_in_place(erf)
+    exact = np.array([math.erf(v) for v in x[np.isfinite(x)].astype(np.float64)])
+    assert np.max(np.abs(erf[np.isfinite(x)] - exact)) < 1e-6
+
+
+def test_compiled_activation_falls_back_to_numpy_off_contiguous_float32():
+    from gpumnn.backends import cpu_activations, cpu_math
+    require_tool("numba", cpu_jit.MISSING)
+    calls = []
+    apply = cpu_activations.activation_in_place("gelu", lambda a: calls.append(a.shape))
+    grid = np.linspace(-3, 3, 48, dtype=np.float32).reshape(6, 8)
+    expected = np.empty_like(grid)
+    cpu_math.gelu_into(grid, expected)
+    apply(grid)  # contiguous: compiled, in place
+    np.testing.assert_allclose(grid, expected, rtol=1e-6, atol=1e-7)
+    apply(np.zeros((8, 6), np.float32).T)  # a transposed view: NumPy, so the write lands in place
+    apply(np.zeros(4, np.float64))
+    assert calls == [(6, 8), (4,)]
+    assert cpu_activations.activation_in_place("tanh", np.tanh) is np.tanh  # no compiled loop: NumPy's

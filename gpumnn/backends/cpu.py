@@ -22,7 +22,7 @@ from .. import atomic as A
 from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, OpPlan, TensorHandle, constant_words, host_out, kernels_option
 from ..errors import BackendOptionError, BackendUnavailableError
 from .limits import MemoryLimits, host_limits
-from . import cpu_jit, cpu_parallel, cpu_tiles
+from . import cpu_activations, cpu_jit, cpu_parallel, cpu_tiles
 from .cpu_math import binary_function, unary_function
 from .cpu_recurrent import cell_step, direction_groups
 from .cpu_workers import Workers, workers
@@ -686,7 +686,9 @@ def _compiled_clamp(activation: A.Activation) -> tuple[np.float32, np.float32, C
     run after them where it is not a clamp (else None)."""
     clamp = cpu_jit.clamp_of(activation)
     lo, hi = (np.float32(v) for v in (clamp or (-np.inf, np.inf)))
-    return lo, hi, None if clamp else _epilogue(activation)
+    if clamp:
+        return lo, hi, None
+    return lo, hi, cpu_activations.activation_in_place(activation[0], _epilogue(activation))
 
 
 def _applies_epilogue(biased: bool, lo: np.float32, hi: np.float32) -> bool:
