@@ -138,6 +138,8 @@ POOLS = [
     (48, 17, "AveragePool", 3, 1, [1, 1, 1, 1], 0, 0),   # Inception, padding not counted
     (48, 17, "AveragePool", 3, 1, [1, 1, 1, 1], 0, 1),   # ... and counted
     (8, 10, "AveragePool", 3, 2, [0, 1, 2, 0], 1, 0),    # uneven padding, ceil mode
+    (8, 10, "MaxPool", 3, 2, [0, 0, 0, 0], 0, 0),        # stride 2, even width: the last column read by no window
+    (6, 13, "AveragePool", 3, 2, [1, 1, 1, 1], 0, 1),    # stride 2, padding counted
     (8, 9, "MaxPool", 3, 3, [1, 0, 1, 1], 1, 0),         # stride 3
     (8, 9, "MaxPool", 2, 2, [0, 0, 1, 1], 0, 0),         # not 3x3: NumPy's kernel either way
 ]

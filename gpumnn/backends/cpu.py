@@ -1041,18 +1041,28 @@ def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, regions: int 
         border, combine, scale = -np.inf, cpu_jit.max_row, np.ones(op.out_hw, np.float32)
     else:
         border, combine, scale = 0.0, cpu_jit.mean_row, inv_count
-    shape = cpu_jit.phases_shape(h, top, oh, ow, sh, sw)
+    # stride 2: row by row (cpu_jit.pool3x3_s2, a padded row of scratch); else rows split by phase
+    stride2 = (sh, sw) == (2, 2)
+    shape = (2 * ow + 1,) if stride2 else cpu_jit.phases_shape(h, top, oh, ow, sh, sw)
     scratch = np.full((regions or pool.threads, *shape), border, np.float32)  # a slice per thread
     windows = n * c * 9 * oh * ow
     if regions:
         parts = regions if windows >= REGION_MIN_WINDOWS else 1
         bounds = _bounds(_spans(c, parts))
-        images = [(op.op == "max", x[b], out[b], scale, bounds, scratch, sh, sw, top, left) for b in range(n)]
-        return OpPlan((_region_items(cpu_parallel.pool_spans, images, None, out),), keep=(scale, scratch))
+        if stride2:
+            kernel = cpu_parallel.pool_s2_spans
+            images = [(op.op == "max", x[b], out[b], scale, bounds, scratch, top, left) for b in range(n)]
+        else:
+            kernel = cpu_parallel.pool_spans
+            images = [(op.op == "max", x[b], out[b], scale, bounds, scratch, sh, sw, top, left) for b in range(n)]
+        return OpPlan((_region_items(kernel, images, None, out),), keep=(scale, scratch))
     parts = _parts(pool, windows, DEPTHWISE_PARALLEL_MIN)
     spans = [(x[b, c0:c1], out[b, c0:c1], scale) for b in range(n) for c0, c1 in _spans(c, parts)]
-    tail = (combine, sh, sw, top, left)
-    compiled = cpu_jit.bind(cpu_jit.pool3x3, *spans[0], scratch[0], *tail)
+    if stride2:
+        kernel, tail = cpu_jit.pool3x3_s2, (op.op == "max", top, left)
+    else:
+        kernel, tail = cpu_jit.pool3x3, (combine, sh, sw, top, left)
+    compiled = cpu_jit.bind(kernel, *spans[0], scratch[0], *tail)
     return OpPlan((_on_pool(pool, len(spans), lambda index, slot: compiled(*spans[index], scratch[slot], *tail)),),
                   keep=(scale, scratch))
 

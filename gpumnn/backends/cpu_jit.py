@@ -316,3 +316,56 @@ def pool3x3(x, out, scale, phases, combine_row, sh, sw, pt, pl):
             combine_row(out[c, oy], p0[0, :ow], p0[1 % sw, 1 // sw:], p0[2 % sw, 2 // sw:],
                         p1[0, :ow], p1[1 % sw, 1 // sw:], p1[2 % sw, 2 // sw:],
                         p2[0, :ow], p2[1 % sw, 1 // sw:], p2[2 % sw, 2 // sw:], scale[oy])
+
+
+@_kernel
+def pool3x3_s2(x, out, scale, row, is_max, pt, pl):
+    """3x3 windows at stride 2, row by row: the three input rows combined column-wise into the
+    padded ``row`` (one loop over the three where all are inside the input; a pass per row at the
+    top and bottom edges), then out[ox] = combine(row[2 ox], row[2 ox + 1], row[2 ox + 2]) (a
+    constant stride of 2, which vectorises), times scale[oy] for a mean. ``row`` [2 OW + 1] is the
+    caller's scratch, filled once with the border value (-inf for a max, 0 for a sum): the loops
+    write it only where input lands. Measured on one thread, SqueezeNet-1.1's first max pool (64
+    channels 111x111): 0.24 ms, against 0.62 ms for ``pool3x3``, which splits every row of a
+    channel by phase first, and 0.57 ms with a pass per row everywhere (a loop updating the row in
+    place kept LLVM to its scalar path)."""
+    h, w = x.shape[1], x.shape[2]
+    ow = out.shape[2]
+    span = min(w, row.shape[0] - pl)  # input columns some window reads
+    dst = row[pl:pl + span]
+    for c in range(x.shape[0]):
+        for oy in range(out.shape[1]):
+            y0 = 2 * oy - pt
+            if y0 >= 0 and y0 + 2 < h:
+                a, b, d = x[c, y0, :span], x[c, y0 + 1, :span], x[c, y0 + 2, :span]
+                if is_max:
+                    for j in range(span):
+                        dst[j] = max(max(a[j], b[j]), d[j])
+                else:
+                    for j in range(span):
+                        dst[j] = a[j] + b[j] + d[j]
+            else:  # a window row in the padding: the rows inside, a pass each
+                first = True
+                for i in range(3):
+                    iy = y0 + i
+                    if iy < 0 or iy >= h:
+                        continue
+                    src = x[c, iy, :span]
+                    if first:
+                        for j in range(span):
+                            dst[j] = src[j]
+                        first = False
+                    elif is_max:
+                        for j in range(span):
+                            dst[j] = max(dst[j], src[j])
+                    else:
+                        for j in range(span):
+                            dst[j] += src[j]
+            o = out[c, oy]
+            if is_max:
+                for ox in range(ow):
+                    o[ox] = max(max(row[2 * ox], row[2 * ox + 1]), row[2 * ox + 2])
+            else:
+                factor = scale[oy]
+                for ox in range(ow):
+                    o[ox] = (row[2 * ox] + row[2 * ox + 1] + row[2 * ox + 2]) * factor[ox]

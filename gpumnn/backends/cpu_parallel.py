@@ -608,6 +608,16 @@ def pool_spans(is_max, x, out, scale, bounds, phases, sh, sw, pt, pl):
             cpu_jit.pool3x3(x[c0:c1], out[c0:c1], scale, phases[t], cpu_jit.mean_row, sh, sw, pt, pl)
 
 
+@_region
+def pool_s2_spans(is_max, x, out, scale, bounds, rows, pt, pl):
+    """``cpu_jit.pool3x3_s2`` (3x3 windows at stride 2) on the channel spans of one image, each on
+    its thread's scratch row."""
+    for i in numba.prange(bounds.shape[0] - 1):
+        t = numba.get_thread_id()
+        c0, c1 = bounds[i], bounds[i + 1]
+        cpu_jit.pool3x3_s2(x[c0:c1], out[c0:c1], scale, rows[t], is_max, pt, pl)
+
+
 def available_layer() -> str | None:
     """The threading layer the regions run on (None before ``available()`` found one)."""
     return _layer()[0]
