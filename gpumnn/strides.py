@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     """Row-major element strides of ``shape``."""
@@ -35,3 +37,21 @@ def merge_dims(shape: Sequence[int], *stride_lists: Sequence[int]) -> list[tuple
         else:
             merged.append((size,) + strides)
     return merged
+
+
+def strided_span(offset: int, shape: Sequence[int], strides: Sequence[int]) -> tuple[int, int]:
+    """The lowest and highest element index a strided view (``offset``, ``shape``, ``strides``,
+    strides of any sign) touches."""
+    lo = offset + sum((n - 1) * st for n, st in zip(shape, strides) if st < 0)
+    hi = offset + sum((n - 1) * st for n, st in zip(shape, strides) if st > 0)
+    return lo, hi
+
+
+def strided_indices(offset: int, shape: Sequence[int], strides: Sequence[int]) -> np.ndarray:
+    """Every element index of a strided view, in its row-major order (int64)."""
+    index = np.full((1,) * len(shape), offset, np.int64)
+    for axis, (n, st) in enumerate(zip(shape, strides)):
+        along = [1] * len(shape)
+        along[axis] = int(n)
+        index = index + (np.arange(int(n), dtype=np.int64) * st).reshape(along)
+    return index.ravel()

@@ -48,13 +48,7 @@ def _vector_kernel(fn: Callable) -> Callable:
     """``fn`` compiled as ``cpu_jit``'s kernels are, with NumPy's error model: Numba's default
     tests every float division for zero (to raise ZeroDivisionError), and that branch alone kept
     the loop scalar."""
-    if numba is None:
-        return fn
-    options = dict(nogil=True, fastmath=cpu_jit.FAST, boundscheck=False, error_model="numpy")
-    try:
-        return numba.njit(cache=True, **options)(fn)
-    except RuntimeError:  # no writable place for Numba's cache: compile per process
-        return numba.njit(**options)(fn)
+    return cpu_jit.compiled(fn, error_model="numpy")
 
 
 @intrinsic
@@ -115,12 +109,13 @@ def activation_in_place(name: str, fallback: Callable[[np.ndarray], None]) -> Ca
     kernel = KERNELS.get(name)
     if kernel is None or numba is None:
         return fallback
+    flat_kernel = cpu_jit.bind(kernel, np.empty(1, np.float32))  # compiled (or loaded) now, not in a run
 
     def apply(array: np.ndarray) -> None:
         if array.dtype != np.float32 or not array.flags.c_contiguous:
             fallback(array)
             return
-        kernel(array.reshape(-1))
+        flat_kernel(array.reshape(-1))
     return apply
 
 

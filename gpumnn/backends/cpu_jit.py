@@ -61,14 +61,21 @@ def clamp_of(activation: A.Activation) -> tuple[float, float] | None:
     return None
 
 
-def _kernel(fn: Callable) -> Callable:
-    """``fn`` as a Numba function (the plain function where Numba is missing: never called)."""
+def compiled(fn: Callable, **options: Any) -> Callable:
+    """``fn`` as a Numba function with this module's options (``options`` add or override, e.g.
+    ``error_model``); the plain function where Numba is missing (never called then)."""
     if numba is None:
         return fn
+    options = dict(nogil=True, fastmath=FAST, boundscheck=False, **options)
     try:
-        return numba.njit(nogil=True, cache=True, fastmath=FAST, boundscheck=False)(fn)
+        return numba.njit(cache=True, **options)(fn)
     except RuntimeError:  # no writable place for Numba's cache (a read-only install): compile per process
-        return numba.njit(nogil=True, fastmath=FAST, boundscheck=False)(fn)
+        return numba.njit(**options)(fn)
+
+
+def _kernel(fn: Callable) -> Callable:
+    """``fn`` compiled with this module's options (``compiled``)."""
+    return compiled(fn)
 
 
 def inlined(fn: Callable) -> Callable:

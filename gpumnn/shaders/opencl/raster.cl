@@ -23,10 +23,10 @@ __kernel void raster_copy(__global const uint* src, const int s_off,
 }
 
 /* GPUs: the strided regions of one source in one launch (global dim 1 = region), each region's
- * geometry one row of RASTER_REGION_WORDS ints of a table: count, n1, n2, n3, s_off, d_off,
- * ss0..ss3, ds0..ds3. The host merges only regions that write disjoint elements (their order
- * then does not matter): Winograd's 16 input-tile regions were 16 launches. */
-#define RASTER_REGION_WORDS 14
+ * geometry one row of RASTER_REGION_WORDS ints of a table (the generated header defines it):
+ * count, n1, n2, n3, s_off, d_off, ss0..ss3, ds0..ds3. The host merges only regions that write
+ * disjoint elements (their order then does not matter): Winograd's 16 input-tile regions were
+ * 16 launches. */
 __kernel void raster_copy_regions(__global const uint* src, __global uint* dst, __global const int* table)
 {
     __global const int* t = table + get_global_id(1) * RASTER_REGION_WORDS;
