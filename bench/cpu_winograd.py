@@ -1,10 +1,9 @@
-"""The cpu Winograd kernel against im2col, op by op: where ``CpuBackend.winograd_min_tiles`` /
-``winograd_min_channels`` come from.
+"""The cpu Winograd kernel against im2col, op by op: where ``cpu.WINOGRAD_PAYS`` comes from.
 
     python bench/cpu_winograd.py resnet18 [--threads 1] [--runs 9]
 
-Makes the model's session twice in one process, once with the Winograd kernel barred (so each of
-those convolutions runs im2col) and once as the scheme step chooses, then times each Winograd
+Makes the model's session twice in one process, once with im2col forced (so each Winograd
+convolution runs im2col) and once as the scheme step chooses, then times each Winograd
 convolution's work in both sessions in alternation (median of ``runs``). Nothing here asserts speed.
 """
 from __future__ import annotations
@@ -19,8 +18,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's gpumnn, not an installed one
 
-from gpumnn.backends.cpu import CpuBackend  # noqa: E402
 from gpumnn.benchmark import load_model  # noqa: E402
+from gpumnn.scheduler.schemes import forced_schemes  # noqa: E402
 
 
 def _ms(work) -> float:
@@ -37,12 +36,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=9)
     args = parser.parse_args()
     net, _, feed = load_model(args.model)
-    chosen = CpuBackend.winograd_min_tiles
-    CpuBackend.winograd_min_tiles = 1 << 60
-    try:
+    with forced_schemes(conv=("im2col", 0)):
         plain = net.session(backend="cpu", threads=args.threads, fallback=False)
-    finally:
-        CpuBackend.winograd_min_tiles = chosen
     wino = net.session(backend="cpu", threads=args.threads, fallback=False)
     plain.run(feed), wino.run(feed)
     totals = [0.0, 0.0]

@@ -117,6 +117,8 @@ class CpuBackend(Backend):
         loops = f" and Numba {cpu_jit.numba.__version__}" if self.jit else ""
         if self.regions:
             loops += f" ({cpu_parallel.available_layer()} regions)"
+        if self.regions:  # the scheme step reads these: Winograd pays sooner on the register tile
+            self.winograd_min_tiles, self.winograd_min_channels, self.winograd_min_saving = WINOGRAD_PAYS["regions"]
         self._info = BackendInfo("cpu", f"NumPy {np.__version__}{loops} on {self.threads} thread(s)",
                                  host_cpu_flops(self.threads), 0.0, float("inf"), is_gpu=False)
         self._pool = workers(self.threads)
@@ -537,7 +539,7 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False, regi
     # op.scheme (decided by gpumnn.scheduler.schemes, which checked the geometry fits) names the kernel
     if op.scheme == "winograd":
         if regions:
-            return _winograd_region(op, x, weight.reshape(oc, c, kh, kw), out, bias, regions, macs)
+            return _winograd_region(op, x, weight.reshape(oc, c, kh, kw), out, bias, regions)
         return _winograd(op, x, weight.reshape(oc, c, kh, kw), out, bias, pads, pool, parts, jit)
     if op.scheme == "depthwise":
         windows = n * c * kh * kw * oh * ow
@@ -802,44 +804,41 @@ def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: in
     return OpPlan((run,), "winograd")
 
 
-#: Tile blocks per region thread of a Winograd convolution (``_winograd_region``), and the most
-#: bytes one block's scratch buffer may take. More, smaller blocks measured slower: each tile
-#: position's product gets fewer tiles wide. ResNet-18's sizes at threads=2, ms at 1 / 2 / 4 blocks
-#: a thread: 64 channels 56x56 1.60 / 1.75 / 2.09, 128 at 28x28 1.35 / 1.64 / 2.27, 256 at 14x14
-#: 1.63 / 2.02 / 2.88.
-WINOGRAD_BLOCKS_PER_THREAD = 1
-WINOGRAD_BLOCK_BYTES = 1 << 20
-
-
-def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, macs: int) -> OpPlan:
-    """Winograd as one native region per image (``cpu_parallel.winograd_blocks``): blocks of
-    tiles, each through every stage (the input tiles copied with zeros past the edge, the
-    transforms and per-position products as BLAS calls, the tiles put in place with the bias and
-    a clamp) in its thread's scratch. Per convolution it measured level with ``_winograd``'s
-    chunks on the Python threads (ResNet-18's sizes at threads=2: 1.60 / 1.50, 1.35 / 1.37,
-    1.63 / 1.70 ms); it keeps the whole model in regions, with no hand-over to those threads."""
+def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int) -> OpPlan:
+    """Winograd as one native region per image (``cpu_parallel.winograd_packed``) on the register
+    tile: the weights transformed (G W G^T) and packed into ``cpu_tiles``' panels once, here; per
+    run, the input copied into a zero-bordered plane, the tiles transformed in panels of MR, the
+    alpha^2 products per (tile panel, channel panel) pair and the output transform with the bias
+    and a clamp while the pair's products are in cache. Measured against the BLAS transforms and
+    products it replaces, at threads=2 (ms): 64 channels 56x56 F(6, 3) 0.95 against 1.71, 128 at
+    28x28 0.73 against 1.35, 256 at 14x14 1.00 against 1.54; ONNX Runtime's im2col 1.8, 1.77, 1.36."""
     c, oc = op.in_channels, op.out_channels
     (oh, ow), k, n = op.out_hw, op.kernel[0], op.winograd_tile
     mats = winograd_matrices(n, k)
-    a = mats.alpha
+    a, mr, nr = mats.alpha, cpu_tiles.MR, cpu_tiles.NR
     th, tw = -(-oh // n), -(-ow // n)
-    u = np.ascontiguousarray(transformed_weights(mats, weight), dtype=np.float32)  # [a*a, oc, c]
-    bt, at = (np.ascontiguousarray(m.T, dtype=np.float32) for m in (mats.B, mats.A))
-    per_tile = 4 * a * a * max(c, oc)
-    parts = regions * WINOGRAD_BLOCKS_PER_THREAD if macs >= REGION_MIN_MACS else 1
-    bounds = _bounds(_even_spans(th * tw, max(parts, -(-th * tw * per_tile // WINOGRAD_BLOCK_BYTES))))
-    most = int(np.diff(bounds).max())
-    first, second = (np.empty((regions, per_tile // 4 * most), np.float32) for _ in range(2))
-    fortran = cpu_parallel.winograd_arguments(bounds, n, a, c, oc)
-    scalars = np.array([1.0, 0.0], np.float32)
+    tiles = th * tw
+    panels = -(-tiles // mr)
+    transformed = transformed_weights(mats, weight)  # [a*a, oc, c], float64
+    u = np.ascontiguousarray(np.stack([cpu_tiles.pack_panels(m, nr) for m in transformed]))  # [a*a, oc/NR, c, NR]
+    b8 = np.zeros((a, 8), np.float32)
+    b8[:, :a] = mats.B
+    a6 = np.zeros((a, mr), np.float32)
+    a6[:, :n] = mats.A
+    rows, cols = th * n + k - 1, tw * n + k - 1  # every tile's inputs inside the zero-bordered plane
+    xp = np.zeros(c * rows * cols + 8, np.float32)  # + 8: the input transform reads 8 floats a row
+    t = np.arange(tiles)
+    bases = np.zeros(panels * mr, np.int64)
+    bases[:tiles] = (t // tw) * n * cols + (t % tw) * n
+    v = np.empty(a * a * panels * c * mr, np.float32)
+    scratch = np.empty((regions, cpu_parallel.winograd_scratch_floats(a, n)), np.float32)
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
-    epilogue = _applies_epilogue(bias is not None, lo, hi)
-    geometry = (n, a, tw, *op.pads[:2])
+    geometry = (n, tiles, tw, panels, u.nbytes > v.nbytes)
+    inner = (*op.pads[:2], rows, cols)
     out4 = out.reshape(op.batch, oc, oh, ow)
-    images = [(cpu_parallel.SGEMM, x[b], u, bt, at, out4[b], b1, bounds, fortran, scalars, first, second, geometry,
-               lo, hi, epilogue) for b in range(op.batch)]
-    return OpPlan((_region_items(cpu_parallel.winograd_blocks, images, act, out),), "winograd",
-                  keep=(u, bt, at, b1, fortran, scalars, first, second))
+    images = [(x[b], xp, inner, bases, b8, a6, u, v, scratch, out4[b], b1, geometry, lo, hi) for b in range(op.batch)]
+    return OpPlan((_region_items(cpu_parallel.winograd_packed, images, act, out),), "winograd",
+                  keep=(u, b8, a6, xp, bases, v, scratch, b1))
 
 
 def _even_spans(total: int, parts: int) -> list[tuple[int, int]]:
@@ -1247,16 +1246,20 @@ def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers):
 
 
 CpuBackend.schemes = {**KERNEL_SCHEMES, A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"}}
-#: Where the Winograd kernel pays, measured per op against im2col (``bench/cpu_winograd.py``): F(2, 3)
-#: at 256 channels 7x7 (16 tiles) no faster, 14x14 (49 tiles) 1.25x on one thread; with 16-32 input
-#: channels (SqueezeNet's 3x3 expands) 0.5-0.65x, as the transforms outweigh products with K = C.
-CpuBackend.winograd_min_tiles = 40
-CpuBackend.winograd_min_channels = 64
-#: ... and where it makes at most half the sliding window's multiplications: SqueezeNet-1.1's
-#: 64 -> 256 channel 13x13 expands (F(2, 3), 1.8x fewer) measured 1.24 ms against im2col's 0.90
-#: at threads=2 (1.23 / 0.94 on one thread), ResNet-18's 256-channel 14x14 (F(2, 3), 2.16x
-#: fewer) 2.13 against 2.63.
-CpuBackend.winograd_min_saving = 2.0
+#: Where the Winograd kernel pays (output tiles, input channels, and how many times fewer
+#: multiplications than the sliding window it must make, Eq. 2's C(n) with the transforms), measured
+#: per op against im2col (``bench/cpu_winograd.py``), for each kernel:
+#: - "regions" (``_winograd_region``, the register tile): F(2, 3) at 512 channels 7x7 (16 tiles,
+#:   1.69x fewer) 1.53 ms against 2.0 packed im2col; SqueezeNet-1.1's expands with 16-64 input
+#:   channels 0.27-0.36 ms against 0.52-0.61; F(4, 3) at 7x7 (4 tiles) slower than F(2, 3), its
+#:   transformed weights 37.7 MB against 16.8;
+#: - "threads" (``_winograd``, BLAS products on the Python threads): F(2, 3) at 256 channels 7x7
+#:   (16 tiles) no faster, 14x14 (49 tiles) 1.25x on one thread; with 16-32 input channels
+#:   0.5-0.65x, as the transforms outweigh products with K = C; SqueezeNet-1.1's 64 -> 256 channel
+#:   13x13 expands (F(2, 3), 1.8x fewer) 1.24 ms against im2col's 0.90 at threads=2, ResNet-18's
+#:   256-channel 14x14 (F(2, 3), 2.16x fewer) 2.13 against 2.63.
+WINOGRAD_PAYS = {"regions": (16, 16, 1.5), "threads": (40, 64, 2.0)}
+CpuBackend.winograd_min_tiles, CpuBackend.winograd_min_channels, CpuBackend.winograd_min_saving = WINOGRAD_PAYS["threads"]
 _ANY_INT = frozenset({A.INT32})
 #: NumPy computes every integer op; float-only kernels (convolution, pooling, ...) stay float32
 CpuBackend.dtypes = {op: _ANY_INT for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.MatMul, A.Gather, A.Select,

@@ -10,7 +10,7 @@ GIL released throughout: an empty region costs 2 us, and each block's GEMM calls
 own OpenBLAS where it has one, else SciPy's ``cython_blas``; one thread inside each block) with
 the bias and a clamp applied to the block while it is in cache. The blocks: GEMM row and column
 spans, im2col row (and channel) blocks, im2col on constant weights as pixel-panel or weight-panel
-spans through ``cpu_tiles``' register tile instead of BLAS, Winograd tile blocks, depthwise and
+spans through ``cpu_tiles``' register tile instead of BLAS, Winograd on the same tile, depthwise and
 pooling channel spans.
 
 Only Numba's ``tbb`` and ``omp`` threading layers qualify: ``workqueue``, the fallback when
@@ -466,90 +466,97 @@ def packed_conv_tables(kernel: tuple[int, int], strides: tuple[int, int], dilati
     return bases, taps
 
 
-# -- Winograd tile blocks ------------------------------------------------------------------------
-# Per block the Fortran integers (``winograd_arguments``), at these indices of its 16:
-_WN, _WACT, _WCT, _WT, _WAOT, _WOT, _WA, _WTILE, _WOC, _WC = range(10)
+# -- Winograd on the register tile ---------------------------------------------------------------
+# Tiles go in panels of MR (the broadcast operand of ``cpu_tiles.tile_product``), output channels
+# in panels of NR (the weights, transformed and packed at creation). Every transform is a product
+# of at most 8 x 8 matrices, done one tile at a time by ``cpu_tiles.square_product`` (B^T d B) or
+# on a panel by ``tile_product`` (A^T m A); Numba's own loops left them scalar (0.9 ms for the
+# input transforms of 64 channels 56x56 F(6, 3) on two threads, against 0.25 now).
+
+@cpu_jit.inlined
+def winograd_input_panel(xp, v, bases, b8, scratch, c, p, panels, channels, plane, cols):
+    """Channel c of tile panel p transformed (B^T d B) into v [alpha^2, panels, C, MR]: each tile's
+    alpha x alpha inputs read from the zero-bordered plane ``xp`` at ``bases[p * MR + r]`` (rows
+    ``cols`` apart; reads run 8 floats wide), b8: B [alpha, 8] zero-padded; ``scratch``: 64 * (MR + 1)."""
+    a = b8.shape[0]
+    xa, sa, ba = xp.ctypes.data, scratch.ctypes.data, b8.ctypes.data
+    for r in range(MR):
+        origin = xa + 4 * (c * plane + bases[p * MR + r])
+        # t[x][u] = sum over y of d[y][x] B[y][u]; then e_r[w][u] = sum over x of B[x][w] t[x][u]
+        cpu_tiles.square_product(origin, cols, ba, 8, a, sa)
+        cpu_tiles.square_product(ba, 8, sa, 8, a, sa + 256 * (r + 1))
+    e = scratch[64:64 * (MR + 1)]
+    dst = v[(p * channels + c) * MR:]
+    position = panels * channels * MR
+    for u in range(a):
+        for w in range(a):
+            at, src = (u * a + w) * position, e[w * 8 + u:]
+            for r in range(MR):  # the panel's MR tiles side by side, as the product reads them
+                dst[at + r] = src[r * 64]
+
+
+@cpu_jit.inlined
+def winograd_output_panel(m, s, y, a6, n, out, bias, p, q, tiles, tiles_w, lo, hi):
+    """Tile panel p, channel panel q of the products m [alpha^2, MR, NR] (position u * alpha + w)
+    transformed (A^T m A) and put in place, clamp(. + bias[o]) to [lo, hi], clipped at the output's
+    edges; a6: A [alpha, MR] zero-padded; s [alpha, MR, MR, NR] and y [n, MR, MR, NR] scratch."""
+    a = a6.shape[0]
+    width = MR * NR
+    ma, sa, ya, aa = m.ctypes.data, s.ctypes.data, y.ctypes.data, a6.ctypes.data
+    for w in range(a):  # s[w][r][i][c] = sum over u of A[u][i] m[u][w][r][c]
+        for r in range(MR):
+            cpu_tiles.tile_product(aa, MR, ma + 4 * (w * width + r * NR), a * width, a, sa + 4 * (w * MR + r) * width)
+    for i in range(n):  # y[i][r][j][c] = sum over w of A[w][j] s[w][r][i][c]
+        for r in range(MR):
+            cpu_tiles.tile_product(aa, MR, sa + 4 * (r * width + i * NR), MR * width, a, ya + 4 * (i * MR + r) * width)
+    o, oh, ow = out.shape
+    for r in range(min(MR, tiles - p * MR)):
+        ty, tx = (p * MR + r) // tiles_w, (p * MR + r) % tiles_w
+        for c in range(min(NR, o - q * NR)):
+            b = bias[q * NR + c]
+            for i in range(min(n, oh - ty * n)):
+                row, src = out[q * NR + c, ty * n + i, tx * n:], y[(i * MR + r) * width + c:]
+                for j in range(min(n, ow - tx * n)):
+                    row[j] = min(max(src[j * NR] + b, lo), hi)
 
 
 @_region
-def winograd_blocks(sgemm, x, u, bt, at, out, bias, bounds, fortran, scalars, first, second, geometry, lo, hi,
-                    epilogue):
-    """Winograd F(n x n, k x k) of one image, x [C, H, W] into out [O, OH, OW], as blocks of tiles
-    [bounds[i], bounds[i + 1]) (tile t covers output rows (t // tiles per row) n.. and columns
-    (t % tiles per row) n..), each in its thread's two scratch rows ``first`` and ``second`` while
-    in cache: the [alpha, alpha, C, T] input tiles copied out of x (zeros past its edge), B^T d B
-    as BLAS products with ``bt``, one product per tile position against the weights transformed
-    at creation ``u`` [alpha^2, O, C], A^T m A with ``at``, then the tiles put in place with
-    clamp(y + bias[o]) to [lo, hi] where ``epilogue``. geometry: (n, alpha, tiles per row, pt, pl)."""
+def winograd_packed(x, xp, inner, bases, b8, a6, u, v, scratch, out, bias, geometry, lo, hi):
+    """Winograd F(n x n, k x k) of one image, x [C, H, W] into out [O, OH, OW], in three parallel
+    steps: x copied into the inside ``inner`` = (top, left, rows, columns) of ``xp``, its
+    zero-bordered copy; every (tile panel, channel) transformed into v (``winograd_input_panel``);
+    every (tile panel, channel panel) pair's alpha^2 products by the register tile against the
+    weights transformed and packed at creation u [alpha^2, O / NR, C, NR], then transformed back
+    and put in place (``winograd_output_panel``). geometry: (n, tiles, tiles per row, panels,
+    weights_outer: the pairs walk channel panels outer, where u is larger than v, so each
+    thread reads its part of the weights once)."""
     channels, height, width = x.shape
-    n, a, tiles_w, pt, pl = geometry
-    o = out.shape[0]
-    for i in numba.prange(bounds.shape[0] - 1):
-        thread = numba.get_thread_id()
-        p, q = first[thread], second[thread]
-        s0, s1 = bounds[i], bounds[i + 1]
-        t = s1 - s0
-        # the input tiles d[y, x, c, tile], row by row of whole tiles
-        d = p[:a * a * channels * t].reshape(a, a, channels, t)
-        for ci in range(channels):
-            s = s0
-            while s < s1:
-                r, q0 = s // tiles_w, s % tiles_w
-                q1 = min(tiles_w, q0 + s1 - s)
-                k0 = s - s0
-                for yy in range(a):
-                    iy = r * n + yy - pt
-                    for xx in range(a):
-                        dst = d[yy, xx, ci, k0:k0 + q1 - q0]
-                        if iy < 0 or iy >= height:
-                            dst[:] = 0.0
-                            continue
-                        # tiles [inside, beyond) of this row read column q n + xx - pl inside the input
-                        shift = xx - pl
-                        inside = min(max(q0, (n - 1 - shift) // n), q1)
-                        beyond = max(min(q1, (width - 1 - shift) // n + 1), inside)
-                        dst[:inside - q0] = 0.0
-                        dst[beyond - q0:] = 0.0
-                        src = x[ci, iy, inside * n + shift:]
-                        part = dst[inside - q0:]
-                        for k in range(beyond - inside):
-                            part[k] = src[k * n]
-                s += q1 - q0
-        ints, size = fortran.ctypes.data + fortran.strides[0] * i, fortran.itemsize
-        one, zero = scalars.ctypes.data, scalars.ctypes.data + 4
-        nn, act, ct, tt = ints, ints + size * _WACT, ints + size * _WCT, ints + size * _WT
-        aot, ot, aa, tile = ints + size * _WAOT, ints + size * _WOT, ints + size * _WA, ints + size * _WTILE
-        oc, cc = ints + size * _WOC, ints + size * _WC
-        pa, qa = p.ctypes.data, q.ctypes.data
-        # B^T on the tiles' rows (one product), then on their columns (one per row)
-        _call_sgemm(sgemm, nn, nn, act, aa, aa, one, pa, act, bt.ctypes.data, aa, zero, qa, act)
-        for y in range(a):
-            offset = 4 * y * a * channels * t
-            _call_sgemm(sgemm, nn, nn, ct, aa, aa, one, qa + offset, ct, bt.ctypes.data, aa, zero, pa + offset, ct)
-        for f in range(a * a):  # one product per tile position: m[f] [O, T] = u[f] [O, C] v[f] [C, T]
-            _call_sgemm(sgemm, nn, nn, tt, oc, cc, one, pa + 4 * f * channels * t, tt, u.ctypes.data + 4 * f * o * channels,
-                        cc, zero, qa + 4 * f * o * t, tt)
-        # A^T on the rows of m, then on their columns
-        _call_sgemm(sgemm, nn, nn, aot, tile, aa, one, qa, aot, at.ctypes.data, aa, zero, pa, aot)
-        for y in range(n):
-            offset = 4 * y * a * o * t
-            _call_sgemm(sgemm, nn, nn, ot, tile, aa, one, pa + offset, ot, at.ctypes.data, aa, zero,
-                        qa + 4 * y * n * o * t, ot)
-        cpu_jit.winograd_place(q[:n * n * o * t].reshape(n, n, o, t), bias, out, s0, s1, tiles_w, lo, hi, epilogue)
+    top, left, rows, cols = inner
+    n, tiles, tiles_w, panels, weights_outer = geometry
+    plane = rows * cols
+    grid = xp[:channels * plane].reshape(channels, rows, cols)
+    for ci in numba.prange(channels):
+        grid[ci, top:top + height, left:left + width] = x[ci]
+    for i in numba.prange(panels * channels):
+        winograd_input_panel(xp, v, bases, b8, scratch[numba.get_thread_id()], i % channels, i // channels, panels,
+                             channels, plane, cols)
+    a = b8.shape[0]
+    count = u.shape[1]
+    size = MR * NR
+    for i in numba.prange(panels * count):
+        sc = scratch[numba.get_thread_id()]
+        m, s, y = sc[:a * a * size], sc[a * a * size:a * (a + MR) * size], sc[a * (a + MR) * size:]
+        p, q = (i % panels, i // panels) if weights_outer else (i // count, i % count)
+        for f in range(a * a):
+            cpu_tiles.tile_product(v.ctypes.data + 4 * (f * panels + p) * channels * MR, MR,
+                                   u.ctypes.data + 4 * (f * count + q) * channels * NR, NR, channels,
+                                   m.ctypes.data + 4 * f * size)
+        winograd_output_panel(m, s, y, a6, n, out, bias, p, q, tiles, tiles_w, lo, hi)
 
 
-def winograd_arguments(bounds: np.ndarray, n: int, alpha: int, channels: int, out_channels: int) -> np.ndarray:
-    """``winograd_blocks``' Fortran integers per block of tiles, 16 each."""
-    tiles = np.diff(bounds)
-    rows = np.zeros((len(tiles), 16), np.int64)
-    rows[:, _WN] = _N
-    rows[:, _WACT] = alpha * channels * tiles
-    rows[:, _WCT] = channels * tiles
-    rows[:, _WT] = tiles
-    rows[:, _WAOT] = alpha * out_channels * tiles
-    rows[:, _WOT] = out_channels * tiles
-    rows[:, _WA], rows[:, _WTILE], rows[:, _WOC], rows[:, _WC] = alpha, n, out_channels, channels
-    return np.ascontiguousarray(rows, dtype=BLAS_INT)
+def winograd_scratch_floats(alpha: int, n: int) -> int:
+    """Floats of ``winograd_packed``'s scratch row per thread."""
+    return max(64 * (MR + 1), (alpha * alpha + alpha * MR + n * MR) * MR * NR)
 
 
 # -- channel spans of the compiled depthwise and pooling loops ---------------------------------

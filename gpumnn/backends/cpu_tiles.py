@@ -39,58 +39,70 @@ MR, NR = 6, 16
 _LANES = 8  # floats per vector register the IR names (AVX2's ymm)
 
 
-@intrinsic
-def tile_product(typingctx, p_address, p_stride, v_address, v_stride, depth, acc_address):
-    """acc[MR, NR] (row-major at ``acc_address``) = p^T v over ``depth`` steps: p's MR values at
-    ``p_address`` + step * ``p_stride`` floats, v's NR at ``v_address`` + step * ``v_stride``."""
-    vectors = NR // _LANES
+def _tile_kernel(rows: int, columns: int):
+    """The register tile acc[rows, columns] = p^T v as a Numba intrinsic (``tile_product`` is
+    MR x NR; ``square_product`` 8 x 8, the Winograd transforms' tile)."""
+    vectors = columns // _LANES
 
-    def codegen(context, builder, signature, args):
-        f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
-        vector = ir.VectorType(f32, _LANES)
-        p, v, acc = (builder.inttoptr(a, f32.as_pointer()) for a in (args[0], args[2], args[5]))
-        p_stride, v_stride, depth = args[1], args[3], args[4]
-        zero = ir.Constant(vector, [0.0] * _LANES)
-        entry = builder.block
-        loop, done = builder.append_basic_block("tile.loop"), builder.append_basic_block("tile.done")
-        builder.cbranch(builder.icmp_signed(">", depth, ir.Constant(i64, 0)), loop, done)
+    @intrinsic
+    def kernel(typingctx, p_address, p_stride, v_address, v_stride, depth, acc_address):
+        def codegen(context, builder, signature, args):
+            f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+            vector = ir.VectorType(f32, _LANES)
+            p, v, acc = (builder.inttoptr(a, f32.as_pointer()) for a in (args[0], args[2], args[5]))
+            p_stride, v_stride, depth = args[1], args[3], args[4]
+            zero = ir.Constant(vector, [0.0] * _LANES)
+            entry = builder.block
+            loop, done = builder.append_basic_block("tile.loop"), builder.append_basic_block("tile.done")
+            builder.cbranch(builder.icmp_signed(">", depth, ir.Constant(i64, 0)), loop, done)
 
-        builder.position_at_end(loop)
-        step = builder.phi(i64)
-        sums = [builder.phi(vector) for _ in range(MR * vectors)]
-        step.add_incoming(ir.Constant(i64, 0), entry)
-        for s in sums:
-            s.add_incoming(zero, entry)
-        v_row = builder.gep(v, [builder.mul(step, v_stride)])
-        lanes = [builder.load(builder.bitcast(builder.gep(v_row, [ir.Constant(i64, h * _LANES)]), vector.as_pointer()),
-                              align=4) for h in range(vectors)]
-        p_row = builder.gep(p, [builder.mul(step, p_stride)])
-        broadcast = ir.Constant(ir.VectorType(i32, _LANES), [0] * _LANES)
-        updated = []
-        for r in range(MR):
-            scalar = builder.load(builder.gep(p_row, [ir.Constant(i64, r)]), align=4)
-            one = builder.insert_element(ir.Constant(vector, ir.Undefined), scalar, ir.Constant(i32, 0))
-            splat = builder.shuffle_vector(one, ir.Constant(vector, ir.Undefined), broadcast)
-            for h, lane in enumerate(lanes):
-                # contract only: LLVM fuses the pair into an FMA where the host has one
-                product = builder.fmul(splat, lane, flags=("contract",))
-                updated.append(builder.fadd(sums[r * vectors + h], product, flags=("contract",)))
-        following = builder.add(step, ir.Constant(i64, 1))
-        tail = builder.block
-        step.add_incoming(following, tail)
-        for s, u in zip(sums, updated):
-            s.add_incoming(u, tail)
-        builder.cbranch(builder.icmp_signed("<", following, depth), loop, done)
+            builder.position_at_end(loop)
+            step = builder.phi(i64)
+            sums = [builder.phi(vector) for _ in range(rows * vectors)]
+            step.add_incoming(ir.Constant(i64, 0), entry)
+            for s in sums:
+                s.add_incoming(zero, entry)
+            v_row = builder.gep(v, [builder.mul(step, v_stride)])
+            lanes = [builder.load(builder.bitcast(builder.gep(v_row, [ir.Constant(i64, h * _LANES)]),
+                                                  vector.as_pointer()), align=4) for h in range(vectors)]
+            p_row = builder.gep(p, [builder.mul(step, p_stride)])
+            broadcast = ir.Constant(ir.VectorType(i32, _LANES), [0] * _LANES)
+            updated = []
+            for r in range(rows):
+                scalar = builder.load(builder.gep(p_row, [ir.Constant(i64, r)]), align=4)
+                one = builder.insert_element(ir.Constant(vector, ir.Undefined), scalar, ir.Constant(i32, 0))
+                splat = builder.shuffle_vector(one, ir.Constant(vector, ir.Undefined), broadcast)
+                for h, lane in enumerate(lanes):
+                    # contract only: LLVM fuses the pair into an FMA where the host has one
+                    product = builder.fmul(splat, lane, flags=("contract",))
+                    updated.append(builder.fadd(sums[r * vectors + h], product, flags=("contract",)))
+            following = builder.add(step, ir.Constant(i64, 1))
+            tail = builder.block
+            step.add_incoming(following, tail)
+            for s, u in zip(sums, updated):
+                s.add_incoming(u, tail)
+            builder.cbranch(builder.icmp_signed("<", following, depth), loop, done)
 
-        builder.position_at_end(done)
-        totals = [builder.phi(vector) for _ in updated]  # every phi first, at the block's top
-        for j, (total, u) in enumerate(zip(totals, updated)):
-            total.add_incoming(zero, entry)
-            total.add_incoming(u, tail)
-            address = builder.gep(acc, [ir.Constant(i64, j * _LANES)])
-            builder.store(total, builder.bitcast(address, vector.as_pointer()), align=4)
-        return context.get_dummy_value()
-    return types.void(*[types.intp] * 6), codegen
+            builder.position_at_end(done)
+            totals = [builder.phi(vector) for _ in updated]  # every phi first, at the block's top
+            for j, (total, u) in enumerate(zip(totals, updated)):
+                total.add_incoming(zero, entry)
+                total.add_incoming(u, tail)
+                address = builder.gep(acc, [ir.Constant(i64, j * _LANES)])
+                builder.store(total, builder.bitcast(address, vector.as_pointer()), align=4)
+            return context.get_dummy_value()
+        return types.void(*[types.intp] * 6), codegen
+    return kernel
+
+
+#: acc[MR, NR] (row-major at ``acc_address``) = p^T v over ``depth`` steps: p's MR values at
+#: ``p_address`` + step * ``p_stride`` floats, v's NR at ``v_address`` + step * ``v_stride``
+#: (all addresses and strides as integers: ``tile_product(p, p_stride, v, v_stride, depth, acc)``).
+tile_product = _tile_kernel(MR, NR)
+#: The same for an 8 x 8 tile: 8 accumulators of one vector each, 8 independent multiply-add
+#: chains per step. Winograd's transforms (``cpu_parallel.winograd_packed``) are such products
+#: of at most 8 x 8 matrices, one tile at a time.
+square_product = _tile_kernel(_LANES, _LANES)
 
 
 def pack_panels(matrix: np.ndarray, width: int) -> np.ndarray:
