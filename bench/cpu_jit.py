@@ -13,7 +13,7 @@ speed.
 Alternation has a cost of its own on 2 cores: ONNX Runtime's threads spin ~50 ms after its run,
 and the regions' threads a few ms after theirs, so each series runs beside the other's spinning
 thread. ``--only`` times one series with no other engine in the process (run it once per series,
-in turn), to show that cost.
+in turn), to show that cost; ``--pause 0.1`` sleeps before each series' turn instead.
 """
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", choices=("numpy", "threads", "jit", "ort"),
                         help="time this series alone (no other engine in the process)")
+    parser.add_argument("--pause", type=float, default=0.0,
+                        help="seconds of sleep before each series' turn, so that the engine before it has stopped spinning")
     add_protocol_arguments(parser)
     args = parser.parse_args()
     print(f"batch 1, {args.threads} threads, {args.warmup} warm-up + mean of {args.runs} runs, "
@@ -58,7 +60,7 @@ def main() -> None:
         runners = {k: (lambda s=s: s.run(feed)) for k, s in sessions.items()}
         if "ort" in series:
             runners["ort"] = lambda: ort(feed)
-        samples = alternate(runners, args.repeats, args.runs, args.warmup)
+        samples = alternate(runners, args.repeats, args.runs, args.warmup, pause=args.pause)
         cells = [f"{Spread.of([statistics.fmean(r) for r in samples[k]]):.2f}" for k in series]
         if not args.only:
             cells += [f"{ratios(samples['jit'], samples[k]):.3f}" for k in ("numpy", "threads")]

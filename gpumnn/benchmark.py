@@ -80,14 +80,19 @@ def time_runs(fn: Callable[[], object], runs: int = 10, warmup: int = 1, clock: 
 
 
 def alternate(fns: Mapping[str, Callable[[], object]], repeats: int, runs: int = 10, warmup: int = 1,
-              clock: Clock = time.perf_counter, on_repeat: Callable[[int], None] | None = None) -> dict[str, list[list[float]]]:
+              clock: Clock = time.perf_counter, on_repeat: Callable[[int], None] | None = None,
+              pause: float = 0.0) -> dict[str, list[list[float]]]:
     """Raw samples ``{name: [one list of run times per repeat]}``: each of ``repeats`` repeats times
-    every function in ``fns`` (in order) by :func:`time_runs`, so noise falls on all of them alike."""
+    every function in ``fns`` (in order) by :func:`time_runs`, so noise falls on all of them alike.
+    ``pause`` seconds before each turn let the previous engine's threads stop spinning (ONNX
+    Runtime's spin ~50 ms after a run; on 2 cores they took the core the next series needed)."""
     samples: dict[str, list[list[float]]] = {name: [] for name in fns}
     for repeat in range(repeats):
         if on_repeat is not None:
             on_repeat(repeat)
         for name, fn in fns.items():
+            if pause:
+                time.sleep(pause)
             samples[name].append(time_runs(fn, runs, warmup, clock))
     return samples
 
