@@ -821,24 +821,25 @@ def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int) -> OpPlan
     panels = -(-tiles // mr)
     transformed = transformed_weights(mats, weight)  # [a*a, oc, c], float64
     u = np.ascontiguousarray(np.stack([cpu_tiles.pack_panels(m, nr) for m in transformed]))  # [a*a, oc/NR, c, NR]
-    b8 = np.zeros((a, 8), np.float32)
-    b8[:, :a] = mats.B
+    square = cpu_tiles.SQUARE
+    b_square = np.zeros((a, square), np.float32)
+    b_square[:, :a] = mats.B
     a6 = np.zeros((a, mr), np.float32)
     a6[:, :n] = mats.A
     rows, cols = th * n + k - 1, tw * n + k - 1  # every tile's inputs inside the zero-bordered plane
-    xp = np.zeros(c * rows * cols + 8, np.float32)  # + 8: the input transform reads 8 floats a row
-    t = np.arange(tiles)
-    bases = np.zeros(panels * mr, np.int64)
-    bases[:tiles] = (t // tw) * n * cols + (t % tw) * n
+    xp = np.zeros(c * rows * cols + square, np.float32)  # + square: the input transform reads rows that wide
+    # each tile's origin in the plane, in panels of MR: the windows of a 1x1 kernel at stride n
+    bases, _ = cpu_parallel.packed_conv_tables((1, 1), (n, n), (1, 1), (th, tw), cols)
     v = np.empty(a * a * panels * c * mr, np.float32)
     scratch = np.empty((regions, cpu_parallel.winograd_scratch_floats(a, n)), np.float32)
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
     geometry = (n, tiles, tw, panels, u.nbytes > v.nbytes)
     inner = (*op.pads[:2], rows, cols)
     out4 = out.reshape(op.batch, oc, oh, ow)
-    images = [(x[b], xp, inner, bases, b8, a6, u, v, scratch, out4[b], b1, geometry, lo, hi) for b in range(op.batch)]
+    images = [(x[b], xp, inner, bases, b_square, a6, u, v, scratch, out4[b], b1, geometry, lo, hi)
+              for b in range(op.batch)]
     return OpPlan((_region_items(cpu_parallel.winograd_packed, images, act, out),), "winograd",
-                  keep=(u, b8, a6, xp, bases, v, scratch, b1))
+                  keep=(u, b_square, a6, xp, bases, v, scratch, b1))
 
 
 def _even_spans(total: int, parts: int) -> list[tuple[int, int]]:

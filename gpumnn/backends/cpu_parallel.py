@@ -41,7 +41,7 @@ from typing import Callable
 import numpy as np
 
 from . import cpu_jit, cpu_tiles
-from .cpu_tiles import MR, NR
+from .cpu_tiles import MR, NR, SQUARE
 
 numba = cpu_jit.numba
 if numba is not None:
@@ -474,25 +474,27 @@ def packed_conv_tables(kernel: tuple[int, int], strides: tuple[int, int], dilati
 # input transforms of 64 channels 56x56 F(6, 3) on two threads, against 0.25 now).
 
 @cpu_jit.inlined
-def winograd_input_panel(xp, v, bases, b8, scratch, c, p, panels, channels, plane, cols):
+def winograd_input_panel(xp, v, bases, b_square, scratch, c, p, panels, channels, plane, cols):
     """Channel c of tile panel p transformed (B^T d B) into v [alpha^2, panels, C, MR]: each tile's
     alpha x alpha inputs read from the zero-bordered plane ``xp`` at ``bases[p * MR + r]`` (rows
-    ``cols`` apart; reads run 8 floats wide), b8: B [alpha, 8] zero-padded; ``scratch``: 64 * (MR + 1)."""
-    a = b8.shape[0]
-    xa, sa, ba = xp.ctypes.data, scratch.ctypes.data, b8.ctypes.data
+    ``cols`` apart; reads run SQUARE floats wide); b_square: B [alpha, SQUARE] zero-padded;
+    ``scratch``: SQUARE^2 * (MR + 1) floats, t, then the panel's MR results e_r."""
+    a = b_square.shape[0]
+    block = SQUARE * SQUARE
+    xa, sa, ba = xp.ctypes.data, scratch.ctypes.data, b_square.ctypes.data
     for r in range(MR):
         origin = xa + 4 * (c * plane + bases[p * MR + r])
         # t[x][u] = sum over y of d[y][x] B[y][u]; then e_r[w][u] = sum over x of B[x][w] t[x][u]
-        cpu_tiles.square_product(origin, cols, ba, 8, a, sa)
-        cpu_tiles.square_product(ba, 8, sa, 8, a, sa + 256 * (r + 1))
-    e = scratch[64:64 * (MR + 1)]
+        cpu_tiles.square_product(origin, cols, ba, SQUARE, a, sa)
+        cpu_tiles.square_product(ba, SQUARE, sa, SQUARE, a, sa + 4 * block * (r + 1))
+    e = scratch[block:block * (MR + 1)]
     dst = v[(p * channels + c) * MR:]
     position = panels * channels * MR
     for u in range(a):
         for w in range(a):
-            at, src = (u * a + w) * position, e[w * 8 + u:]
+            at, src = (u * a + w) * position, e[w * SQUARE + u:]
             for r in range(MR):  # the panel's MR tiles side by side, as the product reads them
-                dst[at + r] = src[r * 64]
+                dst[at + r] = src[r * block]
 
 
 @cpu_jit.inlined
@@ -521,7 +523,7 @@ def winograd_output_panel(m, s, y, a6, n, out, bias, p, q, tiles, tiles_w, lo, h
 
 
 @_region
-def winograd_packed(x, xp, inner, bases, b8, a6, u, v, scratch, out, bias, geometry, lo, hi):
+def winograd_packed(x, xp, inner, bases, b_square, a6, u, v, scratch, out, bias, geometry, lo, hi):
     """Winograd F(n x n, k x k) of one image, x [C, H, W] into out [O, OH, OW], in three parallel
     steps: x copied into the inside ``inner`` = (top, left, rows, columns) of ``xp``, its
     zero-bordered copy; every (tile panel, channel) transformed into v (``winograd_input_panel``);
@@ -538,9 +540,9 @@ def winograd_packed(x, xp, inner, bases, b8, a6, u, v, scratch, out, bias, geome
     for ci in numba.prange(channels):
         grid[ci, top:top + height, left:left + width] = x[ci]
     for i in numba.prange(panels * channels):
-        winograd_input_panel(xp, v, bases, b8, scratch[numba.get_thread_id()], i % channels, i // channels, panels,
+        winograd_input_panel(xp, v, bases, b_square, scratch[numba.get_thread_id()], i % channels, i // channels, panels,
                              channels, plane, cols)
-    a = b8.shape[0]
+    a = b_square.shape[0]
     count = u.shape[1]
     size = MR * NR
     for i in numba.prange(panels * count):
@@ -556,7 +558,7 @@ def winograd_packed(x, xp, inner, bases, b8, a6, u, v, scratch, out, bias, geome
 
 def winograd_scratch_floats(alpha: int, n: int) -> int:
     """Floats of ``winograd_packed``'s scratch row per thread."""
-    return max(64 * (MR + 1), (alpha * alpha + alpha * MR + n * MR) * MR * NR)
+    return max(SQUARE * SQUARE * (MR + 1), (alpha * alpha + alpha * MR + n * MR) * MR * NR)
 
 
 # -- channel spans of the compiled depthwise and pooling loops ---------------------------------

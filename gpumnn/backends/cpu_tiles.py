@@ -99,10 +99,12 @@ def _tile_kernel(rows: int, columns: int):
 #: ``p_address`` + step * ``p_stride`` floats, v's NR at ``v_address`` + step * ``v_stride``
 #: (all addresses and strides as integers: ``tile_product(p, p_stride, v, v_stride, depth, acc)``).
 tile_product = _tile_kernel(MR, NR)
-#: The same for an 8 x 8 tile: 8 accumulators of one vector each, 8 independent multiply-add
-#: chains per step. Winograd's transforms (``cpu_parallel.winograd_packed``) are such products
-#: of at most 8 x 8 matrices, one tile at a time.
-square_product = _tile_kernel(_LANES, _LANES)
+#: The side of ``square_product``'s tile: one vector register of floats
+SQUARE = _LANES
+#: The same for a SQUARE x SQUARE tile: SQUARE accumulators of one vector each, as many independent
+#: multiply-add chains per step. Winograd's transforms (``cpu_parallel.winograd_packed``) are such
+#: products of at most 8 x 8 matrices (``schemes.MAX_ALPHA``), one tile at a time.
+square_product = _tile_kernel(SQUARE, SQUARE)
 
 
 def pack_panels(matrix: np.ndarray, width: int) -> np.ndarray:
