@@ -137,6 +137,10 @@ POOLS = [
     (32, 56, "MaxPool", 3, 2, [1, 1, 1, 1], 0, 0),       # ResNet
     (48, 17, "AveragePool", 3, 1, [1, 1, 1, 1], 0, 0),   # Inception, padding not counted
     (48, 17, "AveragePool", 3, 1, [1, 1, 1, 1], 0, 1),   # ... and counted
+    (24, 8, "MaxPool", 3, 1, [1, 1, 1, 1], 0, 0),        # stride 1, the input's size: flat planes
+    (16, 2, "AveragePool", 3, 1, [1, 1, 1, 1], 0, 0),    # ... the smallest plane they take
+    (8, 9, "AveragePool", 3, 1, [0, 1, 1, 0], 0, 1),     # stride 1, uneven padding: row by row
+    (8, 9, "MaxPool", 3, 1, [0, 0, 0, 0], 0, 0),         # stride 1, no padding
     (8, 10, "AveragePool", 3, 2, [0, 1, 2, 0], 1, 0),    # uneven padding, ceil mode
     (8, 10, "MaxPool", 3, 2, [0, 0, 0, 0], 0, 0),        # stride 2, even width: the last column read by no window
     (6, 13, "AveragePool", 3, 2, [1, 1, 1, 1], 0, 1),    # stride 2, padding counted

@@ -118,10 +118,11 @@ def test_convolutions_in_regions(case, batch):
     _both_ways_match_onnxruntime(model, (batch, channels, size, size), rng)
 
 
+@pytest.mark.parametrize("stride", [1, 2])
 @pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
-def test_pooling_of_a_batch_in_regions(op):
+def test_pooling_of_a_batch_in_regions(op, stride):
     rng = np.random.default_rng()
-    model = _pool_model(40, 23, op, 3, 2, [1, 1, 1, 1], 0, 0)
+    model = _pool_model(40, 23, op, 3, stride, [1, 1, 1, 1], 0, 0)
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 3
     _both_ways_match_onnxruntime(model, (3, 40, 23, 23), rng)
 

@@ -631,7 +631,7 @@ def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, macs: int) 
     rows = min(fit, oh) if channel_parts > 1 else min(fit, -(-oh // parts))
     blocks = np.array([(r0, r1, o0, o1) for r0, r1 in _spans(oh, -(-oh // rows))
                        for o0, o1 in _spans(oc, channel_parts, align=8)], np.int64)
-    cols = np.empty((regions, k * rows * ow), np.float32)  # a slice per thread
+    cols = _thread_scratch(regions, k * rows * ow)
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
     epilogue = _applies_epilogue(bias is not None, lo, hi)
     geometry = (kh, kw, *op.strides, *op.dilations, *op.pads[:2])
@@ -664,14 +664,14 @@ def _packed_conv_region(op: A.Conv2D, x, weight, out, bias, regions: int, macs: 
     shared = pixels < oc and parts > 1
     if shared:
         pixel_spans, panel_spans = _spans(count, -(-count // fit)), _spans(len(panels), parts)
-        packs = np.empty((1, count * mr * k), np.float32)
+        packs = _thread_scratch(1, count * mr * k)
     else:
         pixel_spans, panel_spans = _spans(count, max(parts, -(-count // fit))), [(0, len(panels))]
-        packs = np.empty((regions, max(q1 - q0 for q0, q1 in pixel_spans) * mr * k), np.float32)
+        packs = _thread_scratch(regions, max(q1 - q0 for q0, q1 in pixel_spans) * mr * k)
     blocks = np.array([(q0, q1, v0, v1) for q0, q1 in pixel_spans for v0, v1 in panel_spans], np.int64)
     pack_bounds = _bounds(_even_spans(count, regions))
     xp = np.zeros(op.in_channels * padded[0] * padded[1] if top + left + bottom + right else 0, np.float32)
-    accs = np.empty((regions, mr * cpu_tiles.NR), np.float32)
+    accs = _thread_scratch(regions, mr * cpu_tiles.NR)
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
     epilogue = _applies_epilogue(bias is not None, lo, hi)
     inner = (top, left, *padded)
@@ -831,7 +831,7 @@ def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int) -> OpPlan
     # each tile's origin in the plane, in panels of MR: the windows of a 1x1 kernel at stride n
     bases, _ = cpu_parallel.packed_conv_tables((1, 1), (n, n), (1, 1), (th, tw), cols)
     v = np.empty(a * a * panels * c * mr, np.float32)
-    scratch = np.empty((regions, cpu_parallel.winograd_scratch_floats(a, n)), np.float32)
+    scratch = _thread_scratch(regions, cpu_parallel.winograd_scratch_floats(a, n))
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
     geometry = (n, tiles, tw, panels, u.nbytes > v.nbytes)
     inner = (*op.pads[:2], rows, cols)
@@ -934,6 +934,21 @@ def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts
     return OpPlan((_on_pool(pool, len(spans), span),), "depthwise", keep=(b1, scratch))
 
 
+#: floats in a cache line: a thread's scratch starts on one and fills whole ones
+CACHE_LINE_FLOATS = 16
+
+
+def _thread_scratch(threads: int, floats: int, fill: float = 0.0) -> np.ndarray:
+    """[threads, ``floats`` rounded up to whole cache lines] float32, each thread's row starting
+    on a cache line, so that no two threads write one line: rows side by side shared their edge
+    lines, and the lines went back and forth between the cores (Inception's 768-channel 17x17
+    average pool, a 19-float row per thread: 0.46 ms at threads=2, 0.27 with rows 64 floats long)."""
+    width = -(-floats // CACHE_LINE_FLOATS) * CACHE_LINE_FLOATS
+    raw = np.full(threads * width + CACHE_LINE_FLOATS, fill, np.float32)
+    start = (-raw.ctypes.data % (4 * CACHE_LINE_FLOATS)) // 4
+    return raw[start:start + threads * width].reshape(threads, width)
+
+
 def _bounds(spans: list[tuple[int, int]]) -> np.ndarray:
     """Consecutive [start, stop) spans (``_spans``, ``_even_spans``) as the bounds array a region's
     ``prange`` walks: [start0, start1, ..., last stop]."""
@@ -1029,39 +1044,33 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, jit: bool = False, regi
 
 
 def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, regions: int = 0) -> OpPlan:
-    """3x3 pooling as ``cpu_jit.pool3x3`` on channel spans: one pass reading the input in place
-    (no padded copy, no row-window scratch), the nine taps combined in registers, each thread on
-    its own scratch of rows split by phase. Measured on one thread, ms: SqueezeNet-1.1's 3x3
-    stride-2 max pools 0.68 (64 channels 111x111) and 0.45 (128x55x55), where
-    ``_separable_windows`` took 0.76 and 0.43 on two; Inception-v3's stride-1 average pools 0.78
-    (192x35x35) and 1.4 (768x17x17), against 0.64 and 0.71 on two."""
+    """3x3 pooling as compiled loops on channel spans, reading the input in place (no padded
+    copy): ``cpu_jit.pool3x3_same`` on flat planes where the output is the input's size at
+    stride 1 (Inception's average pools), else ``cpu_jit.pool3x3`` row by row, each thread on
+    its own scratch. Measured at threads=2, ms: Inception-v3's stride-1 average pools 0.13 (768
+    channels 17x17) and 0.2 (288x35x35) against ONNX Runtime's 0.1 and 0.2; SqueezeNet-1.1's 3x3
+    stride-2 max pools 0.19 (64 channels 111x111)."""
     n, c = op.batch, op.channels
-    (h, _), (oh, ow), (sh, sw), (top, left) = op.in_hw, op.out_hw, op.strides, op.pads[:2]
-    if op.op == "max":
-        border, combine, scale = -np.inf, cpu_jit.max_row, np.ones(op.out_hw, np.float32)
-    else:
-        border, combine, scale = 0.0, cpu_jit.mean_row, inv_count
-    # stride 2: row by row (cpu_jit.pool3x3_s2, a padded row of scratch); else rows split by phase
-    stride2 = (sh, sw) == (2, 2)
-    shape = (2 * ow + 1,) if stride2 else cpu_jit.phases_shape(h, top, oh, ow, sh, sw)
-    scratch = np.full((regions or pool.threads, *shape), border, np.float32)  # a slice per thread
+    (h, w), (oh, ow), (sh, sw), (top, left) = op.in_hw, op.out_hw, op.strides, op.pads[:2]
+    is_max = op.op == "max"
+    border, scale = (-np.inf, np.ones(op.out_hw, np.float32)) if is_max else (0.0, inv_count)
+    threads = regions or pool.threads
     windows = n * c * 9 * oh * ow
+    if op.strides == (1, 1) and op.pads == (1, 1, 1, 1) and min(h, w) >= 2:
+        x, out = x.reshape(n, c, h * w), out.reshape(n, c, h * w)
+        kernel, region, scratch = cpu_jit.pool3x3_same, cpu_parallel.pool_same_spans, _thread_scratch(threads, h * w)
+        tail: tuple = (is_max,)
+    else:
+        kernel, region = cpu_jit.pool3x3, cpu_parallel.pool_spans
+        scratch = _thread_scratch(threads, (ow - 1) * sw + 3, border)  # a padded row per thread
+        tail = (is_max, sh, sw, top, left)
     if regions:
         parts = regions if windows >= REGION_MIN_WINDOWS else 1
         bounds = _bounds(_spans(c, parts))
-        if stride2:
-            kernel = cpu_parallel.pool_s2_spans
-            images = [(op.op == "max", x[b], out[b], scale, bounds, scratch, top, left) for b in range(n)]
-        else:
-            kernel = cpu_parallel.pool_spans
-            images = [(op.op == "max", x[b], out[b], scale, bounds, scratch, sh, sw, top, left) for b in range(n)]
-        return OpPlan((_region_items(kernel, images, None, out),), keep=(scale, scratch))
+        images = [(tail[0], x[b], out[b], scale, bounds, scratch, *tail[1:]) for b in range(n)]
+        return OpPlan((_region_items(region, images, None, out),), keep=(scale, scratch))
     parts = _parts(pool, windows, DEPTHWISE_PARALLEL_MIN)
     spans = [(x[b, c0:c1], out[b, c0:c1], scale) for b in range(n) for c0, c1 in _spans(c, parts)]
-    if stride2:
-        kernel, tail = cpu_jit.pool3x3_s2, (op.op == "max", top, left)
-    else:
-        kernel, tail = cpu_jit.pool3x3, (combine, sh, sw, top, left)
     compiled = cpu_jit.bind(kernel, *spans[0], scratch[0], *tail)
     return OpPlan((_on_pool(pool, len(spans), lambda index, slot: compiled(*spans[index], scratch[slot], *tail)),),
                   keep=(scale, scratch))

@@ -292,57 +292,68 @@ def bias_clamp(out, bias, r0, r1, c0, c1, lo, hi):
 
 
 @_kernel
-def max_row(o, a0, b0, c0, a1, b1, c1, a2, b2, c2, factor):
-    for ox in range(o.shape[0]):
-        m0 = max(max(a0[ox], b0[ox]), c0[ox])
-        m1 = max(max(a1[ox], b1[ox]), c1[ox])
-        m2 = max(max(a2[ox], b2[ox]), c2[ox])
-        o[ox] = max(max(m0, m1), m2)
+def pool3x3_same(x, out, scale, v, is_max):
+    """3x3 windows at stride 1 with one of padding on every side (out the input's size), on
+    channels as flat planes x, out [C, H W] (H, W >= 2): per channel, the column sums (or maxima)
+    of three rows into ``v`` [>= H W] as one loop over the plane, their sums (or maxima) along
+    the row as another, times ``scale`` (flat) for a mean, then each row's first and last column
+    again without the neighbour the flat loop took from the next or previous row. Four loops over
+    a plane instead of two per row, which at 17x17 or 8x8 spent their time starting (measured on
+    one thread, 384 channels 17x17: 0.10 against 0.24 ms row by row)."""
+    channels, size = x.shape
+    w = size // scale.shape[0]
+    n = size - 2 * w  # the rows with a row above and below
+    sf = scale.reshape(size)
+    for c in range(channels):
+        xf, of = x[c], out[c]
+        above, middle, below, inner = xf[0:], xf[w:], xf[2 * w:], v[w:]
+        second_last, last, v_last = xf[size - 2 * w:], xf[size - w:], v[size - w:]
+        if is_max:
+            for i in range(n):
+                inner[i] = max(max(above[i], middle[i]), below[i])
+            for j in range(w):
+                v[j] = max(xf[j], middle[j])
+                v_last[j] = max(second_last[j], last[j])
+        else:
+            for i in range(n):
+                inner[i] = above[i] + middle[i] + below[i]
+            for j in range(w):
+                v[j] = xf[j] + middle[j]
+                v_last[j] = second_last[j] + last[j]
+        left, centre, right, o_inner, s_inner = v[0:], v[1:], v[2:], of[1:], sf[1:]
+        if is_max:
+            for i in range(size - 2):
+                o_inner[i] = max(max(left[i], centre[i]), right[i])
+            for r in range(0, size, w):
+                of[r] = max(v[r], v[r + 1])
+                of[r + w - 1] = max(v[r + w - 2], v[r + w - 1])
+        else:
+            for i in range(size - 2):
+                o_inner[i] = (left[i] + centre[i] + right[i]) * s_inner[i]
+            for r in range(0, size, w):
+                of[r] = (v[r] + v[r + 1]) * sf[r]
+                of[r + w - 1] = (v[r + w - 2] + v[r + w - 1]) * sf[r + w - 1]
 
 
 @_kernel
-def mean_row(o, a0, b0, c0, a1, b1, c1, a2, b2, c2, factor):
-    for ox in range(o.shape[0]):
-        o[ox] = (a0[ox] + b0[ox] + c0[ox] + a1[ox] + b1[ox] + c1[ox] + a2[ox] + b2[ox] + c2[ox]) * factor[ox]
-
-
-@_kernel
-def pool3x3(x, out, scale, phases, combine_row, sh, sw, pt, pl):
-    """3x3 windows: out[c, oy, ox] = ``combine_row`` of the window's nine taps (``max_row``, or
-    ``mean_row``: the sum times scale[oy, ox], 1 / the count that divides), in registers.
-    ``phases`` (``phases_shape``) is the caller's scratch, filled once with the border value
-    (-inf for a max, 0 for a sum): the loops write only where input lands. The row combiner is
-    a function of its own, not a test in the loop: a loop-invariant test kept the loop scalar."""
-    ow = out.shape[2]
-    for c in range(x.shape[0]):
-        for iy in range(x.shape[1]):
-            _split_phases(x[c, iy], phases[pt + iy], sw, pl)
-        for oy in range(out.shape[1]):
-            y = oy * sh
-            p0, p1, p2 = phases[y], phases[y + 1], phases[y + 2]
-            combine_row(out[c, oy], p0[0, :ow], p0[1 % sw, 1 // sw:], p0[2 % sw, 2 // sw:],
-                        p1[0, :ow], p1[1 % sw, 1 // sw:], p1[2 % sw, 2 // sw:],
-                        p2[0, :ow], p2[1 % sw, 1 // sw:], p2[2 % sw, 2 // sw:], scale[oy])
-
-
-@_kernel
-def pool3x3_s2(x, out, scale, row, is_max, pt, pl):
-    """3x3 windows at stride 2, row by row: the three input rows combined column-wise into the
-    padded ``row`` (one loop over the three where all are inside the input; a pass per row at the
-    top and bottom edges), then out[ox] = combine(row[2 ox], row[2 ox + 1], row[2 ox + 2]) (a
-    constant stride of 2, which vectorises), times scale[oy] for a mean. ``row`` [2 OW + 1] is the
-    caller's scratch, filled once with the border value (-inf for a max, 0 for a sum): the loops
-    write it only where input lands. Measured on one thread, SqueezeNet-1.1's first max pool (64
-    channels 111x111): 0.24 ms, against 0.62 ms for ``pool3x3``, which splits every row of a
-    channel by phase first, and 0.57 ms with a pass per row everywhere (a loop updating the row in
-    place kept LLVM to its scalar path)."""
+def pool3x3(x, out, scale, row, is_max, sh, sw, pt, pl):
+    """3x3 windows row by row, at any stride: the three input rows of output row oy combined
+    column-wise into the padded ``row`` (one loop over the three where all are inside the input;
+    a pass per row at the top and bottom edges), then out[ox] = combine(row[sw ox], row[sw ox + 1],
+    row[sw ox + 2]) (a loop per literal stride 1 and 2, which vectorises; a run-time stride runs
+    scalar), times scale[oy] for a mean. ``row`` [(OW - 1) sw + 3] is the caller's scratch, filled
+    once with the border value (-inf for a max, 0 for a sum): the loops write it only where input
+    lands. Measured on one thread, SqueezeNet-1.1's first max pool (64 channels 111x111): 0.24 ms,
+    against 0.62 ms for nine taps read from rows split by stride phase; and at threads=2,
+    Inception-v3's stride-1 average pools (768 channels 17x17, 288 at 35x35) ~0.1 and ~0.2 ms, where
+    nine taps per output through a row function passed in took 0.71 and 1.6 ms."""
     h, w = x.shape[1], x.shape[2]
     ow = out.shape[2]
     span = min(w, row.shape[0] - pl)  # input columns some window reads
     dst = row[pl:pl + span]
     for c in range(x.shape[0]):
         for oy in range(out.shape[1]):
-            y0 = 2 * oy - pt
+            y0 = sh * oy - pt
             if y0 >= 0 and y0 + 2 < h:
                 a, b, d = x[c, y0, :span], x[c, y0 + 1, :span], x[c, y0 + 2, :span]
                 if is_max:
@@ -368,11 +379,22 @@ def pool3x3_s2(x, out, scale, row, is_max, pt, pl):
                     else:
                         for j in range(span):
                             dst[j] += src[j]
-            o = out[c, oy]
-            if is_max:
+            o, factor = out[c, oy], scale[oy]
+            if is_max and sw == 1:
+                for ox in range(ow):
+                    o[ox] = max(max(row[ox], row[ox + 1]), row[ox + 2])
+            elif sw == 1:
+                for ox in range(ow):
+                    o[ox] = (row[ox] + row[ox + 1] + row[ox + 2]) * factor[ox]
+            elif is_max and sw == 2:
                 for ox in range(ow):
                     o[ox] = max(max(row[2 * ox], row[2 * ox + 1]), row[2 * ox + 2])
-            else:
-                factor = scale[oy]
+            elif sw == 2:
                 for ox in range(ow):
                     o[ox] = (row[2 * ox] + row[2 * ox + 1] + row[2 * ox + 2]) * factor[ox]
+            elif is_max:
+                for ox in range(ow):
+                    o[ox] = max(max(row[sw * ox], row[sw * ox + 1]), row[sw * ox + 2])
+            else:
+                for ox in range(ow):
+                    o[ox] = (row[sw * ox] + row[sw * ox + 1] + row[sw * ox + 2]) * factor[ox]

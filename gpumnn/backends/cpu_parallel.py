@@ -605,26 +605,23 @@ def depthwise_region(kernel: Callable, args: tuple) -> tuple[Callable, tuple]:
 
 
 @_region
-def pool_spans(is_max, x, out, scale, bounds, phases, sh, sw, pt, pl):
+def pool_spans(is_max, x, out, scale, bounds, rows, sh, sw, pt, pl):
     """``cpu_jit.pool3x3`` (a max where ``is_max``, else a mean) on the channel spans of one
-    image, each on its thread's scratch."""
+    image, each on its thread's scratch row."""
     for i in numba.prange(bounds.shape[0] - 1):
         t = numba.get_thread_id()
         c0, c1 = bounds[i], bounds[i + 1]
-        if is_max:
-            cpu_jit.pool3x3(x[c0:c1], out[c0:c1], scale, phases[t], cpu_jit.max_row, sh, sw, pt, pl)
-        else:
-            cpu_jit.pool3x3(x[c0:c1], out[c0:c1], scale, phases[t], cpu_jit.mean_row, sh, sw, pt, pl)
+        cpu_jit.pool3x3(x[c0:c1], out[c0:c1], scale, rows[t], is_max, sh, sw, pt, pl)
 
 
 @_region
-def pool_s2_spans(is_max, x, out, scale, bounds, rows, pt, pl):
-    """``cpu_jit.pool3x3_s2`` (3x3 windows at stride 2) on the channel spans of one image, each on
-    its thread's scratch row."""
+def pool_same_spans(is_max, x, out, scale, bounds, planes):
+    """``cpu_jit.pool3x3_same`` (stride 1, the input's size) on the channel spans of one image,
+    as flat planes [C, H W], each on its thread's scratch plane."""
     for i in numba.prange(bounds.shape[0] - 1):
         t = numba.get_thread_id()
         c0, c1 = bounds[i], bounds[i + 1]
-        cpu_jit.pool3x3_s2(x[c0:c1], out[c0:c1], scale, rows[t], is_max, pt, pl)
+        cpu_jit.pool3x3_same(x[c0:c1], out[c0:c1], scale, planes[t], is_max)
 
 
 def available_layer() -> str | None:
