@@ -1047,9 +1047,10 @@ def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, regions: int 
     """3x3 pooling as compiled loops on channel spans, reading the input in place (no padded
     copy): ``cpu_jit.pool3x3_same`` on flat planes where the output is the input's size at
     stride 1 (Inception's average pools), else ``cpu_jit.pool3x3`` row by row, each thread on
-    its own scratch. Measured at threads=2, ms: Inception-v3's stride-1 average pools 0.13 (768
-    channels 17x17) and 0.2 (288x35x35) against ONNX Runtime's 0.1 and 0.2; SqueezeNet-1.1's 3x3
-    stride-2 max pools 0.19 (64 channels 111x111)."""
+    its own scratch. Measured at threads=2, the op alone, ms: Inception-v3's stride-1 average
+    pools 0.12 (768 channels 17x17) and 0.13 (288x35x35), where nine taps per output from rows
+    split by phase took 0.51 and 0.41 (ONNX Runtime, a whole run of a one-node model: 0.11-0.18
+    and 0.17-0.20)."""
     n, c = op.batch, op.channels
     (h, w), (oh, ow), (sh, sw), (top, left) = op.in_hw, op.out_hw, op.strides, op.pads[:2]
     is_max = op.op == "max"

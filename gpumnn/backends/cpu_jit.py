@@ -344,9 +344,8 @@ def pool3x3(x, out, scale, row, is_max, sh, sw, pt, pl):
     scalar), times scale[oy] for a mean. ``row`` [(OW - 1) sw + 3] is the caller's scratch, filled
     once with the border value (-inf for a max, 0 for a sum): the loops write it only where input
     lands. Measured on one thread, SqueezeNet-1.1's first max pool (64 channels 111x111): 0.24 ms,
-    against 0.62 ms for nine taps read from rows split by stride phase; and at threads=2,
-    Inception-v3's stride-1 average pools (768 channels 17x17, 288 at 35x35) ~0.1 and ~0.2 ms, where
-    nine taps per output through a row function passed in took 0.71 and 1.6 ms."""
+    against 0.62 ms for nine taps read from rows split by stride phase. Stride 1 at the input's
+    size goes to ``pool3x3_same``: rows of 17 or 8 spend their time starting loops."""
     h, w = x.shape[1], x.shape[2]
     ow = out.shape[2]
     span = min(w, row.shape[0] - pl)  # input columns some window reads
