@@ -368,6 +368,19 @@ def pack_windows(xp, pack, bases, taps, plane, channels, q0, q1):
     for q in range(q0, q1):
         panel = pack[(q - q0) * depth * MR:]
         lanes = bases[q * MR:(q + 1) * MR]
+        # lanes rise, so a span of MR - 1 (2 (MR - 1)) puts every pixel 1 (2) after the one before:
+        # the rows copied as vectors, with no per-pixel index
+        span = lanes[MR - 1] - lanes[0]
+        if span == MR - 1 or span == 2 * (MR - 1):
+            to, start = panel.ctypes.data, xp.ctypes.data + 4 * lanes[0]
+            for ci in range(channels):
+                for t in range(taps.shape[0]):
+                    if span == MR - 1:
+                        cpu_tiles.copy_row(to, start + 4 * (ci * plane + taps[t]))
+                    else:
+                        cpu_tiles.copy_row_s2(to, start + 4 * (ci * plane + taps[t]))
+                    to += 4 * MR
+            continue
         k = 0
         for ci in range(channels):
             for t in range(taps.shape[0]):

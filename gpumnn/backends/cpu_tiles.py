@@ -107,6 +107,44 @@ SQUARE = _LANES
 square_product = _tile_kernel(SQUARE, SQUARE)
 
 
+def _copy_kernel(count: int, stride: int = 1):
+    """dst[0:count] = src[0:count * stride:stride], stored as whole vectors (a power-of-two piece
+    each, largest first: 4 + 2 for MR = 6) and, at stride 1, loaded so too; no float past either
+    end is touched."""
+    pieces, left = [], count
+    while left:
+        piece = 1 << (left.bit_length() - 1)
+        pieces.append((count - left, piece))
+        left -= piece
+
+    @intrinsic
+    def kernel(typingctx, dst_address, src_address):
+        def codegen(context, builder, signature, args):
+            f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+            dst, src = (builder.inttoptr(a, f32.as_pointer()) for a in args)
+            for start, width in pieces:
+                kind = ir.VectorType(f32, width)
+                if stride == 1:
+                    value = builder.load(builder.bitcast(builder.gep(src, [ir.Constant(i64, start)]), kind.as_pointer()),
+                                         align=4)
+                else:
+                    value = ir.Constant(kind, ir.Undefined)
+                    for lane in range(width):
+                        scalar = builder.load(builder.gep(src, [ir.Constant(i64, (start + lane) * stride)]), align=4)
+                        value = builder.insert_element(value, scalar, ir.Constant(i32, lane))
+                builder.store(value, builder.bitcast(builder.gep(dst, [ir.Constant(i64, start)]), kind.as_pointer()),
+                              align=4)
+            return context.get_dummy_value()
+        return types.void(types.intp, types.intp), codegen
+    return kernel
+
+
+#: copy_row(dst_address, src_address): the MR floats of a pixel panel's row whose pixels lie side by
+#: side in the input, and copy_row_s2 those two apart (a stride-2 convolution's), for
+#: ``cpu_parallel.pack_windows``
+copy_row, copy_row_s2 = _copy_kernel(MR), _copy_kernel(MR, 2)
+
+
 def pack_panels(matrix: np.ndarray, width: int) -> np.ndarray:
     """``matrix`` [R, K] as panels [ceil(R / width), K, width] (panel i, step k holds rows i*width..
     at column k), zeros past row R: the layout ``tile_product`` streams (width NR for the vector
