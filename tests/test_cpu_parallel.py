@@ -43,7 +43,10 @@ GEMMS = [
     (100, 64, 300, 0, 1, 0.5, 2.0, (100, 1), None),         # a column bias, alpha and beta, B transposed
     (96, 200, 130, 1, 0, 1.0, 0.5, (96, 130), "Sigmoid"),   # a full bias, A transposed, an activation after
     (300, 96, 40, 1, 1, 2.0, 1.0, (), None),                # a scalar bias, both transposed, split by rows
-    (1, 512, 1000, 0, 1, 1.0, 1.0, (1000,), None),          # a classifier: one row
+    (1, 512, 1000, 0, 1, 1.0, 1.0, (1000,), None),          # a classifier: one row, on the register tile
+    (1, 300, 70, 0, 0, 1.0, 1.0, (), "Relu"),               # ... B as stored, a scalar bias, a partial panel
+    (1, 96, 37, 0, 1, 1.0, 1.0, (1, 37), "Sigmoid"),        # ... an activation after
+    (1, 64, 40, 0, 1, 0.5, 1.0, (40,), None),               # ... alpha: BLAS
     (64, 48, 64, 0, 0, 1.0, 1.0, None, "Relu"),             # no bias, small: one block
 ]
 
@@ -53,6 +56,48 @@ def test_gemm_in_regions(case):
     rng = np.random.default_rng()  # fresh inputs and weights every run
     model, shape = _gemm_model(*case, rng)
     _both_ways_match_onnxruntime(model, tuple(shape), rng)
+
+
+# (shape of x, shape of r, activation after the sum): x + r as one compiled pass where both are
+# whole tensors of one shape and the activation a clamp; NumPy's calls elsewhere
+SUMS = [
+    ((1, 64, 56, 56), (1, 64, 56, 56), "Relu"),    # ResNet's residual: shared between the threads
+    ((1, 8, 9, 9), (1, 8, 9, 9), None),            # small: one thread, no activation
+    ((2, 16, 20, 20), (2, 16, 20, 20), "Relu"),    # a batch
+    ((1, 64, 56, 56), (1, 64, 1, 1), "Relu"),      # broadcast: NumPy
+    ((1, 64, 56, 56), (1, 64, 56, 56), "Sigmoid"), # not a clamp: NumPy
+]
+
+
+@pytest.mark.parametrize("case", SUMS, ids=[f"sum{'x'.join(map(str, c[1]))}{c[2] or ''}" for c in SUMS])
+def test_residual_sums_in_regions(case):
+    x_shape, r_shape, activation = case
+    rng = np.random.default_rng()
+    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+              for name, shape in (("x", x_shape), ("r", r_shape))]
+    nodes = [helper.make_node("Add", ["x", "r"], ["s" if activation else "y"])]
+    if activation:
+        nodes.append(helper.make_node(activation, ["s"], ["y"]))
+    graph = helper.make_graph(nodes, "sum", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    _both_ways_match_onnxruntime(model_proto(graph, 13), {"x": x_shape, "r": r_shape}, rng, names=("x", "r"))
+
+
+def test_one_row_times_constant_weights_reads_a_run_time_bias():
+    """A classifier's product (M = 1) on the register tile reads a bias that is a graph input anew
+    on every run: the view is bound at creation, not a copy."""
+    require_tool("regions", cpu_parallel.available()[1])
+    rng = np.random.default_rng()
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])
+    c = helper.make_tensor_value_info("C", TensorProto.FLOAT, [48])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    weight = rng.standard_normal((48, 64)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("Gemm", ["x", "W", "C"], ["y"], transB=1)], "gemm", [x, c], [y],
+                              [numpy_helper.from_array(weight, "W")])
+    sess = gpumnn.load(model_proto(graph, 13)).session(backend="cpu", threads=2)
+    for _ in range(2):
+        feed = {"x": rng.standard_normal((1, 64)).astype(np.float32), "C": rng.standard_normal(48).astype(np.float32)}
+        got = sess.run(feed)["y"]
+        np.testing.assert_allclose(got, feed["x"] @ weight.T + feed["C"], rtol=1e-4, atol=1e-4)
 
 
 def _matmul_model(a_shape, b_shape, transpose_b, rng, constant_b):
@@ -81,6 +126,8 @@ MATMULS = [
     ((4, 128, 64), (4, 128, 64), True, False),         # ... with K transposed
     ((2, 3, 40, 72), (2, 3, 72, 56), False, False),    # 4-D batches
     ((3, 200, 100), (300, 100), True, True),           # shared transposed weights (stored [N, K])
+    ((1, 1, 200), (200, 50), False, True),             # one row times constant weights: the register tile
+    ((1, 1, 200), (50, 200), True, True),              # ... stored [N, K]
 ]
 
 

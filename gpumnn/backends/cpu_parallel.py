@@ -637,6 +637,16 @@ def pool_same_spans(is_max, x, out, scale, bounds, planes):
         cpu_jit.pool3x3_same(x[c0:c1], out[c0:c1], scale, planes[t], is_max)
 
 
+@_region
+def sum_spans(a, b, out, bounds, lo, hi):
+    """out[i] = clamp(a[i] + b[i]) to [lo, hi] over the spans [bounds[j], bounds[j + 1])."""
+    for j in numba.prange(bounds.shape[0] - 1):
+        s0, s1 = bounds[j], bounds[j + 1]
+        x, y, z = a[s0:s1], b[s0:s1], out[s0:s1]
+        for i in range(s1 - s0):
+            z[i] = min(max(x[i] + y[i], lo), hi)
+
+
 def available_layer() -> str | None:
     """The threading layer the regions run on (None before ``available()`` found one)."""
     return _layer()[0]
