@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import gpumnn
-from conftest import require_tool
+from conftest import onnxruntime_session, rel_l2, require_tool
 from op_cases import model_proto
 from gpumnn.backends import cpu_parallel
 from test_cpu_jit import _both_ways_match_onnxruntime, _conv_model, _pool_model
@@ -80,6 +80,41 @@ def test_residual_sums_in_regions(case):
         nodes.append(helper.make_node(activation, ["s"], ["y"]))
     graph = helper.make_graph(nodes, "sum", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     _both_ways_match_onnxruntime(model_proto(graph, 13), {"x": x_shape, "r": r_shape}, rng, names=("x", "r"))
+
+
+def test_constant_weights_are_packed_once_for_every_run_state():
+    """An eager session prepares a run state per run: the weights its kernels read in their own
+    layouts (Winograd's G W G^T, the register tile's panels, a classifier's) are made on the first
+    run and read again by the next, not made again; the outputs stay ONNX Runtime's."""
+    require_tool("regions", cpu_parallel.available()[1])
+    rng = np.random.default_rng()
+
+    def weight(name, shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
+
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),  # Winograd
+             helper.make_node("Relu", ["a"], ["b"]),
+             helper.make_node("Conv", ["b", "w2"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2]),  # packed
+             helper.make_node("GlobalAveragePool", ["c"], ["d"]),
+             helper.make_node("Flatten", ["d"], ["e"]),
+             helper.make_node("Gemm", ["e", "w3"], ["y"], transB=1)]  # one row: the classifier's panels
+    graph = helper.make_graph(nodes, "packed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 24, 24])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [weight("w1", (64, 64, 3, 3)), weight("w2", (64, 64, 3, 3)), weight("w3", (10, 64))])
+    model = model_proto(graph, 13)
+    sess = gpumnn.load(model).session(backend="cpu", threads=2, record=False)
+    ref = onnxruntime_session(model)
+    packed = sess.backends["cpu"]._packed
+    made = None
+    for _ in range(3):
+        feed = {"x": rng.standard_normal((1, 64, 24, 24)).astype(np.float32)}
+        assert rel_l2(sess.run(feed)["y"], ref.run(None, feed)[0]) < 1e-4
+        if made is None:
+            made = dict(packed._made)
+            assert {key[2][0] for key in made} == {"winograd panels", "panels", "vector panels"}, made.keys()
+        else:
+            assert packed._made.keys() == made.keys()
+            assert all(packed._made[key] is array for key, array in made.items())
 
 
 def test_one_row_times_constant_weights_reads_a_run_time_bias():

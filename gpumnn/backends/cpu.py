@@ -23,6 +23,7 @@ from .base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, OpPlan, Tenso
 from ..errors import BackendOptionError, BackendUnavailableError
 from .limits import MemoryLimits, host_limits
 from . import cpu_activations, cpu_jit, cpu_parallel, cpu_tiles
+from .cpu_constants import PackedConstants, made_once
 from .cpu_math import binary_function, unary_function
 from .cpu_recurrent import cell_step, direction_groups
 from .cpu_workers import Workers, workers
@@ -106,6 +107,7 @@ class CpuBackend(Backend):
             raise BackendOptionError(f"backend 'cpu': regions={regions!r} is not one of None, True, False")
         self.threads = threads or os.cpu_count() or 1
         self.regions = 0  # threads of cpu_parallel's native regions (0: none)
+        self._packed = PackedConstants()  # constant weights packed once, for every run state
         if regions is not False and self.jit and self.threads > 1:
             ok, why = cpu_parallel.available()
             if ok:
@@ -171,9 +173,11 @@ class CpuBackend(Backend):
         if outputs and all(o.size == 0 for o in outputs):  # nothing to compute (NumPy refuses empty reductions)
             return Execution(op, inputs, outputs, OpPlan((), "empty"))
         maker = _MAKERS[type(op)]
+        packs = {"constants": self._packed} if maker in _PACKS_CONSTANTS else {}
         if self.jit and maker in _JIT_AWARE:
-            return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, jit=True, regions=self.regions))
-        return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool))
+            return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, jit=True, regions=self.regions,
+                                                        **packs))
+        return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, **packs))
 
     def _record(self, executions: list[Execution]) -> list[Callable[[], None]]:
         return [fn for exe in executions for fn in exe.work]
@@ -390,7 +394,8 @@ def _make_reduce(op: A.Reduce, ins, outs, pool: Workers):
     return OpPlan((lambda: reducer(x, axis=1, out=o),))
 
 
-def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, jit: bool = False, regions: int = 0):
+def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, jit: bool = False, regions: int = 0,
+                 constants: PackedConstants | None = None):
     a_shape = (op.batch, op.k, op.m) if op.trans_a else (op.batch, op.m, op.k)
     b_shape = (op.batch, op.n, op.k) if op.trans_b else (op.batch, op.k, op.n)
     a = strided(ins[0], 0, a_shape, (op.a_batch_stride, a_shape[2], 1))
@@ -410,7 +415,8 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, jit: bool = False, regi
     alpha, beta = op.alpha, op.beta
     if (regions and o.dtype == np.float32 and a.shape[:2] == (1, 1) and a.strides[2] == 4 and alpha == 1.0
             and beta == 1.0 and CpuBackend.is_constant(ins[1]) and (bias is None or bias.shape[0] == 1)):
-        return _vector_product_region(op, a[0, 0], b[0], o[0, 0], bias, regions)
+        return _vector_product_region(op, a[0, 0], b[0], o[0, 0], bias, regions,
+                                      functools.partial(made_once, constants, ins[1]))
     # blocks of the output: whole batches, else column or row spans (rows in whole repeats of the bias)
     if regions and o.dtype == np.float32:
         blocks = _gemm_blocks(a.shape[0], a.shape[1], op.n, op.k, regions, min_macs=REGION_MIN_MACS)
@@ -456,7 +462,7 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, jit: bool = False, regi
 
 
 def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
-                           regions: int) -> OpPlan:
+                           regions: int, once: Callable) -> OpPlan:
     """A vector times a constant matrix (a classifier's last layer: M = 1), x [K] @ weights [K, N]
     -> out [N], as a 1x1 convolution of one pixel (``_packed_conv_region``): the matrix packed into
     the register tile's panels once, and each run reads them once, half on each thread. BLAS's
@@ -467,7 +473,9 @@ def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out
     k, n = weights.shape
     conv = A.Conv2D(op.inputs, op.outputs, op.source, batch=1, in_channels=k, out_channels=n,
                     activation=op.activation, has_bias=bias is not None, scheme="gemm1x1")
-    return _packed_conv_region(conv, x.reshape(1, k, 1, 1), np.ascontiguousarray(weights.T), out.reshape(1, n, 1),
+    panels = once(("vector panels", weights.shape),
+                  lambda: cpu_tiles.pack_panels(np.ascontiguousarray(weights.T), cpu_tiles.NR))
+    return _packed_conv_region(conv, x.reshape(1, k, 1, 1), panels, out.reshape(1, n, 1),
                                None if bias is None else bias[0].reshape(n, 1), regions, k * n, parts=regions)
 
 
@@ -565,7 +573,8 @@ def _conv_pads(op) -> tuple[int, int, int, int]:
     return top, left, max(0, need_h - h - top), max(0, need_w - w - left)
 
 
-def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False, regions: int = 0):
+def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False, regions: int = 0,
+                 constants: PackedConstants | None = None):
     n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
     (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
     x = view(ins[0]).reshape(n, c, h, w)
@@ -576,12 +585,13 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False, regi
     pads = _conv_pads(op)
     macs = n * oc * oh * ow * (c // g) * kh * kw
     parts = _parts(pool, macs, PARALLEL_MIN_MACS)
+    once = functools.partial(made_once, constants, ins[1])  # the weights in a kernel's layout, packed once
 
     # op.scheme (decided by gpumnn.scheduler.schemes, which checked the geometry fits) names the kernel
     if op.scheme == "winograd":
         if regions:
-            return _winograd_region(op, x, weight.reshape(oc, c, kh, kw), out, bias, regions)
-        return _winograd(op, x, weight.reshape(oc, c, kh, kw), out, bias, pads, pool, parts, jit)
+            return _winograd_region(op, x, weight.reshape(oc, c, kh, kw), out, bias, regions, once)
+        return _winograd(op, x, weight.reshape(oc, c, kh, kw), out, bias, pads, pool, parts, jit, once)
     if op.scheme == "depthwise":
         windows = n * c * kh * kw * oh * ow
         if regions:
@@ -613,7 +623,8 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False, regi
 
     if regions and g == 1:
         if CpuBackend.is_constant(ins[1]) and k >= PACKED_MIN_DEPTH:
-            return _packed_conv_region(op, x, w_packed[0], out, bias, regions, macs)
+            panels = once(("panels", w_packed.shape), lambda: cpu_tiles.pack_panels(w_packed[0], cpu_tiles.NR))
+            return _packed_conv_region(op, x, panels, out, bias, regions, macs)
         return _im2col_region(op, x, w_packed[0], out, bias, regions, macs)
     padded = _PaddedInput(x, pads, 0.0, (0, 0))
     windows = _window_view(padded.buf, op.kernel, op.strides, op.dilations, op.out_hw)  # [n, c, kh, kw, oh, ow]
@@ -685,10 +696,10 @@ def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, macs: int) 
                   keep=(b1, cols, blocks, fortran, scalars))
 
 
-def _packed_conv_region(op: A.Conv2D, x, weight, out, bias, regions: int, macs: int,
+def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, macs: int,
                         parts: int | None = None) -> OpPlan:
     """im2col on constant weights as one native region per image (``cpu_parallel.packed_conv``):
-    the weights packed into ``cpu_tiles``' panels once, here; per run, the input copied into a
+    the weights packed into ``cpu_tiles``' panels once (``panels``); per run, the input copied into a
     zero-bordered buffer (where there is padding), its windows packed into pixel panels, and the
     register tile's products with the bias and a clamp on the way out. Blocks are spans of pixel
     panels, each packing its own, where the image has as many pixels as channels; else spans of
@@ -696,8 +707,7 @@ def _packed_conv_region(op: A.Conv2D, x, weight, out, bias, regions: int, macs: 
     multiply-adds)."""
     n, oc = op.batch, op.out_channels
     (oh, ow), (h, w) = op.out_hw, op.in_hw
-    k, pixels, mr = weight.shape[1], oh * ow, cpu_tiles.MR
-    panels = cpu_tiles.pack_panels(weight, cpu_tiles.NR)
+    k, pixels, mr = panels.shape[1], oh * ow, cpu_tiles.MR
     parts = parts or (regions if macs >= REGION_MIN_MACS else 1)
     top, left, bottom, right = _conv_pads(op)
     padded = (h + top + bottom, w + left + right)
@@ -781,7 +791,7 @@ def _gemm_chunk(tasks: list, finish: Callable[..., None]) -> Callable[[int, int]
     return chunk
 
 
-def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: int, jit: bool) -> OpPlan:
+def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: int, jit: bool, once: Callable) -> OpPlan:
     """Winograd F(n x n, k x k) (``op.winograd_tile``; the scheme step chose it) in chunks of
     tile rows, each in the thread's scratch while in cache: its [alpha, alpha, C, tiles] input
     tiles copied out of the padded input, ``B^T d B`` as two GEMMs, one batched product per tile
@@ -797,7 +807,8 @@ def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: in
     th, tw = -(-oh // n), -(-ow // n)
     padded = _PaddedInput(x, pads, 0.0, (th * n + k - 1, tw * n + k - 1))
     _, sc, sh, sw = padded.buf.strides
-    u = transformed_weights(mats, weight).astype(np.float32)  # constant weights (schemes.winograd_fits)
+    # constant weights (schemes.winograd_fits), transformed once
+    u = once(("winograd", n, k, weight.shape), lambda: transformed_weights(mats, weight).astype(np.float32))
     bt, at = mats.B.T.astype(np.float32), mats.A.T.astype(np.float32)
     bias3 = bias.reshape(oc, 1, 1) if bias is not None else None
     act = _epilogue(op.activation)
@@ -847,7 +858,7 @@ def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: in
     return OpPlan((run,), "winograd")
 
 
-def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int) -> OpPlan:
+def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Callable) -> OpPlan:
     """Winograd as one native region per image (``cpu_parallel.winograd_packed``) on the register
     tile: the weights transformed (G W G^T) and packed into ``cpu_tiles``' panels once, here; per
     run, the input copied into a zero-bordered plane, the tiles transformed in panels of MR, the
@@ -862,8 +873,9 @@ def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int) -> OpPlan
     th, tw = -(-oh // n), -(-ow // n)
     tiles = th * tw
     panels = -(-tiles // mr)
-    transformed = transformed_weights(mats, weight)  # [a*a, oc, c], float64
-    u = np.ascontiguousarray(np.stack([cpu_tiles.pack_panels(m, nr) for m in transformed]))  # [a*a, oc/NR, c, NR]
+    u = once(("winograd panels", n, k, weight.shape),  # [a*a, oc/NR, c, NR]
+             lambda: np.ascontiguousarray(np.stack([cpu_tiles.pack_panels(m, nr)
+                                                    for m in transformed_weights(mats, weight)])))
     square = cpu_tiles.SQUARE
     b_square = np.zeros((a, square), np.float32)
     b_square[:, :a] = mats.B
@@ -1320,6 +1332,8 @@ CpuBackend.dtypes = {op: _ANY_INT for op in (A.Raster, A.Unary, A.Binary, A.Redu
                                              A.CumSum, A.TopK, A.Scatter, A.Pool2D)}
 #: makers with a compiled variant (``jit=True``) for some of their ops
 _JIT_AWARE = frozenset({_make_conv2d, _make_pool2d, _make_matmul, _make_binary})
+#: makers that pack constant weights (shared between run states: ``cpu_constants``)
+_PACKS_CONSTANTS = frozenset({_make_conv2d, _make_matmul})
 CpuBackend.kernel_table = _MAKERS = {
     A.Raster: _make_raster, A.Unary: _make_unary, A.Binary: _make_binary, A.Reduce: _make_reduce,
     A.MatMul: _make_matmul, A.Conv2D: _make_conv2d, A.ConvTranspose2D: _make_conv_transpose2d,
