@@ -13,7 +13,8 @@ speed.
 Alternation has a cost of its own on 2 cores: ONNX Runtime's threads spin ~50 ms after its run,
 and the regions' threads a few ms after theirs, so each series runs beside the other's spinning
 thread. ``--only`` times one series with no other engine in the process (run it once per series,
-in turn), to show that cost; ``--pause 0.1`` sleeps before each series' turn instead.
+in turn), to show that cost; ``--pause`` (the protocol's, default 0.1 s) sleeps before each series'
+turn instead.
 """
 from __future__ import annotations
 
@@ -39,8 +40,6 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", choices=("numpy", "threads", "jit", "ort"),
                         help="time this series alone (no other engine in the process)")
-    parser.add_argument("--pause", type=float, default=0.0,
-                        help="seconds of sleep before each series' turn, so that the engine before it has stopped spinning")
     add_protocol_arguments(parser)
     args = parser.parse_args()
     print(f"batch 1, {args.threads} threads, {args.warmup} warm-up + mean of {args.runs} runs, "

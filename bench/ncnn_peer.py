@@ -118,7 +118,8 @@ def vulkan_device() -> str | None:
     return ncnn.get_gpu_info(ncnn.get_default_gpu_index()).device_name()
 
 
-def peer_row(model: str, threads: int, runs: int, warmup: int, repeats: int, vulkan: bool, workdir: str) -> BenchRow:
+def peer_row(model: str, threads: int, runs: int, warmup: int, repeats: int, vulkan: bool, workdir: str,
+             pause: float = 0.0) -> BenchRow:
     """One model: gpumnn cpu (recorded), ONNX Runtime and ncnn timed in alternation, with errors."""
     net, model_bytes, feed = load_model(model)
     (name, x), = feed.items()
@@ -140,7 +141,7 @@ def peer_row(model: str, threads: int, runs: int, warmup: int, repeats: int, vul
             ncnn_nets.append(ncnn_net)
             row.rel_errors[series] = rel_l2(run(x), reference)
             fns[series] = lambda run=run: run(x)
-        row.samples = alternate(fns, repeats, runs, warmup)
+        row.samples = alternate(fns, repeats, runs, warmup, pause=pause)
     finally:
         sess.close()
         for ncnn_net in ncnn_nets:
@@ -172,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ncnn_peer_") as tmp:
         for model in args.models:
             try:
-                rows.append(peer_row(model, args.threads, args.runs, args.warmup, args.repeats, device is not None, tmp))
+                rows.append(peer_row(model, args.threads, args.runs, args.warmup, args.repeats, device is not None, tmp,
+                                     args.pause))
             except Exception as exc:  # one model's failure (a conversion, say) must not hide the others
                 rows.append(BenchRow(model, "cpu", note=f"failed: {type(exc).__name__}: {exc}"[:200]))
     series = [s for s in SERIES if s != "ncnn-vulkan" or device is not None]
@@ -184,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ncnn {getattr(ncnn, '__version__', '?')} on models converted by pnnx (fp32); gpumnn on its cpu "
               f"backend; err = relative L2 vs ONNX Runtime; ncnn Vulkan: {device or 'not run'}")
         print(format_table(rows, args.threads, runs=args.runs, warmup=args.warmup, repeats=args.repeats,
-                           series=series, ratios=RATIOS, extras=False))
+                           series=series, ratios=RATIOS, extras=False, pause=args.pause))
     if args.png:
         from gpumnn.bench_charts import write_charts_and_say
         write_charts_and_say(rows, args.png, series, RATIOS, prefix="ncnn_")

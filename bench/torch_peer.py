@@ -183,7 +183,7 @@ def gpumnn_runners(net: Any, backend: str, feed: dict, threads: int, device_feed
 
 
 def peer_row(model: str, backends: Sequence[str], torch_device: str, device_io: bool, threads: int,
-             runs: int, warmup: int, repeats: int) -> BenchRow:
+             runs: int, warmup: int, repeats: int, pause: float = 0.0) -> BenchRow:
     """One model: gpumnn on each backend (recorded and eager) and PyTorch (eager, and CUDA-graph
     replay on CUDA) timed in alternation, with each series' error against ONNX Runtime."""
     torch, onnx2torch = require_torch()
@@ -218,7 +218,7 @@ def peer_row(model: str, backends: Sequence[str], torch_device: str, device_io: 
             fns.update(torch_fns)
         except Exception as exc:  # a conversion onnx2torch does not do, a capture that fails
             notes.append(f"torch failed: {type(exc).__name__}: {exc}"[:160])
-        row.samples = alternate(fns, repeats, runs, warmup)
+        row.samples = alternate(fns, repeats, runs, warmup, pause=pause)
     finally:
         for sess in sessions:
             sess.close()
@@ -295,11 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     for model in models:
         try:
             rows.append(peer_row(model, backends, torch_device, args.io == "device", args.threads,
-                                 args.runs, args.warmup, args.repeats))
+                                 args.runs, args.warmup, args.repeats, args.pause))
         except Exception as exc:  # one model's failure must not hide the others
             rows.append(BenchRow(model, torch_device, note=f"failed: {type(exc).__name__}: {exc}"[:200]))
     document = json.dumps({"threads": args.threads, "runs": args.runs, "warmup": args.warmup, "repeats": args.repeats,
-                           "io": args.io, "torch_device": torch_device, "skipped": skipped,
+                           "pause": args.pause, "io": args.io, "torch_device": torch_device, "skipped": skipped,
                            "targets": [vars(t) | {"models": list(t.models or [])} for t in TARGETS],
                            "rows": rows_as_dicts(rows, series, ratios)}, indent=2)
     if args.save_json:
@@ -307,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(document)
     else:
-        header = (f"batch 1, io={args.io}; each repeat times {', '.join(series)} in turn ({args.warmup} warm-up, "
+        header = (f"batch 1, io={args.io}; each repeat times {', '.join(series)} in turn, {args.pause:g} s apart "
+                  f"({args.warmup} warm-up, "
                   f"then the mean of {args.runs} runs); ms: median over {args.repeats} repeats (min-max); ratios: "
                   f"median of per-repeat ratios (min-max); err: relative L2 vs ONNX Runtime")
         header += "".join(f"\n{name}: not run ({reason})" for name, reason in skipped.items())

@@ -57,14 +57,23 @@ class Spread:
         return f"{self.median:{spec}} ({self.low:{spec}}-{self.high:{spec}})"
 
 
+#: Seconds of sleep before each series' turn in :func:`alternate`: ONNX Runtime's threads spin about
+#: 50 ms after a run, and on 2 cores they took the core the next series needed (SqueezeNet-1.1
+#: timed right after it: 9.4 ms, against 6.9 alone)
+PAUSE = 0.1
+
+
 def add_protocol_arguments(parser: "argparse.ArgumentParser") -> None:
     """The paper's protocol as command-line options, one spelling for ``gpumnn bench`` and the
     peers in ``bench/``: ``--runs`` timed runs after ``--warmup``, taken ``--repeats`` times in
-    alternation with the other series."""
+    alternation with the other series, ``--pause`` seconds before each series' turn."""
     parser.add_argument("--runs", type=int, default=10, help="timed runs per figure, after --warmup (default 10)")
     parser.add_argument("--repeats", type=int, default=5,
                         help="figures per series, taken in alternation with the others; cells are their median (default 5)")
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--pause", type=float, default=PAUSE,
+                        help=f"seconds of sleep before each series' turn, so that the engine before it has stopped "
+                             f"spinning (default {PAUSE})")
 
 
 def time_runs(fn: Callable[[], object], runs: int = 10, warmup: int = 1, clock: Clock = time.perf_counter) -> list[float]:
@@ -224,7 +233,7 @@ def resolve_backends(names: Sequence[str]) -> tuple[list[str], dict[str, str]]:
 
 def benchmark(models: Iterable[str], backends: Sequence[str], threads: int | None = None, runs: int = 10,
               warmup: int = 1, repeats: int = 5, eager: bool = True, progress: bool = True,
-              clock: Clock = time.perf_counter) -> list[BenchRow]:
+              clock: Clock = time.perf_counter, pause: float = PAUSE) -> list[BenchRow]:
     """Time each zoo model (or ONNX path) on each backend, recorded and eager, in alternation with
     ONNX Runtime (see the module docstring)."""
     threads = threads or os.cpu_count() or 1
@@ -257,7 +266,7 @@ def benchmark(models: Iterable[str], backends: Sequence[str], threads: int | Non
                 if ort is not None:
                     fns["onnxruntime"] = lambda: ort(feed)
                 row.samples = alternate(fns, repeats, runs, warmup, clock,
-                                        lambda r: bar.step(f"{model_name} on {backend}, repeat {r + 1}"))
+                                        lambda r: bar.step(f"{model_name} on {backend}, repeat {r + 1}"), pause)
             except Exception as exc:  # one failing backend must not hide the others' figures
                 row.note = f"failed: {type(exc).__name__}: {exc}"[:120]
             finally:
@@ -276,16 +285,18 @@ def short_name(series: str) -> str:
     return SHORT.get(series, series)
 
 
-def protocol_line(threads: int, runs: int, warmup: int, repeats: int, series: Sequence[str] = SERIES) -> str:
+def protocol_line(threads: int, runs: int, warmup: int, repeats: int, series: Sequence[str] = SERIES,
+                  pause: float = 0.0) -> str:
     names = ", ".join(LABELS.get(s, s) for s in series)
-    return (f"batch 1, {threads} CPU thread(s); each repeat times {names} in turn ({warmup} warm-up, then the "
+    rest = f", {pause:g} s apart" if pause else ""
+    return (f"batch 1, {threads} CPU thread(s); each repeat times {names} in turn{rest} ({warmup} warm-up, then the "
             f"mean of {runs} runs); ms cells: median over {repeats} repeats ({SPREAD}); ratios: median of "
             f"per-repeat ratios ({SPREAD})")
 
 
 def format_table(rows: Sequence[BenchRow], threads: int, skipped: dict[str, str] | None = None, *, runs: int = 10,
                  warmup: int = 1, repeats: int = 5, series: Sequence[str] = SERIES,
-                 ratios: Sequence[tuple[str, str]] = RATIOS, extras: bool = True) -> str:
+                 ratios: Sequence[tuple[str, str]] = RATIOS, extras: bool = True, pause: float = 0.0) -> str:
     """The benchmark as a text table: one medians-and-spread cell per series, the ratio columns
     (``recorded/eager`` is the paper's decoupling gain), then the session's own figures."""
     error_series = [s for s in series if any(s in r.rel_errors for r in rows)]
@@ -304,7 +315,7 @@ def format_table(rows: Sequence[BenchRow], threads: int, skipped: dict[str, str]
         return f"{text}  {note}".rstrip()
 
     header = line([h for h, _ in columns], "note")
-    lines = [protocol_line(threads, runs, warmup, repeats, series), header, "-" * len(header)]
+    lines = [protocol_line(threads, runs, warmup, repeats, series, pause), header, "-" * len(header)]
     lines += [line(c, r.note) for c, r in zip(cells, rows)]
     devices = sorted({(r.backend, r.device) for r in rows if r.device})
     lines += [f"{b}: {d}" for b, d in devices]

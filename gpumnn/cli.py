@@ -169,12 +169,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         models = zoo.names()
     threads = args.threads or os.cpu_count() or 1
     rows = benchmark(models, backends, threads=threads, runs=args.runs, warmup=args.warmup, repeats=args.repeats,
+                     pause=args.pause,
                      eager=not args.no_eager, progress=not args.json and sys.stderr.isatty() or args.progress)
     if args.json:
         print(json.dumps({"threads": threads, "runs": args.runs, "warmup": args.warmup, "repeats": args.repeats,
-                          "skipped": skipped, "rows": rows_as_dicts(rows)}, indent=2))
+                          "pause": args.pause, "skipped": skipped, "rows": rows_as_dicts(rows)}, indent=2))
     else:
-        print(format_table(rows, threads, skipped, runs=args.runs, warmup=args.warmup, repeats=args.repeats))
+        print(format_table(rows, threads, skipped, runs=args.runs, warmup=args.warmup, repeats=args.repeats,
+                           pause=args.pause))
     if args.png:
         from .bench_charts import write_charts_and_say
         write_charts_and_say(rows, args.png, SERIES)

@@ -113,3 +113,17 @@ def test_missing_matplotlib_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     with pytest.raises(bench_charts.ChartsUnavailable, match=r"pip install 'gpumnn\[bench\]'"):
         bench_charts.require_matplotlib()
+
+
+def test_the_cpu_profile_matches_onnxruntimes_fused_nodes_to_ours():
+    """``bench/cpu_profile.py --ort``: ONNX Runtime names a fused node after its last part; the
+    profile finds the op of ours it stands for up the model's producers (or by name, without the
+    suffixes of fusion and layout), and keeps the name of a node that stands for none."""
+    from conftest import bench_script
+
+    cpu_profile = bench_script("cpu_profile")
+    ours = {"layer1.0.conv1", "layer1.0.conv2", "layer1.0.add", "Mixed_5b.branch1x1.conv", "fc"}
+    found = cpu_profile.ours_of("resnet18", ["layer1.0.relu1", "layer1.0.bn2", "fc", "ReorderOutput"], ours)
+    assert found == {"layer1.0.relu1": "layer1.0.conv1", "layer1.0.bn2": "layer1.0.conv2", "fc": "fc",
+                     "ReorderOutput": "ReorderOutput"}
+    assert cpu_profile.plain_name("Mixed_5b.branch1x1.relu") == cpu_profile.plain_name("Mixed_5b.branch1x1.conv")

@@ -73,9 +73,9 @@ def test_onnx2torch_conversion_computes_like_onnxruntime(torch_peer):
 def test_peer_row_times_gpumnn_and_torch_in_alternation(torch_peer, monkeypatch):
     calls = []
 
-    def recording_alternate(fns, repeats, runs, warmup):
+    def recording_alternate(fns, repeats, runs, warmup, **protocol):
         wrapped = {name: (lambda name=name, fn=fn: (calls.append(name), fn())[1]) for name, fn in fns.items()}
-        return benchmark.alternate(wrapped, repeats, runs, warmup)
+        return benchmark.alternate(wrapped, repeats, runs, warmup, **protocol)
 
     monkeypatch.setattr(torch_peer, "alternate", recording_alternate)
     row = torch_peer.peer_row("squeezenet1_1", ["cpu"], "cpu", device_io=False, threads=1, runs=1, warmup=0,
