@@ -475,8 +475,9 @@ def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out
                     activation=op.activation, has_bias=bias is not None, scheme="gemm1x1")
     panels = once(("vector panels", weights.shape),
                   lambda: cpu_tiles.pack_panels(np.ascontiguousarray(weights.T), cpu_tiles.NR))
-    return _packed_conv_region(conv, x.reshape(1, k, 1, 1), panels, out.reshape(1, n, 1),
+    plan = _packed_conv_region(conv, x.reshape(1, k, 1, 1), panels, out.reshape(1, n, 1),
                                None if bias is None else bias[0].reshape(n, 1), regions, k * n, parts=regions)
+    return OpPlan(plan.work, op.scheme, plan.keep)  # the report names the product's scheme, not the convolution's
 
 
 def _gemm_blocks(batch: int, m: int, n: int, k: int, threads: int, align_m: int = 1,
