@@ -47,48 +47,30 @@ def op_kind(exe) -> str:
     return name
 
 
-def profile(model: str, threads: int, runs: int, **options) -> tuple[list[tuple[str, str, float]], float]:
+def profile(model: str, threads: int, runs: int, inside_runs: bool = False,
+            **options) -> tuple[list[tuple[str, str, float]], float]:
     """[(kind, node, median ms)] per execution in run order, and a whole recorded run's median ms
-    (``options``: the cpu backend's, e.g. regions=False)."""
+    (``options``: the cpu backend's, e.g. regions=False). Each op is timed ``runs`` times in a row,
+    or, ``inside_runs``, once in each of ``runs`` passes over all ops in run order (so that it
+    finds the caches as a run leaves them)."""
     net, _, feed = load_model(model)
     sess = net.session(backend="cpu", threads=threads, fallback=False, **options)
     sess.run(feed)
     backend = sess.backends["cpu"]
-    state = sess.shape_set().first_state
-    whole = statistics.median(time_runs(lambda: sess.run(feed), runs))
-    rows = []
-    with backend._limiter, np.errstate(all="ignore"):
-        for exe in state.executions:
-            work = exe.work
-            samples = []
-            for _ in range(runs):
-                start = time.perf_counter()
-                for fn in work:
-                    fn()
-                samples.append((time.perf_counter() - start) * 1000.0)
-            rows.append((op_kind(exe), exe.op.source, statistics.median(samples)))
-    sess.close()
-    return rows, whole
-
-
-def in_run(model: str, threads: int, runs: int) -> list[tuple[str, str, float]]:
-    """[(kind, node, median ms)] per execution, each op timed inside whole passes in run order."""
-    net, _, feed = load_model(model)
-    sess = net.session(backend="cpu", threads=threads, fallback=False)
-    sess.run(feed)
-    backend = sess.backends["cpu"]
     executions = sess.shape_set().first_state.executions
+    whole = statistics.median(time_runs(lambda: sess.run(feed), runs))
     samples: list[list[float]] = [[] for _ in executions]
+    order = ([(exe, times) for _ in range(runs) for exe, times in zip(executions, samples)] if inside_runs
+             else [(exe, times) for exe, times in zip(executions, samples) for _ in range(runs)])
     with backend._limiter, np.errstate(all="ignore"):
-        for _ in range(runs):
-            for exe, times in zip(executions, samples):
-                start = time.perf_counter()
-                for fn in exe.work:
-                    fn()
-                times.append((time.perf_counter() - start) * 1000.0)
+        for exe, times in order:
+            start = time.perf_counter()
+            for fn in exe.work:
+                fn()
+            times.append((time.perf_counter() - start) * 1000.0)
     rows = [(op_kind(exe), exe.op.source, statistics.median(times)) for exe, times in zip(executions, samples)]
     sess.close()
-    return rows
+    return rows, whole
 
 
 def plain_name(name: str) -> str:
@@ -153,7 +135,7 @@ def ours_of(model: str, ort_names: list[str], ours: set[str]) -> dict[str, str]:
 def against_onnxruntime(model: str, threads: int, runs: int) -> None:
     """Per kind: our ops inside runs beside ONNX Runtime's nodes that stand for them."""
     profile_ms = onnxruntime_profile(model, threads, runs)
-    rows = in_run(model, threads, runs)
+    rows, _ = profile(model, threads, runs, inside_runs=True)
     ort_ms: dict[str, float] = collections.defaultdict(float)
     for name, ours in ours_of(model, list(profile_ms), {node for _, node, _ in rows}).items():
         ort_ms[ours] += profile_ms[name]

@@ -39,6 +39,12 @@ def merge_dims(shape: Sequence[int], *stride_lists: Sequence[int]) -> list[tuple
     return merged
 
 
+def one_run(dims: Sequence[tuple[int, ...]]) -> bool:
+    """Whether ``merge_dims``' result is one contiguous run in every stride list (a flat copy or
+    elementwise op: no broadcast, no gaps)."""
+    return len(dims) <= 1 and all(stride == 1 for dim in dims for stride in dim[1:])
+
+
 def strided_span(offset: int, shape: Sequence[int], strides: Sequence[int]) -> tuple[int, int]:
     """The lowest and highest element index a strided view (``offset``, ``shape``, ``strides``,
     strides of any sign) touches."""

@@ -55,7 +55,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from .. import atomic as A
-from ..strides import contiguous_strides, merge_dims, strided_indices, strided_span
+from ..strides import contiguous_strides, merge_dims, one_run, strided_indices, strided_span
 from .base import KERNEL_SCHEMES, OpPlan, TensorHandle
 from .sampling import resize_axis
 
@@ -270,7 +270,7 @@ def _plan_raster(be: CLTarget, op: A.Raster, ins, outs):
         src = ins[r.src]
         s_off, d_off = src.offset + r.src_offset, out.offset + r.dst_offset
         dims = merge_dims(r.size, r.src_strides, r.dst_strides)
-        if len(dims) <= 1 and all(s == 1 and d == 1 for _, s, d in dims):
+        if one_run(dims):
             launches.append(launch1d("raster", "raster_copy_flat",
                                         [src.buffer, _i(s_off), out.buffer, _i(d_off), _i(r.count)], r.count))
             continue
@@ -306,7 +306,7 @@ def _plan_binary(be, op: A.Binary, ins, outs):
     suffix = DTYPE_SUFFIX[op.dtype] + DTYPE_SUFFIX[op.output_dtype()]
     vector = be.kernels == "simd" and suffix == "ff"  # the CPU family's vector kernel is float only
     dims = merge_dims(shape, contiguous_strides(shape), op.a_strides, op.b_strides)
-    if len(dims) <= 1 and all(d[2] == 1 and d[3] == 1 for d in dims) and not vector:
+    if one_run(dims) and not vector:
         args = [a.buffer, _i(a.offset), b.buffer, _i(b.offset), o.buffer, _i(o.offset), _i(n),
                 _i(BINARY_IDS[op.op])] + act
         return OpPlan([launch1d("elementwise", f"binary_flat_{suffix}", args, n)], "flat")

@@ -29,7 +29,7 @@ from .cpu_recurrent import cell_step, direction_groups
 from .cpu_workers import Workers, workers
 from .sampling import resize_axis
 from ..scheduler.winograd import transformed_weights, winograd_matrices
-from ..strides import contiguous_strides, merge_dims
+from ..strides import contiguous_strides, merge_dims, one_run
 from .speed import host_cpu_flops
 
 def typed(handle: TensorHandle) -> np.ndarray:
@@ -295,6 +295,8 @@ PACKED_MIN_DEPTH = 512
 #: Elementwise ops (a residual sum) are shared between the regions' threads from this many
 #: elements: a region's cost (2-5 us) against a pass over memory at several GB/s
 REGION_MIN_ELEMENTS = 1 << 15
+#: floats in a cache line: a thread's scratch, and an elementwise op's span, starts on one
+CACHE_LINE_FLOATS = 16
 
 
 def _parts(pool: Workers, work: int, threshold: int) -> int:
@@ -349,8 +351,7 @@ def _make_binary(op: A.Binary, ins, outs, pool: Workers, jit: bool = False, regi
     o = view(outs[0]).reshape(op.out_shape)
     a = strided(ins[0], 0, op.out_shape, op.a_strides)
     b = strided(ins[1], 0, op.out_shape, op.b_strides)
-    dims = merge_dims(op.out_shape, contiguous_strides(op.out_shape), op.a_strides, op.b_strides)
-    dense = len(dims) <= 1 and all(dim[1:] == (1, 1, 1) for dim in dims)  # one run each, no broadcast
+    dense = one_run(merge_dims(op.out_shape, contiguous_strides(op.out_shape), op.a_strides, op.b_strides))
     if (regions and op.op == "add" and dense and o.dtype == a.dtype == b.dtype == np.float32
             and cpu_jit.clamp_of(op.activation) is not None):
         size = o.size
@@ -990,10 +991,6 @@ def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts
     return OpPlan((_on_pool(pool, len(spans), span),), "depthwise", keep=(b1, scratch))
 
 
-#: floats in a cache line: a thread's scratch starts on one and fills whole ones
-CACHE_LINE_FLOATS = 16
-
-
 def _thread_scratch(threads: int, floats: int, fill: float = 0.0) -> np.ndarray:
     """[threads, ``floats`` rounded up to whole cache lines] float32, each thread's row starting
     on a cache line, so that no two threads write one line: rows side by side shared their edge
@@ -1124,7 +1121,7 @@ def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, regions: int 
     if regions:
         parts = regions if windows >= REGION_MIN_WINDOWS else 1
         bounds = _bounds(_spans(c, parts))
-        images = [(tail[0], x[b], out[b], scale, bounds, scratch, *tail[1:]) for b in range(n)]
+        images = [(x[b], out[b], scale, bounds, scratch, *tail) for b in range(n)]
         return OpPlan((_region_items(region, images, None, out),), keep=(scale, scratch))
     parts = _parts(pool, windows, DEPTHWISE_PARALLEL_MIN)
     spans = [(x[b, c0:c1], out[b, c0:c1], scale) for b in range(n) for c0, c1 in _spans(c, parts)]

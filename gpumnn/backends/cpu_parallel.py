@@ -618,7 +618,7 @@ def depthwise_region(kernel: Callable, args: tuple) -> tuple[Callable, tuple]:
 
 
 @_region
-def pool_spans(is_max, x, out, scale, bounds, rows, sh, sw, pt, pl):
+def pool_spans(x, out, scale, bounds, rows, is_max, sh, sw, pt, pl):
     """``cpu_jit.pool3x3`` (a max where ``is_max``, else a mean) on the channel spans of one
     image, each on its thread's scratch row."""
     for i in numba.prange(bounds.shape[0] - 1):
@@ -628,7 +628,7 @@ def pool_spans(is_max, x, out, scale, bounds, rows, sh, sw, pt, pl):
 
 
 @_region
-def pool_same_spans(is_max, x, out, scale, bounds, planes):
+def pool_same_spans(x, out, scale, bounds, planes, is_max):
     """``cpu_jit.pool3x3_same`` (stride 1, the input's size) on the channel spans of one image,
     as flat planes [C, H W], each on its thread's scratch plane."""
     for i in numba.prange(bounds.shape[0] - 1):
