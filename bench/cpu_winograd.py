@@ -19,7 +19,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's gpumnn, not an installed one
 
 from gpumnn.benchmark import load_model  # noqa: E402
-from gpumnn.scheduler.schemes import forced_schemes  # noqa: E402
+from gpumnn.scheduler.schemes import forced_schemes, winograd_detail  # noqa: E402
 
 
 def _ms(work) -> float:
@@ -51,7 +51,7 @@ def main() -> None:
             totals[1] += winograd
             op = b.op
             print(f"{op.source:<28} {op.in_channels}->{op.out_channels} {op.out_hw[0]}x{op.out_hw[1]} "
-                  f"F({op.winograd_tile}, {op.kernel[0]}): im2col {im2col:.3f} ms, winograd {winograd:.3f} ms, "
+                  f"{winograd_detail(op.winograd_tile, op.kernel)}: im2col {im2col:.3f} ms, winograd {winograd:.3f} ms, "
                   f"{im2col / winograd:.2f}x")
     print(f"total: im2col {totals[0]:.2f} ms, winograd {totals[1]:.2f} ms")
     plain.close(), wino.close()

@@ -25,13 +25,14 @@ TOLERANCE = 1e-4
 def _conv_model(channels, size, kernel, stride, dilation, pads, groups, out_channels, activation, bias, rng):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size, size])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    weight = rng.standard_normal((out_channels, channels // groups, kernel, kernel)).astype(np.float32)
+    kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
+    weight = rng.standard_normal((out_channels, channels // groups, kh, kw)).astype(np.float32)
     inits = [numpy_helper.from_array(weight, "W")]
     inputs = ["x", "W"]
     if bias:
         inits.append(numpy_helper.from_array(rng.standard_normal(out_channels).astype(np.float32), "B"))
         inputs.append("B")
-    nodes = [helper.make_node("Conv", inputs, ["c" if activation else "y"], group=groups, kernel_shape=[kernel, kernel],
+    nodes = [helper.make_node("Conv", inputs, ["c" if activation else "y"], group=groups, kernel_shape=[kh, kw],
                               strides=[stride, stride], dilations=[dilation, dilation], pads=pads)]
     if activation == "relu6":
         inits += [numpy_helper.from_array(np.float32(0.0), "lo"), numpy_helper.from_array(np.float32(6.0), "hi")]

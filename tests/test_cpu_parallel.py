@@ -219,10 +219,22 @@ WINOGRAD = [
     (6, 11, 5, 3, [2, 1, 0, 2], 8, "sigmoid"),          # F(3, 5), uneven padding, an activation after
     (12, 12, 2, 5, [0, 0, 0, 0], 10, None),             # F(5, 2), no padding
     (64, 7, 3, 2, [1, 1, 1, 1], 40, "relu"),            # F(2, 3) at 7x7: 16 tiles, a partial channel panel
+    # rectangular kernels: 1D Winograd along the long axis (Inception's 1x7 and 7x1), and 2D with a
+    # tile and alpha of its own per axis
+    (24, 17, (1, 7), 4, [0, 3, 0, 3], 40, "relu"),      # F(1x4, 1x7), alpha 10: the last tile column partial
+    (24, 17, (7, 1), 3, [3, 0, 3, 0], 20, "relu"),      # F(3x1, 7x1): the last tile row partial
+    (24, 12, (1, 7), 2, [0, 3, 0, 3], 16, None),        # F(1x2, 1x7): alpha 8
+    (16, 8, (3, 1), 6, [1, 0, 1, 0], 16, None),         # F(6x1, 3x1), Inception's 8x8 ones
+    (16, 9, (1, 3), 4, [0, 1, 0, 1], 24, "sigmoid"),    # F(1x4, 1x3), an activation after
+    (8, 10, (3, 5), 2, [1, 2, 1, 2], 12, "relu"),       # F(2x2, 3x5): alpha 4 x 6
 ]
 
 
-@pytest.mark.parametrize("case", WINOGRAD, ids=[f"wino{c[0]}x{c[1]}k{c[2]}F{c[3]}" for c in WINOGRAD])
+def _kernel_id(kernel) -> str:
+    return f"{kernel[0]}x{kernel[1]}" if isinstance(kernel, tuple) else str(kernel)
+
+
+@pytest.mark.parametrize("case", WINOGRAD, ids=[f"wino{c[0]}x{c[1]}k{_kernel_id(c[2])}F{c[3]}" for c in WINOGRAD])
 def test_winograd_on_the_register_tile_in_regions(case):
     from gpumnn.scheduler import schemes
 

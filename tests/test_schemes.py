@@ -57,6 +57,12 @@ def test_allowed_tiles_are_accurate_in_float32():
             worst, _ = measured_error(n, k, np.float32)
             assert worst <= 1e-5, f"F({n}, {k}) float32 error {worst:.1e}"
     assert schemes.winograd_tiles(3) == [2, 3, 4, 5, 6] and schemes.winograd_tiles(7) == [2]
+    for k in range(2, 8):  # 1D tiles (a 1xk or kx1 kernel's): alpha up to MAX_ALPHA_1D
+        for n in schemes.winograd_tiles((1, k)):
+            worst, _ = measured_error(n, k, np.float32, dims=1)
+            assert worst <= 1e-5, f"F({n}, {k}) in 1D: float32 error {worst:.1e}"
+    assert schemes.winograd_tiles((1, 7)) == schemes.winograd_tiles((7, 1)) == [2, 3, 4]
+    assert schemes.winograd_tiles((3, 5)) == [2, 3, 4]  # 2D: alpha <= 8 along both axes
 
 
 # -- selection by cost ---------------------------------------------------------------------------
@@ -147,8 +153,9 @@ def test_report_shows_the_scheme_of_every_conv_and_matmul(backend):
 # -- Winograd and Strassen on every backend, against ONNX Runtime ----------------------------------
 
 def _conv_model(k, ic, oc, size, pads, bias, act, hw=None):
-    rng = np.random.default_rng(k * 100 + ic)
-    inits = [numpy_helper.from_array((rng.standard_normal((oc, ic, k, k)) / np.sqrt(ic * k * k)).astype(np.float32), "w")]
+    kh, kw = (k, k) if isinstance(k, int) else k
+    rng = np.random.default_rng(kh * 100 + kw * 10 + ic)
+    inits = [numpy_helper.from_array((rng.standard_normal((oc, ic, kh, kw)) / np.sqrt(ic * kh * kw)).astype(np.float32), "w")]
     inputs = ["x", "w"]
     if bias:
         inits.append(numpy_helper.from_array(rng.standard_normal(oc).astype(np.float32), "b"))
@@ -200,6 +207,10 @@ WINOGRAD_CASES = {  # id: (k, ic, oc, size, pads, bias, activation, tile, width 
     "F3-k5-asym-pads": (5, 3, 4, 11, [2, 1, 0, 2], True, "Sigmoid", 3, None),
     "F5-k2-valid": (2, 6, 5, 12, [0, 0, 0, 0], False, "Relu", 5, None),
     "F2-k7": (7, 2, 3, 10, [3, 3, 3, 3], True, None, 2, None),
+    # rectangular kernels: 1D tiles along the long axis (alpha up to 10), 2D with an alpha per axis
+    "F4-k1x7-bias-relu": ((1, 7), 6, 5, 12, [0, 3, 0, 3], True, "Relu", 4, None),
+    "F3-k7x1-batch2-nonsquare": ((7, 1), 4, 6, 11, [3, 0, 3, 0], False, None, 3, 9),
+    "F2-k3x5": ((3, 5), 3, 4, 10, [1, 2, 1, 2], True, None, 2, None),
     # the paper's Table 1 settings at reduced spatial size, with the scheme step's own choice
     "table1-2-3-16": (2, 3, 16, 24, [0, 0, 0, 0], True, None, 0, None),
     "table1-2-512-512": (2, 512, 512, 6, [0, 0, 0, 0], True, None, 0, None),

@@ -28,7 +28,7 @@ from .cpu_math import binary_function, unary_function
 from .cpu_recurrent import cell_step, direction_groups
 from .cpu_workers import Workers, workers
 from .sampling import resize_axis
-from ..scheduler.winograd import transformed_weights, winograd_matrices
+from ..scheduler.winograd import axis_tiles, conv_matrices, transformed_weights
 from ..strides import contiguous_strides, merge_dims, one_run
 from .speed import host_cpu_flops
 
@@ -803,48 +803,50 @@ def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: in
     28x28 (F(4, 3)), 1.25x at 256 channels 14x14 (F(2, 3)); where it does not pay, see
     ``CpuBackend.winograd_min_tiles``."""
     c, oc = op.in_channels, op.out_channels
-    (oh, ow), k, n = op.out_hw, op.kernel[0], op.winograd_tile
-    mats = winograd_matrices(n, k)
-    a = mats.alpha
-    th, tw = -(-oh // n), -(-ow // n)
-    padded = _PaddedInput(x, pads, 0.0, (th * n + k - 1, tw * n + k - 1))
+    (oh, ow), (kh, kw) = op.out_hw, op.kernel
+    (nh, nw), (rows_m, cols_m) = axis_tiles(op.winograd_tile, op.kernel), conv_matrices(op.winograd_tile, op.kernel)
+    ah, aw = rows_m.alpha, cols_m.alpha
+    th, tw = -(-oh // nh), -(-ow // nw)
+    padded = _PaddedInput(x, pads, 0.0, (th * nh + kh - 1, tw * nw + kw - 1))
     _, sc, sh, sw = padded.buf.strides
     # constant weights (schemes.winograd_fits), transformed once
-    u = once(("winograd", n, k, weight.shape), lambda: transformed_weights(mats, weight).astype(np.float32))
-    bt, at = mats.B.T.astype(np.float32), mats.A.T.astype(np.float32)
+    u = once(("winograd", op.winograd_tile, weight.shape),
+             lambda: transformed_weights(rows_m, weight, cols_m).astype(np.float32))
+    bt_rows, bt_cols = rows_m.B.T.astype(np.float32), cols_m.B.T.astype(np.float32)
+    at_rows, at_cols = rows_m.A.T.astype(np.float32), cols_m.A.T.astype(np.float32)
     bias3 = bias.reshape(oc, 1, 1) if bias is not None else None
     act = _epilogue(op.activation)
     out4 = out.reshape(op.batch, oc, oh, ow)
     # tile-row spans of even length: ``parts`` of them, more where one would not fit CHUNK_BYTES of scratch
-    spans = _even_spans(th, max(parts, -(-th * tw * a * a * 4 * max(c, oc) // CHUNK_BYTES)))
-    size = a * a * max(c, oc) * max(t1 - t0 for t0, t1 in spans) * tw
+    spans = _even_spans(th, max(parts, -(-th * tw * ah * aw * 4 * max(c, oc) // CHUNK_BYTES)))
+    size = ah * aw * max(c, oc) * max(t1 - t0 for t0, t1 in spans) * tw
     scratch = [(np.empty(size, np.float32), np.empty(size, np.float32)) for _ in range(pool.threads)]
     if jit:  # the output tiles put in place with the bias and a clamp in one compiled pass
         bias1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
         t = max(t1 - t0 for t0, t1 in spans)
-        place = cpu_jit.bind(cpu_jit.winograd_place, scratch[0][1][:n * n * oc * t * tw].reshape(n, n, oc, t * tw),
+        place = cpu_jit.bind(cpu_jit.winograd_place, scratch[0][1][:nh * nw * oc * t * tw].reshape(nh, nw, oc, t * tw),
                              bias1, out4[0], 0, t * tw, tw, lo, hi, True)
-    tasks = [(b, t0, t1, _tile_places(out4[b], n, t0, t1)) for b in range(op.batch) for t0, t1 in spans]
+    tasks = [(b, t0, t1, _tile_places(out4[b], (nh, nw), t0, t1)) for b in range(op.batch) for t0, t1 in spans]
 
     def chunk(index: int, slot: int) -> None:
         b, t0, t1, places = tasks[index]
         t = (t1 - t0) * tw
         p, q = scratch[slot]  # two buffers, each stage reading one and writing the other
-        d = p[:a * a * c * t].reshape(a, a, c, t1 - t0, tw)
-        np.copyto(d, as_strided(padded.buf[b, :, t0 * n:], shape=d.shape, strides=(sh, sw, sc, sh * n, sw * n)))
-        v1 = q[:a * a * c * t].reshape(a, a, c * t)
-        np.matmul(bt, d.reshape(a, a * c * t), out=v1.reshape(a, a * c * t))  # B^T on the tiles' rows
-        v = p[:a * a * c * t].reshape(a, a, c * t)
-        np.matmul(bt, v1, out=v)  # ... and on their columns
-        m = q[:a * a * oc * t].reshape(a * a, oc, t)
-        np.matmul(u, v.reshape(a * a, c, t), out=m)  # one product per tile position
-        y1 = p[:n * a * oc * t].reshape(n, a, oc * t)
-        np.matmul(at, m.reshape(a, a * oc * t), out=y1.reshape(n, a * oc * t))
-        y = q[:n * n * oc * t].reshape(n, n, oc, t1 - t0, tw)
-        np.matmul(at, y1, out=y.reshape(n, n, oc * t))
-        dst = out4[b, :, t0 * n:min(t1 * n, oh)]
+        d = p[:ah * aw * c * t].reshape(ah, aw, c, t1 - t0, tw)
+        np.copyto(d, as_strided(padded.buf[b, :, t0 * nh:], shape=d.shape, strides=(sh, sw, sc, sh * nh, sw * nw)))
+        v1 = q[:ah * aw * c * t].reshape(ah, aw, c * t)
+        np.matmul(bt_rows, d.reshape(ah, aw * c * t), out=v1.reshape(ah, aw * c * t))  # B^T on the tiles' rows
+        v = p[:ah * aw * c * t].reshape(ah, aw, c * t)
+        np.matmul(bt_cols, v1, out=v)  # ... and on their columns
+        m = q[:ah * aw * oc * t].reshape(ah * aw, oc, t)
+        np.matmul(u, v.reshape(ah * aw, c, t), out=m)  # one product per tile position
+        y1 = p[:nh * aw * oc * t].reshape(nh, aw, oc * t)
+        np.matmul(at_rows, m.reshape(ah, aw * oc * t), out=y1.reshape(nh, aw * oc * t))
+        y = q[:nh * nw * oc * t].reshape(nh, nw, oc, t1 - t0, tw)
+        np.matmul(at_cols, y1, out=y.reshape(nh, nw, oc * t))
+        dst = out4[b, :, t0 * nh:min(t1 * nh, oh)]
         if jit:
-            place(y.reshape(n, n, oc, t), bias1, out4[b], t0 * tw, t1 * tw, tw, lo, hi, True)
+            place(y.reshape(nh, nw, oc, t), bias1, out4[b], t0 * tw, t1 * tw, tw, lo, hi, True)
         else:
             for target, rows, cols, i, j in places:
                 np.copyto(target, y[:i, :j, :, rows, cols])
@@ -869,34 +871,38 @@ def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Cal
     products it replaces, at threads=2 (ms): 64 channels 56x56 F(6, 3) 0.95 against 1.71, 128 at
     28x28 0.73 against 1.35, 256 at 14x14 1.00 against 1.54; ONNX Runtime's im2col 1.8, 1.77, 1.36."""
     c, oc = op.in_channels, op.out_channels
-    (oh, ow), k, n = op.out_hw, op.kernel[0], op.winograd_tile
-    mats = winograd_matrices(n, k)
-    a, mr, nr = mats.alpha, cpu_tiles.MR, cpu_tiles.NR
-    th, tw = -(-oh // n), -(-ow // n)
+    (oh, ow), (kh, kw) = op.out_hw, op.kernel
+    (nh, nw), (rows_m, cols_m) = axis_tiles(op.winograd_tile, op.kernel), conv_matrices(op.winograd_tile, op.kernel)
+    ah, aw, mr, nr = rows_m.alpha, cols_m.alpha, cpu_tiles.MR, cpu_tiles.NR
+    th, tw = -(-oh // nh), -(-ow // nw)
     tiles = th * tw
     panels = -(-tiles // mr)
-    u = once(("winograd panels", n, k, weight.shape),  # [a*a, oc/NR, c, NR]
+    u = once(("winograd panels", op.winograd_tile, weight.shape),  # [ah*aw, oc/NR, c, NR]
              lambda: np.ascontiguousarray(np.stack([cpu_tiles.pack_panels(m, nr)
-                                                    for m in transformed_weights(mats, weight)])))
+                                                    for m in transformed_weights(rows_m, weight, cols_m)])))
     square = cpu_tiles.SQUARE
-    b_square = np.zeros((a, square), np.float32)
-    b_square[:, :a] = mats.B
-    a6 = np.zeros((a, mr), np.float32)
-    a6[:, :n] = mats.A
-    rows, cols = th * n + k - 1, tw * n + k - 1  # every tile's inputs inside the zero-bordered plane
+
+    def zero_padded(matrix: np.ndarray, width: int) -> np.ndarray:  # the kernels read rows ``width`` wide
+        wide = np.zeros((matrix.shape[0], width), np.float32)
+        wide[:, :matrix.shape[1]] = matrix
+        return wide
+    b_width = cpu_tiles.ROW if min(ah, aw) == 1 else square  # a 1D tile's transform: cpu_tiles.row_product
+    b_rows, b_cols = zero_padded(rows_m.B, b_width), zero_padded(cols_m.B, b_width)
+    a_rows, a_cols = zero_padded(rows_m.A, mr), zero_padded(cols_m.A, mr)
+    rows, cols = th * nh + kh - 1, tw * nw + kw - 1  # every tile's inputs inside the zero-bordered plane
     xp = np.zeros(c * rows * cols + square, np.float32)  # + square: the input transform reads rows that wide
-    # each tile's origin in the plane, in panels of MR: the windows of a 1x1 kernel at stride n
-    bases, _ = cpu_parallel.packed_conv_tables((1, 1), (n, n), (1, 1), (th, tw), cols)
-    v = np.empty(a * a * panels * c * mr, np.float32)
-    scratch = _thread_scratch(regions, cpu_parallel.winograd_scratch_floats(a, n))
+    # each tile's origin in the plane, in panels of MR: the windows of a 1x1 kernel at stride (nh, nw)
+    bases, _ = cpu_parallel.packed_conv_tables((1, 1), (nh, nw), (1, 1), (th, tw), cols)
+    v = np.empty(ah * aw * panels * c * mr, np.float32)
+    scratch = _thread_scratch(regions, cpu_parallel.winograd_scratch_floats(ah, aw, nh))
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
-    geometry = (n, tiles, tw, panels, u.nbytes > v.nbytes)
+    geometry = (nh, nw, tiles, tw, panels, u.nbytes > v.nbytes)
     inner = (*op.pads[:2], rows, cols)
     out4 = out.reshape(op.batch, oc, oh, ow)
-    images = [(x[b], xp, inner, bases, b_square, a6, u, v, scratch, out4[b], b1, geometry, lo, hi)
+    images = [(x[b], xp, inner, bases, b_rows, b_cols, a_rows, a_cols, u, v, scratch, out4[b], b1, geometry, lo, hi)
               for b in range(op.batch)]
     return OpPlan((_region_items(cpu_parallel.winograd_packed, images, act, out),), "winograd",
-                  keep=(u, b_square, a6, xp, bases, v, scratch, b1))
+                  keep=(u, b_rows, b_cols, a_rows, a_cols, xp, bases, v, scratch, b1))
 
 
 def _even_spans(total: int, parts: int) -> list[tuple[int, int]]:
@@ -906,27 +912,28 @@ def _even_spans(total: int, parts: int) -> list[tuple[int, int]]:
     return [(total * i // parts, total * (i + 1) // parts) for i in range(parts)]
 
 
-def _tile_places(out3: np.ndarray, n: int, t0: int, t1: int) -> list[tuple[np.ndarray, slice, slice, int, int]]:
-    """Where Winograd's output tiles of tile rows [t0, t1) land in ``out3`` [C, OH, OW]: at most
-    four rectangles (whole tiles, the partial last tile row and column, their corner), each a
-    strided view [i, j, C, rows, cols] of the output (tile position (i, j) of tile (r, q) is
-    output pixel (r n + i, q n + j)) with the tile rows and columns it takes from the
-    [n, n, C, t1 - t0, tiles per row] products and the positions i, j it keeps. Four copies
+def _tile_places(out3: np.ndarray, tile: tuple[int, int], t0: int, t1: int) -> list[tuple[np.ndarray, slice, slice, int, int]]:
+    """Where Winograd's output tiles (``tile`` = (nh, nw)) of tile rows [t0, t1) land in ``out3``
+    [C, OH, OW]: at most four rectangles (whole tiles, the partial last tile row and column, their
+    corner), each a strided view [i, j, C, rows, cols] of the output (tile position (i, j) of tile
+    (r, q) is output pixel (r nh + i, q nw + j)) with the tile rows and columns it takes from the
+    [nh, nw, C, t1 - t0, tiles per row] products and the positions i, j it keeps. Four copies
     instead of one per tile position (36 for F(6, 3)), each NumPy call costing a few
     microseconds and a hand-over of the GIL between threads: measured at threads=2 on
     ResNet-18, 64 channels 56x56 3.27 -> 2.85 ms, 128 channels 28x28 2.95 -> 2.66 ms."""
     _, oh, ow = out3.shape
     so, sr, sq = out3.strides
-    whole_r, whole_q = oh // n, ow // n
-    row_parts = [(t0, min(t1, whole_r), n), (whole_r, min(t1, whole_r + 1), oh % n)]
-    col_parts = [(0, whole_q, n), (whole_q, whole_q + 1, ow % n)]
+    nh, nw = tile
+    whole_r, whole_q = oh // nh, ow // nw
+    row_parts = [(t0, min(t1, whole_r), nh), (whole_r, min(t1, whole_r + 1), oh % nh)]
+    col_parts = [(0, whole_q, nw), (whole_q, whole_q + 1, ow % nw)]
     places = []
     for r0, r1, i in row_parts:
         r0 = max(r0, t0)
         for q0, q1, j in col_parts:
             if r1 > r0 and q1 > q0 and i and j:
-                target = as_strided(out3[:, r0 * n:, q0 * n:], shape=(i, j, out3.shape[0], r1 - r0, q1 - q0),
-                                    strides=(sr, sq, so, sr * n, sq * n), writeable=True)
+                target = as_strided(out3[:, r0 * nh:, q0 * nw:], shape=(i, j, out3.shape[0], r1 - r0, q1 - q0),
+                                    strides=(sr, sq, so, sr * nh, sq * nw), writeable=True)
                 places.append((target, slice(r0 - t0, r1 - t0), slice(q0, q1), i, j))
     return places
 
@@ -1316,13 +1323,15 @@ CpuBackend.schemes = {**KERNEL_SCHEMES, A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"w
 #: - "regions" (``_winograd_region``, the register tile): F(2, 3) at 512 channels 7x7 (16 tiles,
 #:   1.69x fewer) 1.53 ms against 2.0 packed im2col; SqueezeNet-1.1's expands with 16-64 input
 #:   channels 0.27-0.36 ms against 0.52-0.61; F(4, 3) at 7x7 (4 tiles) slower than F(2, 3), its
-#:   transformed weights 37.7 MB against 16.8;
+#:   transformed weights 37.7 MB against 16.8; 1D tiles: Inception's 1x3 and 3x1 at 8x8, 384
+#:   channels (F(1x4, 1x3), 1.94x fewer) 0.28-0.30 ms against 0.40, but its 1x7 and 7x1 at 17x17
+#:   (F(1x2, 1x7), 1.51-1.56x fewer) 0.93-1.05x im2col's time: hence 1.6, not 1.5;
 #: - "threads" (``_winograd``, BLAS products on the Python threads): F(2, 3) at 256 channels 7x7
 #:   (16 tiles) no faster, 14x14 (49 tiles) 1.25x on one thread; with 16-32 input channels
 #:   0.5-0.65x, as the transforms outweigh products with K = C; SqueezeNet-1.1's 64 -> 256 channel
 #:   13x13 expands (F(2, 3), 1.8x fewer) 1.24 ms against im2col's 0.90 at threads=2, ResNet-18's
 #:   256-channel 14x14 (F(2, 3), 2.16x fewer) 2.13 against 2.63.
-WINOGRAD_PAYS = {"regions": (16, 16, 1.5), "threads": (40, 64, 2.0)}
+WINOGRAD_PAYS = {"regions": (16, 16, 1.6), "threads": (40, 64, 2.0)}
 CpuBackend.winograd_min_tiles, CpuBackend.winograd_min_channels, CpuBackend.winograd_min_saving = WINOGRAD_PAYS["threads"]
 _ANY_INT = frozenset({A.INT32})
 #: NumPy computes every integer op; float-only kernels (convolution, pooling, ...) stay float32

@@ -250,13 +250,13 @@ def depthwise_kernel(op: A.Conv2D) -> tuple[Callable, list[tuple[int, ...]], tup
 
 @_kernel
 def winograd_place(y, bias, out, s0, s1, tiles_w, lo, hi, epilogue):
-    """out[o, r n + i, q n + j] = y[i, j, o, t - s0] for the tiles t in [s0, s1) (tile t is tile
-    row r = t // tiles_w, column q = t % tiles_w) of the output tiles ``y`` [n, n, O, tiles], clipped
-    at the output's edges, with clamp(. + bias[o]) to [lo, hi] where ``epilogue``, in one pass. A
-    span may start and end inside a tile row. The transforms themselves stay BLAS products: as
-    loops over a channel's tiles in L1 they measured slower (1.9 against 0.7 ms, 64 channels 56x56
-    F(6, 3)), their rows of 100 tiles too short to amortise a loop."""
-    n, channels = y.shape[0], y.shape[2]
+    """out[o, r nh + i, q nw + j] = y[i, j, o, t - s0] for the tiles t in [s0, s1) (tile t is tile
+    row r = t // tiles_w, column q = t % tiles_w) of the output tiles ``y`` [nh, nw, O, tiles],
+    clipped at the output's edges, with clamp(. + bias[o]) to [lo, hi] where ``epilogue``, in one
+    pass. A span may start and end inside a tile row. The transforms themselves stay BLAS products:
+    as loops over a channel's tiles in L1 they measured slower (1.9 against 0.7 ms, 64 channels
+    56x56 F(6, 3)), their rows of 100 tiles too short to amortise a loop."""
+    nh, nw, channels = y.shape[0], y.shape[1], y.shape[2]
     oh, ow = out.shape[1], out.shape[2]
     for o in range(channels):
         b = bias[o]
@@ -264,17 +264,17 @@ def winograd_place(y, bias, out, s0, s1, tiles_w, lo, hi, epilogue):
         while s < s1:  # the span's part in each tile row
             r, q0 = s // tiles_w, s % tiles_w
             q1 = min(tiles_w, q0 + s1 - s)
-            for i in range(min(n, oh - r * n)):
-                row = out[o, r * n + i]
-                for j in range(min(n, ow - q0 * n)):
-                    count = min(q1, (ow - 1 - j) // n + 1) - q0  # tiles whose column j is inside
-                    dst, src = row[q0 * n + j:], y[i, j, o, s - s0:]
+            for i in range(min(nh, oh - r * nh)):
+                row = out[o, r * nh + i]
+                for j in range(min(nw, ow - q0 * nw)):
+                    count = min(q1, (ow - 1 - j) // nw + 1) - q0  # tiles whose column j is inside
+                    dst, src = row[q0 * nw + j:], y[i, j, o, s - s0:]
                     if epilogue:
                         for k in range(count):
-                            dst[k * n] = min(max(src[k] + b, lo), hi)
+                            dst[k * nw] = min(max(src[k] + b, lo), hi)
                     else:
                         for k in range(count):
-                            dst[k * n] = src[k]
+                            dst[k * nw] = src[k]
             s += q1 - q0
 
 

@@ -482,96 +482,122 @@ def packed_conv_tables(kernel: tuple[int, int], strides: tuple[int, int], dilati
 # -- Winograd on the register tile ---------------------------------------------------------------
 # Tiles go in panels of MR (the broadcast operand of ``cpu_tiles.tile_product``), output channels
 # in panels of NR (the weights, transformed and packed at creation). Every transform is a product
-# of at most 8 x 8 matrices, done one tile at a time by ``cpu_tiles.square_product`` (B^T d B) or
-# on a panel by ``tile_product`` (A^T m A); Numba's own loops left them scalar (0.9 ms for the
-# input transforms of 64 channels 56x56 F(6, 3) on two threads, against 0.25 now).
+# of at most 8 x 8 matrices, done one tile at a time by ``cpu_tiles.square_product`` (B_h^T d B_w)
+# or ``row_product`` (a 1D tile's, a 1x7 or 7x1 kernel's: d B), or on a panel by ``tile_product``
+# (A_h^T m A_w); Numba's own loops left them scalar (0.9 ms for the input transforms of 64 channels
+# 56x56 F(6, 3) on two threads, against 0.25 now). A matrix of an axis whose alpha is 1 is [[1]]:
+# its step is skipped, not multiplied by one.
 
 @cpu_jit.inlined
-def winograd_input_panel(xp, v, bases, b_square, scratch, c, p, panels, channels, plane, cols):
-    """Channel c of tile panel p transformed (B^T d B) into v [alpha^2, panels, C, MR]: each tile's
-    alpha x alpha inputs read from the zero-bordered plane ``xp`` at ``bases[p * MR + r]`` (rows
-    ``cols`` apart; reads run SQUARE floats wide); b_square: B [alpha, SQUARE] zero-padded;
+def winograd_input_panel(xp, v, bases, b_rows, b_cols, scratch, c, p, panels, channels, plane, cols):
+    """Channel c of tile panel p transformed (B_h^T d B_w) into v [alpha_h * alpha_w, panels, C,
+    MR]: each tile's alpha_h x alpha_w inputs read from the zero-bordered plane ``xp`` at
+    ``bases[p * MR + r]`` (rows ``cols`` apart; reads run SQUARE floats wide); b_rows, b_cols:
+    B_h [alpha_h, SQUARE] and B_w [alpha_w, SQUARE] zero-padded (a 1D tile's B: [alpha, ROW]);
     ``scratch``: SQUARE^2 * (MR + 1) floats, t, then the panel's MR results e_r."""
-    a = b_square.shape[0]
+    ah, aw = b_rows.shape[0], b_cols.shape[0]
     block = SQUARE * SQUARE
-    xa, sa, ba = xp.ctypes.data, scratch.ctypes.data, b_square.ctypes.data
-    for r in range(MR):
-        origin = xa + 4 * (c * plane + bases[p * MR + r])
-        # t[x][u] = sum over y of d[y][x] B[y][u]; then e_r[w][u] = sum over x of B[x][w] t[x][u]
-        cpu_tiles.square_product(origin, cols, ba, SQUARE, a, sa)
-        cpu_tiles.square_product(ba, SQUARE, sa, SQUARE, a, sa + 4 * block * (r + 1))
-    e = scratch[block:block * (MR + 1)]
+    xa, sa = xp.ctypes.data, scratch.ctypes.data
     dst = v[(p * channels + c) * MR:]
     position = panels * channels * MR
-    for u in range(a):
-        for w in range(a):
-            at, src = (u * a + w) * position, e[w * SQUARE + u:]
+    if ah == 1 or aw == 1:  # a 1D tile: e[u] = sum over y of d[y] B[y][u], d along the long axis
+        b, a, step = (b_cols, aw, 1) if ah == 1 else (b_rows, ah, cols)
+        for r in range(MR):
+            cpu_tiles.row_product(xa + 4 * (c * plane + bases[p * MR + r]), step, b.ctypes.data, cpu_tiles.ROW, a, sa)
+            for u in range(a):
+                dst[u * position + r] = scratch[u]
+        return
+    for r in range(MR):
+        origin = xa + 4 * (c * plane + bases[p * MR + r])
+        # t[x][u] = sum over y of d[y][x] B_h[y][u]; then e_r[w][u] = sum over x of B_w[x][w] t[x][u]
+        cpu_tiles.square_product(origin, cols, b_rows.ctypes.data, SQUARE, ah, sa)
+        cpu_tiles.square_product(b_cols.ctypes.data, SQUARE, sa, SQUARE, aw, sa + 4 * block * (r + 1))
+    e = scratch[block:block * (MR + 1)]
+    for u in range(ah):
+        for w in range(aw):
+            at, src = (u * aw + w) * position, e[w * SQUARE + u:]
             for r in range(MR):  # the panel's MR tiles side by side, as the product reads them
                 dst[at + r] = src[r * block]
 
 
 @cpu_jit.inlined
-def winograd_output_panel(m, s, y, a6, n, out, bias, p, q, tiles, tiles_w, lo, hi):
-    """Tile panel p, channel panel q of the products m [alpha^2, MR, NR] (position u * alpha + w)
-    transformed (A^T m A) and put in place, clamp(. + bias[o]) to [lo, hi], clipped at the output's
-    edges; a6: A [alpha, MR] zero-padded; s [alpha, MR, MR, NR] and y [n, MR, MR, NR] scratch."""
-    a = a6.shape[0]
+def winograd_output_panel(m, s, y, a_rows, a_cols, tile, out, bias, p, q, tiles, tiles_w, lo, hi):
+    """Tile panel p, channel panel q of the products m [alpha_h * alpha_w, MR, NR] (position
+    u * alpha_w + w) transformed (A_h^T m A_w) and put in place, clamp(. + bias[o]) to [lo, hi],
+    clipped at the output's edges; a_rows, a_cols: A_h [alpha_h, MR] and A_w [alpha_w, MR]
+    zero-padded; ``tile`` = (nh, nw); s [alpha_w, MR, MR, NR] and y [nh, MR, MR, NR] scratch."""
+    ah, aw = a_rows.shape[0], a_cols.shape[0]
+    nh, nw = tile
     width = MR * NR
-    ma, sa, ya, aa = m.ctypes.data, s.ctypes.data, y.ctypes.data, a6.ctypes.data
-    for w in range(a):  # s[w][r][i][c] = sum over u of A[u][i] m[u][w][r][c]
-        for r in range(MR):
-            cpu_tiles.tile_product(aa, MR, ma + 4 * (w * width + r * NR), a * width, a, sa + 4 * (w * MR + r) * width)
-    for i in range(n):  # y[i][r][j][c] = sum over w of A[w][j] s[w][r][i][c]
-        for r in range(MR):
-            cpu_tiles.tile_product(aa, MR, sa + 4 * (r * width + i * NR), MR * width, a, ya + 4 * (i * MR + r) * width)
+    ma, sa, ya = m.ctypes.data, s.ctypes.data, y.ctypes.data
+    # s[w][r][i][c] = sum over u of A_h[u][i] m[u][w][r][c], at w * s_w + r * s_r + i * NR + c
+    s_w, s_r = MR * width, width
+    if ah == 1:
+        sa, s_w, s_r = ma, width, NR
+    else:
+        for w in range(aw):
+            for r in range(MR):
+                cpu_tiles.tile_product(a_rows.ctypes.data, MR, ma + 4 * (w * width + r * NR), aw * width, ah,
+                                       sa + 4 * (w * MR + r) * width)
+    # y[i][r][j][c] = sum over w of A_w[w][j] s[w][r][i][c], at i * y_i + r * y_r + j * NR + c
+    y_i, y_r = MR * width, width
+    if aw == 1:
+        ya, y_i, y_r = sa, NR, s_r
+    else:
+        for i in range(nh):
+            for r in range(MR):
+                cpu_tiles.tile_product(a_cols.ctypes.data, MR, sa + 4 * (r * s_r + i * NR), s_w, aw,
+                                       ya + 4 * (i * MR + r) * width)
+    source = s if aw == 1 else y  # where A_w is [[1]], s is the output tiles
     o, oh, ow = out.shape
     for r in range(min(MR, tiles - p * MR)):
         ty, tx = (p * MR + r) // tiles_w, (p * MR + r) % tiles_w
         for c in range(min(NR, o - q * NR)):
             b = bias[q * NR + c]
-            for i in range(min(n, oh - ty * n)):
-                row, src = out[q * NR + c, ty * n + i, tx * n:], y[(i * MR + r) * width + c:]
-                for j in range(min(n, ow - tx * n)):
+            for i in range(min(nh, oh - ty * nh)):
+                row, src = out[q * NR + c, ty * nh + i, tx * nw:], source[i * y_i + r * y_r + c:]
+                for j in range(min(nw, ow - tx * nw)):
                     row[j] = min(max(src[j * NR] + b, lo), hi)
 
 
 @_region
-def winograd_packed(x, xp, inner, bases, b_square, a6, u, v, scratch, out, bias, geometry, lo, hi):
-    """Winograd F(n x n, k x k) of one image, x [C, H, W] into out [O, OH, OW], in three parallel
-    steps: x copied into the inside ``inner`` = (top, left, rows, columns) of ``xp``, its
+def winograd_packed(x, xp, inner, bases, b_rows, b_cols, a_rows, a_cols, u, v, scratch, out, bias, geometry, lo, hi):
+    """Winograd F(nh x nw, kh x kw) of one image, x [C, H, W] into out [O, OH, OW], in three
+    parallel steps: x copied into the inside ``inner`` = (top, left, rows, columns) of ``xp``, its
     zero-bordered copy; every (tile panel, channel) transformed into v (``winograd_input_panel``);
-    every (tile panel, channel panel) pair's alpha^2 products by the register tile against the
-    weights transformed and packed at creation u [alpha^2, O / NR, C, NR], then transformed back
-    and put in place (``winograd_output_panel``). geometry: (n, tiles, tiles per row, panels,
-    weights_outer: the pairs walk channel panels outer, where u is larger than v, so each
-    thread reads its part of the weights once)."""
+    every (tile panel, channel panel) pair's alpha_h * alpha_w products by the register tile
+    against the weights transformed and packed at creation u [alpha_h * alpha_w, O / NR, C, NR],
+    then transformed back and put in place (``winograd_output_panel``). geometry: (nh, nw, tiles,
+    tiles per row, panels, weights_outer: the pairs walk channel panels outer, where u is larger
+    than v, so each thread reads its part of the weights once)."""
     channels, height, width = x.shape
     top, left, rows, cols = inner
-    n, tiles, tiles_w, panels, weights_outer = geometry
+    nh, nw, tiles, tiles_w, panels, weights_outer = geometry
     plane = rows * cols
     grid = xp[:channels * plane].reshape(channels, rows, cols)
     for ci in numba.prange(channels):
         grid[ci, top:top + height, left:left + width] = x[ci]
     for i in numba.prange(panels * channels):
-        winograd_input_panel(xp, v, bases, b_square, scratch[numba.get_thread_id()], i % channels, i // channels, panels,
-                             channels, plane, cols)
-    a = b_square.shape[0]
+        winograd_input_panel(xp, v, bases, b_rows, b_cols, scratch[numba.get_thread_id()], i % channels,
+                             i // channels, panels, channels, plane, cols)
+    positions = b_rows.shape[0] * b_cols.shape[0]
+    aw = b_cols.shape[0]
     count = u.shape[1]
     size = MR * NR
     for i in numba.prange(panels * count):
         sc = scratch[numba.get_thread_id()]
-        m, s, y = sc[:a * a * size], sc[a * a * size:a * (a + MR) * size], sc[a * (a + MR) * size:]
+        m, s, y = sc[:positions * size], sc[positions * size:(positions + aw * MR) * size], sc[(positions + aw * MR) * size:]
         p, q = (i % panels, i // panels) if weights_outer else (i // count, i % count)
-        for f in range(a * a):
+        for f in range(positions):
             cpu_tiles.tile_product(v.ctypes.data + 4 * (f * panels + p) * channels * MR, MR,
                                    u.ctypes.data + 4 * (f * count + q) * channels * NR, NR, channels,
                                    m.ctypes.data + 4 * f * size)
-        winograd_output_panel(m, s, y, a6, n, out, bias, p, q, tiles, tiles_w, lo, hi)
+        winograd_output_panel(m, s, y, a_rows, a_cols, (nh, nw), out, bias, p, q, tiles, tiles_w, lo, hi)
 
 
-def winograd_scratch_floats(alpha: int, n: int) -> int:
+def winograd_scratch_floats(alpha_h: int, alpha_w: int, nh: int) -> int:
     """Floats of ``winograd_packed``'s scratch row per thread."""
-    return max(SQUARE * SQUARE * (MR + 1), (alpha * alpha + alpha * MR + n * MR) * MR * NR)
+    return max(SQUARE * SQUARE * (MR + 1), (alpha_h * alpha_w + alpha_w * MR + nh * MR) * MR * NR)
 
 
 # -- channel spans of the compiled depthwise and pooling loops ---------------------------------

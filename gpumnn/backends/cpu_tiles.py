@@ -41,7 +41,7 @@ _LANES = 8  # floats per vector register the IR names (AVX2's ymm)
 
 def _tile_kernel(rows: int, columns: int):
     """The register tile acc[rows, columns] = p^T v as a Numba intrinsic (``tile_product`` is
-    MR x NR; ``square_product`` 8 x 8, the Winograd transforms' tile)."""
+    MR x NR; ``square_product`` 8 x 8, the Winograd transforms' tile; ``row_product`` 1 x 16)."""
     vectors = columns // _LANES
 
     @intrinsic
@@ -105,6 +105,13 @@ SQUARE = _LANES
 #: multiply-add chains per step. Winograd's transforms (``cpu_parallel.winograd_packed``) are such
 #: products of at most 8 x 8 matrices (``schemes.MAX_ALPHA``), one tile at a time.
 square_product = _tile_kernel(SQUARE, SQUARE)
+#: The width of ``row_product``'s row: two vector registers, the most a 1D tile's alpha may be
+ROW = 2 * _LANES
+#: A row of ROW sums: acc[0:ROW] = sum over steps of p[step] v[step, 0:ROW], two vector
+#: multiply-adds per step: the transform of a 1D Winograd tile (a 1x7 or 7x1 kernel's, p the
+#: tile's inputs ``p_stride`` apart; ``schemes.MAX_ALPHA_1D``), where ``square_product`` would do
+#: eight rows for one.
+row_product = _tile_kernel(1, ROW)
 
 
 def _copy_kernel(count: int, stride: int = 1):

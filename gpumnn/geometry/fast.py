@@ -22,6 +22,10 @@ T = N * ceil(OH/n) * ceil(OW/n) tiles:
    (a constant repeated per tile) and the activation as its epilogue;
 5. Raster: tiles back to NCHW, cropped at the border: one region per (p, q).
 
+A rectangular kernel kh x kw has a tile and alpha per axis (``winograd.conv_matrices``): B, G and
+A of F(n, kh) on the rows and of F(n, kw) on the columns, F(1, 1) (the identity) along a 1-wide
+kernel axis, so a 1x7 kernel is 1D Winograd along the rows of each tile.
+
 Strassen with L levels (Eq. 9) of [m, k] x [k, n] (sizes padded to multiples of 2^L with zeros):
 the 4^L sub-blocks of A (and B) are gathered by one Raster; the 7^L sums Strassen multiplies
 are one small GEMM with the Kronecker power of the 7 x 4 coefficient matrix (weights: computed
@@ -37,7 +41,7 @@ import numpy as np
 
 from .. import atomic as A
 from ..scheduler.schemes import builds_kernel
-from ..scheduler.winograd import transformed_weights, winograd_matrices
+from ..scheduler.winograd import axis_tiles, conv_matrices, transformed_weights
 
 #: One level of Strassen over quadrants (11, 12, 21, 22): the 7 products' left and right
 #: factors and how the 4 output quadrants combine them.
@@ -95,62 +99,61 @@ def _valid_range(count: int, step: int, shift: int, limit: int) -> tuple[int, in
 # -- Winograd --------------------------------------------------------------------------------------
 
 def winograd_ops(program: A.AtomicProgram, op: A.Conv2D) -> list[A.AtomicOp]:
-    """The atomic ops of F(n x n, k x k) for ``op`` (see the module docstring)."""
-    n, k = op.winograd_tile, op.kernel[0]
-    mats = winograd_matrices(n, k)
-    alpha = mats.alpha
+    """The atomic ops of F(n x n, k x k) for ``op`` (see the module docstring); a rectangular
+    kernel's tile and alpha are per axis (``conv_matrices``: 1 along a 1-wide kernel axis)."""
+    (kh, kw), (nh, nw) = op.kernel, axis_tiles(op.winograd_tile, op.kernel)
+    rows_m, cols_m = conv_matrices(op.winograd_tile, op.kernel)
+    ah, aw = rows_m.alpha, cols_m.alpha
     batch, c, oc = op.batch, op.in_channels, op.out_channels
     (h, w), (oh, ow), (top, left) = op.in_hw, op.out_hw, op.pads
-    th, tw = -(-oh // n), -(-ow // n)
+    th, tw = -(-oh // nh), -(-ow // nw)
     t = batch * th * tw
-    b = _Builder(program, op, f"winograd{n}")
+    b = _Builder(program, op, f"winograd{op.winograd_tile}")
     x = op.inputs[0]
 
-    tiles = b.tensor("tiles", (alpha, alpha, c, batch, th, tw))
+    tiles = b.tensor("tiles", (ah, aw, c, batch, th, tw))
     regions = []
-    for i in range(alpha):
-        r0, r1 = _valid_range(th, n, i - top, h)
-        for j in range(alpha):
-            c0, c1 = _valid_range(tw, n, j - left, w)
+    for i in range(ah):
+        r0, r1 = _valid_range(th, nh, i - top, h)
+        for j in range(aw):
+            c0, c1 = _valid_range(tw, nw, j - left, w)
             if r0 >= r1 or c0 >= c1:
                 continue
-            src = (r0 * n + i - top) * w + (c0 * n + j - left)
-            dst = ((i * alpha + j) * c * batch * th + r0) * tw + c0
-            regions.append(_region(src, (h * w, c * h * w, n * w, n), dst, (batch * th * tw, th * tw, tw, 1),
+            src = (r0 * nh + i - top) * w + (c0 * nw + j - left)
+            dst = ((i * aw + j) * c * batch * th + r0) * tw + c0
+            regions.append(_region(src, (h * w, c * h * w, nh * w, nw), dst, (batch * th * tw, th * tw, tw, 1),
                                    (c, batch, r1 - r0, c1 - c0)))
     covered = sum(r.count for r in regions)
-    b.raster(x, tiles, regions, None if covered == alpha * alpha * c * t else 0.0)
+    b.raster(x, tiles, regions, None if covered == ah * aw * c * t else 0.0)
 
-    bt = b.const("Bt", mats.B.T)
-    half = b.tensor("input_rows", (alpha, alpha * c * t))
-    b.matmul(bt, tiles, half, m=alpha, n=alpha * c * t, k=alpha)
-    v = b.tensor("input_transformed", (alpha * alpha, c, t))
-    b.matmul(bt, half, v, batch=alpha, m=alpha, n=c * t, k=alpha, b_batch_stride=alpha * c * t)
+    half = b.tensor("input_rows", (ah, aw * c * t))
+    b.matmul(b.const("Bt_rows", rows_m.B.T), tiles, half, m=ah, n=aw * c * t, k=ah)
+    v = b.tensor("input_transformed", (ah * aw, c, t))
+    b.matmul(b.const("Bt_cols", cols_m.B.T), half, v, batch=ah, m=aw, n=c * t, k=aw, b_batch_stride=aw * c * t)
 
-    u = transformed_weights(mats, np.asarray(program.constants[op.inputs[1]]).reshape(oc, c, k, k))
+    u = transformed_weights(rows_m, np.asarray(program.constants[op.inputs[1]]).reshape(oc, c, kh, kw), cols_m)
     u_name = b.const("weights_transformed", u)
-    prod = b.tensor("products", (alpha * alpha, oc, t))
-    b.matmul(u_name, v, prod, batch=alpha * alpha, m=oc, n=t, k=c, a_batch_stride=oc * c, b_batch_stride=c * t)
+    prod = b.tensor("products", (ah * aw, oc, t))
+    b.matmul(u_name, v, prod, batch=ah * aw, m=oc, n=t, k=c, a_batch_stride=oc * c, b_batch_stride=c * t)
 
-    at = b.const("At", mats.A.T)
-    rows = b.tensor("output_rows", (n, alpha * oc * t))
-    b.matmul(at, prod, rows, m=n, n=alpha * oc * t, k=alpha)
+    rows = b.tensor("output_rows", (nh, aw * oc * t))
+    b.matmul(b.const("At_rows", rows_m.A.T), prod, rows, m=nh, n=aw * oc * t, k=ah)
     bias = None
     if op.has_bias:
         per_channel = np.asarray(program.constants[op.inputs[2]], dtype=np.float32).reshape(oc)
         bias = b.const("bias_per_tile", np.repeat(per_channel, t))
-    y = b.tensor("output_tiles", (n, n, oc, batch, th, tw))
-    b.matmul(at, rows, y, batch=n, m=n, n=oc * t, k=alpha, b_batch_stride=alpha * oc * t, bias=bias,
-             bias_strides=(0, 1), activation=op.activation)
+    y = b.tensor("output_tiles", (nh, nw, oc, batch, th, tw))
+    b.matmul(b.const("At_cols", cols_m.A.T), rows, y, batch=nh, m=nw, n=oc * t, k=aw, b_batch_stride=aw * oc * t,
+             bias=bias, bias_strides=(0, 1), activation=op.activation)
 
     regions = []
-    for p in range(n):
-        rows_p = len(range(p, oh, n))
-        for q in range(n):
-            cols_q = len(range(q, ow, n))
+    for p in range(nh):
+        rows_p = len(range(p, oh, nh))
+        for q in range(nw):
+            cols_q = len(range(q, ow, nw))
             if rows_p and cols_q:
-                regions.append(_region((p * n + q) * oc * t, (batch * th * tw, th * tw, tw, 1), p * ow + q,
-                                       (oh * ow, oc * oh * ow, n * ow, n), (oc, batch, rows_p, cols_q)))
+                regions.append(_region((p * nw + q) * oc * t, (batch * th * tw, th * tw, tw, 1), p * ow + q,
+                                       (oh * ow, oc * oh * ow, nh * ow, nw), (oc, batch, rows_p, cols_q)))
     b.raster(y, op.outputs[0], regions, None)
     return b.ops
 

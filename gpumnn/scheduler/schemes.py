@@ -12,10 +12,13 @@ Convolution (Eq. 2-3):
 * otherwise ``n_hat = argmin_n C(n)`` over ``n = 1`` and the Winograd tiles whose float32 error
   we measured acceptable (:func:`winograd_allowed`): the sliding window (``im2col``) when
   ``n_hat = 1``, else Winograd F(n_hat x n_hat, k x k) (``winograd``, tile in ``winograd_tile``).
+  A rectangular kernel takes n_hat along each axis 2 or more wide and 1 along a 1-wide one
+  (``winograd.axis_tiles``): Inception's 1x7 and 7x1 convolutions are 1D Winograd F(1 x n, 1 x 7).
 
 ``C(n)`` is the arithmetic cost of the whole convolution: tiles(n) times Eq. 2's cost per tile,
 ``2 ic a^3 + ic oc a^2 + oc n a (a + n)`` with ``a = n + k - 1`` (input transform, Hadamard
-products summed over channels, output transform). Two readings of Eq. 2 are made explicit here:
+products summed over channels, output transform); with a tile and alpha per axis,
+``ic ah aw (ah + aw) + ic oc ah aw + oc nh aw (ah + nw)``. Two readings of Eq. 2 are made explicit here:
 the per-tile cost is multiplied by the number of tiles ``ceil(oh/n) ceil(ow/n)`` (per tile, the
 smallest n always wins; counting tiles also charges the waste of partial tiles at the border, which
 is what makes a small map prefer a smaller tile), and the output transform is per output
@@ -44,14 +47,18 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 from .. import atomic as A
+from .winograd import axis_tiles
 
 #: Schemes that are rewritten into atomic ops (``gpumnn.geometry.fast``) instead of built by a kernel.
 EXPANDED = frozenset({"winograd", "strassen"})
 
 #: Winograd tiles are allowed while alpha = n + k - 1 stays at or below this. Measured
 #: (``bench/winograd_error.py``, points 0, +-1/2, +-1, ...): float32 max |error| / max |ref| is
-#: below 7e-6 for every F(n, k) with alpha <= 8 and n <= 6, and 4e-5 to 1.6e-2 beyond.
+#: below 7e-6 for every F(n x n, k x k) with alpha <= 8 and n <= 6, and 4e-5 to 1.6e-2 beyond;
+#: a 1D tile (a 1x7 or 7x1 kernel's, transformed along one axis only) stays below 7e-6 up to
+#: alpha 10, and 2.6e-5 to 6.5e-4 beyond.
 MAX_ALPHA = 8
+MAX_ALPHA_1D = 10
 MAX_TILE = 6
 #: Strassen (Eq. 9): the cost of one addition in multiplications. The paper takes them as equal
 #: on mobile CPUs (1.0).
@@ -94,28 +101,31 @@ def conv_scheme(op: A.Conv2D) -> str:
     return "im2col"
 
 
-def winograd_allowed(n: int, k: int) -> bool:
-    """Whether F(n x n, k x k) is accurate enough in float32 to be chosen (see ``MAX_ALPHA``)."""
-    return 2 <= n <= MAX_TILE and k >= 2 and n + k - 1 <= MAX_ALPHA
+def winograd_allowed(n: int, k: int, dims: int = 2) -> bool:
+    """Whether F(n x n, k x k) (``dims`` 1: F(n, k) along one axis) is accurate enough in float32
+    to be chosen (see ``MAX_ALPHA``)."""
+    return 2 <= n <= MAX_TILE and k >= 2 and n + k - 1 <= (MAX_ALPHA if dims == 2 else MAX_ALPHA_1D)
 
 
 def winograd_fits(op: A.Conv2D, weights_constant: bool) -> bool:
-    """Winograd's geometry: one group, unit stride and dilation, a square kernel of 2 or more,
-    and weights (and bias, if any) known at session creation: the weights are transformed once
-    (G W G^T) and the bias is folded into the output transform's epilogue."""
+    """Winograd's geometry: one group, unit stride and dilation, a kernel 2 or more wide along an
+    axis at least (square, or rectangular: ``winograd.axis_tiles``), and weights (and bias, if any)
+    known at session creation: the weights are transformed once (G W G^T) and the bias is folded
+    into the output transform's epilogue."""
     return (weights_constant and op.groups == 1 and op.strides == (1, 1) and op.dilations == (1, 1)
-            and op.kernel[0] == op.kernel[1] >= 2)
+            and max(op.kernel) >= 2)
 
 
 def conv_cost(op: A.Conv2D, n: int) -> int:
-    """Eq. 2 over the whole convolution: multiplications of F(n x n, k x k); n = 1 is the sliding window."""
-    ic, oc, k = op.in_channels // op.groups, op.out_channels, op.kernel[0]
-    (oh, ow) = op.out_hw
+    """Eq. 2 over the whole convolution: multiplications of F(n x n, k x k) (per axis: F(n, k),
+    or nothing along a 1-wide kernel axis); n = 1 is the sliding window."""
+    ic, oc = op.in_channels // op.groups, op.out_channels
+    (oh, ow), (kh, kw) = op.out_hw, op.kernel
     if n == 1:
-        return op.batch * oh * ow * ic * oc * op.kernel[0] * op.kernel[1]
-    a = n + k - 1
-    tiles = op.batch * math.ceil(oh / n) * math.ceil(ow / n)
-    return tiles * (2 * ic * a ** 3 + ic * oc * a ** 2 + oc * n * a * (a + n))
+        return op.batch * oh * ow * ic * oc * kh * kw
+    nh, nw = axis_tiles(n, op.kernel)
+    ah, aw = nh + kh - 1, nw + kw - 1
+    return winograd_tile_count(op, n) * (ic * ah * aw * (ah + aw) + ic * oc * ah * aw + oc * nh * aw * (ah + nw))
 
 
 def scheme_macs(op: A.AtomicOp) -> int:
@@ -127,14 +137,22 @@ def scheme_macs(op: A.AtomicOp) -> int:
     return op.macs()
 
 
-def winograd_tiles(k: int) -> list[int]:
-    """The tile sizes n > 1 allowed for kernel size k."""
-    return [n for n in range(2, MAX_TILE + 1) if winograd_allowed(n, k)]
+def winograd_tiles(kernel: int | tuple[int, int]) -> list[int]:
+    """The tile sizes n > 1 allowed for a kernel k x k (``kernel`` an int) or kh x kw: allowed
+    along every axis 2 or more wide."""
+    long_sides = [k for k in ((kernel, kernel) if isinstance(kernel, int) else kernel) if k > 1]
+    return [n for n in range(2, MAX_TILE + 1) if all(winograd_allowed(n, k, len(long_sides)) for k in long_sides)]
+
+
+def winograd_detail(n: int, kernel: tuple[int, int]) -> str:
+    """``F(4x4, 3x3)``, ``F(1x2, 1x7)``: the tile and kernel, per axis."""
+    (nh, nw), (kh, kw) = axis_tiles(n, kernel), kernel
+    return f"F({nh}x{nw}, {kh}x{kw})"
 
 
 def best_tile(op: A.Conv2D) -> tuple[int, dict[int, int]]:
     """(n_hat, {n: C(n)}): Eq. 2's argmin over n = 1 and the allowed Winograd tiles."""
-    costs = {n: conv_cost(op, n) for n in [1] + winograd_tiles(op.kernel[0])}
+    costs = {n: conv_cost(op, n) for n in [1] + winograd_tiles(op.kernel)}
     return min(costs, key=lambda n: (costs[n], n)), costs
 
 
@@ -147,14 +165,13 @@ def conv_candidates(op: A.Conv2D, weights_constant: bool) -> list[tuple[str, int
     if not winograd_fits(op, weights_constant):
         return [("im2col", 0, "")]
     n_hat, costs = best_tile(op)
-    k = op.kernel[0]
     compared = "C(n): " + ", ".join(f"{n}:{c:.3g}" for n, c in costs.items())
     if n_hat == 1:
         return [("im2col", 0, f"n_hat=1 ({compared})")]
     # n_hat first; the other tiles cheaper than the sliding window after it, for a backend that
     # builds n_hat's tiles too few to pay (``Backend.winograd_min_tiles``)
     cheaper = sorted((n for n in costs if 1 < n and costs[n] < costs[1]), key=lambda n: (costs[n], n))
-    return [("winograd", n, f"F({n}x{n}, {k}x{k}) ({compared})") for n in cheaper] + [("im2col", 0, "")]
+    return [("winograd", n, f"{winograd_detail(n, op.kernel)} ({compared})") for n in cheaper] + [("im2col", 0, "")]
 
 
 # -- matrix products -----------------------------------------------------------------------------
@@ -215,7 +232,7 @@ def forced_schemes(conv: tuple[str, int] | None = None, strassen: int | None = N
 
 def _forced_conv(op: A.Conv2D, weights_constant: bool, candidates: list) -> list:
     scheme, tile = _FORCED_VAR.get()["conv"]
-    if scheme == "winograd" and not (winograd_fits(op, weights_constant) and 2 <= tile):
+    if scheme == "winograd" and not (winograd_fits(op, weights_constant) and tile in winograd_tiles(op.kernel)):
         return candidates
     if scheme in ("depthwise", "gemm1x1") and conv_scheme(op) != scheme:
         return candidates
@@ -235,8 +252,9 @@ def builds_kernel(backend: Any, op_type: type, scheme: str) -> bool:
 
 
 def winograd_tile_count(op: A.Conv2D, n: int) -> int:
-    """Output tiles of F(n x n, k x k) over the whole batch."""
-    return op.batch * math.ceil(op.out_hw[0] / n) * math.ceil(op.out_hw[1] / n)
+    """Output tiles of F(n x n, k x k) (1 x n, n x 1 for a 1-wide kernel axis) over the whole batch."""
+    nh, nw = axis_tiles(n, op.kernel)
+    return op.batch * math.ceil(op.out_hw[0] / nh) * math.ceil(op.out_hw[1] / nw)
 
 
 def winograd_kernel_pays(backend: Any, op: A.Conv2D, tile: int) -> bool:

@@ -102,12 +102,31 @@ def winograd_matrices(n: int, k: int) -> WinogradMatrices:
     return WinogradMatrices(n, k, as_array(a), as_array(b), as_array(g))
 
 
-def transformed_weights(mats: WinogradMatrices, weights: np.ndarray) -> np.ndarray:
-    """``U = G W G^T`` of ``[OC, C, k, k]`` weights, float64, as ``[alpha * alpha, OC, C]``: the
-    left operands of the batched products, one per position of the transformed tile."""
-    alpha = mats.alpha
+def axis_tiles(n: int, kernel: tuple[int, int]) -> tuple[int, int]:
+    """The output tile along each axis of a convolution's F(n): n along an axis whose kernel is 2
+    or more wide, 1 along a 1-wide one (a 1x7 kernel's tile is 1 x n: Winograd along the rows only)."""
+    return tuple(n if k > 1 else 1 for k in kernel)
+
+
+def conv_matrices(n: int, kernel: tuple[int, int]) -> tuple[WinogradMatrices, WinogradMatrices]:
+    """(rows', columns') matrices of a convolution's F(n) with a ``kernel`` = (kh, kw) that may be
+    rectangular: F(n, k) along each axis 2 or more wide, F(1, 1) (every matrix [[1]]) along a 1-wide
+    one. A square kernel's pair is F(n, k) twice, Eq. 6's ``A^T [(G W G^T) * (B^T X B)] A``; a 7x1
+    one's is F(n, 7) on the columns and the identity on the rows: 1D Winograd, alpha / n
+    multiplications per output instead of 7."""
+    (nh, nw), (kh, kw) = axis_tiles(n, kernel), kernel
+    return winograd_matrices(nh, kh), winograd_matrices(nw, kw)
+
+
+def transformed_weights(mats: WinogradMatrices, weights: np.ndarray,
+                        mats_w: WinogradMatrices | None = None) -> np.ndarray:
+    """``U = G_h W G_w^T`` of ``[OC, C, kh, kw]`` weights, float64, as ``[alpha_h * alpha_w, OC, C]``:
+    the left operands of the batched products, one per position of the transformed tile (``mats``
+    along the rows, ``mats_w``, the same where None, along the columns)."""
+    mats_w = mats if mats_w is None else mats_w
     oc, c = weights.shape[:2]
-    return np.einsum("ai,ocij,bj->aboc", mats.G, np.asarray(weights, np.float64), mats.G).reshape(alpha * alpha, oc, c)
+    return np.einsum("ai,ocij,bj->aboc", mats.G, np.asarray(weights, np.float64),
+                     mats_w.G).reshape(mats.alpha * mats_w.alpha, oc, c)
 
 
 def winograd_tile_2d(x: np.ndarray, w: np.ndarray, n: int, dtype=np.float64) -> np.ndarray:
@@ -133,14 +152,25 @@ def direct_tile_2d(x: np.ndarray, w: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def measured_error(n: int, k: int, dtype, channels: int = 16, tiles: int = 256, seed: int = 0) -> tuple[float, float]:
-    """(max |error| / max |reference|, relative L2 error) of F(n x n, k x k) in ``dtype`` against
-    the direct correlation in float64, on random tiles summed over ``channels`` (Eq. 6)."""
+def measured_error(n: int, k: int, dtype, channels: int = 16, tiles: int = 256, seed: int = 0,
+                   dims: int = 2) -> tuple[float, float]:
+    """(max |error| / max |reference|, relative L2 error) of F(n x n, k x k) (``dims`` 1: F(n, k),
+    a 1x7 kernel's tiles) in ``dtype`` against the direct correlation in float64, on random tiles
+    summed over ``channels`` (Eq. 6)."""
     rng = np.random.default_rng(seed + 100 * n + k)
     alpha = n + k - 1
-    x = rng.uniform(-1.0, 1.0, size=(tiles, channels, alpha, alpha)).astype(dtype)
-    w = (rng.standard_normal((4, channels, k, k)) / np.sqrt(channels * k * k)).astype(dtype)
-    got = winograd_tile_2d(x, w, n, dtype).astype(np.float64)
-    ref = direct_tile_2d(x, w, n)
+    if dims == 1:
+        x = rng.uniform(-1.0, 1.0, size=(tiles, channels, alpha)).astype(dtype)
+        w = (rng.standard_normal((4, channels, k)) / np.sqrt(channels * k)).astype(dtype)
+        m = winograd_matrices(n, k)
+        a, b, g = (np.asarray(v, dtype=dtype) for v in (m.A, m.B, m.G))
+        got = (np.einsum("oca,tca->toa", w @ g.T, x @ b) @ a).astype(np.float64)  # A^T [(G w) * (B^T d)]
+        x, w = x.astype(np.float64), w.astype(np.float64)
+        ref = np.stack([np.einsum("ocj,tcj->to", w, x[:, :, i:i + k]) for i in range(n)], axis=-1)
+    else:
+        x = rng.uniform(-1.0, 1.0, size=(tiles, channels, alpha, alpha)).astype(dtype)
+        w = (rng.standard_normal((4, channels, k, k)) / np.sqrt(channels * k * k)).astype(dtype)
+        got = winograd_tile_2d(x, w, n, dtype).astype(np.float64)
+        ref = direct_tile_2d(x, w, n)
     err = np.abs(got - ref)
     return float(err.max() / np.abs(ref).max()), float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
