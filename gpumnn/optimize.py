@@ -3,7 +3,8 @@
 What MNN's converter does before a model ever reaches a device: fold constant subgraphs,
 fold BatchNormalization into the preceding convolution, fuse a bias Add into MatMul, fuse the
 five-node exact GELU that exporters emit into one Gelu, fuse activations into the op that
-produces their input, and drop Identity/Dropout. Each pass keeps
+produces their input, move a same-size average pool after the 1x1 convolution that narrows its
+output (so it pools fewer channels), and drop Identity/Dropout. Each pass keeps
 graph outputs' names, so users see the same outputs as in ONNX Runtime.
 """
 from __future__ import annotations
@@ -29,7 +30,8 @@ def optimize(graph: Graph) -> dict[str, int]:
     """
     passes = (("identity_removed", remove_identities), ("constants_folded", fold_constants),
               ("batchnorm_folded", fold_batchnorm), ("bias_fused", fuse_matmul_bias),
-              ("gelu_fused", fuse_gelu), ("activations_fused", fuse_activations), ("constants_folded", fold_constants),
+              ("gelu_fused", fuse_gelu), ("activations_fused", fuse_activations),
+              ("pools_after_pointwise", pointwise_before_average_pool), ("constants_folded", fold_constants),
               ("dead_nodes_removed", remove_dead_nodes))
     stats: dict[str, int] = {}
     for key, rewrite in passes:
@@ -255,6 +257,81 @@ def fuse_activations(graph: Graph) -> int:
         producers = graph.producers()
         fused += 1
     return fused
+
+
+def _pointwise_conv(graph: Graph, node: Node) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """(weight [OC, C, 1, 1], bias [OC] or None) of a 1x1, stride-1, unpadded, ungrouped Conv with
+    constant float32 weights and bias, else None."""
+    if node.op_type != "Conv" or len(node.inputs) < 2 or any(node.outputs[1:]):
+        return None
+    weight = graph.initializers.get(node.inputs[1])
+    has_bias = len(node.inputs) > 2 and bool(node.inputs[2])
+    bias = graph.initializers.get(node.inputs[2]) if has_bias else None
+    if weight is None or weight.ndim != 4 or weight.shape[2:] != (1, 1) or weight.dtype != np.float32:
+        return None
+    if has_bias and (bias is None or bias.shape != weight.shape[:1] or bias.dtype != np.float32):
+        return None
+    if (node.attr("group", 1) != 1 or any(v != 1 for v in node.attr("strides", [1, 1]))
+            or any(v != 0 for v in node.attr("pads", [0, 0, 0, 0])) or any(v != 1 for v in node.attr("dilations", [1, 1]))
+            or _text(node.attr("auto_pad", "NOTSET")) not in ("NOTSET", "VALID")):
+        return None
+    return weight, bias
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _same_size_average_pool(node: Node) -> bool:
+    """An AveragePool over NCHW at stride 1 whose output keeps its input's height and width."""
+    kernel = node.attr("kernel_shape")
+    if node.op_type != "AveragePool" or not kernel or len(kernel) != 2 or any(node.outputs[1:]):
+        return False
+    if any(v != 1 for v in node.attr("strides", [1, 1])) or any(v != 1 for v in node.attr("dilations", [1, 1])):
+        return False
+    auto_pad = _text(node.attr("auto_pad", "NOTSET"))
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        return True
+    pads = node.attr("pads", [0, 0, 0, 0])
+    return auto_pad == "NOTSET" and len(pads) == 4 and all(pads[i] + pads[i + 2] == kernel[i] - 1 for i in (0, 1))
+
+
+def pointwise_before_average_pool(graph: Graph) -> int:
+    """An average pool that keeps the size, read only by a 1x1 convolution to fewer channels,
+    runs after the convolution instead: both are linear, the pool mixing pixels with weights the
+    same for every channel and the convolution mixing channels pixel by pixel, so conv(pool(x)) =
+    pool(conv(x)) exactly (with or without the padding counted); the bias and activation follow
+    as an Add. Inception's pool branches pool 192-2048 channels before a convolution to 32-192."""
+    producers = graph.producers()
+    uses = _uses(graph)
+    swapped = 0
+    for conv in list(graph.nodes):
+        found = _pointwise_conv(graph, conv)
+        pool = producers.get(conv.inputs[0]) if found is not None else None
+        if pool is None or not _same_size_average_pool(pool) or not _single_consumer(graph, uses, pool.outputs[0]):
+            continue
+        weight, bias = found
+        if weight.shape[0] >= weight.shape[1]:
+            continue  # pooling the convolution's output would not pool fewer channels
+        activation = conv.attrs.pop("gpumnn_activation", None)
+        mixed, pooled, out = f"{conv.name}/before_pool", f"{pool.name}/after_conv", conv.outputs[0]
+        epilogue = bias is not None or activation is not None
+        conv.inputs, conv.outputs = [pool.inputs[0], conv.inputs[1]], [mixed]
+        pool.inputs, pool.outputs = [mixed], [pooled if epilogue else out]
+        at = graph.nodes.index(conv)
+        graph.nodes.remove(pool)
+        graph.nodes.insert(at, pool)  # the pool now reads the convolution: after it
+        if epilogue:
+            name = f"{conv.name}/bias"
+            graph.initializers[name] = (bias if bias is not None else np.zeros(weight.shape[0], np.float32)).reshape(1, -1, 1, 1)
+            add = Node("Add", f"{conv.name}/bias_after_pool", [pooled, name], [out])
+            if activation is not None:
+                add.attrs["gpumnn_activation"] = activation
+            graph.nodes.insert(at + 1, add)
+        producers = graph.producers()
+        uses = _uses(graph)
+        swapped += 1
+    return swapped
 
 
 def remove_dead_nodes(graph: Graph) -> None:

@@ -59,12 +59,17 @@ def test_gemm_in_regions(case):
 
 
 # (shape of x, shape of r, activation after the sum): x + r as one compiled pass where both are
-# whole tensors of one shape and the activation a clamp; NumPy's calls elsewhere
+# whole tensors of one shape, or one is a value per row of the other (a per-channel bias), and the
+# activation a clamp; NumPy's calls elsewhere
 SUMS = [
     ((1, 64, 56, 56), (1, 64, 56, 56), "Relu"),    # ResNet's residual: shared between the threads
     ((1, 8, 9, 9), (1, 8, 9, 9), None),            # small: one thread, no activation
     ((2, 16, 20, 20), (2, 16, 20, 20), "Relu"),    # a batch
-    ((1, 64, 56, 56), (1, 64, 1, 1), "Relu"),      # broadcast: NumPy
+    ((1, 64, 56, 56), (1, 64, 1, 1), "Relu"),      # a per-channel bias: a value per plane
+    ((1, 32, 1, 1), (1, 32, 7, 9), None),          # ... on the left
+    ((3, 16, 9, 9), (1, 16, 1, 1), "Relu"),        # ... over a batch: the values repeat per image
+    ((6, 50), (6, 1), "Relu"),                     # a value per row of a matrix
+    ((1, 64, 56, 56), (1, 1, 56, 56), "Relu"),     # broadcast over the channels: NumPy
     ((1, 64, 56, 56), (1, 64, 56, 56), "Sigmoid"), # not a clamp: NumPy
 ]
 

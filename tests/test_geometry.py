@@ -120,6 +120,62 @@ def test_exported_gelu_fuses_into_the_matmul(form, backend):
     assert rel_l2(sess.run({"x": x})["y"], ref) < 1e-4
 
 
+def _pool_then_pointwise(pool: dict, in_channels: int, out_channels: int, bias: bool, relu: bool,
+                         second_reader: bool = False) -> "onnx.ModelProto":
+    """AveragePool(**pool) -> Conv 1x1 (in_channels -> out_channels) [-> Relu], Inception's pool
+    branch; ``second_reader``: the pool's output is a graph output too."""
+    rng = np.random.default_rng(in_channels + out_channels)
+    inits = [numpy_helper.from_array(rng.standard_normal((out_channels, in_channels, 1, 1)).astype(np.float32), "w")]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(out_channels).astype(np.float32), "b"))
+    nodes = [helper.make_node("AveragePool", ["x"], ["p"], name="pool", **pool),
+             helper.make_node("Conv", ["p", "w"] + (["b"] if bias else []), ["c" if relu else "y"], name="conv")]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["y"], name="relu"))
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if second_reader:
+        outputs.append(helper.make_tensor_value_info("p", TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "pool_branch", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                  (2, in_channels, 9, 11))],
+                              outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+SAME_3x3 = {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1]}
+POINTWISE_AFTER_POOL = {  # id: (pool attributes, in channels, out channels, bias, relu, second reader, swapped)
+    "inception-counted-padding": ({**SAME_3x3, "count_include_pad": 1}, 24, 8, True, True, False, True),
+    "uncounted-padding-no-bias": (SAME_3x3, 24, 8, False, True, False, True),
+    "same-upper-5x4-no-activation": ({"kernel_shape": [5, 4], "auto_pad": "SAME_UPPER"}, 16, 4, True, False, False, True),
+    "no-bias-no-activation": ({"kernel_shape": [3, 3], "pads": [2, 0, 0, 2]}, 16, 4, False, False, False, True),
+    "more-channels-out": (SAME_3x3, 8, 24, True, True, False, False),
+    "stride-2": ({"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, 24, 8, True, True, False, False),
+    "pool-read-twice": (SAME_3x3, 24, 8, True, True, True, False),
+}
+
+
+@pytest.mark.parametrize("case", list(POINTWISE_AFTER_POOL), ids=list(POINTWISE_AFTER_POOL))
+def test_average_pool_moves_after_a_narrowing_pointwise_convolution(case, backend):
+    """conv1x1(pool(x)) = pool(conv1x1(x)) + bias: the pool runs on the convolution's fewer
+    channels, the bias and activation after it as an Add; not where the convolution widens, the
+    pool strides, or another op reads the pool. Agrees with ONNX Runtime on every backend."""
+    import onnxruntime as ort
+    from conftest import rel_l2, require_backend
+    require_backend(backend)
+    pool, cin, cout, bias, relu, second, swapped = POINTWISE_AFTER_POOL[case]
+    model = _pool_then_pointwise(pool, cin, cout, bias, relu, second)
+    net = gpumnn.load(model)
+    assert net.optimizations["pools_after_pointwise"] == int(swapped)
+    sess = net.session(backend=backend)
+    kinds = [op.kind for op in sess.program.ops]
+    if swapped:
+        assert kinds[:2] == ["conv2d", "pool2d"] and kinds[2:] == (["binary"] if bias or relu else []), kinds
+    x = np.random.default_rng(3).standard_normal((2, cin, 9, 11)).astype(np.float32)
+    refs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = sess.run({"x": x})
+    for name, ref in zip(["y", "p"], refs):
+        assert rel_l2(got[name], ref) < 1e-4, name
+
+
 # -- reduced index maps (affine axes held at length 1) cut the regions the full maps cut ------------
 
 REORDERS = [

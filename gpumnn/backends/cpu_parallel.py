@@ -664,6 +664,19 @@ def pool_same_spans(x, out, scale, bounds, planes, is_max):
 
 
 @_region
+def row_sum_spans(a, values, index, out, bounds, width, lo, hi):
+    """out[r * width + i] = clamp(a[r * width + i] + values[index[r]]) to [lo, hi] for the rows r
+    in the spans [bounds[j], bounds[j + 1]): a value per row added along it (a per-channel bias
+    over NCHW planes)."""
+    for j in numba.prange(bounds.shape[0] - 1):
+        for r in range(bounds[j], bounds[j + 1]):
+            value = values[index[r]]
+            x, z = a[r * width:(r + 1) * width], out[r * width:(r + 1) * width]
+            for i in range(width):
+                z[i] = min(max(x[i] + value, lo), hi)
+
+
+@_region
 def sum_spans(a, b, out, bounds, lo, hi):
     """out[i] = clamp(a[i] + b[i]) to [lo, hi] over the spans [bounds[j], bounds[j + 1])."""
     for j in numba.prange(bounds.shape[0] - 1):
