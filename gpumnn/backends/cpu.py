@@ -827,8 +827,8 @@ def _gemm_chunk(tasks: list, finish: Callable[..., None]) -> Callable[[int, int]
 
 
 def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: int, jit: bool, once: Callable) -> OpPlan:
-    """Winograd F(n x n, k x k) (``op.winograd_tile``; the scheme step chose it) in chunks of
-    tile rows, each in the thread's scratch while in cache: its [alpha, alpha, C, tiles] input
+    """Winograd F(n x n, k x k) (``op.winograd_tile``; the scheme step chose it; a rectangular
+    kernel's tile and alpha per axis, ``winograd.conv_matrices``) in chunks of tile rows, each in the thread's scratch while in cache: its [alpha, alpha, C, tiles] input
     tiles copied out of the padded input, ``B^T d B`` as two GEMMs, one batched product per tile
     position against the weights transformed at creation (``G W G^T``), ``A^T m A`` as two GEMMs,
     then the tiles put in place with bias and activation. Measured against the im2col kernel on
@@ -896,8 +896,9 @@ def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: in
 
 
 def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Callable) -> OpPlan:
-    """Winograd as one native region per image (``cpu_parallel.winograd_packed``) on the register
-    tile: the weights transformed (G W G^T) and packed into ``cpu_tiles``' panels once, here; per
+    """Winograd (a tile and alpha per axis: 1D tiles for a 1x7 or 7x1 kernel) as one native
+    region per image (``cpu_parallel.winograd_packed``) on the register tile: the weights
+    transformed (G_h W G_w^T) and packed into ``cpu_tiles``' panels once, here; per
     run, the input copied into a zero-bordered plane, the tiles transformed in panels of MR, the
     alpha^2 products per (tile panel, channel panel) pair and the output transform with the bias
     and a clamp while the pair's products are in cache. Measured against the BLAS transforms and

@@ -521,6 +521,18 @@ def winograd_input_panel(xp, v, bases, b_rows, b_cols, scratch, c, p, panels, ch
 
 
 @cpu_jit.inlined
+def winograd_axis_transform(a, src, count, outer_step, row_step, stride, depth, dst):
+    """One axis of the output transform A_h^T m A_w for a tile panel's MR tiles: for o < count and
+    each tile r, the MR x NR block dst[o][r] (at (o * MR + r) * MR * NR floats from ``dst``) = the
+    sum over d < depth of a[d][0:MR] (outer product) the NR floats at ``src`` + (o * outer_step +
+    r * row_step + d * stride) floats (``src``, ``dst``: addresses)."""
+    for o in range(count):
+        for r in range(MR):
+            cpu_tiles.tile_product(a.ctypes.data, MR, src + 4 * (o * outer_step + r * row_step), stride, depth,
+                                   dst + 4 * (o * MR + r) * MR * NR)
+
+
+@cpu_jit.inlined
 def winograd_output_panel(m, s, y, a_rows, a_cols, tile, out, bias, p, q, tiles, tiles_w, lo, hi):
     """Tile panel p, channel panel q of the products m [alpha_h * alpha_w, MR, NR] (position
     u * alpha_w + w) transformed (A_h^T m A_w) and put in place, clamp(. + bias[o]) to [lo, hi],
@@ -535,19 +547,13 @@ def winograd_output_panel(m, s, y, a_rows, a_cols, tile, out, bias, p, q, tiles,
     if ah == 1:
         sa, s_w, s_r = ma, width, NR
     else:
-        for w in range(aw):
-            for r in range(MR):
-                cpu_tiles.tile_product(a_rows.ctypes.data, MR, ma + 4 * (w * width + r * NR), aw * width, ah,
-                                       sa + 4 * (w * MR + r) * width)
+        winograd_axis_transform(a_rows, ma, aw, width, NR, aw * width, ah, sa)
     # y[i][r][j][c] = sum over w of A_w[w][j] s[w][r][i][c], at i * y_i + r * y_r + j * NR + c
     y_i, y_r = MR * width, width
     if aw == 1:
         ya, y_i, y_r = sa, NR, s_r
     else:
-        for i in range(nh):
-            for r in range(MR):
-                cpu_tiles.tile_product(a_cols.ctypes.data, MR, sa + 4 * (r * s_r + i * NR), s_w, aw,
-                                       ya + 4 * (i * MR + r) * width)
+        winograd_axis_transform(a_cols, sa, nh, NR, s_r, s_w, aw, ya)
     source = s if aw == 1 else y  # where A_w is [[1]], s is the output tiles
     o, oh, ow = out.shape
     for r in range(min(MR, tiles - p * MR)):

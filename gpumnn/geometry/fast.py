@@ -126,25 +126,34 @@ def winograd_ops(program: A.AtomicProgram, op: A.Conv2D) -> list[A.AtomicOp]:
     covered = sum(r.count for r in regions)
     b.raster(x, tiles, regions, None if covered == ah * aw * c * t else 0.0)
 
-    half = b.tensor("input_rows", (ah, aw * c * t))
-    b.matmul(b.const("Bt_rows", rows_m.B.T), tiles, half, m=ah, n=aw * c * t, k=ah)
-    v = b.tensor("input_transformed", (ah * aw, c, t))
-    b.matmul(b.const("Bt_cols", cols_m.B.T), half, v, batch=ah, m=aw, n=c * t, k=aw, b_batch_stride=aw * c * t)
+    # an axis whose alpha is 1 (a 1-wide kernel's) has the identity for B and A: its step is left out
+    half = tiles
+    if ah > 1:
+        half = b.tensor("input_rows", (ah, aw * c * t))
+        b.matmul(b.const("Bt_rows", rows_m.B.T), tiles, half, m=ah, n=aw * c * t, k=ah)
+    v = half
+    if aw > 1:
+        v = b.tensor("input_transformed", (ah * aw, c, t))
+        b.matmul(b.const("Bt_cols", cols_m.B.T), half, v, batch=ah, m=aw, n=c * t, k=aw, b_batch_stride=aw * c * t)
 
     u = transformed_weights(rows_m, np.asarray(program.constants[op.inputs[1]]).reshape(oc, c, kh, kw), cols_m)
     u_name = b.const("weights_transformed", u)
     prod = b.tensor("products", (ah * aw, oc, t))
     b.matmul(u_name, v, prod, batch=ah * aw, m=oc, n=t, k=c, a_batch_stride=oc * c, b_batch_stride=c * t)
 
-    rows = b.tensor("output_rows", (nh, aw * oc * t))
-    b.matmul(b.const("At_rows", rows_m.A.T), prod, rows, m=nh, n=aw * oc * t, k=ah)
     bias = None
     if op.has_bias:
         per_channel = np.asarray(program.constants[op.inputs[2]], dtype=np.float32).reshape(oc)
         bias = b.const("bias_per_tile", np.repeat(per_channel, t))
+    epilogue = {"bias": bias, "bias_strides": (0, 1), "activation": op.activation}  # on the last product
     y = b.tensor("output_tiles", (nh, nw, oc, batch, th, tw))
-    b.matmul(b.const("At_cols", cols_m.A.T), rows, y, batch=nh, m=nw, n=oc * t, k=aw, b_batch_stride=aw * oc * t,
-             bias=bias, bias_strides=(0, 1), activation=op.activation)
+    rows = prod
+    if ah > 1:
+        rows = y if aw == 1 else b.tensor("output_rows", (nh, aw * oc * t))
+        b.matmul(b.const("At_rows", rows_m.A.T), prod, rows, m=nh, n=aw * oc * t, k=ah, **(epilogue if aw == 1 else {}))
+    if aw > 1:
+        b.matmul(b.const("At_cols", cols_m.A.T), rows, y, batch=nh, m=nw, n=oc * t, k=aw, b_batch_stride=aw * oc * t,
+                 **epilogue)
 
     regions = []
     for p in range(nh):
