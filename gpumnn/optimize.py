@@ -273,13 +273,9 @@ def _pointwise_conv(graph: Graph, node: Node) -> tuple[np.ndarray, np.ndarray | 
         return None
     if (node.attr("group", 1) != 1 or any(v != 1 for v in node.attr("strides", [1, 1]))
             or any(v != 0 for v in node.attr("pads", [0, 0, 0, 0])) or any(v != 1 for v in node.attr("dilations", [1, 1]))
-            or _text(node.attr("auto_pad", "NOTSET")) not in ("NOTSET", "VALID")):
+            or node.attr("auto_pad", "NOTSET") not in ("NOTSET", "VALID")):
         return None
     return weight, bias
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _same_size_average_pool(node: Node) -> bool:
@@ -289,7 +285,7 @@ def _same_size_average_pool(node: Node) -> bool:
         return False
     if any(v != 1 for v in node.attr("strides", [1, 1])) or any(v != 1 for v in node.attr("dilations", [1, 1])):
         return False
-    auto_pad = _text(node.attr("auto_pad", "NOTSET"))
+    auto_pad = node.attr("auto_pad", "NOTSET")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         return True
     pads = node.attr("pads", [0, 0, 0, 0])

@@ -28,7 +28,7 @@ from .cpu_math import binary_function, unary_function
 from .cpu_recurrent import cell_step, direction_groups
 from .cpu_workers import Workers, workers
 from .sampling import resize_axis
-from ..scheduler.winograd import axis_tiles, conv_matrices, transformed_weights
+from ..scheduler.winograd import conv_matrices, transformed_weights
 from ..strides import contiguous_strides, merge_dims, one_run
 from .speed import host_cpu_flops
 
@@ -828,16 +828,17 @@ def _gemm_chunk(tasks: list, finish: Callable[..., None]) -> Callable[[int, int]
 
 def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: int, jit: bool, once: Callable) -> OpPlan:
     """Winograd F(n x n, k x k) (``op.winograd_tile``; the scheme step chose it; a rectangular
-    kernel's tile and alpha per axis, ``winograd.conv_matrices``) in chunks of tile rows, each in the thread's scratch while in cache: its [alpha, alpha, C, tiles] input
-    tiles copied out of the padded input, ``B^T d B`` as two GEMMs, one batched product per tile
-    position against the weights transformed at creation (``G W G^T``), ``A^T m A`` as two GEMMs,
+    kernel's tile and alpha per axis, ``winograd.conv_matrices``) in chunks of tile rows, each in
+    the thread's scratch while in cache: its [alpha, alpha, C, tiles] input tiles copied out of
+    the padded input, ``B^T d B`` as two GEMMs, one batched product per tile position against the weights transformed at creation (``G W G^T``), ``A^T m A`` as two GEMMs,
     then the tiles put in place with bias and activation. Measured against the im2col kernel on
     one thread (ResNet-18): 1.45-2.6x at 64 channels 56x56 (F(6, 3)) and 1.6-2.7x at 128 channels
     28x28 (F(4, 3)), 1.25x at 256 channels 14x14 (F(2, 3)); where it does not pay, see
     ``CpuBackend.winograd_min_tiles``."""
     c, oc = op.in_channels, op.out_channels
     (oh, ow), (kh, kw) = op.out_hw, op.kernel
-    (nh, nw), (rows_m, cols_m) = axis_tiles(op.winograd_tile, op.kernel), conv_matrices(op.winograd_tile, op.kernel)
+    rows_m, cols_m = conv_matrices(op.winograd_tile, op.kernel)
+    nh, nw = rows_m.n, cols_m.n
     ah, aw = rows_m.alpha, cols_m.alpha
     th, tw = -(-oh // nh), -(-ow // nw)
     padded = _PaddedInput(x, pads, 0.0, (th * nh + kh - 1, tw * nw + kw - 1))
@@ -906,7 +907,8 @@ def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Cal
     28x28 0.73 against 1.35, 256 at 14x14 1.00 against 1.54; ONNX Runtime's im2col 1.8, 1.77, 1.36."""
     c, oc = op.in_channels, op.out_channels
     (oh, ow), (kh, kw) = op.out_hw, op.kernel
-    (nh, nw), (rows_m, cols_m) = axis_tiles(op.winograd_tile, op.kernel), conv_matrices(op.winograd_tile, op.kernel)
+    rows_m, cols_m = conv_matrices(op.winograd_tile, op.kernel)
+    nh, nw = rows_m.n, cols_m.n
     ah, aw, mr, nr = rows_m.alpha, cols_m.alpha, cpu_tiles.MR, cpu_tiles.NR
     th, tw = -(-oh // nh), -(-ow // nw)
     tiles = th * tw

@@ -541,7 +541,7 @@ def winograd_output_panel(m, s, y, a_rows, a_cols, tile, out, bias, p, q, tiles,
     ah, aw = a_rows.shape[0], a_cols.shape[0]
     nh, nw = tile
     width = MR * NR
-    ma, sa, ya = m.ctypes.data, s.ctypes.data, y.ctypes.data
+    ma, sa = m.ctypes.data, s.ctypes.data
     # s[w][r][i][c] = sum over u of A_h[u][i] m[u][w][r][c], at w * s_w + r * s_r + i * NR + c
     s_w, s_r = MR * width, width
     if ah == 1:
@@ -550,10 +550,10 @@ def winograd_output_panel(m, s, y, a_rows, a_cols, tile, out, bias, p, q, tiles,
         winograd_axis_transform(a_rows, ma, aw, width, NR, aw * width, ah, sa)
     # y[i][r][j][c] = sum over w of A_w[w][j] s[w][r][i][c], at i * y_i + r * y_r + j * NR + c
     y_i, y_r = MR * width, width
-    if aw == 1:
-        ya, y_i, y_r = sa, NR, s_r
+    if aw == 1:  # s is the output tiles
+        y_i, y_r = NR, s_r
     else:
-        winograd_axis_transform(a_cols, sa, nh, NR, s_r, s_w, aw, ya)
+        winograd_axis_transform(a_cols, sa, nh, NR, s_r, s_w, aw, y.ctypes.data)
     source = s if aw == 1 else y  # where A_w is [[1]], s is the output tiles
     o, oh, ow = out.shape
     for r in range(min(MR, tiles - p * MR)):

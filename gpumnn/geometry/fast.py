@@ -41,7 +41,7 @@ import numpy as np
 
 from .. import atomic as A
 from ..scheduler.schemes import builds_kernel
-from ..scheduler.winograd import axis_tiles, conv_matrices, transformed_weights
+from ..scheduler.winograd import conv_matrices, transformed_weights
 
 #: One level of Strassen over quadrants (11, 12, 21, 22): the 7 products' left and right
 #: factors and how the 4 output quadrants combine them.
@@ -101,9 +101,8 @@ def _valid_range(count: int, step: int, shift: int, limit: int) -> tuple[int, in
 def winograd_ops(program: A.AtomicProgram, op: A.Conv2D) -> list[A.AtomicOp]:
     """The atomic ops of F(n x n, k x k) for ``op`` (see the module docstring); a rectangular
     kernel's tile and alpha are per axis (``conv_matrices``: 1 along a 1-wide kernel axis)."""
-    (kh, kw), (nh, nw) = op.kernel, axis_tiles(op.winograd_tile, op.kernel)
-    rows_m, cols_m = conv_matrices(op.winograd_tile, op.kernel)
-    ah, aw = rows_m.alpha, cols_m.alpha
+    (kh, kw), (rows_m, cols_m) = op.kernel, conv_matrices(op.winograd_tile, op.kernel)
+    (nh, nw), (ah, aw) = (rows_m.n, cols_m.n), (rows_m.alpha, cols_m.alpha)
     batch, c, oc = op.batch, op.in_channels, op.out_channels
     (h, w), (oh, ow), (top, left) = op.in_hw, op.out_hw, op.pads
     th, tw = -(-oh // nh), -(-ow // nw)
