@@ -87,6 +87,63 @@ def test_residual_sums_in_regions(case):
     _both_ways_match_onnxruntime(model_proto(graph, 13), {"x": x_shape, "r": r_shape}, rng, names=("x", "r"))
 
 
+# (node, input shape, attributes): softmax along the last axis, layer and instance normalisation,
+# global pooling; one span below cpu.REGION_MIN_ELEMENTS and rows on both threads above it
+ROWS = [
+    ("Softmax", (4, 128, 128), {"axis": -1}),           # a transformer's attention scores: both threads
+    ("Softmax", (3, 7), {"axis": 1}),                   # short rows, one span
+    ("LogSoftmax", (2, 300, 129), {"axis": -1}),        # an odd row length past a vector's width
+    ("Softmax", (1, 1000), {}),                         # a classifier's one row
+    ("LayerNormalization", (128, 256), {"axis": -1}),   # the transformer's, with scale and bias
+    ("LayerNormalization", (2, 3, 40, 50), {"axis": 2}),  # rows over the last two axes
+    ("InstanceNormalization", (1, 16, 56, 56), {}),     # no affine step in the row kernel: a Binary after
+    ("GlobalAveragePool", (2, 1000, 13, 13), {}),       # SqueezeNet's classifier planes, a batch of two
+    ("GlobalAveragePool", (1, 5, 3, 3), {}),            # a few small planes: one span
+    ("GlobalMaxPool", (1, 64, 7, 7), {}),               # stays NumPy's
+]
+
+
+def _rows_model(node, shape, attributes, rng):
+    inits = []
+    if node == "LayerNormalization":
+        feature = shape[attributes["axis"]:]
+        inits = [numpy_helper.from_array(rng.standard_normal(feature).astype(np.float32), name) for name in ("g", "b")]
+    elif node == "InstanceNormalization":
+        inits = [numpy_helper.from_array(rng.standard_normal(shape[1]).astype(np.float32), name) for name in ("g", "b")]
+    nodes = [helper.make_node(node, ["x"] + [t.name for t in inits], ["y"], **attributes)]
+    graph = helper.make_graph(nodes, "rows", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return model_proto(graph, 17)
+
+
+@pytest.mark.parametrize("case", ROWS, ids=[f"{c[0]}{'x'.join(map(str, c[1]))}" for c in ROWS])
+def test_row_normalisations_in_regions(case):
+    rng = np.random.default_rng()
+    _both_ways_match_onnxruntime(_rows_model(*case, rng), case[1], rng)
+
+
+@pytest.mark.parametrize("node", ["Softmax", "LogSoftmax"])
+def test_softmax_rows_keep_special_values(node):
+    """A -inf beside finite scores (a masked attention score) gives 0 (log: -inf); a row holding a
+    NaN or a +inf is NaN throughout, as ONNX Runtime and NumPy's kernel give it."""
+    require_tool("regions", cpu_parallel.available()[1])
+    rng = np.random.default_rng()
+    x = rng.standard_normal((6, 64, 33)).astype(np.float32) * 4
+    x[0, :, :5] = -np.inf  # masked positions in every row of the first head
+    x[1, 3, 7] = np.nan
+    x[2, 10, 0] = np.inf
+    x[3, 4] = -np.inf  # a row masked throughout
+    model = _rows_model(node, x.shape, {"axis": -1}, rng)
+    ref = onnxruntime_session(model).run(None, {"x": x})[0]
+    got = gpumnn.load(model).session(backend="cpu", threads=2, jit=True, regions=True).run({"x": x})["y"]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(ref))
+    finite = np.isfinite(ref)
+    assert np.abs(got[finite] - ref[finite]).max() < 1e-5
+    if node == "Softmax":
+        assert not got[0, :, :5].any()  # e^-inf is 0, not a tiny number
+
+
 def test_constant_weights_are_packed_once_for_every_run_state():
     """An eager session prepares a run state per run: the weights its kernels read in their own
     layouts (Winograd's G W G^T, the register tile's panels, a classifier's) are made on the first

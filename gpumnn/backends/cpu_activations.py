@@ -35,7 +35,7 @@ _LOG2E = np.float32(1.4426950408889634)
 _LN2 = np.float32(0.6931471805599453)
 _A1, _A2, _A3, _A4, _A5 = (np.float32(a) for a in ERF_A)
 _P = np.float32(ERF_P)
-_ONE, _HALF = np.float32(1.0), np.float32(0.5)
+_ZERO, _ONE, _HALF = np.float32(0.0), np.float32(1.0), np.float32(0.5)
 _RSQRT2 = np.float32(0.7071067811865476)
 #: e^-q underflows float32 past q = 103; from 87 on the result is below the smallest normal,
 #: where erf and GELU are exact anyway
@@ -61,13 +61,14 @@ def _float_of_bits(typingctx, bits):
 
 @cpu_jit.inlined
 def exp_neg(q):
-    """e^-q for float32 q >= 0 (q past _EXP_LIMIT gives e^-87, about 1.6e-38, not 0)."""
+    """e^-q for float32 q >= 0; 0 from _EXP_LIMIT on (a masked softmax score, e^-inf, is 0)."""
     y = -min(q, _EXP_LIMIT) * _LOG2E
     n = np.floor(y + _HALF)
     r = (y - n) * _LN2
     c7, c6, c5, c4, c3, c2, c1, c0 = _TAYLOR
     p = ((((((c7 * r + c6) * r + c5) * r + c4) * r + c3) * r + c2) * r + c1) * r + c0
-    return p * _float_of_bits((np.int32(n) + np.int32(127)) << np.int32(23))
+    e = p * _float_of_bits((np.int32(n) + np.int32(127)) << np.int32(23))
+    return e if q < _EXP_LIMIT else _ZERO
 
 
 @cpu_jit.inlined

@@ -110,15 +110,21 @@ else:
     _MISSING = None
 
 
-def _region(fn: Callable) -> Callable:
-    """``fn`` as a Numba parallel function (its ``prange`` loops on the layer's threads)."""
+def compiled_region(fn: Callable, **options) -> Callable:
+    """``fn`` as a Numba parallel function (its ``prange`` loops on the layer's threads);
+    ``options`` add to or override this module's (``fastmath``, ``error_model``)."""
     if numba is None or not SGEMM:
         return fn
-    options = dict(parallel=True, nogil=True, fastmath=cpu_jit.FAST, boundscheck=False)
+    options = dict(dict(parallel=True, nogil=True, fastmath=cpu_jit.FAST, boundscheck=False), **options)
     try:
         return numba.njit(cache=True, **options)(fn)
     except RuntimeError:  # no writable place for Numba's cache: compile per process
         return numba.njit(**options)(fn)
+
+
+def _region(fn: Callable) -> Callable:
+    """``fn`` as a parallel function with this module's options (``compiled_region``)."""
+    return compiled_region(fn)
 
 
 @_region
@@ -179,6 +185,9 @@ def using_threads(threads: int):
     """Regions the calling thread enters inside use ``threads`` threads; the thread's own Numba
     setting (kept per thread) is restored after, so a run leaves the caller's Numba as it was."""
     previous = numba.get_num_threads()
+    if previous == threads:  # the usual case: two calls to Numba fewer a run
+        yield
+        return
     numba.set_num_threads(threads)
     try:
         yield
