@@ -239,6 +239,20 @@ def test_matmul_in_regions(case):
     _both_ways_match_onnxruntime(model, a_shape if constant_b else shapes, rng, names=names)
 
 
+@pytest.mark.parametrize("rows", [128, 7])
+def test_matmul_with_gelu_in_regions(rows):
+    """A transformer's FFN input layer: MatMul, a bias row and GELU (opset 20), GELU applied on
+    each GEMM block in the region (on both threads above REGION_MIN_MACS, one block below)."""
+    rng = np.random.default_rng()
+    inits = [numpy_helper.from_array(rng.standard_normal((256, 1024)).astype(np.float32) / 16, "w"),
+             numpy_helper.from_array(rng.standard_normal(1024).astype(np.float32), "c")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "c"], ["s"]),
+             helper.make_node("Gelu", ["s"], ["y"])]
+    graph = helper.make_graph(nodes, "ffn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    _both_ways_match_onnxruntime(model_proto(graph, 20), (1, rows, 256), rng)
+
+
 # batches of images, grouped 1x1 convolutions, im2col: (channels, size, kernel, stride, pads, groups, out channels, activation)
 IMAGES = [
     (64, 28, 1, 1, [0, 0, 0, 0], 1, 96, "relu6"),
@@ -429,7 +443,7 @@ def test_both_blas_libraries_run_the_blocks():
         fortran = np.ascontiguousarray(calls[:, :8], dtype=integer)
         cpu_parallel.gemm_blocks(address, a.reshape(-1), b.reshape(-1), c.reshape(-1), calls, fortran,
                                  np.array([1.0, 0.0], np.float32), np.zeros(1, np.float32), 0, 0, 0, 0,
-                                 np.float32(1.0), np.float32(-np.inf), np.float32(np.inf), False)
+                                 np.float32(1.0), np.float32(-np.inf), np.float32(np.inf), False, False)
         assert np.abs(c - a @ b).max() < 1e-4 * np.abs(a @ b).max(), integer
 
 

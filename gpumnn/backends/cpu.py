@@ -546,7 +546,7 @@ def _gemm_region(bases: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list,
                  beta: float = 1.0) -> Callable[[], None] | None:
     """The work item running GEMM ``blocks`` (A, B and C views of the flat float32 ``bases``, bias
     row, bias column) as one native region (``cpu_parallel.gemm_blocks``) with the bias and a clamp
-    activation on each block, any other activation after on ``out``; None where a layout is not
+    activation or GELU on each block, any other activation after on ``out``; None where a layout is not
     one BLAS takes. ``bias``: (flat buffer, offset, rows it repeats over, row stride, column stride)."""
     calls = cpu_parallel.gemm_calls(*bases, blocks)
     if bias is None:
@@ -555,10 +555,13 @@ def _gemm_region(bases: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list,
     if calls is None or column_stride not in (0, 1) or row_stride < 0 or buffer.dtype != np.float32:
         return None
     lo, hi, after = _compiled_clamp(activation)
-    epilogue = _applies_epilogue(bool(period), lo, hi)
+    gelu = activation is not None and activation[0] == "gelu"  # on each block while it is in cache, not after
+    if gelu:
+        after = None
+    epilogue = _applies_epilogue(bool(period), lo, hi) or gelu
     scalars = np.array([alpha, 0.0], np.float32)
     args = (cpu_parallel.SGEMM, *bases, calls, cpu_parallel.fortran_arguments(calls), scalars, buffer, offset, period,
-            row_stride, column_stride, np.float32(beta), lo, hi, epilogue)
+            row_stride, column_stride, np.float32(beta), lo, hi, gelu, epilogue)
     compiled = cpu_jit.bind(cpu_parallel.gemm_blocks, *args)
     if after is None:
         return lambda: compiled(*args)

@@ -40,7 +40,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import cpu_jit, cpu_tiles
+from . import cpu_activations, cpu_jit, cpu_tiles
 from .cpu_tiles import MR, NR, SQUARE
 
 numba = cpu_jit.numba
@@ -207,14 +207,21 @@ def using_threads(threads: int):
 _COLUMNS = 13
 
 
-@_region
+def _gemm_region(fn: Callable) -> Callable:
+    """``fn`` as a parallel region with NumPy's float error model, so that GELU's division
+    vectorises in the epilogue (``cpu_activations._vector_kernel`` says why)."""
+    return compiled_region(fn, error_model="numpy")
+
+
+@_gemm_region
 def gemm_blocks(sgemm, a, b, c, calls, fortran, scalars, bias, bias_offset, bias_period, bias_rows, bias_cols, beta,
-                lo, hi, epilogue):
+                lo, hi, gelu, epilogue):
     """Every block of ``calls`` on the region's threads: the BLAS product (``sgemm``: ``SGEMM``,
     scaled by alpha, ``scalars[0]``),
     then, where ``epilogue``, clamp(C + beta * bias) to [lo, hi] over the block while it is in
-    cache. The bias element of C's row r and column j is bias[bias_offset + (r % bias_period) *
-    bias_rows + j * bias_cols] (bias_cols 0 or 1: a value per row or a row of values)."""
+    cache, and GELU after where ``gelu``. The bias element of C's row r and column j is
+    bias[bias_offset + (r % bias_period) * bias_rows + j * bias_cols] (bias_cols 0 or 1: a value
+    per row or a row of values)."""
     for i in numba.prange(calls.shape[0]):
         p = calls[i]
         at, w, scalar_at = fortran.ctypes.data + fortran.strides[0] * i, fortran.itemsize, scalars.ctypes.data
@@ -228,16 +235,18 @@ def gemm_blocks(sgemm, a, b, c, calls, fortran, scalars, bias, bias_offset, bias
                 if bias_period == 0:
                     for j in range(cols):
                         row[j] = min(max(row[j], lo), hi)
-                    continue
-                first = bias_offset + ((p[11] + r) % bias_period) * bias_rows + p[12] * bias_cols
-                if bias_cols == 0:
-                    value = bias[first] * beta
+                elif bias_cols == 0:
+                    value = bias[bias_offset + ((p[11] + r) % bias_period) * bias_rows] * beta
                     for j in range(cols):
                         row[j] = min(max(row[j] + value, lo), hi)
                 else:
+                    first = bias_offset + ((p[11] + r) % bias_period) * bias_rows + p[12]
                     values = bias[first:first + cols]
                     for j in range(cols):
                         row[j] = min(max(row[j] + beta * values[j], lo), hi)
+                if gelu:
+                    for j in range(cols):
+                        row[j] = cpu_activations.gelu_value(row[j])
 
 
 def _operand(x: np.ndarray) -> tuple[int, int] | None:
