@@ -157,3 +157,28 @@ def test_a_busy_pool_runs_the_second_caller_inline():
     release.set()
     first.join(5)
     assert slots == [0, 0, 0]
+
+
+def test_blas_threads_are_limited_during_runs_and_restored_after():
+    """While a run is in flight BLAS runs on the limiter's thread count (one: the backend's own
+    threads share the work), nested runs keep the limit until the last leaves, and the library's
+    own count comes back after."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    controller = threadpoolctl.ThreadpoolController()
+    if not controller.lib_controllers:
+        pytest.skip("threadpoolctl finds no BLAS or OpenMP library in this process")
+
+    def counts():
+        return [lib.get_num_threads() for lib in controller.lib_controllers]
+
+    before = counts()
+    with threadpoolctl.threadpool_limits(2):  # a count of its own to come back to, whatever the machine's
+        outside = counts()
+        first, second = cpu_module._ThreadLimiter(1), cpu_module._ThreadLimiter(1)
+        with first:
+            assert set(counts()) <= {1, None}
+            with second:
+                assert set(counts()) <= {1, None}
+            assert set(counts()) <= {1, None}  # one run left, the other is still in flight
+        assert counts() == outside
+    assert counts() == before

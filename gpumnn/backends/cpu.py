@@ -231,7 +231,8 @@ class _ThreadLimiter:
             if cls._inside == 1:
                 controller = cls._get_controller()
                 if controller is not None:  # each library's own get and set: ``controller.limit`` costs 7 us a run
-                    cls._saved = [(lib, lib.get_num_threads()) for lib in controller.lib_controllers]
+                    cls._saved = [(lib, count) for lib in controller.lib_controllers
+                                  if (count := lib.get_num_threads()) is not None]  # None: a library that cannot say
                     for lib, _ in cls._saved:
                         lib.set_num_threads(self.threads)
         return self
