@@ -23,10 +23,11 @@ Runtime, 13.4 and 12.8 ms a run on TBB against 18.0 and 18.3 on OpenMP. Where th
 not available (``available()`` says why) the backend keeps ``cpu_workers``.
 
 Numba caches the compiled regions on disk and checks only this file's time stamp, not those of
-the ``cpu_jit`` kernels and the ``cpu_tiles`` tile the regions call (depthwise, pooling,
-Winograd's placing, the packed products): after editing ``cpu_jit.py`` or ``cpu_tiles.py`` alone,
-delete ``gpumnn/backends/__pycache__/cpu_parallel.*`` (an install or a
-checkout that changes this file too recompiles them).
+the ``cpu_jit`` kernels, the ``cpu_tiles`` tile and the ``cpu_activations`` functions the regions
+call (depthwise, pooling, Winograd's placing, the packed products, GELU): after editing
+``cpu_jit.py``, ``cpu_tiles.py`` or ``cpu_activations.py`` alone, delete
+``gpumnn/backends/__pycache__/cpu_parallel.*`` and ``cpu_rows.*`` (``cpu_rows`` inlines
+``exp_neg``; an install or a checkout that changes the file itself recompiles it).
 """
 from __future__ import annotations
 
