@@ -397,9 +397,7 @@ def _row_sum_region(dense: np.ndarray, values: TensorHandle, dims: list[tuple[in
         index = (index[:, None] + np.arange(size, dtype=np.int64)[None, :] * strides[side]).reshape(-1)
     flat = strided(values, 0, (int(index.max()) + 1,), (1,))
     lo, hi, _ = _compiled_clamp(activation)
-    rows = index.size
-    parts = regions if out.size >= REGION_MIN_ELEMENTS else 1
-    bounds = _bounds(_even_spans(rows, parts))
+    bounds = _row_bounds(index.size, width, regions)
     return OpPlan((_region_items(cpu_parallel.row_sum_spans, [(dense, flat, index, out, bounds, width, lo, hi)],
                                  None, out),), "sum", keep=(index, bounds))
 

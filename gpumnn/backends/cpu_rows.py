@@ -37,6 +37,15 @@ def _row_region(fn):
 
 
 @cpu_jit.inlined
+def _row_sum(row):
+    """The sum of a row, in any order (``ROW_FAST``: vectorised partial sums)."""
+    total = _ZERO
+    for i in range(row.shape[0]):
+        total += row[i]
+    return total
+
+
+@cpu_jit.inlined
 def _softmax_row(x, o, log):
     """o = softmax(x) (log: log-softmax) over one row."""
     n = x.shape[0]
@@ -50,8 +59,8 @@ def _softmax_row(x, o, log):
         for i in range(n):
             o[i] = np.float32(np.nan)
         return
-    total = _ZERO
     if log:
+        total = _ZERO
         for i in range(n):
             total += exp_neg(peak - x[i])
         shift = np.float32(np.log(total))
@@ -60,9 +69,7 @@ def _softmax_row(x, o, log):
         return
     for i in range(n):
         o[i] = exp_neg(peak - x[i])
-    for i in range(n):
-        total += o[i]
-    scale = _ONE / total
+    scale = _ONE / _row_sum(o)
     for i in range(n):
         o[i] *= scale
 
@@ -84,10 +91,7 @@ def normalize_rows(x, o, scale, shift, eps, affine, bounds):
     for j in numba.prange(bounds.shape[0] - 1):
         for r in range(bounds[j], bounds[j + 1]):
             row, out = x[r], o[r]
-            total = _ZERO
-            for i in range(row.shape[0]):
-                total += row[i]
-            mean = total / size
+            mean = _row_sum(row) / size
             squares = _ZERO
             for i in range(row.shape[0]):
                 d = row[i] - mean
@@ -111,11 +115,7 @@ def mean_rows(x, o, bounds):
     inv = _ONE / np.float32(x.shape[1])
     for j in numba.prange(bounds.shape[0] - 1):
         for r in range(bounds[j], bounds[j + 1]):
-            row = x[r]
-            total = _ZERO
-            for i in range(row.shape[0]):
-                total += row[i]
-            o[r] = total * inv
+            o[r] = _row_sum(x[r]) * inv
 
 
 __all__ = ["ROW_FAST", "mean_rows", "normalize_rows", "softmax_rows"]
