@@ -11,6 +11,11 @@
 #   profile where the time goes on cuda: `gpumnn plan M --backend cuda` (each op recorded alone beside
 #           the whole recorded run) for the paper's three, and PyTorch beside the GPU backends only
 #           (vulkan, gl, cuda: the cpu and opencl eager series take most of a bench phase's time)
+#   runbook  issue 29 part 4 in one call, in order of value, each step capped so the rest still run:
+#           `gpumnn calibrate` on every API (the stored calibrations come back: the device profile),
+#           PyTorch (fp32, no TF32) beside every GPU backend on the paper's three, `gpumnn plan` per op
+#           on cuda, the cuda tests, the cpu beside ONNX Runtime at the host's threads, and the
+#           vulkan model tests and a session soak through NVIDIA's driver with what time is left
 #   placement  issue 10 on a real GPU: `bench/placement.py --calibrate` (each backend and auto, the
 #           estimate beside the measured time) on the zoo, then forced splits of SqueezeNet-1.1
 #           (one branch of every fire module on cuda off a cpu hub, and the reverse)
@@ -24,7 +29,7 @@
 # GPUMNN_GPU_SETUP=0 skips the unpacking and installing (for a dry run of a phase on a machine that
 # has everything, with PYTHON naming its interpreter).
 set -uo pipefail
-PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench|profile|placement}
+PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench|profile|runbook|placement}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/bench/results/gpu}
@@ -33,9 +38,11 @@ mkdir -p "$OUT" "$RES"
 exec > >(tee "$OUT/$PHASE.log") 2>&1
 DEADLINE=$(( $(date +%s) + ${GPUMNN_PHASE_SECONDS:-540} ))
 left() { echo $(( DEADLINE - $(date +%s) )); }
-step() {  # step NAME COMMAND...: run with the phase's remaining time, record its exit status
+step() {  # step NAME COMMAND...: run with the phase's remaining time (or GPUMNN_STEP_CAP seconds,
+  # where it is set and less), record its exit status
   local name=$1; shift
   local remaining; remaining=$(left)
+  if [ -n "${GPUMNN_STEP_CAP:-}" ] && (( GPUMNN_STEP_CAP < remaining )); then remaining=$GPUMNN_STEP_CAP; fi
   local line  # banners go to stderr, so a step's stdout can be redirected into a result file
   if (( remaining < 20 )); then line="== $name: not run (phase time spent)"
   else
@@ -141,5 +148,27 @@ case $PHASE in
     step split-cuda-hub "$PYTHON" bench/placement.py squeezenet1_1 --split cuda 'expand3x3'=cpu --runs 5 --repeats 5 \
       | tee "$RES/split_cuda_hub.txt"
     ;;
-  *) echo "unknown phase $PHASE (tests, apis, bench, profile or placement)"; exit 2 ;;
+  runbook)
+    paper=$("$PYTHON" -c "from gpumnn import zoo; print(*zoo.PAPER_MODELS)")
+    GPUMNN_STEP_CAP=${CAP_CALIBRATE:-100} step calibrate "$PYTHON" -m gpumnn calibrate --backend cuda vulkan gl opencl cpu \
+      | tee "$RES/calibrate.txt"
+    mkdir -p "$RES/calibration" && cp "$GPUMNN_CACHE_DIR"/calibration/*.json "$RES/calibration/" 2>/dev/null
+    GPUMNN_STEP_CAP=${CAP_TORCH:-150} step torch-fp32 "$PYTHON" bench/torch_peer.py $paper --backend cuda vulkan gl opencl \
+      --repeats 3 --torch-precision fp32 --save-json "$RES/torch_fp32.json" | tee "$RES/torch_fp32.txt"
+    for m in resnet18 squeezenet1_1; do
+      GPUMNN_STEP_CAP=${CAP_PLAN:-25} step "plan-$m" "$PYTHON" -m gpumnn plan "$m" --backend cuda --runs 10 \
+        | tee "$RES/plan_cuda_$m.txt"
+    done
+    export GPUMNN_REQUIRE_BACKENDS=cuda
+    GPUMNN_STEP_CAP=${CAP_TESTS:-110} step cuda-tests "${PYTEST[@]}" "${XDIST[@]}" tests -k cuda \
+      --junitxml="$RES/cuda_tests.xml" | tail -30 | tee "$RES/cuda_tests.txt"
+    unset GPUMNN_REQUIRE_BACKENDS
+    GPUMNN_STEP_CAP=${CAP_CPU:-50} step cpu-threads "$PYTHON" -m gpumnn bench $paper transformer_encoder --backend cpu \
+      --threads "$(nproc)" --no-eager --repeats 5 | tee "$RES/cpu_threads.txt"
+    GPUMNN_STEP_CAP=${CAP_SOAK:-40} step vulkan-soak "$PYTHON" bench/soak.py --backend vulkan,gl,cuda --cycles 100 \
+      --model tiny | tee "$RES/soak.txt"
+    GPUMNN_REQUIRE_BACKENDS=vulkan step vulkan-models "${PYTEST[@]}" "${XDIST[@]}" tests/test_models.py -k vulkan \
+      --junitxml="$RES/vulkan_models.xml" | tail -30 | tee "$RES/vulkan_models.txt"
+    ;;
+  *) echo "unknown phase $PHASE (tests, apis, bench, profile, runbook or placement)"; exit 2 ;;
 esac

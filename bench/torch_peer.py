@@ -22,8 +22,12 @@ gpumnn's cuda backend and PyTorch (the other gpumnn backends take host arrays on
 ``torch.cuda.synchronize()`` inside every timed call. The ratios of issue 9's targets are
 printed beside their target, never asserted.
 
+PyTorch's precision is gpumnn's: ``--torch-precision fp32`` (default) turns TF32 off in cuDNN's
+convolutions and cuBLAS's products, as gpumnn's float32 kernels use none; ``tf32`` keeps PyTorch's
+defaults (TF32 convolutions), for comparison with a TF32 scheme.
+
     python bench/torch_peer.py [models...|all] [--backend all] [--io host|device] [--runs 10]
-                               [--repeats 5] [--threads N] [--json] [--png DIR]
+                               [--repeats 5] [--threads N] [--torch-precision fp32|tf32] [--json] [--png DIR]
 """
 from __future__ import annotations
 
@@ -270,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="host: NumPy in and out everywhere (default); device: a CUDA tensor in, outputs left "
                              "on the GPU, for gpumnn cuda and PyTorch on CUDA")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--torch-precision", choices=("fp32", "tf32"), default="fp32",
+                        help="fp32: no TF32 in PyTorch's convolutions and products, as gpumnn (default); "
+                             "tf32: PyTorch's defaults")
     add_protocol_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print JSON (raw samples) instead of the report")
     parser.add_argument("--save-json", metavar="FILE", help="also write that JSON into FILE")
@@ -287,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.io == "device" and not torch_device.startswith("cuda"):
         parser.error("--io device needs PyTorch on CUDA")
     torch.set_num_threads(args.threads)
+    tf32 = args.torch_precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
     models = list(zoo.MODELS) if args.models == ["all"] else args.models
     backends, skipped = resolve_backends(args.backend)
     graph = torch_device.startswith("cuda")
@@ -298,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                                  args.runs, args.warmup, args.repeats, args.pause))
         except Exception as exc:  # one model's failure must not hide the others
             rows.append(BenchRow(model, torch_device, note=f"failed: {type(exc).__name__}: {exc}"[:200]))
-    document = json.dumps({"threads": args.threads, "runs": args.runs, "warmup": args.warmup, "repeats": args.repeats,
+    document = json.dumps({"threads": args.threads, "torch_precision": args.torch_precision, "runs": args.runs, "warmup": args.warmup, "repeats": args.repeats,
                            "pause": args.pause, "io": args.io, "torch_device": torch_device, "skipped": skipped,
                            "targets": [vars(t) | {"models": list(t.models or [])} for t in TARGETS],
                            "rows": rows_as_dicts(rows, series, ratios)}, indent=2)
@@ -307,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(document)
     else:
-        header = (f"batch 1, io={args.io}; each repeat times {', '.join(series)} in turn, {args.pause:g} s apart "
+        header = (f"batch 1, io={args.io}, PyTorch in {args.torch_precision}; each repeat times {', '.join(series)} in turn, {args.pause:g} s apart "
                   f"({args.warmup} warm-up, "
                   f"then the mean of {args.runs} runs); ms: median over {args.repeats} repeats (min-max); ratios: "
                   f"median of per-repeat ratios (min-max); err: relative L2 vs ONNX Runtime")

@@ -42,15 +42,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from .backends import available_backends
     from .scheduler.calibration import calibrate, cache_path
     names = available_backends() if args.backend == ["all"] else args.backend
-    for name in names:
-        backend = create_backend(name)
+    failed = 0
+    for name in names:  # a backend that cannot start is reported, and the others still measured
+        try:
+            backend = create_backend(name)
+        except GpumnnError as exc:
+            print(f"{name:<7} not calibrated: {exc}", file=sys.stderr)
+            failed += 1
+            continue
         try:
             result = calibrate(backend, quick=args.quick)
         finally:
             backend.close()
         print(f"{name:<7} {result.device}\n        {result.describe()} ({result.seconds:.1f} s)"
-              f"\n        stored in {cache_path(backend)}")
-    return 0
+              f"\n        stored in {cache_path(backend)}", flush=True)
+    return 1 if failed else 0
 
 
 def _charts_ready(png: str | None) -> bool:
