@@ -16,6 +16,9 @@
 #           PyTorch (fp32, no TF32) beside every GPU backend on the paper's three, `gpumnn plan` per op
 #           on cuda, the cuda tests, the cpu beside ONNX Runtime at the host's threads, and the
 #           vulkan model tests and a session soak through NVIDIA's driver with what time is left
+#   schemes the scheme step's choice against every convolution sliding and every 3x3 in F(2x2, 3x3)
+#           on three zoo models and each GPU API (bench/schemes.py --tables m), the paper's Table 1 on
+#           cuda and vulkan, then the model tests on gl and opencl through NVIDIA's drivers
 #   placement  issue 10 on a real GPU: `bench/placement.py --calibrate` (each backend and auto, the
 #           estimate beside the measured time) on the zoo, then forced splits of SqueezeNet-1.1
 #           (one branch of every fire module on cuda off a cpu hub, and the reverse)
@@ -29,7 +32,7 @@
 # GPUMNN_GPU_SETUP=0 skips the unpacking and installing (for a dry run of a phase on a machine that
 # has everything, with PYTHON naming its interpreter).
 set -uo pipefail
-PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench|profile|runbook|placement}
+PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench|profile|runbook|schemes|placement}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/bench/results/gpu}
@@ -170,5 +173,13 @@ case $PHASE in
     GPUMNN_REQUIRE_BACKENDS=vulkan step vulkan-models "${PYTEST[@]}" "${XDIST[@]}" tests/test_models.py -k vulkan \
       --junitxml="$RES/vulkan_models.xml" | tail -30 | tee "$RES/vulkan_models.txt"
     ;;
-  *) echo "unknown phase $PHASE (tests, apis, bench, profile, runbook or placement)"; exit 2 ;;
+  schemes)
+    GPUMNN_STEP_CAP=${CAP_SCHEMES:-200} step schemes-models "$PYTHON" bench/schemes.py --tables m --backends cuda,vulkan,opencl,gl \
+      --models resnet18 squeezenet1_1 resnet50 --repeats 3 --runs 10 | tee "$RES/schemes_models.txt"
+    GPUMNN_STEP_CAP=${CAP_TABLE1:-60} step schemes-table1 "$PYTHON" bench/schemes.py --tables 1 --backends cuda,vulkan \
+      --repeats 5 | tee "$RES/schemes_table1.txt"
+    GPUMNN_REQUIRE_BACKENDS=gl,opencl step gl-opencl-models "${PYTEST[@]}" "${XDIST[@]}" tests/test_models.py -k "gl or opencl" \
+      --junitxml="$RES/gl_opencl_models.xml" | tail -30 | tee "$RES/gl_opencl_models.txt"
+    ;;
+  *) echo "unknown phase $PHASE (tests, apis, bench, profile, runbook, schemes or placement)"; exit 2 ;;
 esac

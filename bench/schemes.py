@@ -11,7 +11,14 @@ Every variant of one setting is a session prepared once; the variants are timed 
 repeats in milliseconds with the spread (min-max) after it. Outputs are checked against the
 first variant's (relative L2).
 
-    python bench/schemes.py [--backends cpu,opencl] [--repeats 5] [--json]
+Models (``--models``): each zoo model as the scheme step plans it (Ours), with every convolution
+forced to the sliding window (one kernel each: Sliding) and with every 3x3 convolution forced to
+F(2x2, 3x3) (WinoMin, the smallest Winograd tile); per variant the ms (the mean of ``--runs`` runs)
+and the atomic ops a run submits, so a rewrite's extra launches are weighed against the
+multiplications it saves on the device at hand.
+
+    python bench/schemes.py [--backends cpu,opencl] [--repeats 5] [--tables 1,3] [--json]
+    python bench/schemes.py --tables m --models resnet18 squeezenet1_1 --backends cuda
 """
 from __future__ import annotations
 
@@ -59,13 +66,14 @@ def _session(model: onnx.ModelProto, backend: str, **force):
         return gpumnn.load(model).session(backend=backend, fallback=False)
 
 
-def time_alternating(sessions: dict, feeds: dict, repeats: int) -> dict:
-    """{variant: (median ms, min ms, max ms, relative L2 to the first variant)}: one run of each
-    variant per repeat (:func:`gpumnn.benchmark.alternate`), after one untimed run of each."""
-    outputs = {name: s.run(feeds)["y"] for name, s in sessions.items()}  # warm-up and answers
+def time_alternating(sessions: dict, feeds: dict, repeats: int, runs: int = 1) -> dict:
+    """{variant: (median ms, min ms, max ms, relative L2 to the first variant)}: the mean of
+    ``runs`` runs of each variant per repeat (:func:`gpumnn.benchmark.alternate`), after one
+    untimed run of each."""
+    outputs = {name: next(iter(s.run(feeds).values())) for name, s in sessions.items()}  # warm-up and answers
     first = next(iter(outputs.values()))
-    samples = alternate({name: (lambda s=s: s.run(feeds)) for name, s in sessions.items()}, repeats, runs=1, warmup=0)
-    cells = {name: Spread.of([ms for (ms,) in repeats_]) for name, repeats_ in samples.items()}
+    samples = alternate({name: (lambda s=s: s.run(feeds)) for name, s in sessions.items()}, repeats, runs=runs, warmup=0)
+    cells = {name: Spread.of([float(np.mean(times)) for times in repeats_]) for name, repeats_ in samples.items()}
     return {name: (c.median, c.low, c.high, rel_l2(outputs[name], first)) for name, c in cells.items()}
 
 
@@ -108,23 +116,46 @@ def table3(backend: str, repeats: int) -> list[dict]:
     return rows
 
 
-def _print(title: str, backend: str, rows: list[dict]) -> None:
-    print(f"\n{title} on {backend}: median ms (min-max) over alternating repeats; [rel. L2 vs first]")
+def table_models(backend: str, models: list[str], repeats: int, runs: int, on_row=None) -> list[dict]:
+    from gpumnn.benchmark import load_model
+    rows = []
+    for name in models:
+        _, model, feeds = load_model(name)
+        sessions = {"Ours": _session(model, backend), "Sliding": _session(model, backend, conv=("im2col", 0)),
+                    "WinoMin F(2)": _session(model, backend, conv=("winograd", 2))}
+        result = time_alternating(sessions, feeds, repeats, runs)
+        ops = {variant: len(s.program.ops) for variant, s in sessions.items()}
+        rows.append({"setting": name, "ours": ", ".join(f"{v} {n} ops" for v, n in ops.items()), "times": result})
+        for s in sessions.values():
+            s.close()
+        if on_row is not None:  # as each model ends, so a run cut short keeps what it measured
+            on_row(rows[-1])
+    return rows
+
+
+def _print(title: str | None, backend: str, rows: list[dict]) -> None:
+    if title is not None:
+        print(f"\n{title} on {backend}: median ms (min-max) over alternating repeats; [rel. L2 vs first]", flush=True)
     for row in rows:
-        cells = "  ".join(f"{name} {med:.1f} ({lo:.1f}-{hi:.1f}) [{err:.0e}]"
+        cells = "  ".join(f"{name} {med:.3g} ({lo:.3g}-{hi:.3g}) [{err:.0e}]"
                           for name, (med, lo, hi, err) in row["times"].items())
-        print(f"  {row['setting']}: {cells}   -> ours: {row['ours']}")
+        print(f"  {row['setting']}: {cells}   -> ours: {row['ours']}", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default=",".join(b for b in gpumnn.available_backends() if b != "cuda"))
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--tables", default="1,3")
+    parser.add_argument("--tables", default="1,3", help="1, 3 and m (models), comma-separated")
+    parser.add_argument("--models", nargs="+", default=["resnet18", "squeezenet1_1"], help="zoo models for table m")
+    parser.add_argument("--runs", type=int, default=10, help="runs per figure in table m")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     report = {}
     for backend in args.backends.split(","):
+        if backend not in gpumnn.available_backends():
+            print(f"\n{backend}: not available here")
+            continue
         entry = {}
         if "1" in args.tables:
             entry["table1"] = table1(backend, args.repeats)
@@ -134,6 +165,11 @@ def main() -> None:
             entry["table3"] = table3(backend, args.repeats)
             if not args.json:
                 _print("Table 3 (Strassen)", backend, entry["table3"])
+        if "m" in args.tables:
+            if not args.json:
+                _print("Models: the scheme step's choice, every convolution sliding, every 3x3 F(2x2, 3x3)", backend, [])
+            entry["models"] = table_models(backend, args.models, args.repeats, args.runs,
+                                           on_row=None if args.json else (lambda row: _print(None, backend, [row])))
         report[backend] = entry
     if args.json:
         print(json.dumps(report, indent=1, default=str))

@@ -218,8 +218,9 @@ _FORCED_VAR: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("gp
 @contextlib.contextmanager
 def forced_schemes(conv: tuple[str, int] | None = None, strassen: int | None = None) -> Iterator[None]:
     """Within the block, sessions use ``conv`` = (scheme, Winograd tile) for every convolution
-    it fits (``("im2col", 0)``, ``("winograd", n)``) and ``strassen`` levels (0: plain GEMM) for
-    every matrix product it fits, instead of the cost model's choice. For measuring the choices
+    it fits (``("im2col", 0)``: the sliding window wherever Winograd could be chosen;
+    ``("winograd", n)``) and ``strassen`` levels (0: plain GEMM) for every matrix product it
+    fits, instead of the cost model's choice. For measuring the choices
     against each other (``bench/schemes.py``) and for tests; sessions never use it otherwise."""
     forced = dict(_FORCED_VAR.get())
     forced.update({k: v for k, v in (("conv", conv), ("strassen", strassen)) if v is not None})
@@ -235,6 +236,8 @@ def _forced_conv(op: A.Conv2D, weights_constant: bool, candidates: list) -> list
     if scheme == "winograd" and not (winograd_fits(op, weights_constant) and tile in winograd_tiles(op.kernel)):
         return candidates
     if scheme in ("depthwise", "gemm1x1") and conv_scheme(op) != scheme:
+        return candidates
+    if scheme == "im2col" and conv_scheme(op) != "im2col":  # the sliding window instead of Winograd only
         return candidates
     return [(scheme, tile, "(forced)")] + candidates
 
