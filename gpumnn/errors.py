@@ -66,6 +66,13 @@ class SessionClosedError(GpumnnError, RuntimeError):
     """A session (or its backend) was used after ``close()``."""
 
 
+class DeviceLostError(GpumnnError, RuntimeError):
+    """A device stopped answering: a submission did not finish within the session's
+    ``submit_timeout`` (the message names the backend, the device and the ops in flight), or the
+    driver reported the device lost. The device is marked lost, so later calls on it fail at
+    once with the same reason; a new session gets a fresh device where the API can make one."""
+
+
 class ResourceError(GpumnnError, MemoryError):
     """A model needs more memory than a device (or the host) can give.
 

@@ -37,7 +37,8 @@ import numpy as np
 
 from . import atomic as A
 from .backends import available_backends, create_backend
-from .backends.base import Backend
+from .backends import deferred
+from .backends.base import DEFAULT_SUBMIT_TIMEOUT, Backend
 from .backends.cpu import CpuBackend
 from .backends.limits import release_freed_memory
 from .device_arrays import host_array, is_device_array
@@ -69,7 +70,8 @@ class Session:
                  input_shapes: Mapping[str, Sequence[int]] | None = None,
                  record: bool = True, threads: int | None = None, fallback: bool = True,
                  max_concurrent_runs: int | None = None, shape_cache: int = DEFAULT_SHAPE_CACHE,
-                 placement: Mapping[str, str] | None = None, **backend_options: Any):
+                 placement: Mapping[str, str] | None = None, submit_timeout: float | None = None,
+                 **backend_options: Any):
         started = time.perf_counter()
         self.graph = graph
         self.record = record
@@ -83,8 +85,15 @@ class Session:
         self.pins = dict(placement or {})
         #: the backends placement chooses among (``backends`` also holds the CPU, for fallback, and pinned ones)
         self.candidates: list[str] = []
+        timeout = DEFAULT_SUBMIT_TIMEOUT if submit_timeout is None else float(submit_timeout)
+        if not timeout > 0:
+            raise ValueError(f"submit_timeout must be a positive number of seconds, not {submit_timeout}")
         self.backends = self._start_backends(backend, threads, fallback, backend_options)
-        self._closer = weakref.finalize(self, _close_backends, list(self.backends.values()))  # close(), GC or exit
+        for started_backend in self.backends.values():
+            started_backend.submit_timeout = timeout
+        # close() closes at once; a dropped session's finalizer only queues the close (_finalize)
+        self._closer = weakref.finalize(self, _finalize, list(self.backends.values()))
+        _open_sessions.add(self)
         self.backend = "+".join(self.candidates) if backend != "auto" or self.fallback_reason else "auto"
         #: whose device arrays runs take and return: the first device backend among the candidates
         self.device_backend = next((b for b in self.candidates if b != "cpu"), self.candidates[0])
@@ -338,11 +347,14 @@ class Session:
             for shape_set in cache.close():
                 shape_set.close()  # waits for its runs in flight; pools and constants go before their backends
         parts = getattr(self, "_parts", None)
-        if parts is not None:
-            with parts.build_lock:  # no preparation half done on a closed device
-                self._closer()
-        else:
-            self._closer()
+        closer = self._closer.detach()  # None: closed before (or by its finalizer)
+        if closer is not None:
+            _, _, (backends,), _ = closer
+            if parts is not None:
+                with parts.build_lock:  # no preparation half done on a closed device
+                    _close_backends(backends)
+            else:
+                _close_backends(backends)
 
     @property
     def closed(self) -> bool:
@@ -395,6 +407,30 @@ def _to_storage(name: str, array: Any, want: np.dtype) -> Any:
     if not isinstance(array, np.ndarray):
         return array
     return np.ascontiguousarray(array, dtype=storage)
+
+
+#: sessions not yet closed, closed first at interpreter exit (``deferred.on_exit``)
+_open_sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
+
+
+def _close_open_sessions() -> None:
+    for session in list(_open_sessions):
+        session._closer()
+
+
+deferred.on_exit(_close_open_sessions, first=True)
+
+
+def _finalize(backends: list[Backend]) -> None:
+    """A dropped session's finalizer. It may run inside another session's call on the same
+    device (wherever the garbage collector starts) or on another thread, so it frees nothing
+    there: each backend queues its close for its device's next safe point (``close_later``,
+    see ``backends.deferred``). At interpreter exit nothing is in flight: it closes at once."""
+    if deferred.exiting:
+        _close_backends(backends)
+        return
+    for backend in backends:
+        backend.close_later()
 
 
 def _close_backends(backends: list[Backend]) -> None:

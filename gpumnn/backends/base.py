@@ -55,6 +55,11 @@ from ..atomic import AtomicOp
 from ..errors import BackendOptionError, DeviceArrayError
 from .limits import MemoryLimits, host_limits
 
+#: Seconds a backend waits for one submission before it calls the device hung (``submit_timeout``,
+#: a session option): the longest submission in CI, a whole zoo model recorded on lavapipe or
+#: llvmpipe on two busy cores, takes seconds, so two minutes is a hang and not a slow device.
+DEFAULT_SUBMIT_TIMEOUT = 120.0
+
 #: The schemes every backend's kernel for these ops builds: the general algorithms (sliding
 #: window, plain GEMM) that are correct for any geometry. Faster ones are listed per backend.
 GENERAL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: frozenset({"im2col"}), A.MatMul: frozenset({"gemm"})}
@@ -258,6 +263,11 @@ class Backend(ABC):
     #: arrays (DLPack or CUDA-array-interface tensors on its GPU) and returns them without a host
     #: round trip (``device_array``, ``write``, ``read_device``, ``to_device``, ``to_host``)
     device_arrays_unsupported: ClassVar[str | None] = "it has no way to use another API's device memory"
+
+    #: seconds a wait for one submission may take before the backend raises DeviceLostError and
+    #: marks its device lost (where the API has a bounded wait: Vulkan fences, GL fence syncs);
+    #: the session sets it from its ``submit_timeout`` option
+    submit_timeout: float = DEFAULT_SUBMIT_TIMEOUT
 
     #: the clock ``measure_recording`` reads: "host" (perf_counter around a submit: the default) or
     #: the device's own ("OpenCL profiling events", "Vulkan timestamp queries", ...)
@@ -595,6 +605,14 @@ class Backend(ABC):
 
     def close(self) -> None:
         """Free device resources; the backend is unusable afterwards."""
+
+    def close_later(self) -> None:
+        """What a dropped session's finalizer calls (see ``gpumnn.backends.deferred``): a backend
+        whose objects must not be freed inside another call on its device (Vulkan, OpenGL)
+        queues its close for the device's next safe point. The default closes at once: NumPy
+        arrays, and OpenCL and CUDA objects, which their drivers keep alive while enqueued
+        work uses them, may go anywhere."""
+        self.close()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.info.device!r}>"

@@ -43,7 +43,7 @@ import numpy as np
 import moderngl  # ModuleNotFoundError propagates: the registry says "pip install 'gpumnn[gl]'"
 
 from .. import atomic as A
-from ..errors import BackendUnavailableError, GpumnnError
+from ..errors import BackendUnavailableError, DeviceLostError, GpumnnError
 from ..shaders.compile import ShaderCompileError, preprocess
 from . import gl_context
 from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words, host_out, kernel_family, kernels_option
@@ -63,9 +63,12 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 def _in_context(method: _Method) -> _Method:
-    """Run a GLBackend verb inside ``activate()`` (its context current in this thread)."""
+    """Run a GLBackend verb inside ``activate()`` (its context current in this thread); on a lost
+    context, DeviceLostError with the reason instead."""
     @functools.wraps(method)
     def wrapper(self: "GLBackend", *args: Any, **kwargs: Any) -> Any:
+        if self._lost is not None:
+            raise DeviceLostError(f"gl backend: the context is lost: {self._lost}")
         with self.activate():
             return method(self, *args, **kwargs)
     return wrapper  # type: ignore[return-value]
@@ -166,6 +169,7 @@ class GLBackend(Backend):
                                  "extensions gpumnn does not use; pass a host array, or use the cuda backend")
     alignment = 64
     plan_error = GLError
+    _lost: str | None = None  # set by a submission past submit_timeout
 
     def __init__(self, kernels: str | None = None, **unknown: Any):
         """``kernels``: "auto" (simd on software renderers, tiled on GPUs), "simd" or "tiled".
@@ -179,6 +183,8 @@ class GLBackend(Backend):
         previous = gl_context.current_egl()
         self._pooled = gl_context.acquire(_create_context)  # a reused context (with its programs), current here
         self.ctx = self._pooled.ctx
+        self._egl_context = gl_context.current_context()  # what activate() checks it made current
+        self._lost: str | None = None  # why the context is unusable (a submission that never finished)
         try:
             self._setup(requested)
         except BaseException:
@@ -243,13 +249,18 @@ class GLBackend(Backend):
         """This backend's context current in the calling thread, exclusively, until the
         outermost bracket closes; then what was current before (usually nothing, so the context
         is current in no thread, ready for any other)."""
-        with self._lock:
+        with gl_context.releases.bracket(), self._lock:  # an outermost GL bracket: queued closes run first
             if self._closed:
                 raise GLError("the OpenGL backend is closed")
             outermost = self._depth == 0
             if outermost:
                 previous = gl_context.current_egl()  # another backend's bracket in this thread, if any
                 self.ctx.__enter__()
+                if self._egl_context is not None and gl_context.current_context() != self._egl_context:
+                    if previous is not None:
+                        gl_context.make_current_egl(previous)
+                    raise GLError(f"{self.renderer}: the backend's OpenGL context could not be made current in this "
+                                  "thread (it is current in another one); nothing was done in another context")
             self._depth += 1
             try:
                 yield
@@ -294,7 +305,7 @@ class GLBackend(Backend):
         return buf
 
     def release(self, buffer: Any) -> None:
-        if self._closed or not isinstance(buffer, GLBuffer) or not buffer.alive:
+        if self._closed or self._lost is not None or not isinstance(buffer, GLBuffer) or not buffer.alive:
             return
         with self.activate():
             if self._buffers.pop(buffer.id, None) is None:
@@ -386,8 +397,23 @@ class GLBackend(Backend):
     # -- run -------------------------------------------------------------------------------
     @_in_context
     def _submit(self, recording: GLRecording) -> None:
+        """Issue, then wait (for a fence sync, bounded by ``submit_timeout``, where the GL has them)."""
         self._issue(recording)
-        self.ctx.finish()
+        fences = self._pooled.fences()
+        if fences is None:
+            self.ctx.finish()
+            return
+        self._wait_fence(fences, fences.fence(), recording)
+
+    def _wait_fence(self, fences: Any, sync: int, recording: GLRecording | None) -> None:
+        done = fences.wait(sync, self.submit_timeout)
+        if done is None:
+            what = f"{recording.dispatches} dispatches" if recording is not None else "a submission"
+            self._lost = (f"{self.renderer}: a submission ({what}) did not finish within "
+                          f"submit_timeout={self.submit_timeout:g} s")
+            raise DeviceLostError(f"gl backend: {self._lost}")
+        if not done:
+            raise GLError("glClientWaitSync failed: the GL lost the context or the submission")
 
     @_in_context
     def _submit_async(self, recording: GLRecording) -> Any:
@@ -404,8 +430,7 @@ class GLBackend(Backend):
 
     @_in_context
     def _wait(self, ticket: Any) -> None:
-        if not self._pooled.fences().wait(ticket):
-            raise GLError("glClientWaitSync failed: the GL lost the context or the submission")
+        self._wait_fence(self._pooled.fences(), ticket, None)
 
     def _issue(self, recording: GLRecording) -> None:
         """Issue a recording's dispatches (and the barrier after them) without waiting."""
@@ -458,9 +483,18 @@ class GLBackend(Backend):
             ctx.finish()
 
     # -- lifetime --------------------------------------------------------------------------
+    def close_later(self) -> None:
+        """A dropped session's finalizer (perhaps on a thread where another context is current,
+        or inside another backend's bracket): the close waits for the next outermost GL bracket."""
+        if not self._closed:
+            gl_context.releases.defer(self.close)
+
     def close(self) -> None:
         with self._lock:
             if self._closed:
+                return
+            if self._lost is not None:  # a submission may still run in the context: leave it be
+                self._closed = True
                 return
             try:
                 with self.activate():

@@ -15,14 +15,16 @@ on return. Contexts of other platforms (GLX) are released as before.
 """
 from __future__ import annotations
 
-import atexit
 import ctypes
 import functools
 import threading
+import time
 from collections import OrderedDict
 from typing import Any, Callable
 
 import moderngl
+
+from . import deferred
 
 #: idle contexts kept for the next backend
 MAX_IDLE = 4
@@ -32,6 +34,10 @@ MAX_PROGRAMS = 256
 _lock = threading.Lock()
 _idle: list["PooledContext"] = []
 _egl: Any = None
+#: closes of GL backends that dropped sessions' finalizers queued: a GL context may be current in
+#: another thread, or the collector may run inside another context's bracket, so they wait for the
+#: outermost GL bracket of some thread (``GLBackend.activate``) or interpreter exit
+releases = deferred.DeferredReleases("gl")
 
 
 class PooledContext:
@@ -73,7 +79,12 @@ class PooledContext:
             program.prog.release()
 
     def release(self) -> None:
-        """Delete the programs and the context (it must be current in this thread)."""
+        """Delete the programs and the context (it must be current in this thread). The context
+        is made current nowhere before it is destroyed: EGL destroys a context that is still
+        current only once it is let go, so it stayed current in this thread, and the brackets
+        that save and restore what is current then restored a dead context, leaving the next
+        backend's context current here for good (another thread could not make it current, and
+        that backend's close deleted its buffer names in whatever context was current there)."""
         try:
             for program in self.programs.values():
                 program.prog.release()
@@ -81,6 +92,7 @@ class PooledContext:
                 self._timestamps.release()
         finally:
             self.programs.clear()
+            _let_go_egl()
             self.ctx.release()
 
 
@@ -175,16 +187,20 @@ class Fences:
         self._lib.glFlush()
         return sync
 
-    def wait(self, sync: int) -> bool:
+    def wait(self, sync: int, timeout: float | None = None) -> bool | None:
         """Wait until the commands before ``sync`` are done, then delete it; False where the GL
-        says the wait failed."""
+        says the wait failed, None where ``timeout`` seconds passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
-                result = self._lib.glClientWaitSync(sync, _GL_SYNC_FLUSH_COMMANDS_BIT, _GL_WAIT_STEP_NS)
+                step = _GL_WAIT_STEP_NS if deadline is None else int(1e9 * min(1.0, max(0.0, deadline - time.monotonic())))
+                result = self._lib.glClientWaitSync(sync, _GL_SYNC_FLUSH_COMMANDS_BIT, step)
                 if result in _GL_WAIT_DONE:
                     return True
                 if result == _GL_WAIT_FAILED:
                     return False
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
         finally:
             self._lib.glDeleteSync(sync)
 
@@ -252,6 +268,12 @@ def make_current_egl(state: tuple) -> None:
     _egl_lib().eglMakeCurrent(*state)
 
 
+def current_context() -> int | None:
+    """The EGL context current in this thread (its handle), None if none."""
+    state = current_egl()
+    return None if state is None else state[3]
+
+
 def _let_go_egl() -> bool:
     """Make no EGL context current in this thread, so another thread may take it."""
     try:
@@ -292,6 +314,6 @@ def release_idle_contexts() -> int:
     return len(idle)
 
 
-atexit.register(release_idle_contexts)
+deferred.on_exit(release_idle_contexts)  # after every open session is closed (see deferred)
 
-__all__ = ["MAX_IDLE", "MAX_PROGRAMS", "PooledContext", "acquire", "give_back", "release_idle_contexts"]
+__all__ = ["MAX_IDLE", "MAX_PROGRAMS", "PooledContext", "acquire", "give_back", "release_idle_contexts", "releases"]

@@ -90,9 +90,10 @@ class _Dispatch:
 class VulkanRecording:
     """A recorded primary command buffer; freed by the backend once this object is dropped."""
 
-    def __init__(self, backend: "VulkanBackend", cmd, dispatches: int, barriers: int):
+    def __init__(self, backend: "VulkanBackend", cmd, dispatches: int, barriers: int, ops: str = ""):
         self._backend = weakref.ref(backend)
         self.cmd = cmd
+        self.ops = ops  # what it runs, named when a submission of it times out
         self.dispatches = dispatches
         self.barriers = barriers
 
@@ -133,6 +134,7 @@ class VulkanBackend(Backend):
         if validation is None:
             validation = os.environ.get("GPUMNN_VULKAN_VALIDATION", "").strip().lower() in ("1", "true", "yes", "on")
         self.dev = VulkanDevice(device, validation=bool(validation))
+        self._deferred = self.dev.shared.deferred  # closes of dropped sessions on this device (see activate)
         try:
             self._setup(requested, force_staging)
         except BaseException:
@@ -205,6 +207,20 @@ class VulkanBackend(Backend):
         """The Vulkan version the device implements, the driver's name and version text, and
         driverVersion (e.g. "Vulkan 1.3.230; llvmpipe Mesa 22.3.6 (LLVM 15.0.6); driverVersion 0x1")."""
         return self.dev.driver
+
+    @property
+    def submit_timeout(self) -> float:
+        """Seconds a submission may take before the device is called hung (DeviceLostError)."""
+        return self.dev.submit_timeout
+
+    @submit_timeout.setter
+    def submit_timeout(self, seconds: float) -> None:
+        self.dev.submit_timeout = float(seconds)
+
+    def activate(self):
+        """A bracket of the shared device in this thread: at the outermost one, the closes that
+        dropped sessions' finalizers queued on the device run first (see ``deferred``)."""
+        return self._deferred.bracket()
 
     @property
     def validation_messages(self) -> list[str]:
@@ -340,12 +356,14 @@ class VulkanBackend(Backend):
 
     @contextmanager
     def _lane(self) -> Iterator[SubmitLane]:
-        """Lend a submit lane (an idle one, else a new one) for one write, read or run."""
+        """Lend a submit lane (an idle one, else a new one) for one write, read or run (a lane
+        whose submission hung is kept out of use)."""
         lane = self._take_lane()
         try:
             yield lane
         finally:
-            self._give_lane(lane)
+            if not lane.hung:
+                self._give_lane(lane)
 
     def _take_lane(self) -> SubmitLane:
         """An idle lane, else a new one: the caller's until ``_give_lane``."""
@@ -478,13 +496,13 @@ class VulkanBackend(Backend):
             vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
             n, barriers = self._record_into(cmd, executions)
             vk.vkEndCommandBuffer(cmd)
-        return VulkanRecording(self, cmd, n, barriers)
+        return VulkanRecording(self, cmd, n, barriers, _describe_ops(executions))
 
     # -- run -------------------------------------------------------------------------------
     def _submit(self, recording: VulkanRecording) -> None:
         self._check_open()
         with self._lane() as lane:
-            lane.submit_and_wait(recording.cmd)
+            lane.submit_and_wait(recording.cmd, recording.ops)
 
     def _submit_async(self, recording: VulkanRecording) -> SubmitLane:
         """One vkQueueSubmit on a borrowed lane, signalling its fence; the lane is the ticket and
@@ -493,7 +511,7 @@ class VulkanBackend(Backend):
         self._check_open()
         lane = self._take_lane()
         try:
-            lane.submit(recording.cmd)
+            lane.submit(recording.cmd, recording.ops)
         except BaseException:
             self._give_lane(lane)
             raise
@@ -503,7 +521,8 @@ class VulkanBackend(Backend):
         try:
             ticket.wait()
         finally:
-            self._give_lane(ticket)
+            if not ticket.hung:
+                self._give_lane(ticket)
 
     def _timed_submit(self, recording: VulkanRecording) -> float:
         """Timestamp queries in the same submission, just before and after the recording (see
@@ -512,7 +531,7 @@ class VulkanBackend(Backend):
             return super()._timed_submit(recording)
         self._check_open()
         with self._lane() as lane:
-            return lane.timed_submit(recording.cmd)
+            return lane.timed_submit(recording.cmd, recording.ops)
 
     def _run_eager(self, executions: list[Execution]) -> None:
         self._check_open()
@@ -526,10 +545,11 @@ class VulkanBackend(Backend):
                         flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
                     self._record_into(cmd, [exe], lane.eager_descriptors)
                     vk.vkEndCommandBuffer(cmd)
-                    lane.submit_and_wait(cmd)
+                    lane.submit_and_wait(cmd, _describe_ops([exe]))
                 finally:
-                    lane.free_command_buffer(cmd)
-                    lane.eager_descriptors.reset()
+                    if not lane.hung:
+                        lane.free_command_buffer(cmd)
+                        lane.eager_descriptors.reset()
 
     # -- lifetime --------------------------------------------------------------------------
     def _collect_garbage(self) -> None:
@@ -539,13 +559,25 @@ class VulkanBackend(Backend):
     def _check_open(self) -> None:
         if self._closed:
             raise VulkanError("the Vulkan backend is closed")
+        self.dev.check_alive()
+
+    def close_later(self) -> None:
+        """A dropped session's finalizer: the close waits for the device's next safe point."""
+        if not self._closed:
+            self._deferred.defer(self.close)
 
     def close(self) -> None:
+        """Wait for the queue, then free this backend's objects; then run the closes finalizers
+        queued on the device (a session's close is a safe point). On a hung device nothing is
+        freed: a submission that never finished may still use it."""
         if self._closed:
             return
         self._closed = True
         dev = self.dev
-        try:  # every submission waited on its lane's fence; dev.close() waits for the queue once more
+        try:
+            if dev.shared is None or dev.shared.hung or dev.shared.device is None:
+                return
+            dev.wait_idle()  # nothing of this backend may be in flight when it is destroyed
             self._garbage_cmds.clear()  # freed with the command pool
             dev.shared.release_pipelines(self._programs)  # the shared device keeps them (bounded)
             self._programs.clear()
@@ -564,6 +596,7 @@ class VulkanBackend(Backend):
             self._arena = None
         finally:
             dev.close()  # this backend's command pool; the device is shared
+            self._deferred.drain()
 
     def __repr__(self) -> str:
         return f"<VulkanBackend {self.dev.name!r} ({self.dev.type_name})>"
@@ -577,6 +610,13 @@ class VulkanBackend(Backend):
         pipeline = self._pipeline(builder.kernel, builder.defines, builder.nbind)
         push = vk.ffi.new("int32_t[32]", builder.params.tolist())
         return _Dispatch(pipeline, bindings, push, builder.groups, tuple(builder.reads), tuple(builder.writes))
+
+
+def _describe_ops(executions: Sequence[Execution], most: int = 6) -> str:
+    """The ops of a submission, for the message of a timeout: "3 ops: Conv2D (conv1), ..."."""
+    names = [f"{type(exe.op).__name__} ({exe.op.source})" for exe in executions]
+    more = f", and {len(names) - most} more" if len(names) > most else ""
+    return f"{len(names)} op{'s' if len(names) != 1 else ''}: {', '.join(names[:most])}{more}"
 
 
 VulkanBackend.kernel_table = _PLANNERS

@@ -18,7 +18,6 @@ The queue is shared, so submissions take the shared device's ``queue_lock``.
 """
 from __future__ import annotations
 
-import atexit
 import itertools
 import os
 import threading
@@ -30,6 +29,8 @@ import numpy as np
 
 import vulkan as vk
 
+from ..errors import DeviceLostError
+from . import deferred
 from .device_choice import choose_device
 
 ffi = vk.ffi
@@ -48,7 +49,6 @@ DEVICE_TYPE_NAMES = {
     vk.VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: "virtual GPU",
     vk.VK_PHYSICAL_DEVICE_TYPE_CPU: "CPU",
 }
-_FENCE_TIMEOUT_NS = 600 * 10**9  # a wedged device fails loudly after 10 minutes
 _ids = itertools.count(1)
 #: compiled pipelines a shared device keeps when no backend uses them (least recently used go first)
 MAX_PIPELINES = 256
@@ -202,7 +202,11 @@ class SharedDevice:
         self.users = 0  # backends using this device (the registry's lock guards it)
         self.allocated = 0  # bytes of device memory gpumnn's backends hold on this device now
         self.allocated_lock = threading.Lock()
-        self.lost = False  # a submission failed with VK_ERROR_DEVICE_LOST: never hand it out again
+        self.lost = False  # a submission failed with VK_ERROR_DEVICE_LOST or hung: never hand it out again
+        self.lost_reason: str | None = None  # why, for the calls that fail fast afterwards
+        self.hung = False  # lost by a submission that never finished: its objects are never freed
+        #: releases finalizers queued (a dropped session's backends), done at the device's safe points
+        self.deferred = deferred.DeferredReleases("vulkan")
         self.queue_lock = threading.Lock()  # vkQueueSubmit / vkQueueWaitIdle need it (one queue)
         # layouts and pipelines; re-entrant: a garbage-collected session's finalizer may close a
         # backend (release_pipelines) inside pipeline(), on the same thread, while it holds the lock
@@ -419,8 +423,19 @@ class SharedDevice:
             vk.vkDestroyPipeline(self.device, pipe.handle, None)
             vk.vkDestroyShaderModule(self.device, pipe.module, None)
 
+    def mark_lost(self, reason: str, hung: bool = False) -> None:
+        """The device is lost: later calls fail fast with ``reason`` and new backends get a fresh
+        device. ``hung``: a submission never finished, so nothing on this device is ever waited
+        for or destroyed again (work may still be in flight; freeing what it uses is undefined)."""
+        self.lost = True
+        self.hung = self.hung or hung
+        self.lost_reason = self.lost_reason or reason
+
     def destroy(self) -> None:
-        """Destroy everything (no backend may use this device any more)."""
+        """Destroy everything (no backend may use this device any more). Idempotent; a lost
+        device is left as it is (destroying objects a hung submission uses is undefined)."""
+        if self.hung:
+            return
         if self.device is not None:
             vk.vkDeviceWaitIdle(self.device)
             for pipe, _ in self._pipelines.values():
@@ -457,6 +472,9 @@ def _key(device: str | int | None, validation: bool) -> tuple:
 def acquire(device: str | int | None = None, validation: bool = False) -> SharedDevice:
     """The shared device for this device choice, created on first use; one more user."""
     key = _key(device, validation)
+    shared = _shared.get(key)
+    if shared is not None:
+        shared.deferred.drain()  # a safe point: closes queued by finalizers run before a new backend starts
     with _registry_lock:
         shared = _shared.get(key)
         if shared is None or shared.lost:
@@ -477,6 +495,8 @@ def release(shared: SharedDevice) -> None:
 def release_idle_devices() -> int:
     """Destroy every shared device no backend uses (with its pipelines); returns how many.
     Runs at interpreter exit; call it to give a device's memory back earlier."""
+    for shared in list(_shared.values()):
+        shared.deferred.drain()  # backends of dropped sessions close first (a safe point)
     with _registry_lock:
         idle = [(key, shared) for key, shared in _shared.items() if shared.users <= 0]
         for key, shared in idle:
@@ -485,7 +505,7 @@ def release_idle_devices() -> int:
         return len(idle)
 
 
-atexit.register(release_idle_devices)
+deferred.on_exit(release_idle_devices)  # after every open session is closed (see deferred)
 
 
 class VulkanDevice:
@@ -503,6 +523,7 @@ class VulkanDevice:
         shared = self.shared
         for name in self.SHARED:
             setattr(self, name, getattr(shared, name))
+        self.submit_timeout = 120.0  # seconds (the backend sets the session's)
         self.messages: list[str] = []  # validation-layer messages since this backend started
         with _registry_lock:
             shared.listeners.append(self.messages)
@@ -598,7 +619,21 @@ class VulkanDevice:
 
     def _check_lost(self, result: int) -> None:
         if result == vk.VK_ERROR_DEVICE_LOST and self.shared is not None:
-            self.shared.lost = True  # later backends get a fresh device
+            self.shared.mark_lost(f"{self.name}: the driver reported VK_ERROR_DEVICE_LOST")
+            raise DeviceLostError(f"vulkan backend: {self.shared.lost_reason}")
+
+    def check_alive(self) -> None:
+        """DeviceLostError, with the reason, when the shared device was marked lost."""
+        shared = self.shared
+        if shared is not None and shared.lost_reason is not None:
+            raise DeviceLostError(f"vulkan backend: the device is lost: {shared.lost_reason}")
+
+    def wait_idle(self) -> None:
+        """Wait until the shared queue has finished everything submitted (not on a lost device)."""
+        shared = self.shared
+        if shared is not None and not shared.hung and shared.device is not None:
+            with shared.queue_lock:
+                vk.vkQueueWaitIdle(self.queue)
 
     def close(self) -> None:
         """Destroy this backend's command pool (with its command buffers), and stop
@@ -609,11 +644,11 @@ class VulkanDevice:
         with _registry_lock:
             shared.listeners = [listener for listener in shared.listeners if listener is not self.messages]
         try:
-            if self.command_pool is not None:
+            if self.command_pool is not None and not shared.hung and shared.device is not None:
                 with shared.queue_lock:
                     vk.vkQueueWaitIdle(self.queue)
                 vk.vkDestroyCommandPool(self.device, self.command_pool, None)
-                self.command_pool = None
+            self.command_pool = None
         finally:
             release(shared)
 
@@ -643,6 +678,7 @@ class SubmitLane:
         self.staging: DeviceBuffer | None = None  # the backend's, grown on demand
         self.eager_descriptors: DescriptorAllocator | None = None  # likewise
         self._timestamps: _Timestamps | None = None  # made by the first timed submit
+        self.in_flight = ""  # what the lane's last submission runs (named by a timeout)
 
     def allocate_command_buffer(self):
         return self.dev.allocate_command_buffer(self.command_pool)
@@ -650,25 +686,28 @@ class SubmitLane:
     def free_command_buffer(self, cmd) -> None:
         self.dev.free_command_buffer(cmd, self.command_pool)
 
-    def submit_and_wait(self, cmd) -> None:
+    def submit_and_wait(self, cmd, what: str = "a transfer") -> None:
         """One vkQueueSubmit of ``cmd`` signalling this lane's fence; wait and reset it. The
-        shared queue is held for the submit only."""
+        shared queue is held for the submit only. ``what``: the ops it runs, for a timeout."""
+        self.in_flight = what
         self._cmd_array[0] = cmd
         self._submit_and_wait(self._submit)
 
-    def timed_submit(self, cmd) -> float:
+    def timed_submit(self, cmd, what: str = "a timed run") -> float:
         """``submit_and_wait`` of ``cmd`` between two timestamp queries, and the seconds between
         them: the device's own time for the command buffer (see :class:`_Timestamps`)."""
         if self._timestamps is None:
             self._timestamps = _Timestamps(self)
         stamps = self._timestamps
         stamps.cmds[1] = cmd
+        self.in_flight = what
         self._submit_and_wait(stamps.submit)
         return stamps.seconds()
 
-    def submit(self, cmd) -> None:
+    def submit(self, cmd, what: str = "a run") -> None:
         """One vkQueueSubmit of ``cmd`` signalling this lane's fence, without waiting: ``wait``
         follows (the lane stays with its submitter until then)."""
+        self.in_flight = what
         self._cmd_array[0] = cmd
         self._submit_only(self._submit)
 
@@ -678,20 +717,31 @@ class SubmitLane:
 
     def _submit_only(self, submit) -> None:
         dev = self.dev
+        dev.check_alive()
         with dev.shared.queue_lock:
             result = lib.vkQueueSubmit(dev.queue, 1, submit, self.fence)
         dev._check_lost(result)
         _check(result, "vkQueueSubmit")
 
     def wait(self) -> None:
-        """Wait for this lane's fence (its last submission) and reset it."""
+        """Wait for this lane's fence (its last submission) and reset it. A submission that does
+        not finish within the backend's ``submit_timeout`` marks the device lost and raises
+        DeviceLostError naming the device and what was in flight (the lane is never reused)."""
         dev = self.dev
-        result = lib.vkWaitForFences(dev.device, 1, self._fences, vk.VK_TRUE, _FENCE_TIMEOUT_NS)
+        timeout_ns = max(1, int(dev.submit_timeout * 1e9))
+        result = lib.vkWaitForFences(dev.device, 1, self._fences, vk.VK_TRUE, timeout_ns)
         if result == vk.VK_TIMEOUT:
-            raise VulkanError(f"{dev.name}: a submission did not finish within {_FENCE_TIMEOUT_NS // 10**9} s")
+            self.hung = True
+            reason = (f"{dev.name}: a submission did not finish within submit_timeout={dev.submit_timeout:g} s; "
+                      f"in flight: {self.in_flight}")
+            if dev.shared is not None:
+                dev.shared.mark_lost(reason, hung=True)
+            raise DeviceLostError(f"vulkan backend: {reason}")
         dev._check_lost(result)
         _check(result, "vkWaitForFences")
         _check(lib.vkResetFences(dev.device, 1, self._fences), "vkResetFences")
+
+    hung = False  # its last submission timed out: never waited for, never destroyed
 
     def destroy(self) -> None:
         """Free the lane's own objects (its submissions must have finished; staging is the backend's)."""
