@@ -122,6 +122,29 @@ def test_scheme_step_asks_the_backend():
     assert reason is not None and "depthwise" in reason
 
 
+def test_the_rewrite_keeps_to_the_largest_tile_a_backend_allows():
+    """A GPU device whose kernels run Winograd's rewrite best at small tiles (the GLSL family:
+    ``Backend.winograd_rewrite_max_tile``) gets the cheapest tile Eq. 2 allows up to that size;
+    one without a limit gets Eq. 2's tile."""
+    class Gpu:
+        kernel_table = {A.Raster: None, A.MatMul: None, A.Conv2D: None}
+        schemes = {A.Conv2D: frozenset({"im2col", "gemm1x1", "depthwise"}), A.MatMul: frozenset({"gemm"})}
+        cost_model_expansions = frozenset({"winograd", "strassen"})
+        winograd_rewrite_max_tile = None
+
+    class SmallTiles(Gpu):
+        winograd_rewrite_max_tile = 2
+
+    op = dataclasses.replace(_conv_op(3, 64, 64, 56), inputs=("x", "w"), has_bias=False)
+    n_hat, _ = schemes.best_tile(op)
+    assert n_hat > 2
+    assert schemes.select_schemes(_program_with(op), Gpu()).ops[0].winograd_tile == n_hat
+    chosen = schemes.select_schemes(_program_with(op), SmallTiles()).ops[0]
+    assert (chosen.scheme, chosen.winograd_tile) == ("winograd", 2)
+    with schemes.forced_schemes(conv=("winograd", 4)):
+        assert schemes.select_schemes(_program_with(op), SmallTiles()).ops[0].winograd_tile == 4
+
+
 def test_report_shows_the_scheme_of_every_conv_and_matmul(backend):
     rng = np.random.default_rng(0)
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="wino", pads=[1, 1, 1, 1]),

@@ -337,6 +337,9 @@ class Backend(ABC):
     winograd_min_tiles: ClassVar[int] = 0
     winograd_min_channels: ClassVar[int] = 0
     winograd_min_saving: ClassVar[float] = 0.0
+    #: the largest tile of the Winograd rewrite (``gpumnn.geometry.fast``) the scheme step may
+    #: choose here by Eq. 2; None: any tile Eq. 2 prefers
+    winograd_rewrite_max_tile: ClassVar[int | None] = None
 
     @property
     def cost_model_expansions(self) -> frozenset[str]:

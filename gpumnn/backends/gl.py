@@ -47,7 +47,7 @@ from ..errors import BackendUnavailableError, DeviceLostError, GpumnnError
 from ..shaders.compile import ShaderCompileError, preprocess
 from . import gl_context
 from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words, host_out, kernel_family, kernels_option
-from .glsl_plans import (DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, Builder, Hazards, binding_limit, check_shader_op_ids,
+from .glsl_plans import (DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, WINOGRAD_REWRITE_MAX_TILE, Builder, Hazards, binding_limit, check_shader_op_ids,
                          grid_limit, plan, window)
 from .limits import MemoryLimits, host_memory
 from .speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
@@ -520,6 +520,7 @@ class GLBackend(Backend):
 
 GLBackend.kernel_table = PLANNERS
 GLBackend.schemes = SCHEMES
+GLBackend.winograd_rewrite_max_tile = WINOGRAD_REWRITE_MAX_TILE
 GLBackend.op_names = GLSL_OP_NAMES
 GLBackend.dtypes = GLSL_DTYPES
 

@@ -764,6 +764,10 @@ def _plan_scatter(be, op: A.Scatter, ins, outs):
 
 #: The schemes the planners build (Vulkan and OpenGL both use these planners).
 SCHEMES: Mapping[type, frozenset[str]] = KERNEL_SCHEMES
+#: the largest Winograd tile the scheme step rewrites a convolution into for these kernels: the
+#: batched products of larger tiles run slower here than F(2x2, 3x3) on every model measured
+#: (bench/RESULTS.md, "Convolution schemes per API")
+WINOGRAD_REWRITE_MAX_TILE = 2
 #: the int32 kernels (see Backend.dtypes): Raster, Gather, Select and Scatter copy 32-bit words;
 #: Unary, Binary, Reduce, CumSum and Scatter's reductions compute on ints with -DIN_INT
 DTYPES: Mapping[type, frozenset[str]] = {

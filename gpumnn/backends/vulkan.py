@@ -52,7 +52,7 @@ from .base import Backend, BackendInfo, Execution, TensorHandle, constant_words,
 from .limits import MemoryLimits, host_memory
 from .speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
 # The API-neutral half (what to dispatch per atomic op) is shared with the OpenGL backend.
-from .glsl_plans import (MAX_BINDINGS, DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
+from .glsl_plans import (MAX_BINDINGS, DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, WINOGRAD_REWRITE_MAX_TILE, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
                          Hazards as _Hazards, binding_limit, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, plan, window)
 
 try:
@@ -621,6 +621,7 @@ def _describe_ops(executions: Sequence[Execution], most: int = 6) -> str:
 
 VulkanBackend.kernel_table = _PLANNERS
 VulkanBackend.schemes = _SCHEMES
+VulkanBackend.winograd_rewrite_max_tile = WINOGRAD_REWRITE_MAX_TILE
 VulkanBackend.op_names = GLSL_OP_NAMES
 VulkanBackend.dtypes = GLSL_DTYPES
 VulkanBackend.plan_error = VulkanError if vk is not None else PlanError

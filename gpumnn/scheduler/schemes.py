@@ -274,7 +274,8 @@ def _builds(backend: Any, op: A.AtomicOp, candidate: tuple[str, int, str], force
     """Whether ``backend`` runs ``candidate`` for ``op``: its own kernel (a Winograd kernel only
     where :func:`winograd_kernel_pays`, unless forced), or (an expanded scheme) the
     Raster and MatMul kernels the rewrite uses -- and, unless forced, the backend lets the cost
-    model choose that rewrite (``Backend.cost_model_expansions``)."""
+    model choose that rewrite (``Backend.cost_model_expansions``) with that tile
+    (``Backend.winograd_rewrite_max_tile``)."""
     scheme, tile, _ = candidate
     if backend is None:
         return True
@@ -283,7 +284,10 @@ def _builds(backend: Any, op: A.AtomicOp, candidate: tuple[str, int, str], force
     if scheme in EXPANDED:
         table = backend.kernel_table
         runs = A.Raster in table and A.MatMul in table and "gemm" in backend.schemes.get(A.MatMul, ())
-        return runs and (forced or scheme in backend.cost_model_expansions)
+        if forced:
+            return runs
+        largest = backend.winograd_rewrite_max_tile if scheme == "winograd" else None
+        return runs and scheme in backend.cost_model_expansions and (largest is None or tile <= largest)
     return False
 
 
