@@ -7,6 +7,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,9 +41,10 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from .backends import available_backends
+    from .scheduler import device_profile
     from .scheduler.calibration import calibrate, cache_path
     names = available_backends() if args.backend == ["all"] else args.backend
-    failed = 0
+    failed, measured = 0, []
     for name in names:  # a backend that cannot start is reported, and the others still measured
         try:
             backend = create_backend(name)
@@ -52,10 +54,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             continue
         try:
             result = calibrate(backend, quick=args.quick)
+            measured.append((result, device_profile.PlanningTarget.of(backend)))
         finally:
             backend.close()
         print(f"{name:<7} {result.device}\n        {result.describe()} ({result.seconds:.1f} s)"
               f"\n        stored in {cache_path(backend)}", flush=True)
+    if args.save_profile and measured:
+        machine = args.machine or " / ".join(dict.fromkeys(cal.device for cal, _ in measured))
+        print(f"device profile of {machine}: {device_profile.save(args.save_profile, machine, measured)}")
     return 1 if failed else 0
 
 
@@ -79,6 +85,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     net, _ = _load_model(args.model)
     shapes = {net.inputs[0].name: tuple(args.shape)} if args.shape else None
     backend = args.backend[0] if len(args.backend) == 1 else args.backend
+    if args.profile:
+        return _plan_on_profile(args, net, shapes)
     with net.session(backend=backend, input_shapes=shapes, threads=args.threads) as sess:
         rng = np.random.default_rng(0)
         feeds = {v.name: random_input(v.dtype, sess.input_shapes[v.name], rng) for v in net.inputs}
@@ -87,6 +95,28 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.png:
         chart(prof, args.png, title=f"{args.model} on {sess.backend}: estimated vs measured per op")
         print(f"wrote {args.png}")
+    return 0
+
+
+def _plan_on_profile(args: argparse.Namespace, net: Any, shapes: dict | None) -> int:
+    """``gpumnn plan --profile``: the plan of a profiled device's backend, made without it."""
+    from .plan import plan_on_profile
+    from .scheduler import device_profile
+    if len(args.backend) != 1 or args.backend[0] == "auto":
+        print("gpumnn: error: --profile plans for one backend of the profiled device: name it with --backend",
+              file=sys.stderr)
+        return 2
+    device = device_profile.load(args.profile)
+    shapes = shapes or {}
+    for value in net.inputs:
+        if value.name not in shapes:
+            dims = tuple(value.shape or ())
+            if not dims or not all(isinstance(d, int) and d > 0 for d in dims):
+                print(f"gpumnn: error: input {value.name!r} has the symbolic shape {value.shape}: give --shape",
+                      file=sys.stderr)
+                return 2
+            shapes[value.name] = dims
+    print(plan_on_profile(net, shapes, args.backend[0], device))
     return 0
 
 
@@ -225,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate = sub.add_parser("calibrate", help="measure each backend's cost-model numbers and cache them")
     calibrate.add_argument("--backend", nargs="+", default=["all"], help="backends to measure (default: all available)")
     calibrate.add_argument("--quick", action="store_true", help="the quick variant a session runs on its own")
+    calibrate.add_argument("--save-profile", metavar="FILE",
+                           help="also write the calibrations and planning facts measured here as a device profile")
+    calibrate.add_argument("--machine", help="the machine's name in the profile (default: the devices')")
     calibrate.set_defaults(fn=cmd_calibrate)
 
     plan = sub.add_parser("plan", help="placement per op: backend, scheme, estimated cost beside measured time")
@@ -235,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--threads", type=int)
     plan.add_argument("--runs", type=int, default=3, help="recorded runs timed for the measured total")
     plan.add_argument("--png", metavar="FILE", help="also chart estimated vs measured per op (needs matplotlib)")
+    plan.add_argument("--profile", metavar="FILE",
+                      help="plan for the device of this profile (a file, or a bundled one's name: "
+                           "nvidia-h100-80gb-hbm3), without it: schemes, ops and estimated ms")
     plan.set_defaults(fn=cmd_plan)
 
     bench = sub.add_parser("bench", help="time models on backends, recorded and eager, in alternation with ONNX Runtime")

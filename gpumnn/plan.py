@@ -120,3 +120,38 @@ def chart(prof: Profile, path: str, title: str = "") -> None:
 
 
 __all__ = ["OpTiming", "Profile", "chart", "format_profile", "profile"]
+
+
+def plan_on_profile(net: Any, input_shapes: Mapping[str, tuple[int, ...]], backend: str, device: Any) -> str:
+    """The plan ``backend`` of the profiled device (``device``: a
+    :class:`~gpumnn.scheduler.device_profile.DeviceProfile`) would run, made here without the
+    device: the scheme step and the rewrite as they read that backend, each atomic op's estimate
+    from the device's calibration, a recorded run's total (one segment, inputs in, outputs out)."""
+    from .geometry import lower
+    from .geometry.fast import expand_schemes
+    from .scheduler.cost import HOST, CostModel, op_bytes, tensor_bytes
+    from . import atomic as A
+    from .scheduler.schemes import EXPANDED, builds_kernel, select_schemes
+
+    target = device.target(backend)
+    program = expand_schemes(select_schemes(lower(net.graph, input_shapes), target), target)
+    model = CostModel({backend: device.calibrations[backend]})
+    rewritten = {d.node: f"{d.scheme} {d.detail.split(' (')[0]}".strip() for d in program.decisions
+                 if d.scheme in EXPANDED
+                 and not builds_kernel(target, A.Conv2D if d.kind.startswith("conv") else A.MatMul, d.scheme)}
+    lines = [f"plan of {len(program.ops)} atomic ops on {backend!r} of {device.machine}, from its profile "
+             f"(no session here); costs: {backend} {device.calibrations[backend].source}",
+             f"{'#':>4} {'op':<10} {'scheme (of the node)':<26} {'est ms':>8}  node"]
+    total = 0.0
+    for index, op in enumerate(program.ops):
+        ms = model.op_ms(op, backend, op_bytes(program, op), tensor_bytes(program, op.outputs[0]))
+        total += ms
+        scheme = rewritten.get(op.source) or getattr(op, "scheme", "") or "-"
+        lines.append(f"{index:>4} {type(op).__name__.lower():<10} {scheme:<26} {ms:>8.3f}  {op.source}")
+    copies = sum(model.transfer_ms(tensor_bytes(program, n), HOST, backend) for n in program.inputs
+                 if n not in program.constants)
+    copies += sum(model.transfer_ms(tensor_bytes(program, n), backend, HOST) for n in program.outputs)
+    run = total + model.segment_ms(backend) + copies
+    lines.append(f"total: estimated {total:.3f} ms in {len(program.ops)} ops; a recorded run {run:.3f} ms "
+                 f"with its submission and the copies in and out")
+    return "\n".join(lines)
