@@ -12,7 +12,8 @@
 #           the whole recorded run) for the paper's three, and PyTorch beside the GPU backends only
 #           (vulkan, gl, cuda: the cpu and opencl eager series take most of a bench phase's time)
 #   runbook  issue 29 part 4 in one call, in order of value, each step capped so the rest still run:
-#           `gpumnn calibrate` on every API (the stored calibrations come back: the device profile),
+#           `gpumnn calibrate` on every API (device_profile.json comes back: copy it into
+#           gpumnn/scheduler/profiles/ for `gpumnn plan --profile`),
 #           PyTorch (fp32, no TF32) beside every GPU backend on the paper's three, `gpumnn plan` per op
 #           on cuda, the cuda tests, the cpu beside ONNX Runtime at the host's threads, and the
 #           vulkan model tests and a session soak through NVIDIA's driver with what time is left
@@ -154,7 +155,7 @@ case $PHASE in
   runbook)
     paper=$("$PYTHON" -c "from gpumnn import zoo; print(*zoo.PAPER_MODELS)")
     GPUMNN_STEP_CAP=${CAP_CALIBRATE:-100} step calibrate "$PYTHON" -m gpumnn calibrate --backend cuda vulkan gl opencl cpu \
-      | tee "$RES/calibrate.txt"
+      --save-profile "$RES/device_profile.json" | tee "$RES/calibrate.txt"
     mkdir -p "$RES/calibration" && cp "$GPUMNN_CACHE_DIR"/calibration/*.json "$RES/calibration/" 2>/dev/null
     GPUMNN_STEP_CAP=${CAP_TORCH:-150} step torch-fp32 "$PYTHON" bench/torch_peer.py $paper --backend cuda vulkan gl opencl \
       --repeats 3 --torch-precision fp32 --save-json "$RES/torch_fp32.json" | tee "$RES/torch_fp32.txt"
