@@ -56,6 +56,7 @@ import numpy as np
 
 from .. import atomic as A
 from ..strides import contiguous_strides, merge_dims, one_run, strided_indices, strided_span
+from ..scheduler.winograd import conv_matrices
 from .base import KERNEL_SCHEMES, OpPlan, TensorHandle
 from .sampling import resize_axis
 
@@ -79,6 +80,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "gemm": ("activation.cl", "gemm.cl"),
     "conv": ("activation.cl", "conv.cl"),
     "gemm_cpu": ("activation.cl", "gemm_cpu.cl"),
+    "winograd": ("activation.cl", "winograd.cl"),
 }
 
 #: stable op ids shared with the kernels (generated into every program's header)
@@ -585,6 +587,8 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
                 _i(sh), _i(sw), _i(ph), _i(pw), _i(dh), _i(dw), _i(int(op.has_bias))]
         args += _activation_args(op.activation)
         return OpPlan([launch1d("conv", "conv_depthwise", args, n * c * oh * ow)], "depthwise")
+    if op.scheme == "winograd":
+        return _plan_winograd(be, op, x, w, bias, o)
     common = _conv_gemm_args(op, x, w, bias, o)
     pointwise = op.scheme == "gemm1x1"
     if be.kernels == "simd":
@@ -595,6 +599,46 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
     if pointwise:
         return _gemm_plan("gemm1x1", _gemm_launches(be, "gemm_dense", lda=lda, ldb=h * wd, **common))
     return _gemm_plan("im2col", _gemm_launches(be, "gemm_conv", lda=lda, conv=_conv_geometry(op), **common))
+
+
+def _plan_winograd(be: CLTarget, op: A.Conv2D, x, w, bias, o) -> OpPlan:
+    """Winograd F(n x n, k x k) in three kernels around the tiled GEMM (winograd.cl): the input
+    transform writes V [P][C][T] straight from the input, one batched GEMM per position gives
+    M = U V (split-K where its tiles are few), the output transform applies A, the bias and the
+    activation and writes the output; the weights U = G W G^T are transformed once at creation
+    where they are constant. An axis of a 1-wide kernel is F(1, 1), the identity."""
+    rows_m, cols_m = conv_matrices(op.winograd_tile, op.kernel)
+    (nh, nw), (ah, aw) = (rows_m.n, cols_m.n), (rows_m.alpha, cols_m.alpha)
+    (h, wd), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
+    c, oc = op.in_channels, op.out_channels
+    th, tw = -(-oh // nh), -(-ow // nw)
+    t, positions = op.batch * th * tw, ah * aw
+    tables = np.concatenate([m.ravel() for m in (rows_m.B, cols_m.B, rows_m.A, cols_m.A, rows_m.G, cols_m.G)])
+    mats = Scratch(4 * tables.size, tables.astype(np.float32))
+    u, v, prod = Scratch(4 * positions * oc * c), Scratch(4 * positions * c * t), Scratch(4 * positions * oc * t)
+    defines = {"AH": ah, "AW": aw, "NH": nh, "NW": nw}
+
+    def grid(count: int) -> dict:
+        return dict(gsize=(_round_up(count, WG1),), lsize=(WG1,), defines=defines)
+    weights = launch("winograd", "winograd_weights", [w.buffer, _i(w.offset), mats, u, _i(oc), _i(c), _i(kh), _i(kw)],
+                     **grid(positions * oc * c))
+    transform_in = launch("winograd", "winograd_input", [x.buffer, _i(x.offset), mats, v, _i(c), _i(h), _i(wd),
+                                                         _i(th), _i(tw), _i(t), _i(op.pads[0]), _i(op.pads[1])],
+                          **grid(c * t))
+    products, keep, splits = _gemm_launches(be, "gemm_dense", A_=u, a_off=0, B_=v, b_off=0, C_=prod, c_off=0,
+                                            bias=prod, bias_off=0, M=oc, N=t, K=c, batch=positions,
+                                            a_s=(oc * c, 0), b_s=(c * t, 0), c_s=(oc * t, 0), lda=c, ldb=t)
+    transform_out = launch("winograd", "winograd_output",
+                           [prod, mats, bias.buffer, _i(bias.offset), o.buffer, _i(o.offset), _i(oc), _i(oh), _i(ow),
+                            _i(th), _i(tw), _i(t), _i(int(op.has_bias))] + _activation_args(op.activation),
+                           **grid(oc * t))
+    scheme = f"winograd F({nh}x{nw}, {kh}x{kw})" + (f"/split-K {splits}" if splits > 1 else "")
+    work, prepare = [transform_in, *products, transform_out], ()
+    if be.is_constant(w):
+        prepare = (weights,)
+    else:
+        work.insert(0, weights)
+    return OpPlan(work, scheme, (mats, u, v, prod, *keep), prepare)
 
 
 def _plan_conv_transpose2d(be, op: A.ConvTranspose2D, ins, outs):
@@ -716,6 +760,13 @@ OP_NAMES: Mapping[type, frozenset[str]] = {}
 DTYPES: Mapping[type, frozenset[str]] = {op: frozenset({A.INT32}) for op in (
     A.Raster, A.Unary, A.Binary, A.Reduce, A.Gather, A.Select, A.CumSum, A.Scatter)}
 SCHEMES: Mapping[type, frozenset[str]] = KERNEL_SCHEMES
+#: the GPU family ("tiled") also builds Winograd convolutions as kernels of its own (winograd.cl)
+TILED_SCHEMES: Mapping[type, frozenset[str]] = {**KERNEL_SCHEMES, A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"}}
+
+
+def schemes_for(kernels: str) -> Mapping[type, frozenset[str]]:
+    """The schemes a backend running the ``kernels`` family ("simd" or "tiled") builds."""
+    return TILED_SCHEMES if kernels == "tiled" else SCHEMES
 PLANNERS: Mapping[type, Callable[..., OpPlan]] = {
     A.Raster: _plan_raster, A.Unary: _plan_unary, A.Binary: _plan_binary, A.Reduce: _plan_reduce,
     A.MatMul: _plan_matmul, A.Conv2D: _plan_conv2d, A.ConvTranspose2D: _plan_conv_transpose2d,
@@ -734,5 +785,5 @@ def plan(be: CLTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outputs: 
     return dataclasses.replace(planned, work=[ln for ln in planned.work if all(g > 0 for g in ln.gsize)])
 
 
-__all__ = ["CLTarget", "DTYPES", "FAMILIES", "Launch", "OP_NAMES", "PLANNERS", "PRELUDE", "SCHEMES", "SHADER_DIR",
+__all__ = ["CLTarget", "DTYPES", "FAMILIES", "Launch", "OP_NAMES", "PLANNERS", "PRELUDE", "SCHEMES", "SHADER_DIR", "TILED_SCHEMES",
            "Scratch", "family_source", "header", "launch", "launch1d", "plan", "vec_launch"]

@@ -79,7 +79,7 @@ class CudaBackend(Backend):
     #: pools and graphs (see the module docstring)
     max_concurrent_runs = 2
     kernel_table = cl_plans.PLANNERS
-    schemes = cl_plans.SCHEMES
+    schemes = cl_plans.TILED_SCHEMES
     op_names = cl_plans.OP_NAMES
     dtypes = cl_plans.DTYPES
     device_arrays_unsupported = None
