@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gpumnn  # noqa: E402
+import placement_check  # noqa: E402
 from gpumnn.backends import REGISTRY, probe  # noqa: E402
 
 REQUIRED = [b for b in os.environ.get("GPUMNN_REQUIRE_BACKENDS", "").split(",") if b]
@@ -93,6 +94,40 @@ def require_tool(name: str, reason: str | None) -> None:
 def backend(request) -> str:
     require_backend(request.param)
     return request.param
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the item, so fixtures can see whether the test passed."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"report_{report.when}", report)
+
+
+@pytest.fixture(autouse=True)
+def _placement_is_checked(request, monkeypatch):
+    """In the op-level test modules (placement_check.CHECKED_MODULES): every op of a session on one
+    GPU backend ran there, except the cpu fallbacks that placement_check.EXPECTED_CPU lists."""
+    module = request.node.module.__name__.rsplit(".", 1)[-1] if request.node.module else ""
+    if module not in placement_check.CHECKED_MODULES:
+        yield
+        return
+    from gpumnn import prepared
+
+    placements = []
+    place = prepared.place
+
+    def recording(program, backends, candidates, *args, **kwargs):
+        placement = place(program, backends, candidates, *args, **kwargs)
+        placements.append((program, tuple(candidates), placement))
+        return placement
+
+    monkeypatch.setattr(prepared, "place", recording)
+    yield
+    report = getattr(request.node, "report_call", None)
+    problem = placement_check.check(request.node.nodeid, placements, passed=report is not None and report.passed)
+    if problem:
+        pytest.fail(problem, pytrace=False)
 
 
 def bench_script(name: str):
