@@ -102,6 +102,19 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"report_{report.when}", report)
+    seed = getattr(item, "random_seed", None)
+    if seed is not None and report.failed:
+        report.sections.append(("random seed", f"this test drew fresh inputs from seed {seed}: "
+                                               f"GPUMNN_TEST_SEED={seed} reruns it with the same ones"))
+
+
+@pytest.fixture
+def fresh_rng(request) -> np.random.Generator:
+    """A generator with a fresh seed every run (inputs and weights vary from run to run, to find
+    what fixed ones miss), or GPUMNN_TEST_SEED's; a failing test's report shows the seed."""
+    seed = int(os.environ.get("GPUMNN_TEST_SEED") or np.random.SeedSequence().entropy % 2 ** 63)
+    request.node.random_seed = seed
+    return np.random.default_rng(seed)
 
 
 @pytest.fixture(autouse=True)
