@@ -90,6 +90,62 @@ def require_tool(name: str, reason: str | None) -> None:
     pytest.skip(f"tool {name!r} unavailable: {reason}")
 
 
+#: the layer's synchronization validation (off by default): a missing or too narrow barrier between
+#: dispatches is a hazard it reports, where the core checks see nothing
+SYNC_VALIDATION = {"VK_LAYER_ENABLES": "VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT"}
+
+
+def vulkan_validation_missing() -> str | None:
+    """Why the Khronos validation layer cannot run here (tool "vulkan-validation"), or None."""
+    reason = probe("vulkan")
+    if reason is not None:
+        return f"Vulkan cannot start: {reason}"
+    from gpumnn.backends.vulkan_device import validation_layer_available
+    if not validation_layer_available():
+        return "VK_LAYER_KHRONOS_validation is not installed (Debian/Ubuntu: vulkan-validationlayers)"
+    return None
+
+
+class ValidatedRun:
+    """The Vulkan devices a test started under the validation layer, and their messages."""
+
+    def __init__(self) -> None:
+        self.devices: list = []
+
+    def messages(self) -> list[str]:
+        return [m for dev in self.devices for m in dev.messages]
+
+    def check(self) -> None:
+        """Fail unless some device ran validated and the layer reported nothing."""
+        assert self.devices, "no Vulkan device was started under the validation layer"
+        assert all(dev.validation for dev in self.devices), "a Vulkan device started without the validation layer"
+        messages = self.messages()
+        assert not messages, (f"{len(messages)} validation-layer messages ({len(set(messages))} distinct):\n"
+                              + "\n".join(m[:400] for m in sorted(set(messages))[:10]))
+
+
+@pytest.fixture
+def vulkan_validation(monkeypatch) -> ValidatedRun:
+    """Every Vulkan backend the test starts runs under VK_LAYER_KHRONOS_validation (a required tool
+    in CI); the test calls ``check()`` at its end, and any message fails it."""
+    require_backend("vulkan")
+    require_tool("vulkan-validation", vulkan_validation_missing())
+    from gpumnn.backends import vulkan_device
+
+    run = ValidatedRun()
+    original = vulkan_device.VulkanDevice.__init__
+
+    def recording(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        run.devices.append(self)
+
+    monkeypatch.setattr(vulkan_device.VulkanDevice, "__init__", recording)
+    monkeypatch.setenv("GPUMNN_VULKAN_VALIDATION", "1")
+    for name, value in SYNC_VALIDATION.items():
+        monkeypatch.setenv(name, value)
+    return run
+
+
 @pytest.fixture(params=list(REGISTRY))
 def backend(request) -> str:
     require_backend(request.param)
