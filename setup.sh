@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian 12 / Python 3.11 machine for gpumnn, idempotently:
 #   - system packages for the CPU implementations of the GPU APIs, where missing:
-#     PoCL (OpenCL), Mesa lavapipe (Vulkan), Mesa llvmpipe through EGL (OpenGL), glslang (GLSL -> SPIR-V);
+#     PoCL (OpenCL), Mesa lavapipe (Vulkan), Mesa llvmpipe through EGL (OpenGL), glslang (GLSL -> SPIR-V),
+#     the Khronos Vulkan validation layer (the tests run Vulkan under it);
 #   - a virtual environment in .venv with gpumnn and its extras installed (editable).
 # On a machine with a real GPU the vendor's drivers are used by the same code; nothing here replaces them.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-SYSTEM_PACKAGES=(ocl-icd-libopencl1 pocl-opencl-icd mesa-vulkan-drivers libvulkan1 libegl-mesa0 libegl1 libgl1-mesa-dri glslang-tools)
+SYSTEM_PACKAGES=(ocl-icd-libopencl1 pocl-opencl-icd mesa-vulkan-drivers libvulkan1 vulkan-validationlayers libegl-mesa0 libegl1 libgl1-mesa-dri glslang-tools)
 missing=()
 if command -v dpkg-query >/dev/null 2>&1; then
   for pkg in "${SYSTEM_PACKAGES[@]}"; do

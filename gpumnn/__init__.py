@@ -6,7 +6,7 @@
     outputs = sess.run({"input": x})
 """
 from .backends import available_backends, probe
-from .errors import (BackendUnavailableError, DeviceArrayError, DeviceLostError, GpumnnError, InputError, ModelError, ResourceError, SessionClosedError,
+from .errors import (BackendUnavailableError, DeviceArrayError, DeviceLostError, GpumnnError, InputError, InternalError, ModelError, ResourceError, SessionClosedError,
                      UnsupportedOpError)
 from .geometry import supported_ops
 from .net import Net, load
@@ -15,5 +15,5 @@ from .session import Session
 __version__ = "0.1.0"
 
 __all__ = ["load", "Net", "Session", "available_backends", "probe", "supported_ops", "GpumnnError", "ModelError",
-           "UnsupportedOpError", "InputError", "DeviceArrayError", "DeviceLostError", "BackendUnavailableError", "ResourceError", "SessionClosedError",
+           "UnsupportedOpError", "InternalError", "InputError", "DeviceArrayError", "DeviceLostError", "BackendUnavailableError", "ResourceError", "SessionClosedError",
            "__version__"]

@@ -82,3 +82,18 @@ class ResourceError(GpumnnError, MemoryError):
     node to shrink. It is also a ``MemoryError``, so code that already guards against
     NumPy running out of memory keeps working.
     """
+
+
+class InternalError(GpumnnError, RuntimeError):
+    """gpumnn itself went wrong: an exception its own code did not mean to raise (a KeyError in a
+    lowering, an IndexError in an optimisation pass) escaped while it handled a model.
+
+    Not a :class:`ModelError`: the model is not at fault, so a caller (or a test) that treats model
+    errors as clean refusals does not take a bug for one. The cause is chained (``__cause__``).
+    """
+
+    def __init__(self, where: str, exc: BaseException):
+        self.where = where
+        super().__init__(f"internal error in gpumnn while {where}: {type(exc).__name__}: {exc}. This is a bug "
+                         "in gpumnn, not a fault of the model: please report it, with the model (or the smallest "
+                         "one that shows it) and this message")

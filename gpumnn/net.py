@@ -6,7 +6,7 @@ from typing import Any, Mapping, Sequence
 
 import onnx
 
-from .errors import GpumnnError, ModelError, UnsupportedOpError
+from .errors import GpumnnError, InternalError, UnsupportedOpError
 from .geometry import lower, supported_ops
 from .geometry.registry import lowering_for
 from .ir import Graph, ValueInfo, all_nodes
@@ -60,14 +60,15 @@ class Net:
 
 
 def load(model: str | os.PathLike | bytes | onnx.ModelProto, optimize: bool = True) -> Net:
-    """Load an ONNX model (path, bytes or ModelProto); raises ModelError / UnsupportedOpError."""
+    """Load an ONNX model (path, bytes or ModelProto); raises ModelError / UnsupportedOpError
+    (InternalError for a bug of gpumnn's)."""
     try:
         graph = import_onnx(model)
     except GpumnnError:
         raise
-    except Exception as exc:  # a reader or checker tripping over a malformed file is still the file's fault
+    except Exception as exc:  # the reader's and checker's refusals are ModelErrors already: anything else is a bug
         name = str(model) if isinstance(model, (str, os.PathLike)) else "the model"
-        raise ModelError(f"{name} could not be read: {type(exc).__name__}: {exc}") from exc
+        raise InternalError(f"reading {name}", exc) from exc
     for node in all_nodes(graph):  # subgraphs' nodes too: a branch that cannot run is refused at load
         if lowering_for(node) is None:
             raise UnsupportedOpError(node.op_type, node.name, "gpumnn has no implementation of this op",

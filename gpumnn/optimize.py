@@ -14,7 +14,7 @@ from collections import Counter
 
 import numpy as np
 
-from .errors import GpumnnError, ModelError
+from .errors import GpumnnError, InternalError
 from .geometry import LoweringContext, lower_into
 from .geometry.compute import unary_spec
 from .ir import Graph, Node, node_reads, subgraphs
@@ -26,7 +26,8 @@ def optimize(graph: Graph) -> dict[str, int]:
     """Apply every pass in place; returns how many rewrites each pass made.
 
     The passes skip what they cannot rewrite (the lowering reports a malformed node with its
-    name and shapes); should one still fail, the ModelError names the pass and keeps the cause.
+    name and shapes); should one still fail, that is gpumnn's bug: the InternalError names the
+    pass and keeps the cause.
     """
     passes = (("identity_removed", remove_identities), ("constants_folded", fold_constants),
               ("batchnorm_folded", fold_batchnorm), ("bias_fused", fuse_matmul_bias),
@@ -40,8 +41,7 @@ def optimize(graph: Graph) -> dict[str, int]:
         except GpumnnError:
             raise
         except Exception as exc:
-            raise ModelError(f"the model could not be optimised: pass {rewrite.__name__} failed with "
-                             f"{type(exc).__name__}: {exc}") from exc
+            raise InternalError(f"optimising the model (pass {rewrite.__name__})", exc) from exc
         if count is not None:
             stats[key] = stats.get(key, 0) + count
     return stats
@@ -87,6 +87,8 @@ def fold_constants(graph: Graph) -> int:
                 ctx.set_const(name, graph.initializers[name])
             try:
                 lower_into(ctx, graph, [node])
+            except InternalError:
+                raise  # a bug, not a node that cannot fold
             except Exception:
                 kept.append(node)  # unsupported ops are reported later, with the full context
                 continue

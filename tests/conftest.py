@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gpumnn  # noqa: E402
+import placement_check  # noqa: E402
 from gpumnn.backends import REGISTRY, probe  # noqa: E402
 
 REQUIRED = [b for b in os.environ.get("GPUMNN_REQUIRE_BACKENDS", "").split(",") if b]
@@ -89,10 +90,113 @@ def require_tool(name: str, reason: str | None) -> None:
     pytest.skip(f"tool {name!r} unavailable: {reason}")
 
 
+#: the layer's synchronization validation (off by default): a missing or too narrow barrier between
+#: dispatches is a hazard it reports, where the core checks see nothing
+SYNC_VALIDATION = {"VK_LAYER_ENABLES": "VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT"}
+
+
+def vulkan_validation_missing() -> str | None:
+    """Why the Khronos validation layer cannot run here (tool "vulkan-validation"), or None."""
+    reason = probe("vulkan")
+    if reason is not None:
+        return f"Vulkan cannot start: {reason}"
+    from gpumnn.backends.vulkan_device import validation_layer_available
+    if not validation_layer_available():
+        return "VK_LAYER_KHRONOS_validation is not installed (Debian/Ubuntu: vulkan-validationlayers)"
+    return None
+
+
+class ValidatedRun:
+    """The Vulkan devices a test started under the validation layer, and their messages."""
+
+    def __init__(self) -> None:
+        self.devices: list = []
+
+    def messages(self) -> list[str]:
+        return [m for dev in self.devices for m in dev.messages]
+
+    def check(self) -> None:
+        """Fail unless some device ran validated and the layer reported nothing."""
+        assert self.devices, "no Vulkan device was started under the validation layer"
+        assert all(dev.validation for dev in self.devices), "a Vulkan device started without the validation layer"
+        messages = self.messages()
+        assert not messages, (f"{len(messages)} validation-layer messages ({len(set(messages))} distinct):\n"
+                              + "\n".join(m[:400] for m in sorted(set(messages))[:10]))
+
+
+@pytest.fixture
+def vulkan_validation(monkeypatch) -> ValidatedRun:
+    """Every Vulkan backend the test starts runs under VK_LAYER_KHRONOS_validation (a required tool
+    in CI); the test calls ``check()`` at its end, and any message fails it."""
+    require_backend("vulkan")
+    require_tool("vulkan-validation", vulkan_validation_missing())
+    from gpumnn.backends import vulkan_device
+
+    run = ValidatedRun()
+    original = vulkan_device.VulkanDevice.__init__
+
+    def recording(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        run.devices.append(self)
+
+    monkeypatch.setattr(vulkan_device.VulkanDevice, "__init__", recording)
+    monkeypatch.setenv("GPUMNN_VULKAN_VALIDATION", "1")
+    for name, value in SYNC_VALIDATION.items():
+        monkeypatch.setenv(name, value)
+    return run
+
+
 @pytest.fixture(params=list(REGISTRY))
 def backend(request) -> str:
     require_backend(request.param)
     return request.param
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the item, so fixtures can see whether the test passed."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"report_{report.when}", report)
+    seed = getattr(item, "random_seed", None)
+    if seed is not None and report.failed:
+        report.sections.append(("random seed", f"this test drew fresh inputs from seed {seed}: "
+                                               f"GPUMNN_TEST_SEED={seed} reruns it with the same ones"))
+
+
+@pytest.fixture
+def fresh_rng(request) -> np.random.Generator:
+    """A generator with a fresh seed every run (inputs and weights vary from run to run, to find
+    what fixed ones miss), or GPUMNN_TEST_SEED's; a failing test's report shows the seed."""
+    seed = int(os.environ.get("GPUMNN_TEST_SEED") or np.random.SeedSequence().entropy % 2 ** 63)
+    request.node.random_seed = seed
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture(autouse=True)
+def _placement_is_checked(request, monkeypatch):
+    """In the op-level test modules (placement_check.CHECKED_MODULES): every op of a session on one
+    GPU backend ran there, except the cpu fallbacks that placement_check.EXPECTED_CPU lists."""
+    module = request.node.module.__name__.rsplit(".", 1)[-1] if request.node.module else ""
+    if module not in placement_check.CHECKED_MODULES:
+        yield
+        return
+    from gpumnn import prepared
+
+    placements = []
+    place = prepared.place
+
+    def recording(program, backends, candidates, *args, **kwargs):
+        placement = place(program, backends, candidates, *args, **kwargs)
+        placements.append((program, tuple(candidates), placement))
+        return placement
+
+    monkeypatch.setattr(prepared, "place", recording)
+    yield
+    report = getattr(request.node, "report_call", None)
+    problem = placement_check.check(request.node.nodeid, placements, passed=report is not None and report.passed)
+    if problem:
+        pytest.fail(problem, pytrace=False)
 
 
 def bench_script(name: str):

@@ -741,6 +741,10 @@ def _main(argv: list[str] | None = None) -> int:
         print(f"onnxruntime: refuses: {type(exc).__name__}: {str(exc)[:300]}")
     try:
         got = run_gpumnn(case, args.backend)
+    except gpumnn.InternalError:
+        print(f"gpumnn[{args.backend}]: INTERNAL ERROR (a bug, not a refusal)")
+        traceback.print_exc()
+        return 1
     except gpumnn.GpumnnError as exc:
         print(f"gpumnn[{args.backend}]: {type(exc).__name__}: {exc}")
         return 0

@@ -14,6 +14,7 @@ Outcome of one case on one backend (``classify``):
     correct        gpumnn ran it, ONNX Runtime ran it, every output within rel L2 < 1e-3
     both_refuse    gpumnn raised a GpumnnError and ONNX Runtime refused the model too
     gpumnn_refuses gpumnn raised a GpumnnError, ONNX Runtime ran the model (allowed: e.g. unsupported)
+    internal       gpumnn raised an InternalError: a bug of its own, not a refusal -- disallowed
     ort_refuses    gpumnn ran a model ONNX Runtime refuses (load runs onnx.checker) -- disallowed
     wrong          both ran it and the answers differ                        -- disallowed
     unrunnable     gpumnn accepted declared inputs that cannot exist          -- disallowed
@@ -47,7 +48,7 @@ TOLERANCE = 1e-3
 MEMORY_LIMIT = 3 << 30
 START_TIMEOUT = 60.0  # imports + device start on a busy 2-core machine
 CASE_TIMEOUT = 20.0
-DISALLOWED = ("ort_refuses", "wrong", "unrunnable", "raw", "crash", "hang")
+DISALLOWED = ("ort_refuses", "wrong", "unrunnable", "internal", "raw", "crash", "hang")
 COLUMNS = ("correct", "both_refuse", "gpumnn_refuses") + DISALLOWED
 
 
@@ -81,7 +82,7 @@ def _read_frame(stream):
 
 # -- the worker process ---------------------------------------------------------------------------
 
-#: environment variable naming cases at which a worker misbehaves on purpose ("crash:3,hang:5,raw:7"),
+#: environment variable naming cases at which a worker misbehaves on purpose ("crash:3,hang:5,raw:7,internal:8"),
 #: so that the test of the harness itself sees each failure recorded and the worker restarted
 INJECT = "GPUMNN_FUZZ_INJECT"
 
@@ -95,10 +96,14 @@ def _inject(index: int) -> None:
         time.sleep(3600)
     if fault == "raw":
         raise KeyError("injected")
+    if fault == "internal":
+        from gpumnn.errors import InternalError
+        cause = KeyError("injected")
+        raise InternalError("lowering an injected node", cause) from cause
 
 
 def _run_one(backend: str, index: int, seed: int):
-    """(kind, payload) for one case: ok / gpumnn / raw / unrunnable; ``ort`` runs the reference."""
+    """(kind, payload) for one case: ok / gpumnn / internal / raw / unrunnable; ``ort`` runs the reference."""
     from fuzz_corpus import UnrunnableCase, make_case, run_gpumnn, run_onnxruntime
 
     import gpumnn
@@ -109,13 +114,20 @@ def _run_one(backend: str, index: int, seed: int):
         outputs = run_onnxruntime(case) if backend == REFERENCE else run_gpumnn(case, backend)
     except UnrunnableCase as exc:
         return "unrunnable", str(exc)
+    except gpumnn.InternalError as exc:  # a bug wrapped by a safety net: never a refusal
+        cause = exc.__cause__ or exc
+        return "internal", (type(cause).__name__, str(exc)[:500], _where(cause))
     except gpumnn.GpumnnError as exc:
         return "gpumnn", (type(exc).__name__, str(exc)[:500])
     except Exception as exc:  # noqa: BLE001 -- the point: record anything else that escapes
-        frames = traceback.extract_tb(exc.__traceback__)[-5:]
-        where = "\n".join(f"      {Path(f.filename).name}:{f.lineno} in {f.name}: {f.line}" for f in frames)
-        return "raw", (f"{type(exc).__module__}.{type(exc).__name__}", str(exc)[:500], where)
+        return "raw", (f"{type(exc).__module__}.{type(exc).__name__}", str(exc)[:500], _where(exc))
     return "ok", outputs
+
+
+def _where(exc: BaseException) -> str:
+    """The innermost frames of ``exc``'s traceback, one line each."""
+    frames = traceback.extract_tb(exc.__traceback__)[-5:]
+    return "\n".join(f"      {Path(f.filename).name}:{f.lineno} in {f.name}: {f.line}" for f in frames)
 
 
 def worker_main(backend: str, seed: int) -> None:
@@ -314,9 +326,9 @@ def classify(result: Result, reference: Result) -> tuple[str, str]:
     ort_runs = reference.kind == "ok"
     if result.kind in ("crash", "hang"):
         return result.kind, str(result.payload)
-    if result.kind == "raw":
+    if result.kind in ("raw", "internal"):
         kind, message, where = result.payload
-        return "raw", f"{kind}: {message}\n{where}"
+        return result.kind, f"{kind}: {message}\n{where}"
     if result.kind == "unrunnable":
         return "unrunnable", str(result.payload)
     if result.kind == "gpumnn":
@@ -340,14 +352,11 @@ def outcomes(run: FuzzRun, backend: str) -> dict[int, tuple[str, str]]:
     return {i: classify(run.results[backend][i], ref[i]) for i in run.indices}
 
 
-#: messages of the ModelErrors that wrap an unexpected exception (lowering's and optimize's safety nets)
-SAFETY_NET = ("could not be lowered: ", "could not be optimised: ")
-
-
 def error_classes(run: FuzzRun, backend: str) -> Counter:
-    """gpumnn error class -> count; errors that came through a safety net count as '<class> (wrapped)'."""
-    return Counter(r.payload[0] + (" (wrapped)" if any(m in r.payload[1] for m in SAFETY_NET) else "")
-                   for r in run.results[backend].values() if r.kind == "gpumnn")
+    """gpumnn error class -> count; InternalErrors (bugs the safety nets wrapped) count as
+    'InternalError (<cause>)'."""
+    return Counter(r.payload[0] if r.kind == "gpumnn" else f"InternalError ({r.payload[0]})"
+                   for r in run.results[backend].values() if r.kind in ("gpumnn", "internal"))
 
 
 def summary(run: FuzzRun, backends: list[str]) -> str:

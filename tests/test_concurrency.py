@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -125,27 +126,41 @@ def test_session_moves_between_threads(backend, model):
 
 
 def test_close_waits_for_runs_in_flight(model):
+    """close() called while a run is inside the session returns only after that run has finished:
+    the run is held until close() has been entered and given time to return, and the order in
+    which the two finish is recorded."""
     net, reference = model
     sess = net.session(backend="cpu")
-    started, release = threading.Event(), threading.Event()
+    started, release, close_entered = threading.Event(), threading.Event(), threading.Event()
+    finished: list[str] = []
     shape_set = sess.shape_set()
     original = shape_set._run
 
     def slow_run(*args):
         started.set()
         release.wait(5)
-        return original(*args)
+        try:
+            return original(*args)
+        finally:
+            finished.append("run")
+
+    def close():
+        close_entered.set()
+        sess.close()
+        finished.append("close")
 
     shape_set._run = slow_run
     x = np.random.default_rng(7).standard_normal(SHAPE).astype(np.float32)
     with ThreadPoolExecutor(2) as pool:
         result = pool.submit(sess.run, {"input": x})
         assert started.wait(5)
-        closing = pool.submit(sess.close)
-        assert not closing.done(), "close() returned while a run was still using the session"
+        closing = pool.submit(close)
+        assert close_entered.wait(5)
+        time.sleep(0.3)  # a close that does not wait returns in this time, before the run is let go
         release.set()
         closing.result(5)
         assert rel_l2(result.result(5)["output"], reference.run(None, {"input": x})[0]) < 1e-4
+    assert finished == ["run", "close"], f"close() returned before the run in flight finished: {finished}"
     sess.close()  # idempotent
     with pytest.raises(gpumnn.SessionClosedError):
         sess.run({"input": x})

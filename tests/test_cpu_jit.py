@@ -88,9 +88,9 @@ DEPTHWISE = [
 
 
 @pytest.mark.parametrize("case", DEPTHWISE, ids=[f"dw{c[0]}x{c[1]}k{c[2]}s{c[3]}d{c[4]}-{c[6]}" for c in DEPTHWISE])
-def test_depthwise_convolution_compiled_and_numpy(case):
+def test_depthwise_convolution_compiled_and_numpy(case, fresh_rng):
     channels, size, kernel, stride, dilation, pads, activation, bias = case
-    rng = np.random.default_rng()  # fresh inputs and weights every run
+    rng = fresh_rng
     model = _conv_model(channels, size, kernel, stride, dilation, pads, channels, channels, activation, bias, rng)
     _both_ways_match_onnxruntime(model, (1, channels, size, size), rng)
 
@@ -108,9 +108,9 @@ DENSE = [
 
 
 @pytest.mark.parametrize("case", DENSE, ids=[f"conv{c[0]}x{c[1]}k{c[2]}s{c[3]}-{c[6]}" for c in DENSE])
-def test_convolution_epilogues_compiled_and_numpy(case):
+def test_convolution_epilogues_compiled_and_numpy(case, fresh_rng):
     channels, size, kernel, stride, pads, out_channels, activation, bias = case
-    rng = np.random.default_rng()  # fresh inputs and weights every run
+    rng = fresh_rng
     model = _conv_model(channels, size, kernel, stride, 1, pads, 1, out_channels, activation, bias, rng)
     _both_ways_match_onnxruntime(model, (1, channels, size, size), rng)
 
@@ -151,9 +151,9 @@ POOLS = [
 
 
 @pytest.mark.parametrize("case", POOLS, ids=[f"{c[2]}{c[0]}x{c[1]}k{c[3]}s{c[4]}c{c[6]}p{c[7]}" for c in POOLS])
-def test_pooling_compiled_and_numpy(case):
+def test_pooling_compiled_and_numpy(case, fresh_rng):
     channels, size, op, kernel, stride, pads, ceil, include_pad = case
-    rng = np.random.default_rng()  # fresh inputs and weights every run
+    rng = fresh_rng
     _both_ways_match_onnxruntime(_pool_model(channels, size, op, kernel, stride, pads, ceil, include_pad),
                                  (1, channels, size, size), rng)
 

@@ -52,8 +52,8 @@ GEMMS = [
 
 
 @pytest.mark.parametrize("case", GEMMS, ids=[f"gemm{c[0]}x{c[1]}x{c[2]}t{c[3]}{c[4]}" for c in GEMMS])
-def test_gemm_in_regions(case):
-    rng = np.random.default_rng()  # fresh inputs and weights every run
+def test_gemm_in_regions(case, fresh_rng):
+    rng = fresh_rng
     model, shape = _gemm_model(*case, rng)
     _both_ways_match_onnxruntime(model, tuple(shape), rng)
 
@@ -75,9 +75,9 @@ SUMS = [
 
 
 @pytest.mark.parametrize("case", SUMS, ids=[f"sum{'x'.join(map(str, c[1]))}{c[2] or ''}" for c in SUMS])
-def test_residual_sums_in_regions(case):
+def test_residual_sums_in_regions(case, fresh_rng):
     x_shape, r_shape, activation = case
-    rng = np.random.default_rng()
+    rng = fresh_rng
     inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
               for name, shape in (("x", x_shape), ("r", r_shape))]
     nodes = [helper.make_node("Add", ["x", "r"], ["s" if activation else "y"])]
@@ -117,17 +117,17 @@ def _rows_model(node, shape, attributes, rng):
 
 
 @pytest.mark.parametrize("case", ROWS, ids=[f"{c[0]}{'x'.join(map(str, c[1]))}" for c in ROWS])
-def test_row_normalisations_in_regions(case):
-    rng = np.random.default_rng()
+def test_row_normalisations_in_regions(case, fresh_rng):
+    rng = fresh_rng
     _both_ways_match_onnxruntime(_rows_model(*case, rng), case[1], rng)
 
 
 @pytest.mark.parametrize("node", ["Softmax", "LogSoftmax"])
-def test_softmax_rows_keep_special_values(node):
+def test_softmax_rows_keep_special_values(node, fresh_rng):
     """A -inf beside finite scores (a masked attention score) gives 0 (log: -inf); a row holding a
     NaN or a +inf is NaN throughout, as ONNX Runtime and NumPy's kernel give it."""
     require_tool("regions", cpu_parallel.available()[1])
-    rng = np.random.default_rng()
+    rng = fresh_rng
     x = rng.standard_normal((6, 64, 33)).astype(np.float32) * 4
     x[0, :, :5] = -np.inf  # masked positions in every row of the first head
     x[1, 3, 7] = np.nan
@@ -144,12 +144,12 @@ def test_softmax_rows_keep_special_values(node):
         assert not got[0, :, :5].any()  # e^-inf is 0, not a tiny number
 
 
-def test_constant_weights_are_packed_once_for_every_run_state():
+def test_constant_weights_are_packed_once_for_every_run_state(fresh_rng):
     """An eager session prepares a run state per run: the weights its kernels read in their own
     layouts (Winograd's G W G^T, the register tile's panels, a classifier's) are made on the first
     run and read again by the next, not made again; the outputs stay ONNX Runtime's."""
     require_tool("regions", cpu_parallel.available()[1])
-    rng = np.random.default_rng()
+    rng = fresh_rng
 
     def weight(name, shape):
         return numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
@@ -179,11 +179,11 @@ def test_constant_weights_are_packed_once_for_every_run_state():
             assert all(packed._made[key] is array for key, array in made.items())
 
 
-def test_one_row_times_constant_weights_reads_a_run_time_bias():
+def test_one_row_times_constant_weights_reads_a_run_time_bias(fresh_rng):
     """A classifier's product (M = 1) on the register tile reads a bias that is a graph input anew
     on every run: the view is bound at creation, not a copy."""
     require_tool("regions", cpu_parallel.available()[1])
-    rng = np.random.default_rng()
+    rng = fresh_rng
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])
     c = helper.make_tensor_value_info("C", TensorProto.FLOAT, [48])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
@@ -230,9 +230,9 @@ MATMULS = [
 
 @pytest.mark.parametrize("case", MATMULS, ids=[f"matmul{'x'.join(map(str, c[0]))}-{'x'.join(map(str, c[1]))}{'T' if c[2] else ''}"
                                                for c in MATMULS])
-def test_matmul_in_regions(case):
+def test_matmul_in_regions(case, fresh_rng):
     a_shape, b_shape, transpose_b, constant_b = case
-    rng = np.random.default_rng()
+    rng = fresh_rng
     model = _matmul_model(a_shape, b_shape, transpose_b, rng, constant_b)
     names = ("x",) if constant_b else ("x", "b")
     shapes = {"x": a_shape, "b": b_shape}
@@ -240,10 +240,10 @@ def test_matmul_in_regions(case):
 
 
 @pytest.mark.parametrize("rows", [128, 7])
-def test_matmul_with_gelu_in_regions(rows):
+def test_matmul_with_gelu_in_regions(rows, fresh_rng):
     """A transformer's FFN input layer: MatMul, a bias row and GELU (opset 20), GELU applied on
     each GEMM block in the region (on both threads above REGION_MIN_MACS, one block below)."""
-    rng = np.random.default_rng()
+    rng = fresh_rng
     inits = [numpy_helper.from_array(rng.standard_normal((256, 1024)).astype(np.float32) / 16, "w"),
              numpy_helper.from_array(rng.standard_normal(1024).astype(np.float32), "c")]
     nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "c"], ["s"]),
@@ -268,9 +268,9 @@ IMAGES = [
 
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("case", IMAGES, ids=[f"conv{c[0]}x{c[1]}k{c[2]}s{c[3]}g{c[5]}" for c in IMAGES])
-def test_convolutions_in_regions(case, batch):
+def test_convolutions_in_regions(case, batch, fresh_rng):
     channels, size, kernel, stride, pads, groups, out_channels, activation = case
-    rng = np.random.default_rng()
+    rng = fresh_rng
     model = _conv_model(channels, size, kernel, stride, 1, pads, groups, out_channels, activation, True, rng)
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = batch
     _both_ways_match_onnxruntime(model, (batch, channels, size, size), rng)
@@ -278,8 +278,8 @@ def test_convolutions_in_regions(case, batch):
 
 @pytest.mark.parametrize("stride", [1, 2])
 @pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
-def test_pooling_of_a_batch_in_regions(op, stride):
-    rng = np.random.default_rng()
+def test_pooling_of_a_batch_in_regions(op, stride, fresh_rng):
+    rng = fresh_rng
     model = _pool_model(40, 23, op, 3, stride, [1, 1, 1, 1], 0, 0)
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 3
     _both_ways_match_onnxruntime(model, (3, 40, 23, 23), rng)
@@ -311,11 +311,11 @@ def _kernel_id(kernel) -> str:
 
 
 @pytest.mark.parametrize("case", WINOGRAD, ids=[f"wino{c[0]}x{c[1]}k{_kernel_id(c[2])}F{c[3]}" for c in WINOGRAD])
-def test_winograd_on_the_register_tile_in_regions(case):
+def test_winograd_on_the_register_tile_in_regions(case, fresh_rng):
     from gpumnn.scheduler import schemes
 
     channels, size, kernel, tile, pads, out_channels, activation = case
-    rng = np.random.default_rng()
+    rng = fresh_rng
     model = _conv_model(channels, size, kernel, 1, 1, pads, 1, out_channels, activation, True, rng)
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
     with schemes.forced_schemes(conv=("winograd", tile)):
@@ -334,13 +334,13 @@ FEW_PIXELS = [
 
 @pytest.mark.parametrize("cols_bytes", [1 << 20, 4 * 9 * 96 * 6 * 2])
 @pytest.mark.parametrize("case", FEW_PIXELS, ids=[f"im2col{c[0]}x{c[1]}s{c[2]}o{c[3]}" for c in FEW_PIXELS])
-def test_im2col_channel_spans_in_regions(case, cols_bytes, monkeypatch):
+def test_im2col_channel_spans_in_regions(case, cols_bytes, monkeypatch, fresh_rng):
     from gpumnn.backends import cpu
     from gpumnn.scheduler import schemes
 
     channels, size, stride, out_channels = case
     monkeypatch.setattr(cpu, "REGION_COLS_BYTES", cols_bytes)  # the second: two output rows a block
-    rng = np.random.default_rng()
+    rng = fresh_rng
     model = _conv_model(channels, size, 3, stride, 1, [1, 1, 1, 1], 1, out_channels, "relu", True, rng)
     with schemes.forced_schemes(conv=("im2col", 0)):
         _both_ways_match_onnxruntime(model, (1, channels, size, size), rng)
@@ -360,7 +360,7 @@ PACKED = [
 
 @pytest.mark.parametrize("cols_bytes", [1 << 20, 4 * 9 * 96 * 6 * 2])
 @pytest.mark.parametrize("case", PACKED, ids=[f"packed{c[0]}x{c[1]}k{c[2]}s{c[3]}d{c[4]}o{c[6]}" for c in PACKED])
-def test_im2col_on_packed_weights_in_regions(case, cols_bytes, monkeypatch):
+def test_im2col_on_packed_weights_in_regions(case, cols_bytes, monkeypatch, fresh_rng):
     from gpumnn.backends import cpu
     from gpumnn.scheduler import schemes
 
@@ -369,7 +369,7 @@ def test_im2col_on_packed_weights_in_regions(case, cols_bytes, monkeypatch):
     monkeypatch.setattr(cpu, "REGION_COLS_BYTES", cols_bytes)  # the second: several pixel blocks
     calls = []
     monkeypatch.setattr(cpu, "_packed_conv_region", lambda *a, real=cpu._packed_conv_region: calls.append(a) or real(*a))
-    rng = np.random.default_rng()
+    rng = fresh_rng
     model = _conv_model(channels, size, kernel, stride, dilation, pads, 1, out_channels, activation, bias, rng)
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
     with schemes.forced_schemes(conv=("im2col", 0)):
@@ -377,14 +377,14 @@ def test_im2col_on_packed_weights_in_regions(case, cols_bytes, monkeypatch):
     assert calls, "the packed region was not used"
 
 
-def test_weights_known_only_at_run_time_keep_blas(monkeypatch):
+def test_weights_known_only_at_run_time_keep_blas(monkeypatch, fresh_rng):
     """Weights that are a graph input are not packed at creation: the convolution keeps BLAS."""
     from gpumnn.backends import cpu
 
     monkeypatch.setattr(cpu, "PACKED_MIN_DEPTH", 1)
     packed = []
     monkeypatch.setattr(cpu, "_packed_conv_region", lambda *a: packed.append(a))
-    rng = np.random.default_rng()
+    rng = fresh_rng
     model = _conv_model(16, 12, 3, 1, 1, [1, 1, 1, 1], 1, 24, "relu", False, rng)
     model.graph.initializer.pop()
     model.graph.input.append(helper.make_tensor_value_info("W", TensorProto.FLOAT, [24, 16, 3, 3]))
@@ -393,7 +393,7 @@ def test_weights_known_only_at_run_time_keep_blas(monkeypatch):
 
 
 @pytest.mark.parametrize("depth", [0, 1, 37])
-def test_the_register_tile_against_numpy(depth):
+def test_the_register_tile_against_numpy(depth, fresh_rng):
     """cpu_tiles.tile_product: acc = p^T v for strided p and v (none at depth 0)."""
     require_tool("regions", cpu_parallel.available()[1])
     from gpumnn.backends import cpu_tiles
@@ -403,7 +403,7 @@ def test_the_register_tile_against_numpy(depth):
     def run(p, p_stride, v, v_stride, depth, acc):
         cpu_tiles.tile_product(p.ctypes.data, p_stride, v.ctypes.data, v_stride, depth, acc.ctypes.data)
 
-    rng = np.random.default_rng()
+    rng = fresh_rng
     mr, nr = cpu_tiles.MR, cpu_tiles.NR
     p = rng.standard_normal(depth * 9 + mr).astype(np.float32)
     v = rng.standard_normal(depth * 21 + nr).astype(np.float32)
@@ -428,11 +428,11 @@ def test_constants_are_read_only_and_known():
     assert not backend.is_constant(TensorHandle(backend.allocate(24), 0, (2, 3)))
 
 
-def test_both_blas_libraries_run_the_blocks():
+def test_both_blas_libraries_run_the_blocks(fresh_rng):
     """The regions call NumPy's own OpenBLAS where it has one (64-bit integers in NumPy's wheels)
     and SciPy's BLAS (32-bit) otherwise: the same blocks through each give NumPy's product."""
     require_tool("regions", cpu_parallel.available()[1])
-    rng = np.random.default_rng()
+    rng = fresh_rng
     a, b = rng.standard_normal((70, 90)).astype(np.float32), rng.standard_normal((90, 50)).astype(np.float32)
     libraries = [cpu_parallel._scipy_sgemm()] + [found for found in [cpu_parallel._numpy_sgemm()] if found]
     assert (cpu_parallel.SGEMM, cpu_parallel.BLAS_INT) in libraries

@@ -28,10 +28,13 @@ def _vi(name, dtype, shape):
 
 
 def _check(model: onnx.ModelProto, feeds: dict, backend: str) -> gpumnn.Session:
-    ref = onnxruntime_session(model).run(None, feeds)
+    ref_sess = onnxruntime_session(model)
+    ref = dict(zip([o.name for o in ref_sess.get_outputs()], ref_sess.run(None, feeds)))
     sess = gpumnn.load(model).session(backend=backend)
     got = sess.run(feeds)
-    for (name, value), expected in zip(got.items(), ref):
+    assert set(got) == set(ref), f"outputs {sorted(got)}, ONNX Runtime gives {sorted(ref)}"
+    for name, expected in ref.items():  # by name: a session returning its outputs in another order is caught
+        value = got[name]
         assert value.dtype == expected.dtype, f"{name}: dtype {value.dtype}, ONNX Runtime gives {expected.dtype}"
         assert value.shape == expected.shape, name
         if expected.dtype.kind in "iub":

@@ -75,6 +75,57 @@ def test_out_of_range_opset_is_a_model_error():
         gpumnn.load(model)
 
 
+def _bug(*args, **kwargs):
+    raise KeyError("a bug of gpumnn's")
+
+
+def _assert_internal(info, where: str) -> None:
+    """An InternalError, not a ModelError (a refusal), that says it is a bug, asks for a report,
+    names where it happened and keeps its cause."""
+    assert not isinstance(info.value, gpumnn.ModelError)
+    message = str(info.value)
+    assert "bug in gpumnn" in message and "report" in message and where in message, message
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+def test_a_bug_in_a_lowering_is_an_internal_error(monkeypatch):
+    from gpumnn.geometry import registry
+    registry.supported_ops()
+    monkeypatch.setitem(registry.LOWERINGS, "Relu", _bug)
+    net = gpumnn.load(_tiny())
+    with pytest.raises(gpumnn.InternalError) as info:
+        net.session(fallback=False)
+    _assert_internal(info, "'the_node' (Relu)")
+
+
+def test_a_bug_in_an_optimisation_pass_is_an_internal_error(monkeypatch):
+    from gpumnn import optimize
+    monkeypatch.setattr(optimize, "fuse_gelu", _bug)
+    with pytest.raises(gpumnn.InternalError) as info:
+        gpumnn.load(_tiny())
+    _assert_internal(info, "optimising the model (pass _bug)")
+
+
+def test_a_bug_in_constant_folding_is_not_a_node_left_unfolded(monkeypatch):
+    """Folding skips nodes that cannot fold (their refusal comes at lowering); a bug must not be skipped."""
+    from gpumnn.geometry import registry
+    registry.supported_ops()
+    monkeypatch.setitem(registry.LOWERINGS, "Relu", _bug)
+    model = _tiny()
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((1, 3, 4, 4), np.float32), "x"))
+    with pytest.raises(gpumnn.InternalError) as info:
+        gpumnn.load(model)
+    _assert_internal(info, "lowering node 'the_node' (Relu)")
+
+
+def test_a_bug_in_the_import_is_an_internal_error(monkeypatch):
+    from gpumnn import net
+    monkeypatch.setattr(net, "import_onnx", _bug)
+    with pytest.raises(gpumnn.InternalError) as info:
+        gpumnn.load(_tiny())
+    _assert_internal(info, "reading the model")
+
+
 @pytest.fixture(scope="module")
 def session():
     return gpumnn.load(zoo.build("squeezenet1_1")).session()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 
+import numpy as np
 import pytest
 
 import fuzz_harness as harness
@@ -50,13 +51,66 @@ def test_fuzz_corpus(backend, fuzz_run):
                           + "\n".join(problems))
 
 
-def test_harness_records_crash_hang_and_raw_exception_and_goes_on():
+def test_harness_records_crash_hang_raw_and_internal_errors_and_goes_on():
     """The harness itself: injected faults are recorded against their cases, the rest still run."""
-    env = dict(os.environ, **{harness.INJECT: "crash:1,hang:2,raw:3"})
-    run = harness.run_corpus(["cpu"], list(range(6)), SEED, env=env, case_timeout=3.0)
+    env = dict(os.environ, **{harness.INJECT: "crash:1,hang:2,raw:3,internal:4"})
+    run = harness.run_corpus(["cpu"], list(range(7)), SEED, env=env, case_timeout=3.0)
     kinds = {i: kind for i, (kind, _) in harness.outcomes(run, "cpu").items()}
-    assert (kinds[1], kinds[2], kinds[3]) == ("crash", "hang", "raw"), kinds
-    assert all(kinds[i] not in harness.DISALLOWED for i in (0, 4, 5)), kinds
+    assert (kinds[1], kinds[2], kinds[3], kinds[4]) == ("crash", "hang", "raw", "internal"), kinds
+    assert all(kinds[i] not in harness.DISALLOWED for i in (0, 5, 6)), kinds
     assert run.restarts["cpu"] == 2
     listed = harness.failures(run, "cpu")
-    assert len(listed) == 3 and all("python tests/fuzz_corpus.py --case" in line for line in listed)
+    assert len(listed) == 4 and all("python tests/fuzz_corpus.py --case" in line for line in listed)
+    assert "InternalError (KeyError)" in harness.error_classes(run, "cpu")
+
+
+def _result(kind, payload=None):
+    return harness.Result(kind, payload, 0.0)
+
+
+def test_compare_finds_every_kind_of_wrong_answer():
+    """compare() is what turns a wrong answer into a failure: each way an output can differ is caught."""
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    assert harness.compare({"y": x.copy()}, {"y": x}) is None
+    assert harness.compare({"y": x * (1 + 5e-4)}, {"y": x}) is None  # inside the tolerance
+    wrong = {
+        "values": ({"y": x * 1.01}, "relative L2 error"),
+        "one element": ({"y": np.where(np.arange(12).reshape(3, 4) == 5, 7.0, x)}, "relative L2 error"),
+        "shape": ({"y": x.reshape(4, 3)}, "shape [4, 3]"),
+        "names": ({"z": x}, "outputs ['z']"),
+        "NaN": ({"y": np.where(x > 0.5, np.nan, x)}, "Inf/NaN"),
+        "infinity": ({"y": np.where(x > 0.5, np.inf, x)}, "Inf/NaN"),
+    }
+    for what, (got, message) in wrong.items():
+        verdict = harness.compare(got, {"y": x})
+        assert verdict is not None and message in verdict, (what, verdict)
+    # NaN in the reference accepts any value there (GLSL/OpenCL min/max); a differing infinity does not
+    ref = np.array([np.nan, np.inf, 1.0], np.float32)
+    assert harness.compare({"y": np.array([3.0, np.inf, 1.0], np.float32)}, {"y": ref}) is None
+    assert harness.compare({"y": np.array([3.0, -np.inf, 1.0], np.float32)}, {"y": ref}) is not None
+    strings = np.array(["a", "b"], dtype=object)
+    assert harness.compare({"s": strings}, {"s": strings.copy()}) is None
+    assert "values differ" in harness.compare({"s": strings[::-1]}, {"s": strings})
+
+
+def test_classify_maps_each_result_to_its_outcome():
+    """classify(): a wrong answer, an internal error, and gpumnn running what ONNX Runtime refuses are
+    failures; refusals by both, or by gpumnn alone, are not."""
+    x = {"y": np.ones((2, 2), np.float32)}
+    ort_runs, ort_refuses = _result("ok", x), _result("raw", ("onnxruntime.Fail", "bad model", ""))
+    expected = [
+        (_result("ok", x), ort_runs, "correct"),
+        (_result("ok", {"y": 2 * x["y"]}), ort_runs, "wrong"),
+        (_result("ok", x), ort_refuses, "ort_refuses"),
+        (_result("gpumnn", ("ModelError", "bad")), ort_refuses, "both_refuse"),
+        (_result("gpumnn", ("UnsupportedOpError", "no")), ort_runs, "gpumnn_refuses"),
+        (_result("internal", ("KeyError", "a bug", "")), ort_runs, "internal"),
+        (_result("internal", ("KeyError", "a bug", "")), ort_refuses, "internal"),
+        (_result("raw", ("builtins.KeyError", "k", "")), ort_runs, "raw"),
+        (_result("unrunnable", "huge"), ort_refuses, "unrunnable"),
+        (_result("crash", "exit -6"), ort_runs, "crash"),
+        (_result("hang", "20 s"), ort_runs, "hang"),
+    ]
+    for result, reference, outcome in expected:
+        assert harness.classify(result, reference)[0] == outcome, (result, reference)
+    assert set(harness.DISALLOWED) == {"ort_refuses", "wrong", "unrunnable", "internal", "raw", "crash", "hang"}

@@ -7,14 +7,15 @@ only the node tests run, and of those the ones whose op types gpumnn claims to s
 with an UnsupportedOpError (or ModelError) rather than a raw exception.
 
 Every selected case runs on every backend. Those listed in ``onnx_node_expected_failures.py`` are
-strict xfails that must fail with the exception their group names: a newly passing case fails the
-run (take it off the list), and so does a case failing in a new way. BackendTest's cases are
+strict xfails that must fail with the exception and message their group names: a newly passing case
+fails the run (take it off the list), and so does a case failing in a new way. BackendTest's cases are
 unittest methods of one class per backend (``TestOnnxNode_<backend>``); run one backend's with
 ``pytest tests/test_onnx_node.py -k TestOnnxNode_vulkan``, one case with ``-k test_gemm_beta``.
 """
 from __future__ import annotations
 
 import functools
+import re
 import warnings
 from typing import Callable
 
@@ -53,7 +54,7 @@ UNCLAIMED = [c for c in NODE_CASES if not claimed(c.model)]
 
 
 def _expect_failure(method: Callable, group: Group) -> Callable:
-    """``method`` as a strict xfail that must fail with ``group.raises``.
+    """``method`` as a strict xfail that must fail with ``group.raises``, its message matching ``group.match``.
 
     The same outcomes as ``pytest.mark.xfail(strict=True, raises=...)``, but the expected exception
     is caught here and the xfail raised afresh, outside it: pytest then formats a one-frame
@@ -70,6 +71,9 @@ def _expect_failure(method: Callable, group: Group) -> Callable:
         if failure is None:
             pytest.fail(f"listed as expected to fail ({group.reason}) but passed: take it off "
                         "tests/onnx_node_expected_failures.py", pytrace=False)
+        if not re.search(group.match, failure):  # the right type for another reason is a new failure
+            pytest.fail(f"expected to fail ({group.reason}) with a message matching {group.match!r}, "
+                        f"but failed with {failure[:500]}", pytrace=False)
         pytest.xfail(group.reason)
     return run
 

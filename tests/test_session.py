@@ -1,6 +1,8 @@
 """Pre-inference behaviour: recorded runs do no work twice, memory is shared, placement splits visibly."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -85,10 +87,14 @@ def test_memory_plan_shares_memory_and_never_overlaps_live_tensors(resnet):
                 assert a0 + a.nbytes <= b0 or b0 + b.nbytes <= a0, f"{a.name} and {b.name} overlap while both live"
 
 
-def test_session_creation_is_fast_and_report_lists_every_op(resnet):
+def test_session_creation_time_is_reported_and_report_lists_every_op(resnet):
+    """prepare_seconds is measured, within the creation's own wall time (its speed is bench/'s to
+    measure: a bound here fails on a busy machine, not on a slow change)."""
     net, _ = resnet
+    started = time.perf_counter()
     sess = net.session()
-    assert sess.prepare_seconds < 5.0  # generous: the figure itself is measured in bench/
+    wall = time.perf_counter() - started
+    assert 0 < sess.prepare_seconds <= wall
     rows = sess.report_rows()
     assert len(rows) == len(sess.program.ops)
     schemes = {r["scheme"] for r in rows if r["op"] == "conv2d"}

@@ -13,11 +13,14 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import rel_l2, require_backend
+from conftest import SYNC_VALIDATION, bench_script, rel_l2, require_backend, require_tool, vulkan_validation_missing
 from gpumnn import atomic as A
 from gpumnn.backends.cpu import CpuBackend
 from gpumnn.errors import BackendUnavailableError
 from dispatch_chain import CHAIN, GL_VARIANTS, SHAPES, X, build, check_eager_with_fresh_pools, check_recorded_replay, cpu_reference
+
+
+SOAK_CYCLES = 12  # sessions created, run and closed under the validation layer
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -110,10 +113,10 @@ def test_staging_path_for_discrete_gpus(reference):
         be.close()
 
 
-def test_validation_layer_reports_nothing(reference):
-    from gpumnn.backends.vulkan_device import validation_layer_available
-    if not validation_layer_available():
-        pytest.skip("VK_LAYER_KHRONOS_validation is not installed (Debian/Ubuntu: vulkan-validationlayers)")
+def test_validation_layer_reports_nothing(reference, monkeypatch):
+    require_tool("vulkan-validation", vulkan_validation_missing())
+    for name, value in SYNC_VALIDATION.items():
+        monkeypatch.setenv(name, value)
     for options in ({"kernels": "simd"}, {"kernels": "tiled", "force_staging": True}):
         be = _backend(validation=True, **options)
         try:
@@ -133,9 +136,7 @@ def test_validation_layer_reports_nothing(reference):
 
 def test_validation_messages_are_collected():
     """The messenger really reports: an invalid call must produce a message."""
-    from gpumnn.backends.vulkan_device import validation_layer_available
-    if not validation_layer_available():
-        pytest.skip("VK_LAYER_KHRONOS_validation is not installed (Debian/Ubuntu: vulkan-validationlayers)")
+    require_tool("vulkan-validation", vulkan_validation_missing())
     import vulkan as vk
     be = _backend(validation=True)
     try:
@@ -249,3 +250,14 @@ def test_simd_direct_conv_matches_cpu(shape):
             be.close()
     assert outs[1][1] == ("depthwise" if g == c == oc else "direct_regblock")
     assert rel_l2(outs[1][0], outs[0][0]) < 1e-5
+
+
+def test_soak_under_the_validation_layer(vulkan_validation):
+    """bench/soak.py's create -> run -> close cycle, short, with every device validated: a use after
+    free, a missing barrier or an object destroyed while in use is reported by the layer."""
+    soak = bench_script("soak")
+    net, inputs = soak.load_model("tiny")
+    soak.soak(net, inputs, "vulkan", cycles=SOAK_CYCLES, warmup=0, model="tiny")
+    assert len(vulkan_validation.devices) >= SOAK_CYCLES
+    vulkan_validation.check()
+

@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .. import atomic as A
-from ..errors import GpumnnError, ModelError, ResourceError, UnsupportedOpError
+from ..errors import GpumnnError, InternalError, ModelError, ResourceError, UnsupportedOpError
 from ..ir import Graph
 from .context import LoweringContext, PendingRaster, Value
 from .regions import IndexMap, is_identity, needs_fill, regions_of
@@ -40,14 +40,14 @@ def lower_into(ctx: LoweringContext, graph: Graph, nodes=None) -> None:
                 raise _lowering_error(ctx, node, exc) from exc
             raise ResourceError(f"node {node.name!r} ({node.op_type}) needs an array larger than NumPy can "
                                 f"allocate: {exc}") from exc
-        except Exception as exc:  # a bug or a malformed attribute: say where
+        except Exception as exc:  # a bug: a malformed model is refused on purpose, with a ModelError
             raise _lowering_error(ctx, node, exc) from exc
 
 
-def _lowering_error(ctx: LoweringContext, node, exc: Exception) -> ModelError:
+def _lowering_error(ctx: LoweringContext, node, exc: Exception) -> InternalError:
+    """The error for an exception a lowering did not raise on purpose: gpumnn's bug, not the model's."""
     shapes = {n: list(ctx.values[n].shape) for n in node.inputs if n in ctx.values}
-    return ModelError(f"node {node.name!r} ({node.op_type}) with input shapes {shapes} could not be "
-                      f"lowered: {type(exc).__name__}: {exc}")
+    return InternalError(f"lowering node {node.name!r} ({node.op_type}) with input shapes {shapes}", exc)
 
 
 def _numpy_too_big(exc: ValueError) -> bool:
