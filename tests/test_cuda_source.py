@@ -28,11 +28,14 @@ ARCH = "compute_90"  # PTX for Hopper; any arch NVRTC knows compiles without a G
 
 def gpu_variants() -> list[tuple[str, dict[str, int]]]:
     """(family, defines) of every program the OpenCL backend builds with the GPU kernels: the GEMM
-    tilings of GEMM_CONFIGS (as ``_gemm_launch`` passes them), the other families without defines."""
+    tilings of GEMM_CONFIGS (as ``_gemm_launch`` passes them), Winograd tiles, the other families
+    without defines."""
     out: list[tuple[str, dict[str, int]]] = []
     for family in cuda_families():
         if family == "gemm":
             out += [(family, dict(zip(("TM", "TN", "WM", "WN", "TK"), cfg))) for cfg in GEMM_CONFIGS.values()]
+        elif family == "winograd":  # the tile sizes are compile-time: the smallest, the largest, a 1D one
+            out += [(family, dict(zip(("AH", "AW", "NH", "NW"), tile))) for tile in ((4, 4, 2, 2), (8, 8, 6, 6), (1, 10, 1, 4))]
         else:
             out.append((family, {}))
     return out

@@ -256,6 +256,25 @@ def test_winograd_matches_onnxruntime(case, backend):
     assert decision.scheme == expected, decision.describe()
 
 
+@pytest.mark.parametrize("case", [c for c, v in WINOGRAD_CASES.items() if v[7]], ids=[c for c, v in WINOGRAD_CASES.items() if v[7]])
+def test_winograd_kernels_of_the_gpu_family_match_onnxruntime(case):
+    """The OpenCL C family's own Winograd kernels (winograd.cl around the tiled GEMM: what cuda and
+    opencl on a GPU choose), forced on PoCL: one op, no rewrite, the tile asked for."""
+    k, ic, oc, size, pads, bias, act, tile, hw = WINOGRAD_CASES[case]
+    model, shape = _conv_model(k, ic, oc, size, pads, bias, act, hw)
+    x = np.random.default_rng(len(case)).standard_normal(shape).astype(np.float32)
+    ref = onnxruntime_session(model).run(None, {"x": x})[0]
+    with schemes.forced_schemes(conv=("winograd", tile)):
+        sess = gpumnn.load(model).session(backend="opencl", kernels="tiled", fallback=False)
+    with sess:
+        err = rel_l2(sess.run({"x": x})["y"], ref)
+        convs = [op for op in sess.program.ops if isinstance(op, A.Conv2D)]
+        chosen = sess.shape_set().schemes
+    assert err < TOLERANCE, f"relative L2 {err:.2e}"
+    assert len(convs) == 1 and convs[0].winograd_tile == tile, "the convolution was rewritten instead"
+    assert [s for s in chosen if s.startswith("winograd F(")], chosen
+
+
 def _matmul_model(m, k, n, trans_a=False, trans_b=False, const_b=False, bias=False, act=None):
     rng = np.random.default_rng(m + k + n)
     a_shape, b_shape = ([k, m] if trans_a else [m, k]), ([n, k] if trans_b else [k, n])
