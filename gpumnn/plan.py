@@ -92,6 +92,7 @@ def format_profile(sess: Session, prof: Profile) -> str:
         lines.append(f"  {b:<7} {count:>4} ops: estimated {est:.3f} ms, measured {meas:.3f} ms (op by op)")
     lines.append(f"total: estimated {prof.estimated_ms:.3f} ms; measured {prof.recorded_ms:.3f} ms per recorded run "
                  f"(median), {prof.measured_ops_ms:.3f} ms op by op with copies")
+    lines.append(sess.shape_set().launch_line())
     return "\n".join(lines)
 
 

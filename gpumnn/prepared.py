@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
+from . import atomic as A
 from .backends.base import Backend, Execution, TensorHandle
 from .geometry import lower
 from .geometry.fast import expand_schemes
@@ -107,6 +108,10 @@ class ShapeSet:
         #: per op, the scheme its backend runs (read from the executions now: they go at ``close``)
         self.schemes: list[str] = ([exe.scheme for exe in self.first_state.executions] if self.first_state
                                    else [getattr(op, "scheme", "-") for op in program.ops])
+        #: per op, the kernel launches (dispatches, work items) a recorded run submits for it; None
+        #: where nothing was recorded (an eager session)
+        self.launches: list[int | None] = ([len(exe.work) for exe in self.first_state.executions] if self.first_state
+                                           else [None] * len(program.ops))
         self._states = RunStatePool(self.max_concurrent_runs, keep=parts.record, first=self.first_state,
                                     make_lock=parts.build_lock)
 
@@ -286,9 +291,18 @@ class ShapeSet:
                 "inputs": [list(self.program.shapes.get(n, np.shape(self.program.constants.get(n)))) for n in op.inputs],
                 "output": list(out_shape), "bytes": 4 * int(np.prod(out_shape, dtype=np.int64)),
                 "macs": op.macs(), "cost_ms": self.placement.costs_ms[i], "moved_bytes": moved[i],
+                "launches": self.launches[i], "copied_bytes": raster_bytes(self.program, op),
                 "fallback": self.placement.fallback_reasons[i],
             })
         return rows
+
+    def launch_line(self) -> str:
+        """Kernel launches a recorded run submits and the bytes its Raster ops copy, in total."""
+        counts = [n for n in self.launches if n is not None]
+        copied = sum(raster_bytes(self.program, op) for op in self.program.ops)
+        launches = f"kernel launches per run: {sum(counts)}" if counts else "kernel launches: not recorded (eager)"
+        rasters = sum(isinstance(op, A.Raster) for op in self.program.ops)
+        return f"{launches}; Raster copies: {copied} bytes in {rasters} ops"
 
     def scheme_lines(self) -> list[str]:
         """One line per convolution and matrix product of the model: the scheme chosen and why."""
@@ -318,7 +332,14 @@ class ShapeSet:
         self.first_state, self._constants = None, {}  # the pool handed over every other state
 
 
-__all__ = ["RunState", "SessionParts", "ShapeSet"]
+def raster_bytes(program: A.AtomicProgram, op: A.AtomicOp) -> int:
+    """Bytes a Raster op copies (every region's elements, read and written once); 0 for other ops."""
+    if not isinstance(op, A.Raster):
+        return 0
+    return sum(r.count for r in op.regions) * np.dtype(program.storage_dtype_of(op.outputs[0])).itemsize
+
+
+__all__ = ["RunState", "SessionParts", "ShapeSet", "raster_bytes"]
 
 
 def _copy_between(src: TensorHandle, dst: TensorHandle, source: Backend, target: Backend) -> Callable[[], None]:

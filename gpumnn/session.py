@@ -317,12 +317,14 @@ class Session:
         placement = shape_set.placement
         lines.append("costs: " + ", ".join(f"{b} {src}" for b, src in placement.cost_sources.items()))
         lines.append(f"{'#':>4} {'op':<17} {'backend':<7} {'scheme':<10} {'output':<20} {'bytes':>10} {'MMACs':>8} "
-                     f"{'est ms':>7} {'moved':>9}  node")
+                     f"{'est ms':>7} {'moved':>9} {'launches':>8}  node")
         for r in shape_set.report_rows():
             note = f"  [cpu fallback: {r['fallback']}]" if r["fallback"] else ""
+            launches = "-" if r["launches"] is None else r["launches"]
             lines.append(f"{r['index']:>4} {r['op']:<17} {r['backend']:<7} {r['scheme']:<10} {str(r['output']):<20} "
-                         f"{r['bytes']:>10} {r['macs'] / 1e6:>8.2f} {r['cost_ms']:>7.3f} {r['moved_bytes']:>9}  "
-                         f"{r['node']}{note}")
+                         f"{r['bytes']:>10} {r['macs'] / 1e6:>8.2f} {r['cost_ms']:>7.3f} {r['moved_bytes']:>9} "
+                         f"{launches:>8}  {r['node']}{note}")
+        lines.append(shape_set.launch_line())
         est = placement.estimate
         if est is not None:
             lines.append(f"estimated total {est.total_ms:.3f} ms: ops {est.ops_ms:.3f}, {est.segments} segment(s) "

@@ -339,3 +339,22 @@ def test_winograd_needs_a_constant_bias():
     feeds = {"x": rng.standard_normal((1, 8, 12, 12)).astype(np.float32), "b": rng.standard_normal(8).astype(np.float32)}
     sess = _check(model, feeds, "cpu", conv=("winograd", 2))
     assert sess.program.decisions[0].scheme == "im2col", sess.program.decisions[0].describe()
+
+
+def test_the_gpu_family_runs_winograd_in_few_launches():
+    """ResNet-18 with Winograd forced on every 3x3 convolution it fits, on the OpenCL C GPU family:
+    each stays one op of its own kernels (input transform, batched product, output transform,
+    and a split-K sum where the product's tiles are few) where the rewrite made 7 ops, and no
+    Raster copies; the report counts the launches."""
+    from gpumnn import zoo
+    net = gpumnn.load(zoo.build("resnet18"))
+    with schemes.forced_schemes(conv=("winograd", 2)):
+        sess = net.session(backend="opencl", kernels="tiled", fallback=False)
+    with sess:
+        rows = sess.report_rows()
+        line = sess.shape_set().launch_line()
+    wino = [r for r in rows if r["scheme"].startswith("winograd F(2x2, 3x3)")]
+    assert len(wino) == 13 and all(3 <= r["launches"] <= 4 for r in wino)
+    assert len(rows) == 31 and not any(r["op"] == "raster" for r in rows)
+    total = sum(r["launches"] for r in rows)
+    assert total <= 57 and line == f"kernel launches per run: {total}; Raster copies: 0 bytes in 0 ops"
