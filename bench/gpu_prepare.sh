@@ -6,7 +6,7 @@
 #          bindings with their needs, and onnx2torch (its torch, torchvision, CuPy, NVRTC, ONNX
 #          Runtime, pytest and matplotlib are on the image: see the device tool's KINDS.md);
 #   .gl/   Debian's Vulkan and EGL/GL loaders (the NVIDIA driver brings the ICDs, not always the
-#          loaders), and glslang-tools with spirv-tools (glslangValidator: GLSL -> SPIR-V for the
+#          loaders), the Khronos validation layer, and glslang-tools with spirv-tools (glslangValidator: GLSL -> SPIR-V for the
 #          vulkan backend; gpu_session.sh unpacks those two outside /).
 # Versions are those of the development venv, so the GPU run uses what CI tested.
 set -euo pipefail
@@ -23,7 +23,7 @@ for n in 2_17 2_24 2_27 2_28 2_31 2_34 2_35; do PLATFORMS+=(--platform "manylinu
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   "${PLATFORMS[@]}" --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "${WHEELS[@]}"
 
-DEBS=(libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 glslang-tools spirv-tools)
+DEBS=(libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 glslang-tools spirv-tools vulkan-validationlayers)
 rm -rf .gl && mkdir -p .gl /tmp/amd64/partial
 o=(-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64)
 apt-get "${o[@]}" update -qq

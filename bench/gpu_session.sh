@@ -20,6 +20,11 @@
 #   schemes the scheme step's choice against every convolution sliding and every 3x3 in F(2x2, 3x3)
 #           on three zoo models and each GPU API (bench/schemes.py --tables m), the paper's Table 1 on
 #           cuda and vulkan, then the model tests on gl and opencl through NVIDIA's drivers
+#   kernels the GPU kernels after a change: calibration and the device profile, the schemes per
+#           API, PyTorch (fp32) beside every GPU backend on the paper's three and resnet50, cuda per-op
+#           plans, the scheme and model tests on cuda and opencl, the lifetime soak (issue 27) under
+#           the validation layer through NVIDIA's drivers, and the cpu per op beside ONNX Runtime
+#           at the host's threads (issue 32)
 #   placement  issue 10 on a real GPU: `bench/placement.py --calibrate` (each backend and auto, the
 #           estimate beside the measured time) on the zoo, then forced splits of SqueezeNet-1.1
 #           (one branch of every fire module on cuda off a cpu hub, and the reverse)
@@ -33,7 +38,7 @@
 # GPUMNN_GPU_SETUP=0 skips the unpacking and installing (for a dry run of a phase on a machine that
 # has everything, with PYTHON naming its interpreter).
 set -uo pipefail
-PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench|profile|runbook|schemes|placement}
+PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench|profile|runbook|schemes|kernels|placement}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/bench/results/gpu}
@@ -182,5 +187,25 @@ case $PHASE in
     GPUMNN_REQUIRE_BACKENDS=gl,opencl step gl-opencl-models "${PYTEST[@]}" "${XDIST[@]}" tests/test_models.py -k "gl or opencl" \
       --junitxml="$RES/gl_opencl_models.xml" | tail -30 | tee "$RES/gl_opencl_models.txt"
     ;;
-  *) echo "unknown phase $PHASE (tests, apis, bench, profile, runbook, schemes or placement)"; exit 2 ;;
+  kernels)
+    GPUMNN_STEP_CAP=${CAP_CALIBRATE:-40} step calibrate "$PYTHON" -m gpumnn calibrate --backend cuda vulkan gl opencl \
+      --save-profile "$RES/device_profile.json" | tee "$RES/calibrate.txt"
+    GPUMNN_STEP_CAP=${CAP_SCHEMES:-70} step schemes-models "$PYTHON" bench/schemes.py --tables m --backends cuda,opencl,vulkan \
+      --models resnet18 squeezenet1_1 resnet50 --repeats 3 --runs 10 | tee "$RES/schemes_models.txt"
+    GPUMNN_STEP_CAP=${CAP_TORCH:-80} step torch-fp32 "$PYTHON" bench/torch_peer.py mobilenet_v1 squeezenet1_1 resnet18 resnet50 \
+      --backend cuda opencl vulkan gl --repeats 3 --torch-precision fp32 --save-json "$RES/torch_fp32.json" \
+      | tee "$RES/torch_fp32.txt"
+    for m in resnet18 squeezenet1_1; do
+      GPUMNN_STEP_CAP=${CAP_PLAN:-15} step "plan-$m" "$PYTHON" -m gpumnn plan "$m" --backend cuda --runs 10 \
+        | tee "$RES/plan_cuda_$m.txt"
+    done
+    GPUMNN_REQUIRE_BACKENDS=cuda,opencl GPUMNN_STEP_CAP=${CAP_TESTS:-40} step kernel-tests "${PYTEST[@]}" "${XDIST[@]}" \
+      tests/test_schemes.py tests/test_models.py tests/test_cuda_backend.py -k "cuda or opencl" \
+      --junitxml="$RES/kernel_tests.xml" | tail -15 | tee "$RES/kernel_tests.txt"
+    GPUMNN_STEP_CAP=${CAP_SOAK:-30} step lifetime-soak "$PYTHON" bench/soak_lifetime.py --backend vulkan,gl,opencl,cuda \
+      --cycles 100 --threads 2 | tail -12 | tee "$RES/soak_lifetime.txt"
+    GPUMNN_STEP_CAP=${CAP_CPU:-30} step cpu-profile "$PYTHON" bench/cpu_profile.py resnet18 --threads "$(nproc)" --ort \
+      | tee "$RES/cpu_profile_resnet18.txt"
+    ;;
+  *) echo "unknown phase $PHASE (tests, apis, bench, profile, runbook, schemes, kernels or placement)"; exit 2 ;;
 esac
