@@ -168,8 +168,10 @@ def test_report_shows_the_scheme_of_every_conv_and_matmul(backend):
     text = sess.report()
     for node, scheme in chosen.items():
         assert f"{node}: " in text and f"-> {scheme}" in text
+    # a GPU backend with Winograd kernels of its own (the OpenCL C family) builds it, not the rewrite
+    own = schemes.builds_kernel(sess.backends[backend], A.Conv2D, "winograd")
     rewritten = not any(isinstance(op, A.Conv2D) and op.source == "wino" for op in sess.program.ops)
-    assert rewritten == expands
+    assert rewritten == (expands and not own)
     sess.close()
 
 
