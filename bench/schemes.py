@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gpumnn  # noqa: E402
-from gpumnn.benchmark import Spread, alternate, rel_l2  # noqa: E402
+from gpumnn.tools.benchmark import Spread, alternate, rel_l2  # noqa: E402
 from gpumnn.scheduler import schemes  # noqa: E402
 
 TABLE1 = [(2, 3, 16, 224), (2, 512, 512, 16), (3, 64, 64, 112)]
@@ -61,7 +61,7 @@ def _session(model: onnx.ModelProto, backend: str, **force):
 
 def time_alternating(sessions: dict, feeds: dict, repeats: int) -> dict:
     """{variant: (median ms, min ms, max ms, relative L2 to the first variant)}: one run of each
-    variant per repeat (:func:`gpumnn.benchmark.alternate`), after one untimed run of each."""
+    variant per repeat (:func:`gpumnn.tools.benchmark.alternate`), after one untimed run of each."""
     outputs = {name: s.run(feeds)["y"] for name, s in sessions.items()}  # warm-up and answers
     first = next(iter(outputs.values()))
     samples = alternate({name: (lambda s=s: s.run(feeds)) for name, s in sessions.items()}, repeats, runs=1, warmup=0)

@@ -45,7 +45,7 @@ def pytest_report_header(config):
 VALIDATED_DEVICES: list = []
 if os.environ.get("GPUMNN_VULKAN_VALIDATION", "").lower() in ("1", "true", "yes", "on") and probe("vulkan") is None:
     # every Vulkan device of the run keeps its validation-layer messages for the summary below
-    from gpumnn.backends import vulkan_device as _vd
+    from gpumnn.backends.vulkan import device as _vd
 
     _original_init = _vd.VulkanDevice.__init__
 

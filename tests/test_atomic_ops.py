@@ -18,7 +18,7 @@ import pytest
 
 from gpumnn import atomic as A
 from gpumnn.backends import available_backends, create_backend, probe
-from gpumnn.backends.cpu import CpuBackend
+from gpumnn.backends.cpu.backend import CpuBackend
 from gpumnn.scheduler.schemes import conv_scheme
 
 TOL = 1e-4

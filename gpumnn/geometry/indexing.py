@@ -22,7 +22,7 @@ import numpy as np
 from .. import atomic as A
 from ..errors import ModelError, UnsupportedOpError
 from ..ir import Node
-from ..strides import contiguous_strides
+from ..numerics.strides import contiguous_strides
 from .compute import as_dtype, emit_binary
 from .context import LoweringContext
 from .logic import emit_select

@@ -14,7 +14,7 @@ import numpy as np
 from .. import atomic as A
 from ..errors import UnsupportedOpError
 from ..ir import Node
-from ..strides import merge_dims
+from ..numerics.strides import merge_dims
 from .compute import as_dtype, broadcast_strides, emit_binary, emit_unary
 from .context import LoweringContext
 from .registry import lowers

@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import ModelError, UnsupportedOpError
 from ..scheduler.resources import check_host_bytes
 from ..ir import Node
-from ..strides import contiguous_strides
+from ..numerics.strides import contiguous_strides
 from .context import LoweringContext, PendingRaster
 from .regions import IndexMap
 from .registry import lowers

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 from .. import atomic as A
-from .winograd import axis_tiles
+from ..numerics.winograd import axis_tiles
 
 #: Schemes that are rewritten into atomic ops (``gpumnn.geometry.fast``) instead of built by a kernel.
 EXPANDED = frozenset({"winograd", "strassen"})
