@@ -17,7 +17,7 @@ import numpy as np
 from .. import atomic as A
 from ..backends.base import TensorHandle
 from ..errors import ModelError
-from ..scheduler.resources import check_host_bytes
+from ..backends.limits import check_host_bytes
 from ..ir import Node
 from .regions import IndexMap
 

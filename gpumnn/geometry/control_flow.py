@@ -25,7 +25,7 @@ from ..errors import DataDependentError, ModelError, UnsupportedOpError
 from ..ir import Graph, Node, ValueInfo
 from .context import LoweringContext, Value
 from .logic import emit_select
-from .registry import lowers
+from .registry import lower_into, lowers
 from .reorder import norm_axis, reorder
 
 #: iterations beyond which a loop with a known but huge trip count is refused instead of unrolled
@@ -53,7 +53,6 @@ def _rebound(graph: Graph, scope: Mapping[str, str], prefix: str) -> Graph:
 def lower_body(ctx: LoweringContext, node: Node, body: Graph, prefix: str, bound: Sequence[str]) -> list[str]:
     """Lower subgraph ``body`` into ``ctx``, its formal inputs bound to the tensors ``bound``;
     returns the names its outputs have in ``ctx``."""
-    from . import lower_into  # the package imports this module to fill the registry
     if len(bound) != len(body.inputs):
         raise ModelError(f"node {node.name!r} ({node.op_type}): its subgraph takes {len(body.inputs)} inputs, "
                          f"the node gives it {len(bound)}")

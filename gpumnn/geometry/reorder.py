@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import ModelError, UnsupportedOpError
-from ..scheduler.resources import check_host_bytes
+from ..backends.limits import check_host_bytes
 from ..ir import Node
 from ..numerics.strides import contiguous_strides
 from .context import LoweringContext, PendingRaster
