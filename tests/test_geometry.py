@@ -268,7 +268,8 @@ def _random_reorders(seed: int):
 def test_held_axes_and_reduced_maps_lower_as_full_maps_do(seed, monkeypatch):
     """Random reorder chains lower to the very program that full index maps give (the code
     before maps were held reduced), and that program computes what NumPy does."""
-    from gpumnn.geometry import regions, reorder
+    from gpumnn.geometry import regions
+    from gpumnn.geometry.lowerings import reorder
     from test_lowering_digest import case_digest
     model, x_shape = _random_reorders(seed)
     fast = case_digest(model)

@@ -15,7 +15,7 @@ import numpy as np
 from .. import atomic as A
 from ..errors import ModelError
 from ..ir import Graph
-from . import compute, control_flow, einsum, indexing, logic, recurrent, reorder  # noqa: F401  (importing fills the registry)
+from . import lowerings  # noqa: F401  (importing fills the registry)
 from .context import LoweringContext, PendingRaster, Value
 from .regions import IndexMap, is_identity, needs_fill, regions_of
 from .registry import lower_into, supported_ops

@@ -29,14 +29,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .. import atomic as A
-from ..errors import ModelError, UnsupportedOpError
-from ..ir import Node
+from ... import atomic as A
+from ...errors import ModelError, UnsupportedOpError
+from ...ir import Node
 from .compute import emit_binary
-from .context import LoweringContext, PendingRaster
+from ..context import LoweringContext, PendingRaster
 from .logic import emit_select
-from .regions import IndexMap
-from .registry import lowers
+from ..regions import IndexMap
+from ..registry import lowers
 from .reorder import reorder
 
 

@@ -13,12 +13,12 @@ from typing import Callable, Sequence
 import numpy as np
 import onnx
 
-from .. import atomic as A
-from ..errors import ModelError, UnsupportedOpError
-from ..ir import Node
-from .context import LoweringContext
-from ..numerics.strides import contiguous_strides, merge_dims
-from .registry import lowers
+from ... import atomic as A
+from ...errors import ModelError, UnsupportedOpError
+from ...ir import Node
+from ..context import LoweringContext
+from ...numerics.strides import contiguous_strides, merge_dims
+from ..registry import lowers
 from .reorder import gather_constant_indices, norm_axis, reorder
 
 ConstLookup = Callable[[str], "np.ndarray | None"]
@@ -966,7 +966,7 @@ def _resize_by_matmul(ctx: LoweringContext, node: Node, shape, out, factors, roi
     on every backend's MatMul. Outputs whose crop coordinate falls outside the input get zero
     rows, and the extrapolation value is added there afterwards.
     """
-    from ..numerics.sampling import axis_weights
+    from ...numerics.sampling import axis_weights
     n, c, h, w = shape
     oh, ow = out[2], out[3]
     options = dict(nearest_mode=nearest_mode, cubic_coeff_a=float(node.attr("cubic_coeff_a", -0.75)),

@@ -21,11 +21,11 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..errors import DataDependentError, ModelError, UnsupportedOpError
-from ..ir import Graph, Node, ValueInfo
-from .context import LoweringContext, Value
+from ...errors import DataDependentError, ModelError, UnsupportedOpError
+from ...ir import Graph, Node, ValueInfo
+from ..context import LoweringContext, Value
 from .logic import emit_select
-from .registry import lower_into, lowers
+from ..registry import lower_into, lowers
 from .reorder import norm_axis, reorder
 
 #: iterations beyond which a loop with a known but huge trip count is refused instead of unrolled

@@ -11,13 +11,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..errors import ModelError, UnsupportedOpError
-from ..backends.limits import check_host_bytes
-from ..ir import Node
-from ..numerics.strides import contiguous_strides
-from .context import LoweringContext, PendingRaster
-from .regions import IndexMap
-from .registry import lowers
+from ...errors import ModelError, UnsupportedOpError
+from ...backends.limits import check_host_bytes
+from ...ir import Node
+from ...numerics.strides import contiguous_strides
+from ..context import LoweringContext, PendingRaster
+from ..regions import IndexMap
+from ..registry import lowers
 
 ArrayFn = Callable[[list[np.ndarray], float], list[np.ndarray]]
 

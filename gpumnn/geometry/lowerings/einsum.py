@@ -23,11 +23,11 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import atomic as A
-from ..errors import ModelError, UnsupportedOpError
-from ..ir import Node
-from .context import LoweringContext
-from .registry import lowers
+from ... import atomic as A
+from ...errors import ModelError, UnsupportedOpError
+from ...ir import Node
+from ..context import LoweringContext
+from ..registry import lowers
 from .reorder import reorder
 
 

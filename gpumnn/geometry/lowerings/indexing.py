@@ -19,14 +19,14 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import atomic as A
-from ..errors import ModelError, UnsupportedOpError
-from ..ir import Node
-from ..numerics.strides import contiguous_strides
+from ... import atomic as A
+from ...errors import ModelError, UnsupportedOpError
+from ...ir import Node
+from ...numerics.strides import contiguous_strides
 from .compute import as_dtype, emit_binary
-from .context import LoweringContext
+from ..context import LoweringContext
 from .logic import emit_select
-from .registry import lowers
+from ..registry import lowers
 from .reorder import norm_axis, reorder
 
 SCATTER_REDUCTIONS = ("none", "add", "mul", "max", "min")
