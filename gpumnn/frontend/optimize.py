@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import GpumnnError, ModelError
 from ..geometry import LoweringContext, lower_into
-from ..geometry.lowerings.compute import unary_spec
+from ..geometry.emit import unary_spec
 from ..ir import Graph, Node, node_reads, subgraphs
 
 ACTIVATION_HOSTS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "Mul", "BatchNormalization")

@@ -1,7 +1,7 @@
 """Geometry lowering: an IR graph at concrete input shapes -> an :class:`AtomicProgram`.
 
-Steps (MNN's geometry compute): every node is lowered in order (``compute.py`` for compute
-ops, ``reorder.py`` for data reorder and shape ops), constants fold as they appear, then
+Steps (MNN's geometry compute): every node is lowered in order (``lowerings/``, a module per op
+family, through ``registry.py``; ``emit.py`` holds what they share), constants fold as they appear, then
 neighbouring Rasters fuse by composing their index maps, identity Rasters become free aliases,
 and the rest are compressed into strided regions.
 """

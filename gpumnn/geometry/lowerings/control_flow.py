@@ -26,7 +26,7 @@ from ...ir import Graph, Node, ValueInfo
 from ..context import LoweringContext, Value
 from .logic import emit_select
 from ..registry import lower_into, lowers
-from .reorder import norm_axis, reorder
+from ..emit import norm_axis, reorder
 
 #: iterations beyond which a loop with a known but huge trip count is refused instead of unrolled
 MAX_UNROLLED_ITERATIONS = 4096

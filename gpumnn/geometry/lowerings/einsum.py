@@ -28,7 +28,7 @@ from ...errors import ModelError, UnsupportedOpError
 from ...ir import Node
 from ..context import LoweringContext
 from ..registry import lowers
-from .reorder import reorder
+from ..emit import reorder
 
 
 @dataclass(frozen=True)

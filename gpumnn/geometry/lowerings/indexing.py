@@ -23,11 +23,10 @@ from ... import atomic as A
 from ...errors import ModelError, UnsupportedOpError
 from ...ir import Node
 from ...numerics.strides import contiguous_strides
-from .compute import as_dtype, emit_binary
 from ..context import LoweringContext
 from .logic import emit_select
 from ..registry import lowers
-from .reorder import norm_axis, reorder
+from ..emit import as_dtype, emit_binary, norm_axis, reorder
 
 SCATTER_REDUCTIONS = ("none", "add", "mul", "max", "min")
 
@@ -288,3 +287,34 @@ def lower_nonzero(ctx: LoweringContext, node: Node, opset: int) -> None:
     output's shape is the number of non-zero elements."""
     x = ctx.const(node.inputs[0], node, "the input (NonZero's output shape is its count of non-zero elements)")
     ctx.set_const(node.outputs[0], np.array(np.nonzero(np.atleast_1d(x)), dtype=np.int64))
+
+
+def gather_constant_indices(ctx: LoweringContext, node: Node, axis: int, indices: np.ndarray) -> None:
+    """Gather with indices known now is a pure reorder (a Raster, or a folded constant)."""
+    dim = ctx.shape(node.inputs[0])[axis]
+    idx = np.asarray(indices, dtype=np.int64)
+    if np.any((idx < -dim) | (idx >= dim)):
+        raise UnsupportedOpError("Gather", node.name, f"indices out of range for axis of size {dim}")
+    idx = np.where(idx < 0, idx + dim, idx)
+    shape = ctx.shape(node.inputs[0])
+    out_shape = [*shape[:axis], *idx.shape, *shape[axis + 1:]]
+    reorder(ctx, node, node.inputs[:1], lambda xs, f: [np.take(xs[0], idx, axis=axis)], node.outputs,
+            out_shapes=[out_shape], kept=[(a, a if a < axis else a + idx.ndim - 1) for a in range(len(shape)) if a != axis])
+
+
+# -- shape computations (always folded) ----------------------------------------------------------
+
+
+@lowers("Gather")
+def lower_gather(ctx: LoweringContext, node: Node, opset: int) -> None:
+    data, indices = node.inputs[0], node.inputs[1]
+    shape = ctx.shape(data)
+    axis = norm_axis(node.attr("axis", 0), len(shape), node)
+    idx_value = ctx.value(indices, node)
+    if idx_value.is_const:
+        gather_constant_indices(ctx, node, axis, idx_value.const)
+        return
+    out_shape = list(shape[:axis]) + list(idx_value.shape) + list(shape[axis + 1:])
+    ctx.emit(A.Gather((data, indices), (node.outputs[0],), node.name,
+                      outer=int(np.prod(shape[:axis], dtype=np.int64)), axis=shape[axis],
+                      inner=int(np.prod(shape[axis + 1:], dtype=np.int64)), count=idx_value.size), out_shape)

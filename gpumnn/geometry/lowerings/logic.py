@@ -15,10 +15,9 @@ from ... import atomic as A
 from ...errors import UnsupportedOpError
 from ...ir import Node
 from ...numerics.strides import merge_dims
-from .compute import as_dtype, broadcast_strides, emit_binary, emit_unary
 from ..context import LoweringContext
 from ..registry import lowers
-from .reorder import norm_axis, reorder
+from ..emit import as_dtype, broadcast_strides, emit_binary, emit_unary, norm_axis, reorder
 
 COMPARE_ONNX = {"Equal": "equal", "Less": "less", "LessOrEqual": "less_equal", "Greater": "greater",
                 "GreaterOrEqual": "greater_equal", "And": "and", "Or": "or", "Xor": "xor"}

@@ -32,12 +32,11 @@ import numpy as np
 from ... import atomic as A
 from ...errors import ModelError, UnsupportedOpError
 from ...ir import Node
-from .compute import emit_binary
 from ..context import LoweringContext, PendingRaster
 from .logic import emit_select
 from ..regions import IndexMap
 from ..registry import lowers
-from .reorder import reorder
+from ..emit import emit_binary, reorder
 
 
 @dataclass(frozen=True)

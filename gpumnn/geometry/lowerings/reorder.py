@@ -7,113 +7,16 @@ regions are cut (see ``regions.py``). One definition serves both, so they cannot
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from ...errors import ModelError, UnsupportedOpError
 from ...backends.limits import check_host_bytes
 from ...ir import Node
-from ...numerics.strides import contiguous_strides
-from ..context import LoweringContext, PendingRaster
-from ..regions import IndexMap
+from ..context import LoweringContext
+from ..emit import norm_axis, reorder
 from ..registry import lowers
-
-ArrayFn = Callable[[list[np.ndarray], float], list[np.ndarray]]
-
-
-def norm_axis(axis: int, rank: int, node: Node) -> int:
-    if not -rank <= axis < max(rank, 1):
-        raise UnsupportedOpError(node.op_type, node.name, f"axis {axis} is out of range for rank {rank}")
-    return axis % max(rank, 1)
-
-
-def _check_memory(node: Node, values, out_shapes: Sequence[Sequence[int]]) -> None:
-    """ResourceError before a reorder materialises more than the host can hold: folded constants
-    (their dtype's size per element) or Raster index maps (int32 source id + int64 index per
-    element of every input and output, twice for the outputs' fusion and region temporaries)."""
-    out_elements = sum(math.prod(s) for s in out_shapes)
-    shapes = [list(s) for s in out_shapes] or [list(v.shape) for v in values]
-    what = f"node {node.name!r} ({node.op_type}) with {'output' if out_shapes else 'input'} shape(s) {shapes}"
-    if all(v.is_const for v in values):
-        itemsize = max((v.const.dtype.itemsize for v in values), default=4)
-        check_host_bytes(itemsize * out_elements, f"folding {what} into a constant")
-    else:
-        in_elements = sum(v.size for v in values)
-        check_host_bytes(12 * in_elements + 24 * out_elements, f"lowering {what} to a Raster (index maps)")
-
-
-def reorder(ctx: LoweringContext, node: Node, sources: Sequence[str], fn: ArrayFn,
-            outputs: Sequence[str], fill: float | None = None,
-            out_shapes: Sequence[Sequence[int]] | None = None,
-            kept: Sequence[tuple[int, int]] = ()) -> None:
-    """Lower a reorder op given by ``fn`` (NumPy semantics) into constants or Rasters.
-
-    ``out_shapes`` is required of ops whose ``fn`` allocates outputs larger than its inputs
-    (Tile, Pad, Gather), so that memory is checked before ``fn`` runs; the outputs of the
-    others are views until they are copied here, and are checked before that.
-
-    ``kept`` names the axes the op copies through unchanged, as (input axis, output axis) pairs
-    that hold for every input and output (Concat: every axis but the concatenated one). Where
-    the inputs agree on such an axis's size and stride, ``fn`` is applied to index maps one
-    element long along it, and the output maps hold the axis as affine (see ``regions.py``):
-    the same Raster at a cost independent of that axis's length."""
-    values = [ctx.value(s, node) for s in sources]
-    _check_memory(node, values, out_shapes or [])
-    if all(v.is_const for v in values):
-        results = fn([v.const for v in values], 0.0 if fill is None else fill)
-        _check_memory(node, values, [np.shape(r) for r in results])
-        for name, array in zip(outputs, results):
-            ctx.set_const(name, np.asarray(array, order="C"))
-        return
-    held = _held_axes([v.shape for v in values], kept)
-    src_maps = fn([np.full(_shrunk(v.shape, held), k, dtype=np.int32) for k, v in enumerate(values)], -1)
-    idx_maps = fn([_element_indices(v.shape, held) for v in values], 0)
-    full_shapes = [_grown(np.shape(m), held) for m in idx_maps]
-    _check_memory(node, values, full_shapes)
-    for name, src, idx, shape in zip(outputs, src_maps, idx_maps, full_shapes):
-        steps = tuple(held[axis][1] if axis in held else None for axis in range(len(shape)))
-        index_map = IndexMap(np.asarray(src, dtype=np.int32, order="C"), np.asarray(idx, dtype=np.int64, order="C"),
-                             steps, shape)
-        ctx.emit_raster(PendingRaster(list(sources), index_map, name, fill, node.name))
-
-
-def _held_axes(shapes: Sequence[Sequence[int]], kept: Sequence[tuple[int, int]]) -> dict[int, tuple[int, int, int]]:
-    """Output axis -> (input axis, step, length) for each kept axis longer than 1 on which every
-    input has the same length and the same stride (its step in the output map)."""
-    held: dict[int, tuple[int, int, int]] = {}
-    if any(math.prod(s) == 0 for s in shapes):  # nothing to copy: no axis worth holding
-        return held
-    for in_axis, out_axis in kept:
-        lengths = {int(s[in_axis]) for s in shapes}
-        strides = {contiguous_strides(s)[in_axis] for s in shapes}
-        if len(lengths) == 1 and len(strides) == 1 and min(lengths) > 1:
-            held[out_axis] = (in_axis, strides.pop(), lengths.pop())
-    return held
-
-
-def _shrunk(shape: Sequence[int], held: dict[int, tuple[int, int, int]]) -> tuple[int, ...]:
-    ins = {in_axis for in_axis, _, _ in held.values()}
-    return tuple(1 if axis in ins else int(d) for axis, d in enumerate(shape))
-
-
-def _grown(shape: Sequence[int], held: dict[int, tuple[int, int, int]]) -> tuple[int, ...]:
-    return tuple(held[axis][2] if axis in held else int(d) for axis, d in enumerate(shape))
-
-
-def _element_indices(shape: Sequence[int], held: dict[int, tuple[int, int, int]]) -> np.ndarray:
-    """The flat element index of every element of a tensor of ``shape``, held axes at 0."""
-    shrunk = _shrunk(shape, held)
-    if shrunk == tuple(shape):
-        return np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
-    idx = np.zeros(shrunk, dtype=np.int64)
-    for axis, (length, stride) in enumerate(zip(shrunk, contiguous_strides(shape))):
-        if length > 1:
-            view = [1] * len(shrunk)
-            view[axis] = length
-            idx = idx + (np.arange(length, dtype=np.int64) * stride).reshape(view)
-    return idx
-
 
 def _all_but(rank: int, moved: Sequence[int]) -> list[tuple[int, int]]:
     """Every axis but ``moved`` kept in place (for ``reorder``'s ``kept``)."""
@@ -371,21 +274,6 @@ def lower_space_to_depth(ctx: LoweringContext, node: Node, opset: int) -> None:
     fn = lambda xs, f: [xs[0].reshape(n, c, h // b, b, w // b, b).transpose(order).reshape(n, c * b * b, h // b, w // b)]
     reorder(ctx, node, node.inputs[:1], fn, node.outputs)
 
-
-def gather_constant_indices(ctx: LoweringContext, node: Node, axis: int, indices: np.ndarray) -> None:
-    """Gather with indices known now is a pure reorder (a Raster, or a folded constant)."""
-    dim = ctx.shape(node.inputs[0])[axis]
-    idx = np.asarray(indices, dtype=np.int64)
-    if np.any((idx < -dim) | (idx >= dim)):
-        raise UnsupportedOpError("Gather", node.name, f"indices out of range for axis of size {dim}")
-    idx = np.where(idx < 0, idx + dim, idx)
-    shape = ctx.shape(node.inputs[0])
-    out_shape = [*shape[:axis], *idx.shape, *shape[axis + 1:]]
-    reorder(ctx, node, node.inputs[:1], lambda xs, f: [np.take(xs[0], idx, axis=axis)], node.outputs,
-            out_shapes=[out_shape], kept=[(a, a if a < axis else a + idx.ndim - 1) for a in range(len(shape)) if a != axis])
-
-
-# -- shape computations (always folded) ----------------------------------------------------------
 
 @lowers("Shape")
 def lower_shape(ctx: LoweringContext, node: Node, opset: int) -> None:
