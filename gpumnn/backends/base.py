@@ -330,7 +330,7 @@ class Backend(ABC):
 
     @property
     def cost_model_expansions(self) -> frozenset[str]:
-        """The rewritten schemes (Winograd, Strassen: ``gpumnn.geometry.fast``) the scheme step
+        """The rewritten schemes (Winograd, Strassen: ``gpumnn.scheduler.expansion``) the scheme step
         may choose here by the paper's multiplication counts. Not on CPU devices: there the
         sliding window / plain GEMM is one large GEMM at full speed, while the rewrites add
         passes over memory and GEMMs with m or k of 4-8 far below peak. Measured slower on

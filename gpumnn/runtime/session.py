@@ -1,7 +1,7 @@
 """Session: a model on one backend, prepared for each set of input shapes it is run with.
 
 MNN's pre-inference (lowering, schemes, placement, memory plan, pools, executions, recordings)
-depends on the input shapes; it lives in :class:`~gpumnn.prepared.ShapeSet`. The session holds
+depends on the input shapes; it lives in :class:`~gpumnn.runtime.shape_set.ShapeSet`. The session holds
 what does not depend on them -- the loaded graph, the started backends with their compiled
 programs, the uploaded weights (:mod:`.session_shared`) -- and a bounded cache of prepared shape
 sets (:mod:`.shape_sets`): ``run`` with shapes it has not prepared prepares them (MNN's
@@ -196,7 +196,7 @@ class Session:
 
     def _check_inputs(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Any], ShapeKey]:
         """The inputs in storage dtypes, and the key of their shapes (taken before the conversion,
-        which makes a 0-d array 1-d). A device array (see ``gpumnn.device_arrays``) becomes the
+        which makes a 0-d array 1-d). A device array (see ``gpumnn.runtime.device_arrays``) becomes the
         backend's own, still on the device; its conversion to the storage dtype is the backend's
         ``write``."""
         if not isinstance(inputs, Mapping):

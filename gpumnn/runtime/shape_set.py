@@ -4,8 +4,8 @@ Input shapes -> geometry lowering (shape inference, folding, Rasters) -> scheme 
 placement -> memory plan per backend -> constants, then run states (pools, executions and
 recordings: :mod:`.run_states`) lent to runs. Everything here depends on the input shapes;
 what does not (the loaded graph, the backends with their compiled programs, uploaded weights)
-belongs to the :class:`~gpumnn.session.Session`, which keeps several shape sets
-(:mod:`.shape_sets`) and hands each the shared parts.
+belongs to the :class:`~gpumnn.runtime.session.Session`, which keeps several shape sets
+(:mod:`.shape_set_cache`) and hands each the shared parts.
 """
 from __future__ import annotations
 

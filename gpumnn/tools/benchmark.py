@@ -8,7 +8,7 @@ one figure of gpumnn recorded, gpumnn eager and ONNX Runtime one after another, 
 A table cell is the median of a series' per-repeat figures with their min-max spread, and a ratio
 is the median of the per-repeat ratios (each from two figures taken seconds apart), not the ratio
 of two medians. The raw samples (every run of every repeat) stay in the rows for JSON. Nothing
-here asserts speed: it prints tables (and JSON, and charts: :mod:`gpumnn.bench_charts`).
+here asserts speed: it prints tables (and JSON, and charts: :mod:`gpumnn.tools.charts`).
 """
 from __future__ import annotations
 

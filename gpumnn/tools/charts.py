@@ -1,6 +1,6 @@
 """Charts of a benchmark (``gpumnn bench --png DIR``, and the peers in bench/) with matplotlib.
 
-Two kinds of figure, both drawn from :class:`~gpumnn.benchmark.BenchRow` samples:
+Two kinds of figure, both drawn from :class:`~gpumnn.tools.benchmark.BenchRow` samples:
 
 * ``latency_<model>.png``: per backend, one bar per timed series (gpumnn recorded and eager,
   ONNX Runtime, a peer such as ncnn), the median over repeats with a bar for the min-max spread;

@@ -1,7 +1,8 @@
 """The README's section on opsets and supported ops, generated from the code, never kept by hand.
 
-``gpumnn info --ops`` prints it; ``python -m gpumnn.opsdoc README.md`` rewrites the section of the
-README between :data:`BEGIN` and :data:`END`; a test (tests/test_cli.py) fails when they differ.
+``gpumnn info --ops`` prints it; ``python -m gpumnn.tools.ops_table README.md`` rewrites the
+section of the README between :data:`BEGIN` and :data:`END`; a test (tests/test_cli.py) fails
+when they differ. (:data:`BEGIN` still names the module's old path, as the README has it.)
 """
 from __future__ import annotations
 

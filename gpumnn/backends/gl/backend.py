@@ -11,12 +11,12 @@ Design
   any thread may create, run and close, one at a time.
 * Memory: the session pool (``allocate``) and every constant are GL buffer objects
   (``ctx.buffer``); ``write`` / ``read`` are glBufferSubData / glGetBufferSubData.
-* Kernels: the same API-neutral sources as Vulkan (``gpumnn/shaders/glsl``), preprocessed with
+* Kernels: the same API-neutral sources as Vulkan (``gpumnn/backends/kernels/glsl``), preprocessed with
   the GL prelude (``prelude_gl.glsl``: ``#version 430``, ``uniform int gpumnn_params[32]``) and
   compiled by the driver into one compute program per (kernel, defines), cached with the
   context. Contexts are pooled (:mod:`.gl_context`): a closing backend deletes its buffers and
   hands its context, programs included, to the next backend.
-* Planning: what to dispatch per atomic op is shared with Vulkan (:mod:`.glsl_plans`): kernel
+* Planning: what to dispatch per atomic op is shared with Vulkan (:mod:`gpumnn.backends.kernels.glsl.planner`): kernel
   variant, storage-buffer windows (start aligned down to GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT,
   element offsets relative to the window passed as parameters), 32 int32 parameters, grid.
 * Recorded mode: ``create_execution`` compiles (or fetches) the programs and precomputes per

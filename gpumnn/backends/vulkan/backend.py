@@ -14,9 +14,9 @@ Design
   distinct set of ranges and cached.
 * Planning: what to dispatch per atomic op (kernel variant, bound element ranges, parameters,
   grid, barrier placement) is API-neutral and shared with the OpenGL backend
-  (``gpumnn.backends.glsl_plans``); this module turns those plans into Vulkan objects.
-* Kernels: one GLSL file per atomic-op family in ``gpumnn/shaders/glsl`` (API-neutral bodies,
-  see ``gpumnn.shaders.compile``); per-op choices (op id, activation, tile sizes, bias) are
+  (``gpumnn.backends.kernels.glsl.planner``); this module turns those plans into Vulkan objects.
+* Kernels: one GLSL file per atomic-op family in ``gpumnn/backends/kernels/glsl`` (API-neutral bodies,
+  see ``gpumnn.backends.kernels.glsl.compile``); per-op choices (op id, activation, tile sizes, bias) are
   ``#define`` variants, each compiled once and cached (memory + disk) and turned into one
   ``VkPipeline`` per device, kept by the device that the backends on it share (bounded; see
   ``vulkan_device``), so that a new session on a device compiles nothing it compiled before.
@@ -568,7 +568,7 @@ class VulkanBackend(Backend):
     def __repr__(self) -> str:
         return f"<VulkanBackend {self.dev.name!r} ({self.dev.type_name})>"
 
-    # -- planning (gpumnn.backends.glsl_plans) -----------------------------------------------
+    # -- planning (gpumnn.backends.kernels.glsl.planner) -----------------------------------------------
     @property
     def max_group_count(self) -> tuple[int, int, int]:
         return self.dev.max_group_count

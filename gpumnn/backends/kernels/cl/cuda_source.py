@@ -16,7 +16,7 @@ cannot express with macros. A GPU never runs them: the OpenCL backend picks the 
 GPU devices, and so does CUDA. :func:`cuda_source` refuses them with that reason.
 
 No GPU package is imported here. The program tables and the text of a family are
-:mod:`gpumnn.backends.cl_plans`' (the API-neutral planner both backends read).
+:mod:`gpumnn.backends.kernels.cl.planner`' (the API-neutral planner both backends read).
 """
 from __future__ import annotations
 

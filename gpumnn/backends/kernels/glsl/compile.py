@@ -1,6 +1,6 @@
 """GLSL compute shaders: one set of sources, an API prelude each, SPIR-V compilation and caching.
 
-Kernel bodies in ``gpumnn/shaders/glsl/*.comp`` are API-neutral: they use ``BUFFER_RO/WO/RW``
+Kernel bodies in ``gpumnn/backends/kernels/glsl/*.comp`` are API-neutral: they use ``BUFFER_RO/WO/RW``
 for storage buffers, ``PI(i)`` / ``PF(i)`` for the i-th 32-bit int / float parameter and
 ``GLOBAL_ID()`` for the linear invocation index. :func:`preprocess` puts an API prelude in
 front (``prelude_vulkan.glsl``: ``#version 450``, set/binding layouts, a push-constant block;
@@ -91,7 +91,7 @@ def _define_lines(defines: Mapping[str, object] | None) -> str:
 def preprocess(source_or_name: str, defines: Mapping[str, object] | None = None, api: str = "vulkan") -> str:
     """The complete GLSL text of one kernel variant for ``api`` ("vulkan" or "gl").
 
-    ``source_or_name`` is a file in ``gpumnn/shaders/glsl`` (extension optional) or GLSL text
+    ``source_or_name`` is a file in ``gpumnn/backends/kernels/glsl`` (extension optional) or GLSL text
     without a ``#version`` line. ``defines`` maps macro names to values (None/True: ``1``;
     False: not defined).
     """

@@ -1,6 +1,6 @@
 """API-neutral planning of the GLSL compute kernels, shared by the Vulkan and OpenGL backends.
 
-The kernels in ``gpumnn/shaders/glsl`` are one set of sources for both APIs; what to dispatch for
+The kernels in ``gpumnn/backends/kernels/glsl`` are one set of sources for both APIs; what to dispatch for
 an atomic op -- which kernel variant (``#define``s: op ids, activation, tile and register-block
 sizes), which element ranges of which buffers at which binding slots, the 32 int32/float32
 parameters and the workgroup grid -- is the same decision on both. This module makes it:
@@ -132,7 +132,7 @@ def check_shader_op_ids() -> None:
                                      ("recurrent.comp", "CACT", A.CELL_ACTIVATION_IDS, "CELL_ACTIVATIONS"),
                                      ("recurrent.comp", "CELL", {name: i for i, name in enumerate(A.CELLS)}, "CELLS")):
         if _shader_ids(path, prefix) != ids:
-            raise RuntimeError(f"gpumnn/shaders/glsl/{path} op ids do not match atomic.{table}")
+            raise RuntimeError(f"gpumnn/backends/kernels/glsl/{path} op ids do not match atomic.{table}")
 
 
 
