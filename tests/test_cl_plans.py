@@ -27,7 +27,7 @@ def test_the_planner_imports_no_gpu_api():
 
 @dataclass
 class _Target:
-    """A device described by what the planners read (cl_plans.CLTarget), none opened."""
+    """A device described by what the planners read (cl_plans.PlannerTarget), none opened."""
 
     kernels: str
     is_gpu: bool

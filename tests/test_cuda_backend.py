@@ -34,7 +34,7 @@ from gpumnn.backends.kernels.cl.cuda_source import cuda_source
 
 @dataclass
 class _GpuTarget:
-    """What the planners read of a CUDA device (cl_plans.CLTarget), none opened: an H100's figures."""
+    """What the planners read of a CUDA device (cl_plans.PlannerTarget), none opened: an H100's figures."""
 
     kernels: str = "tiled"
     is_gpu: bool = True

@@ -46,7 +46,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Hashable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -166,7 +166,7 @@ class OpPlan:
     algorithm the work uses, shown by ``Session.report`` (None: the op's own ``scheme``);
     ``keep``: objects the work references that must live as long as the execution (scratch
     buffers, sampling tables), beyond the op's own tensors; ``prepare``: work items to run once,
-    at creation, before any run (packing a constant weight; see ``cl_plans``).
+    at creation, before any run (packing a constant weight; see ``backends.kernels.cl.planner``).
     """
 
     work: tuple = ()
@@ -177,6 +177,13 @@ class OpPlan:
     def __post_init__(self) -> None:
         for name in ("work", "keep", "prepare"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+
+
+class PlannerTarget(Protocol):
+    """What an API-neutral planner (``backends/kernels/<family>/planner.py``) reads from the backend
+    it plans for; each family's planner extends it with the device figures it needs."""
+
+    kernels: str  # the kernel family: "simd" (CPU devices) or "tiled" (GPUs)
 
 
 class Execution:

@@ -67,134 +67,6 @@ def _numpy_blas() -> str:
         return f"NumPy {np.__version__}"
 
 
-class CpuBackend(Backend):
-    """NumPy on the host CPU on ``threads`` threads (default: all cores): the backend's own
-    (``cpu_workers``) share each large op's chunks, BLAS runs one thread inside each chunk."""
-
-    name = "cpu"
-    device_arrays_unsupported = ("its tensors are NumPy arrays in host memory; a CPU DLPack tensor is taken as a "
-                                 "host array, a GPU tensor must be copied to the host first (tensor.cpu(), "
-                                 "cupy.asnumpy) or run on the cuda backend")
-    #: runs on distinct run states touch distinct buffers; they share read-only weights and the
-    #: process-wide BLAS thread limit (``_ThreadLimiter``)
-    max_concurrent_runs = 2
-    alignment = 64
-
-    @property
-    def default_concurrent_runs(self) -> int:
-        """Overlap only where one run leaves cores idle (``threads`` below the core count):
-        measured on 2 cores with threads=2, two overlapping runs were ~10% slower than turns."""
-        return max(1, min(self.max_concurrent_runs, (os.cpu_count() or 1) // self.threads))
-
-    def __init__(self, threads: int | None = None, kernels: str | None = None, jit: bool | None = None,
-                 regions: bool | None = None, **unknown: Any):
-        """``threads``: threads per run (default: all cores). ``kernels``: the option every backend
-        takes (``base.KERNEL_FAMILIES``), checked only: NumPy has one family. ``jit``: the compiled
-        loops of ``cpu_jit`` for the memory-bound ops (None: where Numba is installed; False: NumPy
-        only, the reference they are tested against; True: an error where Numba is missing).
-        ``regions``: with the compiled loops on more than one thread, GEMMs, im2col, Winograd and
-        depthwise convolutions and pooling as ``cpu_parallel``'s native regions instead of on
-        ``cpu_workers``' Python threads (None: where available; False: never; True: an error
-        where they are not available, saying why)."""
-        super().__init__(**unknown)
-        kernels_option(kernels, self.name)
-        if jit not in (None, True, False):
-            raise BackendOptionError(f"backend 'cpu': jit={jit!r} is not one of None, True, False")
-        if jit and not cpu_jit.available():
-            raise BackendUnavailableError(f"backend 'cpu': jit=True, but {cpu_jit.MISSING}")
-        self.jit = cpu_jit.available() if jit is None else bool(jit)
-        if regions not in (None, True, False):
-            raise BackendOptionError(f"backend 'cpu': regions={regions!r} is not one of None, True, False")
-        self.threads = threads or os.cpu_count() or 1
-        self.regions = 0  # threads of cpu_parallel's native regions (0: none)
-        self._packed = PackedConstants()  # constant weights packed once, for every run state
-        if regions is not False and self.jit and self.threads > 1:
-            ok, why = cpu_parallel.available()
-            if ok:
-                self.regions = cpu_parallel.threads_for(self.threads)
-            elif regions:
-                raise BackendUnavailableError(f"backend 'cpu': regions=True, but {why}")
-        elif regions and not (self.jit and self.threads > 1):
-            raise BackendOptionError(f"backend 'cpu': regions=True needs the compiled loops (jit) on more than one "
-                                     f"thread; here jit={self.jit} and threads={self.threads}")
-        loops = f" and Numba {cpu_jit.numba.__version__}" if self.jit else ""
-        if self.regions:
-            loops += f" ({cpu_parallel.available_layer()} regions)"
-        if self.regions:  # the scheme step reads these: Winograd pays sooner on the register tile
-            self.winograd_min_tiles, self.winograd_min_channels, self.winograd_min_saving = WINOGRAD_PAYS["regions"]
-        self._info = BackendInfo("cpu", f"NumPy {np.__version__}{loops} on {self.threads} thread(s)",
-                                 host_cpu_flops(self.threads), 0.0, float("inf"), is_gpu=False)
-        self._pool = workers(self.threads)
-        self._limiter = _ThreadLimiter(1)
-        # a run's regions use self.regions threads (Numba keeps the count per calling thread)
-        self._region_threads = (functools.partial(cpu_parallel.using_threads, self.regions) if self.regions
-                                else contextlib.nullcontext)
-
-    @property
-    def driver(self) -> str:
-        """NumPy's version and the BLAS it was built with (what runs its matrix products)."""
-        return _numpy_blas()
-
-    # -- memory ----------------------------------------------------------------------------
-    def memory_limits(self) -> MemoryLimits:
-        return host_limits(copies_constants=False)  # constant() keeps a view of the host array
-
-    def _new_buffer(self, nbytes: int, kind: str, **how: Any) -> np.ndarray:
-        return np.zeros(max(1, (nbytes + 3) // 4), dtype=np.float32)
-
-    def constant(self, array: np.ndarray) -> TensorHandle:
-        data, dtype = constant_words(array)
-        data = data.view()  # read-only: what marks a constant (``is_constant``), and guards it
-        data.flags.writeable = False
-        return TensorHandle(data, 0, tuple(array.shape), dtype)
-
-    @staticmethod
-    def is_constant(handle: TensorHandle) -> bool:
-        """True when ``handle`` lives in a buffer from ``constant`` (its contents never change),
-        so kernels may pack it once at creation instead of on every run: ``constant`` hands out
-        read-only buffers, the pool's are writable."""
-        return not handle.buffer.flags.writeable
-
-    def write(self, handle: TensorHandle, array: np.ndarray) -> None:
-        flat(handle)[...] = np.asarray(array).reshape(-1)
-
-    def read(self, handle: TensorHandle) -> np.ndarray:
-        return view(handle).copy()
-
-    def read_into(self, handle: TensorHandle, out: np.ndarray) -> None:
-        np.copyto(host_out(handle, out), flat(handle))
-
-    def host_view(self, handle: TensorHandle) -> np.ndarray:
-        return view(handle)  # the pool is host memory: other backends copy straight into it
-
-    # -- pre-inference ---------------------------------------------------------------------
-    def _create_execution(self, op: A.AtomicOp, inputs: list[TensorHandle],
-                          outputs: list[TensorHandle]) -> Execution:
-        if outputs and all(o.size == 0 for o in outputs):  # nothing to compute (NumPy refuses empty reductions)
-            return Execution(op, inputs, outputs, OpPlan((), "empty"))
-        maker = _MAKERS[type(op)]
-        packs = {"constants": self._packed} if maker in _PACKS_CONSTANTS else {}
-        if self.jit and maker in _JIT_AWARE:
-            return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, jit=True, regions=self.regions,
-                                                        **packs))
-        return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, **packs))
-
-    def _record(self, executions: list[Execution]) -> list[Callable[[], None]]:
-        return [fn for exe in executions for fn in exe.work]
-
-    # -- run -------------------------------------------------------------------------------
-    def _submit(self, recording: list[Callable[[], None]]) -> None:
-        with self._limiter, self._region_threads(), np.errstate(all="ignore"):
-            for fn in recording:
-                fn()
-
-    def _run_eager(self, executions: list[Execution]) -> None:
-        with self._limiter, self._region_threads(), np.errstate(all="ignore"):
-            for exe in executions:
-                for fn in exe.work:
-                    fn()
-
-
 class _ThreadLimiter:
     """Limits BLAS/OpenMP threads while runs are in flight (threadpoolctl), restoring after: to
     one, as the backend's own threads share the work (``cpu_workers`` says why).
@@ -1377,35 +1249,154 @@ def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers):
     return OpPlan((lambda: cell_step(op, groups, gates, x, state, extra, out),))
 
 
-CpuBackend.schemes = {**KERNEL_SCHEMES, A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"}}
-#: Where the Winograd kernel pays (output tiles, input channels, and how many times fewer
-#: multiplications than the sliding window it must make, Eq. 2's C(n) with the transforms), measured
-#: per op against im2col (``bench/cpu_winograd.py``), for each kernel:
-#: - "regions" (``_winograd_region``, the register tile): F(2, 3) at 512 channels 7x7 (16 tiles,
-#:   1.69x fewer) 1.53 ms against 2.0 packed im2col; SqueezeNet-1.1's expands with 16-64 input
-#:   channels 0.27-0.36 ms against 0.52-0.61; F(4, 3) at 7x7 (4 tiles) slower than F(2, 3), its
-#:   transformed weights 37.7 MB against 16.8; 1D tiles: Inception's 1x3 and 3x1 at 8x8, 384
-#:   channels (F(1x4, 1x3), 1.94x fewer) 0.28-0.30 ms against 0.40, but its 1x7 and 7x1 at 17x17
-#:   (F(1x2, 1x7), 1.51-1.56x fewer) 0.93-1.05x im2col's time: hence 1.6, not 1.5;
-#: - "threads" (``_winograd``, BLAS products on the Python threads): F(2, 3) at 256 channels 7x7
-#:   (16 tiles) no faster, 14x14 (49 tiles) 1.25x on one thread; with 16-32 input channels
-#:   0.5-0.65x, as the transforms outweigh products with K = C; SqueezeNet-1.1's 64 -> 256 channel
-#:   13x13 expands (F(2, 3), 1.8x fewer) 1.24 ms against im2col's 0.90 at threads=2, ResNet-18's
-#:   256-channel 14x14 (F(2, 3), 2.16x fewer) 2.13 against 2.63.
+#: Where the Winograd kernel pays against im2col, per kernel: (output tiles, input channels, how
+#: many times fewer multiplications than the sliding window it must make: Eq. 2's C(n) with the
+#: transforms). "regions": ``_winograd_region`` (the register tile); "threads": ``_winograd`` (BLAS
+#: products on the Python threads). Measured per op with ``bench/cpu_winograd.py`` (bench/RESULTS.md).
 WINOGRAD_PAYS = {"regions": (16, 16, 1.6), "threads": (40, 64, 2.0)}
-CpuBackend.winograd_min_tiles, CpuBackend.winograd_min_channels, CpuBackend.winograd_min_saving = WINOGRAD_PAYS["threads"]
 _ANY_INT = frozenset({A.INT32})
-#: NumPy computes every integer op; float-only kernels (convolution, pooling, ...) stay float32
-CpuBackend.dtypes = {op: _ANY_INT for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.MatMul, A.Gather, A.Select,
-                                             A.CumSum, A.TopK, A.Scatter, A.Pool2D)}
 #: makers with a compiled variant (``jit=True``) for some of their ops
 _JIT_AWARE = frozenset({_make_conv2d, _make_pool2d, _make_matmul, _make_binary, _make_softmax, _make_normalize})
 #: makers that pack constant weights (shared between run states: ``cpu_constants``)
 _PACKS_CONSTANTS = frozenset({_make_conv2d, _make_matmul})
-CpuBackend.kernel_table = _MAKERS = {
+_MAKERS = {
     A.Raster: _make_raster, A.Unary: _make_unary, A.Binary: _make_binary, A.Reduce: _make_reduce,
     A.MatMul: _make_matmul, A.Conv2D: _make_conv2d, A.ConvTranspose2D: _make_conv_transpose2d,
     A.Pool2D: _make_pool2d, A.Softmax: _make_softmax, A.Normalize: _make_normalize,
     A.Resize: _make_resize, A.Gather: _make_gather, A.Select: _make_select, A.CumSum: _make_cumsum,
     A.TopK: _make_topk, A.Scatter: _make_scatter, A.RecurrentCell: _make_recurrent_cell,
 }
+
+
+class CpuBackend(Backend):
+    """NumPy on the host CPU on ``threads`` threads (default: all cores): the backend's own
+    (``cpu_workers``) share each large op's chunks, BLAS runs one thread inside each chunk."""
+
+    name = "cpu"
+    device_arrays_unsupported = ("its tensors are NumPy arrays in host memory; a CPU DLPack tensor is taken as a "
+                                 "host array, a GPU tensor must be copied to the host first (tensor.cpu(), "
+                                 "cupy.asnumpy) or run on the cuda backend")
+    #: runs on distinct run states touch distinct buffers; they share read-only weights and the
+    #: process-wide BLAS thread limit (``_ThreadLimiter``)
+    max_concurrent_runs = 2
+    alignment = 64
+    kernel_table = _MAKERS
+    schemes = {**KERNEL_SCHEMES, A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"}}
+    #: NumPy computes every integer op; float-only kernels (convolution, pooling, ...) stay float32
+    dtypes = {op: _ANY_INT for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.MatMul, A.Gather, A.Select,
+                                      A.CumSum, A.TopK, A.Scatter, A.Pool2D)}
+    winograd_min_tiles, winograd_min_channels, winograd_min_saving = WINOGRAD_PAYS["threads"]
+
+    @property
+    def default_concurrent_runs(self) -> int:
+        """Overlap only where one run leaves cores idle (``threads`` below the core count):
+        measured on 2 cores with threads=2, two overlapping runs were ~10% slower than turns."""
+        return max(1, min(self.max_concurrent_runs, (os.cpu_count() or 1) // self.threads))
+
+    def __init__(self, threads: int | None = None, kernels: str | None = None, jit: bool | None = None,
+                 regions: bool | None = None, **unknown: Any):
+        """``threads``: threads per run (default: all cores). ``kernels``: the option every backend
+        takes (``base.KERNEL_FAMILIES``), checked only: NumPy has one family. ``jit``: the compiled
+        loops of ``cpu_jit`` for the memory-bound ops (None: where Numba is installed; False: NumPy
+        only, the reference they are tested against; True: an error where Numba is missing).
+        ``regions``: with the compiled loops on more than one thread, GEMMs, im2col, Winograd and
+        depthwise convolutions and pooling as ``cpu_parallel``'s native regions instead of on
+        ``cpu_workers``' Python threads (None: where available; False: never; True: an error
+        where they are not available, saying why)."""
+        super().__init__(**unknown)
+        kernels_option(kernels, self.name)
+        if jit not in (None, True, False):
+            raise BackendOptionError(f"backend 'cpu': jit={jit!r} is not one of None, True, False")
+        if jit and not cpu_jit.available():
+            raise BackendUnavailableError(f"backend 'cpu': jit=True, but {cpu_jit.MISSING}")
+        self.jit = cpu_jit.available() if jit is None else bool(jit)
+        if regions not in (None, True, False):
+            raise BackendOptionError(f"backend 'cpu': regions={regions!r} is not one of None, True, False")
+        self.threads = threads or os.cpu_count() or 1
+        self.regions = 0  # threads of cpu_parallel's native regions (0: none)
+        self._packed = PackedConstants()  # constant weights packed once, for every run state
+        if regions is not False and self.jit and self.threads > 1:
+            ok, why = cpu_parallel.available()
+            if ok:
+                self.regions = cpu_parallel.threads_for(self.threads)
+            elif regions:
+                raise BackendUnavailableError(f"backend 'cpu': regions=True, but {why}")
+        elif regions and not (self.jit and self.threads > 1):
+            raise BackendOptionError(f"backend 'cpu': regions=True needs the compiled loops (jit) on more than one "
+                                     f"thread; here jit={self.jit} and threads={self.threads}")
+        loops = f" and Numba {cpu_jit.numba.__version__}" if self.jit else ""
+        if self.regions:
+            loops += f" ({cpu_parallel.available_layer()} regions)"
+        if self.regions:  # the scheme step reads these: Winograd pays sooner on the register tile
+            self.winograd_min_tiles, self.winograd_min_channels, self.winograd_min_saving = WINOGRAD_PAYS["regions"]
+        self._info = BackendInfo("cpu", f"NumPy {np.__version__}{loops} on {self.threads} thread(s)",
+                                 host_cpu_flops(self.threads), 0.0, float("inf"), is_gpu=False)
+        self._pool = workers(self.threads)
+        self._limiter = _ThreadLimiter(1)
+        # a run's regions use self.regions threads (Numba keeps the count per calling thread)
+        self._region_threads = (functools.partial(cpu_parallel.using_threads, self.regions) if self.regions
+                                else contextlib.nullcontext)
+
+    @property
+    def driver(self) -> str:
+        """NumPy's version and the BLAS it was built with (what runs its matrix products)."""
+        return _numpy_blas()
+
+    # -- memory ----------------------------------------------------------------------------
+    def memory_limits(self) -> MemoryLimits:
+        return host_limits(copies_constants=False)  # constant() keeps a view of the host array
+
+    def _new_buffer(self, nbytes: int, kind: str, **how: Any) -> np.ndarray:
+        return np.zeros(max(1, (nbytes + 3) // 4), dtype=np.float32)
+
+    def constant(self, array: np.ndarray) -> TensorHandle:
+        data, dtype = constant_words(array)
+        data = data.view()  # read-only: what marks a constant (``is_constant``), and guards it
+        data.flags.writeable = False
+        return TensorHandle(data, 0, tuple(array.shape), dtype)
+
+    @staticmethod
+    def is_constant(handle: TensorHandle) -> bool:
+        """True when ``handle`` lives in a buffer from ``constant`` (its contents never change),
+        so kernels may pack it once at creation instead of on every run: ``constant`` hands out
+        read-only buffers, the pool's are writable."""
+        return not handle.buffer.flags.writeable
+
+    def write(self, handle: TensorHandle, array: np.ndarray) -> None:
+        flat(handle)[...] = np.asarray(array).reshape(-1)
+
+    def read(self, handle: TensorHandle) -> np.ndarray:
+        return view(handle).copy()
+
+    def read_into(self, handle: TensorHandle, out: np.ndarray) -> None:
+        np.copyto(host_out(handle, out), flat(handle))
+
+    def host_view(self, handle: TensorHandle) -> np.ndarray:
+        return view(handle)  # the pool is host memory: other backends copy straight into it
+
+    # -- pre-inference ---------------------------------------------------------------------
+    def _create_execution(self, op: A.AtomicOp, inputs: list[TensorHandle],
+                          outputs: list[TensorHandle]) -> Execution:
+        if outputs and all(o.size == 0 for o in outputs):  # nothing to compute (NumPy refuses empty reductions)
+            return Execution(op, inputs, outputs, OpPlan((), "empty"))
+        maker = _MAKERS[type(op)]
+        packs = {"constants": self._packed} if maker in _PACKS_CONSTANTS else {}
+        if self.jit and maker in _JIT_AWARE:
+            return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, jit=True, regions=self.regions,
+                                                        **packs))
+        return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, **packs))
+
+    def _record(self, executions: list[Execution]) -> list[Callable[[], None]]:
+        return [fn for exe in executions for fn in exe.work]
+
+    # -- run -------------------------------------------------------------------------------
+    def _submit(self, recording: list[Callable[[], None]]) -> None:
+        with self._limiter, self._region_threads(), np.errstate(all="ignore"):
+            for fn in recording:
+                fn()
+
+    def _run_eager(self, executions: list[Execution]) -> None:
+        with self._limiter, self._region_threads(), np.errstate(all="ignore"):
+            for exe in executions:
+                for fn in exe.work:
+                    fn()

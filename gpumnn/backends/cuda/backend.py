@@ -97,7 +97,7 @@ class CudaBackend(Backend):
         kernels_option(kernels, self.name)  # a value outside the vocabulary is an error here too
         self.device_id = pick_device(device)
         self._device = cupy.cuda.Device(self.device_id)
-        # what the planners read (cl_plans.CLTarget)
+        # what the planners read (cl_plans.PlannerTarget)
         self.kernels = "tiled"
         self.is_gpu = True
         with self._device:

@@ -29,7 +29,7 @@ class DeviceBuffer:
     """One device allocation (the session's pool, a constant, a scratch buffer): ``pointer`` is
     what kernels and copies take (a ``cupy.cuda.MemoryPointer``, which also keeps the memory
     alive), ``nbytes`` its size. ``constant``: made by ``constant()`` and never written by a
-    kernel, so plans may pack it once (``cl_plans.CLTarget.is_constant``)."""
+    kernel, so plans may pack it once (``cl_plans.PlannerTarget.is_constant``)."""
 
     pointer: Any
     nbytes: int

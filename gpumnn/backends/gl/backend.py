@@ -166,6 +166,10 @@ class GLBackend(Backend):
                                  "extensions gpumnn does not use; pass a host array, or use the cuda backend")
     alignment = 64
     plan_error = GLError
+    kernel_table = PLANNERS
+    schemes = SCHEMES
+    op_names = GLSL_OP_NAMES
+    dtypes = GLSL_DTYPES
 
     def __init__(self, kernels: str | None = None, **unknown: Any):
         """``kernels``: "auto" (simd on software renderers, tiled on GPUs), "simd" or "tiled".
@@ -212,8 +216,8 @@ class GLBackend(Backend):
         self.kernels = kernel_family(requested, self.software)
         self.simd_lanes = simd_lanes(self.renderer)
         self._buffers: dict[int, GLBuffer] = {}
-        self._packed: dict[tuple, TensorHandle] = {}
-        self._tables: dict[tuple, TensorHandle] = {}
+        self.packed: dict[tuple, TensorHandle] = {}
+        self.tables: dict[tuple, TensorHandle] = {}
         flops = software_renderer_flops() if self.software else GPU_DEFAULT_FLOPS
         self._info = BackendInfo("gl", f"{self.renderer} / OpenGL {self.version}", flops, 0.05,
                                  20.0 if self.software else 8.0, is_gpu=not self.software)
@@ -325,7 +329,7 @@ class GLBackend(Backend):
         if flat.size:
             handle.buffer.obj.read_into(flat, size=flat.nbytes, offset=4 * handle.offset)
 
-    def _binding(self, buf: GLBuffer, lo: int, hi: int):
+    def binding(self, buf: GLBuffer, lo: int, hi: int):
         return window(buf, lo, hi, self.storage_align, self.max_storage_range, GLError,
                       "GL_MAX_SHADER_STORAGE_BLOCK_SIZE")
 
@@ -346,7 +350,7 @@ class GLBackend(Backend):
 
         return self._pooled.program(key, build)  # kept with the context (gl_context)
 
-    def _dispatch(self, builder: Builder, bindings: tuple) -> _Dispatch:
+    def dispatch(self, builder: Builder, bindings: tuple) -> _Dispatch:
         """A Builder (see glsl_plans) turned into GL objects: program, SSBO ranges, uniform bytes."""
         program = self._program(builder.kernel, builder.defines)
         binds = tuple((slot, b.buf.obj, b.base, b.range) for slot, b in enumerate(bindings))
@@ -477,16 +481,11 @@ class GLBackend(Backend):
                 self._closed = True
                 self._programs.clear()  # they stay compiled in the context, for its next backend
                 self._buffers.clear()
-                self._packed.clear()
-                self._tables.clear()
+                self.packed.clear()
+                self.tables.clear()
 
     def __repr__(self) -> str:
         return f"<GLBackend {self.renderer!r} (OpenGL {self.version})>"
 
-
-GLBackend.kernel_table = PLANNERS
-GLBackend.schemes = SCHEMES
-GLBackend.op_names = GLSL_OP_NAMES
-GLBackend.dtypes = GLSL_DTYPES
 
 __all__ = ["GLBackend", "GLBuffer", "GLError", "GLRecording"]

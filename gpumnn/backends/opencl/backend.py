@@ -102,7 +102,7 @@ class OpenCLBackend(Backend):
         self.queue = cl.CommandQueue(self.context, self.device,
                                      properties=cl.command_queue_properties.PROFILING_ENABLE)
         dev = self.device
-        # what the planners read (cl_plans.CLTarget)
+        # what the planners read (cl_plans.PlannerTarget)
         self.is_gpu = is_gpu(dev)
         self.compute_units = int(dev.max_compute_units)
         self.max_wg = int(dev.max_work_group_size)

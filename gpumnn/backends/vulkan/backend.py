@@ -115,6 +115,11 @@ class VulkanBackend(Backend):
     alignment = 64
     #: runs borrow submit lanes of their own (see the module docstring)
     max_concurrent_runs = 2
+    kernel_table = _PLANNERS
+    schemes = _SCHEMES
+    op_names = GLSL_OP_NAMES
+    dtypes = GLSL_DTYPES
+    plan_error = VulkanError if vk is not None else PlanError
 
     def __init__(self, device: str | int | None = None, validation: bool | None = None,
                  force_staging: bool = False, kernels: str | None = None, **unknown: Any):
@@ -149,7 +154,7 @@ class VulkanBackend(Backend):
         # (register blocking, vec4 loads, narrow workgroups: CPU devices such as lavapipe).
         self.kernels = kernel_family(requested, dev.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_CPU)
         self.simd_lanes = simd_lanes(dev.name)  # of a CPU device's vector unit
-        self._packed: dict[tuple, TensorHandle] = {}
+        self.packed: dict[tuple, TensorHandle] = {}
         self._buffers: dict[int, DeviceBuffer] = {}
         self._lock = threading.RLock()  # preparation verbs: descriptor pools, recording pool, registry
         self._lanes_lock = threading.Lock()
@@ -158,7 +163,7 @@ class VulkanBackend(Backend):
         self._idle_lanes: list[SubmitLane] = []
         self._arena: DeviceBuffer | None = None
         self._arena_used = 0
-        self._tables: dict[tuple, TensorHandle] = {}
+        self.tables: dict[tuple, TensorHandle] = {}
         self._dsets: dict[tuple, tuple[Any, Any]] = {}
         self._dsets_by_buffer: dict[int, set[tuple]] = {}
         self._garbage_cmds: list = []
@@ -389,7 +394,7 @@ class VulkanBackend(Backend):
         vk.vkEndCommandBuffer(cmd)
         lane.submit_and_wait(cmd)
 
-    def _binding(self, buf: DeviceBuffer, lo: int, hi: int) -> tuple[_Binding, int]:
+    def binding(self, buf: DeviceBuffer, lo: int, hi: int) -> tuple[_Binding, int]:
         """The descriptor range covering elements [lo, hi) of ``buf`` and the element index its
         start corresponds to. The range starts at ``lo`` aligned down to
         minStorageBufferOffsetAlignment and ends at ``hi``: binding exactly what a dispatch
@@ -559,8 +564,8 @@ class VulkanBackend(Backend):
             for buf in list(self._buffers.values()):
                 dev.destroy_buffer(buf)
             self._buffers.clear()
-            self._tables.clear()
-            self._packed.clear()
+            self.tables.clear()
+            self.packed.clear()
             self._arena = None
         finally:
             dev.close()  # this backend's command pool; the device is shared
@@ -573,16 +578,10 @@ class VulkanBackend(Backend):
     def max_group_count(self) -> tuple[int, int, int]:
         return self.dev.max_group_count
 
-    def _dispatch(self, builder: _Builder, bindings: tuple) -> _Dispatch:
+    def dispatch(self, builder: _Builder, bindings: tuple) -> _Dispatch:
         pipeline = self._pipeline(builder.kernel, builder.defines, builder.nbind)
         push = vk.ffi.new("int32_t[32]", builder.params.tolist())
         return _Dispatch(pipeline, bindings, push, builder.groups, tuple(builder.reads), tuple(builder.writes))
 
-
-VulkanBackend.kernel_table = _PLANNERS
-VulkanBackend.schemes = _SCHEMES
-VulkanBackend.op_names = GLSL_OP_NAMES
-VulkanBackend.dtypes = GLSL_DTYPES
-VulkanBackend.plan_error = VulkanError if vk is not None else PlanError
 
 __all__ = ["VulkanBackend", "VulkanRecording", "check_shader_op_ids"]

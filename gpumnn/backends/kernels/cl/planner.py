@@ -22,7 +22,7 @@ functions.
 * :func:`family_source` assembles a family's source: the generated :func:`header` (op ids),
   ``PRELUDE`` and the family's files.
 
-What the planners read from the backend (:class:`CLTarget`): the kernel family ("simd": vectorised
+What the planners read from the backend (:class:`PlannerTarget`): the kernel family ("simd": vectorised
 kernels for CPU devices, "tiled": local-memory kernels for GPUs), whether the device is a GPU, its
 compute units and largest work-group, and whether a tensor is a constant (never written after
 creation, so it may be packed once).
@@ -56,7 +56,7 @@ import numpy as np
 
 from .... import atomic as A
 from ....numerics.strides import contiguous_strides, merge_dims, one_run, strided_indices, strided_span
-from ...base import KERNEL_SCHEMES, OpPlan, TensorHandle
+from ...base import KERNEL_SCHEMES, OpPlan, PlannerTarget as BasePlannerTarget, TensorHandle
 from ....numerics.sampling import resize_axis
 
 SHADER_DIR = Path(__file__).resolve().parent
@@ -184,10 +184,9 @@ class Launch:
     defines: tuple[tuple[str, int], ...] = ()
 
 
-class CLTarget(Protocol):
-    """What the planners read from a backend."""
+class PlannerTarget(BasePlannerTarget, Protocol):
+    """What the OpenCL C planners read from a backend (OpenCL, CUDA)."""
 
-    kernels: str  # "simd" or "tiled"
     is_gpu: bool
     compute_units: int
     max_wg: int  # largest work-group (work-items)
@@ -252,7 +251,7 @@ def _merged_raster_launch(src, out, regions: Sequence[A.Region]) -> tuple[Launch
                   (_round_up(widest, WG1), len(regions)), (WG1, 1)), table
 
 
-def _plan_raster(be: CLTarget, op: A.Raster, ins, outs):
+def _plan_raster(be: PlannerTarget, op: A.Raster, ins, outs):
     out = outs[0]
     launches = []
     if op.fill is not None:
@@ -375,7 +374,7 @@ def _plan_normalize(be, op: A.Normalize, ins, outs):
     return OpPlan([launch1d("reduce", "normalize_item", args, op.outer)], "items")
 
 
-def _gemm_config(be: CLTarget, m: int, n: int, batch: int) -> str:
+def _gemm_config(be: PlannerTarget, m: int, n: int, batch: int) -> str:
     if m <= 8 and n >= 128:
         cfg = "4x128"
     else:
@@ -396,7 +395,7 @@ MIN_K_SLICE = 64
 MAX_K_SPLITS = 32
 
 
-def k_splits(be: CLTarget, work_groups: int, k: int) -> int:
+def k_splits(be: PlannerTarget, work_groups: int, k: int) -> int:
     """How many slices of the inner dimension a GEMM of ``work_groups`` tiles is split into.
 
     A GEMM whose tiles are fewer than the device's compute units leaves most of them idle, and
@@ -410,7 +409,7 @@ def k_splits(be: CLTarget, work_groups: int, k: int) -> int:
     return max(1, min(wanted, k // MIN_K_SLICE, MAX_K_SPLITS))
 
 
-def _gemm_launches(be: CLTarget, kernel: str, *, A_, a_off, B_, b_off, C_, c_off, bias, bias_off,
+def _gemm_launches(be: PlannerTarget, kernel: str, *, A_, a_off, B_, b_off, C_, c_off, bias, bias_off,
                    M, N, K, batch, G=1, a_s=(0, 0), b_s=(0, 0), c_s=(0, 0), bias_s=(0, 0), lda=0, ldb=0,
                    trans_a=False, trans_b=False, has_bias=False, bias_mn=(0, 0), alpha=1.0, beta=1.0,
                    act=None, conv=(1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1)) -> tuple[list[Launch], tuple[Scratch, ...], int]:
@@ -725,7 +724,7 @@ PLANNERS: Mapping[type, Callable[..., OpPlan]] = {
 }
 
 
-def plan(be: CLTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outputs: Sequence[TensorHandle]) -> OpPlan:
+def plan(be: PlannerTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outputs: Sequence[TensorHandle]) -> OpPlan:
     """What to launch for ``op``: its planner's plan, launches over empty grids dropped (all of
     them where the outputs are empty: the simd kernels' padded grids would write anyway)."""
     planned = PLANNERS[type(op)](be, op, list(inputs), list(outputs))
@@ -734,5 +733,5 @@ def plan(be: CLTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outputs: 
     return dataclasses.replace(planned, work=[ln for ln in planned.work if all(g > 0 for g in ln.gsize)])
 
 
-__all__ = ["CLTarget", "DTYPES", "FAMILIES", "Launch", "OP_NAMES", "PLANNERS", "PRELUDE", "SCHEMES", "SHADER_DIR",
+__all__ = ["PlannerTarget", "DTYPES", "FAMILIES", "Launch", "OP_NAMES", "PLANNERS", "PRELUDE", "SCHEMES", "SHADER_DIR",
            "Scratch", "family_source", "header", "launch", "launch1d", "plan", "vec_launch"]

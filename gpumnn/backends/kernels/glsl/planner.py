@@ -14,17 +14,17 @@ parameters and the workgroup grid -- is the same decision on both. This module m
 * :class:`Hazards` places memory barriers only in front of dispatches that touch a byte range
   written (or write a range read) since the last barrier.
 
-What a backend provides to the planners (duck-typed, see :class:`PlanTarget`):
+What a backend provides to the planners (duck-typed, see :class:`PlannerTarget`):
 
 ``kernels``           "simd" (register blocking, vec4 loads, narrow workgroups: CPU devices) or
                       "tiled" (shared-memory tiles, wide workgroups: GPUs)
 ``simd_lanes``        SIMD width of a CPU device (workgroup size of the simd convolution)
 ``max_group_count``   (x, y, z) workgroup-count limits
 ``plan_error``        exception class raised for plans the device cannot run
-``_binding(buf, lo, hi)``  -> (binding, base element): the aligned range bound for elements
+``binding(buf, lo, hi)``  -> (binding, base element): the aligned range bound for elements
                       [lo, hi) of ``buf`` and the element index the range starts at
-``_dispatch(builder, bindings)``  -> the backend's dispatch object
-``_packed``, ``_tables``  dicts caching repacked weights and resize tables (per backend)
+``dispatch(builder, bindings)``  -> the backend's dispatch object
+``packed``, ``tables``  dicts caching repacked weights and resize tables (per backend)
 ``constant(array)``, ``read(handle)``  as in :class:`~gpumnn.backends.base.Backend`
 
 Buffers handed to the planners carry ``id`` (unique per backend) and ``kind`` ("pool",
@@ -42,7 +42,7 @@ import numpy as np
 from .... import atomic as A
 from .compile import GLSL_DIR
 from ....numerics.strides import contiguous_strides, merge_dims
-from ...base import KERNEL_SCHEMES, OpPlan, TensorHandle
+from ...base import KERNEL_SCHEMES, OpPlan, PlannerTarget as BasePlannerTarget, TensorHandle
 from ....numerics.sampling import resize_axis
 
 
@@ -105,16 +105,17 @@ class PlanError(RuntimeError):
     """A dispatch the device cannot run (parameter overflow, grid too large, ...)."""
 
 
-class PlanTarget(Protocol):
-    kernels: str
+class PlannerTarget(BasePlannerTarget, Protocol):
+    """What the GLSL planners read from a backend (Vulkan, GL)."""
+
     simd_lanes: int
     max_group_count: tuple[int, int, int]
     plan_error: type[Exception]
-    _packed: dict
-    _tables: dict
+    packed: dict
+    tables: dict
 
-    def _binding(self, buf: Any, lo: int, hi: int) -> tuple[Any, int]: ...
-    def _dispatch(self, builder: "Builder", bindings: tuple) -> Any: ...
+    def binding(self, buf: Any, lo: int, hi: int) -> tuple[Any, int]: ...
+    def dispatch(self, builder: "Builder", bindings: tuple) -> Any: ...
     def constant(self, array: np.ndarray) -> TensorHandle: ...
     def read(self, handle: TensorHandle) -> np.ndarray: ...
 
@@ -248,7 +249,7 @@ def _row_variant(rows: int, size: int) -> tuple[bool, int]:
 class Builder:
     """Collects one dispatch: kernel variant, bindings (element offsets), parameters, grid."""
 
-    def __init__(self, backend: PlanTarget, kernel: str, defines: dict, nbind: int):
+    def __init__(self, backend: PlannerTarget, kernel: str, defines: dict, nbind: int):
         self.backend = backend
         self.kernel = kernel
         self.defines = dict(defines)
@@ -263,7 +264,7 @@ class Builder:
         """Bind ``handle``'s buffer at ``slot``; returns the element offset of the handle's first
         element inside the bound range. ``[lo, hi)`` is the element range used, relative to it."""
         hi = handle.size if hi is None else hi
-        binding, base_elems = self.backend._binding(handle.buffer, handle.offset + lo, handle.offset + hi)
+        binding, base_elems = self.backend.binding(handle.buffer, handle.offset + lo, handle.offset + hi)
         self.bindings[slot] = binding
         rng = (handle.buffer.id, 4 * (handle.offset + lo), 4 * (handle.offset + hi))
         (self.writes if write else self.reads).append(rng)
@@ -308,7 +309,7 @@ class Builder:
             return None
         first = next(b for b in self.bindings if b is not None)
         bindings = tuple(b if b is not None else first for b in self.bindings)
-        return self.backend._dispatch(self, bindings)
+        return self.backend.dispatch(self, bindings)
 
 
 # --------------------------------------------------------------------------------------------
@@ -326,7 +327,7 @@ def _word(bits: int) -> int:
     return bits - (1 << 32) if bits >= 1 << 31 else bits
 
 
-def _region_builder(be: PlanTarget, r: A.Region, src: TensorHandle, out: TensorHandle) -> Builder:
+def _region_builder(be: PlannerTarget, r: A.Region, src: TensorHandle, out: TensorHandle) -> Builder:
     """One strided copy of 32-bit words (raster.comp)."""
     size = _pad4(r.size, 1)
     sst, dst = _pad4(r.src_strides, 0), _pad4(r.dst_strides, 0)
@@ -341,7 +342,7 @@ def _region_builder(be: PlanTarget, r: A.Region, src: TensorHandle, out: TensorH
     return b
 
 
-def _plan_raster(be: PlanTarget, op: A.Raster, ins, outs):
+def _plan_raster(be: PlannerTarget, op: A.Raster, ins, outs):
     out = outs[0]
     builders = []
     if op.fill is not None and out.size:
@@ -519,17 +520,17 @@ def _is_constant(handle: TensorHandle) -> bool:
     return getattr(handle.buffer, "kind", "") in ("constant", "arena")
 
 
-def _packed_conv_weights(be: PlanTarget, weight: TensorHandle, groups: int, m: int, k: int, rm: int) -> TensorHandle:
+def _packed_conv_weights(be: PlannerTarget, weight: TensorHandle, groups: int, m: int, k: int, rm: int) -> TensorHandle:
     """Weights [G, M, K] repacked to [G, ceil(M/RM), K, RM] (zero rows pad M), once per weight."""
     key = (weight.buffer.id, weight.offset, weight.shape, groups, rm)
-    packed = be._packed.get(key)
+    packed = be.packed.get(key)
     if packed is None:
         w = be.read(weight).reshape(groups, m, k)
         blocks = -(-m // rm)
         padded = np.zeros((groups, blocks * rm, k), dtype=np.float32)
         padded[:, :m] = w
         packed = be.constant(padded.reshape(groups, blocks, rm, k).transpose(0, 1, 3, 2).copy())
-        be._packed[key] = packed
+        be.packed[key] = packed
     return packed
 
 
@@ -649,10 +650,10 @@ def _plan_normalize(be, op: A.Normalize, ins, outs):
     return OpPlan([b])
 
 
-def _resize_table(be: PlanTarget, op: A.Resize) -> TensorHandle:
+def _resize_table(be: PlannerTarget, op: A.Resize) -> TensorHandle:
     """Per-axis source indices and weights, computed in float64 exactly as the reference does."""
     key = (op.in_hw, op.out_hw, op.scales, op.mode, op.coord, op.nearest_mode)
-    table = be._tables.get(key)
+    table = be.tables.get(key)
     if table is not None:
         return table
     parts = []
@@ -660,7 +661,7 @@ def _resize_table(be: PlanTarget, op: A.Resize) -> TensorHandle:
         sampling = resize_axis(op, axis)
         parts += [sampling.lo, sampling.hi, sampling.frac]
     table = be.constant(np.concatenate([np.asarray(p, dtype=np.float32) for p in parts]))
-    be._tables[key] = table
+    be.tables[key] = table
     return table
 
 
@@ -782,7 +783,7 @@ PLANNERS: Mapping[type, Callable] = {
 }
 
 
-def plan(be: PlanTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outputs: Sequence[TensorHandle]) -> OpPlan:
+def plan(be: PlannerTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outputs: Sequence[TensorHandle]) -> OpPlan:
     """One atomic op's plan with the backend's dispatches as its work: its planner's builders,
     each built by ``be`` (empty grids dropped)."""
     planned = PLANNERS[type(op)](be, op, list(inputs), list(outputs))
@@ -790,5 +791,5 @@ def plan(be: PlanTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outputs
 
 
 __all__ = ["BINARY_IDS", "Binding", "Builder", "DTYPES", "MAX_BINDINGS", "Hazards", "OP_NAMES", "PARAMS", "PLANNERS", "PlanError",
-           "PlanTarget", "REDUCE_IDS", "SCHEMES", "UNARY_IDS", "binding_limit", "check_shader_op_ids", "plan",
+           "PlannerTarget", "REDUCE_IDS", "SCHEMES", "UNARY_IDS", "binding_limit", "check_shader_op_ids", "plan",
            "view_sizes"]
