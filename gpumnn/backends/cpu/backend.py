@@ -123,53 +123,40 @@ class _ThreadLimiter:
 # One maker per atomic op: binds views and scratch, returns an OpPlan of the callables that do the work.
 # --------------------------------------------------------------------------------------------
 
+# The thresholds below choose between the engines (NumPy on the calling thread, chunks on
+# ``cpu_workers``' threads, ``cpu_parallel``'s native regions) and size their work; each was
+# measured at threads=2 on 2 cores (the figures are in bench/RESULTS.md).
+
 #: Bytes one chunk's scratch (im2col columns, depthwise windows) may take; within it, the chunk
-#: count (``CHUNKS_PER_THREAD``) decides. Chunks cut to fit L2 (256 KiB) measured up to 2.4x
-#: slower on 2 cores than chunks 4-16x larger: NumPy's cost per call and the GIL handed between
-#: threads at every call outweigh the cache misses they save.
+#: count (``CHUNKS_PER_THREAD``) decides. Chunks cut to fit L2 were slower: NumPy's cost per call
+#: and the GIL handed between threads at every call outweigh the cache misses they save.
 CHUNK_BYTES = 4 << 20
 #: An op shared between threads is cut into this many chunks per thread: more let a thread the
 #: machine slows leave its share to the others, fewer hand the GIL between threads less often
-#: (every NumPy call gives it up and takes it back) and keep each chunk's GEMM wide (a GEMM cut
-#: into narrow column spans, or Winograd's tile products with few tiles, runs slower per
-#: multiply-add). Measured at threads=2 on 2 cores shared with other work, whole recorded runs
-#: in alternation, two chunks per thread -> one: Inception-v3 0.94x (0.90-1.15) and 0.94x,
-#: SqueezeNet-1.1 0.84x and 0.87x, MobileNet-v2 0.92x, ResNet-18 0.98x and 0.97x; ResNet-18's
-#: Winograd convolutions alone 2.43 -> 2.12 ms (64 channels 56x56), 2.18 -> 1.80 (128x28x28),
-#: 2.74 -> 2.13 (256x14x14).
+#: and keep each chunk's GEMM wide (narrow column spans run slower per multiply-add).
 CHUNKS_PER_THREAD = 1
 #: Below this many multiply-adds a convolution or product runs whole on the calling thread:
-#: handing chunks to the helpers would cost more than it saves. Measured on 2 idle cores,
-#: threads=2, ms per run (2M MACs and 4 chunks per thread -> 16M and 2): SqueezeNet-1.1 18.4 ->
-#: 14.9, MobileNet-v2 32.0 -> 26.6, ResNet-18 53.8 -> 51.6, transformer encoder 4.8 -> 4.3.
+#: handing chunks to the helpers would cost more than it saves.
 PARALLEL_MIN_MACS = 1 << 24
 #: A depthwise convolution is shared between threads from this many window elements (channels x
 #: taps x output pixels) on: it is bound by passes over memory and per-channel BLAS calls, not by
-#: multiply-adds (MobileNet's are all under 5M MACs yet take 0.3-2.5 ms on one thread), so the
-#: MAC threshold above would keep every one of them on one thread.
+#: multiply-adds, so the MAC threshold above would keep every one of them on one thread.
 DEPTHWISE_PARALLEL_MIN = 1 << 18
 
 
 #: With ``cpu_parallel``'s native regions a product is shared between threads from this many
 #: multiply-adds, a depthwise convolution or pool from this many window elements: a region costs
-#: 2-5 us where a hand-over to ``cpu_workers`` costs 25-50.
+#: about a tenth of a hand-over to ``cpu_workers``.
 REGION_MIN_MACS = 1 << 20
 REGION_MIN_WINDOWS = 1 << 15
-#: Bytes of im2col columns one block of a region copies, so that its product reads them from L2
-#: (1 MiB a core here). Measured at threads=2, ms per convolution at 256 KiB / 1 MiB / 4 MiB: ResNet's
-#: 7x7 stem 2.35 / 2.22 / 2.42, 64 -> 128 channels 3x3 stride 2 at 56x56 1.32 / 1.10 / 1.10,
-#: 128 -> 256 at 28x28 1.52 / 1.17 / 1.18, Inception's 32 -> 64 at 147x147 7.86 / 7.52 / 7.32.
+#: Bytes of im2col columns one block of a region copies, so that its product reads them from L2.
 REGION_COLS_BYTES = 1 << 20
 #: A convolution on constant weights takes ``cpu_tiles``' register tile (``_packed_conv_region``)
-#: from this inner dimension (C*KH*KW) up, BLAS below. Measured at threads=2 against ONNX Runtime
-#: in alternation (ms, packed / BLAS / ONNX Runtime): 512 channels 7x7 (K 4608) 1.85 / 2.15 / 1.41,
-#: 256 -> 512 stride 2 (K 2304) 0.95 / 1.10 / 0.70, 128 -> 256 stride 2 (K 1152) 0.93 / 1.2 / 0.74,
-#: 64 -> 128 stride 2 (K 576) 1.08 / 1.06 / 0.75, ResNet's stem (K 147) 2.77 / 2.06 / 1.45. With a
-#: short inner dimension each tile's store and each element's packing weigh more against its
-#: multiply-adds.
+#: from this inner dimension (C*KH*KW) up, BLAS below: with a short inner dimension each tile's
+#: store and each element's packing weigh more against its multiply-adds.
 PACKED_MIN_DEPTH = 512
 #: Elementwise ops (a residual sum) are shared between the regions' threads from this many
-#: elements: a region's cost (2-5 us) against a pass over memory at several GB/s
+#: elements: a region's cost against a pass over memory.
 REGION_MIN_ELEMENTS = 1 << 15
 #: floats in a cache line: a thread's scratch, and an elementwise op's span, starts on one
 CACHE_LINE_FLOATS = 16

@@ -11,7 +11,8 @@ keeps its NumPy kernels, which are the reference these are tested against.
 Every kernel releases the GIL (``nogil``): the backend's own threads (``cpu_workers``) run
 channel spans of one op side by side, as they run NumPy chunks. Kernels are compiled for the
 argument types an execution binds when it is created (``bind``), so a run neither compiles nor
-dispatches on types; compiled code is cached on disk by Numba (``cache=True``).
+dispatches on types; compiled code is cached on disk by Numba (``cache=True``), stamped with
+every module of this package (``_register_package_stamp``), as kernels inline functions across them.
 
 What keeps LLVM from vectorising a loop, measured here: an index Numba cannot prove
 non-negative (``row[i + k]`` gets a wraparound branch: 31 -> 3 GFLOP/s on one axpy), a run-time
@@ -23,7 +24,9 @@ np.float32 scalars.
 """
 from __future__ import annotations
 
+import hashlib
 import math
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -37,6 +40,57 @@ except ImportError as exc:  # gpumnn[cpu] not installed: the NumPy kernels run
     MISSING = f"Numba is not importable ({exc}); install gpumnn[cpu] for compiled cpu kernels"
 else:
     MISSING = None
+
+#: the cpu package's modules: kernels in one inline functions of others (tiles, activations, rows)
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _package_stamp() -> str:
+    """The freshness of every module in the cpu package, as one stamp."""
+    digest = hashlib.sha256()
+    for path in sorted(_PACKAGE.glob("*.py")):
+        st = path.stat()
+        digest.update(f"{path.name}:{st.st_mtime_ns}:{st.st_size};".encode())
+    return digest.hexdigest()
+
+
+def _register_package_stamp() -> bool:
+    """Make Numba's disk cache of this package's kernels stale when any module of the package
+    changes, not only the kernel's own file (Numba's stamp): a kernel may inline functions of
+    another module (GELU into the GEMM region, ``exp_neg`` into the row passes). Registers cache
+    locators for the package's files ahead of Numba's own; False (no disk cache then) where this
+    Numba's caching internals differ."""
+    try:
+        from numba.core import caching
+        impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl")
+        bases = [getattr(caching, name, None) or getattr(caching, "_" + name)
+                 for name in ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator")]
+        locators = impl._locator_classes
+    except (ImportError, AttributeError):
+        return False
+    if any(getattr(cls, "gpumnn_package", None) == str(_PACKAGE) for cls in locators):
+        return True
+
+    def locator(base: type) -> type:
+        class PackageLocator(base):
+            gpumnn_package = str(_PACKAGE)
+
+            @classmethod
+            def from_function(cls, py_func, py_file):
+                if Path(py_file).resolve().parent != _PACKAGE:
+                    return None
+                return super().from_function(py_func, py_file)
+
+            def get_source_stamp(self):
+                return _package_stamp()
+        return PackageLocator
+
+    locators[:0] = [locator(base) for base in bases]
+    return True
+
+
+#: whether kernels are cached on disk (Numba there, with a stamp over the whole package)
+CACHE = numba is not None and _register_package_stamp()
 
 #: FMA contraction only: no ``nnan``/``ninf`` (a clamp to +-inf stands for "no bound" below, and
 #: NaNs must pass through as NumPy's kernels pass them)
@@ -68,7 +122,7 @@ def compiled(fn: Callable, **options: Any) -> Callable:
         return fn
     options = dict(nogil=True, fastmath=FAST, boundscheck=False, **options)
     try:
-        return numba.njit(cache=True, **options)(fn)
+        return numba.njit(cache=CACHE, **options)(fn)
     except RuntimeError:  # no writable place for Numba's cache (a read-only install): compile per process
         return numba.njit(**options)(fn)
 
@@ -80,7 +134,7 @@ def _kernel(fn: Callable) -> Callable:
 
 def inlined(fn: Callable) -> Callable:
     """``fn`` inlined into its callers by Numba (in its IR, before LLVM): the loops in a row
-    function called as a function of its own ran 2-4x slower than written out in the caller."""
+    function called as a function of its own ran several times slower than written out in the caller."""
     return numba.njit(inline="always", fastmath=FAST, boundscheck=False)(fn) if numba else fn
 
 

@@ -22,12 +22,8 @@ a run) that barrier waited for a descheduled thread: MobileNet-v2 in alternation
 Runtime, 13.4 and 12.8 ms a run on TBB against 18.0 and 18.3 on OpenMP. Where the regions are
 not available (``available()`` says why) the backend keeps ``cpu_workers``.
 
-Numba caches the compiled regions on disk and checks only this file's time stamp, not those of
-the ``cpu_jit`` kernels, the ``cpu_tiles`` tile and the ``cpu_activations`` functions the regions
-call (depthwise, pooling, Winograd's placing, the packed products, GELU): after editing
-``cpu_jit.py``, ``cpu_tiles.py`` or ``cpu_activations.py`` alone, delete
-``gpumnn/backends/__pycache__/cpu_parallel.*`` and ``cpu_rows.*`` (``cpu_rows`` inlines
-``exp_neg``; an install or a checkout that changes the file itself recompiles it).
+Numba caches the compiled regions on disk; ``cpu_jit`` stamps that cache with every module of
+the package, so editing a kernel, the tile or an activation the regions inline recompiles them.
 """
 from __future__ import annotations
 
@@ -118,7 +114,7 @@ def compiled_region(fn: Callable, **options) -> Callable:
         return fn
     options = dict(dict(parallel=True, nogil=True, fastmath=cpu_jit.FAST, boundscheck=False), **options)
     try:
-        return numba.njit(cache=True, **options)(fn)
+        return numba.njit(cache=cpu_jit.CACHE, **options)(fn)
     except RuntimeError:  # no writable place for Numba's cache: compile per process
         return numba.njit(**options)(fn)
 
