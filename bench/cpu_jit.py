@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's gpumnn, not an installed one
 
 from gpumnn import zoo  # noqa: E402
-from gpumnn.benchmark import Spread, add_protocol_arguments, alternate, load_model, onnxruntime_runner, rel_l2  # noqa: E402
+from gpumnn.tools.benchmark import Spread, add_protocol_arguments, alternate, load_model, onnxruntime_runner, rel_l2  # noqa: E402
 
 
 def ratios(top: list[list[float]], bottom: list[list[float]]) -> Spread:

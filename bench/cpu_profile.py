@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's gpumnn, not an installed one
 
-from gpumnn.benchmark import load_model, time_runs  # noqa: E402
+from gpumnn.tools.benchmark import load_model, time_runs  # noqa: E402
 
 #: what ONNX Runtime's node names and ours add to a torchvision module's name (fusion, layout)
 NAME_SUFFIXES = ("_nchwc", "_relu", ".relu", ".conv", ".bn")

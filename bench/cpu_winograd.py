@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's gpumnn, not an installed one
 
-from gpumnn.benchmark import load_model  # noqa: E402
+from gpumnn.tools.benchmark import load_model  # noqa: E402
 from gpumnn.scheduler.schemes import forced_schemes, winograd_detail  # noqa: E402
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpumnn.benchmark import load_model  # noqa: E402
+from gpumnn.tools.benchmark import load_model  # noqa: E402
 
 
 def main() -> None:

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gpumnn  # noqa: E402
 from gpumnn import zoo  # noqa: E402
-from gpumnn.benchmark import time_runs  # noqa: E402
-from gpumnn.onnx_opsets import upgrade  # noqa: E402
+from gpumnn.tools.benchmark import time_runs  # noqa: E402
+from gpumnn.frontend.opsets import upgrade  # noqa: E402
 
 
 def as_opset9(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -9,7 +9,7 @@ needs no torch. This script runs that executable, found without importing the pa
 enough. ``fp16=0`` keeps the weights in float32, and the ncnn nets are made with fp16 storage and
 arithmetic off, so every peer computes in float32.
 
-Timing is gpumnn's protocol (:func:`gpumnn.benchmark.alternate`): each repeat takes one figure
+Timing is gpumnn's protocol (:func:`gpumnn.tools.benchmark.alternate`): each repeat takes one figure
 (1 warm-up, mean of ``--runs`` runs) of gpumnn's cpu backend (recorded), ONNX Runtime and ncnn
 (cpu, and Vulkan where ncnn finds a device) in turn; cells are medians over ``--repeats`` with
 the min-max spread, ratios medians of per-repeat ratios. Every output is compared with ONNX
@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from gpumnn import zoo  # noqa: E402
-from gpumnn.benchmark import (BenchRow, add_protocol_arguments, alternate, format_table, load_model,  # noqa: E402
+from gpumnn.tools.benchmark import (BenchRow, add_protocol_arguments, alternate, format_table, load_model,  # noqa: E402
                               onnxruntime_runner, rel_l2, rows_as_dicts)
 
 SERIES = ("recorded", "onnxruntime", "ncnn-cpu", "ncnn-vulkan")
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         pnnx_executable()
         require_ncnn()
         if args.png:
-            from gpumnn.bench_charts import require_matplotlib
+            from gpumnn.tools.charts import require_matplotlib
             require_matplotlib()
     except (PeerUnavailable, ImportError) as exc:
         print(f"ncnn peer skipped: {exc}")
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         print(format_table(rows, args.threads, runs=args.runs, warmup=args.warmup, repeats=args.repeats,
                            series=series, ratios=RATIOS, extras=False, pause=args.pause))
     if args.png:
-        from gpumnn.bench_charts import write_charts_and_say
+        from gpumnn.tools.charts import write_charts_and_say
         write_charts_and_say(rows, args.png, series, RATIOS, prefix="ncnn_")
     return 0
 

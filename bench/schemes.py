@@ -34,7 +34,7 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gpumnn  # noqa: E402
-from gpumnn.benchmark import Spread, alternate, rel_l2  # noqa: E402
+from gpumnn.tools.benchmark import Spread, alternate, rel_l2  # noqa: E402
 from gpumnn.scheduler import schemes  # noqa: E402
 
 TABLE1 = [(2, 3, 16, 224), (2, 512, 512, 16), (3, 64, 64, 112)]
@@ -68,7 +68,7 @@ def _session(model: onnx.ModelProto, backend: str, **force):
 
 def time_alternating(sessions: dict, feeds: dict, repeats: int, runs: int = 1) -> dict:
     """{variant: (median ms, min ms, max ms, relative L2 to the first variant)}: the mean of
-    ``runs`` runs of each variant per repeat (:func:`gpumnn.benchmark.alternate`), after one
+    ``runs`` runs of each variant per repeat (:func:`gpumnn.tools.benchmark.alternate`), after one
     untimed run of each."""
     outputs = {name: next(iter(s.run(feeds).values())) for name, s in sessions.items()}  # warm-up and answers
     first = next(iter(outputs.values()))
@@ -117,7 +117,7 @@ def table3(backend: str, repeats: int) -> list[dict]:
 
 
 def table_models(backend: str, models: list[str], repeats: int, runs: int, on_row=None) -> list[dict]:
-    from gpumnn.benchmark import load_model
+    from gpumnn.tools.benchmark import load_model
     rows = []
     for name in models:
         _, model, feeds = load_model(name)

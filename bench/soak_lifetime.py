@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                 else gpumnn.available_backends())
     validation = not args.no_validation and "vulkan" in backends
     if validation:
-        from gpumnn.backends.vulkan_device import validation_layer_available
+        from gpumnn.backends.vulkan.device import validation_layer_available
 
         validation = validation_layer_available()
         if not validation:

@@ -22,12 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gpumnn  # noqa: E402
 from gpumnn import zoo  # noqa: E402
-from gpumnn.benchmark import Spread, alternate  # noqa: E402
+from gpumnn.tools.benchmark import Spread, alternate  # noqa: E402
 
 
 def threaded_runs(sess: gpumnn.Session, feed: dict, threads: int, runs: int, expect: np.ndarray) -> Callable[[], None]:
     """A function that runs ``threads`` workers x ``runs`` runs on ``sess`` and checks every output
-    (timed whole by :func:`gpumnn.benchmark.time_runs`; starting the threads is ~0.1 ms of it)."""
+    (timed whole by :func:`gpumnn.tools.benchmark.time_runs`; starting the threads is ~0.1 ms of it)."""
 
     def run_all() -> None:
         errors: list[float] = []

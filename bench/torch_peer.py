@@ -5,7 +5,7 @@ model's ONNX (the bytes gpumnn runs) becomes a ``torch.nn.Module`` through ``onn
 every output is compared with ONNX Runtime's (relative L2), so a conversion that changed the
 model shows in the error column instead of hiding in the timings.
 
-Timed series, one figure each per repeat in turn (:func:`gpumnn.benchmark.alternate`: 1 warm-up,
+Timed series, one figure each per repeat in turn (:func:`gpumnn.tools.benchmark.alternate`: 1 warm-up,
 mean of ``--runs`` runs; cells are medians over ``--repeats`` with the min-max spread, ratios
 medians of per-repeat ratios):
 
@@ -46,7 +46,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from gpumnn import zoo  # noqa: E402
-from gpumnn.benchmark import (BenchRow, add_protocol_arguments, alternate, load_model,  # noqa: E402
+from gpumnn.tools.benchmark import (BenchRow, add_protocol_arguments, alternate, load_model,  # noqa: E402
                               onnxruntime_runner, rel_l2, resolve_backends, rows_as_dicts)
 
 
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         torch, _ = require_torch()
         if args.png:
-            from gpumnn.bench_charts import require_matplotlib
+            from gpumnn.tools.charts import require_matplotlib
             require_matplotlib()
     except (PeerUnavailable, ImportError) as exc:
         print(f"torch peer skipped: {exc}")
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         header += "".join(f"\n{name}: not run ({reason})" for name, reason in skipped.items())
         print(format_report(rows, series, ratios, header))
     if args.png:
-        from gpumnn.bench_charts import write_charts_and_say
+        from gpumnn.tools.charts import write_charts_and_say
         write_charts_and_say(rows, args.png, series, ratios, prefix="torch_")
     return 0
 

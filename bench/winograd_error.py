@@ -18,7 +18,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpumnn.scheduler.schemes import winograd_allowed  # noqa: E402
-from gpumnn.scheduler.winograd import measured_error  # noqa: E402
+from gpumnn.numerics.winograd import measured_error  # noqa: E402
 
 
 def main() -> None:

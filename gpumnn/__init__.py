@@ -10,7 +10,7 @@ from .errors import (BackendUnavailableError, DeviceArrayError, DeviceLostError,
                      UnsupportedOpError)
 from .geometry import supported_ops
 from .net import Net, load
-from .session import Session
+from .runtime.session import Session
 
 __version__ = "0.1.0"
 

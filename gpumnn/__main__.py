@@ -1,6 +1,6 @@
 """``python -m gpumnn`` is the ``gpumnn`` command."""
 import sys
 
-from .cli import main
+from .tools.cli import main
 
 sys.exit(main())

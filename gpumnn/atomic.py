@@ -254,7 +254,7 @@ class MatMul(AtomicOp):
     bias_strides: tuple[int, int] = (0, 1)
     activation: Activation = None
     #: ``gemm``, or ``strassen`` (with ``strassen_levels``), chosen by the session's scheme step;
-    #: Strassen is rewritten into atomic ops before any backend sees it (``gpumnn.geometry.fast``)
+    #: Strassen is rewritten into atomic ops before any backend sees it (``gpumnn.scheduler.expansion``)
     scheme: str = "gemm"
     strassen_levels: int = 0
 
@@ -289,7 +289,7 @@ class Conv2D(ConvGeometry):
     and names the kernel a backend builds: ``im2col`` (the sliding window, correct for any
     geometry, so the default for ops made outside a session), ``gemm1x1``, ``depthwise``; or
     ``winograd`` (with ``winograd_tile``), which is rewritten into atomic ops before any backend
-    sees it (``gpumnn.geometry.fast``) unless the backend builds it as a kernel of its own (the cpu).
+    sees it (``gpumnn.scheduler.expansion``) unless the backend builds it as a kernel of its own (the cpu).
     """
 
     kind: ClassVar[str] = "conv2d"

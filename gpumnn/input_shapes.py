@@ -2,7 +2,7 @@
 
 A graph input's dims are *static* (a positive integer the model fixes) or *symbolic* (a name, or
 unknown). A session accepts any size for a symbolic dim -- each new set of input shapes is
-prepared once and cached (:mod:`gpumnn.shape_sets`) -- and refuses, naming the dim, a size that
+prepared once and cached (:mod:`gpumnn.runtime.shape_set_cache`) -- and refuses, naming the dim, a size that
 differs from a static one. These checks live here, once, for ``Net.session``'s ``input_shapes``
 and for the arrays ``Session.run`` is given alike.
 """

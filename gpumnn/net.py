@@ -10,10 +10,10 @@ from .errors import GpumnnError, InternalError, UnsupportedOpError
 from .geometry import lower, supported_ops
 from .geometry.registry import lowering_for
 from .ir import Graph, ValueInfo, all_nodes
-from .onnx_import import import_onnx
-from .optimize import optimize as optimize_graph
+from .frontend.importer import import_onnx
+from .frontend.optimize import optimize as optimize_graph
 from .input_shapes import resolve_input_shapes
-from .session import DEFAULT_SHAPE_CACHE, Session
+from .runtime.session import DEFAULT_SHAPE_CACHE, Session
 
 
 class Net:

@@ -41,8 +41,8 @@ from .backends import REGISTRY, probe
 from .errors import BackendUnavailableError, DataDependentError, InputError, ModelError, SessionClosedError
 from .ir import node_reads
 from .net import Net, load
-from .onnx_opsets import MAX_OPSET
-from .session import Session
+from .frontend.opsets import MAX_OPSET
+from .runtime.session import Session
 
 #: keyword arguments of prepare() that go to gpumnn.load and to Net.session
 LOAD_OPTIONS = ("optimize",)

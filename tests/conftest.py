@@ -46,7 +46,7 @@ def pytest_report_header(config):
 VALIDATED_DEVICES: list = []
 if os.environ.get("GPUMNN_VULKAN_VALIDATION", "").lower() in ("1", "true", "yes", "on") and probe("vulkan") is None:
     # every Vulkan device of the run keeps its validation-layer messages for the summary below
-    from gpumnn.backends import vulkan_device as _vd
+    from gpumnn.backends.vulkan import device as _vd
 
     _original_init = _vd.VulkanDevice.__init__
 
@@ -100,7 +100,7 @@ def vulkan_validation_missing() -> str | None:
     reason = probe("vulkan")
     if reason is not None:
         return f"Vulkan cannot start: {reason}"
-    from gpumnn.backends.vulkan_device import validation_layer_available
+    from gpumnn.backends.vulkan.device import validation_layer_available
     if not validation_layer_available():
         return "VK_LAYER_KHRONOS_validation is not installed (Debian/Ubuntu: vulkan-validationlayers)"
     return None
@@ -130,7 +130,7 @@ def vulkan_validation(monkeypatch) -> ValidatedRun:
     in CI); the test calls ``check()`` at its end, and any message fails it."""
     require_backend("vulkan")
     require_tool("vulkan-validation", vulkan_validation_missing())
-    from gpumnn.backends import vulkan_device
+    from gpumnn.backends.vulkan import device as vulkan_device
 
     run = ValidatedRun()
     original = vulkan_device.VulkanDevice.__init__
@@ -181,7 +181,7 @@ def _placement_is_checked(request, monkeypatch):
     if module not in placement_check.CHECKED_MODULES:
         yield
         return
-    from gpumnn import prepared
+    from gpumnn.runtime import shape_set as prepared
 
     placements = []
     place = prepared.place

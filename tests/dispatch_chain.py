@@ -12,7 +12,7 @@ import numpy as np
 from conftest import rel_l2
 from gpumnn import atomic as A
 from gpumnn.backends.base import COUNTERS
-from gpumnn.backends.cpu import CpuBackend
+from gpumnn.backends.cpu.backend import CpuBackend
 
 ZERO = {name: 0 for name in COUNTERS if name != "submits"}  # every counter but submits stays put
 

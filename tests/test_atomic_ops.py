@@ -19,7 +19,7 @@ import pytest
 from gpumnn import atomic as A
 from conftest import REQUIRED, require_backend
 from gpumnn.backends import REGISTRY, create_backend, probe
-from gpumnn.backends.cpu import CpuBackend
+from gpumnn.backends.cpu.backend import CpuBackend
 from gpumnn.scheduler.schemes import conv_scheme
 
 TOL = 1e-4

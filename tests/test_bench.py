@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpumnn.benchmark import BenchRow, Spread, alternate, format_table, rows_as_dicts, time_runs
+from gpumnn.tools.benchmark import BenchRow, Spread, alternate, format_table, rows_as_dicts, time_runs
 
 
 class FakeClock:
@@ -90,7 +90,7 @@ def test_json_rows_keep_raw_samples_and_cells():
 
 def test_png_writes_latency_and_ratio_charts(tmp_path):
     pytest.importorskip("matplotlib", reason="charts need matplotlib (the bench and dev extras install it)")
-    from gpumnn.bench_charts import write_charts
+    from gpumnn.tools.charts import write_charts
     rows = _rows() + [BenchRow("resnet18", "cpu", samples={"recorded": [[40.0]], "onnxruntime": [[20.0]]})]
     paths = write_charts(rows, tmp_path / "png", ("recorded", "eager", "onnxruntime"))
     names = sorted(p.name for p in paths)
@@ -102,7 +102,7 @@ def test_png_writes_latency_and_ratio_charts(tmp_path):
 def test_missing_matplotlib_is_a_clear_error(monkeypatch):
     import builtins
 
-    from gpumnn import bench_charts
+    from gpumnn.tools import charts as bench_charts
     real_import = builtins.__import__
 
     def no_matplotlib(name, *args, **kwargs):

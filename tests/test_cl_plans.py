@@ -14,12 +14,12 @@ import pytest
 
 from dispatch_chain import CHAIN, CONSTANTS, SHAPES
 from gpumnn import atomic as A
-from gpumnn.backends import cl_plans
+from gpumnn.backends.kernels.cl import planner as cl_plans
 from gpumnn.backends.base import TensorHandle
 
 
 def test_the_planner_imports_no_gpu_api():
-    code = ("import sys, gpumnn.backends.cl_plans; "
+    code = ("import sys, gpumnn.backends.kernels.cl.planner; "
             "print(sorted(m for m in ('pyopencl', 'cupy', 'vulkan', 'moderngl') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -27,7 +27,7 @@ def test_the_planner_imports_no_gpu_api():
 
 @dataclass
 class _Target:
-    """A device described by what the planners read (cl_plans.CLTarget), none opened."""
+    """A device described by what the planners read (cl_plans.PlannerTarget), none opened."""
 
     kernels: str
     is_gpu: bool

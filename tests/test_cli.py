@@ -11,8 +11,8 @@ import onnxruntime as ort
 
 import gpumnn
 from gpumnn import zoo
-from gpumnn.cli import main
-from gpumnn.opsdoc import ops_section, readme_section
+from gpumnn.tools.cli import main
+from gpumnn.tools.ops_table import ops_section, readme_section
 
 
 def test_info_lists_every_backend_and_why_missing(capsys):
@@ -33,7 +33,7 @@ def test_info_ops_prints_the_opsets_and_every_supported_op(capsys):
 
 def test_readme_lists_the_supported_ops_from_the_code():
     readme = Path(__file__).resolve().parent.parent / "README.md"
-    assert readme_section(readme) == ops_section(), "README.md is stale: run python -m gpumnn.opsdoc README.md"
+    assert readme_section(readme) == ops_section(), "README.md is stale: run python -m gpumnn.tools.ops_table README.md"
 
 
 def test_run_reads_input_and_writes_outputs(tmp_path, capsys):

@@ -1,6 +1,6 @@
 """If, Loop and Scan on every backend against ONNX Runtime (relative L2 < 1e-4).
 
-gpumnn resolves control flow at session creation (gpumnn/geometry/control_flow.py): an If whose
+gpumnn resolves control flow at session creation (gpumnn/geometry/lowerings/control_flow.py): an If whose
 condition folds becomes its chosen branch, a run-time condition computes both branches and
 selects, Loop and Scan are unrolled. The graphs here read outer tensors from their subgraphs by
 name, as exported models do, so the importer and the optimiser's passes are checked to keep them.

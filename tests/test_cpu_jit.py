@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 import gpumnn
 from conftest import onnxruntime_session, rel_l2, require_tool
 from op_cases import model_proto
-from gpumnn.backends import cpu_jit, cpu_parallel
+from gpumnn.backends.cpu import jit as cpu_jit, parallel as cpu_parallel
 from gpumnn.errors import BackendOptionError, BackendUnavailableError
 
 TOLERANCE = 1e-4
@@ -162,7 +162,7 @@ def test_pooling_compiled_and_numpy(case, fresh_rng):
 def test_a_zoo_model_on_numpy_kernels_alone(model_name):
     """The zoo runs on the compiled loops in every other test; here the NumPy reference kernels
     carry a whole network (depthwise convolutions, pooling) against ONNX Runtime."""
-    from gpumnn.benchmark import load_model
+    from gpumnn.tools.benchmark import load_model
 
     import onnxruntime as ort
 
@@ -193,7 +193,7 @@ def test_compiled_gelu_and_erf_agree_with_numpy_and_the_exact_erf():
     formula, to float32 rounding; within 1e-6 of the exact erf; NaN and infinities as NumPy."""
     import math
 
-    from gpumnn.backends import cpu_activations, cpu_math
+    from gpumnn.backends.cpu import activations as cpu_activations, elementwise as cpu_math
     require_tool("numba", cpu_jit.MISSING)
     rng = np.random.default_rng(3)
     x = np.concatenate([rng.standard_normal(4099) * 3, rng.uniform(-12, 12, 997), [0.0, -0.0, 1e-30, -1e-30, 40.0,
@@ -212,7 +212,7 @@ def test_compiled_gelu_and_erf_agree_with_numpy_and_the_exact_erf():
 
 
 def test_compiled_activation_falls_back_to_numpy_off_contiguous_float32():
-    from gpumnn.backends import cpu_activations, cpu_math
+    from gpumnn.backends.cpu import activations as cpu_activations, elementwise as cpu_math
     require_tool("numba", cpu_jit.MISSING)
     calls = []
     apply = cpu_activations.activation_in_place("gelu", lambda a: calls.append(a.shape))

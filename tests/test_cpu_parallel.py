@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 import gpumnn
 from conftest import onnxruntime_session, rel_l2, require_tool
 from op_cases import model_proto
-from gpumnn.backends import cpu_parallel
+from gpumnn.backends.cpu import parallel as cpu_parallel
 from test_cpu_jit import _both_ways_match_onnxruntime, _conv_model, _pool_model
 
 
@@ -335,7 +335,7 @@ FEW_PIXELS = [
 @pytest.mark.parametrize("cols_bytes", [1 << 20, 4 * 9 * 96 * 6 * 2])
 @pytest.mark.parametrize("case", FEW_PIXELS, ids=[f"im2col{c[0]}x{c[1]}s{c[2]}o{c[3]}" for c in FEW_PIXELS])
 def test_im2col_channel_spans_in_regions(case, cols_bytes, monkeypatch, fresh_rng):
-    from gpumnn.backends import cpu
+    from gpumnn.backends.cpu import backend as cpu
     from gpumnn.scheduler import schemes
 
     channels, size, stride, out_channels = case
@@ -361,7 +361,7 @@ PACKED = [
 @pytest.mark.parametrize("cols_bytes", [1 << 20, 4 * 9 * 96 * 6 * 2])
 @pytest.mark.parametrize("case", PACKED, ids=[f"packed{c[0]}x{c[1]}k{c[2]}s{c[3]}d{c[4]}o{c[6]}" for c in PACKED])
 def test_im2col_on_packed_weights_in_regions(case, cols_bytes, monkeypatch, fresh_rng):
-    from gpumnn.backends import cpu
+    from gpumnn.backends.cpu import backend as cpu
     from gpumnn.scheduler import schemes
 
     channels, size, kernel, stride, dilation, pads, out_channels, activation, bias = case
@@ -379,7 +379,7 @@ def test_im2col_on_packed_weights_in_regions(case, cols_bytes, monkeypatch, fres
 
 def test_weights_known_only_at_run_time_keep_blas(monkeypatch, fresh_rng):
     """Weights that are a graph input are not packed at creation: the convolution keeps BLAS."""
-    from gpumnn.backends import cpu
+    from gpumnn.backends.cpu import backend as cpu
 
     monkeypatch.setattr(cpu, "PACKED_MIN_DEPTH", 1)
     packed = []
@@ -396,7 +396,7 @@ def test_weights_known_only_at_run_time_keep_blas(monkeypatch, fresh_rng):
 def test_the_register_tile_against_numpy(depth, fresh_rng):
     """cpu_tiles.tile_product: acc = p^T v for strided p and v (none at depth 0)."""
     require_tool("regions", cpu_parallel.available()[1])
-    from gpumnn.backends import cpu_tiles
+    from gpumnn.backends.cpu import tiles as cpu_tiles
     import numba
 
     @numba.njit
@@ -419,7 +419,7 @@ def test_constants_are_read_only_and_known():
     """CpuBackend.constant hands out read-only buffers (what is_constant reads), leaving the
     caller's array writable; the pool's buffers are writable."""
     from gpumnn.backends.base import TensorHandle
-    from gpumnn.backends.cpu import CpuBackend
+    from gpumnn.backends.cpu.backend import CpuBackend
 
     backend = CpuBackend()
     array = np.arange(6, dtype=np.float32)

@@ -1,4 +1,4 @@
-"""The NumPy backend's own threads (``gpumnn.backends.cpu_workers``): an op cut into chunks and
+"""The NumPy backend's own threads (``gpumnn.backends.cpu.workers``): an op cut into chunks and
 shared between threads gives what one thread gives, and the pool runs every chunk once.
 
 Chunking is forced on the small atomic-op cases of ``test_atomic_ops`` (no size threshold, chunks
@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from gpumnn import atomic as A
-from gpumnn.backends import cpu as cpu_module
-from gpumnn.backends.cpu import CpuBackend
-from gpumnn.backends.cpu_math import unary_function
-from gpumnn.backends.cpu_workers import Workers
+from gpumnn.backends.cpu import backend as cpu_module
+from gpumnn.backends.cpu.backend import CpuBackend
+from gpumnn.backends.cpu.elementwise import unary_function
+from gpumnn.backends.cpu.workers import Workers
 from test_atomic_ops import CASES, _conv, _prepare, check, rel_err, run_case
 
 def _winograd(case, tile: int):

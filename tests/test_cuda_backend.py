@@ -2,7 +2,7 @@
 
 On a machine without CuPy or a GPU the cuda backend cannot start (the parametrised op, model and
 session tests skip it saying why), but what it does with a plan is plain Python
-(``gpumnn.backends.cuda_launch``): grids and blocks from global and work-group sizes, kernel
+(``gpumnn.backends.cuda.launch``): grids and blocks from global and work-group sizes, kernel
 arguments with device pointers in place of buffers and scratch, the order of a graph capture, the
 lanes that keep concurrent calls apart. Those run here against stand-ins for CuPy's objects. So
 does the session's device-array path (inputs handed to the backend, host copies for CPU fallback
@@ -21,19 +21,20 @@ from onnx import TensorProto, helper, numpy_helper
 import gpumnn
 from conftest import require_backend
 from dispatch_chain import CHAIN, CONSTANTS, SHAPES
-from gpumnn.backends import REGISTRY, cl_plans
+from gpumnn.backends import REGISTRY
+from gpumnn.backends.kernels.cl import planner as cl_plans
 from gpumnn.backends.base import COUNTERS, TensorHandle
-from gpumnn.backends.cpu import CpuBackend
-from gpumnn.backends.cuda_launch import (MAX_BLOCK_THREADS, CudaLaunch, DeviceBuffer, Lane, Lanes, bind, capture,
+from gpumnn.backends.cpu.backend import CpuBackend
+from gpumnn.backends.cuda.launch import (MAX_BLOCK_THREADS, CudaLaunch, DeviceBuffer, Lane, Lanes, bind, capture,
                                          grid_block, kernel_args)
-from gpumnn.device_arrays import host_array, is_device_array
+from gpumnn.runtime.device_arrays import host_array, is_device_array
 from gpumnn.errors import DeviceArrayError, InputError
-from gpumnn.shaders.cuda_source import cuda_source
+from gpumnn.backends.kernels.cl.cuda_source import cuda_source
 
 
 @dataclass
 class _GpuTarget:
-    """What the planners read of a CUDA device (cl_plans.CLTarget), none opened: an H100's figures."""
+    """What the planners read of a CUDA device (cl_plans.PlannerTarget), none opened: an H100's figures."""
 
     kernels: str = "tiled"
     is_gpu: bool = True

@@ -1,7 +1,7 @@
 """Every kernel program the OpenCL backend builds for a GPU also compiles as CUDA, with NVRTC.
 
-The OpenCL C sources (gpumnn/shaders/opencl) are the CUDA kernels too, behind prelude_cuda.h
-(gpumnn.shaders.cuda_source). NVRTC compiles each program variant -- every GPU-family program,
+The OpenCL C sources (gpumnn/backends/kernels/cl) are the CUDA kernels too, behind prelude_cuda.h
+(gpumnn.backends.kernels.cl.cuda_source). NVRTC compiles each program variant -- every GPU-family program,
 with every define combination the OpenCL backend builds it with -- to PTX for compute_90, which
 needs no GPU and no driver, so a prelude mistake fails here and not on a user's GPU. The PTX must
 keep the source's promises: the kernels OpenCL finds in the same program (CL_PROGRAM_KERNEL_NAMES,
@@ -19,8 +19,8 @@ import re
 import pytest
 
 from conftest import require_backend, require_tool
-from gpumnn.backends.cl_plans import GEMM_CONFIGS, family_source
-from gpumnn.shaders.cuda_source import (CPU_ONLY_DEFINE, CPU_ONLY_FAMILIES, NVRTC_OPTIONS, cuda_families,
+from gpumnn.backends.kernels.cl.planner import GEMM_CONFIGS, family_source
+from gpumnn.backends.kernels.cl.cuda_source import (CPU_ONLY_DEFINE, CPU_ONLY_FAMILIES, NVRTC_OPTIONS, cuda_families,
                                         cuda_source)
 
 ARCH = "compute_90"  # PTX for Hopper; any arch NVRTC knows compiles without a GPU

@@ -111,7 +111,7 @@ def test_a_gl_fence_past_submit_timeout_is_an_error(monkeypatch):
     """llvmpipe finishes a dispatch inside the call that issues it, so the hang is planted: a
     fence wait that never finishes (what ``Fences.wait`` says when the timeout passes)."""
     require_backend("gl")
-    from gpumnn.backends import gl_context
+    from gpumnn.backends.gl import device as gl_context
 
     net = gpumnn.load(_soak_models().conv_model())
     x = {"x": np.ones((1, 1, 8, 16), np.float32)}

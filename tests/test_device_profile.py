@@ -9,7 +9,7 @@ import pytest
 from gpumnn import load, zoo
 from gpumnn.backends import create_backend
 from gpumnn.cli import main
-from gpumnn.plan import plan_on_profile
+from gpumnn.tools.plan_report import plan_on_profile
 from gpumnn.scheduler import calibration as C
 from gpumnn.scheduler import device_profile
 from gpumnn.scheduler.schemes import EXPANDED

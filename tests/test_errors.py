@@ -99,7 +99,7 @@ def test_a_bug_in_a_lowering_is_an_internal_error(monkeypatch):
 
 
 def test_a_bug_in_an_optimisation_pass_is_an_internal_error(monkeypatch):
-    from gpumnn import optimize
+    from gpumnn.frontend import optimize
     monkeypatch.setattr(optimize, "fuse_gelu", _bug)
     with pytest.raises(gpumnn.InternalError) as info:
         gpumnn.load(_tiny())

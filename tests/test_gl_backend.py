@@ -21,7 +21,7 @@ def _gl_here():
 
 
 def _backend(**options):
-    from gpumnn.backends.gl import GLBackend
+    from gpumnn.backends.gl.backend import GLBackend
     return GLBackend(**options)
 
 
@@ -130,7 +130,7 @@ def test_info_alignment_and_limits():
         assert "no kernel" in be.unsupported_reason(A.AtomicOp(("x",), ("y",), "odd"))
     finally:
         be.close()
-    from gpumnn.backends.gl import GLError
+    from gpumnn.backends.gl.backend import GLError
     with pytest.raises(GLError, match="closed"):
         be.allocate(16)
 
@@ -145,7 +145,7 @@ def test_kernel_variants_compile_in_the_gl_driver():
         built = be.counters["programs_built"]
         be._program(*GL_VARIANTS[0])
         assert be.counters["programs_built"] == built  # cached per (kernel, defines)
-        from gpumnn.shaders.compile import ShaderCompileError
+        from gpumnn.backends.kernels.glsl.compile import ShaderCompileError
         with pytest.raises(ShaderCompileError, match="OpenGL driver rejected"):
             be._program("unary", {"OP": "undeclared_name"})
     finally:

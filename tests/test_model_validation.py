@@ -13,8 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import gpumnn
 from gpumnn import zoo
-from gpumnn import onnx_check
-from gpumnn.onnx_check import INLINE_ELEMENTS, weightless_view
+from gpumnn.frontend import checker as onnx_check
+from gpumnn.frontend.checker import INLINE_ELEMENTS, weightless_view
 
 ort = pytest.importorskip("onnxruntime")
 

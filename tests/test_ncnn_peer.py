@@ -20,7 +20,7 @@ def peer():
 
 
 def test_pnnx_conversion_computes_like_onnxruntime(peer, tmp_path):
-    from gpumnn.benchmark import load_model, onnxruntime_runner, rel_l2
+    from gpumnn.tools.benchmark import load_model, onnxruntime_runner, rel_l2
     _, model_bytes, feed = load_model("squeezenet1_1")
     (x,) = feed.values()
     param, bin_ = peer.convert(model_bytes, x.shape, tmp_path)

@@ -28,7 +28,7 @@ import gpumnn
 from conftest import require_backend
 from gpumnn.backends import REGISTRY, probe
 from gpumnn.onnx_backend import backend_for
-from gpumnn.onnx_opsets import upgrade, walk_nodes
+from gpumnn.frontend.opsets import upgrade, walk_nodes
 from onnx_node_expected_failures import EXPECTED, Group, expected_failure
 
 with warnings.catch_warnings():  # the case generators' own overflow/divide warnings

@@ -9,8 +9,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import gpumnn
 from conftest import onnxruntime_session, rel_l2
-from gpumnn import onnx_opsets
-from gpumnn.onnx_check import INLINE_ELEMENTS
+from gpumnn.frontend import opsets as onnx_opsets
+from gpumnn.frontend.checker import INLINE_ELEMENTS
 
 
 def _opset9_model(weights_as_inputs: bool = False) -> onnx.ModelProto:

@@ -15,7 +15,7 @@ from conftest import rel_l2, require_backend
 from gpumnn import atomic as A
 from gpumnn import zoo
 from gpumnn.backends import backend_class, create_backend
-from gpumnn.cli import main
+from gpumnn.tools.cli import main
 from gpumnn.errors import InputError
 from gpumnn.scheduler import calibration as C
 from gpumnn.scheduler.cost import HOST
@@ -195,7 +195,7 @@ def test_a_split_chosen_by_the_cost_model_agrees_with_onnxruntime(backend, monke
                                    memory_gbs={s: memory for s in C.STREAMS},
                                    upload_gbs=1e6, download_gbs=1e6)
 
-    monkeypatch.setattr(gpumnn.session, "calibration_for", fake)
+    monkeypatch.setattr(gpumnn.runtime.session, "calibration_for", fake)
     net, _, _ = _model_and_reference()
     sess = net.session(backend=[backend, other])
     kinds = {r["op"]: set() for r in sess.report_rows()}
@@ -216,7 +216,7 @@ def test_a_run_activates_only_the_backends_its_placement_uses(monkeypatch):
                                    kernels={k: [0.0, gemm] for k in C.KERNELS},
                                    memory_gbs={s: memory for s in C.STREAMS})
 
-    monkeypatch.setattr(gpumnn.session, "calibration_for", fake)
+    monkeypatch.setattr(gpumnn.runtime.session, "calibration_for", fake)
     net, _, _ = _model_and_reference()
     sess = net.session(backend=["cpu", "gl"])
     assert set(sess.placement.op_backends) == {"cpu"}

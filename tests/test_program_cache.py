@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 import gpumnn
 from conftest import require_backend
 from gpumnn import diskcache
-from gpumnn.shaders import compile as shader_compile
+from gpumnn.backends.kernels.glsl import compile as shader_compile
 
 CACHE_KIND = {"opencl": "opencl", "vulkan": "spirv"}  # backend -> its folder in the cache
 
@@ -47,7 +47,7 @@ def _run_new_session(backend: str, monkeypatch) -> dict[str, int]:
     monkeypatch.setattr(shader_compile, "_memory_cache", {})
     if backend == "vulkan":
         import gc
-        from gpumnn.backends.vulkan_device import release_idle_devices
+        from gpumnn.backends.vulkan.device import release_idle_devices
         gc.collect()  # sessions earlier tests dropped without closing give their device back
         release_idle_devices()
     sess = gpumnn.load(_model()).session(backend=backend, fallback=False)

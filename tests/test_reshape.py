@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 import gpumnn
 from conftest import onnxruntime_session, rel_l2
 from op_cases import model_proto
-from gpumnn.cli import main
+from gpumnn.tools.cli import main
 
 WIDTHS = (5, 12, 20)
 MAX_WIDTH = 32
@@ -221,7 +221,7 @@ def test_the_shape_set_cache_closes_an_evicted_set_once_and_hands_a_leased_one_t
     meanwhile gets it back too (to wait for its run), and then the lease no longer closes it."""
     import threading
 
-    from gpumnn.shape_sets import ShapeSetCache
+    from gpumnn.runtime.shape_set_cache import ShapeSetCache
 
     closed = []
     cache = ShapeSetCache(1, lambda key: key, closed.append, threading.RLock())
@@ -242,7 +242,7 @@ def test_the_shape_set_cache_closes_an_evicted_set_once_and_hands_a_leased_one_t
 def test_a_fixed_session_refuses_other_shapes_even_from_its_first_runs():
     import threading
 
-    from gpumnn.shape_sets import ShapeSetCache
+    from gpumnn.runtime.shape_set_cache import ShapeSetCache
 
     cache = ShapeSetCache(1, lambda key: key, lambda value: None, threading.RLock(),
                           fixed=lambda key, held: ValueError(f"{key} is not {held}"))

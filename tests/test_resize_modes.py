@@ -5,7 +5,7 @@ onnx node tests' expected outputs come from, because the two disagree on
 ``half_pixel_symmetric`` (ONNX Runtime rounds its coordinates in float32) and on
 ``align_corners`` with scales whose output length is not a whole number. Nearest and linear
 modes run on the Resize kernels; cubic, antialias, ``exclude_outside`` and the crop modes run
-as two MatMuls with host-built weight matrices (``gpumnn.backends.sampling.axis_weights``).
+as two MatMuls with host-built weight matrices (``gpumnn.numerics.sampling.axis_weights``).
 """
 from __future__ import annotations
 

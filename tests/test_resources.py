@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 import gpumnn
 from gpumnn import zoo
 from gpumnn.backends import backend_class
-from gpumnn.backends.cpu import CpuBackend
+from gpumnn.backends.cpu.backend import CpuBackend
 from gpumnn.backends.limits import MemoryLimits
 
 HUGE = 2 ** 40

@@ -14,9 +14,9 @@ from onnx import TensorProto, helper, numpy_helper
 import gpumnn
 from conftest import onnxruntime_session, rel_l2
 from gpumnn import atomic as A
-from gpumnn.backends.cpu import CpuBackend
+from gpumnn.backends.cpu.backend import CpuBackend
 from gpumnn.scheduler import schemes
-from gpumnn.scheduler.winograd import (direct_tile_2d, exact_matrices, measured_error, winograd_matrices,
+from gpumnn.numerics.winograd import (direct_tile_2d, exact_matrices, measured_error, winograd_matrices,
                                        winograd_tile_2d)
 
 TOLERANCE = 1e-4

@@ -11,7 +11,7 @@ from conftest import onnxruntime_session, rel_l2
 from gpumnn import atomic as A
 from gpumnn import zoo
 from gpumnn.backends import REGISTRY
-from gpumnn.backends.cpu import CpuBackend
+from gpumnn.backends.cpu.backend import CpuBackend
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +144,7 @@ def test_infer_shapes_gives_concrete_shapes():
 def test_weights_are_hashed_once_per_process_not_per_session(monkeypatch):
     """A second session of a model (or one after it is closed) finds its weights' digests known:
     hashing ResNet-18's weights is most of a new session's time; a weight that dies is forgotten."""
-    from gpumnn import session_shared
+    from gpumnn.runtime import shared as session_shared
 
     hashed = []
     real = session_shared.hashlib.sha256

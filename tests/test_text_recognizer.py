@@ -83,7 +83,7 @@ def test_a_vulkan_device_with_four_bindings_leaves_the_recurrent_cell_to_the_cpu
     """Vulkan guarantees 4 storage buffers per shader stage; the recurrent cell binds 6. On a
     device with fewer the cell runs on the cpu, visibly, and the answer does not change."""
     from conftest import require_backend
-    from gpumnn.backends.vulkan_device import VulkanDevice
+    from gpumnn.backends.vulkan.device import VulkanDevice
 
     require_backend("vulkan")
     net, reference = model

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import bench_script
-from gpumnn import benchmark
-from gpumnn.benchmark import BenchRow
+from gpumnn.tools import benchmark
+from gpumnn.tools.benchmark import BenchRow
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_report_prints_targets_beside_ratios_without_judging_other_models(peer):
 def test_onnx2torch_conversion_computes_like_onnxruntime(torch_peer):
     import onnx
     import torch
-    from gpumnn.benchmark import load_model, onnxruntime_runner, rel_l2
+    from gpumnn.tools.benchmark import load_model, onnxruntime_runner, rel_l2
     _, model_bytes, feed = load_model("squeezenet1_1")
     (x,) = feed.values()
     _, onnx2torch = torch_peer.require_torch()

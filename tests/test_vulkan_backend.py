@@ -15,7 +15,7 @@ import pytest
 
 from conftest import SYNC_VALIDATION, bench_script, rel_l2, require_backend, require_tool, vulkan_validation_missing
 from gpumnn import atomic as A
-from gpumnn.backends.cpu import CpuBackend
+from gpumnn.backends.cpu.backend import CpuBackend
 from gpumnn.errors import BackendUnavailableError
 from dispatch_chain import CHAIN, GL_VARIANTS, SHAPES, X, build, check_eager_with_fresh_pools, check_recorded_replay, cpu_reference
 
@@ -29,7 +29,7 @@ def _vulkan_here():
 
 
 def _vk():
-    from gpumnn.backends import vulkan
+    from gpumnn.backends.vulkan import backend as vulkan
     return vulkan
 
 
@@ -61,7 +61,7 @@ def test_a_full_descriptor_pool_is_followed_by_a_new_one(monkeypatch, reference,
     the ``vulkan`` package raises as ``KeyError(-1000069000)`` (its table has the code's sign wrong);
     lavapipe hands out more. Pools of two sets here, refused as NVIDIA does: the chain still runs
     on new pools, and any other error still escapes."""
-    from gpumnn.backends import vulkan_device
+    from gpumnn.backends.vulkan import device as vulkan_device
     vk = vulkan_device.vk
     allocate = vk.vkAllocateDescriptorSets
     given: dict[int, int] = {}
@@ -178,7 +178,7 @@ def test_shader_op_ids_follow_the_atomic_contract():
 
 
 def test_missing_compiler_names_the_package(monkeypatch):
-    from gpumnn.shaders import compile as C
+    from gpumnn.backends.kernels.glsl import compile as C
     monkeypatch.setattr(C, "_compiler", None)
     monkeypatch.setenv("GPUMNN_GLSL_COMPILER", "no-such-glsl-compiler")
     with pytest.raises(C.ShaderCompilerNotFound, match="glslang-tools"):
@@ -187,7 +187,7 @@ def test_missing_compiler_names_the_package(monkeypatch):
 
 
 def test_spirv_cache(tmp_path, monkeypatch):
-    from gpumnn.shaders import compile as C
+    from gpumnn.backends.kernels.glsl import compile as C
     monkeypatch.setenv("GPUMNN_CACHE_DIR", str(tmp_path))
     source = "#include \"common.glsl\"\nlayout(local_size_x = 1) in;\nBUFFER_WO(0, o);\nvoid main() { o[0] = PF(0) + %s; }\n"
     spirv = C.compile_glsl(source % "1.0", {"UNUSED": 1})
@@ -201,7 +201,7 @@ def test_spirv_cache(tmp_path, monkeypatch):
 @pytest.mark.skipif(shutil.which("glslangValidator") is None, reason="glslangValidator not installed")
 def test_kernel_sources_also_compile_for_opengl(tmp_path):
     """One source of truth: every kernel body compiles under the GL 4.3 prelude too."""
-    from gpumnn.shaders.compile import preprocess
+    from gpumnn.backends.kernels.glsl.compile import preprocess
     for i, (name, defines) in enumerate(GL_VARIANTS):
         path = tmp_path / f"k{i}.comp"
         path.write_text(preprocess(name, defines, api="gl"))

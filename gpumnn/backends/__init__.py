@@ -13,11 +13,11 @@ from .base import Backend, BackendInfo, Execution, TensorHandle
 
 #: name -> (module, class). The order is the order of preference for reports and "all".
 REGISTRY: dict[str, tuple[str, str]] = {
-    "cpu": ("gpumnn.backends.cpu", "CpuBackend"),
-    "opencl": ("gpumnn.backends.opencl", "OpenCLBackend"),
-    "vulkan": ("gpumnn.backends.vulkan", "VulkanBackend"),
-    "gl": ("gpumnn.backends.gl", "GLBackend"),
-    "cuda": ("gpumnn.backends.cuda", "CudaBackend"),
+    "cpu": ("gpumnn.backends.cpu.backend", "CpuBackend"),
+    "opencl": ("gpumnn.backends.opencl.backend", "OpenCLBackend"),
+    "vulkan": ("gpumnn.backends.vulkan.backend", "VulkanBackend"),
+    "gl": ("gpumnn.backends.gl.backend", "GLBackend"),
+    "cuda": ("gpumnn.backends.cuda.backend", "CudaBackend"),
 }
 
 #: how to install a backend's binding, where more than ``pip install gpumnn[NAME]`` needs saying

@@ -46,7 +46,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Hashable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Hashable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -171,7 +171,7 @@ class OpPlan:
     algorithm the work uses, shown by ``Session.report`` (None: the op's own ``scheme``);
     ``keep``: objects the work references that must live as long as the execution (scratch
     buffers, sampling tables), beyond the op's own tensors; ``prepare``: work items to run once,
-    at creation, before any run (packing a constant weight; see ``cl_plans``).
+    at creation, before any run (packing a constant weight; see ``backends.kernels.cl.planner``).
     """
 
     work: tuple = ()
@@ -182,6 +182,13 @@ class OpPlan:
     def __post_init__(self) -> None:
         for name in ("work", "keep", "prepare"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+
+
+class PlannerTarget(Protocol):
+    """What an API-neutral planner (``backends/kernels/<family>/planner.py``) reads from the backend
+    it plans for; each family's planner extends it with the device figures it needs."""
+
+    kernels: str  # the kernel family: "simd" (CPU devices) or "tiled" (GPUs)
 
 
 class Execution:
@@ -343,7 +350,7 @@ class Backend(ABC):
 
     @property
     def cost_model_expansions(self) -> frozenset[str]:
-        """The rewritten schemes (Winograd, Strassen: ``gpumnn.geometry.fast``) the scheme step
+        """The rewritten schemes (Winograd, Strassen: ``gpumnn.scheduler.expansion``) the scheme step
         may choose here by the paper's multiplication counts. Not on CPU devices: there the
         sliding window / plain GEMM is one large GEMM at full speed, while the rewrites add
         passes over memory and GEMMs with m or k of 4-8 far below peak. Measured slower on

@@ -21,6 +21,8 @@ import resource
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ResourceError
+
 
 @dataclass(frozen=True)
 class MemoryLimits:
@@ -154,4 +156,33 @@ def release_freed_memory() -> bool:
     return True
 
 
-__all__ = ["MemoryLimits", "host_limits", "host_memory", "release_freed_memory"]
+#: below this many bytes lowering does not ask the host how much memory it has
+_SMALL = 64 * 2 ** 20
+
+
+def human(nbytes: int) -> str:
+    """``nbytes`` with a binary unit: 1.5 GiB."""
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(value) < 1024 or unit == "PiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{nbytes} B"
+
+
+def describe_bytes(nbytes: int) -> str:
+    """``nbytes`` in bytes and with a binary unit: 1610612736 bytes (1.5 GiB)."""
+    return f"{nbytes} bytes ({human(nbytes)})"
+
+
+def check_host_bytes(nbytes: int, what: str) -> None:
+    """Raise ResourceError if materialising ``nbytes`` on the host cannot fit in its free RAM.
+    ``what`` says what would be materialised (node, tensor, shape)."""
+    if nbytes < _SMALL:
+        return
+    _, available, source = host_memory()
+    if nbytes > available:
+        raise ResourceError(f"{what} needs {describe_bytes(nbytes)} of host memory; {describe_bytes(available)} "
+                            f"available ({source})")
+
+__all__ = ["MemoryLimits", "check_host_bytes", "describe_bytes", "host_limits", "host_memory", "human", "release_freed_memory"]

@@ -1,7 +1,7 @@
 """Geometry lowering: an IR graph at concrete input shapes -> an :class:`AtomicProgram`.
 
-Steps (MNN's geometry compute): every node is lowered in order (``compute.py`` for compute
-ops, ``reorder.py`` for data reorder and shape ops), constants fold as they appear, then
+Steps (MNN's geometry compute): every node is lowered in order (``lowerings/``, a module per op
+family, through ``registry.py``; ``emit.py`` holds what they share), constants fold as they appear, then
 neighbouring Rasters fuse by composing their index maps, identity Rasters become free aliases,
 and the rest are compressed into strided regions.
 """
@@ -13,47 +13,14 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .. import atomic as A
-from ..errors import GpumnnError, InternalError, ModelError, ResourceError, UnsupportedOpError
+from ..errors import ModelError
 from ..ir import Graph
+from . import lowerings  # noqa: F401  (importing fills the registry)
 from .context import LoweringContext, PendingRaster, Value
 from .regions import IndexMap, is_identity, needs_fill, regions_of
-from .registry import lowering_for, supported_ops
+from .registry import lower_into, supported_ops
 
 __all__ = ["lower", "lower_into", "supported_ops", "LoweringContext", "Value"]
-
-
-def lower_into(ctx: LoweringContext, graph: Graph, nodes=None) -> None:
-    """Lower ``nodes`` (default: all of the graph's) into ``ctx``, naming the node on failure."""
-    for node in graph.nodes if nodes is None else nodes:
-        fn = lowering_for(node)
-        if fn is None:
-            raise UnsupportedOpError(node.op_type, node.name, "no lowering for this op type", supported_ops())
-        try:
-            fn(ctx, node, graph.opset)
-        except GpumnnError:
-            raise
-        except MemoryError as exc:  # an allocation no guard foresaw (see scheduler.resources)
-            raise ResourceError(f"node {node.name!r} ({node.op_type}) ran out of host memory while being "
-                                f"lowered: {exc}") from exc
-        except ValueError as exc:
-            if not _numpy_too_big(exc):
-                raise _lowering_error(ctx, node, exc) from exc
-            raise ResourceError(f"node {node.name!r} ({node.op_type}) needs an array larger than NumPy can "
-                                f"allocate: {exc}") from exc
-        except Exception as exc:  # a bug: a malformed model is refused on purpose, with a ModelError
-            raise _lowering_error(ctx, node, exc) from exc
-
-
-def _lowering_error(ctx: LoweringContext, node, exc: Exception) -> InternalError:
-    """The error for an exception a lowering did not raise on purpose: gpumnn's bug, not the model's."""
-    shapes = {n: list(ctx.values[n].shape) for n in node.inputs if n in ctx.values}
-    return InternalError(f"lowering node {node.name!r} ({node.op_type}) with input shapes {shapes}", exc)
-
-
-def _numpy_too_big(exc: ValueError) -> bool:
-    """NumPy's ValueErrors for sizes beyond what it can index (np.empty, np.arange, reshape)."""
-    text = str(exc)
-    return "array is too big" in text or "Maximum allowed size exceeded" in text
 
 
 def lower(graph: Graph, input_shapes: Mapping[str, Sequence[int]]) -> A.AtomicProgram:

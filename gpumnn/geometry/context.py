@@ -17,7 +17,7 @@ import numpy as np
 from .. import atomic as A
 from ..backends.base import TensorHandle
 from ..errors import ModelError
-from ..scheduler.resources import check_host_bytes
+from ..backends.limits import check_host_bytes
 from ..ir import Node
 from .regions import IndexMap
 
@@ -160,7 +160,7 @@ class LoweringContext:
     def _fold(self, op: A.AtomicOp, arrays: list[np.ndarray], shape, dtype) -> np.ndarray:
         """Run one atomic op on the NumPy backend with arrays of any dtype."""
         if self._folder is None:
-            from ..backends.cpu import CpuBackend
+            from ..backends.cpu.backend import CpuBackend
             self._folder = CpuBackend(threads=1)
         size = math.prod(shape)
         check_host_bytes(size * np.dtype(dtype).itemsize, f"folding node {op.source!r} into a constant of shape "

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..atomic import RANK, Region
-from ..strides import contiguous_strides, merge_dims
+from ..numerics.strides import contiguous_strides, merge_dims
 
 
 @dataclass

@@ -1,9 +1,14 @@
-"""The table of ONNX op types gpumnn can lower, filled by ``@lowers`` in the lowering modules."""
+"""The table of ONNX op types gpumnn can lower, filled by ``@lowers`` in the lowering modules
+(the ``gpumnn.geometry`` package imports them all), and the lowering of nodes through it."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from ..ir import Node
+from ..errors import GpumnnError, InternalError, ResourceError, UnsupportedOpError
+from ..ir import Graph, Node
+
+if TYPE_CHECKING:
+    from .context import LoweringContext
 
 Lowering = Callable[..., None]  # (ctx: LoweringContext, node: Node, opset: int) -> None
 
@@ -20,10 +25,42 @@ def lowers(*op_types: str) -> Callable[[Lowering], Lowering]:
 
 
 def supported_ops() -> tuple[str, ...]:
-    from . import compute, control_flow, einsum, indexing, logic, recurrent, reorder  # noqa: F401  (importing fills the table)
     return tuple(sorted(LOWERINGS))
 
 
 def lowering_for(node: Node) -> Lowering | None:
-    supported_ops()
     return LOWERINGS.get(node.op_type)
+
+
+def lower_into(ctx: LoweringContext, graph: Graph, nodes=None) -> None:
+    """Lower ``nodes`` (default: all of the graph's) into ``ctx``, naming the node on failure."""
+    for node in graph.nodes if nodes is None else nodes:
+        fn = lowering_for(node)
+        if fn is None:
+            raise UnsupportedOpError(node.op_type, node.name, "no lowering for this op type", supported_ops())
+        try:
+            fn(ctx, node, graph.opset)
+        except GpumnnError:
+            raise
+        except MemoryError as exc:  # an allocation no guard foresaw (see scheduler.resources)
+            raise ResourceError(f"node {node.name!r} ({node.op_type}) ran out of host memory while being "
+                                f"lowered: {exc}") from exc
+        except ValueError as exc:
+            if not _numpy_too_big(exc):
+                raise _lowering_error(ctx, node, exc) from exc
+            raise ResourceError(f"node {node.name!r} ({node.op_type}) needs an array larger than NumPy can "
+                                f"allocate: {exc}") from exc
+        except Exception as exc:  # a bug: a malformed model is refused on purpose, with a ModelError
+            raise _lowering_error(ctx, node, exc) from exc
+
+
+def _lowering_error(ctx: LoweringContext, node, exc: Exception) -> InternalError:
+    """The error for an exception a lowering did not raise on purpose: gpumnn's bug, not the model's."""
+    shapes = {n: list(ctx.values[n].shape) for n in node.inputs if n in ctx.values}
+    return InternalError(f"lowering node {node.name!r} ({node.op_type}) with input shapes {shapes}", exc)
+
+
+def _numpy_too_big(exc: ValueError) -> bool:
+    """NumPy's ValueErrors for sizes beyond what it can index (np.empty, np.arange, reshape)."""
+    text = str(exc)
+    return "array is too big" in text or "Maximum allowed size exceeded" in text

@@ -26,11 +26,22 @@ overlap with.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Collection, Sequence
 
-if TYPE_CHECKING:  # placement builds the steps and imports this module
-    from .placement import Step
+
+@dataclass
+class Step:
+    """Either ``run`` ops ``ops`` on ``backend``, or ``copy`` storage ``tensor`` from ``source``
+    (``nbytes`` bytes, estimated ``cost_ms``)."""
+
+    kind: str
+    backend: str
+    ops: list[int] = field(default_factory=list)
+    tensor: str = ""
+    source: str = ""
+    nbytes: int = 0
+    cost_ms: float = 0.0
 
 
 @dataclass(frozen=True)

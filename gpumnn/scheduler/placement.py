@@ -33,21 +33,7 @@ from ..backends.base import Backend
 from ..errors import InputError, UnsupportedOpError
 from .cost import HOST, CostModel, cost_table, tensor_bytes
 from .memory import Lifetime
-from .overlap import Sync, overlapped_ms, synchronisation
-
-
-@dataclass
-class Step:
-    """Either ``run`` ops ``ops`` on ``backend``, or ``copy`` storage ``tensor`` from ``source``
-    (``nbytes`` bytes, estimated ``cost_ms``)."""
-
-    kind: str
-    backend: str
-    ops: list[int] = field(default_factory=list)
-    tensor: str = ""
-    source: str = ""
-    nbytes: int = 0
-    cost_ms: float = 0.0
+from .overlap import Step, Sync, overlapped_ms, synchronisation
 
 
 @dataclass

@@ -7,8 +7,9 @@ Two places allocate memory a model's size can make impossible:
   its device can give (available bytes, the largest single allocation), and the backends whose
   memory is the host's RAM together with the host's free RAM.
 * Lowering and constant folding (at load and at session creation) materialise NumPy arrays:
-  index maps of Rasters (12 bytes per element), folded constants. :func:`check_host_bytes`
-  guards them, so that a dimension of 2^40 stops there too.
+  index maps of Rasters (12 bytes per element), folded constants.
+  :func:`gpumnn.backends.limits.check_host_bytes` guards them, so that a dimension of 2^40
+  stops there too.
 
 Both raise :class:`~gpumnn.errors.ResourceError` naming the backend (or node), the bytes needed,
 the bytes available and the largest tensor, instead of NumPy's ``MemoryError``, the kernel's
@@ -23,39 +24,10 @@ from typing import Mapping
 
 from .. import atomic as A
 from ..backends.base import Backend
-from ..backends.limits import MemoryLimits, host_memory
+from ..backends.limits import MemoryLimits, describe_bytes, host_memory
 from ..errors import ResourceError
 from .memory import MemoryPlan
 from .placement import Placement
-
-#: below this many bytes lowering does not ask the host how much memory it has
-_SMALL = 64 * 2 ** 20
-
-
-def human(nbytes: int) -> str:
-    """``nbytes`` with a binary unit: 1.5 GiB."""
-    value = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(value) < 1024 or unit == "PiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{nbytes} B"
-
-
-def _bytes(nbytes: int) -> str:
-    return f"{nbytes} bytes ({human(nbytes)})"
-
-
-def check_host_bytes(nbytes: int, what: str) -> None:
-    """Raise ResourceError if materialising ``nbytes`` on the host cannot fit in its free RAM.
-    ``what`` says what would be materialised (node, tensor, shape)."""
-    if nbytes < _SMALL:
-        return
-    _, available, source = host_memory()
-    if nbytes > available:
-        raise ResourceError(f"{what} needs {_bytes(nbytes)} of host memory; {_bytes(available)} available "
-                            f"({source})")
-
 
 def _largest(names: Mapping[str, tuple[int, ...]]) -> tuple[str, tuple[int, ...], int] | None:
     best = None
@@ -70,7 +42,7 @@ def _describe(largest: tuple[str, tuple[int, ...], int] | None) -> str:
     if largest is None:
         return ""
     name, shape, nbytes = largest
-    return f"; largest tensor: {name!r} of shape {list(shape)} ({_bytes(nbytes)})"
+    return f"; largest tensor: {name!r} of shape {list(shape)} ({describe_bytes(nbytes)})"
 
 
 def backend_needs(program: A.AtomicProgram, placement: Placement, memory: Mapping[str, MemoryPlan]
@@ -108,27 +80,27 @@ def check_memory_plan(program: A.AtomicProgram, placement: Placement, memory: Ma
         if moved:  # the user asked for another backend: say why these ops came here
             where += f", where {len(moved)} op(s) were placed because {moved[0]}"
         if needed > lim.available:
-            raise ResourceError(f"{where}: the session needs {_bytes(needed)} (pool {_bytes(pool)} + constants "
-                                f"{_bytes(const_bytes)}); {_bytes(lim.available)} available ({lim.source})"
+            raise ResourceError(f"{where}: the session needs {describe_bytes(needed)} (pool {describe_bytes(pool)} + constants "
+                                f"{describe_bytes(const_bytes)}); {describe_bytes(lim.available)} available ({lim.source})"
                                 + _describe(largest))
         if pool > lim.max_allocation:
-            raise ResourceError(f"{where}: the memory plan needs one pool of {_bytes(pool)}, more than the largest "
-                                f"single allocation the device allows ({_bytes(lim.max_allocation)}; {lim.source})"
+            raise ResourceError(f"{where}: the memory plan needs one pool of {describe_bytes(pool)}, more than the largest "
+                                f"single allocation the device allows ({describe_bytes(lim.max_allocation)}; {lim.source})"
                                 + _describe(_largest(tensors)))
         big = _largest(constants) if lim.copies_constants else None
         if big is not None and big[2] > lim.max_allocation:
-            raise ResourceError(f"{where}: constant {big[0]!r} of shape {list(big[1])} needs {_bytes(big[2])}, more "
+            raise ResourceError(f"{where}: constant {big[0]!r} of shape {list(big[1])} needs {describe_bytes(big[2])}, more "
                                 f"than the largest single allocation the device allows "
-                                f"({_bytes(lim.max_allocation)}; {lim.source})")
+                                f"({describe_bytes(lim.max_allocation)}; {lim.source})")
         if lim.host_memory:
             host_needed[b] = needed
     if len(host_needed) > 1:
         total = sum(host_needed.values())
         _, available, source = host_memory()
         if total > available:
-            parts = " + ".join(f"{b} {_bytes(n)}" for b, n in sorted(host_needed.items()))
+            parts = " + ".join(f"{b} {describe_bytes(n)}" for b, n in sorted(host_needed.items()))
             raise ResourceError(f"backends {sorted(host_needed)} share the host's memory: the session needs "
-                                f"{_bytes(total)} ({parts}); {_bytes(available)} available ({source})"
+                                f"{describe_bytes(total)} ({parts}); {describe_bytes(available)} available ({source})"
                                 + _describe(largest_overall))
     return limits
 
@@ -147,4 +119,4 @@ def run_states_that_fit(program: A.AtomicProgram, placement: Placement, memory: 
     return int(fit)
 
 
-__all__ = ["backend_needs", "check_host_bytes", "check_memory_plan", "human", "run_states_that_fit"]
+__all__ = ["backend_needs", "check_memory_plan", "run_states_that_fit"]

@@ -28,7 +28,7 @@ channel (the paper's last term omits ``oc``). ``C(1)`` is the sliding window's o
 Matrix products: ``gemm``, or ``strassen`` (with ``strassen_levels``) while Eq. 9 says one more
 level of recursion saves more multiplications than its additions cost.
 
-Winograd and Strassen are rewritten by ``gpumnn.geometry.fast`` into Raster and (batched)
+Winograd and Strassen are rewritten by ``gpumnn.scheduler.expansion`` into Raster and (batched)
 MatMul atomic ops, bias and activation in the last MatMul's epilogue, so every backend that runs
 those gets them -- except on a backend that lists ``winograd`` among its own Conv2D kernels (the
 NumPy backend: one chunked kernel, each chunk's tiles transformed while in cache), which builds
@@ -47,9 +47,9 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 from .. import atomic as A
-from .winograd import axis_tiles
+from ..numerics.winograd import axis_tiles
 
-#: Schemes that are rewritten into atomic ops (``gpumnn.geometry.fast``) instead of built by a kernel.
+#: Schemes that are rewritten into atomic ops (``gpumnn.scheduler.expansion``) instead of built by a kernel.
 EXPANDED = frozenset({"winograd", "strassen"})
 
 #: Winograd tiles are allowed while alpha = n + k - 1 stays at or below this. Measured

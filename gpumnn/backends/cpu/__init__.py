@@ -1,0 +1,1 @@
+"""The cpu backend: NumPy reference kernels, compiled loops (Numba) and native parallel regions."""

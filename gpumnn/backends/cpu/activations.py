@@ -1,0 +1,129 @@
+"""Compiled GELU and erf for the cpu backend: one vectorised pass instead of NumPy's twenty.
+
+The NumPy versions (``cpu_math.erf_into``, ``gelu_into``) take a pass over memory per step. A
+transformer's FFN activation (128 x 1024 floats) cost 0.67 ms that way, a fifth of the whole
+encoder's run. As one compiled loop it is a single pass, and LLVM vectorises it as long as the
+loop calls no library function. Numba's ``exp`` is a call to the C library per element, and it
+measured 0.95 ms. So ``exp`` is written out here:
+
+- range reduction to 2^n * e^r with |r| <= ln2 / 2;
+- a degree-7 Taylor polynomial for e^r (relative error below 1e-8 there);
+- the power of two made from its exponent bits (``_float_of_bits``, an LLVM bitcast).
+
+The erf is the same Abramowitz & Stegun 7.1.26 formula as the NumPy kernels and the GPU
+kernels, so every backend agrees to float32 rounding.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from . import jit as cpu_jit
+from .elementwise import ERF_A, ERF_P
+
+numba = cpu_jit.numba
+if numba is not None:
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+else:  # never called without Numba
+    def intrinsic(fn):
+        return fn
+
+_LOG2E = np.float32(1.4426950408889634)
+_LN2 = np.float32(0.6931471805599453)
+_A1, _A2, _A3, _A4, _A5 = (np.float32(a) for a in ERF_A)
+_P = np.float32(ERF_P)
+_ZERO, _ONE, _HALF = np.float32(0.0), np.float32(1.0), np.float32(0.5)
+_RSQRT2 = np.float32(0.7071067811865476)
+#: e^-q underflows float32 past q = 103; from 87 on the result is below the smallest normal,
+#: where erf and GELU are exact anyway
+_EXP_LIMIT = np.float32(87.0)
+#: 1 / k! for the Taylor series of e^r, highest first (degree 7: |r|^8 / 8! < 1e-8 for |r| <= ln2/2)
+_TAYLOR = tuple(np.float32(1.0 / f) for f in (5040.0, 720.0, 120.0, 24.0, 6.0, 2.0, 1.0, 1.0))
+
+
+def _vector_kernel(fn: Callable) -> Callable:
+    """``fn`` compiled as ``cpu_jit``'s kernels are, with NumPy's error model: Numba's default
+    tests every float division for zero (to raise ZeroDivisionError), and that branch alone kept
+    the loop scalar."""
+    return cpu_jit.compiled(fn, error_model="numpy")
+
+
+@intrinsic
+def _float_of_bits(typingctx, bits):
+    """The float32 whose IEEE bits are the int32 ``bits`` (a bitcast, which vectorises)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+    return types.float32(types.int32), codegen
+
+
+@cpu_jit.inlined
+def exp_neg(q):
+    """e^-q for float32 q >= 0; 0 from _EXP_LIMIT on (a masked softmax score, e^-inf, is 0)."""
+    y = -min(q, _EXP_LIMIT) * _LOG2E
+    n = np.floor(y + _HALF)
+    r = (y - n) * _LN2
+    c7, c6, c5, c4, c3, c2, c1, c0 = _TAYLOR
+    p = ((((((c7 * r + c6) * r + c5) * r + c4) * r + c3) * r + c2) * r + c1) * r + c0
+    e = p * _float_of_bits((np.int32(n) + np.int32(127)) << np.int32(23))
+    return e if q < _EXP_LIMIT else _ZERO
+
+
+@cpu_jit.inlined
+def erf_value(z):
+    """erf(z) by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7), as cpu_math and the GPU kernels."""
+    az = abs(z)
+    t = _ONE / (_ONE + _P * az)
+    poly = ((((_A5 * t + _A4) * t + _A3) * t + _A2) * t + _A1) * t
+    e = _ONE - poly * exp_neg(az * az)
+    return e if z >= 0 else -e
+
+
+# In place, over one flat float32 array: a loop from x into out, called with out = x, ran scalar
+# (0.85 ms against 0.12 ms), since LLVM's run-time check found the two overlapping.
+
+@cpu_jit.inlined
+def gelu_value(v):
+    """0.5 v (1 + erf(v / sqrt 2)) (a caller's loop vectorises only with NumPy's error model:
+    ``_vector_kernel``)."""
+    return _HALF * v * (_ONE + erf_value(v * _RSQRT2))
+
+
+@_vector_kernel
+def gelu_in_place(a):
+    """a = 0.5 a (1 + erf(a / sqrt 2))."""
+    for i in range(a.shape[0]):
+        a[i] = gelu_value(a[i])
+
+
+@_vector_kernel
+def erf_in_place(a):
+    """a = erf(a)."""
+    for i in range(a.shape[0]):
+        a[i] = erf_value(a[i])
+
+
+#: activations with a compiled loop here (the others stay NumPy calls)
+KERNELS: dict[str, Callable] = {"gelu": gelu_in_place, "erf": erf_in_place}
+
+
+def activation_in_place(name: str, fallback: Callable[[np.ndarray], None]) -> Callable[[np.ndarray], None]:
+    """``fn(array)`` applying activation ``name`` in place: the compiled loop on a C-contiguous
+    float32 array (one flat run), else ``fallback`` (the NumPy kernel; also where there is no
+    compiled loop for ``name`` or Numba is missing)."""
+    kernel = KERNELS.get(name)
+    if kernel is None or numba is None:
+        return fallback
+    flat_kernel = cpu_jit.bind(kernel, np.empty(1, np.float32))  # compiled (or loaded) now, not in a run
+
+    def apply(array: np.ndarray) -> None:
+        if array.dtype != np.float32 or not array.flags.c_contiguous:
+            fallback(array)
+            return
+        flat_kernel(array.reshape(-1))
+    return apply
+
+
+__all__ = ["KERNELS", "activation_in_place", "erf_in_place", "erf_value", "exp_neg", "gelu_in_place", "gelu_value"]

@@ -1,0 +1,1389 @@
+"""The NumPy backend: the CPU fallback and the reference semantics of every atomic op.
+
+Executions bind NumPy views of the session's pool at creation (MNN's onCreate), pack weights
+and allocate their scratch (im2col columns, padded copies) once, so that a recorded run is a
+list of calls into NumPy/BLAS with ``out=`` targets and no allocation of tensors.
+
+The kernels are dtype-generic where that is cheap (Raster, Binary, Unary on integers), because
+constant folding of shape arithmetic (int64) reuses this backend.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import threading
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from ... import atomic as A
+from ..base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, OpPlan, TensorHandle, constant_words, host_out, kernels_option
+from ...errors import BackendOptionError, BackendUnavailableError
+from ..limits import MemoryLimits, host_limits
+from . import activations as cpu_activations, jit as cpu_jit, parallel as cpu_parallel, rows as cpu_rows, tiles as cpu_tiles
+from .constants import PackedConstants, made_once
+from .elementwise import binary_function, unary_function
+from .recurrent import cell_step, direction_groups
+from .workers import Workers, workers
+from ...numerics.sampling import resize_axis
+from ...numerics.winograd import conv_matrices, transformed_weights
+from ...numerics.strides import contiguous_strides, merge_dims, one_run
+from ..speed import host_cpu_flops
+
+def typed(handle: TensorHandle) -> np.ndarray:
+    """The handle's whole buffer seen as its dtype (a pool holds float32 and int32 tensors)."""
+    buf = handle.buffer
+    return buf if buf.dtype == handle.dtype else buf.view(handle.dtype)  # (``dtype.name`` costs 3 us a call)
+
+
+def view(handle: TensorHandle) -> np.ndarray:
+    """The NumPy array a handle denotes (a view into its pool, never a copy)."""
+    return typed(handle)[handle.offset:handle.offset + handle.size].reshape(handle.shape)
+
+
+def flat(handle: TensorHandle) -> np.ndarray:
+    return typed(handle)[handle.offset:handle.offset + handle.size]
+
+
+def strided(handle: TensorHandle, offset: int, shape: Sequence[int], strides: Sequence[int]) -> np.ndarray:
+    """An element-strided view starting ``offset`` elements into a handle (strides may be <= 0)."""
+    base = typed(handle)
+    start = base[handle.offset + offset:]
+    if start.size == 0:  # a view at the very end (only possible for empty shapes)
+        start = base[-1:]
+    item = base.itemsize
+    return as_strided(start, shape=tuple(shape), strides=tuple(s * item for s in strides), writeable=True)
+
+
+@functools.lru_cache(maxsize=1)
+def _numpy_blas() -> str:
+    """ "NumPy 2.4.6; BLAS scipy-openblas 0.3.31..." from NumPy's build configuration."""
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"NumPy {np.__version__}; BLAS {blas.get('name', '?')} {blas.get('version', '?')}"
+    except Exception:  # noqa: BLE001 -- NumPy < 1.26 has no dicts mode: the version alone
+        return f"NumPy {np.__version__}"
+
+
+class _ThreadLimiter:
+    """Limits BLAS/OpenMP threads while runs are in flight (threadpoolctl), restoring after: to
+    one, as the backend's own threads share the work (``cpu_workers`` says why).
+
+    The limit is process state, not per thread, so it is shared by every run in the process:
+    the first run to enter sets it, the last to leave restores the libraries' defaults. A
+    per-run set/restore would let one thread's restore lift another's limit mid-run.
+    """
+
+    _lock = threading.Lock()
+    _inside = 0
+    _saved: list = []  # (library controller, its thread count before the first run entered)
+    _controller: Any = None
+    _probed = False
+
+    def __init__(self, threads: int):
+        self.threads = threads
+
+    @classmethod
+    def _get_controller(cls) -> Any:
+        if not cls._probed:
+            cls._probed = True
+            try:
+                from threadpoolctl import ThreadpoolController
+                cls._controller = ThreadpoolController()
+            except Exception:  # threadpoolctl missing or no BLAS found: run with library defaults
+                cls._controller = None
+        return cls._controller
+
+    def __enter__(self):
+        cls = type(self)
+        with cls._lock:
+            cls._inside += 1
+            if cls._inside == 1:
+                controller = cls._get_controller()
+                if controller is not None:  # each library's own get and set: ``controller.limit`` costs 7 us a run
+                    cls._saved = [(lib, count) for lib in controller.lib_controllers
+                                  if (count := lib.get_num_threads()) is not None]  # None: a library that cannot say
+                    for lib, _ in cls._saved:
+                        lib.set_num_threads(self.threads)
+        return self
+
+    def __exit__(self, *exc):
+        cls = type(self)
+        with cls._lock:
+            cls._inside -= 1
+            if cls._inside == 0:
+                for lib, threads in cls._saved:
+                    lib.set_num_threads(threads)
+                cls._saved = []
+
+
+# --------------------------------------------------------------------------------------------
+# One maker per atomic op: binds views and scratch, returns an OpPlan of the callables that do the work.
+# --------------------------------------------------------------------------------------------
+
+# The thresholds below choose between the engines (NumPy on the calling thread, chunks on
+# ``cpu_workers``' threads, ``cpu_parallel``'s native regions) and size their work; each was
+# measured at threads=2 on 2 cores (the figures are in bench/RESULTS.md).
+
+#: Bytes one chunk's scratch (im2col columns, depthwise windows) may take; within it, the chunk
+#: count (``CHUNKS_PER_THREAD``) decides. Chunks cut to fit L2 were slower: NumPy's cost per call
+#: and the GIL handed between threads at every call outweigh the cache misses they save.
+CHUNK_BYTES = 4 << 20
+#: An op shared between threads is cut into this many chunks per thread: more let a thread the
+#: machine slows leave its share to the others, fewer hand the GIL between threads less often
+#: and keep each chunk's GEMM wide (narrow column spans run slower per multiply-add).
+CHUNKS_PER_THREAD = 1
+#: Below this many multiply-adds a convolution or product runs whole on the calling thread:
+#: handing chunks to the helpers would cost more than it saves.
+PARALLEL_MIN_MACS = 1 << 24
+#: A depthwise convolution is shared between threads from this many window elements (channels x
+#: taps x output pixels) on: it is bound by passes over memory and per-channel BLAS calls, not by
+#: multiply-adds, so the MAC threshold above would keep every one of them on one thread.
+DEPTHWISE_PARALLEL_MIN = 1 << 18
+
+
+#: With ``cpu_parallel``'s native regions a product is shared between threads from this many
+#: multiply-adds, a depthwise convolution or pool from this many window elements: a region costs
+#: about a tenth of a hand-over to ``cpu_workers``.
+REGION_MIN_MACS = 1 << 20
+REGION_MIN_WINDOWS = 1 << 15
+#: Bytes of im2col columns one block of a region copies, so that its product reads them from L2.
+REGION_COLS_BYTES = 1 << 20
+#: A convolution on constant weights takes ``cpu_tiles``' register tile (``_packed_conv_region``)
+#: from this inner dimension (C*KH*KW) up, BLAS below: with a short inner dimension each tile's
+#: store and each element's packing weigh more against its multiply-adds.
+PACKED_MIN_DEPTH = 512
+#: Elementwise ops (a residual sum) are shared between the regions' threads from this many
+#: elements: a region's cost against a pass over memory.
+REGION_MIN_ELEMENTS = 1 << 15
+#: floats in a cache line: a thread's scratch, and an elementwise op's span, starts on one
+CACHE_LINE_FLOATS = 16
+
+
+def _parts(pool: Workers, work: int, threshold: int) -> int:
+    """Chunks to cut an op into: ``CHUNKS_PER_THREAD`` per thread once ``work`` reaches ``threshold``."""
+    return pool.threads * CHUNKS_PER_THREAD if pool.threads > 1 and work >= threshold else 1
+
+
+def _spans(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
+    """[start, stop) spans cutting ``range(total)`` into at most ``parts`` pieces, each a
+    multiple of ``align`` long (but the last)."""
+    size = -(-total // max(1, parts))
+    size = -(-size // align) * align
+    return [(start, min(start + size, total)) for start in range(0, total, size)]
+
+
+def _on_pool(pool: Workers, count: int, chunk: Callable[[int, int], None]) -> Callable[[], None]:
+    """The work item running ``chunk(k, slot)`` for k < ``count`` on ``pool`` (inline for one)."""
+    if count == 1:
+        return lambda: chunk(0, 0)
+    return lambda: pool.run(count, chunk)
+
+
+def _epilogue(activation: A.Activation) -> Callable[[np.ndarray], None] | None:
+    if activation is None:
+        return None
+    fn = unary_function(activation[0], activation[1], np.dtype(np.float32))
+    return lambda arr: fn(arr, arr)
+
+
+def _make_raster(op: A.Raster, ins, outs, pool: Workers):
+    out = outs[0]
+    copies = [(strided(ins[r.src], r.src_offset, r.size, r.src_strides),
+               strided(out, r.dst_offset, r.size, r.dst_strides)) for r in op.regions]
+    out_flat = flat(out)
+    fill = op.fill
+
+    def run():
+        if fill is not None:
+            out_flat.fill(fill)
+        for src, dst in copies:
+            np.copyto(dst, src)
+    return OpPlan((run,))
+
+
+def _make_unary(op: A.Unary, ins, outs, pool: Workers):
+    x, o = flat(ins[0]), flat(outs[0])
+    fn = unary_function(op.op, op.params, o.dtype)
+    return OpPlan((lambda: fn(x, o),))
+
+
+def _make_binary(op: A.Binary, ins, outs, pool: Workers, jit: bool = False, regions: int = 0):
+    o = view(outs[0]).reshape(op.out_shape)
+    a = strided(ins[0], 0, op.out_shape, op.a_strides)
+    b = strided(ins[1], 0, op.out_shape, op.b_strides)
+    dims = merge_dims(op.out_shape, contiguous_strides(op.out_shape), op.a_strides, op.b_strides)
+    if (regions and op.op == "add" and o.dtype == a.dtype == b.dtype == np.float32
+            and cpu_jit.clamp_of(op.activation) is not None):
+        size = o.size
+        if one_run(dims):
+            return _sum_region(strided(ins[0], 0, (size,), (1,)), strided(ins[1], 0, (size,), (1,)), o.reshape(size),
+                               op.activation, regions)
+        for dense, row_values, side in ((ins[0], ins[1], 2), (ins[1], ins[0], 1)):
+            if _row_broadcast(dims, side):
+                return _row_sum_region(strided(dense, 0, (size,), (1,)), row_values, dims, side, o.reshape(size),
+                                       op.activation, regions)
+    fn = binary_function(op.op, a.dtype)
+    act = _epilogue(op.activation)
+
+    def run():
+        fn(a, b, o)
+        if act:
+            act(o)
+    return OpPlan((run,))
+
+
+def _row_broadcast(dims: list[tuple[int, ...]], side: int) -> bool:
+    """Whether ``merge_dims``' (size, out stride, a stride, b stride) dims add to a dense operand
+    (the other side's) one value of operand ``side`` (1: a, 2: b) per row of the innermost run:
+    a per-channel bias over NCHW planes."""
+    dense = 3 - side
+    return len(dims) >= 2 and dims[-1][side + 1] == 0 and all(d[1] == d[dense + 1] for d in dims)
+
+
+def _row_sum_region(dense: np.ndarray, values: TensorHandle, dims: list[tuple[int, ...]], side: int, out: np.ndarray,
+                    activation: A.Activation, regions: int) -> OpPlan:
+    """out = clamp(dense + a value per row) as one pass on the region's threads
+    (``cpu_parallel.row_sum_spans``): a bias added after an average pool (``optimize``'s
+    ``pointwise_before_average_pool``) and its ReLU. NumPy's broadcast add and clamp took 0.07-0.26
+    ms on Inception-v3's, two passes on one thread."""
+    width = dims[-1][0]
+    outer = dims[:-1]
+    index = np.zeros(1, np.int64)
+    for size, *strides in outer:  # each row's value: its offset in ``values``
+        index = (index[:, None] + np.arange(size, dtype=np.int64)[None, :] * strides[side]).reshape(-1)
+    flat = strided(values, 0, (int(index.max()) + 1,), (1,))
+    lo, hi, _ = _compiled_clamp(activation)
+    bounds = _row_bounds(index.size, width, regions)
+    return OpPlan((_region_items(cpu_parallel.row_sum_spans, [(dense, flat, index, out, bounds, width, lo, hi)],
+                                 None, out),), "sum", keep=(index, bounds))
+
+
+def _sum_region(a: np.ndarray, b: np.ndarray, out: np.ndarray, activation: A.Activation, regions: int) -> OpPlan:
+    """out = clamp(a + b) (a residual connection and its ReLU) as one pass on the region's
+    threads (``cpu_parallel.sum_spans``), where NumPy made two on one thread (the sum, then the
+    clamp). Measured at threads=2: one of ResNet-18's (64 channels 56x56) alone 0.027 ms, against
+    0.21; its eight in a run 0.24 ms, against 0.92."""
+    lo, hi, _ = _compiled_clamp(activation)
+    parts = regions if out.size >= REGION_MIN_ELEMENTS else 1
+    bounds = _bounds(_spans(out.size, parts, align=CACHE_LINE_FLOATS))
+    return OpPlan((_region_items(cpu_parallel.sum_spans, [(a, b, out, bounds, lo, hi)], None, out),), "sum")
+
+
+def _make_reduce(op: A.Reduce, ins, outs, pool: Workers):
+    x = view(ins[0]).reshape(op.outer, op.size, op.inner)
+    o = view(outs[0]).reshape(op.outer, op.inner)
+    if op.op in ("argmax", "argmin"):
+        found = np.empty((op.outer, op.inner), dtype=np.intp)  # NumPy's arg-reductions write intp only
+        arg = np.argmax if op.op == "argmax" else np.argmin
+
+        def run_arg():
+            arg(x, axis=1, out=found)
+            np.copyto(o, found, casting="unsafe")
+        return OpPlan((run_arg,))
+    if op.op == "mean" and o.dtype.kind != "f":
+        return OpPlan((lambda: np.copyto(o, np.mean(x, axis=1), casting="unsafe"),))  # integer mean truncates
+    reducer = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}[op.op]
+    return OpPlan((lambda: reducer(x, axis=1, out=o),))
+
+
+def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, jit: bool = False, regions: int = 0,
+                 constants: PackedConstants | None = None):
+    a_shape = (op.batch, op.k, op.m) if op.trans_a else (op.batch, op.m, op.k)
+    b_shape = (op.batch, op.n, op.k) if op.trans_b else (op.batch, op.k, op.n)
+    a = strided(ins[0], 0, a_shape, (op.a_batch_stride, a_shape[2], 1))
+    b = strided(ins[1], 0, b_shape, (op.b_batch_stride, b_shape[2], 1))
+    if op.trans_a:
+        a = a.transpose(0, 2, 1)
+    if op.trans_b:
+        b = b.transpose(0, 2, 1)
+    rows_per_bias = op.m  # output rows the bias's rows repeat over
+    if op.b_batch_stride == 0 and op.batch > 1 and op.a_batch_stride == op.m * op.k and not op.trans_a:
+        # shared weights: one [batch*M, K] x [K, N] GEMM instead of a loop over the batch
+        a = a.reshape(1, op.batch * op.m, op.k)
+        b = b[:1]
+    o = view(outs[0]).reshape(a.shape[0], a.shape[1], op.n)
+    bias = strided(ins[2], 0, (op.m, op.n), op.bias_strides) if op.has_bias else None
+    act = _epilogue(op.activation)
+    alpha, beta = op.alpha, op.beta
+    if (regions and o.dtype == np.float32 and a.shape[:2] == (1, 1) and a.strides[2] == 4 and alpha == 1.0
+            and beta == 1.0 and CpuBackend.is_constant(ins[1]) and (bias is None or bias.shape[0] == 1)):
+        return _vector_product_region(op, a[0, 0], b[0], o[0, 0], bias, regions,
+                                      functools.partial(made_once, constants, ins[1]))
+    # blocks of the output: whole batches, else column or row spans (rows in whole repeats of the bias)
+    if regions and o.dtype == np.float32:
+        blocks = _gemm_blocks(a.shape[0], a.shape[1], op.n, op.k, regions, min_macs=REGION_MIN_MACS)
+        bias_spec = None
+        if op.has_bias:
+            bias_spec = (typed(ins[2]), ins[2].offset, op.m, *op.bias_strides)
+        region = _gemm_region(
+            (typed(ins[0]), typed(ins[1]), typed(outs[0])),
+            [(a[bi, m0:m1], b[0 if b.shape[0] == 1 else bi, :, n0:n1], o[bi, m0:m1, n0:n1], m0, n0)
+             for bi, m0, m1, n0, n1 in _expand_batch(blocks, a.shape[0])],
+            op.activation, o, alpha=alpha, bias=bias_spec, beta=beta)
+        if region is not None:
+            return OpPlan((region,))
+    blocks = _gemm_blocks(a.shape[0], a.shape[1], op.n, op.k, pool.threads,
+                          align_m=rows_per_bias if a.shape[1] != op.m else 1)
+    tasks = []
+    for bi, m0, m1, n0, n1 in blocks:
+        ob = o[bi, m0:m1, n0:n1]
+        if bias is None:
+            epi = None
+        else:
+            bias_rows = bias[:, n0:n1] if a.shape[1] != op.m else bias[m0:m1, n0:n1]
+            target = ob.reshape(-1, bias_rows.shape[0], n1 - n0)
+            # the bias may be a run-time tensor: scaled on every run, into this block's scratch
+            scaled = np.empty(bias_rows.shape, dtype=bias.dtype) if beta != 1.0 else None
+            epi = (target, bias_rows, scaled)
+        tasks.append((a[bi, m0:m1], b[bi, :, n0:n1], ob, epi))
+
+    def chunk(k: int, slot: int) -> None:
+        ab, bb, ob, epi = tasks[k]
+        np.matmul(ab, bb, out=ob)
+        if alpha != 1.0:
+            np.multiply(ob, alpha, out=ob)
+        if epi is not None:
+            target, bias_rows, scaled = epi
+            if scaled is not None:
+                np.multiply(bias_rows, beta, out=scaled)
+                bias_rows = scaled
+            np.add(target, bias_rows, out=target)
+        if act:
+            act(ob)
+    return OpPlan((_on_pool(pool, len(tasks), chunk),))
+
+
+def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
+                           regions: int, once: Callable) -> OpPlan:
+    """A vector times a constant matrix (a classifier's last layer: M = 1), x [K] @ weights [K, N]
+    -> out [N], as a 1x1 convolution of one pixel (``_packed_conv_region``): the matrix packed into
+    the register tile's panels once, and each run reads them once, half on each thread. BLAS's
+    sgemm packs the whole matrix on every call to multiply it by one row. Measured at threads=2,
+    ResNet-18's 512 x 1000 from cache and from memory: 0.08 and 0.2 ms, against sgemm's 0.18 and
+    0.36 (ONNX Runtime's 0.05 and 0.17); the tile's six rows of which one is used cost little on a
+    product that waits for memory."""
+    k, n = weights.shape
+    conv = A.Conv2D(op.inputs, op.outputs, op.source, batch=1, in_channels=k, out_channels=n,
+                    activation=op.activation, has_bias=bias is not None, scheme="gemm1x1")
+    panels = once(("vector panels", weights.shape),
+                  lambda: cpu_tiles.pack_panels(np.ascontiguousarray(weights.T), cpu_tiles.NR))
+    plan = _packed_conv_region(conv, x.reshape(1, k, 1, 1), panels, out.reshape(1, n, 1),
+                               None if bias is None else bias[0].reshape(n, 1), regions, k * n, parts=regions)
+    return OpPlan(plan.work, op.scheme, plan.keep)  # the report names the product's scheme, not the convolution's
+
+
+def _gemm_blocks(batch: int, m: int, n: int, k: int, threads: int, align_m: int = 1,
+                 min_macs: int = PARALLEL_MIN_MACS) -> list[tuple[int | slice, int, int, int, int]]:
+    """(batch index, m0, m1, n0, n1) blocks of a batched [m, k] x [k, n] product for ``threads``:
+    whole products while there are enough of them, else the longer side of each cut into spans
+    (rows in multiples of ``align_m``); one block, the whole batch (index ``slice(None)``: one
+    batched call), when the product is too small to share. Measured at threads=2, the
+    transformer's attention scores and context (4 heads of 128x64x128, 128x128x64): 0.21 and
+    0.20 ms as one block per head handed to the threads, 0.15 ms each as one call."""
+    if threads == 1 or batch * m * n * k < min_macs:
+        return [(slice(None), 0, m, 0, n)]
+    parts = max(1, -(-threads * CHUNKS_PER_THREAD // batch))
+    if parts == 1:
+        return [(bi, 0, m, 0, n) for bi in range(batch)]
+    if n >= m or m // align_m < 2:
+        return [(bi, 0, m, n0, n1) for bi in range(batch) for n0, n1 in _spans(n, parts, 16)]
+    return [(bi, m0, m1, 0, n) for bi in range(batch) for m0, m1 in _spans(m, parts, align_m if align_m > 1 else 8)]
+
+
+def _expand_batch(blocks: list[tuple[int | slice, int, int, int, int]], batch: int) -> list[tuple[int, int, int, int, int]]:
+    """``_gemm_blocks``'s blocks with a whole-batch block written out as one block per product."""
+    return [(bi, m0, m1, n0, n1) for index, m0, m1, n0, n1 in blocks
+            for bi in (range(batch) if isinstance(index, slice) else (index,))]
+
+
+def _gemm_region(bases: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list, activation: A.Activation,
+                 out: np.ndarray, alpha: float = 1.0, bias: tuple | None = None,
+                 beta: float = 1.0) -> Callable[[], None] | None:
+    """The work item running GEMM ``blocks`` (A, B and C views of the flat float32 ``bases``, bias
+    row, bias column) as one native region (``cpu_parallel.gemm_blocks``) with the bias and a clamp
+    activation or GELU on each block, any other activation after on ``out``; None where a layout is not
+    one BLAS takes. ``bias``: (flat buffer, offset, rows it repeats over, row stride, column stride)."""
+    calls = cpu_parallel.gemm_calls(*bases, blocks)
+    if bias is None:
+        bias = (np.zeros(1, np.float32), 0, 0, 0, 0)
+    buffer, offset, period, row_stride, column_stride = bias
+    if calls is None or column_stride not in (0, 1) or row_stride < 0 or buffer.dtype != np.float32:
+        return None
+    lo, hi, after = _compiled_clamp(activation)
+    gelu = activation is not None and activation[0] == "gelu"  # on each block while it is in cache, not after
+    if gelu:
+        after = None
+    epilogue = _applies_epilogue(bool(period), lo, hi) or gelu
+    scalars = np.array([alpha, 0.0], np.float32)
+    args = (cpu_parallel.SGEMM, *bases, calls, cpu_parallel.fortran_arguments(calls), scalars, buffer, offset, period,
+            row_stride, column_stride, np.float32(beta), lo, hi, gelu, epilogue)
+    compiled = cpu_jit.bind(cpu_parallel.gemm_blocks, *args)
+    if after is None:
+        return lambda: compiled(*args)
+
+    def run() -> None:
+        compiled(*args)
+        after(out)
+    return run
+
+
+class _PaddedInput:
+    """A zero-bordered scratch copy of an NCHW input, so windows never index out of bounds.
+
+    The border is written once at creation; each run copies only the interior. ``extent``
+    enlarges the buffer for ceil-mode windows that reach past the padding.
+    """
+
+    def __init__(self, x: np.ndarray, pads: tuple[int, int, int, int], border: float, extent: tuple[int, int]):
+        n, c, h, w = x.shape
+        top, left, bottom, right = pads
+        hp = max(h + top + bottom, extent[0])
+        wp = max(w + left + right, extent[1])
+        self.needed = any(pads) or hp > h or wp > w
+        self.src = x
+        if self.needed:
+            self.buf = np.full((n, c, hp, wp), border, dtype=x.dtype)
+            self.interior = self.buf[:, :, top:top + h, left:left + w]
+        else:
+            self.buf = x
+
+    def refresh(self) -> None:
+        if self.needed:
+            np.copyto(self.interior, self.src)
+
+
+def _window_view(xp: np.ndarray, kernel, strides, dilations, out_hw) -> np.ndarray:
+    """[N, C, KH, KW, OH, OW] strided view of sliding windows over a padded NCHW array."""
+    n, c, _, _ = xp.shape
+    sn, sc, sh, sw = xp.strides
+    return as_strided(xp, shape=(n, c, kernel[0], kernel[1], out_hw[0], out_hw[1]),
+                      strides=(sn, sc, sh * dilations[0], sw * dilations[1], sh * strides[0], sw * strides[1]),
+                      writeable=False)
+
+
+def _conv_pads(op) -> tuple[int, int, int, int]:
+    (h, w), (oh, ow) = op.in_hw, op.out_hw
+    need_h = (oh - 1) * op.strides[0] + (op.kernel[0] - 1) * op.dilations[0] + 1
+    need_w = (ow - 1) * op.strides[1] + (op.kernel[1] - 1) * op.dilations[1] + 1
+    top, left = op.pads
+    return top, left, max(0, need_h - h - top), max(0, need_w - w - left)
+
+
+def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False, regions: int = 0,
+                 constants: PackedConstants | None = None):
+    n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
+    (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
+    x = view(ins[0]).reshape(n, c, h, w)
+    weight = view(ins[1]).reshape(oc, c // g, kh, kw)  # views, not copies: W may be a run-time tensor
+    out = view(outs[0]).reshape(n, oc, oh * ow)
+    bias = view(ins[2]).reshape(oc, 1) if op.has_bias else None
+    act = _epilogue(op.activation)
+    pads = _conv_pads(op)
+    macs = n * oc * oh * ow * (c // g) * kh * kw
+    parts = _parts(pool, macs, PARALLEL_MIN_MACS)
+    once = functools.partial(made_once, constants, ins[1])  # the weights in a kernel's layout, packed once
+
+    # op.scheme (decided by gpumnn.scheduler.schemes, which checked the geometry fits) names the kernel
+    if op.scheme == "winograd":
+        if regions:
+            return _winograd_region(op, x, weight.reshape(oc, c, kh, kw), out, bias, regions, once)
+        return _winograd(op, x, weight.reshape(oc, c, kh, kw), out, bias, pads, pool, parts, jit, once)
+    if op.scheme == "depthwise":
+        windows = n * c * kh * kw * oh * ow
+        if regions:
+            return _depthwise_compiled(op, x, weight, out, bias, pool, regions if windows >= REGION_MIN_WINDOWS else 1,
+                                       regions)
+        parts = _parts(pool, windows, DEPTHWISE_PARALLEL_MIN)
+        if jit:
+            return _depthwise_compiled(op, x, weight, out, bias, pool, parts)
+        return _depthwise(op, x, weight, out, pads, _conv_epilogue(op, out, bias, jit), pool, parts)
+    finish = _conv_epilogue(op, out, bias, jit)
+    cg, ocg = c // g, oc // g
+    k = cg * kh * kw
+    w_packed = weight.reshape(g, ocg, k)
+    if op.scheme == "gemm1x1":  # 1x1 convolution is a GEMM on the input as it lies
+        xs = x.reshape(n, g, cg, h * w)
+        if regions:
+            region = _gemm_region(
+                (typed(ins[1]), typed(ins[0]), typed(outs[0])),
+                [(w_packed[gi, m0:m1], xs[b, gi, :, n0:n1], out[b, gi * ocg + m0:gi * ocg + m1, n0:n1], gi * ocg + m0, n0)
+                 for b in range(n) for gi in range(g)
+                 for _, m0, m1, n0, n1 in _gemm_blocks(1, ocg, h * w, cg, regions, min_macs=REGION_MIN_MACS)],
+                op.activation, out, bias=(typed(ins[2]), ins[2].offset, oc, 1, 0) if op.has_bias else None)
+            if region is not None:
+                return OpPlan((region,), "gemm1x1")
+        tasks = [(w_packed[gi, m0:m1], xs[b, gi, :, n0:n1], out[b, gi * ocg + m0:gi * ocg + m1, n0:n1],
+                  (b, gi * ocg + m0, gi * ocg + m1, n0, n1))
+                 for b in range(n) for gi in range(g) for _, m0, m1, n0, n1 in _gemm_blocks(1, ocg, h * w, cg, pool.threads)]
+        return OpPlan((_on_pool(pool, len(tasks), _gemm_chunk(tasks, finish)),), "gemm1x1")
+
+    if regions and g == 1:
+        if CpuBackend.is_constant(ins[1]) and k >= PACKED_MIN_DEPTH:
+            panels = once(("panels", w_packed.shape), lambda: cpu_tiles.pack_panels(w_packed[0], cpu_tiles.NR))
+            return _packed_conv_region(op, x, panels, out, bias, regions, macs)
+        return _im2col_region(op, x, w_packed[0], out, bias, regions, macs)
+    padded = _PaddedInput(x, pads, 0.0, (0, 0))
+    windows = _window_view(padded.buf, op.kernel, op.strides, op.dilations, op.out_hw)  # [n, c, kh, kw, oh, ow]
+    if oh * ow >= ocg:
+        # row blocks, each copying its own im2col columns into the thread's scratch and
+        # multiplying them while they are in cache
+        rows = max(1, min(CHUNK_BYTES // (4 * k * ow), -(-oh // parts)))
+        scratch = [np.empty(k * rows * ow, dtype=np.float32) for _ in range(pool.threads)]
+        tasks = [(windows[b, gi * cg:(gi + 1) * cg, :, :, r0:r1], w_packed[gi],
+                  out[b, gi * ocg:(gi + 1) * ocg, r0 * ow:r1 * ow], (b, gi * ocg, (gi + 1) * ocg, r0 * ow, r1 * ow))
+                 for b in range(n) for gi in range(g) for r0, r1 in _spans(oh, -(-oh // rows))]
+
+        def row_block(index: int, slot: int) -> None:
+            src, wg, dst, block = tasks[index]
+            cols = scratch[slot][:src.size]
+            np.copyto(cols.reshape(src.shape), src)
+            np.matmul(wg, cols.reshape(k, -1), out=dst)
+            finish(*block)
+        run_rows = _on_pool(pool, len(tasks), row_block)
+
+        def run_row_blocks():
+            padded.refresh()
+            run_rows()
+        return OpPlan((run_row_blocks,), "im2col")
+
+    # fewer output pixels than channels: the columns once (channel spans in parallel), then row
+    # spans of the weights against all of them
+    cols = np.empty((c, kh, kw, oh, ow), dtype=np.float32)
+    cols2 = cols.reshape(g, k, oh * ow)
+    copy_runs = [_on_pool(pool, len(pairs), lambda i, slot, pairs=pairs: np.copyto(*pairs[i]))
+                 for pairs in ([(cols[c0:c1], windows[b, c0:c1]) for c0, c1 in _spans(c, parts)] for b in range(n))]
+    gemms = [[(w_packed[gi, m0:m1], cols2[gi], out[b, gi * ocg + m0:gi * ocg + m1], (b, gi * ocg + m0, gi * ocg + m1, 0, oh * ow))
+              for gi in range(g) for _, m0, m1, _, _ in _gemm_blocks(1, ocg, oh * ow, k, pool.threads)]
+             for b in range(n)]
+    gemm_runs = [_on_pool(pool, len(tasks), _gemm_chunk(tasks, finish)) for tasks in gemms]
+
+    def run_im2col():
+        padded.refresh()
+        for copy, gemm in zip(copy_runs, gemm_runs):
+            copy()
+            gemm()
+    return OpPlan((run_im2col,), "im2col")
+
+
+def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, macs: int) -> OpPlan:
+    """im2col as one native region per image (``cpu_parallel.im2col_blocks``): blocks of output
+    rows (of output channels too where the image has fewer pixels than channels), each copying
+    its windows into its thread's scratch, one BLAS product and the bias and a clamp while in
+    cache; padding is read as zeros in the copy, so no padded copy of the input."""
+    n, oc = op.batch, op.out_channels
+    (oh, ow), (kh, kw) = op.out_hw, op.kernel
+    k = weight.shape[1]
+    parts = regions if macs >= REGION_MIN_MACS else 1
+    fit = max(1, REGION_COLS_BYTES // (4 * k * ow))  # rows whose columns fit the scratch
+    channel_parts = parts if oh * ow < oc else 1
+    rows = min(fit, oh) if channel_parts > 1 else min(fit, -(-oh // parts))
+    blocks = np.array([(r0, r1, o0, o1) for r0, r1 in _spans(oh, -(-oh // rows))
+                       for o0, o1 in _spans(oc, channel_parts, align=8)], np.int64)
+    cols = _thread_scratch(regions, k * rows * ow)
+    b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
+    epilogue = _applies_epilogue(bias is not None, lo, hi)
+    geometry = (kh, kw, *op.strides, *op.dilations, *op.pads[:2])
+    out4 = out.reshape(n, oc, oh, ow)
+    fortran = cpu_parallel.im2col_arguments(blocks, k, ow, oh * ow)
+    scalars = np.array([1.0, 0.0], np.float32)
+    images = [(cpu_parallel.SGEMM, x[b], weight, out4[b], b1, blocks, fortran, scalars, cols, geometry, lo, hi, epilogue)
+              for b in range(n)]
+    return OpPlan((_region_items(cpu_parallel.im2col_blocks, images, act, out),), "im2col",
+                  keep=(b1, cols, blocks, fortran, scalars))
+
+
+def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, macs: int,
+                        parts: int | None = None) -> OpPlan:
+    """im2col on constant weights as one native region per image (``cpu_parallel.packed_conv``):
+    the weights packed into ``cpu_tiles``' panels once (``panels``); per run, the input copied into a
+    zero-bordered buffer (where there is padding), its windows packed into pixel panels, and the
+    register tile's products with the bias and a clamp on the way out. Blocks are spans of pixel
+    panels, each packing its own, where the image has as many pixels as channels; else spans of
+    weight panels, all reading panels packed once. ``parts``: threads to share it (else by its
+    multiply-adds)."""
+    n, oc = op.batch, op.out_channels
+    (oh, ow), (h, w) = op.out_hw, op.in_hw
+    k, pixels, mr = panels.shape[1], oh * ow, cpu_tiles.MR
+    parts = parts or (regions if macs >= REGION_MIN_MACS else 1)
+    top, left, bottom, right = _conv_pads(op)
+    padded = (h + top + bottom, w + left + right)
+    bases, taps = cpu_parallel.packed_conv_tables(op.kernel, op.strides, op.dilations, (oh, ow), padded[1])
+    count = -(-pixels // mr)  # pixel panels
+    fit = max(1, REGION_COLS_BYTES // (4 * k * mr))  # panels whose packing fits the scratch
+    shared = pixels < oc and parts > 1
+    if shared:
+        pixel_spans, panel_spans = _spans(count, -(-count // fit)), _spans(len(panels), parts)
+        packs = _thread_scratch(1, count * mr * k)
+    else:
+        pixel_spans, panel_spans = _spans(count, max(parts, -(-count // fit))), [(0, len(panels))]
+        packs = _thread_scratch(regions, max(q1 - q0 for q0, q1 in pixel_spans) * mr * k)
+    blocks = np.array([(q0, q1, v0, v1) for q0, q1 in pixel_spans for v0, v1 in panel_spans], np.int64)
+    pack_bounds = _bounds(_even_spans(count, regions))
+    xp = np.zeros(op.in_channels * padded[0] * padded[1] if top + left + bottom + right else 0, np.float32)
+    accs = _thread_scratch(regions, mr * cpu_tiles.NR)
+    b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
+    epilogue = _applies_epilogue(bias is not None, lo, hi)
+    inner = (top, left, *padded)
+    out4 = out.reshape(n, oc, oh, ow)
+    pixels_outer = panels.nbytes <= packs[0].nbytes  # the smaller operand in the inner loop, in cache
+    images = [(x[b], xp, inner, bases, taps, panels, out4[b], b1, pack_bounds, blocks, packs, accs, shared, pixels_outer,
+               lo, hi, epilogue) for b in range(n)]
+    return OpPlan((_region_items(cpu_parallel.packed_conv, images, act, out),), "im2col",
+                  keep=(panels, b1, xp, bases, taps, pack_bounds, blocks, packs, accs))
+
+
+def _compiled_clamp(activation: A.Activation) -> tuple[np.float32, np.float32, Callable | None]:
+    """The clamp (lo, hi) compiled loops apply in a register (+-inf: none), and the activation to
+    run after them where it is not a clamp (else None)."""
+    clamp = cpu_jit.clamp_of(activation)
+    lo, hi = (np.float32(v) for v in (clamp or (-np.inf, np.inf)))
+    if clamp:
+        return lo, hi, None
+    return lo, hi, cpu_activations.activation_in_place(activation[0], _epilogue(activation))
+
+
+def _applies_epilogue(biased: bool, lo: np.float32, hi: np.float32) -> bool:
+    """Whether a region's loop has a bias to add or a clamp to apply (else it skips the pass)."""
+    return biased or lo > -np.inf or hi < np.inf
+
+
+def _compiled_epilogue(activation: A.Activation, bias: np.ndarray | None,
+                       channels: int) -> tuple[np.ndarray, np.float32, np.float32, Callable | None]:
+    """What ``cpu_jit``'s loops take for a bias and an activation: the bias per channel (zeros
+    where there is none) and ``_compiled_clamp``'s three."""
+    bias1 = bias.reshape(channels) if bias is not None else np.zeros(channels, np.float32)
+    return bias1, *_compiled_clamp(activation)
+
+
+def _conv_epilogue(op: A.Conv2D, out: np.ndarray, bias: np.ndarray | None,
+                   jit: bool) -> Callable[[int, int, int, int, int], None]:
+    """``finish(b, o0, o1, p0, p1)``: the bias and activation of image b's output channels
+    [o0, o1) and pixels [p0, p1) of ``out`` [N, O, pixels], on a block while it is in cache --
+    with ``jit``, a clamp activation and the bias in one compiled pass (``cpu_jit.bias_clamp``)."""
+    act = _epilogue(op.activation)
+    clamp = cpu_jit.clamp_of(op.activation) if jit else None
+    if clamp is None:
+        def finish(b: int, o0: int, o1: int, p0: int, p1: int) -> None:
+            dst = out[b, o0:o1, p0:p1]
+            if bias is not None:
+                np.add(dst, bias[o0:o1], out=dst)
+            if act:
+                act(dst)
+        return finish
+    if bias is None and op.activation is None:
+        return lambda *block: None
+    bias1, lo, hi, _ = _compiled_epilogue(op.activation, bias, out.shape[1])
+    compiled = cpu_jit.bind(cpu_jit.bias_clamp, out[0], bias1, 0, 0, 0, 0, lo, hi)
+    return lambda b, o0, o1, p0, p1: compiled(out[b], bias1, o0, o1, p0, p1, lo, hi)
+
+
+def _gemm_chunk(tasks: list, finish: Callable[..., None]) -> Callable[[int, int], None]:
+    """``chunk(k, slot)`` of (weights, columns, output block, its ``finish`` arguments) GEMM tasks
+    and their epilogue."""
+    def chunk(index: int, slot: int) -> None:
+        wb, xb, ob, block = tasks[index]
+        np.matmul(wb, xb, out=ob)
+        finish(*block)
+    return chunk
+
+
+def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: int, jit: bool, once: Callable) -> OpPlan:
+    """Winograd F(n x n, k x k) (``op.winograd_tile``; the scheme step chose it; a rectangular
+    kernel's tile and alpha per axis, ``winograd.conv_matrices``) in chunks of tile rows, each in
+    the thread's scratch while in cache: its [alpha, alpha, C, tiles] input tiles copied out of
+    the padded input, ``B^T d B`` as two GEMMs, one batched product per tile position against the weights transformed at creation (``G W G^T``), ``A^T m A`` as two GEMMs,
+    then the tiles put in place with bias and activation. Measured against the im2col kernel on
+    one thread (ResNet-18): 1.45-2.6x at 64 channels 56x56 (F(6, 3)) and 1.6-2.7x at 128 channels
+    28x28 (F(4, 3)), 1.25x at 256 channels 14x14 (F(2, 3)); where it does not pay, see
+    ``CpuBackend.winograd_min_tiles``."""
+    c, oc = op.in_channels, op.out_channels
+    (oh, ow), (kh, kw) = op.out_hw, op.kernel
+    rows_m, cols_m = conv_matrices(op.winograd_tile, op.kernel)
+    nh, nw = rows_m.n, cols_m.n
+    ah, aw = rows_m.alpha, cols_m.alpha
+    th, tw = -(-oh // nh), -(-ow // nw)
+    padded = _PaddedInput(x, pads, 0.0, (th * nh + kh - 1, tw * nw + kw - 1))
+    _, sc, sh, sw = padded.buf.strides
+    # constant weights (schemes.winograd_fits), transformed once
+    u = once(("winograd", op.winograd_tile, weight.shape),
+             lambda: transformed_weights(rows_m, weight, cols_m).astype(np.float32))
+    bt_rows, bt_cols = rows_m.B.T.astype(np.float32), cols_m.B.T.astype(np.float32)
+    at_rows, at_cols = rows_m.A.T.astype(np.float32), cols_m.A.T.astype(np.float32)
+    bias3 = bias.reshape(oc, 1, 1) if bias is not None else None
+    act = _epilogue(op.activation)
+    out4 = out.reshape(op.batch, oc, oh, ow)
+    # tile-row spans of even length: ``parts`` of them, more where one would not fit CHUNK_BYTES of scratch
+    spans = _even_spans(th, max(parts, -(-th * tw * ah * aw * 4 * max(c, oc) // CHUNK_BYTES)))
+    size = ah * aw * max(c, oc) * max(t1 - t0 for t0, t1 in spans) * tw
+    scratch = [(np.empty(size, np.float32), np.empty(size, np.float32)) for _ in range(pool.threads)]
+    if jit:  # the output tiles put in place with the bias and a clamp in one compiled pass
+        bias1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
+        t = max(t1 - t0 for t0, t1 in spans)
+        place = cpu_jit.bind(cpu_jit.winograd_place, scratch[0][1][:nh * nw * oc * t * tw].reshape(nh, nw, oc, t * tw),
+                             bias1, out4[0], 0, t * tw, tw, lo, hi, True)
+    tasks = [(b, t0, t1, _tile_places(out4[b], (nh, nw), t0, t1)) for b in range(op.batch) for t0, t1 in spans]
+
+    def chunk(index: int, slot: int) -> None:
+        b, t0, t1, places = tasks[index]
+        t = (t1 - t0) * tw
+        p, q = scratch[slot]  # two buffers, each stage reading one and writing the other
+        d = p[:ah * aw * c * t].reshape(ah, aw, c, t1 - t0, tw)
+        np.copyto(d, as_strided(padded.buf[b, :, t0 * nh:], shape=d.shape, strides=(sh, sw, sc, sh * nh, sw * nw)))
+        v1 = q[:ah * aw * c * t].reshape(ah, aw, c * t)
+        np.matmul(bt_rows, d.reshape(ah, aw * c * t), out=v1.reshape(ah, aw * c * t))  # B^T on the tiles' rows
+        v = p[:ah * aw * c * t].reshape(ah, aw, c * t)
+        np.matmul(bt_cols, v1, out=v)  # ... and on their columns
+        m = q[:ah * aw * oc * t].reshape(ah * aw, oc, t)
+        np.matmul(u, v.reshape(ah * aw, c, t), out=m)  # one product per tile position
+        y1 = p[:nh * aw * oc * t].reshape(nh, aw, oc * t)
+        np.matmul(at_rows, m.reshape(ah, aw * oc * t), out=y1.reshape(nh, aw * oc * t))
+        y = q[:nh * nw * oc * t].reshape(nh, nw, oc, t1 - t0, tw)
+        np.matmul(at_cols, y1, out=y.reshape(nh, nw, oc * t))
+        dst = out4[b, :, t0 * nh:min(t1 * nh, oh)]
+        if jit:
+            place(y.reshape(nh, nw, oc, t), bias1, out4[b], t0 * tw, t1 * tw, tw, lo, hi, True)
+        else:
+            for target, rows, cols, i, j in places:
+                np.copyto(target, y[:i, :j, :, rows, cols])
+            if bias3 is not None:
+                np.add(dst, bias3, out=dst)
+        if act:
+            act(dst)
+    run_chunks = _on_pool(pool, len(tasks), chunk)
+
+    def run():
+        padded.refresh()
+        run_chunks()
+    return OpPlan((run,), "winograd")
+
+
+def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Callable) -> OpPlan:
+    """Winograd (a tile and alpha per axis: 1D tiles for a 1x7 or 7x1 kernel) as one native
+    region per image (``cpu_parallel.winograd_packed``) on the register tile: the weights
+    transformed (G_h W G_w^T) and packed into ``cpu_tiles``' panels once, here; per
+    run, the input copied into a zero-bordered plane, the tiles transformed in panels of MR, the
+    alpha^2 products per (tile panel, channel panel) pair and the output transform with the bias
+    and a clamp while the pair's products are in cache. Measured against the BLAS transforms and
+    products it replaces, at threads=2 (ms): 64 channels 56x56 F(6, 3) 0.95 against 1.71, 128 at
+    28x28 0.73 against 1.35, 256 at 14x14 1.00 against 1.54; ONNX Runtime's im2col 1.8, 1.77, 1.36."""
+    c, oc = op.in_channels, op.out_channels
+    (oh, ow), (kh, kw) = op.out_hw, op.kernel
+    rows_m, cols_m = conv_matrices(op.winograd_tile, op.kernel)
+    nh, nw = rows_m.n, cols_m.n
+    ah, aw, mr, nr = rows_m.alpha, cols_m.alpha, cpu_tiles.MR, cpu_tiles.NR
+    th, tw = -(-oh // nh), -(-ow // nw)
+    tiles = th * tw
+    panels = -(-tiles // mr)
+    u = once(("winograd panels", op.winograd_tile, weight.shape),  # [ah*aw, oc/NR, c, NR]
+             lambda: np.ascontiguousarray(np.stack([cpu_tiles.pack_panels(m, nr)
+                                                    for m in transformed_weights(rows_m, weight, cols_m)])))
+    square = cpu_tiles.SQUARE
+
+    def zero_padded(matrix: np.ndarray, width: int) -> np.ndarray:  # the kernels read rows ``width`` wide
+        wide = np.zeros((matrix.shape[0], width), np.float32)
+        wide[:, :matrix.shape[1]] = matrix
+        return wide
+    b_width = cpu_tiles.ROW if min(ah, aw) == 1 else square  # a 1D tile's transform: cpu_tiles.row_product
+    b_rows, b_cols = zero_padded(rows_m.B, b_width), zero_padded(cols_m.B, b_width)
+    a_rows, a_cols = zero_padded(rows_m.A, mr), zero_padded(cols_m.A, mr)
+    rows, cols = th * nh + kh - 1, tw * nw + kw - 1  # every tile's inputs inside the zero-bordered plane
+    xp = np.zeros(c * rows * cols + square, np.float32)  # + square: the input transform reads rows that wide
+    # each tile's origin in the plane, in panels of MR: the windows of a 1x1 kernel at stride (nh, nw)
+    bases, _ = cpu_parallel.packed_conv_tables((1, 1), (nh, nw), (1, 1), (th, tw), cols)
+    v = np.empty(ah * aw * panels * c * mr, np.float32)
+    scratch = _thread_scratch(regions, cpu_parallel.winograd_scratch_floats(ah, aw, nh))
+    b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
+    geometry = (nh, nw, tiles, tw, panels, u.nbytes > v.nbytes)
+    inner = (*op.pads[:2], rows, cols)
+    out4 = out.reshape(op.batch, oc, oh, ow)
+    images = [(x[b], xp, inner, bases, b_rows, b_cols, a_rows, a_cols, u, v, scratch, out4[b], b1, geometry, lo, hi)
+              for b in range(op.batch)]
+    return OpPlan((_region_items(cpu_parallel.winograd_packed, images, act, out),), "winograd",
+                  keep=(u, b_rows, b_cols, a_rows, a_cols, xp, bases, v, scratch, b1))
+
+
+def _even_spans(total: int, parts: int) -> list[tuple[int, int]]:
+    """[start, stop) spans cutting ``range(total)`` into ``min(parts, total)`` pieces whose
+    lengths differ by at most one (10 in 4: 3, 3, 2, 2, where ``_spans`` gives 3, 3, 3, 1)."""
+    parts = max(1, min(parts, total))
+    return [(total * i // parts, total * (i + 1) // parts) for i in range(parts)]
+
+
+def _tile_places(out3: np.ndarray, tile: tuple[int, int], t0: int, t1: int) -> list[tuple[np.ndarray, slice, slice, int, int]]:
+    """Where Winograd's output tiles (``tile`` = (nh, nw)) of tile rows [t0, t1) land in ``out3``
+    [C, OH, OW]: at most four rectangles (whole tiles, the partial last tile row and column, their
+    corner), each a strided view [i, j, C, rows, cols] of the output (tile position (i, j) of tile
+    (r, q) is output pixel (r nh + i, q nw + j)) with the tile rows and columns it takes from the
+    [nh, nw, C, t1 - t0, tiles per row] products and the positions i, j it keeps. Four copies
+    instead of one per tile position (36 for F(6, 3)), each NumPy call costing a few
+    microseconds and a hand-over of the GIL between threads: measured at threads=2 on
+    ResNet-18, 64 channels 56x56 3.27 -> 2.85 ms, 128 channels 28x28 2.95 -> 2.66 ms."""
+    _, oh, ow = out3.shape
+    so, sr, sq = out3.strides
+    nh, nw = tile
+    whole_r, whole_q = oh // nh, ow // nw
+    row_parts = [(t0, min(t1, whole_r), nh), (whole_r, min(t1, whole_r + 1), oh % nh)]
+    col_parts = [(0, whole_q, nw), (whole_q, whole_q + 1, ow % nw)]
+    places = []
+    for r0, r1, i in row_parts:
+        r0 = max(r0, t0)
+        for q0, q1, j in col_parts:
+            if r1 > r0 and q1 > q0 and i and j:
+                target = as_strided(out3[:, r0 * nh:, q0 * nw:], shape=(i, j, out3.shape[0], r1 - r0, q1 - q0),
+                                    strides=(sr, sq, so, sr * nh, sq * nw), writeable=True)
+                places.append((target, slice(r0 - t0, r1 - t0), slice(q0, q1), i, j))
+    return places
+
+
+def _depthwise(op: A.Conv2D, x, weight, out, pads, finish, pool: Workers, parts: int) -> OpPlan:
+    """Channel blocks, each in two passes: one copy of its KH*KW shifted windows into the
+    thread's scratch, then one batched [1, KH*KW] x [KH*KW, pixels] product per channel (BLAS),
+    bias and activation after. Measured 2-3x faster at MobileNet's sizes than a multiply and an
+    add per tap (18 NumPy calls and passes over memory per block)."""
+    n, c = op.batch, op.in_channels
+    (oh, ow), (kh, kw) = op.out_hw, op.kernel
+    taps, pixels = kh * kw, oh * ow
+    padded = _PaddedInput(x, pads, 0.0, (0, 0))
+    windows = _window_view(padded.buf, op.kernel, op.strides, op.dilations, op.out_hw)  # [n, c, kh, kw, oh, ow]
+    per_channel = 4 * (padded.buf.shape[2] * padded.buf.shape[3] + (taps + 1) * pixels)
+    per_block = max(1, min(CHUNK_BYTES // per_channel, -(-c // parts)))
+    w3 = weight.reshape(c, 1, taps)  # a view: W may be a run-time tensor
+    out3 = out.reshape(n, c, 1, pixels)
+    scratch = [np.empty(per_block * taps * pixels, dtype=np.float32) for _ in range(pool.threads)]
+    tasks = [((padded.interior[b, c0:c1], x[b, c0:c1]) if padded.needed else None, windows[b, c0:c1],
+              w3[c0:c1], out3[b, c0:c1], (b, c0, c1, 0, pixels), c0, c1)
+             for b in range(n) for c0, c1 in _spans(c, -(-c // per_block))]
+
+    def block(index: int, slot: int) -> None:
+        interior, src, wb, ob, block, c0, c1 = tasks[index]
+        if interior is not None:
+            np.copyto(*interior)
+        cols = scratch[slot][:src.size]
+        np.copyto(cols.reshape(src.shape), src)
+        np.matmul(wb, cols.reshape(c1 - c0, taps, pixels), out=ob)
+        finish(*block)
+    return OpPlan((_on_pool(pool, len(tasks), block),), "depthwise")
+
+
+def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts: int, regions: int = 0) -> OpPlan:
+    """The depthwise convolution as ``cpu_jit``'s one-pass loops on channel spans, the bias and a
+    clamp activation applied in the loop (others after, on the span), each thread on its own
+    scratch plane. Measured on one thread against ``_depthwise`` on two, MobileNet-v2's sizes:
+    0.26-0.30 against 1.34 ms (144 channels 56x56), 0.46-0.58 against 3.3 ms (96 channels
+    112x112, stride 2). With ``regions``, each image's spans are one native region."""
+    n, c = op.batch, op.in_channels
+    (oh, ow), (kh, kw) = op.out_hw, op.kernel
+    kernel, scratch_shapes, geometry = cpu_jit.depthwise_kernel(op)
+    b1, lo, hi, act = _compiled_epilogue(op.activation, bias, c)
+    w3 = weight.reshape(c, kh, kw)  # a view: W may be a run-time tensor
+    out4 = out.reshape(n, c, oh, ow)
+    scratch = [np.zeros((regions or pool.threads, *shape), np.float32) for shape in scratch_shapes]  # a slice per thread
+    tail = (geometry, *op.pads[:2], lo, hi)
+    if regions:
+        bounds = _bounds(_spans(c, parts))
+        regions_of = [cpu_parallel.depthwise_region(kernel, (x[b], w3, b1, out4[b], bounds, *scratch, *tail))
+                      for b in range(n)]
+        return OpPlan((_region_items(regions_of[0][0], [args for _, args in regions_of], act, out),), "depthwise",
+                      keep=(b1, scratch))
+    spans = [(x[b, c0:c1], w3[c0:c1], b1[c0:c1], out4[b, c0:c1]) for b in range(n) for c0, c1 in _spans(c, parts)]
+    compiled = cpu_jit.bind(kernel, *spans[0], scratch[0][0], scratch[1][0], *tail)
+
+    def span(index: int, slot: int) -> None:
+        compiled(*spans[index], scratch[0][slot], scratch[1][slot], *tail)
+        if act:
+            act(spans[index][3])
+    return OpPlan((_on_pool(pool, len(spans), span),), "depthwise", keep=(b1, scratch))
+
+
+def _thread_scratch(threads: int, floats: int, fill: float = 0.0) -> np.ndarray:
+    """[threads, ``floats`` rounded up to whole cache lines] float32, each thread's row starting
+    on a cache line, so that no two threads write one line: rows side by side shared their edge
+    lines, and the lines went back and forth between the cores (Inception's 768-channel 17x17
+    average pool, a 19-float row per thread: 0.46 ms at threads=2, 0.27 with rows 64 floats long)."""
+    width = -(-floats // CACHE_LINE_FLOATS) * CACHE_LINE_FLOATS
+    raw = np.full(threads * width + CACHE_LINE_FLOATS, fill, np.float32)
+    start = (-raw.ctypes.data % (4 * CACHE_LINE_FLOATS)) // 4
+    return raw[start:start + threads * width].reshape(threads, width)
+
+
+def _bounds(spans: list[tuple[int, int]]) -> np.ndarray:
+    """Consecutive [start, stop) spans (``_spans``, ``_even_spans``) as the bounds array a region's
+    ``prange`` walks: [start0, start1, ..., last stop]."""
+    return np.array([start for start, _ in spans] + [spans[-1][1]], np.int64)
+
+
+def _region_items(region: Callable, calls: list[tuple], after: Callable[[np.ndarray], None] | None,
+                  out: np.ndarray) -> Callable[[], None]:
+    """The work item calling ``region`` (compiled once, for the first call's types) with each of
+    ``calls``' arguments, then ``after`` on ``out`` (an activation the region does not apply)."""
+    compiled = cpu_jit.bind(region, *calls[0])
+
+    def run() -> None:
+        for args in calls:
+            compiled(*args)
+        if after:
+            after(out)
+    return run
+
+
+def _make_conv_transpose2d(op: A.ConvTranspose2D, ins, outs, pool: Workers):
+    n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
+    (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
+    (sh, sw), (dh, dw), (top, left) = op.strides, op.dilations, op.pads
+    cg, ocg = c // g, oc // g
+    x = view(ins[0]).reshape(n, g, cg, h * w)
+    weight = view(ins[1]).reshape(g, cg, ocg * kh * kw)
+    w_t = weight.transpose(0, 2, 1)  # [g, ocg*kh*kw, cg]; a view (BLAS reads it transposed): W may be a run-time tensor
+    out = view(outs[0]).reshape(n, oc, oh, ow)
+    bias = view(ins[2]).reshape(1, oc, 1, 1) if op.has_bias else None
+    full_h = max((h - 1) * sh + (kh - 1) * dh + 1, top + oh)
+    full_w = max((w - 1) * sw + (kw - 1) * dw + 1, left + ow)
+    full = np.zeros((n, oc, full_h, full_w), dtype=np.float32)
+    cols = np.empty((g, ocg, kh, kw, h, w), dtype=np.float32)
+    cols2 = cols.reshape(g, ocg * kh * kw, h * w)
+    act = _epilogue(op.activation)
+
+    def run():
+        full.fill(0.0)
+        for b in range(n):
+            for gi in range(g):
+                np.matmul(w_t[gi], x[b, gi], out=cols2[gi])
+            target = full[b].reshape(g, ocg, full_h, full_w)
+            for i in range(kh):
+                for j in range(kw):
+                    target[:, :, i * dh:i * dh + (h - 1) * sh + 1:sh, j * dw:j * dw + (w - 1) * sw + 1:sw] += cols[:, :, i, j]
+        np.copyto(out, full[:, :, top:top + oh, left:left + ow])
+        if bias is not None:
+            np.add(out, bias, out=out)
+        if act:
+            act(out)
+    return OpPlan((run,))
+
+
+def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, jit: bool = False, regions: int = 0):
+    n, c = op.batch, op.channels
+    (h, w), (oh, ow), (kh, kw), (sh, sw) = op.in_hw, op.out_hw, op.kernel, op.strides
+    x = view(ins[0]).reshape(n, c, h, w)
+    out = view(outs[0]).reshape(n, c, oh, ow)
+    if (kh, kw) == (h, w) and (oh, ow) == (1, 1) and not any(op.pads):  # global pooling
+        x3, o3 = x.reshape(n, c, h * w), out.reshape(n, c)
+        if regions and op.op == "avg" and x.dtype == np.float32:
+            bounds = _row_bounds(n * c, h * w, regions)
+            args = (x3.reshape(n * c, h * w), o3.reshape(n * c), bounds)
+            return OpPlan((_region_items(cpu_rows.mean_rows, [args], None, out),), "global", keep=(bounds,))
+        reducer = np.max if op.op == "max" else np.mean
+        return OpPlan((lambda: reducer(x3, axis=2, out=o3),), "global")
+    top, left, bottom, right = op.pads
+    inv_count = None
+    if op.op != "max":
+        starts_h = np.arange(oh) * sh - top
+        starts_w = np.arange(ow) * sw - left
+        if op.count_include_pad:
+            lo_h, hi_h, lo_w, hi_w = -top, h + bottom, -left, w + right
+        else:
+            lo_h, hi_h, lo_w, hi_w = 0, h, 0, w
+        count_h = np.minimum(starts_h + kh, hi_h) - np.maximum(starts_h, lo_h)
+        count_w = np.minimum(starts_w + kw, hi_w) - np.maximum(starts_w, lo_w)
+        inv_count = (1.0 / np.maximum(np.outer(count_h, count_w), 1)).astype(np.float32)
+    if jit and x.dtype == np.float32 and op.kernel == (3, 3):
+        return _pool_compiled(op, x, out, inv_count, pool, regions)
+    extent = ((oh - 1) * sh + kh, (ow - 1) * sw + kw)
+    border = (np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf) if op.op == "max" else 0.0
+    padded = _PaddedInput(x, op.pads, border, extent)
+    reduce_windows = _separable_windows(padded.buf, op.kernel, op.strides, out, np.maximum if op.op == "max" else np.add)
+    if op.op == "max":
+        def run_max():
+            padded.refresh()
+            reduce_windows()
+        return OpPlan((run_max,))
+
+    def run_avg():
+        padded.refresh()
+        reduce_windows()
+        np.multiply(out, inv_count, out=out)
+    return OpPlan((run_avg,))
+
+
+def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, regions: int = 0) -> OpPlan:
+    """3x3 pooling as compiled loops on channel spans, reading the input in place (no padded
+    copy): ``cpu_jit.pool3x3_same`` on flat planes where the output is the input's size at
+    stride 1 (Inception's average pools), else ``cpu_jit.pool3x3`` row by row, each thread on
+    its own scratch. Measured at threads=2, the op alone, ms: Inception-v3's stride-1 average
+    pools 0.12 (768 channels 17x17) and 0.13 (288x35x35), where nine taps per output from rows
+    split by phase took 0.51 and 0.41 (ONNX Runtime, a whole run of a one-node model: 0.11-0.18
+    and 0.17-0.20)."""
+    n, c = op.batch, op.channels
+    (h, w), (oh, ow), (sh, sw), (top, left) = op.in_hw, op.out_hw, op.strides, op.pads[:2]
+    is_max = op.op == "max"
+    border, scale = (-np.inf, np.ones(op.out_hw, np.float32)) if is_max else (0.0, inv_count)
+    threads = regions or pool.threads
+    windows = n * c * 9 * oh * ow
+    if op.strides == (1, 1) and op.pads == (1, 1, 1, 1) and min(h, w) >= 2:
+        x, out = x.reshape(n, c, h * w), out.reshape(n, c, h * w)
+        kernel, region, scratch = cpu_jit.pool3x3_same, cpu_parallel.pool_same_spans, _thread_scratch(threads, h * w)
+        tail: tuple = (is_max,)
+    else:
+        kernel, region = cpu_jit.pool3x3, cpu_parallel.pool_spans
+        scratch = _thread_scratch(threads, (ow - 1) * sw + 3, border)  # a padded row per thread
+        tail = (is_max, sh, sw, top, left)
+    if regions:
+        parts = regions if windows >= REGION_MIN_WINDOWS else 1
+        bounds = _bounds(_spans(c, parts))
+        images = [(x[b], out[b], scale, bounds, scratch, *tail) for b in range(n)]
+        return OpPlan((_region_items(region, images, None, out),), keep=(scale, scratch))
+    parts = _parts(pool, windows, DEPTHWISE_PARALLEL_MIN)
+    spans = [(x[b, c0:c1], out[b, c0:c1], scale) for b in range(n) for c0, c1 in _spans(c, parts)]
+    compiled = cpu_jit.bind(kernel, *spans[0], scratch[0], *tail)
+    return OpPlan((_on_pool(pool, len(spans), lambda index, slot: compiled(*spans[index], scratch[slot], *tail)),),
+                  keep=(scale, scratch))
+
+
+def _separable_windows(xp: np.ndarray, kernel, strides, out: np.ndarray, combine: np.ufunc) -> Callable[[], None]:
+    """``out`` = ``combine`` (np.maximum, np.add) over each pooling window of the padded NCHW
+    ``xp``, separably: over each row's window first (into scratch [N, C, rows, OW]), then over
+    each column's -- kh + kw - 2 passes instead of kh kw - 1, the second over a map ``sw`` times
+    narrower (max is exact in any order; a sum only reassociates). Measured at threads=2, ms,
+    against a pass per tap: SqueezeNet-1.1's 3x3 stride-2 max pools 1.16 -> 0.76 (64 channels
+    111x111), 0.52 -> 0.43 (128x55x55), 0.29 -> 0.25 (256x27x27); Inception-v3's 3x3 stride-1
+    average pools 0.95 -> 0.64 (192 channels 35x35), 1.31 -> 0.71 (768x17x17), 0.77 -> 0.40
+    (1280x8x8). Channel spans shared between the threads measured no faster (bound by memory)."""
+    (kh, kw), (sh, sw) = kernel, strides
+    n, c, oh, ow = out.shape
+    rows = (oh - 1) * sh + kh
+    row_acc = np.empty((n, c, rows, ow), dtype=out.dtype)
+    across = [xp[:, :, :rows, j:j + (ow - 1) * sw + 1:sw] for j in range(kw)]
+    down = [row_acc[:, :, i:i + (oh - 1) * sh + 1:sh] for i in range(kh)]
+
+    def fold(views: list[np.ndarray], dst: np.ndarray) -> None:
+        if len(views) == 1:
+            np.copyto(dst, views[0])
+            return
+        combine(views[0], views[1], out=dst)
+        for view_ in views[2:]:
+            combine(dst, view_, out=dst)
+
+    def run() -> None:
+        fold(across, row_acc)
+        fold(down, out)
+    return run
+
+
+def _row_bounds(rows: int, size: int, regions: int) -> np.ndarray:
+    """A row-wise region's spans of ``rows`` rows of ``size``: one per thread once the tensor
+    reaches ``REGION_MIN_ELEMENTS``, else one."""
+    return _bounds(_even_spans(rows, regions if rows * size >= REGION_MIN_ELEMENTS else 1))
+
+
+def _make_softmax(op: A.Softmax, ins, outs, pool: Workers, jit: bool = False, regions: int = 0):
+    x = view(ins[0]).reshape(op.outer, op.size, op.inner)
+    o = view(outs[0]).reshape(op.outer, op.size, op.inner)
+    if regions and op.inner == 1 and o.dtype == x.dtype == np.float32:  # along the last axis: rows
+        bounds = _row_bounds(op.outer, op.size, regions)
+        args = (x.reshape(op.outer, op.size), o.reshape(op.outer, op.size), bounds, op.log)
+        return OpPlan((_region_items(cpu_rows.softmax_rows, [args], None, o),), keep=(bounds,))
+    peak = np.empty((op.outer, 1, op.inner), dtype=np.float32)
+    total = np.empty_like(peak)
+
+    def run():
+        np.max(x, axis=1, keepdims=True, out=peak)
+        np.subtract(x, peak, out=o)
+        if op.log:
+            np.sum(np.exp(o), axis=1, keepdims=True, out=total)
+            np.subtract(o, np.log(total), out=o)
+        else:
+            np.exp(o, out=o)
+            np.sum(o, axis=1, keepdims=True, out=total)
+            np.divide(o, total, out=o)
+    return OpPlan((run,))
+
+
+def _make_normalize(op: A.Normalize, ins, outs, pool: Workers, jit: bool = False, regions: int = 0):
+    x = view(ins[0]).reshape(op.outer, op.size)
+    o = view(outs[0]).reshape(op.outer, op.size)
+    scale = view(ins[1]).reshape(1, op.size) if op.has_affine else None
+    shift = view(ins[2]).reshape(1, op.size) if op.has_affine else None
+    if regions and o.dtype == x.dtype == np.float32:
+        bounds = _row_bounds(op.outer, op.size, regions)
+        unit = np.ones(1, np.float32)  # stands for scale and shift without an affine step (never read)
+        args = (x, o, unit if scale is None else scale[0], unit if shift is None else shift[0], np.float32(op.eps),
+                op.has_affine, bounds)
+        return OpPlan((_region_items(cpu_rows.normalize_rows, [args], None, o),), keep=(bounds, unit))
+    mean = np.empty((op.outer, 1), dtype=np.float32)
+    var = np.empty_like(mean)
+
+    def run():
+        np.mean(x, axis=1, keepdims=True, out=mean)
+        np.subtract(x, mean, out=o)
+        np.mean(np.square(o), axis=1, keepdims=True, out=var)
+        np.add(var, op.eps, out=var)
+        np.sqrt(var, out=var)
+        np.divide(o, var, out=o)
+        if scale is not None:
+            np.multiply(o, scale, out=o)
+            np.add(o, shift, out=o)
+    return OpPlan((run,))
+
+
+def _make_resize(op: A.Resize, ins, outs, pool: Workers):
+    (h, w), (oh, ow) = op.in_hw, op.out_hw
+    x = view(ins[0]).reshape(op.planes, h, w)
+    out = view(outs[0]).reshape(op.planes, oh, ow)
+    rows, cols = resize_axis(op, 0), resize_axis(op, 1)
+    if op.mode == "nearest":
+        picked = np.empty((op.planes, oh, w), dtype=np.float32)
+
+        def run_nearest():
+            np.take(x, rows.lo, axis=1, out=picked)
+            np.take(picked, cols.lo, axis=2, out=out)
+        return OpPlan((run_nearest,))
+    fh, fw = rows.frac.reshape(1, oh, 1), cols.frac.reshape(1, 1, ow)
+
+    def run_linear():
+        top = x[:, rows.lo][:, :, cols.lo] * (1 - fw) + x[:, rows.lo][:, :, cols.hi] * fw
+        bottom = x[:, rows.hi][:, :, cols.lo] * (1 - fw) + x[:, rows.hi][:, :, cols.hi] * fw
+        np.copyto(out, top * (1 - fh) + bottom * fh)
+    return OpPlan((run_linear,))
+
+
+def _make_gather(op: A.Gather, ins, outs, pool: Workers):
+    data = view(ins[0]).reshape(op.outer, op.axis, op.inner)
+    idx_f = flat(ins[1])
+    out = view(outs[0]).reshape(op.outer, op.count, op.inner)
+
+    def run():
+        idx = idx_f.astype(np.int64)
+        idx[idx < 0] += op.axis
+        np.clip(idx, 0, op.axis - 1, out=idx)  # the contract: out-of-range indices clamp
+        np.take(data, idx, axis=1, out=out)
+    return OpPlan((run,))
+
+
+def _make_select(op: A.Select, ins, outs, pool: Workers):
+    o = view(outs[0]).reshape(op.out_shape)
+    cond = strided(ins[0], 0, op.out_shape, op.c_strides)
+    a = strided(ins[1], 0, op.out_shape, op.a_strides)
+    b = strided(ins[2], 0, op.out_shape, op.b_strides)
+    mask = np.empty(op.out_shape, dtype=bool)
+
+    def run():
+        np.not_equal(cond, 0, out=mask)
+        np.copyto(o, b)
+        np.copyto(o, a, where=mask)
+    return OpPlan((run,))
+
+
+def _make_cumsum(op: A.CumSum, ins, outs, pool: Workers):
+    x = view(ins[0]).reshape(op.outer, op.size, op.inner)
+    o = view(outs[0]).reshape(op.outer, op.size, op.inner)
+    if op.reverse:  # the same running sum over reversed views
+        x, o = x[:, ::-1], o[:, ::-1]
+    if not op.exclusive:
+        return OpPlan((lambda: np.cumsum(x, axis=1, out=o),))
+
+    def run_exclusive():
+        o[:, :1] = 0
+        np.cumsum(x[:, :-1], axis=1, out=o[:, 1:])
+    return OpPlan((run_exclusive,))
+
+
+def _make_topk(op: A.TopK, ins, outs, pool: Workers):
+    x = view(ins[0]).reshape(op.outer, op.size, op.inner)
+    o = view(outs[0]).reshape(op.outer, op.k, op.inner)
+
+    def run():
+        keys = x.astype(np.float64) if x.dtype.kind != "f" else x
+        order = np.argsort(-keys if op.largest else keys, axis=1, kind="stable")  # ties: lower index first
+        np.copyto(o, order[:, :op.k], casting="unsafe")
+    return OpPlan((run,))
+
+
+def _make_scatter(op: A.Scatter, ins, outs, pool: Workers):
+    data = view(ins[0]).reshape(op.rows, op.inner)
+    index = flat(ins[1])
+    updates = view(ins[2]).reshape(op.count, op.inner)
+    out = view(outs[0]).reshape(op.rows, op.inner)
+    combine = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}.get(op.reduction)
+
+    def run():
+        rows = index.astype(np.int64)
+        rows[rows < 0] += op.rows
+        np.clip(rows, 0, op.rows - 1, out=rows)  # the contract: out-of-range rows clamp
+        np.copyto(out, data)
+        if combine is None:
+            out[rows] = updates
+        else:
+            combine.at(out, rows, updates)
+    return OpPlan((run,))
+
+
+def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers):
+    """One LSTM/GRU/RNN step (``cpu_recurrent.cell_step``) on views of the pools: the projection's
+    step slices are one strided view (the directions' offsets apart), so nothing is copied in."""
+    d, b, h, g = op.directions, op.batch, op.hidden, op.gate_blocks
+    roles = dict(zip(op.input_roles(), ins))
+    gates = view(roles["gates"]).reshape(d, b, g, h)
+    x0 = op.x_offsets[0]
+    x = strided(roles["projection"], x0, (d, b, A.CELLS[op.cell][0], h),
+                (op.x_offsets[-1] - x0, op.x_row_stride, h, 1))
+    state = view(roles["state"]).reshape(op.state_blocks, d, b, h)
+    shapes = {"candidate": (d, b, h), "recurrent_bias": (d, 1, h), "peephole": (d, 1, 3, h), "lengths": (b,)}
+    extra = {role: view(roles[role]).reshape(shape) for role, shape in shapes.items() if role in roles}
+    out = view(outs[0]).reshape(op.output_blocks, d, b, h)
+    groups = direction_groups(op)
+    return OpPlan((lambda: cell_step(op, groups, gates, x, state, extra, out),))
+
+
+#: Where the Winograd kernel pays against im2col, per kernel: (output tiles, input channels, how
+#: many times fewer multiplications than the sliding window it must make: Eq. 2's C(n) with the
+#: transforms). "regions": ``_winograd_region`` (the register tile); "threads": ``_winograd`` (BLAS
+#: products on the Python threads). Measured per op with ``bench/cpu_winograd.py`` (bench/RESULTS.md).
+WINOGRAD_PAYS = {"regions": (16, 16, 1.6), "threads": (40, 64, 2.0)}
+_ANY_INT = frozenset({A.INT32})
+#: makers with a compiled variant (``jit=True``) for some of their ops
+_JIT_AWARE = frozenset({_make_conv2d, _make_pool2d, _make_matmul, _make_binary, _make_softmax, _make_normalize})
+#: makers that pack constant weights (shared between run states: ``cpu_constants``)
+_PACKS_CONSTANTS = frozenset({_make_conv2d, _make_matmul})
+_MAKERS = {
+    A.Raster: _make_raster, A.Unary: _make_unary, A.Binary: _make_binary, A.Reduce: _make_reduce,
+    A.MatMul: _make_matmul, A.Conv2D: _make_conv2d, A.ConvTranspose2D: _make_conv_transpose2d,
+    A.Pool2D: _make_pool2d, A.Softmax: _make_softmax, A.Normalize: _make_normalize,
+    A.Resize: _make_resize, A.Gather: _make_gather, A.Select: _make_select, A.CumSum: _make_cumsum,
+    A.TopK: _make_topk, A.Scatter: _make_scatter, A.RecurrentCell: _make_recurrent_cell,
+}
+
+
+class CpuBackend(Backend):
+    """NumPy on the host CPU on ``threads`` threads (default: all cores): the backend's own
+    (``cpu_workers``) share each large op's chunks, BLAS runs one thread inside each chunk."""
+
+    name = "cpu"
+    device_arrays_unsupported = ("its tensors are NumPy arrays in host memory; a CPU DLPack tensor is taken as a "
+                                 "host array, a GPU tensor must be copied to the host first (tensor.cpu(), "
+                                 "cupy.asnumpy) or run on the cuda backend")
+    #: runs on distinct run states touch distinct buffers; they share read-only weights and the
+    #: process-wide BLAS thread limit (``_ThreadLimiter``)
+    max_concurrent_runs = 2
+    alignment = 64
+    kernel_table = _MAKERS
+    schemes = {**KERNEL_SCHEMES, A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"}}
+    #: NumPy computes every integer op; float-only kernels (convolution, pooling, ...) stay float32
+    dtypes = {op: _ANY_INT for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.MatMul, A.Gather, A.Select,
+                                      A.CumSum, A.TopK, A.Scatter, A.Pool2D)}
+    winograd_min_tiles, winograd_min_channels, winograd_min_saving = WINOGRAD_PAYS["threads"]
+
+    @property
+    def default_concurrent_runs(self) -> int:
+        """Overlap only where one run leaves cores idle (``threads`` below the core count):
+        measured on 2 cores with threads=2, two overlapping runs were ~10% slower than turns."""
+        return max(1, min(self.max_concurrent_runs, (os.cpu_count() or 1) // self.threads))
+
+    def __init__(self, threads: int | None = None, kernels: str | None = None, jit: bool | None = None,
+                 regions: bool | None = None, **unknown: Any):
+        """``threads``: threads per run (default: all cores). ``kernels``: the option every backend
+        takes (``base.KERNEL_FAMILIES``), checked only: NumPy has one family. ``jit``: the compiled
+        loops of ``cpu_jit`` for the memory-bound ops (None: where Numba is installed; False: NumPy
+        only, the reference they are tested against; True: an error where Numba is missing).
+        ``regions``: with the compiled loops on more than one thread, GEMMs, im2col, Winograd and
+        depthwise convolutions and pooling as ``cpu_parallel``'s native regions instead of on
+        ``cpu_workers``' Python threads (None: where available; False: never; True: an error
+        where they are not available, saying why)."""
+        super().__init__(**unknown)
+        kernels_option(kernels, self.name)
+        if jit not in (None, True, False):
+            raise BackendOptionError(f"backend 'cpu': jit={jit!r} is not one of None, True, False")
+        if jit and not cpu_jit.available():
+            raise BackendUnavailableError(f"backend 'cpu': jit=True, but {cpu_jit.MISSING}")
+        self.jit = cpu_jit.available() if jit is None else bool(jit)
+        if regions not in (None, True, False):
+            raise BackendOptionError(f"backend 'cpu': regions={regions!r} is not one of None, True, False")
+        self.threads = threads or os.cpu_count() or 1
+        self.regions = 0  # threads of cpu_parallel's native regions (0: none)
+        self._packed = PackedConstants()  # constant weights packed once, for every run state
+        if regions is not False and self.jit and self.threads > 1:
+            ok, why = cpu_parallel.available()
+            if ok:
+                self.regions = cpu_parallel.threads_for(self.threads)
+            elif regions:
+                raise BackendUnavailableError(f"backend 'cpu': regions=True, but {why}")
+        elif regions and not (self.jit and self.threads > 1):
+            raise BackendOptionError(f"backend 'cpu': regions=True needs the compiled loops (jit) on more than one "
+                                     f"thread; here jit={self.jit} and threads={self.threads}")
+        loops = f" and Numba {cpu_jit.numba.__version__}" if self.jit else ""
+        if self.regions:
+            loops += f" ({cpu_parallel.available_layer()} regions)"
+        if self.regions:  # the scheme step reads these: Winograd pays sooner on the register tile
+            self.winograd_min_tiles, self.winograd_min_channels, self.winograd_min_saving = WINOGRAD_PAYS["regions"]
+        self._info = BackendInfo("cpu", f"NumPy {np.__version__}{loops} on {self.threads} thread(s)",
+                                 host_cpu_flops(self.threads), 0.0, float("inf"), is_gpu=False)
+        self._pool = workers(self.threads)
+        self._limiter = _ThreadLimiter(1)
+        # a run's regions use self.regions threads (Numba keeps the count per calling thread)
+        self._region_threads = (functools.partial(cpu_parallel.using_threads, self.regions) if self.regions
+                                else contextlib.nullcontext)
+
+    @property
+    def driver(self) -> str:
+        """NumPy's version and the BLAS it was built with (what runs its matrix products)."""
+        return _numpy_blas()
+
+    # -- memory ----------------------------------------------------------------------------
+    def memory_limits(self) -> MemoryLimits:
+        return host_limits(copies_constants=False)  # constant() keeps a view of the host array
+
+    def _new_buffer(self, nbytes: int, kind: str, **how: Any) -> np.ndarray:
+        return np.zeros(max(1, (nbytes + 3) // 4), dtype=np.float32)
+
+    def constant(self, array: np.ndarray) -> TensorHandle:
+        data, dtype = constant_words(array)
+        data = data.view()  # read-only: what marks a constant (``is_constant``), and guards it
+        data.flags.writeable = False
+        return TensorHandle(data, 0, tuple(array.shape), dtype)
+
+    @staticmethod
+    def is_constant(handle: TensorHandle) -> bool:
+        """True when ``handle`` lives in a buffer from ``constant`` (its contents never change),
+        so kernels may pack it once at creation instead of on every run: ``constant`` hands out
+        read-only buffers, the pool's are writable."""
+        return not handle.buffer.flags.writeable
+
+    def write(self, handle: TensorHandle, array: np.ndarray) -> None:
+        flat(handle)[...] = np.asarray(array).reshape(-1)
+
+    def read(self, handle: TensorHandle) -> np.ndarray:
+        return view(handle).copy()
+
+    def read_into(self, handle: TensorHandle, out: np.ndarray) -> None:
+        np.copyto(host_out(handle, out), flat(handle))
+
+    def host_view(self, handle: TensorHandle) -> np.ndarray:
+        return view(handle)  # the pool is host memory: other backends copy straight into it
+
+    # -- pre-inference ---------------------------------------------------------------------
+    def _create_execution(self, op: A.AtomicOp, inputs: list[TensorHandle],
+                          outputs: list[TensorHandle]) -> Execution:
+        if outputs and all(o.size == 0 for o in outputs):  # nothing to compute (NumPy refuses empty reductions)
+            return Execution(op, inputs, outputs, OpPlan((), "empty"))
+        maker = _MAKERS[type(op)]
+        packs = {"constants": self._packed} if maker in _PACKS_CONSTANTS else {}
+        if self.jit and maker in _JIT_AWARE:
+            return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, jit=True, regions=self.regions,
+                                                        **packs))
+        return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, **packs))
+
+    def _record(self, executions: list[Execution]) -> list[Callable[[], None]]:
+        return [fn for exe in executions for fn in exe.work]
+
+    # -- run -------------------------------------------------------------------------------
+    def _submit(self, recording: list[Callable[[], None]]) -> None:
+        with self._limiter, self._region_threads(), np.errstate(all="ignore"):
+            for fn in recording:
+                fn()
+
+    def _run_eager(self, executions: list[Execution]) -> None:
+        with self._limiter, self._region_threads(), np.errstate(all="ignore"):
+            for exe in executions:
+                for fn in exe.work:
+                    fn()

@@ -1,0 +1,712 @@
+"""Native parallel regions for the cpu backend: a whole op on all threads without the GIL.
+
+Why: the backend's Python threads (``cpu_workers``) hand an op's chunks over through the GIL and
+a wake-up per op, and on this project's 2-core KVM machine each wake-up of a sleeping thread, and
+each wait for the GIL held by the other thread, measured 25-50 us (a futex wake of an idle
+vCPU). An op of 100-300 us, MobileNet's 1x1 convolutions among them, then gained nothing from a
+second thread (64x384x196 GEMM: 137 us on one thread, 199 us shared). A Numba ``parallel``
+function runs the op's blocks on OpenMP's threads, which spin a while between regions, with the
+GIL released throughout: an empty region costs 2 us, and each block's GEMM calls BLAS (NumPy's
+own OpenBLAS where it has one, else SciPy's ``cython_blas``; one thread inside each block) with
+the bias and a clamp applied to the block while it is in cache. The blocks: GEMM row and column
+spans, im2col row (and channel) blocks, im2col on constant weights as pixel-panel or weight-panel
+spans through ``cpu_tiles``' register tile instead of BLAS, Winograd on the same tile, depthwise and
+pooling channel spans.
+
+Only Numba's ``tbb`` and ``omp`` threading layers qualify: ``workqueue``, the fallback when
+neither loads, measured 106 us per region and is not safe to enter from two threads at once.
+TBB is preferred (Numba tries it first; ``gpumnn[cpu]`` installs it): its caller runs the blocks
+no other thread has taken, where OpenMP's region waits at its barrier for every thread of its
+team. On 2 cores shared with another engine's spinning threads (ONNX Runtime's spin ~50 ms after
+a run) that barrier waited for a descheduled thread: MobileNet-v2 in alternation with ONNX
+Runtime, 13.4 and 12.8 ms a run on TBB against 18.0 and 18.3 on OpenMP. Where the regions are
+not available (``available()`` says why) the backend keeps ``cpu_workers``.
+
+Numba caches the compiled regions on disk; ``cpu_jit`` stamps that cache with every module of
+the package, so editing a kernel, the tile or an activation the regions inline recompiles them.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import os
+import sys
+import threading
+from typing import Callable
+
+import numpy as np
+
+from . import activations as cpu_activations, jit as cpu_jit, tiles as cpu_tiles
+from .tiles import MR, NR, SQUARE
+
+numba = cpu_jit.numba
+if numba is not None:
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+else:  # never called without Numba
+    def intrinsic(fn):
+        return fn
+_N, _T = ord("N"), ord("T")
+
+
+def _numpy_sgemm() -> tuple[int, type] | None:
+    """(address, integer type) of the Fortran sgemm in the OpenBLAS NumPy itself loaded
+    (threadpoolctl finds it, its symbol prefix and suffix), or None where NumPy uses another
+    BLAS. Preferred to SciPy's: NumPy's wheels bundle a newer OpenBLAS than SciPy's (0.3.31 against
+    0.3.30 here), whose products with few rows or a short inner dimension, Winograd's transforms
+    among them, measured 2-2.6x faster (8 x 8 by 8 x 3200: 14.5 against 29 us)."""
+    from threadpoolctl import ThreadpoolController
+    for lib in ThreadpoolController().select(internal_api="openblas").lib_controllers:
+        if "numpy" not in os.path.basename(os.path.dirname(lib.filepath)):
+            continue
+        prefix, suffix = getattr(lib, "_symbol_prefix", ""), getattr(lib, "_symbol_suffix", "")
+        try:
+            dll = ctypes.CDLL(lib.filepath)
+            sgemm = getattr(dll, f"{prefix}sgemm_{suffix}")
+            config = getattr(dll, f"{prefix}openblas_get_config{suffix}")
+        except (OSError, AttributeError):
+            continue
+        config.restype = ctypes.c_char_p
+        wide = b"USE64BITINT" in (config() or b"")
+        return ctypes.cast(sgemm, ctypes.c_void_p).value, np.int64 if wide else np.int32
+    return None
+
+
+def _scipy_sgemm() -> tuple[int, type]:
+    """(address, integer type) of SciPy's Fortran sgemm (what Numba's own np.dot calls)."""
+    from numba.extending import get_cython_function_address
+    return get_cython_function_address("scipy.linalg.cython_blas", "sgemm"), np.int32
+
+
+@intrinsic
+def _call_sgemm(typingctx, function, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    """Calls the C function at address ``function`` with the 13 addresses after it (the Fortran
+    sgemm's arguments, all passed by reference)."""
+    def codegen(context, builder, signature, args):
+        byte_pointer = ir.IntType(8).as_pointer()
+        function_type = ir.FunctionType(ir.VoidType(), [byte_pointer] * len(args[1:]))
+        callee = builder.inttoptr(args[0], function_type.as_pointer())
+        builder.call(callee, [builder.inttoptr(a, byte_pointer) for a in args[1:]])
+        return context.get_dummy_value()
+    return types.void(*[types.intp] * 14), codegen
+
+
+try:
+    if numba is None:
+        raise ImportError(cpu_jit.MISSING)
+    #: The sgemm the regions call, passed to them as an argument (a ctypes function baked into a
+    #: kernel would keep Numba from caching it on disk: an address differs per process, and parallel
+    #: kernels take seconds to compile), and the integer type of its Fortran arguments.
+    SGEMM, BLAS_INT = _numpy_sgemm() or _scipy_sgemm()
+except Exception as exc:  # noqa: BLE001 -- neither BLAS is reachable: no regions
+    SGEMM, BLAS_INT = 0, np.int32
+    _MISSING = f"neither NumPy's OpenBLAS nor SciPy's BLAS is reachable ({exc}); install gpumnn[cpu]"
+else:
+    _MISSING = None
+
+
+def compiled_region(fn: Callable, **options) -> Callable:
+    """``fn`` as a Numba parallel function (its ``prange`` loops on the layer's threads);
+    ``options`` add to or override this module's (``fastmath``, ``error_model``)."""
+    if numba is None or not SGEMM:
+        return fn
+    options = dict(dict(parallel=True, nogil=True, fastmath=cpu_jit.FAST, boundscheck=False), **options)
+    try:
+        return numba.njit(cache=cpu_jit.CACHE, **options)(fn)
+    except RuntimeError:  # no writable place for Numba's cache: compile per process
+        return numba.njit(**options)(fn)
+
+
+def _region(fn: Callable) -> Callable:
+    """``fn`` as a parallel function with this module's options (``compiled_region``)."""
+    return compiled_region(fn)
+
+
+@_region
+def _probe(x):
+    for i in numba.prange(x.shape[0]):
+        x[i] = numba.get_thread_id()
+
+
+_probe_lock = threading.Lock()
+
+
+def _preload_tbb() -> None:
+    """Loads the TBB library of the ``tbb`` wheel, if installed, so that Numba's TBB layer finds
+    it: pip puts it in the environment's ``lib/``, which is not on the loader's path, and Numba's
+    layer then fails to import and silently falls back to OpenMP."""
+    for folder in (os.path.join(sys.prefix, "lib"), os.path.join(sys.base_prefix, "lib")):
+        path = os.path.join(folder, "libtbb.so.12")
+        if os.path.exists(path):
+            try:
+                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            except OSError:  # not loadable here: Numba tries its other layers
+                pass
+            return
+
+
+@functools.lru_cache(maxsize=1)
+def _layer() -> tuple[str | None, str | None]:
+    """(the threading layer Numba started, why regions are off or None)."""
+    if _MISSING is not None:
+        return None, _MISSING
+    if sys.platform.startswith("linux"):
+        _preload_tbb()
+    with _probe_lock:
+        try:
+            _probe(np.zeros(2, np.int64))
+            layer = numba.threading_layer()
+        except Exception as exc:  # noqa: BLE001 -- no layer loads: the Python threads stay
+            return None, f"Numba could not start a threading layer ({exc})"
+    if layer not in ("omp", "tbb"):
+        return layer, (f"Numba's threading layer is {layer!r}: neither 'omp' nor 'tbb' loaded (workqueue "
+                       "regions cost ~100 us and are not thread-safe); install gpumnn[cpu] (tbb) or libgomp1")
+    return layer, None
+
+
+def available() -> tuple[bool, str | None]:
+    """(whether native regions run here, why not)."""
+    layer, why = _layer()
+    return why is None, why
+
+
+def threads_for(threads: int) -> int:
+    """The region threads a backend of ``threads`` threads gets (at most Numba's pool size)."""
+    return max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
+
+
+@contextlib.contextmanager
+def using_threads(threads: int):
+    """Regions the calling thread enters inside use ``threads`` threads; the thread's own Numba
+    setting (kept per thread) is restored after, so a run leaves the caller's Numba as it was."""
+    previous = numba.get_num_threads()
+    if previous == threads:  # the usual case: two calls to Numba fewer a run
+        yield
+        return
+    numba.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(previous)
+
+
+# -- GEMM blocks through BLAS ------------------------------------------------------------------
+# ``calls`` [blocks, 13] int64, one row per block (``gemm_calls``): the Fortran sgemm arguments of
+# the row-major product C[rows, cols] = A[rows, k] B[k, cols] computed as C^T = B^T A^T (op of the
+# first operand, op of the second, cols, rows, k, ld of B, ld of A, ldc), the element offsets of B,
+# A and C in their flat buffers, and the bias row and column of the block's first element. Fortran
+# takes its arguments by reference: ``fortran_arguments`` lays the first eight out as the integers
+# BLAS reads, and ``scalars`` holds (alpha, 0), both made at session creation so that a region
+# allocates nothing (BLAS only reads them, so every thread may point at the same ones).
+
+_COLUMNS = 13
+
+
+def _gemm_region(fn: Callable) -> Callable:
+    """``fn`` as a parallel region with NumPy's float error model, so that GELU's division
+    vectorises in the epilogue (``cpu_activations._vector_kernel`` says why)."""
+    return compiled_region(fn, error_model="numpy")
+
+
+@_gemm_region
+def gemm_blocks(sgemm, a, b, c, calls, fortran, scalars, bias, bias_offset, bias_period, bias_rows, bias_cols, beta,
+                lo, hi, gelu, epilogue):
+    """Every block of ``calls`` on the region's threads: the BLAS product (``sgemm``: ``SGEMM``,
+    scaled by alpha, ``scalars[0]``),
+    then, where ``epilogue``, clamp(C + beta * bias) to [lo, hi] over the block while it is in
+    cache, and GELU after where ``gelu``. The bias element of C's row r and column j is
+    bias[bias_offset + (r % bias_period) * bias_rows + j * bias_cols] (bias_cols 0 or 1: a value
+    per row or a row of values)."""
+    for i in numba.prange(calls.shape[0]):
+        p = calls[i]
+        at, w, scalar_at = fortran.ctypes.data + fortran.strides[0] * i, fortran.itemsize, scalars.ctypes.data
+        _call_sgemm(sgemm, at, at + w, at + 2 * w, at + 3 * w, at + 4 * w, scalar_at, b.ctypes.data + 4 * p[8],
+                    at + 5 * w, a.ctypes.data + 4 * p[9], at + 6 * w, scalar_at + 4, c.ctypes.data + 4 * p[10], at + 7 * w)
+        if epilogue:
+            cols, rows, ldc = p[2], p[3], p[7]
+            for r in range(rows):
+                start = p[10] + r * ldc
+                row = c[start:start + cols]
+                if bias_period == 0:
+                    for j in range(cols):
+                        row[j] = min(max(row[j], lo), hi)
+                elif bias_cols == 0:
+                    value = bias[bias_offset + ((p[11] + r) % bias_period) * bias_rows] * beta
+                    for j in range(cols):
+                        row[j] = min(max(row[j] + value, lo), hi)
+                else:
+                    first = bias_offset + ((p[11] + r) % bias_period) * bias_rows + p[12]
+                    values = bias[first:first + cols]
+                    for j in range(cols):
+                        row[j] = min(max(row[j] + beta * values[j], lo), hi)
+                if gelu:
+                    for j in range(cols):
+                        row[j] = cpu_activations.gelu_value(row[j])
+
+
+def _operand(x: np.ndarray) -> tuple[int, int] | None:
+    """(op, ld) of a row-major [R, C] view as the first operand of a column-major product of its
+    transpose ('N' where rows are contiguous, 'T' where columns are), None where neither is (nor
+    where rows overlap or run backwards: BLAS needs ld >= the contiguous extent)."""
+    rows, cols = x.shape
+    s0, s1 = (s // x.itemsize for s in x.strides)
+    if (s1 == 1 or cols == 1) and (rows == 1 or s0 >= cols):
+        return _N, max(s0 if rows > 1 else cols, 1)
+    if (s0 == 1 or rows == 1) and (cols == 1 or s1 >= rows):
+        return _T, max(s1 if cols > 1 else rows, 1)
+    return None
+
+
+def _offset(view: np.ndarray, base: np.ndarray) -> int:
+    """Elements from ``base``'s first to ``view``'s first."""
+    delta = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    assert 0 <= delta < base.nbytes or view.size == 0, "a GEMM block outside its buffer"
+    return delta // base.itemsize
+
+
+def gemm_calls(a: np.ndarray, b: np.ndarray, c: np.ndarray,
+               blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray, int, int]]) -> np.ndarray | None:
+    """The ``calls`` rows of ``gemm_blocks`` for blocks (A view [rows, k], B view [k, cols], C view
+    [rows, cols], bias row, bias column) of the flat float32 buffers a, b, c; None where a block's
+    layout is not one BLAS takes (the caller keeps its NumPy chunks)."""
+    rows_out = []
+    for ab, bb, cb, bias_row, bias_col in blocks:
+        first, second, out = _operand(bb), _operand(ab), _operand(cb)
+        if first is None or second is None or out is None or out[0] != _N or cb.size == 0:
+            return None
+        rows_out.append((first[0], second[0], cb.shape[1], cb.shape[0], ab.shape[1], first[1], second[1], out[1],
+                         _offset(bb, b), _offset(ab, a), _offset(cb, c), bias_row, bias_col))
+    return np.array(rows_out, dtype=np.int64).reshape(-1, _COLUMNS)
+
+
+def fortran_arguments(rows: np.ndarray) -> np.ndarray:
+    """The eight Fortran sgemm integers of each row of ``rows`` (``calls``, or im2col's) as the
+    contiguous integers (``BLAS_INT``) BLAS reads by reference."""
+    return np.ascontiguousarray(rows[:, :8], dtype=BLAS_INT)
+
+
+# -- im2col row blocks ----------------------------------------------------------------------------
+
+@cpu_jit.inlined
+def copy_windows(flat, col, channels, height, width, geometry, r0, r1, ow):
+    """im2col of output rows [r0, r1) of one image (``flat``: x [C, H, W] flattened) into ``col``
+    [C*KH*KW, (r1 - r0) * OW], zeros where a window reaches past the input's edge.
+    geometry: (kh, kw, sh, sw, dh, dw, pt, pl)."""
+    kh, kw, sh, sw, dh, dw, pt, pl = geometry
+    pixels = (r1 - r0) * ow
+    # flat indices, not slices: a block copies C*KH*KW*rows runs of OW elements, and a slice per
+    # run cost more than the run itself at OW = 7 (0.5 of 2.2 ms, 256 channels 14x14 stride 2)
+    for ci in range(channels):
+        for ky in range(kh):
+            for kx in range(kw):
+                base = ((ci * kh + ky) * kw + kx) * pixels
+                shift = kx * dw - pl  # input column of output column 0
+                first = max(0, (sw - 1 - shift) // sw)  # first output column inside the input
+                stop = min(ow, max(0, (width - 1 - shift) // sw + 1))  # past the last inside
+                for oy in range(r0, r1):
+                    at = base + (oy - r0) * ow
+                    iy = oy * sh + ky * dh - pt
+                    if iy < 0 or iy >= height or first >= stop:
+                        for j in range(ow):
+                            col[at + j] = 0.0
+                        continue
+                    for j in range(first):
+                        col[at + j] = 0.0
+                    for j in range(stop, ow):
+                        col[at + j] = 0.0
+                    src, dst = flat[(ci * height + iy) * width + first * sw + shift:], col[at + first:]
+                    # strides 1 and 2 in loops of their own: a run-time stride in the index keeps
+                    # the copy scalar, a constant one lets it use vector loads and shuffles
+                    if sw == 1:
+                        for j in range(stop - first):
+                            dst[j] = src[j]
+                    elif sw == 2:
+                        for j in range(stop - first):
+                            dst[j] = src[2 * j]
+                    else:
+                        for j in range(stop - first):
+                            dst[j] = src[j * sw]
+
+
+@_region
+def im2col_blocks(sgemm, x, w, out, bias, blocks, fortran, scalars, cols, geometry, lo, hi, epilogue):
+    """A convolution of one image, x [C, H, W] with w [O, C*KH*KW] into out [O, OH, OW], as blocks
+    (output rows [r0, r1), output channels [o0, o1)) = blocks[i]: each copies its rows' windows
+    (zeros past the input's edge) into its thread's ``cols`` [C*KH*KW*rows*OW], multiplies w's
+    rows o0.. by them through BLAS (``sgemm``, with block i's integers at fortran[i] and (1, 0) in
+    ``scalars``: ``im2col_arguments``) and, where ``epilogue``, applies clamp(out + bias[o]) to
+    [lo, hi] while the block is in cache. Blocks that share rows copy them each: where an image
+    has fewer pixels than channels, channel spans keep every product wide, and the copy is small
+    beside the product. geometry: (kh, kw, sh, sw, dh, dw, pt, pl)."""
+    channels, height, width = x.shape
+    k = w.shape[1]
+    oh, ow = out.shape[1], out.shape[2]
+    flat = x.reshape(channels * height * width)
+    for i in numba.prange(blocks.shape[0]):
+        col = cols[numba.get_thread_id()]
+        r0, r1, o0, o1 = blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3]
+        pixels = (r1 - r0) * ow
+        copy_windows(flat, col, channels, height, width, geometry, r0, r1, ow)
+        at, size, scalar_at = fortran.ctypes.data + fortran.strides[0] * i, fortran.itemsize, scalars.ctypes.data
+        _call_sgemm(sgemm, at, at + size, at + 2 * size, at + 3 * size, at + 4 * size, scalar_at, col.ctypes.data,
+                    at + 5 * size, w.ctypes.data + 4 * o0 * k, at + 6 * size, scalar_at + 4,
+                    out.ctypes.data + 4 * (o0 * oh * ow + r0 * ow), at + 7 * size)
+        if epilogue:
+            for oc in range(o0, o1):
+                value = bias[oc]
+                dst = out[oc, r0:r1].reshape(pixels)
+                for j in range(pixels):
+                    dst[j] = min(max(dst[j] + value, lo), hi)
+
+
+def im2col_arguments(blocks: np.ndarray, k: int, ow: int, pixels: int) -> np.ndarray:
+    """``im2col_blocks``' Fortran integers per block (rows [r0, r1), channels [o0, o1)): (weights
+    times columns) cols^T w^T, the block's pixels wide, into an output ``pixels`` wide."""
+    widths = (blocks[:, 1] - blocks[:, 0]) * ow
+    channels = blocks[:, 3] - blocks[:, 2]
+    full = np.full_like
+    return fortran_arguments(np.stack([full(widths, _N), full(widths, _N), widths, channels, full(widths, k), widths,
+                                       full(widths, k), full(widths, pixels)], axis=1))
+
+
+# -- im2col into packed panels, products by the register tile ------------------------------------
+
+@cpu_jit.inlined
+def pack_windows(xp, pack, bases, taps, plane, channels, q0, q1):
+    """im2col straight into ``cpu_tiles``' pixel panels: pack[q - q0] [C*T, MR] for the panels
+    q0..q1 of MR output pixels, element (c*T + t, r) = xp[bases[q*MR + r] + c*plane + taps[t]]
+    (``xp``: the input with its padding, flat; ``bases``: each pixel's window origin in a plane,
+    0 past the last pixel; ``taps``: each of the T window taps' offset from it)."""
+    depth = channels * taps.shape[0]
+    for q in range(q0, q1):
+        panel = pack[(q - q0) * depth * MR:]
+        lanes = bases[q * MR:(q + 1) * MR]
+        # lanes rise, so a span of MR - 1 (2 (MR - 1)) puts every pixel 1 (2) after the one before:
+        # the rows copied as vectors, with no per-pixel index
+        span = lanes[MR - 1] - lanes[0]
+        if span == MR - 1 or span == 2 * (MR - 1):
+            to, start = panel.ctypes.data, xp.ctypes.data + 4 * lanes[0]
+            for ci in range(channels):
+                for t in range(taps.shape[0]):
+                    if span == MR - 1:
+                        cpu_tiles.copy_row(to, start + 4 * (ci * plane + taps[t]))
+                    else:
+                        cpu_tiles.copy_row_s2(to, start + 4 * (ci * plane + taps[t]))
+                    to += 4 * MR
+            continue
+        k = 0
+        for ci in range(channels):
+            for t in range(taps.shape[0]):
+                at, offset = k * MR, ci * plane + taps[t]
+                for r in range(MR):
+                    panel[at + r] = xp[lanes[r] + offset]
+                k += 1
+
+
+@cpu_jit.inlined
+def tile_products(panels, pack, acc, result, bias, q0, q1, v0, v1, pixels, pixels_outer, lo, hi, epilogue):
+    """result [O, pixels] (flat) for pixel panels [q0, q1) (``pack_windows``' panels, from pack's
+    start) and weight panels [v0, v1): ``cpu_tiles.tile_product`` per pair into ``acc``, each tile
+    stored with clamp(acc + bias[o]) to [lo, hi] where ``epilogue``; ``pixels_outer``: the
+    order of the pairs."""
+    depth = panels.shape[1]
+    o = bias.shape[0]
+    across = v1 - v0
+    for j in range((q1 - q0) * across):
+        # pixel panels outer where the weights are the smaller operand (they stay in cache while
+        # each pixel panel is used across them), weight panels outer where they are the larger
+        if pixels_outer:
+            q, v = q0 + j // across, v0 + j % across
+        else:
+            v, q = v0 + j // (q1 - q0), q0 + j % (q1 - q0)
+        channels_here = min(NR, o - v * NR)
+        cpu_tiles.tile_product(pack.ctypes.data + 4 * (q - q0) * depth * MR, MR, panels[v].ctypes.data, NR, depth,
+                               acc.ctypes.data)
+        first = q * MR
+        rows = min(MR, pixels - first)
+        for c in range(channels_here):
+            at = (v * NR + c) * pixels + first
+            if epilogue:
+                value = bias[v * NR + c]
+                for r in range(rows):
+                    result[at + r] = min(max(acc[r * NR + c] + value, lo), hi)
+            else:
+                for r in range(rows):
+                    result[at + r] = acc[r * NR + c]
+
+
+@_region
+def packed_conv(x, xp, inner, bases, taps, panels, out, bias, pack_bounds, blocks, packs, accs, shared, pixels_outer,
+                lo, hi, epilogue):
+    """A convolution of one image, x [C, H, W] with weights packed at creation ``panels`` [O / NR,
+    C*T, NR] (``cpu_tiles.pack_panels``) into out [O, OH, OW], in up to three parallel steps: x
+    copied into the inside ``inner`` = (top, left, rows, columns) of ``xp``, its zero-bordered
+    copy (none where there is no padding: ``xp`` is empty, x is read as it lies); the windows
+    packed into pixel panels (``pack_windows``); the products (``tile_products``) of blocks (pixel panels [q0, q1), weight
+    panels [v0, v1)) = blocks[i]. Where ``shared``, the panels are packed once, spans
+    [pack_bounds[j], pack_bounds[j + 1]) in parallel into packs[0], and every block reads them
+    (an image with fewer pixels than channels: its blocks are weight spans); else each block
+    packs its own into its thread's ``packs`` row and multiplies them while in cache. No BLAS:
+    its packing of the weights on every call was the cost (``cpu_tiles`` says why)."""
+    channels, height, width = x.shape
+    o, oh, ow = out.shape
+    top, left, rows, cols = inner
+    plane = rows * cols
+    result = out.reshape(o * oh * ow)
+    if xp.shape[0]:
+        grid = xp.reshape(channels, rows, cols)
+        for ci in numba.prange(channels):
+            grid[ci, top:top + height, left:left + width] = x[ci]
+        source = xp
+    else:
+        source = x.reshape(x.size)
+    if shared:
+        pack = packs[0]
+        depth = panels.shape[1]
+        for j in numba.prange(pack_bounds.shape[0] - 1):
+            q0 = pack_bounds[j]
+            pack_windows(source, pack[q0 * depth * MR:], bases, taps, plane, channels, q0, pack_bounds[j + 1])
+        for i in numba.prange(blocks.shape[0]):
+            q0, q1, v0, v1 = blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3]
+            tile_products(panels, pack[q0 * depth * MR:], accs[numba.get_thread_id()], result, bias, q0, q1, v0, v1,
+                          oh * ow, pixels_outer, lo, hi, epilogue)
+    else:
+        for i in numba.prange(blocks.shape[0]):
+            thread = numba.get_thread_id()
+            q0, q1, v0, v1 = blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3]
+            pack_windows(source, packs[thread], bases, taps, plane, channels, q0, q1)
+            tile_products(panels, packs[thread], accs[thread], result, bias, q0, q1, v0, v1, oh * ow, pixels_outer, lo,
+                          hi, epilogue)
+
+
+def packed_conv_tables(kernel: tuple[int, int], strides: tuple[int, int], dilations: tuple[int, int],
+                       out_hw: tuple[int, int], padded_width: int) -> tuple[np.ndarray, np.ndarray]:
+    """``pack_windows``' bases (each output pixel's window origin in a padded plane
+    ``padded_width`` wide, in MR-pixel panels, 0 past the last pixel) and taps (each window tap's
+    offset from it)."""
+    (kh, kw), (sh, sw), (dh, dw), (oh, ow) = kernel, strides, dilations, out_hw
+    origins = ((np.arange(oh)[:, None] * sh) * padded_width + np.arange(ow)[None, :] * sw).reshape(-1)
+    bases = np.zeros(-(-origins.size // MR) * MR, np.int64)
+    bases[:origins.size] = origins
+    taps = ((np.arange(kh)[:, None] * dh) * padded_width + np.arange(kw)[None, :] * dw).reshape(-1).astype(np.int64)
+    return bases, taps
+
+
+# -- Winograd on the register tile ---------------------------------------------------------------
+# Tiles go in panels of MR (the broadcast operand of ``cpu_tiles.tile_product``), output channels
+# in panels of NR (the weights, transformed and packed at creation). Every transform is a product
+# of at most 8 x 8 matrices, done one tile at a time by ``cpu_tiles.square_product`` (B_h^T d B_w)
+# or ``row_product`` (a 1D tile's, a 1x7 or 7x1 kernel's: d B), or on a panel by ``tile_product``
+# (A_h^T m A_w); Numba's own loops left them scalar (0.9 ms for the input transforms of 64 channels
+# 56x56 F(6, 3) on two threads, against 0.25 now). A matrix of an axis whose alpha is 1 is [[1]]:
+# its step is skipped, not multiplied by one.
+
+@cpu_jit.inlined
+def winograd_input_panel(xp, v, bases, b_rows, b_cols, scratch, c, p, panels, channels, plane, cols):
+    """Channel c of tile panel p transformed (B_h^T d B_w) into v [alpha_h * alpha_w, panels, C,
+    MR]: each tile's alpha_h x alpha_w inputs read from the zero-bordered plane ``xp`` at
+    ``bases[p * MR + r]`` (rows ``cols`` apart; reads run SQUARE floats wide); b_rows, b_cols:
+    B_h [alpha_h, SQUARE] and B_w [alpha_w, SQUARE] zero-padded (a 1D tile's B: [alpha, ROW]);
+    ``scratch``: SQUARE^2 * (MR + 1) floats, t, then the panel's MR results e_r."""
+    ah, aw = b_rows.shape[0], b_cols.shape[0]
+    block = SQUARE * SQUARE
+    xa, sa = xp.ctypes.data, scratch.ctypes.data
+    dst = v[(p * channels + c) * MR:]
+    position = panels * channels * MR
+    if ah == 1 or aw == 1:  # a 1D tile: e[u] = sum over y of d[y] B[y][u], d along the long axis
+        b, a, step = (b_cols, aw, 1) if ah == 1 else (b_rows, ah, cols)
+        for r in range(MR):
+            cpu_tiles.row_product(xa + 4 * (c * plane + bases[p * MR + r]), step, b.ctypes.data, cpu_tiles.ROW, a, sa)
+            for u in range(a):
+                dst[u * position + r] = scratch[u]
+        return
+    for r in range(MR):
+        origin = xa + 4 * (c * plane + bases[p * MR + r])
+        # t[x][u] = sum over y of d[y][x] B_h[y][u]; then e_r[w][u] = sum over x of B_w[x][w] t[x][u]
+        cpu_tiles.square_product(origin, cols, b_rows.ctypes.data, SQUARE, ah, sa)
+        cpu_tiles.square_product(b_cols.ctypes.data, SQUARE, sa, SQUARE, aw, sa + 4 * block * (r + 1))
+    e = scratch[block:block * (MR + 1)]
+    for u in range(ah):
+        for w in range(aw):
+            at, src = (u * aw + w) * position, e[w * SQUARE + u:]
+            for r in range(MR):  # the panel's MR tiles side by side, as the product reads them
+                dst[at + r] = src[r * block]
+
+
+@cpu_jit.inlined
+def winograd_axis_transform(a, src, count, outer_step, row_step, stride, depth, dst):
+    """One axis of the output transform A_h^T m A_w for a tile panel's MR tiles: for o < count and
+    each tile r, the MR x NR block dst[o][r] (at (o * MR + r) * MR * NR floats from ``dst``) = the
+    sum over d < depth of a[d][0:MR] (outer product) the NR floats at ``src`` + (o * outer_step +
+    r * row_step + d * stride) floats (``src``, ``dst``: addresses)."""
+    for o in range(count):
+        for r in range(MR):
+            cpu_tiles.tile_product(a.ctypes.data, MR, src + 4 * (o * outer_step + r * row_step), stride, depth,
+                                   dst + 4 * (o * MR + r) * MR * NR)
+
+
+@cpu_jit.inlined
+def winograd_output_panel(m, s, y, a_rows, a_cols, tile, out, bias, p, q, tiles, tiles_w, lo, hi):
+    """Tile panel p, channel panel q of the products m [alpha_h * alpha_w, MR, NR] (position
+    u * alpha_w + w) transformed (A_h^T m A_w) and put in place, clamp(. + bias[o]) to [lo, hi],
+    clipped at the output's edges; a_rows, a_cols: A_h [alpha_h, MR] and A_w [alpha_w, MR]
+    zero-padded; ``tile`` = (nh, nw); s [alpha_w, MR, MR, NR] and y [nh, MR, MR, NR] scratch."""
+    ah, aw = a_rows.shape[0], a_cols.shape[0]
+    nh, nw = tile
+    width = MR * NR
+    ma, sa = m.ctypes.data, s.ctypes.data
+    # s[w][r][i][c] = sum over u of A_h[u][i] m[u][w][r][c], at w * s_w + r * s_r + i * NR + c
+    s_w, s_r = MR * width, width
+    if ah == 1:
+        sa, s_w, s_r = ma, width, NR
+    else:
+        winograd_axis_transform(a_rows, ma, aw, width, NR, aw * width, ah, sa)
+    # y[i][r][j][c] = sum over w of A_w[w][j] s[w][r][i][c], at i * y_i + r * y_r + j * NR + c
+    y_i, y_r = MR * width, width
+    if aw == 1:  # s is the output tiles
+        y_i, y_r = NR, s_r
+    else:
+        winograd_axis_transform(a_cols, sa, nh, NR, s_r, s_w, aw, y.ctypes.data)
+    source = s if aw == 1 else y  # where A_w is [[1]], s is the output tiles
+    o, oh, ow = out.shape
+    for r in range(min(MR, tiles - p * MR)):
+        ty, tx = (p * MR + r) // tiles_w, (p * MR + r) % tiles_w
+        for c in range(min(NR, o - q * NR)):
+            b = bias[q * NR + c]
+            for i in range(min(nh, oh - ty * nh)):
+                row, src = out[q * NR + c, ty * nh + i, tx * nw:], source[i * y_i + r * y_r + c:]
+                for j in range(min(nw, ow - tx * nw)):
+                    row[j] = min(max(src[j * NR] + b, lo), hi)
+
+
+@_region
+def winograd_packed(x, xp, inner, bases, b_rows, b_cols, a_rows, a_cols, u, v, scratch, out, bias, geometry, lo, hi):
+    """Winograd F(nh x nw, kh x kw) of one image, x [C, H, W] into out [O, OH, OW], in three
+    parallel steps: x copied into the inside ``inner`` = (top, left, rows, columns) of ``xp``, its
+    zero-bordered copy; every (tile panel, channel) transformed into v (``winograd_input_panel``);
+    every (tile panel, channel panel) pair's alpha_h * alpha_w products by the register tile
+    against the weights transformed and packed at creation u [alpha_h * alpha_w, O / NR, C, NR],
+    then transformed back and put in place (``winograd_output_panel``). geometry: (nh, nw, tiles,
+    tiles per row, panels, weights_outer: the pairs walk channel panels outer, where u is larger
+    than v, so each thread reads its part of the weights once)."""
+    channels, height, width = x.shape
+    top, left, rows, cols = inner
+    nh, nw, tiles, tiles_w, panels, weights_outer = geometry
+    plane = rows * cols
+    grid = xp[:channels * plane].reshape(channels, rows, cols)
+    for ci in numba.prange(channels):
+        grid[ci, top:top + height, left:left + width] = x[ci]
+    for i in numba.prange(panels * channels):
+        winograd_input_panel(xp, v, bases, b_rows, b_cols, scratch[numba.get_thread_id()], i % channels,
+                             i // channels, panels, channels, plane, cols)
+    positions = b_rows.shape[0] * b_cols.shape[0]
+    aw = b_cols.shape[0]
+    count = u.shape[1]
+    size = MR * NR
+    for i in numba.prange(panels * count):
+        sc = scratch[numba.get_thread_id()]
+        m, s, y = sc[:positions * size], sc[positions * size:(positions + aw * MR) * size], sc[(positions + aw * MR) * size:]
+        p, q = (i % panels, i // panels) if weights_outer else (i // count, i % count)
+        for f in range(positions):
+            cpu_tiles.tile_product(v.ctypes.data + 4 * (f * panels + p) * channels * MR, MR,
+                                   u.ctypes.data + 4 * (f * count + q) * channels * NR, NR, channels,
+                                   m.ctypes.data + 4 * f * size)
+        winograd_output_panel(m, s, y, a_rows, a_cols, (nh, nw), out, bias, p, q, tiles, tiles_w, lo, hi)
+
+
+def winograd_scratch_floats(alpha_h: int, alpha_w: int, nh: int) -> int:
+    """Floats of ``winograd_packed``'s scratch row per thread."""
+    return max(SQUARE * SQUARE * (MR + 1), (alpha_h * alpha_w + alpha_w * MR + nh * MR) * MR * NR)
+
+
+# -- channel spans of the compiled depthwise and pooling loops ---------------------------------
+
+#: ``cpu_jit``'s depthwise kernels on a zero-bordered plane, by the ``kind`` ``depthwise_spans``
+#: takes (stride 2 takes phase planes: ``depthwise_s2_spans``). A kernel passed as an argument
+#: would be typed by its identity, which differs per process, so Numba's disk cache would never
+#: hit and every process would spend ~1.3 s per kernel compiling the region.
+PLANE_KINDS = (cpu_jit.depthwise3x3_s1, cpu_jit.depthwise3x3_s1_flat, cpu_jit.depthwise_any)
+
+
+@_region
+def depthwise_spans(kind, x, w, bias, out, bounds, planes, accs, geometry, pt, pl, lo, hi):
+    """``cpu_jit``'s depthwise kernel PLANE_KINDS[kind] on the channel spans [bounds[i],
+    bounds[i + 1]) of one image, each on its thread's scratch."""
+    for i in numba.prange(bounds.shape[0] - 1):
+        t = numba.get_thread_id()
+        c0, c1 = bounds[i], bounds[i + 1]
+        args = (x[c0:c1], w[c0:c1], bias[c0:c1], out[c0:c1], planes[t], accs[t], geometry, pt, pl, lo, hi)
+        if kind == 0:
+            cpu_jit.depthwise3x3_s1(*args)
+        elif kind == 1:
+            cpu_jit.depthwise3x3_s1_flat(*args)
+        else:
+            cpu_jit.depthwise_any(*args)
+
+
+@_region
+def depthwise_s2_spans(x, w, bias, out, bounds, phases, unused, geometry, pt, pl, lo, hi):
+    """``cpu_jit.depthwise3x3_s2`` on the channel spans of one image, each on its thread's scratch."""
+    for i in numba.prange(bounds.shape[0] - 1):
+        t = numba.get_thread_id()
+        c0, c1 = bounds[i], bounds[i + 1]
+        cpu_jit.depthwise3x3_s2(x[c0:c1], w[c0:c1], bias[c0:c1], out[c0:c1], phases[t], unused[t], geometry,
+                                pt, pl, lo, hi)
+
+
+def depthwise_region(kernel: Callable, args: tuple) -> tuple[Callable, tuple]:
+    """The region running ``kernel`` on channel spans, and its arguments: ``args`` as the kernel's
+    region takes them after (kind where it takes one)."""
+    if kernel is cpu_jit.depthwise3x3_s2:
+        return depthwise_s2_spans, args
+    return depthwise_spans, (PLANE_KINDS.index(kernel), *args)
+
+
+@_region
+def pool_spans(x, out, scale, bounds, rows, is_max, sh, sw, pt, pl):
+    """``cpu_jit.pool3x3`` (a max where ``is_max``, else a mean) on the channel spans of one
+    image, each on its thread's scratch row."""
+    for i in numba.prange(bounds.shape[0] - 1):
+        t = numba.get_thread_id()
+        c0, c1 = bounds[i], bounds[i + 1]
+        cpu_jit.pool3x3(x[c0:c1], out[c0:c1], scale, rows[t], is_max, sh, sw, pt, pl)
+
+
+@_region
+def pool_same_spans(x, out, scale, bounds, planes, is_max):
+    """``cpu_jit.pool3x3_same`` (stride 1, the input's size) on the channel spans of one image,
+    as flat planes [C, H W], each on its thread's scratch plane."""
+    for i in numba.prange(bounds.shape[0] - 1):
+        t = numba.get_thread_id()
+        c0, c1 = bounds[i], bounds[i + 1]
+        cpu_jit.pool3x3_same(x[c0:c1], out[c0:c1], scale, planes[t], is_max)
+
+
+@_region
+def row_sum_spans(a, values, index, out, bounds, width, lo, hi):
+    """out[r * width + i] = clamp(a[r * width + i] + values[index[r]]) to [lo, hi] for the rows r
+    in the spans [bounds[j], bounds[j + 1]): a value per row added along it (a per-channel bias
+    over NCHW planes)."""
+    for j in numba.prange(bounds.shape[0] - 1):
+        for r in range(bounds[j], bounds[j + 1]):
+            value = values[index[r]]
+            x, z = a[r * width:(r + 1) * width], out[r * width:(r + 1) * width]
+            for i in range(width):
+                z[i] = min(max(x[i] + value, lo), hi)
+
+
+@_region
+def sum_spans(a, b, out, bounds, lo, hi):
+    """out[i] = clamp(a[i] + b[i]) to [lo, hi] over the spans [bounds[j], bounds[j + 1])."""
+    for j in numba.prange(bounds.shape[0] - 1):
+        s0, s1 = bounds[j], bounds[j + 1]
+        x, y, z = a[s0:s1], b[s0:s1], out[s0:s1]
+        for i in range(s1 - s0):
+            z[i] = min(max(x[i] + y[i], lo), hi)
+
+
+def available_layer() -> str | None:
+    """The threading layer the regions run on (None before ``available()`` found one)."""
+    return _layer()[0]

@@ -1,0 +1,207 @@
+"""The plans of :mod:`.cl_plans` as CUDA launches, and the CUDA-graph capture of a run: the parts
+of the ``cuda`` backend that need no GPU, kept apart from CuPy so that they are tested on any
+machine (``tests/test_cuda_backend.py``, with stand-ins for CuPy's stream and kernel objects).
+
+A planned :class:`~.cl_plans.Launch` counts OpenCL work-items; CUDA launches ``gsize[i] //
+lsize[i]`` blocks of ``lsize`` threads along x, y, z (the prelude's ``get_global_id`` is
+``blockIdx * blockDim + threadIdx``, so both APIs index the same elements). A kernel argument
+that is a tensor's buffer (a :class:`DeviceBuffer`) or a plan's :class:`~.cl_plans.Scratch`
+becomes the device pointer the kernel indexes from, followed by the plan's element offset;
+scalars stay NumPy scalars, which CuPy passes by value with their own width.
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from ..kernels.cl.planner import Launch, Scratch
+
+#: CUDA's limits on one launch (every GPU since compute capability 3.0): threads per block, and
+#: blocks along x, y and z
+MAX_BLOCK_THREADS = 1024
+MAX_GRID = (2**31 - 1, 65535, 65535)
+
+
+@dataclass(eq=False)
+class DeviceBuffer:
+    """One device allocation (the session's pool, a constant, a scratch buffer): ``pointer`` is
+    what kernels and copies take (a ``cupy.cuda.MemoryPointer``, which also keeps the memory
+    alive), ``nbytes`` its size. ``constant``: made by ``constant()`` and never written by a
+    kernel, so plans may pack it once (``cl_plans.PlannerTarget.is_constant``)."""
+
+    pointer: Any
+    nbytes: int
+    constant: bool = False
+
+
+@dataclass
+class CudaLaunch:
+    """A planned launch made ready: the kernel (a ``cupy.RawKernel``, or anything called as
+    ``kernel(grid, block, args, stream=...)``), its grid and block, and its arguments with
+    device pointers in place of buffers."""
+
+    kernel: Any
+    name: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    args: tuple
+
+    def __call__(self, stream: Any) -> None:
+        self.kernel(self.grid, self.block, self.args, stream=stream)
+
+
+def grid_block(launch: Launch) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(grid, block) of a planned launch: ``lsize`` threads per block, ``gsize // lsize`` blocks
+    per dimension, padded to three dimensions with 1. A launch CUDA cannot run as planned is a
+    ValueError naming the kernel: no work-group size (the planners always give one for the GPU
+    family), a global size that is not a multiple of it (OpenCL refuses that too), or sizes past
+    CUDA's limits."""
+    where = f"kernel {launch.name!r} of program {launch.family!r}"
+    if launch.lsize is None:
+        raise ValueError(f"{where}: planned without a work-group size, which a CUDA launch needs")
+    if len(launch.lsize) != len(launch.gsize) or not 1 <= len(launch.gsize) <= 3:
+        raise ValueError(f"{where}: global size {launch.gsize} and work-group {launch.lsize} differ in rank")
+    if any(s <= 0 or g % s for g, s in zip(launch.gsize, launch.lsize)):
+        raise ValueError(f"{where}: global size {launch.gsize} is not a multiple of the work-group {launch.lsize}")
+    pad = (1,) * (3 - len(launch.gsize))
+    block = tuple(launch.lsize) + pad
+    grid = tuple(g // s for g, s in zip(launch.gsize, launch.lsize)) + pad
+    threads = block[0] * block[1] * block[2]
+    if threads > MAX_BLOCK_THREADS or any(g > m for g, m in zip(grid, MAX_GRID)):
+        raise ValueError(f"{where}: {grid} blocks of {block} threads exceed CUDA's limits "
+                         f"({MAX_BLOCK_THREADS} threads a block, {MAX_GRID} blocks)")
+    return grid, block  # type: ignore[return-value]
+
+
+def kernel_args(args: Sequence[Any], scratch: Mapping[Scratch, DeviceBuffer]) -> tuple:
+    """A plan's arguments as a CUDA kernel takes them: a :class:`DeviceBuffer` (a tensor's
+    buffer) or a :class:`~.cl_plans.Scratch` (replaced by the buffer made for it) becomes its
+    device pointer; the element offsets and scalars after it are passed as planned."""
+    out = []
+    for arg in args:
+        if isinstance(arg, Scratch):
+            arg = scratch[arg]
+        out.append(arg.pointer if isinstance(arg, DeviceBuffer) else arg)
+    return tuple(out)
+
+
+def bind(launch: Launch, kernel: Any, scratch: Mapping[Scratch, DeviceBuffer]) -> CudaLaunch:
+    """A planned launch with its kernel looked up and its arguments made CUDA's."""
+    grid, block = grid_block(launch)
+    return CudaLaunch(kernel, launch.name, grid, block, kernel_args(launch.args, scratch))
+
+
+@dataclass
+class Recording:
+    """What ``record`` returns: the CUDA graph of the executions' launches (None when they have
+    none), and the executions, which keep every buffer and kernel the graph uses alive."""
+
+    graph: Any
+    launches: int
+    executions: list[Any] = field(default_factory=list)
+
+
+def capture(stream: Any, launches: Sequence[CudaLaunch], relaxed_mode: int) -> Any:
+    """The CUDA graph of ``launches`` in order, captured on ``stream`` (a ``cupy.cuda.Stream``,
+    never the legacy default stream, which cannot capture) and instantiated; None for no launch.
+
+    Relaxed capture mode, because other threads may allocate or copy while this one captures
+    (another run state being prepared, a run in flight): in the default "global" mode CUDA
+    refuses their unsafe calls during the capture. A launch that fails ends the capture before
+    the error goes on, so the stream stays usable."""
+    if not launches:
+        return None
+    stream.begin_capture(mode=relaxed_mode)
+    try:
+        for launch in launches:
+            launch(stream)
+    except BaseException:
+        try:
+            stream.end_capture()  # the half-captured graph is dropped
+        except Exception:
+            pass
+        raise
+    return stream.end_capture()
+
+
+@dataclass
+class Lane:
+    """What one write, read, record or run in flight has to itself, so that several threads use
+    the device at once: a stream (non-blocking, so it never waits on the legacy default stream
+    and a capture on it never involves another thread's work), an event (to order it after the
+    caller's current stream for device arrays), and pinned host staging, grown on demand."""
+
+    stream: Any
+    event: Any
+    staging: Any = None  # a numpy uint8 view of pinned host memory (which it keeps alive)
+    timing: Any = None  # (start, end) timing events, made by the first measure_recording on the lane
+
+
+class Lanes:
+    """A pool of :class:`Lane`: one lent per verb call (a verb waits for its lane's stream
+    before it returns it, so no two calls share unfinished work); ``reserve`` makes one more
+    ahead of time with staging for ``nbytes``, so that a recorded run creates nothing.
+
+    ``make_lane()`` creates a lane; ``make_staging(nbytes)`` pinned host memory as a uint8
+    array of at least ``nbytes``. Both are the backend's (counted there)."""
+
+    def __init__(self, make_lane: Callable[[], Lane], make_staging: Callable[[int], Any]):
+        self._make_lane = make_lane
+        self._make_staging = make_staging
+        self._lock = threading.Lock()
+        self._idle: list[Lane] = []
+        self._reserved_bytes = 0
+        self.all: list[Lane] = []
+
+    def _new(self) -> Lane:
+        lane = self._make_lane()
+        with self._lock:
+            self.all.append(lane)
+        return lane
+
+    def reserve(self, nbytes: int) -> None:
+        """One more lane, made now; every idle lane's staging grown to the largest ``nbytes``
+        reserved so far (a later, smaller reservation must not leave a lane short)."""
+        lane = self._new()
+        with self._lock:
+            self._reserved_bytes = nbytes = max(self._reserved_bytes, nbytes)
+            self._idle.append(lane)
+            idle = list(self._idle)
+            self._idle.clear()  # lent to this call while their staging grows
+        try:
+            for each in idle:
+                self.staging(each, nbytes)
+        finally:
+            with self._lock:
+                self._idle.extend(idle)
+
+    @contextmanager
+    def lend(self) -> Iterator[Lane]:
+        """An idle lane (a new one when every lane is lent) for one call."""
+        lane = self.take()
+        try:
+            yield lane
+        finally:
+            self.give(lane)
+
+    def take(self) -> Lane:
+        """An idle lane (a new one when every lane is lent), the caller's until ``give``."""
+        with self._lock:
+            lane = self._idle.pop() if self._idle else None
+        return self._new() if lane is None else lane
+
+    def give(self, lane: Lane) -> None:
+        with self._lock:
+            self._idle.append(lane)
+
+    def staging(self, lane: Lane, nbytes: int) -> Any:
+        """The lane's staging, grown (never shrunk) to at least ``nbytes``."""
+        if nbytes and (lane.staging is None or lane.staging.nbytes < nbytes):
+            lane.staging = self._make_staging(nbytes)
+        return lane.staging
+
+
+__all__ = ["CudaLaunch", "DeviceBuffer", "Lane", "Lanes", "MAX_BLOCK_THREADS", "MAX_GRID", "Recording", "bind",
+           "capture", "grid_block", "kernel_args"]

@@ -1,0 +1,1 @@
+"""The OpenGL compute backend (moderngl): the GLSL kernels of ``backends.kernels.glsl``."""

@@ -1,0 +1,799 @@
+"""API-neutral planning of the GLSL compute kernels, shared by the Vulkan and OpenGL backends.
+
+The kernels in ``gpumnn/backends/kernels/glsl`` are one set of sources for both APIs; what to dispatch for
+an atomic op -- which kernel variant (``#define``s: op ids, activation, tile and register-block
+sizes), which element ranges of which buffers at which binding slots, the 32 int32/float32
+parameters and the workgroup grid -- is the same decision on both. This module makes it:
+
+* one *planner* per atomic op (``PLANNERS``) returns an :class:`~gpumnn.backends.base.OpPlan`
+  of :class:`Builder` objects and the scheme; :func:`plan` turns it into one of the backend's
+  dispatches;
+* a :class:`Builder` collects one dispatch; ``Builder.build()`` hands it to the backend, which
+  turns it into its API objects (a Vulkan pipeline + descriptor set + push constants, or a GL
+  program + SSBO ranges + uniform bytes);
+* :class:`Hazards` places memory barriers only in front of dispatches that touch a byte range
+  written (or write a range read) since the last barrier.
+
+What a backend provides to the planners (duck-typed, see :class:`PlannerTarget`):
+
+``kernels``           "simd" (register blocking, vec4 loads, narrow workgroups: CPU devices) or
+                      "tiled" (shared-memory tiles, wide workgroups: GPUs)
+``simd_lanes``        SIMD width of a CPU device (workgroup size of the simd convolution)
+``max_group_count``   (x, y, z) workgroup-count limits
+``plan_error``        exception class raised for plans the device cannot run
+``binding(buf, lo, hi)``  -> (binding, base element): the aligned range bound for elements
+                      [lo, hi) of ``buf`` and the element index the range starts at
+``dispatch(builder, bindings)``  -> the backend's dispatch object
+``packed``, ``tables``  dicts caching repacked weights and resize tables (per backend)
+``constant(array)``, ``read(handle)``  as in :class:`~gpumnn.backends.base.Backend`
+
+Buffers handed to the planners carry ``id`` (unique per backend) and ``kind`` ("pool",
+"constant", "arena", ...).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
+
+import numpy as np
+
+from .... import atomic as A
+from .compile import GLSL_DIR
+from ....numerics.strides import contiguous_strides, merge_dims
+from ...base import KERNEL_SCHEMES, OpPlan, PlannerTarget as BasePlannerTarget, TensorHandle
+from ....numerics.sampling import resize_axis
+
+
+def grid_limit(op: A.AtomicOp, max_group_count: Sequence[int]) -> str | None:
+    """Why the planners' grid for ``op`` exceeds the device's workgroup-count limit, or None:
+    convolutions and matrix products put batch x groups on the grid's z axis."""
+    if isinstance(op, (A.Conv2D, A.MatMul)):
+        z = op.batch * getattr(op, "groups", 1)
+        if z > max_group_count[2]:
+            return f"batch x groups = {z} exceeds the device's workgroup grid ({max_group_count[2]})"
+    return None
+
+
+def view_sizes(op: A.AtomicOp) -> list[int]:
+    """Element counts of the tensors ``op`` binds (the largest must fit one storage-buffer binding)."""
+    if isinstance(op, A.MatMul):
+        return [op.batch * op.m * op.n, (op.batch - 1) * op.a_batch_stride + op.m * op.k,
+                (op.batch - 1) * op.b_batch_stride + op.k * op.n]
+    if isinstance(op, (A.Conv2D, A.ConvTranspose2D)):
+        (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
+        return [op.batch * op.in_channels * h * w, op.batch * op.out_channels * oh * ow,
+                op.out_channels * op.in_channels * kh * kw // op.groups]
+    if isinstance(op, A.Pool2D):
+        (h, w), (oh, ow) = op.in_hw, op.out_hw
+        return [op.batch * op.channels * h * w, op.batch * op.channels * oh * ow]
+    if isinstance(op, (A.Softmax, A.Reduce)):
+        return [op.outer * op.size * op.inner]
+    if isinstance(op, A.Normalize):
+        return [op.outer * op.size]
+    if isinstance(op, A.Unary):
+        return [op.count]
+    if isinstance(op, (A.Binary, A.Raster, A.Select)):
+        return [math.prod(op.out_shape)]
+    if isinstance(op, A.CumSum):
+        return [op.outer * op.size * op.inner]
+    if isinstance(op, A.Scatter):
+        return [op.rows * op.inner, op.count * op.inner]
+    if isinstance(op, A.Gather):
+        return [op.outer * op.count * op.inner, op.outer * op.axis * op.inner]
+    if isinstance(op, A.Resize):
+        (h, w), (oh, ow) = op.in_hw, op.out_hw
+        return [op.planes * h * w, op.planes * oh * ow]
+    return []
+
+
+def binding_limit(op: A.AtomicOp, max_range: int, what: str) -> str | None:
+    """Why a tensor ``op`` binds is larger than one storage-buffer binding may be (``max_range``
+    bytes, the API limit ``what``), or None. Such an op is left to the CPU by placement."""
+    largest = 4 * max(view_sizes(op), default=0)
+    if largest > max_range:
+        return f"a tensor of {largest} bytes exceeds {what} ({max_range} bytes)"
+    return None
+
+
+UNARY_IDS, BINARY_IDS, REDUCE_IDS = A.UNARY_IDS, A.BINARY_IDS, A.REDUCE_IDS
+PARAMS = 32  # int32 parameters per dispatch (128 bytes: Vulkan push constants, GL uniform array)
+
+
+class PlanError(RuntimeError):
+    """A dispatch the device cannot run (parameter overflow, grid too large, ...)."""
+
+
+class PlannerTarget(BasePlannerTarget, Protocol):
+    """What the GLSL planners read from a backend (Vulkan, GL)."""
+
+    simd_lanes: int
+    max_group_count: tuple[int, int, int]
+    plan_error: type[Exception]
+    packed: dict
+    tables: dict
+
+    def binding(self, buf: Any, lo: int, hi: int) -> tuple[Any, int]: ...
+    def dispatch(self, builder: "Builder", bindings: tuple) -> Any: ...
+    def constant(self, array: np.ndarray) -> TensorHandle: ...
+    def read(self, handle: TensorHandle) -> np.ndarray: ...
+
+
+def _shader_ids(path: str, prefix: str) -> dict[str, int]:
+    text = (GLSL_DIR / path).read_text()
+    return {m.group(1).lower(): int(m.group(2)) for m in re.finditer(rf"#define {prefix}_(\w+) (\d+)", text)}
+
+
+def check_shader_op_ids() -> None:
+    """The GLSL op ids must follow gpumnn.atomic's orders (one source of truth each side)."""
+    for path, prefix, ids, table in (("activation.glsl", "U", UNARY_IDS, "UNARY_OPS"),
+                                     ("binary.comp", "B", BINARY_IDS, "BINARY_OPS"),
+                                     ("reduce.comp", "R", REDUCE_IDS, "REDUCE_OPS"),
+                                     ("recurrent.comp", "CACT", A.CELL_ACTIVATION_IDS, "CELL_ACTIVATIONS"),
+                                     ("recurrent.comp", "CELL", {name: i for i, name in enumerate(A.CELLS)}, "CELLS")):
+        if _shader_ids(path, prefix) != ids:
+            raise RuntimeError(f"gpumnn/backends/kernels/glsl/{path} op ids do not match atomic.{table}")
+
+
+
+class Binding(NamedTuple):
+    """A bound window of a buffer: ``range`` bytes from byte ``base``."""
+
+    buf: Any
+    base: int  # byte offset of the bound window
+    range: int  # bytes bound
+
+
+def window(buf: Any, lo: int, hi: int, align: int, max_range: int, error: type[Exception] = PlanError,
+           what: str = "the device's maximum storage-buffer range") -> tuple[Binding, int]:
+    """The window binding elements [lo, hi) of ``buf`` (``buf.size`` bytes) and the element
+    index it starts at. The window starts at ``lo`` aligned down to ``align`` bytes (the
+    API's storage-buffer offset alignment) and ends at ``hi``: binding exactly what a dispatch
+    touches lets validation see the true ranges, and lifts the per-binding size limit from
+    the pool to a single tensor."""
+    align = max(4, align)
+    base = (4 * lo) // align * align
+    size = max(4 * hi - base, 4)
+    if size > max_range:
+        raise error(f"a tensor view spans {size} bytes, more than {what} ({max_range} bytes)")
+    return Binding(buf, base, min(size, buf.size - base)), base // 4
+
+
+def _overlaps(ranges, others) -> bool:
+    for b, lo, hi in ranges:
+        for b2, lo2, hi2 in others:
+            if b == b2 and lo < hi2 and lo2 < hi:
+                return True
+    return False
+
+
+class Hazards:
+    """Byte ranges written / read since the last barrier, to place barriers only where needed."""
+
+    def __init__(self):
+        self.written: list = []
+        self.read: list = []
+
+    MAX_PENDING = 64  # beyond this a barrier is cheaper than checking (keeps recording linear)
+
+    def needs_barrier(self, d) -> bool:
+        if not self.written and not self.read:
+            return False
+        if len(self.written) + len(self.read) > self.MAX_PENDING:
+            return True
+        return (_overlaps(d.reads, self.written) or _overlaps(d.writes, self.written)
+                or _overlaps(d.writes, self.read))
+
+    def add(self, d) -> None:
+        self.written.extend(d.writes)
+        self.read.extend(d.reads)
+
+    def clear(self) -> None:
+        self.written.clear()
+        self.read.clear()
+
+
+
+def _pad4(values: Sequence[int], fill: int) -> tuple[int, ...]:
+    values = tuple(int(v) for v in values)
+    if len(values) > 4:
+        raise ValueError(f"strided description of rank {len(values)} > 4")
+    return (fill,) * (4 - len(values)) + values
+
+
+def _extent(offset: int, size: Sequence[int], strides: Sequence[int]) -> tuple[int, int]:
+    """[lo, hi) element range touched by a strided view (strides may be zero or negative)."""
+    lo = hi = offset
+    for s, st in zip(size, strides):
+        if s <= 0:
+            return offset, offset
+        if st < 0:
+            lo += (s - 1) * st
+        else:
+            hi += (s - 1) * st
+    return lo, hi + 1
+
+
+def _collapse(shape: Sequence[int], *strides: Sequence[int]) -> tuple[int, tuple[int, ...], list[tuple[int, ...]]]:
+    """Merge dimensions that are contiguous in every stride list and drop size-1 ones.
+
+    Returns (ndim, shape, strides) right-aligned in RANK 4 dims, with ndim >= 1 the number of
+    dimensions left: kernels compile only the index divisions those need.
+    """
+    merged = merge_dims(shape, *strides) or [(1,) + (0,) * len(strides)]
+    pad = 4 - len(merged)
+    shape4 = (1,) * pad + tuple(m[0] for m in merged)
+    strides4 = [(0,) * pad + tuple(m[j + 1] for m in merged) for j in range(len(strides))]
+    return len(merged), shape4, strides4
+
+
+def _gemm_tiles(m: int, n: int) -> tuple[int, int, int, int]:
+    """(TM, TN, RM, RN) of a 256-invocation tile shaped to the problem."""
+    if m >= 48 and n >= 48:
+        return 64, 64, 4, 4
+    if m >= 48:
+        return (64, 16, 4, 1) if n > 8 else (256, 4, 4, 1)
+    if n >= 48:
+        return (16, 64, 1, 4) if m > 8 else (4, 256, 1, 4)
+    return 16, 16, 1, 1
+
+
+def _row_variant(rows: int, size: int) -> tuple[bool, int]:
+    """(one workgroup per row?, workgroup size) for row reductions."""
+    if size >= 128 or (size >= 32 and rows < 1024):
+        return True, (128 if size >= 1024 else 64)
+    return False, 64
+
+
+class Builder:
+    """Collects one dispatch: kernel variant, bindings (element offsets), parameters, grid."""
+
+    def __init__(self, backend: PlannerTarget, kernel: str, defines: dict, nbind: int):
+        self.backend = backend
+        self.kernel = kernel
+        self.defines = dict(defines)
+        self.nbind = nbind
+        self.bindings: list[Any] = [None] * nbind
+        self.params = np.zeros(PARAMS, dtype=np.int32)
+        self.reads: list = []
+        self.writes: list = []
+        self.groups = (0, 0, 0)
+
+    def bind(self, slot: int, handle: TensorHandle, lo: int = 0, hi: int | None = None, write: bool = False) -> int:
+        """Bind ``handle``'s buffer at ``slot``; returns the element offset of the handle's first
+        element inside the bound range. ``[lo, hi)`` is the element range used, relative to it."""
+        hi = handle.size if hi is None else hi
+        binding, base_elems = self.backend.binding(handle.buffer, handle.offset + lo, handle.offset + hi)
+        self.bindings[slot] = binding
+        rng = (handle.buffer.id, 4 * (handle.offset + lo), 4 * (handle.offset + hi))
+        (self.writes if write else self.reads).append(rng)
+        return handle.offset - base_elems
+
+    def set(self, index: int, *values: int) -> None:
+        for i, v in enumerate(values):
+            v = int(v)
+            if not -2**31 <= v < 2**31:
+                raise self.backend.plan_error(f"kernel parameter {v} does not fit in int32")
+            self.params[index + i] = v
+
+    def setf(self, index: int, *values: float) -> None:
+        view = self.params.view(np.float32)
+        for i, v in enumerate(values):
+            view[index + i] = np.float32(v)
+
+    def activation(self, index: int, activation: A.Activation) -> None:
+        if activation is None:
+            return
+        name, params = activation
+        self.defines["ACT"] = UNARY_IDS[name]
+        self.setf(index, *(tuple(params) + (0.0, 0.0, 0.0))[:3])
+
+    def grid1d(self, items: int, wg: int) -> None:
+        """Enough workgroups of ``wg`` invocations for ``items`` (x capped, y carries the rest)."""
+        self.defines.setdefault("WG", wg)
+        self.rows(math.ceil(items / wg))
+
+    def rows(self, groups: int) -> None:
+        max_x, max_y, _ = self.backend.max_group_count
+        gx = min(groups, max_x)
+        gy = math.ceil(groups / gx) if gx else 0
+        if gy > max_y:
+            raise self.backend.plan_error(f"{groups} workgroups exceed the device's grid limit")
+        self.groups = (gx, gy, 1)
+
+    def build(self) -> Any:
+        """The backend's dispatch object (None for an empty grid); unbound slots repeat the
+        first binding (every slot of a layout must be valid)."""
+        if 0 in self.groups:
+            return None
+        first = next(b for b in self.bindings if b is not None)
+        bindings = tuple(b if b is not None else first for b in self.bindings)
+        return self.backend.dispatch(self, bindings)
+
+
+# --------------------------------------------------------------------------------------------
+# Planners: one per atomic op; each returns an OpPlan of Builders and the scheme.
+# --------------------------------------------------------------------------------------------
+
+def _int_defines(in_dtype: str, out_dtype: str = A.FLOAT32) -> dict:
+    """``IN_INT`` / ``OUT_INT`` where the input / output storage dtype is int32: kernels that
+    compute read and write int32 views of their bindings with these (see unary.comp)."""
+    return {name: 1 for name, dtype in (("IN_INT", in_dtype), ("OUT_INT", out_dtype)) if dtype == A.INT32}
+
+
+def _word(bits: int) -> int:
+    """A 32-bit word as the int32 parameter that carries it."""
+    return bits - (1 << 32) if bits >= 1 << 31 else bits
+
+
+def _region_builder(be: PlannerTarget, r: A.Region, src: TensorHandle, out: TensorHandle) -> Builder:
+    """One strided copy of 32-bit words (raster.comp)."""
+    size = _pad4(r.size, 1)
+    sst, dst = _pad4(r.src_strides, 0), _pad4(r.dst_strides, 0)
+    slo, shi = _extent(r.src_offset, size, sst)
+    dlo, dhi = _extent(r.dst_offset, size, dst)
+    ndim, csize, (csst, cdst) = _collapse(size, sst, dst)
+    b = Builder(be, "raster", {"NDIM": ndim}, 2)
+    do = b.bind(0, out, dlo, dhi, write=True)
+    so = b.bind(1, src, slo, shi)
+    b.set(0, r.count, csize[1], csize[2], csize[3], so + r.src_offset, *csst, do + r.dst_offset, *cdst)
+    b.grid1d(r.count, 128)
+    return b
+
+
+def _plan_raster(be: PlannerTarget, op: A.Raster, ins, outs):
+    out = outs[0]
+    builders = []
+    if op.fill is not None and out.size:
+        b = Builder(be, "raster", {"FILL": 1}, 2)
+        o = b.bind(0, out, write=True)
+        b.set(0, out.size, o, _word(A.fill_bits(op.fill, op.dtype)))
+        b.grid1d(out.size, 128)
+        builders.append(b)
+    builders += [_region_builder(be, r, ins[r.src], out) for r in op.regions if r.count]
+    return OpPlan(builders, "raster")
+
+
+def _int_clip_bounds(params: Sequence[float]) -> tuple[int, int]:
+    """Clip's float bounds as int32 bounds, as the reference takes them (truncated, an infinite
+    or out-of-range bound the type's limit)."""
+    lo, hi = -2**31, 2**31 - 1
+    return tuple(int(min(max(v, lo), hi)) for v in params[:2])  # type: ignore[return-value]
+
+
+def _plan_unary(be, op: A.Unary, ins, outs):
+    defines = dict(_int_defines(op.dtype, op.output_dtype()), OP=UNARY_IDS[op.op])
+    b = Builder(be, "unary", defines, 2)
+    o = b.bind(0, outs[0], 0, op.count, write=True)
+    x = b.bind(1, ins[0], 0, op.count)
+    b.set(0, op.count, x, o)
+    if op.dtype == A.INT32:
+        if op.op == "clip":
+            b.set(3, *_int_clip_bounds(op.params))
+    else:
+        b.setf(3, *(tuple(op.params) + (0.0, 0.0, 0.0))[:3])
+    b.grid1d(op.count, 128)
+    return OpPlan([b])
+
+
+def _elementwise_builder(be, kernel: str, defines: dict, shape: Sequence[int],
+                         operand_strides: Sequence[Sequence[int]], ins, outs) -> Builder:
+    """An elementwise dispatch over ``shape`` (RANK dims, output contiguous) reading each input
+    through its strides (binary.comp, select.comp): dims contiguous in every view collapsed,
+    then params total | shape[1..3] | per operand: offset, 4 strides | out offset."""
+    shape, padded = _pad4(shape, 1), [_pad4(st, 0) for st in operand_strides]
+    total = math.prod(shape)
+    ndim, cshape, collapsed = _collapse(shape, *padded, contiguous_strides(shape))
+    b = Builder(be, kernel, dict(defines, NDIM=ndim), len(padded) + 1)
+    o = b.bind(0, outs[0], 0, total, write=True)
+    params = [total, *cshape[1:]]
+    for slot, (x, st, cst) in enumerate(zip(ins, padded, collapsed), 1):
+        params += [b.bind(slot, x, *_extent(0, shape, st)), *cst]
+    b.set(0, *params, o)
+    b.grid1d(total, 128)
+    return b
+
+
+def _plan_binary(be, op: A.Binary, ins, outs):
+    defines = dict(_int_defines(op.dtype), OP=BINARY_IDS[op.op])
+    b = _elementwise_builder(be, "binary", defines, op.out_shape, (op.a_strides, op.b_strides), ins, outs)
+    b.activation(15, op.activation)
+    return OpPlan([b])
+
+
+def _row_builder(be, kernel: str, defines: dict, nbind: int, rows: int, size: int) -> Builder:
+    per_row, wg = _row_variant(rows, size)
+    if per_row:
+        defines = dict(defines, WG_PER_ROW=1, WG=wg)
+    b = Builder(be, kernel, defines, nbind)
+    if per_row:
+        b.rows(rows)
+    else:
+        b.grid1d(rows, wg)
+    return b
+
+
+def _reduce_builder(be, op_name: str, outer: int, size: int, inner: int, x: TensorHandle, out: TensorHandle,
+                    dtype: str = A.FLOAT32):
+    defines = dict(_int_defines(dtype), OP=REDUCE_IDS[op_name])
+    b = _row_builder(be, "reduce", defines, 2, outer * inner, size)
+    o = b.bind(0, out, 0, outer * inner, write=True)
+    xo = b.bind(1, x, 0, outer * size * inner)
+    b.set(0, outer, size, inner, xo, o)
+    return b
+
+
+def _plan_reduce(be, op: A.Reduce, ins, outs):
+    return OpPlan([_reduce_builder(be, op.op, op.outer, op.size, op.inner, ins[0], outs[0], op.dtype)])
+
+
+def _plan_matmul(be, op: A.MatMul, ins, outs):
+    m, n, k, batch = op.m, op.n, op.k, op.batch
+    a_bs, b_bs = op.a_batch_stride, op.b_batch_stride
+    sam, sak = (1, m) if op.trans_a else (k, 1)
+    sbk, sbn = (1, k) if op.trans_b else (n, 1)
+    bias_sm, bias_sn = op.bias_strides
+    if (batch > 1 and b_bs == 0 and not op.trans_a and a_bs == m * k
+            and (not op.has_bias or bias_sm == 0)):  # shared weights: one [batch*M, K] GEMM
+        m, batch = m * batch, 1
+    if be.kernels == "simd":
+        rm = min(16, 1 << (m - 1).bit_length())
+        rn = min(16, 4 << max(0, (n - 1).bit_length() - 2)) if n > 4 else 4
+        defines = {"REGBLOCK": 1, "RM": rm, "RN": rn, "WG": 16}
+        groups = (math.ceil(math.ceil(n / rn) / 16), math.ceil(m / rm), batch)
+    else:
+        tm, tn, rm, rn = _gemm_tiles(m, n)
+        defines = {"TM": tm, "TN": tn, "RM": rm, "RN": rn, "NT": (tm // rm) * (tn // rn)}
+        groups = (math.ceil(n / tn), math.ceil(m / tm), batch)
+    if op.has_bias:
+        defines["HAS_BIAS"] = 1
+    b = Builder(be, "matmul", defines, 4)
+    total = op.batch * op.m * op.n
+    c = b.bind(0, outs[0], 0, total, write=True)
+    a = b.bind(1, ins[0], 0, (op.batch - 1) * a_bs + op.m * op.k)
+    w = b.bind(2, ins[1], 0, (op.batch - 1) * b_bs + op.k * op.n)
+    bias = 0
+    if op.has_bias:
+        bias = b.bind(3, ins[2], *_extent(0, (op.m, op.n), (bias_sm, bias_sn)))
+    b.set(0, m, n, k, batch, a, w, bias, c, a_bs, b_bs, sam, sak, sbk, sbn)
+    b.setf(14, op.alpha, op.beta)
+    b.set(16, bias_sm, bias_sn)
+    b.activation(18, op.activation)
+    if (be.kernels == "simd" and sbn == 1 and n % 4 == 0 and w % 4 == 0 and sbk % 4 == 0
+            and (batch == 1 or b_bs % 4 == 0)):
+        b.defines["B_VEC4"] = 1
+    b.groups = groups
+    _check_grid(be, b.groups)
+    return OpPlan([b], "gemm_regblock" if be.kernels == "simd" else "gemm_tiled")
+
+
+def _check_grid(be, groups) -> None:
+    for g, limit in zip(groups, be.max_group_count):
+        if g > limit:
+            raise be.plan_error(f"workgroup grid {groups} exceeds the device limit {be.max_group_count}")
+
+
+def _plan_conv2d(be, op: A.Conv2D, ins, outs):
+    n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
+    (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
+    (sh, sw), (ph, pw), (dh, dw) = op.strides, op.pads, op.dilations
+    x_len, w_len, o_len = n * c * h * w, oc * (c // g) * kh * kw, n * oc * oh * ow
+    defines: dict = {"HAS_BIAS": 1} if op.has_bias else {}
+    # op.scheme (decided by gpumnn.scheduler.schemes, which checked the geometry fits) names the kernel
+    if op.scheme == "depthwise":
+        max_rn = 16 if be.kernels == "simd" else 4
+        rn = -(-ow // -(-ow // max_rn))  # <= max_rn pixels, evenly split rows
+        row_groups = -(-ow // rn)
+        b = Builder(be, "conv2d", dict(defines, DEPTHWISE=1, RN=rn, KW=kw, SW=sw, DW=dw), 4)
+        o = b.bind(0, outs[0], 0, o_len, write=True)
+        x = b.bind(1, ins[0], 0, x_len)
+        wt = b.bind(2, ins[1], 0, w_len)
+        bias = b.bind(3, ins[2], 0, oc) if op.has_bias else 0
+        items = n * c * oh * row_groups
+        b.set(0, items, c, h, w, oh, ow, kh, 0, sh, 0, ph, pw, dh, 0, x, wt, bias, o, row_groups)
+        b.activation(22, op.activation)
+        b.grid1d(items, 16 if be.kernels == "simd" else 64)
+        return OpPlan([b], "depthwise")
+    if be.kernels == "simd" and _is_constant(ins[1]):
+        return _plan_conv2d_direct_rb(be, op, ins, outs)
+    cg, ocg = c // g, oc // g
+    big_m, big_n, big_k = ocg, oh * ow, cg * kh * kw
+    tm, tn, rm, rn = _gemm_tiles(big_m, big_n)
+    defines.update(TM=tm, TN=tn, RM=rm, RN=rn, NT=(tm // rm) * (tn // rn))
+    pointwise = op.scheme == "gemm1x1"
+    if pointwise:
+        defines["POINTWISE"] = 1
+    b = Builder(be, "conv2d", defines, 4)
+    o = b.bind(0, outs[0], 0, o_len, write=True)
+    x = b.bind(1, ins[0], 0, x_len)
+    wt = b.bind(2, ins[1], 0, w_len)
+    bias = b.bind(3, ins[2], 0, oc) if op.has_bias else 0
+    b.set(0, big_m, big_n, big_k, g, x, wt, bias, o, c, h, w, ow, oc, cg, kh, kw, sh, sw, ph, pw, dh, dw)
+    b.activation(22, op.activation)
+    b.groups = (math.ceil(big_n / tn), math.ceil(big_m / tm), n * g)
+    _check_grid(be, b.groups)
+    return OpPlan([b], "gemm1x1" if pointwise else "implicit_gemm")
+
+
+def _is_constant(handle: TensorHandle) -> bool:
+    return getattr(handle.buffer, "kind", "") in ("constant", "arena")
+
+
+def _packed_conv_weights(be: PlannerTarget, weight: TensorHandle, groups: int, m: int, k: int, rm: int) -> TensorHandle:
+    """Weights [G, M, K] repacked to [G, ceil(M/RM), K, RM] (zero rows pad M), once per weight."""
+    key = (weight.buffer.id, weight.offset, weight.shape, groups, rm)
+    packed = be.packed.get(key)
+    if packed is None:
+        w = be.read(weight).reshape(groups, m, k)
+        blocks = -(-m // rm)
+        padded = np.zeros((groups, blocks * rm, k), dtype=np.float32)
+        padded[:, :m] = w
+        packed = be.constant(padded.reshape(groups, blocks, rm, k).transpose(0, 1, 3, 2).copy())
+        be.packed[key] = packed
+    return packed
+
+
+def _rb_blocks(m: int, oh: int, ow: int, lanes: int, max_rn: int = 16) -> tuple[int, int]:
+    """(RM output channels, RN pixels of a row) per invocation of DIRECT_RB.
+
+    On lavapipe (Mesa 22.x) every storage-buffer load, uniform address or not, is a scalar loop
+    over the SIMD lanes per component (tens of cycles per value loaded for one SIMD vector), an
+    FMA one instruction: per input channel and tap an
+    invocation loads RM + RN values for RM * RN FMAs, so bigger blocks win until the
+    accumulators spill (RM * RN <= 256 floats measured best), and lanes left idle by too few
+    pixel blocks (small late-stage maps, e.g. 7x7) or padding channels are wasted. Score each
+    candidate by FMAs per load times the fraction of lanes and block elements doing real work.
+    """
+    best = None
+    rms = (16, 32) if m >= 16 else (4 * -(-m // 4),)
+    for rm in rms:
+        for max_rn in (16, 8, 4)[(16 // max_rn).bit_length() - 1:]:
+            if rm * max_rn > 256:
+                continue
+            rn = -(-ow // -(-ow // max_rn))  # <= max_rn pixels, evenly split rows
+            items = oh * -(-ow // rn)
+            used = (items / (-(-items // lanes) * lanes)) * (ow / (-(-ow // rn) * rn)) * (m / (-(-m // rm) * rm))
+            score = used * rm * rn / (rm + rn)
+            if best is None or score > best[0] + 1e-9:
+                best = (score, rm, rn)
+    return best[1], best[2]
+
+
+def _plan_conv2d_direct_rb(be, op: A.Conv2D, ins, outs):
+    """Register-blocked direct convolution (conv2d.comp DIRECT_RB) for SIMD CPU devices."""
+    n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
+    (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
+    (sh, sw), (ph, pw), (dh, dw) = op.strides, op.pads, op.dilations
+    cg, m = c // g, oc // g
+    pointwise = op.scheme == "gemm1x1"
+    if pointwise:  # one row of H*W pixels: no row-boundary waste
+        h, w, oh, ow = 1, h * w, 1, oh * ow
+    lanes = be.simd_lanes
+    # A backend may cap the pixel block (``rb_max_rn(op)``): without an unroll hint (OpenGL) a
+    # long activation epilogue over 16 pixels stays a rolled loop and spills the accumulators.
+    max_rn = be.rb_max_rn(op) if hasattr(be, "rb_max_rn") else 16
+    rm, rn = _rb_blocks(m, oh, ow, lanes, max_rn)
+    blocks = -(-m // rm)
+    packed = _packed_conv_weights(be, ins[1], g, m, cg * kh * kw, rm)
+    defines: dict = {"DIRECT_RB": 1, "RM": rm, "RN": rn, "KW": kw, "SW": sw, "DW": dw, "WG": lanes}
+    if op.has_bias:
+        defines["HAS_BIAS"] = 1
+    b = Builder(be, "conv2d", defines, 4)
+    o = b.bind(0, outs[0], 0, n * oc * oh * ow, write=True)
+    x = b.bind(1, ins[0], 0, n * c * h * w)
+    wp = b.bind(2, packed)
+    bias = b.bind(3, ins[2], 0, oc) if op.has_bias else 0
+    if wp % 4:
+        raise be.plan_error("packed weights are not vec4-aligned")
+    if pointwise and rn % 4 == 0 and x % 4 == 0 and w % 4 == 0 and (c * w) % 4 == 0:
+        b.defines["X_VEC4"] = 1
+    row_groups = -(-ow // rn)
+    b.set(0, m, oh, ow, g, x, wp // 4, bias, o, c, h, w, oc, cg, kh, sh, ph, pw, dh, row_groups, blocks)
+    b.activation(22, op.activation)
+    b.groups = (math.ceil(oh * row_groups / lanes), blocks, n * g)
+    _check_grid(be, b.groups)
+    return OpPlan([b], "direct_regblock")
+
+
+def _plan_conv_transpose2d(be, op: A.ConvTranspose2D, ins, outs):
+    n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
+    (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
+    (sh, sw), (ph, pw), (dh, dw) = op.strides, op.pads, op.dilations
+    total = n * oc * oh * ow
+    b = Builder(be, "conv_transpose2d", {"HAS_BIAS": 1} if op.has_bias else {}, 4)
+    o = b.bind(0, outs[0], 0, total, write=True)
+    x = b.bind(1, ins[0], 0, n * c * h * w)
+    wt = b.bind(2, ins[1], 0, c * (oc // g) * kh * kw)
+    bias = b.bind(3, ins[2], 0, oc) if op.has_bias else 0
+    b.set(0, total, c, h, w, oc, oh, ow, c // g, oc // g, kh, kw, sh, sw, ph, pw, dh, dw, x, wt, bias, o)
+    b.activation(22, op.activation)
+    b.grid1d(total, 128)
+    return OpPlan([b], "direct")
+
+
+def _plan_pool2d(be, op: A.Pool2D, ins, outs):
+    n, c = op.batch, op.channels
+    (h, w), (oh, ow), (kh, kw), (sh, sw) = op.in_hw, op.out_hw, op.kernel, op.strides
+    is_max = op.op == "max"
+    if (kh, kw) == (h, w) and (oh, ow) == (1, 1) and not any(op.pads):
+        return OpPlan([_reduce_builder(be, "max" if is_max else "mean", n * c, h * w, 1, ins[0], outs[0])], "global")
+    total = n * c * oh * ow
+    defines = {"MAX": 1} if is_max else ({"COUNT_PAD": 1} if op.count_include_pad else {})
+    b = Builder(be, "pool2d", defines, 2)
+    o = b.bind(0, outs[0], 0, total, write=True)
+    x = b.bind(1, ins[0], 0, n * c * h * w)
+    b.set(0, total, h, w, oh, ow, kh, kw, sh, sw, *op.pads, x, o)
+    b.grid1d(total, 128)
+    return OpPlan([b], "direct")
+
+
+def _plan_softmax(be, op: A.Softmax, ins, outs):
+    rows, count = op.outer * op.inner, op.outer * op.size * op.inner
+    b = _row_builder(be, "softmax", {"LOG": 1} if op.log else {}, 2, rows, op.size)
+    o = b.bind(0, outs[0], 0, count, write=True)
+    x = b.bind(1, ins[0], 0, count)
+    b.set(0, op.outer, op.size, op.inner, x, o)
+    return OpPlan([b])
+
+
+def _plan_normalize(be, op: A.Normalize, ins, outs):
+    count = op.outer * op.size
+    b = _row_builder(be, "normalize", {"AFFINE": 1} if op.has_affine else {}, 4, op.outer, op.size)
+    o = b.bind(0, outs[0], 0, count, write=True)
+    x = b.bind(1, ins[0], 0, count)
+    scale = b.bind(2, ins[1], 0, op.size) if op.has_affine else 0
+    shift = b.bind(3, ins[2], 0, op.size) if op.has_affine else 0
+    b.set(0, op.outer, op.size, x, o)
+    b.setf(4, op.eps)
+    b.set(5, scale, shift)
+    return OpPlan([b])
+
+
+def _resize_table(be: PlannerTarget, op: A.Resize) -> TensorHandle:
+    """Per-axis source indices and weights, computed in float64 exactly as the reference does."""
+    key = (op.in_hw, op.out_hw, op.scales, op.mode, op.coord, op.nearest_mode)
+    table = be.tables.get(key)
+    if table is not None:
+        return table
+    parts = []
+    for axis in range(2):
+        sampling = resize_axis(op, axis)
+        parts += [sampling.lo, sampling.hi, sampling.frac]
+    table = be.constant(np.concatenate([np.asarray(p, dtype=np.float32) for p in parts]))
+    be.tables[key] = table
+    return table
+
+
+def _plan_resize(be, op: A.Resize, ins, outs):
+    (h, w), (oh, ow) = op.in_hw, op.out_hw
+    total = op.planes * oh * ow
+    table = _resize_table(be, op)
+    b = Builder(be, "resize", {"NEAREST": 1} if op.mode == "nearest" else {}, 3)
+    o = b.bind(0, outs[0], 0, total, write=True)
+    x = b.bind(1, ins[0], 0, op.planes * h * w)
+    t = b.bind(2, table)
+    b.set(0, total, h, w, oh, ow, x, o, t)
+    b.grid1d(total, 128)
+    return OpPlan([b], op.mode)
+
+
+def _plan_gather(be, op: A.Gather, ins, outs):
+    total = op.outer * op.count * op.inner
+    b = Builder(be, "gather", {}, 3)
+    o = b.bind(0, outs[0], 0, total, write=True)
+    d = b.bind(1, ins[0], 0, op.outer * op.axis * op.inner)
+    i = b.bind(2, ins[1], 0, op.count)
+    b.set(0, total, op.axis, op.inner, op.count, d, i, o)
+    b.grid1d(total, 128)
+    return OpPlan([b])
+
+
+def _plan_select(be, op: A.Select, ins, outs):
+    return OpPlan([_elementwise_builder(be, "select", {}, op.out_shape, (op.c_strides, op.a_strides, op.b_strides),
+                                        ins, outs)])
+
+
+def _plan_cumsum(be, op: A.CumSum, ins, outs):
+    count = op.outer * op.size * op.inner
+    b = Builder(be, "cumsum", _int_defines(op.dtype), 2)
+    o = b.bind(0, outs[0], 0, count, write=True)
+    x = b.bind(1, ins[0], 0, count)
+    b.set(0, op.outer, op.size, op.inner, x, o, int(op.exclusive), int(op.reverse))
+    b.grid1d(op.outer * op.inner, 64)
+    return OpPlan([b])
+
+
+#: the most bindings a dispatch has: recurrent.comp's (out, gates, projection, state, one optional
+#: float input, lengths); the Vulkan backend sizes its descriptor sets for it
+MAX_BINDINGS = 6
+
+
+def _plan_recurrent_cell(be, op: A.RecurrentCell, ins, outs):
+    """One dispatch; the directions' values are parameters (recurrent.comp has room for two)."""
+    if op.directions > 2:
+        raise be.plan_error(f"recurrent.comp takes at most 2 directions, not {op.directions}")
+    roles = dict(zip(op.input_roles(), ins))
+    d, batch, h = op.directions, op.batch, op.hidden
+    total = d * batch * h
+    per = A.CELLS[op.cell][1]
+    b = Builder(be, "recurrent", {}, MAX_BINDINGS)
+    out = b.bind(0, outs[0], 0, op.output_blocks * total, write=True)
+    gates = b.bind(1, roles["gates"])
+    lo = min(op.x_offsets)
+    hi = max(op.x_offsets) + (batch - 1) * op.x_row_stride + A.CELLS[op.cell][0] * h
+    proj = b.bind(2, roles["projection"], lo, hi)
+    state = b.bind(3, roles["state"])
+    extra_handle = next((roles[r] for r in ("candidate", "recurrent_bias", "peephole") if r in roles), None)
+    extra = b.bind(4, extra_handle) if extra_handle is not None else 0
+    lengths = b.bind(5, roles["lengths"]) if "lengths" in roles else 0
+    ids = [A.CELL_ACTIVATION_IDS[a[0]] for a in op.activations]
+    packed = sum(ids[dd * per + k] << (4 * (3 * dd + k)) for dd in range(d) for k in range(per))
+    b.set(0, total, batch, h, op.gate_blocks, op.x_row_stride)
+    b.setf(5, op.clip)
+    b.set(6, list(A.CELLS).index(op.cell), op.flags, packed, out, gates, proj, state, extra, lengths)
+    for dd in range(d):
+        acts = op.activations[dd * per:(dd + 1) * per]
+        b.set(15 + 8 * dd, op.x_offsets[dd], op.steps[dd])
+        b.setf(17 + 8 * dd, *[a[1] for a in acts])
+        b.setf(20 + 8 * dd, *[a[2] for a in acts])
+    b.grid1d(total, 64)
+    return OpPlan([b], op.cell)
+
+
+SCATTER_REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+def _plan_scatter(be, op: A.Scatter, ins, outs):
+    """Two dispatches: data copied to out, then the rows written (the hazard tracker puts a
+    barrier between them: both write out)."""
+    data, index, updates = ins
+    out = outs[0]
+    n, items = op.rows * op.inner, op.count * op.inner
+    if n == 0:
+        return OpPlan([])
+    copy = _region_builder(be, A.Region(0, 0, (0, 0, 0, 1), 0, (0, 0, 0, 1), (1, 1, 1, n)), data, out)
+    defines = dict(_int_defines(op.dtype), REDUCTION=SCATTER_REDUCTIONS.index(op.reduction))
+    b = Builder(be, "scatter", defines, 3)
+    o = b.bind(0, out, 0, n, write=True)
+    i = b.bind(1, index, 0, op.count)
+    u = b.bind(2, updates, 0, items)
+    b.set(0, items, op.rows, op.inner, o, i, u)
+    b.grid1d(items, 128)
+    return OpPlan([copy, b])
+
+
+#: The schemes the planners build (Vulkan and OpenGL both use these planners).
+SCHEMES: Mapping[type, frozenset[str]] = KERNEL_SCHEMES
+#: the largest Winograd tile the scheme step rewrites a convolution into for these kernels: the
+#: batched products of larger tiles run slower here than F(2x2, 3x3) on every model measured
+#: (bench/RESULTS.md, "Convolution schemes per API")
+WINOGRAD_REWRITE_MAX_TILE = 2
+#: the int32 kernels (see Backend.dtypes): Raster, Gather, Select and Scatter copy 32-bit words;
+#: Unary, Binary, Reduce, CumSum and Scatter's reductions compute on ints with -DIN_INT
+DTYPES: Mapping[type, frozenset[str]] = {
+    op: frozenset({A.INT32}) for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.Gather, A.Select, A.CumSum,
+                                        A.Scatter)}
+#: the Unary, Binary and Reduce names the kernels implement (see Backend.op_names): all of them
+OP_NAMES: Mapping[type, frozenset[str]] = {A.Unary: frozenset(A.UNARY_OPS), A.Binary: frozenset(A.BINARY_OPS),
+                                           A.Reduce: frozenset(A.REDUCE_OPS)}
+
+PLANNERS: Mapping[type, Callable] = {
+    A.Raster: _plan_raster, A.Unary: _plan_unary, A.Binary: _plan_binary, A.Reduce: _plan_reduce,
+    A.MatMul: _plan_matmul, A.Conv2D: _plan_conv2d, A.ConvTranspose2D: _plan_conv_transpose2d,
+    A.Pool2D: _plan_pool2d, A.Softmax: _plan_softmax, A.Normalize: _plan_normalize,
+    A.Resize: _plan_resize, A.Gather: _plan_gather, A.Select: _plan_select, A.CumSum: _plan_cumsum,
+    A.Scatter: _plan_scatter, A.RecurrentCell: _plan_recurrent_cell,
+}
+
+
+def plan(be: PlannerTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outputs: Sequence[TensorHandle]) -> OpPlan:
+    """One atomic op's plan with the backend's dispatches as its work: its planner's builders,
+    each built by ``be`` (empty grids dropped)."""
+    planned = PLANNERS[type(op)](be, op, list(inputs), list(outputs))
+    return dataclasses.replace(planned, work=[d for d in (b.build() for b in planned.work) if d is not None])
+
+
+__all__ = ["BINARY_IDS", "Binding", "Builder", "DTYPES", "MAX_BINDINGS", "Hazards", "OP_NAMES", "PARAMS", "PLANNERS", "PlanError",
+           "PlannerTarget", "REDUCE_IDS", "SCHEMES", "UNARY_IDS", "binding_limit", "check_shader_op_ids", "plan",
+           "view_sizes"]

@@ -1,0 +1,1 @@
+"""The OpenCL backend (pyopencl): the OpenCL C kernels of backends.kernels.cl."""

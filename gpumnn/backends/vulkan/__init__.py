@@ -1,0 +1,1 @@
+"""The Vulkan backend (``vulkan``): the GLSL kernels of ``backends.kernels.glsl`` as SPIR-V."""

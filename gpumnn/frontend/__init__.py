@@ -1,0 +1,1 @@
+"""ONNX -> IR, once per model: import, checks, opsets, external data and graph optimisations."""

@@ -1,0 +1,1 @@
+"""Pure maths the layers share: strided layouts, Winograd matrices, resize sampling tables."""

@@ -1,0 +1,1 @@
+"""The command line, the benchmark protocol, the plan report, charts, random feeds and the ops table."""
