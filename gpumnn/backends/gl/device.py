@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import moderngl
 
-from . import deferred
+from .. import deferred
 
 #: idle contexts kept for the next backend
 MAX_IDLE = 4
