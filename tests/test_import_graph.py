@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 #: inside gpumnn.backends, lowest first; the five API packages do not import one another
 BACKEND_LAYERS: tuple[tuple[str, ...], ...] = (
     ("gpumnn.backends.base", "gpumnn.backends.limits", "gpumnn.backends.device_choice", "gpumnn.backends.speed",
-     "gpumnn.backends.lanes", "gpumnn.backends.deferred"),
+     "gpumnn.backends.lanes", "gpumnn.backends.deferred", "gpumnn.backends.waits"),
     ("gpumnn.backends.kernels",),
     ("gpumnn.backends.cpu", "gpumnn.backends.opencl", "gpumnn.backends.cuda", "gpumnn.backends.vulkan", "gpumnn.backends.gl"),
     ("gpumnn.backends",),  # the registry names the API modules as strings only

@@ -272,8 +272,8 @@ class Backend(ABC):
     device_arrays_unsupported: ClassVar[str | None] = "it has no way to use another API's device memory"
 
     #: seconds a wait for one submission may take before the backend raises DeviceLostError and
-    #: marks its device lost (where the API has a bounded wait: Vulkan fences, GL fence syncs);
-    #: the session sets it from its ``submit_timeout`` option
+    #: marks its device lost (Vulkan fences, GL fence syncs, OpenCL and CUDA events polled through
+    #: ``gpumnn.backends.waits``); the session sets it from its ``submit_timeout`` option
     submit_timeout: float = DEFAULT_SUBMIT_TIMEOUT
 
     #: the clock ``measure_recording`` reads: "host" (perf_counter around a submit: the default) or

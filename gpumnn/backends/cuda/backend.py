@@ -15,7 +15,9 @@ buffer of a plan. Host copies go through pinned staging (``cudaHostAlloc``) held
 
 Lanes (:class:`.cuda_launch.Lanes`): each verb call (write, read, record, submit, eager run)
 borrows a lane -- its own non-blocking stream, an event and pinned staging -- and waits for its
-stream before returning the lane, so concurrent runs of a session (``max_concurrent_runs``)
+stream before returning the lane (``wait_lane``: an event recorded after the work, polled up to
+the session's ``submit_timeout``; past it DeviceLostError names the ops in flight, the backend's
+device is marked lost so later calls fail at once, and nothing the hung work may use is freed), so concurrent runs of a session (``max_concurrent_runs``)
 never share a stream or a staging buffer, and no work is left pending between calls.
 ``reserve_run`` makes a lane per run in flight at session creation, with staging for the
 largest input or output, so a recorded run allocates nothing.
@@ -61,7 +63,8 @@ from ..kernels.cl import planner as cl_plans
 from ..base import Backend, Execution, OpPlan, TensorHandle, constant_words, host_out, kernels_option
 from ..kernels.cl.planner import Scratch
 from .device import attribute, describe_versions, device_info, load_kernels, memory_limits, pick_device
-from .launch import CudaLaunch, DeviceBuffer, Lane, Lanes, Recording, bind, capture
+from .launch import CudaLaunch, DeviceBuffer, Lane, Lanes, Recording, bind, capture, wait_lane
+from ..waits import DeviceWatch, describe_ops
 from ..limits import MemoryLimits
 
 #: compiled modules by (device id, family, defines), shared by every backend in the process (a
@@ -104,6 +107,8 @@ class CudaBackend(Backend):
             self.compute_units = attribute(self.device_id, "MultiProcessorCount") or 1
             self.max_wg = attribute(self.device_id, "MaxThreadsPerBlock") or 1024
             self._info = device_info(self.device_id)
+        self._watch = DeviceWatch(self.name, self._info.device)  # bounded waits, the lost mark
+        self._buffers: weakref.WeakSet[DeviceBuffer] = weakref.WeakSet()  # kept forever if the device hangs
         self._kernels: dict[tuple, Any] = {}
         # the lanes call back into the backend through a weak proxy: a bound method held by an
         # attribute is a reference cycle, which leaves a dropped backend (and its GPU memory) to the
@@ -167,13 +172,14 @@ class CudaBackend(Backend):
                 return np.frombuffer(pinned, dtype=np.uint8, count=size)  # keeps the pinned memory alive
             pointer = cupy.cuda.MemoryPointer(cupy.cuda.Memory(size), 0)
         buffer = DeviceBuffer(pointer, size, constant=kind == "constant")
+        self._buffers.add(buffer)
         with self._lane() as lane:
             if data is not None:
                 data = np.ascontiguousarray(data)
                 pointer.copy_from_host_async(data.ctypes.data, data.nbytes, lane.stream)
             else:
                 pointer.memset_async(0, size, lane.stream)
-            lane.stream.synchronize()
+            self._sync(lane, f"a {kind} buffer's {'upload' if data is not None else 'zero fill'}")
         return buffer
 
     def constant(self, array: np.ndarray) -> TensorHandle:
@@ -206,7 +212,7 @@ class CudaBackend(Backend):
             staging = self._lanes.staging(lane, data.nbytes)
             staging[:data.nbytes] = data.view(np.uint8)
             self._pointer(handle).copy_from_host_async(staging.ctypes.data, data.nbytes, lane.stream)
-            lane.stream.synchronize()
+            self._sync(lane, f"a copy of {data.nbytes} bytes to the device")
 
     def read_into(self, handle: TensorHandle, out: np.ndarray) -> None:
         """Device to the lane's pinned staging (set aside by ``reserve_run``: a full-speed DMA),
@@ -218,7 +224,7 @@ class CudaBackend(Backend):
         with self._lane() as lane:
             staging = self._lanes.staging(lane, nbytes)
             self._pointer(handle).copy_to_host_async(staging.ctypes.data, nbytes, lane.stream)
-            lane.stream.synchronize()
+            self._sync(lane, f"a copy of {nbytes} bytes to the host")
             np.copyto(flat.view(np.uint8), staging[:nbytes])
 
     def release(self, buffer: Any) -> None:
@@ -235,9 +241,21 @@ class CudaBackend(Backend):
 
     @contextmanager
     def _lane(self) -> Iterator[Lane]:
-        """A lane lent for one call, with this GPU current."""
+        """A lane lent for one call, with this GPU current (DeviceLostError on a lost device)."""
+        self._watch.check()
         with self._device, self._lanes.lend() as lane:
             yield lane
+
+    def _sync(self, lane: Lane, ops: str, event: Any = None) -> None:
+        """Wait for the lane's work so far (``ops``: what it runs), bounded by ``submit_timeout``."""
+        wait_lane(self._watch, lane, self.submit_timeout, ops, self._hung_objects, event)
+
+    def _hung_objects(self) -> list:
+        """What a hung submission may use, never to be freed (``cudaFree`` would wait for it):
+        the lanes (streams, events, pinned staging), the buffers and this GPU's modules."""
+        with _MODULES_LOCK:
+            modules = [m for key, m in _MODULES.items() if key[0] == self.device_id]
+        return [self._lanes, *self._buffers, *modules]
 
     @staticmethod
     def _after_caller(lane: Lane) -> None:
@@ -281,7 +299,7 @@ class CudaBackend(Backend):
             with lane.stream:  # a conversion runs (and allocates its copy) on the lane's stream
                 source = cupy.ascontiguousarray(array, dtype=np.dtype(handle.dtype))
             self._pointer(handle).copy_from_device_async(source.data, handle.nbytes, lane.stream)
-            lane.stream.synchronize()
+            self._sync(lane, f"a copy of {handle.nbytes} bytes on the device")
 
     def read_device(self, handle: TensorHandle) -> Any:
         with self._lane() as lane:
@@ -289,20 +307,22 @@ class CudaBackend(Backend):
                 out = cupy.empty(handle.shape, dtype=np.dtype(handle.dtype))
             if handle.nbytes:
                 out.data.copy_from_device_async(self._pointer(handle), handle.nbytes, lane.stream)
-            lane.stream.synchronize()
+            self._sync(lane, f"a copy of {handle.nbytes} bytes on the device")
         return out
 
     def to_device(self, array: np.ndarray) -> Any:
         with self._lane() as lane:
             with lane.stream:
                 out = cupy.asarray(np.ascontiguousarray(array))
-            lane.stream.synchronize()
+            self._sync(lane, f"a copy of {out.nbytes} bytes to the device")
         return out
 
     def to_host(self, array: Any) -> np.ndarray:
         with self._lane() as lane:
             self._after_caller(lane)
-            return cupy.asnumpy(array, stream=lane.stream, blocking=True)
+            host = cupy.asnumpy(array, stream=lane.stream, blocking=False)
+            self._sync(lane, f"a copy of {host.nbytes} bytes to the host")
+            return host
 
     # -- pre-inference ---------------------------------------------------------------------
     def _create_execution(self, op: A.AtomicOp, inputs: list[TensorHandle],
@@ -315,7 +335,7 @@ class CudaBackend(Backend):
             with self._lane() as lane:
                 for ln in prepare:
                     ln(lane.stream)
-                lane.stream.synchronize()
+                self._sync(lane, f"the weight packing of {type(op).__name__} ({op.source})")
         return Execution(op, inputs, outputs, OpPlan(work, planned.scheme, tuple(scratch.values())))
 
     def _scratch_buffer(self, scratch: Scratch) -> DeviceBuffer:
@@ -332,8 +352,8 @@ class CudaBackend(Backend):
             graph = capture(lane.stream, launches, runtime.streamCaptureModeRelaxed)
             if graph is not None:
                 graph.upload(lane.stream)  # the first run launches a graph already on the device
-            lane.stream.synchronize()
-        return Recording(graph, len(launches), list(executions))
+            self._sync(lane, f"the upload of a graph of {describe_ops(executions)}")
+        return Recording(graph, len(launches), list(executions), describe_ops(executions))
 
     # -- run -------------------------------------------------------------------------------
     def _submit(self, recording: Recording) -> None:
@@ -341,13 +361,14 @@ class CudaBackend(Backend):
             return
         with self._lane() as lane:
             recording.graph.launch(lane.stream)
-            lane.stream.synchronize()
+            self._sync(lane, recording.ops)
 
-    def _submit_async(self, recording: Recording) -> Lane | None:
-        """The graph launched on a borrowed lane's stream; the lane is the ticket and stays lent
-        until ``wait`` synchronises its stream (a recorded run holds one lane at a time)."""
+    def _submit_async(self, recording: Recording) -> tuple[Lane, str] | None:
+        """The graph launched on a borrowed lane's stream; the ticket is (the lane, the ops), and
+        the lane stays lent until ``wait`` (a recorded run holds one lane at a time)."""
         if recording.graph is None:
             return None
+        self._watch.check()
         with self._device:
             lane = self._lanes.take()
             try:
@@ -355,14 +376,15 @@ class CudaBackend(Backend):
             except BaseException:
                 self._lanes.give(lane)
                 raise
-        return lane
+        return lane, recording.ops
 
-    def _wait(self, ticket: Lane) -> None:
+    def _wait(self, ticket: tuple[Lane, str]) -> None:
+        lane, ops = ticket
         try:
             with self._device:
-                ticket.stream.synchronize()
+                self._sync(lane, ops)
         finally:
-            self._lanes.give(ticket)
+            self._lanes.give(lane)
 
     def _timed_submit(self, recording: Recording) -> float:
         """Two timing events recorded on the lane's stream just before and after the graph's
@@ -376,7 +398,7 @@ class CudaBackend(Backend):
             start.record(lane.stream)
             recording.graph.launch(lane.stream)
             end.record(lane.stream)
-            end.synchronize()
+            self._sync(lane, recording.ops, event=end)
             return cupy.cuda.get_elapsed_time(start, end) * 1e-3
 
     def _run_eager(self, executions: list[Execution]) -> None:
@@ -384,17 +406,17 @@ class CudaBackend(Backend):
             for exe in executions:
                 for ln in exe.work:
                     ln(lane.stream)
-                lane.stream.synchronize()
+                self._sync(lane, describe_ops([exe]))
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        try:
+        try:  # bounded: a hang found here marks the device lost too
             with self._device:
-                for lane in self._lanes.all:
-                    lane.stream.synchronize()
-        except Exception:  # noqa: BLE001 -- a device already lost: nothing left to wait for
+                for lane in list(self._lanes.all):
+                    self._sync(lane, "the work left at close")
+        except Exception:  # noqa: BLE001 -- a device lost (now or before): nothing to wait for
             pass
         self._kernels.clear()
         self._programs.clear()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ..kernels.cl.planner import Launch, Scratch
+from ..waits import DeviceWatch
 
 #: CUDA's limits on one launch (every GPU since compute capability 3.0): threads per block, and
 #: blocks along x, y and z
@@ -101,6 +102,7 @@ class Recording:
     graph: Any
     launches: int
     executions: list[Any] = field(default_factory=list)
+    ops: str = ""  # what it runs (``describe_ops``), named by a timeout
 
 
 def capture(stream: Any, launches: Sequence[CudaLaunch], relaxed_mode: int) -> Any:
@@ -203,5 +205,17 @@ class Lanes:
         return lane.staging
 
 
+def wait_lane(watch: DeviceWatch, lane: Lane, timeout: float, ops: str,
+              keep: Callable[[], Any] | None = None, event: Any = None) -> None:
+    """Wait for what the lane's stream was given so far, bounded by ``timeout`` (not
+    ``stream.synchronize``, which has none): an event recorded on the stream now (``event``:
+    one already recorded after the work) is polled (``event.done``) through ``watch``, which
+    marks the device lost and raises DeviceLostError naming ``ops`` past the timeout."""
+    if event is None:
+        event = lane.event
+        event.record(lane.stream)
+    watch.wait(lambda: event.done, timeout, ops, keep)
+
+
 __all__ = ["CudaLaunch", "DeviceBuffer", "Lane", "Lanes", "MAX_BLOCK_THREADS", "MAX_GRID", "Recording", "bind",
-           "capture", "grid_block", "kernel_args"]
+           "capture", "grid_block", "kernel_args", "wait_lane"]

@@ -51,6 +51,7 @@ from ..kernels.glsl.planner import (DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_N
                          grid_limit, plan, window)
 from ..limits import MemoryLimits, host_memory
 from ..speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
+from ..waits import describe_ops, hang_reason
 
 _GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT = 0x90DF
 _GL_MAX_COMPUTE_SHARED_MEMORY_SIZE = 0x8262
@@ -131,10 +132,11 @@ class GLRecording:
     ``steps``: (barrier?, program, binds to (re)issue, uniform or None, parameter bytes, grid).
     """
 
-    def __init__(self, steps: list[tuple], dispatches: int, barriers: int):
+    def __init__(self, steps: list[tuple], dispatches: int, barriers: int, ops: str = "a submission"):
         self.steps = steps
         self.dispatches = dispatches
         self.barriers = barriers
+        self.ops = ops  # the ops it runs (``describe_ops``), named by a timeout
 
     def __repr__(self) -> str:
         return f"<GLRecording {self.dispatches} dispatches, {self.barriers} barriers>"
@@ -397,7 +399,7 @@ class GLBackend(Backend):
                     uniform = d.program.uniform
                     uniforms[id(d.program)] = d.params
                 steps.append((barrier, d.program.prog, binds, uniform, d.params, d.groups))
-        return GLRecording(steps, len(steps), barriers)
+        return GLRecording(steps, len(steps), barriers, describe_ops(executions))
 
     # -- run -------------------------------------------------------------------------------
     @_in_context
@@ -408,14 +410,12 @@ class GLBackend(Backend):
         if fences is None:
             self.ctx.finish()
             return
-        self._wait_fence(fences, fences.fence(), recording)
+        self._wait_fence(fences, fences.fence(), recording.ops)
 
-    def _wait_fence(self, fences: Any, sync: int, recording: GLRecording | None) -> None:
+    def _wait_fence(self, fences: Any, sync: int, ops: str) -> None:
         done = fences.wait(sync, self.submit_timeout)
         if done is None:
-            what = f"{recording.dispatches} dispatches" if recording is not None else "a submission"
-            self._lost = (f"{self.renderer}: a submission ({what}) did not finish within "
-                          f"submit_timeout={self.submit_timeout:g} s")
+            self._lost = hang_reason(self.renderer, self.submit_timeout, ops)
             raise DeviceLostError(f"gl backend: {self._lost}")
         if not done:
             raise GLError("glClientWaitSync failed: the GL lost the context or the submission")
@@ -425,17 +425,19 @@ class GLBackend(Backend):
         """The recording's commands issued, then a fence sync behind them, flushed: the ticket.
         (On llvmpipe a compute dispatch runs to its end inside glDispatchCompute, so the host is
         busy until the last one returns and little is left to overlap; a hardware GL returns at
-        once.) Without fence syncs in the GL library, it waits here (ticket None)."""
+        once.) Without fence syncs in the GL library, it waits here (ticket None). The ticket
+        is (fence, the ops it runs)."""
         self._issue(recording)
         fences = self._pooled.fences()
         if fences is None:
             self.ctx.finish()
             return None
-        return fences.fence()
+        return fences.fence(), recording.ops
 
     @_in_context
     def _wait(self, ticket: Any) -> None:
-        self._wait_fence(self._pooled.fences(), ticket, None)
+        sync, ops = ticket
+        self._wait_fence(self._pooled.fences(), sync, ops)
 
     def _issue(self, recording: GLRecording) -> None:
         """Issue a recording's dispatches (and the barrier after them) without waiting."""

@@ -15,6 +15,12 @@ list that ``submit`` enqueues in a tight loop with one ``finish``. ``run_eager``
 un-decoupled baseline: it re-creates every kernel object and re-sets its arguments, and waits
 after every op.
 
+Waits: OpenCL's own (``clFinish``, ``clWaitForEvents``, blocking copies) have no timeout, so every
+wait here flushes the queue and polls a marker's (or a copy's) event status, bounded by the
+session's ``submit_timeout`` (:mod:`..waits`): past it, DeviceLostError names the ops in flight,
+the backend's device is marked lost (later calls fail at once) and its queue and context are
+never released (a release would finish the queue: the process could not exit).
+
 Tensors are element offsets into pool buffers; kernels take ``(buffer, element offset)`` pairs,
 so no sub-buffers (and no sub-buffer alignment rules) are involved. Two kernel families,
 chosen by device type (``kernels="tiled"`` / ``"simd"`` overrides): see :mod:`.cl_plans`.
@@ -29,6 +35,7 @@ import numpy as np
 import pyopencl as cl
 
 from ... import atomic as A
+from ...errors import GpumnnError
 from ..kernels.cl import planner as cl_plans
 from ..base import (Backend, Execution, OpPlan, TensorHandle, constant_words, host_out, kernel_family,
                    kernels_option)
@@ -37,6 +44,18 @@ from ..limits import MemoryLimits
 from .command_buffers import CommandBufferAPI, CommandBufferError, probe as probe_command_buffers
 from .device import device_info, is_gpu, memory_limits, pick_device
 from .programs import load_program
+from ..waits import DeviceWatch, describe_ops
+
+_COMPLETE = cl.command_execution_status.COMPLETE
+
+
+class OpenCLError(GpumnnError, RuntimeError):
+    """A command the OpenCL device ran ended in an error (a negative execution status)."""
+
+
+def _event_status(event: Any) -> int:
+    """An event's CL_EVENT_COMMAND_EXECUTION_STATUS: COMPLETE (0), a state before it, or an error (< 0)."""
+    return event.command_execution_status
 
 
 class ConstantBuffer(cl.Buffer):
@@ -69,6 +88,7 @@ class Recording:
     launches: list[tuple[Any, tuple[int, ...], tuple[int, ...] | None]]
     command_buffer: int | None = None
     executions: list[Any] = field(default_factory=list)  # keeps kernels alive
+    ops: str = ""  # what it runs (``describe_ops``), named by a timeout
 
 
 class OpenCLBackend(Backend):
@@ -113,6 +133,7 @@ class OpenCLBackend(Backend):
             self.winograd_min_saving = float("inf")
         self.alignment = max(64, int(dev.mem_base_addr_align) // 8)  # the query is in bits
         self._info = device_info(self.platform, dev)
+        self._watch = DeviceWatch(self.name, self._info.device)  # bounded waits, the lost mark
         self._cmdbuf_api: CommandBufferAPI | None | bool = False  # False = not probed yet
         self._finalizers: list[weakref.finalize] = []
         self._closed = False
@@ -136,6 +157,7 @@ class OpenCLBackend(Backend):
 
     def _new_buffer(self, nbytes: int, kind: str, flags: int = cl.mem_flags.READ_WRITE, hostbuf: Any = None,
                     cls: type = cl.Buffer) -> Any:
+        self._watch.check()
         if hostbuf is not None:
             return cls(self.context, flags | cl.mem_flags.COPY_HOST_PTR, hostbuf=hostbuf)
         size = max(4, (int(nbytes) + 3) // 4 * 4)
@@ -162,13 +184,17 @@ class OpenCLBackend(Backend):
         if data.size != handle.size:
             raise ValueError(f"write of {data.size} elements into a tensor of {handle.size}")
         if data.size:
-            cl.enqueue_copy(self.queue, handle.buffer, data, dst_offset=4 * handle.offset, is_blocking=True)
+            self._watch.check()
+            copy = cl.enqueue_copy(self.queue, handle.buffer, data, dst_offset=4 * handle.offset, is_blocking=False)
+            self._await(copy, f"a copy of {data.nbytes} bytes to the device")
 
     def read_into(self, handle: TensorHandle, out: np.ndarray) -> None:
-        """One blocking clEnqueueReadBuffer from the tensor's offset straight into ``out``."""
+        """One clEnqueueReadBuffer from the tensor's offset straight into ``out``, waited for."""
         flat = host_out(handle, out)
         if flat.size:
-            cl.enqueue_copy(self.queue, flat, handle.buffer, src_offset=4 * handle.offset, is_blocking=True)
+            self._watch.check()
+            copy = cl.enqueue_copy(self.queue, flat, handle.buffer, src_offset=4 * handle.offset, is_blocking=False)
+            self._await(copy, f"a copy of {flat.nbytes} bytes to the host")
 
     def release(self, buffer: Any) -> None:
         try:
@@ -179,6 +205,7 @@ class OpenCLBackend(Backend):
     # -- pre-inference ---------------------------------------------------------------------
     def _create_execution(self, op: A.AtomicOp, inputs: list[TensorHandle],
                           outputs: list[TensorHandle]) -> Execution:
+        self._watch.check()
         planned = cl_plans.plan(self, op, inputs, outputs)
         scratch = {s: self._scratch_buffer(s) for s in planned.keep}
         for ln in planned.prepare:  # weight packing: once, now
@@ -213,7 +240,7 @@ class OpenCLBackend(Backend):
 
     def _record(self, executions: list[Execution]) -> Recording:
         launches = [(ln.kernel, ln.gsize, ln.lsize) for exe in executions for ln in exe.work]
-        rec = Recording(launches, None, list(executions))
+        rec = Recording(launches, None, list(executions), describe_ops(executions))
         api = self._command_buffers()
         if api is not None and launches:
             cmd = api.create(self.queue)
@@ -234,21 +261,42 @@ class OpenCLBackend(Backend):
     # -- run -------------------------------------------------------------------------------
     def _submit(self, recording: Recording) -> None:
         self._enqueue(recording)
-        self.queue.finish()
+        self._await(cl.enqueue_marker(self.queue), recording.ops)
 
     def _submit_async(self, recording: Recording) -> Any:
         """Enqueue the recording and a marker after it, flush (the device starts now) and return
-        the marker's event: on the in-order queue it completes once the recording has. Not
-        ``queue.finish``, which would also wait for another run's work on the shared queue."""
+        (the marker's event, the ops): on the in-order queue the marker completes once the
+        recording has. Not ``queue.finish``, which would also wait for another run's work on the
+        shared queue (and has no timeout)."""
         self._enqueue(recording)
         marker = cl.enqueue_marker(self.queue)
         self.queue.flush()
-        return marker
+        return marker, recording.ops
 
     def _wait(self, ticket: Any) -> None:
-        ticket.wait()
+        marker, ops = ticket
+        self._await(marker, ops)
+
+    def _await(self, event: Any, ops: str) -> None:
+        """Flush the queue and wait for ``event`` up to ``submit_timeout``: past it, DeviceLostError
+        naming ``ops`` and the device marked lost; OpenCLError for a command that failed."""
+        self.queue.flush()
+
+        def done() -> bool:
+            status = _event_status(event)
+            if status < 0:
+                raise OpenCLError(f"opencl backend: {self._info.device}: a command failed with status {status} "
+                                  f"(an OpenCL error code); in flight: {ops}")
+            return status == _COMPLETE
+
+        self._watch.wait(done, self.submit_timeout, ops, self._hung_objects)
+
+    def _hung_objects(self) -> tuple:
+        """What a hung submission may use, never to be released."""
+        return self.queue, self.context
 
     def _enqueue(self, recording: Recording) -> None:
+        self._watch.check()
         if recording.command_buffer is not None:
             self._cmdbuf_api.enqueue(recording.command_buffer)  # type: ignore[union-attr]
         else:
@@ -262,31 +310,40 @@ class OpenCLBackend(Backend):
         queue finished it). Markers rather than the commands' own events: a command buffer's one
         event is stamped when it is handed on (PoCL: 0.1 us for a 27 ms replay), and the flat
         launch list would need an event per launch."""
+        self._watch.check()
         before = cl.enqueue_marker(self.queue)
         self._enqueue(recording)
         after = cl.enqueue_marker(self.queue)
-        self.queue.finish()
+        self._await(after, recording.ops)
         return max(0, after.profile.start - before.profile.end) * 1e-9
 
     def _run_eager(self, executions: list[Execution]) -> None:
+        self._watch.check()
         enqueue, queue = cl._cl.enqueue_nd_range_kernel, self.queue
         for exe in executions:
             for ln in exe.work:
                 enqueue(queue, ln.make_kernel(), ln.gsize, ln.lsize)
-            queue.finish()
+            self._await(cl.enqueue_marker(queue), describe_ops([exe]))
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        try:
-            self.queue.finish()
-        except Exception:
-            pass
+        if self._watch.lost is None:
+            try:
+                self._await(cl.enqueue_marker(self.queue), "the work left at close")
+            except Exception:  # noqa: BLE001 -- a failed command, or the device lost just now
+                pass
+        if self._watch.lost is not None:  # hung work may use anything: wait for nothing, release nothing
+            for fin in self._finalizers:
+                fin.detach()
+            self._finalizers.clear()
+            self._programs.clear()
+            return
         for fin in self._finalizers:
             fin()  # releases the command buffer if its recording is still alive
         self._finalizers.clear()
         self._programs.clear()
 
 
-__all__ = ["OpenCLBackend", "Recording"]
+__all__ = ["OpenCLBackend", "OpenCLError", "Recording"]

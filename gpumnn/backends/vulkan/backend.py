@@ -51,6 +51,7 @@ from ...errors import BackendUnavailableError
 from ..base import Backend, BackendInfo, Execution, TensorHandle, constant_words, host_out, kernel_family, kernels_option
 from ..limits import MemoryLimits, host_memory
 from ..speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
+from ..waits import describe_ops
 # The API-neutral half (what to dispatch per atomic op) is shared with the OpenGL backend.
 from ..kernels.glsl.planner import (MAX_BINDINGS, DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, WINOGRAD_REWRITE_MAX_TILE, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
                          Hazards as _Hazards, binding_limit, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, plan, window)
@@ -502,7 +503,7 @@ class VulkanBackend(Backend):
             vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
             n, barriers = self._record_into(cmd, executions)
             vk.vkEndCommandBuffer(cmd)
-        return VulkanRecording(self, cmd, n, barriers, _describe_ops(executions))
+        return VulkanRecording(self, cmd, n, barriers, describe_ops(executions))
 
     # -- run -------------------------------------------------------------------------------
     def _submit(self, recording: VulkanRecording) -> None:
@@ -551,7 +552,7 @@ class VulkanBackend(Backend):
                         flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
                     self._record_into(cmd, [exe], lane.eager_descriptors)
                     vk.vkEndCommandBuffer(cmd)
-                    lane.submit_and_wait(cmd, _describe_ops([exe]))
+                    lane.submit_and_wait(cmd, describe_ops([exe]))
                 finally:
                     if not lane.hung:
                         lane.free_command_buffer(cmd)
@@ -616,13 +617,6 @@ class VulkanBackend(Backend):
         pipeline = self._pipeline(builder.kernel, builder.defines, builder.nbind)
         push = vk.ffi.new("int32_t[32]", builder.params.tolist())
         return _Dispatch(pipeline, bindings, push, builder.groups, tuple(builder.reads), tuple(builder.writes))
-
-
-def _describe_ops(executions: Sequence[Execution], most: int = 6) -> str:
-    """The ops of a submission, for the message of a timeout: "3 ops: Conv2D (conv1), ..."."""
-    names = [f"{type(exe.op).__name__} ({exe.op.source})" for exe in executions]
-    more = f", and {len(names) - most} more" if len(names) > most else ""
-    return f"{len(names)} op{'s' if len(names) != 1 else ''}: {', '.join(names[:most])}{more}"
 
 
 __all__ = ["VulkanBackend", "VulkanRecording", "check_shader_op_ids"]

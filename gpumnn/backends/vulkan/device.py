@@ -32,6 +32,7 @@ import vulkan as vk
 from ...errors import DeviceLostError
 from .. import deferred
 from ..device_choice import choose_device
+from ..waits import hang_reason
 
 ffi = vk.ffi
 lib = vk.lib
@@ -732,8 +733,7 @@ class SubmitLane:
         result = lib.vkWaitForFences(dev.device, 1, self._fences, vk.VK_TRUE, timeout_ns)
         if result == vk.VK_TIMEOUT:
             self.hung = True
-            reason = (f"{dev.name}: a submission did not finish within submit_timeout={dev.submit_timeout:g} s; "
-                      f"in flight: {self.in_flight}")
+            reason = hang_reason(dev.name, dev.submit_timeout, self.in_flight)
             if dev.shared is not None:
                 dev.shared.mark_lost(reason, hung=True)
             raise DeviceLostError(f"vulkan backend: {reason}")
