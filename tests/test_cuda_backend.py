@@ -25,8 +25,9 @@ from gpumnn.backends import REGISTRY
 from gpumnn.backends.kernels.cl import planner as cl_plans
 from gpumnn.backends.base import COUNTERS, TensorHandle
 from gpumnn.backends.cpu.backend import CpuBackend
-from gpumnn.backends.cuda.launch import (MAX_BLOCK_THREADS, CudaLaunch, DeviceBuffer, Lane, Lanes, bind, capture,
-                                         grid_block, kernel_args)
+from gpumnn.backends.cuda.launch import (MAX_BLOCK_THREADS, CudaLaunch, DeviceBuffer, Lane, bind, capture, grid_block,
+                                         kernel_args)
+from gpumnn.backends.lanes import LanePool
 from gpumnn.runtime.device_arrays import host_array, is_device_array
 from gpumnn.errors import DeviceArrayError, InputError
 from gpumnn.backends.kernels.cl.cuda_source import cuda_source
@@ -229,7 +230,7 @@ def _lanes():
         made["staging"].append(n)
         return np.zeros(n, dtype=np.uint8)
 
-    return Lanes(make_lane, make_staging), made
+    return LanePool(make_lane, make_staging), made
 
 
 def test_reserved_lanes_serve_calls_without_making_anything():

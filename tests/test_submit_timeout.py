@@ -267,7 +267,8 @@ def cuda_backend_module(monkeypatch):
 def _stand_in_cuda_backend(module, timeout: float):
     """A CudaBackend as ``__init__`` leaves it, with stand-ins for the GPU's objects."""
     from gpumnn.backends.base import Backend
-    from gpumnn.backends.cuda.launch import Lane, Lanes
+    from gpumnn.backends.cuda.launch import Lane
+    from gpumnn.backends.lanes import LanePool
 
     backend = module.CudaBackend.__new__(module.CudaBackend)
     Backend.__init__(backend)
@@ -275,7 +276,9 @@ def _stand_in_cuda_backend(module, timeout: float):
     backend._info = types.SimpleNamespace(device="Stand-in GPU")
     backend._watch = DeviceWatch("cuda", "Stand-in GPU")
     backend._buffers = __import__("weakref").WeakSet()
-    backend._lanes = Lanes(lambda: Lane(_Stream(), _Event()), lambda nbytes: np.zeros(nbytes, np.uint8))
+    backend._make_lane = lambda: Lane(_Stream(), _Event())  # the pool holds the backend's makers weakly
+    backend._make_staging = lambda nbytes: np.zeros(nbytes, np.uint8)
+    backend._lanes = LanePool(backend._make_lane, backend._make_staging)
     backend.submit_timeout = timeout
     return backend
 

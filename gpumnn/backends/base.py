@@ -355,7 +355,7 @@ class Backend(ABC):
         sliding window / plain GEMM is one large GEMM at full speed, while the rewrites add
         passes over memory and GEMMs with m or k of 4-8 far below peak. Measured slower on
         every CPU device here: NumPy at every Table 1 / Table 3 size (bench/schemes.py), and
-        ResNet-18 on PoCL, lavapipe and llvmpipe by 4-14% (13 Winograd convolutions). They stay
+        ResNet-18 on PoCL, lavapipe and llvmpipe (bench/RESULTS.md). They stay
         available when forced (``schemes.forced_schemes``)."""
         return frozenset({"winograd", "strassen"}) if self.info.is_gpu else frozenset()
 

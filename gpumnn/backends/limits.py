@@ -139,8 +139,7 @@ def release_freed_memory() -> bool:
     Why: software devices (lavapipe, llvmpipe, PoCL) and NumPy allocate tensors with malloc.
     Once a large block has been freed, glibc raises its mmap threshold, so later blocks of that
     size come from the heap, and freed heap pages stay resident: closing sessions then leaves
-    resident memory ratcheting up (measured: +13 MiB over the first few hundred Vulkan
-    sessions of a 50-weight model) although nothing is leaked. Trimming after a session's
+    resident memory ratcheting up (measured: bench/RESULTS.md) although nothing is leaked. Trimming after a session's
     backends are closed keeps resident memory flat, for a few milliseconds per close.
     """
     global _libc

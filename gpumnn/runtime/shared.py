@@ -8,8 +8,7 @@ that meets ever new shapes does not accumulate shape-dependent constants. The ba
 caches keyed by a constant's buffer (packed convolution weights on Vulkan / OpenGL) follow
 along: one weight kept means one packed copy kept.
 
-Hashing a large weight costs about 1 ms per 1.4 MB (35 ms for ResNet-18's weights, 75 ms for
-Inception-v3's), so the digest of an array is remembered process-wide (:func:`content_key`) by
+Hashing a model's weights takes tens of milliseconds (measured: bench/RESULTS.md), so the digest of an array is remembered process-wide (:func:`content_key`) by
 the array that owns its memory and the view's place in it (address, shape, strides, dtype), for
 as long as the owner lives: every session of a model -- and every shape set -- hashes its
 weights once. The owner is held by a weak reference, so the memo keeps nothing alive; weights

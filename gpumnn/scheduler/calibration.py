@@ -255,8 +255,8 @@ def _own(seconds: float, submit: float) -> float:
 def _affine(small: tuple[int, float], large: tuple[int, float]) -> list[float]:
     """[fixed ms, MAC/s] through (MACs, seconds) at two sizes. Where the fit is not to be
     trusted -- the times do not rise with the work, or the fixed part would be more than half
-    the large op's time (a BLAS that stalls at one size: measured, 128^3 took 16 ms on two
-    loaded cores while 256^3 took 0.4 ms) -- the large op's rate alone."""
+    the large op's time (a BLAS that stalls at one size on loaded cores, taking longer for the
+    small product than for the large) -- the large op's rate alone."""
     (m0, t0), (m1, t1) = small, large
     plain = [0.0, _rate(m1, t1)]
     if t1 <= t0 or m1 <= m0:

@@ -278,8 +278,7 @@ def build_steps(program: A.AtomicProgram, op_backends: Sequence[str], backend_na
 #: how much faster (estimated) a split across backends must be than the best single backend to be
 #: chosen over it: the model's estimates are within about 30% of measured times per backend, and a
 #: split adds copies and synchronisations whose real cost varies most, so a split estimated to
-#: save a few percent is as likely to lose (measured on the transformer: one erf placed on OpenCL
-#: next to 22 ops on the CPU, estimated 15% faster, ran 11% slower)
+#: save a few percent is as likely to lose (measured: bench/RESULTS.md)
 SPLIT_MARGIN = 0.10
 
 

@@ -57,9 +57,9 @@ class Spread:
         return f"{self.median:{spec}} ({self.low:{spec}}-{self.high:{spec}})"
 
 
-#: Seconds of sleep before each series' turn in :func:`alternate`: ONNX Runtime's threads spin about
-#: 50 ms after a run, and on 2 cores they took the core the next series needed (SqueezeNet-1.1
-#: timed right after it: 9.4 ms, against 6.9 alone)
+#: Seconds of sleep before each series' turn in :func:`alternate`: ONNX Runtime's threads spin a
+#: while after a run, and on 2 cores they took the core the next series needed (measured:
+#: bench/RESULTS.md)
 PAUSE = 0.1
 
 
@@ -93,8 +93,8 @@ def alternate(fns: Mapping[str, Callable[[], object]], repeats: int, runs: int =
               pause: float = 0.0) -> dict[str, list[list[float]]]:
     """Raw samples ``{name: [one list of run times per repeat]}``: each of ``repeats`` repeats times
     every function in ``fns`` (in order) by :func:`time_runs`, so noise falls on all of them alike.
-    ``pause`` seconds before each turn let the previous engine's threads stop spinning (ONNX
-    Runtime's spin ~50 ms after a run; on 2 cores they took the core the next series needed)."""
+    ``pause`` seconds before each turn let the previous engine's threads stop spinning (see
+    ``PAUSE``)."""
     samples: dict[str, list[list[float]]] = {name: [] for name in fns}
     for repeat in range(repeats):
         if on_repeat is not None:

@@ -1,10 +1,10 @@
 """Compiled GELU and erf for the cpu backend: one vectorised pass instead of NumPy's twenty.
 
-The NumPy versions (``cpu_math.erf_into``, ``gelu_into``) take a pass over memory per step. A
-transformer's FFN activation (128 x 1024 floats) cost 0.67 ms that way, a fifth of the whole
-encoder's run. As one compiled loop it is a single pass, and LLVM vectorises it as long as the
-loop calls no library function. Numba's ``exp`` is a call to the C library per element, and it
-measured 0.95 ms. So ``exp`` is written out here:
+The NumPy versions (``cpu_math.erf_into``, ``gelu_into``) take a pass over memory per step: a
+transformer's FFN activation cost a fifth of the whole encoder's run that way (measured:
+bench/RESULTS.md). As one compiled loop it is a single pass, and LLVM vectorises it as long as the
+loop calls no library function. Numba's ``exp`` is a call to the C library per element, which
+keeps the loop scalar. So ``exp`` is written out here:
 
 - range reduction to 2^n * e^r with |r| <= ln2 / 2;
 - a degree-7 Taylor polynomial for e^r (relative error below 1e-8 there);
@@ -81,8 +81,8 @@ def erf_value(z):
     return e if z >= 0 else -e
 
 
-# In place, over one flat float32 array: a loop from x into out, called with out = x, ran scalar
-# (0.85 ms against 0.12 ms), since LLVM's run-time check found the two overlapping.
+# In place, over one flat float32 array: a loop from x into out, called with out = x, ran scalar,
+# since LLVM's run-time check found the two overlapping.
 
 @cpu_jit.inlined
 def gelu_value(v):

@@ -35,7 +35,7 @@ from ..speed import host_cpu_flops
 def typed(handle: TensorHandle) -> np.ndarray:
     """The handle's whole buffer seen as its dtype (a pool holds float32 and int32 tensors)."""
     buf = handle.buffer
-    return buf if buf.dtype == handle.dtype else buf.view(handle.dtype)  # (``dtype.name`` costs 3 us a call)
+    return buf if buf.dtype == handle.dtype else buf.view(handle.dtype)  # dtypes compared: ``dtype.name`` is slow per call
 
 
 def view(handle: TensorHandle) -> np.ndarray:
@@ -102,7 +102,7 @@ class _ThreadLimiter:
             cls._inside += 1
             if cls._inside == 1:
                 controller = cls._get_controller()
-                if controller is not None:  # each library's own get and set: ``controller.limit`` costs 7 us a run
+                if controller is not None:  # each library's own get and set: cheaper than ``controller.limit``
                     cls._saved = [(lib, count) for lib in controller.lib_controllers
                                   if (count := lib.get_num_threads()) is not None]  # None: a library that cannot say
                     for lib, _ in cls._saved:
@@ -264,8 +264,7 @@ def _row_sum_region(dense: np.ndarray, values: TensorHandle, dims: list[tuple[in
 def _sum_region(a: np.ndarray, b: np.ndarray, out: np.ndarray, activation: A.Activation, regions: int) -> OpPlan:
     """out = clamp(a + b) (a residual connection and its ReLU) as one pass on the region's
     threads (``cpu_parallel.sum_spans``), where NumPy made two on one thread (the sum, then the
-    clamp). Measured at threads=2: one of ResNet-18's (64 channels 56x56) alone 0.027 ms, against
-    0.21; its eight in a run 0.24 ms, against 0.92."""
+    clamp). Measured: bench/RESULTS.md."""
     lo, hi, _ = _compiled_clamp(activation)
     parts = regions if out.size >= REGION_MIN_ELEMENTS else 1
     bounds = _bounds(_spans(out.size, parts, align=CACHE_LINE_FLOATS))
@@ -361,9 +360,8 @@ def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out
     """A vector times a constant matrix (a classifier's last layer: M = 1), x [K] @ weights [K, N]
     -> out [N], as a 1x1 convolution of one pixel (``_packed_conv_region``): the matrix packed into
     the register tile's panels once, and each run reads them once, half on each thread. BLAS's
-    sgemm packs the whole matrix on every call to multiply it by one row. Measured at threads=2,
-    ResNet-18's 512 x 1000 from cache and from memory: 0.08 and 0.2 ms, against sgemm's 0.18 and
-    0.36 (ONNX Runtime's 0.05 and 0.17); the tile's six rows of which one is used cost little on a
+    sgemm packs the whole matrix on every call to multiply it by one row (measured:
+    bench/RESULTS.md); the tile's six rows of which one is used cost little on a
     product that waits for memory."""
     k, n = weights.shape
     conv = A.Conv2D(op.inputs, op.outputs, op.source, batch=1, in_channels=k, out_channels=n,
@@ -380,9 +378,8 @@ def _gemm_blocks(batch: int, m: int, n: int, k: int, threads: int, align_m: int 
     """(batch index, m0, m1, n0, n1) blocks of a batched [m, k] x [k, n] product for ``threads``:
     whole products while there are enough of them, else the longer side of each cut into spans
     (rows in multiples of ``align_m``); one block, the whole batch (index ``slice(None)``: one
-    batched call), when the product is too small to share. Measured at threads=2, the
-    transformer's attention scores and context (4 heads of 128x64x128, 128x128x64): 0.21 and
-    0.20 ms as one block per head handed to the threads, 0.15 ms each as one call."""
+    batched call), when the product is too small to share: the transformer's attention products
+    ran faster as one call than as a block per head handed to the threads."""
     if threads == 1 or batch * m * n * k < min_macs:
         return [(slice(None), 0, m, 0, n)]
     parts = max(1, -(-threads * CHUNKS_PER_THREAD // batch))
@@ -695,9 +692,8 @@ def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: in
     kernel's tile and alpha per axis, ``winograd.conv_matrices``) in chunks of tile rows, each in
     the thread's scratch while in cache: its [alpha, alpha, C, tiles] input tiles copied out of
     the padded input, ``B^T d B`` as two GEMMs, one batched product per tile position against the weights transformed at creation (``G W G^T``), ``A^T m A`` as two GEMMs,
-    then the tiles put in place with bias and activation. Measured against the im2col kernel on
-    one thread (ResNet-18): 1.45-2.6x at 64 channels 56x56 (F(6, 3)) and 1.6-2.7x at 128 channels
-    28x28 (F(4, 3)), 1.25x at 256 channels 14x14 (F(2, 3)); where it does not pay, see
+    then the tiles put in place with bias and activation. Faster than the im2col kernel at
+    ResNet-18's sizes (measured: bench/RESULTS.md); where it does not pay, see
     ``CpuBackend.winograd_min_tiles``."""
     c, oc = op.in_channels, op.out_channels
     (oh, ow), (kh, kw) = op.out_hw, op.kernel
@@ -766,9 +762,8 @@ def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Cal
     transformed (G_h W G_w^T) and packed into ``cpu_tiles``' panels once, here; per
     run, the input copied into a zero-bordered plane, the tiles transformed in panels of MR, the
     alpha^2 products per (tile panel, channel panel) pair and the output transform with the bias
-    and a clamp while the pair's products are in cache. Measured against the BLAS transforms and
-    products it replaces, at threads=2 (ms): 64 channels 56x56 F(6, 3) 0.95 against 1.71, 128 at
-    28x28 0.73 against 1.35, 256 at 14x14 1.00 against 1.54; ONNX Runtime's im2col 1.8, 1.77, 1.36."""
+    and a clamp while the pair's products are in cache. Faster than the BLAS transforms and
+    products it replaces (measured: bench/RESULTS.md)."""
     c, oc = op.in_channels, op.out_channels
     (oh, ow), (kh, kw) = op.out_hw, op.kernel
     rows_m, cols_m = conv_matrices(op.winograd_tile, op.kernel)
@@ -819,8 +814,7 @@ def _tile_places(out3: np.ndarray, tile: tuple[int, int], t0: int, t1: int) -> l
     (r, q) is output pixel (r nh + i, q nw + j)) with the tile rows and columns it takes from the
     [nh, nw, C, t1 - t0, tiles per row] products and the positions i, j it keeps. Four copies
     instead of one per tile position (36 for F(6, 3)), each NumPy call costing a few
-    microseconds and a hand-over of the GIL between threads: measured at threads=2 on
-    ResNet-18, 64 channels 56x56 3.27 -> 2.85 ms, 128 channels 28x28 2.95 -> 2.66 ms."""
+    microseconds and a hand-over of the GIL between threads."""
     _, oh, ow = out3.shape
     so, sr, sq = out3.strides
     nh, nw = tile
@@ -841,8 +835,8 @@ def _tile_places(out3: np.ndarray, tile: tuple[int, int], t0: int, t1: int) -> l
 def _depthwise(op: A.Conv2D, x, weight, out, pads, finish, pool: Workers, parts: int) -> OpPlan:
     """Channel blocks, each in two passes: one copy of its KH*KW shifted windows into the
     thread's scratch, then one batched [1, KH*KW] x [KH*KW, pixels] product per channel (BLAS),
-    bias and activation after. Measured 2-3x faster at MobileNet's sizes than a multiply and an
-    add per tap (18 NumPy calls and passes over memory per block)."""
+    bias and activation after: faster at MobileNet's sizes than a multiply and an add per tap
+    (18 NumPy calls and passes over memory per block)."""
     n, c = op.batch, op.in_channels
     (oh, ow), (kh, kw) = op.out_hw, op.kernel
     taps, pixels = kh * kw, oh * ow
@@ -871,9 +865,8 @@ def _depthwise(op: A.Conv2D, x, weight, out, pads, finish, pool: Workers, parts:
 def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts: int, regions: int = 0) -> OpPlan:
     """The depthwise convolution as ``cpu_jit``'s one-pass loops on channel spans, the bias and a
     clamp activation applied in the loop (others after, on the span), each thread on its own
-    scratch plane. Measured on one thread against ``_depthwise`` on two, MobileNet-v2's sizes:
-    0.26-0.30 against 1.34 ms (144 channels 56x56), 0.46-0.58 against 3.3 ms (96 channels
-    112x112, stride 2). With ``regions``, each image's spans are one native region."""
+    scratch plane: one pass where ``_depthwise`` makes several (measured: bench/RESULTS.md).
+    With ``regions``, each image's spans are one native region."""
     n, c = op.batch, op.in_channels
     (oh, ow), (kh, kw) = op.out_hw, op.kernel
     kernel, scratch_shapes, geometry = cpu_jit.depthwise_kernel(op)
@@ -901,8 +894,7 @@ def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts
 def _thread_scratch(threads: int, floats: int, fill: float = 0.0) -> np.ndarray:
     """[threads, ``floats`` rounded up to whole cache lines] float32, each thread's row starting
     on a cache line, so that no two threads write one line: rows side by side shared their edge
-    lines, and the lines went back and forth between the cores (Inception's 768-channel 17x17
-    average pool, a 19-float row per thread: 0.46 ms at threads=2, 0.27 with rows 64 floats long)."""
+    lines, and the lines went back and forth between the cores (measured: bench/RESULTS.md)."""
     width = -(-floats // CACHE_LINE_FLOATS) * CACHE_LINE_FLOATS
     raw = np.full(threads * width + CACHE_LINE_FLOATS, fill, np.float32)
     start = (-raw.ctypes.data % (4 * CACHE_LINE_FLOATS)) // 4
@@ -1011,10 +1003,8 @@ def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, regions: int 
     """3x3 pooling as compiled loops on channel spans, reading the input in place (no padded
     copy): ``cpu_jit.pool3x3_same`` on flat planes where the output is the input's size at
     stride 1 (Inception's average pools), else ``cpu_jit.pool3x3`` row by row, each thread on
-    its own scratch. Measured at threads=2, the op alone, ms: Inception-v3's stride-1 average
-    pools 0.12 (768 channels 17x17) and 0.13 (288x35x35), where nine taps per output from rows
-    split by phase took 0.51 and 0.41 (ONNX Runtime, a whole run of a one-node model: 0.11-0.18
-    and 0.17-0.20)."""
+    its own scratch: faster than nine taps per output from rows split by phase (measured:
+    bench/RESULTS.md)."""
     n, c = op.batch, op.channels
     (h, w), (oh, ow), (sh, sw), (top, left) = op.in_hw, op.out_hw, op.strides, op.pads[:2]
     is_max = op.op == "max"
@@ -1045,11 +1035,9 @@ def _separable_windows(xp: np.ndarray, kernel, strides, out: np.ndarray, combine
     """``out`` = ``combine`` (np.maximum, np.add) over each pooling window of the padded NCHW
     ``xp``, separably: over each row's window first (into scratch [N, C, rows, OW]), then over
     each column's -- kh + kw - 2 passes instead of kh kw - 1, the second over a map ``sw`` times
-    narrower (max is exact in any order; a sum only reassociates). Measured at threads=2, ms,
-    against a pass per tap: SqueezeNet-1.1's 3x3 stride-2 max pools 1.16 -> 0.76 (64 channels
-    111x111), 0.52 -> 0.43 (128x55x55), 0.29 -> 0.25 (256x27x27); Inception-v3's 3x3 stride-1
-    average pools 0.95 -> 0.64 (192 channels 35x35), 1.31 -> 0.71 (768x17x17), 0.77 -> 0.40
-    (1280x8x8). Channel spans shared between the threads measured no faster (bound by memory)."""
+    narrower (max is exact in any order; a sum only reassociates). Faster than a pass per tap on
+    SqueezeNet's and Inception's pools; channel spans shared between the threads were no faster
+    (bound by memory). Measured: bench/RESULTS.md."""
     (kh, kw), (sh, sw) = kernel, strides
     n, c, oh, ow = out.shape
     rows = (oh - 1) * sh + kh
@@ -1277,7 +1265,7 @@ class CpuBackend(Backend):
     @property
     def default_concurrent_runs(self) -> int:
         """Overlap only where one run leaves cores idle (``threads`` below the core count):
-        measured on 2 cores with threads=2, two overlapping runs were ~10% slower than turns."""
+        on 2 cores with threads=2, two overlapping runs were slower than turns (bench/RESULTS.md)."""
         return max(1, min(self.max_concurrent_runs, (os.cpu_count() or 1) // self.threads))
 
     def __init__(self, threads: int | None = None, kernels: str | None = None, jit: bool | None = None,

@@ -3,9 +3,8 @@ G W G^T), made once per backend and shared by every run state that asks.
 
 Each run state builds its executions, and an execution used to pack its weights for itself. A
 recorded session does that once, but a second run state (a second thread's run) packed every
-weight again, and an eager run, which prepares a state per run, packed them on every run: the
-Winograd weights of one 512-channel convolution took about 70 ms to transform, ResNet-18's eager
-run 487 ms. Packed weights are only read, so one copy serves every state, keyed by the constant's
+weight again, and an eager run, which prepares a state per run, packed them on every run, which
+cost many times the run itself (measured: bench/RESULTS.md). Packed weights are only read, so one copy serves every state, keyed by the constant's
 buffer (a constant is uploaded once per session) and dropped when that buffer goes.
 """
 from __future__ import annotations

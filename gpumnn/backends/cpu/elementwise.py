@@ -24,8 +24,7 @@ _local = threading.local()
 
 def _scratch(like: np.ndarray, count: int) -> list[np.ndarray]:
     """``count`` float32 arrays shaped like ``like``, kept per thread and reused: a fresh array
-    per step measured 3x slower at a transformer's FFN width (128 x 1024: new pages faulted in on
-    every call), and the epilogue runs on several worker threads at once."""
+    per step was slower at a transformer's FFN width (new pages faulted in on every call), and the epilogue runs on several worker threads at once."""
     n = like.size
     held = getattr(_local, "arrays", None)
     if held is None or held[0].size < n or len(held) < count:

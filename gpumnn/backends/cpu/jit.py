@@ -2,7 +2,7 @@
 
 NumPy computes one elementwise step per call and per pass over memory, and BLAS only what is a
 matrix product. A depthwise convolution is neither: as NumPy calls it costs a padded copy, nine
-shifted window copies and a batched product (MobileNet-v2's 17 took 13 ms of its 24 ms run), and
+shifted window copies and a batched product (most of MobileNet-v2's run: bench/RESULTS.md), and
 as compiled loops it is one pass that reads each input row into cache once and writes each output
 once, with the bias and a clamp activation on the way out. Numba compiles these loops (LLVM, the
 host's vector units) when it is installed (``pip install gpumnn[cpu]``); without it the backend
@@ -14,11 +14,10 @@ argument types an execution binds when it is created (``bind``), so a run neithe
 dispatches on types; compiled code is cached on disk by Numba (``cache=True``), stamped with
 every module of this package (``_register_package_stamp``), as kernels inline functions across them.
 
-What keeps LLVM from vectorising a loop, measured here: an index Numba cannot prove
-non-negative (``row[i + k]`` gets a wraparound branch: 31 -> 3 GFLOP/s on one axpy), a run-time
-stride in an index (``row[i * s]``), a test inside the loop (a stride tested in the row loop:
-0.71 against 0.30 ms, 144 channels 56x56), float64 mixed into float32 arithmetic, and a row loop
-in a function of its own that Numba does not inline (2-4x slower). Hence slices taken outside
+What keeps LLVM from vectorising a loop (measured: bench/RESULTS.md): an index Numba cannot
+prove non-negative (``row[i + k]`` gets a wraparound branch), a run-time stride in an index
+(``row[i * s]``), a test inside the loop (a stride tested in the row loop), float64 mixed into
+float32 arithmetic, and a row loop in a function of its own that Numba does not inline. Hence slices taken outside
 loops, rows split by stride phase first, a kernel per stride, ``inlined`` row functions and
 np.float32 scalars.
 """
@@ -150,8 +149,7 @@ def bind(kernel: Callable, *args: Any) -> Callable[..., None]:
 # x [C, H, W] -> out [C, OH, OW]. A channel's rows are first split by column phase (column j of
 # the padded row to phases[j % sw, j // sw], the border value around them), so that tap kx of
 # output column ox reads phases[kx % sw, ox + kx // sw]: contiguous loads for every stride (a
-# load of row[ox * sw] with a run-time stride ran scalar, 1.7 ms for SqueezeNet's first pool,
-# against 0.68 ms so).
+# load of row[ox * sw] with a run-time stride runs scalar).
 
 @_kernel
 def _split_phases(src, phases, sw, pl):
@@ -226,8 +224,7 @@ def depthwise3x3_s1_flat(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
     """Stride 1 on a small plane: the zero-bordered plane is one flat row, and so is the output
     at the plane's width (two columns of each row computed and dropped), copied out after: one
     loop of 9 taps per channel instead of one per output row, which at 14x14 spent its time
-    starting loops of 14 (measured 0.186 -> 0.082 ms, 384 channels 14x14; 0.38 -> 0.31 at 144
-    channels 56x56; slower, 0.26 -> 0.35, at 32 channels 112x112, whose plane is not in L1)."""
+    starting loops of 14; slower where the plane is not in L1 (measured: bench/RESULTS.md)."""
     oh, ow = out.shape[1], out.shape[2]
     width = plane.shape[1]
     flat = plane.reshape(plane.size)
@@ -246,7 +243,7 @@ def depthwise3x3_s1_flat(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
 def depthwise3x3_s2(x, w, bias, out, phases, unused, geometry, pt, pl, lo, hi):
     """Stride 2: each padded row split once into its even and odd columns (``_split_phases``), so
     the three taps of a row read contiguous memory (even[ox], odd[ox], even[ox + 1]) instead of
-    gathering every other element three times (measured 2.0 -> 1.3 ms, 96 channels 112x112)."""
+    gathering every other element three times."""
     for c in range(x.shape[0]):
         for iy in range(x.shape[1]):
             _split_phases(x[c, iy], phases[pt + iy], 2, pl)
@@ -308,8 +305,8 @@ def winograd_place(y, bias, out, s0, s1, tiles_w, lo, hi, epilogue):
     row r = t // tiles_w, column q = t % tiles_w) of the output tiles ``y`` [nh, nw, O, tiles],
     clipped at the output's edges, with clamp(. + bias[o]) to [lo, hi] where ``epilogue``, in one
     pass. A span may start and end inside a tile row. The transforms themselves stay BLAS products:
-    as loops over a channel's tiles in L1 they measured slower (1.9 against 0.7 ms, 64 channels
-    56x56 F(6, 3)), their rows of 100 tiles too short to amortise a loop."""
+    as loops over a channel's tiles in L1 they measured slower (bench/RESULTS.md), their rows of
+    100 tiles too short to amortise a loop."""
     nh, nw, channels = y.shape[0], y.shape[1], y.shape[2]
     oh, ow = out.shape[1], out.shape[2]
     for o in range(channels):
@@ -352,8 +349,7 @@ def pool3x3_same(x, out, scale, v, is_max):
     of three rows into ``v`` [>= H W] as one loop over the plane, their sums (or maxima) along
     the row as another, times ``scale`` (flat) for a mean, then each row's first and last column
     again without the neighbour the flat loop took from the next or previous row. Four loops over
-    a plane instead of two per row, which at 17x17 or 8x8 spent their time starting (measured on
-    one thread, 384 channels 17x17: 0.10 against 0.24 ms row by row)."""
+    a plane instead of two per row, which at 17x17 or 8x8 spent their time starting."""
     channels, size = x.shape
     w = size // scale.shape[0]
     n = size - 2 * w  # the rows with a row above and below
@@ -397,8 +393,8 @@ def pool3x3(x, out, scale, row, is_max, sh, sw, pt, pl):
     row[sw ox + 2]) (a loop per literal stride 1 and 2, which vectorises; a run-time stride runs
     scalar), times scale[oy] for a mean. ``row`` [(OW - 1) sw + 3] is the caller's scratch, filled
     once with the border value (-inf for a max, 0 for a sum): the loops write it only where input
-    lands. Measured on one thread, SqueezeNet-1.1's first max pool (64 channels 111x111): 0.24 ms,
-    against 0.62 ms for nine taps read from rows split by stride phase. Stride 1 at the input's
+    lands. Faster than nine taps read from rows split by stride phase (measured: bench/RESULTS.md).
+    Stride 1 at the input's
     size goes to ``pool3x3_same``: rows of 17 or 8 spend their time starting loops."""
     h, w = x.shape[1], x.shape[2]
     ow = out.shape[2]

@@ -1,12 +1,12 @@
 """Native parallel regions for the cpu backend: a whole op on all threads without the GIL.
 
 Why: the backend's Python threads (``cpu_workers``) hand an op's chunks over through the GIL and
-a wake-up per op, and on this project's 2-core KVM machine each wake-up of a sleeping thread, and
-each wait for the GIL held by the other thread, measured 25-50 us (a futex wake of an idle
-vCPU). An op of 100-300 us, MobileNet's 1x1 convolutions among them, then gained nothing from a
-second thread (64x384x196 GEMM: 137 us on one thread, 199 us shared). A Numba ``parallel``
-function runs the op's blocks on OpenMP's threads, which spin a while between regions, with the
-GIL released throughout: an empty region costs 2 us, and each block's GEMM calls BLAS (NumPy's
+a wake-up per op, and each wake-up of a sleeping thread, and each wait for the GIL held by the
+other thread, costs tens of microseconds (a futex wake of an idle vCPU): an op of a few hundred
+microseconds, MobileNet's 1x1 convolutions among them, gained nothing from a second thread
+(measured: bench/RESULTS.md). A Numba ``parallel`` function runs the op's blocks on OpenMP's
+threads, which spin a while between regions, with the GIL released throughout: an empty region
+costs a tenth of a hand-over, and each block's GEMM calls BLAS (NumPy's
 own OpenBLAS where it has one, else SciPy's ``cython_blas``; one thread inside each block) with
 the bias and a clamp applied to the block while it is in cache. The blocks: GEMM row and column
 spans, im2col row (and channel) blocks, im2col on constant weights as pixel-panel or weight-panel
@@ -14,12 +14,11 @@ spans through ``cpu_tiles``' register tile instead of BLAS, Winograd on the same
 pooling channel spans.
 
 Only Numba's ``tbb`` and ``omp`` threading layers qualify: ``workqueue``, the fallback when
-neither loads, measured 106 us per region and is not safe to enter from two threads at once.
+neither loads, costs as much per region as a hand-over and is not safe to enter from two threads at once.
 TBB is preferred (Numba tries it first; ``gpumnn[cpu]`` installs it): its caller runs the blocks
 no other thread has taken, where OpenMP's region waits at its barrier for every thread of its
-team. On 2 cores shared with another engine's spinning threads (ONNX Runtime's spin ~50 ms after
-a run) that barrier waited for a descheduled thread: MobileNet-v2 in alternation with ONNX
-Runtime, 13.4 and 12.8 ms a run on TBB against 18.0 and 18.3 on OpenMP. Where the regions are
+team. On 2 cores shared with another engine's spinning threads that barrier waited for a
+descheduled thread, and runs were slower on OpenMP than on TBB (measured: bench/RESULTS.md). Where the regions are
 not available (``available()`` says why) the backend keeps ``cpu_workers``.
 
 Numba caches the compiled regions on disk; ``cpu_jit`` stamps that cache with every module of
@@ -56,7 +55,7 @@ def _numpy_sgemm() -> tuple[int, type] | None:
     (threadpoolctl finds it, its symbol prefix and suffix), or None where NumPy uses another
     BLAS. Preferred to SciPy's: NumPy's wheels bundle a newer OpenBLAS than SciPy's (0.3.31 against
     0.3.30 here), whose products with few rows or a short inner dimension, Winograd's transforms
-    among them, measured 2-2.6x faster (8 x 8 by 8 x 3200: 14.5 against 29 us)."""
+    among them, run faster (measured: bench/RESULTS.md)."""
     from threadpoolctl import ThreadpoolController
     for lib in ThreadpoolController().select(internal_api="openblas").lib_controllers:
         if "numpy" not in os.path.basename(os.path.dirname(lib.filepath)):
@@ -162,7 +161,7 @@ def _layer() -> tuple[str | None, str | None]:
             return None, f"Numba could not start a threading layer ({exc})"
     if layer not in ("omp", "tbb"):
         return layer, (f"Numba's threading layer is {layer!r}: neither 'omp' nor 'tbb' loaded (workqueue "
-                       "regions cost ~100 us and are not thread-safe); install gpumnn[cpu] (tbb) or libgomp1")
+                       "regions are slow and not thread-safe); install gpumnn[cpu] (tbb) or libgomp1")
     return layer, None
 
 
@@ -297,7 +296,7 @@ def copy_windows(flat, col, channels, height, width, geometry, r0, r1, ow):
     kh, kw, sh, sw, dh, dw, pt, pl = geometry
     pixels = (r1 - r0) * ow
     # flat indices, not slices: a block copies C*KH*KW*rows runs of OW elements, and a slice per
-    # run cost more than the run itself at OW = 7 (0.5 of 2.2 ms, 256 channels 14x14 stride 2)
+    # run cost more than the run itself at OW = 7
     for ci in range(channels):
         for ky in range(kh):
             for kx in range(kw):
@@ -499,8 +498,7 @@ def packed_conv_tables(kernel: tuple[int, int], strides: tuple[int, int], dilati
 # in panels of NR (the weights, transformed and packed at creation). Every transform is a product
 # of at most 8 x 8 matrices, done one tile at a time by ``cpu_tiles.square_product`` (B_h^T d B_w)
 # or ``row_product`` (a 1D tile's, a 1x7 or 7x1 kernel's: d B), or on a panel by ``tile_product``
-# (A_h^T m A_w); Numba's own loops left them scalar (0.9 ms for the input transforms of 64 channels
-# 56x56 F(6, 3) on two threads, against 0.25 now). A matrix of an axis whose alpha is 1 is [[1]]:
+# (A_h^T m A_w); Numba's own loops left them scalar. A matrix of an axis whose alpha is 1 is [[1]]:
 # its step is skipped, not multiplied by one.
 
 @cpu_jit.inlined

@@ -3,9 +3,8 @@ average pooling, each row in one pass through cache, rows shared between the reg
 
 NumPy takes a pass over the whole tensor per step: softmax is a max, a subtract, an exp, a sum and
 a divide (five passes, one thread, and NumPy's ``exp`` is not the fastest), layer normalisation
-eight. A transformer encoder's attention softmax (512 rows of 128) took 0.19-0.20 ms that way and
-its two layer normalisations (128 rows of 256) 0.07 ms each, against ONNX Runtime's 0.02 and
-0.01 (measured at threads=2, ``bench/cpu_profile.py transformer_encoder --ort``). Here a row is
+eight: a transformer encoder's softmax and layer normalisations took several times ONNX Runtime's
+time that way (measured: bench/RESULTS.md, ``bench/cpu_profile.py transformer_encoder --ort``). Here a row is
 read into L1 once and every step runs on it there; ``exp`` is ``cpu_activations.exp_neg``, which
 LLVM vectorises, and the sums are vectorised by letting them reassociate (as NumPy's pairwise
 sums also reorder).
@@ -108,10 +107,9 @@ def normalize_rows(x, o, scale, shift, eps, affine, bounds):
 @_row_region
 def mean_rows(x, o, bounds):
     """o[r] = the mean of row r of x [rows, size] (a global average pool's plane), the spans
-    [bounds[j], bounds[j + 1]) of rows on the region's threads. Measured at threads=2, SqueezeNet's
-    1000 planes of 13x13: 0.014 ms against NumPy's ``mean`` 0.066. (The same loop for a max,
-    written to keep NaN as NumPy does, stayed scalar at 0.06-0.1 ms, no faster than NumPy's: global
-    max pools keep NumPy.)"""
+    [bounds[j], bounds[j + 1]) of rows on the region's threads: several times faster than NumPy's
+    ``mean``. (The same loop for a max, written to keep NaN as NumPy does, stayed scalar, no faster
+    than NumPy's: global max pools keep NumPy. Measured: bench/RESULTS.md.)"""
     inv = _ONE / np.float32(x.shape[1])
     for j in numba.prange(bounds.shape[0] - 1):
         for r in range(bounds[j], bounds[j + 1]):

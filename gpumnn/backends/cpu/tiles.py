@@ -3,12 +3,12 @@
 Why not BLAS here: BLAS packs both operands into its panel layout on every call. A convolution's
 weights are constant, and where an image has few pixels they are the larger operand: ResNet's
 512-channel 3x3 convolutions at 7x7 pack 9.4 MB of weights per call to multiply them by 49
-columns. NumPy's OpenBLAS ran those at 67-72 GFLOP/s on one core here and ONNX Runtime, whose
-MLAS packs the weights once, at 83-85. Packed once at session creation (``pack_panels``), with
-the im2col copy writing its windows straight into the other operand's panels
-(``cpu_parallel.pack_windows``), the kernel below ran 78-88 GFLOP/s on one core at ResNet's and
-Inception's sizes. The panels must be contiguous: with the pixels read where a plain im2col copy
-puts them (a row of MR values per cache line) it ran 53 GFLOP/s at 512 channels 7x7.
+columns, slower than ONNX Runtime, whose MLAS packs the weights once. Packed once at session
+creation (``pack_panels``), with the im2col copy writing its windows straight into the other
+operand's panels (``cpu_parallel.pack_windows``), the kernel below runs at MLAS's speed at
+ResNet's and Inception's sizes. The panels must be contiguous: with the pixels read where a plain
+im2col copy puts them (a row of MR values per cache line) it ran much slower. Measured:
+bench/RESULTS.md.
 
 The kernel (``tile_product``) is MNN's and every BLAS's inner loop: acc[MR, NR] = sum over k of
 p[k, 0:MR] (outer product) v[k, 0:NR], with the MR x NR sums held in registers for the whole

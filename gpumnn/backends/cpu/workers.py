@@ -2,8 +2,8 @@
 
 Why not BLAS's threads: OpenBLAS splits a GEMM statically between its threads and makes them
 meet many times per call. When another process holds a core, the thread that shares it arrives
-late at every meeting and the other spins: measured here, a 64x576x3136 GEMM took 17-28 ms on
-two OpenBLAS threads under load against 6.5-12 ms on one. ONNX Runtime barely slows under the
+late at every meeting and the other spins: under load a GEMM on two OpenBLAS threads took
+longer than on one (measured: bench/RESULTS.md). ONNX Runtime barely slows under the
 same load because its threads take work from a shared counter. So do we: an op is cut into
 chunks (row blocks of a convolution with their own im2col, channel blocks of a depthwise
 convolution, column blocks of a GEMM), every thread takes the next chunk index until none is
@@ -14,7 +14,7 @@ gets every thread too, on chunks small enough to stay in cache.
 
 Where Numba's compiled loops run with a TBB or OpenMP threading layer, the ops they cover (GEMMs,
 im2col, depthwise convolution, pooling) run as native parallel regions instead (``cpu_parallel``:
-a hand-over here costs a wake-up and GIL turns, 25-50 us each on a 2-core VM); Winograd and the
+a hand-over here costs a wake-up and GIL turns, tens of microseconds each); Winograd and the
 NumPy kernels stay here.
 
 One pool per thread count serves the whole process (no threads per session to leak). It runs

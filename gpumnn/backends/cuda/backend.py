@@ -13,11 +13,13 @@ the session holds): the session's pool (tensors are element offsets into it, as 
 kernels take ``(pointer, element offset)`` pairs), each constant (uploaded once) and each scratch
 buffer of a plan. Host copies go through pinned staging (``cudaHostAlloc``) held by a lane.
 
-Lanes (:class:`.cuda_launch.Lanes`): each verb call (write, read, record, submit, eager run)
-borrows a lane -- its own non-blocking stream, an event and pinned staging -- and waits for its
-stream before returning the lane (``wait_lane``: an event recorded after the work, polled up to
-the session's ``submit_timeout``; past it DeviceLostError names the ops in flight, the backend's
-device is marked lost so later calls fail at once, and nothing the hung work may use is freed), so concurrent runs of a session (``max_concurrent_runs``)
+Lanes (:class:`.launch.Lane`, lent by :class:`~gpumnn.backends.lanes.LanePool`, which the vulkan
+backend shares): each verb call (write, read, record, submit, eager run) borrows a lane -- its
+own non-blocking stream, an event and pinned staging -- and waits for its stream before
+returning the lane (``wait_lane``: an event recorded after the work, polled up to the session's
+``submit_timeout``; past it DeviceLostError names the ops in flight, the backend's device is
+marked lost so later calls fail at once, and nothing the hung work may use is freed), so
+concurrent runs of a session (``max_concurrent_runs``)
 never share a stream or a staging buffer, and no work is left pending between calls.
 ``reserve_run`` makes a lane per run in flight at session creation, with staging for the
 largest input or output, so a recorded run allocates nothing.
@@ -48,7 +50,6 @@ GPU compilers typically do as well; results on normal numbers are unaffected.
 from __future__ import annotations
 
 import threading
-import weakref
 from contextlib import contextmanager
 from typing import Any, Hashable, Iterator
 
@@ -63,7 +64,8 @@ from ..kernels.cl import planner as cl_plans
 from ..base import Backend, Execution, OpPlan, TensorHandle, constant_words, host_out, kernels_option
 from ..kernels.cl.planner import Scratch
 from .device import attribute, describe_versions, device_info, load_kernels, memory_limits, pick_device
-from .launch import CudaLaunch, DeviceBuffer, Lane, Lanes, Recording, bind, capture, wait_lane
+from .launch import CudaLaunch, DeviceBuffer, Lane, Recording, bind, capture, wait_lane
+from ..lanes import LanePool
 from ..waits import DeviceWatch, describe_ops
 from ..limits import MemoryLimits
 
@@ -110,11 +112,7 @@ class CudaBackend(Backend):
         self._watch = DeviceWatch(self.name, self._info.device)  # bounded waits, the lost mark
         self._buffers: weakref.WeakSet[DeviceBuffer] = weakref.WeakSet()  # kept forever if the device hangs
         self._kernels: dict[tuple, Any] = {}
-        # the lanes call back into the backend through a weak proxy: a bound method held by an
-        # attribute is a reference cycle, which leaves a dropped backend (and its GPU memory) to the
-        # cyclic garbage collector instead of reference counting
-        this = weakref.proxy(self)
-        self._lanes = Lanes(lambda: this._make_lane(), lambda nbytes: this.buffer(nbytes, "staging"))
+        self._lanes: LanePool[Lane] = LanePool(self._make_lane, self._make_staging)  # holds them weakly
         self._closed = False
 
     # -- description -----------------------------------------------------------------------
@@ -238,6 +236,9 @@ class CudaBackend(Backend):
     def _make_lane(self) -> Lane:
         with self._device:
             return Lane(cupy.cuda.Stream(non_blocking=True), cupy.cuda.Event(disable_timing=True))
+
+    def _make_staging(self, nbytes: int) -> np.ndarray:
+        return self.buffer(nbytes, "staging")
 
     @contextmanager
     def _lane(self) -> Iterator[Lane]:

@@ -11,10 +11,8 @@ scalars stay NumPy scalars, which CuPy passes by value with their own width.
 """
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..kernels.cl.planner import Launch, Scratch
 from ..waits import DeviceWatch
@@ -133,76 +131,13 @@ class Lane:
     """What one write, read, record or run in flight has to itself, so that several threads use
     the device at once: a stream (non-blocking, so it never waits on the legacy default stream
     and a capture on it never involves another thread's work), an event (to order it after the
-    caller's current stream for device arrays), and pinned host staging, grown on demand."""
+    caller's current stream for device arrays), and pinned host staging, grown on demand. Lent
+    from a :class:`~gpumnn.backends.lanes.LanePool`."""
 
     stream: Any
     event: Any
     staging: Any = None  # a numpy uint8 view of pinned host memory (which it keeps alive)
     timing: Any = None  # (start, end) timing events, made by the first measure_recording on the lane
-
-
-class Lanes:
-    """A pool of :class:`Lane`: one lent per verb call (a verb waits for its lane's stream
-    before it returns it, so no two calls share unfinished work); ``reserve`` makes one more
-    ahead of time with staging for ``nbytes``, so that a recorded run creates nothing.
-
-    ``make_lane()`` creates a lane; ``make_staging(nbytes)`` pinned host memory as a uint8
-    array of at least ``nbytes``. Both are the backend's (counted there)."""
-
-    def __init__(self, make_lane: Callable[[], Lane], make_staging: Callable[[int], Any]):
-        self._make_lane = make_lane
-        self._make_staging = make_staging
-        self._lock = threading.Lock()
-        self._idle: list[Lane] = []
-        self._reserved_bytes = 0
-        self.all: list[Lane] = []
-
-    def _new(self) -> Lane:
-        lane = self._make_lane()
-        with self._lock:
-            self.all.append(lane)
-        return lane
-
-    def reserve(self, nbytes: int) -> None:
-        """One more lane, made now; every idle lane's staging grown to the largest ``nbytes``
-        reserved so far (a later, smaller reservation must not leave a lane short)."""
-        lane = self._new()
-        with self._lock:
-            self._reserved_bytes = nbytes = max(self._reserved_bytes, nbytes)
-            self._idle.append(lane)
-            idle = list(self._idle)
-            self._idle.clear()  # lent to this call while their staging grows
-        try:
-            for each in idle:
-                self.staging(each, nbytes)
-        finally:
-            with self._lock:
-                self._idle.extend(idle)
-
-    @contextmanager
-    def lend(self) -> Iterator[Lane]:
-        """An idle lane (a new one when every lane is lent) for one call."""
-        lane = self.take()
-        try:
-            yield lane
-        finally:
-            self.give(lane)
-
-    def take(self) -> Lane:
-        """An idle lane (a new one when every lane is lent), the caller's until ``give``."""
-        with self._lock:
-            lane = self._idle.pop() if self._idle else None
-        return self._new() if lane is None else lane
-
-    def give(self, lane: Lane) -> None:
-        with self._lock:
-            self._idle.append(lane)
-
-    def staging(self, lane: Lane, nbytes: int) -> Any:
-        """The lane's staging, grown (never shrunk) to at least ``nbytes``."""
-        if nbytes and (lane.staging is None or lane.staging.nbytes < nbytes):
-            lane.staging = self._make_staging(nbytes)
-        return lane.staging
 
 
 def wait_lane(watch: DeviceWatch, lane: Lane, timeout: float, ops: str,
@@ -217,5 +152,5 @@ def wait_lane(watch: DeviceWatch, lane: Lane, timeout: float, ops: str,
     watch.wait(lambda: event.done, timeout, ops, keep)
 
 
-__all__ = ["CudaLaunch", "DeviceBuffer", "Lane", "Lanes", "MAX_BLOCK_THREADS", "MAX_GRID", "Recording", "bind",
+__all__ = ["CudaLaunch", "DeviceBuffer", "Lane", "MAX_BLOCK_THREADS", "MAX_GRID", "Recording", "bind",
            "capture", "grid_block", "kernel_args", "wait_lane"]

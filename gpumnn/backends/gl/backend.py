@@ -7,7 +7,7 @@ Design
   platform backend). A GL context is current in at most one thread, so it is current nowhere
   between uses: every entry point runs inside ``activate()``, which takes the backend's lock,
   makes the context current in the calling thread and releases it when the outermost bracket
-  closes (an eglMakeCurrent pair, ~2 us). The session brackets creation and each whole run, so
+  closes (an eglMakeCurrent pair, cheap). The session brackets creation and each whole run, so
   any thread may create, run and close, one at a time.
 * Memory: the session pool (``allocate``) and every constant are GL buffer objects
   (``ctx.buffer``); ``write`` / ``read`` are glBufferSubData / glGetBufferSubData.
@@ -247,7 +247,7 @@ class GLBackend(Backend):
         """Largest pixel block of the register-blocked convolution (glsl_plans). GLSL 4.30 has no
         unroll hint (Vulkan's [[unroll]]): Mesa's unroll heuristic leaves the 16-pixel epilogue
         loop rolled when the activation is more than a relu, which indexes the accumulators
-        dynamically and spills them (measured 5x slower on llvmpipe); 8 pixels stay unrolled."""
+        dynamically and spills them (several times slower on llvmpipe); 8 pixels stay unrolled."""
         return 16 if op.activation is None or op.activation[0] in ("identity", "relu") else 8
 
     # -- context -----------------------------------------------------------------------------

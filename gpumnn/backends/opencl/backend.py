@@ -116,8 +116,7 @@ class OpenCLBackend(Backend):
         self.platform, self.device = pick_device(device)
         self.context = cl.Context([self.device])
         # Profiling on: ``measure_recording`` reads the device's timestamps of a run's own commands
-        # (on PoCL it costs nothing measurable: squeezenet1_1 recorded, fastest of 40 runs 34.0-34.5
-        # ms without, 30.8-34.9 ms with). A second, profiling queue would not do: a command buffer
+        # (on PoCL it costs nothing measurable: bench/RESULTS.md). A second, profiling queue would not do: a command buffer
         # replays only on the queue it was made for.
         self.queue = cl.CommandQueue(self.context, self.device,
                                      properties=cl.command_queue_properties.PROFILING_ENABLE)
@@ -308,7 +307,7 @@ class OpenCLBackend(Backend):
         """Between two markers enqueued around the recording, as the device stamped them: the
         first's END (the device reached the recording) to the second's START (the in-order
         queue finished it). Markers rather than the commands' own events: a command buffer's one
-        event is stamped when it is handed on (PoCL: 0.1 us for a 27 ms replay), and the flat
+        event is stamped when it is handed on, not when the replay ends, and the flat
         launch list would need an event per launch."""
         self._watch.check()
         before = cl.enqueue_marker(self.queue)

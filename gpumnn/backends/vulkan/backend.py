@@ -30,9 +30,10 @@ Design
   descriptor pools, the recording command pool and the buffer registry, so they take the
   backend's lock. Run verbs (write, read, submit, run_eager) borrow a *submit lane* instead
   (``vulkan_device.SubmitLane``: its own command pool, transfer command buffer, fence, staging
-  buffer and eager descriptor pool); the queue itself is held only for each ``vkQueueSubmit``.
-  So two runs of one session (on separate run states) overlap, and a run overlaps the
-  preparation of another state.
+  buffer and eager descriptor pool; lent by :class:`~gpumnn.backends.lanes.LanePool`, which the
+  cuda backend shares); the queue itself is held only for each ``vkQueueSubmit``. So two runs
+  of one session (on separate run states) overlap, and a run overlaps the preparation of
+  another state.
 * Eager mode: ``run_eager`` records, submits, waits and frees one command buffer per execution,
   writing fresh descriptor sets each time (the un-decoupled baseline of the paper).
 """
@@ -41,14 +42,14 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from ... import atomic as A
 from ...errors import BackendUnavailableError
 from ..base import Backend, BackendInfo, Execution, TensorHandle, constant_words, host_out, kernel_family, kernels_option
+from ..lanes import LanePool
 from ..limits import MemoryLimits, host_memory
 from ..speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
 from ..waits import describe_ops
@@ -161,10 +162,8 @@ class VulkanBackend(Backend):
         self.packed: dict[tuple, TensorHandle] = {}
         self._buffers: dict[int, DeviceBuffer] = {}
         self._lock = threading.RLock()  # preparation verbs: descriptor pools, recording pool, registry
-        self._lanes_lock = threading.Lock()
-        self._lanes: list[SubmitLane] = []  # every lane made
-        self._reserved = 0  # lanes run states asked for (reserve_run)
-        self._idle_lanes: list[SubmitLane] = []
+        self._lanes: LanePool[SubmitLane] = LanePool(self._make_lane, self._make_staging, lambda buf: buf.size,
+                                                     self.release)  # holds them weakly
         self._arena: DeviceBuffer | None = None
         self._arena_used = 0
         self.tables: dict[tuple, TensorHandle] = {}
@@ -328,8 +327,8 @@ class VulkanBackend(Backend):
         if self._direct and buf.mapped is not None:
             np.copyto(words, buf.mapped[handle.offset:handle.offset + n])
             return
-        with self._lane() as lane:
-            staging = self._staging_buffer(lane, 4 * n)
+        with self._lanes.lend() as lane:
+            staging = self._lanes.staging(lane, 4 * n)
             self._copy(lane, buf, 4 * handle.offset, staging, 0, 4 * n)
             np.copyto(words, staging.mapped[:n])
 
@@ -339,67 +338,30 @@ class VulkanBackend(Backend):
         if self._direct and buf.mapped is not None:
             buf.mapped[handle.offset:handle.offset + data.size] = data.view(buf.mapped.dtype)  # words, any dtype
             return
-        with self._lane() as lane:
-            staging = self._staging_buffer(lane, data.nbytes)
+        with self._lanes.lend() as lane:
+            staging = self._lanes.staging(lane, data.nbytes)
             staging.mapped[:data.size] = data.view(staging.mapped.dtype)
             self._copy(lane, staging, 0, buf, 4 * handle.offset, data.nbytes)
 
     def reserve_run(self, io_bytes: int) -> None:
         """One more submit lane, made now with its staging buffer for ``io_bytes``, so a recorded
         run borrows a ready lane (one per run state) instead of creating one."""
-        made = []
+        self._check_open()
+        self._lanes.reserve(0 if self._direct else io_bytes)
+
+    def _make_lane(self) -> SubmitLane:
         with self._lock:
             self._check_open()
-            self._reserved += 1
-            while len(self._lanes) < self._reserved:
-                made.append(SubmitLane(self.dev))
-                self._lanes.append(made[-1])
-        with self._lanes_lock:  # (never taken while holding self._lock: one lock order)
-            self._idle_lanes.extend(made)
-        if not self._direct and io_bytes:
-            with self._lanes_lock:  # only idle lanes: one lent to a run is that run's alone
-                for lane in self._idle_lanes:
-                    self._staging_buffer(lane, io_bytes)
+            return SubmitLane(self.dev)
 
-    @contextmanager
-    def _lane(self) -> Iterator[SubmitLane]:
-        """Lend a submit lane (an idle one, else a new one) for one write, read or run (a lane
-        whose submission hung is kept out of use)."""
-        lane = self._take_lane()
-        try:
-            yield lane
-        finally:
-            if not lane.hung:
-                self._give_lane(lane)
-
-    def _take_lane(self) -> SubmitLane:
-        """An idle lane, else a new one: the caller's until ``_give_lane``."""
-        with self._lanes_lock:
-            lane = self._idle_lanes.pop() if self._idle_lanes else None
-        if lane is None:
-            with self._lock:
-                self._check_open()
-                lane = SubmitLane(self.dev)
-                self._lanes.append(lane)
-        return lane
-
-    def _give_lane(self, lane: SubmitLane) -> None:
-        with self._lanes_lock:
-            self._idle_lanes.append(lane)
-
-    def _staging_buffer(self, lane: SubmitLane, nbytes: int) -> DeviceBuffer:
-        """The lane's host-visible staging buffer, grown (never shrunk) to ``nbytes``."""
-        if lane.staging is None or lane.staging.size < nbytes:
-            if lane.staging is not None:
-                old, lane.staging = lane.staging, None
-                self.release(old)
-            size = 1 << max(20, (nbytes - 1).bit_length())  # >= 1 MiB, powers of two: grows rarely
-            buf = self.buffer(size, "staging", host_visible=True, prefer_device_local=False)
-            if buf.mapped is None:
-                self.release(buf)
-                raise VulkanError(f"{self.dev.name}: no host-visible coherent memory for staging")
-            lane.staging = buf
-        return lane.staging
+    def _make_staging(self, nbytes: int) -> DeviceBuffer:
+        """A host-visible staging buffer of at least ``nbytes``."""
+        size = 1 << max(20, (nbytes - 1).bit_length())  # >= 1 MiB, powers of two: grows rarely
+        buf = self.buffer(size, "staging", host_visible=True, prefer_device_local=False)
+        if buf.mapped is None:
+            self.release(buf)
+            raise VulkanError(f"{self.dev.name}: no host-visible coherent memory for staging")
+        return buf
 
     def _copy(self, lane: SubmitLane, src: DeviceBuffer, src_offset: int, dst: DeviceBuffer, dst_offset: int,
               nbytes: int) -> None:
@@ -508,7 +470,7 @@ class VulkanBackend(Backend):
     # -- run -------------------------------------------------------------------------------
     def _submit(self, recording: VulkanRecording) -> None:
         self._check_open()
-        with self._lane() as lane:
+        with self._lanes.lend() as lane:
             lane.submit_and_wait(recording.cmd, recording.ops)
 
     def _submit_async(self, recording: VulkanRecording) -> SubmitLane:
@@ -516,11 +478,11 @@ class VulkanBackend(Backend):
         stays lent (its fence in use) until ``wait``. A recorded run holds at most one lane at a
         time (it waits before it touches the backend again), the one ``reserve_run`` made."""
         self._check_open()
-        lane = self._take_lane()
+        lane = self._lanes.take()
         try:
             lane.submit(recording.cmd, recording.ops)
         except BaseException:
-            self._give_lane(lane)
+            self._lanes.give(lane)
             raise
         return lane
 
@@ -528,8 +490,7 @@ class VulkanBackend(Backend):
         try:
             ticket.wait()
         finally:
-            if not ticket.hung:
-                self._give_lane(ticket)
+            self._lanes.give(ticket)  # (not a hung one)
 
     def _timed_submit(self, recording: VulkanRecording) -> float:
         """Timestamp queries in the same submission, just before and after the recording (see
@@ -537,12 +498,12 @@ class VulkanBackend(Backend):
         if self.timer == "host":
             return super()._timed_submit(recording)
         self._check_open()
-        with self._lane() as lane:
+        with self._lanes.lend() as lane:
             return lane.timed_submit(recording.cmd, recording.ops)
 
     def _run_eager(self, executions: list[Execution]) -> None:
         self._check_open()
-        with self._lane() as lane:
+        with self._lanes.lend() as lane:
             if lane.eager_descriptors is None:
                 lane.eager_descriptors = DescriptorAllocator(self.dev.device, MAX_BINDINGS, freeable=False)
             for exe in executions:
@@ -589,10 +550,8 @@ class VulkanBackend(Backend):
             dev.shared.release_pipelines(self._programs)  # the shared device keeps them (bounded)
             self._programs.clear()
             self._descriptors.destroy()
-            for lane in self._lanes:
+            for lane in self._lanes.drain():
                 lane.destroy()
-            self._lanes.clear()
-            self._idle_lanes.clear()
             self._dsets.clear()
             self._dsets_by_buffer.clear()
             for buf in list(self._buffers.values()):

@@ -11,9 +11,8 @@ gather the per-step states into Y, Y_h and Y_c at the end.
 
 Why a cell op of its own, where MNN-style lowering gets by with Binary and Unary ops: measured on
 a bidirectional LSTM (seq 32, batch 1, input 64, hidden 128), the elementwise lowering was 836
-atomic ops, dispatch-bound (about 5 us an op on the NumPy backend, more on a GPU API), 3-6x
-ONNX Runtime's time; with the cell it is 2 ops a step for both directions (see the git log for
-the figures).
+atomic ops, dispatch-bound, several times ONNX Runtime's time; with the cell it is 2 ops a step
+for both directions (figures: bench/RESULTS.md).
 
 Semantics are ONNX's, and ONNX Runtime's where ONNX leaves a choice: ``clip`` bounds every gate's
 input to its activation (not the cell state before ``h``); ``input_forget`` couples ``f = 1 - i``;

@@ -401,9 +401,8 @@ def k_splits(be: PlannerTarget, work_groups: int, k: int) -> int:
     """How many slices of the inner dimension a GEMM of ``work_groups`` tiles is split into.
 
     A GEMM whose tiles are fewer than the device's compute units leaves most of them idle, and
-    each busy one walks all of K alone: latency-bound. On an H100 (132 SMs), mobilenet_v1's
-    batch-1 classifier (8 tiles, K = 1024) took 0.26 ms and resnet18's layer4.0.conv1 (32 tiles,
-    K = 2304) 0.52 ms. Split into enough slices for about two work-groups per compute unit,
+    each busy one walks all of K alone: latency-bound (an H100's batch-1 classifier and
+    resnet18's layer4 convolutions: bench/RESULTS.md). Split into enough slices for about two work-groups per compute unit,
     none shallower than MIN_K_SLICE."""
     if work_groups >= be.compute_units:
         return 1

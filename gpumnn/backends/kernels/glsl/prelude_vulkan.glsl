@@ -6,7 +6,7 @@
 // Fully unroll a loop with a compile-time trip count (SPIR-V Unroll loop control, which Mesa's
 // NIR honours): register-blocked kernels index their accumulator arrays with the loop counters,
 // and one loop left rolled (e.g. a long epilogue over the size heuristic) makes the whole array
-// dynamically indexed, i.e. spilled to memory -- 5-10x slower on lavapipe.
+// dynamically indexed, i.e. spilled to memory, several times slower on lavapipe.
 #define UNROLL [[unroll]]
 
 // 32 x 32-bit parameters (128 bytes, the guaranteed push-constant minimum).
