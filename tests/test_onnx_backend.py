@@ -55,7 +55,7 @@ def test_devices_name_the_bound_backend_or_a_gpumnn_backend():
     assert not GpumnnBackend.supports_device("TPU")
     with pytest.raises(gpumnn.BackendUnavailableError, match="unknown device 'TPU'"):
         GpumnnBackend.prepare(_add_relu_model(), "TPU")
-    with pytest.raises(gpumnn.BackendUnavailableError, match="unknown backend 'metal'"):
+    with pytest.raises(gpumnn.UnknownBackendError, match="unknown backend 'metal'"):
         backend_for("metal")
 
 

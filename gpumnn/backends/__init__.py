@@ -5,10 +5,11 @@ cupy) only disables that backend, with the import error as the stated reason.
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 from typing import Any
 
-from ..errors import BackendOptionError, BackendUnavailableError
+from ..errors import BackendOptionError, BackendUnavailableError, UnknownBackendError
 from .base import Backend, BackendInfo, Execution, TensorHandle
 
 #: name -> (module, class). The order is the order of preference for reports and "all".
@@ -29,10 +30,19 @@ INSTALL_HINTS: dict[str, str] = {
 _probe_cache: dict[str, str | None] = {}
 
 
+def check_name(name: object) -> str:
+    """``name`` if it is a backend gpumnn knows, else UnknownBackendError listing the known ones."""
+    if isinstance(name, str) and name in REGISTRY:
+        return name
+    close = difflib.get_close_matches(str(name).lower(), list(REGISTRY), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise UnknownBackendError(f"unknown backend {name!r}{hint}; known backends: {', '.join(REGISTRY)}")
+
+
 def backend_class(name: str) -> type[Backend]:
-    """The class implementing backend ``name``; raises BackendUnavailableError if it cannot import."""
-    if name not in REGISTRY:
-        raise BackendUnavailableError(f"unknown backend {name!r}; known backends: {', '.join(REGISTRY)}")
+    """The class implementing backend ``name``; raises UnknownBackendError for a name gpumnn does
+    not know, BackendUnavailableError if it cannot import."""
+    check_name(name)
     module_name, class_name = REGISTRY[name]
     try:
         module = importlib.import_module(module_name)
@@ -60,7 +70,9 @@ def create_backend(name: str, **options: Any) -> Backend:
 
 
 def probe(name: str) -> str | None:
-    """None if backend ``name`` can start on this machine, else the reason it cannot (cached)."""
+    """None if backend ``name`` can start on this machine, else the reason it cannot (cached);
+    UnknownBackendError for a name gpumnn does not know."""
+    check_name(name)
     if name not in _probe_cache:
         try:
             create_backend(name).close()
@@ -76,4 +88,4 @@ def available_backends() -> list[str]:
 
 
 __all__ = ["Backend", "BackendInfo", "Execution", "TensorHandle", "REGISTRY", "available_backends",
-           "backend_class", "create_backend", "probe"]
+           "backend_class", "check_name", "create_backend", "probe"]

@@ -36,7 +36,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from .. import atomic as A
-from ..backends import available_backends, create_backend
+from ..backends import available_backends, check_name, create_backend
 from ..backends import deferred
 from ..backends.base import DEFAULT_SUBMIT_TIMEOUT, Backend
 from ..backends.cpu.backend import CpuBackend
@@ -131,10 +131,13 @@ class Session:
                         options: dict) -> dict[str, Backend]:
         """Start the requested backends (``"auto"``: every available one), the CPU (fallback for
         ops they cannot run) and any a pin names; set ``candidates``. A requested backend that
-        cannot start is dropped with a warning (or, ``fallback=False``, raises)."""
+        cannot start is dropped with a warning (or, ``fallback=False``, raises); a name gpumnn
+        does not know raises UnknownBackendError."""
         names = available_backends() if spec == "auto" else [spec] if isinstance(spec, str) else list(dict.fromkeys(spec))
         if not names:
             raise ValueError("backend=[] names no backend")
+        for name in [*names, *self.pins.values()]:  # a misspelt name raises; only a known one falls back
+            check_name(name)
         if options and len(names) > 1:
             raise ValueError(f"backend options {sorted(options)} are for a session on one backend, not {names}")
         # a cpu-only session's options are the cpu backend's own (checked there)

@@ -33,6 +33,9 @@ def cmd_info(args: argparse.Namespace) -> int:
             backend = create_backend(name)
             print(f"  {name:<7} available  {backend.info.device}")
             print(f"          {calibration_for(backend).describe()}")
+            if name == "vulkan":
+                from ..backends.kernels.glsl.compile import describe_compiler
+                print(f"          GLSL compiler: {describe_compiler()}")
             backend.close()
         else:
             print(f"  {name:<7} missing    {reason}")

