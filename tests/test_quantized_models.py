@@ -102,3 +102,97 @@ def test_constant_weights_are_dequantized_at_load(backend):
     assert not [op for op in program.ops if op.source == "dq_w"]
     assert [type(op) for op in program.ops] == [A.Conv2D]
     np.testing.assert_allclose(got["y"], _reference(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+# -- models quantized by onnxruntime.quantization ---------------------------------------------------
+
+def _float_model() -> onnx.ModelProto:
+    """Two convolutions (the second strided), each followed by Relu, and a MatMul."""
+    rng = np.random.default_rng(3)
+    weights = {"w1": rng.standard_normal((8, 3, 3, 3)) * 0.3, "b1": rng.standard_normal(8) * 0.1,
+               "w2": rng.standard_normal((8, 8, 3, 3)) * 0.2, "b2": rng.standard_normal(8) * 0.1,
+               "wm": rng.standard_normal((8 * 4 * 4, 10)) * 0.1}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Flatten", ["r2"], ["f"]),
+             helper.make_node("MatMul", ["f", "wm"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 3, 8, 8))],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 10))],
+                  [numpy_helper.from_array(a.astype(np.float32), n) for n, a in weights.items()], opset=17)
+
+
+def _calibration(shape=(1, 3, 8, 8), count=4):
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(4)
+            self.batches = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(count)])
+
+        def get_next(self):
+            return next(self.batches, None)
+    return Reader()
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    """name -> (quantized model path, the step of its float output: the last DequantizeLinear's scale)."""
+    import logging
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+    logging.getLogger().setLevel(logging.ERROR)  # the quantizer's advice on pre-processing
+    folder = tmp_path_factory.mktemp("quantized")
+    source = folder / "float.onnx"
+    onnx.save(_float_model(), source)
+    models = {}
+    for fmt in ("QDQ", "QOperator"):
+        for act in ("QInt8", "QUInt8"):
+            for per_channel in (False, True):
+                name = f"{fmt}_{act}_{'per_channel' if per_channel else 'per_tensor'}"
+                quantize_static(source, folder / f"{name}.onnx", _calibration(), quant_format=QuantFormat[fmt],
+                                activation_type=QuantType[act], weight_type=QuantType.QInt8, per_channel=per_channel)
+                models[name] = folder / f"{name}.onnx"
+    quantize_dynamic(source, folder / "dynamic.onnx")
+    models["dynamic"] = folder / "dynamic.onnx"
+    return models
+
+
+def _output_step(model: onnx.ModelProto) -> float | None:
+    """The scale of the DequantizeLinear that produces the graph output, if one does."""
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "DequantizeLinear" and node.output[0] == model.graph.output[0].name:
+            return float(constants[node.input[1]])
+    return None
+
+
+MODELS = [f"{f}_{a}_{g}" for f in ("QDQ", "QOperator") for a in ("QInt8", "QUInt8")
+          for g in ("per_tensor", "per_channel")] + ["dynamic"]
+#: the ops each form must bring (so that a quantizer change that drops them is noticed)
+FORM_OPS = {"QDQ": {"QuantizeLinear", "DequantizeLinear"}, "QOperator": {"QLinearConv", "QLinearMatMul"},
+            "dynamic": {"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger"}}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_quantized_model_matches_onnxruntime_unfused(backend, quantized, name):
+    """Within one quantization step of the output (ONNX Runtime, graph optimizations disabled)."""
+    import onnxruntime as ort
+
+    path = quantized[name]
+    model = onnx.load(path)
+    ops = {n.op_type for n in model.graph.node}
+    assert FORM_OPS[name.split("_")[0]] <= ops
+    if name.startswith("QDQ"):  # quantize_static drops each Relu: the next QuantizeLinear clamps
+        assert "Relu" not in ops
+    x = np.random.default_rng(5).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got, _ = _run(model, {"x": x}, backend)
+    step = _output_step(model)
+    if step is None:  # dynamic: float output of float32 rescaling
+        np.testing.assert_allclose(got["y"], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    else:
+        assert np.abs(got["y"] - ref).max() <= step * 1.001
