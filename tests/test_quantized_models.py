@@ -28,6 +28,15 @@ def _run(model, feeds, backend):
         session.close()
 
 
+def _onnxruntime_unfused(model, feeds):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)[0]
+
+
 def _reference(model, feeds):
     return ReferenceEvaluator(model).run(None, feeds)
 
@@ -123,6 +132,29 @@ def _float_model() -> onnx.ModelProto:
                   [numpy_helper.from_array(a.astype(np.float32), n) for n, a in weights.items()], opset=17)
 
 
+def _branchy_model() -> onnx.ModelProto:
+    """Ops that the QOperator format writes as com.microsoft QLinear ops: Add, Mul, Sigmoid,
+    LeakyRelu, Concat, AveragePool, GlobalAveragePool, Gemm, Softmax."""
+    rng = np.random.default_rng(6)
+    weights = {"w1": rng.standard_normal((8, 3, 3, 3)) * 0.3, "w2": rng.standard_normal((8, 3, 3, 3)) * 0.3,
+               "wg": rng.standard_normal((10, 16)) * 0.3, "bg": rng.standard_normal(10) * 0.1}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["x", "w2"], ["b"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["a", "b"], ["s"]),
+             helper.make_node("Mul", ["s", "b"], ["m"]),
+             helper.make_node("Sigmoid", ["m"], ["g"]),
+             helper.make_node("LeakyRelu", ["a"], ["l"], alpha=0.1),
+             helper.make_node("Concat", ["g", "l"], ["c"], axis=1),
+             helper.make_node("AveragePool", ["c"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("GlobalAveragePool", ["p"], ["gp"]),
+             helper.make_node("Flatten", ["gp"], ["f"]),
+             helper.make_node("Gemm", ["f", "wg", "bg"], ["z"], transB=1),
+             helper.make_node("Softmax", ["z"], ["y"], axis=-1)]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 3, 8, 8))],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 10))],
+                  [numpy_helper.from_array(a.astype(np.float32), n) for n, a in weights.items()], opset=17)
+
+
 def _calibration(shape=(1, 3, 8, 8), count=4):
     from onnxruntime.quantization import CalibrationDataReader
 
@@ -156,6 +188,13 @@ def quantized(tmp_path_factory):
                 models[name] = folder / f"{name}.onnx"
     quantize_dynamic(source, folder / "dynamic.onnx")
     models["dynamic"] = folder / "dynamic.onnx"
+    branchy = folder / "branchy.onnx"
+    onnx.save(_branchy_model(), branchy)
+    for act in ("QInt8", "QUInt8"):
+        name = f"microsoft_{act}"
+        quantize_static(branchy, folder / f"{name}.onnx", _calibration(), quant_format=QuantFormat.QOperator,
+                        activation_type=QuantType[act], weight_type=QuantType.QInt8, per_channel=act == "QInt8")
+        models[name] = folder / f"{name}.onnx"
     return models
 
 
@@ -169,17 +208,17 @@ def _output_step(model: onnx.ModelProto) -> float | None:
 
 
 MODELS = [f"{f}_{a}_{g}" for f in ("QDQ", "QOperator") for a in ("QInt8", "QUInt8")
-          for g in ("per_tensor", "per_channel")] + ["dynamic"]
+          for g in ("per_tensor", "per_channel")] + ["dynamic", "microsoft_QInt8", "microsoft_QUInt8"]
 #: the ops each form must bring (so that a quantizer change that drops them is noticed)
 FORM_OPS = {"QDQ": {"QuantizeLinear", "DequantizeLinear"}, "QOperator": {"QLinearConv", "QLinearMatMul"},
-            "dynamic": {"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger"}}
+            "dynamic": {"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger"},
+            "microsoft": {"QLinearConv", "QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat",
+                          "QLinearAveragePool", "QLinearGlobalAveragePool", "QGemm", "QLinearSoftmax"}}
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_quantized_model_matches_onnxruntime_unfused(backend, quantized, name):
     """Within one quantization step of the output (ONNX Runtime, graph optimizations disabled)."""
-    import onnxruntime as ort
-
     path = quantized[name]
     model = onnx.load(path)
     ops = {n.op_type for n in model.graph.node}
@@ -187,12 +226,104 @@ def test_quantized_model_matches_onnxruntime_unfused(backend, quantized, name):
     if name.startswith("QDQ"):  # quantize_static drops each Relu: the next QuantizeLinear clamps
         assert "Relu" not in ops
     x = np.random.default_rng(5).standard_normal((1, 3, 8, 8)).astype(np.float32)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    ref = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    ref = _onnxruntime_unfused(model, {"x": x})
     got, _ = _run(model, {"x": x}, backend)
     step = _output_step(model)
     if step is None:  # dynamic: float output of float32 rescaling
         np.testing.assert_allclose(got["y"], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
     else:
         assert np.abs(got["y"] - ref).max() <= step * 1.001
+
+
+# -- com.microsoft dynamic and weight-only ops ------------------------------------------------------
+
+MS = "com.microsoft"
+
+
+def _pack(values: np.ndarray, bits: int) -> np.ndarray:
+    """Unsigned ``bits``-bit values packed along the last axis, low bits first."""
+    per_byte = 8 // bits
+    grouped = values.reshape(*values.shape[:-1], -1, per_byte).astype(np.uint16)
+    return (grouped << (np.arange(per_byte) * bits)).sum(-1).astype(np.uint8)
+
+
+def _ms_cases():
+    """(name, model, feeds) for each dynamic or weight-only com.microsoft op."""
+    rng = np.random.default_rng(7)
+    k, n, block = 64, 12, 16
+    a = rng.standard_normal((3, k)).astype(np.float32)
+    b_q = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    consts = {"b_q": b_q, "b_scale": rng.uniform(0.01, 0.02, n).astype(np.float32),
+              "b_zp": rng.integers(-5, 5, n).astype(np.int8), "bias": rng.standard_normal(n).astype(np.float32),
+              "a_scale": np.array(0.05, np.float32), "a_zp": np.array(128, np.uint8)}
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+
+    def case(name, node, inputs, feeds, names):
+        model = _model([node], inputs, [y], [numpy_helper.from_array(consts[c], c) for c in names], opset=17,
+                       domains=[MS])
+        return name, model, feeds
+    a_info = helper.make_tensor_value_info("a", TensorProto.FLOAT, a.shape)
+    yield case("DynamicQuantizeMatMul", helper.make_node("DynamicQuantizeMatMul", ["a", "b_q", "b_scale", "b_zp", "bias"],
+                                                         ["y"], domain=MS), [a_info], {"a": a},
+               ["b_q", "b_scale", "b_zp", "bias"])
+    a_q = rng.integers(0, 256, (3, k)).astype(np.uint8)
+    yield case("MatMulIntegerToFloat", helper.make_node("MatMulIntegerToFloat", ["a_q", "b_q", "a_scale", "b_scale", "a_zp",
+                                                                               "b_zp", "bias"], ["y"], domain=MS),
+               [helper.make_tensor_value_info("a_q", TensorProto.UINT8, a_q.shape)], {"a_q": a_q},
+               ["b_q", "a_scale", "b_scale", "a_zp", "b_zp", "bias"])
+    blocks = k // block
+    for bits in (4, 8):
+        consts[f"B{bits}"] = _pack(rng.integers(0, 2 ** bits, (n, blocks, block)), bits)
+        consts[f"s{bits}"] = rng.uniform(0.01, 0.1, n * blocks).astype(np.float32)
+        consts[f"z{bits}"] = _pack(rng.integers(0, 2 ** bits, (n, blocks)), bits).reshape(-1)
+        for zp in (False, True):
+            names = [f"B{bits}", f"s{bits}"] + ([f"z{bits}"] if zp else [])
+            yield case(f"MatMulNBits{bits}{'_zero_points' if zp else ''}",
+                       helper.make_node("MatMulNBits", ["a"] + names, ["y"], domain=MS, K=k, N=n, bits=bits,
+                                        block_size=block), [a_info], {"a": a}, names)
+    consts["table"] = rng.integers(0, 256, (10, 16)).astype(np.uint8)
+    consts["table_scale"] = rng.uniform(0.01, 0.1, (10, 2)).astype(np.float32)
+    consts["table_zp"] = rng.integers(0, 256, (10, 1)).astype(np.uint8)
+    indices = np.array([[1, 3], [9, 0]], np.int64)
+    yield case("GatherBlockQuantized", helper.make_node("GatherBlockQuantized", ["table", "indices", "table_scale",
+                                                                                "table_zp"], ["y"], domain=MS,
+                                                        block_size=16, gather_axis=0, quantize_axis=1, bits=4),
+               [helper.make_tensor_value_info("indices", TensorProto.INT64, indices.shape)], {"indices": indices},
+               ["table", "table_scale", "table_zp"])
+    weight = rng.integers(-127, 128, (k, n)).astype(np.int8)  # weight-only: int8 -> Cast -> Mul by scales
+    consts["weight"], consts["scales"] = weight, consts["b_scale"]
+    cast = helper.make_node("Cast", ["weight"], ["wf"], to=TensorProto.FLOAT)
+    model = _model([cast, helper.make_node("Mul", ["wf", "scales"], ["w"]), helper.make_node("MatMul", ["a", "w"], ["y"])],
+                   [a_info], [y], [numpy_helper.from_array(consts[c], c) for c in ("weight", "scales")], opset=17)
+    yield "int8_Cast_Mul", model, {"a": a}
+
+
+MS_CASES = {name: (model, feeds) for name, model, feeds in _ms_cases()}
+
+
+@pytest.mark.parametrize("name", list(MS_CASES))
+def test_dynamic_and_weight_only_ops_match_onnxruntime(backend, name):
+    """Float outputs: ONNX Runtime's unfused kernels to float32 rounding; quantized weights are
+    constants of the program (unpacked at load), no op of the program reads them packed."""
+    model, feeds = MS_CASES[name]
+    ref = _onnxruntime_unfused(model, feeds)
+    got, program = _run(model, feeds, backend)
+    np.testing.assert_allclose(got["y"], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    packed = {t.name for t in model.graph.initializer if t.data_type in (TensorProto.INT8, TensorProto.UINT8)}
+    if "MatMulIntegerToFloat" not in name and "DynamicQuantize" not in name:
+        assert not packed & set(program.constants)
+
+
+def test_unsupported_quantization_forms_are_refused_naming_op_node_and_type():
+    q8 = helper.make_node("QuantizeLinear", ["x", "scale", "zp"], ["y"], name="to_float8")
+    model = _model([q8], [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4,))],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT8E4M3FN, (4,))],
+                   [numpy_helper.from_array(np.array(0.5, np.float32), "scale"),
+                    helper.make_tensor("zp", TensorProto.FLOAT8E4M3FN, (), [0.0])])
+    with pytest.raises(gpumnn.UnsupportedOpError, match=r"'QuantizeLinear'.*'to_float8'.*float8_e4m3fn"):
+        gpumnn.load(model).session(backend="cpu")
+    lstm = helper.make_node("DynamicQuantizeLSTM", ["x"], ["y"], name="the_lstm", domain=MS)
+    model = _model([lstm], [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4,))],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, (4,))], domains=[MS])
+    with pytest.raises(gpumnn.UnsupportedOpError, match=r"'DynamicQuantizeLSTM'.*'the_lstm'.*com\.microsoft"):
+        gpumnn.load(model)
