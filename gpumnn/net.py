@@ -72,7 +72,7 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto, optimize: bool = Tr
     for node in all_nodes(graph):  # subgraphs' nodes too: a branch that cannot run is refused at load
         if lowering_for(node) is None:
             raise UnsupportedOpError(node.op_type, node.name, "gpumnn has no implementation of this op",
-                                     supported_ops())
+                                     supported_ops(node.domain))
     stats = optimize_graph(graph) if optimize else {}
     source = str(model) if isinstance(model, (str, os.PathLike)) else f"<{graph.name}>"
     return Net(graph, stats, source)

@@ -171,12 +171,28 @@ GROUPS: tuple[Group, ...] = (
         test_castlike_no_saturate_FLOAT_to_FLOAT8E5M2_expanded
         test_celu_bfloat16
         test_celu_bfloat16_expanded
+        test_dequantizelinear_e4m3fn
+        test_dequantizelinear_e4m3fn_float16
+        test_dequantizelinear_e4m3fn_zero_point
+        test_dequantizelinear_e5m2
+        test_dequantizelinear_float4e2m1
+        test_dequantizelinear_int2
+        test_dequantizelinear_int4
+        test_dequantizelinear_uint2
+        test_dequantizelinear_uint4
         test_einsum_batch_matmul_bfloat16
         test_einsum_sum_bfloat16
         test_einsum_transpose_bfloat16
         test_equal_string
         test_equal_string_broadcast
         test_onehot_with_bfloat16_values
+        test_quantizelinear_e4m3fn
+        test_quantizelinear_e5m2
+        test_quantizelinear_float4e2m1
+        test_quantizelinear_int2
+        test_quantizelinear_int4
+        test_quantizelinear_uint2
+        test_quantizelinear_uint4
         test_range_bfloat16_type_positive_delta
         test_range_bfloat16_type_positive_delta_expanded
     """)),

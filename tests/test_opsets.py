@@ -129,13 +129,13 @@ def test_newer_op_version_that_changed_is_refused_naming_op_node_opset_and_chang
 
 
 def test_changed_op_gpumnn_does_not_implement_is_named_as_unimplemented():
-    """QuantizeLinear changed at opset 23, but what a user needs to hear is that gpumnn has no QuantizeLinear."""
-    node = helper.make_node("QuantizeLinear", ["x", "scale"], ["y"], name="the_node")
-    graph = helper.make_graph([node], "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4,))],
+    """BitShift changed at opset 28, but what a user needs to hear is that gpumnn has no BitShift."""
+    node = helper.make_node("BitShift", ["x", "shift"], ["y"], name="the_node", direction="LEFT")
+    graph = helper.make_graph([node], "q", [helper.make_tensor_value_info("x", TensorProto.UINT32, (4,))],
                               [helper.make_empty_tensor_value_info("y")],
-                              [numpy_helper.from_array(np.array(0.5, np.float32), "scale")])
+                              [numpy_helper.from_array(np.array(1, np.uint32), "shift")])
     with pytest.raises(gpumnn.UnsupportedOpError, match="gpumnn has no implementation of this op"):
-        gpumnn.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10))
+        gpumnn.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 28)], ir_version=11))
 
 
 def test_reviewed_change_refuses_attribute_values_it_does_not_cover(monkeypatch):

@@ -21,6 +21,7 @@ from ..errors import ModelError, UnsupportedOpError
 from .external_data import check_locations, load_external_data, refuse_unresolvable
 from ..ir import Graph, Node, ValueInfo, subgraphs
 from .checker import check_model
+from ..geometry.registry import supported_ops
 from .opsets import check_newer_ops, check_opset_range, default_opset, upgrade, walk_nodes
 
 
@@ -109,8 +110,11 @@ def _check_opset(model: onnx.ModelProto) -> None:
         raise ModelError("the ONNX model imports no default-domain opset")
     check_opset_range(opset)
     for index, proto in enumerate(walk_nodes(graph_proto)):
-        if proto.domain not in ("", "ai.onnx"):
+        if proto.domain not in ("", "ai.onnx") and proto.op_type not in supported_ops(proto.domain):
+            known = supported_ops(proto.domain)
             raise UnsupportedOpError(proto.op_type, proto.name or f"{proto.op_type}_{index}",
+                                     f"op {proto.op_type!r} of domain {proto.domain!r} is not supported (of that "
+                                     f"domain gpumnn runs {', '.join(known)})" if known else
                                      f"custom domain {proto.domain!r} is not supported")
     check_newer_ops(model)
 
@@ -144,7 +148,8 @@ def _graph(graph_proto: onnx.GraphProto, opset: int, subgraph: bool) -> Graph:
         if proto.op_type == "Constant":  # constants become initializers right away
             initializers[proto.output[0]] = _constant_value(attrs, name)
             continue
-        nodes.append(Node(proto.op_type, name, list(proto.input), list(proto.output), attrs))
+        nodes.append(Node(proto.op_type, name, list(proto.input), list(proto.output), attrs,
+                          "" if proto.domain == "ai.onnx" else proto.domain))
 
     inputs = [_value_info(v) for v in graph_proto.input if subgraph or v.name not in initializers]
     outputs = [_value_info(v) for v in graph_proto.output]

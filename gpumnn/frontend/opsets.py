@@ -55,6 +55,11 @@ REVIEWED: dict[tuple[str, int], Reviewed] = {
                               "right padding is dropped, which gpumnn's output-size rule already does"),
     ("Cast", 24): Reviewed("round_mode and the saturation table concern casts to float8 types only"),
     ("CastLike", 24): Reviewed("round_mode and the saturation table concern casts to float8 types only"),
+    ("DequantizeLinear", 23): Reviewed("new attribute output_dtype: the float type of the output, which the lowering "
+                                       "reads (float32 and float16; others are refused there)"),
+    ("QuantizeLinear", 23): Reviewed("x and y_scale may have different float types; new attribute precision, the "
+                                     "type of the division: gpumnn divides in float32", allowed={"precision": (0, 1)}),
+    ("QuantizeLinear", 25): Reviewed("int2 and uint2 added to the saturation table: the lowering refuses 2-bit types"),
     ("Mod", 28): Reviewed("fmod=0 is now defined for floating-point inputs too (A - floor(A/B)*B, the sign of B): "
                           "gpumnn's mod computes exactly that for floats as for integers"),
     ("Range", 27): Reviewed("stash_type sets the accumulation type of float16/bfloat16 ranges only"),

@@ -13,23 +13,30 @@ if TYPE_CHECKING:
 Lowering = Callable[..., None]  # (ctx: LoweringContext, node: Node, opset: int) -> None
 
 LOWERINGS: dict[str, Lowering] = {}
+#: the lowerings of ops of other domains (ONNX Runtime's com.microsoft), by domain and op type
+DOMAIN_LOWERINGS: dict[str, dict[str, Lowering]] = {}
+DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
-def lowers(*op_types: str) -> Callable[[Lowering], Lowering]:
-    """Register a function as the lowering of one or more ONNX op types."""
+def lowers(*op_types: str, domain: str = "") -> Callable[[Lowering], Lowering]:
+    """Register a function as the lowering of one or more ONNX op types (of ``domain``)."""
     def register(fn: Lowering) -> Lowering:
+        table = LOWERINGS if domain in DEFAULT_DOMAINS else DOMAIN_LOWERINGS.setdefault(domain, {})
         for op_type in op_types:
-            LOWERINGS[op_type] = fn
+            table[op_type] = fn
         return fn
     return register
 
 
-def supported_ops() -> tuple[str, ...]:
-    return tuple(sorted(LOWERINGS))
+def supported_ops(domain: str = "") -> tuple[str, ...]:
+    """The op types of ``domain`` (the default domain unless named) gpumnn lowers."""
+    return tuple(sorted(LOWERINGS if domain in DEFAULT_DOMAINS else DOMAIN_LOWERINGS.get(domain, {})))
 
 
 def lowering_for(node: Node) -> Lowering | None:
-    return LOWERINGS.get(node.op_type)
+    if node.domain in DEFAULT_DOMAINS:
+        return LOWERINGS.get(node.op_type)
+    return DOMAIN_LOWERINGS.get(node.domain, {}).get(node.op_type)
 
 
 def lower_into(ctx: LoweringContext, graph: Graph, nodes=None) -> None:

@@ -1,0 +1,329 @@
+"""Quantized ONNX models on every backend (issue 28): QuantizeLinear / DequantizeLinear against the
+ONNX reference (exact for integer outputs), and small models quantized here by
+onnxruntime.quantization against ONNX Runtime with graph optimizations disabled (its unfused path),
+within one quantization step."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import gpumnn
+from gpumnn import atomic as A
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=21, domains=()):
+    graph = helper.make_graph(nodes, "q", inputs, outputs, list(initializers))
+    imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in domains]
+    return helper.make_model(graph, opset_imports=imports, ir_version=10)
+
+
+def _run(model, feeds, backend):
+    session = gpumnn.load(model).session(backend=backend, fallback=False)
+    try:
+        return session.run(feeds), session.program
+    finally:
+        session.close()
+
+
+def _onnxruntime_unfused(model, feeds):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)[0]
+
+
+def _reference(model, feeds):
+    return ReferenceEvaluator(model).run(None, feeds)
+
+
+# -- QuantizeLinear / DequantizeLinear -------------------------------------------------------------
+
+QTYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "int16": TensorProto.INT16,
+          "uint16": TensorProto.UINT16}
+
+
+@pytest.mark.parametrize("qtype", list(QTYPES))
+def test_quantize_rounds_half_to_even_and_saturates(backend, qtype):
+    """Ties (x / scale = k + 1/2 exactly) go to the even integer; values past the range clip."""
+    info = np.iinfo(qtype)
+    zp = np.array(3 if info.min == 0 else -2, dtype=qtype)
+    halves = np.arange(-12, 12, dtype=np.float32) + 0.5
+    far = np.array([info.min * 4.0, info.max * 4.0, 0.0, -0.0], dtype=np.float32)
+    x = np.concatenate([halves, far]) * np.float32(0.25)
+    rng = np.random.default_rng(0)
+    x = np.concatenate([x, rng.uniform(-40, 40, 64).astype(np.float32)]).reshape(2, -1)
+    node = helper.make_node("QuantizeLinear", ["x", "scale", "zp"], ["y"], name="q")
+    model = _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                   [helper.make_tensor_value_info("y", QTYPES[qtype], x.shape)],
+                   [numpy_helper.from_array(np.array(0.25, np.float32), "scale"),
+                    numpy_helper.from_array(zp, "zp")])
+    got, _ = _run(model, {"x": x}, backend)
+    ref = _reference(model, {"x": x})[0]
+    assert got["y"].dtype == ref.dtype
+    np.testing.assert_array_equal(got["y"], ref)
+
+
+@pytest.mark.parametrize("form", ["per_axis", "blocked"])
+def test_quantize_dequantize_per_axis_and_blocked(backend, form):
+    """Run-time scales and zero points per channel (axis 1) or per block of 4 along axis 2."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 3, 10)).astype(np.float32) * 4
+    if form == "per_axis":
+        scale = np.array([0.05, 0.1, 0.2], np.float32)
+        zp = np.array([0, 10, 250], np.uint8)
+        attrs = {"axis": 1}
+    else:
+        scale = rng.uniform(0.02, 0.2, (2, 3, 3)).astype(np.float32)
+        zp = rng.integers(0, 255, (2, 3, 3)).astype(np.uint8)
+        attrs = {"axis": 2, "block_size": 4}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "scale", "zp"], ["q"], name="q", **attrs),
+             helper.make_node("DequantizeLinear", ["q", "scale", "zp"], ["y"], name="dq", **attrs)]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape),
+                           helper.make_tensor_value_info("scale", TensorProto.FLOAT, scale.shape),
+                           helper.make_tensor_value_info("zp", TensorProto.UINT8, zp.shape)],
+                   [helper.make_tensor_value_info("q", TensorProto.UINT8, x.shape),
+                    helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)])
+    feeds = {"x": x, "scale": scale, "zp": zp}
+    got, _ = _run(model, feeds, backend)
+    q_ref, y_ref = _reference(model, feeds)
+    np.testing.assert_array_equal(got["q"], q_ref)
+    np.testing.assert_allclose(got["y"], y_ref, rtol=1e-6, atol=1e-7)
+
+
+def test_constant_weights_are_dequantized_at_load(backend):
+    """An int8 weight with per-channel scales becomes a float constant: no op of the program
+    comes from its DequantizeLinear, and the convolution matches the reference."""
+    rng = np.random.default_rng(2)
+    w_q = rng.integers(-127, 128, (4, 3, 3, 3)).astype(np.int8)
+    w_scale = rng.uniform(0.01, 0.05, 4).astype(np.float32)
+    nodes = [helper.make_node("DequantizeLinear", ["w_q", "w_scale"], ["w"], name="dq_w", axis=0),
+             helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 3, 6, 6))],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 4, 6, 6))],
+                   [numpy_helper.from_array(w_q, "w_q"), numpy_helper.from_array(w_scale, "w_scale")])
+    x = rng.standard_normal((1, 3, 6, 6)).astype(np.float32)
+    got, program = _run(model, {"x": x}, backend)
+    assert not [op for op in program.ops if op.source == "dq_w"]
+    assert [type(op) for op in program.ops] == [A.Conv2D]
+    np.testing.assert_allclose(got["y"], _reference(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+# -- models quantized by onnxruntime.quantization ---------------------------------------------------
+
+def _float_model() -> onnx.ModelProto:
+    """Two convolutions (the second strided), each followed by Relu, and a MatMul."""
+    rng = np.random.default_rng(3)
+    weights = {"w1": rng.standard_normal((8, 3, 3, 3)) * 0.3, "b1": rng.standard_normal(8) * 0.1,
+               "w2": rng.standard_normal((8, 8, 3, 3)) * 0.2, "b2": rng.standard_normal(8) * 0.1,
+               "wm": rng.standard_normal((8 * 4 * 4, 10)) * 0.1}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Flatten", ["r2"], ["f"]),
+             helper.make_node("MatMul", ["f", "wm"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 3, 8, 8))],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 10))],
+                  [numpy_helper.from_array(a.astype(np.float32), n) for n, a in weights.items()], opset=17)
+
+
+def _branchy_model() -> onnx.ModelProto:
+    """Ops that the QOperator format writes as com.microsoft QLinear ops: Add, Mul, Sigmoid,
+    LeakyRelu, Concat, AveragePool, GlobalAveragePool, Gemm, Softmax."""
+    rng = np.random.default_rng(6)
+    weights = {"w1": rng.standard_normal((8, 3, 3, 3)) * 0.3, "w2": rng.standard_normal((8, 3, 3, 3)) * 0.3,
+               "wg": rng.standard_normal((10, 16)) * 0.3, "bg": rng.standard_normal(10) * 0.1}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["x", "w2"], ["b"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["a", "b"], ["s"]),
+             helper.make_node("Mul", ["s", "b"], ["m"]),
+             helper.make_node("Sigmoid", ["m"], ["g"]),
+             helper.make_node("LeakyRelu", ["a"], ["l"], alpha=0.1),
+             helper.make_node("Concat", ["g", "l"], ["c"], axis=1),
+             helper.make_node("AveragePool", ["c"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("GlobalAveragePool", ["p"], ["gp"]),
+             helper.make_node("Flatten", ["gp"], ["f"]),
+             helper.make_node("Gemm", ["f", "wg", "bg"], ["z"], transB=1),
+             helper.make_node("Softmax", ["z"], ["y"], axis=-1)]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 3, 8, 8))],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 10))],
+                  [numpy_helper.from_array(a.astype(np.float32), n) for n, a in weights.items()], opset=17)
+
+
+def _calibration(shape=(1, 3, 8, 8), count=4):
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(4)
+            self.batches = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(count)])
+
+        def get_next(self):
+            return next(self.batches, None)
+    return Reader()
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    """name -> (quantized model path, the step of its float output: the last DequantizeLinear's scale)."""
+    import logging
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+    logging.getLogger().setLevel(logging.ERROR)  # the quantizer's advice on pre-processing
+    folder = tmp_path_factory.mktemp("quantized")
+    source = folder / "float.onnx"
+    onnx.save(_float_model(), source)
+    models = {}
+    for fmt in ("QDQ", "QOperator"):
+        for act in ("QInt8", "QUInt8"):
+            for per_channel in (False, True):
+                name = f"{fmt}_{act}_{'per_channel' if per_channel else 'per_tensor'}"
+                quantize_static(source, folder / f"{name}.onnx", _calibration(), quant_format=QuantFormat[fmt],
+                                activation_type=QuantType[act], weight_type=QuantType.QInt8, per_channel=per_channel)
+                models[name] = folder / f"{name}.onnx"
+    quantize_dynamic(source, folder / "dynamic.onnx")
+    models["dynamic"] = folder / "dynamic.onnx"
+    branchy = folder / "branchy.onnx"
+    onnx.save(_branchy_model(), branchy)
+    for act in ("QInt8", "QUInt8"):
+        name = f"microsoft_{act}"
+        quantize_static(branchy, folder / f"{name}.onnx", _calibration(), quant_format=QuantFormat.QOperator,
+                        activation_type=QuantType[act], weight_type=QuantType.QInt8, per_channel=act == "QInt8")
+        models[name] = folder / f"{name}.onnx"
+    return models
+
+
+def _output_step(model: onnx.ModelProto) -> float | None:
+    """The scale of the DequantizeLinear that produces the graph output, if one does."""
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "DequantizeLinear" and node.output[0] == model.graph.output[0].name:
+            return float(constants[node.input[1]])
+    return None
+
+
+MODELS = [f"{f}_{a}_{g}" for f in ("QDQ", "QOperator") for a in ("QInt8", "QUInt8")
+          for g in ("per_tensor", "per_channel")] + ["dynamic", "microsoft_QInt8", "microsoft_QUInt8"]
+#: the ops each form must bring (so that a quantizer change that drops them is noticed)
+FORM_OPS = {"QDQ": {"QuantizeLinear", "DequantizeLinear"}, "QOperator": {"QLinearConv", "QLinearMatMul"},
+            "dynamic": {"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger"},
+            "microsoft": {"QLinearConv", "QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat",
+                          "QLinearAveragePool", "QLinearGlobalAveragePool", "QGemm", "QLinearSoftmax"}}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_quantized_model_matches_onnxruntime_unfused(backend, quantized, name):
+    """Within one quantization step of the output (ONNX Runtime, graph optimizations disabled)."""
+    path = quantized[name]
+    model = onnx.load(path)
+    ops = {n.op_type for n in model.graph.node}
+    assert FORM_OPS[name.split("_")[0]] <= ops
+    if name.startswith("QDQ"):  # quantize_static drops each Relu: the next QuantizeLinear clamps
+        assert "Relu" not in ops
+    x = np.random.default_rng(5).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    ref = _onnxruntime_unfused(model, {"x": x})
+    got, _ = _run(model, {"x": x}, backend)
+    step = _output_step(model)
+    if step is None:  # dynamic: float output of float32 rescaling
+        np.testing.assert_allclose(got["y"], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    else:
+        assert np.abs(got["y"] - ref).max() <= step * 1.001
+
+
+# -- com.microsoft dynamic and weight-only ops ------------------------------------------------------
+
+MS = "com.microsoft"
+
+
+def _pack(values: np.ndarray, bits: int) -> np.ndarray:
+    """Unsigned ``bits``-bit values packed along the last axis, low bits first."""
+    per_byte = 8 // bits
+    grouped = values.reshape(*values.shape[:-1], -1, per_byte).astype(np.uint16)
+    return (grouped << (np.arange(per_byte) * bits)).sum(-1).astype(np.uint8)
+
+
+def _ms_cases():
+    """(name, model, feeds) for each dynamic or weight-only com.microsoft op."""
+    rng = np.random.default_rng(7)
+    k, n, block = 64, 12, 16
+    a = rng.standard_normal((3, k)).astype(np.float32)
+    b_q = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    consts = {"b_q": b_q, "b_scale": rng.uniform(0.01, 0.02, n).astype(np.float32),
+              "b_zp": rng.integers(-5, 5, n).astype(np.int8), "bias": rng.standard_normal(n).astype(np.float32),
+              "a_scale": np.array(0.05, np.float32), "a_zp": np.array(128, np.uint8)}
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+
+    def case(name, node, inputs, feeds, names):
+        model = _model([node], inputs, [y], [numpy_helper.from_array(consts[c], c) for c in names], opset=17,
+                       domains=[MS])
+        return name, model, feeds
+    a_info = helper.make_tensor_value_info("a", TensorProto.FLOAT, a.shape)
+    yield case("DynamicQuantizeMatMul", helper.make_node("DynamicQuantizeMatMul", ["a", "b_q", "b_scale", "b_zp", "bias"],
+                                                         ["y"], domain=MS), [a_info], {"a": a},
+               ["b_q", "b_scale", "b_zp", "bias"])
+    a_q = rng.integers(0, 256, (3, k)).astype(np.uint8)
+    yield case("MatMulIntegerToFloat", helper.make_node("MatMulIntegerToFloat", ["a_q", "b_q", "a_scale", "b_scale", "a_zp",
+                                                                               "b_zp", "bias"], ["y"], domain=MS),
+               [helper.make_tensor_value_info("a_q", TensorProto.UINT8, a_q.shape)], {"a_q": a_q},
+               ["b_q", "a_scale", "b_scale", "a_zp", "b_zp", "bias"])
+    blocks = k // block
+    for bits in (4, 8):
+        consts[f"B{bits}"] = _pack(rng.integers(0, 2 ** bits, (n, blocks, block)), bits)
+        consts[f"s{bits}"] = rng.uniform(0.01, 0.1, n * blocks).astype(np.float32)
+        consts[f"z{bits}"] = _pack(rng.integers(0, 2 ** bits, (n, blocks)), bits).reshape(-1)
+        for zp in (False, True):
+            names = [f"B{bits}", f"s{bits}"] + ([f"z{bits}"] if zp else [])
+            yield case(f"MatMulNBits{bits}{'_zero_points' if zp else ''}",
+                       helper.make_node("MatMulNBits", ["a"] + names, ["y"], domain=MS, K=k, N=n, bits=bits,
+                                        block_size=block), [a_info], {"a": a}, names)
+    consts["table"] = rng.integers(0, 256, (10, 16)).astype(np.uint8)
+    consts["table_scale"] = rng.uniform(0.01, 0.1, (10, 2)).astype(np.float32)
+    consts["table_zp"] = rng.integers(0, 256, (10, 1)).astype(np.uint8)
+    indices = np.array([[1, 3], [9, 0]], np.int64)
+    yield case("GatherBlockQuantized", helper.make_node("GatherBlockQuantized", ["table", "indices", "table_scale",
+                                                                                "table_zp"], ["y"], domain=MS,
+                                                        block_size=16, gather_axis=0, quantize_axis=1, bits=4),
+               [helper.make_tensor_value_info("indices", TensorProto.INT64, indices.shape)], {"indices": indices},
+               ["table", "table_scale", "table_zp"])
+    weight = rng.integers(-127, 128, (k, n)).astype(np.int8)  # weight-only: int8 -> Cast -> Mul by scales
+    consts["weight"], consts["scales"] = weight, consts["b_scale"]
+    cast = helper.make_node("Cast", ["weight"], ["wf"], to=TensorProto.FLOAT)
+    model = _model([cast, helper.make_node("Mul", ["wf", "scales"], ["w"]), helper.make_node("MatMul", ["a", "w"], ["y"])],
+                   [a_info], [y], [numpy_helper.from_array(consts[c], c) for c in ("weight", "scales")], opset=17)
+    yield "int8_Cast_Mul", model, {"a": a}
+
+
+MS_CASES = {name: (model, feeds) for name, model, feeds in _ms_cases()}
+
+
+@pytest.mark.parametrize("name", list(MS_CASES))
+def test_dynamic_and_weight_only_ops_match_onnxruntime(backend, name):
+    """Float outputs: ONNX Runtime's unfused kernels to float32 rounding; quantized weights are
+    constants of the program (unpacked at load), no op of the program reads them packed."""
+    model, feeds = MS_CASES[name]
+    ref = _onnxruntime_unfused(model, feeds)
+    got, program = _run(model, feeds, backend)
+    np.testing.assert_allclose(got["y"], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    packed = {t.name for t in model.graph.initializer if t.data_type in (TensorProto.INT8, TensorProto.UINT8)}
+    if "MatMulIntegerToFloat" not in name and "DynamicQuantize" not in name:
+        assert not packed & set(program.constants)
+
+
+def test_unsupported_quantization_forms_are_refused_naming_op_node_and_type():
+    q8 = helper.make_node("QuantizeLinear", ["x", "scale", "zp"], ["y"], name="to_float8")
+    model = _model([q8], [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4,))],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT8E4M3FN, (4,))],
+                   [numpy_helper.from_array(np.array(0.5, np.float32), "scale"),
+                    helper.make_tensor("zp", TensorProto.FLOAT8E4M3FN, (), [0.0])])
+    with pytest.raises(gpumnn.UnsupportedOpError, match=r"'QuantizeLinear'.*'to_float8'.*float8_e4m3fn"):
+        gpumnn.load(model).session(backend="cpu")
+    lstm = helper.make_node("DynamicQuantizeLSTM", ["x"], ["y"], name="the_lstm", domain=MS)
+    model = _model([lstm], [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4,))],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, (4,))], domains=[MS])
+    with pytest.raises(gpumnn.UnsupportedOpError, match=r"'DynamicQuantizeLSTM'.*'the_lstm'.*com\.microsoft"):
+        gpumnn.load(model)
