@@ -334,6 +334,9 @@ def format_table(rows: Sequence[BenchRow], threads: int, skipped: dict[str, str]
     """The benchmark as a text table: one medians-and-spread cell per series, the ratio columns
     (``recorded/eager`` is the paper's decoupling gain), then the session's own figures; where a
     row's batch is not 1, a batch column and each series' items per second after the ratios."""
+    timed = [s for s in series if any(r.samples.get(s) for r in rows)]
+    if timed:  # a series no row timed (--no-eager) gets no columns
+        series, ratios = timed, [(a, b) for a, b in ratios if a in timed and b in timed]
     error_series = [s for s in series if any(s in r.rel_errors for r in rows)]
     batches = list(dict.fromkeys(r.batch for r in rows)) or [1]
     batched = batches != [1]
