@@ -62,6 +62,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="threads per actor, each engine (default 1)")
     parser.add_argument("--cpus", type=int, default=2, help="the local cluster's CPUs (ray.init(num_cpus=...))")
+    parser.add_argument("--block", type=int, default=32, help="images per block of the dataset (default 32)")
     args = parser.parse_args()
 
     import ray
@@ -70,7 +71,9 @@ def main() -> None:
     folder = tempfile.mkdtemp()
     model = str(zoo.save(args.model, Path(folder) / f"{args.model}.onnx", batch="N"))
     images = np.random.default_rng(0).standard_normal(zoo.input_shape(args.model, args.images)).astype(np.float32)
-    ds = ray.data.from_numpy(images).rename_columns({"data": "image"}).materialize()
+    # blocks of --block images: one block is one task, so a single block would keep an actor idle
+    ds = ray.data.from_numpy(np.array_split(images, max(1, args.images // args.block)))
+    ds = ds.rename_columns({"data": "image"}).materialize()
     engines = (f"gpumnn {args.backend}", "onnxruntime")
     print(f"{args.model}, {args.images} items, local Ray cluster of {args.cpus} CPUs, {args.threads} thread(s) per "
           f"actor; items/s over the whole job (actor start and preparation included), median of {args.repeats} "

@@ -82,7 +82,7 @@ class Predictor:
         self.session = self.net.session(backend=backend, fallback=fallback, **session_options)
         self.backend = self.session.backend
 
-    def _column(self, batch: Any, column: str, size: int | None) -> np.ndarray:
+    def _column(self, batch: Any, column: str) -> np.ndarray:
         columns = list(batch.columns if hasattr(batch, "columns") else batch.keys())
         if column not in columns:
             raise InputError(f"batch has no column {column!r} (its columns: {columns}); name the model input's "
@@ -100,7 +100,7 @@ class Predictor:
         if not pandas and not isinstance(batch, Mapping):
             raise InputError(f"a batch must be a dict of arrays (batch_format='numpy') or a pandas DataFrame "
                              f"(batch_format='pandas'), not {type(batch).__name__}")
-        feeds = {name: self._column(batch, column, None) for name, column in self.inputs.items()}
+        feeds = {name: self._column(batch, column) for name, column in self.inputs.items()}
         rows = {len(v) for v in feeds.values()}
         if not rows or min(rows) == 0:
             return batch  # an empty block: nothing to run
