@@ -2,6 +2,7 @@
 
     python bench/cpu_profile.py resnet18 [--threads 2] [--runs 10] [--top 15]
     python bench/cpu_profile.py inception_v3 --ort     # beside ONNX Runtime's own profile
+    python bench/cpu_profile.py resnet18 --batch 8     # per item too: a batch's slow paths
 
 Runs the session once (warm-up), then times every execution's work items, ``runs`` times each
 in run order, and prints the per-kind totals (atomic op type, scheme, kernel) and the slowest
@@ -47,13 +48,13 @@ def op_kind(exe) -> str:
     return name
 
 
-def profile(model: str, threads: int, runs: int, inside_runs: bool = False,
+def profile(model: str, threads: int, runs: int, inside_runs: bool = False, batch: int | None = None,
             **options) -> tuple[list[tuple[str, str, float]], float]:
     """[(kind, node, median ms)] per execution in run order, and a whole recorded run's median ms
     (``options``: the cpu backend's, e.g. regions=False). Each op is timed ``runs`` times in a row,
     or, ``inside_runs``, once in each of ``runs`` passes over all ops in run order (so that it
     finds the caches as a run leaves them)."""
-    net, _, feed = load_model(model)
+    net, _, feed = load_model(model, batch)
     sess = net.session(backend="cpu", threads=threads, fallback=False, **options)
     sess.run(feed)
     backend = sess.backends["cpu"]
@@ -164,19 +165,23 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--no-regions", action="store_true", help="the compiled loops on Python threads, not in native regions")
     parser.add_argument("--ort", action="store_true", help="each op inside runs, beside ONNX Runtime's own profile")
+    parser.add_argument("--batch", type=int, help="the model at this batch (not with --ort); ms per item beside each total")
     args = parser.parse_args()
     if args.ort:
         against_onnxruntime(args.model, args.threads, args.runs)
         return
-    rows, whole = profile(args.model, args.threads, args.runs, **({"regions": False} if args.no_regions else {}))
+    rows, whole = profile(args.model, args.threads, args.runs, batch=args.batch,
+                          **({"regions": False} if args.no_regions else {}))
     total = sum(ms for _, _, ms in rows)
+    items = args.batch or 1
     by_kind: dict[str, list[float]] = collections.defaultdict(list)
     for kind, _, ms in rows:
         by_kind[kind].append(ms)
-    print(f"{args.model}: {len(rows)} ops, sum of per-op medians {total:.2f} ms, whole recorded run {whole:.2f} ms")
-    print(f"{'kind':<32} {'ops':>4} {'ms':>8} {'share':>6}")
+    print(f"{args.model} at batch {items}: {len(rows)} ops, sum of per-op medians {total:.2f} ms, whole recorded run "
+          f"{whole:.2f} ms ({whole / items:.2f} per item)")
+    print(f"{'kind':<32} {'ops':>4} {'ms':>8} {'/item':>7} {'share':>6}")
     for kind, values in sorted(by_kind.items(), key=lambda kv: -sum(kv[1])):
-        print(f"{kind:<32} {len(values):>4} {sum(values):8.2f} {sum(values) / total:6.1%}")
+        print(f"{kind:<32} {len(values):>4} {sum(values):8.2f} {sum(values) / items:7.2f} {sum(values) / total:6.1%}")
     print(f"\nslowest {args.top} ops:")
     for kind, node, ms in sorted(rows, key=lambda r: -r[2])[:args.top]:
         print(f"  {ms:7.3f} ms  {kind:<32} {node}")

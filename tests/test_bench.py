@@ -80,6 +80,21 @@ def test_table_says_protocol_and_shows_median_spread_and_ratios():
     assert gl.count(" - ") >= 3 and "failed: RuntimeError" in gl
 
 
+def test_batched_rows_add_a_batch_column_and_items_per_second_beside_onnxruntime():
+    rows = [BenchRow("resnet18", "cpu", batch=8, samples={"recorded": [[100.0], [80.0]], "onnxruntime": [[200.0], [160.0]]}),
+            BenchRow("resnet18", "cpu", samples={"recorded": [[10.0], [10.0]], "onnxruntime": [[20.0], [20.0]]})]
+    assert rows[0].throughput("recorded") == Spread(90.0, 80.0, 100.0)  # 8 items in 100 ms and in 80 ms
+    assert rows[0].label == "resnet18 x8" and rows[1].label == "resnet18"
+    text = format_table(rows, threads=2, repeats=2, series=("recorded", "onnxruntime"), ratios=(("recorded", "onnxruntime"),))
+    assert "batch 1/8, 2 CPU thread(s)" in text and "items/s: batch / a repeat's mean" in text
+    header = next(line for line in text.splitlines() if line.startswith("model"))
+    assert "batch" in header and "recorded items/s" in header and "ORT items/s" in header
+    line = next(line for line in text.splitlines() if line.split()[:3] == ["resnet18", "cpu", "8"])
+    assert "90 (80-100)" in line and "45 (40-50)" in line
+    assert rows_as_dicts(rows)[0]["items_per_second"]["onnxruntime"]["median"] == 45.0
+    assert "items/s" not in format_table(rows[1:], threads=2)  # batch 1 alone: the paper's table
+
+
 def test_json_rows_keep_raw_samples_and_cells():
     (cpu, gl) = rows_as_dicts(_rows())
     assert cpu["samples"]["recorded"] == [[4.0], [6.0], [5.0]]

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 
 import gpumnn
 from gpumnn import zoo
@@ -101,6 +102,25 @@ def test_bench_table_and_png(tmp_path, capsys):
     assert "recorded ms" in out and "transformer_encoder" in out and "median over 2 repeats" in out
     if "--png" in args:
         assert sorted(p.name for p in tmp_path.iterdir()) == ["latency_transformer_encoder.png", "ratios.png"]
+
+
+def test_bench_batch_times_zoo_names_and_onnx_paths_at_each_batch(tmp_path, capsys):
+    fixed = tmp_path / "fixed.onnx"  # batch 1 fixed in the file: set to each batch
+    zoo.save("transformer_encoder", fixed)
+    assert main(["bench", "transformer_encoder", str(fixed), "--backend", "cpu", "--runs", "1", "--repeats", "1",
+                 "--no-eager", "--batch", "1,3", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["batches"] == [1, 3]
+    rows = report["rows"]
+    assert [(r["model"], r["batch"]) for r in rows] == [("transformer_encoder", 1), ("transformer_encoder", 3),
+                                                        (str(fixed), 1), (str(fixed), 3)]
+    for row in rows:
+        assert row["note"] == "" and row["rel_errors"]["recorded"] < 1e-3
+        rate = row["items_per_second"]["recorded"]["median"]
+        assert rate == pytest.approx(row["batch"] * 1000.0 / row["recorded_ms"])
+    assert main(["bench", "transformer_encoder", "--backend", "cpu", "--runs", "1", "--repeats", "1", "--no-eager",
+                 "--batch", "2"]) == 0
+    assert "ORT items/s" in capsys.readouterr().out
 
 
 def test_zoo_export(tmp_path, capsys):

@@ -31,8 +31,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gpumnn.frontend",),
     # sessions: shape sets, run states, shared constants, device arrays
     ("gpumnn.runtime",),
-    # the entry points: gpumnn.load, the ONNX backend API, the command line, the model zoo
-    ("gpumnn", "gpumnn.__main__", "gpumnn.cli", "gpumnn.net", "gpumnn.onnx_backend", "gpumnn.tools", "gpumnn.zoo"),
+    # the entry points: gpumnn.load, the ONNX backend API, the command line, the model zoo, Ray Data
+    ("gpumnn", "gpumnn.__main__", "gpumnn.cli", "gpumnn.net", "gpumnn.onnx_backend", "gpumnn.tools", "gpumnn.zoo",
+     "gpumnn.integrations"),
 )
 
 #: inside gpumnn.backends, lowest first; the five API packages do not import one another

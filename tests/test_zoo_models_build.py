@@ -126,3 +126,21 @@ def test_model_runs_and_activations_are_sane(name: str) -> None:
         assert np.isfinite(value).all(), f"{name}: {tensor_name} has non-finite values"
         assert np.any(value != 0), f"{name}: {tensor_name} is all zeros"
     np.testing.assert_allclose(dict(zip(names, values))["output"], out, rtol=1e-3, atol=1e-3 * float(np.abs(out).max()))
+
+
+@pytest.mark.parametrize("name", ["squeezenet1_1", "transformer_encoder"])
+def test_any_batch_fixed_or_symbolic_runs_item_for_item_as_batch_1(name: str) -> None:
+    import gpumnn
+    x = np.random.default_rng(0).standard_normal(zoo.input_shape(name, 3)).astype(np.float32)
+    fixed, symbolic = zoo.build(name, batch=3), zoo.build(name, batch="N")
+    assert [d.dim_value for d in fixed.graph.input[0].type.tensor_type.shape.dim] == list(zoo.input_shape(name, 3))
+    assert fixed.graph.output[0].type.tensor_type.shape.dim[0].dim_value == 3
+    assert symbolic.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
+    one = _session(_model(name))
+    expected = np.concatenate([one.run(None, {"input": x[i:i + 1]})[0] for i in range(3)])
+    np.testing.assert_allclose(_session(fixed).run(None, {"input": x})[0], expected, rtol=1e-4, atol=1e-4)
+    with gpumnn.load(symbolic).session(backend="cpu") as sess:
+        for size in (3, 2):
+            np.testing.assert_allclose(sess.run({"input": x[:size]})["output"], expected[:size], rtol=1e-3, atol=1e-3)
+    with pytest.raises(ValueError, match="positive int or a dim name"):
+        zoo.build(name, batch=0)

@@ -344,6 +344,9 @@ class Backend(ABC):
     winograd_min_tiles: ClassVar[int] = 0
     winograd_min_channels: ClassVar[int] = 0
     winograd_min_saving: ClassVar[float] = 0.0
+    #: whether that kernel runs image by image (its product per tile position over one image's
+    #: tiles), so that ``winograd_min_tiles`` counts one image's tiles; else the whole batch's
+    winograd_per_image: ClassVar[bool] = False
     #: the largest tile of the Winograd rewrite (``gpumnn.geometry.fast``) the scheme step may
     #: choose here by Eq. 2; None: any tile Eq. 2 prefers
     winograd_rewrite_max_tile: ClassVar[int | None] = None

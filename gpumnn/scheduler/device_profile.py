@@ -44,12 +44,14 @@ class PlanningTarget:
     winograd_min_channels: int = 0
     winograd_min_saving: float = 0.0
     winograd_rewrite_max_tile: int | None = None
+    winograd_per_image: bool = False
 
     @classmethod
     def of(cls, backend: Any) -> "PlanningTarget":
         return cls(backend.name, {t: None for t in backend.kernel_table}, dict(backend.schemes),
                    frozenset(backend.cost_model_expansions), backend.winograd_min_tiles,
-                   backend.winograd_min_channels, backend.winograd_min_saving, backend.winograd_rewrite_max_tile)
+                   backend.winograd_min_channels, backend.winograd_min_saving, backend.winograd_rewrite_max_tile,
+                   backend.winograd_per_image)
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "kernel_table": sorted(t.__name__ for t in self.kernel_table),
@@ -57,7 +59,8 @@ class PlanningTarget:
                 "cost_model_expansions": sorted(self.cost_model_expansions),
                 "winograd_min_tiles": self.winograd_min_tiles, "winograd_min_channels": self.winograd_min_channels,
                 "winograd_min_saving": self.winograd_min_saving,
-                "winograd_rewrite_max_tile": self.winograd_rewrite_max_tile}
+                "winograd_rewrite_max_tile": self.winograd_rewrite_max_tile,
+                "winograd_per_image": self.winograd_per_image}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "PlanningTarget":
@@ -70,7 +73,9 @@ class PlanningTarget:
                    {op_type(n): frozenset(s) for n, s in data["schemes"].items()},
                    frozenset(data["cost_model_expansions"]), int(data["winograd_min_tiles"]),
                    int(data["winograd_min_channels"]), float(data["winograd_min_saving"]),
-                   data["winograd_rewrite_max_tile"])
+                   data["winograd_rewrite_max_tile"],
+                   # profiles written before the field: the cpu backend's kernels went image by image then too
+                   bool(data.get("winograd_per_image", data["name"] == "cpu")))
 
 
 @dataclass(frozen=True)

@@ -254,18 +254,20 @@ def builds_kernel(backend: Any, op_type: type, scheme: str) -> bool:
     return backend is not None and scheme in backend.schemes.get(op_type, ())
 
 
-def winograd_tile_count(op: A.Conv2D, n: int) -> int:
-    """Output tiles of F(n x n, k x k) (1 x n, n x 1 for a 1-wide kernel axis) over the whole batch."""
+def winograd_tile_count(op: A.Conv2D, n: int, per_image: bool = False) -> int:
+    """Output tiles of F(n x n, k x k) (1 x n, n x 1 for a 1-wide kernel axis) over the whole
+    batch, or of one image."""
     nh, nw = axis_tiles(n, op.kernel)
-    return op.batch * math.ceil(op.out_hw[0] / nh) * math.ceil(op.out_hw[1] / nw)
+    return (1 if per_image else op.batch) * math.ceil(op.out_hw[0] / nh) * math.ceil(op.out_hw[1] / nw)
 
 
 def winograd_kernel_pays(backend: Any, op: A.Conv2D, tile: int) -> bool:
     """Whether ``backend``'s own Winograd kernel F(tile) is chosen for ``op``: from
-    ``Backend.winograd_min_tiles`` output tiles and ``winograd_min_channels`` input channels on,
+    ``Backend.winograd_min_tiles`` output tiles (of one image where ``winograd_per_image``: a
+    kernel going image by image gains nothing from the batch) and ``winograd_min_channels`` input channels on,
     and where it makes at most 1 / ``winograd_min_saving`` of the sliding window's multiplications
     (its transforms and small per-position products run slower per multiplication than one big GEMM)."""
-    return (winograd_tile_count(op, tile) >= backend.winograd_min_tiles
+    return (winograd_tile_count(op, tile, backend.winograd_per_image) >= backend.winograd_min_tiles
             and op.in_channels >= backend.winograd_min_channels
             and conv_cost(op, 1) >= backend.winograd_min_saving * conv_cost(op, tile))
 

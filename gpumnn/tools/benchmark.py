@@ -9,6 +9,11 @@ A table cell is the median of a series' per-repeat figures with their min-max sp
 is the median of the per-repeat ratios (each from two figures taken seconds apart), not the ratio
 of two medians. The raw samples (every run of every repeat) stay in the rows for JSON. Nothing
 here asserts speed: it prints tables (and JSON, and charts: :mod:`gpumnn.tools.charts`).
+
+Beyond the paper, ``batch`` runs a model at a batch other than 1 (a zoo model built at it, an ONNX
+file's first input dim set to it: :func:`load_model`), and the table then adds throughput, items
+per second of each series (``batch`` over a repeat's mean run time), beside ONNX Runtime's at the
+same batch.
 """
 from __future__ import annotations
 
@@ -116,10 +121,12 @@ def rel_l2(y: np.ndarray, reference: np.ndarray) -> float:
 
 @dataclass
 class BenchRow:
-    """One model on one backend: raw samples per series, and what the session says about itself."""
+    """One model on one backend at one batch: raw samples per series, and what the session says
+    about itself."""
 
     model: str
     backend: str
+    batch: int = 1
     device: str = ""
     prepare_ms: float | None = None
     pool_mib: float | None = None
@@ -135,6 +142,16 @@ class BenchRow:
     def cell(self, series: str) -> Spread | None:
         means = self.repeat_means(series)
         return Spread.of(means) if means else None
+
+    def throughput(self, series: str) -> Spread | None:
+        """Items per second of each repeat (``batch`` over its mean run time): median and range."""
+        rates = [self.batch * 1000.0 / m for m in self.repeat_means(series) if m > 0]
+        return Spread.of(rates) if rates else None
+
+    @property
+    def label(self) -> str:
+        """The model, and its batch where that is not 1 (chart groups and titles)."""
+        return self.model if self.batch == 1 else f"{self.model} x{self.batch}"
 
     def ratio(self, numerator: str, denominator: str) -> Spread | None:
         """Median (and range) of the per-repeat ratios ``numerator / denominator``."""
@@ -170,18 +187,31 @@ class BenchRow:
         return None if ratio is None else ratio.median
 
 
-def load_model(name: str) -> tuple[Net, bytes, dict[str, np.ndarray]]:
-    """A zoo model (or ONNX path): the loaded net, the ONNX bytes and one seeded random feed."""
+def load_model(name: str, batch: int | None = None) -> tuple[Net, bytes, dict[str, np.ndarray]]:
+    """A zoo model (or ONNX path): the loaded net, the ONNX bytes and one seeded random feed, at
+    ``batch`` where given: a zoo model is built at it; an ONNX file whose first input has a
+    symbolic first dim is fed at it, and one that fixes another gets that dim set to it
+    (:func:`gpumnn.zoo.with_batch`; a graph that fixes its batch inside then fails to prepare)."""
     if name in zoo.MODELS:
-        proto, shape = zoo.build(name), zoo.input_shape(name)
+        proto, shape = zoo.build(name, batch), zoo.input_shape(name, batch)
         net = load(proto)
     else:
         import onnx
         net = load(name)  # first: it refuses invalid models and external data outside their folder
         proto, shape = onnx.load(name), None
+        dims = tuple(net.inputs[0].shape or ())
+        if batch is not None and dims and dims[0] != batch:
+            if isinstance(dims[0], int) and dims[0] > 0:
+                proto = zoo.with_batch(proto, batch)
+                net = load(proto)
+            shape = (batch,) + dims[1:]
     if shape is None:
-        shape = tuple(int(d) for d in net.inputs[0].shape)
-    x = random_input(net.inputs[0].dtype, shape, np.random.default_rng(0))
+        shape = tuple(net.inputs[0].shape)
+    if not all(isinstance(d, int) and d > 0 for d in shape):
+        from ..errors import InputError
+        raise InputError(f"{name}: input {net.inputs[0].name!r} has the symbolic shape {list(shape)}; the bench "
+                         f"gives only a batch")
+    x = random_input(net.inputs[0].dtype, tuple(int(d) for d in shape), np.random.default_rng(0))
     return net, proto.SerializeToString(), {net.inputs[0].name: x}
 
 
@@ -233,19 +263,21 @@ def resolve_backends(names: Sequence[str]) -> tuple[list[str], dict[str, str]]:
 
 def benchmark(models: Iterable[str], backends: Sequence[str], threads: int | None = None, runs: int = 10,
               warmup: int = 1, repeats: int = 5, eager: bool = True, progress: bool = True,
-              clock: Clock = time.perf_counter, pause: float = PAUSE) -> list[BenchRow]:
-    """Time each zoo model (or ONNX path) on each backend, recorded and eager, in alternation with
-    ONNX Runtime (see the module docstring)."""
+              clock: Clock = time.perf_counter, pause: float = PAUSE,
+              batches: Sequence[int | None] = (None,)) -> list[BenchRow]:
+    """Time each zoo model (or ONNX path) at each batch (None: the model's own) on each backend,
+    recorded and eager, in alternation with ONNX Runtime (see the module docstring)."""
     threads = threads or os.cpu_count() or 1
     models = list(models)
-    bar = Progress(len(models) * len(backends) * repeats, progress)
+    bar = Progress(len(models) * len(batches) * len(backends) * repeats, progress)
     rows: list[BenchRow] = []
-    for model_name in models:
-        net, model_bytes, feed = load_model(model_name)
+    for model_name, batch in ((m, b) for m in models for b in batches):
+        net, model_bytes, feed = load_model(model_name, batch)
         ort = onnxruntime_runner(model_bytes, threads)
         reference = ort(feed) if ort else None
+        label = model_name if batch is None else f"{model_name} x{batch}"
         for backend in backends:
-            row, sessions = BenchRow(model_name, backend), []
+            row, sessions = BenchRow(model_name, backend, batch or 1), []
             try:
                 sess = net.session(backend=backend, threads=threads, fallback=False)
                 sessions.append(sess)
@@ -266,7 +298,7 @@ def benchmark(models: Iterable[str], backends: Sequence[str], threads: int | Non
                 if ort is not None:
                     fns["onnxruntime"] = lambda: ort(feed)
                 row.samples = alternate(fns, repeats, runs, warmup, clock,
-                                        lambda r: bar.step(f"{model_name} on {backend}, repeat {r + 1}"), pause)
+                                        lambda r: bar.step(f"{label} on {backend}, repeat {r + 1}"), pause)
             except Exception as exc:  # one failing backend must not hide the others' figures
                 row.note = f"failed: {type(exc).__name__}: {exc}"[:120]
             finally:
@@ -286,23 +318,35 @@ def short_name(series: str) -> str:
 
 
 def protocol_line(threads: int, runs: int, warmup: int, repeats: int, series: Sequence[str] = SERIES,
-                  pause: float = 0.0) -> str:
+                  pause: float = 0.0, batches: Sequence[int] = (1,)) -> str:
     names = ", ".join(LABELS.get(s, s) for s in series)
     rest = f", {pause:g} s apart" if pause else ""
-    return (f"batch 1, {threads} CPU thread(s); each repeat times {names} in turn{rest} ({warmup} warm-up, then the "
-            f"mean of {runs} runs); ms cells: median over {repeats} repeats ({SPREAD}); ratios: median of "
-            f"per-repeat ratios ({SPREAD})")
+    sizes = "/".join(str(b) for b in sorted(batches))
+    rate = f"; items/s: batch / a repeat's mean, median over repeats ({SPREAD})" if list(batches) != [1] else ""
+    return (f"batch {sizes}, {threads} CPU thread(s); each repeat times {names} in turn{rest} ({warmup} warm-up, then "
+            f"the mean of {runs} runs); ms cells: median over {repeats} repeats ({SPREAD}); ratios: median of "
+            f"per-repeat ratios ({SPREAD}){rate}")
 
 
 def format_table(rows: Sequence[BenchRow], threads: int, skipped: dict[str, str] | None = None, *, runs: int = 10,
                  warmup: int = 1, repeats: int = 5, series: Sequence[str] = SERIES,
                  ratios: Sequence[tuple[str, str]] = RATIOS, extras: bool = True, pause: float = 0.0) -> str:
     """The benchmark as a text table: one medians-and-spread cell per series, the ratio columns
-    (``recorded/eager`` is the paper's decoupling gain), then the session's own figures."""
+    (``recorded/eager`` is the paper's decoupling gain), then the session's own figures; where a
+    row's batch is not 1, a batch column and each series' items per second after the ratios."""
+    timed = [s for s in series if any(r.samples.get(s) for r in rows)]
+    if timed:  # a series no row timed (--no-eager) gets no columns
+        series, ratios = timed, [(a, b) for a, b in ratios if a in timed and b in timed]
     error_series = [s for s in series if any(s in r.rel_errors for r in rows)]
+    batches = list(dict.fromkeys(r.batch for r in rows)) or [1]
+    batched = batches != [1]
     columns: list[tuple[str, Callable[[BenchRow], str]]] = [("model", lambda r: r.model), ("backend", lambda r: r.backend)]
+    if batched:
+        columns.append(("batch", lambda r: str(r.batch)))
     columns += [(f"{short_name(s)} ms", lambda r, s=s: _fmt(r.cell(s), ".1f")) for s in series]
     columns += [(f"{short_name(a)}/{short_name(b)}", lambda r, a=a, b=b: _fmt(r.ratio(a, b), ".2f")) for a, b in ratios]
+    if batched:
+        columns += [(f"{short_name(s)} items/s", lambda r, s=s: _fmt(r.throughput(s), ".0f")) for s in series]
     if extras:
         columns += [("prepare ms", lambda r: _fmt(r.prepare_ms)), ("pool MiB", lambda r: _fmt(r.pool_mib)),
                     ("naive MiB", lambda r: _fmt(r.naive_mib))]
@@ -315,7 +359,7 @@ def format_table(rows: Sequence[BenchRow], threads: int, skipped: dict[str, str]
         return f"{text}  {note}".rstrip()
 
     header = line([h for h, _ in columns], "note")
-    lines = [protocol_line(threads, runs, warmup, repeats, series, pause), header, "-" * len(header)]
+    lines = [protocol_line(threads, runs, warmup, repeats, series, pause, batches), header, "-" * len(header)]
     lines += [line(c, r.note) for c, r in zip(cells, rows)]
     devices = sorted({(r.backend, r.device) for r in rows if r.device})
     lines += [f"{b}: {d}" for b, d in devices]
@@ -331,7 +375,8 @@ def rows_as_dicts(rows: Sequence[BenchRow], series: Sequence[str] = SERIES,
     for r in rows:
         cells = {s: asdict(c) for s in series if (c := r.cell(s)) is not None}
         ratio_cells = {f"{a}/{b}": asdict(c) for a, b in ratios if (c := r.ratio(a, b)) is not None}
+        rates = {s: asdict(c) for s in series if (c := r.throughput(s)) is not None}
         out.append(dict(asdict(r), recorded_ms=r.recorded_ms, eager_ms=r.eager_ms, onnxruntime_ms=r.onnxruntime_ms,
                         decoupling_gain=r.decoupling_gain, vs_onnxruntime=r.vs_onnxruntime, cells=cells,
-                        ratios=ratio_cells))
+                        ratios=ratio_cells, items_per_second=rates))
     return out

@@ -80,8 +80,8 @@ def write_charts(rows: Sequence[BenchRow], directory: str | Path, series: Sequen
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    for model in dict.fromkeys(r.model for r in rows):
-        model_rows = [r for r in rows if r.model == model and r.samples]
+    for model in dict.fromkeys(r.label for r in rows):
+        model_rows = [r for r in rows if r.label == model and r.samples]
         if not model_rows:
             continue
         present = [s for s in series if any(r.cell(s) for r in model_rows)]
@@ -100,12 +100,12 @@ def write_charts(rows: Sequence[BenchRow], directory: str | Path, series: Sequen
         written.append(path)
     ratio_list = [(a, b) for a, b in ratios if any(r.ratio(a, b) for r in rows)]
     if ratio_list:
-        models = list(dict.fromkeys(r.model for r in rows))
+        models = list(dict.fromkeys(r.label for r in rows))
         backends = list(dict.fromkeys(r.backend for r in rows))
         fig = figure(max(6.0, 2 + 0.6 * len(models) * max(len(backends), 1)), 3.2 * len(ratio_list))
         for i, (a, b) in enumerate(ratio_list, 1):
             ax = fig.add_subplot(len(ratio_list), 1, i)
-            cells = {(r.model, r.backend): c for r in rows if (c := r.ratio(a, b)) is not None}
+            cells = {(r.label, r.backend): c for r in rows if (c := r.ratio(a, b)) is not None}
             _bars(ax, models, backends, cells, base=1.0)  # up: slower than the denominator, down: faster
             ax.axhline(1.0, color="black", linewidth=0.8)
             # log: 2x slower and 2x faster lie as far from the line at 1

@@ -207,12 +207,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if models == ["all"]:
         models = zoo.names()
     threads = args.threads or os.cpu_count() or 1
+    batches = args.batch or [None]
     rows = benchmark(models, backends, threads=threads, runs=args.runs, warmup=args.warmup, repeats=args.repeats,
-                     pause=args.pause,
+                     pause=args.pause, batches=batches,
                      eager=not args.no_eager, progress=not args.json and sys.stderr.isatty() or args.progress)
     if args.json:
         print(json.dumps({"threads": threads, "runs": args.runs, "warmup": args.warmup, "repeats": args.repeats,
-                          "pause": args.pause, "skipped": skipped, "rows": rows_as_dicts(rows)}, indent=2))
+                          "pause": args.pause, "batches": args.batch, "skipped": skipped,
+                          "rows": rows_as_dicts(rows)}, indent=2))
     else:
         print(format_table(rows, threads, skipped, runs=args.runs, warmup=args.warmup, repeats=args.repeats,
                            pause=args.pause))
@@ -220,6 +222,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from .charts import write_charts_and_say
         write_charts_and_say(rows, args.png, SERIES)
     return 0
+
+
+def batch_list(text: str) -> list[int]:
+    """``--batch 1,8,32`` as [1, 8, 32]."""
+    try:
+        sizes = [int(b) for b in text.replace(",", " ").split()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected batch sizes like 1,8,32, not {text!r}")
+    return list(dict.fromkeys(sizes))
 
 
 def cmd_zoo(args: argparse.Namespace) -> int:
@@ -282,6 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int, help="CPU threads for NumPy and ONNX Runtime (default: all cores)")
     from .benchmark import add_protocol_arguments
     add_protocol_arguments(bench)
+    bench.add_argument("--batch", type=batch_list, metavar="B[,B...]",
+                       help="batch sizes to time each model at (e.g. 1,8,32), adding items per second beside ONNX "
+                            "Runtime's at the same batch (default: the model's own batch)")
     bench.add_argument("--no-eager", action="store_true", help="skip the eager (undecoupled) timing")
     bench.add_argument("--json", action="store_true", help="print JSON (raw samples of every repeat) instead of a table")
     bench.add_argument("--png", metavar="DIR", help="also write charts (latency per model, ratios) into DIR; needs matplotlib")

@@ -8,7 +8,10 @@ builder is deterministic (fixed per-model seed) and takes well under a
 couple of seconds.
 
 All models take a float32 tensor named ``"input"`` and produce one named
-``"output"``; see :data:`MODELS` for shapes.
+``"output"``; see :data:`MODELS` for shapes. They are built at batch 1; ``build(name, batch=8)``
+fixes another batch, ``build(name, batch="N")`` leaves it symbolic (a session then takes any
+batch, preparing each size once), and :func:`with_batch` does the same to an ONNX model whose
+graph does not fix its batch inside (its first input dim is the batch of every output).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ __all__ = [
     "build",
     "input_shape",
     "save",
+    "with_batch",
     "count_parameters",
     "mobilenet_v1",
     "squeezenet1_1",
@@ -93,19 +97,46 @@ def _spec(name: str) -> ModelSpec:
         raise KeyError(f"unknown zoo model {name!r}; known models: {', '.join(MODELS)}") from None
 
 
-def build(name: str) -> onnx.ModelProto:
-    """Build a fresh ModelProto for ``name`` (deterministic; KeyError if unknown)."""
-    return _spec(name).builder()
+def build(name: str, batch: int | str | None = None) -> onnx.ModelProto:
+    """Build a fresh ModelProto for ``name`` (deterministic; KeyError if unknown), at batch 1
+    or, given ``batch``, at that batch (an int) or a symbolic one (a name): :func:`with_batch`."""
+    model = _spec(name).builder()
+    return model if batch is None else with_batch(model, batch)
 
 
-def input_shape(name: str) -> tuple[int, ...]:
-    """Shape of the model's single ``"input"`` tensor."""
-    return _spec(name).input_shape
+def input_shape(name: str, batch: int | None = None) -> tuple[int, ...]:
+    """Shape of the model's single ``"input"`` tensor (at ``batch``, if given)."""
+    shape = _spec(name).input_shape
+    return shape if batch is None else (int(batch),) + shape[1:]
 
 
-def save(name: str, path: str | os.PathLike[str]) -> pathlib.Path:
-    """Build ``name`` and write it to ``path`` (parent directories are created)."""
+def with_batch(model: onnx.ModelProto, batch: int | str) -> onnx.ModelProto:
+    """``model`` with the first dim of every graph input and output set to ``batch``: a size, or
+    a name for a symbolic batch; intermediate shapes (``value_info``) are dropped, since they name
+    the old batch. Only the declared shapes change: a graph that fixes its batch inside (a Reshape
+    to a constant shape, say) still refuses another one when a session prepares it."""
+    if isinstance(batch, bool) or not isinstance(batch, (int, str)) or (isinstance(batch, int) and batch < 1) or batch == "":
+        raise ValueError(f"batch must be a positive int or a dim name, not {batch!r}")
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    initializers = {t.name for t in model.graph.initializer}
+    for value in [*model.graph.input, *model.graph.output]:
+        if value.name in initializers or not value.type.tensor_type.HasField("shape"):
+            continue
+        dims = value.type.tensor_type.shape.dim
+        if not dims:
+            continue
+        dims[0].Clear()
+        if isinstance(batch, str):
+            dims[0].dim_param = batch
+        else:
+            dims[0].dim_value = batch
+    del model.graph.value_info[:]
+    return model
+
+
+def save(name: str, path: str | os.PathLike[str], batch: int | str | None = None) -> pathlib.Path:
+    """Build ``name`` (at ``batch``: :func:`build`) and write it to ``path`` (parent directories are created)."""
     out = pathlib.Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(build(name), str(out))
+    onnx.save(build(name, batch), str(out))
     return out

@@ -63,8 +63,9 @@ def transformer_encoder() -> onnx.ModelProto:
         seed=107,
         doc="BERT-style post-LN transformer encoder block (128x256, 4 heads, FFN 1024), random weights",
     )
-    g.initializer("attn.split_shape", np.array([1, SEQ_LEN, HEADS, HEAD_DIM], dtype=np.int64))
-    g.initializer("attn.merge_shape", np.array([1, SEQ_LEN, HIDDEN], dtype=np.int64))
+    # 0 copies the batch dim from the input (ONNX Reshape), so the block runs at any batch
+    g.initializer("attn.split_shape", np.array([0, SEQ_LEN, HEADS, HEAD_DIM], dtype=np.int64))
+    g.initializer("attn.merge_shape", np.array([0, SEQ_LEN, HIDDEN], dtype=np.int64))
     x = g.input
 
     q = _split_heads(g, _linear(g, x, "attn.q", HIDDEN, HIDDEN), "attn.q", [0, 2, 1, 3])  # (1,h,S,d)

@@ -1261,6 +1261,7 @@ class CpuBackend(Backend):
     dtypes = {op: _ANY_INT for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.MatMul, A.Gather, A.Select,
                                       A.CumSum, A.TopK, A.Scatter, A.Pool2D)}
     winograd_min_tiles, winograd_min_channels, winograd_min_saving = WINOGRAD_PAYS["threads"]
+    winograd_per_image = True  # both Winograd kernels go image by image: a batch has no more tiles per product
 
     @property
     def default_concurrent_runs(self) -> int:
