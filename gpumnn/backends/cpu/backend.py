@@ -22,9 +22,10 @@ from ... import atomic as A
 from ..base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, OpPlan, TensorHandle, constant_words, host_out, kernels_option
 from ...errors import BackendOptionError, BackendUnavailableError
 from ..limits import MemoryLimits, host_limits
-from . import activations as cpu_activations, jit as cpu_jit, parallel as cpu_parallel, rows as cpu_rows, tiles as cpu_tiles
+from . import activations as cpu_activations, engines, jit as cpu_jit, parallel as cpu_parallel, rows as cpu_rows, tiles as cpu_tiles
 from .constants import PackedConstants, made_once
 from .elementwise import binary_function, unary_function
+from .engines import Engine
 from .recurrent import cell_step, direction_groups
 from .workers import Workers, workers
 from ...numerics.sampling import resize_axis
@@ -121,50 +122,12 @@ class _ThreadLimiter:
 
 # --------------------------------------------------------------------------------------------
 # One maker per atomic op: binds views and scratch, returns an OpPlan of the callables that do the work.
+# A maker with several kernels asks the backend's ``engines.Engine`` once which one, and builds it.
 # --------------------------------------------------------------------------------------------
-
-# The thresholds below choose between the engines (NumPy on the calling thread, chunks on
-# ``cpu_workers``' threads, ``cpu_parallel``'s native regions) and size their work; each was
-# measured at threads=2 on 2 cores (the figures are in bench/RESULTS.md).
-
-#: Bytes one chunk's scratch (im2col columns, depthwise windows) may take; within it, the chunk
-#: count (``CHUNKS_PER_THREAD``) decides. Chunks cut to fit L2 were slower: NumPy's cost per call
-#: and the GIL handed between threads at every call outweigh the cache misses they save.
-CHUNK_BYTES = 4 << 20
-#: An op shared between threads is cut into this many chunks per thread: more let a thread the
-#: machine slows leave its share to the others, fewer hand the GIL between threads less often
-#: and keep each chunk's GEMM wide (narrow column spans run slower per multiply-add).
-CHUNKS_PER_THREAD = 1
-#: Below this many multiply-adds a convolution or product runs whole on the calling thread:
-#: handing chunks to the helpers would cost more than it saves.
-PARALLEL_MIN_MACS = 1 << 24
-#: A depthwise convolution is shared between threads from this many window elements (channels x
-#: taps x output pixels) on: it is bound by passes over memory and per-channel BLAS calls, not by
-#: multiply-adds, so the MAC threshold above would keep every one of them on one thread.
-DEPTHWISE_PARALLEL_MIN = 1 << 18
-
-
-#: With ``cpu_parallel``'s native regions a product is shared between threads from this many
-#: multiply-adds, a depthwise convolution or pool from this many window elements: a region costs
-#: about a tenth of a hand-over to ``cpu_workers``.
-REGION_MIN_MACS = 1 << 20
-REGION_MIN_WINDOWS = 1 << 15
-#: Bytes of im2col columns one block of a region copies, so that its product reads them from L2.
-REGION_COLS_BYTES = 1 << 20
-#: A convolution on constant weights takes ``cpu_tiles``' register tile (``_packed_conv_region``)
-#: from this inner dimension (C*KH*KW) up, BLAS below: with a short inner dimension each tile's
-#: store and each element's packing weigh more against its multiply-adds.
-PACKED_MIN_DEPTH = 512
-#: Elementwise ops (a residual sum) are shared between the regions' threads from this many
-#: elements: a region's cost against a pass over memory.
-REGION_MIN_ELEMENTS = 1 << 15
-#: floats in a cache line: a thread's scratch, and an elementwise op's span, starts on one
-CACHE_LINE_FLOATS = 16
-
 
 def _parts(pool: Workers, work: int, threshold: int) -> int:
     """Chunks to cut an op into: ``CHUNKS_PER_THREAD`` per thread once ``work`` reaches ``threshold``."""
-    return pool.threads * CHUNKS_PER_THREAD if pool.threads > 1 and work >= threshold else 1
+    return pool.threads * engines.CHUNKS_PER_THREAD if pool.threads > 1 and work >= threshold else 1
 
 
 def _spans(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
@@ -266,8 +229,8 @@ def _sum_region(a: np.ndarray, b: np.ndarray, out: np.ndarray, activation: A.Act
     threads (``cpu_parallel.sum_spans``), where NumPy made two on one thread (the sum, then the
     clamp). Measured: bench/RESULTS.md."""
     lo, hi, _ = _compiled_clamp(activation)
-    parts = regions if out.size >= REGION_MIN_ELEMENTS else 1
-    bounds = _bounds(_spans(out.size, parts, align=CACHE_LINE_FLOATS))
+    parts = regions if out.size >= engines.REGION_MIN_ELEMENTS else 1
+    bounds = _bounds(_spans(out.size, parts, align=engines.CACHE_LINE_FLOATS))
     return OpPlan((_region_items(cpu_parallel.sum_spans, [(a, b, out, bounds, lo, hi)], None, out),), "sum")
 
 
@@ -288,8 +251,7 @@ def _make_reduce(op: A.Reduce, ins, outs, pool: Workers):
     return OpPlan((lambda: reducer(x, axis=1, out=o),))
 
 
-def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, jit: bool = False, regions: int = 0,
-                 constants: PackedConstants | None = None):
+def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constants: PackedConstants | None = None):
     a_shape = (op.batch, op.k, op.m) if op.trans_a else (op.batch, op.m, op.k)
     b_shape = (op.batch, op.n, op.k) if op.trans_b else (op.batch, op.k, op.n)
     a = strided(ins[0], 0, a_shape, (op.a_batch_stride, a_shape[2], 1))
@@ -307,13 +269,16 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, jit: bool = False, regi
     bias = strided(ins[2], 0, (op.m, op.n), op.bias_strides) if op.has_bias else None
     act = _epilogue(op.activation)
     alpha, beta = op.alpha, op.beta
-    if (regions and o.dtype == np.float32 and a.shape[:2] == (1, 1) and a.strides[2] == 4 and alpha == 1.0
-            and beta == 1.0 and CpuBackend.is_constant(ins[1]) and (bias is None or bias.shape[0] == 1)):
-        return _vector_product_region(op, a[0, 0], b[0], o[0, 0], bias, regions,
+    vector = (a.shape[:2] == (1, 1) and a.strides[2] == 4 and alpha == 1.0 and beta == 1.0  # a vector, constant weights
+              and CpuBackend.is_constant(ins[1]) and (bias is None or bias.shape[0] == 1))
+    macs = a.shape[0] * a.shape[1] * op.n * op.k
+    kernel, parts = engine.matmul(macs, o.dtype == np.float32, vector)
+    if kernel == "vector_region":
+        return _vector_product_region(op, a[0, 0], b[0], o[0, 0], bias, parts,
                                       functools.partial(made_once, constants, ins[1]))
     # blocks of the output: whole batches, else column or row spans (rows in whole repeats of the bias)
-    if regions and o.dtype == np.float32:
-        blocks = _gemm_blocks(a.shape[0], a.shape[1], op.n, op.k, regions, min_macs=REGION_MIN_MACS)
+    if kernel == "gemm_region":
+        blocks = _gemm_blocks(a.shape[0], a.shape[1], op.n, parts)
         bias_spec = None
         if op.has_bias:
             bias_spec = (typed(ins[2]), ins[2].offset, op.m, *op.bias_strides)
@@ -324,8 +289,8 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, jit: bool = False, regi
             op.activation, o, alpha=alpha, bias=bias_spec, beta=beta)
         if region is not None:
             return OpPlan((region,))
-    blocks = _gemm_blocks(a.shape[0], a.shape[1], op.n, op.k, pool.threads,
-                          align_m=rows_per_bias if a.shape[1] != op.m else 1)
+        kernel, parts = engine.without_regions().matmul(macs, True, vector)
+    blocks = _gemm_blocks(a.shape[0], a.shape[1], op.n, parts, align_m=rows_per_bias if a.shape[1] != op.m else 1)
     tasks = []
     for bi, m0, m1, n0, n1 in blocks:
         ob = o[bi, m0:m1, n0:n1]
@@ -369,20 +334,19 @@ def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out
     panels = once(("vector panels", weights.shape),
                   lambda: cpu_tiles.pack_panels(np.ascontiguousarray(weights.T), cpu_tiles.NR))
     plan = _packed_conv_region(conv, x.reshape(1, k, 1, 1), panels, out.reshape(1, n, 1),
-                               None if bias is None else bias[0].reshape(n, 1), regions, k * n, parts=regions)
+                               None if bias is None else bias[0].reshape(n, 1), regions, regions)
     return OpPlan(plan.work, op.scheme, plan.keep)  # the report names the product's scheme, not the convolution's
 
 
-def _gemm_blocks(batch: int, m: int, n: int, k: int, threads: int, align_m: int = 1,
-                 min_macs: int = PARALLEL_MIN_MACS) -> list[tuple[int | slice, int, int, int, int]]:
-    """(batch index, m0, m1, n0, n1) blocks of a batched [m, k] x [k, n] product for ``threads``:
-    whole products while there are enough of them, else the longer side of each cut into spans
-    (rows in multiples of ``align_m``); one block, the whole batch (index ``slice(None)``: one
-    batched call), when the product is too small to share: the transformer's attention products
-    ran faster as one call than as a block per head handed to the threads."""
-    if threads == 1 or batch * m * n * k < min_macs:
+def _gemm_blocks(batch: int, m: int, n: int, threads: int, align_m: int = 1) -> list[tuple[int | slice, int, int, int, int]]:
+    """(batch index, m0, m1, n0, n1) blocks of a batched [m, k] x [k, n] product for ``threads``
+    (``Engine.gemm``): whole products while there are enough of them, else the longer side of each
+    cut into spans (rows in multiples of ``align_m``); for one thread (a product too small to share),
+    one block, the whole batch (index ``slice(None)``: one batched call): the transformer's attention
+    products ran faster as one call than as a block per head handed to the threads."""
+    if threads == 1:
         return [(slice(None), 0, m, 0, n)]
-    parts = max(1, -(-threads * CHUNKS_PER_THREAD // batch))
+    parts = max(1, -(-threads * engines.CHUNKS_PER_THREAD // batch))
     if parts == 1:
         return [(bi, 0, m, 0, n) for bi in range(batch)]
     if n >= m or m // align_m < 2:
@@ -469,65 +433,60 @@ def _conv_pads(op) -> tuple[int, int, int, int]:
     return top, left, max(0, need_h - h - top), max(0, need_w - w - left)
 
 
-def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False, regions: int = 0,
-                 constants: PackedConstants | None = None):
+def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constants: PackedConstants | None = None):
     n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
     (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
     x = view(ins[0]).reshape(n, c, h, w)
     weight = view(ins[1]).reshape(oc, c // g, kh, kw)  # views, not copies: W may be a run-time tensor
     out = view(outs[0]).reshape(n, oc, oh * ow)
     bias = view(ins[2]).reshape(oc, 1) if op.has_bias else None
-    act = _epilogue(op.activation)
     pads = _conv_pads(op)
-    macs = n * oc * oh * ow * (c // g) * kh * kw
-    parts = _parts(pool, macs, PARALLEL_MIN_MACS)
     once = functools.partial(made_once, constants, ins[1])  # the weights in a kernel's layout, packed once
+    # op.scheme (decided by gpumnn.scheduler.schemes, which checked the geometry fits) names the kernel family
+    kernel, parts = engine.conv(op, CpuBackend.is_constant(ins[1]))
+    jit, regions = engine.jit, engine.regions
 
-    # op.scheme (decided by gpumnn.scheduler.schemes, which checked the geometry fits) names the kernel
-    if op.scheme == "winograd":
-        if regions:
-            return _winograd_region(op, x, weight.reshape(oc, c, kh, kw), out, bias, regions, once)
+    if kernel == "winograd_region":
+        return _winograd_region(op, x, weight.reshape(oc, c, kh, kw), out, bias, regions, once)
+    if kernel == "winograd":
         return _winograd(op, x, weight.reshape(oc, c, kh, kw), out, bias, pads, pool, parts, jit, once)
-    if op.scheme == "depthwise":
-        windows = n * c * kh * kw * oh * ow
-        if regions:
-            return _depthwise_compiled(op, x, weight, out, bias, pool, regions if windows >= REGION_MIN_WINDOWS else 1,
-                                       regions)
-        parts = _parts(pool, windows, DEPTHWISE_PARALLEL_MIN)
-        if jit:
-            return _depthwise_compiled(op, x, weight, out, bias, pool, parts)
+    if kernel == "depthwise_region":
+        return _depthwise_compiled(op, x, weight, out, bias, pool, parts, regions)
+    if kernel == "depthwise_compiled":
+        return _depthwise_compiled(op, x, weight, out, bias, pool, parts)
+    if kernel == "depthwise":
         return _depthwise(op, x, weight, out, pads, _conv_epilogue(op, out, bias, jit), pool, parts)
-    finish = _conv_epilogue(op, out, bias, jit)
     cg, ocg = c // g, oc // g
     k = cg * kh * kw
     w_packed = weight.reshape(g, ocg, k)
-    if op.scheme == "gemm1x1":  # 1x1 convolution is a GEMM on the input as it lies
+    if kernel == "gemm1x1_region":  # 1x1 convolution is a GEMM on the input as it lies
         xs = x.reshape(n, g, cg, h * w)
-        if regions:
-            region = _gemm_region(
-                (typed(ins[1]), typed(ins[0]), typed(outs[0])),
-                [(w_packed[gi, m0:m1], xs[b, gi, :, n0:n1], out[b, gi * ocg + m0:gi * ocg + m1, n0:n1], gi * ocg + m0, n0)
-                 for b in range(n) for gi in range(g)
-                 for _, m0, m1, n0, n1 in _gemm_blocks(1, ocg, h * w, cg, regions, min_macs=REGION_MIN_MACS)],
-                op.activation, out, bias=(typed(ins[2]), ins[2].offset, oc, 1, 0) if op.has_bias else None)
-            if region is not None:
-                return OpPlan((region,), "gemm1x1")
+        region = _gemm_region(
+            (typed(ins[1]), typed(ins[0]), typed(outs[0])),
+            [(w_packed[gi, m0:m1], xs[b, gi, :, n0:n1], out[b, gi * ocg + m0:gi * ocg + m1, n0:n1], gi * ocg + m0, n0)
+             for b in range(n) for gi in range(g) for _, m0, m1, n0, n1 in _gemm_blocks(1, ocg, h * w, parts)],
+            op.activation, out, bias=(typed(ins[2]), ins[2].offset, oc, 1, 0) if op.has_bias else None)
+        if region is not None:
+            return OpPlan((region,), "gemm1x1")
+        kernel, parts = engine.without_regions().conv(op, False)
+    finish = _conv_epilogue(op, out, bias, jit)
+    if kernel == "gemm1x1":
+        xs = x.reshape(n, g, cg, h * w)
         tasks = [(w_packed[gi, m0:m1], xs[b, gi, :, n0:n1], out[b, gi * ocg + m0:gi * ocg + m1, n0:n1],
                   (b, gi * ocg + m0, gi * ocg + m1, n0, n1))
-                 for b in range(n) for gi in range(g) for _, m0, m1, n0, n1 in _gemm_blocks(1, ocg, h * w, cg, pool.threads)]
+                 for b in range(n) for gi in range(g) for _, m0, m1, n0, n1 in _gemm_blocks(1, ocg, h * w, parts)]
         return OpPlan((_on_pool(pool, len(tasks), _gemm_chunk(tasks, finish)),), "gemm1x1")
-
-    if regions and g == 1:
-        if CpuBackend.is_constant(ins[1]) and k >= PACKED_MIN_DEPTH:
-            panels = once(("panels", w_packed.shape), lambda: cpu_tiles.pack_panels(w_packed[0], cpu_tiles.NR))
-            return _packed_conv_region(op, x, panels, out, bias, regions, macs)
-        return _im2col_region(op, x, w_packed[0], out, bias, regions, macs)
+    if kernel == "packed_region":
+        panels = once(("panels", w_packed.shape), lambda: cpu_tiles.pack_panels(w_packed[0], cpu_tiles.NR))
+        return _packed_conv_region(op, x, panels, out, bias, regions, parts)
+    if kernel == "im2col_region":
+        return _im2col_region(op, x, w_packed[0], out, bias, regions, parts)
     padded = _PaddedInput(x, pads, 0.0, (0, 0))
     windows = _window_view(padded.buf, op.kernel, op.strides, op.dilations, op.out_hw)  # [n, c, kh, kw, oh, ow]
-    if oh * ow >= ocg:
+    if kernel == "im2col_rows":
         # row blocks, each copying its own im2col columns into the thread's scratch and
         # multiplying them while they are in cache
-        rows = max(1, min(CHUNK_BYTES // (4 * k * ow), -(-oh // parts)))
+        rows = max(1, min(engines.CHUNK_BYTES // (4 * k * ow), -(-oh // parts)))
         scratch = [np.empty(k * rows * ow, dtype=np.float32) for _ in range(pool.threads)]
         tasks = [(windows[b, gi * cg:(gi + 1) * cg, :, :, r0:r1], w_packed[gi],
                   out[b, gi * ocg:(gi + 1) * ocg, r0 * ow:r1 * ow], (b, gi * ocg, (gi + 1) * ocg, r0 * ow, r1 * ow))
@@ -553,7 +512,8 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False, regi
     copy_runs = [_on_pool(pool, len(pairs), lambda i, slot, pairs=pairs: np.copyto(*pairs[i]))
                  for pairs in ([(cols[c0:c1], windows[b, c0:c1]) for c0, c1 in _spans(c, parts)] for b in range(n))]
     gemms = [[(w_packed[gi, m0:m1], cols2[gi], out[b, gi * ocg + m0:gi * ocg + m1], (b, gi * ocg + m0, gi * ocg + m1, 0, oh * ow))
-              for gi in range(g) for _, m0, m1, _, _ in _gemm_blocks(1, ocg, oh * ow, k, pool.threads)]
+              for gi in range(g)
+              for _, m0, m1, _, _ in _gemm_blocks(1, ocg, oh * ow, engine.gemm(ocg * oh * ow * k, region=False))]
              for b in range(n)]
     gemm_runs = [_on_pool(pool, len(tasks), _gemm_chunk(tasks, finish)) for tasks in gemms]
 
@@ -565,16 +525,16 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False, regi
     return OpPlan((run_im2col,), "im2col")
 
 
-def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, macs: int) -> OpPlan:
+def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts: int) -> OpPlan:
     """im2col as one native region per image (``cpu_parallel.im2col_blocks``): blocks of output
     rows (of output channels too where the image has fewer pixels than channels), each copying
     its windows into its thread's scratch, one BLAS product and the bias and a clamp while in
-    cache; padding is read as zeros in the copy, so no padded copy of the input."""
+    cache; padding is read as zeros in the copy, so no padded copy of the input. ``parts``: threads
+    to share it."""
     n, oc = op.batch, op.out_channels
     (oh, ow), (kh, kw) = op.out_hw, op.kernel
     k = weight.shape[1]
-    parts = regions if macs >= REGION_MIN_MACS else 1
-    fit = max(1, REGION_COLS_BYTES // (4 * k * ow))  # rows whose columns fit the scratch
+    fit = max(1, engines.REGION_COLS_BYTES // (4 * k * ow))  # rows whose columns fit the scratch
     channel_parts = parts if oh * ow < oc else 1
     rows = min(fit, oh) if channel_parts > 1 else min(fit, -(-oh // parts))
     blocks = np.array([(r0, r1, o0, o1) for r0, r1 in _spans(oh, -(-oh // rows))
@@ -592,24 +552,21 @@ def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, macs: int) 
                   keep=(b1, cols, blocks, fortran, scalars))
 
 
-def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, macs: int,
-                        parts: int | None = None) -> OpPlan:
+def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts: int) -> OpPlan:
     """im2col on constant weights as one native region per image (``cpu_parallel.packed_conv``):
     the weights packed into ``cpu_tiles``' panels once (``panels``); per run, the input copied into a
     zero-bordered buffer (where there is padding), its windows packed into pixel panels, and the
     register tile's products with the bias and a clamp on the way out. Blocks are spans of pixel
     panels, each packing its own, where the image has as many pixels as channels; else spans of
-    weight panels, all reading panels packed once. ``parts``: threads to share it (else by its
-    multiply-adds)."""
+    weight panels, all reading panels packed once. ``parts``: threads to share it."""
     n, oc = op.batch, op.out_channels
     (oh, ow), (h, w) = op.out_hw, op.in_hw
     k, pixels, mr = panels.shape[1], oh * ow, cpu_tiles.MR
-    parts = parts or (regions if macs >= REGION_MIN_MACS else 1)
     top, left, bottom, right = _conv_pads(op)
     padded = (h + top + bottom, w + left + right)
     bases, taps = cpu_parallel.packed_conv_tables(op.kernel, op.strides, op.dilations, (oh, ow), padded[1])
     count = -(-pixels // mr)  # pixel panels
-    fit = max(1, REGION_COLS_BYTES // (4 * k * mr))  # panels whose packing fits the scratch
+    fit = max(1, engines.REGION_COLS_BYTES // (4 * k * mr))  # panels whose packing fits the scratch
     shared = pixels < oc and parts > 1
     if shared:
         pixel_spans, panel_spans = _spans(count, -(-count // fit)), _spans(len(panels), parts)
@@ -712,7 +669,7 @@ def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: in
     act = _epilogue(op.activation)
     out4 = out.reshape(op.batch, oc, oh, ow)
     # tile-row spans of even length: ``parts`` of them, more where one would not fit CHUNK_BYTES of scratch
-    spans = _even_spans(th, max(parts, -(-th * tw * ah * aw * 4 * max(c, oc) // CHUNK_BYTES)))
+    spans = _even_spans(th, max(parts, -(-th * tw * ah * aw * 4 * max(c, oc) // engines.CHUNK_BYTES)))
     size = ah * aw * max(c, oc) * max(t1 - t0 for t0, t1 in spans) * tw
     scratch = [(np.empty(size, np.float32), np.empty(size, np.float32)) for _ in range(pool.threads)]
     if jit:  # the output tiles put in place with the bias and a clamp in one compiled pass
@@ -843,7 +800,7 @@ def _depthwise(op: A.Conv2D, x, weight, out, pads, finish, pool: Workers, parts:
     padded = _PaddedInput(x, pads, 0.0, (0, 0))
     windows = _window_view(padded.buf, op.kernel, op.strides, op.dilations, op.out_hw)  # [n, c, kh, kw, oh, ow]
     per_channel = 4 * (padded.buf.shape[2] * padded.buf.shape[3] + (taps + 1) * pixels)
-    per_block = max(1, min(CHUNK_BYTES // per_channel, -(-c // parts)))
+    per_block = max(1, min(engines.CHUNK_BYTES // per_channel, -(-c // parts)))
     w3 = weight.reshape(c, 1, taps)  # a view: W may be a run-time tensor
     out3 = out.reshape(n, c, 1, pixels)
     scratch = [np.empty(per_block * taps * pixels, dtype=np.float32) for _ in range(pool.threads)]
@@ -895,9 +852,9 @@ def _thread_scratch(threads: int, floats: int, fill: float = 0.0) -> np.ndarray:
     """[threads, ``floats`` rounded up to whole cache lines] float32, each thread's row starting
     on a cache line, so that no two threads write one line: rows side by side shared their edge
     lines, and the lines went back and forth between the cores (measured: bench/RESULTS.md)."""
-    width = -(-floats // CACHE_LINE_FLOATS) * CACHE_LINE_FLOATS
-    raw = np.full(threads * width + CACHE_LINE_FLOATS, fill, np.float32)
-    start = (-raw.ctypes.data % (4 * CACHE_LINE_FLOATS)) // 4
+    width = -(-floats // engines.CACHE_LINE_FLOATS) * engines.CACHE_LINE_FLOATS
+    raw = np.full(threads * width + engines.CACHE_LINE_FLOATS, fill, np.float32)
+    start = (-raw.ctypes.data % (4 * engines.CACHE_LINE_FLOATS)) // 4
     return raw[start:start + threads * width].reshape(threads, width)
 
 
@@ -1020,11 +977,11 @@ def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, regions: int 
         scratch = _thread_scratch(threads, (ow - 1) * sw + 3, border)  # a padded row per thread
         tail = (is_max, sh, sw, top, left)
     if regions:
-        parts = regions if windows >= REGION_MIN_WINDOWS else 1
+        parts = regions if windows >= engines.REGION_MIN_WINDOWS else 1
         bounds = _bounds(_spans(c, parts))
         images = [(x[b], out[b], scale, bounds, scratch, *tail) for b in range(n)]
         return OpPlan((_region_items(region, images, None, out),), keep=(scale, scratch))
-    parts = _parts(pool, windows, DEPTHWISE_PARALLEL_MIN)
+    parts = _parts(pool, windows, engines.DEPTHWISE_PARALLEL_MIN)
     spans = [(x[b, c0:c1], out[b, c0:c1], scale) for b in range(n) for c0, c1 in _spans(c, parts)]
     compiled = cpu_jit.bind(kernel, *spans[0], scratch[0], *tail)
     return OpPlan((_on_pool(pool, len(spans), lambda index, slot: compiled(*spans[index], scratch[slot], *tail)),),
@@ -1062,7 +1019,7 @@ def _separable_windows(xp: np.ndarray, kernel, strides, out: np.ndarray, combine
 def _row_bounds(rows: int, size: int, regions: int) -> np.ndarray:
     """A row-wise region's spans of ``rows`` rows of ``size``: one per thread once the tensor
     reaches ``REGION_MIN_ELEMENTS``, else one."""
-    return _bounds(_even_spans(rows, regions if rows * size >= REGION_MIN_ELEMENTS else 1))
+    return _bounds(_even_spans(rows, regions if rows * size >= engines.REGION_MIN_ELEMENTS else 1))
 
 
 def _make_softmax(op: A.Softmax, ins, outs, pool: Workers, jit: bool = False, regions: int = 0):
@@ -1224,14 +1181,11 @@ def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers):
     return OpPlan((lambda: cell_step(op, groups, gates, x, state, extra, out),))
 
 
-#: Where the Winograd kernel pays against im2col, per kernel: (output tiles, input channels, how
-#: many times fewer multiplications than the sliding window it must make: Eq. 2's C(n) with the
-#: transforms). "regions": ``_winograd_region`` (the register tile); "threads": ``_winograd`` (BLAS
-#: products on the Python threads). Measured per op with ``bench/cpu_winograd.py`` (bench/RESULTS.md).
-WINOGRAD_PAYS = {"regions": (16, 16, 1.6), "threads": (40, 64, 2.0)}
 _ANY_INT = frozenset({A.INT32})
 #: makers with a compiled variant (``jit=True``) for some of their ops
-_JIT_AWARE = frozenset({_make_conv2d, _make_pool2d, _make_matmul, _make_binary, _make_softmax, _make_normalize})
+_JIT_AWARE = frozenset({_make_pool2d, _make_binary, _make_softmax, _make_normalize})
+#: makers that ask the backend's ``Engine`` which kernel to build
+_ENGINE_AWARE = frozenset({_make_conv2d, _make_matmul})
 #: makers that pack constant weights (shared between run states: ``cpu_constants``)
 _PACKS_CONSTANTS = frozenset({_make_conv2d, _make_matmul})
 _MAKERS = {
@@ -1260,7 +1214,7 @@ class CpuBackend(Backend):
     #: NumPy computes every integer op; float-only kernels (convolution, pooling, ...) stay float32
     dtypes = {op: _ANY_INT for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.MatMul, A.Gather, A.Select,
                                       A.CumSum, A.TopK, A.Scatter, A.Pool2D)}
-    winograd_min_tiles, winograd_min_channels, winograd_min_saving = WINOGRAD_PAYS["threads"]
+    winograd_min_tiles, winograd_min_channels, winograd_min_saving = engines.WINOGRAD_PAYS["threads"]
 
     @property
     def default_concurrent_runs(self) -> int:
@@ -1302,8 +1256,9 @@ class CpuBackend(Backend):
         loops = f" and Numba {cpu_jit.numba.__version__}" if self.jit else ""
         if self.regions:
             loops += f" ({cpu_parallel.available_layer()} regions)"
-        if self.regions:  # the scheme step reads these: Winograd pays sooner on the register tile
-            self.winograd_min_tiles, self.winograd_min_channels, self.winograd_min_saving = WINOGRAD_PAYS["regions"]
+        self.engine = Engine(self.jit, self.regions, self.threads)
+        # the scheme step reads these: Winograd pays sooner on the register tile
+        self.winograd_min_tiles, self.winograd_min_channels, self.winograd_min_saving = self.engine.winograd_pays()
         self._info = BackendInfo("cpu", f"NumPy {np.__version__}{loops} on {self.threads} thread(s)",
                                  host_cpu_flops(self.threads), 0.0, float("inf"), is_gpu=False)
         self._pool = workers(self.threads)
@@ -1356,6 +1311,8 @@ class CpuBackend(Backend):
             return Execution(op, inputs, outputs, OpPlan((), "empty"))
         maker = _MAKERS[type(op)]
         packs = {"constants": self._packed} if maker in _PACKS_CONSTANTS else {}
+        if maker in _ENGINE_AWARE:
+            return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, engine=self.engine, **packs))
         if self.jit and maker in _JIT_AWARE:
             return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, jit=True, regions=self.regions,
                                                         **packs))
