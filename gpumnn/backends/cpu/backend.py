@@ -125,11 +125,6 @@ class _ThreadLimiter:
 # A maker with several kernels asks the backend's ``engines.Engine`` once which one, and builds it.
 # --------------------------------------------------------------------------------------------
 
-def _parts(pool: Workers, work: int, threshold: int) -> int:
-    """Chunks to cut an op into: ``CHUNKS_PER_THREAD`` per thread once ``work`` reaches ``threshold``."""
-    return pool.threads * engines.CHUNKS_PER_THREAD if pool.threads > 1 and work >= threshold else 1
-
-
 def _spans(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
     """[start, stop) spans cutting ``range(total)`` into at most ``parts`` pieces, each a
     multiple of ``align`` long (but the last)."""
@@ -912,15 +907,16 @@ def _make_conv_transpose2d(op: A.ConvTranspose2D, ins, outs, pool: Workers):
     return OpPlan((run,))
 
 
-def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, jit: bool = False, regions: int = 0):
+def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, engine: Engine):
     n, c = op.batch, op.channels
     (h, w), (oh, ow), (kh, kw), (sh, sw) = op.in_hw, op.out_hw, op.kernel, op.strides
     x = view(ins[0]).reshape(n, c, h, w)
     out = view(outs[0]).reshape(n, c, oh, ow)
-    if (kh, kw) == (h, w) and (oh, ow) == (1, 1) and not any(op.pads):  # global pooling
+    kernel, parts = engine.pool(op, x.dtype == np.float32)
+    if kernel in ("mean_rows_region", "global"):  # global pooling
         x3, o3 = x.reshape(n, c, h * w), out.reshape(n, c)
-        if regions and op.op == "avg" and x.dtype == np.float32:
-            bounds = _row_bounds(n * c, h * w, regions)
+        if kernel == "mean_rows_region":
+            bounds = _bounds(_even_spans(n * c, parts))
             args = (x3.reshape(n * c, h * w), o3.reshape(n * c), bounds)
             return OpPlan((_region_items(cpu_rows.mean_rows, [args], None, out),), "global", keep=(bounds,))
         reducer = np.max if op.op == "max" else np.mean
@@ -937,8 +933,8 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, jit: bool = False, regi
         count_h = np.minimum(starts_h + kh, hi_h) - np.maximum(starts_h, lo_h)
         count_w = np.minimum(starts_w + kw, hi_w) - np.maximum(starts_w, lo_w)
         inv_count = (1.0 / np.maximum(np.outer(count_h, count_w), 1)).astype(np.float32)
-    if jit and x.dtype == np.float32 and op.kernel == (3, 3):
-        return _pool_compiled(op, x, out, inv_count, pool, regions)
+    if kernel in ("pool3x3_region", "pool3x3"):
+        return _pool_compiled(op, x, out, inv_count, pool, parts, engine.regions)
     extent = ((oh - 1) * sh + kh, (ow - 1) * sw + kw)
     border = (np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf) if op.op == "max" else 0.0
     padded = _PaddedInput(x, op.pads, border, extent)
@@ -956,18 +952,17 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, jit: bool = False, regi
     return OpPlan((run_avg,))
 
 
-def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, regions: int = 0) -> OpPlan:
+def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, parts: int, regions: int = 0) -> OpPlan:
     """3x3 pooling as compiled loops on channel spans, reading the input in place (no padded
     copy): ``cpu_jit.pool3x3_same`` on flat planes where the output is the input's size at
     stride 1 (Inception's average pools), else ``cpu_jit.pool3x3`` row by row, each thread on
     its own scratch: faster than nine taps per output from rows split by phase (measured:
-    bench/RESULTS.md)."""
+    bench/RESULTS.md). ``parts``: channel spans; with ``regions``, each image's are one native region."""
     n, c = op.batch, op.channels
     (h, w), (oh, ow), (sh, sw), (top, left) = op.in_hw, op.out_hw, op.strides, op.pads[:2]
     is_max = op.op == "max"
     border, scale = (-np.inf, np.ones(op.out_hw, np.float32)) if is_max else (0.0, inv_count)
     threads = regions or pool.threads
-    windows = n * c * 9 * oh * ow
     if op.strides == (1, 1) and op.pads == (1, 1, 1, 1) and min(h, w) >= 2:
         x, out = x.reshape(n, c, h * w), out.reshape(n, c, h * w)
         kernel, region, scratch = cpu_jit.pool3x3_same, cpu_parallel.pool_same_spans, _thread_scratch(threads, h * w)
@@ -977,11 +972,9 @@ def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, regions: int 
         scratch = _thread_scratch(threads, (ow - 1) * sw + 3, border)  # a padded row per thread
         tail = (is_max, sh, sw, top, left)
     if regions:
-        parts = regions if windows >= engines.REGION_MIN_WINDOWS else 1
         bounds = _bounds(_spans(c, parts))
         images = [(x[b], out[b], scale, bounds, scratch, *tail) for b in range(n)]
         return OpPlan((_region_items(region, images, None, out),), keep=(scale, scratch))
-    parts = _parts(pool, windows, engines.DEPTHWISE_PARALLEL_MIN)
     spans = [(x[b, c0:c1], out[b, c0:c1], scale) for b in range(n) for c0, c1 in _spans(c, parts)]
     compiled = cpu_jit.bind(kernel, *spans[0], scratch[0], *tail)
     return OpPlan((_on_pool(pool, len(spans), lambda index, slot: compiled(*spans[index], scratch[slot], *tail)),),
@@ -1183,9 +1176,9 @@ def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers):
 
 _ANY_INT = frozenset({A.INT32})
 #: makers with a compiled variant (``jit=True``) for some of their ops
-_JIT_AWARE = frozenset({_make_pool2d, _make_binary, _make_softmax, _make_normalize})
+_JIT_AWARE = frozenset({_make_binary, _make_softmax, _make_normalize})
 #: makers that ask the backend's ``Engine`` which kernel to build
-_ENGINE_AWARE = frozenset({_make_conv2d, _make_matmul})
+_ENGINE_AWARE = frozenset({_make_conv2d, _make_matmul, _make_pool2d})
 #: makers that pack constant weights (shared between run states: ``cpu_constants``)
 _PACKS_CONSTANTS = frozenset({_make_conv2d, _make_matmul})
 _MAKERS = {
