@@ -168,21 +168,22 @@ def _make_unary(op: A.Unary, ins, outs, pool: Workers):
     return OpPlan((lambda: fn(x, o),))
 
 
-def _make_binary(op: A.Binary, ins, outs, pool: Workers, jit: bool = False, regions: int = 0):
+def _make_binary(op: A.Binary, ins, outs, pool: Workers, engine: Engine):
     o = view(outs[0]).reshape(op.out_shape)
     a = strided(ins[0], 0, op.out_shape, op.a_strides)
     b = strided(ins[1], 0, op.out_shape, op.b_strides)
     dims = merge_dims(op.out_shape, contiguous_strides(op.out_shape), op.a_strides, op.b_strides)
-    if (regions and op.op == "add" and o.dtype == a.dtype == b.dtype == np.float32
-            and cpu_jit.clamp_of(op.activation) is not None):
-        size = o.size
+    size = o.size
+    kernel, parts = engine.elementwise(size, op.op == "add" and o.dtype == a.dtype == b.dtype == np.float32
+                                       and cpu_jit.clamp_of(op.activation) is not None)
+    if kernel == "sum_region":  # where the operands' layout allows: dense, or a value per row
         if one_run(dims):
             return _sum_region(strided(ins[0], 0, (size,), (1,)), strided(ins[1], 0, (size,), (1,)), o.reshape(size),
-                               op.activation, regions)
+                               op.activation, parts)
         for dense, row_values, side in ((ins[0], ins[1], 2), (ins[1], ins[0], 1)):
             if _row_broadcast(dims, side):
                 return _row_sum_region(strided(dense, 0, (size,), (1,)), row_values, dims, side, o.reshape(size),
-                                       op.activation, regions)
+                                       op.activation, parts)
     fn = binary_function(op.op, a.dtype)
     act = _epilogue(op.activation)
 
@@ -202,7 +203,7 @@ def _row_broadcast(dims: list[tuple[int, ...]], side: int) -> bool:
 
 
 def _row_sum_region(dense: np.ndarray, values: TensorHandle, dims: list[tuple[int, ...]], side: int, out: np.ndarray,
-                    activation: A.Activation, regions: int) -> OpPlan:
+                    activation: A.Activation, parts: int) -> OpPlan:
     """out = clamp(dense + a value per row) as one pass on the region's threads
     (``cpu_parallel.row_sum_spans``): a bias added after an average pool (``optimize``'s
     ``pointwise_before_average_pool``) and its ReLU. NumPy's broadcast add and clamp took 0.07-0.26
@@ -214,17 +215,16 @@ def _row_sum_region(dense: np.ndarray, values: TensorHandle, dims: list[tuple[in
         index = (index[:, None] + np.arange(size, dtype=np.int64)[None, :] * strides[side]).reshape(-1)
     flat = strided(values, 0, (int(index.max()) + 1,), (1,))
     lo, hi, _ = _compiled_clamp(activation)
-    bounds = _row_bounds(index.size, width, regions)
+    bounds = _bounds(_even_spans(index.size, parts))
     return OpPlan((_region_items(cpu_parallel.row_sum_spans, [(dense, flat, index, out, bounds, width, lo, hi)],
                                  None, out),), "sum", keep=(index, bounds))
 
 
-def _sum_region(a: np.ndarray, b: np.ndarray, out: np.ndarray, activation: A.Activation, regions: int) -> OpPlan:
+def _sum_region(a: np.ndarray, b: np.ndarray, out: np.ndarray, activation: A.Activation, parts: int) -> OpPlan:
     """out = clamp(a + b) (a residual connection and its ReLU) as one pass on the region's
     threads (``cpu_parallel.sum_spans``), where NumPy made two on one thread (the sum, then the
-    clamp). Measured: bench/RESULTS.md."""
+    clamp). ``parts``: spans. Measured: bench/RESULTS.md."""
     lo, hi, _ = _compiled_clamp(activation)
-    parts = regions if out.size >= engines.REGION_MIN_ELEMENTS else 1
     bounds = _bounds(_spans(out.size, parts, align=engines.CACHE_LINE_FLOATS))
     return OpPlan((_region_items(cpu_parallel.sum_spans, [(a, b, out, bounds, lo, hi)], None, out),), "sum")
 
@@ -1009,17 +1009,12 @@ def _separable_windows(xp: np.ndarray, kernel, strides, out: np.ndarray, combine
     return run
 
 
-def _row_bounds(rows: int, size: int, regions: int) -> np.ndarray:
-    """A row-wise region's spans of ``rows`` rows of ``size``: one per thread once the tensor
-    reaches ``REGION_MIN_ELEMENTS``, else one."""
-    return _bounds(_even_spans(rows, regions if rows * size >= engines.REGION_MIN_ELEMENTS else 1))
-
-
-def _make_softmax(op: A.Softmax, ins, outs, pool: Workers, jit: bool = False, regions: int = 0):
+def _make_softmax(op: A.Softmax, ins, outs, pool: Workers, engine: Engine):
     x = view(ins[0]).reshape(op.outer, op.size, op.inner)
     o = view(outs[0]).reshape(op.outer, op.size, op.inner)
-    if regions and op.inner == 1 and o.dtype == x.dtype == np.float32:  # along the last axis: rows
-        bounds = _row_bounds(op.outer, op.size, regions)
+    kernel, parts = engine.rows(op.outer, op.size, op.inner == 1 and o.dtype == x.dtype == np.float32)
+    if kernel == "rows_region":  # along the last axis: rows
+        bounds = _bounds(_even_spans(op.outer, parts))
         args = (x.reshape(op.outer, op.size), o.reshape(op.outer, op.size), bounds, op.log)
         return OpPlan((_region_items(cpu_rows.softmax_rows, [args], None, o),), keep=(bounds,))
     peak = np.empty((op.outer, 1, op.inner), dtype=np.float32)
@@ -1038,13 +1033,14 @@ def _make_softmax(op: A.Softmax, ins, outs, pool: Workers, jit: bool = False, re
     return OpPlan((run,))
 
 
-def _make_normalize(op: A.Normalize, ins, outs, pool: Workers, jit: bool = False, regions: int = 0):
+def _make_normalize(op: A.Normalize, ins, outs, pool: Workers, engine: Engine):
     x = view(ins[0]).reshape(op.outer, op.size)
     o = view(outs[0]).reshape(op.outer, op.size)
     scale = view(ins[1]).reshape(1, op.size) if op.has_affine else None
     shift = view(ins[2]).reshape(1, op.size) if op.has_affine else None
-    if regions and o.dtype == x.dtype == np.float32:
-        bounds = _row_bounds(op.outer, op.size, regions)
+    kernel, parts = engine.rows(op.outer, op.size, o.dtype == x.dtype == np.float32)
+    if kernel == "rows_region":
+        bounds = _bounds(_even_spans(op.outer, parts))
         unit = np.ones(1, np.float32)  # stands for scale and shift without an affine step (never read)
         args = (x, o, unit if scale is None else scale[0], unit if shift is None else shift[0], np.float32(op.eps),
                 op.has_affine, bounds)
@@ -1175,10 +1171,8 @@ def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers):
 
 
 _ANY_INT = frozenset({A.INT32})
-#: makers with a compiled variant (``jit=True``) for some of their ops
-_JIT_AWARE = frozenset({_make_binary, _make_softmax, _make_normalize})
-#: makers that ask the backend's ``Engine`` which kernel to build
-_ENGINE_AWARE = frozenset({_make_conv2d, _make_matmul, _make_pool2d})
+#: makers with a compiled or region kernel for some of their ops: they ask the backend's ``Engine`` which
+_ENGINE_AWARE = frozenset({_make_conv2d, _make_pool2d, _make_matmul, _make_binary, _make_softmax, _make_normalize})
 #: makers that pack constant weights (shared between run states: ``cpu_constants``)
 _PACKS_CONSTANTS = frozenset({_make_conv2d, _make_matmul})
 _MAKERS = {
@@ -1306,9 +1300,6 @@ class CpuBackend(Backend):
         packs = {"constants": self._packed} if maker in _PACKS_CONSTANTS else {}
         if maker in _ENGINE_AWARE:
             return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, engine=self.engine, **packs))
-        if self.jit and maker in _JIT_AWARE:
-            return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, jit=True, regions=self.regions,
-                                                        **packs))
         return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, **packs))
 
     def _record(self, executions: list[Execution]) -> list[Callable[[], None]]:

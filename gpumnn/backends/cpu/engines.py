@@ -150,3 +150,17 @@ class Engine:
                 return Choice("pool3x3_region", self.shared(windows, REGION_MIN_WINDOWS))
             return Choice("pool3x3", self.chunks(windows, DEPTHWISE_PARALLEL_MIN))
         return Choice("separable")
+
+    def elementwise(self, size: int, fusable: bool) -> Choice:
+        """A binary op of ``size`` elements; ``fusable``: a float32 sum with a clamp or none (a
+        residual connection and its ReLU), one pass in a region where its operands' layout allows."""
+        if self.regions and fusable:
+            return Choice("sum_region", self.shared(size, REGION_MIN_ELEMENTS))
+        return Choice("numpy")
+
+    def rows(self, rows: int, size: int, fits: bool) -> Choice:
+        """A row-wise op (softmax, normalisation) on ``rows`` rows of ``size``; ``fits``: float32
+        rows the region's loops take. ``parts``: row spans."""
+        if self.regions and fits:
+            return Choice("rows_region", self.shared(rows * size, REGION_MIN_ELEMENTS))
+        return Choice("numpy")
