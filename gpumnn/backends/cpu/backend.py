@@ -19,7 +19,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ... import atomic as A
-from ..base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, OpPlan, TensorHandle, constant_words, host_out, kernels_option
+from ..base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, KernelWork, TensorHandle, constant_words, host_out, kernels_option
 from ...errors import BackendOptionError, BackendUnavailableError
 from ..limits import MemoryLimits, host_limits
 from . import activations as cpu_activations, engines, jit as cpu_jit, parallel as cpu_parallel, rows as cpu_rows, tiles as cpu_tiles
@@ -121,7 +121,7 @@ class _ThreadLimiter:
 
 
 # --------------------------------------------------------------------------------------------
-# One maker per atomic op: binds views and scratch, returns an OpPlan of the callables that do the work.
+# One maker per atomic op: binds views and scratch, returns a KernelWork of the callables that do the work.
 # A maker with several kernels asks the backend's ``engines.Engine`` once which one, and builds it.
 # --------------------------------------------------------------------------------------------
 
@@ -159,13 +159,13 @@ def _make_raster(op: A.Raster, ins, outs, pool: Workers):
             out_flat.fill(fill)
         for src, dst in copies:
             np.copyto(dst, src)
-    return OpPlan((run,))
+    return KernelWork((run,))
 
 
 def _make_unary(op: A.Unary, ins, outs, pool: Workers):
     x, o = flat(ins[0]), flat(outs[0])
     fn = unary_function(op.op, op.params, o.dtype)
-    return OpPlan((lambda: fn(x, o),))
+    return KernelWork((lambda: fn(x, o),))
 
 
 def _make_binary(op: A.Binary, ins, outs, pool: Workers, engine: Engine):
@@ -191,7 +191,7 @@ def _make_binary(op: A.Binary, ins, outs, pool: Workers, engine: Engine):
         fn(a, b, o)
         if act:
             act(o)
-    return OpPlan((run,))
+    return KernelWork((run,))
 
 
 def _row_broadcast(dims: list[tuple[int, ...]], side: int) -> bool:
@@ -203,7 +203,7 @@ def _row_broadcast(dims: list[tuple[int, ...]], side: int) -> bool:
 
 
 def _row_sum_region(dense: np.ndarray, values: TensorHandle, dims: list[tuple[int, ...]], side: int, out: np.ndarray,
-                    activation: A.Activation, parts: int) -> OpPlan:
+                    activation: A.Activation, parts: int) -> KernelWork:
     """out = clamp(dense + a value per row) as one pass on the region's threads
     (``cpu_parallel.row_sum_spans``): a bias added after an average pool (``optimize``'s
     ``pointwise_before_average_pool``) and its ReLU. NumPy's broadcast add and clamp took 0.07-0.26
@@ -216,17 +216,17 @@ def _row_sum_region(dense: np.ndarray, values: TensorHandle, dims: list[tuple[in
     flat = strided(values, 0, (int(index.max()) + 1,), (1,))
     lo, hi, _ = _compiled_clamp(activation)
     bounds = _bounds(_even_spans(index.size, parts))
-    return OpPlan((_region_items(cpu_parallel.row_sum_spans, [(dense, flat, index, out, bounds, width, lo, hi)],
+    return KernelWork((_region_items(cpu_parallel.row_sum_spans, [(dense, flat, index, out, bounds, width, lo, hi)],
                                  None, out),), "sum", keep=(index, bounds))
 
 
-def _sum_region(a: np.ndarray, b: np.ndarray, out: np.ndarray, activation: A.Activation, parts: int) -> OpPlan:
+def _sum_region(a: np.ndarray, b: np.ndarray, out: np.ndarray, activation: A.Activation, parts: int) -> KernelWork:
     """out = clamp(a + b) (a residual connection and its ReLU) as one pass on the region's
     threads (``cpu_parallel.sum_spans``), where NumPy made two on one thread (the sum, then the
     clamp). ``parts``: spans. Measured: bench/RESULTS.md."""
     lo, hi, _ = _compiled_clamp(activation)
     bounds = _bounds(_spans(out.size, parts, align=engines.CACHE_LINE_FLOATS))
-    return OpPlan((_region_items(cpu_parallel.sum_spans, [(a, b, out, bounds, lo, hi)], None, out),), "sum")
+    return KernelWork((_region_items(cpu_parallel.sum_spans, [(a, b, out, bounds, lo, hi)], None, out),), "sum")
 
 
 def _make_reduce(op: A.Reduce, ins, outs, pool: Workers):
@@ -239,11 +239,11 @@ def _make_reduce(op: A.Reduce, ins, outs, pool: Workers):
         def run_arg():
             arg(x, axis=1, out=found)
             np.copyto(o, found, casting="unsafe")
-        return OpPlan((run_arg,))
+        return KernelWork((run_arg,))
     if op.op == "mean" and o.dtype.kind != "f":
-        return OpPlan((lambda: np.copyto(o, np.mean(x, axis=1), casting="unsafe"),))  # integer mean truncates
+        return KernelWork((lambda: np.copyto(o, np.mean(x, axis=1), casting="unsafe"),))  # integer mean truncates
     reducer = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}[op.op]
-    return OpPlan((lambda: reducer(x, axis=1, out=o),))
+    return KernelWork((lambda: reducer(x, axis=1, out=o),))
 
 
 def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constants: PackedConstants | None = None):
@@ -283,7 +283,7 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constan
              for bi, m0, m1, n0, n1 in _expand_batch(blocks, a.shape[0])],
             op.activation, o, alpha=alpha, bias=bias_spec, beta=beta)
         if region is not None:
-            return OpPlan((region,))
+            return KernelWork((region,))
         kernel, parts = engine.without_regions().matmul(macs, True, vector)
     blocks = _gemm_blocks(a.shape[0], a.shape[1], op.n, parts, align_m=rows_per_bias if a.shape[1] != op.m else 1)
     tasks = []
@@ -312,11 +312,11 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constan
             np.add(target, bias_rows, out=target)
         if act:
             act(ob)
-    return OpPlan((_on_pool(pool, len(tasks), chunk),))
+    return KernelWork((_on_pool(pool, len(tasks), chunk),))
 
 
 def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
-                           regions: int, once: Callable) -> OpPlan:
+                           regions: int, once: Callable) -> KernelWork:
     """A vector times a constant matrix (a classifier's last layer: M = 1), x [K] @ weights [K, N]
     -> out [N], as a 1x1 convolution of one pixel (``_packed_conv_region``): the matrix packed into
     the register tile's panels once, and each run reads them once, half on each thread. BLAS's
@@ -328,9 +328,9 @@ def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out
                     activation=op.activation, has_bias=bias is not None, scheme="gemm1x1")
     panels = once(("vector panels", weights.shape),
                   lambda: cpu_tiles.pack_panels(np.ascontiguousarray(weights.T), cpu_tiles.NR))
-    plan = _packed_conv_region(conv, x.reshape(1, k, 1, 1), panels, out.reshape(1, n, 1),
+    made = _packed_conv_region(conv, x.reshape(1, k, 1, 1), panels, out.reshape(1, n, 1),
                                None if bias is None else bias[0].reshape(n, 1), regions, regions)
-    return OpPlan(plan.work, op.scheme, plan.keep)  # the report names the product's scheme, not the convolution's
+    return KernelWork(made.work, op.scheme, made.keep)  # the report names the product's scheme, not the convolution's
 
 
 def _gemm_blocks(batch: int, m: int, n: int, threads: int, align_m: int = 1) -> list[tuple[int | slice, int, int, int, int]]:
@@ -462,7 +462,7 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
              for b in range(n) for gi in range(g) for _, m0, m1, n0, n1 in _gemm_blocks(1, ocg, h * w, parts)],
             op.activation, out, bias=(typed(ins[2]), ins[2].offset, oc, 1, 0) if op.has_bias else None)
         if region is not None:
-            return OpPlan((region,), "gemm1x1")
+            return KernelWork((region,), "gemm1x1")
         kernel, parts = engine.without_regions().conv(op, False)
     finish = _conv_epilogue(op, out, bias, jit)
     if kernel == "gemm1x1":
@@ -470,7 +470,7 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
         tasks = [(w_packed[gi, m0:m1], xs[b, gi, :, n0:n1], out[b, gi * ocg + m0:gi * ocg + m1, n0:n1],
                   (b, gi * ocg + m0, gi * ocg + m1, n0, n1))
                  for b in range(n) for gi in range(g) for _, m0, m1, n0, n1 in _gemm_blocks(1, ocg, h * w, parts)]
-        return OpPlan((_on_pool(pool, len(tasks), _gemm_chunk(tasks, finish)),), "gemm1x1")
+        return KernelWork((_on_pool(pool, len(tasks), _gemm_chunk(tasks, finish)),), "gemm1x1")
     if kernel == "packed_region":
         panels = once(("panels", w_packed.shape), lambda: cpu_tiles.pack_panels(w_packed[0], cpu_tiles.NR))
         return _packed_conv_region(op, x, panels, out, bias, regions, parts)
@@ -498,7 +498,7 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
         def run_row_blocks():
             padded.refresh()
             run_rows()
-        return OpPlan((run_row_blocks,), "im2col")
+        return KernelWork((run_row_blocks,), "im2col")
 
     # fewer output pixels than channels: the columns once (channel spans in parallel), then row
     # spans of the weights against all of them
@@ -517,10 +517,10 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
         for copy, gemm in zip(copy_runs, gemm_runs):
             copy()
             gemm()
-    return OpPlan((run_im2col,), "im2col")
+    return KernelWork((run_im2col,), "im2col")
 
 
-def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts: int) -> OpPlan:
+def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts: int) -> KernelWork:
     """im2col as one native region per image (``cpu_parallel.im2col_blocks``): blocks of output
     rows (of output channels too where the image has fewer pixels than channels), each copying
     its windows into its thread's scratch, one BLAS product and the bias and a clamp while in
@@ -543,11 +543,11 @@ def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts: int)
     scalars = np.array([1.0, 0.0], np.float32)
     images = [(cpu_parallel.SGEMM, x[b], weight, out4[b], b1, blocks, fortran, scalars, cols, geometry, lo, hi, epilogue)
               for b in range(n)]
-    return OpPlan((_region_items(cpu_parallel.im2col_blocks, images, act, out),), "im2col",
+    return KernelWork((_region_items(cpu_parallel.im2col_blocks, images, act, out),), "im2col",
                   keep=(b1, cols, blocks, fortran, scalars))
 
 
-def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts: int) -> OpPlan:
+def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts: int) -> KernelWork:
     """im2col on constant weights as one native region per image (``cpu_parallel.packed_conv``):
     the weights packed into ``cpu_tiles``' panels once (``panels``); per run, the input copied into a
     zero-bordered buffer (where there is padding), its windows packed into pixel panels, and the
@@ -580,7 +580,7 @@ def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts:
     pixels_outer = panels.nbytes <= packs[0].nbytes  # the smaller operand in the inner loop, in cache
     images = [(x[b], xp, inner, bases, taps, panels, out4[b], b1, pack_bounds, blocks, packs, accs, shared, pixels_outer,
                lo, hi, epilogue) for b in range(n)]
-    return OpPlan((_region_items(cpu_parallel.packed_conv, images, act, out),), "im2col",
+    return KernelWork((_region_items(cpu_parallel.packed_conv, images, act, out),), "im2col",
                   keep=(panels, b1, xp, bases, taps, pack_bounds, blocks, packs, accs))
 
 
@@ -639,7 +639,7 @@ def _gemm_chunk(tasks: list, finish: Callable[..., None]) -> Callable[[int, int]
     return chunk
 
 
-def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: int, jit: bool, once: Callable) -> OpPlan:
+def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: int, jit: bool, once: Callable) -> KernelWork:
     """Winograd F(n x n, k x k) (``op.winograd_tile``; the scheme step chose it; a rectangular
     kernel's tile and alpha per axis, ``winograd.conv_matrices``) in chunks of tile rows, each in
     the thread's scratch while in cache: its [alpha, alpha, C, tiles] input tiles copied out of
@@ -705,10 +705,10 @@ def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: in
     def run():
         padded.refresh()
         run_chunks()
-    return OpPlan((run,), "winograd")
+    return KernelWork((run,), "winograd")
 
 
-def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Callable) -> OpPlan:
+def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Callable) -> KernelWork:
     """Winograd (a tile and alpha per axis: 1D tiles for a 1x7 or 7x1 kernel) as one native
     region per image (``cpu_parallel.winograd_packed``) on the register tile: the weights
     transformed (G_h W G_w^T) and packed into ``cpu_tiles``' panels once, here; per
@@ -748,7 +748,7 @@ def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Cal
     out4 = out.reshape(op.batch, oc, oh, ow)
     images = [(x[b], xp, inner, bases, b_rows, b_cols, a_rows, a_cols, u, v, scratch, out4[b], b1, geometry, lo, hi)
               for b in range(op.batch)]
-    return OpPlan((_region_items(cpu_parallel.winograd_packed, images, act, out),), "winograd",
+    return KernelWork((_region_items(cpu_parallel.winograd_packed, images, act, out),), "winograd",
                   keep=(u, b_rows, b_cols, a_rows, a_cols, xp, bases, v, scratch, b1))
 
 
@@ -784,7 +784,7 @@ def _tile_places(out3: np.ndarray, tile: tuple[int, int], t0: int, t1: int) -> l
     return places
 
 
-def _depthwise(op: A.Conv2D, x, weight, out, pads, finish, pool: Workers, parts: int) -> OpPlan:
+def _depthwise(op: A.Conv2D, x, weight, out, pads, finish, pool: Workers, parts: int) -> KernelWork:
     """Channel blocks, each in two passes: one copy of its KH*KW shifted windows into the
     thread's scratch, then one batched [1, KH*KW] x [KH*KW, pixels] product per channel (BLAS),
     bias and activation after: faster at MobileNet's sizes than a multiply and an add per tap
@@ -811,10 +811,10 @@ def _depthwise(op: A.Conv2D, x, weight, out, pads, finish, pool: Workers, parts:
         np.copyto(cols.reshape(src.shape), src)
         np.matmul(wb, cols.reshape(c1 - c0, taps, pixels), out=ob)
         finish(*block)
-    return OpPlan((_on_pool(pool, len(tasks), block),), "depthwise")
+    return KernelWork((_on_pool(pool, len(tasks), block),), "depthwise")
 
 
-def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts: int, regions: int = 0) -> OpPlan:
+def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts: int, regions: int = 0) -> KernelWork:
     """The depthwise convolution as ``cpu_jit``'s one-pass loops on channel spans, the bias and a
     clamp activation applied in the loop (others after, on the span), each thread on its own
     scratch plane: one pass where ``_depthwise`` makes several (measured: bench/RESULTS.md).
@@ -831,7 +831,7 @@ def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts
         bounds = _bounds(_spans(c, parts))
         regions_of = [cpu_parallel.depthwise_region(kernel, (x[b], w3, b1, out4[b], bounds, *scratch, *tail))
                       for b in range(n)]
-        return OpPlan((_region_items(regions_of[0][0], [args for _, args in regions_of], act, out),), "depthwise",
+        return KernelWork((_region_items(regions_of[0][0], [args for _, args in regions_of], act, out),), "depthwise",
                       keep=(b1, scratch))
     spans = [(x[b, c0:c1], w3[c0:c1], b1[c0:c1], out4[b, c0:c1]) for b in range(n) for c0, c1 in _spans(c, parts)]
     compiled = cpu_jit.bind(kernel, *spans[0], scratch[0][0], scratch[1][0], *tail)
@@ -840,7 +840,7 @@ def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts
         compiled(*spans[index], scratch[0][slot], scratch[1][slot], *tail)
         if act:
             act(spans[index][3])
-    return OpPlan((_on_pool(pool, len(spans), span),), "depthwise", keep=(b1, scratch))
+    return KernelWork((_on_pool(pool, len(spans), span),), "depthwise", keep=(b1, scratch))
 
 
 def _thread_scratch(threads: int, floats: int, fill: float = 0.0) -> np.ndarray:
@@ -904,7 +904,7 @@ def _make_conv_transpose2d(op: A.ConvTranspose2D, ins, outs, pool: Workers):
             np.add(out, bias, out=out)
         if act:
             act(out)
-    return OpPlan((run,))
+    return KernelWork((run,))
 
 
 def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, engine: Engine):
@@ -918,9 +918,9 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, engine: Engine):
         if kernel == "mean_rows_region":
             bounds = _bounds(_even_spans(n * c, parts))
             args = (x3.reshape(n * c, h * w), o3.reshape(n * c), bounds)
-            return OpPlan((_region_items(cpu_rows.mean_rows, [args], None, out),), "global", keep=(bounds,))
+            return KernelWork((_region_items(cpu_rows.mean_rows, [args], None, out),), "global", keep=(bounds,))
         reducer = np.max if op.op == "max" else np.mean
-        return OpPlan((lambda: reducer(x3, axis=2, out=o3),), "global")
+        return KernelWork((lambda: reducer(x3, axis=2, out=o3),), "global")
     top, left, bottom, right = op.pads
     inv_count = None
     if op.op != "max":
@@ -943,16 +943,16 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, engine: Engine):
         def run_max():
             padded.refresh()
             reduce_windows()
-        return OpPlan((run_max,))
+        return KernelWork((run_max,))
 
     def run_avg():
         padded.refresh()
         reduce_windows()
         np.multiply(out, inv_count, out=out)
-    return OpPlan((run_avg,))
+    return KernelWork((run_avg,))
 
 
-def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, parts: int, regions: int = 0) -> OpPlan:
+def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, parts: int, regions: int = 0) -> KernelWork:
     """3x3 pooling as compiled loops on channel spans, reading the input in place (no padded
     copy): ``cpu_jit.pool3x3_same`` on flat planes where the output is the input's size at
     stride 1 (Inception's average pools), else ``cpu_jit.pool3x3`` row by row, each thread on
@@ -974,10 +974,10 @@ def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, parts: int, r
     if regions:
         bounds = _bounds(_spans(c, parts))
         images = [(x[b], out[b], scale, bounds, scratch, *tail) for b in range(n)]
-        return OpPlan((_region_items(region, images, None, out),), keep=(scale, scratch))
+        return KernelWork((_region_items(region, images, None, out),), keep=(scale, scratch))
     spans = [(x[b, c0:c1], out[b, c0:c1], scale) for b in range(n) for c0, c1 in _spans(c, parts)]
     compiled = cpu_jit.bind(kernel, *spans[0], scratch[0], *tail)
-    return OpPlan((_on_pool(pool, len(spans), lambda index, slot: compiled(*spans[index], scratch[slot], *tail)),),
+    return KernelWork((_on_pool(pool, len(spans), lambda index, slot: compiled(*spans[index], scratch[slot], *tail)),),
                   keep=(scale, scratch))
 
 
@@ -1016,7 +1016,7 @@ def _make_softmax(op: A.Softmax, ins, outs, pool: Workers, engine: Engine):
     if kernel == "rows_region":  # along the last axis: rows
         bounds = _bounds(_even_spans(op.outer, parts))
         args = (x.reshape(op.outer, op.size), o.reshape(op.outer, op.size), bounds, op.log)
-        return OpPlan((_region_items(cpu_rows.softmax_rows, [args], None, o),), keep=(bounds,))
+        return KernelWork((_region_items(cpu_rows.softmax_rows, [args], None, o),), keep=(bounds,))
     peak = np.empty((op.outer, 1, op.inner), dtype=np.float32)
     total = np.empty_like(peak)
 
@@ -1030,7 +1030,7 @@ def _make_softmax(op: A.Softmax, ins, outs, pool: Workers, engine: Engine):
             np.exp(o, out=o)
             np.sum(o, axis=1, keepdims=True, out=total)
             np.divide(o, total, out=o)
-    return OpPlan((run,))
+    return KernelWork((run,))
 
 
 def _make_normalize(op: A.Normalize, ins, outs, pool: Workers, engine: Engine):
@@ -1044,7 +1044,7 @@ def _make_normalize(op: A.Normalize, ins, outs, pool: Workers, engine: Engine):
         unit = np.ones(1, np.float32)  # stands for scale and shift without an affine step (never read)
         args = (x, o, unit if scale is None else scale[0], unit if shift is None else shift[0], np.float32(op.eps),
                 op.has_affine, bounds)
-        return OpPlan((_region_items(cpu_rows.normalize_rows, [args], None, o),), keep=(bounds, unit))
+        return KernelWork((_region_items(cpu_rows.normalize_rows, [args], None, o),), keep=(bounds, unit))
     mean = np.empty((op.outer, 1), dtype=np.float32)
     var = np.empty_like(mean)
 
@@ -1058,7 +1058,7 @@ def _make_normalize(op: A.Normalize, ins, outs, pool: Workers, engine: Engine):
         if scale is not None:
             np.multiply(o, scale, out=o)
             np.add(o, shift, out=o)
-    return OpPlan((run,))
+    return KernelWork((run,))
 
 
 def _make_resize(op: A.Resize, ins, outs, pool: Workers):
@@ -1072,14 +1072,14 @@ def _make_resize(op: A.Resize, ins, outs, pool: Workers):
         def run_nearest():
             np.take(x, rows.lo, axis=1, out=picked)
             np.take(picked, cols.lo, axis=2, out=out)
-        return OpPlan((run_nearest,))
+        return KernelWork((run_nearest,))
     fh, fw = rows.frac.reshape(1, oh, 1), cols.frac.reshape(1, 1, ow)
 
     def run_linear():
         top = x[:, rows.lo][:, :, cols.lo] * (1 - fw) + x[:, rows.lo][:, :, cols.hi] * fw
         bottom = x[:, rows.hi][:, :, cols.lo] * (1 - fw) + x[:, rows.hi][:, :, cols.hi] * fw
         np.copyto(out, top * (1 - fh) + bottom * fh)
-    return OpPlan((run_linear,))
+    return KernelWork((run_linear,))
 
 
 def _make_gather(op: A.Gather, ins, outs, pool: Workers):
@@ -1092,7 +1092,7 @@ def _make_gather(op: A.Gather, ins, outs, pool: Workers):
         idx[idx < 0] += op.axis
         np.clip(idx, 0, op.axis - 1, out=idx)  # the contract: out-of-range indices clamp
         np.take(data, idx, axis=1, out=out)
-    return OpPlan((run,))
+    return KernelWork((run,))
 
 
 def _make_select(op: A.Select, ins, outs, pool: Workers):
@@ -1106,7 +1106,7 @@ def _make_select(op: A.Select, ins, outs, pool: Workers):
         np.not_equal(cond, 0, out=mask)
         np.copyto(o, b)
         np.copyto(o, a, where=mask)
-    return OpPlan((run,))
+    return KernelWork((run,))
 
 
 def _make_cumsum(op: A.CumSum, ins, outs, pool: Workers):
@@ -1115,12 +1115,12 @@ def _make_cumsum(op: A.CumSum, ins, outs, pool: Workers):
     if op.reverse:  # the same running sum over reversed views
         x, o = x[:, ::-1], o[:, ::-1]
     if not op.exclusive:
-        return OpPlan((lambda: np.cumsum(x, axis=1, out=o),))
+        return KernelWork((lambda: np.cumsum(x, axis=1, out=o),))
 
     def run_exclusive():
         o[:, :1] = 0
         np.cumsum(x[:, :-1], axis=1, out=o[:, 1:])
-    return OpPlan((run_exclusive,))
+    return KernelWork((run_exclusive,))
 
 
 def _make_topk(op: A.TopK, ins, outs, pool: Workers):
@@ -1131,7 +1131,7 @@ def _make_topk(op: A.TopK, ins, outs, pool: Workers):
         keys = x.astype(np.float64) if x.dtype.kind != "f" else x
         order = np.argsort(-keys if op.largest else keys, axis=1, kind="stable")  # ties: lower index first
         np.copyto(o, order[:, :op.k], casting="unsafe")
-    return OpPlan((run,))
+    return KernelWork((run,))
 
 
 def _make_scatter(op: A.Scatter, ins, outs, pool: Workers):
@@ -1150,7 +1150,7 @@ def _make_scatter(op: A.Scatter, ins, outs, pool: Workers):
             out[rows] = updates
         else:
             combine.at(out, rows, updates)
-    return OpPlan((run,))
+    return KernelWork((run,))
 
 
 def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers):
@@ -1167,7 +1167,7 @@ def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers):
     extra = {role: view(roles[role]).reshape(shape) for role, shape in shapes.items() if role in roles}
     out = view(outs[0]).reshape(op.output_blocks, d, b, h)
     groups = direction_groups(op)
-    return OpPlan((lambda: cell_step(op, groups, gates, x, state, extra, out),))
+    return KernelWork((lambda: cell_step(op, groups, gates, x, state, extra, out),))
 
 
 _ANY_INT = frozenset({A.INT32})
@@ -1295,7 +1295,7 @@ class CpuBackend(Backend):
     def _create_execution(self, op: A.AtomicOp, inputs: list[TensorHandle],
                           outputs: list[TensorHandle]) -> Execution:
         if outputs and all(o.size == 0 for o in outputs):  # nothing to compute (NumPy refuses empty reductions)
-            return Execution(op, inputs, outputs, OpPlan((), "empty"))
+            return Execution(op, inputs, outputs, KernelWork((), "empty"))
         maker = _MAKERS[type(op)]
         packs = {"constants": self._packed} if maker in _PACKS_CONSTANTS else {}
         if maker in _ENGINE_AWARE:
