@@ -5,7 +5,7 @@ takes any size) is run, per backend, at a base size and then:
 
 * run        -- a run at shapes the session has prepared (median over ``--runs``),
 * cold       -- the first run at shapes it has never seen: prepare them (lowering, schemes,
-                placement, memory plan, pools, executions, recordings; weights already on the
+                placement, pool layout, pools, executions, recordings; weights already on the
                 device and compiled programs are reused) and run; ``prepare`` is the preparation alone,
   ``programs built`` counts kernels compiled for it (not found in memory or the disk cache),
 * cached     -- a run right after switching to shapes prepared earlier (the cache's hit),

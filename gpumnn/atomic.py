@@ -8,7 +8,7 @@ creation), so a backend never does shape arithmetic of its own and never sees ON
 Conventions shared by all ops:
 
 * Runtime tensors are contiguous, row-major (NCHW for images) and have one of two *storage
-  dtypes*, both 4 bytes an element, so that the memory plan and every pool are dtype-blind:
+  dtypes*, both 4 bytes an element, so that the pool layout and every pool are dtype-blind:
   ``float32`` (every float type of a model: float16 and float64 tensors are computed in float32)
   and ``int32`` (every integer type, checked for range where values enter, and bool as 0/1).
   Every op carries ``dtype``, the storage dtype of its data operand; ops whose kernels move

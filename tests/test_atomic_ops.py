@@ -3,7 +3,7 @@
 Each case builds one atomic op and random inputs; the op runs on the CpuBackend (the reference
 semantics) and on every other available backend, recorded (``record`` + ``submit``) and eager
 (``run_eager``), and the outputs must agree to a relative L2 error below 1e-4. Tensors are
-placed at non-zero, aligned offsets of one pool (as the session's memory plan does) so that
+placed at non-zero, aligned offsets of one pool (as the session's pool layout does) so that
 offset bugs show up, and outputs start filled with the same random garbage on every backend
 (a Raster without ``fill`` leaves uncovered elements as they were).
 """

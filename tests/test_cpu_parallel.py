@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 import gpumnn
 from conftest import onnxruntime_session, rel_l2, require_tool
 from op_cases import model_proto
-from gpumnn.backends.cpu import parallel as cpu_parallel
+from gpumnn.backends.cpu import engines as cpu_engines, parallel as cpu_parallel
 from test_cpu_jit import _both_ways_match_onnxruntime, _conv_model, _pool_model
 
 
@@ -88,7 +88,7 @@ def test_residual_sums_in_regions(case, fresh_rng):
 
 
 # (node, input shape, attributes): softmax along the last axis, layer and instance normalisation,
-# global pooling; one span below cpu.REGION_MIN_ELEMENTS and rows on both threads above it
+# global pooling; one span below cpu_engines.REGION_MIN_ELEMENTS and rows on both threads above it
 ROWS = [
     ("Softmax", (4, 128, 128), {"axis": -1}),           # a transformer's attention scores: both threads
     ("Softmax", (3, 7), {"axis": 1}),                   # short rows, one span
@@ -335,11 +335,10 @@ FEW_PIXELS = [
 @pytest.mark.parametrize("cols_bytes", [1 << 20, 4 * 9 * 96 * 6 * 2])
 @pytest.mark.parametrize("case", FEW_PIXELS, ids=[f"im2col{c[0]}x{c[1]}s{c[2]}o{c[3]}" for c in FEW_PIXELS])
 def test_im2col_channel_spans_in_regions(case, cols_bytes, monkeypatch, fresh_rng):
-    from gpumnn.backends.cpu import backend as cpu
     from gpumnn.scheduler import schemes
 
     channels, size, stride, out_channels = case
-    monkeypatch.setattr(cpu, "REGION_COLS_BYTES", cols_bytes)  # the second: two output rows a block
+    monkeypatch.setattr(cpu_engines, "REGION_COLS_BYTES", cols_bytes)  # the second: two output rows a block
     rng = fresh_rng
     model = _conv_model(channels, size, 3, stride, 1, [1, 1, 1, 1], 1, out_channels, "relu", True, rng)
     with schemes.forced_schemes(conv=("im2col", 0)):
@@ -365,8 +364,8 @@ def test_im2col_on_packed_weights_in_regions(case, cols_bytes, monkeypatch, fres
     from gpumnn.scheduler import schemes
 
     channels, size, kernel, stride, dilation, pads, out_channels, activation, bias = case
-    monkeypatch.setattr(cpu, "PACKED_MIN_DEPTH", 1)
-    monkeypatch.setattr(cpu, "REGION_COLS_BYTES", cols_bytes)  # the second: several pixel blocks
+    monkeypatch.setattr(cpu_engines, "PACKED_MIN_DEPTH", 1)
+    monkeypatch.setattr(cpu_engines, "REGION_COLS_BYTES", cols_bytes)  # the second: several pixel blocks
     calls = []
     monkeypatch.setattr(cpu, "_packed_conv_region", lambda *a, real=cpu._packed_conv_region: calls.append(a) or real(*a))
     rng = fresh_rng
@@ -381,7 +380,7 @@ def test_weights_known_only_at_run_time_keep_blas(monkeypatch, fresh_rng):
     """Weights that are a graph input are not packed at creation: the convolution keeps BLAS."""
     from gpumnn.backends.cpu import backend as cpu
 
-    monkeypatch.setattr(cpu, "PACKED_MIN_DEPTH", 1)
+    monkeypatch.setattr(cpu_engines, "PACKED_MIN_DEPTH", 1)
     packed = []
     monkeypatch.setattr(cpu, "_packed_conv_region", lambda *a: packed.append(a))
     rng = fresh_rng

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from gpumnn import atomic as A
-from gpumnn.backends.cpu import backend as cpu_module
+from gpumnn.backends.cpu import backend as cpu_module, engines as cpu_engines
 from gpumnn.backends.cpu.backend import CpuBackend
 from gpumnn.backends.cpu.elementwise import unary_function
 from gpumnn.backends.cpu.workers import Workers
@@ -52,9 +52,9 @@ def one_thread():
 @pytest.fixture(scope="module")
 def threaded():
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cpu_module, "PARALLEL_MIN_MACS", 0)
-        patch.setattr(cpu_module, "DEPTHWISE_PARALLEL_MIN", 0)
-        patch.setattr(cpu_module, "CHUNK_BYTES", 256)
+        patch.setattr(cpu_engines, "PARALLEL_MIN_MACS", 0)
+        patch.setattr(cpu_engines, "DEPTHWISE_PARALLEL_MIN", 0)
+        patch.setattr(cpu_engines, "CHUNK_BYTES", 256)
         yield CpuBackend(threads=3)
 
 

@@ -1,7 +1,7 @@
 """The cuda backend's logic that needs no GPU, and device arrays on every backend.
 
 On a machine without CuPy or a GPU the cuda backend cannot start (the parametrised op, model and
-session tests skip it saying why), but what it does with a plan is plain Python
+session tests skip it saying why), but what it does with a KernelWork is plain Python
 (``gpumnn.backends.cuda.launch``): grids and blocks from global and work-group sizes, kernel
 arguments with device pointers in place of buffers and scratch, the order of a graph capture, the
 lanes that keep concurrent calls apart. Those run here against stand-ins for CuPy's objects. So
@@ -61,7 +61,7 @@ class _Pointer:
 
 def _planned_chain():
     """Every op of the shared dispatch chain planned for a GPU, its tensors in a pool or constants
-    (DeviceBuffers, as the cuda backend's handles are): [(op, handles by name, plan)]."""
+    (DeviceBuffers, as the cuda backend's handles are): [(op, handles by name, its KernelWork)]."""
     target = _GpuTarget()
     pool = DeviceBuffer(_Pointer("pool"), 1 << 20)
     consts = {n: DeviceBuffer(_Pointer(n), a.nbytes, constant=True) for n, a in CONSTANTS.items()}
@@ -73,8 +73,8 @@ def _planned_chain():
                     "qt": TensorHandle(pool, 8192, (16, 6, 5))})
     out = []
     for op in CHAIN + extra:
-        plan = cl_plans.plan(target, op, [handles[n] for n in op.inputs], [handles[n] for n in op.outputs])
-        out.append((op, handles, plan))
+        kernel = cl_plans.plan(target, op, [handles[n] for n in op.inputs], [handles[n] for n in op.outputs])
+        out.append((op, handles, kernel))
     return out
 
 
@@ -89,10 +89,10 @@ def A_matmul_t():
                     trans_b=True)
 
 
-# -- plans as CUDA launches ------------------------------------------------------------------------
+# -- planned launches as CUDA launches -------------------------------------------------------------
 
 def test_grid_times_block_is_the_planned_global_size():
-    launches = [ln for _, _, plan in _planned_chain() for ln in plan.prepare + plan.work]
+    launches = [ln for _, _, kernel in _planned_chain() for ln in kernel.prepare + kernel.work]
     assert {ln.family for ln in launches} >= {"gemm", "elementwise", "raster", "pool", "reduce", "resize"}
     for ln in launches:
         grid, block = grid_block(ln)
@@ -122,9 +122,9 @@ def test_arguments_are_device_pointers_offsets_and_scalars():
     """A tensor is its buffer's device pointer then its element offset (int32), a Scratch the
     pointer of the buffer made for it; scalars pass as planned, in order."""
     scratch_seen = 0
-    for op, handles, plan in _planned_chain():
-        made = {s: DeviceBuffer(_Pointer(f"scratch{i}"), s.nbytes or s.data.nbytes) for i, s in enumerate(plan.keep)}
-        for ln in plan.prepare + plan.work:
+    for op, handles, kernel in _planned_chain():
+        made = {s: DeviceBuffer(_Pointer(f"scratch{i}"), s.nbytes or s.data.nbytes) for i, s in enumerate(kernel.keep)}
+        for ln in kernel.prepare + kernel.work:
             args = kernel_args(ln.args, made)
             assert len(args) == len(ln.args)
             for planned, passed in zip(ln.args, args):
@@ -143,16 +143,16 @@ def test_arguments_are_device_pointers_offsets_and_scalars():
         # ... whose values are the handles' offsets
         for name in op.inputs + op.outputs:
             h = handles[name]
-            flat = [a for ln in plan.work for a in kernel_args(ln.args, made)]
+            flat = [a for ln in kernel.work for a in kernel_args(ln.args, made)]
             assert any(p is h.buffer.pointer and int(o) >= h.offset for p, o in zip(flat, flat[1:])), (op.source, name)
-    assert scratch_seen, "the resize plan's sampling table is a Scratch"
+    assert scratch_seen, "the resize kernel's sampling table is a Scratch"
 
 
 def test_every_planned_kernel_is_in_its_cuda_program():
     """The names CUDA looks up (RawModule.get_function) are extern "C" kernels of the CUDA text."""
     import re
-    for _, _, plan in _planned_chain():
-        for ln in plan.prepare + plan.work:
+    for _, _, kernel in _planned_chain():
+        for ln in kernel.prepare + kernel.work:
             source = cuda_source(ln.family, dict(ln.defines))
             names = set(re.findall(r"__kernel\b[^\n;{]*?\bvoid\s+(\w+)", source))
             stems = re.findall(r"__kernel\b[^\n;{]*?\bvoid\s+(\w+)##", source)

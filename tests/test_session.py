@@ -73,17 +73,17 @@ def test_counters_mean_the_same_on_every_backend(backend):
             assert delta["recordings_made"] == 0 and delta["buffers_allocated"] >= 1
 
 
-def test_memory_plan_shares_memory_and_never_overlaps_live_tensors(resnet):
+def test_pool_layout_shares_memory_and_never_overlaps_live_tensors(resnet):
     net, _ = resnet
     sess = net.session()
     summary = sess.memory_summary()["cpu"]
     assert summary["pool_bytes"] < summary["naive_bytes"] / 3
-    plan = sess.memory["cpu"]
+    layout = sess.memory["cpu"]
     lifetimes = sess.placement.lifetimes["cpu"]
     for i, a in enumerate(lifetimes):
         for b in lifetimes[i + 1:]:
             if a.first <= b.last and b.first <= a.last:
-                a0, b0 = plan.offsets[a.name], plan.offsets[b.name]
+                a0, b0 = layout.offsets[a.name], layout.offsets[b.name]
                 assert a0 + a.nbytes <= b0 or b0 + b.nbytes <= a0, f"{a.name} and {b.name} overlap while both live"
 
 

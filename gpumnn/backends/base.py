@@ -4,7 +4,7 @@ A backend knows nothing of ONNX and the session knows nothing of any API. The se
 every backend through the same verbs, in two phases:
 
 Pre-inference (once, at session creation; MNN's *resize*)
-    ``allocate`` one pool buffer per backend (the memory plan lays tensors into it),
+    ``allocate`` one pool buffer per backend (the pool layout lays tensors into it),
     ``tensor`` views into the pool, ``constant`` uploads of weights,
     ``create_execution`` per atomic op (MNN's ``onCreate``: kernels built, weights packed,
     arguments set), and ``record`` of a contiguous run of executions into one replayable unit
@@ -162,7 +162,7 @@ def constant_words(array: np.ndarray) -> tuple[np.ndarray, str]:
 
 
 @dataclass(frozen=True)
-class OpPlan:
+class KernelWork:
     """What every backend's kernel maker returns for one atomic op: one shape on every backend,
     so that ``create_execution`` reads a maker's answer the same way everywhere.
 
@@ -192,16 +192,16 @@ class PlannerTarget(Protocol):
 
 
 class Execution:
-    """One atomic op made ready to run on one backend: its plan's work, arguments bound."""
+    """One atomic op made ready to run on one backend: its kernel's work, arguments bound."""
 
     def __init__(self, op: AtomicOp, inputs: Sequence[TensorHandle], outputs: Sequence[TensorHandle],
-                 plan: OpPlan):
+                 kernel: KernelWork):
         self.op = op
         self.inputs = list(inputs)
         self.outputs = list(outputs)
-        self.work = plan.work
-        self.keep = plan.keep
-        self._scheme = plan.scheme
+        self.work = kernel.work
+        self.keep = kernel.keep
+        self._scheme = kernel.scheme
 
     @property
     def scheme(self) -> str:
@@ -249,7 +249,7 @@ class Backend(ABC):
 
     #: registry name: "cpu", "opencl", "vulkan", "gl", "cuda"
     name: str = "?"
-    #: byte alignment of tensor offsets inside a pool (the memory planner honours it)
+    #: byte alignment of tensor offsets inside a pool (the pool layout honours it)
     alignment: int = 64
     #: atomic op type -> how this backend builds its kernel (checked by ``unsupported_reason``)
     kernel_table: ClassVar[Mapping[type, Any]] = {}
@@ -387,7 +387,7 @@ class Backend(ABC):
     # -- memory ----------------------------------------------------------------------------
     def memory_limits(self) -> MemoryLimits:
         """What this backend's device can give: total and available bytes, the largest single
-        allocation and tensor binding. The session checks its memory plan against it before it
+        allocation and tensor binding. The session checks its pool layout against it before it
         allocates anything. The default is the host's RAM (a device without memory of its own)."""
         return host_limits()
 

@@ -1,6 +1,6 @@
 """How much memory a backend's device can give: the figures behind ``Backend.memory_limits``.
 
-A session checks its memory plan against these numbers before it allocates anything
+A session checks its pool layout against these numbers before it allocates anything
 (``gpumnn.scheduler.resources``), so that a model too large for the device fails with a
 ``ResourceError`` naming bytes needed and available instead of a NumPy ``MemoryError``, an
 out-of-memory kill or a driver's ``VK_ERROR_OUT_OF_DEVICE_MEMORY`` halfway through creation.

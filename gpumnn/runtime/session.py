@@ -1,6 +1,6 @@
 """Session: a model on one backend, prepared for each set of input shapes it is run with.
 
-MNN's pre-inference (lowering, schemes, placement, memory plan, pools, executions, recordings)
+MNN's pre-inference (lowering, schemes, placement, pool layout, pools, executions, recordings)
 depends on the input shapes; it lives in :class:`~gpumnn.runtime.shape_set.ShapeSet`. The session holds
 what does not depend on them -- the loaded graph, the started backends with their compiled
 programs, the uploaded weights (:mod:`.session_shared`) -- and a bounded cache of prepared shape
@@ -46,7 +46,7 @@ from ..errors import BackendUnavailableError, DeviceArrayError, InputError
 from ..input_shapes import ShapeKey, check_input_shape, declared_shapes, resolve_input_shapes, shape_key
 from ..ir import Graph
 from .shape_set import SessionParts, ShapeSet
-from ..scheduler import MemoryPlan, Placement
+from ..scheduler import PoolLayout, Placement
 from ..scheduler.calibration import calibration_for
 from ..scheduler.cost import CostModel
 from .shared import ConstantStore, RunReservations
@@ -275,7 +275,7 @@ class Session:
         return self.shape_set().placement
 
     @property
-    def memory(self) -> dict[str, MemoryPlan]:
+    def memory(self) -> dict[str, PoolLayout]:
         return self.shape_set().memory
 
     @property

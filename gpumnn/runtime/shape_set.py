@@ -1,7 +1,7 @@
 """One shape set prepared: MNN's pre-inference for one set of concrete input shapes.
 
 Input shapes -> geometry lowering (shape inference, folding, Rasters) -> scheme selection ->
-placement -> memory plan per backend -> constants, then run states (pools, executions and
+placement -> pool layout per backend -> constants, then run states (pools, executions and
 recordings: :mod:`.run_states`) lent to runs. Everything here depends on the input shapes;
 what does not (the loaded graph, the backends with their compiled programs, uploaded weights)
 belongs to the :class:`~gpumnn.runtime.session.Session`, which keeps several shape sets
@@ -24,9 +24,9 @@ from ..scheduler.expansion import expand_schemes
 from ..input_shapes import shape_key
 from ..ir import Graph, ValueInfo
 from .run_states import RunStatePool
-from ..scheduler import MemoryPlan, Placement, place, plan_memory, select_schemes
+from ..scheduler import PoolLayout, Placement, place, lay_out_pool, select_schemes
 from ..scheduler.cost import CostModel
-from ..scheduler.resources import check_memory_plan, run_states_that_fit
+from ..scheduler.resources import check_pool_layouts, run_states_that_fit
 from .shared import ConstantStore, RunReservations
 
 
@@ -92,10 +92,10 @@ class ShapeSet:
         #: made current per run, and its lock, cost an auto session that placed nothing there)
         self.run_backends = frozenset(self.placement.op_backends) | set(self.placement.output_backends.values()) | {
             b for backends in self.placement.input_backends.values() for b in backends}
-        self.memory: dict[str, MemoryPlan] = {
-            b: plan_memory(lifetimes, parts.backends[b].alignment)
+        self.memory: dict[str, PoolLayout] = {
+            b: lay_out_pool(lifetimes, parts.backends[b].alignment)
             for b, lifetimes in self.placement.lifetimes.items() if lifetimes}
-        limits = check_memory_plan(program, self.placement, self.memory, parts.backends)  # before allocating
+        limits = check_pool_layouts(program, self.placement, self.memory, parts.backends)  # before allocating
         self._constants: dict[tuple[str, str], TensorHandle] = {}
         for op, b in zip(program.ops, self.placement.op_backends):
             for name in op.inputs:
@@ -145,7 +145,7 @@ class ShapeSet:
 
     def _prepare(self, recorded: bool) -> RunState:
         backends = self.parts.backends
-        pools = {b: backends[b].allocate(plan.pool_bytes) for b, plan in self.memory.items()}
+        pools = {b: backends[b].allocate(layout.pool_bytes) for b, layout in self.memory.items()}
         executions = []
         for op, b in zip(self.program.ops, self.placement.op_backends):
             ins = [self._handle(pools, b, n) for n in op.inputs]

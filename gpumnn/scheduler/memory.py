@@ -1,4 +1,4 @@
-"""Memory planning: lay every tensor of one backend into a single pool.
+"""Pool layout: lay every tensor of one backend into a single pool.
 
 Lifetimes come from the schedule (first write to last read); tensors whose lifetimes never
 overlap share bytes. Placement is greedy by size (largest first, lowest offset that fits),
@@ -20,7 +20,7 @@ class Lifetime:
 
 
 @dataclass
-class MemoryPlan:
+class PoolLayout:
     """Byte offsets of every tensor in one backend's pool, the pool size and the naive sum."""
 
     offsets: dict[str, int]
@@ -35,13 +35,13 @@ def _align(value: int, alignment: int) -> int:
     return -(-value // alignment) * alignment
 
 
-def plan_memory(lifetimes: list[Lifetime], alignment: int = 64) -> MemoryPlan:
+def lay_out_pool(lifetimes: list[Lifetime], alignment: int = 64) -> PoolLayout:
     """Assign aligned offsets so that tensors alive at the same time never overlap.
 
     Each tensor, largest first, goes to the lowest aligned offset below, between or above the
     tensors already placed whose lifetimes meet its own. Those are found, and the gap is
     searched, with array operations over the placed tensors: a sequence model has a thousand
-    short-lived tensors, and a Python scan of every pair cost more than the rest of the plan."""
+    short-lived tensors, and a Python scan of every pair cost more than the rest of the layout."""
     order = sorted(lifetimes, key=lambda t: (-t.nbytes, t.first, t.name))
     count = len(order)
     offs, ends = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64)
@@ -55,7 +55,7 @@ def plan_memory(lifetimes: list[Lifetime], alignment: int = 64) -> MemoryPlan:
         offsets[tensor.name] = offset
     pool = int(ends.max()) if count else 0
     naive = sum(_align(max(t.nbytes, 4), alignment) for t in lifetimes)
-    return MemoryPlan(offsets, pool, naive)
+    return PoolLayout(offsets, pool, naive)
 
 
 def _lowest_fit(los: np.ndarray, his: np.ndarray, size: int, alignment: int) -> int:

@@ -12,7 +12,7 @@ The rule, decided here once per placement (not per run): a step *touches* the ba
 touches that has a submission in flight. That covers every data dependency -- a tensor reaches
 another backend only through a copy, which touches its source -- and every hazard on the
 device's memory besides: a write into a pool slot that a submission in flight still reads (the
-memory plan reuses slots), a read through a mapped buffer, the one submit lane a run holds. A
+pool layout reuses slots), a read through a mapped buffer, the one submit lane a run holds. A
 segment is submitted without waiting only when the next step does not touch its backend
 (otherwise there is nothing to overlap), and whatever is still in flight after the last step is
 waited for before the outputs are read.

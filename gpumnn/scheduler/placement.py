@@ -12,7 +12,7 @@ Three parts, each its own function:
    keeps a split only where it is estimated ``SPLIT_MARGIN`` faster than the best single backend.
 3. :func:`build_steps`: the schedule -- runs of consecutive ops on one backend (each becomes one
    recording) and copies of tensors between backends -- plus each backend's tensor lifetimes for
-   memory planning. Times are integers: op ``i`` runs at ``2i+1``, copies before it at ``2i``.
+   pool layout. Times are integers: op ``i`` runs at ``2i+1``, copies before it at ``2i``.
 
 :func:`estimate` prices any assignment with the same model, from the schedule :func:`build_steps`
 makes of it (reports, ``gpumnn plan``, tests): the DP's residency rule and the schedule's are the

@@ -2,8 +2,8 @@
 
 Two places allocate memory a model's size can make impossible:
 
-* Session creation: each backend's pool (the memory plan) and the constants uploaded to it.
-  :func:`check_memory_plan` compares them with what each backend's ``memory_limits()`` says
+* Session creation: each backend's pool (the pool layout) and the constants uploaded to it.
+  :func:`check_pool_layouts` compares them with what each backend's ``memory_limits()`` says
   its device can give (available bytes, the largest single allocation), and the backends whose
   memory is the host's RAM together with the host's free RAM.
 * Lowering and constant folding (at load and at session creation) materialise NumPy arrays:
@@ -15,7 +15,7 @@ Both raise :class:`~gpumnn.errors.ResourceError` naming the backend (or node), t
 the bytes available and the largest tensor, instead of NumPy's ``MemoryError``, the kernel's
 out-of-memory killer, or a driver's out-of-memory error halfway through creation. The figures
 are estimates from below (a backend may add packed weights, drivers their own bookkeeping), so
-a plan that passes can still run out; one that fails cannot fit.
+a session that passes can still run out; one that fails cannot fit.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from .. import atomic as A
 from ..backends.base import Backend
 from ..backends.limits import MemoryLimits, describe_bytes, host_memory
 from ..errors import ResourceError
-from .memory import MemoryPlan
+from .memory import PoolLayout
 from .placement import Placement
 
 def _largest(names: Mapping[str, tuple[int, ...]]) -> tuple[str, tuple[int, ...], int] | None:
@@ -45,7 +45,7 @@ def _describe(largest: tuple[str, tuple[int, ...], int] | None) -> str:
     return f"; largest tensor: {name!r} of shape {list(shape)} ({describe_bytes(nbytes)})"
 
 
-def backend_needs(program: A.AtomicProgram, placement: Placement, memory: Mapping[str, MemoryPlan]
+def backend_needs(program: A.AtomicProgram, placement: Placement, memory: Mapping[str, PoolLayout]
                   ) -> dict[str, tuple[int, dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]]:
     """Per backend: (pool bytes, {tensor: shape} in the pool, {constant: shape} uploaded to it)."""
     constants: dict[str, dict[str, tuple[int, ...]]] = {}
@@ -55,13 +55,13 @@ def backend_needs(program: A.AtomicProgram, placement: Placement, memory: Mappin
                 constants.setdefault(b, {})[name] = tuple(getattr(program.constants[name], "shape", ()))
     needs = {}
     for b in set(memory) | set(constants):
-        plan = memory.get(b)
-        tensors = {name: program.shapes[name] for name in (plan.offsets if plan else ()) if name in program.shapes}
-        needs[b] = (plan.pool_bytes if plan else 0, tensors, constants.get(b, {}))
+        layout = memory.get(b)
+        tensors = {name: program.shapes[name] for name in (layout.offsets if layout else ()) if name in program.shapes}
+        needs[b] = (layout.pool_bytes if layout else 0, tensors, constants.get(b, {}))
     return needs
 
 
-def check_memory_plan(program: A.AtomicProgram, placement: Placement, memory: Mapping[str, MemoryPlan],
+def check_pool_layouts(program: A.AtomicProgram, placement: Placement, memory: Mapping[str, PoolLayout],
                       backends: Mapping[str, Backend]) -> dict[str, MemoryLimits]:
     """Raise ResourceError if a backend's pool and constants cannot fit its device, or the
     host-memory backends together cannot fit the host. Returns each backend's limits."""
@@ -84,7 +84,7 @@ def check_memory_plan(program: A.AtomicProgram, placement: Placement, memory: Ma
                                 f"{describe_bytes(const_bytes)}); {describe_bytes(lim.available)} available ({lim.source})"
                                 + _describe(largest))
         if pool > lim.max_allocation:
-            raise ResourceError(f"{where}: the memory plan needs one pool of {describe_bytes(pool)}, more than the largest "
+            raise ResourceError(f"{where}: the pool layout needs one pool of {describe_bytes(pool)}, more than the largest "
                                 f"single allocation the device allows ({describe_bytes(lim.max_allocation)}; {lim.source})"
                                 + _describe(_largest(tensors)))
         big = _largest(constants) if lim.copies_constants else None
@@ -105,9 +105,9 @@ def check_memory_plan(program: A.AtomicProgram, placement: Placement, memory: Ma
     return limits
 
 
-def run_states_that_fit(program: A.AtomicProgram, placement: Placement, memory: Mapping[str, MemoryPlan],
+def run_states_that_fit(program: A.AtomicProgram, placement: Placement, memory: Mapping[str, PoolLayout],
                         limits: Mapping[str, MemoryLimits], wanted: int) -> int:
-    """How many run states fit, from 1 (which :func:`check_memory_plan` guaranteed) up to
+    """How many run states fit, from 1 (which :func:`check_pool_layouts` guaranteed) up to
     ``wanted``: each state has pools of its own, while constants are uploaded once."""
     fit = wanted
     for b, (pool, _, constants) in backend_needs(program, placement, memory).items():
@@ -119,4 +119,4 @@ def run_states_that_fit(program: A.AtomicProgram, placement: Placement, memory: 
     return int(fit)
 
 
-__all__ = ["backend_needs", "check_memory_plan", "run_states_that_fit"]
+__all__ = ["backend_needs", "check_pool_layouts", "run_states_that_fit"]

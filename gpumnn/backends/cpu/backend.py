@@ -19,12 +19,13 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ... import atomic as A
-from ..base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, OpPlan, TensorHandle, constant_words, host_out, kernels_option
+from ..base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, KernelWork, TensorHandle, constant_words, host_out, kernels_option
 from ...errors import BackendOptionError, BackendUnavailableError
 from ..limits import MemoryLimits, host_limits
-from . import activations as cpu_activations, jit as cpu_jit, parallel as cpu_parallel, rows as cpu_rows, tiles as cpu_tiles
+from . import activations as cpu_activations, engines, jit as cpu_jit, parallel as cpu_parallel, rows as cpu_rows, tiles as cpu_tiles
 from .constants import PackedConstants, made_once
 from .elementwise import binary_function, unary_function
+from .engines import Engine
 from .recurrent import cell_step, direction_groups
 from .workers import Workers, workers
 from ...numerics.sampling import resize_axis
@@ -120,52 +121,9 @@ class _ThreadLimiter:
 
 
 # --------------------------------------------------------------------------------------------
-# One maker per atomic op: binds views and scratch, returns an OpPlan of the callables that do the work.
+# One maker per atomic op: binds views and scratch, returns a KernelWork of the callables that do the work.
+# A maker with several kernels asks the backend's ``engines.Engine`` once which one, and builds it.
 # --------------------------------------------------------------------------------------------
-
-# The thresholds below choose between the engines (NumPy on the calling thread, chunks on
-# ``cpu_workers``' threads, ``cpu_parallel``'s native regions) and size their work; each was
-# measured at threads=2 on 2 cores (the figures are in bench/RESULTS.md).
-
-#: Bytes one chunk's scratch (im2col columns, depthwise windows) may take; within it, the chunk
-#: count (``CHUNKS_PER_THREAD``) decides. Chunks cut to fit L2 were slower: NumPy's cost per call
-#: and the GIL handed between threads at every call outweigh the cache misses they save.
-CHUNK_BYTES = 4 << 20
-#: An op shared between threads is cut into this many chunks per thread: more let a thread the
-#: machine slows leave its share to the others, fewer hand the GIL between threads less often
-#: and keep each chunk's GEMM wide (narrow column spans run slower per multiply-add).
-CHUNKS_PER_THREAD = 1
-#: Below this many multiply-adds a convolution or product runs whole on the calling thread:
-#: handing chunks to the helpers would cost more than it saves.
-PARALLEL_MIN_MACS = 1 << 24
-#: A depthwise convolution is shared between threads from this many window elements (channels x
-#: taps x output pixels) on: it is bound by passes over memory and per-channel BLAS calls, not by
-#: multiply-adds, so the MAC threshold above would keep every one of them on one thread.
-DEPTHWISE_PARALLEL_MIN = 1 << 18
-
-
-#: With ``cpu_parallel``'s native regions a product is shared between threads from this many
-#: multiply-adds, a depthwise convolution or pool from this many window elements: a region costs
-#: about a tenth of a hand-over to ``cpu_workers``.
-REGION_MIN_MACS = 1 << 20
-REGION_MIN_WINDOWS = 1 << 15
-#: Bytes of im2col columns one block of a region copies, so that its product reads them from L2.
-REGION_COLS_BYTES = 1 << 20
-#: A convolution on constant weights takes ``cpu_tiles``' register tile (``_packed_conv_region``)
-#: from this inner dimension (C*KH*KW) up, BLAS below: with a short inner dimension each tile's
-#: store and each element's packing weigh more against its multiply-adds.
-PACKED_MIN_DEPTH = 512
-#: Elementwise ops (a residual sum) are shared between the regions' threads from this many
-#: elements: a region's cost against a pass over memory.
-REGION_MIN_ELEMENTS = 1 << 15
-#: floats in a cache line: a thread's scratch, and an elementwise op's span, starts on one
-CACHE_LINE_FLOATS = 16
-
-
-def _parts(pool: Workers, work: int, threshold: int) -> int:
-    """Chunks to cut an op into: ``CHUNKS_PER_THREAD`` per thread once ``work`` reaches ``threshold``."""
-    return pool.threads * CHUNKS_PER_THREAD if pool.threads > 1 and work >= threshold else 1
-
 
 def _spans(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
     """[start, stop) spans cutting ``range(total)`` into at most ``parts`` pieces, each a
@@ -201,30 +159,31 @@ def _make_raster(op: A.Raster, ins, outs, pool: Workers):
             out_flat.fill(fill)
         for src, dst in copies:
             np.copyto(dst, src)
-    return OpPlan((run,))
+    return KernelWork((run,))
 
 
 def _make_unary(op: A.Unary, ins, outs, pool: Workers):
     x, o = flat(ins[0]), flat(outs[0])
     fn = unary_function(op.op, op.params, o.dtype)
-    return OpPlan((lambda: fn(x, o),))
+    return KernelWork((lambda: fn(x, o),))
 
 
-def _make_binary(op: A.Binary, ins, outs, pool: Workers, jit: bool = False, regions: int = 0):
+def _make_binary(op: A.Binary, ins, outs, pool: Workers, engine: Engine):
     o = view(outs[0]).reshape(op.out_shape)
     a = strided(ins[0], 0, op.out_shape, op.a_strides)
     b = strided(ins[1], 0, op.out_shape, op.b_strides)
     dims = merge_dims(op.out_shape, contiguous_strides(op.out_shape), op.a_strides, op.b_strides)
-    if (regions and op.op == "add" and o.dtype == a.dtype == b.dtype == np.float32
-            and cpu_jit.clamp_of(op.activation) is not None):
-        size = o.size
+    size = o.size
+    kernel, parts = engine.elementwise(size, op.op == "add" and o.dtype == a.dtype == b.dtype == np.float32
+                                       and cpu_jit.clamp_of(op.activation) is not None)
+    if kernel == "sum_region":  # where the operands' layout allows: dense, or a value per row
         if one_run(dims):
             return _sum_region(strided(ins[0], 0, (size,), (1,)), strided(ins[1], 0, (size,), (1,)), o.reshape(size),
-                               op.activation, regions)
+                               op.activation, parts)
         for dense, row_values, side in ((ins[0], ins[1], 2), (ins[1], ins[0], 1)):
             if _row_broadcast(dims, side):
                 return _row_sum_region(strided(dense, 0, (size,), (1,)), row_values, dims, side, o.reshape(size),
-                                       op.activation, regions)
+                                       op.activation, parts)
     fn = binary_function(op.op, a.dtype)
     act = _epilogue(op.activation)
 
@@ -232,7 +191,7 @@ def _make_binary(op: A.Binary, ins, outs, pool: Workers, jit: bool = False, regi
         fn(a, b, o)
         if act:
             act(o)
-    return OpPlan((run,))
+    return KernelWork((run,))
 
 
 def _row_broadcast(dims: list[tuple[int, ...]], side: int) -> bool:
@@ -244,7 +203,7 @@ def _row_broadcast(dims: list[tuple[int, ...]], side: int) -> bool:
 
 
 def _row_sum_region(dense: np.ndarray, values: TensorHandle, dims: list[tuple[int, ...]], side: int, out: np.ndarray,
-                    activation: A.Activation, regions: int) -> OpPlan:
+                    activation: A.Activation, parts: int) -> KernelWork:
     """out = clamp(dense + a value per row) as one pass on the region's threads
     (``cpu_parallel.row_sum_spans``): a bias added after an average pool (``optimize``'s
     ``pointwise_before_average_pool``) and its ReLU. NumPy's broadcast add and clamp took 0.07-0.26
@@ -256,19 +215,18 @@ def _row_sum_region(dense: np.ndarray, values: TensorHandle, dims: list[tuple[in
         index = (index[:, None] + np.arange(size, dtype=np.int64)[None, :] * strides[side]).reshape(-1)
     flat = strided(values, 0, (int(index.max()) + 1,), (1,))
     lo, hi, _ = _compiled_clamp(activation)
-    bounds = _row_bounds(index.size, width, regions)
-    return OpPlan((_region_items(cpu_parallel.row_sum_spans, [(dense, flat, index, out, bounds, width, lo, hi)],
+    bounds = _bounds(_even_spans(index.size, parts))
+    return KernelWork((_region_items(cpu_parallel.row_sum_spans, [(dense, flat, index, out, bounds, width, lo, hi)],
                                  None, out),), "sum", keep=(index, bounds))
 
 
-def _sum_region(a: np.ndarray, b: np.ndarray, out: np.ndarray, activation: A.Activation, regions: int) -> OpPlan:
+def _sum_region(a: np.ndarray, b: np.ndarray, out: np.ndarray, activation: A.Activation, parts: int) -> KernelWork:
     """out = clamp(a + b) (a residual connection and its ReLU) as one pass on the region's
     threads (``cpu_parallel.sum_spans``), where NumPy made two on one thread (the sum, then the
-    clamp). Measured: bench/RESULTS.md."""
+    clamp). ``parts``: spans. Measured: bench/RESULTS.md."""
     lo, hi, _ = _compiled_clamp(activation)
-    parts = regions if out.size >= REGION_MIN_ELEMENTS else 1
-    bounds = _bounds(_spans(out.size, parts, align=CACHE_LINE_FLOATS))
-    return OpPlan((_region_items(cpu_parallel.sum_spans, [(a, b, out, bounds, lo, hi)], None, out),), "sum")
+    bounds = _bounds(_spans(out.size, parts, align=engines.CACHE_LINE_FLOATS))
+    return KernelWork((_region_items(cpu_parallel.sum_spans, [(a, b, out, bounds, lo, hi)], None, out),), "sum")
 
 
 def _make_reduce(op: A.Reduce, ins, outs, pool: Workers):
@@ -281,15 +239,14 @@ def _make_reduce(op: A.Reduce, ins, outs, pool: Workers):
         def run_arg():
             arg(x, axis=1, out=found)
             np.copyto(o, found, casting="unsafe")
-        return OpPlan((run_arg,))
+        return KernelWork((run_arg,))
     if op.op == "mean" and o.dtype.kind != "f":
-        return OpPlan((lambda: np.copyto(o, np.mean(x, axis=1), casting="unsafe"),))  # integer mean truncates
+        return KernelWork((lambda: np.copyto(o, np.mean(x, axis=1), casting="unsafe"),))  # integer mean truncates
     reducer = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}[op.op]
-    return OpPlan((lambda: reducer(x, axis=1, out=o),))
+    return KernelWork((lambda: reducer(x, axis=1, out=o),))
 
 
-def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, jit: bool = False, regions: int = 0,
-                 constants: PackedConstants | None = None):
+def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constants: PackedConstants | None = None):
     a_shape = (op.batch, op.k, op.m) if op.trans_a else (op.batch, op.m, op.k)
     b_shape = (op.batch, op.n, op.k) if op.trans_b else (op.batch, op.k, op.n)
     a = strided(ins[0], 0, a_shape, (op.a_batch_stride, a_shape[2], 1))
@@ -307,13 +264,16 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, jit: bool = False, regi
     bias = strided(ins[2], 0, (op.m, op.n), op.bias_strides) if op.has_bias else None
     act = _epilogue(op.activation)
     alpha, beta = op.alpha, op.beta
-    if (regions and o.dtype == np.float32 and a.shape[:2] == (1, 1) and a.strides[2] == 4 and alpha == 1.0
-            and beta == 1.0 and CpuBackend.is_constant(ins[1]) and (bias is None or bias.shape[0] == 1)):
-        return _vector_product_region(op, a[0, 0], b[0], o[0, 0], bias, regions,
+    vector = (a.shape[:2] == (1, 1) and a.strides[2] == 4 and alpha == 1.0 and beta == 1.0  # a vector, constant weights
+              and CpuBackend.is_constant(ins[1]) and (bias is None or bias.shape[0] == 1))
+    macs = a.shape[0] * a.shape[1] * op.n * op.k
+    kernel, parts = engine.matmul(macs, o.dtype == np.float32, vector)
+    if kernel == "vector_region":
+        return _vector_product_region(op, a[0, 0], b[0], o[0, 0], bias, parts,
                                       functools.partial(made_once, constants, ins[1]))
     # blocks of the output: whole batches, else column or row spans (rows in whole repeats of the bias)
-    if regions and o.dtype == np.float32:
-        blocks = _gemm_blocks(a.shape[0], a.shape[1], op.n, op.k, regions, min_macs=REGION_MIN_MACS)
+    if kernel == "gemm_region":
+        blocks = _gemm_blocks(a.shape[0], a.shape[1], op.n, parts)
         bias_spec = None
         if op.has_bias:
             bias_spec = (typed(ins[2]), ins[2].offset, op.m, *op.bias_strides)
@@ -323,9 +283,9 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, jit: bool = False, regi
              for bi, m0, m1, n0, n1 in _expand_batch(blocks, a.shape[0])],
             op.activation, o, alpha=alpha, bias=bias_spec, beta=beta)
         if region is not None:
-            return OpPlan((region,))
-    blocks = _gemm_blocks(a.shape[0], a.shape[1], op.n, op.k, pool.threads,
-                          align_m=rows_per_bias if a.shape[1] != op.m else 1)
+            return KernelWork((region,))
+        kernel, parts = engine.without_regions().matmul(macs, True, vector)
+    blocks = _gemm_blocks(a.shape[0], a.shape[1], op.n, parts, align_m=rows_per_bias if a.shape[1] != op.m else 1)
     tasks = []
     for bi, m0, m1, n0, n1 in blocks:
         ob = o[bi, m0:m1, n0:n1]
@@ -352,11 +312,11 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, jit: bool = False, regi
             np.add(target, bias_rows, out=target)
         if act:
             act(ob)
-    return OpPlan((_on_pool(pool, len(tasks), chunk),))
+    return KernelWork((_on_pool(pool, len(tasks), chunk),))
 
 
 def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
-                           regions: int, once: Callable) -> OpPlan:
+                           regions: int, once: Callable) -> KernelWork:
     """A vector times a constant matrix (a classifier's last layer: M = 1), x [K] @ weights [K, N]
     -> out [N], as a 1x1 convolution of one pixel (``_packed_conv_region``): the matrix packed into
     the register tile's panels once, and each run reads them once, half on each thread. BLAS's
@@ -368,21 +328,20 @@ def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out
                     activation=op.activation, has_bias=bias is not None, scheme="gemm1x1")
     panels = once(("vector panels", weights.shape),
                   lambda: cpu_tiles.pack_panels(np.ascontiguousarray(weights.T), cpu_tiles.NR))
-    plan = _packed_conv_region(conv, x.reshape(1, k, 1, 1), panels, out.reshape(1, n, 1),
-                               None if bias is None else bias[0].reshape(n, 1), regions, k * n, parts=regions)
-    return OpPlan(plan.work, op.scheme, plan.keep)  # the report names the product's scheme, not the convolution's
+    made = _packed_conv_region(conv, x.reshape(1, k, 1, 1), panels, out.reshape(1, n, 1),
+                               None if bias is None else bias[0].reshape(n, 1), regions, regions)
+    return KernelWork(made.work, op.scheme, made.keep)  # the report names the product's scheme, not the convolution's
 
 
-def _gemm_blocks(batch: int, m: int, n: int, k: int, threads: int, align_m: int = 1,
-                 min_macs: int = PARALLEL_MIN_MACS) -> list[tuple[int | slice, int, int, int, int]]:
-    """(batch index, m0, m1, n0, n1) blocks of a batched [m, k] x [k, n] product for ``threads``:
-    whole products while there are enough of them, else the longer side of each cut into spans
-    (rows in multiples of ``align_m``); one block, the whole batch (index ``slice(None)``: one
-    batched call), when the product is too small to share: the transformer's attention products
-    ran faster as one call than as a block per head handed to the threads."""
-    if threads == 1 or batch * m * n * k < min_macs:
+def _gemm_blocks(batch: int, m: int, n: int, threads: int, align_m: int = 1) -> list[tuple[int | slice, int, int, int, int]]:
+    """(batch index, m0, m1, n0, n1) blocks of a batched [m, k] x [k, n] product for ``threads``
+    (``Engine.gemm``): whole products while there are enough of them, else the longer side of each
+    cut into spans (rows in multiples of ``align_m``); for one thread (a product too small to share),
+    one block, the whole batch (index ``slice(None)``: one batched call): the transformer's attention
+    products ran faster as one call than as a block per head handed to the threads."""
+    if threads == 1:
         return [(slice(None), 0, m, 0, n)]
-    parts = max(1, -(-threads * CHUNKS_PER_THREAD // batch))
+    parts = max(1, -(-threads * engines.CHUNKS_PER_THREAD // batch))
     if parts == 1:
         return [(bi, 0, m, 0, n) for bi in range(batch)]
     if n >= m or m // align_m < 2:
@@ -469,65 +428,60 @@ def _conv_pads(op) -> tuple[int, int, int, int]:
     return top, left, max(0, need_h - h - top), max(0, need_w - w - left)
 
 
-def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False, regions: int = 0,
-                 constants: PackedConstants | None = None):
+def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constants: PackedConstants | None = None):
     n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
     (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
     x = view(ins[0]).reshape(n, c, h, w)
     weight = view(ins[1]).reshape(oc, c // g, kh, kw)  # views, not copies: W may be a run-time tensor
     out = view(outs[0]).reshape(n, oc, oh * ow)
     bias = view(ins[2]).reshape(oc, 1) if op.has_bias else None
-    act = _epilogue(op.activation)
     pads = _conv_pads(op)
-    macs = n * oc * oh * ow * (c // g) * kh * kw
-    parts = _parts(pool, macs, PARALLEL_MIN_MACS)
     once = functools.partial(made_once, constants, ins[1])  # the weights in a kernel's layout, packed once
+    # op.scheme (decided by gpumnn.scheduler.schemes, which checked the geometry fits) names the kernel family
+    kernel, parts = engine.conv(op, CpuBackend.is_constant(ins[1]))
+    jit, regions = engine.jit, engine.regions
 
-    # op.scheme (decided by gpumnn.scheduler.schemes, which checked the geometry fits) names the kernel
-    if op.scheme == "winograd":
-        if regions:
-            return _winograd_region(op, x, weight.reshape(oc, c, kh, kw), out, bias, regions, once)
+    if kernel == "winograd_region":
+        return _winograd_region(op, x, weight.reshape(oc, c, kh, kw), out, bias, regions, once)
+    if kernel == "winograd":
         return _winograd(op, x, weight.reshape(oc, c, kh, kw), out, bias, pads, pool, parts, jit, once)
-    if op.scheme == "depthwise":
-        windows = n * c * kh * kw * oh * ow
-        if regions:
-            return _depthwise_compiled(op, x, weight, out, bias, pool, regions if windows >= REGION_MIN_WINDOWS else 1,
-                                       regions)
-        parts = _parts(pool, windows, DEPTHWISE_PARALLEL_MIN)
-        if jit:
-            return _depthwise_compiled(op, x, weight, out, bias, pool, parts)
+    if kernel == "depthwise_region":
+        return _depthwise_compiled(op, x, weight, out, bias, pool, parts, regions)
+    if kernel == "depthwise_compiled":
+        return _depthwise_compiled(op, x, weight, out, bias, pool, parts)
+    if kernel == "depthwise":
         return _depthwise(op, x, weight, out, pads, _conv_epilogue(op, out, bias, jit), pool, parts)
-    finish = _conv_epilogue(op, out, bias, jit)
     cg, ocg = c // g, oc // g
     k = cg * kh * kw
     w_packed = weight.reshape(g, ocg, k)
-    if op.scheme == "gemm1x1":  # 1x1 convolution is a GEMM on the input as it lies
+    if kernel == "gemm1x1_region":  # 1x1 convolution is a GEMM on the input as it lies
         xs = x.reshape(n, g, cg, h * w)
-        if regions:
-            region = _gemm_region(
-                (typed(ins[1]), typed(ins[0]), typed(outs[0])),
-                [(w_packed[gi, m0:m1], xs[b, gi, :, n0:n1], out[b, gi * ocg + m0:gi * ocg + m1, n0:n1], gi * ocg + m0, n0)
-                 for b in range(n) for gi in range(g)
-                 for _, m0, m1, n0, n1 in _gemm_blocks(1, ocg, h * w, cg, regions, min_macs=REGION_MIN_MACS)],
-                op.activation, out, bias=(typed(ins[2]), ins[2].offset, oc, 1, 0) if op.has_bias else None)
-            if region is not None:
-                return OpPlan((region,), "gemm1x1")
+        region = _gemm_region(
+            (typed(ins[1]), typed(ins[0]), typed(outs[0])),
+            [(w_packed[gi, m0:m1], xs[b, gi, :, n0:n1], out[b, gi * ocg + m0:gi * ocg + m1, n0:n1], gi * ocg + m0, n0)
+             for b in range(n) for gi in range(g) for _, m0, m1, n0, n1 in _gemm_blocks(1, ocg, h * w, parts)],
+            op.activation, out, bias=(typed(ins[2]), ins[2].offset, oc, 1, 0) if op.has_bias else None)
+        if region is not None:
+            return KernelWork((region,), "gemm1x1")
+        kernel, parts = engine.without_regions().conv(op, False)
+    finish = _conv_epilogue(op, out, bias, jit)
+    if kernel == "gemm1x1":
+        xs = x.reshape(n, g, cg, h * w)
         tasks = [(w_packed[gi, m0:m1], xs[b, gi, :, n0:n1], out[b, gi * ocg + m0:gi * ocg + m1, n0:n1],
                   (b, gi * ocg + m0, gi * ocg + m1, n0, n1))
-                 for b in range(n) for gi in range(g) for _, m0, m1, n0, n1 in _gemm_blocks(1, ocg, h * w, cg, pool.threads)]
-        return OpPlan((_on_pool(pool, len(tasks), _gemm_chunk(tasks, finish)),), "gemm1x1")
-
-    if regions and g == 1:
-        if CpuBackend.is_constant(ins[1]) and k >= PACKED_MIN_DEPTH:
-            panels = once(("panels", w_packed.shape), lambda: cpu_tiles.pack_panels(w_packed[0], cpu_tiles.NR))
-            return _packed_conv_region(op, x, panels, out, bias, regions, macs)
-        return _im2col_region(op, x, w_packed[0], out, bias, regions, macs)
+                 for b in range(n) for gi in range(g) for _, m0, m1, n0, n1 in _gemm_blocks(1, ocg, h * w, parts)]
+        return KernelWork((_on_pool(pool, len(tasks), _gemm_chunk(tasks, finish)),), "gemm1x1")
+    if kernel == "packed_region":
+        panels = once(("panels", w_packed.shape), lambda: cpu_tiles.pack_panels(w_packed[0], cpu_tiles.NR))
+        return _packed_conv_region(op, x, panels, out, bias, regions, parts)
+    if kernel == "im2col_region":
+        return _im2col_region(op, x, w_packed[0], out, bias, regions, parts)
     padded = _PaddedInput(x, pads, 0.0, (0, 0))
     windows = _window_view(padded.buf, op.kernel, op.strides, op.dilations, op.out_hw)  # [n, c, kh, kw, oh, ow]
-    if oh * ow >= ocg:
+    if kernel == "im2col_rows":
         # row blocks, each copying its own im2col columns into the thread's scratch and
         # multiplying them while they are in cache
-        rows = max(1, min(CHUNK_BYTES // (4 * k * ow), -(-oh // parts)))
+        rows = max(1, min(engines.CHUNK_BYTES // (4 * k * ow), -(-oh // parts)))
         scratch = [np.empty(k * rows * ow, dtype=np.float32) for _ in range(pool.threads)]
         tasks = [(windows[b, gi * cg:(gi + 1) * cg, :, :, r0:r1], w_packed[gi],
                   out[b, gi * ocg:(gi + 1) * ocg, r0 * ow:r1 * ow], (b, gi * ocg, (gi + 1) * ocg, r0 * ow, r1 * ow))
@@ -544,7 +498,7 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False, regi
         def run_row_blocks():
             padded.refresh()
             run_rows()
-        return OpPlan((run_row_blocks,), "im2col")
+        return KernelWork((run_row_blocks,), "im2col")
 
     # fewer output pixels than channels: the columns once (channel spans in parallel), then row
     # spans of the weights against all of them
@@ -553,7 +507,8 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False, regi
     copy_runs = [_on_pool(pool, len(pairs), lambda i, slot, pairs=pairs: np.copyto(*pairs[i]))
                  for pairs in ([(cols[c0:c1], windows[b, c0:c1]) for c0, c1 in _spans(c, parts)] for b in range(n))]
     gemms = [[(w_packed[gi, m0:m1], cols2[gi], out[b, gi * ocg + m0:gi * ocg + m1], (b, gi * ocg + m0, gi * ocg + m1, 0, oh * ow))
-              for gi in range(g) for _, m0, m1, _, _ in _gemm_blocks(1, ocg, oh * ow, k, pool.threads)]
+              for gi in range(g)
+              for _, m0, m1, _, _ in _gemm_blocks(1, ocg, oh * ow, engine.gemm(ocg * oh * ow * k, region=False))]
              for b in range(n)]
     gemm_runs = [_on_pool(pool, len(tasks), _gemm_chunk(tasks, finish)) for tasks in gemms]
 
@@ -562,19 +517,19 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, jit: bool = False, regi
         for copy, gemm in zip(copy_runs, gemm_runs):
             copy()
             gemm()
-    return OpPlan((run_im2col,), "im2col")
+    return KernelWork((run_im2col,), "im2col")
 
 
-def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, macs: int) -> OpPlan:
+def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts: int) -> KernelWork:
     """im2col as one native region per image (``cpu_parallel.im2col_blocks``): blocks of output
     rows (of output channels too where the image has fewer pixels than channels), each copying
     its windows into its thread's scratch, one BLAS product and the bias and a clamp while in
-    cache; padding is read as zeros in the copy, so no padded copy of the input."""
+    cache; padding is read as zeros in the copy, so no padded copy of the input. ``parts``: threads
+    to share it."""
     n, oc = op.batch, op.out_channels
     (oh, ow), (kh, kw) = op.out_hw, op.kernel
     k = weight.shape[1]
-    parts = regions if macs >= REGION_MIN_MACS else 1
-    fit = max(1, REGION_COLS_BYTES // (4 * k * ow))  # rows whose columns fit the scratch
+    fit = max(1, engines.REGION_COLS_BYTES // (4 * k * ow))  # rows whose columns fit the scratch
     channel_parts = parts if oh * ow < oc else 1
     rows = min(fit, oh) if channel_parts > 1 else min(fit, -(-oh // parts))
     blocks = np.array([(r0, r1, o0, o1) for r0, r1 in _spans(oh, -(-oh // rows))
@@ -588,28 +543,25 @@ def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, macs: int) 
     scalars = np.array([1.0, 0.0], np.float32)
     images = [(cpu_parallel.SGEMM, x[b], weight, out4[b], b1, blocks, fortran, scalars, cols, geometry, lo, hi, epilogue)
               for b in range(n)]
-    return OpPlan((_region_items(cpu_parallel.im2col_blocks, images, act, out),), "im2col",
+    return KernelWork((_region_items(cpu_parallel.im2col_blocks, images, act, out),), "im2col",
                   keep=(b1, cols, blocks, fortran, scalars))
 
 
-def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, macs: int,
-                        parts: int | None = None) -> OpPlan:
+def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts: int) -> KernelWork:
     """im2col on constant weights as one native region per image (``cpu_parallel.packed_conv``):
     the weights packed into ``cpu_tiles``' panels once (``panels``); per run, the input copied into a
     zero-bordered buffer (where there is padding), its windows packed into pixel panels, and the
     register tile's products with the bias and a clamp on the way out. Blocks are spans of pixel
     panels, each packing its own, where the image has as many pixels as channels; else spans of
-    weight panels, all reading panels packed once. ``parts``: threads to share it (else by its
-    multiply-adds)."""
+    weight panels, all reading panels packed once. ``parts``: threads to share it."""
     n, oc = op.batch, op.out_channels
     (oh, ow), (h, w) = op.out_hw, op.in_hw
     k, pixels, mr = panels.shape[1], oh * ow, cpu_tiles.MR
-    parts = parts or (regions if macs >= REGION_MIN_MACS else 1)
     top, left, bottom, right = _conv_pads(op)
     padded = (h + top + bottom, w + left + right)
     bases, taps = cpu_parallel.packed_conv_tables(op.kernel, op.strides, op.dilations, (oh, ow), padded[1])
     count = -(-pixels // mr)  # pixel panels
-    fit = max(1, REGION_COLS_BYTES // (4 * k * mr))  # panels whose packing fits the scratch
+    fit = max(1, engines.REGION_COLS_BYTES // (4 * k * mr))  # panels whose packing fits the scratch
     shared = pixels < oc and parts > 1
     if shared:
         pixel_spans, panel_spans = _spans(count, -(-count // fit)), _spans(len(panels), parts)
@@ -628,7 +580,7 @@ def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, macs: 
     pixels_outer = panels.nbytes <= packs[0].nbytes  # the smaller operand in the inner loop, in cache
     images = [(x[b], xp, inner, bases, taps, panels, out4[b], b1, pack_bounds, blocks, packs, accs, shared, pixels_outer,
                lo, hi, epilogue) for b in range(n)]
-    return OpPlan((_region_items(cpu_parallel.packed_conv, images, act, out),), "im2col",
+    return KernelWork((_region_items(cpu_parallel.packed_conv, images, act, out),), "im2col",
                   keep=(panels, b1, xp, bases, taps, pack_bounds, blocks, packs, accs))
 
 
@@ -687,7 +639,7 @@ def _gemm_chunk(tasks: list, finish: Callable[..., None]) -> Callable[[int, int]
     return chunk
 
 
-def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: int, jit: bool, once: Callable) -> OpPlan:
+def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: int, jit: bool, once: Callable) -> KernelWork:
     """Winograd F(n x n, k x k) (``op.winograd_tile``; the scheme step chose it; a rectangular
     kernel's tile and alpha per axis, ``winograd.conv_matrices``) in chunks of tile rows, each in
     the thread's scratch while in cache: its [alpha, alpha, C, tiles] input tiles copied out of
@@ -712,7 +664,7 @@ def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: in
     act = _epilogue(op.activation)
     out4 = out.reshape(op.batch, oc, oh, ow)
     # tile-row spans of even length: ``parts`` of them, more where one would not fit CHUNK_BYTES of scratch
-    spans = _even_spans(th, max(parts, -(-th * tw * ah * aw * 4 * max(c, oc) // CHUNK_BYTES)))
+    spans = _even_spans(th, max(parts, -(-th * tw * ah * aw * 4 * max(c, oc) // engines.CHUNK_BYTES)))
     size = ah * aw * max(c, oc) * max(t1 - t0 for t0, t1 in spans) * tw
     scratch = [(np.empty(size, np.float32), np.empty(size, np.float32)) for _ in range(pool.threads)]
     if jit:  # the output tiles put in place with the bias and a clamp in one compiled pass
@@ -753,10 +705,10 @@ def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: in
     def run():
         padded.refresh()
         run_chunks()
-    return OpPlan((run,), "winograd")
+    return KernelWork((run,), "winograd")
 
 
-def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Callable) -> OpPlan:
+def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Callable) -> KernelWork:
     """Winograd (a tile and alpha per axis: 1D tiles for a 1x7 or 7x1 kernel) as one native
     region per image (``cpu_parallel.winograd_packed``) on the register tile: the weights
     transformed (G_h W G_w^T) and packed into ``cpu_tiles``' panels once, here; per
@@ -796,7 +748,7 @@ def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Cal
     out4 = out.reshape(op.batch, oc, oh, ow)
     images = [(x[b], xp, inner, bases, b_rows, b_cols, a_rows, a_cols, u, v, scratch, out4[b], b1, geometry, lo, hi)
               for b in range(op.batch)]
-    return OpPlan((_region_items(cpu_parallel.winograd_packed, images, act, out),), "winograd",
+    return KernelWork((_region_items(cpu_parallel.winograd_packed, images, act, out),), "winograd",
                   keep=(u, b_rows, b_cols, a_rows, a_cols, xp, bases, v, scratch, b1))
 
 
@@ -832,7 +784,7 @@ def _tile_places(out3: np.ndarray, tile: tuple[int, int], t0: int, t1: int) -> l
     return places
 
 
-def _depthwise(op: A.Conv2D, x, weight, out, pads, finish, pool: Workers, parts: int) -> OpPlan:
+def _depthwise(op: A.Conv2D, x, weight, out, pads, finish, pool: Workers, parts: int) -> KernelWork:
     """Channel blocks, each in two passes: one copy of its KH*KW shifted windows into the
     thread's scratch, then one batched [1, KH*KW] x [KH*KW, pixels] product per channel (BLAS),
     bias and activation after: faster at MobileNet's sizes than a multiply and an add per tap
@@ -843,7 +795,7 @@ def _depthwise(op: A.Conv2D, x, weight, out, pads, finish, pool: Workers, parts:
     padded = _PaddedInput(x, pads, 0.0, (0, 0))
     windows = _window_view(padded.buf, op.kernel, op.strides, op.dilations, op.out_hw)  # [n, c, kh, kw, oh, ow]
     per_channel = 4 * (padded.buf.shape[2] * padded.buf.shape[3] + (taps + 1) * pixels)
-    per_block = max(1, min(CHUNK_BYTES // per_channel, -(-c // parts)))
+    per_block = max(1, min(engines.CHUNK_BYTES // per_channel, -(-c // parts)))
     w3 = weight.reshape(c, 1, taps)  # a view: W may be a run-time tensor
     out3 = out.reshape(n, c, 1, pixels)
     scratch = [np.empty(per_block * taps * pixels, dtype=np.float32) for _ in range(pool.threads)]
@@ -859,10 +811,10 @@ def _depthwise(op: A.Conv2D, x, weight, out, pads, finish, pool: Workers, parts:
         np.copyto(cols.reshape(src.shape), src)
         np.matmul(wb, cols.reshape(c1 - c0, taps, pixels), out=ob)
         finish(*block)
-    return OpPlan((_on_pool(pool, len(tasks), block),), "depthwise")
+    return KernelWork((_on_pool(pool, len(tasks), block),), "depthwise")
 
 
-def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts: int, regions: int = 0) -> OpPlan:
+def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts: int, regions: int = 0) -> KernelWork:
     """The depthwise convolution as ``cpu_jit``'s one-pass loops on channel spans, the bias and a
     clamp activation applied in the loop (others after, on the span), each thread on its own
     scratch plane: one pass where ``_depthwise`` makes several (measured: bench/RESULTS.md).
@@ -879,7 +831,7 @@ def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts
         bounds = _bounds(_spans(c, parts))
         regions_of = [cpu_parallel.depthwise_region(kernel, (x[b], w3, b1, out4[b], bounds, *scratch, *tail))
                       for b in range(n)]
-        return OpPlan((_region_items(regions_of[0][0], [args for _, args in regions_of], act, out),), "depthwise",
+        return KernelWork((_region_items(regions_of[0][0], [args for _, args in regions_of], act, out),), "depthwise",
                       keep=(b1, scratch))
     spans = [(x[b, c0:c1], w3[c0:c1], b1[c0:c1], out4[b, c0:c1]) for b in range(n) for c0, c1 in _spans(c, parts)]
     compiled = cpu_jit.bind(kernel, *spans[0], scratch[0][0], scratch[1][0], *tail)
@@ -888,16 +840,16 @@ def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts
         compiled(*spans[index], scratch[0][slot], scratch[1][slot], *tail)
         if act:
             act(spans[index][3])
-    return OpPlan((_on_pool(pool, len(spans), span),), "depthwise", keep=(b1, scratch))
+    return KernelWork((_on_pool(pool, len(spans), span),), "depthwise", keep=(b1, scratch))
 
 
 def _thread_scratch(threads: int, floats: int, fill: float = 0.0) -> np.ndarray:
     """[threads, ``floats`` rounded up to whole cache lines] float32, each thread's row starting
     on a cache line, so that no two threads write one line: rows side by side shared their edge
     lines, and the lines went back and forth between the cores (measured: bench/RESULTS.md)."""
-    width = -(-floats // CACHE_LINE_FLOATS) * CACHE_LINE_FLOATS
-    raw = np.full(threads * width + CACHE_LINE_FLOATS, fill, np.float32)
-    start = (-raw.ctypes.data % (4 * CACHE_LINE_FLOATS)) // 4
+    width = -(-floats // engines.CACHE_LINE_FLOATS) * engines.CACHE_LINE_FLOATS
+    raw = np.full(threads * width + engines.CACHE_LINE_FLOATS, fill, np.float32)
+    start = (-raw.ctypes.data % (4 * engines.CACHE_LINE_FLOATS)) // 4
     return raw[start:start + threads * width].reshape(threads, width)
 
 
@@ -952,22 +904,23 @@ def _make_conv_transpose2d(op: A.ConvTranspose2D, ins, outs, pool: Workers):
             np.add(out, bias, out=out)
         if act:
             act(out)
-    return OpPlan((run,))
+    return KernelWork((run,))
 
 
-def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, jit: bool = False, regions: int = 0):
+def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, engine: Engine):
     n, c = op.batch, op.channels
     (h, w), (oh, ow), (kh, kw), (sh, sw) = op.in_hw, op.out_hw, op.kernel, op.strides
     x = view(ins[0]).reshape(n, c, h, w)
     out = view(outs[0]).reshape(n, c, oh, ow)
-    if (kh, kw) == (h, w) and (oh, ow) == (1, 1) and not any(op.pads):  # global pooling
+    kernel, parts = engine.pool(op, x.dtype == np.float32)
+    if kernel in ("mean_rows_region", "global"):  # global pooling
         x3, o3 = x.reshape(n, c, h * w), out.reshape(n, c)
-        if regions and op.op == "avg" and x.dtype == np.float32:
-            bounds = _row_bounds(n * c, h * w, regions)
+        if kernel == "mean_rows_region":
+            bounds = _bounds(_even_spans(n * c, parts))
             args = (x3.reshape(n * c, h * w), o3.reshape(n * c), bounds)
-            return OpPlan((_region_items(cpu_rows.mean_rows, [args], None, out),), "global", keep=(bounds,))
+            return KernelWork((_region_items(cpu_rows.mean_rows, [args], None, out),), "global", keep=(bounds,))
         reducer = np.max if op.op == "max" else np.mean
-        return OpPlan((lambda: reducer(x3, axis=2, out=o3),), "global")
+        return KernelWork((lambda: reducer(x3, axis=2, out=o3),), "global")
     top, left, bottom, right = op.pads
     inv_count = None
     if op.op != "max":
@@ -980,8 +933,8 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, jit: bool = False, regi
         count_h = np.minimum(starts_h + kh, hi_h) - np.maximum(starts_h, lo_h)
         count_w = np.minimum(starts_w + kw, hi_w) - np.maximum(starts_w, lo_w)
         inv_count = (1.0 / np.maximum(np.outer(count_h, count_w), 1)).astype(np.float32)
-    if jit and x.dtype == np.float32 and op.kernel == (3, 3):
-        return _pool_compiled(op, x, out, inv_count, pool, regions)
+    if kernel in ("pool3x3_region", "pool3x3"):
+        return _pool_compiled(op, x, out, inv_count, pool, parts, engine.regions)
     extent = ((oh - 1) * sh + kh, (ow - 1) * sw + kw)
     border = (np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf) if op.op == "max" else 0.0
     padded = _PaddedInput(x, op.pads, border, extent)
@@ -990,27 +943,26 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, jit: bool = False, regi
         def run_max():
             padded.refresh()
             reduce_windows()
-        return OpPlan((run_max,))
+        return KernelWork((run_max,))
 
     def run_avg():
         padded.refresh()
         reduce_windows()
         np.multiply(out, inv_count, out=out)
-    return OpPlan((run_avg,))
+    return KernelWork((run_avg,))
 
 
-def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, regions: int = 0) -> OpPlan:
+def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, parts: int, regions: int = 0) -> KernelWork:
     """3x3 pooling as compiled loops on channel spans, reading the input in place (no padded
     copy): ``cpu_jit.pool3x3_same`` on flat planes where the output is the input's size at
     stride 1 (Inception's average pools), else ``cpu_jit.pool3x3`` row by row, each thread on
     its own scratch: faster than nine taps per output from rows split by phase (measured:
-    bench/RESULTS.md)."""
+    bench/RESULTS.md). ``parts``: channel spans; with ``regions``, each image's are one native region."""
     n, c = op.batch, op.channels
     (h, w), (oh, ow), (sh, sw), (top, left) = op.in_hw, op.out_hw, op.strides, op.pads[:2]
     is_max = op.op == "max"
     border, scale = (-np.inf, np.ones(op.out_hw, np.float32)) if is_max else (0.0, inv_count)
     threads = regions or pool.threads
-    windows = n * c * 9 * oh * ow
     if op.strides == (1, 1) and op.pads == (1, 1, 1, 1) and min(h, w) >= 2:
         x, out = x.reshape(n, c, h * w), out.reshape(n, c, h * w)
         kernel, region, scratch = cpu_jit.pool3x3_same, cpu_parallel.pool_same_spans, _thread_scratch(threads, h * w)
@@ -1020,14 +972,12 @@ def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, regions: int 
         scratch = _thread_scratch(threads, (ow - 1) * sw + 3, border)  # a padded row per thread
         tail = (is_max, sh, sw, top, left)
     if regions:
-        parts = regions if windows >= REGION_MIN_WINDOWS else 1
         bounds = _bounds(_spans(c, parts))
         images = [(x[b], out[b], scale, bounds, scratch, *tail) for b in range(n)]
-        return OpPlan((_region_items(region, images, None, out),), keep=(scale, scratch))
-    parts = _parts(pool, windows, DEPTHWISE_PARALLEL_MIN)
+        return KernelWork((_region_items(region, images, None, out),), keep=(scale, scratch))
     spans = [(x[b, c0:c1], out[b, c0:c1], scale) for b in range(n) for c0, c1 in _spans(c, parts)]
     compiled = cpu_jit.bind(kernel, *spans[0], scratch[0], *tail)
-    return OpPlan((_on_pool(pool, len(spans), lambda index, slot: compiled(*spans[index], scratch[slot], *tail)),),
+    return KernelWork((_on_pool(pool, len(spans), lambda index, slot: compiled(*spans[index], scratch[slot], *tail)),),
                   keep=(scale, scratch))
 
 
@@ -1059,19 +1009,14 @@ def _separable_windows(xp: np.ndarray, kernel, strides, out: np.ndarray, combine
     return run
 
 
-def _row_bounds(rows: int, size: int, regions: int) -> np.ndarray:
-    """A row-wise region's spans of ``rows`` rows of ``size``: one per thread once the tensor
-    reaches ``REGION_MIN_ELEMENTS``, else one."""
-    return _bounds(_even_spans(rows, regions if rows * size >= REGION_MIN_ELEMENTS else 1))
-
-
-def _make_softmax(op: A.Softmax, ins, outs, pool: Workers, jit: bool = False, regions: int = 0):
+def _make_softmax(op: A.Softmax, ins, outs, pool: Workers, engine: Engine):
     x = view(ins[0]).reshape(op.outer, op.size, op.inner)
     o = view(outs[0]).reshape(op.outer, op.size, op.inner)
-    if regions and op.inner == 1 and o.dtype == x.dtype == np.float32:  # along the last axis: rows
-        bounds = _row_bounds(op.outer, op.size, regions)
+    kernel, parts = engine.rows(op.outer, op.size, op.inner == 1 and o.dtype == x.dtype == np.float32)
+    if kernel == "rows_region":  # along the last axis: rows
+        bounds = _bounds(_even_spans(op.outer, parts))
         args = (x.reshape(op.outer, op.size), o.reshape(op.outer, op.size), bounds, op.log)
-        return OpPlan((_region_items(cpu_rows.softmax_rows, [args], None, o),), keep=(bounds,))
+        return KernelWork((_region_items(cpu_rows.softmax_rows, [args], None, o),), keep=(bounds,))
     peak = np.empty((op.outer, 1, op.inner), dtype=np.float32)
     total = np.empty_like(peak)
 
@@ -1085,20 +1030,21 @@ def _make_softmax(op: A.Softmax, ins, outs, pool: Workers, jit: bool = False, re
             np.exp(o, out=o)
             np.sum(o, axis=1, keepdims=True, out=total)
             np.divide(o, total, out=o)
-    return OpPlan((run,))
+    return KernelWork((run,))
 
 
-def _make_normalize(op: A.Normalize, ins, outs, pool: Workers, jit: bool = False, regions: int = 0):
+def _make_normalize(op: A.Normalize, ins, outs, pool: Workers, engine: Engine):
     x = view(ins[0]).reshape(op.outer, op.size)
     o = view(outs[0]).reshape(op.outer, op.size)
     scale = view(ins[1]).reshape(1, op.size) if op.has_affine else None
     shift = view(ins[2]).reshape(1, op.size) if op.has_affine else None
-    if regions and o.dtype == x.dtype == np.float32:
-        bounds = _row_bounds(op.outer, op.size, regions)
+    kernel, parts = engine.rows(op.outer, op.size, o.dtype == x.dtype == np.float32)
+    if kernel == "rows_region":
+        bounds = _bounds(_even_spans(op.outer, parts))
         unit = np.ones(1, np.float32)  # stands for scale and shift without an affine step (never read)
         args = (x, o, unit if scale is None else scale[0], unit if shift is None else shift[0], np.float32(op.eps),
                 op.has_affine, bounds)
-        return OpPlan((_region_items(cpu_rows.normalize_rows, [args], None, o),), keep=(bounds, unit))
+        return KernelWork((_region_items(cpu_rows.normalize_rows, [args], None, o),), keep=(bounds, unit))
     mean = np.empty((op.outer, 1), dtype=np.float32)
     var = np.empty_like(mean)
 
@@ -1112,7 +1058,7 @@ def _make_normalize(op: A.Normalize, ins, outs, pool: Workers, jit: bool = False
         if scale is not None:
             np.multiply(o, scale, out=o)
             np.add(o, shift, out=o)
-    return OpPlan((run,))
+    return KernelWork((run,))
 
 
 def _make_resize(op: A.Resize, ins, outs, pool: Workers):
@@ -1126,14 +1072,14 @@ def _make_resize(op: A.Resize, ins, outs, pool: Workers):
         def run_nearest():
             np.take(x, rows.lo, axis=1, out=picked)
             np.take(picked, cols.lo, axis=2, out=out)
-        return OpPlan((run_nearest,))
+        return KernelWork((run_nearest,))
     fh, fw = rows.frac.reshape(1, oh, 1), cols.frac.reshape(1, 1, ow)
 
     def run_linear():
         top = x[:, rows.lo][:, :, cols.lo] * (1 - fw) + x[:, rows.lo][:, :, cols.hi] * fw
         bottom = x[:, rows.hi][:, :, cols.lo] * (1 - fw) + x[:, rows.hi][:, :, cols.hi] * fw
         np.copyto(out, top * (1 - fh) + bottom * fh)
-    return OpPlan((run_linear,))
+    return KernelWork((run_linear,))
 
 
 def _make_gather(op: A.Gather, ins, outs, pool: Workers):
@@ -1146,7 +1092,7 @@ def _make_gather(op: A.Gather, ins, outs, pool: Workers):
         idx[idx < 0] += op.axis
         np.clip(idx, 0, op.axis - 1, out=idx)  # the contract: out-of-range indices clamp
         np.take(data, idx, axis=1, out=out)
-    return OpPlan((run,))
+    return KernelWork((run,))
 
 
 def _make_select(op: A.Select, ins, outs, pool: Workers):
@@ -1160,7 +1106,7 @@ def _make_select(op: A.Select, ins, outs, pool: Workers):
         np.not_equal(cond, 0, out=mask)
         np.copyto(o, b)
         np.copyto(o, a, where=mask)
-    return OpPlan((run,))
+    return KernelWork((run,))
 
 
 def _make_cumsum(op: A.CumSum, ins, outs, pool: Workers):
@@ -1169,12 +1115,12 @@ def _make_cumsum(op: A.CumSum, ins, outs, pool: Workers):
     if op.reverse:  # the same running sum over reversed views
         x, o = x[:, ::-1], o[:, ::-1]
     if not op.exclusive:
-        return OpPlan((lambda: np.cumsum(x, axis=1, out=o),))
+        return KernelWork((lambda: np.cumsum(x, axis=1, out=o),))
 
     def run_exclusive():
         o[:, :1] = 0
         np.cumsum(x[:, :-1], axis=1, out=o[:, 1:])
-    return OpPlan((run_exclusive,))
+    return KernelWork((run_exclusive,))
 
 
 def _make_topk(op: A.TopK, ins, outs, pool: Workers):
@@ -1185,7 +1131,7 @@ def _make_topk(op: A.TopK, ins, outs, pool: Workers):
         keys = x.astype(np.float64) if x.dtype.kind != "f" else x
         order = np.argsort(-keys if op.largest else keys, axis=1, kind="stable")  # ties: lower index first
         np.copyto(o, order[:, :op.k], casting="unsafe")
-    return OpPlan((run,))
+    return KernelWork((run,))
 
 
 def _make_scatter(op: A.Scatter, ins, outs, pool: Workers):
@@ -1204,7 +1150,7 @@ def _make_scatter(op: A.Scatter, ins, outs, pool: Workers):
             out[rows] = updates
         else:
             combine.at(out, rows, updates)
-    return OpPlan((run,))
+    return KernelWork((run,))
 
 
 def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers):
@@ -1221,17 +1167,12 @@ def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers):
     extra = {role: view(roles[role]).reshape(shape) for role, shape in shapes.items() if role in roles}
     out = view(outs[0]).reshape(op.output_blocks, d, b, h)
     groups = direction_groups(op)
-    return OpPlan((lambda: cell_step(op, groups, gates, x, state, extra, out),))
+    return KernelWork((lambda: cell_step(op, groups, gates, x, state, extra, out),))
 
 
-#: Where the Winograd kernel pays against im2col, per kernel: (output tiles, input channels, how
-#: many times fewer multiplications than the sliding window it must make: Eq. 2's C(n) with the
-#: transforms). "regions": ``_winograd_region`` (the register tile); "threads": ``_winograd`` (BLAS
-#: products on the Python threads). Measured per op with ``bench/cpu_winograd.py`` (bench/RESULTS.md).
-WINOGRAD_PAYS = {"regions": (16, 16, 1.6), "threads": (40, 64, 2.0)}
 _ANY_INT = frozenset({A.INT32})
-#: makers with a compiled variant (``jit=True``) for some of their ops
-_JIT_AWARE = frozenset({_make_conv2d, _make_pool2d, _make_matmul, _make_binary, _make_softmax, _make_normalize})
+#: makers with a compiled or region kernel for some of their ops: they ask the backend's ``Engine`` which
+_ENGINE_AWARE = frozenset({_make_conv2d, _make_pool2d, _make_matmul, _make_binary, _make_softmax, _make_normalize})
 #: makers that pack constant weights (shared between run states: ``cpu_constants``)
 _PACKS_CONSTANTS = frozenset({_make_conv2d, _make_matmul})
 _MAKERS = {
@@ -1260,7 +1201,7 @@ class CpuBackend(Backend):
     #: NumPy computes every integer op; float-only kernels (convolution, pooling, ...) stay float32
     dtypes = {op: _ANY_INT for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.MatMul, A.Gather, A.Select,
                                       A.CumSum, A.TopK, A.Scatter, A.Pool2D)}
-    winograd_min_tiles, winograd_min_channels, winograd_min_saving = WINOGRAD_PAYS["threads"]
+    winograd_min_tiles, winograd_min_channels, winograd_min_saving = engines.WINOGRAD_PAYS["threads"]
     winograd_per_image = True  # both Winograd kernels go image by image: a batch has no more tiles per product
 
     @property
@@ -1303,8 +1244,9 @@ class CpuBackend(Backend):
         loops = f" and Numba {cpu_jit.numba.__version__}" if self.jit else ""
         if self.regions:
             loops += f" ({cpu_parallel.available_layer()} regions)"
-        if self.regions:  # the scheme step reads these: Winograd pays sooner on the register tile
-            self.winograd_min_tiles, self.winograd_min_channels, self.winograd_min_saving = WINOGRAD_PAYS["regions"]
+        self.engine = Engine(self.jit, self.regions, self.threads)
+        # the scheme step reads these: Winograd pays sooner on the register tile
+        self.winograd_min_tiles, self.winograd_min_channels, self.winograd_min_saving = self.engine.winograd_pays()
         self._info = BackendInfo("cpu", f"NumPy {np.__version__}{loops} on {self.threads} thread(s)",
                                  host_cpu_flops(self.threads), 0.0, float("inf"), is_gpu=False)
         self._pool = workers(self.threads)
@@ -1354,12 +1296,11 @@ class CpuBackend(Backend):
     def _create_execution(self, op: A.AtomicOp, inputs: list[TensorHandle],
                           outputs: list[TensorHandle]) -> Execution:
         if outputs and all(o.size == 0 for o in outputs):  # nothing to compute (NumPy refuses empty reductions)
-            return Execution(op, inputs, outputs, OpPlan((), "empty"))
+            return Execution(op, inputs, outputs, KernelWork((), "empty"))
         maker = _MAKERS[type(op)]
         packs = {"constants": self._packed} if maker in _PACKS_CONSTANTS else {}
-        if self.jit and maker in _JIT_AWARE:
-            return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, jit=True, regions=self.regions,
-                                                        **packs))
+        if maker in _ENGINE_AWARE:
+            return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, engine=self.engine, **packs))
         return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, **packs))
 
     def _record(self, executions: list[Execution]) -> list[Callable[[], None]]:

@@ -4,14 +4,14 @@ One kernel source for two APIs: the OpenCL C programs compiled as CUDA C++ behin
 macros (:mod:`gpumnn.shaders.cuda_source`), with NVRTC through ``cupy.RawModule``, in the GPU
 ("tiled") family the OpenCL backend uses on GPUs. The jobs are split by module as for OpenCL:
 device choice, description, memory, versions and module compilation (:mod:`.cuda_device`),
-plan-to-launch translation, graph capture and the per-call stream lanes, which need no GPU
-(:mod:`.cuda_launch`); this module turns plans into CuPy calls.
+launch translation, graph capture and the per-call stream lanes, which need no GPU
+(:mod:`.cuda_launch`); this module turns the planners' launches into CuPy calls.
 
 Memory: every buffer is one ``cudaMalloc`` of its own (``cupy.cuda.Memory``, not CuPy's memory
 pool, so that a closed session's memory goes back to the driver and ``cudaMemGetInfo`` sees what
 the session holds): the session's pool (tensors are element offsets into it, as on OpenCL;
 kernels take ``(pointer, element offset)`` pairs), each constant (uploaded once) and each scratch
-buffer of a plan. Host copies go through pinned staging (``cudaHostAlloc``) held by a lane.
+buffer of a kernel. Host copies go through pinned staging (``cudaHostAlloc``) held by a lane.
 
 Lanes (:class:`.launch.Lane`, lent by :class:`~gpumnn.backends.lanes.LanePool`, which the vulkan
 backend shares): each verb call (write, read, record, submit, eager run) borrows a lane -- its
@@ -37,7 +37,7 @@ bias, alpha and beta, the activation, batch and group strides, the convolution's
 one launch, while ``cupy.matmul`` on pool views would add launches for the epilogue, needs
 CuPy's memory pool and a cuBLAS workspace inside the graph capture, and covers only the
 MatMul case. Whether cuBLAS pays for large GEMM-shaped MatMuls is a measurement to make on the
-GPU first (bench), then a plan with its own scheme.
+GPU first (bench), then a kernel with its own scheme.
 
 Device arrays: ``run`` takes CuPy arrays and any DLPack (``__dlpack__``) or CUDA-array-interface
 tensor on this GPU, copied device to device into the pool, ordered after the caller's current
@@ -61,7 +61,7 @@ from ... import atomic as A
 from ...errors import BackendOptionError, DeviceArrayError
 from ..kernels.cl.cuda_source import NVRTC_OPTIONS, cuda_source
 from ..kernels.cl import planner as cl_plans
-from ..base import Backend, Execution, OpPlan, TensorHandle, constant_words, host_out, kernels_option
+from ..base import Backend, Execution, KernelWork, TensorHandle, constant_words, host_out, kernels_option
 from ..kernels.cl.planner import Scratch
 from .device import attribute, describe_versions, device_info, load_kernels, memory_limits, pick_device
 from .launch import CudaLaunch, DeviceBuffer, Lane, Recording, bind, capture, wait_lane
@@ -188,7 +188,7 @@ class CudaBackend(Backend):
 
     @staticmethod
     def is_constant(handle: TensorHandle) -> bool:
-        """True when ``handle`` lives in a buffer from ``constant`` (packed once by plans)."""
+        """True when ``handle`` lives in a buffer from ``constant`` (packed once by a kernel's prepare launches)."""
         return isinstance(handle.buffer, DeviceBuffer) and handle.buffer.constant
 
     @staticmethod
@@ -337,7 +337,7 @@ class CudaBackend(Backend):
                 for ln in prepare:
                     ln(lane.stream)
                 self._sync(lane, f"the weight packing of {type(op).__name__} ({op.source})")
-        return Execution(op, inputs, outputs, OpPlan(work, planned.scheme, tuple(scratch.values())))
+        return Execution(op, inputs, outputs, KernelWork(work, planned.scheme, tuple(scratch.values())))
 
     def _scratch_buffer(self, scratch: Scratch) -> DeviceBuffer:
         if scratch.data is not None:

@@ -5,8 +5,8 @@ machine (``tests/test_cuda_backend.py``, with stand-ins for CuPy's stream and ke
 A planned :class:`~.cl_plans.Launch` counts OpenCL work-items; CUDA launches ``gsize[i] //
 lsize[i]`` blocks of ``lsize`` threads along x, y, z (the prelude's ``get_global_id`` is
 ``blockIdx * blockDim + threadIdx``, so both APIs index the same elements). A kernel argument
-that is a tensor's buffer (a :class:`DeviceBuffer`) or a plan's :class:`~.cl_plans.Scratch`
-becomes the device pointer the kernel indexes from, followed by the plan's element offset;
+that is a tensor's buffer (a :class:`DeviceBuffer`) or a kernel's :class:`~.cl_plans.Scratch`
+becomes the device pointer the kernel indexes from, followed by the launch's element offset;
 scalars stay NumPy scalars, which CuPy passes by value with their own width.
 """
 from __future__ import annotations
@@ -75,7 +75,7 @@ def grid_block(launch: Launch) -> tuple[tuple[int, int, int], tuple[int, int, in
 
 
 def kernel_args(args: Sequence[Any], scratch: Mapping[Scratch, DeviceBuffer]) -> tuple:
-    """A plan's arguments as a CUDA kernel takes them: a :class:`DeviceBuffer` (a tensor's
+    """A launch's arguments as a CUDA kernel takes them: a :class:`DeviceBuffer` (a tensor's
     buffer) or a :class:`~.cl_plans.Scratch` (replaced by the buffer made for it) becomes its
     device pointer; the element offsets and scalars after it are passed as planned."""
     out = []

@@ -4,10 +4,10 @@ The backend's jobs are split by module: device choice and description (:mod:`.op
 program building and the on-disk binary cache (:mod:`.opencl_programs`), the
 ``cl_khr_command_buffer`` binding and its probe (:mod:`.opencl_cmdbuf`), and what to launch for
 each atomic op (:mod:`.cl_plans`, API-neutral, shared with a CUDA backend). This module turns
-plans into pyopencl calls.
+their launches into pyopencl calls.
 
-Pre-inference (``create_execution``) plans the op for its concrete sizes, creates its scratch
-buffers, builds (or fetches from the memory / disk cache) the programs, runs its preparation
+Pre-inference (``create_execution``) asks the planner for the op's launches at its concrete
+sizes, creates its scratch buffers, builds (or fetches from the memory / disk cache) the programs, runs its preparation
 launches (weight packing) once, and creates each kernel object with every argument set.
 ``record`` turns a run of executions into a command buffer (``cl_khr_command_buffer`` through a
 small ctypes binding, since pyopencl has none) or, where the device lacks it, into a flat launch
@@ -37,7 +37,7 @@ import pyopencl as cl
 from ... import atomic as A
 from ...errors import GpumnnError
 from ..kernels.cl import planner as cl_plans
-from ..base import (Backend, Execution, OpPlan, TensorHandle, constant_words, host_out, kernel_family,
+from ..base import (Backend, Execution, KernelWork, TensorHandle, constant_words, host_out, kernel_family,
                    kernels_option)
 from ..kernels.cl.planner import Scratch
 from ..limits import MemoryLimits
@@ -212,7 +212,7 @@ class OpenCLBackend(Backend):
         work = [self._bind(ln, scratch) for ln in planned.work]
         for ln in work:
             ln.kernel = ln.make_kernel()
-        return Execution(op, inputs, outputs, OpPlan(work, planned.scheme, tuple(scratch.values())))
+        return Execution(op, inputs, outputs, KernelWork(work, planned.scheme, tuple(scratch.values())))
 
     def _scratch_buffer(self, scratch: Scratch) -> Any:
         if scratch.data is not None:

@@ -14,7 +14,7 @@ Design
   distinct set of ranges and cached.
 * Planning: what to dispatch per atomic op (kernel variant, bound element ranges, parameters,
   grid, barrier placement) is API-neutral and shared with the OpenGL backend
-  (``gpumnn.backends.kernels.glsl.planner``); this module turns those plans into Vulkan objects.
+  (``gpumnn.backends.kernels.glsl.planner``); this module turns their work into Vulkan objects.
 * Kernels: one GLSL file per atomic-op family in ``gpumnn/backends/kernels/glsl`` (API-neutral bodies,
   see ``gpumnn.backends.kernels.glsl.compile``); per-op choices (op id, activation, tile sizes, bias) are
   ``#define`` variants, each compiled once and cached (memory + disk) and turned into one

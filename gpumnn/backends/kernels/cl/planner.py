@@ -3,11 +3,11 @@ that compiles them: OpenCL now, CUDA (the same sources through a prelude of macr
 
 As :mod:`gpumnn.backends.kernels.glsl.planner` does for Vulkan and OpenGL, this module decides what to launch for an atomic
 op -- which kernel of which program (a *family* of .cl files, compiled with ``defines``), over which
-global and local sizes, with which arguments -- and imports no GPU API. A backend turns the plan
+global and local sizes, with which arguments -- and imports no GPU API. A backend turns that work
 into its API's calls: :mod:`.opencl` into pyopencl kernels, a CUDA backend into ``RawModule``
 functions.
 
-* :func:`plan` returns a :class:`~gpumnn.backends.base.OpPlan` whose ``work`` are
+* :func:`plan` returns a :class:`~gpumnn.backends.base.KernelWork` whose ``work`` are
   :class:`Launch` objects (run in order, every run), ``prepare`` launches to run once at creation
   (packing a constant weight) and ``keep`` the :class:`Scratch` buffers the launches use beyond
   the op's tensors, which the backend creates (with ``Scratch.data`` as contents, if given) and
@@ -56,7 +56,7 @@ import numpy as np
 
 from .... import atomic as A
 from ....numerics.strides import contiguous_strides, merge_dims, one_run, strided_indices, strided_span
-from ...base import KERNEL_SCHEMES, OpPlan, PlannerTarget as BasePlannerTarget, TensorHandle
+from ...base import KERNEL_SCHEMES, KernelWork, PlannerTarget as BasePlannerTarget, TensorHandle
 from ....numerics.sampling import resize_axis
 from ....numerics.winograd import conv_matrices
 
@@ -163,7 +163,7 @@ def family_source(family: str) -> str:
 
 @dataclass(frozen=True, eq=False)
 class Scratch:
-    """A buffer a plan needs beyond the op's tensors (packed weights, a transposed operand, a
+    """A buffer a kernel needs beyond the op's tensors (packed weights, a transposed operand, a
     sampling table): ``nbytes``, or ``data`` (float32/int32 words) as its initial contents. The
     backend creates one buffer per Scratch object (compared by identity) and keeps it as long as
     the execution."""
@@ -218,7 +218,7 @@ def vec_launch(family: str, name: str, args: Sequence[Any], grid: Sequence[int],
 
 
 # --------------------------------------------------------------------------------------------
-# Planners: one per atomic op; each returns an OpPlan of Launches (see the module docstring)
+# Planners: one per atomic op; each returns a KernelWork of Launches (see the module docstring)
 # --------------------------------------------------------------------------------------------
 
 #: regions whose destinations are compared element by element only up to this many elements in all
@@ -240,7 +240,7 @@ def _disjoint_destinations(regions: Sequence[A.Region]) -> bool:
 
 def _merged_raster_launch(src, out, regions: Sequence[A.Region]) -> tuple[Launch, Scratch]:
     """One raster_copy_regions launch over ``regions`` (all of one source), and its table (the
-    tensors' offsets are in it: a plan is made for one placement of its tensors)."""
+    tensors' offsets are in it: its work is made for one placement of its tensors)."""
     rows = []
     for r in regions:
         dims = merge_dims(r.size, r.src_strides, r.dst_strides)
@@ -266,7 +266,7 @@ def _plan_raster(be: PlannerTarget, op: A.Raster, ins, outs):
         # GPUs: the regions of one source (Winograd's tiles, a pad) in one launch, since no element
         # is written twice, their order does not matter; a launch each was most of a raster's time
         ln, table = _merged_raster_launch(ins[regions[0].src], out, regions)
-        return OpPlan(launches + [ln], "raster", (table,))
+        return KernelWork(launches + [ln], "raster", (table,))
     for r in regions:
         src = ins[r.src]
         s_off, d_off = src.offset + r.src_offset, out.offset + r.dst_offset
@@ -286,7 +286,7 @@ def _plan_raster(be: PlannerTarget, op: A.Raster, ins, outs):
         args = [src.buffer, _i(s_off), out.buffer, _i(d_off), _i(sizes[1]), _i(sizes[2]), _i(sizes[3]),
                 _i(r.count)] + [_i(d[1]) for d in dims] + [_i(d[2]) for d in dims]
         launches.append(launch1d("raster", "raster_copy", args, r.count))
-    return OpPlan(launches, "raster")
+    return KernelWork(launches, "raster")
 
 
 
@@ -295,8 +295,8 @@ def _plan_unary(be, op: A.Unary, ins, outs):
     args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.count)] + _unary_args(op.op, op.params, op.dtype)
     suffix = DTYPE_SUFFIX[op.dtype] + DTYPE_SUFFIX[op.output_dtype()]
     if be.kernels == "simd" and suffix == "ff":
-        return OpPlan([vec_launch("elementwise", "unary_vec", args, (-(-op.count // CPU_VEC),))], "vec")
-    return OpPlan([launch1d("elementwise", f"unary_{suffix}", args, op.count)])
+        return KernelWork([vec_launch("elementwise", "unary_vec", args, (-(-op.count // CPU_VEC),))], "vec")
+    return KernelWork([launch1d("elementwise", f"unary_{suffix}", args, op.count)])
 
 
 def _plan_binary(be, op: A.Binary, ins, outs):
@@ -310,7 +310,7 @@ def _plan_binary(be, op: A.Binary, ins, outs):
     if one_run(dims) and not vector:
         args = [a.buffer, _i(a.offset), b.buffer, _i(b.offset), o.buffer, _i(o.offset), _i(n),
                 _i(BINARY_IDS[op.op])] + act
-        return OpPlan([launch1d("elementwise", f"binary_flat_{suffix}", args, n)], "flat")
+        return KernelWork([launch1d("elementwise", f"binary_flat_{suffix}", args, n)], "flat")
     dims = [(1, 0, 0, 0)] * (A.RANK - len(dims)) + dims
     d = [x[0] for x in dims]
     head = [a.buffer, _i(a.offset), b.buffer, _i(b.offset), o.buffer, _i(o.offset), _i(d[1]), _i(d[2]), _i(d[3])]
@@ -318,9 +318,9 @@ def _plan_binary(be, op: A.Binary, ins, outs):
     tail = [_i(BINARY_IDS[op.op])] + act
     if vector:
         grid = (-(-d[3] // CPU_VEC), d[2], d[0] * d[1])
-        return OpPlan([vec_launch("elementwise", "binary_vec", head + strides + tail, grid)], "vec")
+        return KernelWork([vec_launch("elementwise", "binary_vec", head + strides + tail, grid)], "vec")
     args = head + [_i(n)] + strides + tail
-    return OpPlan([launch1d("elementwise", f"binary_{suffix}", args, n)], "strided")
+    return KernelWork([launch1d("elementwise", f"binary_{suffix}", args, n)], "strided")
 
 
 def _plan_reduce(be, op: A.Reduce, ins, outs):
@@ -329,36 +329,36 @@ def _plan_reduce(be, op: A.Reduce, ins, outs):
     if op.op in ("argmax", "argmin") or op.dtype == A.INT32:  # one work-item per (outer, inner)
         name = f"arg_reduce_{DTYPE_SUFFIX[op.dtype]}" if op.op in ("argmax", "argmin") else "reduce_cols_i"
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.outer), _i(op.size), _i(op.inner), rop]
-        return OpPlan([launch1d("reduce", name, args, op.outer * op.inner)], "cols")
+        return KernelWork([launch1d("reduce", name, args, op.outer * op.inner)], "cols")
     if be.kernels == "simd" and op.inner == 1:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.outer), _i(op.size), rop]
-        return OpPlan([vec_launch("reduce", "reduce_rows_vec", args, (op.outer,))], "rows-vec")
+        return KernelWork([vec_launch("reduce", "reduce_rows_vec", args, (op.outer,))], "rows-vec")
     if be.kernels == "simd" and op.inner >= CPU_VEC:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.size), _i(op.inner), rop]
         grid = (-(-op.inner // CPU_VEC), op.outer)
-        return OpPlan([vec_launch("reduce", "reduce_cols_vec", args, grid)], "cols-vec")
+        return KernelWork([vec_launch("reduce", "reduce_cols_vec", args, grid)], "cols-vec")
     if op.inner == 1 and op.size >= 2 * RWG:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.size), rop]
-        return OpPlan([launch("reduce", "reduce_rows", args, (op.outer * RWG,), (RWG,))], "rows")
+        return KernelWork([launch("reduce", "reduce_rows", args, (op.outer * RWG,), (RWG,))], "rows")
     args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.outer), _i(op.size), _i(op.inner), rop]
-    return OpPlan([launch1d("reduce", "reduce_cols", args, op.outer * op.inner)], "cols")
+    return KernelWork([launch1d("reduce", "reduce_cols", args, op.outer * op.inner)], "cols")
 
 
 def _plan_softmax(be, op: A.Softmax, ins, outs):
     x, y = ins[0], outs[0]
     if be.kernels == "simd" and op.inner == 1:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.outer), _i(op.size), _i(int(op.log))]
-        return OpPlan([vec_launch("reduce", "softmax_rows_vec", args, (op.outer,))], "rows-vec")
+        return KernelWork([vec_launch("reduce", "softmax_rows_vec", args, (op.outer,))], "rows-vec")
     if be.kernels == "simd" and op.inner >= CPU_VEC:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.size), _i(op.inner), _i(int(op.log))]
         grid = (-(-op.inner // CPU_VEC), op.outer)
-        return OpPlan([vec_launch("reduce", "softmax_cols_vec", args, grid)], "cols-vec")
+        return KernelWork([vec_launch("reduce", "softmax_cols_vec", args, grid)], "cols-vec")
     if op.inner == 1 and op.size >= 2 * RWG:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.size), _i(int(op.log))]
-        return OpPlan([launch("reduce", "softmax_rows", args, (op.outer * RWG,), (RWG,))], "rows")
+        return KernelWork([launch("reduce", "softmax_rows", args, (op.outer * RWG,), (RWG,))], "rows")
     args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.outer), _i(op.size), _i(op.inner),
             _i(int(op.log))]
-    return OpPlan([launch1d("reduce", "softmax_cols", args, op.outer * op.inner)], "cols")
+    return KernelWork([launch1d("reduce", "softmax_cols", args, op.outer * op.inner)], "cols")
 
 
 def _plan_normalize(be, op: A.Normalize, ins, outs):
@@ -368,12 +368,12 @@ def _plan_normalize(be, op: A.Normalize, ins, outs):
               shift.buffer, _i(shift.offset)]
     if be.kernels == "simd":
         args = common + [_i(op.outer), _i(op.size), _f(op.eps), _i(int(op.has_affine))]
-        return OpPlan([vec_launch("reduce", "normalize_rows_vec", args, (op.outer,))], "rows-vec")
+        return KernelWork([vec_launch("reduce", "normalize_rows_vec", args, (op.outer,))], "rows-vec")
     if op.size >= 2 * RWG or op.outer < 4 * be.compute_units:
         args = common + [_i(op.size), _f(op.eps), _i(int(op.has_affine))]
-        return OpPlan([launch("reduce", "normalize_rows", args, (op.outer * RWG,), (RWG,))], "rows")
+        return KernelWork([launch("reduce", "normalize_rows", args, (op.outer * RWG,), (RWG,))], "rows")
     args = common + [_i(op.outer), _i(op.size), _f(op.eps), _i(int(op.has_affine))]
-    return OpPlan([launch1d("reduce", "normalize_item", args, op.outer)], "items")
+    return KernelWork([launch1d("reduce", "normalize_item", args, op.outer)], "items")
 
 
 def _gemm_config(be: PlannerTarget, m: int, n: int, batch: int) -> str:
@@ -448,10 +448,10 @@ def _gemm_launches(be: PlannerTarget, kernel: str, *, A_, a_off, B_, b_off, C_, 
     return [gemm, total], keep, splits
 
 
-def _gemm_plan(scheme: str, work: tuple[list[Launch], tuple[Scratch, ...], int]) -> OpPlan:
-    """The OpPlan of ``_gemm_launches``' work; a split GEMM's scheme says into how many K slices."""
+def _gemm_plan(scheme: str, work: tuple[list[Launch], tuple[Scratch, ...], int]) -> KernelWork:
+    """The KernelWork of ``_gemm_launches``' work; a split GEMM's scheme says into how many K slices."""
     launches, keep, splits = work
-    return OpPlan(launches, scheme if splits == 1 else f"{scheme}/split-K {splits}", keep)
+    return KernelWork(launches, scheme if splits == 1 else f"{scheme}/split-K {splits}", keep)
 
 
 def _cpu_gemm_args(A_, a_off, B_, b_off, C_, c_off, bias, bias_off, M, N, K, G, a_s, b_s, c_s, bias_s):
@@ -494,8 +494,8 @@ def _conv_voc(be, op: A.Conv2D | A.ConvTranspose2D, x, w, bias, o):
     kernel = "deconv_voc" if transposed else "conv_voc"
     conv = launch("gemm_cpu", kernel, args, (-(-ow // rb), oh, n * g * ob), (1, 1, 1), defines=defines)
     if be.is_constant(w):  # weights: pack once at creation (preparation), the run is the conv alone
-        return OpPlan([conv], "direct-vec", (packed,), prepare=(relayout,))
-    return OpPlan([relayout, conv], "direct-vec(+pack)", (packed,))
+        return KernelWork([conv], "direct-vec", (packed,), prepare=(relayout,))
+    return KernelWork([relayout, conv], "direct-vec(+pack)", (packed,))
 
 
 def _plan_matmul(be, op: A.MatMul, ins, outs):
@@ -530,7 +530,7 @@ def _plan_matmul(be, op: A.MatMul, ins, outs):
             bias=bias.buffer, bias_off=bias.offset, M=m, N=op.n, K=op.k, batch=batch, a_s=(a_stride, 0),
             b_s=(b_stride, 0), c_s=(c_stride, 0), am=am, ak=ak, ldb=op.n, has_bias=op.has_bias,
             bias_mn=tuple(op.bias_strides), alpha=op.alpha, beta=op.beta, act=op.activation))
-        return OpPlan(launches, "vec-" + scheme, keep, prepare)
+        return KernelWork(launches, "vec-" + scheme, keep, prepare)
     return _gemm_plan(scheme, _gemm_launches(
         be, "gemm_dense", A_=a.buffer, a_off=a.offset, B_=b.buffer, b_off=b.offset,
         C_=o.buffer, c_off=o.offset, bias=bias.buffer, bias_off=bias.offset,
@@ -577,21 +577,21 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
         args = [x.buffer, _i(x.offset), w.buffer, _i(w.offset), bias.buffer, _i(bias.offset),
                 o.buffer, _i(o.offset), _i(c), _i(h), _i(wd), _i(oh), _i(ow), _i(kh), _i(kw), _i(sh), _i(sw),
                 _i(ph), _i(pw), _i(dh), _i(dw), _i(int(op.has_bias))] + _activation_args(op.activation)
-        return OpPlan([launch("gemm_cpu", "dw_vec", args, (-(-ow // vec), oh, n * c), (1, 1, 1),
+        return KernelWork([launch("gemm_cpu", "dw_vec", args, (-(-ow // vec), oh, n * c), (1, 1, 1),
                                  defines={"VEC": vec, "RB": 1})], "depthwise")
     if op.scheme == "depthwise":
         args = [x.buffer, _i(x.offset), w.buffer, _i(w.offset), bias.buffer, _i(bias.offset),
                 o.buffer, _i(o.offset), _i(n * c), _i(c), _i(h), _i(wd), _i(oh), _i(ow), _i(kh), _i(kw),
                 _i(sh), _i(sw), _i(ph), _i(pw), _i(dh), _i(dw), _i(int(op.has_bias))]
         args += _activation_args(op.activation)
-        return OpPlan([launch1d("conv", "conv_depthwise", args, n * c * oh * ow)], "depthwise")
+        return KernelWork([launch1d("conv", "conv_depthwise", args, n * c * oh * ow)], "depthwise")
     if op.scheme == "winograd":
         return _plan_winograd(be, op, x, w, bias, o)
     common = _conv_gemm_args(op, x, w, bias, o)
     pointwise = op.scheme == "gemm1x1"
     if be.kernels == "simd":
         if pointwise:
-            return OpPlan([_gemm_vn_launch(am=c // g, ak=1, ldb=h * wd, **common)], "gemm1x1")
+            return KernelWork([_gemm_vn_launch(am=c // g, ak=1, ldb=h * wd, **common)], "gemm1x1")
         return _conv_voc(be, op, x, w, bias, o)
     lda = common["K"]
     if pointwise:
@@ -599,7 +599,7 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
     return _gemm_plan("im2col", _gemm_launches(be, "gemm_conv", lda=lda, conv=_conv_geometry(op), **common))
 
 
-def _plan_winograd(be: PlannerTarget, op: A.Conv2D, x, w, bias, o) -> OpPlan:
+def _plan_winograd(be: PlannerTarget, op: A.Conv2D, x, w, bias, o) -> KernelWork:
     """Winograd F(n x n, k x k) in three kernels around the tiled GEMM (winograd.cl): the input
     transform writes V [P][C][T] straight from the input, one batched GEMM per position gives
     M = U V (split-K where its tiles are few), the output transform applies A, the bias and the
@@ -647,7 +647,7 @@ def _plan_winograd(be: PlannerTarget, op: A.Conv2D, x, w, bias, o) -> OpPlan:
         prepare = (weights,)
     else:
         work.insert(0, weights)
-    return OpPlan(work, scheme, (mats, u, v, prod, *keep), prepare)
+    return KernelWork(work, scheme, (mats, u, v, prod, *keep), prepare)
 
 
 def _plan_conv_transpose2d(be, op: A.ConvTranspose2D, ins, outs):
@@ -666,12 +666,12 @@ def _plan_pool2d(be, op: A.Pool2D, ins, outs):
     is_max = _i(int(op.op == "max"))
     if (kh, kw) == (h, w) and (oh, ow) == (1, 1) and not any(op.pads) and h * w >= RWG:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(h * w), is_max]
-        return OpPlan([launch("pool", "pool_global", args, (planes * RWG,), (RWG,))], "global")
+        return KernelWork([launch("pool", "pool_global", args, (planes * RWG,), (RWG,))], "global")
     top, left, bottom, right = op.pads
     args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(planes), _i(h), _i(w), _i(oh), _i(ow),
             _i(kh), _i(kw), _i(sh), _i(sw), _i(top), _i(left), _i(bottom), _i(right), is_max,
             _i(int(op.count_include_pad))]
-    return OpPlan([launch1d("pool", "pool2d", args, planes * oh * ow)], "direct")
+    return KernelWork([launch1d("pool", "pool2d", args, planes * oh * ow)], "direct")
 
 
 def _resize_table(op: A.Resize) -> np.ndarray:
@@ -688,7 +688,7 @@ def _plan_resize(be, op: A.Resize, ins, outs):
     (h, w), (oh, ow) = op.in_hw, op.out_hw
     args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), table, _i(op.planes), _i(h), _i(w), _i(oh), _i(ow)]
     name = "resize_nearest" if op.mode == "nearest" else "resize_linear"
-    return OpPlan([launch1d("resize", name, args, op.planes * oh * ow)], op.mode, (table,))
+    return KernelWork([launch1d("resize", name, args, op.planes * oh * ow)], op.mode, (table,))
 
 
 def _plan_select(be, op: A.Select, ins, outs):
@@ -700,14 +700,14 @@ def _plan_select(be, op: A.Select, ins, outs):
     d = [x[0] for x in dims]
     args = [c.buffer, _i(c.offset), a.buffer, _i(a.offset), b.buffer, _i(b.offset), o.buffer, _i(o.offset),
             _i(d[1]), _i(d[2]), _i(d[3]), _i(n)] + [_i(x[k]) for k in (2, 3, 4) for x in dims]
-    return OpPlan([launch1d("select", "select_words", args, n)])
+    return KernelWork([launch1d("select", "select_words", args, n)])
 
 
 def _plan_cumsum(be, op: A.CumSum, ins, outs):
     x, y = ins[0], outs[0]
     args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.outer), _i(op.size), _i(op.inner),
             _i(int(op.exclusive)), _i(int(op.reverse))]
-    return OpPlan([launch1d("cumsum", f"cumsum_{DTYPE_SUFFIX[op.dtype]}", args, op.outer * op.inner)])
+    return KernelWork([launch1d("cumsum", f"cumsum_{DTYPE_SUFFIX[op.dtype]}", args, op.outer * op.inner)])
 
 
 def cell_tables(op: A.RecurrentCell) -> tuple[np.ndarray, np.ndarray]:
@@ -732,7 +732,7 @@ def _plan_recurrent_cell(be, op: A.RecurrentCell, ins, outs):
             for t in (h.buffer, _i(h.offset))]
     args += [*tables, _i(list(A.CELLS).index(op.cell)), _i(op.directions), _i(op.batch), _i(op.hidden),
              _i(op.gate_blocks), _i(op.x_row_stride), _f(op.clip), _i(op.flags)]
-    return OpPlan([launch1d("recurrent", "recurrent_cell", args, op.directions * op.batch * op.hidden)], op.cell,
+    return KernelWork([launch1d("recurrent", "recurrent_cell", args, op.directions * op.batch * op.hidden)], op.cell,
                   tables)
 
 
@@ -749,17 +749,17 @@ def _plan_scatter(be, op: A.Scatter, ins, outs):
             _i(op.rows), _i(op.inner), _i(op.count)]
     if op.reduction == "none":
         launches.append(launch1d("scatter", "scatter_set", args, op.count * op.inner))
-        return OpPlan(launches, "parallel")
+        return KernelWork(launches, "parallel")
     launches.append(launch1d("scatter", f"scatter_reduce_{DTYPE_SUFFIX[op.dtype]}",
                                 args + [_i(BINARY_IDS[op.reduction])], op.inner))
-    return OpPlan(launches, f"{op.reduction} serial per column")
+    return KernelWork(launches, f"{op.reduction} serial per column")
 
 
 def _plan_gather(be, op: A.Gather, ins, outs):
     data, idx, y = ins[0], ins[1], outs[0]
     args = [data.buffer, _i(data.offset), idx.buffer, _i(idx.offset), y.buffer, _i(y.offset),
             _i(op.outer), _i(op.axis), _i(op.inner), _i(op.count)]
-    return OpPlan([launch1d("gather", "gather", args, op.outer * op.count * op.inner)])
+    return KernelWork([launch1d("gather", "gather", args, op.outer * op.count * op.inner)])
 
 
 #: every Unary, Binary and Reduce name of the contract has a kernel (Backend.op_names: none listed)
@@ -776,7 +776,7 @@ TILED_SCHEMES: Mapping[type, frozenset[str]] = {**KERNEL_SCHEMES, A.Conv2D: KERN
 def schemes_for(kernels: str) -> Mapping[type, frozenset[str]]:
     """The schemes a backend running the ``kernels`` family ("simd" or "tiled") builds."""
     return TILED_SCHEMES if kernels == "tiled" else SCHEMES
-PLANNERS: Mapping[type, Callable[..., OpPlan]] = {
+PLANNERS: Mapping[type, Callable[..., KernelWork]] = {
     A.Raster: _plan_raster, A.Unary: _plan_unary, A.Binary: _plan_binary, A.Reduce: _plan_reduce,
     A.MatMul: _plan_matmul, A.Conv2D: _plan_conv2d, A.ConvTranspose2D: _plan_conv_transpose2d,
     A.Pool2D: _plan_pool2d, A.Softmax: _plan_softmax, A.Normalize: _plan_normalize,
@@ -785,8 +785,8 @@ PLANNERS: Mapping[type, Callable[..., OpPlan]] = {
 }
 
 
-def plan(be: PlannerTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outputs: Sequence[TensorHandle]) -> OpPlan:
-    """What to launch for ``op``: its planner's plan, launches over empty grids dropped (all of
+def plan(be: PlannerTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outputs: Sequence[TensorHandle]) -> KernelWork:
+    """What to launch for ``op``: its planner's work, launches over empty grids dropped (all of
     them where the outputs are empty: the simd kernels' padded grids would write anyway)."""
     planned = PLANNERS[type(op)](be, op, list(inputs), list(outputs))
     if outputs and all(o.size == 0 for o in outputs):

@@ -5,7 +5,7 @@ an atomic op -- which kernel variant (``#define``s: op ids, activation, tile and
 sizes), which element ranges of which buffers at which binding slots, the 32 int32/float32
 parameters and the workgroup grid -- is the same decision on both. This module makes it:
 
-* one *planner* per atomic op (``PLANNERS``) returns an :class:`~gpumnn.backends.base.OpPlan`
+* one *planner* per atomic op (``PLANNERS``) returns a :class:`~gpumnn.backends.base.KernelWork`
   of :class:`Builder` objects and the scheme; :func:`plan` turns it into one of the backend's
   dispatches;
 * a :class:`Builder` collects one dispatch; ``Builder.build()`` hands it to the backend, which
@@ -20,7 +20,7 @@ What a backend provides to the planners (duck-typed, see :class:`PlannerTarget`)
                       "tiled" (shared-memory tiles, wide workgroups: GPUs)
 ``simd_lanes``        SIMD width of a CPU device (workgroup size of the simd convolution)
 ``max_group_count``   (x, y, z) workgroup-count limits
-``plan_error``        exception class raised for plans the device cannot run
+``plan_error``        exception class raised for work the device cannot run
 ``binding(buf, lo, hi)``  -> (binding, base element): the aligned range bound for elements
                       [lo, hi) of ``buf`` and the element index the range starts at
 ``dispatch(builder, bindings)``  -> the backend's dispatch object
@@ -42,7 +42,7 @@ import numpy as np
 from .... import atomic as A
 from .compile import GLSL_DIR
 from ....numerics.strides import contiguous_strides, merge_dims
-from ...base import KERNEL_SCHEMES, OpPlan, PlannerTarget as BasePlannerTarget, TensorHandle
+from ...base import KERNEL_SCHEMES, KernelWork, PlannerTarget as BasePlannerTarget, TensorHandle
 from ....numerics.sampling import resize_axis
 
 
@@ -313,7 +313,7 @@ class Builder:
 
 
 # --------------------------------------------------------------------------------------------
-# Planners: one per atomic op; each returns an OpPlan of Builders and the scheme.
+# Planners: one per atomic op; each returns a KernelWork of Builders and the scheme.
 # --------------------------------------------------------------------------------------------
 
 def _int_defines(in_dtype: str, out_dtype: str = A.FLOAT32) -> dict:
@@ -352,7 +352,7 @@ def _plan_raster(be: PlannerTarget, op: A.Raster, ins, outs):
         b.grid1d(out.size, 128)
         builders.append(b)
     builders += [_region_builder(be, r, ins[r.src], out) for r in op.regions if r.count]
-    return OpPlan(builders, "raster")
+    return KernelWork(builders, "raster")
 
 
 def _int_clip_bounds(params: Sequence[float]) -> tuple[int, int]:
@@ -374,7 +374,7 @@ def _plan_unary(be, op: A.Unary, ins, outs):
     else:
         b.setf(3, *(tuple(op.params) + (0.0, 0.0, 0.0))[:3])
     b.grid1d(op.count, 128)
-    return OpPlan([b])
+    return KernelWork([b])
 
 
 def _elementwise_builder(be, kernel: str, defines: dict, shape: Sequence[int],
@@ -399,7 +399,7 @@ def _plan_binary(be, op: A.Binary, ins, outs):
     defines = dict(_int_defines(op.dtype), OP=BINARY_IDS[op.op])
     b = _elementwise_builder(be, "binary", defines, op.out_shape, (op.a_strides, op.b_strides), ins, outs)
     b.activation(15, op.activation)
-    return OpPlan([b])
+    return KernelWork([b])
 
 
 def _row_builder(be, kernel: str, defines: dict, nbind: int, rows: int, size: int) -> Builder:
@@ -425,7 +425,7 @@ def _reduce_builder(be, op_name: str, outer: int, size: int, inner: int, x: Tens
 
 
 def _plan_reduce(be, op: A.Reduce, ins, outs):
-    return OpPlan([_reduce_builder(be, op.op, op.outer, op.size, op.inner, ins[0], outs[0], op.dtype)])
+    return KernelWork([_reduce_builder(be, op.op, op.outer, op.size, op.inner, ins[0], outs[0], op.dtype)])
 
 
 def _plan_matmul(be, op: A.MatMul, ins, outs):
@@ -465,7 +465,7 @@ def _plan_matmul(be, op: A.MatMul, ins, outs):
         b.defines["B_VEC4"] = 1
     b.groups = groups
     _check_grid(be, b.groups)
-    return OpPlan([b], "gemm_regblock" if be.kernels == "simd" else "gemm_tiled")
+    return KernelWork([b], "gemm_regblock" if be.kernels == "simd" else "gemm_tiled")
 
 
 def _check_grid(be, groups) -> None:
@@ -494,7 +494,7 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
         b.set(0, items, c, h, w, oh, ow, kh, 0, sh, 0, ph, pw, dh, 0, x, wt, bias, o, row_groups)
         b.activation(22, op.activation)
         b.grid1d(items, 16 if be.kernels == "simd" else 64)
-        return OpPlan([b], "depthwise")
+        return KernelWork([b], "depthwise")
     if be.kernels == "simd" and _is_constant(ins[1]):
         return _plan_conv2d_direct_rb(be, op, ins, outs)
     cg, ocg = c // g, oc // g
@@ -513,7 +513,7 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
     b.activation(22, op.activation)
     b.groups = (math.ceil(big_n / tn), math.ceil(big_m / tm), n * g)
     _check_grid(be, b.groups)
-    return OpPlan([b], "gemm1x1" if pointwise else "implicit_gemm")
+    return KernelWork([b], "gemm1x1" if pointwise else "implicit_gemm")
 
 
 def _is_constant(handle: TensorHandle) -> bool:
@@ -593,7 +593,7 @@ def _plan_conv2d_direct_rb(be, op: A.Conv2D, ins, outs):
     b.activation(22, op.activation)
     b.groups = (math.ceil(oh * row_groups / lanes), blocks, n * g)
     _check_grid(be, b.groups)
-    return OpPlan([b], "direct_regblock")
+    return KernelWork([b], "direct_regblock")
 
 
 def _plan_conv_transpose2d(be, op: A.ConvTranspose2D, ins, outs):
@@ -609,7 +609,7 @@ def _plan_conv_transpose2d(be, op: A.ConvTranspose2D, ins, outs):
     b.set(0, total, c, h, w, oc, oh, ow, c // g, oc // g, kh, kw, sh, sw, ph, pw, dh, dw, x, wt, bias, o)
     b.activation(22, op.activation)
     b.grid1d(total, 128)
-    return OpPlan([b], "direct")
+    return KernelWork([b], "direct")
 
 
 def _plan_pool2d(be, op: A.Pool2D, ins, outs):
@@ -617,7 +617,7 @@ def _plan_pool2d(be, op: A.Pool2D, ins, outs):
     (h, w), (oh, ow), (kh, kw), (sh, sw) = op.in_hw, op.out_hw, op.kernel, op.strides
     is_max = op.op == "max"
     if (kh, kw) == (h, w) and (oh, ow) == (1, 1) and not any(op.pads):
-        return OpPlan([_reduce_builder(be, "max" if is_max else "mean", n * c, h * w, 1, ins[0], outs[0])], "global")
+        return KernelWork([_reduce_builder(be, "max" if is_max else "mean", n * c, h * w, 1, ins[0], outs[0])], "global")
     total = n * c * oh * ow
     defines = {"MAX": 1} if is_max else ({"COUNT_PAD": 1} if op.count_include_pad else {})
     b = Builder(be, "pool2d", defines, 2)
@@ -625,7 +625,7 @@ def _plan_pool2d(be, op: A.Pool2D, ins, outs):
     x = b.bind(1, ins[0], 0, n * c * h * w)
     b.set(0, total, h, w, oh, ow, kh, kw, sh, sw, *op.pads, x, o)
     b.grid1d(total, 128)
-    return OpPlan([b], "direct")
+    return KernelWork([b], "direct")
 
 
 def _plan_softmax(be, op: A.Softmax, ins, outs):
@@ -634,7 +634,7 @@ def _plan_softmax(be, op: A.Softmax, ins, outs):
     o = b.bind(0, outs[0], 0, count, write=True)
     x = b.bind(1, ins[0], 0, count)
     b.set(0, op.outer, op.size, op.inner, x, o)
-    return OpPlan([b])
+    return KernelWork([b])
 
 
 def _plan_normalize(be, op: A.Normalize, ins, outs):
@@ -647,7 +647,7 @@ def _plan_normalize(be, op: A.Normalize, ins, outs):
     b.set(0, op.outer, op.size, x, o)
     b.setf(4, op.eps)
     b.set(5, scale, shift)
-    return OpPlan([b])
+    return KernelWork([b])
 
 
 def _resize_table(be: PlannerTarget, op: A.Resize) -> TensorHandle:
@@ -675,7 +675,7 @@ def _plan_resize(be, op: A.Resize, ins, outs):
     t = b.bind(2, table)
     b.set(0, total, h, w, oh, ow, x, o, t)
     b.grid1d(total, 128)
-    return OpPlan([b], op.mode)
+    return KernelWork([b], op.mode)
 
 
 def _plan_gather(be, op: A.Gather, ins, outs):
@@ -686,11 +686,11 @@ def _plan_gather(be, op: A.Gather, ins, outs):
     i = b.bind(2, ins[1], 0, op.count)
     b.set(0, total, op.axis, op.inner, op.count, d, i, o)
     b.grid1d(total, 128)
-    return OpPlan([b])
+    return KernelWork([b])
 
 
 def _plan_select(be, op: A.Select, ins, outs):
-    return OpPlan([_elementwise_builder(be, "select", {}, op.out_shape, (op.c_strides, op.a_strides, op.b_strides),
+    return KernelWork([_elementwise_builder(be, "select", {}, op.out_shape, (op.c_strides, op.a_strides, op.b_strides),
                                         ins, outs)])
 
 
@@ -701,7 +701,7 @@ def _plan_cumsum(be, op: A.CumSum, ins, outs):
     x = b.bind(1, ins[0], 0, count)
     b.set(0, op.outer, op.size, op.inner, x, o, int(op.exclusive), int(op.reverse))
     b.grid1d(op.outer * op.inner, 64)
-    return OpPlan([b])
+    return KernelWork([b])
 
 
 #: the most bindings a dispatch has: recurrent.comp's (out, gates, projection, state, one optional
@@ -738,7 +738,7 @@ def _plan_recurrent_cell(be, op: A.RecurrentCell, ins, outs):
         b.setf(17 + 8 * dd, *[a[1] for a in acts])
         b.setf(20 + 8 * dd, *[a[2] for a in acts])
     b.grid1d(total, 64)
-    return OpPlan([b], op.cell)
+    return KernelWork([b], op.cell)
 
 
 SCATTER_REDUCTIONS = ("none", "add", "mul", "max", "min")
@@ -751,7 +751,7 @@ def _plan_scatter(be, op: A.Scatter, ins, outs):
     out = outs[0]
     n, items = op.rows * op.inner, op.count * op.inner
     if n == 0:
-        return OpPlan([])
+        return KernelWork([])
     copy = _region_builder(be, A.Region(0, 0, (0, 0, 0, 1), 0, (0, 0, 0, 1), (1, 1, 1, n)), data, out)
     defines = dict(_int_defines(op.dtype), REDUCTION=SCATTER_REDUCTIONS.index(op.reduction))
     b = Builder(be, "scatter", defines, 3)
@@ -760,7 +760,7 @@ def _plan_scatter(be, op: A.Scatter, ins, outs):
     u = b.bind(2, updates, 0, items)
     b.set(0, items, op.rows, op.inner, o, i, u)
     b.grid1d(items, 128)
-    return OpPlan([copy, b])
+    return KernelWork([copy, b])
 
 
 #: The schemes the planners build (Vulkan and OpenGL both use these planners).
@@ -787,8 +787,8 @@ PLANNERS: Mapping[type, Callable] = {
 }
 
 
-def plan(be: PlannerTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outputs: Sequence[TensorHandle]) -> OpPlan:
-    """One atomic op's plan with the backend's dispatches as its work: its planner's builders,
+def plan(be: PlannerTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outputs: Sequence[TensorHandle]) -> KernelWork:
+    """One atomic op's KernelWork with the backend's dispatches as its work: its planner's builders,
     each built by ``be`` (empty grids dropped)."""
     planned = PLANNERS[type(op)](be, op, list(inputs), list(outputs))
     return dataclasses.replace(planned, work=[d for d in (b.build() for b in planned.work) if d is not None])

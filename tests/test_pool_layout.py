@@ -1,18 +1,18 @@
-"""The memory plan: tensors alive together never overlap, and the vectorised greedy search lays
+"""The pool layout: tensors alive together never overlap, and the vectorised greedy search lays
 every tensor exactly where the plain greedy loop (kept here as the reference) puts it."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from gpumnn.scheduler.memory import Lifetime, MemoryPlan, plan_memory
+from gpumnn.scheduler.memory import Lifetime, PoolLayout, lay_out_pool
 
 
 def _align(value: int, alignment: int) -> int:
     return -(-value // alignment) * alignment
 
 
-def reference_plan(lifetimes: list[Lifetime], alignment: int = 64) -> MemoryPlan:
+def reference_layout(lifetimes: list[Lifetime], alignment: int = 64) -> PoolLayout:
     """Largest first, the lowest aligned offset clear of every placed tensor alive meanwhile."""
     placed, offsets = [], {}
     for tensor in sorted(lifetimes, key=lambda t: (-t.nbytes, t.first, t.name)):
@@ -27,7 +27,7 @@ def reference_plan(lifetimes: list[Lifetime], alignment: int = 64) -> MemoryPlan
         placed.append((offset, size, tensor))
         offsets[tensor.name] = offset
     pool = max((off + sz for off, sz, _ in placed), default=0)
-    return MemoryPlan(offsets, pool, sum(_align(max(t.nbytes, 4), alignment) for t in lifetimes))
+    return PoolLayout(offsets, pool, sum(_align(max(t.nbytes, 4), alignment) for t in lifetimes))
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -40,10 +40,10 @@ def test_plan_matches_the_greedy_loop_and_never_overlaps_live_tensors(seed):
         first = int(rng.integers(0, span))
         lifetimes.append(Lifetime(f"t{i}", int(nbytes), first, first + int(rng.integers(0, span))))
     alignment = int(rng.choice([4, 16, 64, 256]))
-    plan = plan_memory(lifetimes, alignment)
-    assert plan == reference_plan(lifetimes, alignment)
+    layout = lay_out_pool(lifetimes, alignment)
+    assert layout == reference_layout(lifetimes, alignment)
     for a in lifetimes:
         for b in lifetimes:
             if a.name < b.name and a.first <= b.last and b.first <= a.last:
-                a0, b0 = plan.offsets[a.name], plan.offsets[b.name]
+                a0, b0 = layout.offsets[a.name], layout.offsets[b.name]
                 assert a0 + max(a.nbytes, 4) <= b0 or b0 + max(b.nbytes, 4) <= a0

@@ -1,0 +1,166 @@
+"""Which of the cpu backend's three engines runs an op, and the thresholds that choose.
+
+The engines: NumPy on the calling thread (the reference), chunks on ``cpu_workers``' Python
+threads (NumPy, or ``cpu_jit``'s compiled loops), and ``cpu_parallel``'s native regions. A
+backend has an ``Engine`` (what it may use); each op family asks it once, by one method, which
+kernel builds the op and into how many pieces to cut it (a ``Choice``). The kernels in
+``backend`` only carry the choice out.
+
+The thresholds are read when a choice is made, so a test may patch them on this module. Each was
+measured at threads=2 on 2 cores (the figures are in bench/RESULTS.md).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+from ... import atomic as A
+
+#: Bytes one chunk's scratch (im2col columns, depthwise windows) may take; within it, the chunk
+#: count (``CHUNKS_PER_THREAD``) decides. Chunks cut to fit L2 were slower: NumPy's cost per call
+#: and the GIL handed between threads at every call outweigh the cache misses they save.
+CHUNK_BYTES = 4 << 20
+#: An op shared between threads is cut into this many chunks per thread: more let a thread the
+#: machine slows leave its share to the others, fewer hand the GIL between threads less often
+#: and keep each chunk's GEMM wide (narrow column spans run slower per multiply-add).
+CHUNKS_PER_THREAD = 1
+#: Below this many multiply-adds a convolution or product runs whole on the calling thread:
+#: handing chunks to the helpers would cost more than it saves.
+PARALLEL_MIN_MACS = 1 << 24
+#: A depthwise convolution is shared between threads from this many window elements (channels x
+#: taps x output pixels) on: it is bound by passes over memory and per-channel BLAS calls, not by
+#: multiply-adds, so the MAC threshold above would keep every one of them on one thread.
+DEPTHWISE_PARALLEL_MIN = 1 << 18
+
+#: With ``cpu_parallel``'s native regions a product is shared between threads from this many
+#: multiply-adds, a depthwise convolution or pool from this many window elements: a region costs
+#: about a tenth of a hand-over to ``cpu_workers``.
+REGION_MIN_MACS = 1 << 20
+REGION_MIN_WINDOWS = 1 << 15
+#: Bytes of im2col columns one block of a region copies, so that its product reads them from L2.
+REGION_COLS_BYTES = 1 << 20
+#: A convolution on constant weights takes ``cpu_tiles``' register tile (``_packed_conv_region``)
+#: from this inner dimension (C*KH*KW) up, BLAS below: with a short inner dimension each tile's
+#: store and each element's packing weigh more against its multiply-adds.
+PACKED_MIN_DEPTH = 512
+#: Elementwise ops (a residual sum) and row passes (softmax, normalisation, global average pooling)
+#: are shared between the regions' threads from this many elements: a region's cost against a
+#: pass over memory.
+REGION_MIN_ELEMENTS = 1 << 15
+#: floats in a cache line: a thread's scratch, and an elementwise op's span, starts on one
+CACHE_LINE_FLOATS = 16
+
+#: Where the Winograd kernel pays against im2col, per kernel: (output tiles, input channels, how
+#: many times fewer multiplications than the sliding window it must make: Eq. 2's C(n) with the
+#: transforms). "regions": ``_winograd_region`` (the register tile); "threads": ``_winograd`` (BLAS
+#: products on the Python threads). Measured per op with ``bench/cpu_winograd.py`` (bench/RESULTS.md).
+WINOGRAD_PAYS = {"regions": (16, 16, 1.6), "threads": (40, 64, 2.0)}
+
+
+class Choice(NamedTuple):
+    """The kernel that builds an op, and ``parts``: how many pieces it cuts the op into (threads
+    for a GEMM's blocks, ``_gemm_blocks``); 1 runs it whole."""
+
+    kernel: str
+    parts: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """What a backend may run on: ``jit``, ``cpu_jit``'s compiled loops; ``regions``, threads of
+    ``cpu_parallel``'s native regions (0: none); ``threads``, the Python pool's (``cpu_workers``)."""
+
+    jit: bool = False
+    regions: int = 0
+    threads: int = 1
+
+    def without_regions(self) -> Engine:
+        """This engine on the Python threads: where a region cannot take an operand's layout."""
+        return dataclasses.replace(self, regions=0)
+
+    def winograd_pays(self) -> tuple[int, int, float]:
+        """The scheme step's gate for Winograd (``WINOGRAD_PAYS``): lower on the register tile."""
+        return WINOGRAD_PAYS["regions" if self.regions else "threads"]
+
+    # -- how many pieces ------------------------------------------------------------------
+    def chunks(self, work: int, threshold: int) -> int:
+        """Chunks on the Python threads: ``CHUNKS_PER_THREAD`` per thread once ``work`` reaches
+        ``threshold``."""
+        return self.threads * CHUNKS_PER_THREAD if self.threads > 1 and work >= threshold else 1
+
+    def shared(self, work: int, threshold: int) -> int:
+        """Threads of a native region sharing an op: all of them once ``work`` reaches ``threshold``."""
+        return self.regions if work >= threshold else 1
+
+    def gemm(self, macs: int, region: bool) -> int:
+        """Threads a product of ``macs`` multiply-adds is cut into blocks for (1: one block): the
+        region's from ``REGION_MIN_MACS``, else the Python threads' from ``PARALLEL_MIN_MACS``."""
+        if region:
+            return self.shared(macs, REGION_MIN_MACS)
+        return self.threads if macs >= PARALLEL_MIN_MACS else 1
+
+    # -- one decision per op family -------------------------------------------------------
+    def conv(self, op: A.Conv2D, constant_weights: bool) -> Choice:
+        """The kernel for ``op.scheme`` (the scheme step chose it) on this engine."""
+        n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
+        (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
+        macs = op.macs()
+        if op.scheme == "winograd":
+            if self.regions:
+                return Choice("winograd_region", self.regions)
+            return Choice("winograd", self.chunks(macs, PARALLEL_MIN_MACS))
+        if op.scheme == "depthwise":
+            windows = n * c * kh * kw * oh * ow
+            if self.regions:
+                return Choice("depthwise_region", self.shared(windows, REGION_MIN_WINDOWS))
+            return Choice("depthwise_compiled" if self.jit else "depthwise", self.chunks(windows, DEPTHWISE_PARALLEL_MIN))
+        cg, ocg = c // g, oc // g
+        if op.scheme == "gemm1x1":  # parts: threads for each group's product's blocks
+            product = ocg * h * w * cg
+            if self.regions:
+                return Choice("gemm1x1_region", self.gemm(product, region=True))
+            return Choice("gemm1x1", self.gemm(product, region=False))
+        if self.regions and g == 1:
+            packed = constant_weights and cg * kh * kw >= PACKED_MIN_DEPTH
+            return Choice("packed_region" if packed else "im2col_region", self.shared(macs, REGION_MIN_MACS))
+        # row blocks with their own columns, or (fewer pixels than channels) the columns once
+        return Choice("im2col_rows" if oh * ow >= ocg else "im2col_columns", self.chunks(macs, PARALLEL_MIN_MACS))
+
+    def matmul(self, macs: int, float32: bool, vector: bool) -> Choice:
+        """A product of ``macs`` multiply-adds; ``vector``: one row times constant weights (a
+        classifier's last layer), which the register tile reads once. ``parts``: threads for its
+        blocks (``_gemm_blocks``)."""
+        if self.regions and float32:
+            if vector:
+                return Choice("vector_region", self.regions)
+            return Choice("gemm_region", self.gemm(macs, region=True))
+        return Choice("gemm", self.gemm(macs, region=False))
+
+    def pool(self, op: A.Pool2D, float32: bool) -> Choice:
+        """Global pooling (a window the input's size), 3x3 windows in compiled loops, else NumPy's
+        separable passes."""
+        (h, w), (oh, ow) = op.in_hw, op.out_hw
+        if op.kernel == (h, w) and (oh, ow) == (1, 1) and not any(op.pads):
+            if self.regions and op.op == "avg" and float32:
+                return Choice("mean_rows_region", self.shared(op.batch * op.channels * h * w, REGION_MIN_ELEMENTS))
+            return Choice("global")
+        if self.jit and float32 and op.kernel == (3, 3):
+            windows = op.batch * op.channels * 9 * oh * ow
+            if self.regions:
+                return Choice("pool3x3_region", self.shared(windows, REGION_MIN_WINDOWS))
+            return Choice("pool3x3", self.chunks(windows, DEPTHWISE_PARALLEL_MIN))
+        return Choice("separable")
+
+    def elementwise(self, size: int, fusable: bool) -> Choice:
+        """A binary op of ``size`` elements; ``fusable``: a float32 sum with a clamp or none (a
+        residual connection and its ReLU), one pass in a region where its operands' layout allows."""
+        if self.regions and fusable:
+            return Choice("sum_region", self.shared(size, REGION_MIN_ELEMENTS))
+        return Choice("numpy")
+
+    def rows(self, rows: int, size: int, fits: bool) -> Choice:
+        """A row-wise op (softmax, normalisation) on ``rows`` rows of ``size``; ``fits``: float32
+        rows the region's loops take. ``parts``: row spans."""
+        if self.regions and fits:
+            return Choice("rows_region", self.shared(rows * size, REGION_MIN_ELEMENTS))
+        return Choice("numpy")

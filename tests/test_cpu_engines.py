@@ -1,0 +1,152 @@
+"""The cpu backend's engine decisions (``gpumnn.backends.cpu.engines``): which kernel each op
+family gets, and into how many pieces, on each engine at the current thresholds. Pure: no kernel
+is built, no Numba needed."""
+from __future__ import annotations
+
+import pytest
+
+from gpumnn import atomic as A
+from gpumnn.backends.cpu import engines
+from gpumnn.backends.cpu.engines import Choice, Engine
+
+NUMPY = Engine(jit=False, regions=0, threads=1)
+THREADS = Engine(jit=False, regions=0, threads=2)  # NumPy kernels on two Python threads
+JIT = Engine(jit=True, regions=0, threads=2)  # compiled loops on two Python threads
+REGIONS = Engine(jit=True, regions=2, threads=2)  # native regions of two threads
+
+
+def conv(c: int, hw: int, oc: int, k: int = 3, scheme: str = "im2col", groups: int = 1, stride: int = 1,
+         batch: int = 1) -> A.Conv2D:
+    out = (hw + 2 * (k // 2) - k) // stride + 1
+    return A.Conv2D(("x", "w"), ("y",), "conv", batch=batch, in_channels=c, in_hw=(hw, hw), out_channels=oc,
+                    out_hw=(out, out), kernel=(k, k), strides=(stride, stride), pads=(k // 2, k // 2),
+                    groups=groups, scheme=scheme)
+
+
+def pool(op: str, c: int, hw: int, k: int, stride: int = 1, pad: int = 0) -> A.Pool2D:
+    out = (hw + 2 * pad - k) // stride + 1
+    return A.Pool2D(("x",), ("y",), "pool", op=op, channels=c, in_hw=(hw, hw), out_hw=(out, out), kernel=(k, k),
+                    strides=(stride, stride), pads=(pad,) * 4)
+
+
+# (engine, op, constant weights, expected)
+CONV = [
+    # Winograd: the register tile in regions; on the Python threads, chunks from PARALLEL_MIN_MACS
+    (REGIONS, conv(16, 8, 16, scheme="winograd"), True, ("winograd_region", 2)),
+    (JIT, conv(16, 8, 16, scheme="winograd"), True, ("winograd", 1)),
+    (THREADS, conv(64, 56, 64, scheme="winograd"), True, ("winograd", 2)),
+    (NUMPY, conv(64, 56, 64, scheme="winograd"), True, ("winograd", 1)),
+    # depthwise: shared from REGION_MIN_WINDOWS in regions, DEPTHWISE_PARALLEL_MIN on threads
+    (REGIONS, conv(32, 56, 32, scheme="depthwise", groups=32), True, ("depthwise_region", 2)),
+    (REGIONS, conv(8, 8, 8, scheme="depthwise", groups=8), True, ("depthwise_region", 1)),
+    (JIT, conv(32, 56, 32, scheme="depthwise", groups=32), True, ("depthwise_compiled", 2)),
+    (JIT, conv(8, 8, 8, scheme="depthwise", groups=8), True, ("depthwise_compiled", 1)),
+    (THREADS, conv(32, 56, 32, scheme="depthwise", groups=32), True, ("depthwise", 2)),
+    (NUMPY, conv(32, 56, 32, scheme="depthwise", groups=32), True, ("depthwise", 1)),
+    # 1x1 as a GEMM: parts are the threads for each group's product (REGION_MIN_MACS, PARALLEL_MIN_MACS)
+    (REGIONS, conv(64, 56, 64, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),
+    (REGIONS, conv(16, 8, 16, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 1)),
+    (JIT, conv(64, 56, 64, k=1, scheme="gemm1x1"), True, ("gemm1x1", 1)),
+    (JIT, conv(256, 28, 256, k=1, scheme="gemm1x1"), True, ("gemm1x1", 2)),
+    (JIT, conv(256, 28, 256, k=1, scheme="gemm1x1", groups=4), True, ("gemm1x1", 1)),  # each group's product is small
+    # im2col: the register tile on constant weights from PACKED_MIN_DEPTH, BLAS below or on run-time weights
+    (REGIONS, conv(64, 56, 64), True, ("packed_region", 2)),
+    (REGIONS, conv(64, 56, 64), False, ("im2col_region", 2)),
+    (REGIONS, conv(16, 56, 64), True, ("im2col_region", 2)),  # depth 144
+    (REGIONS, conv(16, 8, 16), True, ("im2col_region", 1)),
+    (REGIONS, conv(64, 56, 64, groups=2), True, ("im2col_rows", 2)),  # grouped: the Python threads
+    (JIT, conv(64, 56, 64), True, ("im2col_rows", 2)),
+    (THREADS, conv(16, 8, 16), True, ("im2col_rows", 1)),
+    (THREADS, conv(96, 6, 128), True, ("im2col_columns", 1)),  # fewer pixels than channels
+    (THREADS, conv(512, 7, 1024), True, ("im2col_columns", 2)),
+    (NUMPY, conv(64, 56, 64), True, ("im2col_rows", 1)),
+]
+
+
+@pytest.mark.parametrize("engine, op, constant, expected", CONV)
+def test_conv(engine, op, constant, expected):
+    assert engine.conv(op, constant) == expected
+
+
+R, P = engines.REGION_MIN_MACS, engines.PARALLEL_MIN_MACS
+# (engine, macs, float32, vector, expected)
+MATMUL = [
+    (REGIONS, 1024, True, True, ("vector_region", 2)),
+    (REGIONS, R, True, False, ("gemm_region", 2)),
+    (REGIONS, R - 1, True, False, ("gemm_region", 1)),
+    (REGIONS, P, False, False, ("gemm", 2)),  # not float32: the Python threads
+    (JIT, 1024, True, True, ("gemm", 1)),
+    (JIT, P, True, False, ("gemm", 2)),
+    (JIT, P - 1, True, False, ("gemm", 1)),
+    (THREADS, P, True, False, ("gemm", 2)),
+    (NUMPY, P, True, False, ("gemm", 1)),
+]
+
+
+@pytest.mark.parametrize("engine, macs, float32, vector, expected", MATMUL)
+def test_matmul(engine, macs, float32, vector, expected):
+    assert engine.matmul(macs, float32, vector) == expected
+
+
+# (engine, op, float32, expected)
+POOL = [
+    (REGIONS, pool("avg", 2048, 8, 8), True, ("mean_rows_region", 2)),
+    (REGIONS, pool("avg", 256, 7, 7), True, ("mean_rows_region", 1)),  # below REGION_MIN_ELEMENTS
+    (REGIONS, pool("avg", 2048, 8, 8), False, ("global", 1)),
+    (REGIONS, pool("max", 2048, 8, 8), True, ("global", 1)),
+    (JIT, pool("avg", 2048, 8, 8), True, ("global", 1)),
+    (REGIONS, pool("max", 64, 112, 3, 2, 1), True, ("pool3x3_region", 2)),
+    (REGIONS, pool("max", 4, 8, 3, 1, 1), True, ("pool3x3_region", 1)),
+    (JIT, pool("max", 64, 112, 3, 2, 1), True, ("pool3x3", 2)),
+    (JIT, pool("avg", 4, 8, 3, 1, 1), True, ("pool3x3", 1)),
+    (JIT, pool("max", 64, 112, 3, 2, 1), False, ("separable", 1)),
+    (JIT, pool("max", 64, 112, 2, 2), True, ("separable", 1)),
+    (THREADS, pool("max", 64, 112, 3, 2, 1), True, ("separable", 1)),
+    (NUMPY, pool("avg", 2048, 8, 8), True, ("global", 1)),
+]
+
+
+@pytest.mark.parametrize("engine, op, float32, expected", POOL)
+def test_pool(engine, op, float32, expected):
+    assert engine.pool(op, float32) == expected
+
+
+E = engines.REGION_MIN_ELEMENTS
+
+
+@pytest.mark.parametrize("engine, size, fusable, expected", [
+    (REGIONS, E, True, ("sum_region", 2)),
+    (REGIONS, E - 1, True, ("sum_region", 1)),
+    (REGIONS, E, False, ("numpy", 1)),
+    (JIT, E, True, ("numpy", 1)),
+    (NUMPY, E, True, ("numpy", 1)),
+])
+def test_elementwise(engine, size, fusable, expected):
+    assert engine.elementwise(size, fusable) == expected
+
+
+@pytest.mark.parametrize("engine, rows, size, fits, expected", [
+    (REGIONS, 128, E // 128, True, ("rows_region", 2)),
+    (REGIONS, 1, 1000, True, ("rows_region", 1)),
+    (REGIONS, 128, E // 128, False, ("numpy", 1)),
+    (JIT, 128, E // 128, True, ("numpy", 1)),
+])
+def test_rows(engine, rows, size, fits, expected):
+    assert engine.rows(rows, size, fits) == expected
+
+
+def test_winograd_gate_and_the_fallback_off_regions():
+    assert REGIONS.winograd_pays() == engines.WINOGRAD_PAYS["regions"]
+    assert JIT.winograd_pays() == NUMPY.winograd_pays() == engines.WINOGRAD_PAYS["threads"]
+    assert REGIONS.without_regions() == JIT
+    # a 1x1 convolution whose layout a region cannot take falls back to the threads' choice
+    op = conv(256, 28, 256, k=1, scheme="gemm1x1")
+    assert REGIONS.without_regions().conv(op, True) == Choice("gemm1x1", 2)
+
+
+def test_thresholds_are_read_when_choosing(monkeypatch):
+    """Tests patch a threshold on ``engines``; the next choice reads it."""
+    monkeypatch.setattr(engines, "PACKED_MIN_DEPTH", 1)
+    assert REGIONS.conv(conv(16, 8, 16), True).kernel == "packed_region"
+    monkeypatch.setattr(engines, "PARALLEL_MIN_MACS", 0)
+    assert THREADS.matmul(1, True, False) == ("gemm", 2)
