@@ -67,6 +67,16 @@ class OpCase:
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)], ir_version=8)
 
 
+def one_conv_model(channels: int, size: int, name: str) -> onnx.ModelProto:
+    """A model of one 3x3 convolution ``name`` (constant weights 0.01, no bias) over
+    [1, channels, size, size]: the tests that plant or provoke a slow or hung submission."""
+    w = numpy_helper.from_array(np.full((channels, channels, 3, 3), 0.01, np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name=name)],
+                              "one_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    return model_proto(graph, opset=13)
+
+
 def _w(*shape, seed=0, scale=0.5) -> np.ndarray:
     return (np.random.default_rng(seed + sum(shape)).standard_normal(shape) * scale).astype(np.float32)
 

@@ -63,15 +63,8 @@ def test_a_dropped_session_is_closed_at_the_devices_next_safe_point(api):
 
 def _hang_model():
     """One convolution big enough that lavapipe needs milliseconds for it."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    w = numpy_helper.from_array(np.full((16, 16, 3, 3), 0.01, np.float32), "w")
-    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="big_conv")],
-                              "hang", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 128, 128])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model
+    from op_cases import one_conv_model
+    return one_conv_model(16, 128, "big_conv")
 
 
 def test_a_submission_past_submit_timeout_is_an_error_and_the_device_fails_fast():

@@ -110,15 +110,8 @@ def test_a_device_watch_marks_lost_keeps_the_objects_and_fails_fast():
 
 # -- OpenCL, the hang planted --------------------------------------------------------------------
 def _conv_model():
-    from onnx import TensorProto, helper, numpy_helper
-
-    w = numpy_helper.from_array(np.full((4, 4, 3, 3), 0.01, np.float32), "w")
-    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="the_conv")],
-                              "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model
+    from op_cases import one_conv_model
+    return one_conv_model(4, 16, "the_conv")
 
 
 X = {"x": np.ones((1, 4, 16, 16), np.float32)}
