@@ -33,8 +33,8 @@ class UnsupportedOpError(ModelError):
 class DataDependentError(UnsupportedOpError):
     """An input a node needs at session creation (a shape, sizes, axes) depends on run-time data.
 
-    ``tensor`` names that input, so a caller that knows the data (``gpumnn.onnx_backend``, which
-    gets the values with each run) can bind it and prepare a session for those values.
+    ``tensor`` names that input. A session binds the small graph inputs it is computed from (their
+    values then key its shape sets); one raised to the caller depends on larger inputs.
     """
 
     def __init__(self, op_type: str, node_name: str, tensor: str, reason: str):

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from .errors import InputError
 from .ir import Graph, ValueInfo
 
-#: A set of input shapes as the session's caches key it: (name, shape) in graph-input order.
-ShapeKey = tuple[tuple[str, tuple[int, ...]], ...]
+#: A set of input shapes as the session's caches key it: (name, shape) in graph-input order, and
+#: (name, shape, (dtype, bytes)) for an input whose values decide shapes.
+ShapeKey = tuple[tuple, ...]
 
 
 def is_static(dim: object) -> bool:
@@ -87,10 +90,30 @@ def resolve_input_shapes(graph: Graph, given: Mapping[str, Sequence[int]] | None
     return shapes
 
 
-def shape_key(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> ShapeKey:
-    """The cache key of a complete set of input shapes."""
-    return tuple((v.name, tuple(int(d) for d in shapes[v.name])) for v in graph.inputs)
+def shape_key(graph: Graph, shapes: Mapping[str, Sequence[int]],
+              values: Mapping[str, np.ndarray] | None = None) -> ShapeKey:
+    """The cache key of a complete set of input shapes and the values of inputs that decide shapes."""
+    values = values or {}
+    key = []
+    for v in graph.inputs:
+        entry: tuple = (v.name, tuple(int(d) for d in shapes[v.name]))
+        if v.name in values:
+            array = np.ascontiguousarray(values[v.name], dtype=v.dtype)
+            entry += ((array.dtype.str, array.tobytes()),)
+        key.append(entry)
+    return tuple(key)
 
 
-__all__ = ["ShapeKey", "check_input_shape", "declared_shapes", "fully_static", "is_static", "missing_shape_hint",
-           "resolve_input_shapes", "shape_key"]
+def key_shapes(key: ShapeKey) -> dict[str, tuple[int, ...]]:
+    """The input shapes of a key."""
+    return {entry[0]: entry[1] for entry in key}
+
+
+def key_values(key: ShapeKey) -> dict[str, np.ndarray]:
+    """The values a key holds (of inputs that decide shapes)."""
+    return {name: np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)
+            for name, shape, *rest in key for dtype, data in rest}
+
+
+__all__ = ["ShapeKey", "check_input_shape", "declared_shapes", "fully_static", "is_static", "key_shapes", "key_values",
+           "missing_shape_hint", "resolve_input_shapes", "shape_key"]

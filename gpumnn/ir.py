@@ -118,6 +118,20 @@ def node_reads(node: Node) -> list[str]:
     return [n for n in node.inputs if n] + outer
 
 
+def inputs_behind(graph: Graph, tensor: str) -> set[str]:
+    """The graph inputs ``tensor`` is computed from (itself, if it is one)."""
+    producers = graph.producers()
+    seen, todo = set(), [tensor]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in producers:
+            todo.extend(node_reads(producers[name]))  # a subgraph's outer reads too
+    return seen & set(graph.input_names)
+
+
 def all_nodes(graph: Graph):
     """The nodes of ``graph`` and, recursively, of its nodes' subgraphs."""
     for node in graph.nodes:

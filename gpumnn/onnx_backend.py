@@ -13,23 +13,15 @@ A device may also name a gpumnn backend itself (``"cpu"``, ``"opencl"``, ``"VULK
 case-insensitive); ``"CUDA"`` means gpumnn's ``cuda`` backend. ``supports_device`` says whether
 that backend can start here.
 
-A prepared model (:class:`GpumnnRep`) creates one gpumnn session per set of input shapes it is
-run with (a session is prepared for fixed shapes), on its backend only (``fallback=False``),
-and closes them in :meth:`GpumnnRep.close` or when it is collected.
-
-Inputs that fix shapes. A session needs at creation every value that decides a shape (a
-Reshape's target, Resize's scales or sizes, Slice's starts, ...). A plain ``Net.session`` refuses
-a graph *input* in that role (:class:`DataDependentError`), since it is prepared before any data
-is seen. Here each run brings its data, so the Rep does what MNN's ``resizeSession`` does for
-content-dependent shapes: the small graph inputs such a value is computed from (up to
-:data:`BIND_LIMIT` elements each) are bound to the values of that run, and the session is
-prepared for those values, kept and reused while they repeat; a run with other values gets a
-session of its own. A large input in that role stays refused.
+A prepared model (:class:`GpumnnRep`) runs on one gpumnn session, on its backend only
+(``fallback=False``), created at its first run and closed in :meth:`GpumnnRep.close` or when it
+is collected. The session follows each run's input shapes, and the values of small graph inputs
+that decide shapes (a Reshape's target, Resize's scales or sizes, Slice's starts, ...), keeping
+:data:`MAX_SHAPE_SETS` prepared shape sets (see ``gpumnn.runtime.session``).
 """
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -38,8 +30,7 @@ from onnx import helper
 from onnx.backend.base import Backend, BackendRep, namedtupledict
 
 from .backends import REGISTRY, check_name, probe
-from .errors import BackendUnavailableError, DataDependentError, InputError, ModelError, SessionClosedError
-from .ir import node_reads
+from .errors import BackendUnavailableError, InputError, ModelError
 from .net import Net, load
 from .frontend.opsets import MAX_OPSET
 from .runtime.session import Session
@@ -47,11 +38,9 @@ from .runtime.session import Session
 #: keyword arguments of prepare() that go to gpumnn.load and to Net.session
 LOAD_OPTIONS = ("optimize",)
 SESSION_OPTIONS = ("record", "threads", "max_concurrent_runs")
-#: the most elements a graph input may have to be bound per run as a shape-determining value
-BIND_LIMIT = 1024
-#: sessions a model keeps for distinct input shapes / bound values; the least recently used beyond
-#: this are closed, so a caller feeding ever new shapes does not pile up devices and pools
-MAX_SESSIONS = 8
+#: prepared shape sets a model's session keeps for distinct input shapes and values; the least
+#: recently used beyond this are closed, so a caller feeding ever new shapes does not pile up pools
+MAX_SHAPE_SETS = 8
 
 
 class GpumnnRep(BackendRep):
@@ -63,79 +52,21 @@ class GpumnnRep(BackendRep):
         self.session_options = dict(session_options or {})
         self.input_names = [v.name for v in net.inputs]
         self.output_names = [v.name for v in net.outputs]
-        self._sessions: OrderedDict[tuple, Session] = OrderedDict()
+        self._session: Session | None = None
         self._lock = threading.Lock()
-        #: graph inputs found to decide shapes: bound to each run's values (see the module docstring)
-        self.bound_inputs: set[str] = set()
+
+    @property
+    def session(self) -> Session:
+        """The model's session (created on first use)."""
+        with self._lock:
+            if self._session is None or self._session.closed:
+                self._session = self.net.session(backend=self.backend, fallback=False, shape_cache=MAX_SHAPE_SETS,
+                                                 **self.session_options)
+            return self._session
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
-        feeds = self._feeds(inputs)
-        shapes = {name: np.shape(value) for name, value in feeds.items()}
-        while True:
-            bound = {name: feeds[name] for name in self.bound_inputs if name in feeds}
-            try:
-                session = self.session_for(shapes, bound)
-                break
-            except DataDependentError as exc:
-                wanted = {name for name in self._inputs_behind(exc.tensor) - self.bound_inputs
-                          if name in feeds and np.size(feeds[name]) <= BIND_LIMIT}
-                if not wanted:
-                    raise
-                with self._lock:  # replaced, not changed in place: other threads may be reading it
-                    self.bound_inputs = self.bound_inputs | wanted
-        try:
-            results = session.run({name: value for name, value in feeds.items() if name not in bound})
-        except SessionClosedError:  # evicted by another thread's shapes meanwhile: prepare it again
-            return self.run(inputs, **kwargs)
+        results = self.session.run(self._feeds(inputs))
         return namedtupledict("Outputs", self.output_names)(*[results[name] for name in self.output_names])
-
-    def session_for(self, shapes: Mapping[str, Sequence[int]],
-                    values: Mapping[str, np.ndarray] | None = None) -> Session:
-        """The session prepared for these input shapes and these values of the bound inputs
-        (created on first use, then kept); bound inputs are constants of that session."""
-        values = {name: np.asarray(value, order="C") for name, value in (values or {}).items()}  # 0-d stays 0-d
-        key = (tuple((name, tuple(int(d) for d in shapes[name])) for name in self.input_names if name not in values),
-               tuple((name, values[name].dtype.str, values[name].shape, values[name].tobytes())
-                     for name in sorted(values)))
-        with self._lock:
-            session = self._sessions.get(key)
-            if session is not None:
-                self._sessions.move_to_end(key)
-                return session
-        # prepared outside the lock: other threads' cached shapes need not wait for this one
-        net = self.net if not values else self._net_with_constants(values)
-        fresh = net.session(backend=self.backend, input_shapes=dict(key[0]), fallback=False, **self.session_options)
-        evicted = []
-        with self._lock:
-            session = self._sessions.setdefault(key, fresh)
-            if session is fresh:
-                while len(self._sessions) > MAX_SESSIONS:
-                    evicted.append(self._sessions.popitem(last=False)[1])
-            else:
-                evicted.append(fresh)  # another thread prepared the same shapes first
-        for old in evicted:
-            old.close()  # waits for its runs in flight
-        return session
-
-    def _net_with_constants(self, values: Mapping[str, np.ndarray]) -> Net:
-        """The loaded model with the graph inputs in ``values`` turned into constants of those values."""
-        graph = self.net.graph.copy()
-        graph.inputs = [v for v in graph.inputs if v.name not in values]
-        graph.initializers.update(values)
-        return Net(graph, self.net.optimizations, self.net.source)
-
-    def _inputs_behind(self, tensor: str) -> set[str]:
-        """The graph inputs ``tensor`` is computed from (itself, if it is one)."""
-        producers = self.net.graph.producers()
-        inputs, seen, todo = set(self.input_names), set(), [tensor]
-        while todo:
-            name = todo.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            if name in producers:
-                todo.extend(node_reads(producers[name]))  # a subgraph's outer reads too
-        return seen & inputs
 
     def _feeds(self, inputs: Any) -> dict[str, np.ndarray]:
         if isinstance(inputs, Mapping):
@@ -149,10 +80,10 @@ class GpumnnRep(BackendRep):
         return {name: np.asarray(value) for name, value in zip(self.input_names, values)}
 
     def close(self) -> None:
-        """Close every session this model created (idempotent)."""
+        """Close the model's session (idempotent)."""
         with self._lock:
-            sessions, self._sessions = list(self._sessions.values()), OrderedDict()
-        for session in sessions:
+            session, self._session = self._session, None
+        if session is not None:
             session.close()
 
     def __enter__(self) -> "GpumnnRep":

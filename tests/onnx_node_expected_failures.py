@@ -8,7 +8,7 @@ refused by name (test_unimplemented_ops_are_refused_by_name) and need no entry h
 
 The list today is the same on cpu, opencl, vulkan and gl: no group is backend-specific. Cases whose
 shape-determining inputs (Reshape's shape, Resize's scales, Slice's starts, ...) are graph inputs
-pass: gpumnn.onnx_backend binds those small inputs to each run's values (see its docstring).
+pass: a session keys its shape sets by those small inputs' values (see gpumnn.runtime.session).
 """
 from __future__ import annotations
 

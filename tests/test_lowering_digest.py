@@ -40,7 +40,7 @@ from gpumnn import atomic as A  # noqa: E402
 from gpumnn.geometry import lower  # noqa: E402
 from gpumnn.errors import DataDependentError  # noqa: E402
 from gpumnn.input_shapes import resolve_input_shapes  # noqa: E402
-from gpumnn.onnx_backend import GpumnnRep  # noqa: E402
+from gpumnn.ir import inputs_behind  # noqa: E402
 
 EXPECTED_FILE = Path(__file__).with_name("lowering_digests.json")
 
@@ -77,13 +77,12 @@ def case_digest(model: onnx.ModelProto | Callable[[], onnx.ModelProto], shapes=N
         net = gpumnn.load(model() if callable(model) else model)
         if feeds is None:
             return program_digest(lower(net.graph, resolve_input_shapes(net.graph, shapes)))
-        rep, bound = GpumnnRep(net, "cpu"), {}
+        bound: dict = {}
         while True:
-            graph = net.graph if not bound else rep._net_with_constants(bound).graph
             try:
-                return program_digest(lower(graph, {n: np.shape(v) for n, v in feeds.items() if n not in bound}))
+                return program_digest(lower(net.graph, {n: np.shape(v) for n, v in feeds.items()}, bound))
             except DataDependentError as exc:
-                wanted = rep._inputs_behind(exc.tensor) - set(bound)
+                wanted = inputs_behind(net.graph, exc.tensor) - set(bound)
                 if not wanted:
                     raise
                 bound.update({name: np.asarray(feeds[name], order="C") for name in wanted})

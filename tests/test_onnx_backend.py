@@ -18,7 +18,7 @@ def _add_relu_model():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def test_prepare_runs_on_the_bound_backend_and_keeps_a_session_per_shape(backend):
+def test_prepare_runs_on_the_bound_backend_and_keeps_a_shape_set_per_shape(backend):
     rng = np.random.default_rng(3)
     b = rng.standard_normal(4).astype(np.float32)
     with backend_for(backend).prepare(_add_relu_model()) as rep:
@@ -28,9 +28,9 @@ def test_prepare_runs_on_the_bound_backend_and_keeps_a_session_per_shape(backend
             (y,) = rep.run([a, b])
             np.testing.assert_allclose(y, np.maximum(a + b, 0), rtol=1e-6)
             assert rep.run({"a": a, "b": b}).y.shape == (n, 4)  # by name; outputs by name too
-        sessions = list(rep._sessions.values())
-        assert len(sessions) == 2 and all(s.backend == backend for s in sessions)
-    assert all(s.closed for s in sessions)
+        session = rep.session
+        assert session.backend == backend and len(session.shape_sets) == 2
+    assert session.closed
 
 
 def test_run_model_and_run_node(backend):
@@ -82,20 +82,17 @@ def _resize_by_input_scales_model():
 
 
 def test_shape_determining_graph_inputs_are_bound_per_run(backend):
-    """A session cannot know a graph input's value, so Net.session refuses it by name; the onnx
-    backend binds it to each run's value, one session per value."""
+    """The session binds a small graph input that decides a shape: its values key shape sets."""
     model = _resize_by_input_scales_model()
     x = np.arange(6, dtype=np.float32).reshape(1, 1, 2, 3)
-    with pytest.raises(gpumnn.errors.DataDependentError) as info:
-        gpumnn.load(model).session(backend=backend, fallback=False)
-    assert info.value.tensor == "scales" and "depends on input data" in str(info.value)
     with backend_for(backend).prepare(model) as rep:
         for factors in ((0.5, 0.5, 1, 1), (0.5, 0.5, 0.5, 1.5), (0.5, 0.5, 1, 1)):  # doubled: 2x2, then 1x3
             s = np.array(factors, np.float32)
             (y,) = rep.run([x, s])
             f = (2 * s).astype(int)
             np.testing.assert_array_equal(y, x.repeat(f[2], axis=2).repeat(f[3], axis=3))
-        assert rep.bound_inputs == {"s"} and len(rep._sessions) == 2
+        assert rep.session.bound_inputs == {"s"}
+        assert (rep.session.stats["prepares"], rep.session.stats["cache_hits"]) == (2, 1)
 
 
 def test_large_inputs_are_not_bound(backend):
@@ -110,20 +107,17 @@ def test_large_inputs_are_not_bound(backend):
         rep.run([np.zeros((2, 3), np.float32), np.ones(2000, np.int64)])
 
 
-def test_sessions_per_shape_are_bounded():
-    """A model fed ever new input shapes keeps at most MAX_SESSIONS sessions, closing the oldest."""
+def test_shape_sets_are_bounded():
+    """A model fed ever new input shapes keeps at most MAX_SHAPE_SETS shape sets, closing the oldest."""
     from gpumnn import onnx_backend
 
     node = helper.make_node("Relu", ["x"], ["y"], name="relu")
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
                                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    rep = onnx_backend.prepare(model)
-    first = rep.session_for({"x": (1,)})
-    for n in range(1, onnx_backend.MAX_SESSIONS + 3):
-        x = np.linspace(-1, 1, n, dtype=np.float32)
-        np.testing.assert_array_equal(rep.run([x])[0], np.maximum(x, 0))
-    assert len(rep._sessions) == onnx_backend.MAX_SESSIONS
-    with pytest.raises(gpumnn.SessionClosedError):
-        first.run({"x": np.zeros(1, np.float32)})
-    rep.close()
+    with onnx_backend.prepare(model) as rep:
+        for n in range(1, onnx_backend.MAX_SHAPE_SETS + 3):
+            x = np.linspace(-1, 1, n, dtype=np.float32)
+            np.testing.assert_array_equal(rep.run([x])[0], np.maximum(x, 0))
+        assert rep.session.stats["cached"] == onnx_backend.MAX_SHAPE_SETS
+        assert rep.session.stats["evictions"] == 2

@@ -23,8 +23,16 @@ from .registry import lower_into, supported_ops
 __all__ = ["lower", "lower_into", "supported_ops", "LoweringContext", "Value"]
 
 
-def lower(graph: Graph, input_shapes: Mapping[str, Sequence[int]]) -> A.AtomicProgram:
-    """Shape inference + lowering + Raster fusion for one set of concrete input shapes."""
+def lower(graph: Graph, input_shapes: Mapping[str, Sequence[int]],
+          values: Mapping[str, np.ndarray] | None = None) -> A.AtomicProgram:
+    """Shape inference + lowering + Raster fusion for one set of concrete input shapes.
+
+    ``values``: graph inputs known now (those that decide shapes); they become constants."""
+    if values:
+        dtypes = {v.name: v.dtype for v in graph.inputs}
+        graph = graph.copy()
+        graph.inputs = [v for v in graph.inputs if v.name not in values]
+        graph.initializers.update({n: np.asarray(a, dtype=dtypes[n], order="C") for n, a in values.items()})
     ctx = LoweringContext()
     for name, array in graph.initializers.items():
         ctx.set_const(name, array)

@@ -7,7 +7,10 @@ programs, the uploaded weights (:mod:`.session_shared`) -- and a bounded cache o
 sets (:mod:`.shape_sets`): ``run`` with shapes it has not prepared prepares them (MNN's
 ``resizeSession``), keeping the ``shape_cache`` most recently used sets so that alternating shapes
 are prepared once each. A model whose inputs all have static dims is prepared at creation; one
-with symbolic dims and no ``input_shapes`` waits for its first run. ``run`` then writes inputs,
+with symbolic dims and no ``input_shapes`` waits for its first run. Small graph inputs that decide
+shapes (a Reshape's target, Resize's scales, Slice's starts, ...) are found when lowering refuses
+them: their values join the shapes in the cache key and are lowered as constants, so a run with
+new values prepares a shape set and one with known values replays it. ``run`` then writes inputs,
 submits recordings and reads outputs. With ``record=False`` (eager) the per-run preparation is
 redone on every run, which is what the paper's Table 2 compares against.
 
@@ -26,6 +29,7 @@ Preparation (of a shape set or a run state) and release go one at a time (``buil
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import time
 import warnings
@@ -42,9 +46,10 @@ from ..backends.base import DEFAULT_SUBMIT_TIMEOUT, Backend
 from ..backends.cpu.backend import CpuBackend
 from ..backends.limits import release_freed_memory
 from .device_arrays import host_array, is_device_array
-from ..errors import BackendUnavailableError, DeviceArrayError, InputError
-from ..input_shapes import ShapeKey, check_input_shape, declared_shapes, resolve_input_shapes, shape_key
-from ..ir import Graph
+from ..errors import BackendUnavailableError, DataDependentError, DeviceArrayError, InputError, ModelError
+from ..input_shapes import (ShapeKey, check_input_shape, declared_shapes, key_shapes, key_values,
+                            resolve_input_shapes, shape_key)
+from ..ir import Graph, inputs_behind
 from .shape_set import SessionParts, ShapeSet
 from ..scheduler import PoolLayout, Placement
 from ..scheduler.calibration import calibration_for
@@ -56,6 +61,8 @@ from .shape_set_cache import ShapeSetCache
 DEFAULT_SHAPE_CACHE = 4
 #: where ``run`` returns its outputs: NumPy arrays, or device arrays of the session's backend
 OUTPUT_PLACES = ("host", "device")
+#: the most elements a graph input may have to have its values decide shapes (part of the cache key)
+BIND_LIMIT = 1024
 
 
 class Session:
@@ -80,6 +87,8 @@ class Session:
         if max_concurrent_runs is not None and int(max_concurrent_runs) < 1:
             raise ValueError(f"max_concurrent_runs must be at least 1, not {max_concurrent_runs}")
         self.shape_cache = int(shape_cache)
+        #: graph inputs whose values decide shapes (found at preparation): their values key shape sets
+        self.bound_inputs: frozenset[str] = frozenset()
         initial = declared_shapes(graph, input_shapes)  # InputError for shapes the model refuses; None: wait for a run
         self.fallback_reason: str | None = None
         self.pins = dict(placement or {})
@@ -115,12 +124,16 @@ class Session:
                                    functools.partial(_activate, dict(self.backends)))
         parts = self._parts
         self._cache: ShapeSetCache[ShapeKey, ShapeSet] = ShapeSetCache(
-            max(1, self.shape_cache), lambda key: ShapeSet(parts, dict(key)), ShapeSet.close, build_lock,
+            max(1, self.shape_cache), lambda key: ShapeSet(parts, key_shapes(key), key_values(key)), ShapeSet.close, build_lock,
             fixed=_fixed_shapes_error if self.shape_cache == 0 else None)
         try:
             if initial is not None:
-                with self._cache.lease(shape_key(graph, initial)):
-                    pass
+                try:
+                    with self._cache.lease(shape_key(graph, initial)):
+                        pass
+                except DataDependentError as exc:
+                    if not self._bind(exc, initial):
+                        raise  # else: prepared at the first run, which brings the values
         except BaseException:  # a model we refuse must not keep devices, pools or programs alive
             self.close()
             raise
@@ -162,9 +175,20 @@ class Session:
         return {n: backends[n] for n in [*self.candidates, *backends] if n in backends}
 
     # -- shape sets ------------------------------------------------------------------------
-    def _key(self, shapes: Mapping[str, Sequence[int]]) -> ShapeKey:
-        """The cache key of complete, checked input shapes."""
-        return shape_key(self.graph, shapes)
+    def _key(self, shapes: Mapping[str, Sequence[int]], values: Mapping[str, np.ndarray] | None = None) -> ShapeKey:
+        """The cache key of complete, checked input shapes and of the bound inputs' values."""
+        return shape_key(self.graph, shapes, values)
+
+    def _bind(self, exc: DataDependentError, shapes: Mapping[str, Sequence[int]]) -> bool:
+        """Bind the small graph inputs ``exc``'s tensor is computed from (their values then key shape
+        sets); False when there is none left to bind."""
+        wanted = {n for n in inputs_behind(self.graph, exc.tensor) - self.bound_inputs
+                  if math.prod(shapes[n]) <= BIND_LIMIT}
+        if not wanted:
+            return False
+        with self._parts.build_lock:  # replaced, not changed in place: other threads may be reading it
+            self.bound_inputs = self.bound_inputs | wanted
+        return True
 
     def shape_set(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> ShapeSet:
         """The prepared shape set for ``input_shapes`` (prepared now if not kept; static dims may
@@ -174,8 +198,16 @@ class Session:
             kept = self._cache.peek(self._cache.recent)
             if kept is not None:
                 return kept
-            input_shapes = dict(self._cache.recent)
-        key = self._key(resolve_input_shapes(self.graph, input_shapes))
+            if self.bound_inputs:
+                with self._cache.lease(self._cache.recent) as shape_set:
+                    return shape_set
+            input_shapes = key_shapes(self._cache.recent)
+        shapes = resolve_input_shapes(self.graph, input_shapes)
+        if self.bound_inputs:  # values decide: the shape set most recently used at these shapes
+            keys = [k for k in self._cache.keys() if key_shapes(k) == shapes]
+            if keys and (kept := self._cache.peek(keys[-1])) is not None:
+                return kept
+        key = self._key(shapes)
         kept = self._cache.peek(key)
         if kept is not None:
             return kept
@@ -193,7 +225,7 @@ class Session:
     @property
     def shape_sets(self) -> list[dict[str, tuple[int, ...]]]:
         """The input shapes of every prepared shape set kept, least recently used first."""
-        return [dict(key) for key in self._cache.keys()]
+        return [key_shapes(key) for key in self._cache.keys()]
 
     # -- running ---------------------------------------------------------------------------
     def _device_backend(self, what: str) -> Backend:
@@ -206,11 +238,11 @@ class Session:
         raise DeviceArrayError(f"{what}: the session runs on the {self.device_backend} backend{fell_back}, which takes and "
                                f"returns host arrays only: {backend.device_arrays_unsupported}")
 
-    def _check_inputs(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Any], ShapeKey]:
-        """The inputs in storage dtypes, and the key of their shapes (taken before the conversion,
-        which makes a 0-d array 1-d). A device array (see ``gpumnn.runtime.device_arrays``) becomes the
-        backend's own, still on the device; its conversion to the storage dtype is the backend's
-        ``write``."""
+    def _check_inputs(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, tuple[int, ...]], dict[str, Any]]:
+        """The inputs in storage dtypes, their shapes (taken before the conversion, which makes a
+        0-d array 1-d) and the arrays as given. A device array (see ``gpumnn.runtime.device_arrays``)
+        becomes the backend's own, still on the device; its conversion to the storage dtype is the
+        backend's ``write``."""
         if not isinstance(inputs, Mapping):
             raise InputError(f"run() takes a dict {{input name: array}}; got {type(inputs).__name__}")
         expected = {v.name: v for v in self.graph.inputs}
@@ -220,18 +252,46 @@ class Session:
             raise InputError(f"inputs {sorted(inputs)} do not match the model's inputs "
                              f"{[v.describe() for v in self.graph.inputs]}" + (f"; unknown: {unknown}" if unknown else "")
                              + (f"; missing: {missing}" if missing else ""))
-        arrays, shapes = {}, {}
+        arrays, shapes, given = {}, {}, {}
         for name, value in inputs.items():
             if is_device_array(value):
                 array = self._device_backend(f"input {name!r} is a device array ({type(value).__name__})").device_array(value)
             else:
                 array = host_array(value)
             want = np.dtype(expected[name].dtype)
+            try:
+                A.storage_dtype(want)
+            except TypeError:  # as lowering words it, for a session not prepared yet
+                raise ModelError(f"graph input {expected[name].describe()}: gpumnn runs float, integer and "
+                                 "bool tensors only") from None
             if array.dtype != want and not (want.kind in "iu" and array.dtype.kind in "iu"):
                 raise InputError(f"input {name!r} has dtype {array.dtype}, expected {want}")
             shapes[name] = check_input_shape(expected[name], tuple(array.shape))
             arrays[name] = _to_storage(name, array, want)
-        return arrays, self._key(shapes)
+            given[name] = array
+        return arrays, shapes, given
+
+    @contextmanager
+    def _lease(self, inputs: Mapping[str, Any]) -> Iterator[tuple[ShapeSet, dict[str, Any]]]:
+        """The shape set for these inputs, leased (prepared now if new), and the arrays a run of it
+        writes (in storage dtypes; the bound inputs are its constants). Lowering refusing a small
+        graph input that decides a shape binds it, and the key then holds its values."""
+        arrays, shapes, given = self._check_inputs(inputs)
+        with ExitStack() as stack:
+            while True:
+                values = {n: self._host(given[n]) for n in self.bound_inputs}
+                try:
+                    shape_set = stack.enter_context(self._cache.lease(self._key(shapes, values)))
+                    break
+                except DataDependentError as exc:
+                    if not self._bind(exc, shapes):
+                        raise
+            yield shape_set, {n: a for n, a in arrays.items() if n not in shape_set.values}
+
+    def _host(self, array: Any) -> np.ndarray:
+        if isinstance(array, np.ndarray):
+            return array
+        return np.asarray(self.backends[self.device_backend].to_host(array))
 
     def run(self, inputs: Mapping[str, Any], outputs: str = "host") -> dict[str, Any]:
         """Run the model; returns {output name: array}. Inputs of shapes the session has not
@@ -249,8 +309,7 @@ class Session:
         if outputs not in OUTPUT_PLACES:
             raise ValueError(f"outputs={outputs!r}: expected one of {', '.join(map(repr, OUTPUT_PLACES))}")
         device = self._device_backend('outputs="device"') if outputs == "device" else None
-        arrays, key = self._check_inputs(inputs)
-        with self._cache.lease(key) as shape_set, self._run_slots:
+        with self._lease(inputs) as (shape_set, arrays), self._run_slots:
             return shape_set.run(arrays, device_outputs=device is not None)
 
     __call__ = run
@@ -384,7 +443,9 @@ def _fixed_shapes_error(key: ShapeKey, fixed: ShapeKey) -> InputError:
 
 
 def _describe(key: ShapeKey) -> str:
-    return "{" + ", ".join(f"{name}: {list(shape)}" for name, shape in key) + "}"
+    values = key_values(key)
+    return "{" + ", ".join(f"{name}: {list(shape)}" + (f" = {values[name].tolist()}" if name in values else "")
+                           for name, shape in key_shapes(key).items()) + "}"
 
 
 @contextmanager

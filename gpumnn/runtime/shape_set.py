@@ -64,11 +64,14 @@ class SessionParts:
 class ShapeSet:
     """A model prepared for one set of input shapes on the session's backends."""
 
-    def __init__(self, parts: SessionParts, input_shapes: Mapping[str, tuple[int, ...]]):
+    def __init__(self, parts: SessionParts, input_shapes: Mapping[str, tuple[int, ...]],
+                 values: Mapping[str, np.ndarray] | None = None):
         started = time.perf_counter()
         self.parts = parts
         self.input_shapes = {v.name: tuple(input_shapes[v.name]) for v in parts.graph.inputs}
-        self.key = shape_key(parts.graph, self.input_shapes)
+        #: inputs whose values decide shapes, lowered as constants of these values (not written by runs)
+        self.values = dict(values or {})
+        self.key = shape_key(parts.graph, self.input_shapes, self.values)
         self.closed = False
         self._states: RunStatePool[RunState] | None = None
         self.first_state: RunState | None = None
@@ -84,7 +87,7 @@ class ShapeSet:
         parts = self.parts
         # schemes are decided once, for one backend, then Winograd / Strassen become atomic ops any backend runs
         scheme_backend = parts.backends[parts.scheme_backend]
-        program = expand_schemes(select_schemes(lower(parts.graph, self.input_shapes), scheme_backend), scheme_backend)
+        program = expand_schemes(select_schemes(lower(parts.graph, self.input_shapes, self.values), scheme_backend), scheme_backend)
         self.program = program
         self.output_dtypes = {info.name: self._output_dtype(info) for info in parts.graph.outputs}  # run() reads
         self.placement: Placement = place(program, parts.backends, parts.candidates, parts.cost_model, parts.pins)

@@ -51,9 +51,8 @@ def profile(sess: Session, inputs: Mapping[str, Any], runs: int = 3) -> Profile:
     rows = sess.report_rows()
     op_ms = [0.0] * len(rows)
     copy_ms = [0.0] * len(rows)
-    arrays, key = sess._check_inputs(inputs)
     # leased, so that another thread's shapes cannot evict the set while it is timed
-    with sess._cache.lease(key) as shape_set, shape_set.lent_state(arrays) as prepared:
+    with sess._lease(inputs) as (shape_set, arrays), shape_set.lent_state(arrays) as prepared:
         # after one run: every tensor holds real data
         pending = 0.0
         for index, step in enumerate(shape_set.placement.steps):
