@@ -360,14 +360,14 @@ PACKED = [
 @pytest.mark.parametrize("cols_bytes", [1 << 20, 4 * 9 * 96 * 6 * 2])
 @pytest.mark.parametrize("case", PACKED, ids=[f"packed{c[0]}x{c[1]}k{c[2]}s{c[3]}d{c[4]}o{c[6]}" for c in PACKED])
 def test_im2col_on_packed_weights_in_regions(case, cols_bytes, monkeypatch, fresh_rng):
-    from gpumnn.backends.cpu import backend as cpu
+    from gpumnn.backends.cpu import compiled as cpu_compiled
     from gpumnn.scheduler import schemes
 
     channels, size, kernel, stride, dilation, pads, out_channels, activation, bias = case
     monkeypatch.setattr(cpu_engines, "PACKED_MIN_DEPTH", 1)
     monkeypatch.setattr(cpu_engines, "REGION_COLS_BYTES", cols_bytes)  # the second: several pixel blocks
     calls = []
-    monkeypatch.setattr(cpu, "_packed_conv_region", lambda *a, real=cpu._packed_conv_region: calls.append(a) or real(*a))
+    monkeypatch.setattr(cpu_compiled, "_packed_conv_region", lambda *a, real=cpu_compiled._packed_conv_region: calls.append(a) or real(*a))
     rng = fresh_rng
     model = _conv_model(channels, size, kernel, stride, dilation, pads, 1, out_channels, activation, bias, rng)
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
@@ -378,11 +378,11 @@ def test_im2col_on_packed_weights_in_regions(case, cols_bytes, monkeypatch, fres
 
 def test_weights_known_only_at_run_time_keep_blas(monkeypatch, fresh_rng):
     """Weights that are a graph input are not packed at creation: the convolution keeps BLAS."""
-    from gpumnn.backends.cpu import backend as cpu
+    from gpumnn.backends.cpu import compiled as cpu_compiled
 
     monkeypatch.setattr(cpu_engines, "PACKED_MIN_DEPTH", 1)
     packed = []
-    monkeypatch.setattr(cpu, "_packed_conv_region", lambda *a: packed.append(a))
+    monkeypatch.setattr(cpu_compiled, "_packed_conv_region", lambda *a: packed.append(a))
     rng = fresh_rng
     model = _conv_model(16, 12, 3, 1, 1, [1, 1, 1, 1], 1, 24, "relu", False, rng)
     model.graph.initializer.pop()

@@ -13,49 +13,27 @@ import contextlib
 import functools
 import os
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from ... import atomic as A
 from ..base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, KernelWork, TensorHandle, constant_words, host_out, kernels_option
 from ...errors import BackendOptionError, BackendUnavailableError
 from ..limits import MemoryLimits, host_limits
-from . import activations as cpu_activations, engines, jit as cpu_jit, parallel as cpu_parallel, rows as cpu_rows, tiles as cpu_tiles
+from . import compiled as cpu_compiled, engines, jit as cpu_jit, parallel as cpu_parallel, reference as cpu_reference
+from . import rows as cpu_rows, tiles as cpu_tiles
 from .constants import PackedConstants, made_once
 from .elementwise import binary_function, unary_function
 from .engines import Engine
+from .compiled import _bounds, _region_items, _row_broadcast
 from .recurrent import cell_step, direction_groups
+from .reference import (_PaddedInput, _conv_epilogue, _conv_pads, _epilogue, _even_spans, _gemm_chunk, _on_pool, _spans,
+                        _window_view, flat, strided, typed, view)
 from .workers import Workers, workers
 from ...numerics.sampling import resize_axis
-from ...numerics.winograd import conv_matrices, transformed_weights
 from ...numerics.strides import contiguous_strides, merge_dims, one_run
 from ..speed import host_cpu_flops
-
-def typed(handle: TensorHandle) -> np.ndarray:
-    """The handle's whole buffer seen as its dtype (a pool holds float32 and int32 tensors)."""
-    buf = handle.buffer
-    return buf if buf.dtype == handle.dtype else buf.view(handle.dtype)  # dtypes compared: ``dtype.name`` is slow per call
-
-
-def view(handle: TensorHandle) -> np.ndarray:
-    """The NumPy array a handle denotes (a view into its pool, never a copy)."""
-    return typed(handle)[handle.offset:handle.offset + handle.size].reshape(handle.shape)
-
-
-def flat(handle: TensorHandle) -> np.ndarray:
-    return typed(handle)[handle.offset:handle.offset + handle.size]
-
-
-def strided(handle: TensorHandle, offset: int, shape: Sequence[int], strides: Sequence[int]) -> np.ndarray:
-    """An element-strided view starting ``offset`` elements into a handle (strides may be <= 0)."""
-    base = typed(handle)
-    start = base[handle.offset + offset:]
-    if start.size == 0:  # a view at the very end (only possible for empty shapes)
-        start = base[-1:]
-    item = base.itemsize
-    return as_strided(start, shape=tuple(shape), strides=tuple(s * item for s in strides), writeable=True)
 
 
 @functools.lru_cache(maxsize=1)
@@ -125,28 +103,6 @@ class _ThreadLimiter:
 # A maker with several kernels asks the backend's ``engines.Engine`` once which one, and builds it.
 # --------------------------------------------------------------------------------------------
 
-def _spans(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
-    """[start, stop) spans cutting ``range(total)`` into at most ``parts`` pieces, each a
-    multiple of ``align`` long (but the last)."""
-    size = -(-total // max(1, parts))
-    size = -(-size // align) * align
-    return [(start, min(start + size, total)) for start in range(0, total, size)]
-
-
-def _on_pool(pool: Workers, count: int, chunk: Callable[[int, int], None]) -> Callable[[], None]:
-    """The work item running ``chunk(k, slot)`` for k < ``count`` on ``pool`` (inline for one)."""
-    if count == 1:
-        return lambda: chunk(0, 0)
-    return lambda: pool.run(count, chunk)
-
-
-def _epilogue(activation: A.Activation) -> Callable[[np.ndarray], None] | None:
-    if activation is None:
-        return None
-    fn = unary_function(activation[0], activation[1], np.dtype(np.float32))
-    return lambda arr: fn(arr, arr)
-
-
 def _make_raster(op: A.Raster, ins, outs, pool: Workers):
     out = outs[0]
     copies = [(strided(ins[r.src], r.src_offset, r.size, r.src_strides),
@@ -178,11 +134,11 @@ def _make_binary(op: A.Binary, ins, outs, pool: Workers, engine: Engine):
                                        and cpu_jit.clamp_of(op.activation) is not None)
     if kernel == "sum_region":  # where the operands' layout allows: dense, or a value per row
         if one_run(dims):
-            return _sum_region(strided(ins[0], 0, (size,), (1,)), strided(ins[1], 0, (size,), (1,)), o.reshape(size),
+            return cpu_compiled._sum_region(strided(ins[0], 0, (size,), (1,)), strided(ins[1], 0, (size,), (1,)), o.reshape(size),
                                op.activation, parts)
         for dense, row_values, side in ((ins[0], ins[1], 2), (ins[1], ins[0], 1)):
             if _row_broadcast(dims, side):
-                return _row_sum_region(strided(dense, 0, (size,), (1,)), row_values, dims, side, o.reshape(size),
+                return cpu_compiled._row_sum_region(strided(dense, 0, (size,), (1,)), row_values, dims, side, o.reshape(size),
                                        op.activation, parts)
     fn = binary_function(op.op, a.dtype)
     act = _epilogue(op.activation)
@@ -192,41 +148,6 @@ def _make_binary(op: A.Binary, ins, outs, pool: Workers, engine: Engine):
         if act:
             act(o)
     return KernelWork((run,))
-
-
-def _row_broadcast(dims: list[tuple[int, ...]], side: int) -> bool:
-    """Whether ``merge_dims``' (size, out stride, a stride, b stride) dims add to a dense operand
-    (the other side's) one value of operand ``side`` (1: a, 2: b) per row of the innermost run:
-    a per-channel bias over NCHW planes."""
-    dense = 3 - side
-    return len(dims) >= 2 and dims[-1][side + 1] == 0 and all(d[1] == d[dense + 1] for d in dims)
-
-
-def _row_sum_region(dense: np.ndarray, values: TensorHandle, dims: list[tuple[int, ...]], side: int, out: np.ndarray,
-                    activation: A.Activation, parts: int) -> KernelWork:
-    """out = clamp(dense + a value per row) as one pass on the region's threads
-    (``cpu_parallel.row_sum_spans``): a bias added after an average pool (``optimize``'s
-    ``pointwise_before_average_pool``) and its ReLU. NumPy's broadcast add and clamp took 0.07-0.26
-    ms on Inception-v3's, two passes on one thread."""
-    width = dims[-1][0]
-    outer = dims[:-1]
-    index = np.zeros(1, np.int64)
-    for size, *strides in outer:  # each row's value: its offset in ``values``
-        index = (index[:, None] + np.arange(size, dtype=np.int64)[None, :] * strides[side]).reshape(-1)
-    flat = strided(values, 0, (int(index.max()) + 1,), (1,))
-    lo, hi, _ = _compiled_clamp(activation)
-    bounds = _bounds(_even_spans(index.size, parts))
-    return KernelWork((_region_items(cpu_parallel.row_sum_spans, [(dense, flat, index, out, bounds, width, lo, hi)],
-                                 None, out),), "sum", keep=(index, bounds))
-
-
-def _sum_region(a: np.ndarray, b: np.ndarray, out: np.ndarray, activation: A.Activation, parts: int) -> KernelWork:
-    """out = clamp(a + b) (a residual connection and its ReLU) as one pass on the region's
-    threads (``cpu_parallel.sum_spans``), where NumPy made two on one thread (the sum, then the
-    clamp). ``parts``: spans. Measured: bench/RESULTS.md."""
-    lo, hi, _ = _compiled_clamp(activation)
-    bounds = _bounds(_spans(out.size, parts, align=engines.CACHE_LINE_FLOATS))
-    return KernelWork((_region_items(cpu_parallel.sum_spans, [(a, b, out, bounds, lo, hi)], None, out),), "sum")
 
 
 def _make_reduce(op: A.Reduce, ins, outs, pool: Workers):
@@ -269,7 +190,7 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constan
     macs = a.shape[0] * a.shape[1] * op.n * op.k
     kernel, parts = engine.matmul(macs, o.dtype == np.float32, vector)
     if kernel == "vector_region":
-        return _vector_product_region(op, a[0, 0], b[0], o[0, 0], bias, parts,
+        return cpu_compiled._vector_product_region(op, a[0, 0], b[0], o[0, 0], bias, parts,
                                       functools.partial(made_once, constants, ins[1]))
     # blocks of the output: whole batches, else column or row spans (rows in whole repeats of the bias)
     if kernel == "gemm_region":
@@ -277,7 +198,7 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constan
         bias_spec = None
         if op.has_bias:
             bias_spec = (typed(ins[2]), ins[2].offset, op.m, *op.bias_strides)
-        region = _gemm_region(
+        region = cpu_compiled._gemm_region(
             (typed(ins[0]), typed(ins[1]), typed(outs[0])),
             [(a[bi, m0:m1], b[0 if b.shape[0] == 1 else bi, :, n0:n1], o[bi, m0:m1, n0:n1], m0, n0)
              for bi, m0, m1, n0, n1 in _expand_batch(blocks, a.shape[0])],
@@ -315,24 +236,6 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constan
     return KernelWork((_on_pool(pool, len(tasks), chunk),))
 
 
-def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
-                           regions: int, once: Callable) -> KernelWork:
-    """A vector times a constant matrix (a classifier's last layer: M = 1), x [K] @ weights [K, N]
-    -> out [N], as a 1x1 convolution of one pixel (``_packed_conv_region``): the matrix packed into
-    the register tile's panels once, and each run reads them once, half on each thread. BLAS's
-    sgemm packs the whole matrix on every call to multiply it by one row (measured:
-    bench/RESULTS.md); the tile's six rows of which one is used cost little on a
-    product that waits for memory."""
-    k, n = weights.shape
-    conv = A.Conv2D(op.inputs, op.outputs, op.source, batch=1, in_channels=k, out_channels=n,
-                    activation=op.activation, has_bias=bias is not None, scheme="gemm1x1")
-    panels = once(("vector panels", weights.shape),
-                  lambda: cpu_tiles.pack_panels(np.ascontiguousarray(weights.T), cpu_tiles.NR))
-    made = _packed_conv_region(conv, x.reshape(1, k, 1, 1), panels, out.reshape(1, n, 1),
-                               None if bias is None else bias[0].reshape(n, 1), regions, regions)
-    return KernelWork(made.work, op.scheme, made.keep)  # the report names the product's scheme, not the convolution's
-
-
 def _gemm_blocks(batch: int, m: int, n: int, threads: int, align_m: int = 1) -> list[tuple[int | slice, int, int, int, int]]:
     """(batch index, m0, m1, n0, n1) blocks of a batched [m, k] x [k, n] product for ``threads``
     (``Engine.gemm``): whole products while there are enough of them, else the longer side of each
@@ -355,79 +258,6 @@ def _expand_batch(blocks: list[tuple[int | slice, int, int, int, int]], batch: i
             for bi in (range(batch) if isinstance(index, slice) else (index,))]
 
 
-def _gemm_region(bases: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list, activation: A.Activation,
-                 out: np.ndarray, alpha: float = 1.0, bias: tuple | None = None,
-                 beta: float = 1.0) -> Callable[[], None] | None:
-    """The work item running GEMM ``blocks`` (A, B and C views of the flat float32 ``bases``, bias
-    row, bias column) as one native region (``cpu_parallel.gemm_blocks``) with the bias and a clamp
-    activation or GELU on each block, any other activation after on ``out``; None where a layout is not
-    one BLAS takes. ``bias``: (flat buffer, offset, rows it repeats over, row stride, column stride)."""
-    calls = cpu_parallel.gemm_calls(*bases, blocks)
-    if bias is None:
-        bias = (np.zeros(1, np.float32), 0, 0, 0, 0)
-    buffer, offset, period, row_stride, column_stride = bias
-    if calls is None or column_stride not in (0, 1) or row_stride < 0 or buffer.dtype != np.float32:
-        return None
-    lo, hi, after = _compiled_clamp(activation)
-    gelu = activation is not None and activation[0] == "gelu"  # on each block while it is in cache, not after
-    if gelu:
-        after = None
-    epilogue = _applies_epilogue(bool(period), lo, hi) or gelu
-    scalars = np.array([alpha, 0.0], np.float32)
-    args = (cpu_parallel.SGEMM, *bases, calls, cpu_parallel.fortran_arguments(calls), scalars, buffer, offset, period,
-            row_stride, column_stride, np.float32(beta), lo, hi, gelu, epilogue)
-    compiled = cpu_jit.bind(cpu_parallel.gemm_blocks, *args)
-    if after is None:
-        return lambda: compiled(*args)
-
-    def run() -> None:
-        compiled(*args)
-        after(out)
-    return run
-
-
-class _PaddedInput:
-    """A zero-bordered scratch copy of an NCHW input, so windows never index out of bounds.
-
-    The border is written once at creation; each run copies only the interior. ``extent``
-    enlarges the buffer for ceil-mode windows that reach past the padding.
-    """
-
-    def __init__(self, x: np.ndarray, pads: tuple[int, int, int, int], border: float, extent: tuple[int, int]):
-        n, c, h, w = x.shape
-        top, left, bottom, right = pads
-        hp = max(h + top + bottom, extent[0])
-        wp = max(w + left + right, extent[1])
-        self.needed = any(pads) or hp > h or wp > w
-        self.src = x
-        if self.needed:
-            self.buf = np.full((n, c, hp, wp), border, dtype=x.dtype)
-            self.interior = self.buf[:, :, top:top + h, left:left + w]
-        else:
-            self.buf = x
-
-    def refresh(self) -> None:
-        if self.needed:
-            np.copyto(self.interior, self.src)
-
-
-def _window_view(xp: np.ndarray, kernel, strides, dilations, out_hw) -> np.ndarray:
-    """[N, C, KH, KW, OH, OW] strided view of sliding windows over a padded NCHW array."""
-    n, c, _, _ = xp.shape
-    sn, sc, sh, sw = xp.strides
-    return as_strided(xp, shape=(n, c, kernel[0], kernel[1], out_hw[0], out_hw[1]),
-                      strides=(sn, sc, sh * dilations[0], sw * dilations[1], sh * strides[0], sw * strides[1]),
-                      writeable=False)
-
-
-def _conv_pads(op) -> tuple[int, int, int, int]:
-    (h, w), (oh, ow) = op.in_hw, op.out_hw
-    need_h = (oh - 1) * op.strides[0] + (op.kernel[0] - 1) * op.dilations[0] + 1
-    need_w = (ow - 1) * op.strides[1] + (op.kernel[1] - 1) * op.dilations[1] + 1
-    top, left = op.pads
-    return top, left, max(0, need_h - h - top), max(0, need_w - w - left)
-
-
 def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constants: PackedConstants | None = None):
     n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
     (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
@@ -442,21 +272,21 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
     jit, regions = engine.jit, engine.regions
 
     if kernel == "winograd_region":
-        return _winograd_region(op, x, weight.reshape(oc, c, kh, kw), out, bias, regions, once)
+        return cpu_compiled._winograd_region(op, x, weight.reshape(oc, c, kh, kw), out, bias, regions, once)
     if kernel == "winograd":
-        return _winograd(op, x, weight.reshape(oc, c, kh, kw), out, bias, pads, pool, parts, jit, once)
+        return cpu_reference._winograd(op, x, weight.reshape(oc, c, kh, kw), out, bias, pads, pool, parts, jit, once)
     if kernel == "depthwise_region":
-        return _depthwise_compiled(op, x, weight, out, bias, pool, parts, regions)
+        return cpu_compiled._depthwise_compiled(op, x, weight, out, bias, pool, parts, regions)
     if kernel == "depthwise_compiled":
-        return _depthwise_compiled(op, x, weight, out, bias, pool, parts)
+        return cpu_compiled._depthwise_compiled(op, x, weight, out, bias, pool, parts)
     if kernel == "depthwise":
-        return _depthwise(op, x, weight, out, pads, _conv_epilogue(op, out, bias, jit), pool, parts)
+        return cpu_reference._depthwise(op, x, weight, out, pads, _conv_epilogue(op, out, bias, jit), pool, parts)
     cg, ocg = c // g, oc // g
     k = cg * kh * kw
     w_packed = weight.reshape(g, ocg, k)
     if kernel == "gemm1x1_region":  # 1x1 convolution is a GEMM on the input as it lies
         xs = x.reshape(n, g, cg, h * w)
-        region = _gemm_region(
+        region = cpu_compiled._gemm_region(
             (typed(ins[1]), typed(ins[0]), typed(outs[0])),
             [(w_packed[gi, m0:m1], xs[b, gi, :, n0:n1], out[b, gi * ocg + m0:gi * ocg + m1, n0:n1], gi * ocg + m0, n0)
              for b in range(n) for gi in range(g) for _, m0, m1, n0, n1 in _gemm_blocks(1, ocg, h * w, parts)],
@@ -473,9 +303,9 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
         return KernelWork((_on_pool(pool, len(tasks), _gemm_chunk(tasks, finish)),), "gemm1x1")
     if kernel == "packed_region":
         panels = once(("panels", w_packed.shape), lambda: cpu_tiles.pack_panels(w_packed[0], cpu_tiles.NR))
-        return _packed_conv_region(op, x, panels, out, bias, regions, parts)
+        return cpu_compiled._packed_conv_region(op, x, panels, out, bias, regions, parts)
     if kernel == "im2col_region":
-        return _im2col_region(op, x, w_packed[0], out, bias, regions, parts)
+        return cpu_compiled._im2col_region(op, x, w_packed[0], out, bias, regions, parts)
     padded = _PaddedInput(x, pads, 0.0, (0, 0))
     windows = _window_view(padded.buf, op.kernel, op.strides, op.dilations, op.out_hw)  # [n, c, kh, kw, oh, ow]
     if kernel == "im2col_rows":
@@ -518,359 +348,6 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
             copy()
             gemm()
     return KernelWork((run_im2col,), "im2col")
-
-
-def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts: int) -> KernelWork:
-    """im2col as one native region per image (``cpu_parallel.im2col_blocks``): blocks of output
-    rows (of output channels too where the image has fewer pixels than channels), each copying
-    its windows into its thread's scratch, one BLAS product and the bias and a clamp while in
-    cache; padding is read as zeros in the copy, so no padded copy of the input. ``parts``: threads
-    to share it."""
-    n, oc = op.batch, op.out_channels
-    (oh, ow), (kh, kw) = op.out_hw, op.kernel
-    k = weight.shape[1]
-    fit = max(1, engines.REGION_COLS_BYTES // (4 * k * ow))  # rows whose columns fit the scratch
-    channel_parts = parts if oh * ow < oc else 1
-    rows = min(fit, oh) if channel_parts > 1 else min(fit, -(-oh // parts))
-    blocks = np.array([(r0, r1, o0, o1) for r0, r1 in _spans(oh, -(-oh // rows))
-                       for o0, o1 in _spans(oc, channel_parts, align=8)], np.int64)
-    cols = _thread_scratch(regions, k * rows * ow)
-    b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
-    epilogue = _applies_epilogue(bias is not None, lo, hi)
-    geometry = (kh, kw, *op.strides, *op.dilations, *op.pads[:2])
-    out4 = out.reshape(n, oc, oh, ow)
-    fortran = cpu_parallel.im2col_arguments(blocks, k, ow, oh * ow)
-    scalars = np.array([1.0, 0.0], np.float32)
-    images = [(cpu_parallel.SGEMM, x[b], weight, out4[b], b1, blocks, fortran, scalars, cols, geometry, lo, hi, epilogue)
-              for b in range(n)]
-    return KernelWork((_region_items(cpu_parallel.im2col_blocks, images, act, out),), "im2col",
-                  keep=(b1, cols, blocks, fortran, scalars))
-
-
-def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts: int) -> KernelWork:
-    """im2col on constant weights as one native region per image (``cpu_parallel.packed_conv``):
-    the weights packed into ``cpu_tiles``' panels once (``panels``); per run, the input copied into a
-    zero-bordered buffer (where there is padding), its windows packed into pixel panels, and the
-    register tile's products with the bias and a clamp on the way out. Blocks are spans of pixel
-    panels, each packing its own, where the image has as many pixels as channels; else spans of
-    weight panels, all reading panels packed once. ``parts``: threads to share it."""
-    n, oc = op.batch, op.out_channels
-    (oh, ow), (h, w) = op.out_hw, op.in_hw
-    k, pixels, mr = panels.shape[1], oh * ow, cpu_tiles.MR
-    top, left, bottom, right = _conv_pads(op)
-    padded = (h + top + bottom, w + left + right)
-    bases, taps = cpu_parallel.packed_conv_tables(op.kernel, op.strides, op.dilations, (oh, ow), padded[1])
-    count = -(-pixels // mr)  # pixel panels
-    fit = max(1, engines.REGION_COLS_BYTES // (4 * k * mr))  # panels whose packing fits the scratch
-    shared = pixels < oc and parts > 1
-    if shared:
-        pixel_spans, panel_spans = _spans(count, -(-count // fit)), _spans(len(panels), parts)
-        packs = _thread_scratch(1, count * mr * k)
-    else:
-        pixel_spans, panel_spans = _spans(count, max(parts, -(-count // fit))), [(0, len(panels))]
-        packs = _thread_scratch(regions, max(q1 - q0 for q0, q1 in pixel_spans) * mr * k)
-    blocks = np.array([(q0, q1, v0, v1) for q0, q1 in pixel_spans for v0, v1 in panel_spans], np.int64)
-    pack_bounds = _bounds(_even_spans(count, regions))
-    xp = np.zeros(op.in_channels * padded[0] * padded[1] if top + left + bottom + right else 0, np.float32)
-    accs = _thread_scratch(regions, mr * cpu_tiles.NR)
-    b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
-    epilogue = _applies_epilogue(bias is not None, lo, hi)
-    inner = (top, left, *padded)
-    out4 = out.reshape(n, oc, oh, ow)
-    pixels_outer = panels.nbytes <= packs[0].nbytes  # the smaller operand in the inner loop, in cache
-    images = [(x[b], xp, inner, bases, taps, panels, out4[b], b1, pack_bounds, blocks, packs, accs, shared, pixels_outer,
-               lo, hi, epilogue) for b in range(n)]
-    return KernelWork((_region_items(cpu_parallel.packed_conv, images, act, out),), "im2col",
-                  keep=(panels, b1, xp, bases, taps, pack_bounds, blocks, packs, accs))
-
-
-def _compiled_clamp(activation: A.Activation) -> tuple[np.float32, np.float32, Callable | None]:
-    """The clamp (lo, hi) compiled loops apply in a register (+-inf: none), and the activation to
-    run after them where it is not a clamp (else None)."""
-    clamp = cpu_jit.clamp_of(activation)
-    lo, hi = (np.float32(v) for v in (clamp or (-np.inf, np.inf)))
-    if clamp:
-        return lo, hi, None
-    return lo, hi, cpu_activations.activation_in_place(activation[0], _epilogue(activation))
-
-
-def _applies_epilogue(biased: bool, lo: np.float32, hi: np.float32) -> bool:
-    """Whether a region's loop has a bias to add or a clamp to apply (else it skips the pass)."""
-    return biased or lo > -np.inf or hi < np.inf
-
-
-def _compiled_epilogue(activation: A.Activation, bias: np.ndarray | None,
-                       channels: int) -> tuple[np.ndarray, np.float32, np.float32, Callable | None]:
-    """What ``cpu_jit``'s loops take for a bias and an activation: the bias per channel (zeros
-    where there is none) and ``_compiled_clamp``'s three."""
-    bias1 = bias.reshape(channels) if bias is not None else np.zeros(channels, np.float32)
-    return bias1, *_compiled_clamp(activation)
-
-
-def _conv_epilogue(op: A.Conv2D, out: np.ndarray, bias: np.ndarray | None,
-                   jit: bool) -> Callable[[int, int, int, int, int], None]:
-    """``finish(b, o0, o1, p0, p1)``: the bias and activation of image b's output channels
-    [o0, o1) and pixels [p0, p1) of ``out`` [N, O, pixels], on a block while it is in cache --
-    with ``jit``, a clamp activation and the bias in one compiled pass (``cpu_jit.bias_clamp``)."""
-    act = _epilogue(op.activation)
-    clamp = cpu_jit.clamp_of(op.activation) if jit else None
-    if clamp is None:
-        def finish(b: int, o0: int, o1: int, p0: int, p1: int) -> None:
-            dst = out[b, o0:o1, p0:p1]
-            if bias is not None:
-                np.add(dst, bias[o0:o1], out=dst)
-            if act:
-                act(dst)
-        return finish
-    if bias is None and op.activation is None:
-        return lambda *block: None
-    bias1, lo, hi, _ = _compiled_epilogue(op.activation, bias, out.shape[1])
-    compiled = cpu_jit.bind(cpu_jit.bias_clamp, out[0], bias1, 0, 0, 0, 0, lo, hi)
-    return lambda b, o0, o1, p0, p1: compiled(out[b], bias1, o0, o1, p0, p1, lo, hi)
-
-
-def _gemm_chunk(tasks: list, finish: Callable[..., None]) -> Callable[[int, int], None]:
-    """``chunk(k, slot)`` of (weights, columns, output block, its ``finish`` arguments) GEMM tasks
-    and their epilogue."""
-    def chunk(index: int, slot: int) -> None:
-        wb, xb, ob, block = tasks[index]
-        np.matmul(wb, xb, out=ob)
-        finish(*block)
-    return chunk
-
-
-def _winograd(op: A.Conv2D, x, weight, out, bias, pads, pool: Workers, parts: int, jit: bool, once: Callable) -> KernelWork:
-    """Winograd F(n x n, k x k) (``op.winograd_tile``; the scheme step chose it; a rectangular
-    kernel's tile and alpha per axis, ``winograd.conv_matrices``) in chunks of tile rows, each in
-    the thread's scratch while in cache: its [alpha, alpha, C, tiles] input tiles copied out of
-    the padded input, ``B^T d B`` as two GEMMs, one batched product per tile position against the weights transformed at creation (``G W G^T``), ``A^T m A`` as two GEMMs,
-    then the tiles put in place with bias and activation. Faster than the im2col kernel at
-    ResNet-18's sizes (measured: bench/RESULTS.md); where it does not pay, see
-    ``CpuBackend.winograd_min_tiles``."""
-    c, oc = op.in_channels, op.out_channels
-    (oh, ow), (kh, kw) = op.out_hw, op.kernel
-    rows_m, cols_m = conv_matrices(op.winograd_tile, op.kernel)
-    nh, nw = rows_m.n, cols_m.n
-    ah, aw = rows_m.alpha, cols_m.alpha
-    th, tw = -(-oh // nh), -(-ow // nw)
-    padded = _PaddedInput(x, pads, 0.0, (th * nh + kh - 1, tw * nw + kw - 1))
-    _, sc, sh, sw = padded.buf.strides
-    # constant weights (schemes.winograd_fits), transformed once
-    u = once(("winograd", op.winograd_tile, weight.shape),
-             lambda: transformed_weights(rows_m, weight, cols_m).astype(np.float32))
-    bt_rows, bt_cols = rows_m.B.T.astype(np.float32), cols_m.B.T.astype(np.float32)
-    at_rows, at_cols = rows_m.A.T.astype(np.float32), cols_m.A.T.astype(np.float32)
-    bias3 = bias.reshape(oc, 1, 1) if bias is not None else None
-    act = _epilogue(op.activation)
-    out4 = out.reshape(op.batch, oc, oh, ow)
-    # tile-row spans of even length: ``parts`` of them, more where one would not fit CHUNK_BYTES of scratch
-    spans = _even_spans(th, max(parts, -(-th * tw * ah * aw * 4 * max(c, oc) // engines.CHUNK_BYTES)))
-    size = ah * aw * max(c, oc) * max(t1 - t0 for t0, t1 in spans) * tw
-    scratch = [(np.empty(size, np.float32), np.empty(size, np.float32)) for _ in range(pool.threads)]
-    if jit:  # the output tiles put in place with the bias and a clamp in one compiled pass
-        bias1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
-        t = max(t1 - t0 for t0, t1 in spans)
-        place = cpu_jit.bind(cpu_jit.winograd_place, scratch[0][1][:nh * nw * oc * t * tw].reshape(nh, nw, oc, t * tw),
-                             bias1, out4[0], 0, t * tw, tw, lo, hi, True)
-    tasks = [(b, t0, t1, _tile_places(out4[b], (nh, nw), t0, t1)) for b in range(op.batch) for t0, t1 in spans]
-
-    def chunk(index: int, slot: int) -> None:
-        b, t0, t1, places = tasks[index]
-        t = (t1 - t0) * tw
-        p, q = scratch[slot]  # two buffers, each stage reading one and writing the other
-        d = p[:ah * aw * c * t].reshape(ah, aw, c, t1 - t0, tw)
-        np.copyto(d, as_strided(padded.buf[b, :, t0 * nh:], shape=d.shape, strides=(sh, sw, sc, sh * nh, sw * nw)))
-        v1 = q[:ah * aw * c * t].reshape(ah, aw, c * t)
-        np.matmul(bt_rows, d.reshape(ah, aw * c * t), out=v1.reshape(ah, aw * c * t))  # B^T on the tiles' rows
-        v = p[:ah * aw * c * t].reshape(ah, aw, c * t)
-        np.matmul(bt_cols, v1, out=v)  # ... and on their columns
-        m = q[:ah * aw * oc * t].reshape(ah * aw, oc, t)
-        np.matmul(u, v.reshape(ah * aw, c, t), out=m)  # one product per tile position
-        y1 = p[:nh * aw * oc * t].reshape(nh, aw, oc * t)
-        np.matmul(at_rows, m.reshape(ah, aw * oc * t), out=y1.reshape(nh, aw * oc * t))
-        y = q[:nh * nw * oc * t].reshape(nh, nw, oc, t1 - t0, tw)
-        np.matmul(at_cols, y1, out=y.reshape(nh, nw, oc * t))
-        dst = out4[b, :, t0 * nh:min(t1 * nh, oh)]
-        if jit:
-            place(y.reshape(nh, nw, oc, t), bias1, out4[b], t0 * tw, t1 * tw, tw, lo, hi, True)
-        else:
-            for target, rows, cols, i, j in places:
-                np.copyto(target, y[:i, :j, :, rows, cols])
-            if bias3 is not None:
-                np.add(dst, bias3, out=dst)
-        if act:
-            act(dst)
-    run_chunks = _on_pool(pool, len(tasks), chunk)
-
-    def run():
-        padded.refresh()
-        run_chunks()
-    return KernelWork((run,), "winograd")
-
-
-def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Callable) -> KernelWork:
-    """Winograd (a tile and alpha per axis: 1D tiles for a 1x7 or 7x1 kernel) as one native
-    region per image (``cpu_parallel.winograd_packed``) on the register tile: the weights
-    transformed (G_h W G_w^T) and packed into ``cpu_tiles``' panels once, here; per
-    run, the input copied into a zero-bordered plane, the tiles transformed in panels of MR, the
-    alpha^2 products per (tile panel, channel panel) pair and the output transform with the bias
-    and a clamp while the pair's products are in cache. Faster than the BLAS transforms and
-    products it replaces (measured: bench/RESULTS.md)."""
-    c, oc = op.in_channels, op.out_channels
-    (oh, ow), (kh, kw) = op.out_hw, op.kernel
-    rows_m, cols_m = conv_matrices(op.winograd_tile, op.kernel)
-    nh, nw = rows_m.n, cols_m.n
-    ah, aw, mr, nr = rows_m.alpha, cols_m.alpha, cpu_tiles.MR, cpu_tiles.NR
-    th, tw = -(-oh // nh), -(-ow // nw)
-    tiles = th * tw
-    panels = -(-tiles // mr)
-    u = once(("winograd panels", op.winograd_tile, weight.shape),  # [ah*aw, oc/NR, c, NR]
-             lambda: np.ascontiguousarray(np.stack([cpu_tiles.pack_panels(m, nr)
-                                                    for m in transformed_weights(rows_m, weight, cols_m)])))
-    square = cpu_tiles.SQUARE
-
-    def zero_padded(matrix: np.ndarray, width: int) -> np.ndarray:  # the kernels read rows ``width`` wide
-        wide = np.zeros((matrix.shape[0], width), np.float32)
-        wide[:, :matrix.shape[1]] = matrix
-        return wide
-    b_width = cpu_tiles.ROW if min(ah, aw) == 1 else square  # a 1D tile's transform: cpu_tiles.row_product
-    b_rows, b_cols = zero_padded(rows_m.B, b_width), zero_padded(cols_m.B, b_width)
-    a_rows, a_cols = zero_padded(rows_m.A, mr), zero_padded(cols_m.A, mr)
-    rows, cols = th * nh + kh - 1, tw * nw + kw - 1  # every tile's inputs inside the zero-bordered plane
-    xp = np.zeros(c * rows * cols + square, np.float32)  # + square: the input transform reads rows that wide
-    # each tile's origin in the plane, in panels of MR: the windows of a 1x1 kernel at stride (nh, nw)
-    bases, _ = cpu_parallel.packed_conv_tables((1, 1), (nh, nw), (1, 1), (th, tw), cols)
-    v = np.empty(ah * aw * panels * c * mr, np.float32)
-    scratch = _thread_scratch(regions, cpu_parallel.winograd_scratch_floats(ah, aw, nh))
-    b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
-    geometry = (nh, nw, tiles, tw, panels, u.nbytes > v.nbytes)
-    inner = (*op.pads[:2], rows, cols)
-    out4 = out.reshape(op.batch, oc, oh, ow)
-    images = [(x[b], xp, inner, bases, b_rows, b_cols, a_rows, a_cols, u, v, scratch, out4[b], b1, geometry, lo, hi)
-              for b in range(op.batch)]
-    return KernelWork((_region_items(cpu_parallel.winograd_packed, images, act, out),), "winograd",
-                  keep=(u, b_rows, b_cols, a_rows, a_cols, xp, bases, v, scratch, b1))
-
-
-def _even_spans(total: int, parts: int) -> list[tuple[int, int]]:
-    """[start, stop) spans cutting ``range(total)`` into ``min(parts, total)`` pieces whose
-    lengths differ by at most one (10 in 4: 3, 3, 2, 2, where ``_spans`` gives 3, 3, 3, 1)."""
-    parts = max(1, min(parts, total))
-    return [(total * i // parts, total * (i + 1) // parts) for i in range(parts)]
-
-
-def _tile_places(out3: np.ndarray, tile: tuple[int, int], t0: int, t1: int) -> list[tuple[np.ndarray, slice, slice, int, int]]:
-    """Where Winograd's output tiles (``tile`` = (nh, nw)) of tile rows [t0, t1) land in ``out3``
-    [C, OH, OW]: at most four rectangles (whole tiles, the partial last tile row and column, their
-    corner), each a strided view [i, j, C, rows, cols] of the output (tile position (i, j) of tile
-    (r, q) is output pixel (r nh + i, q nw + j)) with the tile rows and columns it takes from the
-    [nh, nw, C, t1 - t0, tiles per row] products and the positions i, j it keeps. Four copies
-    instead of one per tile position (36 for F(6, 3)), each NumPy call costing a few
-    microseconds and a hand-over of the GIL between threads."""
-    _, oh, ow = out3.shape
-    so, sr, sq = out3.strides
-    nh, nw = tile
-    whole_r, whole_q = oh // nh, ow // nw
-    row_parts = [(t0, min(t1, whole_r), nh), (whole_r, min(t1, whole_r + 1), oh % nh)]
-    col_parts = [(0, whole_q, nw), (whole_q, whole_q + 1, ow % nw)]
-    places = []
-    for r0, r1, i in row_parts:
-        r0 = max(r0, t0)
-        for q0, q1, j in col_parts:
-            if r1 > r0 and q1 > q0 and i and j:
-                target = as_strided(out3[:, r0 * nh:, q0 * nw:], shape=(i, j, out3.shape[0], r1 - r0, q1 - q0),
-                                    strides=(sr, sq, so, sr * nh, sq * nw), writeable=True)
-                places.append((target, slice(r0 - t0, r1 - t0), slice(q0, q1), i, j))
-    return places
-
-
-def _depthwise(op: A.Conv2D, x, weight, out, pads, finish, pool: Workers, parts: int) -> KernelWork:
-    """Channel blocks, each in two passes: one copy of its KH*KW shifted windows into the
-    thread's scratch, then one batched [1, KH*KW] x [KH*KW, pixels] product per channel (BLAS),
-    bias and activation after: faster at MobileNet's sizes than a multiply and an add per tap
-    (18 NumPy calls and passes over memory per block)."""
-    n, c = op.batch, op.in_channels
-    (oh, ow), (kh, kw) = op.out_hw, op.kernel
-    taps, pixels = kh * kw, oh * ow
-    padded = _PaddedInput(x, pads, 0.0, (0, 0))
-    windows = _window_view(padded.buf, op.kernel, op.strides, op.dilations, op.out_hw)  # [n, c, kh, kw, oh, ow]
-    per_channel = 4 * (padded.buf.shape[2] * padded.buf.shape[3] + (taps + 1) * pixels)
-    per_block = max(1, min(engines.CHUNK_BYTES // per_channel, -(-c // parts)))
-    w3 = weight.reshape(c, 1, taps)  # a view: W may be a run-time tensor
-    out3 = out.reshape(n, c, 1, pixels)
-    scratch = [np.empty(per_block * taps * pixels, dtype=np.float32) for _ in range(pool.threads)]
-    tasks = [((padded.interior[b, c0:c1], x[b, c0:c1]) if padded.needed else None, windows[b, c0:c1],
-              w3[c0:c1], out3[b, c0:c1], (b, c0, c1, 0, pixels), c0, c1)
-             for b in range(n) for c0, c1 in _spans(c, -(-c // per_block))]
-
-    def block(index: int, slot: int) -> None:
-        interior, src, wb, ob, block, c0, c1 = tasks[index]
-        if interior is not None:
-            np.copyto(*interior)
-        cols = scratch[slot][:src.size]
-        np.copyto(cols.reshape(src.shape), src)
-        np.matmul(wb, cols.reshape(c1 - c0, taps, pixels), out=ob)
-        finish(*block)
-    return KernelWork((_on_pool(pool, len(tasks), block),), "depthwise")
-
-
-def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts: int, regions: int = 0) -> KernelWork:
-    """The depthwise convolution as ``cpu_jit``'s one-pass loops on channel spans, the bias and a
-    clamp activation applied in the loop (others after, on the span), each thread on its own
-    scratch plane: one pass where ``_depthwise`` makes several (measured: bench/RESULTS.md).
-    With ``regions``, each image's spans are one native region."""
-    n, c = op.batch, op.in_channels
-    (oh, ow), (kh, kw) = op.out_hw, op.kernel
-    kernel, scratch_shapes, geometry = cpu_jit.depthwise_kernel(op)
-    b1, lo, hi, act = _compiled_epilogue(op.activation, bias, c)
-    w3 = weight.reshape(c, kh, kw)  # a view: W may be a run-time tensor
-    out4 = out.reshape(n, c, oh, ow)
-    scratch = [np.zeros((regions or pool.threads, *shape), np.float32) for shape in scratch_shapes]  # a slice per thread
-    tail = (geometry, *op.pads[:2], lo, hi)
-    if regions:
-        bounds = _bounds(_spans(c, parts))
-        regions_of = [cpu_parallel.depthwise_region(kernel, (x[b], w3, b1, out4[b], bounds, *scratch, *tail))
-                      for b in range(n)]
-        return KernelWork((_region_items(regions_of[0][0], [args for _, args in regions_of], act, out),), "depthwise",
-                      keep=(b1, scratch))
-    spans = [(x[b, c0:c1], w3[c0:c1], b1[c0:c1], out4[b, c0:c1]) for b in range(n) for c0, c1 in _spans(c, parts)]
-    compiled = cpu_jit.bind(kernel, *spans[0], scratch[0][0], scratch[1][0], *tail)
-
-    def span(index: int, slot: int) -> None:
-        compiled(*spans[index], scratch[0][slot], scratch[1][slot], *tail)
-        if act:
-            act(spans[index][3])
-    return KernelWork((_on_pool(pool, len(spans), span),), "depthwise", keep=(b1, scratch))
-
-
-def _thread_scratch(threads: int, floats: int, fill: float = 0.0) -> np.ndarray:
-    """[threads, ``floats`` rounded up to whole cache lines] float32, each thread's row starting
-    on a cache line, so that no two threads write one line: rows side by side shared their edge
-    lines, and the lines went back and forth between the cores (measured: bench/RESULTS.md)."""
-    width = -(-floats // engines.CACHE_LINE_FLOATS) * engines.CACHE_LINE_FLOATS
-    raw = np.full(threads * width + engines.CACHE_LINE_FLOATS, fill, np.float32)
-    start = (-raw.ctypes.data % (4 * engines.CACHE_LINE_FLOATS)) // 4
-    return raw[start:start + threads * width].reshape(threads, width)
-
-
-def _bounds(spans: list[tuple[int, int]]) -> np.ndarray:
-    """Consecutive [start, stop) spans (``_spans``, ``_even_spans``) as the bounds array a region's
-    ``prange`` walks: [start0, start1, ..., last stop]."""
-    return np.array([start for start, _ in spans] + [spans[-1][1]], np.int64)
-
-
-def _region_items(region: Callable, calls: list[tuple], after: Callable[[np.ndarray], None] | None,
-                  out: np.ndarray) -> Callable[[], None]:
-    """The work item calling ``region`` (compiled once, for the first call's types) with each of
-    ``calls``' arguments, then ``after`` on ``out`` (an activation the region does not apply)."""
-    compiled = cpu_jit.bind(region, *calls[0])
-
-    def run() -> None:
-        for args in calls:
-            compiled(*args)
-        if after:
-            after(out)
-    return run
 
 
 def _make_conv_transpose2d(op: A.ConvTranspose2D, ins, outs, pool: Workers):
@@ -934,11 +411,11 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, engine: Engine):
         count_w = np.minimum(starts_w + kw, hi_w) - np.maximum(starts_w, lo_w)
         inv_count = (1.0 / np.maximum(np.outer(count_h, count_w), 1)).astype(np.float32)
     if kernel in ("pool3x3_region", "pool3x3"):
-        return _pool_compiled(op, x, out, inv_count, pool, parts, engine.regions)
+        return cpu_compiled._pool_compiled(op, x, out, inv_count, pool, parts, engine.regions)
     extent = ((oh - 1) * sh + kh, (ow - 1) * sw + kw)
     border = (np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf) if op.op == "max" else 0.0
     padded = _PaddedInput(x, op.pads, border, extent)
-    reduce_windows = _separable_windows(padded.buf, op.kernel, op.strides, out, np.maximum if op.op == "max" else np.add)
+    reduce_windows = cpu_reference._separable_windows(padded.buf, op.kernel, op.strides, out, np.maximum if op.op == "max" else np.add)
     if op.op == "max":
         def run_max():
             padded.refresh()
@@ -950,63 +427,6 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, engine: Engine):
         reduce_windows()
         np.multiply(out, inv_count, out=out)
     return KernelWork((run_avg,))
-
-
-def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, parts: int, regions: int = 0) -> KernelWork:
-    """3x3 pooling as compiled loops on channel spans, reading the input in place (no padded
-    copy): ``cpu_jit.pool3x3_same`` on flat planes where the output is the input's size at
-    stride 1 (Inception's average pools), else ``cpu_jit.pool3x3`` row by row, each thread on
-    its own scratch: faster than nine taps per output from rows split by phase (measured:
-    bench/RESULTS.md). ``parts``: channel spans; with ``regions``, each image's are one native region."""
-    n, c = op.batch, op.channels
-    (h, w), (oh, ow), (sh, sw), (top, left) = op.in_hw, op.out_hw, op.strides, op.pads[:2]
-    is_max = op.op == "max"
-    border, scale = (-np.inf, np.ones(op.out_hw, np.float32)) if is_max else (0.0, inv_count)
-    threads = regions or pool.threads
-    if op.strides == (1, 1) and op.pads == (1, 1, 1, 1) and min(h, w) >= 2:
-        x, out = x.reshape(n, c, h * w), out.reshape(n, c, h * w)
-        kernel, region, scratch = cpu_jit.pool3x3_same, cpu_parallel.pool_same_spans, _thread_scratch(threads, h * w)
-        tail: tuple = (is_max,)
-    else:
-        kernel, region = cpu_jit.pool3x3, cpu_parallel.pool_spans
-        scratch = _thread_scratch(threads, (ow - 1) * sw + 3, border)  # a padded row per thread
-        tail = (is_max, sh, sw, top, left)
-    if regions:
-        bounds = _bounds(_spans(c, parts))
-        images = [(x[b], out[b], scale, bounds, scratch, *tail) for b in range(n)]
-        return KernelWork((_region_items(region, images, None, out),), keep=(scale, scratch))
-    spans = [(x[b, c0:c1], out[b, c0:c1], scale) for b in range(n) for c0, c1 in _spans(c, parts)]
-    compiled = cpu_jit.bind(kernel, *spans[0], scratch[0], *tail)
-    return KernelWork((_on_pool(pool, len(spans), lambda index, slot: compiled(*spans[index], scratch[slot], *tail)),),
-                  keep=(scale, scratch))
-
-
-def _separable_windows(xp: np.ndarray, kernel, strides, out: np.ndarray, combine: np.ufunc) -> Callable[[], None]:
-    """``out`` = ``combine`` (np.maximum, np.add) over each pooling window of the padded NCHW
-    ``xp``, separably: over each row's window first (into scratch [N, C, rows, OW]), then over
-    each column's -- kh + kw - 2 passes instead of kh kw - 1, the second over a map ``sw`` times
-    narrower (max is exact in any order; a sum only reassociates). Faster than a pass per tap on
-    SqueezeNet's and Inception's pools; channel spans shared between the threads were no faster
-    (bound by memory). Measured: bench/RESULTS.md."""
-    (kh, kw), (sh, sw) = kernel, strides
-    n, c, oh, ow = out.shape
-    rows = (oh - 1) * sh + kh
-    row_acc = np.empty((n, c, rows, ow), dtype=out.dtype)
-    across = [xp[:, :, :rows, j:j + (ow - 1) * sw + 1:sw] for j in range(kw)]
-    down = [row_acc[:, :, i:i + (oh - 1) * sh + 1:sh] for i in range(kh)]
-
-    def fold(views: list[np.ndarray], dst: np.ndarray) -> None:
-        if len(views) == 1:
-            np.copyto(dst, views[0])
-            return
-        combine(views[0], views[1], out=dst)
-        for view_ in views[2:]:
-            combine(dst, view_, out=dst)
-
-    def run() -> None:
-        fold(across, row_acc)
-        fold(down, out)
-    return run
 
 
 def _make_softmax(op: A.Softmax, ins, outs, pool: Workers, engine: Engine):

@@ -39,7 +39,7 @@ REGION_MIN_MACS = 1 << 20
 REGION_MIN_WINDOWS = 1 << 15
 #: Bytes of im2col columns one block of a region copies, so that its product reads them from L2.
 REGION_COLS_BYTES = 1 << 20
-#: A convolution on constant weights takes ``cpu_tiles``' register tile (``_packed_conv_region``)
+#: A convolution on constant weights takes ``cpu_tiles``' register tile (``compiled._packed_conv_region``)
 #: from this inner dimension (C*KH*KW) up, BLAS below: with a short inner dimension each tile's
 #: store and each element's packing weigh more against its multiply-adds.
 PACKED_MIN_DEPTH = 512
@@ -52,7 +52,7 @@ CACHE_LINE_FLOATS = 16
 
 #: Where the Winograd kernel pays against im2col, per kernel: (output tiles, input channels, how
 #: many times fewer multiplications than the sliding window it must make: Eq. 2's C(n) with the
-#: transforms). "regions": ``_winograd_region`` (the register tile); "threads": ``_winograd`` (BLAS
+#: transforms). "regions": ``compiled._winograd_region`` (the register tile); "threads": ``reference._winograd`` (BLAS
 #: products on the Python threads). Measured per op with ``bench/cpu_winograd.py`` (bench/RESULTS.md).
 WINOGRAD_PAYS = {"regions": (16, 16, 1.6), "threads": (40, 64, 2.0)}
 

@@ -1,0 +1,307 @@
+"""The cpu backend's compiled kernels: ``cpu_jit``'s loops on the backend's Python threads, and
+native parallel regions (``cpu_parallel``) that run one op's spans on Numba's
+threads in one call, the bias and a clamp activation applied in the loop.
+
+The residual sum and its per-row form, GEMM blocks on BLAS's sgemm, im2col and the register
+tile's packed convolution, Winograd on the register tile, the depthwise convolution and 3x3
+pooling; the scratch, span bounds and work items they share. Which kernel runs an op is the
+backend's ``engines.Engine``'s decision; the NumPy kernels, and the views and spans these read,
+are in ``reference``.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ... import atomic as A
+from ..base import KernelWork, TensorHandle
+from . import engines, jit as cpu_jit, parallel as cpu_parallel, tiles as cpu_tiles
+from .reference import _compiled_clamp, _compiled_epilogue, _conv_pads, _even_spans, _on_pool, _spans, strided
+from .workers import Workers
+from ...numerics.winograd import conv_matrices, transformed_weights
+
+
+def _row_broadcast(dims: list[tuple[int, ...]], side: int) -> bool:
+    """Whether ``merge_dims``' (size, out stride, a stride, b stride) dims add to a dense operand
+    (the other side's) one value of operand ``side`` (1: a, 2: b) per row of the innermost run:
+    a per-channel bias over NCHW planes."""
+    dense = 3 - side
+    return len(dims) >= 2 and dims[-1][side + 1] == 0 and all(d[1] == d[dense + 1] for d in dims)
+
+
+def _row_sum_region(dense: np.ndarray, values: TensorHandle, dims: list[tuple[int, ...]], side: int, out: np.ndarray,
+                    activation: A.Activation, parts: int) -> KernelWork:
+    """out = clamp(dense + a value per row) as one pass on the region's threads
+    (``cpu_parallel.row_sum_spans``): a bias added after an average pool (``optimize``'s
+    ``pointwise_before_average_pool``) and its ReLU. NumPy's broadcast add and clamp took 0.07-0.26
+    ms on Inception-v3's, two passes on one thread."""
+    width = dims[-1][0]
+    outer = dims[:-1]
+    index = np.zeros(1, np.int64)
+    for size, *strides in outer:  # each row's value: its offset in ``values``
+        index = (index[:, None] + np.arange(size, dtype=np.int64)[None, :] * strides[side]).reshape(-1)
+    flat = strided(values, 0, (int(index.max()) + 1,), (1,))
+    lo, hi, _ = _compiled_clamp(activation)
+    bounds = _bounds(_even_spans(index.size, parts))
+    return KernelWork((_region_items(cpu_parallel.row_sum_spans, [(dense, flat, index, out, bounds, width, lo, hi)],
+                                 None, out),), "sum", keep=(index, bounds))
+
+
+def _sum_region(a: np.ndarray, b: np.ndarray, out: np.ndarray, activation: A.Activation, parts: int) -> KernelWork:
+    """out = clamp(a + b) (a residual connection and its ReLU) as one pass on the region's
+    threads (``cpu_parallel.sum_spans``), where NumPy made two on one thread (the sum, then the
+    clamp). ``parts``: spans. Measured: bench/RESULTS.md."""
+    lo, hi, _ = _compiled_clamp(activation)
+    bounds = _bounds(_spans(out.size, parts, align=engines.CACHE_LINE_FLOATS))
+    return KernelWork((_region_items(cpu_parallel.sum_spans, [(a, b, out, bounds, lo, hi)], None, out),), "sum")
+
+
+def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
+                           regions: int, once: Callable) -> KernelWork:
+    """A vector times a constant matrix (a classifier's last layer: M = 1), x [K] @ weights [K, N]
+    -> out [N], as a 1x1 convolution of one pixel (``_packed_conv_region``): the matrix packed into
+    the register tile's panels once, and each run reads them once, half on each thread. BLAS's
+    sgemm packs the whole matrix on every call to multiply it by one row (measured:
+    bench/RESULTS.md); the tile's six rows of which one is used cost little on a
+    product that waits for memory."""
+    k, n = weights.shape
+    conv = A.Conv2D(op.inputs, op.outputs, op.source, batch=1, in_channels=k, out_channels=n,
+                    activation=op.activation, has_bias=bias is not None, scheme="gemm1x1")
+    panels = once(("vector panels", weights.shape),
+                  lambda: cpu_tiles.pack_panels(np.ascontiguousarray(weights.T), cpu_tiles.NR))
+    made = _packed_conv_region(conv, x.reshape(1, k, 1, 1), panels, out.reshape(1, n, 1),
+                               None if bias is None else bias[0].reshape(n, 1), regions, regions)
+    return KernelWork(made.work, op.scheme, made.keep)  # the report names the product's scheme, not the convolution's
+
+
+def _gemm_region(bases: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list, activation: A.Activation,
+                 out: np.ndarray, alpha: float = 1.0, bias: tuple | None = None,
+                 beta: float = 1.0) -> Callable[[], None] | None:
+    """The work item running GEMM ``blocks`` (A, B and C views of the flat float32 ``bases``, bias
+    row, bias column) as one native region (``cpu_parallel.gemm_blocks``) with the bias and a clamp
+    activation or GELU on each block, any other activation after on ``out``; None where a layout is not
+    one BLAS takes. ``bias``: (flat buffer, offset, rows it repeats over, row stride, column stride)."""
+    calls = cpu_parallel.gemm_calls(*bases, blocks)
+    if bias is None:
+        bias = (np.zeros(1, np.float32), 0, 0, 0, 0)
+    buffer, offset, period, row_stride, column_stride = bias
+    if calls is None or column_stride not in (0, 1) or row_stride < 0 or buffer.dtype != np.float32:
+        return None
+    lo, hi, after = _compiled_clamp(activation)
+    gelu = activation is not None and activation[0] == "gelu"  # on each block while it is in cache, not after
+    if gelu:
+        after = None
+    epilogue = _applies_epilogue(bool(period), lo, hi) or gelu
+    scalars = np.array([alpha, 0.0], np.float32)
+    args = (cpu_parallel.SGEMM, *bases, calls, cpu_parallel.fortran_arguments(calls), scalars, buffer, offset, period,
+            row_stride, column_stride, np.float32(beta), lo, hi, gelu, epilogue)
+    compiled = cpu_jit.bind(cpu_parallel.gemm_blocks, *args)
+    if after is None:
+        return lambda: compiled(*args)
+
+    def run() -> None:
+        compiled(*args)
+        after(out)
+    return run
+
+
+def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts: int) -> KernelWork:
+    """im2col as one native region per image (``cpu_parallel.im2col_blocks``): blocks of output
+    rows (of output channels too where the image has fewer pixels than channels), each copying
+    its windows into its thread's scratch, one BLAS product and the bias and a clamp while in
+    cache; padding is read as zeros in the copy, so no padded copy of the input. ``parts``: threads
+    to share it."""
+    n, oc = op.batch, op.out_channels
+    (oh, ow), (kh, kw) = op.out_hw, op.kernel
+    k = weight.shape[1]
+    fit = max(1, engines.REGION_COLS_BYTES // (4 * k * ow))  # rows whose columns fit the scratch
+    channel_parts = parts if oh * ow < oc else 1
+    rows = min(fit, oh) if channel_parts > 1 else min(fit, -(-oh // parts))
+    blocks = np.array([(r0, r1, o0, o1) for r0, r1 in _spans(oh, -(-oh // rows))
+                       for o0, o1 in _spans(oc, channel_parts, align=8)], np.int64)
+    cols = _thread_scratch(regions, k * rows * ow)
+    b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
+    epilogue = _applies_epilogue(bias is not None, lo, hi)
+    geometry = (kh, kw, *op.strides, *op.dilations, *op.pads[:2])
+    out4 = out.reshape(n, oc, oh, ow)
+    fortran = cpu_parallel.im2col_arguments(blocks, k, ow, oh * ow)
+    scalars = np.array([1.0, 0.0], np.float32)
+    images = [(cpu_parallel.SGEMM, x[b], weight, out4[b], b1, blocks, fortran, scalars, cols, geometry, lo, hi, epilogue)
+              for b in range(n)]
+    return KernelWork((_region_items(cpu_parallel.im2col_blocks, images, act, out),), "im2col",
+                  keep=(b1, cols, blocks, fortran, scalars))
+
+
+def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts: int) -> KernelWork:
+    """im2col on constant weights as one native region per image (``cpu_parallel.packed_conv``):
+    the weights packed into ``cpu_tiles``' panels once (``panels``); per run, the input copied into a
+    zero-bordered buffer (where there is padding), its windows packed into pixel panels, and the
+    register tile's products with the bias and a clamp on the way out. Blocks are spans of pixel
+    panels, each packing its own, where the image has as many pixels as channels; else spans of
+    weight panels, all reading panels packed once. ``parts``: threads to share it."""
+    n, oc = op.batch, op.out_channels
+    (oh, ow), (h, w) = op.out_hw, op.in_hw
+    k, pixels, mr = panels.shape[1], oh * ow, cpu_tiles.MR
+    top, left, bottom, right = _conv_pads(op)
+    padded = (h + top + bottom, w + left + right)
+    bases, taps = cpu_parallel.packed_conv_tables(op.kernel, op.strides, op.dilations, (oh, ow), padded[1])
+    count = -(-pixels // mr)  # pixel panels
+    fit = max(1, engines.REGION_COLS_BYTES // (4 * k * mr))  # panels whose packing fits the scratch
+    shared = pixels < oc and parts > 1
+    if shared:
+        pixel_spans, panel_spans = _spans(count, -(-count // fit)), _spans(len(panels), parts)
+        packs = _thread_scratch(1, count * mr * k)
+    else:
+        pixel_spans, panel_spans = _spans(count, max(parts, -(-count // fit))), [(0, len(panels))]
+        packs = _thread_scratch(regions, max(q1 - q0 for q0, q1 in pixel_spans) * mr * k)
+    blocks = np.array([(q0, q1, v0, v1) for q0, q1 in pixel_spans for v0, v1 in panel_spans], np.int64)
+    pack_bounds = _bounds(_even_spans(count, regions))
+    xp = np.zeros(op.in_channels * padded[0] * padded[1] if top + left + bottom + right else 0, np.float32)
+    accs = _thread_scratch(regions, mr * cpu_tiles.NR)
+    b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
+    epilogue = _applies_epilogue(bias is not None, lo, hi)
+    inner = (top, left, *padded)
+    out4 = out.reshape(n, oc, oh, ow)
+    pixels_outer = panels.nbytes <= packs[0].nbytes  # the smaller operand in the inner loop, in cache
+    images = [(x[b], xp, inner, bases, taps, panels, out4[b], b1, pack_bounds, blocks, packs, accs, shared, pixels_outer,
+               lo, hi, epilogue) for b in range(n)]
+    return KernelWork((_region_items(cpu_parallel.packed_conv, images, act, out),), "im2col",
+                  keep=(panels, b1, xp, bases, taps, pack_bounds, blocks, packs, accs))
+
+
+def _applies_epilogue(biased: bool, lo: np.float32, hi: np.float32) -> bool:
+    """Whether a region's loop has a bias to add or a clamp to apply (else it skips the pass)."""
+    return biased or lo > -np.inf or hi < np.inf
+
+
+def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Callable) -> KernelWork:
+    """Winograd (a tile and alpha per axis: 1D tiles for a 1x7 or 7x1 kernel) as one native
+    region per image (``cpu_parallel.winograd_packed``) on the register tile: the weights
+    transformed (G_h W G_w^T) and packed into ``cpu_tiles``' panels once, here; per
+    run, the input copied into a zero-bordered plane, the tiles transformed in panels of MR, the
+    alpha^2 products per (tile panel, channel panel) pair and the output transform with the bias
+    and a clamp while the pair's products are in cache. Faster than the BLAS transforms and
+    products it replaces (measured: bench/RESULTS.md)."""
+    c, oc = op.in_channels, op.out_channels
+    (oh, ow), (kh, kw) = op.out_hw, op.kernel
+    rows_m, cols_m = conv_matrices(op.winograd_tile, op.kernel)
+    nh, nw = rows_m.n, cols_m.n
+    ah, aw, mr, nr = rows_m.alpha, cols_m.alpha, cpu_tiles.MR, cpu_tiles.NR
+    th, tw = -(-oh // nh), -(-ow // nw)
+    tiles = th * tw
+    panels = -(-tiles // mr)
+    u = once(("winograd panels", op.winograd_tile, weight.shape),  # [ah*aw, oc/NR, c, NR]
+             lambda: np.ascontiguousarray(np.stack([cpu_tiles.pack_panels(m, nr)
+                                                    for m in transformed_weights(rows_m, weight, cols_m)])))
+    square = cpu_tiles.SQUARE
+
+    def zero_padded(matrix: np.ndarray, width: int) -> np.ndarray:  # the kernels read rows ``width`` wide
+        wide = np.zeros((matrix.shape[0], width), np.float32)
+        wide[:, :matrix.shape[1]] = matrix
+        return wide
+    b_width = cpu_tiles.ROW if min(ah, aw) == 1 else square  # a 1D tile's transform: cpu_tiles.row_product
+    b_rows, b_cols = zero_padded(rows_m.B, b_width), zero_padded(cols_m.B, b_width)
+    a_rows, a_cols = zero_padded(rows_m.A, mr), zero_padded(cols_m.A, mr)
+    rows, cols = th * nh + kh - 1, tw * nw + kw - 1  # every tile's inputs inside the zero-bordered plane
+    xp = np.zeros(c * rows * cols + square, np.float32)  # + square: the input transform reads rows that wide
+    # each tile's origin in the plane, in panels of MR: the windows of a 1x1 kernel at stride (nh, nw)
+    bases, _ = cpu_parallel.packed_conv_tables((1, 1), (nh, nw), (1, 1), (th, tw), cols)
+    v = np.empty(ah * aw * panels * c * mr, np.float32)
+    scratch = _thread_scratch(regions, cpu_parallel.winograd_scratch_floats(ah, aw, nh))
+    b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
+    geometry = (nh, nw, tiles, tw, panels, u.nbytes > v.nbytes)
+    inner = (*op.pads[:2], rows, cols)
+    out4 = out.reshape(op.batch, oc, oh, ow)
+    images = [(x[b], xp, inner, bases, b_rows, b_cols, a_rows, a_cols, u, v, scratch, out4[b], b1, geometry, lo, hi)
+              for b in range(op.batch)]
+    return KernelWork((_region_items(cpu_parallel.winograd_packed, images, act, out),), "winograd",
+                  keep=(u, b_rows, b_cols, a_rows, a_cols, xp, bases, v, scratch, b1))
+
+
+def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts: int, regions: int = 0) -> KernelWork:
+    """The depthwise convolution as ``cpu_jit``'s one-pass loops on channel spans, the bias and a
+    clamp activation applied in the loop (others after, on the span), each thread on its own
+    scratch plane: one pass where ``_depthwise`` makes several (measured: bench/RESULTS.md).
+    With ``regions``, each image's spans are one native region."""
+    n, c = op.batch, op.in_channels
+    (oh, ow), (kh, kw) = op.out_hw, op.kernel
+    kernel, scratch_shapes, geometry = cpu_jit.depthwise_kernel(op)
+    b1, lo, hi, act = _compiled_epilogue(op.activation, bias, c)
+    w3 = weight.reshape(c, kh, kw)  # a view: W may be a run-time tensor
+    out4 = out.reshape(n, c, oh, ow)
+    scratch = [np.zeros((regions or pool.threads, *shape), np.float32) for shape in scratch_shapes]  # a slice per thread
+    tail = (geometry, *op.pads[:2], lo, hi)
+    if regions:
+        bounds = _bounds(_spans(c, parts))
+        regions_of = [cpu_parallel.depthwise_region(kernel, (x[b], w3, b1, out4[b], bounds, *scratch, *tail))
+                      for b in range(n)]
+        return KernelWork((_region_items(regions_of[0][0], [args for _, args in regions_of], act, out),), "depthwise",
+                      keep=(b1, scratch))
+    spans = [(x[b, c0:c1], w3[c0:c1], b1[c0:c1], out4[b, c0:c1]) for b in range(n) for c0, c1 in _spans(c, parts)]
+    compiled = cpu_jit.bind(kernel, *spans[0], scratch[0][0], scratch[1][0], *tail)
+
+    def span(index: int, slot: int) -> None:
+        compiled(*spans[index], scratch[0][slot], scratch[1][slot], *tail)
+        if act:
+            act(spans[index][3])
+    return KernelWork((_on_pool(pool, len(spans), span),), "depthwise", keep=(b1, scratch))
+
+
+def _thread_scratch(threads: int, floats: int, fill: float = 0.0) -> np.ndarray:
+    """[threads, ``floats`` rounded up to whole cache lines] float32, each thread's row starting
+    on a cache line, so that no two threads write one line: rows side by side shared their edge
+    lines, and the lines went back and forth between the cores (measured: bench/RESULTS.md)."""
+    width = -(-floats // engines.CACHE_LINE_FLOATS) * engines.CACHE_LINE_FLOATS
+    raw = np.full(threads * width + engines.CACHE_LINE_FLOATS, fill, np.float32)
+    start = (-raw.ctypes.data % (4 * engines.CACHE_LINE_FLOATS)) // 4
+    return raw[start:start + threads * width].reshape(threads, width)
+
+
+def _bounds(spans: list[tuple[int, int]]) -> np.ndarray:
+    """Consecutive [start, stop) spans (``_spans``, ``_even_spans``) as the bounds array a region's
+    ``prange`` walks: [start0, start1, ..., last stop]."""
+    return np.array([start for start, _ in spans] + [spans[-1][1]], np.int64)
+
+
+def _region_items(region: Callable, calls: list[tuple], after: Callable[[np.ndarray], None] | None,
+                  out: np.ndarray) -> Callable[[], None]:
+    """The work item calling ``region`` (compiled once, for the first call's types) with each of
+    ``calls``' arguments, then ``after`` on ``out`` (an activation the region does not apply)."""
+    compiled = cpu_jit.bind(region, *calls[0])
+
+    def run() -> None:
+        for args in calls:
+            compiled(*args)
+        if after:
+            after(out)
+    return run
+
+
+def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, parts: int, regions: int = 0) -> KernelWork:
+    """3x3 pooling as compiled loops on channel spans, reading the input in place (no padded
+    copy): ``cpu_jit.pool3x3_same`` on flat planes where the output is the input's size at
+    stride 1 (Inception's average pools), else ``cpu_jit.pool3x3`` row by row, each thread on
+    its own scratch: faster than nine taps per output from rows split by phase (measured:
+    bench/RESULTS.md). ``parts``: channel spans; with ``regions``, each image's are one native region."""
+    n, c = op.batch, op.channels
+    (h, w), (oh, ow), (sh, sw), (top, left) = op.in_hw, op.out_hw, op.strides, op.pads[:2]
+    is_max = op.op == "max"
+    border, scale = (-np.inf, np.ones(op.out_hw, np.float32)) if is_max else (0.0, inv_count)
+    threads = regions or pool.threads
+    if op.strides == (1, 1) and op.pads == (1, 1, 1, 1) and min(h, w) >= 2:
+        x, out = x.reshape(n, c, h * w), out.reshape(n, c, h * w)
+        kernel, region, scratch = cpu_jit.pool3x3_same, cpu_parallel.pool_same_spans, _thread_scratch(threads, h * w)
+        tail: tuple = (is_max,)
+    else:
+        kernel, region = cpu_jit.pool3x3, cpu_parallel.pool_spans
+        scratch = _thread_scratch(threads, (ow - 1) * sw + 3, border)  # a padded row per thread
+        tail = (is_max, sh, sw, top, left)
+    if regions:
+        bounds = _bounds(_spans(c, parts))
+        images = [(x[b], out[b], scale, bounds, scratch, *tail) for b in range(n)]
+        return KernelWork((_region_items(region, images, None, out),), keep=(scale, scratch))
+    spans = [(x[b, c0:c1], out[b, c0:c1], scale) for b in range(n) for c0, c1 in _spans(c, parts)]
+    compiled = cpu_jit.bind(kernel, *spans[0], scratch[0], *tail)
+    return KernelWork((_on_pool(pool, len(spans), lambda index, slot: compiled(*spans[index], scratch[slot], *tail)),),
+                  keep=(scale, scratch))
