@@ -172,12 +172,19 @@ def test_loop_with_a_known_trip_count(backend, trips, limit):
     _check(_loop_model(trips=trips, limit=limit), feeds, backend)
 
 
-@pytest.mark.parametrize("run_time", ["M", "keep_going"])
-def test_loop_with_a_trip_count_known_only_at_run_time_is_refused(run_time):
-    net = gpumnn.load(_loop_model(run_time=run_time))
-    with pytest.raises(gpumnn.UnsupportedOpError, match="Loop trip count not known at session creation") as info:
-        net.session(backend="cpu")
-    assert "'loop'" in str(info.value)
+@pytest.mark.parametrize("run_time,values", [("M", [4, 2, 4]), ("keep_going", [True, False, True])])
+def test_loop_with_a_trip_count_known_only_at_run_time_is_bound_per_value(backend, run_time, values):
+    """A trip count (or first condition) given as a graph input decides the loop's unrolling: the
+    session binds its value into the shape-set key, so each value prepares once and replays after."""
+    dtype = np.int64 if run_time == "M" else np.bool_
+    feeds = [{"X": _x(2, 3, seed=i), "Y0": _x(2, 3, seed=i + 10), run_time: np.array(v, dtype)}
+             for i, v in enumerate(values)]
+    _check(_loop_model(run_time=run_time), feeds, backend)
+    with gpumnn.load(_loop_model(run_time=run_time)).session(backend=backend, fallback=False) as sess:
+        for f in feeds:
+            sess.run(f)
+        assert run_time in sess.bound_inputs
+        assert (sess.stats["prepares"], sess.stats["cache_hits"]) == (2, 1), sess.stats
 
 
 def _scan_model(reverse: bool, length: int) -> onnx.ModelProto:
