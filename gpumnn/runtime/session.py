@@ -181,7 +181,9 @@ class Session:
 
     def _bind(self, exc: DataDependentError, shapes: Mapping[str, Sequence[int]]) -> bool:
         """Bind the small graph inputs ``exc``'s tensor is computed from (their values then key shape
-        sets); False when there is none left to bind."""
+        sets); False when there is none left to bind, or the error's input is data, not a shape."""
+        if not exc.bindable:
+            return False
         wanted = {n for n in inputs_behind(self.graph, exc.tensor) - self.bound_inputs
                   if math.prod(shapes[n]) <= BIND_LIMIT}
         if not wanted:
