@@ -34,14 +34,11 @@ class DataDependentError(UnsupportedOpError):
     """An input a node needs at session creation (a shape, sizes, axes) depends on run-time data.
 
     ``tensor`` names that input. A session binds the small graph inputs it is computed from (their
-    values then key its shape sets), unless ``bindable`` is false (the input is the data itself, as
-    NonZero's: binding would prepare again for every new value); one raised to the caller depends
-    on larger inputs, or on data.
+    values then key its shape sets); one raised to the caller depends on larger inputs.
     """
 
-    def __init__(self, op_type: str, node_name: str, tensor: str, reason: str, bindable: bool = True):
+    def __init__(self, op_type: str, node_name: str, tensor: str, reason: str):
         self.tensor = tensor
-        self.bindable = bindable
         super().__init__(op_type, node_name, reason)
 
 

@@ -74,14 +74,13 @@ class LoweringContext:
     def shape(self, name: str) -> tuple[int, ...]:
         return self.value(name).shape
 
-    def const(self, name: str, node: Node, what: str, bindable: bool = True) -> np.ndarray:
-        """Data of an input that must be known at session creation (e.g. a Reshape's shape);
-        ``bindable``: whether a session may key shape sets by the graph inputs it comes from."""
+    def const(self, name: str, node: Node, what: str) -> np.ndarray:
+        """Data of an input that must be known at session creation (e.g. a Reshape's shape)."""
         value = self.value(name, node)
         if value.const is None:
             from ..errors import DataDependentError
             raise DataDependentError(node.op_type, node.name, name, f"{what} ({name!r}) must be a constant "
-                                     "or computable from input shapes; it depends on input data", bindable)
+                                     "or computable from input shapes; it depends on input data")
         return value.const
 
     def set_const(self, name: str, array: np.ndarray) -> None:

@@ -181,9 +181,7 @@ class Session:
 
     def _bind(self, exc: DataDependentError, shapes: Mapping[str, Sequence[int]]) -> bool:
         """Bind the small graph inputs ``exc``'s tensor is computed from (their values then key shape
-        sets); False when there is none left to bind, or the error's input is data, not a shape."""
-        if not exc.bindable:
-            return False
+        sets); False when there is none left to bind."""
         wanted = {n for n in inputs_behind(self.graph, exc.tensor) - self.bound_inputs
                   if math.prod(shapes[n]) <= BIND_LIMIT}
         if not wanted:

@@ -67,10 +67,9 @@ def lower_body(ctx: LoweringContext, node: Node, body: Graph, prefix: str, bound
         if not exc.tensor.startswith(prefix):
             raise
         # the tensor is the subgraph's own, unknown outside: name the node's output, which is
-        # computed from what the subgraph reads (a session binds the inputs behind it)
+        # computed from what the subgraph reads (gpumnn.onnx_backend binds the inputs behind it)
         raise DataDependentError(exc.op_type, exc.node_name, node.outputs[0],
-                                 f"{exc.reason} (inside the subgraph of {node.op_type} node {node.name!r})",
-                                 exc.bindable) from exc
+                                 f"{exc.reason} (inside the subgraph of {node.op_type} node {node.name!r})") from exc
     return copy.output_names
 
 

@@ -285,8 +285,7 @@ def lower_topk(ctx: LoweringContext, node: Node, opset: int) -> None:
 def lower_nonzero(ctx: LoweringContext, node: Node, opset: int) -> None:
     """The coordinates of the non-zero elements: known only for a constant input, since the
     output's shape is the number of non-zero elements."""
-    x = ctx.const(node.inputs[0], node, "the input (NonZero's output shape is its count of non-zero elements)",
-                  bindable=False)
+    x = ctx.const(node.inputs[0], node, "the input (NonZero's output shape is its count of non-zero elements)")
     ctx.set_const(node.outputs[0], np.array(np.nonzero(np.atleast_1d(x)), dtype=np.int64))
 
 
