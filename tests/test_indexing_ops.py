@@ -162,10 +162,18 @@ def test_matches_onnxruntime(case: Case, backend: str) -> None:
             np.testing.assert_array_equal(have, want, err_msg=f"{name} on {backend}")
 
 
-def test_nonzero_of_runtime_data_is_data_dependent() -> None:
+def test_nonzero_of_small_runtime_data_is_bound_and_of_large_refused() -> None:
+    """NonZero's output shape is its input's count of non-zero elements: a small input is bound (each
+    value prepares its shape set once, as MNN's resizeSession reads such inputs); a large one is refused."""
     case = Case("NonZero-runtime", "NonZero", {"x": _f32(3, 4)})
+    with gpumnn.load(case.model()).session(backend="cpu") as sess:
+        for x in (case.feeds["x"], np.where(case.feeds["x"] > 0, case.feeds["x"], 0), case.feeds["x"]):
+            (got,) = sess.run({"x": x}).values()
+            np.testing.assert_array_equal(got, np.array(np.nonzero(x), dtype=np.int64))
+        assert (sess.stats["prepares"], sess.stats["cache_hits"]) == (2, 1)
+    big = Case("NonZero-large", "NonZero", {"x": _f32(64, 64)})
     with pytest.raises(DataDependentError, match="NonZero"):
-        gpumnn.load(case.model()).session(backend="cpu")
+        gpumnn.load(big.model()).session(backend="cpu")
 
 
 def test_integer_einsum_product_runs_on_the_cpu(backend: str) -> None:
