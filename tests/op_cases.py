@@ -77,6 +77,19 @@ def one_conv_model(channels: int, size: int, name: str) -> onnx.ModelProto:
     return model_proto(graph, opset=13)
 
 
+def run_script(script: str):
+    """``script`` run by a fresh interpreter in the repository (a device left hung or lost, or the
+    process's exit, stays out of the test process); the completed process, its output captured."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root))
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=240,
+                          cwd=root)
+
+
 def _w(*shape, seed=0, scale=0.5) -> np.ndarray:
     return (np.random.default_rng(seed + sum(shape)).standard_normal(shape) * scale).astype(np.float32)
 

@@ -89,9 +89,8 @@ def test_a_submission_past_submit_timeout_is_an_error_and_the_device_fails_fast(
         with net.session(backend="vulkan", fallback=False) as fresh:
             print("FRESH", round(float(fresh.run(x)["y"][0, 0, 5, 5]), 4))
     """)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=240,
-                          cwd=ROOT)
+    from op_cases import run_script
+    proc = run_script(script)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     first = next(line for line in proc.stdout.splitlines() if line.startswith("FIRST"))

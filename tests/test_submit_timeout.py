@@ -11,9 +11,7 @@
 from __future__ import annotations
 
 import importlib
-import os
 import re
-import subprocess
 import sys
 import textwrap
 import time
@@ -157,9 +155,8 @@ def test_an_opencl_submission_past_submit_timeout_is_an_error_and_the_process_ex
         with net.session(backend="opencl", fallback=False) as fresh:
             print("FRESH", round(float(fresh.run(X)["y"][0, 0, 5, 5]), 4))
     """)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=240,
-                          cwd=ROOT)
+    from op_cases import run_script
+    proc = run_script(script)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     lines = {line.split(" ", 1)[0]: line for line in proc.stdout.splitlines()}
