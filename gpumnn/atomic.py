@@ -7,15 +7,18 @@ creation), so a backend never does shape arithmetic of its own and never sees ON
 
 Conventions shared by all ops:
 
-* Runtime tensors are contiguous, row-major (NCHW for images) and have one of two *storage
-  dtypes*, both 4 bytes an element, so that the pool layout and every pool are dtype-blind:
-  ``float32`` (every float type of a model: float16 and float64 tensors are computed in float32)
-  and ``int32`` (every integer type, checked for range where values enter, and bool as 0/1).
-  Every op carries ``dtype``, the storage dtype of its data operand; ops whose kernels move
-  elements without arithmetic (Raster, Gather, Select, Scatter) copy 32-bit words, so one kernel
-  serves both. A backend lists the dtypes its kernels take (``Backend.dtypes``); an op it cannot
-  run goes to the CPU. A tensor handle points at ``shape`` elements starting at an element
-  offset inside a pool buffer.
+* Runtime tensors are contiguous, row-major (NCHW for images) and have one of five *storage
+  dtypes*: ``float32`` (float32 and float64 tensors), ``int32`` (int16/32/64, uint16/32/64 and
+  bool as 0/1, range-checked where values enter), and the narrow ``float16``, ``int8`` and
+  ``uint8``, each held in its own size (``ITEMSIZE``). Arithmetic is defined on float32 and int32
+  only (``COMPUTE_DTYPES``): the element-moving ops (Raster, Gather, Select, Scatter without a
+  reduction) and the Unary ``identity`` (a conversion between any two storage dtypes) also take
+  the narrow ones, and lowering converts a narrow tensor to its ``compute_dtype`` before any other
+  op reads it. Every op carries ``dtype``, the storage dtype of its data operand. A backend lists
+  the dtypes its kernels take (``Backend.dtypes``); an op it cannot run goes to the CPU. A tensor
+  handle points at ``shape`` elements starting at an offset counted in elements of its own dtype
+  inside a pool buffer; pools are laid out in bytes, every tensor starting on a 4-byte boundary
+  at least (so that an API without 8- or 16-bit storage can hold narrow tensors packed in words).
 * ``inputs`` / ``outputs`` are tensor names in the atomic program; the session maps them to
   backend handles. Optional inputs (a bias) are simply absent from ``inputs`` and the op says
   so with a flag.
@@ -32,8 +35,26 @@ RANK = 4
 
 FLOAT32 = "float32"
 INT32 = "int32"
+FLOAT16 = "float16"
+INT8 = "int8"
+UINT8 = "uint8"
 #: storage dtypes of run-time tensors (see the module docstring)
-STORAGE_DTYPES: tuple[str, ...] = (FLOAT32, INT32)
+STORAGE_DTYPES: tuple[str, ...] = (FLOAT32, INT32, FLOAT16, INT8, UINT8)
+#: the storage dtypes arithmetic is defined on
+COMPUTE_DTYPES: tuple[str, ...] = (FLOAT32, INT32)
+#: the storage dtypes held in fewer than 4 bytes an element
+NARROW_DTYPES: frozenset[str] = frozenset({FLOAT16, INT8, UINT8})
+#: bytes an element of each storage dtype
+ITEMSIZE: dict[str, int] = {FLOAT32: 4, INT32: 4, FLOAT16: 2, INT8: 1, UINT8: 1}
+#: the atomic ops defined on the narrow storage dtypes (Unary as ``identity`` only, Scatter with
+#: reduction ``none`` only): they move elements without arithmetic
+NARROW_OPS: tuple[str, ...] = ("raster", "gather", "select", "scatter", "unary")
+
+
+def compute_dtype(storage: str) -> str:
+    """The storage dtype a tensor of ``storage`` is computed in: float32 for the float types,
+    int32 for the integer types."""
+    return FLOAT32 if storage in (FLOAT32, FLOAT16) else INT32
 
 
 #: the model dtypes gpumnn holds (bfloat16, the float8 and 4-bit types and strings it does not)
@@ -65,12 +86,12 @@ def storage_dtype(dtype) -> str:
 
 
 def fill_bits(fill: float, dtype: str) -> int:
-    """The 32-bit word a Raster's ``fill`` is stored as in a tensor of storage ``dtype``
-    (kernels that copy words write this)."""
+    """The bits of one element of storage ``dtype`` that a Raster's ``fill`` is stored as, as an
+    unsigned integer of ``ITEMSIZE[dtype]`` bytes (kernels that copy elements as bits write this)."""
     import numpy as np
-    if dtype == INT32:
-        return int(np.array(int(fill), dtype=np.int32).view(np.uint32))
-    return int(np.array(fill, dtype=np.float32).view(np.uint32))
+    kind = {INT32: np.int32, INT8: np.int8, UINT8: np.uint8}.get(dtype)
+    value = np.array(int(fill), dtype=np.int64).astype(kind) if kind else np.array(fill, dtype=dtype)
+    return int(value.view(f"u{ITEMSIZE[dtype]}"))
 
 
 Activation = tuple[str, tuple[float, ...]] | None

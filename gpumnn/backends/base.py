@@ -122,9 +122,9 @@ class BackendInfo:
 class TensorHandle:
     """A tensor living in a backend buffer: ``shape`` elements of ``dtype`` from ``offset``.
 
-    ``offset`` counts 4-byte elements from the start of ``buffer``. ``buffer`` is whatever the
+    ``offset`` counts elements of ``dtype`` from the start of ``buffer``. ``buffer`` is whatever the
     backend allocated (a NumPy array, a ``cl.Buffer``, a ``VkBuffer`` wrapper, ...). ``dtype`` is
-    a storage dtype (``float32`` or ``int32``; see ``gpumnn.atomic``); the NumPy backend's
+    a storage dtype (``A.STORAGE_DTYPES``; see ``gpumnn.atomic``); the NumPy backend's
     constant folding also passes arrays of any NumPy dtype, named by ``dtype``.
     """
 
@@ -141,8 +141,12 @@ class TensorHandle:
         return n
 
     @property
+    def itemsize(self) -> int:
+        return A.ITEMSIZE.get(self.dtype) or np.dtype(self.dtype).itemsize
+
+    @property
     def nbytes(self) -> int:
-        return 4 * self.size
+        return self.itemsize * self.size
 
 
 def host_out(handle: TensorHandle, out: np.ndarray) -> np.ndarray:
@@ -219,6 +223,11 @@ def contract_violation(op: AtomicOp) -> str | None:
     for dtype in {op.dtype, op.output_dtype()}:
         if dtype not in A.STORAGE_DTYPES:
             return f"unknown storage dtype {dtype!r}"
+    narrow = {op.dtype, op.output_dtype()} & A.NARROW_DTYPES
+    if narrow and (op.kind not in A.NARROW_OPS or isinstance(op, A.Unary) and op.op != "identity"
+                   or isinstance(op, A.Scatter) and op.reduction != "none" or getattr(op, "activation", None)):
+        return f"{type(op).__name__}{' ' + op.op if isinstance(op, A.Unary) else ''} is not defined on " \
+               f"{'/'.join(sorted(narrow))}: the narrow storage dtypes are moved and converted, not computed on"
     if isinstance(op, A.Unary) and op.op not in A.UNARY_OPS:
         return f"unknown unary op {op.op!r}"
     if isinstance(op, A.Unary) and A.INT32 in (op.dtype, op.out_dtype) and op.op not in A.INT_UNARY_OPS:
