@@ -67,8 +67,9 @@ _STORAGE_OF: dict = {}
 
 
 def storage_dtype(dtype) -> str:
-    """The storage dtype a model's dtype is held in on every backend: float32 for float16/32/64,
-    int32 for integer types and bool. TypeError for a dtype gpumnn does not hold."""
+    """The storage dtype a model's dtype is held in on every backend: float16, int8 and uint8 as
+    themselves, float32 for float32/64, int32 for the other integer types and bool. TypeError for a
+    dtype gpumnn does not hold."""
     try:
         return _STORAGE_OF[dtype]  # session preparation asks this thousands of times
     except (KeyError, TypeError):  # not asked yet, or not hashable
@@ -77,7 +78,7 @@ def storage_dtype(dtype) -> str:
     held = np.dtype(dtype)
     if held.name not in HELD_DTYPES:
         raise TypeError(f"gpumnn holds no {held.name} tensors")
-    storage = FLOAT32 if held.kind == "f" else INT32
+    storage = held.name if held.name in NARROW_DTYPES else FLOAT32 if held.kind == "f" else INT32
     try:
         _STORAGE_OF[dtype] = storage  # keys equal to one another name one dtype: one answer
     except TypeError:
@@ -610,7 +611,7 @@ ALL_OPS: tuple[type[AtomicOp], ...] = (
 class AtomicProgram:
     """The lowered model: ops in execution order and every runtime tensor's shape.
 
-    ``constants`` hold weights (in their storage dtype: float32 or int32) that backends upload
+    ``constants`` hold weights (in their storage dtype, ``STORAGE_DTYPES``) that backends upload
     once. ``aliases`` map a tensor to the tensor whose memory it shares (Reshape/Flatten/Squeeze
     are free views). ``dtypes`` give every run-time tensor's dtype as the model has it (int64,
     bool, float16, ...); ``storage_dtype`` says how it is held.
@@ -634,6 +635,15 @@ class AtomicProgram:
             return storage_dtype(self.constants[name].dtype)
         dtype = self.dtypes.get(name)
         return FLOAT32 if dtype is None else storage_dtype(dtype)
+
+    def nbytes_of(self, name: str) -> int:
+        """Bytes a run-time tensor or constant takes in its storage dtype."""
+        if name in self.constants:
+            return ITEMSIZE[self.storage_dtype_of(name)] * int(getattr(self.constants[name], "size", 1))
+        size = 1
+        for d in self.shapes[name]:
+            size *= int(d)
+        return ITEMSIZE[self.storage_dtype_of(name)] * size
 
     def storage_of(self, name: str) -> str:
         """The tensor that owns the memory ``name`` lives in."""

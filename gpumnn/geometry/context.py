@@ -60,6 +60,8 @@ class LoweringContext:
         self.aliases: dict[str, str] = {}
         self._folder = None
         self._counter = 0
+        #: narrow run-time tensor -> its temp converted to the compute dtype (made once, then reused)
+        self._computable: dict[str, str] = {}
 
     # -- values ----------------------------------------------------------------------------
     def value(self, name: str, node: Node | None = None) -> Value:
@@ -85,10 +87,12 @@ class LoweringContext:
 
     def set_const(self, name: str, array: np.ndarray) -> None:
         array = np.asarray(array)
+        self._computable.pop(name, None)
         self.values[name] = Value(tuple(int(d) for d in array.shape), array.dtype, array)
 
     def set_runtime(self, name: str, shape: Sequence[int], dtype=np.float32) -> None:
         """A tensor known at run time only; ``dtype`` is the model's (int64, bool, float16, ...)."""
+        self._computable.pop(name, None)
         self.values[name] = Value(tuple(int(d) for d in shape), np.dtype(dtype))
 
     def dtype(self, name: str) -> np.dtype:
@@ -100,7 +104,8 @@ class LoweringContext:
 
     def runtime_input(self, name: str) -> str:
         """Make sure a tensor an atomic op reads exists at run time (constants become weights in
-        their storage dtype: float32, or int32 when every value fits)."""
+        their storage dtype: float16, int8 and uint8 as themselves, float32, or int32 when every
+        value fits)."""
         value = self.values[name]
         if value.const is not None and name not in self.constants:
             storage = np.dtype(A.storage_dtype(value.const.dtype))
@@ -114,14 +119,18 @@ class LoweringContext:
 
     def alias(self, output: str, source: str, shape: Sequence[int], dtype=None) -> None:
         """``output`` is ``source`` seen with another shape (Reshape, Flatten, Squeeze, ...), or
-        as another ``dtype`` held in the same storage dtype (a Cast from int64 to int32)."""
+        as another ``dtype`` held in the same storage dtype (a Cast from int64 to int32). Across
+        storage dtypes it is a conversion (a Unary ``identity``) of ``source``."""
         src_value = self.values[source]
         dtype = src_value.dtype if dtype is None else np.dtype(dtype)
-        if A.storage_dtype(dtype) != A.storage_dtype(src_value.dtype):
-            raise ModelError(f"internal: {output!r} cannot alias {source!r} across storage dtypes")
         if src_value.const is not None:
             self.set_const(output, src_value.const.reshape(tuple(shape)).astype(dtype, copy=False))
             return
+        if A.storage_dtype(dtype) != A.storage_dtype(src_value.dtype):
+            converted = self._unique(f"{output}/as_{dtype.name}")
+            self.emit(A.Unary((source,), (converted,), "", op="identity", count=src_value.size), src_value.shape,
+                      dtype)
+            source = converted
         self.aliases[output] = source
         self.set_runtime(output, shape, dtype)
 
@@ -131,13 +140,30 @@ class LoweringContext:
 
         The op's storage dtypes are set here from the tensors it reads (``op.dtype`` from its
         data input); ``out_dtype`` is the output's dtype as the model has it, by default the data
-        input's (bool for comparisons, int64 for indices)."""
+        input's (bool for comparisons, int64 for indices).
+
+        Only the element-moving ops and the Unary ``identity`` take the narrow storage dtypes
+        (see ``gpumnn.atomic``): any other op reads a narrow input through its conversion to the
+        compute dtype, and computes a narrow result in the compute dtype into a temp that a
+        Unary ``identity`` then converts."""
         inputs = [self.values[n] for n in op.inputs]
         name = op.outputs[0]
         data = inputs[op.data_input].dtype if inputs else np.dtype(np.float32)
         result = np.dtype(out_dtype) if out_dtype is not None else _default_result(op, data)
         if all(v.is_const for v in inputs):
             self.set_const(name, self._fold(op, [v.const for v in inputs], tuple(out_shape), result))
+            return
+        moved = _narrow_inputs(op)
+        wide = tuple(n if k in moved else self._computable_input(n, op) for k, n in enumerate(op.inputs))
+        if wide != op.inputs:
+            op = dataclasses.replace(op, inputs=wide)
+            data = self.values[wide[op.data_input]].dtype
+        stored = self._stored_dtype(op, data, result)
+        if stored is not None:  # computed (or moved) in another storage dtype, then converted
+            computed = self._unique(f"{name}/as_{stored}")
+            self.emit(dataclasses.replace(op, outputs=(computed,) + op.outputs[1:]), out_shape, np.dtype(stored))
+            self.emit(A.Unary((computed,), (name,), op.source, op="identity", count=math.prod(out_shape)),
+                      out_shape, result)
             return
         typed = {"dtype": A.storage_dtype(data)}
         if isinstance(op, A.Unary):
@@ -147,6 +173,39 @@ class LoweringContext:
             self.runtime_input(input_name)
         self.ops.append(op)
         self.set_runtime(name, out_shape, result)
+
+    @staticmethod
+    def _stored_dtype(op: A.AtomicOp, data: np.dtype, result: np.dtype) -> str | None:
+        """The storage dtype ``op`` must write its result in before a conversion to ``result``'s,
+        or None where it writes ``result``'s storage dtype itself."""
+        want = A.storage_dtype(result)
+        if isinstance(op, A.Unary):
+            return A.compute_dtype(want) if op.op != "identity" and want in A.NARROW_DTYPES else None
+        natural = dataclasses.replace(op, dtype=A.storage_dtype(data)).output_dtype()
+        return natural if natural != want else None
+
+    def _unique(self, name: str) -> str:
+        self._counter += 1
+        return f"{name}:{self._counter}"
+
+    def _computable_input(self, name: str, op: A.AtomicOp) -> str:
+        """``name`` itself if it is held in a compute dtype, else its conversion to the compute
+        dtype (a Unary ``identity``, emitted once per tensor; a constant converted now)."""
+        value = self.values[name]
+        storage = A.storage_dtype(value.dtype)
+        if storage not in A.NARROW_DTYPES:
+            return name
+        converted = self._computable.get(name)
+        if converted is None:
+            wide = np.dtype(A.compute_dtype(storage))
+            converted = self._unique(f"{name}/as_{wide.name}")
+            if value.is_const:  # a constant converts now, never at run time
+                self.set_const(converted, value.const.astype(wide))
+            else:
+                self.emit(A.Unary((name,), (converted,), op.source, op="identity", count=value.size), value.shape,
+                          wide)
+            self._computable[name] = converted
+        return converted
 
     def emit_raster(self, pending: PendingRaster) -> None:
         """Add a Raster (its index map held reduced: see ``regions.py``)."""
@@ -172,6 +231,20 @@ class LoweringContext:
         exe = self._folder.create_execution(op, handles, [out_handle])
         self._folder.run_eager([exe])
         return out[:out_handle.size].reshape(shape)
+
+
+def _narrow_inputs(op: A.AtomicOp) -> tuple[int, ...]:
+    """The positions of ``op``'s inputs it may read in a narrow storage dtype: the data it moves
+    (a Unary ``identity`` converts from any storage dtype)."""
+    if isinstance(op, A.Unary):
+        return (0,) if op.op == "identity" else ()
+    if isinstance(op, A.Gather):
+        return (0,)
+    if isinstance(op, A.Select):
+        return (1, 2)
+    if isinstance(op, A.Scatter):
+        return (0, 2) if op.reduction == "none" else ()
+    return ()
 
 
 def _default_result(op: A.AtomicOp, data: np.dtype) -> np.dtype:

@@ -461,15 +461,16 @@ def _activate(backends: Mapping[str, Backend], names: Iterable[str] | None = Non
 
 
 def _to_storage(name: str, array: Any, want: np.dtype) -> Any:
-    """An input as its storage dtype (float32 or int32, see gpumnn.atomic), C-contiguous. Integer
-    values must fit int32: an int64 input outside that range is refused, not wrapped. A device
-    array is checked alike (on its device) and left to the backend's ``write`` to convert."""
+    """An input as its storage dtype (see gpumnn.atomic: float16, int8 and uint8 as themselves,
+    wider floats as float32, other integers and bool as int32), C-contiguous. Integer values must
+    fit the storage dtype: an int64 input outside int32 is refused, not wrapped. A device array is
+    checked alike (on its device) and left to the backend's ``write`` to convert."""
     storage = np.dtype(A.storage_dtype(want))
-    if storage == np.int32 and array.size and array.dtype.itemsize >= 4 and array.dtype != np.int32:
-        lo, hi = int(array.min()), int(array.max())
-        if lo < -2**31 or hi >= 2**31:
-            raise InputError(f"input {name!r} ({array.dtype}) holds values in [{lo}, {hi}]; gpumnn keeps integer "
-                             "tensors as int32 on every device, so values must lie in [-2**31, 2**31)")
+    if storage.kind in "iu" and array.size and array.dtype.kind in "iu" and not np.can_cast(array.dtype, storage):
+        lo, hi, limits = int(array.min()), int(array.max()), np.iinfo(storage)
+        if lo < limits.min or hi > limits.max:
+            raise InputError(f"input {name!r} ({array.dtype}) holds values in [{lo}, {hi}]; gpumnn keeps {want} "
+                             f"tensors as {storage} on every device, so values must lie in [{limits.min}, {limits.max}]")
     if not isinstance(array, np.ndarray):
         return array
     return np.ascontiguousarray(array, dtype=storage)

@@ -142,9 +142,9 @@ class ShapeSet:
         if name in self.program.constants:
             return self._constants[(backend, name)]
         storage = self.program.storage_of(name)
-        offset = self.memory[backend].element_offset(storage)
-        return self.parts.backends[backend].tensor(pools[backend], offset, self.program.shapes[name],
-                                                   self.program.storage_dtype_of(name))
+        dtype = self.program.storage_dtype_of(name)
+        offset = self.memory[backend].element_offset(storage, A.ITEMSIZE[dtype])
+        return self.parts.backends[backend].tensor(pools[backend], offset, self.program.shapes[name], dtype)
 
     def _prepare(self, recorded: bool) -> RunState:
         backends = self.parts.backends
@@ -292,7 +292,7 @@ class ShapeSet:
                 "index": i, "op": op.kind, "node": op.source, "backend": b,
                 "scheme": self.schemes[i],
                 "inputs": [list(self.program.shapes.get(n, np.shape(self.program.constants.get(n)))) for n in op.inputs],
-                "output": list(out_shape), "bytes": 4 * int(np.prod(out_shape, dtype=np.int64)),
+                "output": list(out_shape), "bytes": self.program.nbytes_of(op.outputs[0]),
                 "macs": op.macs(), "cost_ms": self.placement.costs_ms[i], "moved_bytes": moved[i],
                 "launches": self.launches[i], "copied_bytes": raster_bytes(self.program, op),
                 "fallback": self.placement.fallback_reasons[i],

@@ -194,6 +194,8 @@ class _Sizes:
 FULL = _Sizes(gemm=512, channels=64, hw=56, elements=1 << 22, chain=32, repeats=5)
 QUICK_SIZES = _Sizes(gemm=192, channels=32, hw=28, elements=1 << 18, chain=8, repeats=3)
 TINY = 64
+#: bytes an element of the calibration's tensors, which are all float32
+ELEMENT_BYTES = A.ITEMSIZE[A.FLOAT32]
 
 
 class _Bench:
@@ -201,12 +203,12 @@ class _Bench:
 
     def __init__(self, backend: Backend, shapes: dict[str, tuple[int, ...]], weights: dict[str, tuple[int, ...]]):
         self.backend = backend
-        align = max(4, backend.alignment) // 4
+        align = max(ELEMENT_BYTES, backend.alignment) // ELEMENT_BYTES
         self.offsets, offset = {}, 0
         for name, shape in shapes.items():
             self.offsets[name] = offset
             offset += -(-int(np.prod(shape)) // align) * align
-        self.pool = backend.allocate(4 * offset)
+        self.pool = backend.allocate(ELEMENT_BYTES * offset)
         self.handles = {n: backend.tensor(self.pool, self.offsets[n], s) for n, s in shapes.items()}
         rng = np.random.default_rng(0)
         for name, handle in self.handles.items():
@@ -344,7 +346,7 @@ def calibrate(backend: Backend, quick: bool = False) -> Calibration:
                                     **stream_ops}, 2 * sizes.repeats)
             t_kernels = {k: [(schemes.scheme_macs(op), timed[f"{k}{i}"]) for i, op in enumerate(pair)]
                          for k, pair in kernel_ops.items()}
-            t_streams = {k: (4 * sum(int(np.prod(shapes[n])) for n in (*op.inputs, *op.outputs)), timed[k])
+            t_streams = {k: (ELEMENT_BYTES * sum(int(np.prod(shapes[n])) for n in (*op.inputs, *op.outputs)), timed[k])
                          for k, op in stream_ops.items()}
             host_big, host_tiny = np.ones(e, np.float32), np.ones(TINY, np.float32)
             big, small = bench.handles["x"], bench.handles["t0"]
@@ -363,7 +365,7 @@ def calibrate(backend: Backend, quick: bool = False) -> Calibration:
         kernels={k: _affine(*[(macs, _own(t, submit)) for macs, t in pair]) for k, pair in t_kernels.items()},
         memory_gbs={k: memory.get(k, memory["elementwise"]) for k in STREAMS},
         dispatch_ms=dispatch * 1e3, submit_ms=max(0.0, submit) * 1e3, eager_ms=t_eager * 1e3,
-        upload_gbs=_rate(4 * e, _own(t_up, t_up0)) / 1e9, download_gbs=_rate(4 * e, _own(t_down, t_down0)) / 1e9,
+        upload_gbs=_rate(ELEMENT_BYTES * e, _own(t_up, t_up0)) / 1e9, download_gbs=_rate(ELEMENT_BYTES * e, _own(t_down, t_down0)) / 1e9,
         transfer_ms=(t_up0 + t_down0) / 2 * 1e3, measured_at=time.time(), seconds=time.perf_counter() - started)
     store(backend, result)
     return result

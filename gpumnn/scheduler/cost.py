@@ -31,10 +31,8 @@ HOST = "host"
 
 
 def tensor_bytes(program: A.AtomicProgram, name: str) -> int:
-    """Bytes of a run-time tensor or constant (4 per element: every storage dtype)."""
-    if name in program.constants:
-        return 4 * int(getattr(program.constants[name], "size", 1))
-    return 4 * math.prod(program.shapes[name])
+    """Bytes of a run-time tensor or constant in its storage dtype."""
+    return program.nbytes_of(name)
 
 
 def op_bytes(program: A.AtomicProgram, op: A.AtomicOp) -> int:

@@ -27,8 +27,10 @@ class PoolLayout:
     pool_bytes: int
     naive_bytes: int
 
-    def element_offset(self, name: str) -> int:
-        return self.offsets[name] // 4
+    def element_offset(self, name: str, itemsize: int = 4) -> int:
+        """``name``'s offset counted in elements of ``itemsize`` bytes (every offset is aligned
+        to at least 4 bytes, so it is a whole number of elements of any storage dtype)."""
+        return self.offsets[name] // itemsize
 
 
 def _align(value: int, alignment: int) -> int:
@@ -38,10 +40,14 @@ def _align(value: int, alignment: int) -> int:
 def lay_out_pool(lifetimes: list[Lifetime], alignment: int = 64) -> PoolLayout:
     """Assign aligned offsets so that tensors alive at the same time never overlap.
 
+    Offsets are aligned to ``alignment`` and at least 4 bytes, and every tensor takes whole 4-byte
+    words, so that a tensor of 1- or 2-byte elements starts on a word boundary.
+
     Each tensor, largest first, goes to the lowest aligned offset below, between or above the
     tensors already placed whose lifetimes meet its own. Those are found, and the gap is
     searched, with array operations over the placed tensors: a sequence model has a thousand
     short-lived tensors, and a Python scan of every pair cost more than the rest of the layout."""
+    alignment = _align(max(alignment, 4), 4)
     order = sorted(lifetimes, key=lambda t: (-t.nbytes, t.first, t.name))
     count = len(order)
     offs, ends = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64)

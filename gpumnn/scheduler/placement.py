@@ -262,15 +262,17 @@ def build_steps(program: A.AtomicProgram, op_backends: Sequence[str], backend_na
         s = storage(name)
         if s in home:
             b = home[s]
-        else:  # an output that is (a view of) an input
-            b = input_backends.get(s, [op_backends[0] if op_backends else backend_names[0]])[0]
+        else:  # an output that is (a view of) an input: a narrow one on the cpu, which holds every dtype
+            first = "cpu" if program.storage_dtype_of(s) in A.NARROW_DTYPES and "cpu" in backend_names else (
+                op_backends[0] if op_backends else backend_names[0])
+            b = input_backends.get(s, [first])[0]
             if s not in spans[b]:
                 spans[b][s] = [0, end]
                 input_backends.setdefault(s, []).append(b)
         spans[b][s][1] = end
         output_backends[name] = b
 
-    lifetimes = {b: [Lifetime(s, 4 * _size(program.shapes[s]), first, last) for s, (first, last) in spans[b].items()]
+    lifetimes = {b: [Lifetime(s, tensor_bytes(program, s), first, last) for s, (first, last) in spans[b].items()]
                  for b in backend_names}
     return steps, lifetimes, input_backends, output_backends
 
@@ -298,7 +300,26 @@ def place(program: A.AtomicProgram, backends: Mapping[str, Backend], candidates:
             chosen = single
     chosen.fallback_reasons = reasons
     chosen.cost_sources = model.sources()
+    _check_storage(program, chosen, backends)
     return chosen
+
+
+def holds_dtype(backend: Backend, dtype: str) -> bool:
+    """Whether ``backend`` has tensors of storage ``dtype``: a compute dtype, or a narrow one that
+    some kernel of its takes (``Backend.dtypes``)."""
+    return dtype in A.COMPUTE_DTYPES or any(dtype in dtypes for dtypes in backend.dtypes.values())
+
+
+def _check_storage(program: A.AtomicProgram, placement: Placement, backends: Mapping[str, Backend]) -> None:
+    """Refuse a schedule that would put a tensor on a backend without its storage dtype (allocated,
+    written, read or copied there): placement sends every op on a narrow dtype where a kernel
+    takes it, so only a tensor no op reads could land there, and that is a scheduler error."""
+    for b, lifetimes in placement.lifetimes.items():
+        for lifetime in lifetimes:
+            dtype = program.storage_dtype_of(lifetime.name)
+            if not holds_dtype(backends[b], dtype):
+                raise UnsupportedOpError("schedule", lifetime.name, f"tensor {lifetime.name!r} of storage dtype {dtype} "
+                                         f"would live on backend {b!r}, which has no {dtype} tensors")
 
 
 def _schedule(program: A.AtomicProgram, op_backends: list[str], backend_names: list[str],
@@ -315,9 +336,3 @@ def _schedule(program: A.AtomicProgram, op_backends: list[str], backend_names: l
         priced = replace(priced, overlap_ms=serial - overlapped_ms(steps, sync, step_ms, model.host_devices))
     return Placement(op_backends, [None] * len(op_backends), costs, steps, lifetimes, inputs, outputs, priced, {}, sync)
 
-
-def _size(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n

@@ -19,7 +19,6 @@ a session that passes can still run out; one that fails cannot fit.
 """
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 from .. import atomic as A
@@ -29,10 +28,13 @@ from ..errors import ResourceError
 from .memory import PoolLayout
 from .placement import Placement
 
-def _largest(names: Mapping[str, tuple[int, ...]]) -> tuple[str, tuple[int, ...], int] | None:
+#: a tensor's shape and its bytes in its storage dtype
+Sized = tuple[tuple[int, ...], int]
+
+
+def _largest(names: Mapping[str, Sized]) -> tuple[str, tuple[int, ...], int] | None:
     best = None
-    for name, shape in names.items():
-        nbytes = 4 * math.prod(shape)
+    for name, (shape, nbytes) in names.items():
         if best is None or nbytes > best[2]:
             best = (name, tuple(shape), nbytes)
     return best
@@ -46,17 +48,20 @@ def _describe(largest: tuple[str, tuple[int, ...], int] | None) -> str:
 
 
 def backend_needs(program: A.AtomicProgram, placement: Placement, memory: Mapping[str, PoolLayout]
-                  ) -> dict[str, tuple[int, dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]]:
-    """Per backend: (pool bytes, {tensor: shape} in the pool, {constant: shape} uploaded to it)."""
-    constants: dict[str, dict[str, tuple[int, ...]]] = {}
+                  ) -> dict[str, tuple[int, dict[str, Sized], dict[str, Sized]]]:
+    """Per backend: (pool bytes, {tensor: (shape, bytes)} in the pool, {constant: (shape, bytes)}
+    uploaded to it)."""
+    constants: dict[str, dict[str, Sized]] = {}
     for op, b in zip(program.ops, placement.op_backends):
         for name in op.inputs:
             if name in program.constants:
-                constants.setdefault(b, {})[name] = tuple(getattr(program.constants[name], "shape", ()))
+                constants.setdefault(b, {})[name] = (tuple(getattr(program.constants[name], "shape", ())),
+                                                     program.nbytes_of(name))
     needs = {}
     for b in set(memory) | set(constants):
         layout = memory.get(b)
-        tensors = {name: program.shapes[name] for name in (layout.offsets if layout else ()) if name in program.shapes}
+        tensors = {name: (program.shapes[name], program.nbytes_of(name))
+                   for name in (layout.offsets if layout else ()) if name in program.shapes}
         needs[b] = (layout.pool_bytes if layout else 0, tensors, constants.get(b, {}))
     return needs
 
@@ -70,7 +75,7 @@ def check_pool_layouts(program: A.AtomicProgram, placement: Placement, memory: M
     largest_overall = None
     for b, (pool, tensors, constants) in sorted(backend_needs(program, placement, memory).items()):
         lim = limits[b] = backends[b].memory_limits()
-        const_bytes = sum(4 * math.prod(s) for s in constants.values()) if lim.copies_constants else 0
+        const_bytes = sum(nbytes for _, nbytes in constants.values()) if lim.copies_constants else 0
         needed = pool + const_bytes
         largest = _largest({**tensors, **constants})
         if largest is not None and (largest_overall is None or largest[2] > largest_overall[2]):
@@ -114,7 +119,7 @@ def run_states_that_fit(program: A.AtomicProgram, placement: Placement, memory: 
         if pool <= 0 or b not in limits:
             continue
         lim = limits[b]
-        const_bytes = sum(4 * math.prod(s) for s in constants.values()) if lim.copies_constants else 0
+        const_bytes = sum(nbytes for _, nbytes in constants.values()) if lim.copies_constants else 0
         fit = min(fit, max(1, (lim.available - const_bytes) // pool))
     return int(fit)
 

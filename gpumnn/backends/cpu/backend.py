@@ -618,9 +618,11 @@ class CpuBackend(Backend):
     alignment = 64
     kernel_table = _MAKERS
     schemes = {**KERNEL_SCHEMES, A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"}}
-    #: NumPy computes every integer op; float-only kernels (convolution, pooling, ...) stay float32
-    dtypes = {op: _ANY_INT for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.MatMul, A.Gather, A.Select,
-                                      A.CumSum, A.TopK, A.Scatter, A.Pool2D)}
+    #: NumPy computes every integer op; float-only kernels (convolution, pooling, ...) stay float32;
+    #: the element-moving ops and the Unary conversion also take the narrow dtypes
+    dtypes = {**{op: _ANY_INT for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.MatMul, A.Gather, A.Select,
+                                         A.CumSum, A.TopK, A.Scatter, A.Pool2D)},
+              **{op: _ANY_INT | A.NARROW_DTYPES for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)}}
     winograd_min_tiles, winograd_min_channels, winograd_min_saving = engines.WINOGRAD_PAYS["threads"]
     winograd_per_image = True  # both Winograd kernels go image by image: a batch has no more tiles per product
 

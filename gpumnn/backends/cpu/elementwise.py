@@ -70,11 +70,21 @@ def _store(expr: Callable[[np.ndarray], np.ndarray]) -> UnaryFn:
     return fn
 
 
+def convert(x: np.ndarray, out: np.ndarray) -> None:
+    """``out = x`` converted to ``out``'s dtype as the Unary ``identity`` defines it: float to
+    float rounds to nearest even (overflow to inf); a float to int8/uint8 truncates toward zero
+    and wraps, through int64 (as ``astype`` from int64 does); integers to a narrower integer wrap."""
+    if x.dtype.kind == "f" and out.dtype.kind in "iu" and out.dtype.itemsize < 4:
+        np.copyto(out, x.astype(np.int64), casting="unsafe")
+    else:
+        np.copyto(out, x, casting="unsafe")
+
+
 def unary_function(name: str, params: tuple[float, ...], dtype: np.dtype) -> UnaryFn:
     """``fn(x, out)`` computing atomic Unary ``name`` with ``params`` (see gpumnn.atomic)."""
     p = tuple(params)
     if name == "identity":
-        return lambda x, out: np.copyto(out, x, casting="unsafe")
+        return convert
     if name == "relu":
         return lambda x, out: np.maximum(x, 0, out=out)
     if name == "clip":

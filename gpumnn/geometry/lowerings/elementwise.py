@@ -94,9 +94,11 @@ def lower_binary(ctx: LoweringContext, node: Node, opset: int) -> None:
 
 @lowers("Cast", "CastLike")
 def lower_cast(ctx: LoweringContext, node: Node, opset: int) -> None:
-    """Cast between the dtypes gpumnn holds. Float types share float32 storage (a Cast to float16
-    rounds to float16's precision), integer types and bool share int32: a Cast to bool tests for
-    non-zero, float to integer truncates toward zero, and a narrower integer type wraps."""
+    """Cast between the dtypes gpumnn holds. float16, int8 and uint8 have storage of their own: a
+    Cast to them converts (float16 rounds to nearest even; int8/uint8 wrap, a float truncated
+    toward zero first). Wider float types share float32, the other integer types and bool int32:
+    a Cast to bool tests for non-zero, float to integer truncates toward zero, and int16/uint16
+    wrap."""
     if node.op_type == "CastLike":
         target = ctx.dtype(node.inputs[1])
     else:
@@ -114,18 +116,15 @@ def lower_cast(ctx: LoweringContext, node: Node, opset: int) -> None:
     if target == np.bool_:
         emit_unary(ctx, node, "nonzero", (), source, out, out_dtype=bool)
         return
-    if target == np.float16:
-        converted = as_dtype(ctx, node, source, np.float32)
-        emit_unary(ctx, node, "round_f16", (), converted, out, out_dtype=np.float16)
-        return
-    narrow = storage == A.INT32 and target.itemsize < 4
-    if A.storage_dtype(value.dtype) == storage and not (narrow and target.itemsize < value.dtype.itemsize):
+    # int16/uint16 are held in int32, so a value outside their range must wrap here
+    wraps = storage == A.INT32 and target.itemsize < 4 and not np.can_cast(value.dtype, target)
+    if not wraps and A.storage_dtype(value.dtype) == storage:
         ctx.alias(out, source, value.shape, target)
         return
-    if not narrow:
+    if not wraps:
         ctx.emit(A.Unary((source,), (out,), node.name, op="identity", count=value.size), value.shape, target)
         return
-    # int8/uint8/int16/uint16 wrap: ((x + offset) mod 2^bits) - offset, offset 2^(bits-1) for signed
+    # int16/uint16 wrap: ((x + offset) mod 2^bits) - offset, offset 2^(bits-1) for signed
     wide = as_dtype(ctx, node, source, np.int64)
     span = 1 << (8 * target.itemsize)
     offset = span // 2 if target.kind == "i" else 0

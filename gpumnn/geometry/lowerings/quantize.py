@@ -1,9 +1,10 @@
 """Lowering of linear quantization: QuantizeLinear and DequantizeLinear (per tensor, per axis and
 blocked), DynamicQuantizeLinear, and the helpers the quantized operators share.
 
-Quantized values are held as int32 (their model dtype int8, uint8, int16 or uint16; int4/uint4 as
-int8/uint8 with their 4-bit range). Quantize computes in float32: ``x / scale``, rounded half to
-even (``round``), plus the zero point, clipped to the type's range, converted to int32. Dequantize
+Quantized values are held in their storage dtype (int8 and uint8 as themselves, int16 and uint16
+as int32; int4/uint4 as int8/uint8 with their 4-bit range). Quantize computes in float32:
+``x / scale``, rounded half to even (``round``), plus the zero point, clipped to the type's range,
+converted to the storage dtype. Dequantize
 is ``(q - zero_point) * scale``. Both fold on constants, so weights are dequantized at load.
 """
 from __future__ import annotations
@@ -182,8 +183,7 @@ def lower_dequantize_linear(ctx: LoweringContext, node: Node, opset: int) -> Non
         if value.is_const:
             ctx.set_const(node.outputs[0], value.const.astype(out_dtype))
         else:
-            emit_unary(ctx, node, "round_f16" if out_dtype == np.float16 else "identity", (), target,
-                       node.outputs[0], out_dtype=out_dtype)
+            emit_unary(ctx, node, "identity", (), target, node.outputs[0], out_dtype=out_dtype)
 
 
 # -- the integer and quantized operators ---------------------------------------------------------
