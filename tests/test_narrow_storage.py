@@ -1,0 +1,195 @@
+"""float16, int8 and uint8 tensors stored in their own size, on every backend.
+
+A narrow tensor takes 1 (int8, uint8) or 2 (float16) bytes an element in the session's pools, is
+moved bit-exactly by the element-moving ops, and is converted to float32 or int32 around every op
+that computes (``gpumnn.atomic``). GPU backends without narrow kernels leave the ops on narrow
+tensors to the cpu, so the narrow tensors themselves live on the cpu there.
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper, shape_inference
+
+import gpumnn
+from gpumnn import atomic as A, zoo
+
+from conftest import onnxruntime_session, rel_l2
+
+NARROW = {"float16": T.FLOAT16, "int8": T.INT8, "uint8": T.UINT8}
+#: float16 has an 11-bit significand: one rounding is within 2**-11 (4.9e-4) of the float32 value.
+#: gpumnn and ONNX Runtime round the same float32 values to float16 alike, but their float32 sums
+#: differ in the last bits, which moves some values across a float16 rounding boundary: one float16
+#: step at those elements, carried on by the layers after them. Four steps in relative L2 bound that.
+FLOAT16_TOLERANCE = 4 * 2.0 ** -11
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=18) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "narrow", inputs, outputs, [numpy_helper.from_array(a, n) for n, a in inits])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def _transpose_model(dtype: int, shape=(64, 96)) -> onnx.ModelProto:
+    nodes = [helper.make_node("Transpose", ["x"], ["y"], perm=[1, 0])]
+    return _model(nodes, [helper.make_tensor_value_info("x", dtype, list(shape))],
+                  [helper.make_tensor_value_info("y", dtype, list(shape[::-1]))])
+
+
+def _random(dtype: str, shape, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if dtype == "float16":  # every bit pattern, NaNs and infinities among them: a copy must keep them all
+        return rng.integers(0, 2 ** 16, shape).astype(np.uint16).view(np.float16)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", sorted(NARROW))
+def test_narrow_tensors_take_their_own_size_in_the_pools(backend, dtype):
+    """A Transpose of a narrow tensor: the pools hold input and output in 1 or 2 bytes an element
+    (1/4 or 1/2 of the same model's in float32), and the copy is bit-exact."""
+    itemsize = np.dtype(dtype).itemsize
+    sessions = {d: gpumnn.load(_transpose_model(code)).session(backend=backend)
+                for d, code in (("float32", T.FLOAT), (dtype, NARROW[dtype]))}
+    pool_bytes = {d: sum(p["pool_bytes"] for p in s.memory_summary().values()) for d, s in sessions.items()}
+    assert pool_bytes[dtype] * 4 == pool_bytes["float32"] * itemsize, pool_bytes
+    raster = [row for row in sessions[dtype].report_rows() if row["op"] == "raster"]
+    assert [row["bytes"] for row in raster] == [64 * 96 * itemsize]
+    x = _random(dtype, (64, 96))
+    y = sessions[dtype].run({"x": x})["y"]
+    assert y.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(y.view(f"u{itemsize}"), x.T.view(f"u{itemsize}"))
+
+
+def test_narrow_tensors_live_where_their_ops_run(backend):
+    """Every op on a narrow tensor runs on a backend whose kernels take its dtype (the cpu where a
+    GPU backend has none, with the reason in the report), and the tensors copied between backends
+    are float32 or int32."""
+    sess = gpumnn.load(_add_model()).session(backend=backend)
+    program, placement = sess.program, sess.placement
+    for op, placed, reason in zip(program.ops, placement.op_backends, placement.fallback_reasons):
+        narrow = {op.dtype, op.output_dtype()} & A.NARROW_DTYPES
+        if placed != backend:
+            assert placed == "cpu" and reason and narrow, (op, reason)
+            assert any(f"no {d} kernel" in reason for d in narrow), reason
+    copied = [program.storage_dtype_of(step.tensor) for step in placement.steps if step.kind == "copy"]
+    assert set(copied) <= set(A.COMPUTE_DTYPES), copied
+    if backend != "cpu":
+        assert copied, "the float16 model splits between the cpu and the GPU backend: tensors are copied"
+
+
+def _add_model() -> onnx.ModelProto:
+    """float16 inputs and weight, float16 intermediates, a float16 and a float32 output."""
+    w = np.random.default_rng(3).standard_normal((6, 5)).astype(np.float16)
+    nodes = [helper.make_node("Add", ["x", "y"], ["s"]),
+             helper.make_node("MatMul", ["s", "w"], ["m"]),
+             helper.make_node("Sigmoid", ["m"], ["z"]),
+             helper.make_node("Transpose", ["z"], ["t"], perm=[1, 0]),
+             helper.make_node("Cast", ["t"], ["wide"], to=T.FLOAT)]
+    return _model(nodes, [helper.make_tensor_value_info("x", T.FLOAT16, [4, 6]),
+                          helper.make_tensor_value_info("y", T.FLOAT16, [4, 6])],
+                  [helper.make_tensor_value_info("t", T.FLOAT16, [5, 4]),
+                   helper.make_tensor_value_info("wide", T.FLOAT, [5, 4])], [("w", w)])
+
+
+def _check(model: onnx.ModelProto, feeds: dict, backend: str, tolerance: float) -> gpumnn.Session:
+    ref_sess = onnxruntime_session(model)
+    ref = dict(zip([o.name for o in ref_sess.get_outputs()], ref_sess.run(None, feeds)))
+    sess = gpumnn.load(model).session(backend=backend)
+    got = sess.run(feeds)
+    for name, expected in ref.items():
+        assert got[name].dtype == expected.dtype, f"{name}: {got[name].dtype}, ONNX Runtime gives {expected.dtype}"
+        if expected.dtype.kind in "iub":
+            np.testing.assert_array_equal(got[name], expected, err_msg=name)
+        else:
+            err = rel_l2(got[name], expected)
+            assert err < tolerance, f"{name}: relative L2 error {err:.2e}"
+    return sess
+
+
+def test_float16_graph_matches_onnxruntime(backend):
+    rng = np.random.default_rng(4)
+    feeds = {n: rng.standard_normal((4, 6)).astype(np.float16) for n in ("x", "y")}
+    _check(_add_model(), feeds, backend, FLOAT16_TOLERANCE)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+def test_narrow_integer_graph_matches_onnxruntime_exactly(backend, dtype):
+    """int8/uint8 inputs through Gather, Concat, Where, Add (wrapping) and Cast to and from them."""
+    code = NARROW[dtype]
+    nodes = [helper.make_node("Gather", ["x", "idx"], ["g"], axis=1),
+             helper.make_node("Concat", ["g", "x"], ["c"], axis=1),
+             helper.make_node("Add", ["c", "c"], ["doubled"]),
+             helper.make_node("Greater", ["doubled", "zero"], ["positive"]),
+             helper.make_node("Where", ["positive", "c", "doubled"], ["picked"]),
+             helper.make_node("Cast", ["picked"], ["wide"], to=T.INT32),
+             helper.make_node("Cast", ["f"], ["narrowed"], to=code)]
+    model = _model(nodes, [helper.make_tensor_value_info("x", code, [3, 5]),
+                           helper.make_tensor_value_info("f", T.FLOAT, [3, 5])],
+                   [helper.make_tensor_value_info("picked", code, None), helper.make_tensor_value_info("wide", T.INT32, None),
+                    helper.make_tensor_value_info("narrowed", code, None)],
+                   [("idx", np.array([4, 0, 2], np.int64)), ("zero", np.array(0, dtype))])
+    rng = np.random.default_rng(5)
+    info = np.iinfo(dtype)
+    feeds = {"x": rng.integers(info.min, info.max + 1, (3, 5)).astype(dtype),
+             "f": rng.uniform(info.min, info.max, (3, 5)).astype(np.float32)}  # in range: ONNX defines those casts
+    _check(model, feeds, backend, 0.0)
+
+
+def _half(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with float16 inputs, weights, outputs and intermediate tensors, as ONNX Runtime's
+    CPU kernels run it: each float32 weight and input is float16, cast to float32 where it is read,
+    and each float32 node output is rounded to float16 and back (a float16 tensor between nodes)."""
+    model = shape_inference.infer_shapes(model)
+    graph = model.graph
+    floats = {v.name for v in (*graph.value_info, *graph.input, *graph.output)
+              if v.type.tensor_type.elem_type == T.FLOAT}
+    floats |= {i.name for i in graph.initializer if i.data_type == T.FLOAT}
+    nodes, renamed = [], {}
+    for init in graph.initializer:
+        if init.data_type == T.FLOAT:
+            half = numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16), init.name + "/half")
+            init.CopyFrom(half)
+            nodes.append(helper.make_node("Cast", [half.name], [half.name + "/float"], to=T.FLOAT))
+            renamed[half.name[:-5]] = half.name + "/float"
+    for vi in graph.input:
+        if vi.name in floats:
+            vi.type.tensor_type.elem_type = T.FLOAT16
+            nodes.append(helper.make_node("Cast", [vi.name], [vi.name + "/float"], to=T.FLOAT))
+            renamed[vi.name] = vi.name + "/float"
+    outputs = {o.name for o in graph.output}
+    for node in graph.node:
+        node.input[:] = [renamed.get(n, n) for n in node.input]
+        node.output[:] = [n + "/computed" if n in outputs else n for n in node.output]
+        nodes.append(node)
+        for name in node.output:
+            base = name[:-len("/computed")] if name.endswith("/computed") else name
+            if base not in floats:
+                continue
+            if base in outputs:
+                nodes.append(helper.make_node("Cast", [name], [base], to=T.FLOAT16))
+                continue
+            nodes.append(helper.make_node("Cast", [name], [name + "/half"], to=T.FLOAT16))
+            nodes.append(helper.make_node("Cast", [name + "/half"], [name + "/rounded"], to=T.FLOAT))
+            renamed[name] = name + "/rounded"
+    for vi in graph.output:
+        vi.type.tensor_type.elem_type = T.FLOAT16
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.value_info[:]
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_float16_zoo_model_matches_onnxruntime(backend):
+    """squeezenet1_1 with float16 input, weights, intermediates and output: the float16 tensors are
+    stored as float16, and the answer is within FLOAT16_TOLERANCE of ONNX Runtime's."""
+    model = _half(zoo.build("squeezenet1_1"))
+    x = np.random.default_rng(zlib.crc32(b"squeezenet1_1")).standard_normal(zoo.input_shape("squeezenet1_1"))
+    sess = _check(model, {"input": x.astype(np.float16)}, backend, FLOAT16_TOLERANCE)
+    conversions = [row for row in sess.report_rows() if row["op"] == "unary"]
+    assert any(row["bytes"] * 2 == 4 * np.prod(row["output"]) for row in conversions), \
+        "no intermediate tensor is stored as float16"
