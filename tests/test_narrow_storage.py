@@ -81,6 +81,22 @@ def test_narrow_tensors_live_where_their_ops_run(backend):
         assert copied, "the float16 model splits between the cpu and the GPU backend: tensors are copied"
 
 
+@pytest.mark.parametrize("dtype", sorted(NARROW))
+def test_a_narrow_input_returned_as_an_output_stays_on_a_backend_that_holds_it(backend, dtype):
+    """An output that is the input itself (no op reads it) is held where its dtype can be, and
+    comes back bit-exact beside an output computed on the session's backend."""
+    code = NARROW[dtype]
+    nodes = [helper.make_node("Identity", ["x"], ["same"]), helper.make_node("Relu", ["f"], ["r"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", code, [2, 3]), helper.make_tensor_value_info("f", T.FLOAT, [4])],
+                   [helper.make_tensor_value_info("same", code, [2, 3]), helper.make_tensor_value_info("r", T.FLOAT, [4])])
+    sess = gpumnn.load(model).session(backend=backend)
+    x, f = _random(dtype, (2, 3)), np.array([-1, 2, -3, 4], np.float32)
+    got = sess.run({"x": x, "f": f})
+    np.testing.assert_array_equal(got["same"].view(f"u{x.itemsize}"), x.view(f"u{x.itemsize}"))
+    np.testing.assert_array_equal(got["r"], np.maximum(f, 0))
+    assert sess.placement.op_backends == [backend]
+
+
 def _add_model() -> onnx.ModelProto:
     """float16 inputs and weight, float16 intermediates, a float16 and a float32 output."""
     w = np.random.default_rng(3).standard_normal((6, 5)).astype(np.float16)

@@ -30,7 +30,7 @@ from typing import Mapping, Sequence
 
 from .. import atomic as A
 from ..backends.base import Backend
-from ..errors import InputError, UnsupportedOpError
+from ..errors import InputError, ModelError, UnsupportedOpError
 from .cost import HOST, CostModel, cost_table, tensor_bytes
 from .memory import Lifetime
 from .overlap import Step, Sync, overlapped_ms, synchronisation
@@ -311,15 +311,17 @@ def holds_dtype(backend: Backend, dtype: str) -> bool:
 
 
 def _check_storage(program: A.AtomicProgram, placement: Placement, backends: Mapping[str, Backend]) -> None:
-    """Refuse a schedule that would put a tensor on a backend without its storage dtype (allocated,
-    written, read or copied there): placement sends every op on a narrow dtype where a kernel
-    takes it, so only a tensor no op reads could land there, and that is a scheduler error."""
-    for b, lifetimes in placement.lifetimes.items():
-        for lifetime in lifetimes:
-            dtype = program.storage_dtype_of(lifetime.name)
-            if not holds_dtype(backends[b], dtype):
-                raise UnsupportedOpError("schedule", lifetime.name, f"tensor {lifetime.name!r} of storage dtype {dtype} "
-                                         f"would live on backend {b!r}, which has no {dtype} tensors")
+    """Refuse a schedule that would put a tensor or constant on a backend without its storage dtype
+    (allocated, uploaded, written, read or copied there): placement sends every op on a narrow
+    dtype where a kernel takes it, so such a tensor is a scheduler error, never a backend's."""
+    placed = [(b, lifetime.name) for b, lifetimes in placement.lifetimes.items() for lifetime in lifetimes]
+    placed += [(b, name) for op, b in zip(program.ops, placement.op_backends) for name in op.inputs
+               if name in program.constants]
+    for b, name in placed:
+        dtype = program.storage_dtype_of(name)
+        if not holds_dtype(backends[b], dtype):
+            raise ModelError(f"internal: the schedule puts tensor {name!r} of storage dtype {dtype} on backend {b!r}, "
+                             f"which has no {dtype} tensors")
 
 
 def _schedule(program: A.AtomicProgram, op_backends: list[str], backend_names: list[str],
