@@ -209,3 +209,26 @@ def test_float16_zoo_model_matches_onnxruntime(backend):
     conversions = [row for row in sess.report_rows() if row["op"] == "unary"]
     assert any(row["bytes"] * 2 == 4 * np.prod(row["output"]) for row in conversions), \
         "no intermediate tensor is stored as float16"
+
+
+def test_casts_to_narrow_types_convert_as_numpy_does(backend):
+    """Cast to float16 rounds to nearest even and overflows to inf; Cast to int8/uint8 truncates a
+    float toward zero and wraps (through int64, as ``astype`` does), and wraps an int32 (ONNX leaves
+    out-of-range values to the implementation: these are gpumnn's)."""
+    f = np.array([0.1, -2.5, 65519.0, 65520.0, -1e6, 1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 300.7, -129.9],
+                 np.float32)
+    i = np.array([-129, 128, 255, 256, -1, 2 ** 31 - 1, -2 ** 31, 7, 0], np.int32)
+    nodes = [helper.make_node("Cast", ["f"], ["f_half"], to=T.FLOAT16)]
+    outputs = [helper.make_tensor_value_info("f_half", T.FLOAT16, None)]
+    for name, code in (("int8", T.INT8), ("uint8", T.UINT8)):
+        nodes += [helper.make_node("Cast", ["f"], [f"f_{name}"], to=code),
+                  helper.make_node("Cast", ["i"], [f"i_{name}"], to=code)]
+        outputs += [helper.make_tensor_value_info(f"{src}_{name}", code, None) for src in "fi"]
+    model = _model(nodes, [helper.make_tensor_value_info("f", T.FLOAT, [9]), helper.make_tensor_value_info("i", T.INT32, [9])],
+                   outputs)
+    got = gpumnn.load(model).session(backend=backend).run({"f": f, "i": i})
+    with np.errstate(over="ignore"):  # the overflow to inf is the point
+        np.testing.assert_array_equal(got["f_half"], f.astype(np.float16))
+    for name in ("int8", "uint8"):
+        np.testing.assert_array_equal(got[f"f_{name}"], f.astype(np.int64).astype(name), err_msg=name)
+        np.testing.assert_array_equal(got[f"i_{name}"], i.astype(name), err_msg=name)
