@@ -102,7 +102,7 @@ def validation_layer_available() -> bool:
 
 @dataclass(eq=False)
 class DeviceBuffer:
-    """A VkBuffer with its own VkDeviceMemory; ``mapped`` is a persistent float32 view or None."""
+    """A VkBuffer with its own VkDeviceMemory; ``mapped`` is a persistent uint8 view or None."""
 
     handle: Any
     memory: Any
@@ -591,7 +591,7 @@ class VulkanDevice:
         buf = DeviceBuffer(handle, memory, size, kind, mappable)
         if mappable:
             raw = vk.vkMapMemory(self.device, memory, 0, size, 0)
-            buf.mapped = np.frombuffer(raw, dtype=np.float32, count=size // 4)
+            buf.mapped = np.frombuffer(raw, dtype=np.uint8, count=size)
         return buf
 
     def destroy_buffer(self, buf: DeviceBuffer) -> None:
