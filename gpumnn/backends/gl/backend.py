@@ -224,6 +224,12 @@ class GLBackend(Backend):
         self.storage_align = _gl_get_integer(_GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT) or 256
         self.alignment = max(64, self.storage_align)
         self.kernels = kernel_family(requested, self.software)
+        # float16 / int8 / uint8 tensors as themselves where GLSL may declare 16- / 8-bit buffer
+        # elements, else packed in 32-bit words (gpumnn.backends.kernels.glsl.elements.glsl)
+        extensions = ctx.extensions
+        self.narrow_storage = {size: (f"native: {ext}" if ext in extensions else f"packed: no {ext}")
+                               for size, ext in ((1, "GL_EXT_shader_8bit_storage"), (2, "GL_EXT_shader_16bit_storage"))}
+        self.native_narrow = frozenset(size for size, why in self.narrow_storage.items() if why.startswith("native"))
         self.simd_lanes = simd_lanes(self.renderer)
         self._buffers: dict[int, GLBuffer] = {}
         self.packed: dict[tuple, TensorHandle] = {}

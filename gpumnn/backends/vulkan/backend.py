@@ -47,7 +47,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ... import atomic as A
-from ...errors import BackendUnavailableError
+from ...errors import BackendOptionError, BackendUnavailableError
 from ..base import Backend, BackendInfo, Execution, TensorHandle, constant_words, host_out, kernel_family, kernels_option
 from ..lanes import LanePool
 from ..limits import MemoryLimits, host_memory
@@ -127,9 +127,19 @@ class VulkanBackend(Backend):
     plan_error = VulkanError if vk is not None else PlanError
 
     def __init__(self, device: str | int | None = None, validation: bool | None = None,
-                 force_staging: bool = False, kernels: str | None = None, **unknown: Any):
+                 force_staging: bool = False, kernels: str | None = None, narrow_storage: str | None = None,
+                 **unknown: Any):
+        """``narrow_storage``: "auto" (float16 / int8 / uint8 tensors held as themselves where the
+        device has 16- / 8-bit storage in buffers, else packed in 32-bit words) or "packed"
+        (always packed: the path of devices without them); default ``$GPUMNN_VULKAN_NARROW_STORAGE``,
+        else "auto"."""
         super().__init__(**unknown)
         requested = kernels_option(kernels, self.name)
+        if narrow_storage is None:
+            narrow_storage = os.environ.get("GPUMNN_VULKAN_NARROW_STORAGE", "").strip().lower() or "auto"
+        if narrow_storage not in ("auto", "packed"):
+            raise BackendOptionError(f"backend 'vulkan': narrow_storage={narrow_storage!r}; expected 'auto' or 'packed' "
+                                     "(also $GPUMNN_VULKAN_NARROW_STORAGE)")
         self._closed = True
         if _VK_IMPORT_ERROR is not None:
             raise BackendUnavailableError(
@@ -144,6 +154,10 @@ class VulkanBackend(Backend):
             validation = os.environ.get("GPUMNN_VULKAN_VALIDATION", "").strip().lower() in ("1", "true", "yes", "on")
         self.dev = VulkanDevice(device, validation=bool(validation))
         self._deferred = self.dev.shared.deferred  # closes of dropped sessions on this device (see activate)
+        #: the narrow element sizes held natively (gpumnn.backends.kernels.glsl.elements.glsl)
+        self.native_narrow: frozenset[int] = self.dev.native_narrow if narrow_storage == "auto" else frozenset()
+        self.narrow_storage = {size: (why if narrow_storage == "auto" else "packed: narrow_storage='packed'")
+                               for size, why in self.dev.narrow_storage.items()}
         try:
             self._setup(requested, force_staging)
         except BaseException:
