@@ -88,6 +88,8 @@ class CudaBackend(Backend):
     schemes = cl_plans.TILED_SCHEMES
     op_names = cl_plans.OP_NAMES
     dtypes = cl_plans.DTYPES
+    #: float16 / int8 / uint8 tensors as themselves: CUDA addresses 16- and 8-bit elements
+    narrow_storage = {1: "native: unsigned char elements", 2: "native: unsigned short elements, cvt.f16 conversions"}
     device_arrays_unsupported = None
     alignment = 256  # cudaMalloc's alignment: every tensor starts where a fresh allocation would
 

@@ -107,6 +107,9 @@ class OpenCLBackend(Backend):
     schemes = cl_plans.SCHEMES
     op_names = cl_plans.OP_NAMES
     dtypes = cl_plans.DTYPES
+    #: float16 / int8 / uint8 tensors as themselves: OpenCL C addresses 16- and 8-bit buffer
+    #: elements (ushort, uchar; vload_half / vstore_half for float16 conversions)
+    narrow_storage = {1: "native: uchar buffer elements", 2: "native: ushort buffer elements, vload_half/vstore_half"}
 
     def __init__(self, device: str | int | None = None, kernels: str | None = None, **unknown: Any):
         """``device``: index or name substring (or "gpu"/"cpu"); default a GPU, else any device.

@@ -336,7 +336,7 @@ class SharedDevice:
             1: ("native: VK_KHR_8bit_storage storageBuffer8BitAccess" if has8 else
                 "packed: no VK_KHR_8bit_storage" if not has_8bit_ext else
                 "packed: VK_KHR_8bit_storage without storageBuffer8BitAccess"),
-            2: ("native: storageBuffer16BitAccess (VK_KHR_16bit_storage, Vulkan 1.1)" if has16 else
+            2: ("native: storageBuffer16BitAccess of VK_KHR_16bit_storage, core in Vulkan 1.1" if has16 else
                 "packed: no storageBuffer16BitAccess")}
         chain = None
         self._feature_structs = []  # referenced until the device is created (pNext holds raw pointers)
