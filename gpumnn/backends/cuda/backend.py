@@ -50,6 +50,7 @@ GPU compilers typically do as well; results on normal numbers are unaffected.
 from __future__ import annotations
 
 import threading
+import weakref
 from contextlib import contextmanager
 from typing import Any, Hashable, Iterator
 
