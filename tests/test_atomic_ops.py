@@ -935,3 +935,262 @@ def test_raster_cases_stay_inside_their_tensors():
                 lo = offset + sum((n - 1) * s for n, s in zip(r.size, strides) if s < 0)
                 hi = offset + sum((n - 1) * s for n, s in zip(r.size, strides) if s > 0)
                 assert 0 <= lo and hi < limit, f"{name}: region {r} leaves its tensor"
+
+
+# --------------------------------------------------------------------------------------------
+# Narrow storage (float16, int8, uint8): every GPU backend bit-exact against NumPy
+# --------------------------------------------------------------------------------------------
+# The element-moving ops and the conversions run on tensors of every storage dtype, checked
+# against NumPy directly (so these cases stand without the cpu backend). Tensors start at
+# 4-byte boundaries that are not the device's binding alignment, regions start at elements that
+# are not multiples of 4, and every byte of the pool outside the outputs' elements must come out
+# as it went in: a packed kernel that writes whole words must keep its neighbours' bytes.
+
+#: the GPU backends with each path of narrow storage: both kernel families, and Vulkan both with
+#: its 8-/16-bit storage (lavapipe has both) and forced to hold narrow tensors packed in words
+NARROW_BACKEND_PARAMS = BACKEND_PARAMS + ["vulkan:narrow_storage=packed"]
+NARROW_DTYPES = (A.FLOAT16, A.INT8, A.UINT8)
+
+
+@pytest.fixture(scope="module", params=NARROW_BACKEND_PARAMS)
+def narrow_backend(request):
+    name, _, option = request.param.partition(":")
+    require_backend(name)
+    be = create_backend(name, **(dict([option.split("=", 1)]) if option else {}))
+    yield be
+    be.close()
+
+
+@dataclass
+class NarrowCase:
+    """An op on tensors of any storage dtype: ``inputs`` are arrays in their storage dtype,
+    ``outputs`` name -> (shape, dtype), ``expect(inputs, garbage)`` the outputs NumPy gives."""
+
+    op: A.AtomicOp
+    inputs: dict[str, np.ndarray]
+    outputs: dict[str, tuple[tuple[int, ...], str]]
+    expect: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+def _random_elements(rng, shape, dtype: str) -> np.ndarray:
+    """Random bits of ``dtype`` (any float16 pattern: NaNs, infinities, subnormals; they are
+    copied, never computed on)."""
+    size = A.ITEMSIZE[dtype]
+    return rng.integers(0, 2 ** (8 * size), shape, dtype=np.uint64).astype(f"u{size}").view(dtype)
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(f"u{a.dtype.itemsize}")
+
+
+def run_narrow_case(be, case: NarrowCase, seed: int, eager: bool, align: int = 4) -> None:
+    """Run ``case`` with its tensors on ``align``-byte boundaries (4: off the device's binding
+    alignment) and check its outputs and every other byte of the pool."""
+    rng = np.random.default_rng(seed)
+    names = list(case.inputs) + list(case.outputs)
+    dtypes = {**{n: a.dtype.name for n, a in case.inputs.items()}, **{n: d for n, (_, d) in case.outputs.items()}}
+    shapes = {**{n: a.shape for n, a in case.inputs.items()}, **{n: s for n, (s, _) in case.outputs.items()}}
+    starts, at = {}, 28  # byte offsets: on words, off the binding alignment unless ``align`` says so
+    for k, name in enumerate(names):
+        at = -(-at // align) * align
+        starts[name] = at
+        at += -(-A.ITEMSIZE[dtypes[name]] * max(int(np.prod(shapes[name])), 1) // 4) * 4 + 4 * (k % 3 + 1)
+    pool = be.allocate(at + 64)
+    whole = be.tensor(pool, 0, (at + 64,), A.UINT8)
+    before = rng.integers(0, 256, at + 64, dtype=np.uint8)
+    be.write(whole, before)
+    handles = {n: be.tensor(pool, starts[n] // A.ITEMSIZE[dtypes[n]], shapes[n], dtypes[n]) for n in names}
+    for n in names:
+        assert handles[n].nbytes == A.ITEMSIZE[dtypes[n]] * int(np.prod(shapes[n]))
+    garbage = {n: _random_elements(rng, s, d) for n, (s, d) in case.outputs.items()}
+    for n, a in {**case.inputs, **garbage}.items():
+        be.write(handles[n], a)
+    assert be.unsupported_reason(case.op) is None, be.unsupported_reason(case.op)
+    exe = be.create_execution(case.op, [handles[n] for n in case.op.inputs], [handles[n] for n in case.op.outputs])
+    if eager:
+        be.run_eager([exe])
+    else:
+        be.submit(be.record([exe]))
+    expected = case.expect(case.inputs, garbage)
+    mode = "eager" if eager else "recorded"
+    for n in case.outputs:
+        got = be.read(handles[n])
+        assert got.dtype == np.dtype(dtypes[n]) and got.shape == tuple(shapes[n])
+        np.testing.assert_array_equal(_bits(got), _bits(expected[n].astype(dtypes[n])),
+                                      err_msg=f"{be.name} {mode} {case.op.source}: output {n}")
+    after = be.read(whole)
+    for n, a in case.inputs.items():  # the bytes written since
+        before[starts[n]:starts[n] + a.nbytes] = _bits(a).view(np.uint8).reshape(-1)
+    untouched = np.ones(at + 64, bool)
+    for n in case.outputs:
+        untouched[starts[n]:starts[n] + handles[n].nbytes] = False
+    np.testing.assert_array_equal(after[untouched], before[untouched],
+                                  err_msg=f"{be.name} {mode} {case.op.source}: bytes outside the outputs changed")
+    be.release(pool)
+
+
+def _raster_reference(op: A.Raster, inputs: list[np.ndarray], out: np.ndarray) -> np.ndarray:
+    out = out.copy().reshape(-1)
+    if op.fill is not None:
+        out[:] = np.array(A.fill_bits(op.fill, out.dtype.name), f"u{out.dtype.itemsize}").view(out.dtype)
+    for r in op.regions:
+        src = inputs[r.src].reshape(-1)
+        for index in np.ndindex(*r.size):
+            out[r.dst_offset + np.dot(index, r.dst_strides)] = src[r.src_offset + np.dot(index, r.src_strides)]
+    return out.reshape(op.out_shape)
+
+
+NARROW_CASES: dict[str, Callable[[np.random.Generator], NarrowCase]] = {}
+
+
+def _raster_case(dtype: str, regions, out_shape, in_shapes, fill=None):
+    def make(rng):
+        inputs = {f"x{k}": _random_elements(rng, s, dtype) for k, s in enumerate(in_shapes)}
+        op = A.Raster(tuple(inputs), ("y",), f"raster_{dtype}", out_shape=out_shape, regions=tuple(regions),
+                      fill=fill, dtype=dtype)
+        return NarrowCase(op, inputs, {"y": (out_shape, dtype)},
+                          lambda ins, g: {"y": _raster_reference(op, list(ins.values()), g["y"])})
+    return make
+
+
+for _dt in A.STORAGE_DTYPES:
+    # a contiguous run from element 3 to element 5 (odd sizes: a packed run starts and ends mid-word)
+    NARROW_CASES[f"raster-{_dt}-run"] = _raster_case(_dt, [A.Region(0, 3, (0, 0, 0, 1), 5, (0, 0, 0, 1), (1, 1, 1, 37))],
+                                                     (45,), [(41,)])
+    # a transpose [5, 7] -> [7, 5]: a strided destination, written element by element
+    NARROW_CASES[f"raster-{_dt}-transpose"] = _raster_case(
+        _dt, [A.Region(0, 1, (0, 0, 1, 7), 2, (0, 0, 5, 1), (1, 1, 7, 5))], (38,), [(36,)])
+    # broadcast (source stride 0) and reversal (negative stride) into rows of 9 of an 11-wide output
+    NARROW_CASES[f"raster-{_dt}-broadcast-reverse"] = _raster_case(
+        _dt, [A.Region(0, 12, (0, 0, 0, -1), 1, (0, 0, 11, 1), (1, 1, 3, 9))], (3, 11), [(13,)])
+    # a pad: fill, then the rows of the source in the middle, and a concat of a second source
+    NARROW_CASES[f"raster-{_dt}-fill-pad-concat"] = _raster_case(
+        _dt, [A.Region(0, 0, (0, 0, 5, 1), 8, (0, 0, 7, 1), (1, 1, 3, 5)),
+              A.Region(1, 1, (0, 0, 0, 1), 30, (0, 0, 0, 1), (1, 1, 1, 5))], (5, 7), [(3, 5), (6,)], fill=-3.0)
+
+
+def _gather_case(dtype: str):
+    def make(rng):
+        data, idx = _random_elements(rng, (3, 5, 3), dtype), np.array([4, -1, 0, 2, -5, 9, 1], np.int32)
+        op = A.Gather(("data", "idx"), ("y",), f"gather_{dtype}", outer=3, axis=5, inner=3, count=7, dtype=dtype)
+        return NarrowCase(op, {"data": data, "idx": idx}, {"y": ((3, 7, 3), dtype)},
+                          lambda ins, g: {"y": ins["data"][:, np.clip(np.where(idx < 0, idx + 5, idx), 0, 4), :]})
+    return make
+
+
+def _select_case(dtype: str):
+    def make(rng):
+        c = rng.integers(0, 2, (3, 5)).astype(np.int32)
+        a, b = _random_elements(rng, (2, 3, 5, 3), dtype), _random_elements(rng, (3,), dtype)
+        shape = (2, 3, 5, 3)
+        op = A.Select(("c", "a", "b"), ("y",), f"select_{dtype}", out_shape=shape, c_strides=(0, 5, 1, 0),
+                      a_strides=(45, 15, 3, 1), b_strides=(0, 0, 0, 1), dtype=dtype)
+        return NarrowCase(op, {"c": c, "a": a, "b": b}, {"y": (shape, dtype)},
+                          lambda ins, g: {"y": np.where(c[None, :, :, None] != 0, a, b[None, None, None, :])})
+    return make
+
+
+def _scatter_case(dtype: str):
+    def make(rng):
+        rows = np.array([4, -1, 0, 2], np.int32)  # distinct rows
+        data, upd = _random_elements(rng, (7, 3), dtype), _random_elements(rng, (4, 3), dtype)
+
+        def expect(ins, g):
+            out = data.copy()
+            out[np.where(rows < 0, rows + 7, rows)] = upd
+            return {"y": out}
+        op = A.Scatter(("data", "rows", "upd"), ("y",), f"scatter_{dtype}", rows=7, inner=3, count=4, dtype=dtype)
+        return NarrowCase(op, {"data": data, "rows": rows, "upd": upd}, {"y": ((7, 3), dtype)}, expect)
+    return make
+
+
+for _dt in NARROW_DTYPES:
+    NARROW_CASES[f"gather-{_dt}"] = _gather_case(_dt)
+    NARROW_CASES[f"select-{_dt}"] = _select_case(_dt)
+    NARROW_CASES[f"scatter-{_dt}-none"] = _scatter_case(_dt)
+
+
+def _conversion_input(rng, src: str, dst: str) -> np.ndarray:
+    """Values of ``src`` whose conversion to ``dst`` the contract defines, with the corners:
+    float16 ties, overflow and subnormals; 8-bit wrap-around; truncation toward zero."""
+    if src == A.FLOAT32:
+        if dst == A.FLOAT16:
+            corners = [65504.0, 65519.0, 65520.0, -70000.0, 1e30, 1.0 + 2**-11, 1.0 + 3 * 2**-11, 2049.0, 2051.0,
+                       2.0**-24, 2.0**-25, 1.5 * 2**-25, 3 * 2**-26, 1e-9, -0.0, np.inf, -np.inf, 6.1e-5, 6.2e-5]
+            return np.concatenate([corners, rng.standard_normal(80) * 300, rng.standard_normal(40) * 1e-5]).astype(np.float32)
+        corners = [-0.9, 0.9, -1.5, 127.9, 128.2, -128.7, -129.3, 255.5, 256.0, -256.5, 1e9, -2e9, 70000.5]
+        return np.concatenate([corners, rng.uniform(-3000, 3000, 80)]).astype(np.float32)
+    if src == A.FLOAT16:
+        x = rng.integers(0, 2**16, 300, dtype=np.uint32).astype(np.uint16).view(np.float16)
+        if dst in (A.FLOAT32, A.FLOAT16):
+            return x[~np.isnan(x)]
+        return x[np.isfinite(x)]
+    if src == A.INT32:
+        if dst == A.FLOAT32:
+            return rng.integers(-2**24, 2**24, 100).astype(np.int32)  # exact in float32
+        corners = [0, -1, 127, 128, 255, 256, -128, -129, 65504, 65519, 65520, -70000, 2**31 - 1, -2**31]
+        return np.concatenate([corners, rng.integers(-70000, 70000, 60), rng.integers(-2**31, 2**31, 40)]).astype(np.int32)
+    return np.arange(256).astype(np.uint8).view(src)
+
+
+def _convert_reference(x: np.ndarray, dst: str) -> np.ndarray:
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.dtype(dst).kind in "iu":
+            return x.astype(np.int64).astype(dst)  # truncation toward zero, then wrap-around
+        return x.astype(dst)
+
+
+def _conversion_case(src: str, dst: str):
+    def make(rng):
+        x = _conversion_input(rng, src, dst)
+        op = A.Unary(("x",), ("y",), f"cast_{src}_{dst}", op="identity", count=x.size, dtype=src,
+                     out_dtype="" if dst == src else dst)
+        return NarrowCase(op, {"x": x}, {"y": (x.shape, dst)}, lambda ins, g: {"y": _convert_reference(x, dst)})
+    return make
+
+
+for _src in A.STORAGE_DTYPES:
+    for _dst in A.STORAGE_DTYPES:
+        if {_src, _dst} & set(NARROW_DTYPES):
+            NARROW_CASES[f"convert-{_src}-to-{_dst}"] = _conversion_case(_src, _dst)
+
+NARROW_CASE_IDS = sorted(NARROW_CASES)
+
+
+@pytest.mark.parametrize("name", NARROW_CASE_IDS)
+def test_narrow_storage_op(narrow_backend, name):
+    for k, eager in enumerate((False, True)):
+        run_narrow_case(narrow_backend, NARROW_CASES[name](np.random.default_rng(7)), seed=k, eager=eager)
+
+
+def test_narrow_cases_cover_the_contract():
+    """Every narrow op kind, every conversion pair with a narrow side and every raster case of every dtype."""
+    kinds = {type(NARROW_CASES[n](np.random.default_rng(0)).op).__name__.lower() for n in NARROW_CASE_IDS}
+    assert kinds == set(A.NARROW_OPS)
+    conversions = [n for n in NARROW_CASE_IDS if n.startswith("convert-")]
+    assert len(conversions) == len(A.STORAGE_DTYPES) ** 2 - 4  # all but float32/int32 among themselves
+
+
+def test_narrow_arithmetic_goes_to_the_cpu(backend):
+    """A backend lists the narrow dtypes only for the ops it has kernels for: arithmetic on them
+    is refused (placement then runs it on the cpu, which says why)."""
+    for dtype in NARROW_DTYPES:
+        op = A.Binary(("a", "b"), ("y",), "add", op="add", out_shape=(1, 1, 1, 4), a_strides=(0, 0, 0, 1),
+                      b_strides=(0, 0, 0, 1), dtype=dtype)
+        assert dtype in (backend.unsupported_reason(op) or "")
+
+
+def test_narrow_storage_is_valid_vulkan(vulkan_validation):
+    """The 8-/16-bit storage features enabled at device creation, the native and the packed
+    kernels and their barriers are valid Vulkan (the validation layer, synchronization included).
+    Tensors lie on the backend's alignment, as a session's pool layout puts them: a dispatch binds
+    from there, and the synchronization checks take the whole bound window as accessed."""
+    for narrow_storage in ("auto", "packed"):
+        be = create_backend("vulkan", narrow_storage=narrow_storage)
+        try:
+            for k, name in enumerate(NARROW_CASE_IDS):
+                run_narrow_case(be, NARROW_CASES[name](np.random.default_rng(7)), seed=k, eager=k % 2 == 1,
+                                align=be.alignment)
+        finally:
+            be.close()
+    vulkan_validation.check()

@@ -24,6 +24,28 @@ def test_info_lists_every_backend_and_why_missing(capsys):
     assert "available" in out
 
 
+def test_info_says_which_storage_dtypes_each_backend_holds_natively_or_packed(capsys, monkeypatch):
+    """A line per started backend names the native and the packed storage dtypes and what decided;
+    Vulkan forced to pack (GPUMNN_VULKAN_NARROW_STORAGE) says so."""
+    from gpumnn.backends import probe
+    from conftest import require_backend
+
+    require_backend("vulkan")
+    monkeypatch.setenv("GPUMNN_VULKAN_NARROW_STORAGE", "packed")
+    assert main(["info"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    storage = {}
+    for above, line in zip(lines, lines[2:]):
+        name = above.split()[0]
+        if "available" in above and line.strip().startswith("storage:"):
+            storage[name] = line.strip()
+    assert set(storage) == {name for name in ("cpu", "opencl", "vulkan", "gl", "cuda") if probe(name) is None}
+    assert storage["vulkan"] == ("storage: native float32, int32; packed in 32-bit words float16 "
+                                 "(narrow_storage='packed'), int8, uint8 (narrow_storage='packed')")
+    if "opencl" in storage:
+        assert storage["opencl"].startswith("storage: native float32, int32, float16 (")
+
+
 def test_info_ops_prints_the_opsets_and_every_supported_op(capsys):
     assert main(["info", "--ops"]) == 0
     out = " ".join(capsys.readouterr().out.split())

@@ -19,7 +19,8 @@ import re
 import pytest
 
 from conftest import require_backend, require_tool
-from gpumnn.backends.kernels.cl.planner import GEMM_CONFIGS, family_source
+from gpumnn import atomic as A
+from gpumnn.backends.kernels.cl.planner import GEMM_CONFIGS, KIND_IDS, family_source
 from gpumnn.backends.kernels.cl.cuda_source import (CPU_ONLY_DEFINE, CPU_ONLY_FAMILIES, NVRTC_OPTIONS, cuda_families,
                                         cuda_source)
 
@@ -28,14 +29,20 @@ ARCH = "compute_90"  # PTX for Hopper; any arch NVRTC knows compiles without a G
 
 def gpu_variants() -> list[tuple[str, dict[str, int]]]:
     """(family, defines) of every program the OpenCL backend builds with the GPU kernels: the GEMM
-    tilings of GEMM_CONFIGS (as ``_gemm_launch`` passes them), Winograd tiles, the other families
-    without defines."""
+    tilings of GEMM_CONFIGS (as ``_gemm_launch`` passes them), Winograd tiles, the element-moving
+    families for 4-, 2- and 1-byte elements (``elem_defines``), the conversion between every two
+    storage dtypes of which one is narrow, the other families without defines."""
     out: list[tuple[str, dict[str, int]]] = []
     for family in cuda_families():
         if family == "gemm":
             out += [(family, dict(zip(("TM", "TN", "WM", "WN", "TK"), cfg))) for cfg in GEMM_CONFIGS.values()]
         elif family == "winograd":  # the tile sizes are compile-time: the smallest, the largest, a 1D one
             out += [(family, dict(zip(("AH", "AW", "NH", "NW"), tile))) for tile in ((4, 4, 2, 2), (8, 8, 6, 6), (1, 10, 1, 4))]
+        elif family in ("raster", "gather", "select", "scatter"):
+            out += [(family, {}), (family, {"ELEM": 2}), (family, {"ELEM": 1})]
+        elif family == "convert":
+            out += [(family, {"IN_KIND": KIND_IDS[a], "OUT_KIND": KIND_IDS[b]}) for a in A.STORAGE_DTYPES
+                    for b in A.STORAGE_DTYPES if a != b and {a, b} & A.NARROW_DTYPES]
         else:
             out.append((family, {}))
     return out

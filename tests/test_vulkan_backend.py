@@ -254,6 +254,33 @@ def test_kernel_sources_also_compile_for_opengl():
         C.check_glsl(C.preprocess("layout(local_size_x = 1) in;\nvoid main() { undeclared_name = 1; }\n", api="gl"))
 
 
+#: the element-moving and conversion kernels for narrow tensors (elements.glsl), packed in words;
+#: with STORAGE8 / STORAGE16 as a device with 8-/16-bit storage buffers builds them
+NARROW_VARIANTS = [
+    ("raster", {"IN_BYTES": 1, "OUT_BYTES": 1, "NDIM": 2}), ("raster", {"IN_BYTES": 2, "OUT_BYTES": 2, "NDIM": 1, "DST_CONTIGUOUS": 1}),
+    ("raster", {"IN_BYTES": 1, "OUT_BYTES": 1, "FILL": 1}), ("gather", {"IN_BYTES": 2, "OUT_BYTES": 2}),
+    ("select", {"IN_BYTES": 1, "OUT_BYTES": 1, "NDIM": 4}), ("scatter", {"IN_BYTES": 1, "OUT_BYTES": 1, "REDUCTION": 0}),
+    ("convert", {"IN_KIND": 0, "OUT_KIND": 2, "OUT_BYTES": 2}), ("convert", {"IN_KIND": 2, "OUT_KIND": 3, "IN_BYTES": 2, "OUT_BYTES": 1}),
+    ("convert", {"IN_KIND": 4, "OUT_KIND": 1, "IN_BYTES": 1}),
+]
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["packed", "native"])
+def test_narrow_kernels_compile_for_opengl_and_vulkan(native):
+    """The narrow kernels compile under the GL 4.3 prelude (llvmpipe has no 8-/16-bit storage, so
+    the GL backend never builds the native ones here) and to SPIR-V."""
+    from gpumnn.backends.kernels.glsl import compile as C
+    if C.find_compiler()[0] == "glslc":
+        pytest.skip("checking GLSL for OpenGL needs glslang, not glslc")
+    storage = {"STORAGE8": 1, "STORAGE16": 1} if native else {}
+    for name, defines in NARROW_VARIANTS:
+        variant = dict(defines, **{k: v for k, v in storage.items()
+                                   if int(k[7:]) // 8 in (defines.get("IN_BYTES"), defines.get("OUT_BYTES"))})
+        assert native == any(k.startswith("STORAGE") for k in variant)
+        C.check_glsl(C.preprocess(name, variant, api="gl"))
+        assert C.compile_glsl(name, variant)[:4] == C.SPIRV_MAGIC
+
+
 def test_simd_conv_blocks_fill_the_lanes():
     """DIRECT_RB block choice: accumulators bounded (no spills), small maps keep the lanes busy."""
     rb_blocks = _vk()._rb_blocks

@@ -17,6 +17,26 @@ from ..errors import GpumnnError
 from .feeds import random_input
 
 
+def storage_summary(backend: Any) -> str:
+    """Which storage dtypes ``backend`` holds as themselves and which packed in 32-bit words, with
+    what decided (the backend's ``narrow_storage``: element size -> "native: why" or "packed:
+    why"), and those it has no kernels for (its ops on them run on the cpu)."""
+    from .. import atomic as A
+    decided = getattr(backend, "narrow_storage", {})
+    groups: dict[str, list[str]] = {"native": [f"{A.FLOAT32}, {A.INT32}"], "packed in 32-bit words": [],
+                                    "no kernels (run on the cpu)": []}
+    for size in (2, 1):
+        dtypes = [d for d in A.STORAGE_DTYPES if A.ITEMSIZE[d] == size]
+        held = [d for d in dtypes if any(d in listed for listed in backend.dtypes.values())]
+        if held:
+            kind, _, why = decided.get(size, "native: ").partition(": ")
+            group = "native" if kind == "native" else "packed in 32-bit words"
+            groups[group].append(", ".join(held) + (f" ({why})" if why else ""))
+        if len(held) < len(dtypes):
+            groups["no kernels (run on the cpu)"].append(", ".join(d for d in dtypes if d not in held))
+    return "; ".join(f"{group} {', '.join(items)}" for group, items in groups.items() if items)
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     if args.ops:
         from .ops_table import ops_section
@@ -33,6 +53,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             backend = create_backend(name)
             print(f"  {name:<7} available  {backend.info.device}")
             print(f"          {calibration_for(backend).describe()}")
+            print(f"          storage: {storage_summary(backend)}")
             if name == "vulkan":
                 from ..backends.kernels.glsl.compile import describe_compiler
                 print(f"          GLSL compiler: {describe_compiler()}")

@@ -50,6 +50,7 @@ GPU compilers typically do as well; results on normal numbers are unaffected.
 from __future__ import annotations
 
 import threading
+import weakref
 from contextlib import contextmanager
 from typing import Any, Hashable, Iterator
 
@@ -60,6 +61,7 @@ from cupy.cuda import runtime
 from ... import atomic as A
 from ...errors import BackendOptionError, DeviceArrayError
 from ..kernels.cl.cuda_source import NVRTC_OPTIONS, cuda_source
+from ..kernels import word_padded
 from ..kernels.cl import planner as cl_plans
 from ..base import Backend, Execution, KernelWork, TensorHandle, constant_words, host_out, kernels_option
 from ..kernels.cl.planner import Scratch
@@ -87,6 +89,8 @@ class CudaBackend(Backend):
     schemes = cl_plans.TILED_SCHEMES
     op_names = cl_plans.OP_NAMES
     dtypes = cl_plans.DTYPES
+    #: float16 / int8 / uint8 tensors as themselves: CUDA addresses 16- and 8-bit elements
+    narrow_storage = {1: "native: unsigned char elements", 2: "native: unsigned short elements, cvt.f16 conversions"}
     device_arrays_unsupported = None
     alignment = 256  # cudaMalloc's alignment: every tensor starts where a fresh allocation would
 
@@ -182,9 +186,8 @@ class CudaBackend(Backend):
 
     def constant(self, array: np.ndarray) -> TensorHandle:
         data, dtype = constant_words(array)
-        if data.size == 0:
-            data = np.zeros(1, dtype=np.float32)
-        return TensorHandle(self.buffer(data.nbytes, "constant", data=data), 0, tuple(np.shape(array)), dtype)
+        padded = word_padded(data)
+        return TensorHandle(self.buffer(padded.nbytes, "constant", data=padded), 0, tuple(np.shape(array)), dtype)
 
     @staticmethod
     def is_constant(handle: TensorHandle) -> bool:
@@ -193,7 +196,7 @@ class CudaBackend(Backend):
 
     @staticmethod
     def _pointer(handle: TensorHandle) -> Any:
-        return handle.buffer.pointer + 4 * handle.offset
+        return handle.buffer.pointer + handle.itemsize * handle.offset
 
     def write(self, handle: TensorHandle, array: Any) -> None:
         """A host array through the lane's pinned staging; a CuPy array (from ``device_array``)

@@ -46,6 +46,7 @@ from ... import atomic as A
 from ...errors import BackendUnavailableError, DeviceLostError, GpumnnError
 from ..kernels.glsl.compile import ShaderCompileError, preprocess
 from . import device as gl_context
+from ..kernels import word_padded
 from ..base import Backend, BackendInfo, Execution, TensorHandle, constant_words, host_out, kernel_family, kernels_option
 from ..kernels.glsl.planner import (DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, WINOGRAD_REWRITE_MAX_TILE, Builder, Hazards, binding_limit, check_shader_op_ids,
                          grid_limit, plan, window)
@@ -223,6 +224,12 @@ class GLBackend(Backend):
         self.storage_align = _gl_get_integer(_GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT) or 256
         self.alignment = max(64, self.storage_align)
         self.kernels = kernel_family(requested, self.software)
+        # float16 / int8 / uint8 tensors as themselves where GLSL may declare 16- / 8-bit buffer
+        # elements, else packed in 32-bit words (gpumnn.backends.kernels.glsl.elements.glsl)
+        extensions = ctx.extensions
+        self.narrow_storage = {size: (f"native: {ext}" if ext in extensions else f"packed: no {ext}")
+                               for size, ext in ((1, "GL_EXT_shader_8bit_storage"), (2, "GL_EXT_shader_16bit_storage"))}
+        self.native_narrow = frozenset(size for size, why in self.narrow_storage.items() if why.startswith("native"))
         self.simd_lanes = simd_lanes(self.renderer)
         self._buffers: dict[int, GLBuffer] = {}
         self.packed: dict[tuple, TensorHandle] = {}
@@ -323,9 +330,8 @@ class GLBackend(Backend):
     @_in_context
     def constant(self, array: np.ndarray) -> TensorHandle:
         data, dtype = constant_words(array)
-        if data.size == 0:
-            data = np.zeros(1, np.float32)
-        buf = self.buffer(data.nbytes, "constant", data=data.tobytes())
+        padded = word_padded(data)
+        buf = self.buffer(padded.nbytes, "constant", data=padded.tobytes())
         return TensorHandle(buf, 0, tuple(np.shape(array)), dtype)
 
     @_in_context
@@ -334,14 +340,14 @@ class GLBackend(Backend):
         if data.size != handle.size:
             raise ValueError(f"write of {data.size} elements into a tensor of {handle.size}")
         if data.size:
-            handle.buffer.obj.write(data, offset=4 * handle.offset)
+            handle.buffer.obj.write(data, offset=handle.itemsize * handle.offset)
 
     @_in_context
     def read_into(self, handle: TensorHandle, out: np.ndarray) -> None:
         """glGetBufferSubData from the tensor's offset straight into ``out``."""
         flat = host_out(handle, out)
         if flat.size:
-            handle.buffer.obj.read_into(flat, size=flat.nbytes, offset=4 * handle.offset)
+            handle.buffer.obj.read_into(flat, size=flat.nbytes, offset=handle.itemsize * handle.offset)
 
     def binding(self, buf: GLBuffer, lo: int, hi: int):
         return window(buf, lo, hi, self.storage_align, self.max_storage_range, GLError,

@@ -36,6 +36,7 @@ import pyopencl as cl
 
 from ... import atomic as A
 from ...errors import GpumnnError
+from ..kernels import word_padded
 from ..kernels.cl import planner as cl_plans
 from ..base import (Backend, Execution, KernelWork, TensorHandle, constant_words, host_out, kernel_family,
                    kernels_option)
@@ -106,6 +107,9 @@ class OpenCLBackend(Backend):
     schemes = cl_plans.SCHEMES
     op_names = cl_plans.OP_NAMES
     dtypes = cl_plans.DTYPES
+    #: float16 / int8 / uint8 tensors as themselves: OpenCL C addresses 16- and 8-bit buffer
+    #: elements (ushort, uchar; vload_half / vstore_half for float16 conversions)
+    narrow_storage = {1: "native: uchar buffer elements", 2: "native: ushort buffer elements, vload_half/vstore_half"}
 
     def __init__(self, device: str | int | None = None, kernels: str | None = None, **unknown: Any):
         """``device``: index or name substring (or "gpu"/"cpu"); default a GPU, else any device.
@@ -167,9 +171,8 @@ class OpenCLBackend(Backend):
 
     def constant(self, array: np.ndarray) -> TensorHandle:
         data, dtype = constant_words(array)
-        if data.size == 0:
-            data = np.zeros(1, dtype=np.float32)
-        buf = self.buffer(data.nbytes, "constant", flags=cl.mem_flags.READ_ONLY, hostbuf=data, cls=ConstantBuffer)
+        buf = self.buffer(data.nbytes, "constant", flags=cl.mem_flags.READ_ONLY, hostbuf=word_padded(data),
+                          cls=ConstantBuffer)
         return TensorHandle(buf, 0, tuple(np.shape(array)), dtype)
 
     @staticmethod
@@ -184,7 +187,7 @@ class OpenCLBackend(Backend):
             raise ValueError(f"write of {data.size} elements into a tensor of {handle.size}")
         if data.size:
             self._watch.check()
-            copy = cl.enqueue_copy(self.queue, handle.buffer, data, dst_offset=4 * handle.offset, is_blocking=False)
+            copy = cl.enqueue_copy(self.queue, handle.buffer, data, dst_offset=handle.itemsize * handle.offset, is_blocking=False)
             self._await(copy, f"a copy of {data.nbytes} bytes to the device")
 
     def read_into(self, handle: TensorHandle, out: np.ndarray) -> None:
@@ -192,7 +195,7 @@ class OpenCLBackend(Backend):
         flat = host_out(handle, out)
         if flat.size:
             self._watch.check()
-            copy = cl.enqueue_copy(self.queue, flat, handle.buffer, src_offset=4 * handle.offset, is_blocking=False)
+            copy = cl.enqueue_copy(self.queue, flat, handle.buffer, src_offset=handle.itemsize * handle.offset, is_blocking=False)
             self._await(copy, f"a copy of {flat.nbytes} bytes to the host")
 
     def release(self, buffer: Any) -> None:

@@ -47,7 +47,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ... import atomic as A
-from ...errors import BackendUnavailableError
+from ...errors import BackendOptionError, BackendUnavailableError
 from ..base import Backend, BackendInfo, Execution, TensorHandle, constant_words, host_out, kernel_family, kernels_option
 from ..lanes import LanePool
 from ..limits import MemoryLimits, host_memory
@@ -67,6 +67,7 @@ else:
     from .device import DeviceBuffer, DescriptorAllocator, SubmitLane, VulkanDevice, VulkanError
     from .device import Pipeline as _Pipeline
 
+from ..kernels import word_padded
 from ..kernels.glsl.compile import ShaderCompilerNotFound, compile_glsl, find_compiler
 
 PUSH_BYTES = 128
@@ -126,9 +127,19 @@ class VulkanBackend(Backend):
     plan_error = VulkanError if vk is not None else PlanError
 
     def __init__(self, device: str | int | None = None, validation: bool | None = None,
-                 force_staging: bool = False, kernels: str | None = None, **unknown: Any):
+                 force_staging: bool = False, kernels: str | None = None, narrow_storage: str | None = None,
+                 **unknown: Any):
+        """``narrow_storage``: "auto" (float16 / int8 / uint8 tensors held as themselves where the
+        device has 16- / 8-bit storage in buffers, else packed in 32-bit words) or "packed"
+        (always packed: the path of devices without them); default ``$GPUMNN_VULKAN_NARROW_STORAGE``,
+        else "auto"."""
         super().__init__(**unknown)
         requested = kernels_option(kernels, self.name)
+        if narrow_storage is None:
+            narrow_storage = os.environ.get("GPUMNN_VULKAN_NARROW_STORAGE", "").strip().lower() or "auto"
+        if narrow_storage not in ("auto", "packed"):
+            raise BackendOptionError(f"backend 'vulkan': narrow_storage={narrow_storage!r}; expected 'auto' or 'packed' "
+                                     "(also $GPUMNN_VULKAN_NARROW_STORAGE)")
         self._closed = True
         if _VK_IMPORT_ERROR is not None:
             raise BackendUnavailableError(
@@ -143,6 +154,10 @@ class VulkanBackend(Backend):
             validation = os.environ.get("GPUMNN_VULKAN_VALIDATION", "").strip().lower() in ("1", "true", "yes", "on")
         self.dev = VulkanDevice(device, validation=bool(validation))
         self._deferred = self.dev.shared.deferred  # closes of dropped sessions on this device (see activate)
+        #: the narrow element sizes held natively (gpumnn.backends.kernels.glsl.elements.glsl)
+        self.native_narrow: frozenset[int] = self.dev.native_narrow if narrow_storage == "auto" else frozenset()
+        self.narrow_storage = {size: (why if narrow_storage == "auto" else "packed: narrow_storage='packed'")
+                               for size, why in self.dev.narrow_storage.items()}
         try:
             self._setup(requested, force_staging)
         except BaseException:
@@ -293,8 +308,10 @@ class VulkanBackend(Backend):
                 self.dev.destroy_buffer(buffer)
 
     def constant(self, array: np.ndarray) -> TensorHandle:
-        data, dtype = constant_words(array)
-        nbytes = max(data.nbytes, 4)
+        words, dtype = constant_words(array)
+        data = word_padded(words)
+        nbytes = data.nbytes
+        itemsize = words.itemsize
         if nbytes <= _SMALL_CONSTANT:
             with self._lock:
                 start = -(-self._arena_used // self.alignment) * self.alignment
@@ -302,10 +319,10 @@ class VulkanBackend(Backend):
                     self._arena = self.buffer(_ARENA_CHUNK, "arena")
                     start = 0
                 self._arena_used = start + nbytes
-                handle = TensorHandle(self._arena, start // 4, tuple(np.shape(array)), dtype)
+                handle = TensorHandle(self._arena, start // itemsize, tuple(np.shape(array)), dtype)
         else:
             handle = TensorHandle(self.buffer(nbytes, "constant"), 0, tuple(np.shape(array)), dtype)
-        if data.size:
+        if words.size:
             self._upload(handle, data)
         return handle
 
@@ -317,31 +334,33 @@ class VulkanBackend(Backend):
             self._upload(handle, data)
 
     def read_into(self, handle: TensorHandle, out: np.ndarray) -> None:
-        """Words copied into ``out`` from the mapped buffer itself (direct mapping), else from the
+        """Bytes copied into ``out`` from the mapped buffer itself (direct mapping), else from the
         lane's staging buffer (set aside by ``reserve_run``) after a vkCmdCopyBuffer into it."""
-        words = host_out(handle, out).view(np.float32)  # bit-exact, whatever the storage dtype
+        raw = host_out(handle, out).view(np.uint8)  # bit-exact, whatever the storage dtype
         self._check_open()
-        n, buf = words.size, handle.buffer
+        n, buf, start = raw.size, handle.buffer, handle.itemsize * handle.offset
         if n == 0:
             return
         if self._direct and buf.mapped is not None:
-            np.copyto(words, buf.mapped[handle.offset:handle.offset + n])
+            np.copyto(raw, buf.mapped[start:start + n])
             return
         with self._lanes.lend() as lane:
-            staging = self._lanes.staging(lane, 4 * n)
-            self._copy(lane, buf, 4 * handle.offset, staging, 0, 4 * n)
-            np.copyto(words, staging.mapped[:n])
+            staging = self._lanes.staging(lane, n)
+            self._copy(lane, buf, start, staging, 0, n)
+            np.copyto(raw, staging.mapped[:n])
 
     def _upload(self, handle: TensorHandle, data: np.ndarray) -> None:
+        """The bytes of ``data`` written from the handle's first byte (vkCmdCopyBuffer takes any
+        byte offset and size)."""
         self._check_open()
-        buf = handle.buffer
+        buf, start, raw = handle.buffer, handle.itemsize * handle.offset, data.reshape(-1).view(np.uint8)
         if self._direct and buf.mapped is not None:
-            buf.mapped[handle.offset:handle.offset + data.size] = data.view(buf.mapped.dtype)  # words, any dtype
+            buf.mapped[start:start + raw.size] = raw
             return
         with self._lanes.lend() as lane:
-            staging = self._lanes.staging(lane, data.nbytes)
-            staging.mapped[:data.size] = data.view(staging.mapped.dtype)
-            self._copy(lane, staging, 0, buf, 4 * handle.offset, data.nbytes)
+            staging = self._lanes.staging(lane, raw.size)
+            staging.mapped[:raw.size] = raw
+            self._copy(lane, staging, 0, buf, start, raw.size)
 
     def reserve_run(self, io_bytes: int) -> None:
         """One more submit lane, made now with its staging buffer for ``io_bytes``, so a recorded

@@ -102,7 +102,7 @@ def validation_layer_available() -> bool:
 
 @dataclass(eq=False)
 class DeviceBuffer:
-    """A VkBuffer with its own VkDeviceMemory; ``mapped`` is a persistent float32 view or None."""
+    """A VkBuffer with its own VkDeviceMemory; ``mapped`` is a persistent uint8 view or None."""
 
     handle: Any
     memory: Any
@@ -300,7 +300,10 @@ class SharedDevice:
         qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family, queueCount=1, pQueuePriorities=[1.0])
         dev_ext = {_cstring(e.extensionName) for e in vk.vkEnumerateDeviceExtensionProperties(self.physical, None)}
         extensions = ["VK_KHR_portability_subset"] if "VK_KHR_portability_subset" in dev_ext else []
-        info = vk.VkDeviceCreateInfo(queueCreateInfoCount=1, pQueueCreateInfos=[qinfo],
+        features = self._narrow_storage_features(dev_ext)
+        if 1 in self.native_narrow:
+            extensions.append("VK_KHR_8bit_storage")
+        info = vk.VkDeviceCreateInfo(pNext=features, queueCreateInfoCount=1, pQueueCreateInfos=[qinfo],
                                      enabledExtensionCount=len(extensions),
                                      ppEnabledExtensionNames=extensions or None)
         self.device = vk.vkCreateDevice(self.physical, info, None)
@@ -310,6 +313,45 @@ class SharedDevice:
         self.timestamp_period = float(self.props.limits.timestampPeriod)
         self.driver = self._describe_driver()
         self.pipeline_cache = vk.vkCreatePipelineCache(self.device, vk.VkPipelineCacheCreateInfo(), None)
+
+    def _narrow_storage_features(self, dev_ext: set[str]) -> Any:
+        """The feature structs that enable 8- and 16-bit elements in storage buffers where the
+        device has them (VK_KHR_8bit_storage's storageBuffer8BitAccess; storageBuffer16BitAccess,
+        core in Vulkan 1.1), chained for VkDeviceCreateInfo.pNext (None: neither); sets
+        ``native_narrow`` (the element sizes held natively) and ``narrow_storage`` (per size,
+        the feature that decided)."""
+        self.native_narrow: frozenset[int] = frozenset()
+        has_8bit_ext = "VK_KHR_8bit_storage" in dev_ext
+        if self.props.apiVersion < vk.VK_MAKE_VERSION(1, 1, 0):
+            self.narrow_storage = {size: f"packed: the device implements Vulkan {self.api_version}, below 1.1"
+                                   for size in (1, 2)}
+            return None
+        query8 = vk.VkPhysicalDevice8BitStorageFeatures()
+        query16 = vk.VkPhysicalDevice16BitStorageFeatures(pNext=query8 if has_8bit_ext else None)
+        vk.vkGetPhysicalDeviceFeatures2(self.physical, vk.VkPhysicalDeviceFeatures2(pNext=query16))
+        has8 = has_8bit_ext and bool(query8.storageBuffer8BitAccess)
+        has16 = bool(query16.storageBuffer16BitAccess)
+        self.native_narrow = frozenset(size for size, native in ((1, has8), (2, has16)) if native)
+        self.narrow_storage = {
+            1: ("native: VK_KHR_8bit_storage storageBuffer8BitAccess" if has8 else
+                "packed: no VK_KHR_8bit_storage" if not has_8bit_ext else
+                "packed: VK_KHR_8bit_storage without storageBuffer8BitAccess"),
+            2: ("native: storageBuffer16BitAccess of VK_KHR_16bit_storage, core in Vulkan 1.1" if has16 else
+                "packed: no storageBuffer16BitAccess")}
+        chain = None
+        self._feature_structs = []  # referenced until the device is created (pNext holds raw pointers)
+        if has8:
+            chain = vk.VkPhysicalDevice8BitStorageFeatures(storageBuffer8BitAccess=vk.VK_TRUE)
+            self._feature_structs.append(chain)
+        if has16:
+            chain = vk.VkPhysicalDevice16BitStorageFeatures(pNext=chain, storageBuffer16BitAccess=vk.VK_TRUE)
+            self._feature_structs.append(chain)
+        return chain
+
+    @property
+    def api_version(self) -> str:
+        v = int(self.props.apiVersion)
+        return f"{v >> 22}.{(v >> 12) & 0x3ff}"
 
     def _describe_driver(self) -> str:
         """The API version the device implements, the driver's name and version text
@@ -517,7 +559,7 @@ class VulkanDevice:
     SHARED = ("instance", "physical", "props", "name", "device_type", "type_name", "max_storage_range",
               "min_storage_align", "max_push_constants", "max_group_count", "max_group_invocations",
               "max_shared_memory", "max_storage_buffers", "memory", "device", "queue", "queue_family", "validation", "max_allocation",
-              "timestamp_bits", "timestamp_period", "driver")
+              "timestamp_bits", "timestamp_period", "driver", "native_narrow", "narrow_storage")
 
     def __init__(self, device: str | int | None = None, validation: bool = False):
         self.shared: SharedDevice | None = acquire(device, validation)
@@ -591,7 +633,7 @@ class VulkanDevice:
         buf = DeviceBuffer(handle, memory, size, kind, mappable)
         if mappable:
             raw = vk.vkMapMemory(self.device, memory, 0, size, 0)
-            buf.mapped = np.frombuffer(raw, dtype=np.float32, count=size // 4)
+            buf.mapped = np.frombuffer(raw, dtype=np.uint8, count=size)
         return buf
 
     def destroy_buffer(self, buf: DeviceBuffer) -> None:

@@ -8,6 +8,17 @@
 #define LOCAL_PTR __local
 #endif
 
+/* The element of the kernels that move elements without arithmetic (raster, gather, select,
+ * scatter): a 32-bit word of any 4-byte storage dtype, or with -DELEM=2 / -DELEM=1 the 16-bit /
+ * 8-bit element of the narrow storage dtypes (float16; int8, uint8), copied as bits. */
+#if defined(ELEM) && ELEM == 1
+#define ELEM_T uchar
+#elif defined(ELEM) && ELEM == 2
+#define ELEM_T ushort
+#else
+#define ELEM_T uint
+#endif
+
 /* Split a row-major flat index over [*, D1, D2] into (i0, i1, i2): e.g. gid over
  * [planes, OH, OW] -> (plane, oy, ox). */
 inline void split3(const int gid, const int D1, const int D2, int* i0, int* i1, int* i2)

@@ -46,6 +46,7 @@ __device__ __forceinline__ size_t get_global_id(const unsigned d)
 /* ---- OpenCL scalar types and constants ---- */
 typedef unsigned int uint;
 typedef unsigned short ushort;
+typedef unsigned char uchar;
 typedef unsigned short half;   /* storage only: vstore_half_rte / vload_half below */
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)

@@ -9,10 +9,10 @@ inline int scatter_row(__global const int* index, const int j, const int rows)
     return clamp(r, 0, rows - 1);
 }
 
-/* reduction none: one work-item per update element, copied as a word; with a repeated row one
+/* reduction none: one work-item per update element, copied as ELEM_T (index.cl); with a repeated row one
  * write wins (ONNX leaves the order undefined). */
-__kernel void scatter_set(__global const int* index, const int i_off, __global const uint* upd, const int u_off,
-                          __global uint* out, const int o_off, const int rows, const int inner, const int count)
+__kernel void scatter_set(__global const int* index, const int i_off, __global const ELEM_T* upd, const int u_off,
+                          __global ELEM_T* out, const int o_off, const int rows, const int inner, const int count)
 {
     const int gid = get_global_id(0);
     if (gid >= count * inner) return;

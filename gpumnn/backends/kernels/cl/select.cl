@@ -1,10 +1,10 @@
 /* Select (Where): out[i] = cond[i . c_strides] != 0 ? a[i . a_strides] : b[i . b_strides] over a
- * RANK-4 shape (d0, d1, d2, d3); cond is int32, a / b / out 32-bit words of any storage dtype. */
+ * RANK-4 shape (d0, d1, d2, d3); cond is int32, a / b / out ELEM_T (index.cl) of any storage dtype. */
 
 __kernel void select_words(__global const int* cond, const int c_off,
-                           __global const uint* a, const int a_off,
-                           __global const uint* b, const int b_off,
-                           __global uint* out, const int o_off,
+                           __global const ELEM_T* a, const int a_off,
+                           __global const ELEM_T* b, const int b_off,
+                           __global ELEM_T* out, const int o_off,
                            const int d1, const int d2, const int d3, const int n,
                            const int cs0, const int cs1, const int cs2, const int cs3,
                            const int as0, const int as1, const int as2, const int as3,

@@ -4,8 +4,9 @@ Kernel bodies in ``gpumnn/backends/kernels/glsl/*.comp`` are API-neutral: they u
 for storage buffers, ``PI(i)`` / ``PF(i)`` for the i-th 32-bit int / float parameter and
 ``GLOBAL_ID()`` for the linear invocation index. :func:`preprocess` puts an API prelude in
 front (``prelude_vulkan.glsl``: ``#version 450``, set/binding layouts, a push-constant block;
-``prelude_gl.glsl``: ``#version 430``, bindings, a uniform array), then the ``#define``s of the
-variant, then the body with every ``#include "file"`` inlined (once per file), so that the
+``prelude_gl.glsl``: ``#version 430``, bindings, a uniform array) with the ``#define``s of the
+variant right after its ``#version`` line, then the body with every ``#include "file"``
+inlined (once per file), so that the
 result needs no include support from the GLSL compiler or driver.
 
 :func:`compile_glsl` turns a Vulkan variant into SPIR-V with glslang's library from the
@@ -101,8 +102,10 @@ def preprocess(source_or_name: str, defines: Mapping[str, object] | None = None,
     if api not in ("vulkan", "gl"):
         raise ValueError(f"unknown shader API {api!r}; expected 'vulkan' or 'gl'")
     body = _resolve_name(source_or_name)
-    prelude = _read(f"prelude_{api}.glsl")
-    return "\n".join([prelude, _define_lines(defines), "#line 1", _inline_includes(body, set()), ""])
+    head, version, prelude = re.split(r"^(#version .*)$", _read(f"prelude_{api}.glsl"), maxsplit=1, flags=re.MULTILINE)
+    # the defines before the rest of the prelude, which enables extensions by them (an
+    # #extension must come before any declaration)
+    return "\n".join([head + version, _define_lines(defines), prelude, "#line 1", _inline_includes(body, set()), ""])
 
 
 # ------------------------------------------------------------------------------------------

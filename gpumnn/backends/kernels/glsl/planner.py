@@ -21,8 +21,11 @@ What a backend provides to the planners (duck-typed, see :class:`PlannerTarget`)
 ``simd_lanes``        SIMD width of a CPU device (workgroup size of the simd convolution)
 ``max_group_count``   (x, y, z) workgroup-count limits
 ``plan_error``        exception class raised for work the device cannot run
-``binding(buf, lo, hi)``  -> (binding, base element): the aligned range bound for elements
-                      [lo, hi) of ``buf`` and the element index the range starts at
+``binding(buf, lo, hi)``  -> (binding, base byte): the aligned range bound for bytes [lo, hi)
+                      of ``buf`` and the byte the range starts at
+``native_narrow``     the narrow element sizes (1, 2 bytes) the device's buffers hold as
+                      themselves (8-/16-bit storage); other narrow tensors are held packed in
+                      words (``elements.glsl``)
 ``dispatch(builder, bindings)``  -> the backend's dispatch object
 ``packed``, ``tables``  dicts caching repacked weights and resize tables (per backend)
 ``constant(array)``, ``read(handle)``  as in :class:`~gpumnn.backends.base.Backend`
@@ -113,6 +116,7 @@ class PlannerTarget(BasePlannerTarget, Protocol):
     plan_error: type[Exception]
     packed: dict
     tables: dict
+    native_narrow: frozenset[int]
 
     def binding(self, buf: Any, lo: int, hi: int) -> tuple[Any, int]: ...
     def dispatch(self, builder: "Builder", bindings: tuple) -> Any: ...
@@ -131,7 +135,8 @@ def check_shader_op_ids() -> None:
                                      ("binary.comp", "B", BINARY_IDS, "BINARY_OPS"),
                                      ("reduce.comp", "R", REDUCE_IDS, "REDUCE_OPS"),
                                      ("recurrent.comp", "CACT", A.CELL_ACTIVATION_IDS, "CELL_ACTIVATIONS"),
-                                     ("recurrent.comp", "CELL", {name: i for i, name in enumerate(A.CELLS)}, "CELLS")):
+                                     ("recurrent.comp", "CELL", {name: i for i, name in enumerate(A.CELLS)}, "CELLS"),
+                                     ("convert.comp", "KIND", KIND_IDS, "STORAGE_DTYPES")):
         if _shader_ids(path, prefix) != ids:
             raise RuntimeError(f"gpumnn/backends/kernels/glsl/{path} op ids do not match atomic.{table}")
 
@@ -147,17 +152,22 @@ class Binding(NamedTuple):
 
 def window(buf: Any, lo: int, hi: int, align: int, max_range: int, error: type[Exception] = PlanError,
            what: str = "the device's maximum storage-buffer range") -> tuple[Binding, int]:
-    """The window binding elements [lo, hi) of ``buf`` (``buf.size`` bytes) and the element
-    index it starts at. The window starts at ``lo`` aligned down to ``align`` bytes (the
-    API's storage-buffer offset alignment) and ends at ``hi``: binding exactly what a dispatch
-    touches lets validation see the true ranges, and lifts the per-binding size limit from
-    the pool to a single tensor."""
+    """The window binding bytes [lo, hi) of ``buf`` (``buf.size`` bytes) and the byte it starts
+    at. The window starts at ``lo`` aligned down to ``align`` bytes (the API's storage-buffer
+    offset alignment) and ends at ``hi`` rounded up to a word (a packed narrow tensor's last
+    word is whole): binding exactly what a dispatch touches lets validation see the true
+    ranges, and lifts the per-binding size limit from the pool to a single tensor."""
     align = max(4, align)
-    base = (4 * lo) // align * align
-    size = max(4 * hi - base, 4)
+    base = lo // align * align
+    size = max(_word_end(hi) - base, 4)
     if size > max_range:
         raise error(f"a tensor view spans {size} bytes, more than {what} ({max_range} bytes)")
-    return Binding(buf, base, min(size, buf.size - base)), base // 4
+    return Binding(buf, base, min(size, buf.size - base)), base
+
+
+def _word_end(nbytes: int) -> int:
+    """``nbytes`` rounded up to a whole number of 32-bit words."""
+    return -(-nbytes // 4) * 4
 
 
 def _overlaps(ranges, others) -> bool:
@@ -262,13 +272,20 @@ class Builder:
 
     def bind(self, slot: int, handle: TensorHandle, lo: int = 0, hi: int | None = None, write: bool = False) -> int:
         """Bind ``handle``'s buffer at ``slot``; returns the element offset of the handle's first
-        element inside the bound range. ``[lo, hi)`` is the element range used, relative to it."""
+        element inside the bound range. ``[lo, hi)`` is the element range used, relative to it.
+        The hazard ranges are whole words (a packed narrow tensor is written a word at a time); a
+        packed output, whose binding the kernel reads and writes, counts as its whole window (the
+        validation layer's synchronization checks take a binding's window as accessed)."""
         hi = handle.size if hi is None else hi
-        binding, base_elems = self.backend.binding(handle.buffer, handle.offset + lo, handle.offset + hi)
+        size = handle.itemsize
+        lo_byte, hi_byte = size * (handle.offset + lo), size * (handle.offset + hi)
+        binding, base = self.backend.binding(handle.buffer, lo_byte, hi_byte)
         self.bindings[slot] = binding
-        rng = (handle.buffer.id, 4 * (handle.offset + lo), 4 * (handle.offset + hi))
+        rng = (handle.buffer.id, lo_byte // 4 * 4, _word_end(hi_byte))
+        if write and _packed(self.backend, handle.dtype):
+            rng = (handle.buffer.id, binding.base, binding.base + binding.range)
         (self.writes if write else self.reads).append(rng)
-        return handle.offset - base_elems
+        return handle.offset - base // size
 
     def set(self, index: int, *values: int) -> None:
         for i, v in enumerate(values):
@@ -327,18 +344,55 @@ def _word(bits: int) -> int:
     return bits - (1 << 32) if bits >= 1 << 31 else bits
 
 
-def _region_builder(be: PlannerTarget, r: A.Region, src: TensorHandle, out: TensorHandle) -> Builder:
-    """One strided copy of 32-bit words (raster.comp)."""
+def _packed(be: PlannerTarget, dtype: str) -> bool:
+    """Whether tensors of ``dtype`` are held packed in words on ``be`` (elements.glsl)."""
+    return A.ITEMSIZE[dtype] < 4 and A.ITEMSIZE[dtype] not in be.native_narrow
+
+
+def _element_defines(be: PlannerTarget, in_dtype: str, out_dtype: str) -> dict:
+    """elements.glsl's defines for bindings of ``in_dtype`` and ``out_dtype``: none for the 4-byte
+    dtypes; IN_BYTES / OUT_BYTES for a narrow one, and STORAGE8 / STORAGE16 where the device holds
+    its size natively."""
+    defines = {}
+    for key, dtype in (("IN_BYTES", in_dtype), ("OUT_BYTES", out_dtype)):
+        size = A.ITEMSIZE[dtype]
+        if size < 4:
+            defines[key] = size
+            if size in be.native_narrow:
+                defines[f"STORAGE{8 * size}"] = 1
+    return defines
+
+
+def _elements_grid(be: PlannerTarget, b: Builder, dtype: str, count: int, out_offset: int) -> None:
+    """The grid of an ELEMENTS_MAIN kernel (elements.glsl) writing ``count`` elements of ``dtype``
+    from element ``out_offset`` of its bound window: an invocation per element, or per word
+    where the output is packed."""
+    if _packed(be, dtype) and count:
+        shift = 2 if A.ITEMSIZE[dtype] == 1 else 1
+        count = ((out_offset + count - 1) >> shift) - (out_offset >> shift) + 1
+    b.grid1d(count, 128)
+
+
+def _region_builder(be: PlannerTarget, r: A.Region, src: TensorHandle, out: TensorHandle, dtype: str) -> Builder:
+    """One strided copy of elements of ``dtype`` (raster.comp); a packed output whose region is a
+    contiguous run is written a word per invocation (-DDST_CONTIGUOUS)."""
     size = _pad4(r.size, 1)
     sst, dst = _pad4(r.src_strides, 0), _pad4(r.dst_strides, 0)
     slo, shi = _extent(r.src_offset, size, sst)
     dlo, dhi = _extent(r.dst_offset, size, dst)
     ndim, csize, (csst, cdst) = _collapse(size, sst, dst)
-    b = Builder(be, "raster", {"NDIM": ndim}, 2)
+    defines = dict(_element_defines(be, dtype, dtype), NDIM=ndim)
+    run = all(n == 1 or s == c for n, s, c in zip(csize, cdst, contiguous_strides(csize)))
+    if _packed(be, dtype) and run:
+        defines["DST_CONTIGUOUS"] = 1
+    b = Builder(be, "raster", defines, 2)
     do = b.bind(0, out, dlo, dhi, write=True)
     so = b.bind(1, src, slo, shi)
     b.set(0, r.count, csize[1], csize[2], csize[3], so + r.src_offset, *csst, do + r.dst_offset, *cdst)
-    b.grid1d(r.count, 128)
+    if "DST_CONTIGUOUS" in defines:
+        _elements_grid(be, b, dtype, r.count, do + r.dst_offset)
+    else:
+        b.grid1d(r.count, 128)
     return b
 
 
@@ -346,12 +400,12 @@ def _plan_raster(be: PlannerTarget, op: A.Raster, ins, outs):
     out = outs[0]
     builders = []
     if op.fill is not None and out.size:
-        b = Builder(be, "raster", {"FILL": 1}, 2)
+        b = Builder(be, "raster", dict(_element_defines(be, op.dtype, op.dtype), FILL=1), 2)
         o = b.bind(0, out, write=True)
         b.set(0, out.size, o, _word(A.fill_bits(op.fill, op.dtype)))
-        b.grid1d(out.size, 128)
+        _elements_grid(be, b, op.dtype, out.size, o)
         builders.append(b)
-    builders += [_region_builder(be, r, ins[r.src], out) for r in op.regions if r.count]
+    builders += [_region_builder(be, r, ins[r.src], out, op.dtype) for r in op.regions if r.count]
     return KernelWork(builders, "raster")
 
 
@@ -363,6 +417,8 @@ def _int_clip_bounds(params: Sequence[float]) -> tuple[int, int]:
 
 
 def _plan_unary(be, op: A.Unary, ins, outs):
+    if {op.dtype, op.output_dtype()} & A.NARROW_DTYPES:  # identity (the contract's only narrow Unary)
+        return _plan_narrow_identity(be, op, ins[0], outs[0])
     defines = dict(_int_defines(op.dtype, op.output_dtype()), OP=UNARY_IDS[op.op])
     b = Builder(be, "unary", defines, 2)
     o = b.bind(0, outs[0], 0, op.count, write=True)
@@ -375,6 +431,23 @@ def _plan_unary(be, op: A.Unary, ins, outs):
         b.setf(3, *(tuple(op.params) + (0.0, 0.0, 0.0))[:3])
     b.grid1d(op.count, 128)
     return KernelWork([b])
+
+
+def _plan_narrow_identity(be, op: A.Unary, x: TensorHandle, y: TensorHandle) -> KernelWork:
+    """A copy of the elements (raster.comp) where the dtypes are the same, else a conversion
+    (convert.comp)."""
+    n = op.count
+    if op.dtype == op.output_dtype():
+        region = A.Region(0, 0, (0, 0, 0, 1), 0, (0, 0, 0, 1), (1, 1, 1, n))
+        return KernelWork([_region_builder(be, region, x, y, op.dtype)] if n else [], "copy")
+    defines = dict(_element_defines(be, op.dtype, op.output_dtype()), IN_KIND=KIND_IDS[op.dtype],
+                   OUT_KIND=KIND_IDS[op.output_dtype()])
+    b = Builder(be, "convert", defines, 2)
+    o = b.bind(0, y, 0, n, write=True)
+    i = b.bind(1, x, 0, n)
+    b.set(0, n, i, o)
+    _elements_grid(be, b, op.output_dtype(), n, o)
+    return KernelWork([b], "convert")
 
 
 def _elementwise_builder(be, kernel: str, defines: dict, shape: Sequence[int],
@@ -391,7 +464,10 @@ def _elementwise_builder(be, kernel: str, defines: dict, shape: Sequence[int],
     for slot, (x, st, cst) in enumerate(zip(ins, padded, collapsed), 1):
         params += [b.bind(slot, x, *_extent(0, shape, st)), *cst]
     b.set(0, *params, o)
-    b.grid1d(total, 128)
+    if kernel == "select":
+        _elements_grid(be, b, outs[0].dtype, total, o)
+    else:
+        b.grid1d(total, 128)
     return b
 
 
@@ -680,18 +756,18 @@ def _plan_resize(be, op: A.Resize, ins, outs):
 
 def _plan_gather(be, op: A.Gather, ins, outs):
     total = op.outer * op.count * op.inner
-    b = Builder(be, "gather", {}, 3)
+    b = Builder(be, "gather", _element_defines(be, op.dtype, op.dtype), 3)
     o = b.bind(0, outs[0], 0, total, write=True)
     d = b.bind(1, ins[0], 0, op.outer * op.axis * op.inner)
     i = b.bind(2, ins[1], 0, op.count)
     b.set(0, total, op.axis, op.inner, op.count, d, i, o)
-    b.grid1d(total, 128)
+    _elements_grid(be, b, op.dtype, total, o)
     return KernelWork([b])
 
 
 def _plan_select(be, op: A.Select, ins, outs):
-    return KernelWork([_elementwise_builder(be, "select", {}, op.out_shape, (op.c_strides, op.a_strides, op.b_strides),
-                                        ins, outs)])
+    return KernelWork([_elementwise_builder(be, "select", _element_defines(be, op.dtype, op.dtype), op.out_shape,
+                                            (op.c_strides, op.a_strides, op.b_strides), ins, outs)])
 
 
 def _plan_cumsum(be, op: A.CumSum, ins, outs):
@@ -752,8 +828,9 @@ def _plan_scatter(be, op: A.Scatter, ins, outs):
     n, items = op.rows * op.inner, op.count * op.inner
     if n == 0:
         return KernelWork([])
-    copy = _region_builder(be, A.Region(0, 0, (0, 0, 0, 1), 0, (0, 0, 0, 1), (1, 1, 1, n)), data, out)
-    defines = dict(_int_defines(op.dtype), REDUCTION=SCATTER_REDUCTIONS.index(op.reduction))
+    copy = _region_builder(be, A.Region(0, 0, (0, 0, 0, 1), 0, (0, 0, 0, 1), (1, 1, 1, n)), data, out, op.dtype)
+    defines = dict(_int_defines(op.dtype), **_element_defines(be, op.dtype, op.dtype),
+                   REDUCTION=SCATTER_REDUCTIONS.index(op.reduction))
     b = Builder(be, "scatter", defines, 3)
     o = b.bind(0, out, 0, n, write=True)
     i = b.bind(1, index, 0, op.count)
@@ -769,11 +846,14 @@ SCHEMES: Mapping[type, frozenset[str]] = KERNEL_SCHEMES
 #: batched products of larger tiles run slower here than F(2x2, 3x3) on every model measured
 #: (bench/RESULTS.md, "Convolution schemes per API")
 WINOGRAD_REWRITE_MAX_TILE = 2
-#: the int32 kernels (see Backend.dtypes): Raster, Gather, Select and Scatter copy 32-bit words;
-#: Unary, Binary, Reduce, CumSum and Scatter's reductions compute on ints with -DIN_INT
+#: the kernels beyond float32 (see Backend.dtypes): Unary, Binary, Reduce, CumSum and Scatter's
+#: reductions compute on int32 with -DIN_INT; Raster, Gather, Select and Scatter move elements of
+#: every storage dtype (elements.glsl), and Unary identity converts between any two (convert.comp)
 DTYPES: Mapping[type, frozenset[str]] = {
-    op: frozenset({A.INT32}) for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.Gather, A.Select, A.CumSum,
-                                        A.Scatter)}
+    **{op: frozenset({A.INT32}) for op in (A.Binary, A.Reduce, A.CumSum)},
+    **{op: frozenset(A.STORAGE_DTYPES) for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)}}
+#: the id of each storage dtype in convert.comp's -DIN_KIND / -DOUT_KIND
+KIND_IDS: dict[str, int] = {dtype: i for i, dtype in enumerate(A.STORAGE_DTYPES)}
 #: the Unary, Binary and Reduce names the kernels implement (see Backend.op_names): all of them
 OP_NAMES: Mapping[type, frozenset[str]] = {A.Unary: frozenset(A.UNARY_OPS), A.Binary: frozenset(A.BINARY_OPS),
                                            A.Reduce: frozenset(A.REDUCE_OPS)}

@@ -1,6 +1,14 @@
 // OpenGL (4.3+) prelude: the same kernel bodies as Vulkan, parameters in a uniform array.
 #version 430
 #define API_GL 1
+// 8-/16-bit elements in storage buffers where the device has them (elements.glsl; the
+// variant's defines come before this point, see compile.preprocess)
+#ifdef STORAGE8
+#extension GL_EXT_shader_8bit_storage : require
+#endif
+#ifdef STORAGE16
+#extension GL_EXT_shader_16bit_storage : require
+#endif
 
 // No portable unroll hint in GLSL 4.30: drivers unroll constant-trip loops by their heuristics.
 #define UNROLL

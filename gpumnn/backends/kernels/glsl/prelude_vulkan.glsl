@@ -1,6 +1,14 @@
 // Vulkan prelude: API specifics only. Kernel bodies use BUFFER_*, PI/PF and GLOBAL_ID.
 #version 450
 #define API_VULKAN 1
+// 8-/16-bit elements in storage buffers where the device has them (elements.glsl; the
+// variant's defines come before this point, see compile.preprocess)
+#ifdef STORAGE8
+#extension GL_EXT_shader_8bit_storage : require
+#endif
+#ifdef STORAGE16
+#extension GL_EXT_shader_16bit_storage : require
+#endif
 #extension GL_EXT_control_flow_attributes : enable
 
 // Fully unroll a loop with a compile-time trip count (SPIR-V Unroll loop control, which Mesa's

@@ -1,14 +1,15 @@
 // Scatter (ScatterND / ScatterElements), the second of two dispatches (the first copies data to
 // out): row index[j] of out [rows, inner] (negative counted from the end, out of range clamped)
-// becomes updates[j] (-DREDUCTION=0, words of any dtype) or is combined with it (1 add, 2 mul,
-// 3 max, 4 min) by a compare-and-swap loop, so repeated rows combine correctly; -DIN_INT: the
-// elements are int32 (else float32).
+// becomes updates[j] (-DREDUCTION=0, elements of any storage dtype: elements.glsl) or is
+// combined with it (1 add, 2 mul, 3 max, 4 min) by a compare-and-swap loop, so repeated rows
+// combine correctly; -DIN_INT: the elements are int32 (else float32).
 // params: 0 count*inner | 1 rows | 2 inner | 3 out_off | 4 index_off | 5 updates_off
 #include "common.glsl"
+#include "elements.glsl"
 layout(local_size_x = WG) in;
-BUFFER_RW_OF(uint, 0, dst);
+OUT_BUFFER_RW(0, dst);
 BUFFER_RO_OF(int, 1, index);
-BUFFER_RO_OF(uint, 2, updates);
+IN_BUFFER(2, updates);
 
 #if REDUCTION
 #ifdef IN_INT
@@ -44,7 +45,7 @@ void main() {
     int row = index[PI(4) + j];
     if (row < 0) row += rows;
     int at = PI(3) + clamp(row, 0, rows - 1) * inner + e;
-    uint u = updates[PI(5) + i];
+    uint u = IN_LOAD(updates, PI(5) + i);
 #if REDUCTION
     uint old = dst[at];
     for (;;) {
@@ -53,6 +54,6 @@ void main() {
         old = seen;
     }
 #else
-    dst[at] = u;
+    OUT_STORE(dst, at, u);
 #endif
 }
