@@ -120,6 +120,47 @@ def test_constant_weights_are_dequantized_at_load(backend):
     np.testing.assert_allclose(got["y"], _reference(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("qtype", ["int4", "uint4"])
+def test_four_bit_graph_input_and_output(backend, qtype):
+    """A 4-bit graph input takes its values one per element of an int8 / uint8 array (NumPy has no
+    4-bit dtype; an ml_dtypes array of the type is taken too), and a 4-bit output comes back as
+    int8 / uint8: both against the ONNX reference, which takes and returns ml_dtypes arrays
+    (ONNX Runtime's Python API converts no NumPy array to or from a 4-bit tensor)."""
+    import ml_dtypes
+
+    code, held, four_bit = {"int4": (TensorProto.INT4, np.int8, ml_dtypes.int4),
+                            "uint4": (TensorProto.UINT4, np.uint8, ml_dtypes.uint4)}[qtype]
+    info = ml_dtypes.iinfo(four_bit)
+    rng = np.random.default_rng(8)
+    q = rng.integers(int(info.min), int(info.max) + 1, (3, 8)).astype(held)
+    x = rng.uniform(-8, 8, (3, 8)).astype(np.float32)
+    scale = rng.uniform(0.2, 0.5, (3, 2)).astype(np.float32)
+    nodes = [helper.make_node("DequantizeLinear", ["q", "scale"], ["y"], name="dq", axis=1, block_size=4),
+             helper.make_node("QuantizeLinear", ["x", "scale", "zero_point"], ["x_q"], name="q", axis=1, block_size=4)]
+    model = _model(nodes, [helper.make_tensor_value_info("q", code, q.shape),
+                           helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, q.shape),
+                    helper.make_tensor_value_info("x_q", code, x.shape)],
+                   [numpy_helper.from_array(scale, "scale"),
+                    helper.make_tensor("zero_point", code, scale.shape, np.full(scale.size, 1 if qtype == "int4" else 3))])
+    y_ref, x_q_ref = _reference(model, {"q": q.astype(four_bit), "x": x})
+    assert {int(x_q_ref.min()), int(x_q_ref.max())} == {int(info.min), int(info.max)}  # both ends saturate
+    session = gpumnn.load(model).session(backend=backend, fallback=False)
+    try:
+        for given in (q, q.astype(four_bit)):
+            got = session.run({"q": given, "x": x})
+            np.testing.assert_array_equal(got["y"], y_ref)
+            assert got["x_q"].dtype == held
+            np.testing.assert_array_equal(got["x_q"], x_q_ref.astype(held))
+        outside = q.copy()
+        outside[1, 2] = info.max + 1
+        with pytest.raises(gpumnn.InputError, match=rf"input 'q' is {qtype}: its values must lie in "
+                                                    rf"\[{info.min}, {info.max}\]"):
+            session.run({"q": outside, "x": x})
+    finally:
+        session.close()
+
+
 # -- models quantized by onnxruntime.quantization ---------------------------------------------------
 
 def _float_model() -> onnx.ModelProto:

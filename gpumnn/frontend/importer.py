@@ -47,6 +47,12 @@ def _attribute_value(attr: onnx.AttributeProto, opset: int) -> Any:
     return None
 
 
+#: 4-bit types a graph input or output may have: each value held in the 8-bit dtype of its sign
+#: (NumPy has no 4-bit dtype), with its range
+FOUR_BIT_TYPES: dict[str, tuple[np.dtype, tuple[int, int]]] = {
+    "int4": (np.dtype(np.int8), (-8, 7)), "uint4": (np.dtype(np.uint8), (0, 15))}
+
+
 def _value_info(info: onnx.ValueInfoProto) -> ValueInfo:
     dtype = np.dtype(np.float32)
     shape = None
@@ -60,6 +66,9 @@ def _value_info(info: onnx.ValueInfoProto) -> ValueInfo:
         if tensor_type.HasField("shape"):
             shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                           for d in tensor_type.shape.dim)
+    if dtype.name in FOUR_BIT_TYPES:
+        held, value_range = FOUR_BIT_TYPES[dtype.name]
+        return ValueInfo(info.name, shape, held, dtype.name, value_range)
     return ValueInfo(info.name, shape, dtype)
 
 
