@@ -307,8 +307,9 @@ def _ms_cases():
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
 
     def case(name, node, inputs, feeds, names):
-        model = _model([node], inputs, [y], [numpy_helper.from_array(consts[c], c) for c in names], opset=17,
-                       domains=[MS])
+        tensors = [consts[c] if isinstance(consts[c], onnx.TensorProto) else numpy_helper.from_array(consts[c], c)
+                   for c in names]
+        model = _model([node], inputs, [y], tensors, opset=17, domains=[MS])
         return name, model, feeds
     a_info = helper.make_tensor_value_info("a", TensorProto.FLOAT, a.shape)
     yield case("DynamicQuantizeMatMul", helper.make_node("DynamicQuantizeMatMul", ["a", "b_q", "b_scale", "b_zp", "bias"],
@@ -338,6 +339,31 @@ def _ms_cases():
                                                         block_size=16, gather_axis=0, quantize_axis=1, bits=4),
                [helper.make_tensor_value_info("indices", TensorProto.INT64, indices.shape)], {"indices": indices},
                ["table", "table_scale", "table_zp"])
+    for kind in ("int4", "uint4", "uint8"):  # a 4-bit tensor (default zero point 0) or 8-bit data (128)
+        table = f"table_{kind}"
+        if kind == "uint8":
+            consts[table] = rng.integers(0, 256, (10, 32)).astype(np.uint8)
+        else:
+            low, high = (-8, 8) if kind == "int4" else (0, 16)
+            consts[table] = helper.make_tensor(table, TensorProto.INT4 if kind == "int4" else TensorProto.UINT4,
+                                               (10, 32), rng.integers(low, high, 320).tolist())
+        yield case(f"GatherBlockQuantized_{kind}_default_zero_point",
+                   helper.make_node("GatherBlockQuantized", [table, "indices", "table_scale"], ["y"], domain=MS,
+                                    block_size=16, gather_axis=0, quantize_axis=1, bits=8 if kind == "uint8" else 4),
+                   [helper.make_tensor_value_info("indices", TensorProto.INT64, indices.shape)], {"indices": indices},
+                   [table, "table_scale"])
+    k_odd, blocks_odd = 40, 3  # K not a multiple of the block, with a bias
+    a_odd = rng.standard_normal((3, k_odd)).astype(np.float32)
+    for bits in (4, 8):
+        consts[f"B{bits}_odd"] = _pack(rng.integers(0, 2 ** bits, (n, blocks_odd, block)), bits)
+        consts[f"s{bits}_odd"] = rng.uniform(0.01, 0.1, n * blocks_odd).astype(np.float32)
+        consts[f"z{bits}_odd"] = _pack(rng.integers(0, 2 ** bits, (n, 4 if bits == 4 else 3)), bits).reshape(-1)
+        names = [f"B{bits}_odd", f"s{bits}_odd", f"z{bits}_odd"]
+        yield case(f"MatMulNBits{bits}_partial_block_bias",
+                   helper.make_node("MatMulNBits", ["a_odd"] + names + ["", "bias"], ["y"], domain=MS, K=k_odd, N=n,
+                                    bits=bits, block_size=block),
+                   [helper.make_tensor_value_info("a_odd", TensorProto.FLOAT, a_odd.shape)], {"a_odd": a_odd},
+                   names + ["bias"])
     weight = rng.integers(-127, 128, (k, n)).astype(np.int8)  # weight-only: int8 -> Cast -> Mul by scales
     consts["weight"], consts["scales"] = weight, consts["b_scale"]
     cast = helper.make_node("Cast", ["weight"], ["wf"], to=TensorProto.FLOAT)

@@ -227,7 +227,8 @@ def lower_gather_block_quantized(ctx: LoweringContext, node: Node, opset: int) -
         default_zp = 8.0
     else:
         q = data.astype(np.float32)
-        default_zp = 0.0 if data.dtype.name in ("int4", "int8") else 2.0 ** (bits - 1)
+        # ONNX Runtime's default: 0 for int4/uint4 tensors, the middle of the range for 8-bit data
+        default_zp = 0.0 if data.dtype.name in ("int4", "uint4", "int8") else 2.0 ** (bits - 1)
     zp_name = _opt(node, 3)
     if zp_name is None:
         zp = np.full(scales.shape, default_zp, np.float32)
