@@ -146,10 +146,10 @@ def _axis(node: Node) -> int:
 @lowers("QuantizeLinear")
 def lower_quantize_linear(ctx: LoweringContext, node: Node, opset: int) -> None:
     zero_point = const_input(ctx, node, 2)
-    if len(node.inputs) > 2 and node.inputs[2]:
-        declared = ctx.dtype(node.inputs[2])
-    elif node.attr("output_dtype", 0):
+    if node.attr("output_dtype", 0):  # ONNX requires it to agree with the zero point's type where both are given
         declared = onnx_dtype(node.attr("output_dtype"))
+    elif len(node.inputs) > 2 and node.inputs[2]:
+        declared = ctx.dtype(node.inputs[2])
     else:
         declared = np.dtype(np.uint8)
     if declared.name == "int32":
