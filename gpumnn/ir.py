@@ -22,10 +22,13 @@ class ValueInfo:
     name: str
     shape: tuple[Dim, ...] | None
     dtype: np.dtype
+    #: the model's type where ``dtype`` holds a narrower one (int4 and uint4 in int8 and uint8), and its range
+    declared: str | None = None
+    value_range: tuple[int, int] | None = None
 
     def describe(self) -> str:
         dims = "?" if self.shape is None else "x".join(str(d) if d not in (None, "") else "?" for d in self.shape)
-        return f"{self.name}: {np.dtype(self.dtype).name}[{dims}]"
+        return f"{self.name}: {self.declared or np.dtype(self.dtype).name}[{dims}]"
 
 
 @dataclass

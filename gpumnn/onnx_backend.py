@@ -66,6 +66,10 @@ class GpumnnRep(BackendRep):
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         results = self.session.run(self._feeds(inputs))
+        for info in self.net.outputs:  # a 4-bit output (held as int8/uint8) in its ONNX type, as ml_dtypes has it
+            if info.declared:
+                results[info.name] = results[info.name].astype(
+                    helper.tensor_dtype_to_np_dtype(getattr(onnx.TensorProto, info.declared.upper())))
         return namedtupledict("Outputs", self.output_names)(*[results[name] for name in self.output_names])
 
     def _feeds(self, inputs: Any) -> dict[str, np.ndarray]:

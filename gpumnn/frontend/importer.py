@@ -47,6 +47,12 @@ def _attribute_value(attr: onnx.AttributeProto, opset: int) -> Any:
     return None
 
 
+#: 4-bit types a graph input or output may have: each value held in the 8-bit dtype of its sign
+#: (NumPy has no 4-bit dtype), with its range
+FOUR_BIT_TYPES: dict[str, tuple[np.dtype, tuple[int, int]]] = {
+    "int4": (np.dtype(np.int8), (-8, 7)), "uint4": (np.dtype(np.uint8), (0, 15))}
+
+
 def _value_info(info: onnx.ValueInfoProto) -> ValueInfo:
     dtype = np.dtype(np.float32)
     shape = None
@@ -60,6 +66,9 @@ def _value_info(info: onnx.ValueInfoProto) -> ValueInfo:
         if tensor_type.HasField("shape"):
             shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                           for d in tensor_type.shape.dim)
+    if dtype.name in FOUR_BIT_TYPES:
+        held, value_range = FOUR_BIT_TYPES[dtype.name]
+        return ValueInfo(info.name, shape, held, dtype.name, value_range)
     return ValueInfo(info.name, shape, dtype)
 
 
@@ -153,7 +162,23 @@ def _graph(graph_proto: onnx.GraphProto, opset: int, subgraph: bool) -> Graph:
 
     inputs = [_value_info(v) for v in graph_proto.input if subgraph or v.name not in initializers]
     outputs = [_value_info(v) for v in graph_proto.output]
+    _type_four_bit_inputs(nodes, inputs)
     return Graph(nodes, inputs, outputs, initializers, opset, graph_proto.name or "graph")
+
+
+def _type_four_bit_inputs(nodes: list[Node], inputs: list[ValueInfo]) -> None:
+    """Keep the 4-bit type of a graph input held in a wider dtype (int4 in int8) where a node takes
+    its output type from it: a CastLike to it becomes a Cast to the type, and a QuantizeLinear with
+    it as zero point names the type as its ``output_dtype`` (which ONNX requires to agree)."""
+    declared = {v.name: int(getattr(onnx.TensorProto, v.declared.upper())) for v in inputs if v.declared}
+    for index, node in enumerate(nodes):
+        if len(node.inputs) < 2 or not declared:
+            continue
+        if node.op_type == "CastLike" and node.inputs[1] in declared:
+            attrs = {k: v for k, v in node.attrs.items() if k == "saturate"} | {"to": declared[node.inputs[1]]}
+            nodes[index] = Node("Cast", node.name, node.inputs[:1], node.outputs, attrs, node.domain)
+        elif node.op_type == "QuantizeLinear" and len(node.inputs) > 2 and node.inputs[2] in declared:
+            node.attrs["output_dtype"] = declared[node.inputs[2]]
 
 
 def _constant_value(attrs: dict[str, Any], node: str) -> np.ndarray:

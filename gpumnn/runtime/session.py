@@ -264,8 +264,12 @@ class Session:
             except TypeError:  # as lowering words it, for a session not prepared yet
                 raise ModelError(f"graph input {expected[name].describe()}: gpumnn runs float, integer and "
                                  "bool tensors only") from None
-            if array.dtype != want and not (want.kind in "iu" and array.dtype.kind in "iu"):
-                raise InputError(f"input {name!r} has dtype {array.dtype}, expected {want}")
+            declared = expected[name].declared
+            if array.dtype != want and not (want.kind in "iu" and array.dtype.kind in "iu") \
+                    and array.dtype.name != declared:
+                raise InputError(f"input {name!r} has dtype {array.dtype}, expected {declared or want}")
+            if expected[name].value_range is not None:
+                _check_value_range(name, declared, expected[name].value_range, array)
             shapes[name] = check_input_shape(expected[name], tuple(array.shape))
             arrays[name] = _to_storage(name, array, want)
             given[name] = array
@@ -458,6 +462,15 @@ def _activate(backends: Mapping[str, Backend], names: Iterable[str] | None = Non
             if name in wanted:
                 stack.enter_context(backend.activate())
         yield
+
+
+def _check_value_range(name: str, declared: str, value_range: tuple[int, int], array: Any) -> None:
+    """An input of a type NumPy lacks (int4, uint4), given one value an element in a wider integer
+    dtype, must hold values of its type's range."""
+    lo, hi = value_range
+    if array.size and (int(array.min()) < lo or int(array.max()) > hi):
+        raise InputError(f"input {name!r} is {declared}: its values must lie in [{lo}, {hi}], one per element of an "
+                         f"integer array; got values in [{int(array.min())}, {int(array.max())}]")
 
 
 def _to_storage(name: str, array: Any, want: np.dtype) -> Any:

@@ -1,22 +1,27 @@
 """Lowering of the com.microsoft quantized ops ONNX Runtime's quantizers write: the QOperator ops
 beside QLinearConv / QLinearMatMul (QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, the
 QLinear pools, QLinearConcat, QLinearSoftmax, QGemm), the dynamic ones (DynamicQuantizeMatMul,
-MatMulIntegerToFloat) and the weight-only MatMulNBits.
+MatMulIntegerToFloat, DynamicQuantizeLSTM) and the weight-only MatMulNBits and GatherBlockQuantized.
 
 The QOperator ops dequantize their inputs, run the float op and quantize its result (ORT's unfused
 kernels compute the same to within one step). Constant weights fold at load.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
+
 import numpy as np
 
+from ... import atomic as A
 from ...errors import ModelError, UnsupportedOpError
 from ...ir import Node
 from ..context import LoweringContext
 from ..emit import as_dtype
 from ..registry import lowers
-from .quantize import (_shift_operand, binary, const_input, dequantize, lower_dynamic_quantize_linear, quant_type,
-                       quantize, sub_node)
+from .quantize import (_shift_operand, binary, const_input, dequantize, dynamic_uint8_centred,
+                       lower_dynamic_quantize_linear, quant_type, quantize, sub_node)
+from .recurrent import Recurrence, lower_recurrence, strided_slice
 
 MS = "com.microsoft"
 
@@ -222,7 +227,8 @@ def lower_gather_block_quantized(ctx: LoweringContext, node: Node, opset: int) -
         default_zp = 8.0
     else:
         q = data.astype(np.float32)
-        default_zp = 0.0 if data.dtype.name in ("int4", "int8") else 2.0 ** (bits - 1)
+        # ONNX Runtime's default: 0 for int4/uint4 tensors, the middle of the range for 8-bit data
+        default_zp = 0.0 if data.dtype.name in ("int4", "uint4", "int8") else 2.0 ** (bits - 1)
     zp_name = _opt(node, 3)
     if zp_name is None:
         zp = np.full(scales.shape, default_zp, np.float32)
@@ -239,3 +245,95 @@ def lower_gather_block_quantized(ctx: LoweringContext, node: Node, opset: int) -
     sub_node(ctx, node, "Gather", [table, node.inputs[1]], [node.outputs[0]], opset,
              axis=int(node.attr("gather_axis", 0)))
 
+
+
+# -- DynamicQuantizeLSTM --------------------------------------------------------------------------
+# ONNX Runtime computes each of the LSTM's two products in integers: the whole X (every step) and,
+# at each step, each direction's H_{t-1} are quantized to uint8 over their own range (as
+# DynamicQuantizeLinear does), multiplied by the int8/uint8 weights, and the int32 product is scaled
+# by the activation's scale times the weight's (per direction, or per gate column). The rounding of
+# the activations moves the outputs by about one step of H's quantization (2/255) from the float
+# product with dequantized weights, so the lowering quantizes the activations as ONNX Runtime does.
+# Differences that remain: with sequence_lens shorter than the sequence, X's range covers every step
+# and H's range covers the kept states of finished entries (ONNX Runtime's covers the steps up to the
+# longest length, and zeros for finished entries); and ONNX Runtime splits the batch among threads
+# (each part quantized over its own range) where intra_op_num_threads > 1 and the batch is 2 or more.
+
+@dataclass
+class DynamicQuantizedRecurrence(Recurrence):
+    """An LSTM whose W and R are the integer weights less their zero points (``[D, 4H, K]`` float
+    constants) and whose products quantize X and H_{t-1} to uint8 at run time."""
+
+    input_scales: np.ndarray | None = None  # [D * 4H]: W's scale of each projection column
+    recurrent_scales: np.ndarray | None = None  # [D, 1, 4H]: R's scale of each gate column
+
+    def project(self, x: str, w: str, b: str | None, keep_recurrent_bias: np.ndarray | None) -> None:
+        ctx, node = self.ctx, self.node
+        rows, inputs = self.seq * self.batch, ctx.shape(x)[2]
+        centred, x_scale = dynamic_uint8_centred(ctx, node, x, 1)
+        x2d, w2d = ctx.temp(node, "inputs"), ctx.temp(node, "input_weights")
+        ctx.alias(x2d, centred, (rows, inputs))
+        ctx.alias(w2d, w, (self.width, inputs))
+        accumulated = ctx.temp(node, "accumulated")
+        ctx.emit(A.MatMul((x2d, w2d), (accumulated,), node.name, m=rows, n=self.width, k=inputs, trans_b=True),
+                 (rows, self.width))
+        multiplier = self.binary("mul", x_scale, self.const(self.input_scales, "input_scales"))
+        scaled = self.binary("mul", accumulated, multiplier)
+        if b is None:
+            self.projection = scaled
+            return
+        self.projection = self.binary("add", scaled, self.projection_bias(b, keep_recurrent_bias))
+
+    def product(self, a: str, weight: str, n: int, weight_stride: int) -> str:
+        d, b, h = self.directions, self.batch, self.hidden
+        hidden = strided_slice(self.ctx, self.node, a, 0, (d, b, h), (b * h, h, 1), "hidden")
+        centred, h_scale = dynamic_uint8_centred(self.ctx, self.node, hidden, d)
+        accumulated = super().product(centred, weight, n, weight_stride)
+        per_direction = self.ctx.temp(self.node, "hidden_scales")
+        self.ctx.alias(per_direction, h_scale, (d, 1, 1))
+        multiplier = self.binary("mul", per_direction, self.const(self.recurrent_scales, "recurrent_scales"))
+        return self.binary("mul", accumulated, multiplier)
+
+
+def _lstm_weight(ctx: LoweringContext, node: Node, index: int, scale_index: int, directions: int, gates: int,
+                 what: str) -> tuple[str, np.ndarray]:
+    """(W or R less its zero points as a float constant ``[D, 4H, K]``, its scales ``[D, 4H]``) from the
+    quantized ``[D, K, 4H]`` at input ``index``, its scale at ``scale_index`` and zero point after it
+    (each per direction or per column)."""
+    q = ctx.const(node.inputs[index], node, what)
+    if q.dtype not in (np.int8, np.uint8):
+        raise UnsupportedOpError(node.op_type, node.name, f"{what} of type {q.dtype.name}: int8 or uint8 expected")
+    if q.ndim != 3 or q.shape[0] != directions or q.shape[2] != gates:
+        raise ModelError(f"node {node.name!r} ({node.op_type}): {what} of shape {list(q.shape)}, expected "
+                         f"[{directions}, K, {gates}]")
+    params = []
+    for name, part in ((_opt(node, scale_index), "scale"), (_opt(node, scale_index + 1), "zero point")):
+        if name is None:
+            raise ModelError(f"node {node.name!r} ({node.op_type}): {what}'s {part} (input {scale_index}) is missing")
+        value = ctx.const(name, node, f"{what}'s {part}")
+        if value.size not in (directions, directions * gates):
+            raise ModelError(f"node {node.name!r} ({node.op_type}): {what}'s {part} of shape {list(value.shape)}, "
+                             f"expected [{directions}] or [{directions}, {gates}]")
+        params.append(np.broadcast_to(value.reshape(directions, -1).astype(np.float32), (directions, gates)))
+        scale_index += 1
+    scale, zero_point = params
+    name = ctx.temp(node, what)
+    ctx.set_const(name, np.ascontiguousarray((q.astype(np.float32) - zero_point[:, None, :]).transpose(0, 2, 1)))
+    return name, np.ascontiguousarray(scale)
+
+
+@lowers("DynamicQuantizeLSTM", domain=MS)
+def lower_dynamic_quantize_lstm(ctx: LoweringContext, node: Node, opset: int) -> None:
+    """ONNX's LSTM (inputs 0-7, attributes but ``layout``) with W ``[D, input, 4H]`` and R ``[D, H, 4H]``
+    quantized; inputs 8-11 are W's scale and zero point, then R's."""
+    directions = 2 if node.attr("direction", "forward") == "bidirectional" else 1
+    hidden = int(node.attr("hidden_size", 0))
+    if hidden <= 0:
+        raise ModelError(f"node {node.name!r} ({node.op_type}): hidden_size must be given and positive")
+    gates = 4 * hidden
+    w, w_scales = _lstm_weight(ctx, node, 1, 8, directions, gates, "W")
+    r, r_scales = _lstm_weight(ctx, node, 2, 10, directions, gates, "R")
+    inputs = [node.inputs[0], w, r] + [node.inputs[i] if len(node.inputs) > i else "" for i in range(3, 8)]
+    lstm = Node("LSTM", node.name, inputs, node.outputs, dict(node.attrs))
+    lower_recurrence(ctx, lstm, opset, partial(DynamicQuantizedRecurrence, input_scales=w_scales.reshape(-1),
+                                               recurrent_scales=r_scales.reshape(directions, 1, gates)))

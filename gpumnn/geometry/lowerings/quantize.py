@@ -147,10 +147,10 @@ def _axis(node: Node) -> int:
 @lowers("QuantizeLinear")
 def lower_quantize_linear(ctx: LoweringContext, node: Node, opset: int) -> None:
     zero_point = const_input(ctx, node, 2)
-    if len(node.inputs) > 2 and node.inputs[2]:
-        declared = ctx.dtype(node.inputs[2])
-    elif node.attr("output_dtype", 0):
+    if node.attr("output_dtype", 0):  # ONNX requires it to agree with the zero point's type where both are given
         declared = onnx_dtype(node.attr("output_dtype"))
+    elif len(node.inputs) > 2 and node.inputs[2]:
+        declared = ctx.dtype(node.inputs[2])
     else:
         declared = np.dtype(np.uint8)
     if declared.name == "int32":
@@ -248,28 +248,40 @@ def _input(node: Node, index: int) -> str | None:
     return node.inputs[index] if len(node.inputs) > index and node.inputs[index] else None
 
 
-@lowers("DynamicQuantizeLinear")
-def lower_dynamic_quantize_linear(ctx: LoweringContext, node: Node, opset: int) -> None:
-    """uint8 with scale (max(x, 0) - min(x, 0)) / 255 (1/255 when both are 0) and the zero point
-    clip(-min / scale, 0, 255) rounded half to even, as the ONNX reference computes them."""
-    x = as_dtype(ctx, node, node.inputs[0], np.float32)
-    size = ctx.value(x).size
+def uint8_range_parameters(ctx: LoweringContext, node: Node, x: str, outer: int,
+                           empty_scale: float) -> tuple[str, str]:
+    """(scale, zero point) of each of ``outer`` rows of ``x`` for uint8: scale (max(x, 0) - min(x, 0)) / 255
+    (``empty_scale`` when both are 0) and zero point clip(-min / scale, 0, 255) rounded half to even, both
+    float32 of shape ``[outer]`` (ONNX's DynamicQuantizeLinear and ONNX Runtime's dynamic quantization)."""
+    size = ctx.value(x).size // outer
     if size == 0:
-        raise ModelError(f"node {node.name!r} (DynamicQuantizeLinear): an empty input has no range")
+        raise ModelError(f"node {node.name!r} ({node.op_type}): an empty input has no range")
     zero = _const(ctx, node, 0.0)
     extremes = []
     for op in ("max", "min"):
         reduced = ctx.temp(node, op)
-        ctx.emit(A.Reduce((x,), (reduced,), node.name, op=op, outer=1, size=size, inner=1), (1,))
+        ctx.emit(A.Reduce((x,), (reduced,), node.name, op=op, outer=outer, size=size, inner=1), (outer,))
         extremes.append(binary(ctx, node, op, reduced, zero))
     span = binary(ctx, node, "sub", extremes[0], extremes[1])
     empty = as_dtype(ctx, node, binary(ctx, node, "equal", span, zero), np.float32)
-    scale = binary(ctx, node, "div", binary(ctx, node, "add", span, empty), _const(ctx, node, 255.0))
+    if empty_scale * 255.0 != 1.0:
+        empty = binary(ctx, node, "mul", empty, _const(ctx, node, empty_scale * 255.0))
+    filled = binary(ctx, node, "add", span, empty)
+    scale = binary(ctx, node, "div", filled, _const(ctx, node, 255.0))
     initial = binary(ctx, node, "sub", zero, binary(ctx, node, "div", extremes[1], scale))
     clipped = ctx.temp(node, "zero_point_clipped")
     emit_unary(ctx, node, "clip", (0.0, 255.0), initial, clipped)
     zp = ctx.temp(node, "zero_point")
     emit_unary(ctx, node, "round", (), clipped, zp)
+    return scale, zp
+
+
+@lowers("DynamicQuantizeLinear")
+def lower_dynamic_quantize_linear(ctx: LoweringContext, node: Node, opset: int) -> None:
+    """uint8 with scale (max(x, 0) - min(x, 0)) / 255 (1/255 when both are 0) and the zero point
+    clip(-min / scale, 0, 255) rounded half to even, as the ONNX reference computes them."""
+    x = as_dtype(ctx, node, node.inputs[0], np.float32)
+    scale, zp = uint8_range_parameters(ctx, node, x, 1, 1.0 / 255.0)
     y, y_scale, y_zp = (node.outputs + ["", "", ""])[:3]
     quantize(ctx, node, x, scale, zp, y or ctx.temp(node, "y"), np.dtype(np.uint8), RANGES["uint8"])
     if y_scale:
@@ -278,6 +290,21 @@ def lower_dynamic_quantize_linear(ctx: LoweringContext, node: Node, opset: int) 
         vector = ctx.temp(node, "zero_point_uint8")
         to_int(ctx, node, zp, vector, np.dtype(np.uint8))
         ctx.alias(y_zp, vector, ())
+
+
+def dynamic_uint8_centred(ctx: LoweringContext, node: Node, x: str, outer: int) -> tuple[str, str]:
+    """Each of ``outer`` rows of the float tensor ``x`` quantized to uint8 at run time as ONNX Runtime's
+    dynamic quantization does (scale 1 for an all-zero row), less its zero point: (the integer-valued
+    float32 ``q - zero_point`` shaped as ``x``, the scales ``[outer]``)."""
+    scale, zp = uint8_range_parameters(ctx, node, x, outer, 1.0)
+    x_shape = ctx.shape(x)
+    ratio = binary(ctx, node, "div", x, broadcastable(ctx, node, scale, x_shape, 0, 0))
+    rounded = ctx.temp(node, "rounded")
+    emit_unary(ctx, node, "round", (), ratio, rounded)
+    zp_b = broadcastable(ctx, node, zp, x_shape, 0, 0)
+    clipped = ctx.temp(node, "clipped")
+    emit_unary(ctx, node, "clip", (0.0, 255.0), binary(ctx, node, "add", rounded, zp_b), clipped)
+    return binary(ctx, node, "sub", clipped, zp_b), scale
 
 
 def _matmul_zero_point(ctx: LoweringContext, node: Node, zp: str | None, shape, row: bool) -> str | None:

@@ -258,17 +258,23 @@ class Recurrence:
         ctx.alias(w2d, w, (self.width, ctx.shape(w)[2]))
         inputs: tuple[str, ...] = (x2d, w2d)
         if b is not None:
-            half = self.kind.gates * self.hidden
-            w_bias = strided_slice(ctx, node, b, 0, (self.directions, half), (2 * half, 1), "input_bias")
-            r_bias = strided_slice(ctx, node, b, half, (self.directions, half), (2 * half, 1), "recurrent_bias")
-            if keep_recurrent_bias is not None:  # GRU's linear_before_reset adds Rbh inside the reset product
-                r_bias = self.binary("mul", r_bias, self.const(keep_recurrent_bias, "keep"))
-            bias = ctx.temp(node, "bias")
-            ctx.alias(bias, self.binary("add", w_bias, r_bias), (self.width,))
-            inputs += (bias,)
+            inputs += (self.projection_bias(b, keep_recurrent_bias),)
         self.projection = ctx.temp(node, "projection")
         ctx.emit(A.MatMul(inputs, (self.projection,), node.name, m=rows, n=self.width, k=ctx.shape(x)[2],
                           trans_b=True, has_bias=b is not None, bias_strides=(0, 1)), (rows, self.width))
+
+    def projection_bias(self, b: str, keep_recurrent_bias: np.ndarray | None) -> str:
+        """``Wb + Rb`` of every direction as one vector ``[width]`` (Rbh left out where GRU's
+        linear_before_reset adds it inside the reset product)."""
+        ctx, node = self.ctx, self.node
+        half = self.kind.gates * self.hidden
+        w_bias = strided_slice(ctx, node, b, 0, (self.directions, half), (2 * half, 1), "input_bias")
+        r_bias = strided_slice(ctx, node, b, half, (self.directions, half), (2 * half, 1), "recurrent_bias")
+        if keep_recurrent_bias is not None:
+            r_bias = self.binary("mul", r_bias, self.const(keep_recurrent_bias, "keep"))
+        bias = ctx.temp(node, "bias")
+        ctx.alias(bias, self.binary("add", w_bias, r_bias), (self.width,))
+        return bias
 
     def initial_state(self, names: Sequence[str | None]) -> str:
         """``[S, D, B, H]`` from initial_h (and initial_c), zeros where absent: one Raster, or a constant."""
@@ -360,6 +366,11 @@ class Recurrence:
 
 @lowers("LSTM", "GRU", "RNN")
 def lower_recurrent(ctx: LoweringContext, node: Node, opset: int) -> None:
+    lower_recurrence(ctx, node, opset, Recurrence)
+
+
+def lower_recurrence(ctx: LoweringContext, node: Node, opset: int, make: Callable[..., Recurrence]) -> None:
+    """Lower an LSTM, GRU or RNN node with the projection and products of the Recurrence ``make`` builds."""
     kind = KINDS[node.op_type]
     x, w, rec = node.inputs[0], node.inputs[1], node.inputs[2]
     x_shape = ctx.shape(x)
@@ -382,7 +393,7 @@ def lower_recurrent(ctx: LoweringContext, node: Node, opset: int) -> None:
     if clip is not None and not float(clip) > 0:
         raise ModelError(f"node {node.name!r} ({node.op_type}): clip {clip} must be positive")
     reverse = (direction == "reverse",) if directions == 1 else (False, True)
-    r = Recurrence(ctx, node, kind, seq, batch, hidden, directions, reverse, layout, ctx.dtype(x),
+    r = make(ctx, node, kind, seq, batch, hidden, directions, reverse, layout, ctx.dtype(x),
                    None if clip is None else float(clip), parse_activations(node, kind, directions))
     gates = kind.gates * hidden
     r.expect(w, (directions, gates, inputs), "W")
