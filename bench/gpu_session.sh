@@ -25,6 +25,9 @@
 #           plans, the scheme and model tests on cuda and opencl, the lifetime soak (issue 27) under
 #           the validation layer through NVIDIA's drivers, and the cpu per op beside ONNX Runtime
 #           at the host's threads (issue 32)
+#   storage  issues 28 and 32 after narrow storage: the narrow-storage, quantized-model and atomic-op
+#           tests on cuda, issue 32's real models and the zoo on the cpu beside ONNX Runtime at the
+#           host's threads, and the tiled Winograd schemes on cuda and opencl (bench/schemes.py)
 #   placement  issue 10 on a real GPU: `bench/placement.py --calibrate` (each backend and auto, the
 #           estimate beside the measured time) on the zoo, then forced splits of SqueezeNet-1.1
 #           (one branch of every fire module on cuda off a cpu hub, and the reverse)
@@ -38,7 +41,7 @@
 # GPUMNN_GPU_SETUP=0 skips the unpacking and installing (for a dry run of a phase on a machine that
 # has everything, with PYTHON naming its interpreter).
 set -uo pipefail
-PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench|profile|runbook|schemes|kernels|placement}
+PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench|profile|runbook|schemes|kernels|placement|storage}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/bench/results/gpu}
@@ -207,5 +210,16 @@ case $PHASE in
     GPUMNN_STEP_CAP=${CAP_CPU:-30} step cpu-profile "$PYTHON" bench/cpu_profile.py resnet18 --threads "$(nproc)" --ort \
       | tee "$RES/cpu_profile_resnet18.txt"
     ;;
-  *) echo "unknown phase $PHASE (tests, apis, bench, profile, runbook, schemes, kernels or placement)"; exit 2 ;;
+  storage)
+    GPUMNN_REQUIRE_BACKENDS=cuda GPUMNN_STEP_CAP=${CAP_TESTS:-75} step narrow-tests "${PYTEST[@]}" "${XDIST[@]}" \
+      tests/test_narrow_storage.py tests/test_quantized_models.py tests/test_atomic_ops.py -k cuda \
+      --junitxml="$RES/narrow_tests.xml" | tail -15 | tee "$RES/narrow_tests.txt"
+    GPUMNN_STEP_CAP=${CAP_REAL:-100} step cpu-real-models "$PYTHON" bench/real_models.py --compare --threads "$(nproc)" \
+      --repeats 5 --runs 10 | tee "$RES/cpu_real_models.txt"
+    GPUMNN_STEP_CAP=${CAP_CPU:-45} step cpu-threads "$PYTHON" -m gpumnn bench mobilenet_v1 squeezenet1_1 resnet18 \
+      transformer_encoder --backend cpu --threads "$(nproc)" --no-eager --repeats 5 | tee "$RES/cpu_threads.txt"
+    GPUMNN_STEP_CAP=${CAP_SCHEMES:-60} step schemes-models "$PYTHON" bench/schemes.py --tables m --backends cuda,opencl \
+      --models resnet18 squeezenet1_1 --repeats 3 --runs 10 | tee "$RES/schemes_models.txt"
+    ;;
+  *) echo "unknown phase $PHASE (tests, apis, bench, profile, runbook, schemes, kernels, placement or storage)"; exit 2 ;;
 esac

@@ -7,11 +7,6 @@ test is recorded, and each op that fell back to the cpu must be listed in :data:
 under its reason for that test; a listed fallback that no longer happens (in a passing test) fails
 too, so the list stays exact.
 
-A backend without kernels for the narrow storage dtypes (float16, int8, uint8: ``Backend.dtypes``)
-leaves every op on them -- the element-moving ops and the Unary conversion -- to the cpu, which holds
-them; such a fallback (:func:`narrow_storage`) is expected in any test, and stops by itself once the
-backend lists the dtype.
-
 ``GPUMNN_PLACEMENT_SURVEY=FILE`` appends the observed fallbacks to FILE (one JSON line per test)
 instead of checking: the way to rebuild the list after a deliberate change.
 """
@@ -94,16 +89,6 @@ def matches(key: str, pattern: str) -> bool:
     return re.fullmatch(".*".join(re.escape(part) for part in pattern.split("*")), key) is not None
 
 
-#: the reason of a fallback of an op on a narrow storage dtype to the cpu (see the module docstring)
-NARROW_STORAGE = re.compile(r"the \{backend\} backend has no (float16|int8|uint8) kernel for atomic op "
-                            r"(Raster|Unary|Gather|Select|Scatter)")
-
-
-def narrow_storage(fallback: Fallback) -> bool:
-    """Whether ``fallback`` is an op on a narrow storage dtype the backend has no kernels for."""
-    return NARROW_STORAGE.fullmatch(fallback.reason) is not None
-
-
 def expected_for(key: str, backend: str) -> set[Fallback]:
     return {Fallback(e.op, e.reason) for e in EXPECTED_CPU
             if backend in e.backends and any(matches(key, t) for t in e.tests)}
@@ -127,7 +112,7 @@ def check(nodeid: str, placements, passed: bool) -> str | None:
                                         "fallbacks": sorted([g.op, g.reason] for g in got)}) + "\n")
             continue
         want = expected_for(key, backend)
-        unexpected = {f for f in got - want if not narrow_storage(f)}
+        unexpected = got - want
         if unexpected:
             problems.append(f"ops ran on the cpu instead of {backend} (a kernel the backend no longer chooses?); "
                             f"if that is intended, list them in tests/placement_check.py EXPECTED_CPU for {key!r}:\n"

@@ -65,20 +65,14 @@ def test_narrow_tensors_take_their_own_size_in_the_pools(backend, dtype):
 
 
 def test_narrow_tensors_live_where_their_ops_run(backend):
-    """Every op on a narrow tensor runs on a backend whose kernels take its dtype (the cpu where a
-    GPU backend has none, with the reason in the report), and the tensors copied between backends
-    are float32 or int32."""
+    """Every backend here has kernels that move and convert the narrow dtypes, so a float16 model
+    runs whole on the backend asked for: no op falls back to the cpu and no tensor is copied."""
     sess = gpumnn.load(_add_model()).session(backend=backend)
     program, placement = sess.program, sess.placement
+    assert any(A.NARROW_DTYPES & {op.dtype, op.output_dtype()} for op in program.ops)
     for op, placed, reason in zip(program.ops, placement.op_backends, placement.fallback_reasons):
-        narrow = {op.dtype, op.output_dtype()} & A.NARROW_DTYPES
-        if placed != backend:
-            assert placed == "cpu" and reason and narrow, (op, reason)
-            assert any(f"no {d} kernel" in reason for d in narrow), reason
-    copied = [program.storage_dtype_of(step.tensor) for step in placement.steps if step.kind == "copy"]
-    assert set(copied) <= set(A.COMPUTE_DTYPES), copied
-    if backend != "cpu":
-        assert copied, "the float16 model splits between the cpu and the GPU backend: tensors are copied"
+        assert placed == backend, (op, reason)
+    assert not [step.tensor for step in placement.steps if step.kind == "copy"]
 
 
 @pytest.mark.parametrize("dtype", sorted(NARROW))
