@@ -75,6 +75,30 @@ def test_quantize_rounds_half_to_even_and_saturates(backend, qtype):
     np.testing.assert_array_equal(got["y"], ref)
 
 
+@pytest.mark.parametrize("qtype", ["int8", "uint8"])
+def test_a_quantized_tensor_only_dequantized_is_never_stored(backend, qtype):
+    """QuantizeLinear -> DequantizeLinear twice: the first pair's quantized tensor is a graph output
+    too, so it is stored as itself; the second's is only dequantized, so no op converts to or from
+    8 bits for it. Both answers equal the ONNX reference's."""
+    zp = np.array(3 if qtype == "uint8" else -2, dtype=qtype)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "scale", "zp"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "scale", "zp"], ["d"]),
+             helper.make_node("QuantizeLinear", ["d", "scale2", "zp"], ["q2"]),
+             helper.make_node("DequantizeLinear", ["q2", "scale2", "zp"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4, 16))],
+                   [helper.make_tensor_value_info("q", QTYPES[qtype], (4, 16)),
+                    helper.make_tensor_value_info("y", TensorProto.FLOAT, (4, 16))],
+                   [numpy_helper.from_array(np.array(0.25, np.float32), "scale"),
+                    numpy_helper.from_array(np.array(0.75, np.float32), "scale2"), numpy_helper.from_array(zp, "zp")])
+    x = np.random.default_rng(6).uniform(-80, 80, (4, 16)).astype(np.float32)  # past the range too: it clips
+    got, program = _run(model, {"x": x}, backend)
+    narrow = {n for op in program.ops for n in op.inputs + op.outputs if program.storage_dtype_of(n) in A.NARROW_DTYPES}
+    assert narrow == {"q"}, narrow
+    for name, ref in zip(("q", "y"), _reference(model, {"x": x})):
+        assert got[name].dtype == ref.dtype
+        np.testing.assert_array_equal(got[name], ref, err_msg=name)
+
+
 @pytest.mark.parametrize("form", ["per_axis", "blocked"])
 def test_quantize_dequantize_per_axis_and_blocked(backend, form):
     """Run-time scales and zero points per channel (axis 1) or per block of 4 along axis 2."""
@@ -266,7 +290,8 @@ FORM_OPS = {"QDQ": {"QuantizeLinear", "DequantizeLinear"}, "QOperator": {"QLinea
 
 @pytest.mark.parametrize("name", MODELS)
 def test_quantized_model_matches_onnxruntime_unfused(backend, quantized, name):
-    """Within one quantization step of the output (ONNX Runtime, graph optimizations disabled)."""
+    """Within one quantization step of the output (ONNX Runtime, graph optimizations disabled); in
+    QDQ form with no conversion out to 8 bits and back."""
     path = quantized[name]
     model = onnx.load(path)
     ops = {n.op_type for n in model.graph.node}
@@ -275,7 +300,10 @@ def test_quantized_model_matches_onnxruntime_unfused(backend, quantized, name):
         assert "Relu" not in ops
     x = np.random.default_rng(5).standard_normal((1, 3, 8, 8)).astype(np.float32)
     ref = _onnxruntime_unfused(model, {"x": x})
-    got, _ = _run(model, {"x": x}, backend)
+    got, program = _run(model, {"x": x}, backend)
+    if name.startswith("QDQ"):  # each QuantizeLinear's int8/uint8 result is only dequantized: it is never stored
+        narrow = [op for op in program.ops if {op.dtype, op.output_dtype()} & A.NARROW_DTYPES]
+        assert not narrow, narrow[:3]
     step = _output_step(model)
     if step is None:  # dynamic: float output of float32 rescaling
         np.testing.assert_allclose(got["y"], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())

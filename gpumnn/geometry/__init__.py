@@ -3,7 +3,8 @@
 Steps (MNN's geometry compute): every node is lowered in order (``lowerings/``, a module per op
 family, through ``registry.py``; ``emit.py`` holds what they share), constants fold as they appear, then
 neighbouring Rasters fuse by composing their index maps, identity Rasters become free aliases,
-and the rest are compressed into strided regions.
+and the rest are compressed into strided regions. Last, round trips through narrow storage that
+no op needs are removed (``round_trips.py``).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ..ir import Graph
 from . import lowerings  # noqa: F401  (importing fills the registry)
 from .context import LoweringContext, PendingRaster, Value
 from .regions import IndexMap, is_identity, needs_fill, regions_of
+from .round_trips import remove_round_trips
 from .registry import lower_into, supported_ops
 
 __all__ = ["lower", "lower_into", "supported_ops", "LoweringContext", "Value"]
@@ -117,6 +119,7 @@ def _finalize(ctx: LoweringContext, graph: Graph) -> A.AtomicProgram:
                                   regions=regions, fill=(op.fill if op.fill is not None else 0.0) if fill_needed else None,
                                   dtype=A.storage_dtype(ctx.values[op.output].dtype)))
 
+    final_ops = remove_round_trips(final_ops, ctx, graph.input_names, graph.output_names)
     used = {n for op in final_ops for n in op.inputs + op.outputs} | set(graph.output_names) | set(graph.input_names)
     for name in list(used):  # keep whole alias chains, so storage_of() resolves every view
         while name in ctx.aliases:

@@ -62,6 +62,8 @@ class LoweringContext:
         self._counter = 0
         #: narrow run-time tensor -> its temp converted to the compute dtype (made once, then reused)
         self._computable: dict[str, str] = {}
+        #: narrow tensors converted from values they hold exactly (``emit_exact_conversion``)
+        self.exact_conversions: set[str] = set()
 
     # -- values ----------------------------------------------------------------------------
     def value(self, name: str, node: Node | None = None) -> Value:
@@ -135,6 +137,14 @@ class LoweringContext:
         self.set_runtime(output, shape, dtype)
 
     # -- emission --------------------------------------------------------------------------
+    def emit_exact_conversion(self, source: str, out: str, dtype, source_node: str) -> None:
+        """Convert ``source`` to ``dtype`` into ``out``, where every value of ``source`` is one that
+        ``dtype`` holds exactly (integers in its range, as QuantizeLinear's clip leaves them): a
+        round trip through ``out`` and back may then be dropped (``round_trips.py``)."""
+        value = self.values[source]
+        self.emit(A.Unary((source,), (out,), source_node, op="identity", count=value.size), value.shape, dtype)
+        self.exact_conversions.add(out)
+
     def emit(self, op: A.AtomicOp, out_shape: Sequence[int], out_dtype: np.dtype | None = None) -> None:
         """Add an atomic op with one output, or evaluate it now if its inputs are all constant.
 
@@ -184,9 +194,12 @@ class LoweringContext:
         natural = dataclasses.replace(op, dtype=A.storage_dtype(data)).output_dtype()
         return natural if natural != want else None
 
-    def _unique(self, name: str) -> str:
+    def unique_name(self, name: str) -> str:
+        """``name`` made unique in this lowering (for a tensor a pass adds)."""
         self._counter += 1
         return f"{name}:{self._counter}"
+
+    _unique = unique_name
 
     def _computable_input(self, name: str, op: A.AtomicOp) -> str:
         """``name`` itself if it is held in a compute dtype, else its conversion to the compute

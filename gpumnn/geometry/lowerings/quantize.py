@@ -115,8 +115,8 @@ def quantize(ctx: LoweringContext, node: Node, x: str, scale: str, zero_point: s
     value = ctx.value(clipped)
     if value.is_const:
         ctx.set_const(out, value.const.astype(out_dtype))
-    else:
-        ctx.emit(A.Unary((clipped,), (out,), node.name, op="identity", count=value.size), value.shape, out_dtype)
+    else:  # clipped integers: the conversion loses nothing, so a round trip through ``out`` may go
+        ctx.emit_exact_conversion(clipped, out, out_dtype, node.name)
 
 
 def dequantize(ctx: LoweringContext, node: Node, x: str, scale: str, zero_point: str | None, out: str,
