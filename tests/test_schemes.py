@@ -255,7 +255,7 @@ WINOGRAD_CASES = {  # id: (k, ic, oc, size, pads, bias, activation, tile, width 
     "F4-k1x7-bias-relu": ((1, 7), 6, 5, 12, [0, 3, 0, 3], True, "Relu", 4, None),
     "F3-k7x1-batch2-nonsquare": ((7, 1), 4, 6, 11, [3, 0, 3, 0], False, None, 3, 9),
     "F2-k3x5": ((3, 5), 3, 4, 10, [1, 2, 1, 2], True, None, 2, None),
-    # few tiles and many channels (a late stage): the GPU family's product runs tiles-major
+    # few tiles and many channels (a late stage)
     "F4-k3-few-tiles": (3, 16, 128, 7, [1, 1, 1, 1], True, "Relu", 4, None),
     # the paper's Table 1 settings at reduced spatial size, with the scheme step's own choice
     "table1-2-3-16": (2, 3, 16, 24, [0, 0, 0, 0], True, None, 0, None),
@@ -296,7 +296,6 @@ def test_winograd_kernels_of_the_gpu_family_match_onnxruntime(case):
     assert err < TOLERANCE, f"relative L2 {err:.2e}"
     assert len(convs) == 1 and convs[0].winograd_tile == tile, "the convolution was rewritten instead"
     assert [s for s in chosen if s.startswith("winograd F(")], chosen
-    assert any("/tiles-major" in s for s in chosen) == (case == "F4-k3-few-tiles"), chosen
 
 
 def _matmul_model(m, k, n, trans_a=False, trans_b=False, const_b=False, bias=False, act=None):

@@ -647,25 +647,14 @@ def _plan_winograd(be: PlannerTarget, op: A.Conv2D, x, w, bias, o) -> KernelWork
     transform_in = launch("winograd", "winograd_input", [x.buffer, _i(x.offset), mats, v, _i(c), _i(h), _i(wd),
                                                          _i(th), _i(tw), _i(t), _i(op.pads[0]), _i(op.pads[1])],
                           **grid(c * t))
-    # few tiles (a late stage's small map): the product as [T, OC] fills the GEMM's 4x128 tile,
-    # where [OC, T] would leave most of each tile's columns empty
-    few_tiles = t <= 8 and oc >= 128
-    if few_tiles:
-        products, keep, splits = _gemm_launches(be, "gemm_dense", A_=v, a_off=0, B_=u, b_off=0, C_=prod, c_off=0,
-                                                bias=prod, bias_off=0, M=t, N=oc, K=c, batch=positions,
-                                                a_s=(c * t, 0), b_s=(oc * c, 0), c_s=(t * oc, 0), lda=t, ldb=c,
-                                                trans_a=True, trans_b=True)
-    else:
-        products, keep, splits = _gemm_launches(be, "gemm_dense", A_=u, a_off=0, B_=v, b_off=0, C_=prod, c_off=0,
-                                                bias=prod, bias_off=0, M=oc, N=t, K=c, batch=positions,
-                                                a_s=(oc * c, 0), b_s=(c * t, 0), c_s=(oc * t, 0), lda=c, ldb=t)
-    oc_stride, t_stride = (1, oc) if few_tiles else (t, 1)
+    products, keep, splits = _gemm_launches(be, "gemm_dense", A_=u, a_off=0, B_=v, b_off=0, C_=prod, c_off=0,
+                                            bias=prod, bias_off=0, M=oc, N=t, K=c, batch=positions,
+                                            a_s=(oc * c, 0), b_s=(c * t, 0), c_s=(oc * t, 0), lda=c, ldb=t)
     transform_out = launch("winograd", "winograd_output",
-                           [prod, _i(oc_stride), _i(t_stride), mats, bias.buffer, _i(bias.offset), o.buffer,
+                           [prod, mats, bias.buffer, _i(bias.offset), o.buffer,
                             _i(o.offset), _i(oc), _i(oh), _i(ow), _i(th), _i(tw), _i(t), _i(int(op.has_bias))]
                            + _activation_args(op.activation), **grid(oc * t))
-    scheme = (f"winograd F({nh}x{nw}, {kh}x{kw})" + ("/tiles-major" if few_tiles else "")
-              + (f"/split-K {splits}" if splits > 1 else ""))
+    scheme = f"winograd F({nh}x{nw}, {kh}x{kw})" + (f"/split-K {splits}" if splits > 1 else "")
     work, prepare = [transform_in, *products, transform_out], ()
     if be.is_constant(w):
         prepare = (weights,)

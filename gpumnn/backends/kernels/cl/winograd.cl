@@ -7,8 +7,6 @@
  *   U [P][OC][C]  transformed weights  U[a][b] = G_h W G_w^T      (winograd_weights, once)
  *   V [P][C][T]   transformed input    V[a][b] = B_h^T d B_w      (winograd_input)
  *   M [P][OC][T]  products             M[p] = U[p] V[p]           (gemm_dense, batch P)
- *                 or [P][T][OC] where the tiles are few (the product computed as V^T U^T):
- *                 winograd_output reads M[p] with strides (oc_stride, t_stride)
  *   Y [N][OC][OH][OW]                  y = A_h^T m A_w + bias      (winograd_output)
  * The matrices come in one buffer, each row-major as scheduler.winograd builds them:
  * B_h [AH][AH], B_w [AW][AW], A_h [AH][NH], A_w [AW][NW], G_h [AH][KH], G_w [AW][KW].
@@ -86,8 +84,7 @@ __kernel void winograd_input(__global const float* x, const int x_off, __global 
         }
 }
 
-__kernel void winograd_output(__global const float* m, const int oc_stride, const int t_stride,
-                              __global const float* mats,
+__kernel void winograd_output(__global const float* m, __global const float* mats,
                               __global const float* bias, const int bias_off, __global float* y, const int y_off,
                               const int OC, const int OH, const int OW, const int TH, const int TW, const int T,
                               const int has_bias, const int act, const float p0, const float p1, const float p2)
@@ -98,7 +95,7 @@ __kernel void winograd_output(__global const float* m, const int oc_stride, cons
     const int tx = t % TW, ty = (t / TW) % TH, n = t / (TW * TH);
     float e[AH][AW];
     for (int a = 0; a < AH; ++a)
-        for (int b = 0; b < AW; ++b) e[a][b] = m[(a * AW + b) * OC * T + oc * oc_stride + t * t_stride];
+        for (int b = 0; b < AW; ++b) e[a][b] = m[((a * AW + b) * OC + oc) * T + t];
     float rows[NH][AW];  /* A_h^T m */
     for (int r = 0; r < NH; ++r)
         for (int b = 0; b < AW; ++b) {
