@@ -284,6 +284,42 @@ class MatMul(AtomicOp):
         return self.batch * self.m * self.n * self.k
 
 
+#: the largest inner dimension of a QuantizedMatMul: K * 255 * 127 must fit its int32 sums
+QUANTIZED_MAX_K = 65536
+
+
+@dataclass(frozen=True)
+class QuantizedMatMul(AtomicOp):
+    """Dynamically quantized product (MNN's dynamic quantization): ``out[M, N]`` float32 from x
+    float32 ``[M, K]`` quantized per row at run time and a constant int8 weight ``[K, N]``.
+
+    Inputs: x ``[M, K]``; weight int8 ``[K, N]`` (symmetric, values in [-127, 127]); weight_scale
+    float32 ``[N]`` (one per column); bias float32 ``[N]`` when ``has_bias``. Each row m of x is
+    quantized to uint8, asymmetric, all arithmetic in float32 and ``rint`` rounding half to even::
+
+        lo = min(0, min_k x[m, k]);  hi = max(0, max_k x[m, k])
+        scale[m] = (hi - lo) / 255, or 1 where that is 0
+        zero[m] = clip(rint(-lo / scale[m]), 0, 255)
+        q[m, k] = clip(rint(x[m, k] / scale[m]) + zero[m], 0, 255)
+
+    The product is exact in int32, ``acc[m, n] = sum_k q[m, k] * weight[k, n]``, and the epilogue
+    dequantizes: ``out[m, n] = act(float32(acc[m, n] - zero[m] * colsum[n]) * (scale[m] *
+    weight_scale[n]) + bias[n])`` with ``colsum[n] = sum_k weight[k, n]``. x must be finite; K is
+    at most ``QUANTIZED_MAX_K``. The session's ``precision="int8"`` rewrites MatMuls with constant
+    weights into this op (``gpumnn.scheduler.precision``).
+    """
+
+    kind: ClassVar[str] = "quantized_matmul"
+    m: int = 1
+    n: int = 1
+    k: int = 1
+    has_bias: bool = False
+    activation: Activation = None
+
+    def macs(self) -> int:
+        return self.m * self.n * self.k
+
+
 @dataclass(frozen=True)
 class ConvGeometry(AtomicOp):
     """Fields shared by Conv2D and ConvTranspose2D (NCHW, 2D kernel, groups, fused epilogue)."""
@@ -602,7 +638,7 @@ def recurrent_cell_violation(op: RecurrentCell) -> str | None:
 
 
 ALL_OPS: tuple[type[AtomicOp], ...] = (
-    Raster, Unary, Binary, Reduce, MatMul, Conv2D, ConvTranspose2D, Pool2D, Softmax, Normalize,
+    Raster, Unary, Binary, Reduce, MatMul, QuantizedMatMul, Conv2D, ConvTranspose2D, Pool2D, Softmax, Normalize,
     Resize, Gather, Select, CumSum, TopK, Scatter, RecurrentCell,
 )
 

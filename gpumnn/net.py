@@ -35,7 +35,7 @@ class Net:
     def session(self, backend: str = "cpu", input_shapes: Mapping[str, Sequence[int]] | None = None,
                 record: bool = True, threads: int | None = None, fallback: bool = True,
                 max_concurrent_runs: int | None = None, shape_cache: int = DEFAULT_SHAPE_CACHE,
-                **backend_options: Any) -> Session:
+                precision: str = "fp32", **backend_options: Any) -> Session:
         """Pre-inference for one backend (see :class:`Session`): at creation for ``input_shapes``
         (which may leave out static dims), or, for a model with symbolic dims and no shapes given,
         at the first run; runs with other shapes prepare for them, keeping the ``shape_cache``
@@ -45,10 +45,14 @@ class Net:
         ``fallback=False`` raises BackendUnavailableError instead. ``max_concurrent_runs`` caps
         how many threads' runs proceed at once (each needs a run state of its own; the backends
         set the upper bound, see the README's Threads section).
+
+        ``precision="int8"`` runs matrix products with constant weights on int8 (weights quantized
+        once per column, activations per row at run time, ``gpumnn.scheduler.precision``); the
+        default ``"fp32"`` runs the model as it is; any other value is a ValueError.
         """
         return Session(self.graph, backend=backend, input_shapes=input_shapes, record=record, threads=threads,
                        fallback=fallback, max_concurrent_runs=max_concurrent_runs, shape_cache=shape_cache,
-                       **backend_options)
+                       precision=precision, **backend_options)
 
     def infer_shapes(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, tuple[int, ...]]:
         """Concrete shape of every run-time tensor for the given input shapes."""

@@ -75,6 +75,8 @@ class Case:
     constants: set[str] = field(default_factory=set)  # inputs uploaded with backend.constant()
 
     def input_dtype(self, name: str) -> str:
+        if self.inputs[name].dtype == np.int8:  # a QuantizedMatMul's weight
+            return A.INT8
         return A.INT32 if self.inputs[name].dtype.kind in "iub" else A.FLOAT32
 
     def output_dtype(self, name: str) -> str:
@@ -382,6 +384,24 @@ CASES["matmul-shared-colbias-gelu"] = lambda rng: _matmul(
 CASES["matmul-tiles-fullbias"] = lambda rng: _matmul(rng, batch=1, m=70, n=130, k=100, bias="full", beta=0.5)
 CASES["matmul-gemv"] = lambda rng: _matmul(rng, batch=1, m=1, n=300, k=64, trans_b=True, bias="row",
                                            const_b=True)
+
+
+def _quantized_matmul(rng, *, m, n, k, bias=False, activation=None) -> Case:
+    inputs = {"x": rng.standard_normal((m, k)).astype(np.float32),
+              "w": rng.integers(-127, 128, (k, n)).astype(np.int8),
+              "w_scale": (rng.random(n) / 100 + 1e-3).astype(np.float32)}
+    if bias:
+        inputs["bias"] = rng.standard_normal(n).astype(np.float32)
+    op = A.QuantizedMatMul(tuple(inputs), ("y",), "quantized_matmul", m=m, n=n, k=k, has_bias=bias,
+                           activation=activation)
+    return Case(op, inputs, {"y": (m, n)}, {"w", "w_scale"})
+
+
+CASES["quantized_matmul-vector"] = lambda rng: _quantized_matmul(rng, m=1, n=33, k=7)
+CASES["quantized_matmul-bias-gelu"] = lambda rng: _quantized_matmul(rng, m=19, n=70, k=45, bias=True,
+                                                                    activation=("gelu", ()))
+CASES["quantized_matmul-bias-sigmoid"] = lambda rng: _quantized_matmul(rng, m=9, n=5, k=130, bias=True,
+                                                                       activation=("sigmoid", ()))
 
 
 def _conv(rng, *, n=1, c, hw, oc, k, s=(1, 1), p=(0, 0), d=(1, 1), g=1, bias=False, act=None,
@@ -790,7 +810,8 @@ def test_case_table_covers_every_atomic_op():
 #: Cases a GPU backend's kernels do not run yet: the backend must refuse them (so sessions place
 #: them on the CPU), and a case that starts to run is taken off (strict). TopK stays on the CPU by
 #: design (a selection per row is serial work a GPU kernel does not pay for at these sizes).
-CPU_ONLY = {name for name in CASES if name.startswith("topk-")}
+#: QuantizedMatMul's int8 products have a kernel on the cpu only so far (issue 30).
+CPU_ONLY = {name for name in CASES if name.startswith(("topk-", "quantized_matmul-"))}
 _INT_AND_NEW = {name for name in CASES if any(name.startswith(p) for p in (
     "unary-int32-", "cast-", "binary-int32-", "reduce-int32-", "reduce-arg", "select-", "cumsum-", "scatter-",
     "raster-int32-", "unary-not", "unary-nonzero"))} | {f"binary-{b}-bcast" for b in A.BOOL_BINARY_OPS}

@@ -54,6 +54,7 @@ from .shape_set import SessionParts, ShapeSet
 from ..scheduler import PoolLayout, Placement
 from ..scheduler.calibration import calibration_for
 from ..scheduler.cost import CostModel
+from ..scheduler.precision import check_precision
 from .shared import ConstantStore, RunReservations
 from .shape_set_cache import ShapeSetCache
 
@@ -78,8 +79,10 @@ class Session:
                  record: bool = True, threads: int | None = None, fallback: bool = True,
                  max_concurrent_runs: int | None = None, shape_cache: int = DEFAULT_SHAPE_CACHE,
                  placement: Mapping[str, str] | None = None, submit_timeout: float | None = None,
-                 **backend_options: Any):
+                 precision: str = "fp32", **backend_options: Any):
         started = time.perf_counter()
+        #: the arithmetic of the products (``gpumnn.scheduler.precision``): "fp32", or "int8" (dynamic quantization)
+        self.precision = check_precision(precision)
         self.graph = graph
         self.record = record
         if int(shape_cache) < 0:
@@ -121,7 +124,7 @@ class Session:
         self._parts = SessionParts(graph, self.backends, tuple(self.candidates), self.pins, cost_model, scheme_backend,
                                    self.device_backend, record, concurrent, ConstantStore(self.backends),
                                    RunReservations(self.backends, concurrent), build_lock,
-                                   functools.partial(_activate, dict(self.backends)))
+                                   functools.partial(_activate, dict(self.backends)), self.precision)
         parts = self._parts
         self._cache: ShapeSetCache[ShapeKey, ShapeSet] = ShapeSetCache(
             max(1, self.shape_cache), lambda key: ShapeSet(parts, key_shapes(key), key_values(key)), ShapeSet.close, build_lock,

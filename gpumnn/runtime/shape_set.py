@@ -21,6 +21,7 @@ from .. import atomic as A
 from ..backends.base import Backend, Execution, TensorHandle
 from ..geometry import lower
 from ..scheduler.expansion import expand_schemes
+from ..scheduler.precision import apply_precision
 from ..input_shapes import shape_key
 from ..ir import Graph, ValueInfo
 from .run_states import RunStatePool
@@ -59,6 +60,8 @@ class SessionParts:
     build_lock: threading.RLock  # one preparation (or release) at a time across the session
     #: ``active(names)``: those backends (None: every one) usable from this thread, for a bracket
     active: Callable[..., AbstractContextManager[None]]
+    #: the arithmetic the program is rewritten for (``gpumnn.scheduler.precision``): "fp32" or "int8"
+    precision: str = "fp32"
 
 
 class ShapeSet:
@@ -87,7 +90,8 @@ class ShapeSet:
         parts = self.parts
         # schemes are decided once, for one backend, then Winograd / Strassen become atomic ops any backend runs
         scheme_backend = parts.backends[parts.scheme_backend]
-        program = expand_schemes(select_schemes(lower(parts.graph, self.input_shapes, self.values), scheme_backend), scheme_backend)
+        lowered = apply_precision(lower(parts.graph, self.input_shapes, self.values), parts.precision)
+        program = expand_schemes(select_schemes(lowered, scheme_backend), scheme_backend)
         self.program = program
         self.output_dtypes = {info.name: self._output_dtype(info) for info in parts.graph.outputs}  # run() reads
         self.placement: Placement = place(program, parts.backends, parts.candidates, parts.cost_model, parts.pins)

@@ -22,7 +22,7 @@ from ..base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, KernelWork, 
 from ...errors import BackendOptionError, BackendUnavailableError
 from ..limits import MemoryLimits, host_limits
 from . import compiled as cpu_compiled, engines, jit as cpu_jit, parallel as cpu_parallel, reference as cpu_reference
-from . import rows as cpu_rows, tiles as cpu_tiles
+from . import int8 as cpu_int8, rows as cpu_rows, tiles as cpu_tiles
 from .constants import PackedConstants, made_once
 from .elementwise import binary_function, unary_function
 from .engines import Engine
@@ -234,6 +234,11 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constan
         if act:
             act(ob)
     return KernelWork((_on_pool(pool, len(tasks), chunk),))
+
+
+def _make_quantized_matmul(op: A.QuantizedMatMul, ins, outs, pool: Workers, engine: Engine,
+                           constants: PackedConstants | None = None):
+    return cpu_int8.make_quantized_matmul(op, ins, outs, engine, functools.partial(made_once, constants))
 
 
 def _gemm_blocks(batch: int, m: int, n: int, threads: int, align_m: int = 1) -> list[tuple[int | slice, int, int, int, int]]:
@@ -592,12 +597,12 @@ def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers):
 
 _ANY_INT = frozenset({A.INT32})
 #: makers with a compiled or region kernel for some of their ops: they ask the backend's ``Engine`` which
-_ENGINE_AWARE = frozenset({_make_conv2d, _make_pool2d, _make_matmul, _make_binary, _make_softmax, _make_normalize})
+_ENGINE_AWARE = frozenset({_make_conv2d, _make_pool2d, _make_matmul, _make_quantized_matmul, _make_binary, _make_softmax, _make_normalize})
 #: makers that pack constant weights (shared between run states: ``cpu_constants``)
-_PACKS_CONSTANTS = frozenset({_make_conv2d, _make_matmul})
+_PACKS_CONSTANTS = frozenset({_make_conv2d, _make_matmul, _make_quantized_matmul})
 _MAKERS = {
     A.Raster: _make_raster, A.Unary: _make_unary, A.Binary: _make_binary, A.Reduce: _make_reduce,
-    A.MatMul: _make_matmul, A.Conv2D: _make_conv2d, A.ConvTranspose2D: _make_conv_transpose2d,
+    A.MatMul: _make_matmul, A.QuantizedMatMul: _make_quantized_matmul, A.Conv2D: _make_conv2d, A.ConvTranspose2D: _make_conv_transpose2d,
     A.Pool2D: _make_pool2d, A.Softmax: _make_softmax, A.Normalize: _make_normalize,
     A.Resize: _make_resize, A.Gather: _make_gather, A.Select: _make_select, A.CumSum: _make_cumsum,
     A.TopK: _make_topk, A.Scatter: _make_scatter, A.RecurrentCell: _make_recurrent_cell,

@@ -1,0 +1,109 @@
+"""int8 products (issue 30): QuantizedMatMul exact against NumPy's integer product on the cpu's
+kernels, and ``precision="int8"`` on the zoo transformer within the error measured in
+bench/RESULTS.md, on every backend, its products on QuantizedMatMul (placed on the cpu)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import require_backend
+from gpumnn import atomic as A, load, zoo
+from gpumnn.backends import REGISTRY, probe
+from gpumnn.backends.cpu import int8 as cpu_int8
+from gpumnn.backends.cpu.backend import CpuBackend
+from gpumnn.scheduler.precision import PRECISIONS, quantize_columns
+
+#: relative L2 error of int8 against fp32 the transformer encoder must stay under: the issue's
+#: target; the measured worst over 50 inputs is in bench/RESULTS.md ("int8 on the cpu")
+TRANSFORMER_INT8_ERROR = 2e-2
+
+
+def _integer_reference(x, weight, weight_scale, bias):
+    """The contract's output in NumPy: quantized rows, an int64 product, the same float epilogue."""
+    q, scale, zero = cpu_int8.quantize_rows_reference(x)
+    acc = q.astype(np.int64) @ weight.astype(np.int64)
+    colsum = weight.astype(np.int64).sum(axis=0)
+    return (acc - zero[:, None].astype(np.int64) * colsum).astype(np.float32) * (scale[:, None] * weight_scale) + bias
+
+
+def _run(be, op, x, weight, weight_scale, bias):
+    pool = be.allocate(4 * (x.size + op.m * op.n + 64))
+    xh = be.tensor(pool, 0, x.shape, A.FLOAT32)
+    out = be.tensor(pool, x.size + 16, (op.m, op.n), A.FLOAT32)
+    be.write(xh, x)
+    ins = [xh, be.constant(weight), be.constant(weight_scale), be.constant(bias)]
+    exe = be.create_execution(op, ins, [out])
+    be.submit(be.record([exe]))
+    result = be.read(out)
+    be.release(pool)
+    return result, exe.scheme
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 7, 5), (13, 37, 33), (70, 301, 97), (8, 4, 32)])
+@pytest.mark.parametrize("engine", ["numpy", "jit", "regions"])
+def test_quantized_matmul_is_exact(m, k, n, engine):
+    """Odd sizes (one row, K off the 4-byte steps, N off the tile's 32 columns) give exactly the
+    integer reference's float32 outputs on every engine; rows include all-positive, all-zero and
+    wide ones, so zero points at both ends and scale 1 are covered."""
+    rng = np.random.default_rng(m * k * n)
+    x = rng.standard_normal((m, k)).astype(np.float32) * rng.choice([0.01, 1.0, 50.0], (m, 1)).astype(np.float32)
+    x[0] = np.abs(x[0])
+    if m > 2:
+        x[1] = 0.0
+    weight = rng.integers(-127, 128, (k, n)).astype(np.int8)
+    weight_scale = (rng.random(n) / 64 + 1e-3).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    options = {"numpy": dict(jit=False, threads=1), "jit": dict(jit=True, threads=1),
+               "regions": dict(jit=True, threads=2)}[engine]
+    be = CpuBackend(**options)
+    op = A.QuantizedMatMul(("x", "w", "s", "b"), ("y",), "test", m=m, n=n, k=k, has_bias=True)
+    got, scheme = _run(be, op, x, weight, weight_scale, bias)
+    np.testing.assert_array_equal(got, _integer_reference(x, weight, weight_scale, bias))
+    assert scheme.startswith("int8"), scheme
+    if engine != "numpy":
+        assert cpu_int8.TILE in scheme
+
+
+def test_quantize_columns_round_trips_within_half_a_step():
+    weight = np.random.default_rng(3).standard_normal((50, 9)).astype(np.float32)
+    weight[:, 4] = 0.0
+    values, scale = quantize_columns(weight)
+    assert values.dtype == np.int8 and np.abs(values).max() <= 127 and scale[4] == 1.0
+    assert np.all(np.abs(values * scale - weight) <= scale / 2 + 1e-7)
+
+
+def test_unknown_precision_is_refused_naming_the_valid_ones():
+    net = load(zoo.transformer_encoder())
+    with pytest.raises(ValueError, match="precision='int4' is not one of 'fp32', 'int8'"):
+        net.session(backend="cpu", precision="int4")
+    assert PRECISIONS == ("fp32", "int8")
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_int8_transformer_agrees_with_fp32(name):
+    """On every backend: int8 within TRANSFORMER_INT8_ERROR of fp32 over a few inputs, every
+    product with a constant weight a QuantizedMatMul, placed on the cpu (the only backend with
+    its kernel), the attention's products of two activations still float MatMuls."""
+    why = probe(name)
+    if why is not None:
+        require_backend(name)
+        pytest.skip(f"{name}: {why}")
+    net = load(zoo.transformer_encoder())
+    fp32 = net.session(backend=name, threads=2)
+    int8 = net.session(backend=name, threads=2, precision="int8")
+    try:
+        program, placement = int8.program, int8.placement
+        quantized = [i for i, op in enumerate(program.ops) if isinstance(op, A.QuantizedMatMul)]
+        assert len(quantized) == 6  # q, k, v, out, fc1, fc2
+        assert all(placement.op_backends[i] == "cpu" for i in quantized)
+        assert sum(isinstance(op, A.MatMul) for op in program.ops) == 2  # q.k^T and probs.v
+        assert not any(isinstance(op, A.QuantizedMatMul) for op in fp32.program.ops)
+        rng = np.random.default_rng(11)
+        for _ in range(3):
+            feed = {net.inputs[0].name: rng.standard_normal((1, 128, 256)).astype(np.float32)}
+            ref, low = (next(iter(s.run(feed).values())) for s in (fp32, int8))
+            error = np.linalg.norm(low - ref) / np.linalg.norm(ref)
+            assert 1e-4 < error < TRANSFORMER_INT8_ERROR, error  # above 1e-4: the products really ran in int8
+    finally:
+        fp32.close()
+        int8.close()
