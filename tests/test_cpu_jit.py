@@ -80,7 +80,9 @@ DEPTHWISE = [
     (16, 66, 3, 1, 1, [1, 1, 0, 1], "relu6", True),    # stride 1, a plane past FLAT_PLANE_MAX: row by row
     (16, 15, 3, 2, 1, [0, 0, 1, 1], "relu", True),     # TensorFlow's SAME: padding after only
     (16, 9, 3, 2, 1, [2, 1, 0, 2], None, False),       # uneven padding, no bias, no activation
-    (24, 20, 5, 2, 1, [2, 2, 2, 2], "sigmoid", True),  # 5x5 (the generic loop), an activation after
+    (24, 20, 5, 2, 1, [2, 2, 2, 2], "sigmoid", True),  # 5x5 (channels innermost), an activation after
+    (40, 3, 5, 1, 1, [2, 2, 2, 2], "relu", True),      # 5x5 on a plane smaller than its kernel
+    (64, 96, 5, 1, 1, [2, 2, 2, 2], "relu6", True),    # 5x5 past CHANNELS_LAST_BYTES: the generic loop
     (8, 17, 3, 1, 2, [2, 2, 2, 2], "relu", True),      # dilation
     (8, 17, 3, 3, 1, [1, 0, 1, 0], "relu6", True),     # stride 3
     (600, 7, 3, 1, 1, [1, 1, 1, 1], "relu6", True),    # many channels: spans on both threads
@@ -123,6 +125,16 @@ def test_both_stride_1_depthwise_loops_are_covered():
                                                     out_hw=(size, size), kernel=(3, 3), pads=(1, 1)))[0]
                   for size in (19, 66))
     assert flat is cpu_jit.depthwise3x3_s1_flat and rows is cpu_jit.depthwise3x3_s1
+
+
+def test_both_generic_depthwise_loops_are_covered():
+    from gpumnn import atomic as A
+
+    kernels = [cpu_jit.depthwise_kernel(A.Conv2D(inputs=("x", "w"), outputs=("y",), source="test", in_channels=c,
+                                                 out_channels=c, groups=c, in_hw=(size, size), out_hw=(size, size),
+                                                 kernel=(5, 5), pads=(2, 2)))[0]
+               for c, size in ((24, 20), (64, 96))]
+    assert kernels == [cpu_jit.depthwise_channels_last, cpu_jit.depthwise_any]
 
 
 def test_the_winograd_scheme_runs_with_the_compiled_epilogue():

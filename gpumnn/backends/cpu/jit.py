@@ -276,6 +276,47 @@ def depthwise_any(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
                 o[ox] = min(max(acc[ox], lo), hi)
 
 
+@_kernel
+def depthwise_channels_last(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
+    """Any kernel size, stride and dilation with the channels innermost: the span's input copied
+    once into a zero-bordered [rows x columns, channels] plane and its weights into [taps,
+    channels] (the head of ``acc``), then each output pixel is a sum over taps of vector products
+    along the channels, in ``acc``'s tail. A plane of a few pixels leaves a per-plane loop rows
+    of a few elements to run, and its cost per channel and per row to pay; a channel row of
+    hundreds is one vectorised pass per tap."""
+    cs, h, wd = x.shape[0], x.shape[1], x.shape[2]
+    kh, kw = w.shape[1], w.shape[2]
+    oh, ow = out.shape[1], out.shape[2]
+    sh, sw, dh, dw = geometry
+    taps = kh * kw
+    width = max(wd + pl, (ow - 1) * sw + (kw - 1) * dw + 1)  # the plane's columns, as ``depthwise_kernel`` sizes it
+    for c in range(cs):
+        for ky in range(kh):
+            for kx in range(kw):
+                acc[(ky * kw + kx) * cs + c] = w[c, ky, kx]
+    for c in range(cs):
+        for iy in range(h):
+            src = x[c, iy]
+            for ix in range(wd):
+                plane[(iy + pt) * width + ix + pl, c] = src[ix]
+    r = acc[taps * cs:(taps + 1) * cs]
+    for oy in range(oh):
+        for ox in range(ow):
+            for c in range(cs):
+                r[c] = bias[c]
+            for ky in range(kh):
+                for kx in range(kw):
+                    src = plane[(oy * sh + ky * dh) * width + ox * sw + kx * dw]
+                    wt = acc[(ky * kw + kx) * cs:(ky * kw + kx + 1) * cs]
+                    for c in range(cs):
+                        r[c] += wt[c] * src[c]
+            for c in range(cs):
+                out[c, oy, ox] = min(max(r[c], lo), hi)
+
+
+#: ``depthwise_channels_last`` takes the kernels ``depthwise_any`` would while its plane of all
+#: channels takes at most this many bytes of each thread's scratch
+CHANNELS_LAST_BYTES = 2 << 20
 #: a stride-1 plane of at most this many elements (it and the flat output: 32 KiB, an L1) runs
 #: as one flat row (``depthwise3x3_s1_flat``)
 FLAT_PLANE_MAX = 4096
@@ -294,6 +335,9 @@ def depthwise_kernel(op: A.Conv2D) -> tuple[Callable, list[tuple[int, ...]], tup
         return depthwise3x3_s1, [plane, unused], geometry
     if (kh, kw) == (3, 3) and op.dilations == (1, 1) and op.strides == (2, 2):
         return depthwise3x3_s2, [phases_shape(h, pt, oh, ow, 2, 2), unused], geometry
+    channels = op.in_channels
+    if plane[0] * plane[1] * channels * 4 <= CHANNELS_LAST_BYTES:
+        return depthwise_channels_last, [(plane[0] * plane[1], channels), ((kh * kw + 1) * channels,)], geometry
     return depthwise_any, [plane, (ow,)], geometry
 
 
