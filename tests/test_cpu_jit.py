@@ -223,6 +223,28 @@ def test_compiled_gelu_and_erf_agree_with_numpy_and_the_exact_erf():
     assert np.max(np.abs(erf[np.isfinite(x)] - exact)) < 1e-6
 
 
+@pytest.mark.parametrize("name, params", [("sigmoid", ()), ("hard_swish", ()), ("hard_sigmoid", (0.2, 0.5)),
+                                          ("hard_sigmoid", (1.0 / 6.0, 0.5))])
+def test_compiled_mobile_activations_match_numpy(name, params):
+    """Sigmoid, hard-swish and hard sigmoid as compiled passes, in place (an epilogue) and from x
+    into out (the Unary op), against the NumPy kernels: extremes and NaN included."""
+    from gpumnn.backends.cpu import activations as cpu_activations, elementwise as cpu_math
+    require_tool("numba", cpu_jit.MISSING)
+    rng = np.random.default_rng(5)
+    x = np.concatenate([rng.standard_normal(4093) * 4, [0.0, -0.0, 3.0, -3.0, 1e-30, 88.0, -88.0, 104.0, -104.0,
+                                                        np.inf, -np.inf, np.nan]]).astype(np.float32)
+    want = np.empty_like(x)
+    with np.errstate(all="ignore"):
+        cpu_math.unary_function(name, params, np.dtype(np.float32))(x, want)
+    in_place = x.copy()
+    cpu_activations.activation_in_place(name, lambda a: pytest.fail("fell back"), params)(in_place)
+    into = np.full_like(x, 7.0)
+    cpu_activations.unary_into(name, params, x, into)()
+    for got in (in_place, into):
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7, equal_nan=True)
+    assert not np.allclose(want[:100], 0.0)
+
+
 def test_compiled_activation_falls_back_to_numpy_off_contiguous_float32():
     from gpumnn.backends.cpu import activations as cpu_activations, elementwise as cpu_math
     require_tool("numba", cpu_jit.MISSING)

@@ -21,7 +21,7 @@ from ... import atomic as A
 from ..base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, KernelWork, TensorHandle, constant_words, host_out, kernels_option
 from ...errors import BackendOptionError, BackendUnavailableError
 from ..limits import MemoryLimits, host_limits
-from . import compiled as cpu_compiled, engines, jit as cpu_jit, parallel as cpu_parallel, reference as cpu_reference
+from . import activations as cpu_activations, compiled as cpu_compiled, engines, jit as cpu_jit, parallel as cpu_parallel, reference as cpu_reference
 from . import rows as cpu_rows, tiles as cpu_tiles
 from .constants import PackedConstants, made_once
 from .elementwise import binary_function, unary_function
@@ -118,8 +118,11 @@ def _make_raster(op: A.Raster, ins, outs, pool: Workers):
     return KernelWork((run,))
 
 
-def _make_unary(op: A.Unary, ins, outs, pool: Workers):
+def _make_unary(op: A.Unary, ins, outs, pool: Workers, engine: Engine):
     x, o = flat(ins[0]), flat(outs[0])
+    compiled = cpu_activations.unary_into(op.op, op.params, x, o) if engine.jit else None  # one pass, where it has one
+    if compiled is not None:
+        return KernelWork((compiled,))
     fn = unary_function(op.op, op.params, o.dtype)
     return KernelWork((lambda: fn(x, o),))
 
@@ -592,7 +595,7 @@ def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers):
 
 _ANY_INT = frozenset({A.INT32})
 #: makers with a compiled or region kernel for some of their ops: they ask the backend's ``Engine`` which
-_ENGINE_AWARE = frozenset({_make_conv2d, _make_pool2d, _make_matmul, _make_binary, _make_softmax, _make_normalize})
+_ENGINE_AWARE = frozenset({_make_unary, _make_conv2d, _make_pool2d, _make_matmul, _make_binary, _make_softmax, _make_normalize})
 #: makers that pack constant weights (shared between run states: ``cpu_constants``)
 _PACKS_CONSTANTS = frozenset({_make_conv2d, _make_matmul})
 _MAKERS = {
