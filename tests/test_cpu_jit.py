@@ -259,3 +259,29 @@ def test_compiled_activation_falls_back_to_numpy_off_contiguous_float32():
     apply(np.zeros(4, np.float64))
     assert calls == [(6, 8), (4,)]
     assert cpu_activations.activation_in_place("tanh", np.tanh) is np.tanh  # no compiled loop: NumPy's
+
+
+@pytest.mark.parametrize("directions, batch", [(1, 1), (2, 3)])
+def test_compiled_lstm_step_matches_the_numpy_step(directions, batch):
+    """``cpu_recurrent.lstm_steps`` (the usual LSTM step as one pass) against ``cell_step``, with
+    large pre-activations in the gates, on a projection whose step rows are offset and strided."""
+    from gpumnn import atomic as A
+    from gpumnn.backends.cpu import recurrent as cpu_recurrent
+    require_tool("numba", cpu_jit.MISSING)
+    rng = np.random.default_rng(9)
+    hidden, row_stride = 37, 4 * 37 * directions + 5
+    offsets = tuple(3 + d * (batch * row_stride + 11) for d in range(directions))
+    op = A.RecurrentCell(inputs=("g", "x", "s"), outputs=("y",), source="test", cell="lstm", directions=directions,
+                         batch=batch, hidden=hidden, x_offsets=offsets, x_row_stride=row_stride,
+                         steps=(0,) * directions, activations=(("sigmoid", 0.0, 0.0), ("tanh", 0.0, 0.0),
+                                                               ("tanh", 0.0, 0.0)) * directions)
+    gates = (rng.standard_normal(directions * batch * 4 * hidden) * 6).astype(np.float32)
+    projection = rng.standard_normal(offsets[-1] + batch * row_stride + 4 * hidden).astype(np.float32)
+    state = (rng.standard_normal(2 * directions * batch * hidden) * 2).astype(np.float32)
+    want, got = np.empty_like(state), np.empty_like(state)
+    x = np.lib.stride_tricks.as_strided(projection[offsets[0]:], (directions, batch, 4, hidden),
+                                        tuple(4 * s for s in (offsets[-1] - offsets[0], row_stride, hidden, 1)))
+    cpu_recurrent.cell_step(op, cpu_recurrent.direction_groups(op), gates.reshape(directions, batch, 4, hidden), x,
+                            state.reshape(2, directions, batch, hidden), {}, want.reshape(2, directions, batch, hidden))
+    cpu_recurrent.compiled_lstm_step(op, gates, projection, state, got)()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=3e-7)

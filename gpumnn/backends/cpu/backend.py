@@ -27,7 +27,7 @@ from .constants import PackedConstants, made_once
 from .elementwise import binary_function, unary_function
 from .engines import Engine
 from .compiled import _bounds, _region_items, _row_broadcast
-from .recurrent import cell_step, direction_groups
+from .recurrent import cell_step, compiled_lstm_step, direction_groups
 from .reference import (_PaddedInput, _conv_epilogue, _conv_pads, _epilogue, _even_spans, _gemm_chunk, _on_pool, _spans,
                         _window_view, flat, strided, typed, view)
 from .workers import Workers, workers
@@ -576,11 +576,17 @@ def _make_scatter(op: A.Scatter, ins, outs, pool: Workers):
     return KernelWork((run,))
 
 
-def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers):
+def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers, engine: Engine):
     """One LSTM/GRU/RNN step (``cpu_recurrent.cell_step``) on views of the pools: the projection's
-    step slices are one strided view (the directions' offsets apart), so nothing is copied in."""
+    step slices are one strided view (the directions' offsets apart), so nothing is copied in.
+    With ``jit``, the usual LSTM step is one compiled pass (``cpu_recurrent.compiled_lstm_step``)."""
     d, b, h, g = op.directions, op.batch, op.hidden, op.gate_blocks
     roles = dict(zip(op.input_roles(), ins))
+    if engine.jit:
+        compiled = compiled_lstm_step(op, flat(roles["gates"]), typed(roles["projection"])[roles["projection"].offset:],
+                                      flat(roles["state"]), flat(outs[0]))
+        if compiled is not None:
+            return KernelWork((compiled,))
     gates = view(roles["gates"]).reshape(d, b, g, h)
     x0 = op.x_offsets[0]
     x = strided(roles["projection"], x0, (d, b, A.CELLS[op.cell][0], h),
@@ -595,7 +601,8 @@ def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers):
 
 _ANY_INT = frozenset({A.INT32})
 #: makers with a compiled or region kernel for some of their ops: they ask the backend's ``Engine`` which
-_ENGINE_AWARE = frozenset({_make_unary, _make_conv2d, _make_pool2d, _make_matmul, _make_binary, _make_softmax, _make_normalize})
+_ENGINE_AWARE = frozenset({_make_unary, _make_conv2d, _make_pool2d, _make_matmul, _make_binary, _make_softmax, _make_normalize,
+                           _make_recurrent_cell})
 #: makers that pack constant weights (shared between run states: ``cpu_constants``)
 _PACKS_CONSTANTS = frozenset({_make_conv2d, _make_matmul})
 _MAKERS = {
