@@ -69,9 +69,13 @@ def test_conv(engine, op, constant, expected):
 
 
 R, P = engines.REGION_MIN_MACS, engines.PARALLEL_MIN_MACS
-# (engine, macs, float32, vector, expected)
+# (engine, macs, float32, vector, expected[, plain: a layout small_product takes])
 MATMUL = [
     (REGIONS, 1024, True, True, ("vector_region", 2)),
+    (REGIONS, engines.SMALL_PRODUCT_MACS - 1, True, False, ("small_product", 1), True),  # plain and small: one loop
+    (JIT, engines.SMALL_PRODUCT_MACS - 1, True, True, ("small_product", 1), True),
+    (REGIONS, engines.SMALL_PRODUCT_MACS, True, False, ("gemm_region", 1), True),
+    (NUMPY, 1024, True, False, ("gemm", 1), True),  # no compiled loops
     (REGIONS, R, True, False, ("gemm_region", 2)),
     (REGIONS, R - 1, True, False, ("gemm_region", 1)),
     (REGIONS, P, False, False, ("gemm", 2)),  # not float32: the Python threads
@@ -83,9 +87,10 @@ MATMUL = [
 ]
 
 
-@pytest.mark.parametrize("engine, macs, float32, vector, expected", MATMUL)
-def test_matmul(engine, macs, float32, vector, expected):
-    assert engine.matmul(macs, float32, vector) == expected
+@pytest.mark.parametrize("case", MATMUL)
+def test_matmul(case):
+    engine, macs, float32, vector, expected, *plain = case
+    assert engine.matmul(macs, float32, vector, *plain) == expected
 
 
 # (engine, op, float32, expected)

@@ -285,3 +285,31 @@ def test_compiled_lstm_step_matches_the_numpy_step(directions, batch):
                             state.reshape(2, directions, batch, hidden), {}, want.reshape(2, directions, batch, hidden))
     cpu_recurrent.compiled_lstm_step(op, gates, projection, state, got)()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=3e-7)
+
+
+def test_every_atomic_case_compiled_matches_numpy():
+    """Every float32 case of the atomic-op table on the compiled engine (native regions on two
+    threads) against the NumPy kernels (``jit=False``): the small-product loop, the compiled
+    activations and the LSTM step among them."""
+    from gpumnn.backends.cpu.backend import CpuBackend
+    from test_atomic_ops import CASES, run_case
+
+    require_tool("numba", cpu_jit.MISSING)
+    compiled, numpy_kernels = CpuBackend(threads=2), CpuBackend(threads=1, jit=False)
+    try:
+        checked = 0
+        for name, make in CASES.items():
+            case = make(np.random.default_rng(0))
+            if any(np.dtype(case.output_dtype(n)) != np.float32 for n in case.outputs):
+                continue
+            outputs = [run_case(be, case, {n: np.zeros(s, np.float32) for n, s in case.outputs.items()})
+                       for be in (compiled, numpy_kernels)]
+            for output in case.outputs:
+                got, want = outputs[0][output], outputs[1][output]
+                scale = max(float(np.linalg.norm(want)), 1e-12)
+                assert float(np.linalg.norm(got - want)) / scale < 1e-5, f"{name}: {output} differs"
+            checked += 1
+        assert checked > 50
+    finally:
+        compiled.close()
+        numpy_kernels.close()

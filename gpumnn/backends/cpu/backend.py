@@ -191,7 +191,17 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constan
     vector = (a.shape[:2] == (1, 1) and a.strides[2] == 4 and alpha == 1.0 and beta == 1.0  # a vector, constant weights
               and CpuBackend.is_constant(ins[1]) and (bias is None or bias.shape[0] == 1))
     macs = a.shape[0] * a.shape[1] * op.n * op.k
-    kernel, parts = engine.matmul(macs, o.dtype == np.float32, vector)
+    float32 = o.dtype == a.dtype == b.dtype == np.float32
+    plain = (float32 and alpha == 1.0 and bias is None and cpu_jit.clamp_of(op.activation) is not None
+             and a.flags.c_contiguous and (b.flags.c_contiguous or CpuBackend.is_constant(ins[1])))
+    kernel, parts = engine.matmul(macs, float32, vector, plain)
+    if kernel == "small_product":  # constant weights stored transposed are laid [K, N] once
+        packed = b if b.flags.c_contiguous else made_once(constants, ins[1], ("rows", b.shape),
+                                                          lambda: np.ascontiguousarray(b))
+        lo, hi, _ = cpu_reference._compiled_clamp(op.activation)
+        args = (a, packed, o, lo, hi)
+        compiled = cpu_jit.bind(cpu_jit.small_product, *args)
+        return KernelWork((lambda: compiled(*args),), keep=(packed,))
     if kernel == "vector_region":
         return cpu_compiled._vector_product_region(op, a[0, 0], b[0], o[0, 0], bias, parts,
                                       functools.partial(made_once, constants, ins[1]))

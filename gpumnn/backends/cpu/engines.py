@@ -37,6 +37,9 @@ DEPTHWISE_PARALLEL_MIN = 1 << 18
 #: about a tenth of a hand-over to ``cpu_workers``.
 REGION_MIN_MACS = 1 << 20
 REGION_MIN_WINDOWS = 1 << 15
+#: A float32 product below this many multiply-adds, with its operands' layout plain (``cpu_jit.small_product``
+#: says which), runs as one compiled loop on the calling thread: a region and BLAS's call cost more than it.
+SMALL_PRODUCT_MACS = 1 << 17
 #: Bytes of im2col columns one block of a region copies, so that its product reads them from L2.
 REGION_COLS_BYTES = 1 << 20
 #: A convolution on constant weights takes ``cpu_tiles``' register tile (``compiled._packed_conv_region``)
@@ -126,10 +129,12 @@ class Engine:
         # row blocks with their own columns, or (fewer pixels than channels) the columns once
         return Choice("im2col_rows" if oh * ow >= ocg else "im2col_columns", self.chunks(macs, PARALLEL_MIN_MACS))
 
-    def matmul(self, macs: int, float32: bool, vector: bool) -> Choice:
+    def matmul(self, macs: int, float32: bool, vector: bool, plain: bool = False) -> Choice:
         """A product of ``macs`` multiply-adds; ``vector``: one row times constant weights (a
-        classifier's last layer), which the register tile reads once. ``parts``: threads for its
-        blocks (``_gemm_blocks``)."""
+        classifier's last layer), which the register tile reads once; ``plain``: a layout and
+        epilogue ``small_product`` takes. ``parts``: threads for its blocks (``_gemm_blocks``)."""
+        if self.jit and float32 and plain and macs < SMALL_PRODUCT_MACS:
+            return Choice("small_product")
         if self.regions and float32:
             if vector:
                 return Choice("vector_region", self.regions)
