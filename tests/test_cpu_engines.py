@@ -47,6 +47,11 @@ CONV = [
     (REGIONS, conv(64, 56, 64, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),
     (REGIONS, conv(16, 8, 16, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 1)),
     (JIT, conv(64, 56, 64, k=1, scheme="gemm1x1"), True, ("gemm1x1", 1)),
+    # one pixel (squeeze-excitation's 1x1 convolutions): one compiled loop, on constant weights only
+    (REGIONS, conv(576, 1, 144, k=1, scheme="gemm1x1"), True, ("small_product", 1)),
+    (REGIONS, conv(576, 1, 144, k=1, scheme="gemm1x1"), False, ("gemm1x1_region", 1)),
+    (REGIONS, conv(576, 1, 576, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 1)),  # past SMALL_PRODUCT_MACS
+    (NUMPY, conv(576, 1, 144, k=1, scheme="gemm1x1"), True, ("gemm1x1", 1)),
     (JIT, conv(256, 28, 256, k=1, scheme="gemm1x1"), True, ("gemm1x1", 2)),
     (JIT, conv(256, 28, 256, k=1, scheme="gemm1x1", groups=4), True, ("gemm1x1", 1)),  # each group's product is small
     # im2col: the register tile on constant weights from PACKED_MIN_DEPTH, BLAS below or on run-time weights

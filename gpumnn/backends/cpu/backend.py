@@ -192,16 +192,14 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constan
               and CpuBackend.is_constant(ins[1]) and (bias is None or bias.shape[0] == 1))
     macs = a.shape[0] * a.shape[1] * op.n * op.k
     float32 = o.dtype == a.dtype == b.dtype == np.float32
-    plain = (float32 and alpha == 1.0 and bias is None and cpu_jit.clamp_of(op.activation) is not None
-             and a.flags.c_contiguous and (b.flags.c_contiguous or CpuBackend.is_constant(ins[1])))
+    row_bias = bias is None or (op.bias_strides == (0, 1) and beta == 1.0)  # none, or one row added to every row
+    plain = (float32 and alpha == 1.0 and row_bias and a.flags.c_contiguous
+             and (b.flags.c_contiguous or CpuBackend.is_constant(ins[1])))
     kernel, parts = engine.matmul(macs, float32, vector, plain)
     if kernel == "small_product":  # constant weights stored transposed are laid [K, N] once
         packed = b if b.flags.c_contiguous else made_once(constants, ins[1], ("rows", b.shape),
                                                           lambda: np.ascontiguousarray(b))
-        lo, hi, _ = cpu_reference._compiled_clamp(op.activation)
-        args = (a, packed, o, lo, hi)
-        compiled = cpu_jit.bind(cpu_jit.small_product, *args)
-        return KernelWork((lambda: compiled(*args),), keep=(packed,))
+        return cpu_compiled._small_product(a, packed, None if bias is None else bias[0], o, op.activation)
     if kernel == "vector_region":
         return cpu_compiled._vector_product_region(op, a[0, 0], b[0], o[0, 0], bias, parts,
                                       functools.partial(made_once, constants, ins[1]))
@@ -284,6 +282,10 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
     kernel, parts = engine.conv(op, CpuBackend.is_constant(ins[1]))
     jit, regions = engine.jit, engine.regions
 
+    if kernel == "small_product":  # one pixel: x [N, C] @ W^T [C, OC], the weights laid so once
+        rows = once(("rows", weight.shape), lambda: np.ascontiguousarray(weight.reshape(oc, c).T))
+        return cpu_compiled._small_product(x.reshape(1, n, c), rows[None], None if bias is None else bias.reshape(oc),
+                                           out.reshape(1, n, oc), op.activation)
     if kernel == "winograd_region":
         return cpu_compiled._winograd_region(op, x, weight.reshape(oc, c, kh, kw), out, bias, regions, once)
     if kernel == "winograd":

@@ -120,6 +120,8 @@ class Engine:
         cg, ocg = c // g, oc // g
         if op.scheme == "gemm1x1":  # parts: threads for each group's product's blocks
             product = ocg * h * w * cg
+            if self.jit and h * w == 1 and g == 1 and constant_weights and n * product < SMALL_PRODUCT_MACS:
+                return Choice("small_product")  # one pixel (squeeze-excitation's): a vector times the weights
             if self.regions:
                 return Choice("gemm1x1_region", self.gemm(product, region=True))
             return Choice("gemm1x1", self.gemm(product, region=False))
