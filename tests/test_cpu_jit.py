@@ -80,9 +80,10 @@ DEPTHWISE = [
     (16, 66, 3, 1, 1, [1, 1, 0, 1], "relu6", True),    # stride 1, a plane past FLAT_PLANE_MAX: row by row
     (16, 15, 3, 2, 1, [0, 0, 1, 1], "relu", True),     # TensorFlow's SAME: padding after only
     (16, 9, 3, 2, 1, [2, 1, 0, 2], None, False),       # uneven padding, no bias, no activation
-    (24, 20, 5, 2, 1, [2, 2, 2, 2], "sigmoid", True),  # 5x5 (channels innermost), an activation after
-    (40, 3, 5, 1, 1, [2, 2, 2, 2], "relu", True),      # 5x5 on a plane smaller than its kernel
-    (64, 96, 5, 1, 1, [2, 2, 2, 2], "relu6", True),    # 5x5 past CHANNELS_LAST_BYTES: the generic loop
+    (24, 20, 5, 2, 1, [2, 2, 2, 2], "sigmoid", True),  # 5x5 stride 2 (the generic loop), an activation after
+    (40, 3, 5, 1, 1, [2, 2, 2, 2], "relu", True),      # 5x5 on a plane smaller than its kernel (channels innermost)
+    (48, 9, 5, 2, 1, [2, 2, 2, 2], "relu6", True),     # 5x5 stride 2 on a few pixels (channels innermost)
+    (64, 40, 5, 1, 1, [2, 2, 2, 2], "relu6", True),    # 5x5 stride 1 past CHANNELS_LAST_MAX_PIXELS: row by row
     (8, 17, 3, 1, 2, [2, 2, 2, 2], "relu", True),      # dilation
     (8, 17, 3, 3, 1, [1, 0, 1, 0], "relu6", True),     # stride 3
     (600, 7, 3, 1, 1, [1, 1, 1, 1], "relu6", True),    # many channels: spans on both threads
@@ -127,14 +128,18 @@ def test_both_stride_1_depthwise_loops_are_covered():
     assert flat is cpu_jit.depthwise3x3_s1_flat and rows is cpu_jit.depthwise3x3_s1
 
 
-def test_both_generic_depthwise_loops_are_covered():
+def test_each_generic_depthwise_loop_is_covered():
     from gpumnn import atomic as A
 
-    kernels = [cpu_jit.depthwise_kernel(A.Conv2D(inputs=("x", "w"), outputs=("y",), source="test", in_channels=c,
-                                                 out_channels=c, groups=c, in_hw=(size, size), out_hw=(size, size),
-                                                 kernel=(5, 5), pads=(2, 2)))[0]
-               for c, size in ((24, 20), (64, 96))]
-    assert kernels == [cpu_jit.depthwise_channels_last, cpu_jit.depthwise_any]
+    def kernel(channels, size, stride):
+        out = (size - 1) // stride + 1
+        return cpu_jit.depthwise_kernel(A.Conv2D(inputs=("x", "w"), outputs=("y",), source="test",
+                                                 in_channels=channels, out_channels=channels, groups=channels,
+                                                 in_hw=(size, size), out_hw=(out, out), kernel=(5, 5),
+                                                 strides=(stride, stride), pads=(2, 2)))[0]
+    assert kernel(40, 3, 1) is kernel(48, 9, 2) is cpu_jit.depthwise_channels_last
+    assert kernel(64, 40, 1) is cpu_jit.depthwise_s1_rows
+    assert kernel(24, 20, 2) is cpu_jit.depthwise_any
 
 
 def test_the_winograd_scheme_runs_with_the_compiled_epilogue():

@@ -277,6 +277,31 @@ def depthwise_any(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
 
 
 @_kernel
+def depthwise_s1_rows(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
+    """Stride 1, any kernel size and dilation (5x5, 1-D): each output row accumulated a tap at a
+    time from the zero-bordered plane's rows, every tap one vectorised pass along the row."""
+    kh, kw = w.shape[1], w.shape[2]
+    dh, dw = geometry[2], geometry[3]
+    ow = out.shape[2]
+    for c in range(x.shape[0]):
+        _into_plane(x[c], plane, pt, pl)
+        b = bias[c]
+        for oy in range(out.shape[1]):
+            for ox in range(ow):
+                acc[ox] = b
+            for ky in range(kh):
+                row = plane[oy + ky * dh]
+                for kx in range(kw):
+                    tap = w[c, ky, kx]
+                    shifted = row[kx * dw:kx * dw + ow]
+                    for ox in range(ow):
+                        acc[ox] += tap * shifted[ox]
+            o = out[c, oy]
+            for ox in range(ow):
+                o[ox] = min(max(acc[ox], lo), hi)
+
+
+@_kernel
 def depthwise_channels_last(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
     """Any kernel size, stride and dilation with the channels innermost: the span's input copied
     once into a zero-bordered [rows x columns, channels] plane and its weights into [taps,
@@ -314,8 +339,10 @@ def depthwise_channels_last(x, w, bias, out, plane, acc, geometry, pt, pl, lo, h
                 out[c, oy, ox] = min(max(r[c], lo), hi)
 
 
-#: ``depthwise_channels_last`` takes the kernels ``depthwise_any`` would while its plane of all
-#: channels takes at most this many bytes of each thread's scratch
+#: ``depthwise_channels_last`` takes the kernels ``depthwise_any`` would on an output of at most
+#: this many pixels (past it, stride 1 runs row by row: ``depthwise_s1_rows``) while its plane of
+#: all channels takes at most this many bytes of each thread's scratch
+CHANNELS_LAST_MAX_PIXELS = 64
 CHANNELS_LAST_BYTES = 2 << 20
 #: a stride-1 plane of at most this many elements (it and the flat output: 32 KiB, an L1) runs
 #: as one flat row (``depthwise3x3_s1_flat``)
@@ -336,7 +363,9 @@ def depthwise_kernel(op: A.Conv2D) -> tuple[Callable, list[tuple[int, ...]], tup
     if (kh, kw) == (3, 3) and op.dilations == (1, 1) and op.strides == (2, 2):
         return depthwise3x3_s2, [phases_shape(h, pt, oh, ow, 2, 2), unused], geometry
     channels = op.in_channels
-    if plane[0] * plane[1] * channels * 4 <= CHANNELS_LAST_BYTES:
+    if op.strides == (1, 1) and oh * ow > CHANNELS_LAST_MAX_PIXELS:
+        return depthwise_s1_rows, [plane, (ow,)], geometry
+    if oh * ow <= CHANNELS_LAST_MAX_PIXELS and plane[0] * plane[1] * channels * 4 <= CHANNELS_LAST_BYTES:
         return depthwise_channels_last, [(plane[0] * plane[1], channels), ((kh * kw + 1) * channels,)], geometry
     return depthwise_any, [plane, (ow,)], geometry
 

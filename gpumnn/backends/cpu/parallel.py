@@ -626,7 +626,7 @@ def winograd_scratch_floats(alpha_h: int, alpha_w: int, nh: int) -> int:
 #: would be typed by its identity, which differs per process, so Numba's disk cache would never
 #: hit and every process would spend ~1.3 s per kernel compiling the region.
 PLANE_KINDS = (cpu_jit.depthwise3x3_s1, cpu_jit.depthwise3x3_s1_flat, cpu_jit.depthwise_any,
-               cpu_jit.depthwise_channels_last)
+               cpu_jit.depthwise_channels_last, cpu_jit.depthwise_s1_rows)
 
 
 @_region
@@ -643,8 +643,10 @@ def depthwise_spans(kind, x, w, bias, out, bounds, planes, accs, geometry, pt, p
             cpu_jit.depthwise3x3_s1_flat(*args)
         elif kind == 2:
             cpu_jit.depthwise_any(*args)
-        else:
+        elif kind == 3:
             cpu_jit.depthwise_channels_last(*args)
+        else:
+            cpu_jit.depthwise_s1_rows(*args)
 
 
 @_region
