@@ -110,7 +110,11 @@ POOL = [
     (JIT, pool("max", 64, 112, 3, 2, 1), True, ("pool3x3", 2)),
     (JIT, pool("avg", 4, 8, 3, 1, 1), True, ("pool3x3", 1)),
     (JIT, pool("max", 64, 112, 3, 2, 1), False, ("separable", 1)),
-    (JIT, pool("max", 64, 112, 2, 2), True, ("separable", 1)),
+    (JIT, pool("max", 64, 112, 2, 2), True, ("pool_tiles", 1)),  # windows that tile the input
+    (REGIONS, pool("avg", 64, 112, 4, 4), True, ("pool_tiles", 1)),
+    (JIT, pool("max", 64, 112, 2, 2), False, ("separable", 1)),
+    (JIT, pool("max", 64, 112, 2, 1), True, ("separable", 1)),  # overlapping windows
+    (NUMPY, pool("max", 64, 112, 2, 2), True, ("separable", 1)),
     (THREADS, pool("max", 64, 112, 3, 2, 1), True, ("separable", 1)),
     (NUMPY, pool("avg", 2048, 8, 8), True, ("global", 1)),
 ]

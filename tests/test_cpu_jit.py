@@ -163,7 +163,11 @@ POOLS = [
     (8, 10, "MaxPool", 3, 2, [0, 0, 0, 0], 0, 0),        # stride 2, even width: the last column read by no window
     (6, 13, "AveragePool", 3, 2, [1, 1, 1, 1], 0, 1),    # stride 2, padding counted
     (8, 9, "MaxPool", 3, 3, [1, 0, 1, 1], 1, 0),         # stride 3
-    (8, 9, "MaxPool", 2, 2, [0, 0, 1, 1], 0, 0),         # not 3x3: NumPy's kernel either way
+    (8, 9, "MaxPool", 2, 2, [0, 0, 1, 1], 0, 0),         # not 3x3, padded: NumPy's kernel either way
+    (32, 23, "MaxPool", 2, 2, [0, 0, 0, 0], 0, 0),       # windows that tile the input (the odd edge unread)
+    (12, 12, "AveragePool", 2, 2, [0, 0, 0, 0], 0, 0),   # ... a mean
+    (12, 13, "MaxPool", 3, 3, [0, 0, 0, 0], 0, 0),       # ... 3 wide
+    (12, 16, "AveragePool", 4, 4, [0, 0, 0, 0], 0, 1),   # ... 4 wide
 ]
 
 

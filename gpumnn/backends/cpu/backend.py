@@ -425,6 +425,11 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, engine: Engine):
         count_h = np.minimum(starts_h + kh, hi_h) - np.maximum(starts_h, lo_h)
         count_w = np.minimum(starts_w + kw, hi_w) - np.maximum(starts_w, lo_w)
         inv_count = (1.0 / np.maximum(np.outer(count_h, count_w), 1)).astype(np.float32)
+    if kernel == "pool_tiles":  # the windows tile the input: one compiled pass, no padded copy
+        x3, o3 = x.reshape(n * c, h, w), out.reshape(n * c, oh, ow)
+        args = (x3, o3, op.op == "max", np.int64(kh), np.int64(kw), np.float32(1.0 / (kh * kw)))
+        compiled = cpu_jit.bind(cpu_jit.pool_tiles, *args)
+        return KernelWork((lambda: compiled(*args),), "tiles")
     if kernel in ("pool3x3_region", "pool3x3"):
         return cpu_compiled._pool_compiled(op, x, out, inv_count, pool, parts, engine.regions)
     extent = ((oh - 1) * sh + kh, (ow - 1) * sw + kw)

@@ -144,13 +144,16 @@ class Engine:
         return Choice("gemm", self.gemm(macs, region=False))
 
     def pool(self, op: A.Pool2D, float32: bool) -> Choice:
-        """Global pooling (a window the input's size), 3x3 windows in compiled loops, else NumPy's
-        separable passes."""
+        """Global pooling (a window the input's size), windows that tile the input and 3x3 windows in
+        compiled loops, else NumPy's separable passes."""
         (h, w), (oh, ow) = op.in_hw, op.out_hw
         if op.kernel == (h, w) and (oh, ow) == (1, 1) and not any(op.pads):
             if self.regions and op.op == "avg" and float32:
                 return Choice("mean_rows_region", self.shared(op.batch * op.channels * h * w, REGION_MIN_ELEMENTS))
             return Choice("global")
+        tiles = op.strides == op.kernel and not any(op.pads) and oh * op.kernel[0] <= h and ow * op.kernel[1] <= w
+        if self.jit and float32 and tiles:
+            return Choice("pool_tiles")
         if self.jit and float32 and op.kernel == (3, 3):
             windows = op.batch * op.channels * 9 * oh * ow
             if self.regions:

@@ -370,6 +370,55 @@ def depthwise_kernel(op: A.Conv2D) -> tuple[Callable, list[tuple[int, ...]], tup
     return depthwise_any, [plane, (ow,)], geometry
 
 
+# -- pooling windows that tile the input ---------------------------------------------------------
+
+@_kernel
+def pool_tiles(x, out, is_max, kh, kw, scale):
+    """Windows that tile the input (stride = window, no padding: VGG's, CRNN's and U-Net's 2x2
+    and 2x1, a 1-D CNN's 1x2): out[c, oy, ox] = the max (``is_max``) or the sum times ``scale`` of
+    window (oy, ox), one pass over the window's rows per output row, the two columns of a
+    2-wide window read at literal offsets (a loop that vectorises), for x [C, H, W], out [C, OH, OW]."""
+    ow = out.shape[2]
+    for c in range(x.shape[0]):
+        for oy in range(out.shape[1]):
+            o = out[c, oy]
+            for ky in range(kh):
+                r = x[c, oy * kh + ky]
+                first = ky == 0
+                if kw == 1:
+                    if first:
+                        for ox in range(ow):
+                            o[ox] = r[ox]
+                    elif is_max:
+                        for ox in range(ow):
+                            o[ox] = max(o[ox], r[ox])
+                    else:
+                        for ox in range(ow):
+                            o[ox] += r[ox]
+                elif kw == 2:
+                    if first and is_max:
+                        for ox in range(ow):
+                            o[ox] = max(r[2 * ox], r[2 * ox + 1])
+                    elif first:
+                        for ox in range(ow):
+                            o[ox] = r[2 * ox] + r[2 * ox + 1]
+                    elif is_max:
+                        for ox in range(ow):
+                            o[ox] = max(o[ox], max(r[2 * ox], r[2 * ox + 1]))
+                    else:
+                        for ox in range(ow):
+                            o[ox] += r[2 * ox] + r[2 * ox + 1]
+                else:
+                    for ox in range(ow):
+                        v = r[ox * kw] if first else (max(o[ox], r[ox * kw]) if is_max else o[ox] + r[ox * kw])
+                        for kx in range(1, kw):
+                            v = max(v, r[ox * kw + kx]) if is_max else v + r[ox * kw + kx]
+                        o[ox] = v
+            if not is_max:
+                for ox in range(ow):
+                    o[ox] *= scale
+
+
 # -- products too small for a region ------------------------------------------------------------
 
 @_kernel
