@@ -249,9 +249,12 @@ def test_compiled_mobile_activations_match_numpy(name, params):
     cpu_activations.activation_in_place(name, lambda a: pytest.fail("fell back"), params)(in_place)
     into = np.full_like(x, 7.0)
     cpu_activations.unary_into(name, params, x, into)()
-    for got in (in_place, into):
+    same = x.copy()
+    cpu_activations.unary_into(name, params, same, same)()  # the Unary op on one buffer: the in-place loop
+    for got in (in_place, into, same):
         np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7, equal_nan=True)
     assert not np.allclose(want[:100], 0.0)
+    assert cpu_activations.unary_into(name, params, x[1:], x[:-1]) is None  # overlapping views: NumPy's kernel
 
 
 def test_compiled_activation_falls_back_to_numpy_off_contiguous_float32():

@@ -205,8 +205,10 @@ def unary_into(name: str, params: tuple, x: np.ndarray, out: np.ndarray) -> Call
         return None
     extra = _parameters(name, params)
     compiled = cpu_jit.bind(kernel, x, out, *extra)
-    if np.shares_memory(x, out):  # in place: the in-place loop, as LLVM's overlap check keeps the other scalar
-        in_place = cpu_jit.bind(KERNELS[name], out, *extra)
+    if np.may_share_memory(x, out):
+        if x.ctypes.data != out.ctypes.data:  # overlapping, not the same: NumPy's kernel buffers that
+            return None
+        in_place = cpu_jit.bind(KERNELS[name], out, *extra)  # LLVM's overlap check keeps the other loop scalar
         return lambda: in_place(out, *extra)
     return lambda: compiled(x, out, *extra)
 
