@@ -47,6 +47,11 @@ CONV = [
     (REGIONS, conv(64, 56, 64, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),
     (REGIONS, conv(16, 8, 16, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 1)),
     (JIT, conv(64, 56, 64, k=1, scheme="gemm1x1"), True, ("gemm1x1", 1)),
+    # one pixel (squeeze-excitation's 1x1 convolutions): one compiled loop, on constant weights only
+    (REGIONS, conv(576, 1, 144, k=1, scheme="gemm1x1"), True, ("small_product", 1)),
+    (REGIONS, conv(576, 1, 144, k=1, scheme="gemm1x1"), False, ("gemm1x1_region", 1)),
+    (REGIONS, conv(576, 1, 576, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 1)),  # past SMALL_PRODUCT_MACS
+    (NUMPY, conv(576, 1, 144, k=1, scheme="gemm1x1"), True, ("gemm1x1", 1)),
     (JIT, conv(256, 28, 256, k=1, scheme="gemm1x1"), True, ("gemm1x1", 2)),
     (JIT, conv(256, 28, 256, k=1, scheme="gemm1x1", groups=4), True, ("gemm1x1", 1)),  # each group's product is small
     # im2col: the register tile on constant weights from PACKED_MIN_DEPTH, BLAS below or on run-time weights
@@ -69,9 +74,13 @@ def test_conv(engine, op, constant, expected):
 
 
 R, P = engines.REGION_MIN_MACS, engines.PARALLEL_MIN_MACS
-# (engine, macs, float32, vector, expected)
+# (engine, macs, float32, vector, expected[, plain: a layout small_product takes])
 MATMUL = [
     (REGIONS, 1024, True, True, ("vector_region", 2)),
+    (REGIONS, engines.SMALL_PRODUCT_MACS - 1, True, False, ("small_product", 1), True),  # plain and small: one loop
+    (JIT, engines.SMALL_PRODUCT_MACS - 1, True, True, ("small_product", 1), True),
+    (REGIONS, engines.SMALL_PRODUCT_MACS, True, False, ("gemm_region", 1), True),
+    (NUMPY, 1024, True, False, ("gemm", 1), True),  # no compiled loops
     (REGIONS, R, True, False, ("gemm_region", 2)),
     (REGIONS, R - 1, True, False, ("gemm_region", 1)),
     (REGIONS, P, False, False, ("gemm", 2)),  # not float32: the Python threads
@@ -83,9 +92,10 @@ MATMUL = [
 ]
 
 
-@pytest.mark.parametrize("engine, macs, float32, vector, expected", MATMUL)
-def test_matmul(engine, macs, float32, vector, expected):
-    assert engine.matmul(macs, float32, vector) == expected
+@pytest.mark.parametrize("case", MATMUL)
+def test_matmul(case):
+    engine, macs, float32, vector, expected, *plain = case
+    assert engine.matmul(macs, float32, vector, *plain) == expected
 
 
 # (engine, op, float32, expected)
@@ -100,7 +110,11 @@ POOL = [
     (JIT, pool("max", 64, 112, 3, 2, 1), True, ("pool3x3", 2)),
     (JIT, pool("avg", 4, 8, 3, 1, 1), True, ("pool3x3", 1)),
     (JIT, pool("max", 64, 112, 3, 2, 1), False, ("separable", 1)),
-    (JIT, pool("max", 64, 112, 2, 2), True, ("separable", 1)),
+    (JIT, pool("max", 64, 112, 2, 2), True, ("pool_tiles", 1)),  # windows that tile the input
+    (REGIONS, pool("avg", 64, 112, 4, 4), True, ("pool_tiles", 1)),
+    (JIT, pool("max", 64, 112, 2, 2), False, ("separable", 1)),
+    (JIT, pool("max", 64, 112, 2, 1), True, ("separable", 1)),  # overlapping windows
+    (NUMPY, pool("max", 64, 112, 2, 2), True, ("separable", 1)),
     (THREADS, pool("max", 64, 112, 3, 2, 1), True, ("separable", 1)),
     (NUMPY, pool("avg", 2048, 8, 8), True, ("global", 1)),
 ]

@@ -80,7 +80,10 @@ DEPTHWISE = [
     (16, 66, 3, 1, 1, [1, 1, 0, 1], "relu6", True),    # stride 1, a plane past FLAT_PLANE_MAX: row by row
     (16, 15, 3, 2, 1, [0, 0, 1, 1], "relu", True),     # TensorFlow's SAME: padding after only
     (16, 9, 3, 2, 1, [2, 1, 0, 2], None, False),       # uneven padding, no bias, no activation
-    (24, 20, 5, 2, 1, [2, 2, 2, 2], "sigmoid", True),  # 5x5 (the generic loop), an activation after
+    (24, 20, 5, 2, 1, [2, 2, 2, 2], "sigmoid", True),  # 5x5 stride 2 (the generic loop), an activation after
+    (40, 3, 5, 1, 1, [2, 2, 2, 2], "relu", True),      # 5x5 on a plane smaller than its kernel (channels innermost)
+    (48, 9, 5, 2, 1, [2, 2, 2, 2], "relu6", True),     # 5x5 stride 2 on a few pixels (channels innermost)
+    (64, 40, 5, 1, 1, [2, 2, 2, 2], "relu6", True),    # 5x5 stride 1 past CHANNELS_LAST_MAX_PIXELS: row by row
     (8, 17, 3, 1, 2, [2, 2, 2, 2], "relu", True),      # dilation
     (8, 17, 3, 3, 1, [1, 0, 1, 0], "relu6", True),     # stride 3
     (600, 7, 3, 1, 1, [1, 1, 1, 1], "relu6", True),    # many channels: spans on both threads
@@ -125,6 +128,20 @@ def test_both_stride_1_depthwise_loops_are_covered():
     assert flat is cpu_jit.depthwise3x3_s1_flat and rows is cpu_jit.depthwise3x3_s1
 
 
+def test_each_generic_depthwise_loop_is_covered():
+    from gpumnn import atomic as A
+
+    def kernel(channels, size, stride):
+        out = (size - 1) // stride + 1
+        return cpu_jit.depthwise_kernel(A.Conv2D(inputs=("x", "w"), outputs=("y",), source="test",
+                                                 in_channels=channels, out_channels=channels, groups=channels,
+                                                 in_hw=(size, size), out_hw=(out, out), kernel=(5, 5),
+                                                 strides=(stride, stride), pads=(2, 2)))[0]
+    assert kernel(40, 3, 1) is kernel(48, 9, 2) is cpu_jit.depthwise_channels_last
+    assert kernel(64, 40, 1) is cpu_jit.depthwise_s1_rows
+    assert kernel(24, 20, 2) is cpu_jit.depthwise_any
+
+
 def test_the_winograd_scheme_runs_with_the_compiled_epilogue():
     rng = np.random.default_rng(3)
     model = _conv_model(64, 24, 3, 1, 1, [1, 1, 1, 1], 1, 64, "relu", True, rng)
@@ -146,7 +163,11 @@ POOLS = [
     (8, 10, "MaxPool", 3, 2, [0, 0, 0, 0], 0, 0),        # stride 2, even width: the last column read by no window
     (6, 13, "AveragePool", 3, 2, [1, 1, 1, 1], 0, 1),    # stride 2, padding counted
     (8, 9, "MaxPool", 3, 3, [1, 0, 1, 1], 1, 0),         # stride 3
-    (8, 9, "MaxPool", 2, 2, [0, 0, 1, 1], 0, 0),         # not 3x3: NumPy's kernel either way
+    (8, 9, "MaxPool", 2, 2, [0, 0, 1, 1], 0, 0),         # not 3x3, padded: NumPy's kernel either way
+    (32, 23, "MaxPool", 2, 2, [0, 0, 0, 0], 0, 0),       # windows that tile the input (the odd edge unread)
+    (12, 12, "AveragePool", 2, 2, [0, 0, 0, 0], 0, 0),   # ... a mean
+    (12, 13, "MaxPool", 3, 3, [0, 0, 0, 0], 0, 0),       # ... 3 wide
+    (12, 16, "AveragePool", 4, 4, [0, 0, 0, 0], 0, 1),   # ... 4 wide
 ]
 
 
@@ -211,6 +232,31 @@ def test_compiled_gelu_and_erf_agree_with_numpy_and_the_exact_erf():
     assert np.max(np.abs(erf[np.isfinite(x)] - exact)) < 1e-6
 
 
+@pytest.mark.parametrize("name, params", [("sigmoid", ()), ("hard_swish", ()), ("hard_sigmoid", (0.2, 0.5)),
+                                          ("hard_sigmoid", (1.0 / 6.0, 0.5))])
+def test_compiled_mobile_activations_match_numpy(name, params):
+    """Sigmoid, hard-swish and hard sigmoid as compiled passes, in place (an epilogue) and from x
+    into out (the Unary op), against the NumPy kernels: extremes and NaN included."""
+    from gpumnn.backends.cpu import activations as cpu_activations, elementwise as cpu_math
+    require_tool("numba", cpu_jit.MISSING)
+    rng = np.random.default_rng(5)
+    x = np.concatenate([rng.standard_normal(4093) * 4, [0.0, -0.0, 3.0, -3.0, 1e-30, 88.0, -88.0, 104.0, -104.0,
+                                                        np.inf, -np.inf, np.nan]]).astype(np.float32)
+    want = np.empty_like(x)
+    with np.errstate(all="ignore"):
+        cpu_math.unary_function(name, params, np.dtype(np.float32))(x, want)
+    in_place = x.copy()
+    cpu_activations.activation_in_place(name, lambda a: pytest.fail("fell back"), params)(in_place)
+    into = np.full_like(x, 7.0)
+    cpu_activations.unary_into(name, params, x, into)()
+    same = x.copy()
+    cpu_activations.unary_into(name, params, same, same)()  # the Unary op on one buffer: the in-place loop
+    for got in (in_place, into, same):
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7, equal_nan=True)
+    assert not np.allclose(want[:100], 0.0)
+    assert cpu_activations.unary_into(name, params, x[1:], x[:-1]) is None  # overlapping views: NumPy's kernel
+
+
 def test_compiled_activation_falls_back_to_numpy_off_contiguous_float32():
     from gpumnn.backends.cpu import activations as cpu_activations, elementwise as cpu_math
     require_tool("numba", cpu_jit.MISSING)
@@ -225,3 +271,57 @@ def test_compiled_activation_falls_back_to_numpy_off_contiguous_float32():
     apply(np.zeros(4, np.float64))
     assert calls == [(6, 8), (4,)]
     assert cpu_activations.activation_in_place("tanh", np.tanh) is np.tanh  # no compiled loop: NumPy's
+
+
+@pytest.mark.parametrize("directions, batch", [(1, 1), (2, 3)])
+def test_compiled_lstm_step_matches_the_numpy_step(directions, batch):
+    """``cpu_recurrent.lstm_steps`` (the usual LSTM step as one pass) against ``cell_step``, with
+    large pre-activations in the gates, on a projection whose step rows are offset and strided."""
+    from gpumnn import atomic as A
+    from gpumnn.backends.cpu import recurrent as cpu_recurrent
+    require_tool("numba", cpu_jit.MISSING)
+    rng = np.random.default_rng(9)
+    hidden, row_stride = 37, 4 * 37 * directions + 5
+    offsets = tuple(3 + d * (batch * row_stride + 11) for d in range(directions))
+    op = A.RecurrentCell(inputs=("g", "x", "s"), outputs=("y",), source="test", cell="lstm", directions=directions,
+                         batch=batch, hidden=hidden, x_offsets=offsets, x_row_stride=row_stride,
+                         steps=(0,) * directions, activations=(("sigmoid", 0.0, 0.0), ("tanh", 0.0, 0.0),
+                                                               ("tanh", 0.0, 0.0)) * directions)
+    gates = (rng.standard_normal(directions * batch * 4 * hidden) * 6).astype(np.float32)
+    projection = rng.standard_normal(offsets[-1] + batch * row_stride + 4 * hidden).astype(np.float32)
+    state = (rng.standard_normal(2 * directions * batch * hidden) * 2).astype(np.float32)
+    want, got = np.empty_like(state), np.empty_like(state)
+    x = np.lib.stride_tricks.as_strided(projection[offsets[0]:], (directions, batch, 4, hidden),
+                                        tuple(4 * s for s in (offsets[-1] - offsets[0], row_stride, hidden, 1)))
+    cpu_recurrent.cell_step(op, cpu_recurrent.direction_groups(op), gates.reshape(directions, batch, 4, hidden), x,
+                            state.reshape(2, directions, batch, hidden), {}, want.reshape(2, directions, batch, hidden))
+    cpu_recurrent.compiled_lstm_step(op, gates, projection, state, got)()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=3e-7)
+
+
+def test_every_atomic_case_compiled_matches_numpy():
+    """Every float32 case of the atomic-op table on the compiled engine (native regions on two
+    threads) against the NumPy kernels (``jit=False``): the small-product loop, the compiled
+    activations and the LSTM step among them."""
+    from gpumnn.backends.cpu.backend import CpuBackend
+    from test_atomic_ops import CASES, run_case
+
+    require_tool("numba", cpu_jit.MISSING)
+    compiled, numpy_kernels = CpuBackend(threads=2), CpuBackend(threads=1, jit=False)
+    try:
+        checked = 0
+        for name, make in CASES.items():
+            case = make(np.random.default_rng(0))
+            if any(np.dtype(case.output_dtype(n)) != np.float32 for n in case.outputs):
+                continue
+            outputs = [run_case(be, case, {n: np.zeros(s, np.float32) for n, s in case.outputs.items()})
+                       for be in (compiled, numpy_kernels)]
+            for output in case.outputs:
+                got, want = outputs[0][output], outputs[1][output]
+                scale = max(float(np.linalg.norm(want)), 1e-12)
+                assert float(np.linalg.norm(got - want)) / scale < 1e-5, f"{name}: {output} differs"
+            checked += 1
+        assert checked > 50
+    finally:
+        compiled.close()
+        numpy_kernels.close()

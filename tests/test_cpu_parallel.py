@@ -159,10 +159,10 @@ def test_constant_weights_are_packed_once_for_every_run_state(fresh_rng):
              helper.make_node("Conv", ["b", "w2"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2]),  # packed
              helper.make_node("GlobalAveragePool", ["c"], ["d"]),
              helper.make_node("Flatten", ["d"], ["e"]),
-             helper.make_node("Gemm", ["e", "w3"], ["y"], transB=1)]  # one row: the classifier's panels
+             helper.make_node("Gemm", ["e", "w3"], ["y"], transB=1)]  # one row past SMALL_PRODUCT_MACS: the classifier's panels
     graph = helper.make_graph(nodes, "packed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 24, 24])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [weight("w1", (64, 64, 3, 3)), weight("w2", (64, 64, 3, 3)), weight("w3", (10, 64))])
+                              [weight("w1", (64, 64, 3, 3)), weight("w2", (64, 64, 3, 3)), weight("w3", (4096, 64))])
     model = model_proto(graph, 13)
     sess = gpumnn.load(model).session(backend="cpu", threads=2, record=False)
     ref = onnxruntime_session(model)
@@ -179,20 +179,21 @@ def test_constant_weights_are_packed_once_for_every_run_state(fresh_rng):
             assert all(packed._made[key] is array for key, array in made.items())
 
 
-def test_one_row_times_constant_weights_reads_a_run_time_bias(fresh_rng):
-    """A classifier's product (M = 1) on the register tile reads a bias that is a graph input anew
-    on every run: the view is bound at creation, not a copy."""
+@pytest.mark.parametrize("outputs", [48, 4096], ids=["small-product", "register-tile"])
+def test_one_row_times_constant_weights_reads_a_run_time_bias(outputs, fresh_rng):
+    """A classifier's product (M = 1), in one compiled loop (small) or on the register tile, reads a
+    bias that is a graph input anew on every run: the view is bound at creation, not a copy."""
     require_tool("regions", cpu_parallel.available()[1])
     rng = fresh_rng
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])
-    c = helper.make_tensor_value_info("C", TensorProto.FLOAT, [48])
+    c = helper.make_tensor_value_info("C", TensorProto.FLOAT, [outputs])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    weight = rng.standard_normal((48, 64)).astype(np.float32)
+    weight = rng.standard_normal((outputs, 64)).astype(np.float32)
     graph = helper.make_graph([helper.make_node("Gemm", ["x", "W", "C"], ["y"], transB=1)], "gemm", [x, c], [y],
                               [numpy_helper.from_array(weight, "W")])
     sess = gpumnn.load(model_proto(graph, 13)).session(backend="cpu", threads=2)
     for _ in range(2):
-        feed = {"x": rng.standard_normal((1, 64)).astype(np.float32), "C": rng.standard_normal(48).astype(np.float32)}
+        feed = {"x": rng.standard_normal((1, 64)).astype(np.float32), "C": rng.standard_normal(outputs).astype(np.float32)}
         got = sess.run(feed)["y"]
         np.testing.assert_allclose(got, feed["x"] @ weight.T + feed["C"], rtol=1e-4, atol=1e-4)
 

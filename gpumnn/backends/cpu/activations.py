@@ -1,4 +1,5 @@
-"""Compiled GELU and erf for the cpu backend: one vectorised pass instead of NumPy's twenty.
+"""Compiled GELU, erf, sigmoid, hard-swish and hard sigmoid for the cpu backend: one vectorised
+pass instead of NumPy's several (twenty for GELU).
 
 The NumPy versions (``cpu_math.erf_into``, ``gelu_into``) take a pass over memory per step: a
 transformer's FFN activation cost a fifth of the whole encoder's run that way (measured:
@@ -35,7 +36,7 @@ _LOG2E = np.float32(1.4426950408889634)
 _LN2 = np.float32(0.6931471805599453)
 _A1, _A2, _A3, _A4, _A5 = (np.float32(a) for a in ERF_A)
 _P = np.float32(ERF_P)
-_ZERO, _ONE, _HALF = np.float32(0.0), np.float32(1.0), np.float32(0.5)
+_ZERO, _ONE, _HALF, _SIXTH = np.float32(0.0), np.float32(1.0), np.float32(0.5), np.float32(1.0 / 6.0)
 _RSQRT2 = np.float32(0.7071067811865476)
 #: e^-q underflows float32 past q = 103; from 87 on the result is below the smallest normal,
 #: where erf and GELU are exact anyway
@@ -105,25 +106,112 @@ def erf_in_place(a):
         a[i] = erf_value(a[i])
 
 
-#: activations with a compiled loop here (the others stay NumPy calls)
-KERNELS: dict[str, Callable] = {"gelu": gelu_in_place, "erf": erf_in_place}
+# Mobile networks' activations (MobileNet-v3's hard-swish and squeeze-excitation's hard sigmoid,
+# YOLO's SiLU as Sigmoid and Mul): NumPy takes a pass over memory and a temporary per step.
+# Each has an in-place kernel (an epilogue) and one from x into out (the Unary op); the
+# parameters (hard_sigmoid's alpha and beta) follow the arrays in both.
+
+@cpu_jit.inlined
+def sigmoid_value(v):
+    """1 / (1 + e^-v), from e^-|v| so that no step overflows and small results keep their digits."""
+    e = exp_neg(abs(v))
+    s = _ONE / (_ONE + e)
+    return s if v >= _ZERO else (e * s if v < _ZERO else v)  # NaN passes through
 
 
-def activation_in_place(name: str, fallback: Callable[[np.ndarray], None]) -> Callable[[np.ndarray], None]:
-    """``fn(array)`` applying activation ``name`` in place: the compiled loop on a C-contiguous
-    float32 array (one flat run), else ``fallback`` (the NumPy kernel; also where there is no
-    compiled loop for ``name`` or Numba is missing)."""
+@cpu_jit.inlined
+def hard_swish_value(v):
+    """v clip(v / 6 + 1/2, 0, 1)."""
+    return v * min(max(v * _SIXTH + _HALF, _ZERO), _ONE)
+
+
+@_vector_kernel
+def sigmoid_in_place(a, alpha, beta):
+    for i in range(a.shape[0]):
+        a[i] = sigmoid_value(a[i])
+
+
+@_vector_kernel
+def sigmoid_into(x, out, alpha, beta):
+    for i in range(x.shape[0]):
+        out[i] = sigmoid_value(x[i])
+
+
+@_vector_kernel
+def hard_swish_in_place(a, alpha, beta):
+    for i in range(a.shape[0]):
+        a[i] = hard_swish_value(a[i])
+
+
+@_vector_kernel
+def hard_swish_into(x, out, alpha, beta):
+    for i in range(x.shape[0]):
+        out[i] = hard_swish_value(x[i])
+
+
+@_vector_kernel
+def hard_sigmoid_in_place(a, alpha, beta):
+    """a = clip(alpha a + beta, 0, 1)."""
+    for i in range(a.shape[0]):
+        a[i] = min(max(alpha * a[i] + beta, _ZERO), _ONE)
+
+
+@_vector_kernel
+def hard_sigmoid_into(x, out, alpha, beta):
+    for i in range(x.shape[0]):
+        out[i] = min(max(alpha * x[i] + beta, _ZERO), _ONE)
+
+
+#: activations with a compiled loop here (the others stay NumPy calls): a in place, then its parameters
+KERNELS: dict[str, Callable] = {"gelu": gelu_in_place, "erf": erf_in_place, "sigmoid": sigmoid_in_place,
+                                "hard_swish": hard_swish_in_place, "hard_sigmoid": hard_sigmoid_in_place}
+#: the same from x into out, for the Unary op
+INTO: dict[str, Callable] = {"sigmoid": sigmoid_into, "hard_swish": hard_swish_into, "hard_sigmoid": hard_sigmoid_into}
+#: how many parameters each kernel takes after its arrays (none for GELU and erf)
+_PARAMETERS = {"sigmoid": 2, "hard_swish": 2, "hard_sigmoid": 2}
+
+
+def _parameters(name: str, params: tuple) -> tuple:
+    """The kernel's parameters after its arrays: ``params`` as float32, padded with zeros."""
+    count = _PARAMETERS.get(name, 0)
+    return tuple(np.float32(v) for v in (tuple(params) + (0.0,) * count)[:count])
+
+
+def activation_in_place(name: str, fallback: Callable[[np.ndarray], None],
+                        params: tuple = ()) -> Callable[[np.ndarray], None]:
+    """``fn(array)`` applying activation ``name`` (with ``params``) in place: the compiled loop on
+    a C-contiguous float32 array (one flat run), else ``fallback`` (the NumPy kernel; also where
+    there is no compiled loop for ``name`` or Numba is missing)."""
     kernel = KERNELS.get(name)
     if kernel is None or numba is None:
         return fallback
-    flat_kernel = cpu_jit.bind(kernel, np.empty(1, np.float32))  # compiled (or loaded) now, not in a run
+    extra = _parameters(name, params)
+    flat_kernel = cpu_jit.bind(kernel, np.empty(1, np.float32), *extra)  # compiled (or loaded) now, not in a run
 
     def apply(array: np.ndarray) -> None:
         if array.dtype != np.float32 or not array.flags.c_contiguous:
             fallback(array)
             return
-        flat_kernel(array.reshape(-1))
+        flat_kernel(array.reshape(-1), *extra)
     return apply
 
 
-__all__ = ["KERNELS", "activation_in_place", "erf_in_place", "erf_value", "exp_neg", "gelu_in_place", "gelu_value"]
+def unary_into(name: str, params: tuple, x: np.ndarray, out: np.ndarray) -> Callable[[], None] | None:
+    """The work of a Unary op ``name`` from the flat float32 ``x`` into ``out`` as one compiled
+    pass, or None where there is no such loop (or Numba, or the arrays are not flat float32)."""
+    kernel = INTO.get(name)
+    if (kernel is None or numba is None or x.dtype != np.float32 or out.dtype != np.float32 or x.ndim != 1
+            or out.shape != x.shape or not (x.flags.c_contiguous and out.flags.c_contiguous)):
+        return None
+    extra = _parameters(name, params)
+    compiled = cpu_jit.bind(kernel, x, out, *extra)
+    if np.may_share_memory(x, out):
+        if x.ctypes.data != out.ctypes.data:  # overlapping, not the same: NumPy's kernel buffers that
+            return None
+        in_place = cpu_jit.bind(KERNELS[name], out, *extra)  # LLVM's overlap check keeps the other loop scalar
+        return lambda: in_place(out, *extra)
+    return lambda: compiled(x, out, *extra)
+
+
+__all__ = ["INTO", "KERNELS", "activation_in_place", "erf_in_place", "erf_value", "exp_neg", "gelu_in_place", "gelu_value",
+           "hard_swish_value", "sigmoid_value", "unary_into"]

@@ -21,13 +21,13 @@ from ... import atomic as A
 from ..base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, KernelWork, TensorHandle, constant_words, host_out, kernels_option
 from ...errors import BackendOptionError, BackendUnavailableError
 from ..limits import MemoryLimits, host_limits
-from . import compiled as cpu_compiled, engines, jit as cpu_jit, parallel as cpu_parallel, reference as cpu_reference
+from . import activations as cpu_activations, compiled as cpu_compiled, engines, jit as cpu_jit, parallel as cpu_parallel, reference as cpu_reference
 from . import int8 as cpu_int8, rows as cpu_rows, tiles as cpu_tiles
 from .constants import PackedConstants, made_once
 from .elementwise import binary_function, unary_function
 from .engines import Engine
 from .compiled import _bounds, _region_items, _row_broadcast
-from .recurrent import cell_step, direction_groups
+from .recurrent import cell_step, compiled_lstm_step, direction_groups
 from .reference import (_PaddedInput, _conv_epilogue, _conv_pads, _epilogue, _even_spans, _gemm_chunk, _on_pool, _spans,
                         _window_view, flat, strided, typed, view)
 from .workers import Workers, workers
@@ -118,8 +118,11 @@ def _make_raster(op: A.Raster, ins, outs, pool: Workers):
     return KernelWork((run,))
 
 
-def _make_unary(op: A.Unary, ins, outs, pool: Workers):
+def _make_unary(op: A.Unary, ins, outs, pool: Workers, engine: Engine):
     x, o = flat(ins[0]), flat(outs[0])
+    compiled = cpu_activations.unary_into(op.op, op.params, x, o) if engine.jit else None  # one pass, where it has one
+    if compiled is not None:
+        return KernelWork((compiled,))
     fn = unary_function(op.op, op.params, o.dtype)
     return KernelWork((lambda: fn(x, o),))
 
@@ -188,7 +191,15 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constan
     vector = (a.shape[:2] == (1, 1) and a.strides[2] == 4 and alpha == 1.0 and beta == 1.0  # a vector, constant weights
               and CpuBackend.is_constant(ins[1]) and (bias is None or bias.shape[0] == 1))
     macs = a.shape[0] * a.shape[1] * op.n * op.k
-    kernel, parts = engine.matmul(macs, o.dtype == np.float32, vector)
+    float32 = o.dtype == a.dtype == b.dtype == np.float32
+    row_bias = bias is None or (op.bias_strides == (0, 1) and beta == 1.0)  # none, or one row added to every row
+    plain = (float32 and alpha == 1.0 and row_bias and a.flags.c_contiguous
+             and (b.flags.c_contiguous or CpuBackend.is_constant(ins[1])))
+    kernel, parts = engine.matmul(macs, float32, vector, plain)
+    if kernel == "small_product":  # constant weights stored transposed are laid [K, N] once
+        packed = b if b.flags.c_contiguous else made_once(constants, ins[1], ("rows", b.shape),
+                                                          lambda: np.ascontiguousarray(b))
+        return cpu_compiled._small_product(a, packed, None if bias is None else bias[0], o, op.activation)
     if kernel == "vector_region":
         return cpu_compiled._vector_product_region(op, a[0, 0], b[0], o[0, 0], bias, parts,
                                       functools.partial(made_once, constants, ins[1]))
@@ -276,6 +287,10 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
     kernel, parts = engine.conv(op, CpuBackend.is_constant(ins[1]))
     jit, regions = engine.jit, engine.regions
 
+    if kernel == "small_product":  # one pixel: x [N, C] @ W^T [C, OC], the weights laid so once
+        rows = once(("rows", weight.shape), lambda: np.ascontiguousarray(weight.reshape(oc, c).T))
+        return cpu_compiled._small_product(x.reshape(1, n, c), rows[None], None if bias is None else bias.reshape(oc),
+                                           out.reshape(1, n, oc), op.activation)
     if kernel == "winograd_region":
         return cpu_compiled._winograd_region(op, x, weight.reshape(oc, c, kh, kw), out, bias, regions, once)
     if kernel == "winograd":
@@ -415,6 +430,11 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, engine: Engine):
         count_h = np.minimum(starts_h + kh, hi_h) - np.maximum(starts_h, lo_h)
         count_w = np.minimum(starts_w + kw, hi_w) - np.maximum(starts_w, lo_w)
         inv_count = (1.0 / np.maximum(np.outer(count_h, count_w), 1)).astype(np.float32)
+    if kernel == "pool_tiles":  # the windows tile the input: one compiled pass, no padded copy
+        x3, o3 = x.reshape(n * c, h, w), out.reshape(n * c, oh, ow)
+        args = (x3, o3, op.op == "max", np.int64(kh), np.int64(kw), np.float32(1.0 / (kh * kw)))
+        compiled = cpu_jit.bind(cpu_jit.pool_tiles, *args)
+        return KernelWork((lambda: compiled(*args),), "tiles")
     if kernel in ("pool3x3_region", "pool3x3"):
         return cpu_compiled._pool_compiled(op, x, out, inv_count, pool, parts, engine.regions)
     extent = ((oh - 1) * sh + kh, (ow - 1) * sw + kw)
@@ -578,11 +598,17 @@ def _make_scatter(op: A.Scatter, ins, outs, pool: Workers):
     return KernelWork((run,))
 
 
-def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers):
+def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers, engine: Engine):
     """One LSTM/GRU/RNN step (``cpu_recurrent.cell_step``) on views of the pools: the projection's
-    step slices are one strided view (the directions' offsets apart), so nothing is copied in."""
+    step slices are one strided view (the directions' offsets apart), so nothing is copied in.
+    With ``jit``, the usual LSTM step is one compiled pass (``cpu_recurrent.compiled_lstm_step``)."""
     d, b, h, g = op.directions, op.batch, op.hidden, op.gate_blocks
     roles = dict(zip(op.input_roles(), ins))
+    if engine.jit:
+        compiled = compiled_lstm_step(op, flat(roles["gates"]), typed(roles["projection"])[roles["projection"].offset:],
+                                      flat(roles["state"]), flat(outs[0]))
+        if compiled is not None:
+            return KernelWork((compiled,))
     gates = view(roles["gates"]).reshape(d, b, g, h)
     x0 = op.x_offsets[0]
     x = strided(roles["projection"], x0, (d, b, A.CELLS[op.cell][0], h),
@@ -597,7 +623,8 @@ def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers):
 
 _ANY_INT = frozenset({A.INT32})
 #: makers with a compiled or region kernel for some of their ops: they ask the backend's ``Engine`` which
-_ENGINE_AWARE = frozenset({_make_conv2d, _make_pool2d, _make_matmul, _make_quantized_matmul, _make_binary, _make_softmax, _make_normalize})
+_ENGINE_AWARE = frozenset({_make_unary, _make_conv2d, _make_pool2d, _make_matmul, _make_quantized_matmul, _make_binary,
+                           _make_softmax, _make_normalize, _make_recurrent_cell})
 #: makers that pack constant weights (shared between run states: ``cpu_constants``)
 _PACKS_CONSTANTS = frozenset({_make_conv2d, _make_matmul, _make_quantized_matmul})
 _MAKERS = {

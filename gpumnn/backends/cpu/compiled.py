@@ -75,6 +75,24 @@ def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out
     return KernelWork(made.work, op.scheme, made.keep)  # the report names the product's scheme, not the convolution's
 
 
+def _small_product(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None, out: np.ndarray,
+                   activation: A.Activation) -> KernelWork:
+    """``cpu_jit.small_product`` (a [B, M, K] @ b [1 or B, K, N] + bias [N] into out [B, M, N], all
+    C-contiguous float32) on the calling thread, a clamp in its loop and any other activation
+    after as one compiled pass: a product too small for a region's and BLAS's fixed cost."""
+    lo, hi, after = _compiled_clamp(activation)
+    bias = np.zeros(b.shape[2], np.float32) if bias is None else bias
+    args = (a, b, bias, out, lo, hi)
+    compiled = cpu_jit.bind(cpu_jit.small_product, *args)
+    if after is None:
+        return KernelWork((lambda: compiled(*args),), "small product", keep=(b, bias))
+
+    def run() -> None:
+        compiled(*args)
+        after(out)
+    return KernelWork((run,), "small product", keep=(b, bias))
+
+
 def _gemm_region(bases: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list, activation: A.Activation,
                  out: np.ndarray, alpha: float = 1.0, bias: tuple | None = None,
                  beta: float = 1.0) -> Callable[[], None] | None:

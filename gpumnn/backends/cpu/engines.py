@@ -37,6 +37,9 @@ DEPTHWISE_PARALLEL_MIN = 1 << 18
 #: about a tenth of a hand-over to ``cpu_workers``.
 REGION_MIN_MACS = 1 << 20
 REGION_MIN_WINDOWS = 1 << 15
+#: A float32 product below this many multiply-adds, with its operands' layout plain (``cpu_jit.small_product``
+#: says which), runs as one compiled loop on the calling thread: a region and BLAS's call cost more than it.
+SMALL_PRODUCT_MACS = 1 << 17
 #: Bytes of im2col columns one block of a region copies, so that its product reads them from L2.
 REGION_COLS_BYTES = 1 << 20
 #: A convolution on constant weights takes ``cpu_tiles``' register tile (``compiled._packed_conv_region``)
@@ -117,6 +120,8 @@ class Engine:
         cg, ocg = c // g, oc // g
         if op.scheme == "gemm1x1":  # parts: threads for each group's product's blocks
             product = ocg * h * w * cg
+            if self.jit and h * w == 1 and g == 1 and constant_weights and n * product < SMALL_PRODUCT_MACS:
+                return Choice("small_product")  # one pixel (squeeze-excitation's): a vector times the weights
             if self.regions:
                 return Choice("gemm1x1_region", self.gemm(product, region=True))
             return Choice("gemm1x1", self.gemm(product, region=False))
@@ -126,10 +131,12 @@ class Engine:
         # row blocks with their own columns, or (fewer pixels than channels) the columns once
         return Choice("im2col_rows" if oh * ow >= ocg else "im2col_columns", self.chunks(macs, PARALLEL_MIN_MACS))
 
-    def matmul(self, macs: int, float32: bool, vector: bool) -> Choice:
+    def matmul(self, macs: int, float32: bool, vector: bool, plain: bool = False) -> Choice:
         """A product of ``macs`` multiply-adds; ``vector``: one row times constant weights (a
-        classifier's last layer), which the register tile reads once. ``parts``: threads for its
-        blocks (``_gemm_blocks``)."""
+        classifier's last layer), which the register tile reads once; ``plain``: a layout and
+        epilogue ``small_product`` takes. ``parts``: threads for its blocks (``_gemm_blocks``)."""
+        if self.jit and float32 and plain and macs < SMALL_PRODUCT_MACS:
+            return Choice("small_product")
         if self.regions and float32:
             if vector:
                 return Choice("vector_region", self.regions)
@@ -137,13 +144,16 @@ class Engine:
         return Choice("gemm", self.gemm(macs, region=False))
 
     def pool(self, op: A.Pool2D, float32: bool) -> Choice:
-        """Global pooling (a window the input's size), 3x3 windows in compiled loops, else NumPy's
-        separable passes."""
+        """Global pooling (a window the input's size), windows that tile the input and 3x3 windows in
+        compiled loops, else NumPy's separable passes."""
         (h, w), (oh, ow) = op.in_hw, op.out_hw
         if op.kernel == (h, w) and (oh, ow) == (1, 1) and not any(op.pads):
             if self.regions and op.op == "avg" and float32:
                 return Choice("mean_rows_region", self.shared(op.batch * op.channels * h * w, REGION_MIN_ELEMENTS))
             return Choice("global")
+        tiles = op.strides == op.kernel and not any(op.pads) and oh * op.kernel[0] <= h and ow * op.kernel[1] <= w
+        if self.jit and float32 and tiles:
+            return Choice("pool_tiles")
         if self.jit and float32 and op.kernel == (3, 3):
             windows = op.batch * op.channels * 9 * oh * ow
             if self.regions:

@@ -276,6 +276,74 @@ def depthwise_any(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
                 o[ox] = min(max(acc[ox], lo), hi)
 
 
+@_kernel
+def depthwise_s1_rows(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
+    """Stride 1, any kernel size and dilation (5x5, 1-D): each output row accumulated a tap at a
+    time from the zero-bordered plane's rows, every tap one vectorised pass along the row."""
+    kh, kw = w.shape[1], w.shape[2]
+    dh, dw = geometry[2], geometry[3]
+    ow = out.shape[2]
+    for c in range(x.shape[0]):
+        _into_plane(x[c], plane, pt, pl)
+        b = bias[c]
+        for oy in range(out.shape[1]):
+            for ox in range(ow):
+                acc[ox] = b
+            for ky in range(kh):
+                row = plane[oy + ky * dh]
+                for kx in range(kw):
+                    tap = w[c, ky, kx]
+                    shifted = row[kx * dw:kx * dw + ow]
+                    for ox in range(ow):
+                        acc[ox] += tap * shifted[ox]
+            o = out[c, oy]
+            for ox in range(ow):
+                o[ox] = min(max(acc[ox], lo), hi)
+
+
+@_kernel
+def depthwise_channels_last(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
+    """Any kernel size, stride and dilation with the channels innermost: the span's input copied
+    once into a zero-bordered [rows x columns, channels] plane and its weights into [taps,
+    channels] (the head of ``acc``), then each output pixel is a sum over taps of vector products
+    along the channels, in ``acc``'s tail. A plane of a few pixels leaves a per-plane loop rows
+    of a few elements to run, and its cost per channel and per row to pay; a channel row of
+    hundreds is one vectorised pass per tap."""
+    cs, h, wd = x.shape[0], x.shape[1], x.shape[2]
+    kh, kw = w.shape[1], w.shape[2]
+    oh, ow = out.shape[1], out.shape[2]
+    sh, sw, dh, dw = geometry
+    taps = kh * kw
+    width = max(wd + pl, (ow - 1) * sw + (kw - 1) * dw + 1)  # the plane's columns, as ``depthwise_kernel`` sizes it
+    for c in range(cs):
+        for ky in range(kh):
+            for kx in range(kw):
+                acc[(ky * kw + kx) * cs + c] = w[c, ky, kx]
+    for c in range(cs):
+        for iy in range(h):
+            src = x[c, iy]
+            for ix in range(wd):
+                plane[(iy + pt) * width + ix + pl, c] = src[ix]
+    r = acc[taps * cs:(taps + 1) * cs]
+    for oy in range(oh):
+        for ox in range(ow):
+            for c in range(cs):
+                r[c] = bias[c]
+            for ky in range(kh):
+                for kx in range(kw):
+                    src = plane[(oy * sh + ky * dh) * width + ox * sw + kx * dw]
+                    wt = acc[(ky * kw + kx) * cs:(ky * kw + kx + 1) * cs]
+                    for c in range(cs):
+                        r[c] += wt[c] * src[c]
+            for c in range(cs):
+                out[c, oy, ox] = min(max(r[c], lo), hi)
+
+
+#: ``depthwise_channels_last`` takes the kernels ``depthwise_any`` would on an output of at most
+#: this many pixels (past it, stride 1 runs row by row: ``depthwise_s1_rows``) while its plane of
+#: all channels takes at most this many bytes of each thread's scratch
+CHANNELS_LAST_MAX_PIXELS = 64
+CHANNELS_LAST_BYTES = 2 << 20
 #: a stride-1 plane of at most this many elements (it and the flat output: 32 KiB, an L1) runs
 #: as one flat row (``depthwise3x3_s1_flat``)
 FLAT_PLANE_MAX = 4096
@@ -294,7 +362,86 @@ def depthwise_kernel(op: A.Conv2D) -> tuple[Callable, list[tuple[int, ...]], tup
         return depthwise3x3_s1, [plane, unused], geometry
     if (kh, kw) == (3, 3) and op.dilations == (1, 1) and op.strides == (2, 2):
         return depthwise3x3_s2, [phases_shape(h, pt, oh, ow, 2, 2), unused], geometry
+    channels = op.in_channels
+    if op.strides == (1, 1) and oh * ow > CHANNELS_LAST_MAX_PIXELS:
+        return depthwise_s1_rows, [plane, (ow,)], geometry
+    if oh * ow <= CHANNELS_LAST_MAX_PIXELS and plane[0] * plane[1] * channels * 4 <= CHANNELS_LAST_BYTES:
+        return depthwise_channels_last, [(plane[0] * plane[1], channels), ((kh * kw + 1) * channels,)], geometry
     return depthwise_any, [plane, (ow,)], geometry
+
+
+# -- pooling windows that tile the input ---------------------------------------------------------
+
+@_kernel
+def pool_tiles(x, out, is_max, kh, kw, scale):
+    """Windows that tile the input (stride = window, no padding: VGG's, CRNN's and U-Net's 2x2
+    and 2x1, a 1-D CNN's 1x2): out[c, oy, ox] = the max (``is_max``) or the sum times ``scale`` of
+    window (oy, ox), one pass over the window's rows per output row, the two columns of a
+    2-wide window read at literal offsets (a loop that vectorises), for x [C, H, W], out [C, OH, OW]."""
+    ow = out.shape[2]
+    for c in range(x.shape[0]):
+        for oy in range(out.shape[1]):
+            o = out[c, oy]
+            for ky in range(kh):
+                r = x[c, oy * kh + ky]
+                first = ky == 0
+                if kw == 1:
+                    if first:
+                        for ox in range(ow):
+                            o[ox] = r[ox]
+                    elif is_max:
+                        for ox in range(ow):
+                            o[ox] = max(o[ox], r[ox])
+                    else:
+                        for ox in range(ow):
+                            o[ox] += r[ox]
+                elif kw == 2:
+                    if first and is_max:
+                        for ox in range(ow):
+                            o[ox] = max(r[2 * ox], r[2 * ox + 1])
+                    elif first:
+                        for ox in range(ow):
+                            o[ox] = r[2 * ox] + r[2 * ox + 1]
+                    elif is_max:
+                        for ox in range(ow):
+                            o[ox] = max(o[ox], max(r[2 * ox], r[2 * ox + 1]))
+                    else:
+                        for ox in range(ow):
+                            o[ox] += r[2 * ox] + r[2 * ox + 1]
+                else:
+                    for ox in range(ow):
+                        v = r[ox * kw] if first else (max(o[ox], r[ox * kw]) if is_max else o[ox] + r[ox * kw])
+                        for kx in range(1, kw):
+                            v = max(v, r[ox * kw + kx]) if is_max else v + r[ox * kw + kx]
+                        o[ox] = v
+            if not is_max:
+                for ox in range(ow):
+                    o[ox] *= scale
+
+
+# -- products too small for a region ------------------------------------------------------------
+
+@_kernel
+def small_product(a, b, bias, out, lo, hi):
+    """out[i] = clamp(a[i] @ b[i or 0] + bias) to [lo, hi] for a [B, M, K], b [1 or B, K, N], bias
+    [N], out [B, M, N], all C-contiguous float32: each output row a sum of b's rows scaled by a's elements, one
+    vectorised pass over the row per element. An LSTM step's recurrent product (a few tens of
+    thousands of multiply-adds) spent most of its time entering a region and BLAS."""
+    shared = b.shape[0] == 1
+    for i in range(a.shape[0]):
+        bi = b[0] if shared else b[i]
+        for m in range(a.shape[1]):
+            o = out[i, m]
+            x = a[i, m]
+            for n in range(o.shape[0]):
+                o[n] = bias[n]
+            for k in range(x.shape[0]):
+                v = x[k]
+                row = bi[k]
+                for n in range(o.shape[0]):
+                    o[n] += v * row[n]
+            for n in range(o.shape[0]):
+                o[n] = min(max(o[n], lo), hi)
 
 
 # -- Winograd's output tiles ---------------------------------------------------------------------

@@ -625,7 +625,8 @@ def winograd_scratch_floats(alpha_h: int, alpha_w: int, nh: int) -> int:
 #: takes (stride 2 takes phase planes: ``depthwise_s2_spans``). A kernel passed as an argument
 #: would be typed by its identity, which differs per process, so Numba's disk cache would never
 #: hit and every process would spend ~1.3 s per kernel compiling the region.
-PLANE_KINDS = (cpu_jit.depthwise3x3_s1, cpu_jit.depthwise3x3_s1_flat, cpu_jit.depthwise_any)
+PLANE_KINDS = (cpu_jit.depthwise3x3_s1, cpu_jit.depthwise3x3_s1_flat, cpu_jit.depthwise_any,
+               cpu_jit.depthwise_channels_last, cpu_jit.depthwise_s1_rows)
 
 
 @_region
@@ -640,8 +641,12 @@ def depthwise_spans(kind, x, w, bias, out, bounds, planes, accs, geometry, pt, p
             cpu_jit.depthwise3x3_s1(*args)
         elif kind == 1:
             cpu_jit.depthwise3x3_s1_flat(*args)
-        else:
+        elif kind == 2:
             cpu_jit.depthwise_any(*args)
+        elif kind == 3:
+            cpu_jit.depthwise_channels_last(*args)
+        else:
+            cpu_jit.depthwise_s1_rows(*args)
 
 
 @_region

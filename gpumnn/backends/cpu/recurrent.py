@@ -8,11 +8,13 @@ share their activations (the usual case), and gates that share an activation are
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Mapping
 
 import numpy as np
 
 from ... import atomic as A
+from . import activations as cpu_activations, jit as cpu_jit
 from .elementwise import unary_function
 
 F32 = np.float32
@@ -119,3 +121,59 @@ def _lstm(op: A.RecurrentCell, fns: list[Fn], bound, pre: np.ndarray, c: np.ndar
         o = f_act(bound(pre[:, :, 1] + peephole[ds][:, :, 1] * c_new))
     np.copyto(dest[0], c_new)
     np.multiply(h_act(dest[0]), o, out=dest[0])
+
+
+# -- one compiled pass for the usual LSTM step ----------------------------------------------------
+# ONNX's default LSTM (sigmoid, tanh, tanh; no clip, peephole, lengths or coupled gates) is what
+# exporters write. As NumPy calls a step costs a dozen calls of a few hundred elements, each
+# mostly its fixed cost; as one loop it is a pass over the step's gates.
+
+_ONE, _TWO = np.float32(1.0), np.float32(2.0)
+
+
+@cpu_jit.inlined
+def _tanh(v):
+    """tanh(v) = sign(v) (1 - e^-2|v|) / (1 + e^-2|v|) (absolute error about 1e-7; NaN passes)."""
+    e = cpu_activations.exp_neg(_TWO * abs(v))
+    t = (_ONE - e) / (_ONE + e)
+    return t if v >= 0 else (-t if v < 0 else v)
+
+
+@functools.partial(cpu_jit.compiled, error_model="numpy")  # no zero test per division: the loop vectorises
+def lstm_steps(gates, projection, x_offsets, row_stride, state, out, directions, batch, hidden):
+    """RecurrentCell's ``lstm`` with the default activations: ``gates`` [D, B, 4, H], the
+    projection's gate rows of direction d and row b at ``x_offsets[d] + b * row_stride``,
+    ``state`` [2, D, B, H] (H, C), ``out`` [2, D, B, H] (H', C'), all flat float32."""
+    rows = directions * batch
+    for d in range(directions):
+        for b in range(batch):
+            row = d * batch + b
+            g = gates[row * 4 * hidden:(row + 1) * 4 * hidden]
+            x0 = x_offsets[d] + b * row_stride
+            x = projection[x0:x0 + 4 * hidden]
+            c = state[(rows + row) * hidden:(rows + row + 1) * hidden]
+            h_new = out[row * hidden:(row + 1) * hidden]
+            c_new = out[(rows + row) * hidden:(rows + row + 1) * hidden]
+            for j in range(hidden):
+                i = cpu_activations.sigmoid_value(g[j] + x[j])
+                o = cpu_activations.sigmoid_value(g[hidden + j] + x[hidden + j])
+                f = cpu_activations.sigmoid_value(g[2 * hidden + j] + x[2 * hidden + j])
+                cell = f * c[j] + i * _tanh(g[3 * hidden + j] + x[3 * hidden + j])
+                c_new[j] = cell
+                h_new[j] = o * _tanh(cell)
+
+
+def compiled_lstm_step(op: A.RecurrentCell, gates: np.ndarray, projection: np.ndarray, state: np.ndarray,
+                       out: np.ndarray) -> Callable[[], None] | None:
+    """The work of ``op`` as ``lstm_steps`` on flat float32 arrays (``projection``: the whole
+    projection tensor), or None where the step is not the usual LSTM's or Numba is missing."""
+    usual = (op.cell == "lstm" and op.clip == 0 and not (op.input_forget or op.has_peephole or op.has_lengths)
+             and all(a[0] == name for a, name in zip(op.activations, ("sigmoid", "tanh", "tanh") * op.directions)))
+    arrays = (gates, projection, state, out)
+    if not usual or cpu_jit.numba is None or any(a.dtype != np.float32 or a.ndim != 1 for a in arrays):
+        return None
+    offsets = np.asarray(op.x_offsets, np.int64)
+    args = (gates, projection, offsets, np.int64(op.x_row_stride), state, out, np.int64(op.directions),
+            np.int64(op.batch), np.int64(op.hidden))
+    compiled = cpu_jit.bind(lstm_steps, *args)
+    return lambda: compiled(*args)

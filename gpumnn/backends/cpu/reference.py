@@ -120,7 +120,7 @@ def _compiled_clamp(activation: A.Activation) -> tuple[np.float32, np.float32, C
     lo, hi = (np.float32(v) for v in (clamp or (-np.inf, np.inf)))
     if clamp:
         return lo, hi, None
-    return lo, hi, cpu_activations.activation_in_place(activation[0], _epilogue(activation))
+    return lo, hi, cpu_activations.activation_in_place(activation[0], _epilogue(activation), activation[1])
 
 
 def _compiled_epilogue(activation: A.Activation, bias: np.ndarray | None,
