@@ -167,25 +167,15 @@ GROUPS: tuple[Group, ...] = (
         test_range_bfloat16_type_positive_delta_expanded
     """)),
     Group(
-        'Cast of run-time data to a type gpumnn holds no tensors of (bfloat16, the float8 and float4 types, int4/uint4, int2/uint2)',
+        'Cast of run-time data to a type gpumnn holds no tensors of (bfloat16, the float8 and float4 types, int2/uint2)',
         UnsupportedOpError, r'cast of run-time data to \w+: gpumnn holds float, integer and bool tensors only', _names("""
-        test_castlike_FLOAT_to_INT4
-        test_castlike_FLOAT_to_INT4_expanded
-        test_castlike_FLOAT_to_UINT4
-        test_castlike_FLOAT_to_UINT4_expanded
-        test_castlike_FLOAT16_to_INT4
-        test_castlike_FLOAT16_to_INT4_expanded
-        test_castlike_FLOAT16_to_UINT4
-        test_castlike_FLOAT16_to_UINT4_expanded
         test_cast_FLOAT16_to_FLOAT4E2M1
         test_cast_FLOAT16_to_FLOAT8E4M3FN
         test_cast_FLOAT16_to_FLOAT8E4M3FNUZ
         test_cast_FLOAT16_to_FLOAT8E5M2
         test_cast_FLOAT16_to_FLOAT8E5M2FNUZ
         test_cast_FLOAT16_to_INT2
-        test_cast_FLOAT16_to_INT4
         test_cast_FLOAT16_to_UINT2
-        test_cast_FLOAT16_to_UINT4
         test_cast_FLOAT_to_BFLOAT16
         test_cast_FLOAT_to_FLOAT4E2M1
         test_cast_FLOAT_to_FLOAT8E4M3FN
@@ -193,9 +183,7 @@ GROUPS: tuple[Group, ...] = (
         test_cast_FLOAT_to_FLOAT8E5M2
         test_cast_FLOAT_to_FLOAT8E5M2FNUZ
         test_cast_FLOAT_to_INT2
-        test_cast_FLOAT_to_INT4
         test_cast_FLOAT_to_UINT2
-        test_cast_FLOAT_to_UINT4
         test_cast_e8m0_FLOAT16_to_FLOAT8E8M0
         test_cast_e8m0_FLOAT_to_FLOAT8E8M0
         test_cast_no_saturate_FLOAT16_to_FLOAT8E4M3FN

@@ -98,15 +98,19 @@ def lower_cast(ctx: LoweringContext, node: Node, opset: int) -> None:
     Cast to them converts (float16 rounds to nearest even; int8/uint8 wrap, a float truncated
     toward zero first). Wider float types share float32, the other integer types and bool int32:
     a Cast to bool tests for non-zero, float to integer truncates toward zero, and int16/uint16
-    wrap."""
+    wrap; int4/uint4 values, held in int8/uint8, wrap to 4 bits."""
     if node.op_type == "CastLike":
         target = ctx.dtype(node.inputs[1])
     else:
         target = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(node.attr("to"))))
     source, out = node.inputs[0], node.outputs[0]
     value = ctx.value(source, node)
+    held, bits = FOUR_BIT_HELD.get(target.name, (target, 8 * target.itemsize))
     if value.is_const:
-        ctx.set_const(out, value.const.astype(target))
+        ctx.set_const(out, value.const.astype(target).astype(held))
+        return
+    if held is not target:  # int4/uint4: truncated toward zero and wrapped to 4 bits (as ml_dtypes casts)
+        _emit_wrap(ctx, node, source, out, held, bits)
         return
     try:
         storage = A.storage_dtype(target)
@@ -124,9 +128,18 @@ def lower_cast(ctx: LoweringContext, node: Node, opset: int) -> None:
     if not wraps:
         ctx.emit(A.Unary((source,), (out,), node.name, op="identity", count=value.size), value.shape, target)
         return
-    # int16/uint16 wrap: ((x + offset) mod 2^bits) - offset, offset 2^(bits-1) for signed
+    _emit_wrap(ctx, node, source, out, target, bits)
+
+
+#: the 4-bit types a Cast may name: the dtype their values are held in, and their width
+FOUR_BIT_HELD: dict[str, tuple[np.dtype, int]] = {"int4": (np.dtype(np.int8), 4), "uint4": (np.dtype(np.uint8), 4)}
+
+
+def _emit_wrap(ctx: LoweringContext, node: Node, source: str, out: str, target: np.dtype, bits: int) -> None:
+    """``out`` (held as ``target``) = ``source`` truncated toward zero and wrapped to ``bits`` bits:
+    ((x + offset) mod 2^bits) - offset, offset 2^(bits-1) for a signed ``target``."""
     wide = as_dtype(ctx, node, source, np.int64)
-    span = 1 << (8 * target.itemsize)
+    span = 1 << bits
     offset = span // 2 if target.kind == "i" else 0
 
     def const(v: int) -> str:
