@@ -14,6 +14,9 @@ casts). Per model and backend the table gives:
 
 - agreement: the relative L2 error of gpumnn's output against ONNX Runtime's unfused path
   (``ORT_DISABLE_ALL``, what the tests hold gpumnn to) and, for information, its default fused path;
+  where the output is dequantized, the largest difference in the output's quantization steps; and, as
+  a yardstick, ONNX Runtime's fused path against its unfused one (one step's flip in a hidden layer
+  moves the output by more than one step in a deep model, in either engine);
 - the weights' bytes: the model file's initializers, float model -> quantized model, and the
   constants the session holds on its devices (every upload of its backends, cpu fallbacks included),
   float model -> quantized model;
@@ -196,6 +199,8 @@ class Row:
     backend: str
     err_unfused: float | None = None
     err_fused: float | None = None
+    steps_unfused: float | None = None  # max |gpumnn - ORT unfused| in steps of the output's DequantizeLinear
+    ort_fused_vs_unfused: float | None = None
     file_bytes: tuple[int, int] | None = None  # float model, quantized model
     device_bytes: tuple[int, int] | None = None
     ops: tuple[int, int] | None = None
@@ -229,6 +234,16 @@ def device_constant_bytes(session) -> int:
     store = session._parts.constants
     with store._lock:
         return sum(upload.handle.nbytes for upload in store._uploads.values())
+
+
+def output_step(model: onnx.ModelProto) -> float | None:
+    """The scale of the DequantizeLinear that produces the graph's first output, if a constant one does."""
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "DequantizeLinear" and node.output[0] == model.graph.output[0].name:
+            scale = constants.get(node.input[1])
+            return float(scale) if scale is not None and scale.size == 1 else None
+    return None
 
 
 def onnxruntime_session(model_bytes: bytes, threads: int, fused: bool):
@@ -271,9 +286,10 @@ def measure(case: Case, backends: list[str], threads: int, runs: int, warmup: in
     fused_session = onnxruntime_session(model_bytes, threads, fused=True)
     fused = fused_session.run(None, feed)[0]
     file_bytes = (initializer_bytes(onnx.load(case.float_path)), initializer_bytes(model))
+    step = output_step(model)
     rows = []
     for backend in backends:
-        row = Row(case.name, backend, file_bytes=file_bytes)
+        row = Row(case.name, backend, file_bytes=file_bytes, ort_fused_vs_unfused=rel_l2(fused, unfused))
         rows.append(row)
         on_step(f"{case.name} on {backend}")
         session = None
@@ -283,6 +299,8 @@ def measure(case: Case, backends: list[str], threads: int, runs: int, warmup: in
             got = next(iter(session.run(feed).values()))
             row.create_s = time.perf_counter() - start
             row.err_unfused, row.err_fused = rel_l2(got, unfused), rel_l2(got, fused)
+            if step is not None:
+                row.steps_unfused = float(np.abs(got.astype(np.float64) - unfused).max()) / step
             float_bytes, float_ops = _float_figures(case.float_path, backend, threads, float_known)
             row.device_bytes = (float_bytes, device_constant_bytes(session))
             row.ops = (float_ops, len(session.program.ops))
@@ -330,6 +348,8 @@ def _pair(pair: tuple[int, int] | None, scale: float = MIB, spec: str = ".2f") -
 def format_table(rows: list[Row], threads: int, runs: int, warmup: int, repeats: int) -> str:
     columns = [("model", lambda r: r.model), ("backend", lambda r: r.backend),
                ("err unfused", lambda r: _fmt(r.err_unfused, ".1e")), ("err fused", lambda r: _fmt(r.err_fused, ".1e")),
+               ("steps", lambda r: _fmt(r.steps_unfused, ".0f")),
+               ("ORT fused err", lambda r: _fmt(r.ort_fused_vs_unfused, ".1e")),
                ("file MiB", lambda r: _pair(r.file_bytes)), ("device MiB", lambda r: _pair(r.device_bytes)),
                ("ops", lambda r: "-" if r.ops is None else f"{r.ops[0]} -> {r.ops[1]}"), ("create s", lambda r: _fmt(r.create_s, ".2f")),
                ("gpumnn ms", lambda r: _fmt(r.cell("gpumnn"), ".1f")), ("ORT ms", lambda r: _fmt(r.cell("onnxruntime"), ".1f")),
@@ -344,7 +364,8 @@ def format_table(rows: list[Row], threads: int, runs: int, warmup: int, repeats:
     protocol = (f"batch 1, {threads} CPU thread(s) for both engines; each repeat times gpumnn then ONNX Runtime (default, "
                 f"fused path) on the same quantized model ({warmup} warm-up, then the mean of {runs} runs); ms: median "
                 f"over {repeats} repeats (min-max); gpumnn/ORT: median of per-repeat ratios (min-max); err: relative L2 "
-                f"against ONNX Runtime unfused (ORT_DISABLE_ALL) and fused (default); file/device MiB and ops: float "
+                f"against ONNX Runtime unfused (ORT_DISABLE_ALL) and fused (default); steps: the largest difference from ORT unfused "
+                f"in quantization steps of the output; ORT fused err: ONNX Runtime's fused path against its unfused one; file/device MiB and ops: float "
                 f"model -> quantized model")
     return "\n".join([protocol, header, "-" * len(header)] + [line(c, r.note) for c, r in zip(cells, rows)])
 
