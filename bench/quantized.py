@@ -9,8 +9,8 @@ dir, ``--cache``): ``quantize_static`` in QDQ form with int8 activations and per
 (``qdq_s8``) or uint8 activations and per-tensor weights (``qdq_u8``), in QOperator form
 (``qoperator``), ``quantize_dynamic`` (``dynamic``), ``MatMulNBitsQuantizer``'s int4 MatMulNBits
 in blocks of 32 (``int4``), and a float16 model with float16 inputs, weights, intermediates and
-output (``float16``, converted as ONNX Runtime's CPU kernels run it: each node in float32 between
-casts). Per model and backend the table gives:
+output (``float16``, by ``gpumnn.zoo.with_float16``: as ONNX Runtime's CPU kernels run it, each
+node in float32 between casts). Per model and backend the table gives:
 
 - agreement: the relative L2 error of gpumnn's output against ONNX Runtime's unfused path
   (``ORT_DISABLE_ALL``, what the tests hold gpumnn to) and, for information, its default fused path;
@@ -46,7 +46,7 @@ from typing import Callable
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper, shape_inference
+from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's gpumnn, not an installed one
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # cpu_profile, beside this script
@@ -102,53 +102,8 @@ def _int4(source: Path, target: Path) -> None:
     onnx.save(quantizer.model.model, target)
 
 
-def half(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with float16 inputs, weights, outputs and intermediate tensors, as ONNX Runtime's
-    CPU kernels run it (tests/test_narrow_storage.py makes its float16 squeezenet so): each float16
-    weight and input is cast to float32 where it is read, each float32 node output rounded to
-    float16 and back."""
-    model = shape_inference.infer_shapes(model)
-    graph = model.graph
-    floats = {v.name for v in (*graph.value_info, *graph.input, *graph.output)
-              if v.type.tensor_type.elem_type == TensorProto.FLOAT}
-    floats |= {i.name for i in graph.initializer if i.data_type == TensorProto.FLOAT}
-    nodes, renamed = [], {}
-    for init in graph.initializer:
-        if init.data_type == TensorProto.FLOAT:
-            name = init.name
-            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16), name + "/half"))
-            nodes.append(helper.make_node("Cast", [name + "/half"], [name + "/float"], to=TensorProto.FLOAT))
-            renamed[name] = name + "/float"
-    for vi in graph.input:
-        if vi.name in floats:
-            vi.type.tensor_type.elem_type = TensorProto.FLOAT16
-            nodes.append(helper.make_node("Cast", [vi.name], [vi.name + "/float"], to=TensorProto.FLOAT))
-            renamed[vi.name] = vi.name + "/float"
-    outputs = {o.name for o in graph.output}
-    for node in graph.node:
-        node.input[:] = [renamed.get(n, n) for n in node.input]
-        node.output[:] = [n + "/computed" if n in outputs else n for n in node.output]
-        nodes.append(node)
-        for name in node.output:
-            base = name[:-len("/computed")] if name.endswith("/computed") else name
-            if base not in floats:
-                continue
-            if base in outputs:
-                nodes.append(helper.make_node("Cast", [name], [base], to=TensorProto.FLOAT16))
-                continue
-            nodes.append(helper.make_node("Cast", [name], [name + "/half"], to=TensorProto.FLOAT16))
-            nodes.append(helper.make_node("Cast", [name + "/half"], [name + "/rounded"], to=TensorProto.FLOAT))
-            renamed[name] = name + "/rounded"
-    for vi in graph.output:
-        vi.type.tensor_type.elem_type = TensorProto.FLOAT16
-    del graph.node[:]
-    graph.node.extend(nodes)
-    del graph.value_info[:]
-    return model
-
-
 def _float16(source: Path, target: Path) -> None:
-    onnx.save(half(onnx.load(source)), target)
+    onnx.save(zoo.with_float16(onnx.load(source)), target)
 
 
 #: the ways of making a quantized (or float16) model from a float one: (label, maker)
