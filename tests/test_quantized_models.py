@@ -592,3 +592,27 @@ def test_matmul_nbits_quantized_model_matches_onnxruntime_unfused(backend, nbits
     got, program = _run(model, {"x": x}, backend)
     np.testing.assert_allclose(got["y"], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
     assert not packed & set(program.constants)
+
+
+def test_integer_convolution_is_exact_where_winograd_would_be_chosen(backend):
+    """A 3x3 QLinearConv large enough that the cpu's scheme selection would choose Winograd: its
+    integer-valued float32 sums must stay exact (an int32 accumulation), so the uint8 output equals
+    the ONNX reference everywhere (Winograd's transforms round, and move some by one step)."""
+    channels, size = 64, 28
+    rng = np.random.default_rng(14)
+    x = rng.integers(0, 256, (1, channels, size, size)).astype(np.uint8)
+    # scales of powers of two: the requantization (accumulator * 2**-11) is exact, so only the
+    # accumulation can move an output
+    constants = {"x_scale": np.array(2.0 ** -6, np.float32), "x_zp": np.array(128, np.uint8),
+                 "w": rng.integers(-127, 128, (channels, channels, 3, 3)).astype(np.int8),
+                 "w_scale": np.full(channels, 2.0 ** -8, np.float32), "w_zp": np.zeros(channels, np.int8),
+                 "y_scale": np.array(2.0 ** -3, np.float32), "y_zp": np.array(128, np.uint8)}
+    node = helper.make_node("QLinearConv", ["x", "x_scale", "x_zp", "w", "w_scale", "w_zp", "y_scale", "y_zp"], ["y"],
+                            name="qconv", pads=[1, 1, 1, 1])
+    model = _model([node], [helper.make_tensor_value_info("x", TensorProto.UINT8, x.shape)],
+                   [helper.make_tensor_value_info("y", TensorProto.UINT8, (1, channels, size, size))],
+                   [numpy_helper.from_array(a, n) for n, a in constants.items()])
+    ref = _reference(model, {"x": x})[0]
+    assert ((ref > 0) & (ref < 255)).mean() > 0.5  # mostly unsaturated: a rounding difference shows
+    got, _ = _run(model, {"x": x}, backend)
+    np.testing.assert_array_equal(got["y"], ref)
