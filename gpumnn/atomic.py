@@ -664,6 +664,10 @@ class AtomicProgram:
     #: the scheme chosen for each convolution and matrix product (``gpumnn.scheduler.schemes.Decision``)
     decisions: list = field(default_factory=list)
     dtypes: dict[str, "object"] = field(default_factory=dict)
+    #: nodes whose convolutions sum integer-valued float32 products that must stay exact (an int32
+    #: accumulation: QLinearConv, ConvInteger): scheme selection gives them no Winograd, whose
+    #: transforms round
+    exact_integer_sources: frozenset = frozenset()
 
     def storage_dtype_of(self, name: str) -> str:
         """The storage dtype of a run-time tensor or constant (float32 unless the model says otherwise)."""

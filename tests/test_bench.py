@@ -142,3 +142,39 @@ def test_the_cpu_profile_matches_onnxruntimes_fused_nodes_to_ours():
     assert found == {"layer1.0.relu1": "layer1.0.conv1", "layer1.0.bn2": "layer1.0.conv2", "fc": "fc",
                      "ReorderOutput": "ReorderOutput"}
     assert cpu_profile.plain_name("Mixed_5b.branch1x1.relu") == cpu_profile.plain_name("Mixed_5b.branch1x1.conv")
+
+
+def test_the_quantized_models_bench_measures_a_tiny_int4_model(tmp_path):
+    """``bench/quantized.py`` on a MatMul -> Relu -> MatMul model that MatMulNBitsQuantizer makes
+    int4, on the cpu, one repeat of one run: the figures of a row are there and say what they should
+    (gpumnn agrees with ONNX Runtime to float32 rounding; the file's weights shrink, the device's do
+    not, since the weights are dequantized at load, and no op dequantizes at run time)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from conftest import bench_script
+
+    quantized = bench_script("quantized")
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32), name)
+               for name, shape in (("w1", (64, 32)), ("w2", (32, 8)))]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 64))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 8))], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    case = quantized.make_case("mlp/int4", tmp_path, float_model=model)
+    assert {n.op_type for n in onnx.load(case.quantized_path).graph.node} == {"MatMulNBits", "Relu"}
+    rows = quantized.measure(case, ["cpu"], threads=1, runs=1, warmup=1, repeats=1, pause=0.0)
+    assert len(rows) == 1
+    row = rows[0]
+    assert row.note == "" and row.err_unfused < 1e-5 and row.err_fused < 1e-4
+    float_bytes = (64 * 32 + 32 * 8) * 4
+    assert row.file_bytes[0] == float_bytes and row.file_bytes[1] < float_bytes / 4
+    assert row.device_bytes == (float_bytes, float_bytes)
+    assert 2 == row.ops[0] <= row.ops[1] <= 3  # no dequantizing op at run time: the MatMuls, and the Relu if not fused
+    assert [len(r) for r in row.samples["gpumnn"]] == [1] and [len(r) for r in row.samples["onnxruntime"]] == [1]
+    table = quantized.format_table(rows, threads=1, runs=1, warmup=1, repeats=1)
+    line = next(text for text in table.splitlines() if text.startswith("mlp/int4"))
+    assert "cpu" in line and "0.01 -> 0.00" in line and row.ratio() is not None

@@ -509,3 +509,110 @@ def test_dynamic_quantize_lstm_matches_onnxruntime(backend, quantized_lstms, nam
         assert np.abs(got[key] - ref).max() <= 1e-5, key
     weights = {t.name for t in model.graph.initializer if t.name.endswith("_quantized")}
     assert not weights & set(program.constants)
+
+
+# -- MatMulNBitsQuantizer (int4 weight-only) ---------------------------------------------------------
+
+NBITS_K, NBITS_HIDDEN, NBITS_N, NBITS_BLOCK = 80, 96, 16, 32  # K = 2.5 blocks: the last block is partial
+
+
+def _float_mlp() -> onnx.ModelProto:
+    """MatMul -> Relu -> MatMul of constant weights (the MatMuls MatMulNBitsQuantizer quantizes)."""
+    rng = np.random.default_rng(12)
+    weights = {"w1": rng.standard_normal((NBITS_K, NBITS_HIDDEN)) * 0.2,
+               "w2": rng.standard_normal((NBITS_HIDDEN, NBITS_N)) * 0.2}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, (3, NBITS_K))],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, (3, NBITS_N))],
+                  [numpy_helper.from_array(a.astype(np.float32), n) for n, a in weights.items()])
+
+
+NBITS_CASES = [f"{fmt}_{'symmetric' if symmetric else 'asymmetric'}"
+               for fmt in ("MatMulNBits", "QDQ") for symmetric in (False, True)]
+
+
+@pytest.fixture(scope="module")
+def nbits_quantized():
+    """name -> the MLP quantized to int4 blocks of 32 by MatMulNBitsQuantizer, in its default
+    (com.microsoft MatMulNBits) or its QDQ (blocked 4-bit DequantizeLinear -> MatMul) output."""
+    import copy
+    import logging
+
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+    models = {}
+    for name in NBITS_CASES:
+        fmt = QuantFormat.QOperator if name.startswith("MatMulNBits") else QuantFormat.QDQ
+        quantizer = MatMulNBitsQuantizer(copy.deepcopy(_float_mlp()), bits=4, block_size=NBITS_BLOCK,
+                                         is_symmetric=name.endswith("_symmetric"), quant_format=fmt)
+        quantizer.process()  # rewrites the model it holds
+        models[name] = quantizer.model.model
+    return models
+
+
+def _four_bit_weights(model: onnx.ModelProto) -> set[str]:
+    """The initializers that hold the packed 4-bit weights: a MatMulNBits node's B (uint8 bytes of
+    two values each), or an int4/uint4 tensor that a DequantizeLinear dequantizes."""
+    nbits = {n.input[1] for n in model.graph.node if n.op_type == "MatMulNBits"}
+    dequantized = {n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    return {t.name for t in model.graph.initializer if t.name in nbits or
+            (t.name in dequantized and t.data_type in (TensorProto.INT4, TensorProto.UINT4))}
+
+
+@pytest.mark.parametrize("name", NBITS_CASES)
+def test_matmul_nbits_quantized_model_matches_onnxruntime_unfused(backend, nbits_quantized, name):
+    """Both MatMuls quantized to 4 bits (MatMulNBits, or a blocked 4-bit DequantizeLinear feeding a
+    MatMul); the output within float32 rounding of ONNX Runtime's unfused path (the weights are the
+    same dequantized values, so nothing is left but the sums' order); the packed weights are unpacked
+    at load, so no op of the program reads them."""
+    model = nbits_quantized[name]
+    ops = [n.op_type for n in model.graph.node]
+    if name.startswith("MatMulNBits"):
+        assert ops == ["MatMulNBits", "Relu", "MatMulNBits"], ops
+        for node in model.graph.node[::2]:
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            assert (node.domain, attrs["bits"], attrs["block_size"]) == (MS, 4, NBITS_BLOCK), attrs
+    else:
+        assert ops == ["DequantizeLinear", "MatMul", "Relu", "DequantizeLinear", "MatMul"], ops
+        for node in model.graph.node[::3]:
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            assert (attrs["axis"], attrs["block_size"]) == (0, NBITS_BLOCK), attrs
+    packed = _four_bit_weights(model)
+    assert len(packed) == 2, packed
+    if name.startswith("QDQ"):
+        code = TensorProto.INT4 if name.endswith("_symmetric") else TensorProto.UINT4
+        assert {t.data_type for t in model.graph.initializer if t.name in packed} == {code}
+    x = np.random.default_rng(13).standard_normal((3, NBITS_K)).astype(np.float32)
+    ref = _onnxruntime_unfused(model, {"x": x})
+    float_ref = _onnxruntime_unfused(_float_mlp(), {"x": x})
+    assert np.abs(ref - float_ref).max() > 1e-3  # the 4-bit weights moved the answer: the model is quantized
+    got, program = _run(model, {"x": x}, backend)
+    np.testing.assert_allclose(got["y"], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    assert not packed & set(program.constants)
+
+
+def test_integer_convolution_is_exact_where_winograd_would_be_chosen(backend):
+    """A 3x3 QLinearConv large enough that the cpu's scheme selection would choose Winograd: its
+    integer-valued float32 sums must stay exact (an int32 accumulation), so the uint8 output equals
+    the ONNX reference everywhere (Winograd's transforms round, and move some by one step)."""
+    channels, size = 64, 28
+    rng = np.random.default_rng(14)
+    x = rng.integers(0, 256, (1, channels, size, size)).astype(np.uint8)
+    # scales of powers of two: the requantization (accumulator * 2**-11) is exact, so only the
+    # accumulation can move an output
+    constants = {"x_scale": np.array(2.0 ** -6, np.float32), "x_zp": np.array(128, np.uint8),
+                 "w": rng.integers(-127, 128, (channels, channels, 3, 3)).astype(np.int8),
+                 "w_scale": np.full(channels, 2.0 ** -8, np.float32), "w_zp": np.zeros(channels, np.int8),
+                 "y_scale": np.array(2.0 ** -3, np.float32), "y_zp": np.array(128, np.uint8)}
+    node = helper.make_node("QLinearConv", ["x", "x_scale", "x_zp", "w", "w_scale", "w_zp", "y_scale", "y_zp"], ["y"],
+                            name="qconv", pads=[1, 1, 1, 1])
+    model = _model([node], [helper.make_tensor_value_info("x", TensorProto.UINT8, x.shape)],
+                   [helper.make_tensor_value_info("y", TensorProto.UINT8, (1, channels, size, size))],
+                   [numpy_helper.from_array(a, n) for n, a in constants.items()])
+    ref = _reference(model, {"x": x})[0]
+    assert ((ref > 0) & (ref < 255)).mean() > 0.5  # mostly unsaturated: a rounding difference shows
+    got, _ = _run(model, {"x": x}, backend)
+    np.testing.assert_array_equal(got["y"], ref)

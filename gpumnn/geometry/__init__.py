@@ -135,4 +135,4 @@ def _finalize(ctx: LoweringContext, graph: Graph) -> A.AtomicProgram:
     dtypes = {n: ctx.values[n].dtype for n in shapes}
     dtypes.update({n: np.asarray(a).dtype for n, a in folded.items()})  # returned as folded when undeclared
     return A.AtomicProgram(final_ops, shapes, constants, graph.input_names, graph.output_names, aliases, folded,
-                           dtypes=dtypes)
+                           dtypes=dtypes, exact_integer_sources=frozenset(ctx.exact_integer_sources))

@@ -64,6 +64,7 @@ class LoweringContext:
         self._computable: dict[str, str] = {}
         #: narrow tensors converted from values they hold exactly (``emit_exact_conversion``)
         self.exact_conversions: set[str] = set()
+        self.exact_integer_sources: set[str] = set()  # AtomicProgram.exact_integer_sources
 
     # -- values ----------------------------------------------------------------------------
     def value(self, name: str, node: Node | None = None) -> Value:

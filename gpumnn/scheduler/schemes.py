@@ -310,6 +310,8 @@ def select_schemes(program: A.AtomicProgram, backend: Any = None) -> A.AtomicPro
         if isinstance(op, A.Conv2D):
             constant = op.inputs[1] in program.constants and (not op.has_bias or op.inputs[2] in program.constants)
             candidates = conv_candidates(op, constant)
+            if op.source in program.exact_integer_sources:  # an int32 accumulation: Winograd's transforms round
+                candidates = [c for c in candidates if c[0] != "winograd"]
             if "conv" in forced:
                 candidates = _forced_conv(op, constant, candidates)
             scheme, tile, detail = _choose(op, candidates, backend, forced="conv" in forced)

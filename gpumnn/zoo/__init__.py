@@ -37,6 +37,7 @@ __all__ = [
     "input_shape",
     "save",
     "with_batch",
+    "with_float16",
     "count_parameters",
     "mobilenet_v1",
     "squeezenet1_1",
@@ -131,6 +132,55 @@ def with_batch(model: onnx.ModelProto, batch: int | str) -> onnx.ModelProto:
         else:
             dims[0].dim_value = batch
     del model.graph.value_info[:]
+    return model
+
+
+def with_float16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with float16 inputs, weights, outputs and intermediate tensors, as ONNX Runtime's
+    CPU kernels run it: each float32 weight and input is float16, cast to float32 where it is read,
+    and each float32 node output is rounded to float16 and back (a float16 tensor between nodes)."""
+    import numpy as np
+    from onnx import TensorProto as T
+    from onnx import helper, numpy_helper, shape_inference
+
+    model = shape_inference.infer_shapes(model)
+    graph = model.graph
+    floats = {v.name for v in (*graph.value_info, *graph.input, *graph.output)
+              if v.type.tensor_type.elem_type == T.FLOAT}
+    floats |= {i.name for i in graph.initializer if i.data_type == T.FLOAT}
+    nodes, renamed = [], {}
+    for init in graph.initializer:
+        if init.data_type == T.FLOAT:
+            half = numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16), init.name + "/half")
+            init.CopyFrom(half)
+            nodes.append(helper.make_node("Cast", [half.name], [half.name + "/float"], to=T.FLOAT))
+            renamed[half.name[:-5]] = half.name + "/float"
+    for vi in graph.input:
+        if vi.name in floats:
+            vi.type.tensor_type.elem_type = T.FLOAT16
+            nodes.append(helper.make_node("Cast", [vi.name], [vi.name + "/float"], to=T.FLOAT))
+            renamed[vi.name] = vi.name + "/float"
+    outputs = {o.name for o in graph.output}
+    for node in graph.node:
+        node.input[:] = [renamed.get(n, n) for n in node.input]
+        node.output[:] = [n + "/computed" if n in outputs else n for n in node.output]
+        nodes.append(node)
+        for name in node.output:
+            base = name[:-len("/computed")] if name.endswith("/computed") else name
+            if base not in floats:
+                continue
+            if base in outputs:
+                nodes.append(helper.make_node("Cast", [name], [base], to=T.FLOAT16))
+                continue
+            nodes.append(helper.make_node("Cast", [name], [name + "/half"], to=T.FLOAT16))
+            nodes.append(helper.make_node("Cast", [name + "/half"], [name + "/rounded"], to=T.FLOAT))
+            renamed[name] = name + "/rounded"
+    for vi in graph.output:
+        vi.type.tensor_type.elem_type = T.FLOAT16
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.value_info[:]
+    onnx.checker.check_model(model)
     return model
 
 

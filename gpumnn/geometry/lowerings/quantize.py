@@ -350,6 +350,7 @@ def lower_conv_integer(ctx: LoweringContext, node: Node, opset: int) -> None:
     w = shifted(ctx, node, const_input(ctx, node, 1), const_input(ctx, node, 3), axis=0)
     acc = ctx.temp(node, "accumulated")
     sub_node(ctx, node, "Conv", [x, w], [acc], opset, **_conv_attrs(node))
+    ctx.exact_integer_sources.add(node.name)
     to_int(ctx, node, acc, node.outputs[0], np.dtype(np.int32))
 
 
@@ -372,6 +373,7 @@ def lower_qlinear_conv(ctx: LoweringContext, node: Node, opset: int) -> None:
         inputs.append(as_dtype(ctx, node, bias, np.float32))
     acc = ctx.temp(node, "accumulated")
     sub_node(ctx, node, "Conv", inputs, [acc], opset, **_conv_attrs(node))
+    ctx.exact_integer_sources.add(node.name)
     rank = len(ctx.shape(acc))
     w_scale = broadcastable(ctx, node, w_scale, (ctx.shape(acc)[1],) + (1,) * (rank - 2), 0, 0)
     multiplier = binary(ctx, node, "div", binary(ctx, node, "mul", _float_param(ctx, node, x_scale),
