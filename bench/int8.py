@@ -1,16 +1,22 @@
 """precision="int8" against fp32 on the cpu: alternating runs in one process, medians with spread.
 
     python bench/int8.py [--model transformer_encoder] [--threads 2] [--rounds 7] [--runs 20] [--inputs 50]
+                         [--paths all] [--product 128,256,1024]
 
 Each round times ``runs`` runs of the fp32 session, then ``runs`` of the int8 one (alternating, so
 that a busy machine slows both alike); the median per run of each round is kept, and the median of
 the rounds is reported with their range. Also reports the relative error of int8 against fp32
 (||int8 - fp32|| / ||fp32|| over ``inputs`` random inputs: the worst and the median) and the bytes
-of the weights the products read, before and after. Nothing here asserts speed.
+of the weights the products read, before and after. ``--paths all`` (or a comma-separated list)
+adds an int8 session per product path of the cpu kernel this host runs (``cpu_int8.host_paths()``:
+vnni512, avx512bw, avx2, portable), all in the same alternation; ``--product M,K,N`` times one
+QuantizedMatMul of that size on one thread on each path beside the cpu backend's float32 MatMul, instead of
+a model. Nothing here asserts speed.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -22,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 import gpumnn  # noqa: E402
 from gpumnn import atomic as A, zoo  # noqa: E402
+from gpumnn.backends.cpu import int8 as cpu_int8  # noqa: E402
+from gpumnn.backends.cpu.backend import CpuBackend  # noqa: E402
 
 
 def product_weight_bytes(session) -> int:
@@ -33,6 +41,56 @@ def product_weight_bytes(session) -> int:
     return sum(program.nbytes_of(n) for n in names)
 
 
+def alternate(timers: dict, rounds: int, runs: int) -> dict[str, list[float]]:
+    """name -> the median ms of ``runs`` calls of ``timers[name]`` in each of ``rounds`` rounds, the
+    timers taking turns within every round."""
+    medians: dict[str, list[float]] = {name: [] for name in timers}
+    for _ in range(rounds):
+        for name, call in timers.items():
+            times = []
+            for _ in range(runs):
+                started = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - started)
+            medians[name].append(statistics.median(times) * 1e3)
+    return medians
+
+
+def report(medians: dict[str, list[float]], baseline: str) -> None:
+    base = statistics.median(medians[baseline])
+    for name, ms in medians.items():
+        middle = statistics.median(ms)
+        print(f"  {name:16s} median {middle:8.3f} ms  (rounds {min(ms):.3f} .. {max(ms):.3f})  "
+              f"{base / middle:.2f}x {baseline}")
+
+
+def time_product(size: str, paths: list[str], rounds: int, runs: int) -> None:
+    """One QuantizedMatMul of ``size`` (M,K,N) on one thread per path, beside the backend's float32 MatMul."""
+    m, k, n = (int(v) for v in size.split(","))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    weight = rng.standard_normal((k, n)).astype(np.float32)
+    from gpumnn.scheduler.precision import quantize_columns
+    values, scale = quantize_columns(weight)
+    bias = np.zeros(n, np.float32)
+    be = CpuBackend(jit=True, threads=1)
+    pool = be.allocate(4 * (m * k + m * n + 64))
+    xh = be.tensor(pool, 0, (m, k), A.FLOAT32)
+    out = be.tensor(pool, m * k + 16, (m, n), A.FLOAT32)
+    be.write(xh, x)
+    ins = [xh, be.constant(values), be.constant(scale), be.constant(bias)]
+    op = A.QuantizedMatMul(("x", "w", "s", "b"), ("y",), "bench", m=m, n=n, k=k, has_bias=True)
+    float_op = A.MatMul(("x", "w", "b"), ("y",), "bench", m=m, n=n, k=k, has_bias=True)
+    timers = {"fp32": functools.partial(be.submit, be.record([be.create_execution(
+        float_op, [xh, be.constant(weight), be.constant(bias)], [out])]))}
+    for path in paths:
+        cpu_int8.use_path(path)
+        recorded = be.record([be.create_execution(op, ins, [out])])
+        timers[f"int8 {path}"] = functools.partial(be.submit, recorded)
+    print(f"QuantizedMatMul {m} x {k} x {n}, cpu, one thread, {rounds} rounds of {runs} runs each, alternating")
+    report(alternate(timers, rounds, runs), "fp32")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="transformer_encoder")
@@ -40,36 +98,41 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--inputs", type=int, default=50)
+    parser.add_argument("--paths", default="", help="'all' or a comma-separated list of int8 product paths")
+    parser.add_argument("--product", default="", help="M,K,N: time one product instead of a model")
     args = parser.parse_args()
+    paths = list(cpu_int8.host_paths()) if args.paths == "all" else [p for p in args.paths.split(",") if p]
+    if args.product:
+        time_product(args.product, paths or [cpu_int8.PATH], args.rounds, args.runs)
+        return
     net = gpumnn.load(getattr(zoo, args.model)())
     info = net.inputs[0]
     shape = tuple(int(d) for d in info.shape)
     rng = np.random.default_rng(0)
-    sessions = {p: net.session(backend="cpu", threads=args.threads, precision=p) for p in ("fp32", "int8")}
-    errors = []
+    sessions = {"fp32": net.session(backend="cpu", threads=args.threads)}
+    for path in paths or [cpu_int8.PATH]:
+        cpu_int8.use_path(path)
+        sessions["int8" if not paths else f"int8 {path}"] = net.session(backend="cpu", threads=args.threads,
+                                                                        precision="int8")
+    errors: dict[str, list[float]] = {name: [] for name in sessions if name != "fp32"}
     for _ in range(args.inputs):
         feed = {info.name: rng.standard_normal(shape).astype(np.float32)}
-        ref, low = (next(iter(sessions[p].run(feed).values())) for p in ("fp32", "int8"))
-        errors.append(float(np.linalg.norm(low - ref) / np.linalg.norm(ref)))
+        ref = next(iter(sessions["fp32"].run(feed).values()))
+        for name, errs in errors.items():
+            low = next(iter(sessions[name].run(feed).values()))
+            errs.append(float(np.linalg.norm(low - ref) / np.linalg.norm(ref)))
     feed = {info.name: rng.standard_normal(shape).astype(np.float32)}
-    medians: dict[str, list[float]] = {p: [] for p in sessions}
-    for _ in range(args.rounds):
-        for p, sess in sessions.items():
-            times = []
-            for _ in range(args.runs):
-                started = time.perf_counter()
-                sess.run(feed)
-                times.append(time.perf_counter() - started)
-            medians[p].append(statistics.median(times) * 1e3)
+    medians = alternate({name: functools.partial(sess.run, feed) for name, sess in sessions.items()},
+                        args.rounds, args.runs)
     print(f"{args.model}, cpu, {args.threads} threads, {args.rounds} rounds of {args.runs} runs each, alternating")
     print(f"cpu backend: {sessions['fp32'].backends['cpu'].info.device}")
-    for p, ms in medians.items():
-        print(f"  {p:5s} median {statistics.median(ms):7.3f} ms  (rounds {min(ms):.3f} .. {max(ms):.3f})")
-    print(f"  int8 speed-up (medians): {statistics.median(medians['fp32']) / statistics.median(medians['int8']):.2f}x")
-    print(f"  relative error int8 vs fp32 over {args.inputs} inputs: median {statistics.median(errors):.4f}, "
-          f"worst {max(errors):.4f}")
+    report(medians, "fp32")
+    for name, errs in errors.items():
+        print(f"  relative error {name} vs fp32 over {args.inputs} inputs: median {statistics.median(errs):.4f}, "
+              f"worst {max(errs):.4f}")
+    int8_session = sessions[next(iter(errors))]
     print(f"  product weights: fp32 {product_weight_bytes(sessions['fp32'])} bytes, "
-          f"int8 {product_weight_bytes(sessions['int8'])} bytes (int8 values and float32 scales)")
+          f"int8 {product_weight_bytes(int8_session)} bytes (int8 values and float32 scales)")
     for sess in sessions.values():
         sess.close()
 

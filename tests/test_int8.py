@@ -39,12 +39,36 @@ def _run(be, op, x, weight, weight_scale, bias):
     return result, exe.scheme
 
 
+@pytest.fixture(params=cpu_int8.PATHS)
+def int8_path(request):
+    """Each product path of the cpu's int8 kernel in turn (``cpu_int8.use_path``), skipped where the
+    host lacks its instructions; the host's own choice is restored after."""
+    if request.param not in cpu_int8.host_paths():
+        pytest.skip(f"this host runs {cpu_int8.host_paths()}, not {request.param}")
+    previous = cpu_int8.use_path(request.param)
+    yield request.param
+    cpu_int8.use_path(previous)
+
+
+def test_the_host_picks_its_fastest_path_unless_the_variable_names_one(monkeypatch):
+    monkeypatch.delenv(cpu_int8.PATH_VARIABLE, raising=False)
+    assert cpu_int8._chosen_path() == cpu_int8.host_paths()[0]
+    assert cpu_int8.host_paths()[-1] == "portable"
+    monkeypatch.setenv(cpu_int8.PATH_VARIABLE, "portable")
+    assert cpu_int8._chosen_path() == "portable"
+    monkeypatch.setenv(cpu_int8.PATH_VARIABLE, "neon")
+    with pytest.raises(ValueError, match="GPUMNN_INT8_PATH='neon': this host runs .*portable"):
+        cpu_int8._chosen_path()
+    with pytest.raises(ValueError, match="int8 path 'neon'"):
+        cpu_int8.use_path("neon")
+
+
 @pytest.mark.parametrize("m,k,n", [(1, 7, 5), (13, 37, 33), (70, 301, 97), (8, 4, 32)])
 @pytest.mark.parametrize("engine", ["numpy", "jit", "regions"])
-def test_quantized_matmul_is_exact(m, k, n, engine):
+def test_quantized_matmul_is_exact(m, k, n, engine, int8_path):
     """Odd sizes (one row, K off the 4-byte steps, N off the tile's 32 columns) give exactly the
-    integer reference's float32 outputs on every engine; rows include all-positive, all-zero and
-    wide ones, so zero points at both ends and scale 1 are covered."""
+    integer reference's float32 outputs on every engine and product path; rows include
+    all-positive, all-zero and wide ones, so zero points at both ends and scale 1 are covered."""
     rng = np.random.default_rng(m * k * n)
     x = rng.standard_normal((m, k)).astype(np.float32) * rng.choice([0.01, 1.0, 50.0], (m, 1)).astype(np.float32)
     x[0] = np.abs(x[0])
@@ -61,7 +85,29 @@ def test_quantized_matmul_is_exact(m, k, n, engine):
     np.testing.assert_array_equal(got, _integer_reference(x, weight, weight_scale, bias))
     assert scheme.startswith("int8"), scheme
     if engine != "numpy":
-        assert cpu_int8.TILE in scheme
+        assert cpu_int8.PATH_NAMES[int8_path] in scheme
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_extreme_products_do_not_saturate(sign, int8_path):
+    """Rows of 255 (and 0: a row's zero point at 255) times columns of +-127 over a long K: every pair
+    sum 2 * 255 * 127 overflows int16 (where ``vpmaddubsw`` would saturate) and the int32 sums reach
+    3e7; the outputs stay exactly the integer reference's."""
+    m, k, n = 9, 1027, 40
+    x = np.full((m, k), 3.0, np.float32)
+    x[1::2] = -3.0
+    x[2, ::2] = 0.0
+    weight = np.full((k, n), 127 * sign, np.int8)
+    weight[:, 1::3] = -127 * sign
+    weight_scale = np.full(n, 1e-3, np.float32)
+    bias = np.zeros(n, np.float32)
+    be = CpuBackend(jit=True, threads=1)
+    op = A.QuantizedMatMul(("x", "w", "s", "b"), ("y",), "test", m=m, n=n, k=k, has_bias=True)
+    q, _, _ = cpu_int8.quantize_rows_reference(x)
+    assert q.max() == 255 and (q[1] == 0).all()
+    got, scheme = _run(be, op, x, weight, weight_scale, bias)
+    np.testing.assert_array_equal(got, _integer_reference(x, weight, weight_scale, bias))
+    assert cpu_int8.PATH_NAMES[int8_path] in scheme
 
 
 def test_quantize_columns_round_trips_within_half_a_step():

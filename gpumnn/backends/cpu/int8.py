@@ -8,13 +8,23 @@ and applies the activation while the tile is in registers' reach.
 
 The register tile (``_vnni_tile``) is QNNPACK's and MNN's inner loop on x86's integer dot
 product: ``vpdpbusd`` multiplies 4 unsigned bytes of x by 4 signed bytes of the weight and adds
-the four products to an int32 lane, 64 multiply-adds per 512-bit instruction with no saturation
-(AVX2's ``vpmaddubsw`` saturates its 16-bit pair sums at uint8 x int8 extremes). It is written as
-LLVM IR through Numba, as ``cpu_tiles``' float tile is, and used where the host has AVX-512 VNNI;
-elsewhere a portable loop of Numba's computes the same tile. The weight panels hold NR columns,
-4 steps of K interleaved per int32 word: ``panels[p, k4, j, i] = weight[4 k4 + i, p NR + j]``.
+the four products to an int32 lane, 64 multiply-adds per 512-bit instruction with no saturation.
+It is written as LLVM IR through Numba, as ``cpu_tiles``' float tile is. Its weight panels hold NR
+columns, 4 steps of K interleaved per int32 word: ``panels[p, k4, j, i] = weight[4 k4 + i, p NR + j]``.
+
+Hosts without VNNI run ``vpmaddwd`` on int16 (``_madd_tile_codegen``): 512-bit with AVX-512BW, 256-bit
+with AVX2. The quantized rows and the weight are held widened to int16, two steps of K per int32
+word (``panels[p, k2, j, i] = weight[2 k2 + i, p NR + j]``), and each instruction adds two exact
+products to an int32 lane. AVX2's ``vpmaddubsw`` on the bytes would do twice the work per
+instruction, but it saturates its int16 pair sums (2 * 255 * 127 does not fit), which QNNPACK and
+oneDNN avoid by keeping activations in 7 bits; that would change the contract's uint8 rows, so the
+exact route is taken. ``PATH`` says which tile runs, chosen once from the host's features
+(``host_paths``) or by ``GPUMNN_INT8_PATH``; a portable Numba loop runs anywhere.
 """
 from __future__ import annotations
+
+import os
+import types as types_module
 
 import numpy as np
 
@@ -39,21 +49,59 @@ _LANES = 16  # int32 lanes of one AVX-512 register
 STEP = 4
 
 
-def _host_has_vnni() -> bool:
-    """Whether LLVM may emit 512-bit ``vpdpbusd`` for this host (AVX-512 VNNI)."""
+#: the product paths, fastest first: 512-bit ``vpdpbusd`` (AVX-512 VNNI), 512-bit ``vpmaddwd`` on
+#: int16 pairs (AVX-512BW), 256-bit ``vpmaddwd`` (AVX2), and Numba's plain loop (any host)
+PATHS: tuple[str, ...] = ("vnni512", "avx512bw", "avx2", "portable")
+#: what each path runs on, in words (the kernel's scheme and ``gpumnn info`` say it)
+PATH_NAMES = {"vnni512": "AVX-512 VNNI vpdpbusd", "avx512bw": "AVX-512BW vpmaddwd",
+              "avx2": "AVX2 vpmaddwd", "portable": "portable int32 loop"}
+#: the LLVM features (``get_host_cpu_features``) each vector path needs
+_PATH_FEATURES = {"vnni512": ("avx512f", "avx512vnni"), "avx512bw": ("avx512f", "avx512bw"), "avx2": ("avx2",)}
+#: the environment variable that picks a path by name (tests, and measuring one path on a host with a faster one)
+PATH_VARIABLE = "GPUMNN_INT8_PATH"
+
+
+def host_paths() -> tuple[str, ...]:
+    """The paths this host can run, fastest first (``portable`` always)."""
     if numba is None:
-        return False
+        return ("portable",)
     try:
         features = llvm_binding.get_host_cpu_features()
-    except RuntimeError:  # the host's features cannot be read: the portable tile
-        return False
-    return bool(features.get("avx512vnni") and features.get("avx512f"))
+    except RuntimeError:  # the host's features cannot be read: the portable loop only
+        return ("portable",)
+    return tuple(p for p in PATHS if all(features.get(f) for f in _PATH_FEATURES.get(p, ())))
 
 
-#: True where the int8 tile runs on ``vpdpbusd`` (``gpumnn info`` and the tests say which)
-VNNI = _host_has_vnni()
-#: what runs QuantizedMatMul's products here, in words
-TILE = "AVX-512 VNNI vpdpbusd" if VNNI else "portable int32 loop"
+def _chosen_path() -> str:
+    """The host's fastest path, or the one ``GPUMNN_INT8_PATH`` names (ValueError if this host lacks it)."""
+    available = host_paths()
+    wanted = os.environ.get(PATH_VARIABLE, "").strip()
+    if not wanted:
+        return available[0]
+    if wanted not in available:
+        raise ValueError(f"{PATH_VARIABLE}={wanted!r}: this host runs {', '.join(available)}")
+    return wanted
+
+
+#: the path QuantizedMatMul's kernels are made with: the one place the choice is made; tests
+#: set it (``use_path``) to run every path this host has
+PATH = _chosen_path()
+#: True where the host has AVX-512 VNNI
+VNNI = "vnni512" in host_paths()
+
+
+def use_path(path: str) -> str:
+    """Makes later QuantizedMatMul kernels run on ``path`` (one of ``host_paths()``); returns the previous one."""
+    global PATH
+    if path not in host_paths():
+        raise ValueError(f"int8 path {path!r}: this host runs {', '.join(host_paths())}")
+    previous, PATH = PATH, path
+    return previous
+
+
+def tile_name() -> str:
+    """What runs QuantizedMatMul's products now, in words."""
+    return PATH_NAMES[PATH]
 
 
 @intrinsic
@@ -114,26 +162,123 @@ def _vnni_tile(typingctx, a_address, a_stride, b_address, depth, acc_address):
     return types.void(*[types.intp] * 5), codegen
 
 
+def _madd_tile_codegen(lanes: int, row_group: int, column_group: int):
+    """The codegen of a tile on ``vpmaddwd`` with int32 vectors of ``lanes`` lanes (8: AVX2, 16:
+    AVX-512BW): acc[MR, NR] int32 = sum over ``depth`` steps of the int16 pairs of MR rows
+    (``a_stride`` bytes apart, pair s at byte 4 s) times a pair panel's int32 words (step s at word
+    s NR), each word two int16 of the weight. ``vpmaddwd`` multiplies the pairs and adds the two
+    products to an int32 lane: exact, as no product or pair sum of uint8 by int8 leaves int32 (AVX2's
+    ``vpmaddubsw`` would saturate the pair sum at 16 bits). The tile runs as sub-tiles of
+    ``row_group`` rows by ``column_group`` columns, each over the whole depth, so that its
+    accumulators fit the path's registers."""
+    intrinsic_name = {8: "llvm.x86.avx2.pmadd.wd", 16: "llvm.x86.avx512.pmaddw.d.512"}[lanes]
+
+    def codegen(context, builder, signature, args):
+        i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
+        vector, halves = ir.VectorType(i32, lanes), ir.VectorType(i16, 2 * lanes)
+        module = builder.module
+        madd = module.globals.get(intrinsic_name) or ir.Function(
+            module, ir.FunctionType(vector, [halves, halves]), intrinsic_name)
+        a = builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+        b = builder.inttoptr(args[2], i32.as_pointer())
+        acc = builder.inttoptr(args[4], i32.as_pointer())
+        a_stride, depth = args[1], args[3]
+        vectors = column_group // lanes
+        zero = ir.Constant(vector, [0] * lanes)
+        broadcast = ir.Constant(vector, [0] * lanes)
+        for r0 in range(0, MR, row_group):
+            for c0 in range(0, NR, column_group):
+                entry = builder.block
+                loop = builder.append_basic_block(f"mtile.loop.{r0}.{c0}")
+                done = builder.append_basic_block(f"mtile.done.{r0}.{c0}")
+                builder.cbranch(builder.icmp_signed(">", depth, ir.Constant(i64, 0)), loop, done)
+
+                builder.position_at_end(loop)
+                step = builder.phi(i64)
+                sums = [builder.phi(vector) for _ in range(row_group * vectors)]
+                step.add_incoming(ir.Constant(i64, 0), entry)
+                for s in sums:
+                    s.add_incoming(zero, entry)
+                b_row = builder.gep(b, [builder.add(builder.mul(step, ir.Constant(i64, NR)), ir.Constant(i64, c0))])
+                weights = [builder.bitcast(builder.load(builder.bitcast(
+                    builder.gep(b_row, [ir.Constant(i64, h * lanes)]), vector.as_pointer()), align=4), halves)
+                    for h in range(vectors)]
+                a_column = builder.gep(a, [builder.mul(step, ir.Constant(i64, 4))])
+                updated = []
+                for r in range(row_group):
+                    word_at = builder.gep(a_column, [builder.mul(a_stride, ir.Constant(i64, r0 + r))])
+                    word = builder.load(builder.bitcast(word_at, i32.as_pointer()), align=2)
+                    one = builder.insert_element(ir.Constant(vector, ir.Undefined), word, ir.Constant(i32, 0))
+                    splat = builder.bitcast(builder.shuffle_vector(one, ir.Constant(vector, ir.Undefined), broadcast),
+                                            halves)
+                    for h, weight in enumerate(weights):
+                        updated.append(builder.add(sums[r * vectors + h], builder.call(madd, [splat, weight])))
+                following = builder.add(step, ir.Constant(i64, 1))
+                tail = builder.block
+                step.add_incoming(following, tail)
+                for s, u in zip(sums, updated):
+                    s.add_incoming(u, tail)
+                builder.cbranch(builder.icmp_signed("<", following, depth), loop, done)
+
+                builder.position_at_end(done)
+                totals = [builder.phi(vector) for _ in updated]
+                for j, (total, u) in enumerate(zip(totals, updated)):
+                    total.add_incoming(zero, entry)
+                    total.add_incoming(u, tail)
+                    r, h = divmod(j, vectors)
+                    address = builder.gep(acc, [ir.Constant(i64, (r0 + r) * NR + c0 + h * lanes)])
+                    builder.store(total, builder.bitcast(address, vector.as_pointer()), align=4)
+        return context.get_dummy_value()
+    return codegen
+
+
+@intrinsic
+def _avx512bw_tile(typingctx, a_address, a_stride, b_address, depth, acc_address):
+    """The tile on 512-bit ``vpmaddwd`` (``_madd_tile_codegen``): 16 accumulators of 8 rows by 32 columns."""
+    return types.void(*[types.intp] * 5), _madd_tile_codegen(_LANES, MR, NR)
+
+
+@intrinsic
+def _avx2_tile(typingctx, a_address, a_stride, b_address, depth, acc_address):
+    """The tile on 256-bit ``vpmaddwd`` (``_madd_tile_codegen``): sub-tiles of 4 rows by 16 columns,
+    8 of AVX2's 16 registers accumulating."""
+    return types.void(*[types.intp] * 5), _madd_tile_codegen(8, 4, 16)
+
+
 def _tile_vnni(q, row0, panels, p, acc):
     """acc[MR, NR] = q[row0:row0 + MR] . panel p, on ``_vnni_tile``."""
-    _vnni_tile(q.ctypes.data + row0 * q.shape[1], q.shape[1], panels.ctypes.data + p * panels.strides[0],
+    _vnni_tile(q.ctypes.data + row0 * q.strides[0], q.strides[0], panels.ctypes.data + p * panels.strides[0],
+               panels.shape[1], acc.ctypes.data)
+
+
+def _tile_avx512bw(q, row0, panels, p, acc):
+    """acc[MR, NR] = q[row0:row0 + MR] . pair panel p, on ``_avx512bw_tile``."""
+    _avx512bw_tile(q.ctypes.data + row0 * q.strides[0], q.strides[0], panels.ctypes.data + p * panels.strides[0],
+                   panels.shape[1], acc.ctypes.data)
+
+
+def _tile_avx2(q, row0, panels, p, acc):
+    """acc[MR, NR] = q[row0:row0 + MR] . pair panel p, on ``_avx2_tile``."""
+    _avx2_tile(q.ctypes.data + row0 * q.strides[0], q.strides[0], panels.ctypes.data + p * panels.strides[0],
                panels.shape[1], acc.ctypes.data)
 
 
 def _tile_portable(q, row0, panels, p, acc):
-    """acc[MR, NR] = q[row0:row0 + MR] . panel p, in Numba's int32 loops (any host)."""
+    """acc[MR, NR] = q[row0:row0 + MR] . panel p, in Numba's int32 loops (any host, either layout)."""
+    step = panels.shape[3]
     for r in range(MR):
         for j in range(NR):
             acc[r * NR + j] = 0
         for s in range(panels.shape[1]):
-            for i in range(STEP):
-                value = np.int32(q[row0 + r, s * STEP + i])
+            for i in range(step):
+                value = np.int32(q[row0 + r, s * step + i])
                 for j in range(NR):
                     acc[r * NR + j] += value * np.int32(panels[p, s, j, i])
 
 
 def quantize_row(x, q, scales, zeros, m):
-    """Row m of x into q[m, :K] as the contract's uint8 (``A.QuantizedMatMul``), its scale and zero point."""
+    """Row m of x into q[m, :K] as the contract's uint8 (``A.QuantizedMatMul``; q is uint8, or int16
+    for the pair paths), its scale and zero point."""
     lo = np.float32(0.0)
     hi = np.float32(0.0)
     row = x[m]
@@ -151,9 +296,9 @@ def quantize_row(x, q, scales, zeros, m):
     zeros[m] = np.int32(zero)
 
 
-if numba is not None:
-    _tile = numba.njit(inline="always")(_tile_vnni if VNNI else _tile_portable)
-    _quantize = numba.njit(inline="always")(quantize_row)
+#: each path's tile (the Python function Numba inlines) and whether it reads int16 pairs
+_TILES = {"vnni512": (_tile_vnni, False), "avx512bw": (_tile_avx512bw, True), "avx2": (_tile_avx2, True),
+          "portable": (_tile_portable, False)}
 
 
 def _quantized_product(x, q, scales, zeros, panels, colsum, weight_scale, bias, out, lo, hi, gelu):
@@ -180,29 +325,45 @@ def _quantized_product(x, q, scales, zeros, panels, colsum, weight_scale, bias, 
                 out[row, c] = min(max(v, lo), hi)
 
 
-_COMPILED: dict[bool, object] = {}
+_COMPILED: dict[tuple[str, bool], object] = {}
 
 
-def _product_kernel(parallel: bool):
-    """``_quantized_product`` as a parallel region (cached on disk) or a one-thread loop, compiled
-    on first use."""
-    if parallel not in _COMPILED:
+def _product_for(path: str):
+    """``_quantized_product`` with ``path``'s tile: a function of its own (own name, for Numba's disk
+    cache), as a path's intrinsic cannot even be compiled on a host without its instructions."""
+    tile = numba.njit(inline="always")(_TILES[path][0])
+    scope = dict(globals(), _tile=tile, _quantize=numba.njit(inline="always")(quantize_row))
+    fn = types_module.FunctionType(_quantized_product.__code__, scope, f"_quantized_product_{path}",
+                                   _quantized_product.__defaults__, _quantized_product.__closure__)
+    fn.__qualname__ = fn.__name__
+    fn.__doc__ = _quantized_product.__doc__
+    return fn
+
+
+def _product_kernel(path: str, parallel: bool):
+    """``_quantized_product`` on ``path``'s tile as a parallel region (cached on disk) or a one-thread
+    loop, compiled on first use."""
+    key = (path, parallel)
+    if key not in _COMPILED:
+        fn = _product_for(path)
         if parallel:
-            _COMPILED[parallel] = cpu_parallel.compiled_region(_quantized_product, error_model="numpy", fastmath=False)
+            _COMPILED[key] = cpu_parallel.compiled_region(fn, error_model="numpy", fastmath=False)
         else:  # compiled per process: Numba's disk cache would not tell it from the region
-            _COMPILED[parallel] = numba.njit(error_model="numpy", boundscheck=False,
-                                             nogil=True)(_quantized_product)
-    return _COMPILED[parallel]
+            _COMPILED[key] = numba.njit(error_model="numpy", boundscheck=False, nogil=True)(fn)
+    return _COMPILED[key]
 
 
-def pack_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """int8 ``weight`` [K, N] as the tile's panels [ceil(N / NR), ceil(K / 4), NR, 4] (zeros past
-    K and N) and its column sums int32 [N]."""
+def pack_weight(weight: np.ndarray, pairs: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """int8 ``weight`` [K, N] as the tile's panels (zeros past K and N) and its column sums int32
+    [N]: int8 [ceil(N / NR), ceil(K / 4), NR, 4] for ``vpdpbusd``, or with ``pairs`` int16
+    [ceil(N / NR), 2 ceil(K / 4), NR, 2] for ``vpmaddwd``."""
     k, n = weight.shape
+    step = 2 if pairs else STEP
     k4, count = -(-k // STEP), -(-n // NR)
-    padded = np.zeros((k4 * STEP, count * NR), np.int8)
+    padded = np.zeros((k4 * STEP, count * NR), np.int16 if pairs else np.int8)
     padded[:k, :n] = weight
-    panels = np.ascontiguousarray(padded.reshape(k4, STEP, count, NR).transpose(2, 0, 3, 1))
+    steps = k4 * STEP // step
+    panels = np.ascontiguousarray(padded.reshape(steps, step, count, NR).transpose(2, 0, 3, 1))
     return panels, weight.sum(axis=0, dtype=np.int32)
 
 
@@ -241,20 +402,24 @@ def make_quantized_matmul(op: A.QuantizedMatMul, ins, outs, engine, made_once) -
             if act:
                 act(out)
         return KernelWork((reference,), "int8 NumPy")
-    panels, colsum = made_once(ins[1], "int8 panels", lambda: pack_weight(weight))
+    path = PATH
+    pairs = _TILES[path][1]
+    panels, colsum = made_once(ins[1], "int16 pair panels" if pairs else "int8 panels",
+                               lambda: pack_weight(weight, pairs))
     lo, hi, after = _compiled_clamp(op.activation)
     gelu = op.activation is not None and op.activation[0] == "gelu"
     if gelu:
         after = None
     rows = -(-m // MR) * MR
-    q = np.zeros((rows, panels.shape[1] * STEP), np.uint8)  # padding rows and steps stay 0
+    # padding rows and steps stay 0; the pair paths read the quantized bytes widened to int16
+    q = np.zeros((rows, panels.shape[1] * panels.shape[3]), np.int16 if pairs else np.uint8)
     scales, zeros = np.empty(rows, np.float32), np.zeros(rows, np.int32)
     parallel = engine.regions > 1 and m * n * k >= 1 << 16
-    kernel = cpu_jit.bind(_product_kernel(parallel), x, q, scales, zeros, panels, colsum, weight_scale, bias, out,
-                          lo, hi, gelu)
+    kernel = cpu_jit.bind(_product_kernel(path, parallel), x, q, scales, zeros, panels, colsum, weight_scale, bias,
+                          out, lo, hi, gelu)
 
     def run() -> None:
         kernel(x, q, scales, zeros, panels, colsum, weight_scale, bias, out, lo, hi, gelu)
         if after is not None:
             after(out)
-    return KernelWork((run,), f"int8 {TILE}{' region' if parallel else ''}")
+    return KernelWork((run,), f"int8 {PATH_NAMES[path]}{' region' if parallel else ''}")
