@@ -24,6 +24,14 @@ def test_info_lists_every_backend_and_why_missing(capsys):
     assert "available" in out
 
 
+def test_info_names_the_int8_product_path_the_cpu_uses(capsys):
+    """The cpu's line names the path QuantizedMatMul runs on and the ones this host could pick."""
+    from gpumnn.backends.cpu import int8 as cpu_int8
+    assert main(["info"]) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if "int8 products:" in l)
+    assert cpu_int8.tile_name() in line and all(p in line for p in cpu_int8.host_paths()), line
+
+
 def test_info_says_which_storage_dtypes_each_backend_holds_natively_or_packed(capsys, monkeypatch):
     """A line per started backend names the native and the packed storage dtypes and what decided;
     Vulkan forced to pack (GPUMNN_VULKAN_NARROW_STORAGE) says so."""
