@@ -335,7 +335,8 @@ def takes_residual(op: A.Conv2D, backend: Any) -> bool:
     a Winograd rewrite ends in a batched MatMul whose rows are not the output's)."""
     if backend is None:
         return op.scheme not in EXPANDED
-    return op.scheme in backend.residual_schemes.get(A.Conv2D, ())
+    # a device profile's planning target lists none: it plans the plain convolution and add
+    return op.scheme in getattr(backend, "residual_schemes", {}).get(A.Conv2D, ())
 
 
 def _residual_operand(program: A.AtomicProgram, conv: A.Conv2D, add: A.AtomicOp) -> str | None:
