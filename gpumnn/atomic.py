@@ -348,11 +348,20 @@ class Conv2D(ConvGeometry):
     geometry, so the default for ops made outside a session), ``gemm1x1``, ``depthwise``; or
     ``winograd`` (with ``winograd_tile``), which is rewritten into atomic ops before any backend
     sees it (``gpumnn.scheduler.expansion``) unless the backend builds it as a kernel of its own (the cpu).
+
+    A residual (last input when ``has_residual``: float32 ``[N, OC, OH, OW]``, the output's shape,
+    contiguous) is added by the epilogue, element by element, after the bias and before the
+    activation: ``out = act((conv(x) + bias) + residual)``, each sum rounded to float32 in that
+    order, so the result equals Conv2D followed by a Binary add of the residual with the
+    activation. The scheme step fuses a residual add (``gpumnn.scheduler.schemes.fuse_residuals``,
+    the only place that decides) where the backend's kernel for the chosen scheme takes one
+    (``Backend.residual_schemes``); the residual never shares memory with the output.
     """
 
     kind: ClassVar[str] = "conv2d"
     scheme: str = "im2col"
     winograd_tile: int = 0
+    has_residual: bool = False
 
     def macs(self) -> int:
         return (self.batch * self.out_channels * self.out_hw[0] * self.out_hw[1]

@@ -378,6 +378,7 @@ def test_the_gpu_family_runs_winograd_in_few_launches():
         line = sess.shape_set().launch_line()
     wino = [r for r in rows if r["scheme"].startswith("winograd F(2x2, 3x3)")]
     assert len(wino) == 13 and all(3 <= r["launches"] <= 4 for r in wino)
-    assert len(rows) == 31 and not any(r["op"] == "raster" for r in rows)
+    # the 8 residual adds are in their convolutions' epilogues (schemes.fuse_residuals): 31 ops become 23
+    assert len(rows) == 23 and not any(r["op"] == "raster" for r in rows)
     total = sum(r["launches"] for r in rows)
-    assert total <= 57 and line == f"kernel launches per run: {total}; Raster copies: 0 bytes in 0 ops"
+    assert total <= 49 and line == f"kernel launches per run: {total}; Raster copies: 0 bytes in 0 ops"

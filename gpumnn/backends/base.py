@@ -266,6 +266,9 @@ class Backend(ABC):
     #: one an op uses, asking the backend; a backend builds what ``op.scheme`` names, never re-derives
     #: it). Every backend builds the general schemes; a backend lists more where it has kernels.
     schemes: ClassVar[Mapping[type, frozenset[str]]] = GENERAL_SCHEMES
+    #: atomic op type -> the schemes whose kernels add a residual in their epilogue (Conv2D's
+    #: ``has_residual``); the scheme step fuses a residual add only into those
+    residual_schemes: ClassVar[Mapping[type, frozenset[str]]] = {}
     #: run states of one session that may run at once on this backend (1: runs take turns) --
     #: what is *safe*; ``default_concurrent_runs`` says what *pays*
     max_concurrent_runs: ClassVar[int] = 1
@@ -334,6 +337,8 @@ class Backend(ABC):
         scheme = getattr(op, "scheme", None)
         if scheme is not None and scheme not in self.schemes.get(type(op), GENERAL_SCHEMES.get(type(op), ())):
             return f"the {self.name} backend has no {scheme!r} kernel for atomic op {type(op).__name__}"
+        if getattr(op, "has_residual", False) and scheme not in self.residual_schemes.get(type(op), ()):
+            return f"the {self.name} backend's {scheme!r} kernel for atomic op {type(op).__name__} adds no residual"
         for dtype in {op.dtype, op.output_dtype()} - {A.FLOAT32}:
             if dtype not in self.dtypes.get(type(op), ()):
                 return f"the {self.name} backend has no {dtype} kernel for atomic op {type(op).__name__}"

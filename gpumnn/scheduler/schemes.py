@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 from .. import atomic as A
+from ..numerics.strides import contiguous_strides
 from ..numerics.winograd import axis_tiles
 
 #: Schemes that are rewritten into atomic ops (``gpumnn.scheduler.expansion``) instead of built by a kernel.
@@ -327,6 +328,77 @@ def select_schemes(program: A.AtomicProgram, backend: Any = None) -> A.AtomicPro
         ops.append(op)
     program.ops = ops
     program.decisions = decisions
+    return fuse_residuals(program, backend)
+
+
+def takes_residual(op: A.Conv2D, backend: Any) -> bool:
+    """Whether the kernel ``backend`` builds for ``op``'s scheme adds a residual
+    (``Backend.residual_schemes``; None: any scheme a backend builds itself, so not a rewritten one:
+    a Winograd rewrite ends in a batched MatMul whose rows are not the output's)."""
+    if backend is None:
+        return op.scheme not in EXPANDED
+    # a device profile's planning target lists none: it plans the plain convolution and add
+    return op.scheme in getattr(backend, "residual_schemes", {}).get(A.Conv2D, ())
+
+
+def _residual_operand(program: A.AtomicProgram, conv: A.Conv2D, add: A.AtomicOp) -> str | None:
+    """The operand of ``add`` that ``conv``'s epilogue can add as its residual: ``add`` is a
+    float32 Binary add of the convolution's output and another float32 run-time tensor of the
+    same elements, neither broadcast; else None."""
+    out = conv.outputs[0]
+    if not (isinstance(add, A.Binary) and add.op == "add" and add.dtype == A.FLOAT32 and len(add.inputs) == 2):
+        return None
+    if list(add.inputs).count(out) != 1:  # conv(x) + conv(x) has no residual
+        return None
+    residual = add.inputs[1] if add.inputs[0] == out else add.inputs[0]
+    size = conv.batch * conv.out_channels * conv.out_hw[0] * conv.out_hw[1]
+    shape = tuple(add.out_shape)
+    dense = contiguous_strides(shape)
+    same = all(d == 1 or (a == c and b == c) for d, a, b, c in zip(shape, add.a_strides, add.b_strides, dense))
+    if not same or math.prod(shape) != size or residual in program.constants or residual not in program.shapes:
+        return None
+    if math.prod(program.shapes[residual]) != size or program.storage_dtype_of(residual) != A.FLOAT32:
+        return None
+    if program.storage_of(residual) == program.storage_of(out):
+        return None
+    return residual
+
+
+def fuse_residuals(program: A.AtomicProgram, backend: Any = None) -> A.AtomicProgram:
+    """Fuse each residual add into the Conv2D that produces one of its operands (issue 29: a
+    ResNet block ends in its last convolution's kernel): where the convolution has no activation
+    of its own, its output is no graph output, has no views and is read only by one float32
+    Binary add of a same-shape tensor (no broadcasting), and ``backend``'s kernel for the chosen
+    scheme takes a residual (:func:`takes_residual`). The fused convolution takes the add's
+    place in the program (so a residual computed after the convolution is ready), its output
+    and its activation; the convolution's own output tensor is gone."""
+    reads: dict[str, list[int]] = {}
+    for index, op in enumerate(program.ops):
+        for name in op.inputs:
+            reads.setdefault(name, []).append(index)
+    viewed = set(program.aliases) | set(program.aliases.values())
+    outputs = set(program.outputs)
+    fused: dict[int, A.AtomicOp] = {}
+    removed: set[int] = set()
+    for index, conv in enumerate(program.ops):
+        if not (isinstance(conv, A.Conv2D) and conv.dtype == A.FLOAT32 and conv.activation is None
+                and not conv.has_residual and takes_residual(conv, backend)):
+            continue
+        out = conv.outputs[0]
+        readers = reads.get(out, [])
+        if out in outputs or out in viewed or len(readers) != 1 or readers[0] in fused:
+            continue
+        add = program.ops[readers[0]]
+        residual = _residual_operand(program, conv, add)
+        if residual is None:
+            continue
+        fused[readers[0]] = dataclasses.replace(conv, inputs=tuple(conv.inputs) + (residual,), outputs=tuple(add.outputs),
+                                                has_residual=True, activation=add.activation)
+        removed.add(index)
+        program.shapes.pop(out, None)
+        program.dtypes.pop(out, None)
+    if fused:
+        program.ops = [fused.get(i, op) for i, op in enumerate(program.ops) if i not in removed]
     return program
 
 

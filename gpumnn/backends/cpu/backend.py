@@ -10,6 +10,7 @@ constant folding of shape arithmetic (int64) reuses this backend.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import threading
@@ -275,6 +276,8 @@ def _expand_batch(blocks: list[tuple[int | slice, int, int, int, int]], batch: i
 
 
 def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constants: PackedConstants | None = None):
+    if op.has_residual:
+        return _with_residual(op, ins, outs, pool, engine, constants)
     n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
     (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
     x = view(ins[0]).reshape(n, c, h, w)
@@ -368,6 +371,21 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
             copy()
             gemm()
     return KernelWork((run_im2col,), "im2col")
+
+
+def _with_residual(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constants: PackedConstants | None):
+    """A convolution with a residual: every engine's kernel for the convolution with its bias,
+    then the residual added and the activation applied in place over the output, in the same
+    work (the contract's order: bias, residual, activation)."""
+    inner = _make_conv2d(dataclasses.replace(op, inputs=op.inputs[:-1], has_residual=False, activation=None),
+                         ins[:-1], outs, pool, engine, constants)
+    out, residual, act = view(outs[0]).reshape(-1), view(ins[-1]).reshape(-1), _epilogue(op.activation)
+
+    def add_residual() -> None:
+        np.add(out, residual, out=out)
+        if act is not None:
+            act(out)
+    return dataclasses.replace(inner, work=tuple(inner.work) + (add_residual,))
 
 
 def _make_conv_transpose2d(op: A.ConvTranspose2D, ins, outs, pool: Workers):
@@ -650,6 +668,7 @@ class CpuBackend(Backend):
     alignment = 64
     kernel_table = _MAKERS
     schemes = {**KERNEL_SCHEMES, A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"}}
+    residual_schemes = {A.Conv2D: schemes[A.Conv2D]}
     #: NumPy computes every integer op; float-only kernels (convolution, pooling, ...) stay float32;
     #: the element-moving ops and the Unary conversion also take the narrow dtypes
     dtypes = {**{op: _ANY_INT for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.MatMul, A.Gather, A.Select,

@@ -87,6 +87,7 @@ class CudaBackend(Backend):
     max_concurrent_runs = 2
     kernel_table = cl_plans.PLANNERS
     schemes = cl_plans.TILED_SCHEMES
+    residual_schemes = cl_plans.TILED_RESIDUAL_SCHEMES
     op_names = cl_plans.OP_NAMES
     dtypes = cl_plans.DTYPES
     #: float16 / int8 / uint8 tensors as themselves: CUDA addresses 16- and 8-bit elements

@@ -1,5 +1,5 @@
 /* Depthwise Conv2D (groups == C == OC): one work-item per output pixel, taps unrolled at run
- * time, bias + fused activation. Needs activation.cl. */
+ * time, bias, residual (where has_res: laid out as y) and fused activation. Needs activation.cl. */
 
 __kernel void conv_depthwise(__global const float* x, const int x_off,
                              __global const float* w, const int w_off,
@@ -9,6 +9,7 @@ __kernel void conv_depthwise(__global const float* x, const int x_off,
                              const int OH, const int OW, const int KH, const int KW,
                              const int SH, const int SW, const int PH, const int PW,
                              const int DH, const int DW, const int has_bias,
+                             __global const float* res, const int res_off, const int has_res,
                              const int act, const float p0, const float p1, const float p2)
 {
     const int gid = get_global_id(0);
@@ -29,5 +30,6 @@ __kernel void conv_depthwise(__global const float* x, const int x_off,
         }
     }
     if (has_bias) acc += bias[bias_off + c];
+    if (has_res) acc += res[res_off + gid];
     y[y_off + gid] = apply_unary(act, acc, p0, p1, p2);
 }

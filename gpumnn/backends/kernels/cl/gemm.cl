@@ -1,7 +1,8 @@
 /* Tiled GEMM shared by MatMul, Conv2D (implicit im2col; 1x1 convs are plain GEMMs) and
  * ConvTranspose2D (implicit col2im as a gather). Needs activation.cl.
  *
- * C[b][m][n] = act(alpha * sum_k A(m,k) * B(k,n) + beta * bias(m,n)), C rows contiguous (ldc = N).
+ * C[b][m][n] = act(alpha * sum_k A(m,k) * B(k,n) + beta * bias(m,n) + R[b][m][n]), C rows contiguous
+ * (ldc = N); the residual R (a convolution's, where has_res) is laid out as C.
  * The batch index b (global dim 2) splits into (b / G, b % G) so that convolutions can walk
  * (image, group) with one launch; every operand has one stride per part.
  *
@@ -45,6 +46,7 @@
     __global const float* B, const int b_off, \
     __global float* C, const int c_off, \
     __global const float* bias, const int bias_off, \
+    __global const float* R, const int r_off, const int has_res, \
     const int M, const int N, const int K, const int G, \
     const int a_s1, const int a_s0, const int b_s1, const int b_s0, \
     const int c_s1, const int c_s0, const int bias_s1, const int bias_s0, \
@@ -56,7 +58,7 @@
     const int KS, const int KSLICE, const int C_SPLIT
 
 #define GEMM_PASS \
-    A, a_off, B, b_off, C, c_off, bias, bias_off, M, N, K, G, a_s1, a_s0, b_s1, b_s0, \
+    A, a_off, B, b_off, C, c_off, bias, bias_off, R, r_off, has_res, M, N, K, G, a_s1, a_s0, b_s1, b_s0, \
     c_s1, c_s0, bias_s1, bias_s0, lda, ldb, trans_a, trans_b, has_bias, bias_sm, bias_sn, \
     alpha, beta, act, p0, p1, p2, H, W, OW, KH, KW, SH, SW, PH, PW, DH, DW, KS, KSLICE, C_SPLIT
 
@@ -143,6 +145,7 @@ inline void gemm_body(const int mode, LOCAL_PTR float* As, LOCAL_PTR float* Bs, 
 
     __global float* Cb = C + c_off + bo * c_s1 + bi * c_s0 + split * C_SPLIT;
     __global const float* biasb = bias + bias_off + bo * bias_s1 + bi * bias_s0;
+    __global const float* Rb = R + r_off + bo * c_s1 + bi * c_s0;
     for (int i = 0; i < WM; ++i) {
         const int m = m0 + ty + i * LY;
         if (m >= M) continue;
@@ -152,6 +155,7 @@ inline void gemm_body(const int mode, LOCAL_PTR float* As, LOCAL_PTR float* Bs, 
             if (KS > 1) { Cb[m * N + n] = acc[i][j]; continue; }  /* one slice's sums: gemm_split_sum ends */
             float v = alpha * acc[i][j];
             if (has_bias) v += beta * biasb[m * bias_sm + n * bias_sn];
+            if (has_res) v += Rb[m * N + n];
             Cb[m * N + n] = apply_unary(act, v, p0, p1, p2);
         }
     }
@@ -179,13 +183,14 @@ __kernel __attribute__((reqd_work_group_size(LX, LY, 1))) void gemm_deconv(GEMM_
 }
 
 /* The end of a split-K GEMM: out element e of [batch][M][N] (batch = bo * G + bi) is the sum of the
- * KS slices' partial sums P[s][e], then alpha, the bias and the activation as gemm_body's epilogue.
+ * KS slices' partial sums P[s][e], then alpha, the bias, the residual and the activation as gemm_body's epilogue.
  * 1-D work-groups of the GEMM's NT work-items (every kernel of a variant has the same bound). */
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void gemm_split_sum(__global const float* P, const int KS, const int C_SPLIT,
                              const int M, const int N, const int G,
                              __global float* C, const int c_off, const int c_s1, const int c_s0,
                              __global const float* bias, const int bias_off, const int bias_s1, const int bias_s0,
                              const int has_bias, const int bias_sm, const int bias_sn,
+                             __global const float* R, const int r_off, const int has_res,
                              const float alpha, const float beta,
                              const int act, const float p0, const float p1, const float p2)
 {
@@ -199,5 +204,6 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void gemm_split_sum(__g
     const int bo = bz / G, bi = bz - bo * G;
     float v = alpha * sum;
     if (has_bias) v += beta * bias[bias_off + bo * bias_s1 + bi * bias_s0 + m * bias_sm + n * bias_sn];
+    if (has_res) v += R[r_off + bo * c_s1 + bi * c_s0 + m * N + n];
     C[c_off + bo * c_s1 + bi * c_s0 + m * N + n] = apply_unary(act, v, p0, p1, p2);
 }

@@ -437,10 +437,12 @@ def k_splits(be: PlannerTarget, work_groups: int, k: int) -> int:
 def _gemm_launches(be: PlannerTarget, kernel: str, *, A_, a_off, B_, b_off, C_, c_off, bias, bias_off,
                    M, N, K, batch, G=1, a_s=(0, 0), b_s=(0, 0), c_s=(0, 0), bias_s=(0, 0), lda=0, ldb=0,
                    trans_a=False, trans_b=False, has_bias=False, bias_mn=(0, 0), alpha=1.0, beta=1.0,
-                   act=None, conv=(1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1)) -> tuple[list[Launch], tuple[Scratch, ...], int]:
+                   act=None, conv=(1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1), residual=None,
+                   res_off=0) -> tuple[list[Launch], tuple[Scratch, ...], int]:
     """The tiled GEMM's launches, the scratch they need and the number of K slices: one launch, or
     where the tiles are too few (``k_splits``) one over every K slice into a scratch of partial
-    sums, then ``gemm_split_sum``."""
+    sums, then ``gemm_split_sum``. ``residual`` (a buffer laid out as C) is added before the
+    activation by whichever launch writes C."""
     cfg = _gemm_config(be, M, N, batch)
     tm, tn, wm, wn, tk = GEMM_CONFIGS[cfg]
     lx, ly = tn // wn, tm // wm
@@ -449,7 +451,8 @@ def _gemm_launches(be: PlannerTarget, kernel: str, *, A_, a_off, B_, b_off, C_, 
     kslice = _round_up(-(-K // splits), tk)
     splits = -(-K // kslice)
     defines = {"TM": tm, "TN": tn, "WM": wm, "WN": wn, "TK": tk}
-    epilogue = [bias, _i(bias_off)]
+    residual_args = [C_, _i(0), _i(0)] if residual is None else [residual, _i(res_off), _i(1)]
+    epilogue = [bias, _i(bias_off)] + (residual_args if splits == 1 else [C_, _i(0), _i(0)])
     out, keep = [C_, _i(c_off)], ()
     c_split = batch * M * N
     if splits > 1:
@@ -467,7 +470,7 @@ def _gemm_launches(be: PlannerTarget, kernel: str, *, A_, a_off, B_, b_off, C_, 
         return [gemm], keep, 1
     sum_args = [keep[0], _i(splits), _i(c_split), _i(M), _i(N), _i(G), C_, _i(c_off), _i(c_s[0]), _i(c_s[1]),
                 bias, _i(bias_off), _i(bias_s[0]), _i(bias_s[1]), _i(int(has_bias)), _i(bias_mn[0]),
-                _i(bias_mn[1]), _f(alpha), _f(beta)] + _activation_args(act)
+                _i(bias_mn[1]), *residual_args, _f(alpha), _f(beta)] + _activation_args(act)
     total = launch("gemm", "gemm_split_sum", sum_args, (_round_up(c_split, lx * ly),), (lx * ly,), defines=defines)
     return [gemm, total], keep, splits
 
@@ -590,6 +593,20 @@ def _conv_gemm_args(op: A.Conv2D | A.ConvTranspose2D, x, w, bias, o) -> dict:
                 bias_s=(0, ocg), has_bias=op.has_bias, bias_mn=(1, 0), act=op.activation)
 
 
+def _residual_args(op: A.AtomicOp, ins) -> dict:
+    """``_gemm_launches``' residual arguments: a Conv2D's residual (its last input) or none."""
+    if not getattr(op, "has_residual", False):
+        return {}
+    return dict(residual=ins[-1].buffer, res_off=ins[-1].offset)
+
+
+def _residual_list(op: A.Conv2D, ins, o) -> list:
+    """A kernel's (residual, offset, has_res) arguments: the op's residual, or the output unread."""
+    if op.has_residual:
+        return [ins[-1].buffer, _i(ins[-1].offset), _i(1)]
+    return [o.buffer, _i(0), _i(0)]
+
+
 def _plan_conv2d(be, op: A.Conv2D, ins, outs):
     x, w, bias, o = _conv_operands(op, ins, outs)
     n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
@@ -606,11 +623,11 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
     if op.scheme == "depthwise":
         args = [x.buffer, _i(x.offset), w.buffer, _i(w.offset), bias.buffer, _i(bias.offset),
                 o.buffer, _i(o.offset), _i(n * c), _i(c), _i(h), _i(wd), _i(oh), _i(ow), _i(kh), _i(kw),
-                _i(sh), _i(sw), _i(ph), _i(pw), _i(dh), _i(dw), _i(int(op.has_bias))]
+                _i(sh), _i(sw), _i(ph), _i(pw), _i(dh), _i(dw), _i(int(op.has_bias)), *_residual_list(op, ins, o)]
         args += _activation_args(op.activation)
         return KernelWork([launch1d("conv", "conv_depthwise", args, n * c * oh * ow)], "depthwise")
     if op.scheme == "winograd":
-        return _plan_winograd(be, op, x, w, bias, o)
+        return _plan_winograd(be, op, x, w, bias, o, ins)
     common = _conv_gemm_args(op, x, w, bias, o)
     pointwise = op.scheme == "gemm1x1"
     if be.kernels == "simd":
@@ -618,12 +635,13 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
             return KernelWork([_gemm_vn_launch(am=c // g, ak=1, ldb=h * wd, **common)], "gemm1x1")
         return _conv_voc(be, op, x, w, bias, o)
     lda = common["K"]
+    common.update(_residual_args(op, ins))
     if pointwise:
         return _gemm_plan("gemm1x1", _gemm_launches(be, "gemm_dense", lda=lda, ldb=h * wd, **common))
     return _gemm_plan("im2col", _gemm_launches(be, "gemm_conv", lda=lda, conv=_conv_geometry(op), **common))
 
 
-def _plan_winograd(be: PlannerTarget, op: A.Conv2D, x, w, bias, o) -> KernelWork:
+def _plan_winograd(be: PlannerTarget, op: A.Conv2D, x, w, bias, o, ins) -> KernelWork:
     """Winograd F(n x n, k x k) in three kernels around the tiled GEMM (winograd.cl): the input
     transform writes V [P][C][T] straight from the input, one batched GEMM per position gives
     M = U V (split-K where its tiles are few), the output transform applies A, the bias and the
@@ -652,8 +670,8 @@ def _plan_winograd(be: PlannerTarget, op: A.Conv2D, x, w, bias, o) -> KernelWork
                                             a_s=(oc * c, 0), b_s=(c * t, 0), c_s=(oc * t, 0), lda=c, ldb=t)
     transform_out = launch("winograd", "winograd_output",
                            [prod, mats, bias.buffer, _i(bias.offset), o.buffer,
-                            _i(o.offset), _i(oc), _i(oh), _i(ow), _i(th), _i(tw), _i(t), _i(int(op.has_bias))]
-                           + _activation_args(op.activation), **grid(oc * t))
+                            _i(o.offset), _i(oc), _i(oh), _i(ow), _i(th), _i(tw), _i(t), _i(int(op.has_bias)),
+                            *_residual_list(op, ins, o)] + _activation_args(op.activation), **grid(oc * t))
     scheme = f"winograd F({nh}x{nw}, {kh}x{kw})" + (f"/split-K {splits}" if splits > 1 else "")
     work, prepare = [transform_in, *products, transform_out], ()
     if be.is_constant(w):
@@ -789,9 +807,20 @@ SCHEMES: Mapping[type, frozenset[str]] = KERNEL_SCHEMES
 TILED_SCHEMES: Mapping[type, frozenset[str]] = {**KERNEL_SCHEMES, A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"}}
 
 
+#: the tiled family's convolution kernels add a residual (gemm.cl's epilogues, conv_depthwise,
+#: winograd_output); the simd family's (gemm_cpu.cl) do not yet, so nothing is fused for it
+TILED_RESIDUAL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: TILED_SCHEMES[A.Conv2D]}
+
+
 def schemes_for(kernels: str) -> Mapping[type, frozenset[str]]:
     """The schemes a backend running the ``kernels`` family ("simd" or "tiled") builds."""
     return TILED_SCHEMES if kernels == "tiled" else SCHEMES
+
+
+def residual_schemes_for(kernels: str) -> Mapping[type, frozenset[str]]:
+    """The schemes whose kernels of the ``kernels`` family add a Conv2D's residual."""
+    return TILED_RESIDUAL_SCHEMES if kernels == "tiled" else {}
+
 PLANNERS: Mapping[type, Callable[..., KernelWork]] = {
     A.Raster: _plan_raster, A.Unary: _plan_unary, A.Binary: _plan_binary, A.Reduce: _plan_reduce,
     A.MatMul: _plan_matmul, A.Conv2D: _plan_conv2d, A.ConvTranspose2D: _plan_conv_transpose2d,

@@ -7,7 +7,7 @@
  *   U [P][OC][C]  transformed weights  U[a][b] = G_h W G_w^T      (winograd_weights, once)
  *   V [P][C][T]   transformed input    V[a][b] = B_h^T d B_w      (winograd_input)
  *   M [P][OC][T]  products             M[p] = U[p] V[p]           (gemm_dense, batch P)
- *   Y [N][OC][OH][OW]                  y = A_h^T m A_w + bias      (winograd_output)
+ *   Y [N][OC][OH][OW]                  y = A_h^T m A_w + bias (+ residual, laid out as Y)  (winograd_output)
  * The matrices come in one buffer, each row-major as scheduler.winograd builds them:
  * B_h [AH][AH], B_w [AW][AW], A_h [AH][NH], A_w [AW][NW], G_h [AH][KH], G_w [AW][KW].
  * AH, AW, NH, NW are compile-time (unrolled loops, the tile in registers); an axis of a 1-wide
@@ -87,7 +87,8 @@ __kernel void winograd_input(__global const float* x, const int x_off, __global 
 __kernel void winograd_output(__global const float* m, __global const float* mats,
                               __global const float* bias, const int bias_off, __global float* y, const int y_off,
                               const int OC, const int OH, const int OW, const int TH, const int TW, const int T,
-                              const int has_bias, const int act, const float p0, const float p1, const float p2)
+                              const int has_bias, __global const float* res, const int res_off,
+                              const int has_res, const int act, const float p0, const float p1, const float p2)
 {
     const int gid = get_global_id(0);
     if (gid >= OC * T) return;
@@ -105,6 +106,7 @@ __kernel void winograd_output(__global const float* m, __global const float* mat
         }
     const float add = has_bias ? bias[bias_off + oc] : 0.0f;
     __global float* out = y + y_off + (n * OC + oc) * OH * OW;
+    __global const float* residual = res + res_off + (n * OC + oc) * OH * OW;
     for (int r = 0; r < NH; ++r) {
         const int oy = ty * NH + r;
         if (oy >= OH) break;
@@ -113,6 +115,7 @@ __kernel void winograd_output(__global const float* m, __global const float* mat
             if (ox >= OW) break;
             float acc = add;
             for (int b = 0; b < AW; ++b) acc = mad(rows[r][b], A_W(b, s), acc);
+            if (has_res) acc += residual[oy * OW + ox];
             out[oy * OW + ox] = apply_unary(act, acc, p0, p1, p2);
         }
     }
