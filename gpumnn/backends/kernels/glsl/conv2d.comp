@@ -7,7 +7,8 @@
 //   reading weights packed [G][M/RM][C/G][KH][KW][RM] as vec4 and each input row segment once
 //   for all KW taps. -DX_VEC4 reads the input as vec4 (1x1 convs viewed as one row, aligned).
 // -DDEPTHWISE: an invocation computes RN consecutive pixels of one output row of one channel.
-// -DHAS_BIAS, -DACT=<unary id> (epilogue).
+// -DHAS_BIAS, -DHAS_RESIDUAL, -DACT=<unary id> (epilogue: act((acc + bias) + residual), each sum in
+//   float32 in that order; the residual, binding 4 at element offset param 25, is laid out as the output).
 // GEMM params: 0 M=OC/G | 1 N=OH*OW | 2 K=C/G*KH*KW | 3 G | 4 x_off | 5 w_off | 6 b_off | 7 out_off
 //   8 C | 9 H | 10 W | 11 OW | 12 OC | 13 C/G | 14 KH | 15 KW | 16 SH | 17 SW | 18 PT | 19 PL
 //   20 DH | 21 DW | 22..24 activation params
@@ -17,6 +18,7 @@
 // DEPTHWISE params: 0 invocations (N*C*OH*row groups) | 1 C | 2 H | 3 W | 4 OH | 5 OW | 6 KH | 8 SH
 //   10 PT | 11 PL | 12 DH | 14 x_off | 15 w_off | 16 b_off | 17 out_off | 18 row groups per output
 //   row | 22..24 activation; compile-time RN, KW, SW, DW, WG
+// Every kernel: 25 residual offset (-DHAS_RESIDUAL).
 #include "common.glsl"
 #define ACT_P 22
 #include "activation.glsl"
@@ -24,6 +26,13 @@ BUFFER_WO(0, dst);
 BUFFER_RO(1, X);
 BUFFER_RO(2, Wt);
 BUFFER_RO(3, bias);
+#ifdef HAS_RESIDUAL
+BUFFER_RO(4, res);
+// v plus the residual at output element i (relative to the output's own offset).
+#define ADD_RESIDUAL(v, i) ((v) + res[PI(25) + (i)])
+#else
+#define ADD_RESIDUAL(v, i) (v)
+#endif
 
 #ifdef DEPTHWISE
 // One invocation: RN consecutive output pixels of one row of one channel; each input row
@@ -61,9 +70,9 @@ void main() {
 #ifdef HAS_BIAS
     bv = bias[PI(16) + c];
 #endif
-    int ob = PI(17) + (nc * OH + oy) * OW + ox0;
+    int oi = (nc * OH + oy) * OW + ox0;
     UNROLL for (int j = 0; j < RN; ++j)
-        if (ox0 + j < OW) dst[ob + j] = EPILOGUE(acc[j] + bv);
+        if (ox0 + j < OW) dst[PI(17) + oi + j] = EPILOGUE(ADD_RESIDUAL(acc[j] + bv, oi + j));
 }
 #elif defined(DIRECT_RB)
 BUFFER_RO_VEC4(2, W4);
@@ -119,7 +128,7 @@ void main() {
         }
     }
     if (!live) return;
-    int ob = PI(7) + (n * PI(11) + g * M) * OH * OW + oy * OW;
+    int oi = (n * PI(11) + g * M) * OH * OW + oy * OW;
     UNROLL for (int i = 0; i < RM4; ++i) {
         UNROLL for (int q = 0; q < 4; ++q) {
             int m = mb * RM + i * 4 + q;
@@ -129,12 +138,15 @@ void main() {
             bv = bias[PI(6) + g * M + m];
 #endif
             UNROLL for (int j = 0; j < RN; ++j)
-                if (ox0 + j < OW) dst[ob + m * OH * OW + ox0 + j] = EPILOGUE(acc[i][j][q] + bv);
+                if (ox0 + j < OW) {
+                    int e = oi + m * OH * OW + ox0 + j;
+                    dst[PI(7) + e] = EPILOGUE(ADD_RESIDUAL(acc[i][j][q] + bv, e));
+                }
         }
     }
 }
 #else
-int x_base, w_base, o_base, g_id;
+int x_base, w_base, o_base, g_id;  // o_base: the (image, group)'s first output element, from offset 0
 #define GEMM_M PI(0)
 #define GEMM_N PI(1)
 #define GEMM_K PI(2)
@@ -144,7 +156,7 @@ void prepare(int z) {
     g_id = z % PI(3);
     x_base = PI(4) + (n * PI(8) + g_id * PI(13)) * PI(9) * PI(10);
     w_base = PI(5) + g_id * PI(0) * PI(2);
-    o_base = PI(7) + (n * PI(12) + g_id * PI(0)) * PI(1);
+    o_base = (n * PI(12) + g_id * PI(0)) * PI(1);
 }
 #define LOAD_A(m, k) Wt[w_base + (m) * PI(2) + (k)]
 #ifdef POINTWISE
@@ -167,7 +179,8 @@ void store_c(int m, int n, float acc) {
 #ifdef HAS_BIAS
     acc += bias[PI(6) + g_id * PI(0) + m];
 #endif
-    dst[o_base + m * PI(1) + n] = EPILOGUE(acc);
+    int e = o_base + m * PI(1) + n;
+    dst[PI(7) + e] = EPILOGUE(ADD_RESIDUAL(acc, e));
 }
 #define STORE_C(m, n, acc) store_c(m, n, acc)
 #include "gemm_core.glsl"

@@ -550,6 +550,20 @@ def _check_grid(be, groups) -> None:
             raise be.plan_error(f"workgroup grid {groups} exceeds the device limit {be.max_group_count}")
 
 
+def _conv2d_builder(be, op: A.Conv2D, defines: dict) -> "Builder":
+    """conv2d.comp's builder: four bindings (output, input, weights, bias), a fifth where the
+    convolution adds a residual."""
+    return Builder(be, "conv2d", dict(defines, HAS_RESIDUAL=1) if op.has_residual else defines,
+                   RESIDUAL_BINDINGS if op.has_residual else 4)
+
+
+def _bind_residual(b: "Builder", op: A.Conv2D, ins, o_len: int) -> None:
+    """Bind a Conv2D's residual (its last input, laid out as the output) at slot 4 and its element
+    offset at parameter 25 (conv2d.comp's ADD_RESIDUAL)."""
+    if op.has_residual:
+        b.set(25, b.bind(4, ins[-1], 0, o_len))
+
+
 def _plan_conv2d(be, op: A.Conv2D, ins, outs):
     n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
     (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
@@ -561,13 +575,14 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
         max_rn = 16 if be.kernels == "simd" else 4
         rn = -(-ow // -(-ow // max_rn))  # <= max_rn pixels, evenly split rows
         row_groups = -(-ow // rn)
-        b = Builder(be, "conv2d", dict(defines, DEPTHWISE=1, RN=rn, KW=kw, SW=sw, DW=dw), 4)
+        b = _conv2d_builder(be, op, dict(defines, DEPTHWISE=1, RN=rn, KW=kw, SW=sw, DW=dw))
         o = b.bind(0, outs[0], 0, o_len, write=True)
         x = b.bind(1, ins[0], 0, x_len)
         wt = b.bind(2, ins[1], 0, w_len)
         bias = b.bind(3, ins[2], 0, oc) if op.has_bias else 0
         items = n * c * oh * row_groups
         b.set(0, items, c, h, w, oh, ow, kh, 0, sh, 0, ph, pw, dh, 0, x, wt, bias, o, row_groups)
+        _bind_residual(b, op, ins, o_len)
         b.activation(22, op.activation)
         b.grid1d(items, 16 if be.kernels == "simd" else 64)
         return KernelWork([b], "depthwise")
@@ -580,12 +595,13 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
     pointwise = op.scheme == "gemm1x1"
     if pointwise:
         defines["POINTWISE"] = 1
-    b = Builder(be, "conv2d", defines, 4)
+    b = _conv2d_builder(be, op, defines)
     o = b.bind(0, outs[0], 0, o_len, write=True)
     x = b.bind(1, ins[0], 0, x_len)
     wt = b.bind(2, ins[1], 0, w_len)
     bias = b.bind(3, ins[2], 0, oc) if op.has_bias else 0
     b.set(0, big_m, big_n, big_k, g, x, wt, bias, o, c, h, w, ow, oc, cg, kh, kw, sh, sw, ph, pw, dh, dw)
+    _bind_residual(b, op, ins, o_len)
     b.activation(22, op.activation)
     b.groups = (math.ceil(big_n / tn), math.ceil(big_m / tm), n * g)
     _check_grid(be, b.groups)
@@ -655,7 +671,7 @@ def _plan_conv2d_direct_rb(be, op: A.Conv2D, ins, outs):
     defines: dict = {"DIRECT_RB": 1, "RM": rm, "RN": rn, "KW": kw, "SW": sw, "DW": dw, "WG": lanes}
     if op.has_bias:
         defines["HAS_BIAS"] = 1
-    b = Builder(be, "conv2d", defines, 4)
+    b = _conv2d_builder(be, op, defines)
     o = b.bind(0, outs[0], 0, n * oc * oh * ow, write=True)
     x = b.bind(1, ins[0], 0, n * c * h * w)
     wp = b.bind(2, packed)
@@ -666,6 +682,7 @@ def _plan_conv2d_direct_rb(be, op: A.Conv2D, ins, outs):
         b.defines["X_VEC4"] = 1
     row_groups = -(-ow // rn)
     b.set(0, m, oh, ow, g, x, wp // 4, bias, o, c, h, w, oc, cg, kh, sh, ph, pw, dh, row_groups, blocks)
+    _bind_residual(b, op, ins, n * oc * oh * ow)
     b.activation(22, op.activation)
     b.groups = (math.ceil(oh * row_groups / lanes), blocks, n * g)
     _check_grid(be, b.groups)
@@ -842,6 +859,11 @@ def _plan_scatter(be, op: A.Scatter, ins, outs):
 
 #: The schemes the planners build (Vulkan and OpenGL both use these planners).
 SCHEMES: Mapping[type, frozenset[str]] = KERNEL_SCHEMES
+#: the bindings of a convolution that adds a residual (conv2d.comp -DHAS_RESIDUAL)
+RESIDUAL_BINDINGS = 5
+#: every convolution kernel of conv2d.comp (implicit GEMM, DIRECT_RB, DEPTHWISE) adds a residual;
+#: a backend lists these only where a shader may bind RESIDUAL_BINDINGS storage buffers
+RESIDUAL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: SCHEMES[A.Conv2D]}
 #: the largest Winograd tile the scheme step rewrites a convolution into for these kernels: the
 #: batched products of larger tiles run slower here than F(2x2, 3x3) on every model measured
 #: (bench/RESULTS.md, "Convolution schemes per API")
@@ -875,5 +897,5 @@ def plan(be: PlannerTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outp
 
 
 __all__ = ["BINARY_IDS", "Binding", "Builder", "DTYPES", "MAX_BINDINGS", "Hazards", "OP_NAMES", "PARAMS", "PLANNERS", "PlanError",
-           "PlannerTarget", "REDUCE_IDS", "SCHEMES", "UNARY_IDS", "binding_limit", "check_shader_op_ids", "plan",
+           "PlannerTarget", "REDUCE_IDS", "RESIDUAL_BINDINGS", "RESIDUAL_SCHEMES", "SCHEMES", "UNARY_IDS", "binding_limit", "check_shader_op_ids", "plan",
            "view_sizes"]
