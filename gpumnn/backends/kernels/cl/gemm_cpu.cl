@@ -18,10 +18,12 @@
 
 /* VT, VLOAD, VSTORE: see vec.cl */
 
-/* Epilogue of one accumulator vector: alpha, bias (stride 0, 1 or any), activation, store of
- * the first ``count`` elements ``stride`` apart (vector store when contiguous and whole). */
+/* Epilogue of one accumulator vector: alpha, bias (stride 0, 1 or any), residual (where has_res:
+ * laid out as dst, ``res`` at dst's first element), activation, store of the first ``count``
+ * elements ``stride`` apart (vector load / store when contiguous and whole). */
 inline void store_vec(const VT acc, __global float* dst, const int stride, const int count,
                       __global const float* bias, const int bias_stride, const int has_bias,
+                      __global const float* res, const int has_res,
                       const float alpha, const float beta,
                       const int act, const float p0, const float p1, const float p2)
 {
@@ -37,6 +39,15 @@ inline void store_vec(const VT acc, __global float* dst, const int stride, const
             v += beta * VLOAD(0, tmp);
         }
     }
+    if (has_res) {
+        if (stride == 1 && count == VEC) {
+            v += VLOAD(0, res);
+        } else {
+            float tmp[VEC];
+            for (int e = 0; e < VEC; ++e) tmp[e] = e < count ? res[e * stride] : 0.0f;
+            v += VLOAD(0, tmp);
+        }
+    }
     v = apply_unary_v(act, v, p0, p1, p2);
     if (stride == 1 && count == VEC) {
         VSTORE(v, 0, dst);
@@ -47,7 +58,8 @@ inline void store_vec(const VT acc, __global float* dst, const int stride, const
     }
 }
 
-/* C[b][m][n] = act(alpha * sum_k A(m,k) B(k,n) + beta * bias(m,n)), B contiguous along n.
+/* C[b][m][n] = act(alpha * sum_k A(m,k) B(k,n) + beta * bias(m,n) + R[b][m][n]), B contiguous
+ * along n; the residual R (a convolution's, where has_res) is laid out as C.
  * A(m,k) = A[m*am + k*ak] (either layout). Work-item: rows m0..m0+RB, columns n0..n0+VEC.
  * Global: (ceil(M/RB), ceil(N/VEC), batch): consecutive work-groups walk down M and share one
  * VEC-wide panel of B (in cache) while A (the weights) stays in L2.
@@ -56,6 +68,7 @@ __kernel void gemm_vn(__global const float* A, const int a_off,
                       __global const float* B, const int b_off,
                       __global float* C, const int c_off,
                       __global const float* bias, const int bias_off,
+                      __global const float* R, const int r_off, const int has_res,
                       const int M, const int N, const int K, const int G,
                       const int a_s1, const int a_s0, const int b_s1, const int b_s0,
                       const int c_s1, const int c_s0, const int bias_s1, const int bias_s0,
@@ -93,10 +106,11 @@ __kernel void gemm_vn(__global const float* A, const int a_off,
         }
     }
     __global float* Cb = C + c_off + bo * c_s1 + bi * c_s0 + m0 * N + n0;
+    __global const float* Rb = R + r_off + bo * c_s1 + bi * c_s0 + m0 * N + n0;
     __global const float* biasb = bias + bias_off + bo * bias_s1 + bi * bias_s0 + m0 * bias_sm + n0 * bias_sn;
     for (int r = 0; r < rows; ++r)
-        store_vec(acc[r], Cb + r * N, 1, cols, biasb + r * bias_sm, bias_sn, has_bias, alpha, beta,
-                  act, p0, p1, p2);
+        store_vec(acc[r], Cb + r * N, 1, cols, biasb + r * bias_sm, bias_sn, has_bias, Rb + r * N, has_res,
+                  alpha, beta, act, p0, p1, p2);
 }
 
 /* Weight re-layout for conv_voc / deconv_voc: -> wr [G][ceil(OCg/VEC)][K][VEC] with
@@ -138,11 +152,12 @@ __kernel void relayout_oc(__global const float* w, const int w_off, __global flo
     const int C, const int H, const int W, const int OC, const int OH, const int OW, \
     const int G, const int KH, const int KW, const int SH, const int SW, \
     const int PH, const int PW, const int DH, const int DW, const int has_bias, \
+    __global const float* res, const int res_off, const int has_res, \
     const int act, const float p0, const float p1, const float p2
 
 #define CONV_VOC_PASS \
     x, x_off, wr, bias, bias_off, y, y_off, C, H, W, OC, OH, OW, G, KH, KW, SH, SW, \
-    PH, PW, DH, DW, has_bias, act, p0, p1, p2
+    PH, PW, DH, DW, has_bias, res, res_off, has_res, act, p0, p1, p2
 
 /* ``transposed`` is a literal in each kernel, so the compiler folds the tap-loop choice. */
 inline void conv_voc_body(const int transposed, CONV_VOC_ARGS)
@@ -217,11 +232,11 @@ inline void conv_voc_body(const int transposed, CONV_VOC_ARGS)
 
     const int oc0 = g * ocg + ob * VEC;
     const int chans = min(VEC, ocg - ob * VEC);
-    __global float* yb = y + y_off + (n * OC + oc0) * OH * OW + oy * OW + ox0;
+    const int yi = (n * OC + oc0) * OH * OW + oy * OW + ox0;
     for (int p = 0; p < RB; ++p) {
         if (ox0 + p >= OW) break;
-        store_vec(acc[p], yb + p, OH * OW, chans, bias + bias_off + oc0, 1, has_bias, 1.0f, 1.0f,
-                  act, p0, p1, p2);
+        store_vec(acc[p], y + y_off + yi + p, OH * OW, chans, bias + bias_off + oc0, 1, has_bias,
+                  res + res_off + yi + p, has_res, 1.0f, 1.0f, act, p0, p1, p2);
     }
 }
 
@@ -247,6 +262,7 @@ __kernel void dw_vec(__global const float* x, const int x_off,
                      const int C, const int H, const int W, const int OH, const int OW,
                      const int KH, const int KW, const int SH, const int SW,
                      const int PH, const int PW, const int DH, const int DW, const int has_bias,
+                     __global const float* res, const int res_off, const int has_res,
                      const int act, const float p0, const float p1, const float p2)
 {
     const int ox0 = get_global_id(0) * VEC, oy = get_global_id(1), pl = get_global_id(2);
@@ -283,6 +299,7 @@ __kernel void dw_vec(__global const float* x, const int x_off,
             acc = mad(xv, (VT)(wc[i * KW + j]), acc);
         }
     }
-    store_vec(acc, y + y_off + (pl * OH + oy) * OW + ox0, 1, min(VEC, OW - ox0), bias + bias_off + c, 0,
-              has_bias, 1.0f, 1.0f, act, p0, p1, p2);
+    const int yi = (pl * OH + oy) * OW + ox0;
+    store_vec(acc, y + y_off + yi, 1, min(VEC, OW - ox0), bias + bias_off + c, 0, has_bias,
+              res + res_off + yi, has_res, 1.0f, 1.0f, act, p0, p1, p2);
 }

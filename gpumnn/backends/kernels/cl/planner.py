@@ -481,26 +481,29 @@ def _gemm_plan(scheme: str, work: tuple[list[Launch], tuple[Scratch, ...], int])
     return KernelWork(launches, scheme if splits == 1 else f"{scheme}/split-K {splits}", keep)
 
 
-def _cpu_gemm_args(A_, a_off, B_, b_off, C_, c_off, bias, bias_off, M, N, K, G, a_s, b_s, c_s, bias_s):
-    return [A_, _i(a_off), B_, _i(b_off), C_, _i(c_off), bias, _i(bias_off), _i(M), _i(N), _i(K), _i(G),
+def _cpu_gemm_args(A_, a_off, B_, b_off, C_, c_off, bias, bias_off, residual_args, M, N, K, G, a_s, b_s, c_s, bias_s):
+    return [A_, _i(a_off), B_, _i(b_off), C_, _i(c_off), bias, _i(bias_off), *residual_args, _i(M), _i(N), _i(K), _i(G),
             _i(a_s[0]), _i(a_s[1]), _i(b_s[0]), _i(b_s[1]), _i(c_s[0]), _i(c_s[1]), _i(bias_s[0]), _i(bias_s[1])]
 
 
 def _gemm_vn_launch(*, A_, a_off, B_, b_off, C_, c_off, bias, bias_off, M, N, K, batch, G=1,
                     a_s=(0, 0), b_s=(0, 0), c_s=(0, 0), bias_s=(0, 0), am, ak, ldb, has_bias=False,
-                    bias_mn=(0, 0), alpha=1.0, beta=1.0, act=None) -> Launch:
-    """CPU GEMM with B contiguous along n (gemm_cpu.cl: gemm_vn)."""
+                    bias_mn=(0, 0), alpha=1.0, beta=1.0, act=None, residual=None, res_off=0) -> Launch:
+    """CPU GEMM with B contiguous along n (gemm_cpu.cl: gemm_vn); ``residual`` (a buffer laid out
+    as C) is added after the bias, before the activation."""
     rb = next(r for r in (1, 2, 4, 8) if r >= min(M, 8))  # few program variants
-    args = _cpu_gemm_args(A_, a_off, B_, b_off, C_, c_off, bias, bias_off, M, N, K, G, a_s, b_s, c_s, bias_s)
+    residual_args = [C_, _i(0), _i(0)] if residual is None else [residual, _i(res_off), _i(1)]
+    args = _cpu_gemm_args(A_, a_off, B_, b_off, C_, c_off, bias, bias_off, residual_args, M, N, K, G,
+                          a_s, b_s, c_s, bias_s)
     args += [_i(am), _i(ak), _i(ldb), _i(int(has_bias)), _i(bias_mn[0]), _i(bias_mn[1]), _f(alpha), _f(beta)]
     args += _activation_args(act)
     gsize = (-(-M // rb), -(-N // CPU_VEC), batch)
     return launch("gemm_cpu", "gemm_vn", args, gsize, (1, 1, 1), defines={"VEC": CPU_VEC, "RB": rb})
 
 
-def _conv_voc(be, op: A.Conv2D | A.ConvTranspose2D, x, w, bias, o):
+def _conv_voc(be, op: A.Conv2D | A.ConvTranspose2D, x, w, bias, o, ins):
     """CPU Conv2D / ConvTranspose2D vectorised over output channels, weights re-laid out once
-    (gemm_cpu.cl: relayout_oc + conv_voc / deconv_voc)."""
+    (gemm_cpu.cl: relayout_oc + conv_voc / deconv_voc), with a Conv2D's residual."""
     transposed = isinstance(op, A.ConvTranspose2D)
     n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
     (h, wd), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
@@ -517,7 +520,7 @@ def _conv_voc(be, op: A.Conv2D | A.ConvTranspose2D, x, w, bias, o):
     args = [x.buffer, _i(x.offset), packed, bias.buffer, _i(bias.offset), o.buffer, _i(o.offset),
             _i(c), _i(h), _i(wd), _i(oc), _i(oh), _i(ow), _i(g), _i(kh), _i(kw), _i(op.strides[0]),
             _i(op.strides[1]), _i(op.pads[0]), _i(op.pads[1]), _i(op.dilations[0]), _i(op.dilations[1]),
-            _i(int(op.has_bias))] + _activation_args(op.activation)
+            _i(int(op.has_bias)), *_residual_list(op, ins, o)] + _activation_args(op.activation)
     kernel = "deconv_voc" if transposed else "conv_voc"
     conv = launch("gemm_cpu", kernel, args, (-(-ow // rb), oh, n * g * ob), (1, 1, 1), defines=defines)
     if be.is_constant(w):  # weights: pack once at creation (preparation), the run is the conv alone
@@ -600,9 +603,9 @@ def _residual_args(op: A.AtomicOp, ins) -> dict:
     return dict(residual=ins[-1].buffer, res_off=ins[-1].offset)
 
 
-def _residual_list(op: A.Conv2D, ins, o) -> list:
+def _residual_list(op: A.Conv2D | A.ConvTranspose2D, ins, o) -> list:
     """A kernel's (residual, offset, has_res) arguments: the op's residual, or the output unread."""
-    if op.has_residual:
+    if getattr(op, "has_residual", False):
         return [ins[-1].buffer, _i(ins[-1].offset), _i(1)]
     return [o.buffer, _i(0), _i(0)]
 
@@ -617,7 +620,8 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
         vec = 16 if ow >= 16 else 8
         args = [x.buffer, _i(x.offset), w.buffer, _i(w.offset), bias.buffer, _i(bias.offset),
                 o.buffer, _i(o.offset), _i(c), _i(h), _i(wd), _i(oh), _i(ow), _i(kh), _i(kw), _i(sh), _i(sw),
-                _i(ph), _i(pw), _i(dh), _i(dw), _i(int(op.has_bias))] + _activation_args(op.activation)
+                _i(ph), _i(pw), _i(dh), _i(dw), _i(int(op.has_bias)), *_residual_list(op, ins, o)]
+        args += _activation_args(op.activation)
         return KernelWork([launch("gemm_cpu", "dw_vec", args, (-(-ow // vec), oh, n * c), (1, 1, 1),
                                  defines={"VEC": vec, "RB": 1})], "depthwise")
     if op.scheme == "depthwise":
@@ -629,13 +633,13 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
     if op.scheme == "winograd":
         return _plan_winograd(be, op, x, w, bias, o, ins)
     common = _conv_gemm_args(op, x, w, bias, o)
+    common.update(_residual_args(op, ins))
     pointwise = op.scheme == "gemm1x1"
     if be.kernels == "simd":
         if pointwise:
             return KernelWork([_gemm_vn_launch(am=c // g, ak=1, ldb=h * wd, **common)], "gemm1x1")
-        return _conv_voc(be, op, x, w, bias, o)
+        return _conv_voc(be, op, x, w, bias, o, ins)
     lda = common["K"]
-    common.update(_residual_args(op, ins))
     if pointwise:
         return _gemm_plan("gemm1x1", _gemm_launches(be, "gemm_dense", lda=lda, ldb=h * wd, **common))
     return _gemm_plan("im2col", _gemm_launches(be, "gemm_conv", lda=lda, conv=_conv_geometry(op), **common))
@@ -684,7 +688,7 @@ def _plan_winograd(be: PlannerTarget, op: A.Conv2D, x, w, bias, o, ins) -> Kerne
 def _plan_conv_transpose2d(be, op: A.ConvTranspose2D, ins, outs):
     x, w, bias, o = _conv_operands(op, ins, outs)
     if be.kernels == "simd":
-        voc = _conv_voc(be, op, x, w, bias, o)
+        voc = _conv_voc(be, op, x, w, bias, o, ins)
         return dataclasses.replace(voc, scheme=voc.scheme.replace("direct", "gather"))
     return _gemm_plan("gather-gemm", _gemm_launches(be, "gemm_deconv", conv=_conv_geometry(op),
                                                     **_conv_gemm_args(op, x, w, bias, o)))
@@ -808,8 +812,10 @@ TILED_SCHEMES: Mapping[type, frozenset[str]] = {**KERNEL_SCHEMES, A.Conv2D: KERN
 
 
 #: the tiled family's convolution kernels add a residual (gemm.cl's epilogues, conv_depthwise,
-#: winograd_output); the simd family's (gemm_cpu.cl) do not yet, so nothing is fused for it
+#: winograd_output)
 TILED_RESIDUAL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: TILED_SCHEMES[A.Conv2D]}
+#: so do the simd family's (gemm_cpu.cl: gemm_vn, conv_voc, dw_vec)
+SIMD_RESIDUAL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: SCHEMES[A.Conv2D]}
 
 
 def schemes_for(kernels: str) -> Mapping[type, frozenset[str]]:
@@ -819,7 +825,7 @@ def schemes_for(kernels: str) -> Mapping[type, frozenset[str]]:
 
 def residual_schemes_for(kernels: str) -> Mapping[type, frozenset[str]]:
     """The schemes whose kernels of the ``kernels`` family add a Conv2D's residual."""
-    return TILED_RESIDUAL_SCHEMES if kernels == "tiled" else {}
+    return TILED_RESIDUAL_SCHEMES if kernels == "tiled" else SIMD_RESIDUAL_SCHEMES
 
 PLANNERS: Mapping[type, Callable[..., KernelWork]] = {
     A.Raster: _plan_raster, A.Unary: _plan_unary, A.Binary: _plan_binary, A.Reduce: _plan_reduce,
