@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -45,13 +45,15 @@ class PlanningTarget:
     winograd_min_saving: float = 0.0
     winograd_rewrite_max_tile: int | None = None
     winograd_per_image: bool = False
+    #: the schemes whose kernels add a Conv2D's residual (:func:`.schemes.fuse_residuals`)
+    residual_schemes: Mapping[type, frozenset[str]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, backend: Any) -> "PlanningTarget":
         return cls(backend.name, {t: None for t in backend.kernel_table}, dict(backend.schemes),
                    frozenset(backend.cost_model_expansions), backend.winograd_min_tiles,
                    backend.winograd_min_channels, backend.winograd_min_saving, backend.winograd_rewrite_max_tile,
-                   backend.winograd_per_image)
+                   backend.winograd_per_image, dict(backend.residual_schemes))
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "kernel_table": sorted(t.__name__ for t in self.kernel_table),
@@ -60,7 +62,8 @@ class PlanningTarget:
                 "winograd_min_tiles": self.winograd_min_tiles, "winograd_min_channels": self.winograd_min_channels,
                 "winograd_min_saving": self.winograd_min_saving,
                 "winograd_rewrite_max_tile": self.winograd_rewrite_max_tile,
-                "winograd_per_image": self.winograd_per_image}
+                "winograd_per_image": self.winograd_per_image,
+                "residual_schemes": {t.__name__: sorted(s) for t, s in self.residual_schemes.items()}}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "PlanningTarget":
@@ -75,7 +78,12 @@ class PlanningTarget:
                    int(data["winograd_min_channels"]), float(data["winograd_min_saving"]),
                    data["winograd_rewrite_max_tile"],
                    # profiles written before the field: the cpu backend's kernels went image by image then too
-                   bool(data.get("winograd_per_image", data["name"] == "cpu")))
+                   bool(data.get("winograd_per_image", data["name"] == "cpu")),
+                   # profiles written before the field: every backend's Conv2D kernels add a residual
+                   # now (cpu, both OpenCL C families, GLSL where a shader binds five buffers, which
+                   # the GPUs profiled do)
+                   {op_type(n): frozenset(s) for n, s in data.get(
+                       "residual_schemes", {"Conv2D": data["schemes"].get("Conv2D", ())}).items()})
 
 
 @dataclass(frozen=True)

@@ -337,7 +337,7 @@ def takes_residual(op: A.Conv2D, backend: Any) -> bool:
     a Winograd rewrite ends in a batched MatMul whose rows are not the output's)."""
     if backend is None:
         return op.scheme not in EXPANDED
-    # a device profile's planning target lists none: it plans the plain convolution and add
+    # a device profile's planning target carries the profiled backend's; a stand-in without them fuses nothing
     return op.scheme in getattr(backend, "residual_schemes", {}).get(A.Conv2D, ())
 
 
