@@ -94,12 +94,13 @@ class LoweringContext:
         self.exact_integer_sources: set[str] = set()  # AtomicProgram.exact_integer_sources
         #: the graph whose nodes are being lowered in order, None when single nodes are (folding)
         self.graph_reads: GraphReads | None = None
-        #: the ids of nodes a lowering has already computed as part of an earlier node's op
-        self.absorbed: set[int] = set()
+        #: the nodes a lowering has already computed as part of an earlier node's op, by id (the
+        #: node kept, so that its id is never another node's)
+        self.absorbed: dict[int, Node] = {}
 
     def absorb(self, *nodes: Node) -> None:
         """Marks ``nodes`` as computed by the op just emitted: ``lower_into`` skips them."""
-        self.absorbed.update(id(n) for n in nodes)
+        self.absorbed.update((id(n), n) for n in nodes)
 
     # -- values ----------------------------------------------------------------------------
     def value(self, name: str, node: Node | None = None) -> Value:
