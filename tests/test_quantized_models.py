@@ -714,3 +714,31 @@ def test_matmul_integer_read_elsewhere_keeps_its_int32_product(dynamic_mlps):
     assert len(_prequantized(program)) == 1
     np.testing.assert_array_equal(got[first.output[0]], ref_product)
     np.testing.assert_allclose(got["y"], ref_y, rtol=1e-5, atol=1e-5 * np.abs(ref_y).max())
+
+
+def test_quantize_dynamic_transformer_runs_its_weight_products_on_the_int8_kernel(tmp_path):
+    """The zoo's transformer encoder through quantize_dynamic: each product with a constant weight
+    (q, k, v, out, fc1, fc2) is a prequantized QuantizedMatMul on the cpu, no MatMulInteger with a
+    constant weight is left as a float MatMul, and the output stays ONNX Runtime's unfused one
+    (relative L2 error below 1e-5: the attention's float ops differ in their last bits only)."""
+    import logging
+    from onnxruntime.quantization import quantize_dynamic
+
+    from gpumnn import zoo
+
+    logging.getLogger().setLevel(logging.ERROR)
+    onnx.save(zoo.transformer_encoder(), tmp_path / "float.onnx")
+    quantize_dynamic(tmp_path / "float.onnx", tmp_path / "dynamic.onnx")
+    model = onnx.load(tmp_path / "dynamic.onnx")
+    constants = {t.name for t in model.graph.initializer}
+    weight_products = [n for n in model.graph.node if n.op_type == "MatMulInteger" and n.input[1] in constants]
+    assert len(weight_products) == 6
+    name = model.graph.input[0].name
+    x = np.random.default_rng(4).standard_normal((1, 128, 256)).astype(np.float32)
+    ref = _onnxruntime_unfused(model, {name: x})
+    got, program = _run(model, {name: x}, "cpu")
+    assert len(_prequantized(program)) == 6
+    float_products = [op for op in program.ops if isinstance(op, A.MatMul)]
+    assert all(op.source not in {n.name for n in weight_products} for op in float_products)
+    got = next(iter(got.values()))
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
