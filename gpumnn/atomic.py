@@ -47,7 +47,8 @@ NARROW_DTYPES: frozenset[str] = frozenset({FLOAT16, INT8, UINT8})
 #: bytes an element of each storage dtype
 ITEMSIZE: dict[str, int] = {FLOAT32: 4, INT32: 4, FLOAT16: 2, INT8: 1, UINT8: 1}
 #: the atomic ops defined on the narrow storage dtypes (Unary as ``identity`` only, Scatter with
-#: reduction ``none`` only): they move elements without arithmetic
+#: reduction ``none`` only): they move elements without arithmetic. The one computing op that reads
+#: a narrow dtype is a ``prequantized`` QuantizedMatMul (uint8, its own integer arithmetic)
 NARROW_OPS: tuple[str, ...] = ("raster", "gather", "select", "scatter", "unary")
 
 
@@ -284,7 +285,7 @@ class MatMul(AtomicOp):
         return self.batch * self.m * self.n * self.k
 
 
-#: the largest inner dimension of a QuantizedMatMul: K * 255 * 127 must fit its int32 sums
+#: the largest inner dimension of a QuantizedMatMul: K * 255 * 128 must fit its int32 sums
 QUANTIZED_MAX_K = 65536
 
 
@@ -307,6 +308,14 @@ class QuantizedMatMul(AtomicOp):
     weight_scale[n]) + bias[n])`` with ``colsum[n] = sum_k weight[k, n]``. x must be finite; K is
     at most ``QUANTIZED_MAX_K``. The session's ``precision="int8"`` rewrites MatMuls with constant
     weights into this op (``gpumnn.scheduler.precision``).
+
+    With ``prequantized`` x is already uint8 (``dtype`` "uint8"), quantized once for the whole
+    tensor as ONNX's DynamicQuantizeLinear does: the inputs are x uint8 ``[M, K]``, weight int8
+    ``[K, N]`` (any int8 value), weight_scale float32 ``[N]``, x_scale float32 ``[1]``, x_zero_point
+    uint8 ``[1]``, then bias when ``has_bias``; ``scale[m]`` and ``zero[m]`` above are x_scale and
+    x_zero_point for every row, and the epilogue is the same. That is ONNX Runtime's unfused
+    ``Cast(MatMulInteger(x, weight, x_zero_point)) * (x_scale * weight_scale)`` operation for
+    operation, so the MatMulInteger lowering rewrites that pattern of ``quantize_dynamic`` models into it.
     """
 
     kind: ClassVar[str] = "quantized_matmul"
@@ -315,9 +324,17 @@ class QuantizedMatMul(AtomicOp):
     k: int = 1
     has_bias: bool = False
     activation: Activation = None
+    prequantized: bool = False
 
     def macs(self) -> int:
         return self.m * self.n * self.k
+
+    def output_dtype(self) -> str:
+        return FLOAT32
+
+    def bias_input(self) -> int:
+        """The position of the bias among the inputs (when ``has_bias``)."""
+        return 5 if self.prequantized else 3
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,8 @@ class Case:
     def input_dtype(self, name: str) -> str:
         if self.inputs[name].dtype == np.int8:  # a QuantizedMatMul's weight
             return A.INT8
+        if self.inputs[name].dtype == np.uint8:  # a prequantized QuantizedMatMul's x and zero point
+            return A.UINT8
         return A.INT32 if self.inputs[name].dtype.kind in "iub" else A.FLOAT32
 
     def output_dtype(self, name: str) -> str:
@@ -397,6 +399,21 @@ def _quantized_matmul(rng, *, m, n, k, bias=False, activation=None) -> Case:
     return Case(op, inputs, {"y": (m, n)}, {"w", "w_scale"})
 
 
+def _prequantized_matmul(rng, *, m, n, k, bias=False) -> Case:
+    """x already uint8 with one run-time scale and zero point (quantize_dynamic's MatMulInteger)."""
+    inputs = {"x": rng.integers(0, 256, (m, k)).astype(np.uint8),
+              "w": rng.integers(-128, 128, (k, n)).astype(np.int8),
+              "w_scale": (rng.random(n) / 100 + 1e-3).astype(np.float32),
+              "x_scale": np.array([0.037], np.float32), "x_zero": np.array([117], np.uint8)}
+    if bias:
+        inputs["bias"] = rng.standard_normal(n).astype(np.float32)
+    op = A.QuantizedMatMul(tuple(inputs), ("y",), "quantized_matmul", dtype=A.UINT8, m=m, n=n, k=k, has_bias=bias,
+                           prequantized=True)
+    return Case(op, inputs, {"y": (m, n)}, {"w", "w_scale"})
+
+
+CASES["quantized_matmul-prequantized"] = lambda rng: _prequantized_matmul(rng, m=11, n=37, k=29)
+CASES["quantized_matmul-prequantized-bias"] = lambda rng: _prequantized_matmul(rng, m=1, n=5, k=66, bias=True)
 CASES["quantized_matmul-vector"] = lambda rng: _quantized_matmul(rng, m=1, n=33, k=7)
 CASES["quantized_matmul-bias-gelu"] = lambda rng: _quantized_matmul(rng, m=19, n=70, k=45, bias=True,
                                                                     activation=("gelu", ()))

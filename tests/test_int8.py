@@ -153,3 +153,71 @@ def test_int8_transformer_agrees_with_fp32(name):
     finally:
         fp32.close()
         int8.close()
+
+
+# -- prequantized: x already uint8 with one scale and zero point (quantize_dynamic's MatMulInteger) --
+
+def _unfused_dequantized_product(q, zero, weight, x_scale, weight_scale, bias):
+    """ONNX Runtime's unfused float operations in NumPy: the exact integer product of ``q - zero``
+    and the weight, cast to float32, times the float32 product of the two scales, plus the bias."""
+    acc = (q.astype(np.int64) - np.int64(zero)) @ weight.astype(np.int64)
+    assert np.abs(acc).max() < 2**31  # MatMulInteger's int32 holds it
+    return acc.astype(np.float32) * (np.float32(x_scale) * weight_scale) + bias
+
+
+def _run_prequantized(be, op, runs, weight, weight_scale, bias):
+    """The op's output for each (q, x_scale, zero) of ``runs`` written into the same run-time
+    tensors of one recorded execution (so a scale read once at creation would be caught)."""
+    buffers = [be.allocate(op.m * op.k + 64), be.allocate(64), be.allocate(64), be.allocate(4 * op.m * op.n + 64)]
+    q_h = be.tensor(buffers[0], 0, (op.m, op.k), A.UINT8)
+    scale_h = be.tensor(buffers[1], 0, (1,), A.FLOAT32)
+    zero_h = be.tensor(buffers[2], 0, (1,), A.UINT8)
+    out = be.tensor(buffers[3], 0, (op.m, op.n), A.FLOAT32)
+    ins = [q_h, be.constant(weight), be.constant(weight_scale), scale_h, zero_h]
+    if op.has_bias:
+        ins.append(be.constant(bias))
+    exe = be.create_execution(op, ins, [out])
+    recorded = be.record([exe])
+    results = []
+    for q, x_scale, zero in runs:
+        be.write(q_h, q)
+        be.write(scale_h, np.array([x_scale], np.float32))
+        be.write(zero_h, np.array([zero], np.uint8))
+        be.submit(recorded)
+        results.append(be.read(out))
+    for buffer in buffers:
+        be.release(buffer)
+    return results, exe.scheme
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 7, 5), (13, 37, 33), (70, 301, 97), (8, 4, 32)])
+@pytest.mark.parametrize("engine", ["numpy", "jit", "regions"])
+@pytest.mark.parametrize("has_bias", [False, True])
+def test_prequantized_quantized_matmul_is_exact(m, k, n, engine, has_bias, int8_path):
+    """Already quantized uint8 rows (0 and 255 included) by int8 weights (-128 included) with zero
+    points 0, 131 and 255 and per-column scales give exactly ONNX Runtime's unfused float operations
+    on odd sizes, every engine and product path; the scale and zero point are read at each run."""
+    rng = np.random.default_rng(m * k * n + has_bias)
+    weight = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    weight[0, 0] = -128
+    weight_scale = (rng.random(n) / 64 + 1e-3).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) if has_bias else np.zeros(n, np.float32)
+    runs = []
+    for x_scale, zero in ((0.0173, 131), (2.5, 0), (1e-3, 255)):
+        q = rng.integers(0, 256, (m, k)).astype(np.uint8)
+        q[0, 0], q[-1, -1] = 0, 255
+        runs.append((q, np.float32(x_scale), zero))
+    options = {"numpy": dict(jit=False, threads=1), "jit": dict(jit=True, threads=1),
+               "regions": dict(jit=True, threads=2)}[engine]
+    be = CpuBackend(**options)
+    inputs = ("q", "w", "s", "x_scale", "x_zero") + (("b",) if has_bias else ())
+    op = A.QuantizedMatMul(inputs, ("y",), "test", dtype=A.UINT8, m=m, n=n, k=k, has_bias=has_bias,
+                           prequantized=True)
+    assert be.unsupported_reason(op) is None
+    results, scheme = _run_prequantized(be, op, runs, weight, weight_scale, bias)
+    for got, (q, x_scale, zero) in zip(results, runs):
+        np.testing.assert_array_equal(got, _unfused_dequantized_product(q, zero, weight, x_scale, weight_scale, bias))
+    assert scheme.startswith("int8"), scheme
+    if engine != "numpy":
+        assert cpu_int8.PATH_NAMES[int8_path] in scheme
+

@@ -616,3 +616,129 @@ def test_integer_convolution_is_exact_where_winograd_would_be_chosen(backend):
     assert ((ref > 0) & (ref < 255)).mean() > 0.5  # mostly unsaturated: a rounding difference shows
     got, _ = _run(model, {"x": x}, backend)
     np.testing.assert_array_equal(got["y"], ref)
+
+
+# -- quantize_dynamic's MatMulInteger on the int8 kernel ----------------------------------------------
+
+DYN_K, DYN_HIDDEN, DYN_N = 37, 45, 19  # off the kernel's 4-byte steps and 32-column tiles
+
+
+def _float_mlp_with_bias(graph_outputs=("y",)) -> onnx.ModelProto:
+    """MatMul -> Add -> Relu -> MatMul -> Add on x [2, 5, K]: rows of a batch, as a transformer's."""
+    rng = np.random.default_rng(21)
+    weights = {"w1": rng.standard_normal((DYN_K, DYN_HIDDEN)) * 0.2, "b1": rng.standard_normal(DYN_HIDDEN) * 0.1,
+               "w2": rng.standard_normal((DYN_HIDDEN, DYN_N)) * 0.2, "b2": rng.standard_normal(DYN_N) * 0.1}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["p"]),
+             helper.make_node("Add", ["p", "b2"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, (2, 5, DYN_K))],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, (2, 5, DYN_N))],
+                  [numpy_helper.from_array(a.astype(np.float32), n) for n, a in weights.items()], opset=17)
+
+
+@pytest.fixture(scope="module")
+def dynamic_mlps(tmp_path_factory):
+    """per tensor / per column -> the MLP as quantize_dynamic writes it (int8 weights)."""
+    import logging
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    logging.getLogger().setLevel(logging.ERROR)
+    folder = tmp_path_factory.mktemp("dynamic_mlp")
+    onnx.save(_float_mlp_with_bias(), folder / "float.onnx")
+    models = {}
+    for per_channel in (False, True):
+        name = "per_column" if per_channel else "per_tensor"
+        quantize_dynamic(folder / "float.onnx", folder / f"{name}.onnx", per_channel=per_channel,
+                         weight_type=QuantType.QInt8)
+        models[name] = onnx.load(folder / f"{name}.onnx")
+    return models
+
+
+def _prequantized(program) -> list[int]:
+    return [i for i, op in enumerate(program.ops) if isinstance(op, A.QuantizedMatMul) and op.prequantized]
+
+
+@pytest.mark.parametrize("form", ["per_tensor", "per_column"])
+def test_dynamic_matmul_integer_runs_on_the_int8_kernel(backend, dynamic_mlps, form):
+    """Each MatMulInteger -> Cast -> Mul of quantize_dynamic becomes one prequantized QuantizedMatMul
+    (no int32 product, Cast or scaling Mul left), placed on the cpu where a GPU backend lacks its
+    kernel, and the output is ONNX Runtime's unfused one: the same float operations on the same
+    integers, so bit for bit where the ops around agree exactly, and at most one step of the
+    output's last rescaling (x_scale * weight_scale, bounded by the largest scale product) apart."""
+    model = dynamic_mlps[form]
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("MatMulInteger") == 2 and ops.count("Cast") == 2 and "DynamicQuantizeLinear" in ops
+    x = np.random.default_rng(8).standard_normal((2, 5, DYN_K)).astype(np.float32)
+    ref = _onnxruntime_unfused(model, {"x": x})
+    session = gpumnn.load(model).session(backend=backend, fallback=False)
+    try:
+        got = session.run({"x": x})["y"]
+        program, placement = session.program, session.placement
+    finally:
+        session.close()
+    fused = _prequantized(program)
+    assert len(fused) == 2, [type(op).__name__ for op in program.ops]
+    assert not any(isinstance(op, A.MatMul) for op in program.ops)
+    assert all(placement.op_backends[i] == "cpu" for i in fused)
+    if backend != "cpu":
+        assert all(f"{backend} backend has no kernel for atomic op QuantizedMatMul" in placement.fallback_reasons[i]
+                   for i in fused)
+    # the last layer's input is a Relu output in [0, max]: x_scale = max / 255
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    weight_scale = max(float(np.max(v)) for n, v in constants.items() if n.startswith("w2") and "scale" in n)
+    step = float(np.maximum(_onnxruntime_unfused_outputs(_with_output(model, "r"), {"x": x})[1], 0).max()) / 255
+    assert np.abs(got - ref).max() <= step * weight_scale
+    if backend == "cpu":  # every op around the products is the same float operation as ONNX Runtime's
+        np.testing.assert_array_equal(got, ref)
+
+
+def _with_output(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    """``model`` with ``name`` (a float tensor of its graph) as a second output."""
+    import copy
+
+    extended = copy.deepcopy(model)
+    extended.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+    return extended
+
+
+def test_matmul_integer_read_elsewhere_keeps_its_int32_product(dynamic_mlps):
+    """Where the int32 product of a MatMulInteger is also a graph output, it is computed as it is
+    (the unfused lowering) and the other one still fuses; both outputs equal ONNX Runtime's."""
+    model = dynamic_mlps["per_tensor"]
+    first = next(n for n in model.graph.node if n.op_type == "MatMulInteger")
+    copy_model = _with_output(model, first.output[0])
+    copy_model.graph.output[-1].type.tensor_type.elem_type = TensorProto.INT32
+    x = np.random.default_rng(9).standard_normal((2, 5, DYN_K)).astype(np.float32)
+    ref_y, ref_product = _onnxruntime_unfused_outputs(copy_model, {"x": x})
+    got, program = _run(copy_model, {"x": x}, "cpu")
+    assert len(_prequantized(program)) == 1
+    np.testing.assert_array_equal(got[first.output[0]], ref_product)
+    np.testing.assert_allclose(got["y"], ref_y, rtol=1e-5, atol=1e-5 * np.abs(ref_y).max())
+
+
+def test_quantize_dynamic_transformer_runs_its_weight_products_on_the_int8_kernel(tmp_path):
+    """The zoo's transformer encoder through quantize_dynamic: each product with a constant weight
+    (q, k, v, out, fc1, fc2) is a prequantized QuantizedMatMul on the cpu, no MatMulInteger with a
+    constant weight is left as a float MatMul, and the output stays ONNX Runtime's unfused one
+    (relative L2 error below 1e-5: the attention's float ops differ in their last bits only)."""
+    import logging
+    from onnxruntime.quantization import quantize_dynamic
+
+    from gpumnn import zoo
+
+    logging.getLogger().setLevel(logging.ERROR)
+    onnx.save(zoo.transformer_encoder(), tmp_path / "float.onnx")
+    quantize_dynamic(tmp_path / "float.onnx", tmp_path / "dynamic.onnx")
+    model = onnx.load(tmp_path / "dynamic.onnx")
+    constants = {t.name for t in model.graph.initializer}
+    weight_products = [n for n in model.graph.node if n.op_type == "MatMulInteger" and n.input[1] in constants]
+    assert len(weight_products) == 6
+    name = model.graph.input[0].name
+    x = np.random.default_rng(4).standard_normal((1, 128, 256)).astype(np.float32)
+    ref = _onnxruntime_unfused(model, {name: x})
+    got, program = _run(model, {name: x}, "cpu")
+    assert len(_prequantized(program)) == 6
+    float_products = [op for op in program.ops if isinstance(op, A.MatMul)]
+    assert all(op.source not in {n.name for n in weight_products} for op in float_products)
+    got = next(iter(got.values()))
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5

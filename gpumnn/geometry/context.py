@@ -18,7 +18,7 @@ from .. import atomic as A
 from ..backends.base import TensorHandle
 from ..errors import ModelError
 from ..backends.limits import check_host_bytes
-from ..ir import Node
+from ..ir import Node, node_reads
 from .regions import IndexMap
 
 
@@ -50,6 +50,33 @@ class PendingRaster:
     source_node: str
 
 
+@dataclass
+class GraphReads:
+    """Who reads and who writes each tensor of the graph being lowered, for a lowering that takes
+    the nodes after its own into one op (``LoweringContext.absorb``): the readers of a tensor are
+    the nodes that read it, a control-flow node for what its subgraphs read."""
+
+    readers: dict[str, list[Node]]
+    producers: dict[str, Node]
+    outputs: frozenset
+
+    @classmethod
+    def of(cls, graph) -> "GraphReads":
+        readers: dict[str, list[Node]] = {}
+        producers: dict[str, Node] = {}
+        for node in graph.nodes:
+            for name in dict.fromkeys(node_reads(node)):
+                readers.setdefault(name, []).append(node)
+            for name in node.outputs:
+                producers[name] = node
+        return cls(readers, producers, frozenset(graph.output_names))
+
+    def only_reader(self, name: str) -> Node | None:
+        """The one node that reads ``name``, where exactly one does and it is no graph output."""
+        found = self.readers.get(name, [])
+        return found[0] if len(found) == 1 and name not in self.outputs else None
+
+
 class LoweringContext:
     """Collects atomic ops, constants and aliases for one graph at fixed input shapes."""
 
@@ -65,6 +92,15 @@ class LoweringContext:
         #: narrow tensors converted from values they hold exactly (``emit_exact_conversion``)
         self.exact_conversions: set[str] = set()
         self.exact_integer_sources: set[str] = set()  # AtomicProgram.exact_integer_sources
+        #: the graph whose nodes are being lowered in order, None when single nodes are (folding)
+        self.graph_reads: GraphReads | None = None
+        #: the nodes a lowering has already computed as part of an earlier node's op, by id (the
+        #: node kept, so that its id is never another node's)
+        self.absorbed: dict[int, Node] = {}
+
+    def absorb(self, *nodes: Node) -> None:
+        """Marks ``nodes`` as computed by the op just emitted: ``lower_into`` skips them."""
+        self.absorbed.update((id(n), n) for n in nodes)
 
     # -- values ----------------------------------------------------------------------------
     def value(self, name: str, node: Node | None = None) -> Value:
@@ -258,6 +294,8 @@ def _narrow_inputs(op: A.AtomicOp) -> tuple[int, ...]:
         return (1, 2)
     if isinstance(op, A.Scatter):
         return (0, 2) if op.reduction == "none" else ()
+    if isinstance(op, A.QuantizedMatMul) and op.prequantized:
+        return (0, 1, 4)  # the uint8 x, the int8 weight, the uint8 zero point
     return ()
 
 

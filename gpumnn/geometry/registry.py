@@ -40,8 +40,22 @@ def lowering_for(node: Node) -> Lowering | None:
 
 
 def lower_into(ctx: LoweringContext, graph: Graph, nodes=None) -> None:
-    """Lower ``nodes`` (default: all of the graph's) into ``ctx``, naming the node on failure."""
-    for node in graph.nodes if nodes is None else nodes:
+    """Lower ``nodes`` (default: all of the graph's) into ``ctx``, naming the node on failure.
+    Only a whole graph's lowering lets a lowering absorb the nodes after its own (``ctx.graph_reads``)."""
+    from .context import GraphReads
+
+    previous = ctx.graph_reads
+    ctx.graph_reads = GraphReads.of(graph) if nodes is None else None
+    try:
+        _lower_nodes(ctx, graph, graph.nodes if nodes is None else nodes)
+    finally:
+        ctx.graph_reads = previous
+
+
+def _lower_nodes(ctx: LoweringContext, graph: Graph, nodes) -> None:
+    for node in nodes:
+        if id(node) in ctx.absorbed:
+            continue
         fn = lowering_for(node)
         if fn is None:
             raise UnsupportedOpError(node.op_type, node.name, "no lowering for this op type", supported_ops())

@@ -670,10 +670,12 @@ class CpuBackend(Backend):
     schemes = {**KERNEL_SCHEMES, A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"}}
     residual_schemes = {A.Conv2D: schemes[A.Conv2D]}
     #: NumPy computes every integer op; float-only kernels (convolution, pooling, ...) stay float32;
-    #: the element-moving ops and the Unary conversion also take the narrow dtypes
+    #: the element-moving ops and the Unary conversion also take the narrow dtypes; a prequantized
+    #: QuantizedMatMul reads uint8
     dtypes = {**{op: _ANY_INT for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.MatMul, A.Gather, A.Select,
                                          A.CumSum, A.TopK, A.Scatter, A.Pool2D)},
-              **{op: _ANY_INT | A.NARROW_DTYPES for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)}}
+              **{op: _ANY_INT | A.NARROW_DTYPES for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)},
+              A.QuantizedMatMul: frozenset({A.UINT8})}
     winograd_min_tiles, winograd_min_channels, winograd_min_saving = engines.WINOGRAD_PAYS["threads"]
     winograd_per_image = True  # both Winograd kernels go image by image: a batch has no more tiles per product
 

@@ -4,7 +4,9 @@ Each row of x is quantized to uint8 at run time (``quantize_row``, the contract'
 weight was quantized to int8 per column by the session (``gpumnn.scheduler.precision``) and is
 packed here once into panels, and the product sums in int32, which is exact. The epilogue
 subtracts the zero point's share (``zero[m] * colsum[n]``), scales by both scales, adds the bias
-and applies the activation while the tile is in registers' reach.
+and applies the activation while the tile is in registers' reach. A ``prequantized`` op (a
+``quantize_dynamic`` model's MatMulInteger) copies its uint8 rows instead and takes its one scale
+and zero point from its inputs.
 
 The register tile (``_vnni_tile``) is QNNPACK's and MNN's inner loop on x86's integer dot
 product: ``vpdpbusd`` multiplies 4 unsigned bytes of x by 4 signed bytes of the weight and adds
@@ -296,6 +298,15 @@ def quantize_row(x, q, scales, zeros, m):
     zeros[m] = np.int32(zero)
 
 
+def copy_row(x, q, scales, zeros, m):
+    """Row m of the already quantized uint8 x into q[m, :K] (uint8, or int16 for the pair paths);
+    the scale and zero point are the op's inputs (``prequantized``), not the row's."""
+    out = q[m]
+    row = x[m]
+    for k in range(row.shape[0]):
+        out[k] = row[k]
+
+
 #: each path's tile (the Python function Numba inlines) and whether it reads int16 pairs
 _TILES = {"vnni512": (_tile_vnni, False), "avx512bw": (_tile_avx512bw, True), "avx2": (_tile_avx2, True),
           "portable": (_tile_portable, False)}
@@ -325,27 +336,30 @@ def _quantized_product(x, q, scales, zeros, panels, colsum, weight_scale, bias, 
                 out[row, c] = min(max(v, lo), hi)
 
 
-_COMPILED: dict[tuple[str, bool], object] = {}
+_COMPILED: dict[tuple[str, bool, bool], object] = {}
 
 
-def _product_for(path: str):
-    """``_quantized_product`` with ``path``'s tile: a function of its own (own name, for Numba's disk
-    cache), as a path's intrinsic cannot even be compiled on a host without its instructions."""
+def _product_for(path: str, prequantized: bool):
+    """``_quantized_product`` with ``path``'s tile, its rows quantized (``quantize_row``) or copied
+    (``copy_row``, ``prequantized``): a function of its own (own name, for Numba's disk cache), as a
+    path's intrinsic cannot even be compiled on a host without its instructions."""
     tile = numba.njit(inline="always")(_TILES[path][0])
-    scope = dict(globals(), _tile=tile, _quantize=numba.njit(inline="always")(quantize_row))
-    fn = types_module.FunctionType(_quantized_product.__code__, scope, f"_quantized_product_{path}",
+    rows = numba.njit(inline="always")(copy_row if prequantized else quantize_row)
+    scope = dict(globals(), _tile=tile, _quantize=rows)
+    name = f"_quantized_product_{path}{'_prequantized' if prequantized else ''}"
+    fn = types_module.FunctionType(_quantized_product.__code__, scope, name,
                                    _quantized_product.__defaults__, _quantized_product.__closure__)
     fn.__qualname__ = fn.__name__
     fn.__doc__ = _quantized_product.__doc__
     return fn
 
 
-def _product_kernel(path: str, parallel: bool):
+def _product_kernel(path: str, parallel: bool, prequantized: bool = False):
     """``_quantized_product`` on ``path``'s tile as a parallel region (cached on disk) or a one-thread
     loop, compiled on first use."""
-    key = (path, parallel)
+    key = (path, parallel, prequantized)
     if key not in _COMPILED:
-        fn = _product_for(path)
+        fn = _product_for(path, prequantized)
         if parallel:
             _COMPILED[key] = cpu_parallel.compiled_region(fn, error_model="numpy", fastmath=False)
         else:  # compiled per process: Numba's disk cache would not tell it from the region
@@ -387,15 +401,22 @@ def make_quantized_matmul(op: A.QuantizedMatMul, ins, outs, engine, made_once) -
     x = strided(ins[0], 0, (m, k), (k, 1))
     weight = view(ins[1]).reshape(k, n)
     weight_scale = view(ins[2]).reshape(n)
-    bias = strided(ins[3], 0, (n,), (1,)) if op.has_bias else np.zeros(n, np.float32)
+    bias = strided(ins[op.bias_input()], 0, (n,), (1,)) if op.has_bias else np.zeros(n, np.float32)
     out = view(outs[0]).reshape(m, n)
+    if op.prequantized:  # one scale and zero point for every row: stride-0 views of the inputs
+        given_scale, given_zero = view(ins[3]).reshape(-1)[:1], view(ins[4]).reshape(-1)[:1]
     if not engine.jit:
         act = _epilogue(op.activation)
         colsum = weight.sum(axis=0, dtype=np.int64)
         wide = weight.astype(np.int64)
 
+        def rows() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            if op.prequantized:
+                return x, np.broadcast_to(given_scale, (m,)), np.broadcast_to(given_zero.astype(np.int32), (m,))
+            return quantize_rows_reference(x)
+
         def reference() -> None:
-            q, scale, zero = quantize_rows_reference(x)
+            q, scale, zero = rows()
             acc = q.astype(np.int64) @ wide
             np.add((acc - zero[:, None].astype(np.int64) * colsum).astype(np.float32)
                    * (scale[:, None] * weight_scale), bias, out=out)
@@ -413,9 +434,12 @@ def make_quantized_matmul(op: A.QuantizedMatMul, ins, outs, engine, made_once) -
     rows = -(-m // MR) * MR
     # padding rows and steps stay 0; the pair paths read the quantized bytes widened to int16
     q = np.zeros((rows, panels.shape[1] * panels.shape[3]), np.int16 if pairs else np.uint8)
-    scales, zeros = np.empty(rows, np.float32), np.zeros(rows, np.int32)
+    if op.prequantized:
+        scales, zeros = np.broadcast_to(given_scale, (rows,)), np.broadcast_to(given_zero, (rows,))
+    else:
+        scales, zeros = np.empty(rows, np.float32), np.zeros(rows, np.int32)
     parallel = engine.regions > 1 and m * n * k >= 1 << 16
-    kernel = cpu_jit.bind(_product_kernel(path, parallel), x, q, scales, zeros, panels, colsum, weight_scale, bias,
+    kernel = cpu_jit.bind(_product_kernel(path, parallel, op.prequantized), x, q, scales, zeros, panels, colsum, weight_scale, bias,
                           out, lo, hi, gelu)
 
     def run() -> None:

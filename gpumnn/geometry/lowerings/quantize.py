@@ -328,8 +328,81 @@ def _shift_operand(ctx: LoweringContext, node: Node, q: str, zp: str | None, row
     return binary(ctx, node, "sub", qf, as_dtype(ctx, node, zp, np.float32))
 
 
+def _size_one(ctx: LoweringContext, name: str) -> bool:
+    return name in ctx.values and ctx.value(name).size == 1 and len(ctx.shape(name)) <= 1
+
+
+def _dequantizing_nodes(ctx: LoweringContext, node: Node) -> tuple[Node, Node, str] | None:
+    """``quantize_dynamic``'s pattern after a MatMulInteger of a uint8 run-time x by a constant int8
+    weight [K, N] with no weight zero point (or a zero one) and x's zero point a single value:
+    ``Mul(Cast(product, to=float), Mul(x_scale, weight_scale))``, each intermediate read by the next
+    node alone and no graph output, x_scale a float32 single value and weight_scale a float32
+    constant, per tensor or per column: (the Cast, the Mul, x_scale, weight_scale), or None."""
+    reads = ctx.graph_reads
+    x, w, x_zp, w_zp = (node.inputs + ["", "", "", ""])[:4]
+    if reads is None or not x or not w or x not in ctx.values or w not in ctx.values:
+        return None
+    xv, wv = ctx.value(x), ctx.value(w)
+    if xv.is_const or xv.dtype != np.uint8 or len(xv.shape) < 2 or not wv.is_const or wv.dtype != np.int8:
+        return None
+    if len(wv.shape) != 2 or wv.shape[0] != xv.shape[-1] or not 0 < wv.shape[0] <= A.QUANTIZED_MAX_K:
+        return None
+    if x_zp and not (_size_one(ctx, x_zp) and ctx.dtype(x_zp) == np.uint8):
+        return None
+    if w_zp and not (w_zp in ctx.values and ctx.value(w_zp).is_const and not ctx.value(w_zp).const.any()):
+        return None
+    cast = reads.only_reader(node.outputs[0])
+    if cast is None or cast.op_type != "Cast" or cast.domain not in ("", "ai.onnx"):
+        return None
+    if int(cast.attrs.get("to", 0)) != onnx.TensorProto.FLOAT:
+        return None
+    mul = reads.only_reader(cast.outputs[0])
+    if mul is None or mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx") or len(mul.inputs) != 2:
+        return None
+    others = [n for n in mul.inputs if n != cast.outputs[0]]
+    scales = reads.producers.get(others[0]) if len(others) == 1 else None
+    if scales is None or scales.op_type != "Mul" or scales.domain not in ("", "ai.onnx") or len(scales.inputs) != 2:
+        return None
+    n = wv.shape[1]
+    for x_scale, w_scale in (scales.inputs, scales.inputs[::-1]):
+        if not (_size_one(ctx, x_scale) and ctx.dtype(x_scale) == np.float32):
+            continue
+        if w_scale in ctx.values and ctx.value(w_scale).is_const and ctx.dtype(w_scale) == np.float32 \
+                and tuple(ctx.shape(w_scale)) in ((), (1,), (n,)):
+            return cast, mul, x_scale, w_scale
+    return None
+
+
+def _lower_dequantizing_product(ctx: LoweringContext, node: Node) -> bool:
+    """``quantize_dynamic``'s MatMulInteger, Cast and scaling Mul (``_dequantizing_nodes``) as one
+    prequantized ``QuantizedMatMul`` on the int8 kernels, writing the Mul's output; False (nothing
+    emitted) where the nodes are not that pattern."""
+    found = _dequantizing_nodes(ctx, node)
+    if found is None:
+        return False
+    cast, mul, x_scale, w_scale = found
+    x, w = node.inputs[0], node.inputs[1]
+    x_zp = _input(node, 2)
+    x_shape, (k, n) = ctx.shape(x), ctx.shape(w)
+    out_shape = tuple(x_shape[:-1]) + (n,)
+    if x_zp is None:
+        x_zp = _const(ctx, node, [0], np.uint8)
+    column_scales = ctx.temp(node, "weight_scale")
+    ctx.set_const(column_scales, np.ascontiguousarray(np.broadcast_to(ctx.value(w_scale).const.reshape(-1), (n,)),
+                                                      dtype=np.float32))
+    m = int(np.prod(x_shape[:-1], dtype=np.int64))
+    ctx.emit(A.QuantizedMatMul((x, w, column_scales, x_scale, x_zp), (mul.outputs[0],), node.name, m=m, n=n, k=k,
+                               prequantized=True), out_shape, np.dtype(np.float32))
+    ctx.absorb(cast, mul)
+    return True
+
+
 @lowers("MatMulInteger")
 def lower_matmul_integer(ctx: LoweringContext, node: Node, opset: int) -> None:
+    """The exact product of the shifted operands in float32 (integer-valued), converted to int32;
+    ``quantize_dynamic``'s MatMulInteger -> Cast -> Mul by the scales on the int8 kernel instead."""
+    if _lower_dequantizing_product(ctx, node):
+        return
     a = _shift_operand(ctx, node, const_input(ctx, node, 0), const_input(ctx, node, 2), row=True)
     b = _shift_operand(ctx, node, const_input(ctx, node, 1), const_input(ctx, node, 3), row=False)
     product = ctx.temp(node, "product")
