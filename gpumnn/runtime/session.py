@@ -318,10 +318,11 @@ class Session:
         if outputs not in OUTPUT_PLACES:
             raise ValueError(f"outputs={outputs!r}: expected one of {', '.join(map(repr, OUTPUT_PLACES))}")
         device = self._device_backend('outputs="device"') if outputs == "device" else None
-        arrays = self._ready_inputs(inputs) if device is None and not self.bound_inputs else None
-        if arrays is not None:  # every input passed the fast checks: key them by shape alone
+        ready = self._ready_inputs(inputs) if device is None and not self.bound_inputs else None
+        if ready is not None:  # every input passed the fast checks: key them by shape alone
+            arrays, key = ready
             try:
-                entry = self._cache.acquire(tuple((name, array.shape) for name, array in arrays.items()))
+                entry = self._cache.acquire(key)
             except DataDependentError:
                 pass  # a graph input decides a shape: the full path binds it
             else:
@@ -333,15 +334,16 @@ class Session:
         with self._lease(inputs) as (shape_set, arrays), self._run_slots:
             return shape_set.run(arrays, device_outputs=device is not None)
 
-    def _ready_inputs(self, inputs: Any) -> dict[str, np.ndarray] | None:
-        """The inputs as they are, in graph-input order, when each is already what the full checks
-        (``_check_inputs``) would make of it: a C-contiguous NumPy array of the input's own dtype,
-        which is its storage dtype, of the declared rank with every static dim matched; else None,
-        and the full checks decide (converting, or raising InputError)."""
+    def _ready_inputs(self, inputs: Any) -> tuple[dict[str, np.ndarray], ShapeKey] | None:
+        """The inputs as they are, in graph-input order, and their shape-set key, when each is
+        already what the full checks (``_check_inputs``) would make of it: a C-contiguous NumPy
+        array of the input's own dtype, which is its storage dtype, of the declared rank with
+        every static dim matched; else None, and the full checks decide (converting, or raising
+        InputError). The key is ``shape_key``'s for these shapes and no bound values."""
         checks = self._fast_inputs
         if checks is None or type(inputs) is not dict or len(inputs) != len(checks):
             return None
-        arrays = {}
+        arrays, key = {}, []
         for name, dtype, rank, static in checks:
             array = inputs.get(name)
             if type(array) is not np.ndarray or array.dtype != dtype or not array.flags.c_contiguous:
@@ -353,7 +355,8 @@ class Session:
                 if shape[axis] != size:
                     return None
             arrays[name] = array
-        return arrays
+            key.append((name, shape))
+        return arrays, tuple(key)
 
     __call__ = run
 

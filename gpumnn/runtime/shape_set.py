@@ -387,7 +387,10 @@ class ShapeSet:
 
 def _all_host(arrays: Mapping[str, Any]) -> bool:
     """Whether every array of a run is a NumPy array (none a device array)."""
-    return all(type(array) is np.ndarray for array in arrays.values())
+    for array in arrays.values():  # a loop, not all() over a generator: this is on every run's path
+        if type(array) is not np.ndarray:
+            return False
+    return True
 
 
 def raster_bytes(program: A.AtomicProgram, op: A.AtomicOp) -> int:
