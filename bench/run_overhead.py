@@ -6,7 +6,8 @@ and output assembly. Two small real models from ``bench/real_models.py`` (many s
 the same cost among real work. Each repeat times ``--calls`` calls of gpumnn's ``sess.run(feed)``
 and of ORT's ``sess.run(None, feed)`` in turn (alternating in one process, so noise falls on
 both); the table gives the median (min-max) over repeats of the per-call mean in microseconds.
-``--profile`` adds a cProfile of gpumnn's calls on the one-node model.
+``--profile`` adds a cProfile of gpumnn's calls on the one-node model, ``--breakdown`` each piece of
+its run timed alone.
 
     .venv/bin/python bench/run_overhead.py --repeats 9 --calls 2000
 """
@@ -61,6 +62,34 @@ def per_call_us(fn: Callable[[], object], calls: int) -> float:
     return timeit.timeit(fn, number=calls) / calls * 1e6
 
 
+def breakdown(sess: gpumnn.Session, feed: dict[str, np.ndarray], calls: int) -> None:
+    """Each piece of a recorded one-step run timed alone: min over 5 repeats of ``calls`` calls, us."""
+    shape_set = sess.shape_set()
+    state, cpu = shape_set.first_state, sess.backends["cpu"]
+    arrays, key = sess._ready_inputs(feed)
+    (submit_backend, recording), = state.submits
+    (_, ((_, in_handle),)), = state.writes
+    (_, (_, out_handle), _), = state.reads
+
+    def lease() -> None:
+        sess._cache.release(sess._cache.acquire(key))
+
+    def slots() -> None:
+        with sess._run_slots:
+            pass
+
+    def borrow() -> None:
+        shape_set._states.give_back(shape_set._states.take(shape_set._prepare_active))
+
+    pieces = {"Session.run": lambda: sess.run(feed), "ready inputs and key": lambda: sess._ready_inputs(feed),
+              "shape-set acquire and release": lease, "run slots": slots, "run-state take and give back": borrow,
+              "ShapeSet._run_host": lambda: shape_set._run_host(state, arrays),
+              "cpu submit": lambda: submit_backend.submit(recording),
+              "cpu write": lambda: cpu.write(in_handle, arrays["x"]), "cpu read": lambda: cpu.read(out_handle)}
+    for label, fn in pieces.items():
+        print(f"  {label:<32} {min(timeit.repeat(fn, number=calls, repeat=5)) / calls * 1e6:7.2f} us")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=["relu", "voice_activity", "crnn"])
@@ -68,6 +97,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--calls", type=int, default=2000, help="calls per repeat on relu (fewer on bigger models)")
     parser.add_argument("--profile", action="store_true", help="cProfile gpumnn's runs of the one-node model")
+    parser.add_argument("--breakdown", action="store_true", help="time each piece of the one-node model's run alone")
     args = parser.parse_args()
 
     import onnxruntime as ort
@@ -95,6 +125,8 @@ def main() -> None:
         print(f"{name:<16} {calls:>6} {format(Spread.of(gpumnn_us), '.1f'):>24} {format(Spread.of(ort_us), '.1f'):>24} "
               f"{format(ratio, '.2f'):>18}",
               flush=True)
+        if args.breakdown and name == "relu":
+            breakdown(sess, feed, args.calls)
         if args.profile and name == "relu":
             profiler = cProfile.Profile()
             profiler.runcall(lambda: [sess.run(feed) for _ in range(args.calls)])
