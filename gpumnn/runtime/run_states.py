@@ -43,7 +43,11 @@ class RunStatePool(Generic[State]):
             raise ValueError(f"a session needs at least one run state, not {capacity}")
         self.capacity = capacity
         self._keep = keep
-        self._cond = threading.Condition()
+        # a run takes and gives back under this plain lock; the condition on it is waited on
+        # (and notified) only when every state is lent
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._waiting = 0  # borrowers waiting on ``_cond``
         self._make_lock = make_lock or threading.Lock()
         self._idle: list[State] = [first] if first is not None else []
         self._created = len(self._idle)
@@ -58,14 +62,15 @@ class RunStatePool(Generic[State]):
     def borrow(self, make: Callable[[], State], discard: Callable[[State], None] | None = None) -> Iterator[State]:
         """Lend an idle state, or prepare one with ``make`` if under capacity, or wait for one to
         come back. ``discard`` frees a state the pool does not keep (``keep=False``)."""
-        state = self._take(make)
+        state = self.take(make)
         try:
             yield state
         finally:
-            self._give_back(state, discard)
+            self.give_back(state, discard)
 
-    def _take(self, make: Callable[[], State]) -> State:
-        with self._cond:
+    def take(self, make: Callable[[], State]) -> State:
+        """``borrow`` without the context manager: the caller must ``give_back`` the state."""
+        with self._lock:
             while True:
                 if self._closed:
                     raise SessionClosedError("the session is closed")
@@ -74,33 +79,39 @@ class RunStatePool(Generic[State]):
                 if self._created < self.capacity:
                     self._created += 1
                     break
-                self._cond.wait()
+                self._waiting += 1
+                try:
+                    self._cond.wait()
+                finally:
+                    self._waiting -= 1
         try:
             with self._make_lock:
                 return make()
         except BaseException:
-            with self._cond:
+            with self._lock:
                 self._created -= 1
-                self._cond.notify()
+                self._cond.notify_all()  # close() may be waiting for the count to fall
             raise
 
-    def _give_back(self, state: State, discard: Callable[[State], None] | None) -> None:
+    def give_back(self, state: State, discard: Callable[[State], None] | None = None) -> None:
+        """Return a state from ``take`` (discarded with ``discard`` when the pool does not keep states)."""
         if not self._keep:
             try:
                 if discard is not None:
                     discard(state)
             finally:
-                with self._cond:
+                with self._lock:
                     self._created -= 1
-                    self._cond.notify()
+                    self._cond.notify_all()
             return
-        with self._cond:
+        with self._lock:
             self._idle.append(state)
-            self._cond.notify()
+            if self._waiting or self._closed:  # a borrower, or close(), is waiting for a state
+                self._cond.notify_all()
 
     def close(self) -> list[State]:
         """Refuse new borrowers, wait for lent states to come back, and hand all of them over."""
-        with self._cond:
+        with self._lock:
             self._closed = True
             self._cond.notify_all()
             while len(self._idle) < self._created:
@@ -110,4 +121,35 @@ class RunStatePool(Generic[State]):
             return states
 
 
-__all__ = ["RunStatePool"]
+class RunSlots:
+    """A bound on runs in flight (a bounded semaphore): at most ``limit`` holders at once, the
+    others waiting their turn. Entering and leaving take one plain lock each when nobody waits."""
+
+    def __init__(self, limit: int):
+        if limit < 1:
+            raise ValueError(f"at least one run must be allowed in flight, not {limit}")
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._free = limit
+        self._waiting = 0
+
+    def __enter__(self) -> "RunSlots":
+        with self._lock:
+            if not self._free:
+                self._waiting += 1
+                try:
+                    while not self._free:
+                        self._cond.wait()
+                finally:
+                    self._waiting -= 1
+            self._free -= 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._free += 1
+            if self._waiting:
+                self._cond.notify()
+
+
+__all__ = ["RunSlots", "RunStatePool"]

@@ -40,6 +40,12 @@ class RunState:
     recordings: dict[int, Any]  # step index -> recording
     io: dict[tuple[str, str], TensorHandle]  # (backend, tensor) -> handle for writes, copies, reads
     copies: dict[int, Callable[[], None]]  # step index -> the copy between backends, host memory prepared
+    #: what a run of host arrays does, resolved once from ``io``: per input, the backends and handles it is written to
+    writes: tuple[tuple[str, tuple[tuple[Backend, TensorHandle], ...]], ...] = ()
+    #: per output: (name, backend and handle to read, or None for a folded output, dtype returned)
+    reads: tuple[tuple[str, tuple[Backend, TensorHandle] | None, np.dtype], ...] = ()
+    #: the recordings to submit in order, where every step is one submitted and waited for; else None (``_steps``)
+    submits: tuple[tuple[Backend, Any], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,8 @@ class ShapeSet:
         #: made current per run, and its lock, cost an auto session that placed nothing there)
         self.run_backends = frozenset(self.placement.op_backends) | set(self.placement.output_backends.values()) | {
             b for backends in self.placement.input_backends.values() for b in backends}
+        #: whether a run of host arrays may skip the ``active`` bracket: no backend it touches has one
+        self.bracket_free = all(type(parts.backends[b]).activate is Backend.activate for b in self.run_backends)
         self.memory: dict[str, PoolLayout] = {
             b: lay_out_pool(lifetimes, parts.backends[b].alignment)
             for b, lifetimes in self.placement.lifetimes.items() if lifetimes}
@@ -179,15 +187,51 @@ class ShapeSet:
         if recorded:  # what this state's runs will stage through, set aside now: a run allocates nothing
             for b in self.run_backends | {self.parts.device_backend}:  # not on backends the runs never touch
                 self.parts.reservations.reserve(b, max((h.nbytes for (hb, _), h in io.items() if hb == b), default=0))
-        return RunState(pools, executions, recordings, io, copies)
+        writes = tuple((name, tuple((backends[b], io[(b, self.program.storage_of(name))])
+                                    for b in self.placement.input_backends.get(self.program.storage_of(name), ())))
+                       for name in self.input_shapes if name not in self.values)
+        reads = tuple((info.name, None if info.name in self.program.folded_outputs else
+                       (backends[self.placement.output_backends[info.name]],
+                        io[(self.placement.output_backends[info.name], info.name)]),
+                       self.output_dtypes[info.name]) for info in self.parts.graph.outputs)
+        sync = self.placement.sync
+        submits = None
+        if recorded and all(step.kind == "run" for step in self.placement.steps) and (
+                sync is None or not any(sync.detached) and not any(sync.waits) and not sync.final):
+            submits = tuple((backends[step.backend], recordings[index]) for index, step in enumerate(self.placement.steps))
+        return RunState(pools, executions, recordings, io, copies, writes, reads, submits)
 
     # -- running ---------------------------------------------------------------------------
     def run(self, arrays: Mapping[str, Any], device_outputs: bool = False) -> dict[str, Any]:
         """Run on a borrowed run state; ``arrays`` are checked, in storage dtypes, of this set's
         shapes: NumPy arrays, or device arrays of the session's backend (``Backend.device_array``).
         ``device_outputs``: return the session backend's device arrays instead of NumPy arrays."""
-        with self._borrow() as state, self.parts.active(self._touched(arrays, device_outputs)):
-            return self._run(state, arrays, device_outputs)
+        assert self._states is not None
+        state = self._states.take(self._prepare_active)
+        try:
+            if not device_outputs and self.bracket_free and _all_host(arrays):
+                return self._run(state, arrays, False)
+            with self.parts.active(self._touched(arrays, device_outputs)):
+                return self._run(state, arrays, device_outputs)
+        finally:
+            self._states.give_back(state, self._release)
+
+    def _run_host(self, state: RunState, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``_run`` of NumPy inputs to NumPy outputs, through the state's resolved writes, submits and reads."""
+        for name, targets in state.writes:
+            array = arrays[name]
+            for backend, handle in targets:
+                backend.write(handle, array)
+        if state.submits is None:
+            self._steps(state)
+        else:
+            for backend, recording in state.submits:
+                backend.submit(recording)
+        results = {}
+        for name, source, dtype in state.reads:
+            value = np.array(self.program.folded_outputs[name]) if source is None else source[0].read(source[1])
+            results[name] = value.astype(dtype, copy=False)
+        return results
 
     @contextmanager
     def lent_state(self, arrays: Mapping[str, Any]) -> Iterator[RunState]:
@@ -205,6 +249,8 @@ class ShapeSet:
         return self.run_backends
 
     def _run(self, state: RunState, arrays: Mapping[str, Any], device_outputs: bool) -> dict[str, Any]:
+        if not device_outputs and _all_host(arrays):
+            return self._run_host(state, arrays)
         backends, io = self.parts.backends, state.io
         owner = backends[self.parts.device_backend]  # whose device arrays the inputs may be
         for name, array in arrays.items():
@@ -337,6 +383,14 @@ class ShapeSet:
                 self._release(state)
             self.parts.constants.release(self)
         self.first_state, self._constants = None, {}  # the pool handed over every other state
+
+
+def _all_host(arrays: Mapping[str, Any]) -> bool:
+    """Whether every array of a run is a NumPy array (none a device array)."""
+    for array in arrays.values():  # a loop, not all() over a generator: this is on every run's path
+        if type(array) is not np.ndarray:
+            return False
+    return True
 
 
 def raster_bytes(program: A.AtomicProgram, op: A.AtomicOp) -> int:

@@ -49,7 +49,8 @@ class ShapeSetCache(Generic[Key, Value]):
         self._make = make
         self._discard = discard
         self._build_lock = build_lock
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # a run's lease and release take only this lock
+        self._cond = threading.Condition(self._lock)  # waited on while another caller prepares a key
         self._entries: OrderedDict[Key, _Entry[Value]] = OrderedDict()
         self._draining: list[_Entry[Value]] = []  # evicted while leased: closed by their last lease
         self._fixed = fixed
@@ -82,17 +83,34 @@ class ShapeSetCache(Generic[Key, Value]):
     @contextmanager
     def lease(self, key: Key) -> Iterator[Value]:
         """The value for ``key`` (prepared now if not kept), held open until the block ends."""
-        entry = self._acquire(key)
+        entry = self.acquire(key)
         try:
             yield entry.value
         finally:
-            with self._cond:
-                entry.leases -= 1
-                close = entry.evicted and entry.leases == 0
-                if close:
-                    self._draining.remove(entry)
+            self.release(entry)
+
+    def acquire(self, key: Key) -> _Entry[Value]:
+        """``lease`` without the context manager: the entry (its ``value``) for ``key``, leased
+        until the caller hands it to ``release``."""
+        with self._lock:  # a kept key: one lock, no condition
+            entry = self._entries.get(key)
+            if entry is not None and not self._closed:
+                self._entries.move_to_end(key)
+                entry.leases += 1
+                self.hits += 1
+                self.recent = key
+                return entry
+        return self._acquire(key)
+
+    def release(self, entry: _Entry[Value]) -> None:
+        """End a lease from ``acquire``: an evicted value is closed by its last lease."""
+        with self._lock:
+            entry.leases -= 1
+            close = entry.evicted and entry.leases == 0
             if close:
-                self._discard(entry.value)
+                self._draining.remove(entry)
+        if close:
+            self._discard(entry.value)
 
     def _acquire(self, key: Key) -> _Entry[Value]:
         with self._cond:
