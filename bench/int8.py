@@ -103,14 +103,14 @@ def main() -> None:
     args = parser.parse_args()
     paths = list(cpu_int8.host_paths()) if args.paths == "all" else [p for p in args.paths.split(",") if p]
     if args.product:
-        time_product(args.product, paths or [cpu_int8.PATH], args.rounds, args.runs)
+        time_product(args.product, paths or [cpu_int8.current_path()], args.rounds, args.runs)
         return
     net = gpumnn.load(getattr(zoo, args.model)())
     info = net.inputs[0]
     shape = tuple(int(d) for d in info.shape)
     rng = np.random.default_rng(0)
     sessions = {"fp32": net.session(backend="cpu", threads=args.threads)}
-    for path in paths or [cpu_int8.PATH]:
+    for path in paths or [cpu_int8.current_path()]:
         cpu_int8.use_path(path)
         sessions["int8" if not paths else f"int8 {path}"] = net.session(backend="cpu", threads=args.threads,
                                                                         precision="int8")

@@ -63,6 +63,27 @@ def test_the_host_picks_its_fastest_path_unless_the_variable_names_one(monkeypat
         cpu_int8.use_path("neon")
 
 
+def test_a_path_the_host_lacks_fails_the_first_int8_kernel_not_the_import(monkeypatch):
+    """``GPUMNN_INT8_PATH`` naming a path this host lacks leaves ``import gpumnn`` and float
+    sessions working; the first int8 session says what the host runs."""
+    from op_cases import run_script
+    monkeypatch.setenv(cpu_int8.PATH_VARIABLE, "neon")
+    done = run_script("""
+import numpy as np, gpumnn
+from gpumnn import zoo
+net = gpumnn.load(zoo.transformer_encoder())
+feed = {net.inputs[0].name: np.zeros((1, 128, 256), np.float32)}
+net.session(backend="cpu").run(feed)
+print("fp32 ran")
+try:
+    net.session(backend="cpu", precision="int8").run(feed)
+except ValueError as exc:
+    print("refused:", exc)
+""")
+    assert "fp32 ran" in done.stdout and "refused: GPUMNN_INT8_PATH='neon': this host runs" in done.stdout, \
+        done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("m,k,n", [(1, 7, 5), (13, 37, 33), (70, 301, 97), (8, 4, 32)])
 @pytest.mark.parametrize("engine", ["numpy", "jit", "regions"])
 def test_quantized_matmul_is_exact(m, k, n, engine, int8_path):

@@ -56,8 +56,11 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"          storage: {storage_summary(backend)}")
             if name == "cpu":
                 from ..backends.cpu import int8 as cpu_int8
-                print(f"          int8 products: {cpu_int8.tile_name()} ({cpu_int8.PATH_VARIABLE} picks another of "
-                      f"{', '.join(cpu_int8.host_paths())})")
+                try:
+                    print(f"          int8 products: {cpu_int8.tile_name()} ({cpu_int8.PATH_VARIABLE} picks another "
+                          f"of {', '.join(cpu_int8.host_paths())})")
+                except ValueError as exc:
+                    print(f"          int8 products: {exc}")
             if name == "vulkan":
                 from ..backends.kernels.glsl.compile import describe_compiler
                 print(f"          GLSL compiler: {describe_compiler()}")

@@ -20,7 +20,7 @@ word (``panels[p, k2, j, i] = weight[2 k2 + i, p NR + j]``), and each instructio
 products to an int32 lane. AVX2's ``vpmaddubsw`` on the bytes would do twice the work per
 instruction, but it saturates its int16 pair sums (2 * 255 * 127 does not fit), which QNNPACK and
 oneDNN avoid by keeping activations in 7 bits; that would change the contract's uint8 rows, so the
-exact route is taken. ``PATH`` says which tile runs, chosen once from the host's features
+exact route is taken. ``current_path()`` says which tile runs, chosen once from the host's features
 (``host_paths``) or by ``GPUMNN_INT8_PATH``; a portable Numba loop runs anywhere.
 """
 from __future__ import annotations
@@ -85,9 +85,19 @@ def _chosen_path() -> str:
     return wanted
 
 
-#: the path QuantizedMatMul's kernels are made with: the one place the choice is made; tests
-#: set it (``use_path``) to run every path this host has
-PATH = _chosen_path()
+#: the path QuantizedMatMul's kernels are made with, once ``current_path`` has chosen it (None
+#: until then, so that a wrong ``GPUMNN_INT8_PATH`` fails the first int8 kernel, not the import);
+#: tests set it (``use_path``) to run every path this host has
+PATH: str | None = None
+
+
+def current_path() -> str:
+    """The path QuantizedMatMul's kernels are made with: chosen once, here (ValueError for a
+    ``GPUMNN_INT8_PATH`` this host cannot run)."""
+    global PATH
+    if PATH is None:
+        PATH = _chosen_path()
+    return PATH
 #: True where the host has AVX-512 VNNI
 VNNI = "vnni512" in host_paths()
 
@@ -97,13 +107,13 @@ def use_path(path: str) -> str:
     global PATH
     if path not in host_paths():
         raise ValueError(f"int8 path {path!r}: this host runs {', '.join(host_paths())}")
-    previous, PATH = PATH, path
+    previous, PATH = current_path(), path
     return previous
 
 
 def tile_name() -> str:
     """What runs QuantizedMatMul's products now, in words."""
-    return PATH_NAMES[PATH]
+    return PATH_NAMES[current_path()]
 
 
 @intrinsic
@@ -423,7 +433,7 @@ def make_quantized_matmul(op: A.QuantizedMatMul, ins, outs, engine, made_once) -
             if act:
                 act(out)
         return KernelWork((reference,), "int8 NumPy")
-    path = PATH
+    path = current_path()
     pairs = _TILES[path][1]
     panels, colsum = made_once(ins[1], "int16 pair panels" if pairs else "int8 panels",
                                lambda: pack_weight(weight, pairs))
