@@ -14,7 +14,7 @@ the four products to an int32 lane, 64 multiply-adds per 512-bit instruction wit
 It is written as LLVM IR through Numba, as ``cpu_tiles``' float tile is. Its weight panels hold NR
 columns, 4 steps of K interleaved per int32 word: ``panels[p, k4, j, i] = weight[4 k4 + i, p NR + j]``.
 
-Hosts without VNNI run ``vpmaddwd`` on int16 (``_madd_tile_codegen``): 512-bit with AVX-512BW, 256-bit
+Hosts without VNNI run ``vpmaddwd`` on int16 (``_tile_codegen``): 512-bit with AVX-512BW, 256-bit
 with AVX2. The quantized rows and the weight are held widened to int16, two steps of K per int32
 word (``panels[p, k2, j, i] = weight[2 k2 + i, p NR + j]``), and each instruction adds two exact
 products to an int32 lane. AVX2's ``vpmaddubsw`` on the bytes would do twice the work per
@@ -116,81 +116,31 @@ def tile_name() -> str:
     return PATH_NAMES[current_path()]
 
 
-@intrinsic
-def _vnni_tile(typingctx, a_address, a_stride, b_address, depth, acc_address):
-    """acc[MR, NR] int32 (row-major at ``acc_address``) = sum over ``depth`` steps of the
-    4-byte groups of MR uint8 rows (``a_stride`` bytes apart, group s at byte 4 s) with a panel's
-    int32 words (step s at word s NR): one ``vpdpbusd`` per row and vector per step."""
-    def codegen(context, builder, signature, args):
-        i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
-        vector = ir.VectorType(i32, _LANES)
-        module = builder.module
-        dot = module.globals.get("llvm.x86.avx512.vpdpbusd.512") or ir.Function(
-            module, ir.FunctionType(vector, [vector, vector, vector]), "llvm.x86.avx512.vpdpbusd.512")
-        a = builder.inttoptr(args[0], i8.as_pointer())
-        b = builder.inttoptr(args[2], i32.as_pointer())
-        acc = builder.inttoptr(args[4], i32.as_pointer())
-        a_stride, depth = args[1], args[3]
-        vectors = NR // _LANES
-        zero = ir.Constant(vector, [0] * _LANES)
-        entry = builder.block
-        loop, done = builder.append_basic_block("qtile.loop"), builder.append_basic_block("qtile.done")
-        builder.cbranch(builder.icmp_signed(">", depth, ir.Constant(i64, 0)), loop, done)
-
-        builder.position_at_end(loop)
-        step = builder.phi(i64)
-        sums = [builder.phi(vector) for _ in range(MR * vectors)]
-        step.add_incoming(ir.Constant(i64, 0), entry)
-        for s in sums:
-            s.add_incoming(zero, entry)
-        b_row = builder.gep(b, [builder.mul(step, ir.Constant(i64, NR))])
-        lanes = [builder.load(builder.bitcast(builder.gep(b_row, [ir.Constant(i64, h * _LANES)]), vector.as_pointer()),
-                              align=4) for h in range(vectors)]
-        a_column = builder.gep(a, [builder.mul(step, ir.Constant(i64, STEP))])
-        broadcast = ir.Constant(ir.VectorType(i32, _LANES), [0] * _LANES)
-        updated = []
-        for r in range(MR):
-            word_at = builder.gep(a_column, [builder.mul(a_stride, ir.Constant(i64, r))])
-            word = builder.load(builder.bitcast(word_at, i32.as_pointer()), align=1)
-            one = builder.insert_element(ir.Constant(vector, ir.Undefined), word, ir.Constant(i32, 0))
-            splat = builder.shuffle_vector(one, ir.Constant(vector, ir.Undefined), broadcast)
-            for h, lane in enumerate(lanes):
-                updated.append(builder.call(dot, [sums[r * vectors + h], splat, lane]))
-        following = builder.add(step, ir.Constant(i64, 1))
-        tail = builder.block
-        step.add_incoming(following, tail)
-        for s, u in zip(sums, updated):
-            s.add_incoming(u, tail)
-        builder.cbranch(builder.icmp_signed("<", following, depth), loop, done)
-
-        builder.position_at_end(done)
-        totals = [builder.phi(vector) for _ in updated]
-        for j, (total, u) in enumerate(zip(totals, updated)):
-            total.add_incoming(zero, entry)
-            total.add_incoming(u, tail)
-            address = builder.gep(acc, [ir.Constant(i64, j * _LANES)])
-            builder.store(total, builder.bitcast(address, vector.as_pointer()), align=4)
-        return context.get_dummy_value()
-    return types.void(*[types.intp] * 5), codegen
+#: the products the tiles are made of: one instruction per (row, column vector) and step of K
+_INSTRUCTIONS = {"vpdpbusd": "llvm.x86.avx512.vpdpbusd.512", "vpmaddwd.512": "llvm.x86.avx512.pmaddw.d.512",
+                 "vpmaddwd.256": "llvm.x86.avx2.pmadd.wd"}
 
 
-def _madd_tile_codegen(lanes: int, row_group: int, column_group: int):
-    """The codegen of a tile on ``vpmaddwd`` with int32 vectors of ``lanes`` lanes (8: AVX2, 16:
-    AVX-512BW): acc[MR, NR] int32 = sum over ``depth`` steps of the int16 pairs of MR rows
-    (``a_stride`` bytes apart, pair s at byte 4 s) times a pair panel's int32 words (step s at word
-    s NR), each word two int16 of the weight. ``vpmaddwd`` multiplies the pairs and adds the two
-    products to an int32 lane: exact, as no product or pair sum of uint8 by int8 leaves int32 (AVX2's
-    ``vpmaddubsw`` would saturate the pair sum at 16 bits). The tile runs as sub-tiles of
-    ``row_group`` rows by ``column_group`` columns, each over the whole depth, so that its
-    accumulators fit the path's registers."""
-    intrinsic_name = {8: "llvm.x86.avx2.pmadd.wd", 16: "llvm.x86.avx512.pmaddw.d.512"}[lanes]
+def _tile_codegen(instruction: str, lanes: int, row_group: int, column_group: int):
+    """The codegen of a tile with int32 vectors of ``lanes`` lanes: acc[MR, NR] int32 (row-major at
+    ``acc_address``) = sum over ``depth`` steps of the 4-byte word of each of MR rows (``a_stride``
+    bytes apart, step s at byte 4 s) times a panel's int32 words (step s at word s NR), broadcast
+    word by word. ``vpdpbusd`` (AVX-512 VNNI) adds the four uint8-by-int8 products of a word into
+    an int32 lane; ``vpmaddwd`` (the words two int16 each: AVX-512BW, AVX2) multiplies the pairs
+    and adds the two products to an int32 lane. Both are exact: no product or sum of uint8 by int8
+    leaves int32 (AVX2's ``vpmaddubsw`` would saturate a pair sum at 16 bits). The tile runs as
+    sub-tiles of ``row_group`` rows by ``column_group`` columns, each over the whole depth, so that
+    its accumulators fit the path's registers."""
+    name = _INSTRUCTIONS[instruction]
+    vnni = instruction == "vpdpbusd"
 
     def codegen(context, builder, signature, args):
         i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
-        vector, halves = ir.VectorType(i32, lanes), ir.VectorType(i16, 2 * lanes)
+        vector = ir.VectorType(i32, lanes)
+        operand = vector if vnni else ir.VectorType(i16, 2 * lanes)  # what the instruction multiplies
         module = builder.module
-        madd = module.globals.get(intrinsic_name) or ir.Function(
-            module, ir.FunctionType(vector, [halves, halves]), intrinsic_name)
+        product = module.globals.get(name) or ir.Function(
+            module, ir.FunctionType(vector, [vector] * 3 if vnni else [operand] * 2), name)
         a = builder.inttoptr(args[0], ir.IntType(8).as_pointer())
         b = builder.inttoptr(args[2], i32.as_pointer())
         acc = builder.inttoptr(args[4], i32.as_pointer())
@@ -201,8 +151,8 @@ def _madd_tile_codegen(lanes: int, row_group: int, column_group: int):
         for r0 in range(0, MR, row_group):
             for c0 in range(0, NR, column_group):
                 entry = builder.block
-                loop = builder.append_basic_block(f"mtile.loop.{r0}.{c0}")
-                done = builder.append_basic_block(f"mtile.done.{r0}.{c0}")
+                loop = builder.append_basic_block(f"qtile.loop.{r0}.{c0}")
+                done = builder.append_basic_block(f"qtile.done.{r0}.{c0}")
                 builder.cbranch(builder.icmp_signed(">", depth, ir.Constant(i64, 0)), loop, done)
 
                 builder.position_at_end(loop)
@@ -213,18 +163,20 @@ def _madd_tile_codegen(lanes: int, row_group: int, column_group: int):
                     s.add_incoming(zero, entry)
                 b_row = builder.gep(b, [builder.add(builder.mul(step, ir.Constant(i64, NR)), ir.Constant(i64, c0))])
                 weights = [builder.bitcast(builder.load(builder.bitcast(
-                    builder.gep(b_row, [ir.Constant(i64, h * lanes)]), vector.as_pointer()), align=4), halves)
+                    builder.gep(b_row, [ir.Constant(i64, h * lanes)]), vector.as_pointer()), align=4), operand)
                     for h in range(vectors)]
-                a_column = builder.gep(a, [builder.mul(step, ir.Constant(i64, 4))])
+                a_column = builder.gep(a, [builder.mul(step, ir.Constant(i64, STEP))])
                 updated = []
                 for r in range(row_group):
                     word_at = builder.gep(a_column, [builder.mul(a_stride, ir.Constant(i64, r0 + r))])
-                    word = builder.load(builder.bitcast(word_at, i32.as_pointer()), align=2)
+                    word = builder.load(builder.bitcast(word_at, i32.as_pointer()), align=1)
                     one = builder.insert_element(ir.Constant(vector, ir.Undefined), word, ir.Constant(i32, 0))
                     splat = builder.bitcast(builder.shuffle_vector(one, ir.Constant(vector, ir.Undefined), broadcast),
-                                            halves)
+                                            operand)
                     for h, weight in enumerate(weights):
-                        updated.append(builder.add(sums[r * vectors + h], builder.call(madd, [splat, weight])))
+                        total = sums[r * vectors + h]
+                        updated.append(builder.call(product, [total, splat, weight]) if vnni
+                                       else builder.add(total, builder.call(product, [splat, weight])))
                 following = builder.add(step, ir.Constant(i64, 1))
                 tail = builder.block
                 step.add_incoming(following, tail)
@@ -245,16 +197,22 @@ def _madd_tile_codegen(lanes: int, row_group: int, column_group: int):
 
 
 @intrinsic
+def _vnni_tile(typingctx, a_address, a_stride, b_address, depth, acc_address):
+    """The tile on 512-bit ``vpdpbusd`` (``_tile_codegen``): one sub-tile of 8 rows by 32 columns."""
+    return types.void(*[types.intp] * 5), _tile_codegen("vpdpbusd", _LANES, MR, NR)
+
+
+@intrinsic
 def _avx512bw_tile(typingctx, a_address, a_stride, b_address, depth, acc_address):
-    """The tile on 512-bit ``vpmaddwd`` (``_madd_tile_codegen``): 16 accumulators of 8 rows by 32 columns."""
-    return types.void(*[types.intp] * 5), _madd_tile_codegen(_LANES, MR, NR)
+    """The tile on 512-bit ``vpmaddwd`` (``_tile_codegen``): 16 accumulators of 8 rows by 32 columns."""
+    return types.void(*[types.intp] * 5), _tile_codegen("vpmaddwd.512", _LANES, MR, NR)
 
 
 @intrinsic
 def _avx2_tile(typingctx, a_address, a_stride, b_address, depth, acc_address):
-    """The tile on 256-bit ``vpmaddwd`` (``_madd_tile_codegen``): sub-tiles of 4 rows by 16 columns,
+    """The tile on 256-bit ``vpmaddwd`` (``_tile_codegen``): sub-tiles of 4 rows by 16 columns,
     8 of AVX2's 16 registers accumulating."""
-    return types.void(*[types.intp] * 5), _madd_tile_codegen(8, 4, 16)
+    return types.void(*[types.intp] * 5), _tile_codegen("vpmaddwd.256", 8, 4, 16)
 
 
 def _tile_vnni(q, row0, panels, p, acc):
