@@ -98,8 +98,6 @@ def current_path() -> str:
     if PATH is None:
         PATH = _chosen_path()
     return PATH
-#: True where the host has AVX-512 VNNI
-VNNI = "vnni512" in host_paths()
 
 
 def use_path(path: str) -> str:
