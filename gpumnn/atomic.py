@@ -675,7 +675,8 @@ class AtomicProgram:
 
     ``constants`` hold weights (in their storage dtype, ``STORAGE_DTYPES``) that backends upload
     once. ``aliases`` map a tensor to the tensor whose memory it shares (Reshape/Flatten/Squeeze
-    are free views). ``dtypes`` give every run-time tensor's dtype as the model has it (int64,
+    are free views), from ``view_offsets`` bytes in (a concatenation's input written in place
+    into its slice of the output; 0 where absent). ``dtypes`` give every run-time tensor's dtype as the model has it (int64,
     bool, float16, ...); ``storage_dtype`` says how it is held.
     """
 
@@ -694,6 +695,8 @@ class AtomicProgram:
     #: accumulation: QLinearConv, ConvInteger): scheme selection gives them no Winograd, whose
     #: transforms round
     exact_integer_sources: frozenset = frozenset()
+    #: bytes from the start of the aliased tensor at which an alias starts (``scheduler.concat``)
+    view_offsets: dict[str, int] = field(default_factory=dict)
 
     def storage_dtype_of(self, name: str) -> str:
         """The storage dtype of a run-time tensor or constant (float32 unless the model says otherwise)."""
@@ -716,3 +719,11 @@ class AtomicProgram:
         while name in self.aliases:
             name = self.aliases[name]
         return name
+
+    def offset_in_storage(self, name: str) -> int:
+        """Bytes from the start of ``storage_of(name)`` at which ``name`` starts."""
+        offset = 0
+        while name in self.aliases:
+            offset += self.view_offsets.get(name, 0)
+            name = self.aliases[name]
+        return offset

@@ -25,7 +25,8 @@ from ..scheduler.precision import apply_precision
 from ..input_shapes import shape_key
 from ..ir import Graph, ValueInfo
 from .run_states import RunStatePool
-from ..scheduler import PoolLayout, Placement, place, lay_out_pool, select_schemes
+from ..scheduler import PoolLayout, Placement, place, lay_out_pool, select_schemes, write_concats_in_place
+from ..scheduler.placement import without_ops
 from ..scheduler.cost import CostModel
 from ..scheduler.resources import check_pool_layouts, run_states_that_fit
 from .shared import ConstantStore, RunReservations
@@ -100,7 +101,13 @@ class ShapeSet:
         program = expand_schemes(select_schemes(lowered, scheme_backend), scheme_backend)
         self.program = program
         self.output_dtypes = {info.name: self._output_dtype(info) for info in parts.graph.outputs}  # run() reads
-        self.placement: Placement = place(program, parts.backends, parts.candidates, parts.cost_model, parts.pins)
+        placement = place(program, parts.backends, parts.candidates, parts.cost_model, parts.pins)
+        program, kept = write_concats_in_place(program, placement.op_backends,
+                                               {b: backend.alignment for b, backend in parts.backends.items()})
+        if len(kept) < len(placement.op_backends):
+            placement = without_ops(program, placement, kept, list(parts.backends), parts.cost_model)
+        self.program = program
+        self.placement: Placement = placement
         #: the backends a run of this set touches: a run activates only these (an OpenGL context
         #: made current per run, and its lock, cost an auto session that placed nothing there)
         self.run_backends = frozenset(self.placement.op_backends) | set(self.placement.output_backends.values()) | {
@@ -155,7 +162,7 @@ class ShapeSet:
             return self._constants[(backend, name)]
         storage = self.program.storage_of(name)
         dtype = self.program.storage_dtype_of(name)
-        offset = self.memory[backend].element_offset(storage, A.ITEMSIZE[dtype])
+        offset = (self.memory[backend].offsets[storage] + self.program.offset_in_storage(name)) // A.ITEMSIZE[dtype]
         return self.parts.backends[backend].tensor(pools[backend], offset, self.program.shapes[name], dtype)
 
     def _prepare(self, recorded: bool) -> RunState:

@@ -47,13 +47,15 @@ class PlanningTarget:
     winograd_per_image: bool = False
     #: the schemes whose kernels add a Conv2D's residual (:func:`.schemes.fuse_residuals`)
     residual_schemes: Mapping[type, frozenset[str]] = field(default_factory=dict)
+    #: byte alignment of tensor offsets in the backend's pool (where a concatenation's inputs may start)
+    alignment: int = 256
 
     @classmethod
     def of(cls, backend: Any) -> "PlanningTarget":
         return cls(backend.name, {t: None for t in backend.kernel_table}, dict(backend.schemes),
                    frozenset(backend.cost_model_expansions), backend.winograd_min_tiles,
                    backend.winograd_min_channels, backend.winograd_min_saving, backend.winograd_rewrite_max_tile,
-                   backend.winograd_per_image, dict(backend.residual_schemes))
+                   backend.winograd_per_image, dict(backend.residual_schemes), int(backend.alignment))
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "kernel_table": sorted(t.__name__ for t in self.kernel_table),
@@ -63,7 +65,8 @@ class PlanningTarget:
                 "winograd_min_saving": self.winograd_min_saving,
                 "winograd_rewrite_max_tile": self.winograd_rewrite_max_tile,
                 "winograd_per_image": self.winograd_per_image,
-                "residual_schemes": {t.__name__: sorted(s) for t, s in self.residual_schemes.items()}}
+                "residual_schemes": {t.__name__: sorted(s) for t, s in self.residual_schemes.items()},
+                "alignment": self.alignment}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "PlanningTarget":
@@ -83,7 +86,9 @@ class PlanningTarget:
                    # now (cpu, both OpenCL C families, GLSL where a shader binds five buffers, which
                    # the GPUs profiled do)
                    {op_type(n): frozenset(s) for n, s in data.get(
-                       "residual_schemes", {"Conv2D": data["schemes"].get("Conv2D", ())}).items()})
+                       "residual_schemes", {"Conv2D": data["schemes"].get("Conv2D", ())}).items()},
+                   # profiles written before the field: the largest alignment a backend asks for
+                   int(data.get("alignment", 256)))
 
 
 @dataclass(frozen=True)

@@ -248,7 +248,10 @@ def build_steps(program: A.AtomicProgram, op_backends: Sequence[str], backend_na
         for name in op.outputs:
             s = storage(name)
             home[s] = b
-            spans[b][s] = [t, t]
+            if s in spans[b]:  # a storage written in parts (inputs of a concatenation written in place)
+                spans[b][s][1] = t
+            else:
+                spans[b][s] = [t, t]
         if steps and steps[-1].kind == "run" and steps[-1].backend == b:
             steps[-1].ops.append(i)
         else:
@@ -301,6 +304,18 @@ def place(program: A.AtomicProgram, backends: Mapping[str, Backend], candidates:
     chosen.fallback_reasons = reasons
     chosen.cost_sources = model.sources()
     _check_storage(program, chosen, backends)
+    return chosen
+
+
+def without_ops(program: A.AtomicProgram, placement: Placement, kept: Sequence[int], backend_names: list[str],
+                model: CostModel) -> Placement:
+    """``placement`` rescheduled for ``program``, whose ops are the placed program's ``kept`` ones
+    (each on its backend, at its cost): after a pass removed ops that placement priced."""
+    op_backends = [placement.op_backends[i] for i in kept]
+    table = [{b: placement.costs_ms[i]} for i, b in zip(kept, op_backends)]
+    chosen = _schedule(program, op_backends, backend_names, table, model)
+    chosen.fallback_reasons = [placement.fallback_reasons[i] for i in kept]
+    chosen.cost_sources = placement.cost_sources
     return chosen
 
 

@@ -129,12 +129,14 @@ def plan_on_profile(net: Any, input_shapes: Mapping[str, tuple[int, ...]], backe
     from the device's calibration, a recorded run's total (one segment, inputs in, outputs out)."""
     from .. import atomic as A
     from ..geometry import lower
+    from ..scheduler.concat import write_concats_in_place
     from ..scheduler.cost import HOST, CostModel, op_bytes, tensor_bytes
     from ..scheduler.expansion import expand_schemes
     from ..scheduler.schemes import EXPANDED, builds_kernel, select_schemes
 
     target = device.target(backend)
     program = expand_schemes(select_schemes(lower(net.graph, input_shapes), target), target)
+    program, _ = write_concats_in_place(program, [backend] * len(program.ops), {backend: target.alignment})
     model = CostModel({backend: device.calibrations[backend]})
     rewritten = {d.node: f"{d.scheme} {d.detail.split(' (')[0]}".strip() for d in program.decisions
                  if d.scheme in EXPANDED
