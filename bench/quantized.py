@@ -186,9 +186,7 @@ def initializer_bytes(model: onnx.ModelProto) -> int:
 
 def device_constant_bytes(session) -> int:
     """Bytes of the constants the session has uploaded, on all of its backends."""
-    store = session._parts.constants
-    with store._lock:
-        return sum(upload.handle.nbytes for upload in store._uploads.values())
+    return sum(m["constant_bytes"] for m in session.memory_summary().values())
 
 
 def output_step(model: onnx.ModelProto) -> float | None:

@@ -402,7 +402,7 @@ class Session:
         return self.shape_set().output_shapes
 
     def memory_summary(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, dict[str, int]]:
-        """Peak pool bytes beside the naive sum of all tensor sizes, per backend."""
+        """Per backend: peak pool bytes beside the naive sum of all tensor sizes, and the weights' bytes."""
         return self.shape_set(input_shapes).memory_summary()
 
     def report_rows(self, input_shapes: Mapping[str, Sequence[int]] | None = None) -> list[dict[str, Any]]:
@@ -445,7 +445,7 @@ class Session:
         lines.extend(shape_set.scheme_lines())
         for b, m in shape_set.memory_summary().items():
             lines.append(f"memory[{b}]: pool {m['pool_bytes'] / 2**20:.2f} MiB for {m['tensors']} tensors "
-                         f"(naive sum {m['naive_bytes'] / 2**20:.2f} MiB)")
+                         f"(naive sum {m['naive_bytes'] / 2**20:.2f} MiB), weights {m['constant_bytes'] / 2**20:.2f} MiB")
         return "\n".join(lines)
 
     def close(self) -> None:

@@ -334,9 +334,10 @@ class ShapeSet:
                     else self.program.shapes[n]) for n in self.program.outputs}
 
     def memory_summary(self) -> dict[str, dict[str, int]]:
-        """Peak pool bytes beside the naive sum of all tensor sizes, per backend."""
-        return {b: {"pool_bytes": p.pool_bytes, "naive_bytes": p.naive_bytes, "tensors": len(p.offsets)}
-                for b, p in self.memory.items()}
+        """Per backend: peak pool bytes beside the naive sum of all tensor sizes, and the bytes of the
+        constants (weights) the session holds there, shared by its shape sets."""
+        return {b: {"pool_bytes": p.pool_bytes, "naive_bytes": p.naive_bytes, "tensors": len(p.offsets),
+                    "constant_bytes": self.parts.constants.nbytes(b)} for b, p in self.memory.items()}
 
     def report_rows(self) -> list[dict[str, Any]]:
         """Per atomic op: backend, scheme, shapes, bytes, MACs, estimated cost, bytes copied in

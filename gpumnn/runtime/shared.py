@@ -75,6 +75,11 @@ class ConstantStore:
         for backend, handle in handles:
             self._backends[backend].release(handle.buffer)
 
+    def nbytes(self, backend: str) -> int:
+        """Bytes of the constants held on ``backend``."""
+        with self._lock:
+            return sum(upload.handle.nbytes for (b, _), upload in self._uploads.items() if b == backend)
+
     @property
     def held(self) -> int:
         """Uploads currently held (one per distinct constant and backend)."""

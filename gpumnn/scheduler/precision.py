@@ -48,7 +48,8 @@ def _quantizable(op: A.AtomicOp, program: A.AtomicProgram) -> bool:
         return False
     if op.batch > 1 and op.a_batch_stride != op.m * op.k:
         return False  # rows of the batch not side by side
-    return not op.has_bias or (op.beta == 1.0 and op.bias_strides == (0, 1))
+    rows_share_bias = op.bias_strides[0] == 0 or op.batch * op.m == 1  # a single row's stride is never used
+    return not op.has_bias or (op.beta == 1.0 and op.bias_strides[1] == 1 and rows_share_bias)
 
 
 def apply_precision(program: A.AtomicProgram, precision: str) -> A.AtomicProgram:
