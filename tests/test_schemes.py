@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import gpumnn
-from conftest import onnxruntime_session, rel_l2
+from conftest import onnxruntime_session, rel_l2, require_backend
 from gpumnn import atomic as A
 from gpumnn.backends.cpu.backend import CpuBackend
 from gpumnn.scheduler import schemes
@@ -280,15 +280,18 @@ def test_winograd_matches_onnxruntime(case, backend):
 
 
 @pytest.mark.parametrize("case", [c for c, v in WINOGRAD_CASES.items() if v[7]], ids=[c for c, v in WINOGRAD_CASES.items() if v[7]])
-def test_winograd_kernels_of_the_gpu_family_match_onnxruntime(case):
-    """The OpenCL C family's own Winograd kernels (winograd.cl around the tiled GEMM: what cuda and
-    opencl on a GPU choose), forced on PoCL: one op, no rewrite, the tile asked for."""
+@pytest.mark.parametrize("backend", ["opencl", "vulkan", "gl"])
+def test_winograd_kernels_of_the_gpu_family_match_onnxruntime(case, backend):
+    """The GPU kernel families' own Winograd kernels (winograd.cl around the tiled GEMM: what cuda
+    and opencl on a GPU choose; winograd.comp, one kernel, on vulkan and gl), forced on PoCL,
+    lavapipe and llvmpipe: one op, no rewrite, the tile asked for."""
+    require_backend(backend)
     k, ic, oc, size, pads, bias, act, tile, hw = WINOGRAD_CASES[case]
     model, shape = _conv_model(k, ic, oc, size, pads, bias, act, hw)
     x = np.random.default_rng(len(case)).standard_normal(shape).astype(np.float32)
     ref = onnxruntime_session(model).run(None, {"x": x})[0]
     with schemes.forced_schemes(conv=("winograd", tile)):
-        sess = gpumnn.load(model).session(backend="opencl", kernels="tiled", fallback=False)
+        sess = gpumnn.load(model).session(backend=backend, kernels="tiled", fallback=False)
     with sess:
         err = rel_l2(sess.run({"x": x})["y"], ref)
         convs = [op for op in sess.program.ops if isinstance(op, A.Conv2D)]
@@ -382,3 +385,19 @@ def test_the_gpu_family_runs_winograd_in_few_launches():
     assert len(rows) == 23 and not any(r["op"] == "raster" for r in rows)
     total = sum(r["launches"] for r in rows)
     assert total <= 49 and line == f"kernel launches per run: {total}; Raster copies: 0 bytes in 0 ops"
+
+
+@pytest.mark.parametrize("backend", ["vulkan", "gl"])
+def test_the_glsl_family_runs_winograd_in_one_launch(backend):
+    """The same on the GLSL GPU family: each Winograd convolution is one dispatch of winograd.comp
+    (the rewrite made 7 ops of it), its residual add in the epilogue: 23 ops, 23 launches."""
+    require_backend(backend)
+    from gpumnn import zoo
+    net = gpumnn.load(zoo.build("resnet18"))
+    with schemes.forced_schemes(conv=("winograd", 2)):
+        sess = net.session(backend=backend, kernels="tiled", fallback=False)
+    with sess:
+        rows = sess.report_rows()
+    wino = [r for r in rows if r["scheme"].startswith("winograd F(2x2, 3x3)")]
+    assert len(wino) == 13 and all(r["launches"] == 1 for r in wino)
+    assert len(rows) == 23 and sum(r["launches"] for r in rows) == 23

@@ -48,7 +48,7 @@ from ..kernels.glsl.compile import ShaderCompileError, preprocess
 from . import device as gl_context
 from ..kernels import word_padded
 from ..base import Backend, BackendInfo, Execution, TensorHandle, constant_words, host_out, kernel_family, kernels_option
-from ..kernels.glsl.planner import (RESIDUAL_BINDINGS, RESIDUAL_SCHEMES, DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, WINOGRAD_REWRITE_MAX_TILE, Builder, Hazards, binding_limit, check_shader_op_ids,
+from ..kernels.glsl.planner import (RESIDUAL_BINDINGS, DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, WINOGRAD_REWRITE_MAX_TILE, residual_schemes_for, schemes_for, Builder, Hazards, binding_limit, check_shader_op_ids,
                          grid_limit, plan, window)
 from ..limits import MemoryLimits, host_memory
 from ..speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
@@ -222,11 +222,14 @@ class GLBackend(Backend):
         storage_blocks = int(info.get("GL_MAX_COMPUTE_SHADER_STORAGE_BLOCKS", 0))
         if storage_blocks < 4:
             raise BackendUnavailableError(f"{self.renderer}: fewer than 4 storage blocks per compute shader")
-        # a convolution that adds a residual binds one storage block more than the other kernels
-        self.residual_schemes = RESIDUAL_SCHEMES if storage_blocks >= RESIDUAL_BINDINGS else {}
         self.storage_align = _gl_get_integer(_GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT) or 256
         self.alignment = max(64, self.storage_align)
         self.kernels = kernel_family(requested, self.software)
+        self.schemes = schemes_for(self.kernels)
+        # a convolution that adds a residual binds one storage block more than the other kernels
+        self.residual_schemes = residual_schemes_for(self.kernels) if storage_blocks >= RESIDUAL_BINDINGS else {}
+        if self.software:  # the tiled family's Winograd kernel on a CPU device: only where forced (tests)
+            self.winograd_min_saving = float("inf")
         # float16 / int8 / uint8 tensors as themselves where GLSL may declare 16- / 8-bit buffer
         # elements, else packed in 32-bit words (gpumnn.backends.kernels.glsl.elements.glsl)
         extensions = ctx.extensions

@@ -47,6 +47,7 @@ from .compile import GLSL_DIR
 from ....numerics.strides import contiguous_strides, merge_dims
 from ...base import KERNEL_SCHEMES, KernelWork, PlannerTarget as BasePlannerTarget, TensorHandle
 from ....numerics.sampling import resize_axis
+from ....numerics.winograd import conv_matrices, transformed_weights
 
 
 def grid_limit(op: A.AtomicOp, max_group_count: Sequence[int]) -> str | None:
@@ -586,6 +587,8 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
         b.activation(22, op.activation)
         b.grid1d(items, 16 if be.kernels == "simd" else 64)
         return KernelWork([b], "depthwise")
+    if op.scheme == "winograd":
+        return _plan_winograd(be, op, ins, outs)
     if be.kernels == "simd" and _is_constant(ins[1]):
         return _plan_conv2d_direct_rb(be, op, ins, outs)
     cg, ocg = c // g, oc // g
@@ -606,6 +609,60 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
     b.groups = (math.ceil(big_n / tn), math.ceil(big_m / tm), n * g)
     _check_grid(be, b.groups)
     return KernelWork([b], "gemm1x1" if pointwise else "implicit_gemm")
+
+
+#: shared memory a Winograd workgroup stages at most (the matrices, U and V slices), in floats:
+#: half of the 32 KiB every GL 4.3 and Vulkan device gives a workgroup
+WINOGRAD_SHARED_FLOATS = 4096
+
+
+def _winograd_weights(be: PlannerTarget, op: A.Conv2D, weight: TensorHandle) -> TensorHandle:
+    """The constant winograd.comp reads: B_h, B_w, A_h, A_w, then U = G_h W G_w^T [P][OC][C],
+    made once per weight and tile on the host (the scheme step gives Winograd constant weights only)."""
+    key = ("winograd", weight.buffer.id, weight.offset, weight.shape, op.winograd_tile, op.kernel)
+    packed = be.packed.get(key)
+    if packed is None:
+        rows_m, cols_m = conv_matrices(op.winograd_tile, op.kernel)
+        w = be.read(weight).reshape(op.out_channels, op.in_channels, *op.kernel)
+        u = transformed_weights(rows_m, w, cols_m)
+        parts = [m.ravel() for m in (rows_m.B, cols_m.B, rows_m.A, cols_m.A)] + [u.ravel()]
+        packed = be.constant(np.concatenate(parts).astype(np.float32))
+        be.packed[key] = packed
+    return packed
+
+
+def _plan_winograd(be: PlannerTarget, op: A.Conv2D, ins, outs) -> KernelWork:
+    """Winograd F(n x n, k x k) as one kernel (winograd.comp): input transform, the products at
+    every position and the output transform with the epilogue, per workgroup of TM output channels
+    x TN tiles. Up to 16 positions an invocation holds 2 x 2 of them; more, one."""
+    rows_m, cols_m = conv_matrices(op.winograd_tile, op.kernel)
+    (nh, nw), (ah, aw) = (rows_m.n, cols_m.n), (rows_m.alpha, cols_m.alpha)
+    n, c, oc = op.batch, op.in_channels, op.out_channels
+    (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
+    th, tw = -(-oh // nh), -(-ow // nw)
+    t, positions = n * th * tw, ah * aw
+    tm = tn = 16
+    rm = rn = 2 if positions <= 16 else 1
+    mats = ah * ah + aw * aw + ah * nh + aw * nw
+    tk = max(1, min(8, (WINOGRAD_SHARED_FLOATS - mats) // (positions * (tm + tn))))
+    defines = {"AH": ah, "AW": aw, "NH": nh, "NW": nw, "TM": tm, "TN": tn, "RM": rm, "RN": rn, "TK": tk,
+               "NT": (tm // rm) * (tn // rn)}
+    if op.has_bias:
+        defines["HAS_BIAS"] = 1
+    if op.has_residual:
+        defines["HAS_RESIDUAL"] = 1
+    b = Builder(be, "winograd", defines, RESIDUAL_BINDINGS if op.has_residual else 4)
+    o_len = n * oc * oh * ow
+    o = b.bind(0, outs[0], 0, o_len, write=True)
+    x = b.bind(1, ins[0], 0, n * c * h * w)
+    u = b.bind(2, _winograd_weights(be, op, ins[1]))
+    bias = b.bind(3, ins[2], 0, oc) if op.has_bias else 0
+    b.set(0, oc, c, h, w, oh, ow, th, tw, t, op.pads[0], op.pads[1], x, u, bias, o)
+    _bind_residual(b, op, ins, o_len)
+    b.activation(22, op.activation)
+    b.groups = (math.ceil(t / tn), math.ceil(oc / tm), 1)
+    _check_grid(be, b.groups)
+    return KernelWork([b], f"winograd F({nh}x{nw}, {kh}x{kw})")
 
 
 def _is_constant(handle: TensorHandle) -> bool:
@@ -859,11 +916,24 @@ def _plan_scatter(be, op: A.Scatter, ins, outs):
 
 #: The schemes the planners build (Vulkan and OpenGL both use these planners).
 SCHEMES: Mapping[type, frozenset[str]] = KERNEL_SCHEMES
-#: the bindings of a convolution that adds a residual (conv2d.comp -DHAS_RESIDUAL)
+#: the GPU family ("tiled") also builds Winograd convolutions as one kernel of its own (winograd.comp)
+TILED_SCHEMES: Mapping[type, frozenset[str]] = {**SCHEMES, A.Conv2D: SCHEMES[A.Conv2D] | {"winograd"}}
+#: the bindings of a convolution that adds a residual (conv2d.comp and winograd.comp -DHAS_RESIDUAL)
 RESIDUAL_BINDINGS = 5
-#: every convolution kernel of conv2d.comp (implicit GEMM, DIRECT_RB, DEPTHWISE) adds a residual;
-#: a backend lists these only where a shader may bind RESIDUAL_BINDINGS storage buffers
+#: every convolution kernel of conv2d.comp (implicit GEMM, DIRECT_RB, DEPTHWISE) and winograd.comp
+#: adds a residual; a backend lists these only where a shader may bind RESIDUAL_BINDINGS storage buffers
 RESIDUAL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: SCHEMES[A.Conv2D]}
+TILED_RESIDUAL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: TILED_SCHEMES[A.Conv2D]}
+
+
+def schemes_for(kernels: str) -> Mapping[type, frozenset[str]]:
+    """The schemes a backend running the ``kernels`` family ("simd" or "tiled") builds."""
+    return TILED_SCHEMES if kernels == "tiled" else SCHEMES
+
+
+def residual_schemes_for(kernels: str) -> Mapping[type, frozenset[str]]:
+    """The schemes whose kernels of the ``kernels`` family add a Conv2D's residual."""
+    return TILED_RESIDUAL_SCHEMES if kernels == "tiled" else RESIDUAL_SCHEMES
 #: the largest Winograd tile the scheme step rewrites a convolution into for these kernels: the
 #: batched products of larger tiles run slower here than F(2x2, 3x3) on every model measured
 #: (bench/RESULTS.md, "Convolution schemes per API")
@@ -897,5 +967,6 @@ def plan(be: PlannerTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outp
 
 
 __all__ = ["BINARY_IDS", "Binding", "Builder", "DTYPES", "MAX_BINDINGS", "Hazards", "OP_NAMES", "PARAMS", "PLANNERS", "PlanError",
-           "PlannerTarget", "REDUCE_IDS", "RESIDUAL_BINDINGS", "RESIDUAL_SCHEMES", "SCHEMES", "UNARY_IDS", "binding_limit", "check_shader_op_ids", "plan",
+           "PlannerTarget", "REDUCE_IDS", "RESIDUAL_BINDINGS", "RESIDUAL_SCHEMES", "SCHEMES",
+           "TILED_RESIDUAL_SCHEMES", "TILED_SCHEMES", "residual_schemes_for", "schemes_for", "UNARY_IDS", "binding_limit", "check_shader_op_ids", "plan",
            "view_sizes"]
