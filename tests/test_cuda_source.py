@@ -20,7 +20,7 @@ import pytest
 
 from conftest import require_backend, require_tool
 from gpumnn import atomic as A
-from gpumnn.backends.kernels.cl.planner import GEMM_CONFIGS, KIND_IDS, family_source
+from gpumnn.backends.kernels.cl.planner import GEMM_CONFIGS, GEMV_CONFIGS, KIND_IDS, family_source
 from gpumnn.backends.kernels.cl.cuda_source import (CPU_ONLY_DEFINE, CPU_ONLY_FAMILIES, NVRTC_OPTIONS, cuda_families,
                                         cuda_source)
 
@@ -31,11 +31,14 @@ def gpu_variants() -> list[tuple[str, dict[str, int]]]:
     """(family, defines) of every program the OpenCL backend builds with the GPU kernels: the GEMM
     tilings of GEMM_CONFIGS (as ``_gemm_launch`` passes them), Winograd tiles, the element-moving
     families for 4-, 2- and 1-byte elements (``elem_defines``), the conversion between every two
-    storage dtypes of which one is narrow, the other families without defines."""
+    storage dtypes of which one is narrow, the matrix-vector tilings of GEMV_CONFIGS, the other
+    families without defines."""
     out: list[tuple[str, dict[str, int]]] = []
     for family in cuda_families():
         if family == "gemm":
             out += [(family, dict(zip(("TM", "TN", "WM", "WN", "TK"), cfg))) for cfg in GEMM_CONFIGS.values()]
+        elif family == "gemv":
+            out += [(family, dict(zip(("KL", "NL", "KFAST"), cfg))) for cfg in GEMV_CONFIGS.values()]
         elif family == "winograd":  # the tile sizes are compile-time: the smallest, the largest, a 1D one
             out += [(family, dict(zip(("AH", "AW", "NH", "NW"), tile))) for tile in ((4, 4, 2, 2), (8, 8, 6, 6), (1, 10, 1, 4))]
         elif family in ("raster", "gather", "select", "scatter"):
@@ -134,8 +137,9 @@ def test_program_compiles_as_cuda(family, defines):
     for name in kernels_with_local_arrays(family_source(family)):
         assert name in entries, f"{family}: kernel {name} missing from the PTX (entries: {sorted(entries)})"
         assert re.search(r"\b(st|ld)\.shared\.", entries[name]), f"{family}: {name}'s __local arrays are not in shared memory"
-    if family == "gemm":  # reqd_work_group_size(LX, LY, 1), LX = TN / WN, LY = TM / WM
-        threads = (defines["TN"] // defines["WN"]) * (defines["TM"] // defines["WM"])
+    if family in ("gemm", "gemv"):  # reqd_work_group_size: gemm (TN / WN, TM / WM, 1), gemv (KL * NL, 1, 1)
+        threads = (defines["TN"] // defines["WN"]) * (defines["TM"] // defines["WM"]) if family == "gemm" \
+            else defines["KL"] * defines["NL"]
         for name, body in entries.items():
             bound = re.search(r"\.maxntid\s+(\d+),\s*(\d+),\s*(\d+)", body[:body.index("{")])
             assert bound and int(bound.group(1)) * int(bound.group(2)) * int(bound.group(3)) == threads, \

@@ -382,3 +382,47 @@ def test_the_gpu_family_runs_winograd_in_few_launches():
     assert len(rows) == 23 and not any(r["op"] == "raster" for r in rows)
     total = sum(r["launches"] for r in rows)
     assert total <= 49 and line == f"kernel launches per run: {total}; Raster copies: 0 bytes in 0 ops"
+
+
+# -- matrix-vector products (scheme gemv) --------------------------------------------------------
+
+def _matmul_program(batch: int, m: int, shared: bool) -> A.AtomicProgram:
+    op = A.MatMul(("x", "w"), ("y",), "fc", batch=batch, m=m, n=10, k=16, a_batch_stride=m * 16,
+                  b_batch_stride=0 if shared else 160, trans_b=True)
+    return A.AtomicProgram([op], {"x": (batch, m, 16), "y": (batch, m, 10)}, {"w": np.zeros((10, 16), np.float32)},
+                           ["x"], ["y"])
+
+
+class GpuFamily(CpuBackend):
+    """A backend that lists a matrix-vector kernel, as the GPU kernel families do."""
+    name = "gpufamily"
+    schemes = {**CpuBackend.schemes, A.MatMul: frozenset({"gemm", "gemv"})}
+
+
+@pytest.mark.parametrize("batch,m,shared,expected", [
+    (1, 1, True, "gemv"), (3, 1, False, "gemv"), (4, 1, True, "gemv"),
+    (5, 1, True, "gemm"), (1, 2, True, "gemm")])
+def test_one_row_products_are_gemv_where_a_backend_has_the_kernel(batch, m, shared, expected):
+    program = _matmul_program(batch, m, shared)
+    assert schemes.select_schemes(program, GpuFamily()).ops[0].scheme == expected
+    assert schemes.select_schemes(_matmul_program(batch, m, shared), CpuBackend()).ops[0].scheme == "gemm"
+    with schemes.forced_schemes(strassen=0):  # "no Strassen" keeps the matrix-vector kernel
+        assert schemes.select_schemes(_matmul_program(batch, m, shared), GpuFamily()).ops[0].scheme == expected
+
+
+@pytest.mark.parametrize("backend_name", ["opencl", "vulkan", "gl"])
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v1"])
+def test_the_gpu_families_run_the_classifier_as_gemv(backend_name, name):
+    """A zoo model's batch-1 classifier on the GPU variant of each kernel family is one ``gemv``
+    launch (the report says so), and the model still matches ONNX Runtime."""
+    from conftest import require_backend
+    from gpumnn import zoo
+    require_backend(backend_name)
+    model = zoo.build(name)
+    x = np.random.default_rng(3).standard_normal(zoo.input_shape(name)).astype(np.float32)
+    ref = onnxruntime_session(model).run(None, {"input": x})[0]
+    with gpumnn.load(model).session(backend=backend_name, kernels="tiled", fallback=False) as sess:
+        rows = [r for r in sess.report_rows() if r["op"] == "matmul"]
+        assert [(r["scheme"], r["launches"]) for r in rows] == [("gemv", 1)]
+        out = sess.run({"input": x})["output"]
+    assert rel_l2(out, ref) < 1e-3

@@ -48,7 +48,7 @@ from ..kernels.glsl.compile import ShaderCompileError, preprocess
 from . import device as gl_context
 from ..kernels import word_padded
 from ..base import Backend, BackendInfo, Execution, TensorHandle, constant_words, host_out, kernel_family, kernels_option
-from ..kernels.glsl.planner import (RESIDUAL_BINDINGS, RESIDUAL_SCHEMES, DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, WINOGRAD_REWRITE_MAX_TILE, Builder, Hazards, binding_limit, check_shader_op_ids,
+from ..kernels.glsl.planner import (schemes_for as glsl_schemes_for, RESIDUAL_BINDINGS, RESIDUAL_SCHEMES, DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, WINOGRAD_REWRITE_MAX_TILE, Builder, Hazards, binding_limit, check_shader_op_ids,
                          grid_limit, plan, window)
 from ..limits import MemoryLimits, host_memory
 from ..speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
@@ -227,6 +227,7 @@ class GLBackend(Backend):
         self.storage_align = _gl_get_integer(_GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT) or 256
         self.alignment = max(64, self.storage_align)
         self.kernels = kernel_family(requested, self.software)
+        self.schemes = glsl_schemes_for(self.kernels)
         # float16 / int8 / uint8 tensors as themselves where GLSL may declare 16- / 8-bit buffer
         # elements, else packed in 32-bit words (gpumnn.backends.kernels.glsl.elements.glsl)
         extensions = ctx.extensions

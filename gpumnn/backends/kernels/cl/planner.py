@@ -83,6 +83,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "recurrent": ("recurrent.cl",),
     "scatter": ("activation.cl", "integer.cl", "scatter.cl"),
     "gemm": ("activation.cl", "gemm.cl"),
+    "gemv": ("activation.cl", "gemv.cl"),
     "conv": ("activation.cl", "conv.cl"),
     "gemm_cpu": ("activation.cl", "gemm_cpu.cl"),
     "winograd": ("activation.cl", "winograd.cl"),
@@ -96,6 +97,16 @@ GEMM_CONFIGS: dict[str, tuple[int, int, int, int, int]] = {
     "64x64": (64, 64, 4, 4, 16),
     "32x32": (32, 32, 4, 4, 16),
     "4x128": (4, 128, 1, 4, 16),
+}
+
+#: matrix-vector tilings (gemv.cl): name -> (KL, NL, KFAST), a work-group of KL lanes along K
+#: times NL columns; "k" variants where B is contiguous along k (a transposed weight), "n" where
+#: it is contiguous along n, each 256 work-items wide or 64 where the device allows no more
+GEMV_CONFIGS: dict[str, tuple[int, int, int]] = {
+    "k32x8": (32, 8, 1),
+    "n8x32": (8, 32, 0),
+    "k16x4": (16, 4, 1),
+    "n4x16": (4, 16, 0),
 }
 
 CPU_VEC = 16  # vector width of the CPU-device kernels (float16: one AVX-512 register, two AVX2 ones)
@@ -481,6 +492,57 @@ def _gemm_plan(scheme: str, work: tuple[list[Launch], tuple[Scratch, ...], int])
     return KernelWork(launches, scheme if splits == 1 else f"{scheme}/split-K {splits}", keep)
 
 
+#: split-K of a matrix-vector product: each slice at least this deep
+GEMV_MIN_K_SLICE = 128
+
+
+def gemv_config(be: PlannerTarget, trans_b: bool) -> str:
+    """The gemv.cl tiling for B contiguous along k (``trans_b``) or along n, as wide as the device allows."""
+    wide, narrow = ("k32x8", "k16x4") if trans_b else ("n8x32", "n4x16")
+    kl, nl, _ = GEMV_CONFIGS[wide]
+    return wide if kl * nl <= be.max_wg else narrow
+
+
+def gemv_splits(be: PlannerTarget, work_groups: int, k: int) -> int:
+    """How many slices of K a matrix-vector product of ``work_groups`` column blocks is split into:
+    as for the GEMM (:func:`k_splits`), enough for about two work-groups per compute unit where
+    they are fewer than the compute units, none shallower than GEMV_MIN_K_SLICE."""
+    if work_groups >= be.compute_units:
+        return 1
+    wanted = -(-2 * be.compute_units // work_groups)
+    return max(1, min(wanted, k // GEMV_MIN_K_SLICE, MAX_K_SPLITS))
+
+
+def _plan_gemv(be: PlannerTarget, op: A.MatMul, a, b, bias, o) -> KernelWork:
+    """A MatMul with one row per batch entry (scheme ``gemv``, chosen by the scheme step) as
+    gemv.cl: a work-group per block of output columns reducing over K, split over K where the
+    blocks are few (then ``gemv_split_sum`` applies the epilogue)."""
+    cfg = gemv_config(be, op.trans_b)
+    kl, nl, kfast = GEMV_CONFIGS[cfg]
+    defines = {"KL": kl, "NL": nl, "KFAST": kfast}
+    n, k, batch = op.n, op.k, op.batch
+    blocks = -(-n // nl)
+    splits = gemv_splits(be, blocks * batch, k)
+    kslice = _round_up(-(-k // splits), kl)
+    splits = -(-k // kslice)
+    bsk, bsn = (1, k) if op.trans_b else (n, 1)
+    epilogue = [bias.buffer, _i(bias.offset), _i(op.bias_strides[1]), _i(int(op.has_bias))]
+    tail = [_f(op.alpha), _f(op.beta)] + _activation_args(op.activation)
+    out, keep = [o.buffer, _i(o.offset), _i(n)], ()
+    if splits > 1:
+        partial = Scratch(4 * splits * batch * n)
+        out, keep = [partial, _i(0), _i(n)], (partial,)
+    args = [a.buffer, _i(a.offset), _i(op.a_batch_stride), b.buffer, _i(b.offset), _i(op.b_batch_stride),
+            _i(bsk), _i(bsn), *out, *epilogue, _i(n), _i(k), _i(splits), _i(kslice), _i(batch * n)] + tail
+    wg = kl * nl
+    work = [launch("gemv", "gemv", args, (blocks * wg, splits, batch), (wg, 1, 1), defines)]
+    if splits == 1:
+        return KernelWork(work, "gemv")
+    sum_args = [partial, _i(splits), _i(batch * n), _i(n), o.buffer, _i(o.offset), _i(n), *epilogue] + tail
+    work.append(launch("gemv", "gemv_split_sum", sum_args, (_round_up(batch * n, wg),), (wg,), defines))
+    return KernelWork(work, f"gemv/split-K {splits}", keep)
+
+
 def _cpu_gemm_args(A_, a_off, B_, b_off, C_, c_off, bias, bias_off, residual_args, M, N, K, G, a_s, b_s, c_s, bias_s):
     return [A_, _i(a_off), B_, _i(b_off), C_, _i(c_off), bias, _i(bias_off), *residual_args, _i(M), _i(N), _i(K), _i(G),
             _i(a_s[0]), _i(a_s[1]), _i(b_s[0]), _i(b_s[1]), _i(c_s[0]), _i(c_s[1]), _i(bias_s[0]), _i(bias_s[1])]
@@ -531,6 +593,8 @@ def _conv_voc(be, op: A.Conv2D | A.ConvTranspose2D, x, w, bias, o, ins):
 def _plan_matmul(be, op: A.MatMul, ins, outs):
     a, b, o = ins[0], ins[1], outs[0]
     bias = ins[2] if op.has_bias else o
+    if op.scheme == "gemv" and be.kernels == "tiled":
+        return _plan_gemv(be, op, a, b, bias, o)
     batch, m = op.batch, op.m
     a_stride, c_stride = op.a_batch_stride, op.m * op.n
     scheme = "gemm"
@@ -807,8 +871,10 @@ DTYPES: Mapping[type, frozenset[str]] = {
     **{op: frozenset({A.INT32}) for op in (A.Binary, A.Reduce, A.CumSum)},
     **{op: frozenset(A.STORAGE_DTYPES) for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)}}
 SCHEMES: Mapping[type, frozenset[str]] = KERNEL_SCHEMES
-#: the GPU family ("tiled") also builds Winograd convolutions as kernels of its own (winograd.cl)
-TILED_SCHEMES: Mapping[type, frozenset[str]] = {**KERNEL_SCHEMES, A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"}}
+#: the GPU family ("tiled") also builds Winograd convolutions as kernels of its own (winograd.cl),
+#: and matrix-vector products as a kernel of their own (gemv.cl)
+TILED_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"},
+                                                A.MatMul: KERNEL_SCHEMES[A.MatMul] | {"gemv"}}
 
 
 #: the tiled family's convolution kernels add a residual (gemm.cl's epilogues, conv_depthwise,

@@ -504,7 +504,36 @@ def _plan_reduce(be, op: A.Reduce, ins, outs):
     return KernelWork([_reduce_builder(be, op.op, op.outer, op.size, op.inner, ins[0], outs[0], op.dtype)])
 
 
+#: matrix-vector workgroups (gemv.comp): (KL, NL) lanes along K times columns, for B contiguous
+#: along k (a transposed weight) and along n
+GEMV_LANES = {True: (32, 8), False: (8, 32)}
+
+
+def _plan_gemv(be, op: A.MatMul, ins, outs) -> KernelWork:
+    """A MatMul with one row per batch entry (scheme ``gemv``) as gemv.comp: a workgroup per
+    block of output columns, reducing over K in its lanes."""
+    n, k, batch = op.n, op.k, op.batch
+    kl, nl = GEMV_LANES[op.trans_b]
+    b = Builder(be, "gemv", {"KL": kl, "NL": nl, "WG": kl * nl, "KFAST": int(op.trans_b)}, 4)
+    y = b.bind(0, outs[0], 0, batch * n, write=True)
+    x = b.bind(1, ins[0], 0, (batch - 1) * op.a_batch_stride + k)
+    w = b.bind(2, ins[1], 0, (batch - 1) * op.b_batch_stride + k * n)
+    bias = 0
+    if op.has_bias:
+        b.defines["HAS_BIAS"] = 1
+        bias = b.bind(3, ins[2], *_extent(0, (1, n), tuple(op.bias_strides)))
+    bsk, bsn = (1, k) if op.trans_b else (n, 1)
+    b.set(0, n, k, x, w, bias, y, op.a_batch_stride, op.b_batch_stride, bsk, bsn, op.bias_strides[1])
+    b.setf(11, op.alpha, op.beta)
+    b.activation(13, op.activation)
+    b.groups = (math.ceil(n / nl), 1, batch)
+    _check_grid(be, b.groups)
+    return KernelWork([b], "gemv")
+
+
 def _plan_matmul(be, op: A.MatMul, ins, outs):
+    if op.scheme == "gemv" and be.kernels == "tiled":
+        return _plan_gemv(be, op, ins, outs)
     m, n, k, batch = op.m, op.n, op.k, op.batch
     a_bs, b_bs = op.a_batch_stride, op.b_batch_stride
     sam, sak = (1, m) if op.trans_a else (k, 1)
@@ -859,6 +888,14 @@ def _plan_scatter(be, op: A.Scatter, ins, outs):
 
 #: The schemes the planners build (Vulkan and OpenGL both use these planners).
 SCHEMES: Mapping[type, frozenset[str]] = KERNEL_SCHEMES
+#: ... and the GPU variant ("tiled") also builds matrix-vector products as a kernel of its own (gemv.comp)
+TILED_SCHEMES: Mapping[type, frozenset[str]] = {**KERNEL_SCHEMES, A.MatMul: KERNEL_SCHEMES[A.MatMul] | {"gemv"}}
+
+
+def schemes_for(kernels: str) -> Mapping[type, frozenset[str]]:
+    """The schemes a backend running the ``kernels`` variant ("simd" or "tiled") builds."""
+    return TILED_SCHEMES if kernels == "tiled" else SCHEMES
+
 #: the bindings of a convolution that adds a residual (conv2d.comp -DHAS_RESIDUAL)
 RESIDUAL_BINDINGS = 5
 #: every convolution kernel of conv2d.comp (implicit GEMM, DIRECT_RB, DEPTHWISE) adds a residual;
@@ -897,5 +934,5 @@ def plan(be: PlannerTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outp
 
 
 __all__ = ["BINARY_IDS", "Binding", "Builder", "DTYPES", "MAX_BINDINGS", "Hazards", "OP_NAMES", "PARAMS", "PLANNERS", "PlanError",
-           "PlannerTarget", "REDUCE_IDS", "RESIDUAL_BINDINGS", "RESIDUAL_SCHEMES", "SCHEMES", "UNARY_IDS", "binding_limit", "check_shader_op_ids", "plan",
+           "PlannerTarget", "REDUCE_IDS", "RESIDUAL_BINDINGS", "RESIDUAL_SCHEMES", "SCHEMES", "TILED_SCHEMES", "UNARY_IDS", "binding_limit", "check_shader_op_ids", "plan", "schemes_for",
            "view_sizes"]
