@@ -33,6 +33,7 @@ class _Target:
     is_gpu: bool
     compute_units: int = 4
     max_wg: int = 256
+    tf32: bool = False
 
     @staticmethod
     def is_constant(handle: TensorHandle) -> bool:

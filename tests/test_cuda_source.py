@@ -20,7 +20,7 @@ import pytest
 
 from conftest import require_backend, require_tool
 from gpumnn import atomic as A
-from gpumnn.backends.kernels.cl.planner import GEMM_CONFIGS, GEMV_CONFIGS, KIND_IDS, family_source
+from gpumnn.backends.kernels.cl.planner import GEMM_CONFIGS, GEMV_CONFIGS, KIND_IDS, family_source, gemm_tf32_fits
 from gpumnn.backends.kernels.cl.cuda_source import (CPU_ONLY_DEFINE, CPU_ONLY_FAMILIES, NVRTC_OPTIONS, cuda_families,
                                         cuda_source)
 
@@ -80,9 +80,10 @@ def _excerpt(source: str, log: str, name: str) -> str:
 
 
 @functools.cache
-def compile_ptx(family: str, defines: tuple[tuple[str, int], ...]) -> str:
-    """PTX of the CUDA text of ``family`` built with ``defines``; a failed compile fails the test
-    with NVRTC's log and the source lines it names."""
+def compile_ptx(family: str, defines: tuple[tuple[str, int], ...], arch: str = ARCH) -> str:
+    """PTX of the CUDA text of ``family`` built with ``defines`` (for a virtual ``arch``,
+    compute_XX), or with a real one (sm_XX) the size of the machine code ptxas made, as text; a
+    failed compile fails the test with NVRTC's log and the source lines it names."""
     nvrtc, reason = _nvrtc()
     require_tool("nvrtc", reason)
     source = cuda_source(family, dict(defines))
@@ -90,15 +91,18 @@ def compile_ptx(family: str, defines: tuple[tuple[str, int], ...]) -> str:
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"nvrtcCreateProgram: {err}"
     try:
-        options = [f"-arch={ARCH}".encode()] + [o.encode() for o in NVRTC_OPTIONS]
+        options = [f"-arch={arch}".encode()] + [o.encode() for o in NVRTC_OPTIONS]
         (status,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
         _, size = nvrtc.nvrtcGetProgramLogSize(prog)
         log = b" " * size
         nvrtc.nvrtcGetProgramLog(prog, log)
         log_text = log.decode(errors="replace").rstrip("\x00 \n")
         if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            pytest.fail(f"NVRTC cannot compile {family} {dict(defines)} as CUDA: {status}\n{log_text}\n"
+            pytest.fail(f"NVRTC cannot compile {family} {dict(defines)} as CUDA for {arch}: {status}\n{log_text}\n"
                         f"{_excerpt(source, log_text, name)}")
+        if arch.startswith("sm_"):
+            _, size = nvrtc.nvrtcGetCUBINSize(prog)
+            return str(size)
         _, size = nvrtc.nvrtcGetPTXSize(prog)
         ptx = b" " * size
         nvrtc.nvrtcGetPTX(prog, ptx)
@@ -175,3 +179,41 @@ def test_cpu_device_variants_are_refused():
             cuda_source(family, {CPU_ONLY_DEFINE: 16})
     with pytest.raises(ValueError, match="OpenCL-only"):
         cuda_source("elementwise", {CPU_ONLY_DEFINE: 16})
+
+
+# -- precision="tf32": the GEMM tiles on tensor cores -----------------------------------------------
+
+#: every GEMM tiling with a TF32 variant, as the planner builds it for a cuda backend with tf32
+TF32_VARIANTS = [dict(zip(("TM", "TN", "WM", "WN", "TK"), cfg), GEMM_TF32=1)
+                 for name, cfg in GEMM_CONFIGS.items() if gemm_tf32_fits(name)]
+TF32_IDS = ["x".join(map(str, cfg[:2])) for name, cfg in GEMM_CONFIGS.items() if gemm_tf32_fits(name)]
+#: the GPUs with TF32 tensor cores that matter here: Ampere (A100) and Hopper (H100)
+TF32_ARCHS = ("80", "90")
+
+
+def test_tf32_covers_the_tilings_a_gpu_takes():
+    """The two tilings of full-size GEMMs have a TF32 variant; the 4-row tiling stays in float32."""
+    assert {cfg[:2] for cfg in (GEMM_CONFIGS[n] for n in GEMM_CONFIGS if gemm_tf32_fits(n))} == {(64, 64), (32, 32)}
+
+
+@pytest.mark.parametrize("arch", TF32_ARCHS)
+@pytest.mark.parametrize("defines", TF32_VARIANTS, ids=TF32_IDS)
+def test_tf32_gemm_compiles_to_tensor_core_instructions(defines, arch):
+    """Each TF32 GEMM variant compiles with NVRTC, no header and no GPU: to PTX whose every GEMM
+    entry rounds to TF32 and multiplies with mma.sync m16n8k8, and through ptxas to machine code
+    for sm_80 and sm_90."""
+    ptx = compile_ptx("gemm", tuple(sorted(defines.items())), f"compute_{arch}")
+    entries = ptx_entries(ptx)
+    for name in ("gemm_dense", "gemm_conv", "gemm_deconv"):
+        assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in entries[name], name
+        assert "cvt.rna.tf32.f32" in entries[name], name
+    assert "mma.sync" not in entries["gemm_split_sum"]
+    assert int(compile_ptx("gemm", tuple(sorted(defines.items())), f"sm_{arch}")) > 0
+
+
+@pytest.mark.parametrize("defines", [dict(zip(("TM", "TN", "WM", "WN", "TK"), cfg)) for cfg in GEMM_CONFIGS.values()],
+                         ids=list(GEMM_CONFIGS))
+def test_fp32_gemm_has_no_tensor_core_instructions(defines):
+    """precision="fp32" (every variant without -DGEMM_TF32) multiplies in float32 only."""
+    ptx = compile_ptx("gemm", tuple(sorted(defines.items())))
+    assert "mma." not in ptx and "tf32" not in ptx

@@ -218,6 +218,7 @@ class PlannerTarget(BasePlannerTarget, Protocol):
     is_gpu: bool
     compute_units: int
     max_wg: int  # largest work-group (work-items)
+    tf32: bool  # GEMM tiles on tensor cores in TF32 (CUDA only: precision="tf32"; see gemm_tf32_fits)
 
     def is_constant(self, handle: TensorHandle) -> bool: ...
 
@@ -426,6 +427,18 @@ def _gemm_config(be: PlannerTarget, m: int, n: int, batch: int) -> str:
     return cfg
 
 
+def gemm_tf32_fits(cfg: str) -> bool:
+    """Whether the GEMM tiling ``cfg`` has a TF32 variant (gemm.cl -DGEMM_TF32): whole 16-row
+    blocks of m16n8k8 products, its warps split evenly between the row blocks, each warp's
+    columns whole 8-wide blocks, K staged 8 deep at a time."""
+    tm, tn, wm, wn, tk = GEMM_CONFIGS[cfg]
+    warps = (tm // wm) * (tn // wn) // 32
+    row_blocks = tm // 16
+    if tm % 16 or tk % 8 or not warps or warps % row_blocks:
+        return False
+    return (tn // (warps // row_blocks)) % 8 == 0
+
+
 #: split-K (gemm.cl): each slice of the inner dimension is at least this deep, and there are at
 #: most MAX_K_SPLITS slices (each one more pass over the [M, N] partial sums)
 MIN_K_SLICE = 64
@@ -462,6 +475,8 @@ def _gemm_launches(be: PlannerTarget, kernel: str, *, A_, a_off, B_, b_off, C_, 
     kslice = _round_up(-(-K // splits), tk)
     splits = -(-K // kslice)
     defines = {"TM": tm, "TN": tn, "WM": wm, "WN": wn, "TK": tk}
+    if be.tf32 and gemm_tf32_fits(cfg):
+        defines["GEMM_TF32"] = 1
     residual_args = [C_, _i(0), _i(0)] if residual is None else [residual, _i(res_off), _i(1)]
     epilogue = [bias, _i(bias_off)] + (residual_args if splits == 1 else [C_, _i(0), _i(0)])
     out, keep = [C_, _i(c_off)], ()
@@ -906,10 +921,12 @@ def plan(be: PlannerTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outp
     """What to launch for ``op``: its planner's work, launches over empty grids dropped (all of
     them where the outputs are empty: the simd kernels' padded grids would write anyway)."""
     planned = PLANNERS[type(op)](be, op, list(inputs), list(outputs))
+    if any(("GEMM_TF32", 1) in ln.defines for ln in planned.work):
+        planned = dataclasses.replace(planned, scheme=f"{planned.scheme or getattr(op, 'scheme', '')}/tf32")
     if outputs and all(o.size == 0 for o in outputs):
         return dataclasses.replace(planned, work=(), prepare=())
     return dataclasses.replace(planned, work=[ln for ln in planned.work if all(g > 0 for g in ln.gsize)])
 
 
 __all__ = ["PlannerTarget", "DTYPES", "FAMILIES", "Launch", "OP_NAMES", "PLANNERS", "PRELUDE", "SCHEMES", "SHADER_DIR", "TILED_SCHEMES",
-           "Scratch", "elem_defines", "family_source", "header", "launch", "launch1d", "plan", "vec_launch"]
+           "Scratch", "elem_defines", "family_source", "gemm_tf32_fits", "header", "launch", "launch1d", "plan", "vec_launch"]
