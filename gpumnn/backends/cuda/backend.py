@@ -123,10 +123,11 @@ class CudaBackend(Backend):
             self.compute_units = attribute(self.device_id, "MultiProcessorCount") or 1
             self.max_wg = attribute(self.device_id, "MaxThreadsPerBlock") or 1024
             self._info = device_info(self.device_id)
-            major = attribute(self.device_id, "ComputeCapabilityMajor") or 0
-        if tf32 and major < TF32_MIN_MAJOR:
+            capability = int(cupy.cuda.Device(self.device_id).compute_capability)  # "90": sm_90
+        if tf32 and capability < 10 * TF32_MIN_MAJOR:
             raise BackendOptionError(f"backend 'cuda': tf32 needs tensor cores with TF32 (compute capability "
-                                     f"{TF32_MIN_MAJOR}.0 or later); {self._info.device} has {major}.x")
+                                     f"{TF32_MIN_MAJOR}.0 or later); {self._info.device} has "
+                                     f"{capability // 10}.{capability % 10}")
         self.tf32 = tf32
         self._watch = DeviceWatch(self.name, self._info.device)  # bounded waits, the lost mark
         self._buffers: weakref.WeakSet[DeviceBuffer] = weakref.WeakSet()  # kept forever if the device hangs

@@ -520,9 +520,11 @@ def gemv_config(be: PlannerTarget, trans_b: bool) -> str:
 
 def gemv_splits(be: PlannerTarget, work_groups: int, k: int) -> int:
     """How many slices of K a matrix-vector product of ``work_groups`` column blocks is split into:
-    as for the GEMM (:func:`k_splits`), enough for about two work-groups per compute unit where
-    they are fewer than the compute units, none shallower than GEMV_MIN_K_SLICE."""
-    if work_groups >= be.compute_units:
+    where they would leave more than half the compute units idle, enough for about two
+    work-groups per compute unit (as the GEMM's :func:`k_splits`), none shallower than
+    GEMV_MIN_K_SLICE. A product that reads its weight once is over in about the time of a launch,
+    so a block per compute unit or so is not worth the second launch (``gemv_split_sum``)."""
+    if 2 * work_groups >= be.compute_units:
         return 1
     wanted = -(-2 * be.compute_units // work_groups)
     return max(1, min(wanted, k // GEMV_MIN_K_SLICE, MAX_K_SPLITS))
