@@ -426,3 +426,19 @@ def test_the_gpu_families_run_the_classifier_as_gemv(backend_name, name):
         assert [(r["scheme"], r["launches"]) for r in rows] == [("gemv", 1)]
         out = sess.run({"input": x})["output"]
     assert rel_l2(out, ref) < 1e-3
+
+
+def test_gemv_under_vulkan_validation(vulkan_validation):
+    """The matrix-vector shader's bindings, barriers and shared memory pass the Khronos validation
+    layer, its synchronization checks included (mobilenet_v1 on the tiled kernels, recorded and eager)."""
+    from gpumnn import zoo
+    model = zoo.build("mobilenet_v1")
+    x = np.random.default_rng(4).standard_normal(zoo.input_shape("mobilenet_v1")).astype(np.float32)
+    ref = onnxruntime_session(model).run(None, {"input": x})[0]
+    net = gpumnn.load(model)
+    for record in (True, False):
+        with net.session(backend="vulkan", kernels="tiled", record=record, fallback=False) as sess:
+            assert [r["scheme"] for r in sess.report_rows() if r["op"] == "matmul"] == ["gemv"]
+            for _ in range(2):
+                assert rel_l2(sess.run({"input": x})["output"], ref) < 1e-3
+    vulkan_validation.check()
