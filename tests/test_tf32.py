@@ -100,6 +100,61 @@ def test_the_planner_puts_tf32_tiles_where_they_fit_and_says_so():
     assert _plan(_Target(True), gemv, {"x": (1, 256), "w": (256, 512), "y": (1, 512)}).scheme.startswith("gemv")
 
 
+def _tf32_tile(cfg: str) -> tuple[np.ndarray, np.ndarray, set[int], set[int]]:
+    """gemm.cl's TF32 path for one K step of 16 over one tile, its index arithmetic written out
+    with mma.sync m16n8k8's fragment layouts from the PTX ISA (A row-major 16 x 8: a0 (g, t),
+    a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4); B 8 x 8: b0 (t, g), b1 (t + 4, g); C 16 x 8:
+    c_r (g + 8 [r >= 2], 2 t + r % 2); g = lane / 4, t = lane % 4): (C as the tile stores it,
+    As^T Bs, the banks of warp 0's A and B fragment loads)."""
+    tm, tn, wm, wn, tk = cl_plans.GEMM_CONFIGS[cfg]
+    nt = (tm // wm) * (tn // wn)
+    row_blocks = tm // 16
+    wcols = tn // ((nt // 32) // row_blocks)
+    a_stride, b_stride = tm + 8, tn + 8  # AS, BS
+    rng = np.random.default_rng(0)
+    a_tile, b_tile = rng.standard_normal((tk, tm)), rng.standard_normal((tk, tn))  # As[k][m], Bs[k][n]
+    As, Bs = np.zeros((tk, a_stride)), np.zeros((tk, b_stride))
+    As[:, :tm], Bs[:, :tn] = a_tile, b_tile
+    As, Bs = As.ravel(), Bs.ravel()
+    c = np.full((tm, tn), np.nan)
+    for warp in range(nt // 32):
+        wr, wc = (warp % row_blocks) * 16, (warp // row_blocks) * wcols
+        acc = np.zeros((32, wcols // 8, 4))
+        for kk in range(0, tk, 8):
+            for t in range(wcols // 8):
+                fa, fb = np.zeros((16, 8)), np.zeros((8, 8))
+                for lane in range(32):
+                    g, m = lane // 4, lane % 4
+                    k0r, k4r = (kk + m) * a_stride + wr + g, (kk + m + 4) * a_stride + wr + g
+                    fa[g, m], fa[g + 8, m], fa[g, m + 4], fa[g + 8, m + 4] = As[k0r], As[k0r + 8], As[k4r], As[k4r + 8]
+                    col = wc + t * 8 + g
+                    fb[m, g], fb[m + 4, g] = Bs[(kk + m) * b_stride + col], Bs[(kk + m + 4) * b_stride + col]
+                d = fa @ fb
+                for lane in range(32):
+                    g, m = lane // 4, lane % 4
+                    acc[lane, t] += [d[g + 8 * (r // 2), 2 * m + r % 2] for r in range(4)]
+        for lane in range(32):
+            g, m = lane // 4, lane % 4
+            for t in range(wcols // 8):
+                for r in range(4):
+                    row, col = wr + g + (r // 2) * 8, wc + t * 8 + 2 * m + r % 2
+                    assert np.isnan(c[row, col]), f"{cfg}: C({row}, {col}) stored twice"
+                    c[row, col] = acc[lane, t, r]
+    banks_a = {((lane % 4) * a_stride + lane // 4) % 32 for lane in range(32)}
+    banks_b = {((lane % 4) * b_stride + lane // 4) % 32 for lane in range(32)}
+    return c, a_tile.T @ b_tile, banks_a, banks_b
+
+
+@pytest.mark.parametrize("cfg", [c for c in cl_plans.GEMM_CONFIGS if cl_plans.gemm_tf32_fits(c)])
+def test_the_tf32_tiles_warps_cover_each_output_once_without_bank_conflicts(cfg):
+    """No GPU here: gemm.cl's TF32 index arithmetic, followed in NumPy for every tiling that has a
+    TF32 variant, stores each element of the tile once, with the product's value, and each
+    fragment load of a warp reads 32 different shared-memory banks."""
+    c, expected, banks_a, banks_b = _tf32_tile(cfg)
+    np.testing.assert_allclose(c, expected, atol=1e-12)
+    assert len(banks_a) == len(banks_b) == 32
+
+
 # -- on an NVIDIA GPU -----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
