@@ -540,8 +540,8 @@ def _plan_gemv(be: PlannerTarget, op: A.MatMul, a, b, bias, o) -> KernelWork:
     n, k, batch = op.n, op.k, op.batch
     blocks = -(-n // nl)
     splits = gemv_splits(be, blocks * batch, k)
-    kslice = _round_up(-(-k // splits), kl)
-    splits = -(-k // kslice)
+    kslice = _round_up(max(1, -(-k // splits)), kl)
+    splits = max(1, -(-k // kslice))
     bsk, bsn = (1, k) if op.trans_b else (n, 1)
     epilogue = [bias.buffer, _i(bias.offset), _i(op.bias_strides[1]), _i(int(op.has_bias))]
     tail = [_f(op.alpha), _f(op.beta)] + _activation_args(op.activation)
