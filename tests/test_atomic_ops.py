@@ -896,6 +896,7 @@ GEMV_CASES = {
     "row-major-fullbias-alpha-beta": lambda rng: _matmul(rng, batch=1, m=1, n=77, k=301, bias="full",
                                                          alpha=0.5, beta=2.0),
     "short-k": lambda rng: _matmul(rng, batch=1, m=1, n=33, k=3, trans_b=True),
+    "few-columns-long-k": lambda rng: _matmul(rng, batch=1, m=1, n=10, k=3001, trans_b=True, bias="row"),
     "batched-trans-a-b-colbias-gelu": lambda rng: _matmul(rng, batch=3, m=1, n=45, k=259, trans_a=True, trans_b=True,
                                                           bias="col", activation=("gelu", ())),
     "batched-shared-weight-sigmoid": lambda rng: _matmul(rng, batch=3, m=1, n=50, k=70, shared=True, bias="row",

@@ -504,16 +504,32 @@ def _plan_reduce(be, op: A.Reduce, ins, outs):
     return KernelWork([_reduce_builder(be, op.op, op.outer, op.size, op.inner, ins[0], outs[0], op.dtype)])
 
 
-#: matrix-vector workgroups (gemv.comp): (KL, NL) lanes along K times columns, for B contiguous
-#: along k (a transposed weight) and along n
-GEMV_LANES = {True: (32, 8), False: (8, 32)}
+#: matrix-vector workgroups (gemv.comp): GEMV_WG invocations, KL lanes along K times NL columns;
+#: NL columns side by side where B is contiguous along n, else up to GEMV_MAX_COLUMNS columns of
+#: KL lanes side by side along k
+GEMV_WG = 256
+GEMV_ROW_MAJOR_COLUMNS = 32
+GEMV_MAX_COLUMNS = 8
+#: a product of a transposed weight with fewer column blocks than this takes fewer columns per
+#: workgroup and more lanes along K (a few long columns: split K inside the workgroup)
+GEMV_MIN_GROUPS = 64
+
+
+def gemv_lanes(op: A.MatMul) -> tuple[int, int]:
+    """(KL, NL) of gemv.comp's workgroup for ``op``."""
+    if not op.trans_b:
+        return GEMV_WG // GEMV_ROW_MAJOR_COLUMNS, GEMV_ROW_MAJOR_COLUMNS
+    nl = GEMV_MAX_COLUMNS
+    while nl > 1 and math.ceil(op.n / nl) * op.batch < GEMV_MIN_GROUPS and 2 * GEMV_WG // nl <= op.k:
+        nl //= 2
+    return GEMV_WG // nl, nl
 
 
 def _plan_gemv(be, op: A.MatMul, ins, outs) -> KernelWork:
     """A MatMul with one row per batch entry (scheme ``gemv``) as gemv.comp: a workgroup per
     block of output columns, reducing over K in its lanes."""
     n, k, batch = op.n, op.k, op.batch
-    kl, nl = GEMV_LANES[op.trans_b]
+    kl, nl = gemv_lanes(op)
     b = Builder(be, "gemv", {"KL": kl, "NL": nl, "WG": kl * nl, "KFAST": int(op.trans_b)}, 4)
     y = b.bind(0, outs[0], 0, batch * n, write=True)
     x = b.bind(1, ins[0], 0, (batch - 1) * op.a_batch_stride + k)
