@@ -28,6 +28,13 @@
 #   storage  issues 28 and 32 after narrow storage: the narrow-storage, quantized-model and atomic-op
 #           tests on cuda, issue 32's real models and the zoo on the cpu beside ONNX Runtime at the
 #           host's threads, and the tiled Winograd schemes on cuda and opencl (bench/schemes.py)
+#   tf32    issue 29 part 2 (precision="tf32" on cuda): the TF32 tests (TF32 GEMMs and convolutions
+#           against float32, the zoo models against ONNX Runtime within precision.TOLERANCES, kept
+#           as rel_l2 in tf32_tests.xml; NVRTC's compiles for sm_80 and sm_90) and the fp32
+#           atomic-op and gemv tests on cuda beside them, then resnet18,
+#           mobilenet_v1 and squeezenet1_1 on cuda in fp32 and tf32 beside PyTorch twice: with TF32
+#           off (fp32 against fp32) and with PyTorch's defaults (TF32 against TF32), and
+#           `gpumnn plan M --backend cuda` of resnet18 (per-op times, fp32)
 #   placement  issue 10 on a real GPU: `bench/placement.py --calibrate` (each backend and auto, the
 #           estimate beside the measured time) on the zoo, then forced splits of SqueezeNet-1.1
 #           (one branch of every fire module on cuda off a cpu hub, and the reverse)
@@ -41,7 +48,7 @@
 # GPUMNN_GPU_SETUP=0 skips the unpacking and installing (for a dry run of a phase on a machine that
 # has everything, with PYTHON naming its interpreter).
 set -uo pipefail
-PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench|profile|runbook|schemes|kernels|placement|storage}
+PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench|profile|runbook|schemes|kernels|placement|storage|tf32}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/bench/results/gpu}
@@ -221,5 +228,21 @@ case $PHASE in
     GPUMNN_STEP_CAP=${CAP_SCHEMES:-60} step schemes-models "$PYTHON" bench/schemes.py --tables m --backends cuda,opencl \
       --models resnet18 squeezenet1_1 --repeats 3 --runs 10 | tee "$RES/schemes_models.txt"
     ;;
-  *) echo "unknown phase $PHASE (tests, apis, bench, profile, runbook, schemes, kernels, placement or storage)"; exit 2 ;;
+  tf32)
+    tf32_models="resnet18 mobilenet_v1 squeezenet1_1"
+    GPUMNN_REQUIRE_BACKENDS=cuda GPUMNN_REQUIRE_TOOLS=nvrtc GPUMNN_STEP_CAP=${CAP_TESTS:-120} step tf32-tests \
+      "${PYTEST[@]}" "${XDIST[@]}" -s tests/test_tf32.py "tests/test_cuda_source.py::test_tf32_gemm_compiles_to_tensor_core_instructions" \
+      "tests/test_atomic_ops.py::test_atomic_op" "tests/test_atomic_ops.py::test_gemv_products_agree" -k "tf32 or cuda" \
+      --junitxml="$RES/tf32_tests.xml" | grep -E "tf32 relative L2|passed|failed|FAILED|Error" | tail -25 \
+      | tee "$RES/tf32_tests.txt"
+    GPUMNN_STEP_CAP=${CAP_TORCH:-150} step torch-fp32 "$PYTHON" bench/torch_peer.py $tf32_models --backend cuda \
+      --precision fp32 tf32 --torch-precision fp32 --repeats 3 --save-json "$RES/torch_fp32.json" \
+      | tee "$RES/torch_fp32.txt"
+    GPUMNN_STEP_CAP=${CAP_TORCH:-150} step torch-tf32 "$PYTHON" bench/torch_peer.py $tf32_models --backend cuda \
+      --precision fp32 tf32 --torch-precision tf32 --repeats 3 --save-json "$RES/torch_tf32.json" \
+      | tee "$RES/torch_tf32.txt"
+    GPUMNN_STEP_CAP=${CAP_PLAN:-30} step plan-resnet18 "$PYTHON" -m gpumnn plan resnet18 --backend cuda --runs 10 \
+      | tee "$RES/plan_cuda_resnet18.txt"
+    ;;
+  *) echo "unknown phase $PHASE (tests, apis, bench, profile, runbook, schemes, kernels, placement, storage or tf32)"; exit 2 ;;
 esac

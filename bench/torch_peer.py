@@ -24,10 +24,12 @@ printed beside their target, never asserted.
 
 PyTorch's precision is gpumnn's: ``--torch-precision fp32`` (default) turns TF32 off in cuDNN's
 convolutions and cuBLAS's products, as gpumnn's float32 kernels use none; ``tf32`` keeps PyTorch's
-defaults (TF32 convolutions), for comparison with a TF32 scheme.
+defaults (TF32 convolutions), for comparison with gpumnn's ``--precision tf32`` (the series
+``cuda-tf32-recorded`` and ``cuda-tf32-eager``, on the backends that have it).
 
     python bench/torch_peer.py [models...|all] [--backend all] [--io host|device] [--runs 10]
-                               [--repeats 5] [--threads N] [--torch-precision fp32|tf32] [--json] [--png DIR]
+                               [--repeats 5] [--threads N] [--precision fp32 [tf32]]
+                               [--torch-precision fp32|tf32] [--json] [--png DIR]
 """
 from __future__ import annotations
 
@@ -165,14 +167,36 @@ def torch_runners(module: Any, x: np.ndarray, device: Any, device_io: bool) -> d
     return runners
 
 
+def series_label(backend: str, precision: str) -> str:
+    """The name of gpumnn's series on ``backend`` in ``precision``: the backend's name in fp32,
+    ``<backend>-<precision>`` otherwise (``cuda-tf32``)."""
+    return backend if precision == "fp32" else f"{backend}-{precision}"
+
+
+def labels_for(backends: Sequence[str], precisions: Sequence[str]) -> list[tuple[str, str, str]]:
+    """(label, backend, precision) of each gpumnn series pair: every backend in fp32, and in each
+    other precision asked for on the backends that have it (``gpumnn.scheduler.precision``)."""
+    from gpumnn.scheduler.precision import backend_options
+    out = []
+    for backend in backends:
+        for precision in precisions:
+            try:
+                backend_options(precision, backend)
+            except ValueError:
+                continue
+            out.append((series_label(backend, precision), backend, precision))
+    return out
+
+
 def gpumnn_runners(net: Any, backend: str, feed: dict, threads: int, device_feed: dict | None,
-                   sync: Callable[[], None], sessions: list) -> dict[str, Callable[[], Any]]:
-    """``{"<backend>-recorded": fn, "<backend>-eager": fn}``; sessions opened are appended to
-    ``sessions`` (the caller closes them). With ``device_feed`` (cuda only) runs take and return
-    device arrays."""
+                   sync: Callable[[], None], sessions: list, precision: str = "fp32") -> dict[str, Callable[[], Any]]:
+    """``{"<label>-recorded": fn, "<label>-eager": fn}`` (``series_label``); sessions opened are
+    appended to ``sessions`` (the caller closes them). With ``device_feed`` (cuda only) runs take
+    and return device arrays."""
     runners = {}
+    label = series_label(backend, precision)
     for mode, record in (("recorded", True), ("eager", False)):
-        sess = net.session(backend=backend, threads=threads, record=record, fallback=False)
+        sess = net.session(backend=backend, threads=threads, record=record, fallback=False, precision=precision)
         sessions.append(sess)
         if device_feed is not None and backend == "cuda":
             def run(sess=sess) -> Any:
@@ -182,14 +206,16 @@ def gpumnn_runners(net: Any, backend: str, feed: dict, threads: int, device_feed
         else:
             def run(sess=sess) -> Any:
                 return sess.run(feed)
-        runners[f"{backend}-{mode}"] = run
+        runners[f"{label}-{mode}"] = run
     return runners
 
 
 def peer_row(model: str, backends: Sequence[str], torch_device: str, device_io: bool, threads: int,
-             runs: int, warmup: int, repeats: int, pause: float = 0.0) -> BenchRow:
-    """One model: gpumnn on each backend (recorded and eager) and PyTorch (eager, and CUDA-graph
-    replay on CUDA) timed in alternation, with each series' error against ONNX Runtime."""
+             runs: int, warmup: int, repeats: int, pause: float = 0.0,
+             precisions: Sequence[str] = ("fp32",)) -> BenchRow:
+    """One model: gpumnn on each backend (recorded and eager, in each of ``precisions`` the
+    backend has) and PyTorch (eager, and CUDA-graph replay on CUDA) timed in alternation, with
+    each series' error against ONNX Runtime."""
     torch, onnx2torch = require_torch()
     import onnx
     net, model_bytes, feed = load_model(model)
@@ -206,14 +232,14 @@ def peer_row(model: str, backends: Sequence[str], torch_device: str, device_io: 
         device_feed = {name: torch.from_numpy(np.ascontiguousarray(v)).to(device) for name, v in feed.items()}
     notes, sessions, fns = [], [], {}
     try:
-        for backend in backends:
+        for label, backend, precision in labels_for(backends, precisions):
             try:
-                backend_fns = gpumnn_runners(net, backend, feed, threads, device_feed, sync, sessions)
+                backend_fns = gpumnn_runners(net, backend, feed, threads, device_feed, sync, sessions, precision)
                 for series, fn in backend_fns.items():
                     row.rel_errors[series] = rel_l2(to_host(fn()), reference)
                 fns.update(backend_fns)
             except Exception as exc:  # one failing backend must not hide the others' figures
-                notes.append(f"{backend} failed: {type(exc).__name__}: {exc}"[:160])
+                notes.append(f"{label} failed: {type(exc).__name__}: {exc}"[:160])
         try:
             module = onnx2torch.convert(onnx.load_from_string(model_bytes)).eval().to(device)
             torch_fns = torch_runners(module, x, device, device_io)
@@ -274,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="host: NumPy in and out everywhere (default); device: a CUDA tensor in, outputs left "
                              "on the GPU, for gpumnn cuda and PyTorch on CUDA")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--precision", nargs="+", choices=("fp32", "tf32"), default=["fp32"],
+                        help="gpumnn's precisions: a series pair per backend that has each (tf32: cuda, as cuda-tf32)")
     parser.add_argument("--torch-precision", choices=("fp32", "tf32"), default="fp32",
                         help="fp32: no TF32 in PyTorch's convolutions and products, as gpumnn (default); "
                              "tf32: PyTorch's defaults")
@@ -300,15 +328,16 @@ def main(argv: list[str] | None = None) -> int:
     models = list(zoo.MODELS) if args.models == ["all"] else args.models
     backends, skipped = resolve_backends(args.backend)
     graph = torch_device.startswith("cuda")
-    series, ratios = series_for(backends, graph), ratios_for(backends, graph)
+    labels = [label for label, _, _ in labels_for(backends, args.precision)]
+    series, ratios = series_for(labels, graph), ratios_for(labels, graph)
     rows = []
     for model in models:
         try:
             rows.append(peer_row(model, backends, torch_device, args.io == "device", args.threads,
-                                 args.runs, args.warmup, args.repeats, args.pause))
+                                 args.runs, args.warmup, args.repeats, args.pause, args.precision))
         except Exception as exc:  # one model's failure must not hide the others
             rows.append(BenchRow(model, torch_device, note=f"failed: {type(exc).__name__}: {exc}"[:200]))
-    document = json.dumps({"threads": args.threads, "torch_precision": args.torch_precision, "runs": args.runs, "warmup": args.warmup, "repeats": args.repeats,
+    document = json.dumps({"threads": args.threads, "precision": args.precision, "torch_precision": args.torch_precision, "runs": args.runs, "warmup": args.warmup, "repeats": args.repeats,
                            "pause": args.pause, "io": args.io, "torch_device": torch_device, "skipped": skipped,
                            "targets": [vars(t) | {"models": list(t.models or [])} for t in TARGETS],
                            "rows": rows_as_dicts(rows, series, ratios)}, indent=2)
@@ -317,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(document)
     else:
-        header = (f"batch 1, io={args.io}, PyTorch in {args.torch_precision}; each repeat times {', '.join(series)} in turn, {args.pause:g} s apart "
+        header = (f"batch 1, io={args.io}, gpumnn in {'/'.join(args.precision)}, PyTorch in {args.torch_precision}; each repeat times {', '.join(series)} in turn, {args.pause:g} s apart "
                   f"({args.warmup} warm-up, "
                   f"then the mean of {args.runs} runs); ms: median over {args.repeats} repeats (min-max); ratios: "
                   f"median of per-repeat ratios (min-max); err: relative L2 vs ONNX Runtime")

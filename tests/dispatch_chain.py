@@ -104,5 +104,6 @@ GL_VARIANTS = [
     ("conv2d", {"DIRECT_RB": 1, "RM": 32, "RN": 8, "KW": 1, "SW": 1, "DW": 1, "WG": 8, "X_VEC4": 1, "ACT": 3}),
     ("conv2d", {"DEPTHWISE": 1, "RN": 4, "KW": 3, "SW": 2, "DW": 1}), ("conv_transpose2d", {"HAS_BIAS": 1}),
     ("pool2d", {"COUNT_PAD": 1}), ("softmax", {"LOG": 1, "WG_PER_ROW": 1, "WG": 64}), ("normalize", {"AFFINE": 1}),
-    ("resize", {}), ("gather", {}),
+    ("resize", {}), ("gather", {}), ("gemv", {"KL": 32, "NL": 8, "WG": 256, "KFAST": 1, "HAS_BIAS": 1, "ACT": 1}),
+    ("gemv", {"KL": 8, "NL": 32, "WG": 256, "KFAST": 0}), ("gemv", {"KL": 256, "NL": 1, "WG": 256, "KFAST": 1}),
 ]

@@ -887,6 +887,79 @@ def test_split_k_gemms_agree(cpu, name):
             be.close()
 
 
+#: one-row products for the matrix-vector kernels (scheme ``gemv``: gemv.cl, gemv.comp) at odd
+#: sizes: K not a multiple of the lanes, both weight layouts, every bias layout, a batch of vectors
+#: with a weight each and with one shared
+GEMV_CASES = {
+    "classifier-transposed-relu": lambda rng: _matmul(rng, batch=1, m=1, n=1000, k=513, trans_b=True, bias="row",
+                                                      activation=("relu", ()), const_b=True),
+    "row-major-fullbias-alpha-beta": lambda rng: _matmul(rng, batch=1, m=1, n=77, k=301, bias="full",
+                                                         alpha=0.5, beta=2.0),
+    "short-k": lambda rng: _matmul(rng, batch=1, m=1, n=33, k=3, trans_b=True),
+    "few-columns-long-k": lambda rng: _matmul(rng, batch=1, m=1, n=10, k=3001, trans_b=True, bias="row"),
+    "batched-trans-a-b-colbias-gelu": lambda rng: _matmul(rng, batch=3, m=1, n=45, k=259, trans_a=True, trans_b=True,
+                                                          bias="col", activation=("gelu", ())),
+    "batched-shared-weight-sigmoid": lambda rng: _matmul(rng, batch=3, m=1, n=50, k=70, shared=True, bias="row",
+                                                         activation=("sigmoid", ()), const_b=True),
+}
+
+#: the GPU variant of every kernel family, where the gemv kernels are
+GEMV_BACKENDS = ("opencl:kernels=tiled", "vulkan:kernels=tiled", "gl:kernels=tiled", "cuda")
+
+
+@pytest.fixture(scope="module", params=GEMV_BACKENDS)
+def gpu_family_backend(request):
+    name, _, option = request.param.partition(":")
+    require_backend(name)
+    be = create_backend(name, **(dict([option.split("=", 1)]) if option else {}))
+    yield be
+    be.close()
+
+
+@pytest.mark.parametrize("name", sorted(GEMV_CASES))
+def test_gemv_products_agree(gpu_family_backend, cpu, name):
+    """The matrix-vector kernels of both GPU kernel families against the reference."""
+    be = gpu_family_backend
+    case_ = GEMV_CASES[name](np.random.default_rng(11))
+    case_ = dataclasses.replace(case_, op=dataclasses.replace(case_.op, scheme="gemv"))
+    assert be.unsupported_reason(case_.op) is None
+    pool, _, ins, outs = _prepare(be, case_, {n: np.zeros(s, np.float32) for n, s in case_.outputs.items()})
+    assert be.create_execution(case_.op, ins, outs).scheme.startswith("gemv")
+    be.release(pool)
+    check(be, cpu, case_, 11)
+
+
+@pytest.mark.parametrize("name", ["classifier-transposed-relu", "row-major-fullbias-alpha-beta",
+                                  "batched-trans-a-b-colbias-gelu"])
+def test_split_k_gemv_agrees(cpu, name):
+    """The OpenCL C matrix-vector kernel split over K (slices into scratch, then gemv_split_sum with
+    alpha, bias and activation), on a device made to look like a GPU with many compute units."""
+    targets = running(("opencl", "cuda"))
+    if not targets:
+        pytest.skip("neither opencl nor cuda is available here")
+    for target in targets:
+        be = create_backend(target, **({"kernels": "tiled"} if target == "opencl" else {}))
+        try:
+            be.compute_units = 256
+            case_ = GEMV_CASES[name](np.random.default_rng(5))
+            case_ = dataclasses.replace(case_, op=dataclasses.replace(case_.op, scheme="gemv"))
+            pool, _, ins, outs = _prepare(be, case_, {n: np.zeros(s, np.float32) for n, s in case_.outputs.items()})
+            assert be.create_execution(case_.op, ins, outs).scheme.startswith("gemv/split-K")
+            be.release(pool)
+            check(be, cpu, case_, 5)
+        finally:
+            be.close()
+
+
+def test_gemv_runs_where_no_gemv_kernel_is():
+    """A ``gemv`` op placed on a backend without the kernel (the cpu, a CPU-device family) runs as
+    the GEMM it is (``backends.base.SCHEME_FALLBACKS``)."""
+    case_ = GEMV_CASES["short-k"](np.random.default_rng(0))
+    op = dataclasses.replace(case_.op, scheme="gemv")
+    assert CpuBackend(threads=1).unsupported_reason(op) is None
+    assert CpuBackend(threads=1).unsupported_reason(dataclasses.replace(op, scheme="strassen")) is not None
+
+
 def test_every_case_runs_on_the_cpu(cpu):
     """The NumPy backend is the reference and the fallback: it runs every case, int32 ones included."""
     for name in CASE_IDS:

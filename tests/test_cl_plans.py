@@ -33,6 +33,7 @@ class _Target:
     is_gpu: bool
     compute_units: int = 4
     max_wg: int = 256
+    tf32: bool = False
 
     @staticmethod
     def is_constant(handle: TensorHandle) -> bool:
@@ -47,6 +48,10 @@ def _declared(family: str) -> tuple[set[str], tuple[str, ...]]:
 
 EXTRA = [  # ops the chain lacks, with paths that need scratch and preparation on the simd family
     (A.MatMul(("p", "wt"), ("q",), "fc_t", batch=1, m=6, n=5, k=6, trans_b=True), {"wt": (5, 6)}, {"q": (6, 5)}),
+    (A.MatMul(("v", "wt"), ("g",), "gemv_t", batch=1, m=1, n=5, k=6, trans_b=True, scheme="gemv"), {"v": (1, 6)},
+     {"g": (1, 5)}),
+    (A.MatMul(("v", "wv"), ("g2",), "gemv_split", batch=1, m=1, n=5, k=1024, scheme="gemv"),
+     {"v": (1, 1024), "wv": (1024, 5)}, {"g2": (1, 5)}),
     (A.Resize(("x",), ("r",), "up", planes=8, in_hw=(12, 12), out_hw=(24, 24), scales=(2.0, 2.0), mode="linear"),
      {}, {"r": (1, 8, 24, 24)}),
     (A.Scatter(("x", "i", "u"), ("t",), "scatter", rows=8, inner=144, count=2, reduction="add"),
@@ -62,7 +67,7 @@ def test_every_launch_names_a_declared_kernel_and_fits_its_work_groups(kernels, 
     prepared = 0
     for op, more_inputs, more_outputs in cases:
         shapes.update(more_inputs, **more_outputs)
-        handles = {n: TensorHandle("constants" if n in CONSTANTS or n == "wt" else "pool", 0, tuple(s))
+        handles = {n: TensorHandle("constants" if n in CONSTANTS or n in ("wt", "wv") else "pool", 0, tuple(s))
                    for n, s in {**shapes, **{k: v.shape for k, v in CONSTANTS.items()}}.items()}
         planned = cl_plans.plan(target, op, [handles[n] for n in op.inputs], [handles[n] for n in op.outputs])
         assert planned.work, f"{op.source}: nothing to launch"

@@ -41,6 +41,7 @@ class _GpuTarget:
     is_gpu: bool = True
     compute_units: int = 132
     max_wg: int = 1024
+    tf32: bool = False
 
     @staticmethod
     def is_constant(handle: TensorHandle) -> bool:
@@ -59,18 +60,19 @@ class _Pointer:
     __str__ = __repr__
 
 
-def _planned_chain():
-    """Every op of the shared dispatch chain planned for a GPU, its tensors in a pool or constants
-    (DeviceBuffers, as the cuda backend's handles are): [(op, handles by name, its KernelWork)]."""
-    target = _GpuTarget()
+def _planned_chain(tf32: bool = False):
+    """Every op of the shared dispatch chain planned for a GPU (with ``tf32``: as for
+    precision="tf32"), its tensors in a pool or constants (DeviceBuffers, as the cuda backend's
+    handles are): [(op, handles by name, its KernelWork)]."""
+    target = _GpuTarget(tf32=tf32)
     pool = DeviceBuffer(_Pointer("pool"), 1 << 20)
     consts = {n: DeviceBuffer(_Pointer(n), a.nbytes, constant=True) for n, a in CONSTANTS.items()}
     shapes = {**SHAPES, **{k: v.shape for k, v in CONSTANTS.items()}}
     handles = {n: TensorHandle(consts.get(n, pool), 0 if n in consts else 64 * i, tuple(s))
                for i, (n, s) in enumerate(shapes.items())}
-    extra = [A_resize(), A_matmul_t()]
+    extra = [A_resize(), A_matmul_t(), A_gemv()]
     handles.update({"r": TensorHandle(pool, 4096, (1, 16, 12, 12)), "wt": TensorHandle(consts["m"], 0, (5, 6)),
-                    "qt": TensorHandle(pool, 8192, (16, 6, 5))})
+                    "qt": TensorHandle(pool, 8192, (16, 6, 5)), "gv": TensorHandle(pool, 12288, (16, 1, 5))})
     out = []
     for op in CHAIN + extra:
         kernel = cl_plans.plan(target, op, [handles[n] for n in op.inputs], [handles[n] for n in op.outputs])
@@ -89,11 +91,19 @@ def A_matmul_t():
                     trans_b=True)
 
 
+def A_gemv():
+    from gpumnn import atomic as A
+    return A.MatMul(("p", "wt"), ("gv",), "fc_gemv", batch=16, m=1, n=5, k=6, a_batch_stride=6, b_batch_stride=0,
+                    trans_b=True, scheme="gemv")
+
+
 # -- planned launches as CUDA launches -------------------------------------------------------------
 
-def test_grid_times_block_is_the_planned_global_size():
-    launches = [ln for _, _, kernel in _planned_chain() for ln in kernel.prepare + kernel.work]
-    assert {ln.family for ln in launches} >= {"gemm", "elementwise", "raster", "pool", "reduce", "resize"}
+@pytest.mark.parametrize("tf32", [False, True])
+def test_grid_times_block_is_the_planned_global_size(tf32):
+    launches = [ln for _, _, kernel in _planned_chain(tf32) for ln in kernel.prepare + kernel.work]
+    assert {ln.family for ln in launches} >= {"gemm", "gemv", "elementwise", "raster", "pool", "reduce", "resize"}
+    assert any(("GEMM_TF32", 1) in ln.defines for ln in launches) == tf32
     for ln in launches:
         grid, block = grid_block(ln)
         assert len(grid) == len(block) == 3
@@ -148,10 +158,11 @@ def test_arguments_are_device_pointers_offsets_and_scalars():
     assert scratch_seen, "the resize kernel's sampling table is a Scratch"
 
 
-def test_every_planned_kernel_is_in_its_cuda_program():
+@pytest.mark.parametrize("tf32", [False, True])
+def test_every_planned_kernel_is_in_its_cuda_program(tf32):
     """The names CUDA looks up (RawModule.get_function) are extern "C" kernels of the CUDA text."""
     import re
-    for _, _, kernel in _planned_chain():
+    for _, _, kernel in _planned_chain(tf32):
         for ln in kernel.prepare + kernel.work:
             source = cuda_source(ln.family, dict(ln.defines))
             names = set(re.findall(r"__kernel\b[^\n;{]*?\bvoid\s+(\w+)", source))

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import require_backend, require_tool
 from gpumnn import atomic as A
-from gpumnn.backends.kernels.cl.planner import GEMM_CONFIGS, KIND_IDS, family_source
+from gpumnn.backends.kernels.cl.planner import GEMM_CONFIGS, GEMV_CONFIGS, KIND_IDS, family_source, gemm_tf32_fits
 from gpumnn.backends.kernels.cl.cuda_source import (CPU_ONLY_DEFINE, CPU_ONLY_FAMILIES, NVRTC_OPTIONS, cuda_families,
                                         cuda_source)
 
@@ -31,11 +31,14 @@ def gpu_variants() -> list[tuple[str, dict[str, int]]]:
     """(family, defines) of every program the OpenCL backend builds with the GPU kernels: the GEMM
     tilings of GEMM_CONFIGS (as ``_gemm_launch`` passes them), Winograd tiles, the element-moving
     families for 4-, 2- and 1-byte elements (``elem_defines``), the conversion between every two
-    storage dtypes of which one is narrow, the other families without defines."""
+    storage dtypes of which one is narrow, the matrix-vector tilings of GEMV_CONFIGS, the other
+    families without defines."""
     out: list[tuple[str, dict[str, int]]] = []
     for family in cuda_families():
         if family == "gemm":
             out += [(family, dict(zip(("TM", "TN", "WM", "WN", "TK"), cfg))) for cfg in GEMM_CONFIGS.values()]
+        elif family == "gemv":
+            out += [(family, dict(zip(("KL", "NL", "KFAST"), cfg))) for cfg in GEMV_CONFIGS.values()]
         elif family == "winograd":  # the tile sizes are compile-time: the smallest, the largest, a 1D one
             out += [(family, dict(zip(("AH", "AW", "NH", "NW"), tile))) for tile in ((4, 4, 2, 2), (8, 8, 6, 6), (1, 10, 1, 4))]
         elif family in ("raster", "gather", "select", "scatter"):
@@ -77,9 +80,10 @@ def _excerpt(source: str, log: str, name: str) -> str:
 
 
 @functools.cache
-def compile_ptx(family: str, defines: tuple[tuple[str, int], ...]) -> str:
-    """PTX of the CUDA text of ``family`` built with ``defines``; a failed compile fails the test
-    with NVRTC's log and the source lines it names."""
+def compile_ptx(family: str, defines: tuple[tuple[str, int], ...], arch: str = ARCH) -> str:
+    """PTX of the CUDA text of ``family`` built with ``defines`` (for a virtual ``arch``,
+    compute_XX), or with a real one (sm_XX) the size of the machine code ptxas made, as text; a
+    failed compile fails the test with NVRTC's log and the source lines it names."""
     nvrtc, reason = _nvrtc()
     require_tool("nvrtc", reason)
     source = cuda_source(family, dict(defines))
@@ -87,15 +91,18 @@ def compile_ptx(family: str, defines: tuple[tuple[str, int], ...]) -> str:
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"nvrtcCreateProgram: {err}"
     try:
-        options = [f"-arch={ARCH}".encode()] + [o.encode() for o in NVRTC_OPTIONS]
+        options = [f"-arch={arch}".encode()] + [o.encode() for o in NVRTC_OPTIONS]
         (status,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
         _, size = nvrtc.nvrtcGetProgramLogSize(prog)
         log = b" " * size
         nvrtc.nvrtcGetProgramLog(prog, log)
         log_text = log.decode(errors="replace").rstrip("\x00 \n")
         if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            pytest.fail(f"NVRTC cannot compile {family} {dict(defines)} as CUDA: {status}\n{log_text}\n"
+            pytest.fail(f"NVRTC cannot compile {family} {dict(defines)} as CUDA for {arch}: {status}\n{log_text}\n"
                         f"{_excerpt(source, log_text, name)}")
+        if arch.startswith("sm_"):
+            _, size = nvrtc.nvrtcGetCUBINSize(prog)
+            return str(size)
         _, size = nvrtc.nvrtcGetPTXSize(prog)
         ptx = b" " * size
         nvrtc.nvrtcGetPTX(prog, ptx)
@@ -134,8 +141,9 @@ def test_program_compiles_as_cuda(family, defines):
     for name in kernels_with_local_arrays(family_source(family)):
         assert name in entries, f"{family}: kernel {name} missing from the PTX (entries: {sorted(entries)})"
         assert re.search(r"\b(st|ld)\.shared\.", entries[name]), f"{family}: {name}'s __local arrays are not in shared memory"
-    if family == "gemm":  # reqd_work_group_size(LX, LY, 1), LX = TN / WN, LY = TM / WM
-        threads = (defines["TN"] // defines["WN"]) * (defines["TM"] // defines["WM"])
+    if family in ("gemm", "gemv"):  # reqd_work_group_size: gemm (TN / WN, TM / WM, 1), gemv (KL * NL, 1, 1)
+        threads = (defines["TN"] // defines["WN"]) * (defines["TM"] // defines["WM"]) if family == "gemm" \
+            else defines["KL"] * defines["NL"]
         for name, body in entries.items():
             bound = re.search(r"\.maxntid\s+(\d+),\s*(\d+),\s*(\d+)", body[:body.index("{")])
             assert bound and int(bound.group(1)) * int(bound.group(2)) * int(bound.group(3)) == threads, \
@@ -171,3 +179,41 @@ def test_cpu_device_variants_are_refused():
             cuda_source(family, {CPU_ONLY_DEFINE: 16})
     with pytest.raises(ValueError, match="OpenCL-only"):
         cuda_source("elementwise", {CPU_ONLY_DEFINE: 16})
+
+
+# -- precision="tf32": the GEMM tiles on tensor cores -----------------------------------------------
+
+#: every GEMM tiling with a TF32 variant, as the planner builds it for a cuda backend with tf32
+TF32_VARIANTS = [dict(zip(("TM", "TN", "WM", "WN", "TK"), cfg), GEMM_TF32=1)
+                 for name, cfg in GEMM_CONFIGS.items() if gemm_tf32_fits(name)]
+TF32_IDS = ["x".join(map(str, cfg[:2])) for name, cfg in GEMM_CONFIGS.items() if gemm_tf32_fits(name)]
+#: the GPUs with TF32 tensor cores that matter here: Ampere (A100) and Hopper (H100)
+TF32_ARCHS = ("80", "90")
+
+
+def test_tf32_covers_the_tilings_a_gpu_takes():
+    """The two tilings of full-size GEMMs have a TF32 variant; the 4-row tiling stays in float32."""
+    assert {cfg[:2] for cfg in (GEMM_CONFIGS[n] for n in GEMM_CONFIGS if gemm_tf32_fits(n))} == {(64, 64), (32, 32)}
+
+
+@pytest.mark.parametrize("arch", TF32_ARCHS)
+@pytest.mark.parametrize("defines", TF32_VARIANTS, ids=TF32_IDS)
+def test_tf32_gemm_compiles_to_tensor_core_instructions(defines, arch):
+    """Each TF32 GEMM variant compiles with NVRTC, no header and no GPU: to PTX whose every GEMM
+    entry rounds to TF32 and multiplies with mma.sync m16n8k8, and through ptxas to machine code
+    for sm_80 and sm_90."""
+    ptx = compile_ptx("gemm", tuple(sorted(defines.items())), f"compute_{arch}")
+    entries = ptx_entries(ptx)
+    for name in ("gemm_dense", "gemm_conv", "gemm_deconv"):
+        assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in entries[name], name
+        assert "cvt.rna.tf32.f32" in entries[name], name
+    assert "mma.sync" not in entries["gemm_split_sum"]
+    assert int(compile_ptx("gemm", tuple(sorted(defines.items())), f"sm_{arch}")) > 0
+
+
+@pytest.mark.parametrize("defines", [dict(zip(("TM", "TN", "WM", "WN", "TK"), cfg)) for cfg in GEMM_CONFIGS.values()],
+                         ids=list(GEMM_CONFIGS))
+def test_fp32_gemm_has_no_tensor_core_instructions(defines):
+    """precision="fp32" (every variant without -DGEMM_TF32) multiplies in float32 only."""
+    ptx = compile_ptx("gemm", tuple(sorted(defines.items())))
+    assert "mma." not in ptx and "tf32" not in ptx

@@ -267,13 +267,31 @@ def test_calibration_cache_roundtrip(tmp_path, monkeypatch):
 
 def test_calibration_measures_every_family_and_the_winograd_kernel_where_a_backend_has_one(tmp_path, monkeypatch):
     """Memory-bound ops of each family (``STREAMS``) and every multiplying kernel get numbers of
-    their own; the CPU's Winograd kernel is measured, a backend without one is not."""
+    their own; the CPU's Winograd kernel is measured, a backend without one is not, and the
+    matrix-vector kernel only where a backend has one (the GPU kernel family)."""
     monkeypatch.setenv("GPUMNN_CACHE_DIR", str(tmp_path))
     cpu = C.calibrate(create_backend("cpu"), quick=True)
     assert set(cpu.memory_gbs) == set(C.STREAMS) and all(v > 0 for v in cpu.memory_gbs.values())
-    assert set(cpu.kernels) == set(C.KERNELS) and all(fixed >= 0 and rate > 0 for fixed, rate in cpu.kernels.values())
+    assert set(cpu.kernels) == set(C.KERNELS) - {"gemv"}
+    assert all(fixed >= 0 and rate > 0 for fixed, rate in cpu.kernels.values())
     require_backend("opencl")
-    assert "winograd" not in C.calibrate(create_backend("opencl"), quick=True).kernels
+    simd = C.calibrate(create_backend("opencl", kernels="simd"), quick=True).kernels
+    assert "winograd" not in simd and "gemv" not in simd
+    fixed, rate = C.calibrate(create_backend("opencl", kernels="tiled"), quick=True).kernels["gemv"]
+    assert fixed >= 0 and rate > 0
+
+
+def test_a_gemv_is_priced_by_its_kernel_or_else_the_gemm():
+    """A ``gemv`` MatMul costs the matrix-vector kernel's numbers; a calibration without them (a
+    backend without the kernel, or one measured before it existed) prices it as the GEMM."""
+    from gpumnn.scheduler.cost import CostModel
+    base = dataclasses.replace(C.paper_constants(create_backend("cpu")), source=C.MEASURED, dispatch_ms=0.0,
+                               memory_gbs={s: float("inf") for s in C.STREAMS})
+    with_gemv = dataclasses.replace(base, kernels={**{k: [0.0, 1e9] for k in C.KERNELS}, "gemv": [0.0, 1e10]})
+    without = dataclasses.replace(base, kernels={k: [0.0, 1e9] for k in C.KERNELS if k != "gemv"})
+    fc = A.MatMul(inputs=("x", "w"), outputs=("y",), source="fc", m=1, n=1000, k=512, trans_b=True, scheme="gemv")
+    assert CostModel({"cpu": with_gemv}).op_ms(fc, "cpu", 0) == pytest.approx(fc.macs() / 1e7)
+    assert CostModel({"cpu": without}).op_ms(fc, "cpu", 0) == pytest.approx(fc.macs() / 1e6)
 
 
 def test_cost_follows_the_scheme_multiplications_and_the_family_bandwidth():

@@ -401,3 +401,63 @@ def test_the_glsl_family_runs_winograd_in_one_launch(backend):
     wino = [r for r in rows if r["scheme"].startswith("winograd F(2x2, 3x3)")]
     assert len(wino) == 13 and all(r["launches"] == 1 for r in wino)
     assert len(rows) == 23 and sum(r["launches"] for r in rows) == 23
+
+
+# -- matrix-vector products (scheme gemv) --------------------------------------------------------
+
+def _matmul_program(batch: int, m: int, shared: bool) -> A.AtomicProgram:
+    op = A.MatMul(("x", "w"), ("y",), "fc", batch=batch, m=m, n=10, k=16, a_batch_stride=m * 16,
+                  b_batch_stride=0 if shared else 160, trans_b=True)
+    return A.AtomicProgram([op], {"x": (batch, m, 16), "y": (batch, m, 10)}, {"w": np.zeros((10, 16), np.float32)},
+                           ["x"], ["y"])
+
+
+class GpuFamily(CpuBackend):
+    """A backend that lists a matrix-vector kernel, as the GPU kernel families do."""
+    name = "gpufamily"
+    schemes = {**CpuBackend.schemes, A.MatMul: frozenset({"gemm", "gemv"})}
+
+
+@pytest.mark.parametrize("batch,m,shared,expected", [
+    (1, 1, True, "gemv"), (3, 1, False, "gemv"), (4, 1, True, "gemv"),
+    (5, 1, True, "gemm"), (1, 2, True, "gemm")])
+def test_one_row_products_are_gemv_where_a_backend_has_the_kernel(batch, m, shared, expected):
+    program = _matmul_program(batch, m, shared)
+    assert schemes.select_schemes(program, GpuFamily()).ops[0].scheme == expected
+    assert schemes.select_schemes(_matmul_program(batch, m, shared), CpuBackend()).ops[0].scheme == "gemm"
+    with schemes.forced_schemes(strassen=0):  # "no Strassen" keeps the matrix-vector kernel
+        assert schemes.select_schemes(_matmul_program(batch, m, shared), GpuFamily()).ops[0].scheme == expected
+
+
+@pytest.mark.parametrize("backend_name", ["opencl", "vulkan", "gl"])
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v1"])
+def test_the_gpu_families_run_the_classifier_as_gemv(backend_name, name):
+    """A zoo model's batch-1 classifier on the GPU variant of each kernel family is one ``gemv``
+    launch (the report says so), and the model still matches ONNX Runtime."""
+    from conftest import require_backend
+    from gpumnn import zoo
+    require_backend(backend_name)
+    model = zoo.build(name)
+    x = np.random.default_rng(3).standard_normal(zoo.input_shape(name)).astype(np.float32)
+    ref = onnxruntime_session(model).run(None, {"input": x})[0]
+    with gpumnn.load(model).session(backend=backend_name, kernels="tiled", fallback=False) as sess:
+        rows = [r for r in sess.report_rows() if r["op"] == "matmul"]
+        assert [(r["scheme"], r["launches"]) for r in rows] == [("gemv", 1)]
+        out = sess.run({"input": x})["output"]
+    assert rel_l2(out, ref) < 1e-3
+
+
+def test_gemv_under_vulkan_validation(vulkan_validation):
+    """The matrix-vector shader's bindings, barriers and shared memory pass the Khronos validation
+    layer, its synchronization checks included (mobilenet_v1 on the tiled kernels, recorded and eager)."""
+    from gpumnn import zoo
+    model = zoo.build("mobilenet_v1")
+    x = np.random.default_rng(4).standard_normal(zoo.input_shape("mobilenet_v1")).astype(np.float32)
+    ref = onnxruntime_session(model).run(None, {"input": x})[0]
+    net = gpumnn.load(model)
+    for record in (True, False):
+        with net.session(backend="vulkan", kernels="tiled", record=record, fallback=False) as sess:
+            assert [r["scheme"] for r in sess.report_rows() if r["op"] == "matmul"] == ["gemv"]
+            for _ in range(2):
+                assert rel_l2(sess.run({"input": x})["output"], ref) < 1e-3
+    vulkan_validation.check()

@@ -41,6 +41,17 @@ def test_series_and_ratios_cover_every_target(peer):
     assert cpu_only == [("cpu-recorded", "cpu-eager"), ("cpu-recorded", "torch-eager")]
 
 
+def test_tf32_series_go_beside_fp32_on_the_backends_that_have_it(peer):
+    """``--precision fp32 tf32``: a cuda-tf32 series pair beside each backend's fp32 pair (tf32 only
+    where the backend has it), with its ratios to PyTorch and to cuda in fp32."""
+    labels = peer.labels_for(["opencl", "cuda"], ["fp32", "tf32"])
+    assert labels == [("opencl", "opencl", "fp32"), ("cuda", "cuda", "fp32"), ("cuda-tf32", "cuda", "tf32")]
+    names = [label for label, _, _ in labels]
+    assert peer.series_for(names, graph=True)[4:6] == ["cuda-tf32-recorded", "cuda-tf32-eager"]
+    ratios = peer.ratios_for(names, graph=True)
+    assert ("cuda-tf32-recorded", "torch-graph") in ratios and ("cuda-tf32-recorded", "cuda-recorded") in ratios
+
+
 def test_report_prints_targets_beside_ratios_without_judging_other_models(peer):
     series = peer.series_for(["cuda"], graph=True)
     ms = {"cuda-recorded": 0.5, "cuda-eager": 2.0, "torch-eager": 3.0, "torch-graph": 0.4}

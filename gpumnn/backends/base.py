@@ -67,6 +67,11 @@ GENERAL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: frozenset({"im2col"}
 KERNEL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: frozenset({"depthwise", "gemm1x1", "im2col"}),
                                                  A.MatMul: frozenset({"gemm"})}
 
+#: Schemes that name a kernel specialised for part of a general scheme's work: a backend without
+#: that kernel runs the op with the general one (a ``gemv`` MatMul is a GEMM of one row), so an op
+#: whose scheme was chosen for one backend still runs wherever placement puts it.
+SCHEME_FALLBACKS: Mapping[str, str] = {"gemv": "gemm"}
+
 #: The ``kernels=`` option of every backend, one vocabulary: "simd" (kernels for a CPU device's
 #: vector units: explicit vectors, register blocking, narrow work-groups, no barriers), "tiled"
 #: (kernels for a GPU: shared/local-memory tiles, wide work-groups) or "auto" (simd on CPU
@@ -337,7 +342,8 @@ class Backend(ABC):
         if type(op) not in self.kernel_table:
             return f"the {self.name} backend has no kernel for atomic op {type(op).__name__}"
         scheme = getattr(op, "scheme", None)
-        if scheme is not None and scheme not in self.schemes.get(type(op), GENERAL_SCHEMES.get(type(op), ())):
+        built = self.schemes.get(type(op), GENERAL_SCHEMES.get(type(op), ()))
+        if scheme is not None and scheme not in built and SCHEME_FALLBACKS.get(scheme) not in built:
             return f"the {self.name} backend has no {scheme!r} kernel for atomic op {type(op).__name__}"
         if getattr(op, "has_residual", False) and scheme not in self.residual_schemes.get(type(op), ()):
             return f"the {self.name} backend's {scheme!r} kernel for atomic op {type(op).__name__} adds no residual"

@@ -54,7 +54,7 @@ from .shape_set import SessionParts, ShapeSet
 from ..scheduler import PoolLayout, Placement
 from ..scheduler.calibration import calibration_for
 from ..scheduler.cost import CostModel
-from ..scheduler.precision import check_precision
+from ..scheduler.precision import backend_options as precision_backend_options, check_precision, precision_run
 from .shared import ConstantStore, RunReservations
 from .shape_set_cache import ShapeSetCache
 from .run_states import RunSlots
@@ -82,8 +82,10 @@ class Session:
                  placement: Mapping[str, str] | None = None, submit_timeout: float | None = None,
                  precision: str = "fp32", **backend_options: Any):
         started = time.perf_counter()
-        #: the arithmetic of the products (``gpumnn.scheduler.precision``): "fp32", or "int8" (dynamic quantization)
+        #: the arithmetic of the products (``gpumnn.scheduler.precision``): "fp32", "tf32" (cuda's tensor
+        #: cores), or "int8" (dynamic quantization)
         self.precision = check_precision(precision)
+        backend_options = {**backend_options, **precision_backend_options(self.precision, backend)}
         self.graph = graph
         self.record = record
         if int(shape_cache) < 0:
@@ -108,6 +110,7 @@ class Session:
         self._closer = weakref.finalize(self, _finalize, list(self.backends.values()))
         _open_sessions.add(self)
         self.backend = "+".join(self.candidates) if backend != "auto" or self.fallback_reason else "auto"
+        self.precision = precision_run(self.precision, self.candidates)  # "fp32" where the backend fell back
         #: whose device arrays runs take and return: the first device backend among the candidates
         self.device_backend = next((b for b in self.candidates if b != "cpu"), self.candidates[0])
         # several candidates: the cost model needs measured numbers (a quick calibration the first time)

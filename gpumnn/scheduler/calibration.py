@@ -8,7 +8,8 @@ backend is measured through its own kernels and verbs:
 
 * ``kernels``: for each kernel that multiplies (``gemm``: the MatMul kernel; ``conv3x3``,
   ``conv1x1``, ``depthwise``: the convolution kernels those schemes name; ``winograd`` where the
-  backend has a Winograd kernel of its own), a fixed cost and a rate, ``[ms, MAC/s]``, fitted
+  backend has a Winograd kernel of its own; ``gemv`` where it has a matrix-vector kernel, timed
+  on one-row products with a transposed weight, as a classifier's), a fixed cost and a rate, ``[ms, MAC/s]``, fitted
   through two sizes of it: a depthwise or a small 1x1 convolution runs far below a large GEMM's
   rate, and a CPU BLAS call pays for waking its threads. Convolutions are measured with a bias
   and a ReLU, as networks run them (on a device that applies them in passes of their own, those
@@ -49,10 +50,13 @@ from ..backends.base import Backend
 from . import schemes
 
 #: bump when what is measured or how changes: older entries are then measured again
-VERSION = 4
+VERSION = 5
 
 #: the kernels that multiply, each with a fixed cost and a rate (see ``Calibration.kernels``)
-KERNELS = ("gemm", "conv3x3", "conv1x1", "depthwise", "winograd")
+KERNELS = ("gemm", "conv3x3", "conv1x1", "depthwise", "winograd", "gemv")
+#: the kernel whose numbers price one that a calibration lacks (a backend without that kernel, or
+#: a calibration from before it existed); any other missing kernel is priced as ``conv3x3``
+STAND_INS = {"gemv": "gemm"}
 
 #: the families of memory-bound ops, each with its own bandwidth (see ``Calibration.memory_gbs``)
 STREAMS = ("elementwise", "transcendental", "rows", "pool")
@@ -244,6 +248,12 @@ def _winograd(channels: int, hw: int) -> A.Conv2D:
     return replace(op, winograd_tile=min(schemes.winograd_tiles(3), key=lambda n: schemes.conv_cost(op, n)))
 
 
+def _gemv(side: int) -> A.MatMul:
+    """A one-row product by a square transposed weight, as a classifier's."""
+    return A.MatMul(inputs=(f"gv_x{side}", f"gv_w{side}"), outputs=(f"gv_y{side}",), source="calibration",
+                    m=1, n=side, k=side, trans_b=True, scheme="gemv")
+
+
 def _rate(amount: float, seconds: float) -> float:
     return amount / max(seconds, 1e-9)
 
@@ -283,6 +293,8 @@ def _kernel_ops(sizes: _Sizes, backend: Backend) -> dict[str, tuple[A.AtomicOp, 
            "depthwise": (_conv(c // 2, hw // 2, 3, c // 2, "depthwise"), _conv(2 * c, hw, 3, 2 * c, "depthwise"))}
     if schemes.builds_kernel(backend, A.Conv2D, "winograd"):
         ops["winograd"] = (_winograd(c, hw // 2), _winograd(c, hw))
+    if schemes.builds_kernel(backend, A.MatMul, "gemv"):
+        ops["gemv"] = (_gemv(n), _gemv(4 * n))
     return ops
 
 
@@ -308,7 +320,8 @@ def calibrate(backend: Backend, quick: bool = False) -> Calibration:
     weights = {}
     for op in (op for pair in kernel_ops.values() for op in pair):
         if isinstance(op, A.MatMul):
-            shapes.update({op.inputs[0]: (op.m, op.k), op.inputs[1]: (op.k, op.n), op.outputs[0]: (op.m, op.n)})
+            shapes.update({op.inputs[0]: (op.m, op.k), op.inputs[1]: (op.n, op.k) if op.trans_b else (op.k, op.n),
+                           op.outputs[0]: (op.m, op.n)})
         else:
             shapes.update({op.inputs[0]: (1, op.in_channels, *op.in_hw),
                            op.outputs[0]: (1, op.out_channels, *op.out_hw)})
@@ -371,5 +384,5 @@ def calibrate(backend: Backend, quick: bool = False) -> Calibration:
     return result
 
 
-__all__ = ["KERNELS", "STREAMS", "Calibration", "MEASURED", "PAPER", "QUICK", "cache_path", "calibrate", "calibration_for",
+__all__ = ["KERNELS", "STAND_INS", "STREAMS", "Calibration", "MEASURED", "PAPER", "QUICK", "cache_path", "calibrate", "calibration_for",
            "forget", "paper_constants", "store", "stored"]

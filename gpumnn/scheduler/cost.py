@@ -3,7 +3,7 @@
 The paper's Eq. 5 is ``MUL / FLOPS * 1000 + t_schedule`` (the last term on a GPU only). Costing
 every op by its multiplications alone calls a Relu, a Raster or a pooling free, although on every
 device here they are bound by memory, not arithmetic. So an op costs a roofline, the larger of
-its multiplications at its scheme's kernel (GEMM, 3x3, 1x1, depthwise or Winograd convolution: a
+its multiplications at its scheme's kernel (GEMM, matrix-vector, 3x3, 1x1, depthwise or Winograd convolution: a
 fixed cost plus the scheme's multiplications at a rate, fitted through two sizes) and the bytes it
 reads and writes at the device's bandwidth for its family of memory-bound ops (elementwise,
 transcendental, rows, pooling: :func:`stream_of`) plus one dispatch inside a recording (or, for an eager session, one op
@@ -24,7 +24,7 @@ from typing import Mapping
 
 from .. import atomic as A
 from . import schemes
-from .calibration import Calibration
+from .calibration import STAND_INS, Calibration
 
 #: where graph inputs come from and outputs go: the caller's NumPy arrays
 HOST = "host"
@@ -47,6 +47,8 @@ def kernel_of(op: A.AtomicOp) -> str | None:
         return {"gemm1x1": "conv1x1", "depthwise": "depthwise", "winograd": "winograd"}.get(op.scheme, "conv3x3")
     if isinstance(op, A.ConvTranspose2D):
         return "conv3x3"
+    if isinstance(op, A.MatMul) and op.scheme == "gemv":
+        return "gemv"
     return "gemm" if op.macs() else None
 
 
@@ -92,7 +94,8 @@ class CostModel:
         cost = fixed + _per_second(nbytes, cal.memory_gbs[stream_of(op)] * 1e9) * 1e3
         kernel = kernel_of(op)
         if kernel is not None:
-            kernel_fixed, rate = cal.kernels.get(kernel) or cal.kernels["conv3x3"]
+            kernel_fixed, rate = (cal.kernels.get(kernel) or cal.kernels.get(STAND_INS.get(kernel, ""))
+                                  or cal.kernels["conv3x3"])
             multiply = kernel_fixed + _per_second(schemes.scheme_macs(op), rate) * 1e3
             cost = max(cost, multiply if self.record else multiply - cal.dispatch_ms + fixed)
         activation = getattr(op, "activation", None)

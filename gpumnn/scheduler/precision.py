@@ -1,4 +1,14 @@
-"""The session's ``precision``: the one place that rewrites a float program for lower precision.
+"""The session's ``precision``: the one place that knows the precisions and what each changes.
+
+``fp32`` (the default) changes nothing: float32 arithmetic everywhere, no TF32 in any kernel.
+
+``tf32`` changes the kernels, not the program: on cuda the convolution and GEMM tiles multiply on
+tensor cores (``mma.sync`` m16n8k8, operands rounded to TF32's 10-bit mantissa, float32 sums;
+the backend option ``tf32=True``: :func:`backend_options`). Depthwise convolutions, matrix-vector
+products and every other op stay float32. Only cuda has such kernels: a session on any other
+backend refuses ``tf32`` (ValueError) rather than run float32 under its name; ops that
+placement moves from cuda to the cpu run there in float32. Expect a relative L2 error of about
+1e-3 against float32 on a network, checked below ``TOLERANCES``.
 
 ``int8`` is MNN's dynamic quantization (seed 004), with no calibration data: every MatMul with a
 constant weight becomes a ``QuantizedMatMul`` whose weight is quantized here, once per prepared
@@ -10,13 +20,21 @@ and the result is dequantized to float32, so the ops around it are untouched.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Sequence
 
 import numpy as np
 
 from .. import atomic as A
 
 #: the values of ``Session``'s ``precision`` option
-PRECISIONS: tuple[str, ...] = ("fp32", "int8")
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "int8")
+#: the precisions that choose kernels instead of rewriting the program: per backend that has such
+#: kernels, the backend options that select them
+KERNEL_PRECISIONS: dict[str, dict[str, dict[str, Any]]] = {"tf32": {"cuda": {"tf32": True}}}
+#: the relative L2 error against float32 (ONNX Runtime's) within which a kernel precision keeps a
+#: zoo network's output: TF32 rounds each operand to 2^-11 relative, about 1e-3 on a network; the
+#: cuda tests check this bound where a GPU runs them
+TOLERANCES: dict[str, float] = {"tf32": 1e-2}
 #: the widest value of int8 weights (symmetric: -128 is never used)
 INT8_MAX = 127
 
@@ -26,6 +44,28 @@ def check_precision(precision: str) -> str:
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r} is not one of {', '.join(map(repr, PRECISIONS))}")
     return precision
+
+
+def backend_options(precision: str, backend: str | Sequence[str]) -> dict[str, Any]:
+    """The backend options a session on ``backend`` (as requested: a name, a list, "auto") passes
+    its backend for ``precision``: none for a precision that rewrites the program; for a kernel
+    precision, its options where the one backend named has those kernels, else ValueError naming
+    the backends that have them."""
+    kernels = KERNEL_PRECISIONS.get(check_precision(precision))
+    if kernels is None:
+        return {}
+    if isinstance(backend, str) and backend in kernels:
+        return dict(kernels[backend])
+    having = " or ".join(repr(b) for b in kernels)
+    raise ValueError(f"precision={precision!r} runs on backend={having} only (its kernels have it), not "
+                     f"backend={backend!r}; precision='fp32' runs there")
+
+
+def precision_run(precision: str, backends: Sequence[str]) -> str:
+    """The precision a session on ``backends`` (those that started) computes in: ``precision``, or
+    "fp32" where it is a kernel precision none of them has (its backend fell back to the cpu)."""
+    kernels = KERNEL_PRECISIONS.get(precision)
+    return "fp32" if kernels is not None and not set(backends) & set(kernels) else precision
 
 
 def quantize_columns(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -54,7 +94,7 @@ def _quantizable(op: A.AtomicOp, program: A.AtomicProgram) -> bool:
 
 def apply_precision(program: A.AtomicProgram, precision: str) -> A.AtomicProgram:
     """``program`` rewritten for ``precision`` (itself for fp32): see the module docstring."""
-    if check_precision(precision) == "fp32":
+    if check_precision(precision) == "fp32" or precision in KERNEL_PRECISIONS:
         return program
     constants = dict(program.constants)
     quantized: dict[tuple[str, bool, float], tuple[str, str]] = {}

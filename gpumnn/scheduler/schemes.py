@@ -25,8 +25,11 @@ is what makes a small map prefer a smaller tile), and the output transform is pe
 channel (the paper's last term omits ``oc``). ``C(1)`` is the sliding window's own count,
 ``ic oc k^2`` per output.
 
-Matrix products: ``gemm``, or ``strassen`` (with ``strassen_levels``) while Eq. 9 says one more
-level of recursion saves more multiplications than its additions cost.
+Matrix products: ``gemv`` for a product of one row (M = 1: a batch-1 classifier) on a backend
+with a matrix-vector kernel (the GPU kernel families; :func:`gemv_fits`), else ``gemm``, or
+``strassen`` (with ``strassen_levels``) while Eq. 9 says one more level of recursion saves more
+multiplications than its additions cost. A backend without a ``gemv`` kernel runs such an op with
+its GEMM (``backends.base.SCHEME_FALLBACKS``), so placement may move it anywhere.
 
 Winograd and Strassen are rewritten by ``gpumnn.scheduler.expansion`` into Raster and (batched)
 MatMul atomic ops, bias and activation in the last MatMul's epilogue, so every backend that runs
@@ -68,6 +71,8 @@ STRASSEN_ADD_COST = 1.0
 #: inner products: a GEMM kernel far below it no longer runs at full speed, so the saved
 #: multiplications are slower ones (measured in ``bench/schemes.py``).
 STRASSEN_MIN_BLOCK = 256
+#: a matrix-vector kernel takes a batch of one-row products that share one weight up to this many rows
+GEMV_MAX_SHARED_ROWS = 4
 
 
 @dataclass(frozen=True)
@@ -199,7 +204,16 @@ def strassen_fits(op: A.MatMul, constants: Mapping[str, Any]) -> bool:
     return op.batch == 1 and (not op.has_bias or op.inputs[2] in constants)
 
 
+def gemv_fits(op: A.MatMul) -> bool:
+    """A product of one row per batch entry, which a matrix-vector kernel (``gemv``) computes: M = 1,
+    and where the batch shares one weight, at most GEMV_MAX_SHARED_ROWS entries (more rows of one
+    weight make a GEMM whose tiles read each weight once for all of them)."""
+    return op.m == 1 and (op.b_batch_stride != 0 or op.batch <= GEMV_MAX_SHARED_ROWS)
+
+
 def matmul_candidates(op: A.MatMul, constants: Mapping[str, Any]) -> list[tuple[str, int, str]]:
+    if gemv_fits(op):  # a backend without the kernel goes on to the GEMM
+        return [("gemv", 0, f"M = 1 ({op.batch}x{op.k}x{op.n})"), ("gemm", 0, "")]
     if strassen_fits(op, constants):
         levels = strassen_levels(op.m, op.n, op.k)
         if levels:
@@ -245,8 +259,8 @@ def _forced_conv(op: A.Conv2D, weights_constant: bool, candidates: list) -> list
 
 def _forced_matmul(op: A.MatMul, constants: Mapping[str, Any], candidates: list) -> list:
     levels = _FORCED_VAR.get()["strassen"]
-    if levels == 0:
-        return [("gemm", 0, "(forced)")]
+    if levels == 0:  # no Strassen: a product of one row keeps its matrix-vector kernel
+        return [c for c in candidates if c[0] == "gemv"] + [("gemm", 0, "(forced)")]
     return [("strassen", levels, f"{levels} levels (forced)")] + candidates if strassen_fits(op, constants) else candidates
 
 def builds_kernel(backend: Any, op_type: type, scheme: str) -> bool:

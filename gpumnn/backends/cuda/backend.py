@@ -77,6 +77,10 @@ _MODULES: dict[tuple, Any] = {}
 _MODULES_LOCK = threading.Lock()
 
 
+#: the compute capability whose tensor cores first multiply TF32 (mma.sync m16n8k8 .tf32: Ampere)
+TF32_MIN_MAJOR = 8
+
+
 class CudaBackend(Backend):
     """CUDA on one NVIDIA GPU, through CuPy."""
 
@@ -95,12 +99,17 @@ class CudaBackend(Backend):
     device_arrays_unsupported = None
     alignment = 256  # cudaMalloc's alignment: every tensor starts where a fresh allocation would
 
-    def __init__(self, device: str | int | None = None, kernels: str | None = None, **unknown: Any):
+    def __init__(self, device: str | int | None = None, kernels: str | None = None, tf32: bool = False,
+                 **unknown: Any):
         """``device``: index or name substring; default the first GPU. ``kernels``: "auto" or
         "tiled" (the GPU kernels, the only family CUDA builds: the "simd" kernels use OpenCL
         vector types CUDA lacks); ``$GPUMNN_KERNELS=simd`` is a preference for devices with
-        both families and means tiled here."""
+        both families and means tiled here. ``tf32``: the convolution and GEMM tiles multiply on
+        tensor cores in TF32 (mma.sync, compute capability 8.0 or later), which a session's
+        ``precision="tf32"`` asks for (``gpumnn.scheduler.precision``); default float32."""
         super().__init__(**unknown)
+        if not isinstance(tf32, bool):
+            raise BackendOptionError(f"backend 'cuda': tf32 must be True or False, not {tf32!r}")
         if kernels == "simd":
             raise BackendOptionError("backend 'cuda': kernels='simd' names the kernels for CPU OpenCL devices; "
                                      "CUDA builds the GPU kernels only (kernels='auto' or 'tiled')")
@@ -114,6 +123,12 @@ class CudaBackend(Backend):
             self.compute_units = attribute(self.device_id, "MultiProcessorCount") or 1
             self.max_wg = attribute(self.device_id, "MaxThreadsPerBlock") or 1024
             self._info = device_info(self.device_id)
+            capability = int(cupy.cuda.Device(self.device_id).compute_capability)  # "90": sm_90
+        if tf32 and capability < 10 * TF32_MIN_MAJOR:
+            raise BackendOptionError(f"backend 'cuda': tf32 needs tensor cores with TF32 (compute capability "
+                                     f"{TF32_MIN_MAJOR}.0 or later); {self._info.device} has "
+                                     f"{capability // 10}.{capability % 10}")
+        self.tf32 = tf32
         self._watch = DeviceWatch(self.name, self._info.device)  # bounded waits, the lost mark
         self._buffers: weakref.WeakSet[DeviceBuffer] = weakref.WeakSet()  # kept forever if the device hangs
         self._kernels: dict[tuple, Any] = {}

@@ -15,8 +15,17 @@
  * late-stage conv with 49 pixels), global dim 2 also walks KS slices of the inner dimension, KSLICE
  * deep: slice s writes its raw sums alpha-free to C + s * C_SPLIT (a scratch [KS][batch][M][N]),
  * and gemm_split_sum adds the slices with alpha, the bias and the activation. With KS = 1 the
- * kernel writes the epilogue itself, as before. */
+ * kernel writes the epilogue itself, as before.
+ *
+ * TF32 (-DGEMM_TF32=1, CUDA only: precision="tf32"): the same tiles in shared memory, multiplied
+ * on tensor cores by mma.sync m16n8k8 (prelude_cuda.h), the operands rounded to TF32 and the sums
+ * kept in float32. Each warp owns 16 rows and WCOLS columns of the tile (NTILES products 8 wide
+ * per 8-deep step of K); the shared rows are padded so that a warp's fragment loads hit 32
+ * different banks. Tiles of fewer than 16 rows (the 4x128 tiling) stay in float32. */
 
+#ifndef GEMM_TF32
+#define GEMM_TF32 0
+#endif
 #ifndef TM
 #define TM 64
 #endif
@@ -35,7 +44,17 @@
 #define LX (TN / WN)
 #define LY (TM / WM)
 #define NT (LX * LY)
+#if GEMM_TF32
+#define AS (TM + 8)   /* k rows 8 banks apart: the 4 k and 8 m of a fragment load on 32 banks */
+#define BS (TN + 8)
+#define MMA_ROW_BLOCKS (TM / 16)                     /* warps along M, 16 rows each */
+#define MMA_COL_BLOCKS ((NT / 32) / MMA_ROW_BLOCKS)  /* warps along N */
+#define WCOLS (TN / MMA_COL_BLOCKS)                  /* columns of one warp */
+#define NTILES (WCOLS / 8)                           /* m16n8k8 products per warp and K step */
+#else
 #define AS (TM + 1)   /* padded row of the A tile: no bank conflicts on the transposing store */
+#define BS TN
+#endif
 
 #define MODE_DENSE 0
 #define MODE_CONV 1
@@ -69,6 +88,22 @@ inline void tile_split(const int e, const int kmajor, const int T, int* x, int* 
     if (kmajor) { *kk = e / T; *x = e - *kk * T; } else { *x = e / TK; *kk = e - *x * TK; }
 }
 
+/* Element (m, n) of a tile's sums (the TF32 path's epilogue, element by element as a fragment holds
+ * them): a K slice's raw sum (KS > 1), or alpha, the bias, the residual and the activation. */
+inline void gemm_store(__global float* Cb, __global const float* biasb, __global const float* Rb,
+                       const int m, const int n, const float sum, const int M, const int N, const int KS,
+                       const float alpha, const float beta, const int has_bias, const int bias_sm,
+                       const int bias_sn, const int has_res, const int act, const float p0, const float p1,
+                       const float p2)
+{
+    if (m >= M || n >= N) return;
+    if (KS > 1) { Cb[m * N + n] = sum; return; }  /* one slice's sums: gemm_split_sum ends */
+    float v = alpha * sum;
+    if (has_bias) v += beta * biasb[m * bias_sm + n * bias_sn];
+    if (has_res) v += Rb[m * N + n];
+    Cb[m * N + n] = apply_unary(act, v, p0, p1, p2);
+}
+
 inline void gemm_body(const int mode, LOCAL_PTR float* As, LOCAL_PTR float* Bs, GEMM_ARGS)
 {
     const int tx = get_local_id(0), ty = get_local_id(1);
@@ -83,9 +118,17 @@ inline void gemm_body(const int mode, LOCAL_PTR float* As, LOCAL_PTR float* Bs, 
     const int tA = (mode == MODE_DENSE || mode == MODE_CONV) ? trans_a : 0;
     const int tB = (mode == MODE_DENSE) ? trans_b : 0;
 
+#if GEMM_TF32
+    const int warp = tid / 32, lane = tid % 32, group = lane / 4, member = lane % 4;
+    const int wr = (warp % MMA_ROW_BLOCKS) * 16, wc = (warp / MMA_ROW_BLOCKS) * WCOLS;
+    float acc[NTILES][4];
+    for (int t = 0; t < NTILES; ++t)
+        for (int r = 0; r < 4; ++r) acc[t][r] = 0.0f;
+#else
     float acc[WM][WN];
     for (int i = 0; i < WM; ++i)
         for (int j = 0; j < WN; ++j) acc[i][j] = 0.0f;
+#endif
 
     for (int k0 = k_lo; k0 < k_hi; k0 += TK) {
         /* ---- stage A(m0.., k0..) as As[kk][mm] ---- */
@@ -130,22 +173,40 @@ inline void gemm_body(const int mode, LOCAL_PTR float* As, LOCAL_PTR float* Bs, 
                     }
                 }
             }
-            Bs[kk * TN + nn] = v;
+            Bs[kk * BS + nn] = v;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
+#if GEMM_TF32
+        for (int kk = 0; kk < TK; kk += 8) {   /* A fragment: rows group, group + 8; k member, member + 4 */
+            const int k0r = (kk + member) * AS + wr + group, k4r = (kk + member + 4) * AS + wr + group;
+            const uint a[4] = {to_tf32(As[k0r]), to_tf32(As[k0r + 8]), to_tf32(As[k4r]), to_tf32(As[k4r + 8])};
+            for (int t = 0; t < NTILES; ++t) {   /* B fragment: k member, member + 4; column group */
+                const int col = wc + t * 8 + group;
+                const uint b[2] = {to_tf32(Bs[(kk + member) * BS + col]), to_tf32(Bs[(kk + member + 4) * BS + col])};
+                mma_tf32_m16n8k8(acc[t], a, b);
+            }
+        }
+#else
         for (int kk = 0; kk < TK; ++kk) {
             float a[WM], b[WN];
             for (int i = 0; i < WM; ++i) a[i] = As[kk * AS + ty + i * LY];
-            for (int j = 0; j < WN; ++j) b[j] = Bs[kk * TN + tx + j * LX];
+            for (int j = 0; j < WN; ++j) b[j] = Bs[kk * BS + tx + j * LX];
             for (int i = 0; i < WM; ++i)
                 for (int j = 0; j < WN; ++j) acc[i][j] = mad(a[i], b[j], acc[i][j]);
         }
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
     __global float* Cb = C + c_off + bo * c_s1 + bi * c_s0 + split * C_SPLIT;
     __global const float* biasb = bias + bias_off + bo * bias_s1 + bi * bias_s0;
     __global const float* Rb = R + r_off + bo * c_s1 + bi * c_s0;
+#if GEMM_TF32
+    for (int t = 0; t < NTILES; ++t)   /* C fragment r: row group (+ 8 from r = 2), column 2 member + r % 2 */
+        for (int r = 0; r < 4; ++r)
+            gemm_store(Cb, biasb, Rb, m0 + wr + group + (r / 2) * 8, n0 + wc + t * 8 + 2 * member + r % 2, acc[t][r],
+                       M, N, KS, alpha, beta, has_bias, bias_sm, bias_sn, has_res, act, p0, p1, p2);
+#else
     for (int i = 0; i < WM; ++i) {
         const int m = m0 + ty + i * LY;
         if (m >= M) continue;
@@ -159,26 +220,27 @@ inline void gemm_body(const int mode, LOCAL_PTR float* As, LOCAL_PTR float* Bs, 
             Cb[m * N + n] = apply_unary(act, v, p0, p1, p2);
         }
     }
+#endif
 }
 
 __kernel __attribute__((reqd_work_group_size(LX, LY, 1))) void gemm_dense(GEMM_ARGS)
 {
     __local float As[TK * AS];
-    __local float Bs[TK * TN];
+    __local float Bs[TK * BS];
     gemm_body(MODE_DENSE, As, Bs, GEMM_PASS);
 }
 
 __kernel __attribute__((reqd_work_group_size(LX, LY, 1))) void gemm_conv(GEMM_ARGS)
 {
     __local float As[TK * AS];
-    __local float Bs[TK * TN];
+    __local float Bs[TK * BS];
     gemm_body(MODE_CONV, As, Bs, GEMM_PASS);
 }
 
 __kernel __attribute__((reqd_work_group_size(LX, LY, 1))) void gemm_deconv(GEMM_ARGS)
 {
     __local float As[TK * AS];
-    __local float Bs[TK * TN];
+    __local float Bs[TK * BS];
     gemm_body(MODE_DECONV, As, Bs, GEMM_PASS);
 }
 

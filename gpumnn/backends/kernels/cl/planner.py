@@ -83,6 +83,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "recurrent": ("recurrent.cl",),
     "scatter": ("activation.cl", "integer.cl", "scatter.cl"),
     "gemm": ("activation.cl", "gemm.cl"),
+    "gemv": ("activation.cl", "gemv.cl"),
     "conv": ("activation.cl", "conv.cl"),
     "gemm_cpu": ("activation.cl", "gemm_cpu.cl"),
     "winograd": ("activation.cl", "winograd.cl"),
@@ -96,6 +97,16 @@ GEMM_CONFIGS: dict[str, tuple[int, int, int, int, int]] = {
     "64x64": (64, 64, 4, 4, 16),
     "32x32": (32, 32, 4, 4, 16),
     "4x128": (4, 128, 1, 4, 16),
+}
+
+#: matrix-vector tilings (gemv.cl): name -> (KL, NL, KFAST), a work-group of KL lanes along K
+#: times NL columns; "k" variants where B is contiguous along k (a transposed weight), "n" where
+#: it is contiguous along n, each 256 work-items wide or 64 where the device allows no more
+GEMV_CONFIGS: dict[str, tuple[int, int, int]] = {
+    "k32x8": (32, 8, 1),
+    "n8x32": (8, 32, 0),
+    "k16x4": (16, 4, 1),
+    "n4x16": (4, 16, 0),
 }
 
 CPU_VEC = 16  # vector width of the CPU-device kernels (float16: one AVX-512 register, two AVX2 ones)
@@ -207,6 +218,7 @@ class PlannerTarget(BasePlannerTarget, Protocol):
     is_gpu: bool
     compute_units: int
     max_wg: int  # largest work-group (work-items)
+    tf32: bool  # GEMM tiles on tensor cores in TF32 (CUDA only: precision="tf32"; see gemm_tf32_fits)
 
     def is_constant(self, handle: TensorHandle) -> bool: ...
 
@@ -415,6 +427,18 @@ def _gemm_config(be: PlannerTarget, m: int, n: int, batch: int) -> str:
     return cfg
 
 
+def gemm_tf32_fits(cfg: str) -> bool:
+    """Whether the GEMM tiling ``cfg`` has a TF32 variant (gemm.cl -DGEMM_TF32): whole 16-row
+    blocks of m16n8k8 products, its warps split evenly between the row blocks, each warp's
+    columns whole 8-wide blocks, K staged 8 deep at a time."""
+    tm, tn, wm, wn, tk = GEMM_CONFIGS[cfg]
+    warps = (tm // wm) * (tn // wn) // 32
+    row_blocks = tm // 16
+    if tm % 16 or tk % 8 or not warps or warps % row_blocks:
+        return False
+    return (tn // (warps // row_blocks)) % 8 == 0
+
+
 #: split-K (gemm.cl): each slice of the inner dimension is at least this deep, and there are at
 #: most MAX_K_SPLITS slices (each one more pass over the [M, N] partial sums)
 MIN_K_SLICE = 64
@@ -451,6 +475,8 @@ def _gemm_launches(be: PlannerTarget, kernel: str, *, A_, a_off, B_, b_off, C_, 
     kslice = _round_up(-(-K // splits), tk)
     splits = -(-K // kslice)
     defines = {"TM": tm, "TN": tn, "WM": wm, "WN": wn, "TK": tk}
+    if be.tf32 and gemm_tf32_fits(cfg):
+        defines["GEMM_TF32"] = 1
     residual_args = [C_, _i(0), _i(0)] if residual is None else [residual, _i(res_off), _i(1)]
     epilogue = [bias, _i(bias_off)] + (residual_args if splits == 1 else [C_, _i(0), _i(0)])
     out, keep = [C_, _i(c_off)], ()
@@ -479,6 +505,59 @@ def _gemm_plan(scheme: str, work: tuple[list[Launch], tuple[Scratch, ...], int])
     """The KernelWork of ``_gemm_launches``' work; a split GEMM's scheme says into how many K slices."""
     launches, keep, splits = work
     return KernelWork(launches, scheme if splits == 1 else f"{scheme}/split-K {splits}", keep)
+
+
+#: split-K of a matrix-vector product: each slice at least this deep
+GEMV_MIN_K_SLICE = 128
+
+
+def gemv_config(be: PlannerTarget, trans_b: bool) -> str:
+    """The gemv.cl tiling for B contiguous along k (``trans_b``) or along n, as wide as the device allows."""
+    wide, narrow = ("k32x8", "k16x4") if trans_b else ("n8x32", "n4x16")
+    kl, nl, _ = GEMV_CONFIGS[wide]
+    return wide if kl * nl <= be.max_wg else narrow
+
+
+def gemv_splits(be: PlannerTarget, work_groups: int, k: int) -> int:
+    """How many slices of K a matrix-vector product of ``work_groups`` column blocks is split into:
+    where they would leave more than half the compute units idle, enough for about two
+    work-groups per compute unit (as the GEMM's :func:`k_splits`), none shallower than
+    GEMV_MIN_K_SLICE. A product that reads its weight once is over in about the time of a launch,
+    so a block per compute unit or so is not worth the second launch (``gemv_split_sum``)."""
+    if 2 * work_groups >= be.compute_units:
+        return 1
+    wanted = -(-2 * be.compute_units // work_groups)
+    return max(1, min(wanted, k // GEMV_MIN_K_SLICE, MAX_K_SPLITS))
+
+
+def _plan_gemv(be: PlannerTarget, op: A.MatMul, a, b, bias, o) -> KernelWork:
+    """A MatMul with one row per batch entry (scheme ``gemv``, chosen by the scheme step) as
+    gemv.cl: a work-group per block of output columns reducing over K, split over K where the
+    blocks are few (then ``gemv_split_sum`` applies the epilogue)."""
+    cfg = gemv_config(be, op.trans_b)
+    kl, nl, kfast = GEMV_CONFIGS[cfg]
+    defines = {"KL": kl, "NL": nl, "KFAST": kfast}
+    n, k, batch = op.n, op.k, op.batch
+    blocks = -(-n // nl)
+    splits = gemv_splits(be, blocks * batch, k)
+    kslice = _round_up(max(1, -(-k // splits)), kl)
+    splits = max(1, -(-k // kslice))
+    bsk, bsn = (1, k) if op.trans_b else (n, 1)
+    epilogue = [bias.buffer, _i(bias.offset), _i(op.bias_strides[1]), _i(int(op.has_bias))]
+    tail = [_f(op.alpha), _f(op.beta)] + _activation_args(op.activation)
+    out, keep = [o.buffer, _i(o.offset), _i(n)], ()
+    if splits > 1:
+        partial = Scratch(4 * splits * batch * n)
+        out, keep = [partial, _i(0), _i(n)], (partial,)
+    args = [a.buffer, _i(a.offset), _i(op.a_batch_stride), b.buffer, _i(b.offset), _i(op.b_batch_stride),
+            _i(bsk), _i(bsn), *out, *epilogue, _i(n), _i(k), _i(splits), _i(kslice), _i(batch * n)] + tail
+    wg = kl * nl
+    work = [launch("gemv", "gemv", args, (blocks * wg, splits, batch), (wg, 1, 1), defines)]
+    if splits == 1:
+        return KernelWork(work, "gemv")
+    sum_args = [partial, _i(splits), _i(batch * n), _i(n), o.buffer, _i(o.offset), _i(n), *epilogue] + tail
+    work.append(launch("gemv", "gemv_split_sum", sum_args, (_round_up(batch * n, wg),), (wg,), defines))
+    return KernelWork(work, f"gemv/split-K {splits}", keep)
 
 
 def _cpu_gemm_args(A_, a_off, B_, b_off, C_, c_off, bias, bias_off, residual_args, M, N, K, G, a_s, b_s, c_s, bias_s):
@@ -531,6 +610,8 @@ def _conv_voc(be, op: A.Conv2D | A.ConvTranspose2D, x, w, bias, o, ins):
 def _plan_matmul(be, op: A.MatMul, ins, outs):
     a, b, o = ins[0], ins[1], outs[0]
     bias = ins[2] if op.has_bias else o
+    if op.scheme == "gemv" and be.kernels == "tiled":
+        return _plan_gemv(be, op, a, b, bias, o)
     batch, m = op.batch, op.m
     a_stride, c_stride = op.a_batch_stride, op.m * op.n
     scheme = "gemm"
@@ -807,8 +888,10 @@ DTYPES: Mapping[type, frozenset[str]] = {
     **{op: frozenset({A.INT32}) for op in (A.Binary, A.Reduce, A.CumSum)},
     **{op: frozenset(A.STORAGE_DTYPES) for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)}}
 SCHEMES: Mapping[type, frozenset[str]] = KERNEL_SCHEMES
-#: the GPU family ("tiled") also builds Winograd convolutions as kernels of its own (winograd.cl)
-TILED_SCHEMES: Mapping[type, frozenset[str]] = {**KERNEL_SCHEMES, A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"}}
+#: the GPU family ("tiled") also builds Winograd convolutions as kernels of its own (winograd.cl),
+#: and matrix-vector products as a kernel of their own (gemv.cl)
+TILED_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"},
+                                                A.MatMul: KERNEL_SCHEMES[A.MatMul] | {"gemv"}}
 
 
 #: the tiled family's convolution kernels add a residual (gemm.cl's epilogues, conv_depthwise,
@@ -840,10 +923,12 @@ def plan(be: PlannerTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outp
     """What to launch for ``op``: its planner's work, launches over empty grids dropped (all of
     them where the outputs are empty: the simd kernels' padded grids would write anyway)."""
     planned = PLANNERS[type(op)](be, op, list(inputs), list(outputs))
+    if any(("GEMM_TF32", 1) in ln.defines for ln in planned.work):
+        planned = dataclasses.replace(planned, scheme=f"{planned.scheme or getattr(op, 'scheme', '')}/tf32")
     if outputs and all(o.size == 0 for o in outputs):
         return dataclasses.replace(planned, work=(), prepare=())
     return dataclasses.replace(planned, work=[ln for ln in planned.work if all(g > 0 for g in ln.gsize)])
 
 
 __all__ = ["PlannerTarget", "DTYPES", "FAMILIES", "Launch", "OP_NAMES", "PLANNERS", "PRELUDE", "SCHEMES", "SHADER_DIR", "TILED_SCHEMES",
-           "Scratch", "elem_defines", "family_source", "header", "launch", "launch1d", "plan", "vec_launch"]
+           "Scratch", "elem_defines", "family_source", "gemm_tf32_fits", "header", "launch", "launch1d", "plan", "vec_launch"]

@@ -93,3 +93,21 @@ __device__ __forceinline__ float vload_half(const size_t i, const half* p)
 }
 
 /* ---- end of the CUDA prelude ---- */
+
+/* ---- tensor cores (precision="tf32"; gemm.cl with -DGEMM_TF32=1, sm_80 and later) ----
+ * Inline PTX, so NVRTC needs no header: a float rounded to TF32 (to nearest, ties away from zero,
+ * as cuBLAS rounds), and D += A B over one 16 x 8 x 8 block, A 16 x 8 row-major and B 8 x 8
+ * column-major in the warp's registers (the PTX ISA's fragment layouts), float32 sums. */
+__device__ __forceinline__ uint to_tf32(const float x)
+{
+    uint r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ void mma_tf32_m16n8k8(float* d, const uint* a, const uint* b)
+{
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}

@@ -505,7 +505,52 @@ def _plan_reduce(be, op: A.Reduce, ins, outs):
     return KernelWork([_reduce_builder(be, op.op, op.outer, op.size, op.inner, ins[0], outs[0], op.dtype)])
 
 
+#: matrix-vector workgroups (gemv.comp): GEMV_WG invocations, KL lanes along K times NL columns;
+#: NL columns side by side where B is contiguous along n, else up to GEMV_MAX_COLUMNS columns of
+#: KL lanes side by side along k
+GEMV_WG = 256
+GEMV_ROW_MAJOR_COLUMNS = 32
+GEMV_MAX_COLUMNS = 8
+#: a product of a transposed weight with fewer column blocks than this takes fewer columns per
+#: workgroup and more lanes along K (a few long columns: split K inside the workgroup)
+GEMV_MIN_GROUPS = 64
+
+
+def gemv_lanes(op: A.MatMul) -> tuple[int, int]:
+    """(KL, NL) of gemv.comp's workgroup for ``op``."""
+    if not op.trans_b:
+        return GEMV_WG // GEMV_ROW_MAJOR_COLUMNS, GEMV_ROW_MAJOR_COLUMNS
+    nl = GEMV_MAX_COLUMNS
+    while nl > 1 and math.ceil(op.n / nl) * op.batch < GEMV_MIN_GROUPS and 2 * GEMV_WG // nl <= op.k:
+        nl //= 2
+    return GEMV_WG // nl, nl
+
+
+def _plan_gemv(be, op: A.MatMul, ins, outs) -> KernelWork:
+    """A MatMul with one row per batch entry (scheme ``gemv``) as gemv.comp: a workgroup per
+    block of output columns, reducing over K in its lanes."""
+    n, k, batch = op.n, op.k, op.batch
+    kl, nl = gemv_lanes(op)
+    b = Builder(be, "gemv", {"KL": kl, "NL": nl, "WG": kl * nl, "KFAST": int(op.trans_b)}, 4)
+    y = b.bind(0, outs[0], 0, batch * n, write=True)
+    x = b.bind(1, ins[0], 0, (batch - 1) * op.a_batch_stride + k)
+    w = b.bind(2, ins[1], 0, (batch - 1) * op.b_batch_stride + k * n)
+    bias = 0
+    if op.has_bias:
+        b.defines["HAS_BIAS"] = 1
+        bias = b.bind(3, ins[2], *_extent(0, (1, n), tuple(op.bias_strides)))
+    bsk, bsn = (1, k) if op.trans_b else (n, 1)
+    b.set(0, n, k, x, w, bias, y, op.a_batch_stride, op.b_batch_stride, bsk, bsn, op.bias_strides[1])
+    b.setf(11, op.alpha, op.beta)
+    b.activation(13, op.activation)
+    b.groups = (math.ceil(n / nl), 1, batch)
+    _check_grid(be, b.groups)
+    return KernelWork([b], "gemv")
+
+
 def _plan_matmul(be, op: A.MatMul, ins, outs):
+    if op.scheme == "gemv" and be.kernels == "tiled":
+        return _plan_gemv(be, op, ins, outs)
     m, n, k, batch = op.m, op.n, op.k, op.batch
     a_bs, b_bs = op.a_batch_stride, op.b_batch_stride
     sam, sak = (1, m) if op.trans_a else (k, 1)
@@ -917,7 +962,9 @@ def _plan_scatter(be, op: A.Scatter, ins, outs):
 #: The schemes the planners build (Vulkan and OpenGL both use these planners).
 SCHEMES: Mapping[type, frozenset[str]] = KERNEL_SCHEMES
 #: the GPU family ("tiled") also builds Winograd convolutions as one kernel of its own (winograd.comp)
-TILED_SCHEMES: Mapping[type, frozenset[str]] = {**SCHEMES, A.Conv2D: SCHEMES[A.Conv2D] | {"winograd"}}
+#: and matrix-vector products (gemv.comp)
+TILED_SCHEMES: Mapping[type, frozenset[str]] = {**SCHEMES, A.Conv2D: SCHEMES[A.Conv2D] | {"winograd"},
+                                                A.MatMul: SCHEMES[A.MatMul] | {"gemv"}}
 #: the bindings of a convolution that adds a residual (conv2d.comp and winograd.comp -DHAS_RESIDUAL)
 RESIDUAL_BINDINGS = 5
 #: every convolution kernel of conv2d.comp (implicit GEMM, DIRECT_RB, DEPTHWISE) and winograd.comp
