@@ -50,6 +50,19 @@ ITEMSIZE: dict[str, int] = {FLOAT32: 4, INT32: 4, FLOAT16: 2, INT8: 1, UINT8: 1}
 #: reduction ``none`` only): they move elements without arithmetic. The one computing op that reads
 #: a narrow dtype is a ``prequantized`` QuantizedMatMul (uint8, its own integer arithmetic)
 NARROW_OPS: tuple[str, ...] = ("raster", "gather", "select", "scatter", "unary")
+#: the computing ops also defined on float16 storage (``precision="fp16"``,
+#: ``gpumnn.scheduler.precision``): every float operand and the result are float16, the arithmetic
+#: and every sum are float32 inside the kernel. Unary and Binary only where the result is a float
+#: (not the comparisons, ``not`` or ``nonzero``)
+FLOAT16_COMPUTE_OPS: tuple[str, ...] = ("conv2d", "conv_transpose2d", "matmul", "pool2d", "unary", "binary",
+                                        "softmax", "normalize")
+
+
+def computes_on_float16(op: "AtomicOp") -> bool:
+    """Whether ``op`` is a computing op on float16 storage that the contract defines (see
+    ``FLOAT16_COMPUTE_OPS``): its ``dtype`` and result float16."""
+    return (op.kind in FLOAT16_COMPUTE_OPS and op.dtype == FLOAT16 and op.output_dtype() == FLOAT16
+            and not (op.kind == "unary" and getattr(op, "op", "") in ("not", "nonzero")))
 
 
 def compute_dtype(storage: str) -> str:

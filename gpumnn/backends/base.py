@@ -224,8 +224,8 @@ def contract_violation(op: AtomicOp) -> str | None:
         if dtype not in A.STORAGE_DTYPES:
             return f"unknown storage dtype {dtype!r}"
     narrow = {op.dtype, op.output_dtype()} & A.NARROW_DTYPES
-    if isinstance(op, A.QuantizedMatMul) and op.prequantized and op.dtype == A.UINT8:
-        narrow = set()  # its uint8 x is defined (see A.NARROW_OPS)
+    if isinstance(op, A.QuantizedMatMul) and op.prequantized and op.dtype == A.UINT8 or A.computes_on_float16(op):
+        narrow = set()  # its uint8 x is defined (see A.NARROW_OPS), as is float16 storage of these (A.FLOAT16_COMPUTE_OPS)
     if narrow and (op.kind not in A.NARROW_OPS or isinstance(op, A.Unary) and op.op != "identity"
                    or isinstance(op, A.Scatter) and op.reduction != "none" or getattr(op, "activation", None)):
         return f"{type(op).__name__}{' ' + op.op if isinstance(op, A.Unary) else ''} is not defined on " \

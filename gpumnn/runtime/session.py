@@ -82,7 +82,8 @@ class Session:
                  placement: Mapping[str, str] | None = None, submit_timeout: float | None = None,
                  precision: str = "fp32", **backend_options: Any):
         started = time.perf_counter()
-        #: the arithmetic of the products (``gpumnn.scheduler.precision``): "fp32", or "int8" (dynamic quantization)
+        #: the arithmetic of the products (``gpumnn.scheduler.precision``): "fp32", "int8" (dynamic
+        #: quantization) or "fp16" (float16 storage on a GPU backend)
         self.precision = check_precision(precision)
         self.graph = graph
         self.record = record
@@ -443,6 +444,7 @@ class Session:
             lines.append(f"overlap: {placement.sync.overlaps} segment(s) submitted without waiting, their branch "
                          f"on another backend running meanwhile")
         lines.extend(shape_set.scheme_lines())
+        lines.extend(shape_set.precision_lines)
         for b, m in shape_set.memory_summary().items():
             lines.append(f"memory[{b}]: pool {m['pool_bytes'] / 2**20:.2f} MiB for {m['tensors']} tensors "
                          f"(naive sum {m['naive_bytes'] / 2**20:.2f} MiB)")

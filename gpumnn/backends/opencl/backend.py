@@ -132,6 +132,7 @@ class OpenCLBackend(Backend):
         #: CPU devices get explicitly vectorised kernels (gemm_cpu.cl, "simd"); GPUs the tiled ones
         self.kernels = kernel_family(requested, not self.is_gpu)
         self.schemes = cl_plans.schemes_for(self.kernels)
+        self.dtypes = cl_plans.dtypes_for(self.kernels)
         self.residual_schemes = cl_plans.residual_schemes_for(self.kernels)
         if not self.is_gpu:  # the tiled family's Winograd kernels on a CPU device: only where forced (tests)
             self.winograd_min_saving = float("inf")

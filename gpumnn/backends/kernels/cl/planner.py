@@ -132,8 +132,9 @@ def _word(v: int) -> np.uint32:
     return np.uint32(v)
 
 
-#: kernel-name suffix of each storage dtype (elementwise kernels are named by input and output dtype)
-DTYPE_SUFFIX = {A.FLOAT32: "f", A.INT32: "i"}
+#: kernel-name suffix of each storage dtype (elementwise kernels are named by input and output
+#: dtype); float16 storage is the float kernel built with ``half_defines``
+DTYPE_SUFFIX = {A.FLOAT32: "f", A.INT32: "i", A.FLOAT16: "f"}
 #: the id of each storage dtype in convert.cl's -DIN_KIND / -DOUT_KIND (KIND_* in the header)
 KIND_IDS: dict[str, int] = {dtype: i for i, dtype in enumerate(A.STORAGE_DTYPES)}
 
@@ -143,6 +144,12 @@ def elem_defines(dtype: str) -> dict[str, int]:
     dtypes (``uint`` words), ``ELEM`` = 2 or 1 for the narrow ones (index.cl's ELEM_T)."""
     size = A.ITEMSIZE[dtype]
     return {} if size == 4 else {"ELEM": size}
+
+
+def half_defines(op: A.AtomicOp) -> dict[str, int]:
+    """The defines of a computing kernel for ``op``: ``HALF`` where its float tensors are float16
+    storage (index.cl's DATA_T, LOADF, STOREF), else none."""
+    return {"HALF": 1} if op.dtype == A.FLOAT16 else {}
 
 
 def _int_bound(v: float) -> int:
@@ -308,7 +315,7 @@ def _plan_raster(be: PlannerTarget, op: A.Raster, ins, outs):
 
 def _plan_unary(be, op: A.Unary, ins, outs):
     x, y = ins[0], outs[0]
-    if {op.dtype, op.output_dtype()} & A.NARROW_DTYPES:  # identity (the contract's only narrow Unary)
+    if op.op == "identity" and {op.dtype, op.output_dtype()} & A.NARROW_DTYPES:  # a copy or a conversion
         if op.dtype == op.output_dtype():
             return KernelWork([launch1d("raster", "raster_copy_flat", [x.buffer, _i(x.offset), y.buffer, _i(y.offset),
                                                                         _i(op.count)], op.count, elem_defines(op.dtype))],
@@ -318,9 +325,9 @@ def _plan_unary(be, op: A.Unary, ins, outs):
                                                                      _i(op.count)], op.count, defines)], "convert")
     args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.count)] + _unary_args(op.op, op.params, op.dtype)
     suffix = DTYPE_SUFFIX[op.dtype] + DTYPE_SUFFIX[op.output_dtype()]
-    if be.kernels == "simd" and suffix == "ff":
+    if be.kernels == "simd" and suffix == "ff" and op.dtype == A.FLOAT32:  # the vector kernel is float32 only
         return KernelWork([vec_launch("elementwise", "unary_vec", args, (-(-op.count // CPU_VEC),))], "vec")
-    return KernelWork([launch1d("elementwise", f"unary_{suffix}", args, op.count)])
+    return KernelWork([launch1d("elementwise", f"unary_{suffix}", args, op.count, half_defines(op))])
 
 
 def _plan_binary(be, op: A.Binary, ins, outs):
@@ -334,7 +341,7 @@ def _plan_binary(be, op: A.Binary, ins, outs):
     if one_run(dims) and not vector:
         args = [a.buffer, _i(a.offset), b.buffer, _i(b.offset), o.buffer, _i(o.offset), _i(n),
                 _i(BINARY_IDS[op.op])] + act
-        return KernelWork([launch1d("elementwise", f"binary_flat_{suffix}", args, n)], "flat")
+        return KernelWork([launch1d("elementwise", f"binary_flat_{suffix}", args, n, half_defines(op))], "flat")
     dims = [(1, 0, 0, 0)] * (A.RANK - len(dims)) + dims
     d = [x[0] for x in dims]
     head = [a.buffer, _i(a.offset), b.buffer, _i(b.offset), o.buffer, _i(o.offset), _i(d[1]), _i(d[2]), _i(d[3])]
@@ -344,7 +351,7 @@ def _plan_binary(be, op: A.Binary, ins, outs):
         grid = (-(-d[3] // CPU_VEC), d[2], d[0] * d[1])
         return KernelWork([vec_launch("elementwise", "binary_vec", head + strides + tail, grid)], "vec")
     args = head + [_i(n)] + strides + tail
-    return KernelWork([launch1d("elementwise", f"binary_{suffix}", args, n)], "strided")
+    return KernelWork([launch1d("elementwise", f"binary_{suffix}", args, n, half_defines(op))], "strided")
 
 
 def _plan_reduce(be, op: A.Reduce, ins, outs):
@@ -438,11 +445,12 @@ def _gemm_launches(be: PlannerTarget, kernel: str, *, A_, a_off, B_, b_off, C_, 
                    M, N, K, batch, G=1, a_s=(0, 0), b_s=(0, 0), c_s=(0, 0), bias_s=(0, 0), lda=0, ldb=0,
                    trans_a=False, trans_b=False, has_bias=False, bias_mn=(0, 0), alpha=1.0, beta=1.0,
                    act=None, conv=(1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1), residual=None,
-                   res_off=0) -> tuple[list[Launch], tuple[Scratch, ...], int]:
+                   res_off=0, half=None) -> tuple[list[Launch], tuple[Scratch, ...], int]:
     """The tiled GEMM's launches, the scratch they need and the number of K slices: one launch, or
     where the tiles are too few (``k_splits``) one over every K slice into a scratch of partial
     sums, then ``gemm_split_sum``. ``residual`` (a buffer laid out as C) is added before the
-    activation by whichever launch writes C."""
+    activation by whichever launch writes C. ``half``: the op whose ``half_defines`` the launches
+    take (its operands float16 storage), None for float32 operands."""
     cfg = _gemm_config(be, M, N, batch)
     tm, tn, wm, wn, tk = GEMM_CONFIGS[cfg]
     lx, ly = tn // wn, tm // wm
@@ -450,7 +458,7 @@ def _gemm_launches(be: PlannerTarget, kernel: str, *, A_, a_off, B_, b_off, C_, 
     splits = k_splits(be, tiles_n * tiles_m * batch, K)
     kslice = _round_up(-(-K // splits), tk)
     splits = -(-K // kslice)
-    defines = {"TM": tm, "TN": tn, "WM": wm, "WN": wn, "TK": tk}
+    defines = {"TM": tm, "TN": tn, "WM": wm, "WN": wn, "TK": tk, **(half_defines(half) if half else {})}
     residual_args = [C_, _i(0), _i(0)] if residual is None else [residual, _i(res_off), _i(1)]
     epilogue = [bias, _i(bias_off)] + (residual_args if splits == 1 else [C_, _i(0), _i(0)])
     out, keep = [C_, _i(c_off)], ()
@@ -567,7 +575,7 @@ def _plan_matmul(be, op: A.MatMul, ins, outs):
         M=m, N=op.n, K=op.k, batch=batch, a_s=(a_stride, 0), b_s=(op.b_batch_stride, 0), c_s=(c_stride, 0),
         lda=op.m if op.trans_a else op.k, ldb=op.k if op.trans_b else op.n,
         trans_a=op.trans_a, trans_b=op.trans_b, has_bias=op.has_bias,
-        bias_mn=tuple(op.bias_strides), alpha=op.alpha, beta=op.beta, act=op.activation))
+        bias_mn=tuple(op.bias_strides), alpha=op.alpha, beta=op.beta, act=op.activation, half=op))
 
 
 def _conv_operands(op: A.Conv2D | A.ConvTranspose2D, ins, outs):
@@ -629,7 +637,7 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
                 o.buffer, _i(o.offset), _i(n * c), _i(c), _i(h), _i(wd), _i(oh), _i(ow), _i(kh), _i(kw),
                 _i(sh), _i(sw), _i(ph), _i(pw), _i(dh), _i(dw), _i(int(op.has_bias)), *_residual_list(op, ins, o)]
         args += _activation_args(op.activation)
-        return KernelWork([launch1d("conv", "conv_depthwise", args, n * c * oh * ow)], "depthwise")
+        return KernelWork([launch1d("conv", "conv_depthwise", args, n * c * oh * ow, half_defines(op))], "depthwise")
     if op.scheme == "winograd":
         return _plan_winograd(be, op, x, w, bias, o, ins)
     common = _conv_gemm_args(op, x, w, bias, o)
@@ -641,8 +649,8 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
         return _conv_voc(be, op, x, w, bias, o, ins)
     lda = common["K"]
     if pointwise:
-        return _gemm_plan("gemm1x1", _gemm_launches(be, "gemm_dense", lda=lda, ldb=h * wd, **common))
-    return _gemm_plan("im2col", _gemm_launches(be, "gemm_conv", lda=lda, conv=_conv_geometry(op), **common))
+        return _gemm_plan("gemm1x1", _gemm_launches(be, "gemm_dense", lda=lda, ldb=h * wd, half=op, **common))
+    return _gemm_plan("im2col", _gemm_launches(be, "gemm_conv", lda=lda, conv=_conv_geometry(op), half=op, **common))
 
 
 def _plan_winograd(be: PlannerTarget, op: A.Conv2D, x, w, bias, o, ins) -> KernelWork:
@@ -660,7 +668,7 @@ def _plan_winograd(be: PlannerTarget, op: A.Conv2D, x, w, bias, o, ins) -> Kerne
     tables = np.concatenate([m.ravel() for m in (rows_m.B, cols_m.B, rows_m.A, cols_m.A, rows_m.G, cols_m.G)])
     mats = Scratch(4 * tables.size, tables.astype(np.float32))
     u, v, prod = Scratch(4 * positions * oc * c), Scratch(4 * positions * c * t), Scratch(4 * positions * oc * t)
-    defines = {"AH": ah, "AW": aw, "NH": nh, "NW": nw}
+    defines = {"AH": ah, "AW": aw, "NH": nh, "NW": nw, **half_defines(op)}  # the transforms' tensors
 
     def grid(count: int) -> dict:
         return dict(gsize=(_round_up(count, WG1),), lsize=(WG1,), defines=defines)
@@ -690,7 +698,7 @@ def _plan_conv_transpose2d(be, op: A.ConvTranspose2D, ins, outs):
     if be.kernels == "simd":
         voc = _conv_voc(be, op, x, w, bias, o, ins)
         return dataclasses.replace(voc, scheme=voc.scheme.replace("direct", "gather"))
-    return _gemm_plan("gather-gemm", _gemm_launches(be, "gemm_deconv", conv=_conv_geometry(op),
+    return _gemm_plan("gather-gemm", _gemm_launches(be, "gemm_deconv", conv=_conv_geometry(op), half=op,
                                                     **_conv_gemm_args(op, x, w, bias, o)))
 
 
@@ -701,12 +709,12 @@ def _plan_pool2d(be, op: A.Pool2D, ins, outs):
     is_max = _i(int(op.op == "max"))
     if (kh, kw) == (h, w) and (oh, ow) == (1, 1) and not any(op.pads) and h * w >= RWG:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(h * w), is_max]
-        return KernelWork([launch("pool", "pool_global", args, (planes * RWG,), (RWG,))], "global")
+        return KernelWork([launch("pool", "pool_global", args, (planes * RWG,), (RWG,), half_defines(op))], "global")
     top, left, bottom, right = op.pads
     args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(planes), _i(h), _i(w), _i(oh), _i(ow),
             _i(kh), _i(kw), _i(sh), _i(sw), _i(top), _i(left), _i(bottom), _i(right), is_max,
             _i(int(op.count_include_pad))]
-    return KernelWork([launch1d("pool", "pool2d", args, planes * oh * ow)], "direct")
+    return KernelWork([launch1d("pool", "pool2d", args, planes * oh * ow, half_defines(op))], "direct")
 
 
 def _resize_table(op: A.Resize) -> np.ndarray:
@@ -806,6 +814,11 @@ OP_NAMES: Mapping[type, frozenset[str]] = {}
 DTYPES: Mapping[type, frozenset[str]] = {
     **{op: frozenset({A.INT32}) for op in (A.Binary, A.Reduce, A.CumSum)},
     **{op: frozenset(A.STORAGE_DTYPES) for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)}}
+#: the tiled family's also take float16 storage for the products, pooling and elementwise math
+#: (-DHALF: ``half_defines``; A.FLOAT16_COMPUTE_OPS); the simd family's vector kernels are float32 only
+TILED_DTYPES: Mapping[type, frozenset[str]] = {
+    **DTYPES, **{op: DTYPES.get(op, frozenset()) | {A.FLOAT16}
+                 for op in (A.Conv2D, A.ConvTranspose2D, A.MatMul, A.Pool2D, A.Binary)}}
 SCHEMES: Mapping[type, frozenset[str]] = KERNEL_SCHEMES
 #: the GPU family ("tiled") also builds Winograd convolutions as kernels of its own (winograd.cl)
 TILED_SCHEMES: Mapping[type, frozenset[str]] = {**KERNEL_SCHEMES, A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"}}
@@ -821,6 +834,11 @@ SIMD_RESIDUAL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: SCHEMES[A.Conv
 def schemes_for(kernels: str) -> Mapping[type, frozenset[str]]:
     """The schemes a backend running the ``kernels`` family ("simd" or "tiled") builds."""
     return TILED_SCHEMES if kernels == "tiled" else SCHEMES
+
+
+def dtypes_for(kernels: str) -> Mapping[type, frozenset[str]]:
+    """The storage dtypes beyond float32 that the ``kernels`` family's kernels take, per op."""
+    return TILED_DTYPES if kernels == "tiled" else DTYPES
 
 
 def residual_schemes_for(kernels: str) -> Mapping[type, frozenset[str]]:
@@ -845,5 +863,5 @@ def plan(be: PlannerTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outp
     return dataclasses.replace(planned, work=[ln for ln in planned.work if all(g > 0 for g in ln.gsize)])
 
 
-__all__ = ["PlannerTarget", "DTYPES", "FAMILIES", "Launch", "OP_NAMES", "PLANNERS", "PRELUDE", "SCHEMES", "SHADER_DIR", "TILED_SCHEMES",
+__all__ = ["PlannerTarget", "DTYPES", "TILED_DTYPES", "dtypes_for", "half_defines", "FAMILIES", "Launch", "OP_NAMES", "PLANNERS", "PRELUDE", "SCHEMES", "SHADER_DIR", "TILED_SCHEMES",
            "Scratch", "elem_defines", "family_source", "header", "launch", "launch1d", "plan", "vec_launch"]
