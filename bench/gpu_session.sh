@@ -28,6 +28,9 @@
 #   storage  issues 28 and 32 after narrow storage: the narrow-storage, quantized-model and atomic-op
 #           tests on cuda, issue 32's real models and the zoo on the cpu beside ONNX Runtime at the
 #           host's threads, and the tiled Winograd schemes on cuda and opencl (bench/schemes.py)
+#   fp16    issue 30 part 2: precision="fp16" against fp32 on cuda and vulkan for resnet18, mobilenet_v1 and
+#           squeezenet1_1 (bench/fp16.py: error against ONNX Runtime, weights and pool bytes, alternating
+#           run times; target fp16 at least 1.5x faster on ResNet-18), then the fp16 tests on cuda
 #   placement  issue 10 on a real GPU: `bench/placement.py --calibrate` (each backend and auto, the
 #           estimate beside the measured time) on the zoo, then forced splits of SqueezeNet-1.1
 #           (one branch of every fire module on cuda off a cpu hub, and the reverse)
@@ -41,7 +44,7 @@
 # GPUMNN_GPU_SETUP=0 skips the unpacking and installing (for a dry run of a phase on a machine that
 # has everything, with PYTHON naming its interpreter).
 set -uo pipefail
-PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench|profile|runbook|schemes|kernels|placement|storage}
+PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench|profile|runbook|schemes|kernels|placement|storage|fp16}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/bench/results/gpu}
@@ -221,5 +224,11 @@ case $PHASE in
     GPUMNN_STEP_CAP=${CAP_SCHEMES:-60} step schemes-models "$PYTHON" bench/schemes.py --tables m --backends cuda,opencl \
       --models resnet18 squeezenet1_1 --repeats 3 --runs 10 | tee "$RES/schemes_models.txt"
     ;;
-  *) echo "unknown phase $PHASE (tests, apis, bench, profile, runbook, schemes, kernels, placement or storage)"; exit 2 ;;
+  fp16)
+    GPUMNN_STEP_CAP=${CAP_FP16:-360} step fp16-models "$PYTHON" bench/fp16.py resnet18 mobilenet_v1 squeezenet1_1 \
+      --backends cuda,vulkan --rounds 5 --runs 20 --inputs 5 --json "$RES/fp16.json" | tee "$RES/fp16.txt"
+    GPUMNN_REQUIRE_BACKENDS=cuda GPUMNN_STEP_CAP=${CAP_TESTS:-90} step fp16-tests "${PYTEST[@]}" tests/test_fp16.py \
+      tests/test_cuda_source.py -k "cuda or HALF" --junitxml="$RES/fp16_tests.xml" | tail -15 | tee "$RES/fp16_tests.txt"
+    ;;
+  *) echo "unknown phase $PHASE (tests, apis, bench, profile, runbook, schemes, kernels, placement, storage or fp16)"; exit 2 ;;
 esac

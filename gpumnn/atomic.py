@@ -14,7 +14,8 @@ Conventions shared by all ops:
   only (``COMPUTE_DTYPES``): the element-moving ops (Raster, Gather, Select, Scatter without a
   reduction) and the Unary ``identity`` (a conversion between any two storage dtypes) also take
   the narrow ones, and lowering converts a narrow tensor to its ``compute_dtype`` before any other
-  op reads it. Every op carries ``dtype``, the storage dtype of its data operand. A backend lists
+  op reads it (under ``precision="fp16"`` the ops of ``FLOAT16_COMPUTE_OPS`` also take float16
+  storage, computing in float32). Every op carries ``dtype``, the storage dtype of its data operand. A backend lists
   the dtypes its kernels take (``Backend.dtypes``); an op it cannot run goes to the CPU. A tensor
   handle points at ``shape`` elements starting at an offset counted in elements of its own dtype
   inside a pool buffer; pools are laid out in bytes, every tensor starting on a 4-byte boundary
