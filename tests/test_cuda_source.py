@@ -48,7 +48,8 @@ def gpu_variants() -> list[tuple[str, dict[str, int]]]:
             out.append((family, {}))
     # the float16-storage builds (-DHALF, precision="fp16") of the families that have them: one each
     firsts = {family: defines for family, defines in reversed(out)}
-    out += [(family, {**firsts[family], "HALF": 1}) for family in ("elementwise", "conv", "pool", "gemm", "winograd")]
+    out += [(family, {**firsts[family], "HALF": 1})
+            for family in ("elementwise", "conv", "pool", "gemm", "winograd", "reduce")]
     return out
 
 

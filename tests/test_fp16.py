@@ -81,6 +81,13 @@ def _one_node_cases():
     cases.append(("sigmoid-mul-broadcast", [helper.make_node("Sigmoid", ["x"], ["s"]),
                                             helper.make_node("Mul", ["s", "g"], ["y"])],
                   {"x": x}, {"g": _rounded(rng, 8, 1, 1)}, (1, 8, 10, 12), None))
+    cases.append(("softmax", [helper.make_node("Softmax", ["a"], ["y"], axis=-1)], {"a": _rounded(rng, 6, 200, scale=3)},
+                  {}, (6, 200), None))
+    cases.append(("softmax-inner", [helper.make_node("Softmax", ["x"], ["y"], axis=1)], {"x": x}, {}, (1, 8, 10, 12),
+                  None))
+    cases.append(("layernorm", [helper.make_node("LayerNormalization", ["a", "g", "b"], ["y"], axis=-1)],
+                  {"a": _rounded(rng, 2, 7, 256)}, {"g": _rounded(rng, 256), "b": _rounded(rng, 256)}, (2, 7, 256),
+                  None))
     return cases
 
 

@@ -386,10 +386,10 @@ def _plan_softmax(be, op: A.Softmax, ins, outs):
         return KernelWork([vec_launch("reduce", "softmax_cols_vec", args, grid)], "cols-vec")
     if op.inner == 1 and op.size >= 2 * RWG:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.size), _i(int(op.log))]
-        return KernelWork([launch("reduce", "softmax_rows", args, (op.outer * RWG,), (RWG,))], "rows")
+        return KernelWork([launch("reduce", "softmax_rows", args, (op.outer * RWG,), (RWG,), half_defines(op))], "rows")
     args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.outer), _i(op.size), _i(op.inner),
             _i(int(op.log))]
-    return KernelWork([launch1d("reduce", "softmax_cols", args, op.outer * op.inner)], "cols")
+    return KernelWork([launch1d("reduce", "softmax_cols", args, op.outer * op.inner, half_defines(op))], "cols")
 
 
 def _plan_normalize(be, op: A.Normalize, ins, outs):
@@ -402,9 +402,10 @@ def _plan_normalize(be, op: A.Normalize, ins, outs):
         return KernelWork([vec_launch("reduce", "normalize_rows_vec", args, (op.outer,))], "rows-vec")
     if op.size >= 2 * RWG or op.outer < 4 * be.compute_units:
         args = common + [_i(op.size), _f(op.eps), _i(int(op.has_affine))]
-        return KernelWork([launch("reduce", "normalize_rows", args, (op.outer * RWG,), (RWG,))], "rows")
+        return KernelWork([launch("reduce", "normalize_rows", args, (op.outer * RWG,), (RWG,), half_defines(op))],
+                          "rows")
     args = common + [_i(op.outer), _i(op.size), _f(op.eps), _i(int(op.has_affine))]
-    return KernelWork([launch1d("reduce", "normalize_item", args, op.outer)], "items")
+    return KernelWork([launch1d("reduce", "normalize_item", args, op.outer, half_defines(op))], "items")
 
 
 def _gemm_config(be: PlannerTarget, m: int, n: int, batch: int) -> str:
@@ -814,11 +815,12 @@ OP_NAMES: Mapping[type, frozenset[str]] = {}
 DTYPES: Mapping[type, frozenset[str]] = {
     **{op: frozenset({A.INT32}) for op in (A.Binary, A.Reduce, A.CumSum)},
     **{op: frozenset(A.STORAGE_DTYPES) for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)}}
-#: the tiled family's also take float16 storage for the products, pooling and elementwise math
+#: the tiled family's also take float16 storage for the products, pooling, elementwise math, softmax
+#: and normalisation
 #: (-DHALF: ``half_defines``; A.FLOAT16_COMPUTE_OPS); the simd family's vector kernels are float32 only
 TILED_DTYPES: Mapping[type, frozenset[str]] = {
     **DTYPES, **{op: DTYPES.get(op, frozenset()) | {A.FLOAT16}
-                 for op in (A.Conv2D, A.ConvTranspose2D, A.MatMul, A.Pool2D, A.Binary)}}
+                 for op in (A.Conv2D, A.ConvTranspose2D, A.MatMul, A.Pool2D, A.Binary, A.Softmax, A.Normalize)}}
 SCHEMES: Mapping[type, frozenset[str]] = KERNEL_SCHEMES
 #: the GPU family ("tiled") also builds Winograd convolutions as kernels of its own (winograd.cl)
 TILED_SCHEMES: Mapping[type, frozenset[str]] = {**KERNEL_SCHEMES, A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"}}
