@@ -27,8 +27,8 @@ import gpumnn  # noqa: E402
 from gpumnn import atomic as A, zoo  # noqa: E402
 from gpumnn.backends import probe  # noqa: E402
 
-#: the options that give each backend its GPU kernels (PoCL would pick the float32-only simd family)
-OPTIONS = {"opencl": {"kernels": "tiled"}}
+#: the options that give each backend its GPU kernels (PoCL, lavapipe, llvmpipe would pick the float32-only simd ones)
+OPTIONS = {"opencl": {"kernels": "tiled"}, "vulkan": {"kernels": "tiled"}, "gl": {"kernels": "tiled"}}
 
 
 def weight_bytes(session) -> int:

@@ -14,7 +14,10 @@ run-time tensor whose writers all have such a kernel there, rewrites those ops o
 float weights become float16 constants) and converts (Unary ``identity``) where a float16 tensor
 meets an op without one, and where a graph input enters or an output leaves: those stay float32
 (an output's writer computes on float16 and its result is converted).
-A backend with no float16 arithmetic kernels at all (the cpu) runs the session in float32.
+The transforms and products inside a Winograd or Strassen rewrite stay float32: rounding them to
+float16 between its stages would add an error per stage (the GPU kernels' own Winograd keeps
+them in float32 scratch). A backend with no float16 arithmetic kernels at all (the cpu) runs the
+session in float32.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from .. import atomic as A
+from .expansion import is_rewrite_tensor
 
 #: the values of ``Session``'s ``precision`` option
 PRECISIONS: tuple[str, ...] = ("fp32", "int8", "fp16")
@@ -97,6 +101,17 @@ def computes_float16(backend: Any) -> bool:
     return any(A.FLOAT16 in backend.dtypes.get(op, ()) for op in (A.Conv2D, A.MatMul))
 
 
+def _why_none(backend: Any) -> str:
+    """Why a GPU backend has no float16 kernels, as a clause (the GPU kernel family has them, given
+    16-bit storage), or nothing for a backend that has none at all (the cpu)."""
+    storage = getattr(backend, "narrow_storage", {}).get(2, "")
+    if storage.startswith("packed"):
+        return f" (float16 tensors {storage}; float16 arithmetic needs 16-bit storage)"
+    if getattr(backend, "kernels", None) == "simd":
+        return " in its simd family (CPU devices; kernels='tiled' has them)"
+    return ""
+
+
 def _on_float16(op: A.AtomicOp) -> A.AtomicOp:
     """``op`` with float16 storage (its float32 operands and result float16)."""
     if isinstance(op, A.Unary):
@@ -121,8 +136,8 @@ def apply_storage_precision(program: A.AtomicProgram, precision: str, backend: A
     if check_precision(precision) != "fp16":
         return program, []
     if not computes_float16(backend):
-        return program, [f"precision fp16: the {backend.name} backend has no float16 kernels; the session runs "
-                         f"in float32"]
+        return program, [f"precision fp16: the {backend.name} backend has no float16 kernels{_why_none(backend)}; "
+                         f"the session runs in float32"]
     root = program.storage_of
     kept = {root(n) for n in (*program.inputs, *program.outputs)}
     # a graph output's writer computes on float16 too, its result converted into the float32 output
@@ -134,7 +149,7 @@ def apply_storage_precision(program: A.AtomicProgram, precision: str, backend: A
     capable = {id(op) for op in program.ops if _float16_capable(op, program, backend)}
     half = {r for r, ops in writers.items()
             if r not in kept and r not in program.constants and program.storage_dtype_of(r) == A.FLOAT32
-            and all(id(op) in capable for op in ops)}
+            and not is_rewrite_tensor(r) and all(id(op) in capable for op in ops)}
     on_float16 = {id(op) for op in program.ops
                   if id(op) in capable and all(root(n) in half or root(n) in outputs for n in op.outputs)}
     if not on_float16:

@@ -48,6 +48,7 @@ from ..kernels.glsl.compile import ShaderCompileError, preprocess
 from . import device as gl_context
 from ..kernels import word_padded
 from ..base import Backend, BackendInfo, Execution, TensorHandle, constant_words, host_out, kernel_family, kernels_option
+from ..kernels.glsl.planner import dtypes_for as glsl_dtypes_for
 from ..kernels.glsl.planner import (RESIDUAL_BINDINGS, RESIDUAL_SCHEMES, DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, WINOGRAD_REWRITE_MAX_TILE, Builder, Hazards, binding_limit, check_shader_op_ids,
                          grid_limit, plan, window)
 from ..limits import MemoryLimits, host_memory
@@ -233,6 +234,7 @@ class GLBackend(Backend):
         self.narrow_storage = {size: (f"native: {ext}" if ext in extensions else f"packed: no {ext}")
                                for size, ext in ((1, "GL_EXT_shader_8bit_storage"), (2, "GL_EXT_shader_16bit_storage"))}
         self.native_narrow = frozenset(size for size, why in self.narrow_storage.items() if why.startswith("native"))
+        self.dtypes = glsl_dtypes_for(self.kernels, self.native_narrow)  # float16 arithmetic: tiled, 16-bit storage
         self.simd_lanes = simd_lanes(self.renderer)
         self._buffers: dict[int, GLBuffer] = {}
         self.packed: dict[tuple, TensorHandle] = {}

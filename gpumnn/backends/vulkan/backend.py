@@ -54,6 +54,7 @@ from ..limits import MemoryLimits, host_memory
 from ..speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
 from ..waits import describe_ops
 # The API-neutral half (what to dispatch per atomic op) is shared with the OpenGL backend.
+from ..kernels.glsl.planner import dtypes_for as glsl_dtypes_for
 from ..kernels.glsl.planner import (MAX_BINDINGS, RESIDUAL_BINDINGS, RESIDUAL_SCHEMES, DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, WINOGRAD_REWRITE_MAX_TILE, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
                          Hazards as _Hazards, binding_limit, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, plan, window)
 
@@ -173,6 +174,7 @@ class VulkanBackend(Backend):
         # Kernel profile: "tiled" (shared-memory tiles, wide workgroups: GPUs) or "simd"
         # (register blocking, vec4 loads, narrow workgroups: CPU devices such as lavapipe).
         self.kernels = kernel_family(requested, dev.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_CPU)
+        self.dtypes = glsl_dtypes_for(self.kernels, self.native_narrow)  # float16 arithmetic: tiled, 16-bit storage
         # a convolution that adds a residual binds one buffer more than Vulkan guarantees a stage
         self.residual_schemes = RESIDUAL_SCHEMES if dev.max_storage_buffers >= RESIDUAL_BINDINGS else {}
         self.simd_lanes = simd_lanes(dev.name)  # of a CPU device's vector unit
