@@ -101,6 +101,13 @@ def computes_float16(backend: Any) -> bool:
     return any(A.FLOAT16 in backend.dtypes.get(op, ()) for op in (A.Conv2D, A.MatMul))
 
 
+def float16_summary(backend: Any) -> str:
+    """What ``precision="fp16"`` does on ``backend``, for ``gpumnn info``."""
+    if computes_float16(backend):
+        return "float16 weights and activations, float32 arithmetic in the kernels"
+    return f"runs in float32: no float16 kernels{_why_none(backend)}"
+
+
 def _why_none(backend: Any) -> str:
     """Why a GPU backend has no float16 kernels, as a clause (the GPU kernel family has them, given
     16-bit storage), or nothing for a backend that has none at all (the cpu)."""

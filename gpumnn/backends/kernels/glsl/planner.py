@@ -730,7 +730,7 @@ def _plan_pool2d(be, op: A.Pool2D, ins, outs):
 
 def _plan_softmax(be, op: A.Softmax, ins, outs):
     rows, count = op.outer * op.inner, op.outer * op.size * op.inner
-    b = _row_builder(be, "softmax", {"LOG": 1} if op.log else {}, 2, rows, op.size)
+    b = _row_builder(be, "softmax", dict({"LOG": 1} if op.log else {}, **_half_defines(op)), 2, rows, op.size)
     o = b.bind(0, outs[0], 0, count, write=True)
     x = b.bind(1, ins[0], 0, count)
     b.set(0, op.outer, op.size, op.inner, x, o)
@@ -739,7 +739,8 @@ def _plan_softmax(be, op: A.Softmax, ins, outs):
 
 def _plan_normalize(be, op: A.Normalize, ins, outs):
     count = op.outer * op.size
-    b = _row_builder(be, "normalize", {"AFFINE": 1} if op.has_affine else {}, 4, op.outer, op.size)
+    b = _row_builder(be, "normalize", dict({"AFFINE": 1} if op.has_affine else {}, **_half_defines(op)), 4, op.outer,
+                     op.size)
     o = b.bind(0, outs[0], 0, count, write=True)
     x = b.bind(1, ins[0], 0, count)
     scale = b.bind(2, ins[1], 0, op.size) if op.has_affine else 0
@@ -881,11 +882,13 @@ WINOGRAD_REWRITE_MAX_TILE = 2
 DTYPES: Mapping[type, frozenset[str]] = {
     **{op: frozenset({A.INT32}) for op in (A.Binary, A.Reduce, A.CumSum)},
     **{op: frozenset(A.STORAGE_DTYPES) for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)}}
-#: the tiled kernels also take float16 storage for the products, pooling and elementwise math
+#: the tiled kernels also take float16 storage for the products, pooling, elementwise math, softmax
+#: and normalisation
 #: where the device holds 16-bit elements in buffers (-DHALF: ``_half_defines``; A.FLOAT16_COMPUTE_OPS);
 #: the simd family's vec4 and register-blocked kernels are float32 only
 TILED_FLOAT16_DTYPES: Mapping[type, frozenset[str]] = {
-    **DTYPES, **{op: DTYPES.get(op, frozenset()) | {A.FLOAT16} for op in (A.Conv2D, A.MatMul, A.Pool2D, A.Binary)}}
+    **DTYPES, **{op: DTYPES.get(op, frozenset()) | {A.FLOAT16}
+                 for op in (A.Conv2D, A.MatMul, A.Pool2D, A.Binary, A.Softmax, A.Normalize)}}
 
 
 def dtypes_for(kernels: str, native_narrow: frozenset[int]) -> Mapping[type, frozenset[str]]:
