@@ -6,7 +6,7 @@
 Per model and backend: the relative L2 error of the fp16 session's output against ONNX Runtime's
 float32 (the worst and the median over ``inputs`` random inputs; the fp32 session's beside it), the
 bytes of the weights (the constants the ops read) and of the backend's pool in each precision,
-how many ops run on float16 storage, and the median per run of ``runs`` recorded runs of fp32 and
+how many ops read float16 storage (the conversions out of float16 among them) of all the ops, and the median per run of ``runs`` recorded runs of fp32 and
 fp16 taking turns over ``rounds`` rounds (the median of the rounds, with their range). opencl uses
 the tiled (GPU) kernels, since only those take float16. Nothing here asserts speed.
 """

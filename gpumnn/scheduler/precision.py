@@ -221,8 +221,8 @@ def apply_storage_precision(program: A.AtomicProgram, precision: str, backend: A
             del converted[key]
     used = {n for op in ops for n in op.inputs}
     constants = {n: v for n, v in constants.items() if n in used or f"{n}.float16" not in constants}
-    lines = [f"precision fp16: {sum(op.dtype == A.FLOAT16 for op in ops)} of {len(ops)} ops on float16 storage "
-             f"({backend.name}), {added} conversions to and from float32 added"]
+    lines = [f"precision fp16: {len(on_float16)} of {len(program.ops)} ops on float16 storage ({backend.name}), "
+             f"{added} conversions to and from float32 added"]
     if kept_float32:
         lines.append(f"precision fp16: float32 ops (no float16 kernel on {backend.name}): "
                      + ", ".join(f"{k} x{v}" for k, v in sorted(kept_float32.items())))
