@@ -68,6 +68,9 @@ def _one_node_cases():
                                       helper.make_node("Clip", ["c", "lo", "hi"], ["y"])],
                   {"x": x}, {"w": _rounded(rng, 8, 1, 3, 3), "b": _rounded(rng, 8),
                              "lo": np.array(0, np.float32), "hi": np.array(6, np.float32)}, (1, 8, 5, 6), None))
+    cases.append(("conv-transpose", [helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2],
+                                                      pads=[1, 1, 1, 1])], {"x": x},
+                  {"w": _rounded(rng, 8, 4, 3, 3, scale=0.3), "b": _rounded(rng, 4)}, (1, 4, 19, 23), None))
     cases.append(("matmul-bias", [helper.make_node("MatMul", ["a", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])],
                   {"a": _rounded(rng, 2, 5, 40)}, {"w": _rounded(rng, 40, 24, scale=0.3), "b": _rounded(rng, 24)},
                   (2, 5, 24), None))
