@@ -108,8 +108,8 @@ def main() -> None:
                   f"{a['ms_median']:>9.2f} {b['ms_median']:>9.2f} {a['ms_median'] / b['ms_median']:>6.2f}x", flush=True)
             for line in row["notes"][1:]:
                 print("   ", line)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+            if args.json:  # after every row: a run cut short keeps what it measured
+                Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
