@@ -213,7 +213,8 @@ def apply_storage_precision(program: A.AtomicProgram, precision: str, backend: A
                                        count=int(np.prod(program.shapes[name], dtype=np.int64)), out_dtype=A.FLOAT32))
                     added += 1
         else:
-            if op.dtype == A.FLOAT32 and id(op) not in capable:
+            conversion = isinstance(op, A.Unary) and op.op == "identity" and op.output_dtype() != op.dtype
+            if op.dtype == A.FLOAT32 and id(op) not in capable and not conversion:
                 kept_float32[type(op).__name__] += 1
             ops.append(dataclasses.replace(op, inputs=tuple(inputs)))
         written = {root(n) for n in op.outputs}
