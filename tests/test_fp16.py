@@ -158,3 +158,14 @@ def test_the_cpu_runs_fp16_sessions_in_float32():
     assert all(op.dtype != A.FLOAT16 for op in fp16.shape_set().program.ops)
     np.testing.assert_array_equal(*(next(iter(s.run({"input": x}).values())) for s in (fp16, fp32)))
     assert "precision fp16: the cpu backend has no float16 kernels; the session runs in float32" in fp16.report()
+
+
+def test_float16_kernels_are_valid_vulkan(vulkan_validation):
+    """The float16 kernels (16-bit storage buffers) and their barriers are valid Vulkan, under the
+    validation layer with its synchronization checks: SqueezeNet's convolutions, pools and concats."""
+    model = zoo.build("squeezenet1_1")
+    sess = _fp16_session(model, "vulkan")
+    x = np.random.default_rng(3).standard_normal(zoo.input_shape("squeezenet1_1")).astype(np.float32)
+    sess.run({"input": x})
+    sess.close()
+    vulkan_validation.check()
