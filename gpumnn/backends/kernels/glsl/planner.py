@@ -716,6 +716,7 @@ def _plan_pool2d(be, op: A.Pool2D, ins, outs):
     n, c = op.batch, op.channels
     (h, w), (oh, ow), (kh, kw), (sh, sw) = op.in_hw, op.out_hw, op.kernel, op.strides
     is_max = op.op == "max"
+    # a global pool as a row reduction (reduce.comp, float32 only: a float16 one takes pool2d.comp)
     if (kh, kw) == (h, w) and (oh, ow) == (1, 1) and not any(op.pads) and op.dtype == A.FLOAT32:
         return KernelWork([_reduce_builder(be, "max" if is_max else "mean", n * c, h * w, 1, ins[0], outs[0])], "global")
     total = n * c * oh * ow
