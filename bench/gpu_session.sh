@@ -35,6 +35,9 @@
 #           mobilenet_v1 and squeezenet1_1 on cuda in fp32 and tf32 beside PyTorch twice: with TF32
 #           off (fp32 against fp32) and with PyTorch's defaults (TF32 against TF32), and
 #           `gpumnn plan M --backend cuda` of resnet18 (per-op times, fp32)
+#   fp16    issue 30 part 2: precision="fp16" against fp32 on cuda and vulkan for resnet18, mobilenet_v1 and
+#           squeezenet1_1 (bench/fp16.py: error against ONNX Runtime, weights and pool bytes, alternating
+#           run times; target fp16 at least 1.5x faster on ResNet-18), then the fp16 tests on cuda
 #   placement  issue 10 on a real GPU: `bench/placement.py --calibrate` (each backend and auto, the
 #           estimate beside the measured time) on the zoo, then forced splits of SqueezeNet-1.1
 #           (one branch of every fire module on cuda off a cpu hub, and the reverse)
@@ -48,7 +51,7 @@
 # GPUMNN_GPU_SETUP=0 skips the unpacking and installing (for a dry run of a phase on a machine that
 # has everything, with PYTHON naming its interpreter).
 set -uo pipefail
-PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench|profile|runbook|schemes|kernels|placement|storage|tf32}
+PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench|profile|runbook|schemes|kernels|placement|storage|tf32|fp16}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/bench/results/gpu}
@@ -244,5 +247,11 @@ case $PHASE in
     GPUMNN_STEP_CAP=${CAP_PLAN:-30} step plan-resnet18 "$PYTHON" -m gpumnn plan resnet18 --backend cuda --runs 10 \
       | tee "$RES/plan_cuda_resnet18.txt"
     ;;
-  *) echo "unknown phase $PHASE (tests, apis, bench, profile, runbook, schemes, kernels, placement, storage or tf32)"; exit 2 ;;
+  fp16)
+    GPUMNN_STEP_CAP=${CAP_FP16:-360} step fp16-models "$PYTHON" bench/fp16.py resnet18 mobilenet_v1 squeezenet1_1 \
+      --backends cuda,vulkan --rounds 5 --runs 20 --inputs 5 --json "$RES/fp16.json" | tee "$RES/fp16.txt"
+    GPUMNN_REQUIRE_BACKENDS=cuda GPUMNN_STEP_CAP=${CAP_TESTS:-90} step fp16-tests "${PYTEST[@]}" tests/test_fp16.py \
+      tests/test_cuda_source.py -k "cuda or HALF" --junitxml="$RES/fp16_tests.xml" | tail -15 | tee "$RES/fp16_tests.txt"
+    ;;
+  *) echo "unknown phase $PHASE (tests, apis, bench, profile, runbook, schemes, kernels, placement, storage, tf32 or fp16)"; exit 2 ;;
 esac

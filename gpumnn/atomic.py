@@ -14,7 +14,8 @@ Conventions shared by all ops:
   only (``COMPUTE_DTYPES``): the element-moving ops (Raster, Gather, Select, Scatter without a
   reduction) and the Unary ``identity`` (a conversion between any two storage dtypes) also take
   the narrow ones, and lowering converts a narrow tensor to its ``compute_dtype`` before any other
-  op reads it. Every op carries ``dtype``, the storage dtype of its data operand. A backend lists
+  op reads it (under ``precision="fp16"`` the ops of ``FLOAT16_COMPUTE_OPS`` also take float16
+  storage, computing in float32). Every op carries ``dtype``, the storage dtype of its data operand. A backend lists
   the dtypes its kernels take (``Backend.dtypes``); an op it cannot run goes to the CPU. A tensor
   handle points at ``shape`` elements starting at an offset counted in elements of its own dtype
   inside a pool buffer; pools are laid out in bytes, every tensor starting on a 4-byte boundary
@@ -50,6 +51,19 @@ ITEMSIZE: dict[str, int] = {FLOAT32: 4, INT32: 4, FLOAT16: 2, INT8: 1, UINT8: 1}
 #: reduction ``none`` only): they move elements without arithmetic. The one computing op that reads
 #: a narrow dtype is a ``prequantized`` QuantizedMatMul (uint8, its own integer arithmetic)
 NARROW_OPS: tuple[str, ...] = ("raster", "gather", "select", "scatter", "unary")
+#: the computing ops also defined on float16 storage (``precision="fp16"``,
+#: ``gpumnn.scheduler.precision``): every float operand and the result are float16, the arithmetic
+#: and every sum are float32 inside the kernel. Unary and Binary only where the result is a float
+#: (not the comparisons, ``not`` or ``nonzero``)
+FLOAT16_COMPUTE_OPS: tuple[str, ...] = ("conv2d", "conv_transpose2d", "matmul", "pool2d", "unary", "binary",
+                                        "softmax", "normalize")
+
+
+def computes_on_float16(op: "AtomicOp") -> bool:
+    """Whether ``op`` is a computing op on float16 storage that the contract defines (see
+    ``FLOAT16_COMPUTE_OPS``): its ``dtype`` and result float16."""
+    return (op.kind in FLOAT16_COMPUTE_OPS and op.dtype == FLOAT16 and op.output_dtype() == FLOAT16
+            and not (op.kind == "unary" and getattr(op, "op", "") in ("not", "nonzero")))
 
 
 def compute_dtype(storage: str) -> str:

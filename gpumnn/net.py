@@ -47,7 +47,9 @@ class Net:
         set the upper bound, see the README's Threads section).
 
         ``precision="int8"`` runs matrix products with constant weights on int8 (weights quantized
-        once per column, activations per row at run time, ``gpumnn.scheduler.precision``); the
+        once per column, activations per row at run time, ``gpumnn.scheduler.precision``);
+        ``precision="fp16"`` holds weights and activations in float16 where a GPU backend has the
+        kernels (arithmetic in float32; the cpu runs it in float32, as ``report()`` says); the
         default ``"fp32"`` runs the model as it is; any other value is a ValueError.
         """
         return Session(self.graph, backend=backend, input_shapes=input_shapes, record=record, threads=threads,

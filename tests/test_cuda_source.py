@@ -32,7 +32,7 @@ def gpu_variants() -> list[tuple[str, dict[str, int]]]:
     tilings of GEMM_CONFIGS (as ``_gemm_launch`` passes them), Winograd tiles, the element-moving
     families for 4-, 2- and 1-byte elements (``elem_defines``), the conversion between every two
     storage dtypes of which one is narrow, the matrix-vector tilings of GEMV_CONFIGS, the other
-    families without defines."""
+    families without defines, and the float16-storage build (-DHALF) of each family with one."""
     out: list[tuple[str, dict[str, int]]] = []
     for family in cuda_families():
         if family == "gemm":
@@ -48,6 +48,10 @@ def gpu_variants() -> list[tuple[str, dict[str, int]]]:
                     for b in A.STORAGE_DTYPES if a != b and {a, b} & A.NARROW_DTYPES]
         else:
             out.append((family, {}))
+    # the float16-storage builds (-DHALF, precision="fp16") of the families that have them: one each
+    firsts = {family: defines for family, defines in reversed(out)}
+    out += [(family, {**firsts[family], "HALF": 1})
+            for family in ("elementwise", "conv", "pool", "gemm", "winograd", "reduce")]
     return out
 
 

@@ -229,8 +229,8 @@ def contract_violation(op: AtomicOp) -> str | None:
         if dtype not in A.STORAGE_DTYPES:
             return f"unknown storage dtype {dtype!r}"
     narrow = {op.dtype, op.output_dtype()} & A.NARROW_DTYPES
-    if isinstance(op, A.QuantizedMatMul) and op.prequantized and op.dtype == A.UINT8:
-        narrow = set()  # its uint8 x is defined (see A.NARROW_OPS)
+    if isinstance(op, A.QuantizedMatMul) and op.prequantized and op.dtype == A.UINT8 or A.computes_on_float16(op):
+        narrow = set()  # its uint8 x is defined (see A.NARROW_OPS), as is float16 storage of these (A.FLOAT16_COMPUTE_OPS)
     if narrow and (op.kind not in A.NARROW_OPS or isinstance(op, A.Unary) and op.op != "identity"
                    or isinstance(op, A.Scatter) and op.reduction != "none" or getattr(op, "activation", None)):
         return f"{type(op).__name__}{' ' + op.op if isinstance(op, A.Unary) else ''} is not defined on " \
@@ -276,6 +276,9 @@ class Backend(ABC):
     #: atomic op type -> the schemes whose kernels add a residual in their epilogue (Conv2D's
     #: ``has_residual``); the scheme step fuses a residual add only into those
     residual_schemes: ClassVar[Mapping[type, frozenset[str]]] = {}
+    #: atomic op type -> the schemes whose kernels take float32 storage only (no float16 build):
+    #: ``precision="fp16"`` leaves those ops in float32
+    float32_only_schemes: ClassVar[Mapping[type, frozenset[str]]] = {}
     #: run states of one session that may run at once on this backend (1: runs take turns) --
     #: what is *safe*; ``default_concurrent_runs`` says what *pays*
     max_concurrent_runs: ClassVar[int] = 1
@@ -350,6 +353,8 @@ class Backend(ABC):
         for dtype in {op.dtype, op.output_dtype()} - {A.FLOAT32}:
             if dtype not in self.dtypes.get(type(op), ()):
                 return f"the {self.name} backend has no {dtype} kernel for atomic op {type(op).__name__}"
+        if A.FLOAT16 in {op.dtype, op.output_dtype()} and scheme in self.float32_only_schemes.get(type(op), ()):
+            return f"the {self.name} backend's {scheme!r} kernel for atomic op {type(op).__name__} has no float16 build"
         names = self.op_names.get(type(op))
         if names is not None and getattr(op, "op", None) not in names:
             return f"the {self.name} backend has no kernel for {type(op).__name__} {op.op!r}"

@@ -83,7 +83,7 @@ class Session:
                  precision: str = "fp32", **backend_options: Any):
         started = time.perf_counter()
         #: the arithmetic of the products (``gpumnn.scheduler.precision``): "fp32", "tf32" (cuda's tensor
-        #: cores), or "int8" (dynamic quantization)
+        #: cores), "int8" (dynamic quantization) or "fp16" (float16 storage on a GPU backend)
         self.precision = check_precision(precision)
         backend_options = {**backend_options, **precision_backend_options(self.precision, backend)}
         self.graph = graph
@@ -446,6 +446,7 @@ class Session:
             lines.append(f"overlap: {placement.sync.overlaps} segment(s) submitted without waiting, their branch "
                          f"on another backend running meanwhile")
         lines.extend(shape_set.scheme_lines())
+        lines.extend(shape_set.precision_lines)
         for b, m in shape_set.memory_summary().items():
             lines.append(f"memory[{b}]: pool {m['pool_bytes'] / 2**20:.2f} MiB for {m['tensors']} tensors "
                          f"(naive sum {m['naive_bytes'] / 2**20:.2f} MiB), weights {m['constant_bytes'] / 2**20:.2f} MiB")

@@ -21,7 +21,7 @@ from .. import atomic as A
 from ..backends.base import Backend, Execution, TensorHandle
 from ..geometry import lower
 from ..scheduler.expansion import expand_schemes
-from ..scheduler.precision import apply_precision
+from ..scheduler.precision import apply_precision, apply_storage_precision
 from ..input_shapes import shape_key
 from ..ir import Graph, ValueInfo
 from .run_states import RunStatePool
@@ -67,7 +67,7 @@ class SessionParts:
     build_lock: threading.RLock  # one preparation (or release) at a time across the session
     #: ``active(names)``: those backends (None: every one) usable from this thread, for a bracket
     active: Callable[..., AbstractContextManager[None]]
-    #: the arithmetic the program is rewritten for (``gpumnn.scheduler.precision``): "fp32" or "int8"
+    #: the arithmetic the program is rewritten for (``gpumnn.scheduler.precision``): "fp32", "int8" or "fp16"
     precision: str = "fp32"
 
 
@@ -99,6 +99,8 @@ class ShapeSet:
         scheme_backend = parts.backends[parts.scheme_backend]
         lowered = apply_precision(lower(parts.graph, self.input_shapes, self.values), parts.precision)
         program = expand_schemes(select_schemes(lowered, scheme_backend), scheme_backend)
+        #: what the session's precision did to the program (report lines; none for fp32 and int8)
+        program, self.precision_lines = apply_storage_precision(program, parts.precision, scheme_backend)
         self.program = program
         self.output_dtypes = {info.name: self._output_dtype(info) for info in parts.graph.outputs}  # run() reads
         placement = place(program, parts.backends, parts.candidates, parts.cost_model, parts.pins)

@@ -53,11 +53,20 @@ STRASSEN_C = np.array([[1, 0, 0, 1, -1, 0, 1], [0, 0, 1, 0, 1, 0, 0],
                        [0, 1, 0, 1, 0, 0, 0], [1, -1, 1, 0, 0, 1, 0]], dtype=np.float64)
 
 
+#: what separates the op's output from the scheme in the names of the tensors a rewrite adds
+_MARK = "#"
+
+
+def is_rewrite_tensor(name: str) -> bool:
+    """Whether ``name`` is a tensor a Winograd or Strassen rewrite added (its transforms and products)."""
+    return _MARK in name and name.rsplit(_MARK, 1)[1].startswith(("winograd", "strassen"))
+
+
 class _Builder:
     """Adds ops, shapes and constants to a program under names derived from one op's output."""
 
     def __init__(self, program: A.AtomicProgram, op: A.AtomicOp, tag: str):
-        self.program, self.op, self.prefix = program, op, f"{op.outputs[0]}#{tag}"
+        self.program, self.op, self.prefix = program, op, f"{op.outputs[0]}{_MARK}{tag}"
         self.ops: list[A.AtomicOp] = []
 
     def name(self, what: str) -> str:

@@ -16,18 +16,32 @@ shape set, per output column and symmetric in int8, and whose input rows are qua
 time (uint8, asymmetric: a row after GELU or ReLU is mostly on one side of 0, so its zero point
 keeps a bit that a symmetric int8 row would spend on the empty side). The product sums in int32
 and the result is dequantized to float32, so the ops around it are untouched.
+
+``fp16`` holds weights and activations in float16 (half the bytes) where the session's scheme
+backend (its GPU) has float16 kernels, which compute and sum in float32 (``A.FLOAT16_COMPUTE_OPS``):
+after schemes are chosen and expanded, :func:`apply_storage_precision` makes float16 every float32
+run-time tensor whose writers all have such a kernel there, rewrites those ops onto float16 (their
+float weights become float16 constants) and converts (Unary ``identity``) where a float16 tensor
+meets an op without one, and where a graph input enters or an output leaves: those stay float32
+(an output's writer computes on float16 and its result is converted).
+The transforms and products inside a Winograd or Strassen rewrite stay float32: rounding them to
+float16 between its stages would add an error per stage (the GPU kernels' own Winograd keeps
+them in float32 scratch). A backend with no float16 arithmetic kernels at all (the cpu) runs the
+session in float32.
 """
 from __future__ import annotations
 
 import dataclasses
+from collections import defaultdict
 from typing import Any, Sequence
 
 import numpy as np
 
 from .. import atomic as A
+from .expansion import is_rewrite_tensor
 
 #: the values of ``Session``'s ``precision`` option
-PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "int8")
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "int8", "fp16")
 #: the precisions that choose kernels instead of rewriting the program: per backend that has such
 #: kernels, the backend options that select them
 KERNEL_PRECISIONS: dict[str, dict[str, dict[str, Any]]] = {"tf32": {"cuda": {"tf32": True}}}
@@ -94,7 +108,7 @@ def _quantizable(op: A.AtomicOp, program: A.AtomicProgram) -> bool:
 
 def apply_precision(program: A.AtomicProgram, precision: str) -> A.AtomicProgram:
     """``program`` rewritten for ``precision`` (itself for fp32): see the module docstring."""
-    if check_precision(precision) == "fp32" or precision in KERNEL_PRECISIONS:
+    if check_precision(precision) != "int8":
         return program
     constants = dict(program.constants)
     quantized: dict[tuple[str, bool, float], tuple[str, str]] = {}
@@ -119,3 +133,138 @@ def apply_precision(program: A.AtomicProgram, precision: str) -> A.AtomicProgram
     if not quantized:
         return program
     return dataclasses.replace(program, ops=ops, constants=constants)
+
+
+def computes_float16(backend: Any) -> bool:
+    """Whether ``backend`` has float16 kernels for the products (Conv2D, MatMul): without them an
+    fp16 session there runs in float32."""
+    return any(A.FLOAT16 in backend.dtypes.get(op, ()) for op in (A.Conv2D, A.MatMul))
+
+
+def float16_summary(backend: Any) -> str:
+    """What ``precision="fp16"`` does on ``backend``, for ``gpumnn info``."""
+    if computes_float16(backend):
+        return "float16 weights and activations, float32 arithmetic in the kernels"
+    return f"runs in float32: no float16 kernels{_why_none(backend)}"
+
+
+def _why_none(backend: Any) -> str:
+    """Why a GPU backend has no float16 kernels, as a clause (the GPU kernel family has them, given
+    16-bit storage), or nothing for a backend that has none at all (the cpu)."""
+    storage = getattr(backend, "narrow_storage", {}).get(2, "")
+    if storage.startswith("packed"):
+        return f" (float16 tensors {storage}; float16 arithmetic needs 16-bit storage)"
+    if getattr(backend, "kernels", None) == "simd":
+        return " in its simd family (CPU devices; kernels='tiled' has them)"
+    return ""
+
+
+def _on_float16(op: A.AtomicOp) -> A.AtomicOp:
+    """``op`` with float16 storage (its float32 operands and result float16)."""
+    if isinstance(op, A.Unary):
+        return dataclasses.replace(op, dtype=A.FLOAT16, out_dtype="")
+    return dataclasses.replace(op, dtype=A.FLOAT16)
+
+
+def _float16_capable(op: A.AtomicOp, program: A.AtomicProgram, backend: Any) -> bool:
+    """Whether ``op`` computes a float32 result from float32 data that ``backend`` computes on
+    float16 storage as well (an exact integer accumulation stays float32: float16 would round its sums)."""
+    if op.dtype != A.FLOAT32 or op.output_dtype() != A.FLOAT32 or op.source in program.exact_integer_sources:
+        return False
+    if isinstance(op, A.Unary) and op.out_dtype not in ("", A.FLOAT32):
+        return False
+    return backend.unsupported_reason(_on_float16(op)) is None
+
+
+def apply_storage_precision(program: A.AtomicProgram, precision: str, backend: Any) -> tuple[A.AtomicProgram, list[str]]:
+    """``program`` with float16 storage for ``precision="fp16"`` where ``backend`` has the kernels
+    (see the module docstring), and lines for the session's report saying what it did; itself
+    and no lines for any other precision. Runs after the schemes are expanded, before placement."""
+    if check_precision(precision) != "fp16":
+        return program, []
+    if not computes_float16(backend):
+        return program, [f"precision fp16: the {backend.name} backend has no float16 kernels{_why_none(backend)}; "
+                         f"the session runs in float32"]
+    root = program.storage_of
+    kept = {root(n) for n in (*program.inputs, *program.outputs)}
+    # a graph output's writer computes on float16 too, its result converted into the float32 output
+    outputs = {root(n) for n in program.outputs} - {root(n) for n in program.inputs}
+    writers: dict[str, list[A.AtomicOp]] = defaultdict(list)
+    for op in program.ops:
+        for name in op.outputs:
+            writers[root(name)].append(op)
+    capable = {id(op) for op in program.ops if _float16_capable(op, program, backend)}
+    half = {r for r, ops in writers.items()
+            if r not in kept and r not in program.constants and program.storage_dtype_of(r) == A.FLOAT32
+            and not is_rewrite_tensor(r) and all(id(op) in capable for op in ops)}
+    on_float16 = {id(op) for op in program.ops
+                  if id(op) in capable and all(root(n) in half or root(n) in outputs for n in op.outputs)}
+    if not on_float16:
+        return program, [f"precision fp16: no op here has a float16 kernel on {backend.name}; the session runs "
+                         f"in float32"]
+    shapes, constants, dtypes = dict(program.shapes), dict(program.constants), dict(program.dtypes)
+    for name in shapes:
+        if root(name) in half:
+            dtypes[name] = np.dtype(np.float16)
+    converted: dict[tuple[str, str], str] = {}  # (tensor, dtype) -> its conversion, until the tensor is written again
+    ops: list[A.AtomicOp] = []
+    added = 0
+    kept_float32: dict[str, int] = defaultdict(int)
+
+    def convert(name: str, dtype: str, source: str) -> str:
+        nonlocal added
+        if (name, dtype) not in converted:
+            made = f"{name}.{dtype}"
+            shapes[made] = program.shapes[name]
+            dtypes[made] = np.dtype(dtype)
+            ops.append(A.Unary((name,), (made,), source, dtype=A.FLOAT16 if dtype == A.FLOAT32 else A.FLOAT32,
+                               count=int(np.prod(program.shapes[name], dtype=np.int64)), op="identity",
+                               out_dtype=dtype))
+            converted[(name, dtype)] = made
+            added += 1
+        return converted[(name, dtype)]
+
+    def float16_constant(name: str) -> str:
+        made = f"{name}.float16"
+        if made not in constants:
+            constants[made] = np.asarray(program.constants[name]).astype(np.float16)
+        return made
+
+    for op in program.ops:
+        on_half = id(op) in on_float16
+        inputs = []
+        for name in op.inputs:
+            if name in program.constants:
+                float32 = program.storage_dtype_of(name) == A.FLOAT32
+                inputs.append(float16_constant(name) if on_half and float32 else name)
+            elif root(name) in half:
+                inputs.append(name if on_half else convert(name, A.FLOAT32, op.source))
+            elif on_half and program.storage_dtype_of(name) == A.FLOAT32:
+                inputs.append(convert(name, A.FLOAT16, op.source))
+            else:
+                inputs.append(name)
+        if on_half:
+            results = tuple(n if root(n) in half else f"{n}.float16" for n in op.outputs)
+            ops.append(_on_float16(dataclasses.replace(op, inputs=tuple(inputs), outputs=results)))
+            for name, result in zip(op.outputs, results):
+                if result != name:
+                    shapes[result], dtypes[result] = program.shapes[name], np.dtype(np.float16)
+                    ops.append(A.Unary((result,), (name,), op.source, dtype=A.FLOAT16, op="identity",
+                                       count=int(np.prod(program.shapes[name], dtype=np.int64)), out_dtype=A.FLOAT32))
+                    added += 1
+        else:
+            conversion = isinstance(op, A.Unary) and op.op == "identity" and op.output_dtype() != op.dtype
+            if op.dtype == A.FLOAT32 and id(op) not in capable and not conversion:
+                kept_float32[type(op).__name__] += 1
+            ops.append(dataclasses.replace(op, inputs=tuple(inputs)))
+        written = {root(n) for n in op.outputs}
+        for key in [k for k in converted if root(k[0]) in written]:
+            del converted[key]
+    used = {n for op in ops for n in op.inputs}
+    constants = {n: v for n, v in constants.items() if n in used or f"{n}.float16" not in constants}
+    lines = [f"precision fp16: {len(on_float16)} of {len(program.ops)} ops on float16 storage ({backend.name}), "
+             f"{added} conversions to and from float32 added"]
+    if kept_float32:
+        lines.append(f"precision fp16: float32 ops (no float16 kernel on {backend.name}): "
+                     + ", ".join(f"{k} x{v}" for k, v in sorted(kept_float32.items())))
+    return dataclasses.replace(program, ops=ops, shapes=shapes, constants=constants, dtypes=dtypes), lines

@@ -14,6 +14,7 @@ import numpy as np
 from .. import __version__, zoo
 from ..backends import REGISTRY, create_backend, probe
 from ..errors import GpumnnError
+from ..scheduler.precision import float16_summary
 from .feeds import random_input
 
 
@@ -54,6 +55,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"  {name:<7} available  {backend.info.device}")
             print(f"          {calibration_for(backend).describe()}")
             print(f"          storage: {storage_summary(backend)}")
+            print(f"          precision fp16: {float16_summary(backend)}")
             if name == "cpu":
                 from ..backends.cpu import int8 as cpu_int8
                 try:

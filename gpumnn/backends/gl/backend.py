@@ -48,7 +48,8 @@ from ..kernels.glsl.compile import ShaderCompileError, preprocess
 from . import device as gl_context
 from ..kernels import word_padded
 from ..base import Backend, BackendInfo, Execution, TensorHandle, constant_words, host_out, kernel_family, kernels_option
-from ..kernels.glsl.planner import (RESIDUAL_BINDINGS, DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, WINOGRAD_REWRITE_MAX_TILE, residual_schemes_for, schemes_for, Builder, Hazards, binding_limit, check_shader_op_ids,
+from ..kernels.glsl.planner import dtypes_for as glsl_dtypes_for
+from ..kernels.glsl.planner import (RESIDUAL_BINDINGS, DTYPES as GLSL_DTYPES, FLOAT32_ONLY_SCHEMES as GLSL_FLOAT32_ONLY_SCHEMES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, WINOGRAD_REWRITE_MAX_TILE, residual_schemes_for, schemes_for, Builder, Hazards, binding_limit, check_shader_op_ids,
                          grid_limit, plan, window)
 from ..limits import MemoryLimits, host_memory
 from ..speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
@@ -178,6 +179,7 @@ class GLBackend(Backend):
     winograd_rewrite_max_tile = WINOGRAD_REWRITE_MAX_TILE
     op_names = GLSL_OP_NAMES
     dtypes = GLSL_DTYPES
+    float32_only_schemes = GLSL_FLOAT32_ONLY_SCHEMES
 
     def __init__(self, kernels: str | None = None, **unknown: Any):
         """``kernels``: "auto" (simd on software renderers, tiled on GPUs), "simd" or "tiled".
@@ -236,6 +238,7 @@ class GLBackend(Backend):
         self.narrow_storage = {size: (f"native: {ext}" if ext in extensions else f"packed: no {ext}")
                                for size, ext in ((1, "GL_EXT_shader_8bit_storage"), (2, "GL_EXT_shader_16bit_storage"))}
         self.native_narrow = frozenset(size for size, why in self.narrow_storage.items() if why.startswith("native"))
+        self.dtypes = glsl_dtypes_for(self.kernels, self.native_narrow)  # float16 arithmetic: tiled, 16-bit storage
         self.simd_lanes = simd_lanes(self.renderer)
         self._buffers: dict[int, GLBuffer] = {}
         self.packed: dict[tuple, TensorHandle] = {}

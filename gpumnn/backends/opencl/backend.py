@@ -107,6 +107,7 @@ class OpenCLBackend(Backend):
     schemes = cl_plans.SCHEMES
     op_names = cl_plans.OP_NAMES
     dtypes = cl_plans.DTYPES
+    float32_only_schemes = cl_plans.FLOAT32_ONLY_SCHEMES
     #: float16 / int8 / uint8 tensors as themselves: OpenCL C addresses 16- and 8-bit buffer
     #: elements (ushort, uchar; vload_half / vstore_half for float16 conversions)
     narrow_storage = {1: "native: uchar buffer elements", 2: "native: ushort buffer elements, vload_half/vstore_half"}
@@ -133,6 +134,7 @@ class OpenCLBackend(Backend):
         #: CPU devices get explicitly vectorised kernels (gemm_cpu.cl, "simd"); GPUs the tiled ones
         self.kernels = kernel_family(requested, not self.is_gpu)
         self.schemes = cl_plans.schemes_for(self.kernels)
+        self.dtypes = cl_plans.dtypes_for(self.kernels)
         self.residual_schemes = cl_plans.residual_schemes_for(self.kernels)
         if not self.is_gpu:  # the tiled family's Winograd kernels on a CPU device: only where forced (tests)
             self.winograd_min_saving = float("inf")

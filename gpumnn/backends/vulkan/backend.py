@@ -54,7 +54,8 @@ from ..limits import MemoryLimits, host_memory
 from ..speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
 from ..waits import describe_ops
 # The API-neutral half (what to dispatch per atomic op) is shared with the OpenGL backend.
-from ..kernels.glsl.planner import (MAX_BINDINGS, RESIDUAL_BINDINGS, DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, WINOGRAD_REWRITE_MAX_TILE, residual_schemes_for, schemes_for, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
+from ..kernels.glsl.planner import dtypes_for as glsl_dtypes_for
+from ..kernels.glsl.planner import (MAX_BINDINGS, RESIDUAL_BINDINGS, DTYPES as GLSL_DTYPES, FLOAT32_ONLY_SCHEMES as GLSL_FLOAT32_ONLY_SCHEMES, OP_NAMES as GLSL_OP_NAMES, PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, WINOGRAD_REWRITE_MAX_TILE, residual_schemes_for, schemes_for, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
                          Hazards as _Hazards, binding_limit, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, plan, window)
 
 try:
@@ -124,6 +125,7 @@ class VulkanBackend(Backend):
     winograd_rewrite_max_tile = WINOGRAD_REWRITE_MAX_TILE
     op_names = GLSL_OP_NAMES
     dtypes = GLSL_DTYPES
+    float32_only_schemes = GLSL_FLOAT32_ONLY_SCHEMES
     plan_error = VulkanError if vk is not None else PlanError
 
     def __init__(self, device: str | int | None = None, validation: bool | None = None,
@@ -176,6 +178,7 @@ class VulkanBackend(Backend):
         self.schemes = schemes_for(self.kernels)
         if dev.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_CPU:  # the tiled family's Winograd kernel: only where forced
             self.winograd_min_saving = float("inf")
+        self.dtypes = glsl_dtypes_for(self.kernels, self.native_narrow)  # float16 arithmetic: tiled, 16-bit storage
         # a convolution that adds a residual binds one buffer more than Vulkan guarantees a stage
         self.residual_schemes = residual_schemes_for(self.kernels) if dev.max_storage_buffers >= RESIDUAL_BINDINGS else {}
         self.simd_lanes = simd_lanes(dev.name)  # of a CPU device's vector unit

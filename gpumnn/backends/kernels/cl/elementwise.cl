@@ -4,23 +4,26 @@
  * computed in the input's type (APPLY), then converted to the output's (CONV: float to int32
  * truncates toward zero, as a Cast does). Unary params have the input's type (the host converts
  * clip's bounds for int32). A comparison of floats is computed as a float 1/0 and converted; the
- * fused activation of a float Binary runs before that conversion. */
+ * fused activation of a float Binary runs before that conversion. The ff kernels' tensors are
+ * DATA_T (index.cl: float16 with -DHALF, loaded by LOADF / stored by STOREF); the others' plain. */
 
 #define SAME(v) (v)
+#define PLAIN_LOAD(p, i) ((p)[i])
+#define PLAIN_STORE(v, p, i) ((p)[i] = (v))
 
-#define UNARY_KERNEL(SUF, TI, TO, PT, APPLY, CONV)                                            \
+#define UNARY_KERNEL(SUF, TI, TO, PT, APPLY, CONV, LOAD, STORE)                               \
 __kernel void unary_##SUF(__global const TI* x, const int x_off,                               \
                           __global TO* y, const int y_off, const int n,                        \
                           const int op, const PT p0, const PT p1, const PT p2)                 \
 {                                                                                              \
     const int i = get_global_id(0);                                                            \
-    if (i < n) y[y_off + i] = CONV(APPLY(op, x[x_off + i], p0, p1, p2));                       \
+    if (i < n) STORE(CONV(APPLY(op, LOAD(x, x_off + i), p0, p1, p2)), y, y_off + i);           \
 }
 
-UNARY_KERNEL(ff, float, float, float, apply_unary, SAME)
-UNARY_KERNEL(fi, float, int, float, apply_unary, convert_int_rtz)
-UNARY_KERNEL(ii, int, int, int, apply_unary_int, SAME)
-UNARY_KERNEL(if, int, float, int, apply_unary_int, convert_float)
+UNARY_KERNEL(ff, DATA_T, DATA_T, float, apply_unary, SAME, LOADF, STOREF)
+UNARY_KERNEL(fi, float, int, float, apply_unary, convert_int_rtz, PLAIN_LOAD, PLAIN_STORE)
+UNARY_KERNEL(ii, int, int, int, apply_unary_int, SAME, PLAIN_LOAD, PLAIN_STORE)
+UNARY_KERNEL(if, int, float, int, apply_unary_int, convert_float, PLAIN_LOAD, PLAIN_STORE)
 
 /* the epilogue of a Binary: the fused activation (float results only; the contract has none on int32) */
 #define EPILOGUE_F(r) apply_unary(act, r, p0, p1, p2)
@@ -28,7 +31,7 @@ UNARY_KERNEL(if, int, float, int, apply_unary_int, convert_float)
 
 /* binary_SUF: out[i] = act(op(a[i . a_strides], b[i . b_strides])) over a RANK-4 shape
  * (d0, d1, d2, d3); binary_flat_SUF: both operands contiguous over the output (residual adds). */
-#define BINARY_KERNELS(SUF, TI, TO, APPLY, EPILOGUE)                                           \
+#define BINARY_KERNELS(SUF, TI, TC, TO, APPLY, EPILOGUE, LOAD, STORE)                          \
 __kernel void binary_##SUF(__global const TI* a, const int a_off,                              \
                            __global const TI* b, const int b_off,                              \
                            __global TO* out, const int o_off,                                  \
@@ -41,9 +44,9 @@ __kernel void binary_##SUF(__global const TI* a, const int a_off,               
     if (i >= n) return;                                                                        \
     int i0, i1, i2, i3;                                                                        \
     split4(i, d1, d2, d3, &i0, &i1, &i2, &i3);                                                 \
-    const TI va = a[a_off + i0 * as0 + i1 * as1 + i2 * as2 + i3 * as3];                        \
-    const TI vb = b[b_off + i0 * bs0 + i1 * bs1 + i2 * bs2 + i3 * bs3];                        \
-    out[o_off + i] = EPILOGUE(APPLY(op, va, vb));                                              \
+    const TC va = LOAD(a, a_off + i0 * as0 + i1 * as1 + i2 * as2 + i3 * as3);                  \
+    const TC vb = LOAD(b, b_off + i0 * bs0 + i1 * bs1 + i2 * bs2 + i3 * bs3);                  \
+    STORE(EPILOGUE(APPLY(op, va, vb)), out, o_off + i);                                        \
 }                                                                                              \
 __kernel void binary_flat_##SUF(__global const TI* a, const int a_off,                         \
                                 __global const TI* b, const int b_off,                         \
@@ -51,12 +54,12 @@ __kernel void binary_flat_##SUF(__global const TI* a, const int a_off,          
                                 const int op, const int act, const float p0, const float p1, const float p2) \
 {                                                                                              \
     const int i = get_global_id(0);                                                            \
-    if (i < n) out[o_off + i] = EPILOGUE(APPLY(op, a[a_off + i], b[b_off + i]));               \
+    if (i < n) STORE(EPILOGUE(APPLY(op, LOAD(a, a_off + i), LOAD(b, b_off + i))), out, o_off + i); \
 }
 
-BINARY_KERNELS(ff, float, float, apply_binary, EPILOGUE_F)
-BINARY_KERNELS(fi, float, int, apply_binary, EPILOGUE_FI)
-BINARY_KERNELS(ii, int, int, apply_binary_int, SAME)
+BINARY_KERNELS(ff, DATA_T, float, DATA_T, apply_binary, EPILOGUE_F, LOADF, STOREF)
+BINARY_KERNELS(fi, float, float, int, apply_binary, EPILOGUE_FI, PLAIN_LOAD, PLAIN_STORE)
+BINARY_KERNELS(ii, int, int, int, apply_binary_int, SAME, PLAIN_LOAD, PLAIN_STORE)
 
 #ifdef VEC
 /* ---- CPU devices: VEC elements per work-item (see activation.cl) ---- */

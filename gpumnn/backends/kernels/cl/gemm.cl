@@ -15,7 +15,8 @@
  * late-stage conv with 49 pixels), global dim 2 also walks KS slices of the inner dimension, KSLICE
  * deep: slice s writes its raw sums alpha-free to C + s * C_SPLIT (a scratch [KS][batch][M][N]),
  * and gemm_split_sum adds the slices with alpha, the bias and the activation. With KS = 1 the
- * kernel writes the epilogue itself, as before.
+ * kernel writes the epilogue itself, as before. With -DHALF (index.cl) A, B, C, the bias and R are
+ * float16, converted to float on the way into the tiles: the sums are float32.
  *
  * TF32 (-DGEMM_TF32=1, CUDA only: precision="tf32"): the same tiles in shared memory, multiplied
  * on tensor cores by mma.sync m16n8k8 (prelude_cuda.h), the operands rounded to TF32 and the sums
@@ -61,11 +62,11 @@
 #define MODE_DECONV 2
 
 #define GEMM_ARGS \
-    __global const float* A, const int a_off, \
-    __global const float* B, const int b_off, \
-    __global float* C, const int c_off, \
-    __global const float* bias, const int bias_off, \
-    __global const float* R, const int r_off, const int has_res, \
+    __global const DATA_T* A, const int a_off, \
+    __global const DATA_T* B, const int b_off, \
+    __global DATA_T* C, const int c_off, \
+    __global const DATA_T* bias, const int bias_off, \
+    __global const DATA_T* R, const int r_off, const int has_res, \
     const int M, const int N, const int K, const int G, \
     const int a_s1, const int a_s0, const int b_s1, const int b_s0, \
     const int c_s1, const int c_s0, const int bias_s1, const int bias_s0, \
@@ -90,18 +91,18 @@ inline void tile_split(const int e, const int kmajor, const int T, int* x, int* 
 
 /* Element (m, n) of a tile's sums (the TF32 path's epilogue, element by element as a fragment holds
  * them): a K slice's raw sum (KS > 1), or alpha, the bias, the residual and the activation. */
-inline void gemm_store(__global float* Cb, __global const float* biasb, __global const float* Rb,
+inline void gemm_store(__global float* Pb, __global DATA_T* Cb, __global const DATA_T* biasb, __global const DATA_T* Rb,
                        const int m, const int n, const float sum, const int M, const int N, const int KS,
                        const float alpha, const float beta, const int has_bias, const int bias_sm,
                        const int bias_sn, const int has_res, const int act, const float p0, const float p1,
                        const float p2)
 {
     if (m >= M || n >= N) return;
-    if (KS > 1) { Cb[m * N + n] = sum; return; }  /* one slice's sums: gemm_split_sum ends */
+    if (KS > 1) { Pb[m * N + n] = sum; return; }  /* one slice's sums: gemm_split_sum ends */
     float v = alpha * sum;
-    if (has_bias) v += beta * biasb[m * bias_sm + n * bias_sn];
-    if (has_res) v += Rb[m * N + n];
-    Cb[m * N + n] = apply_unary(act, v, p0, p1, p2);
+    if (has_bias) v += beta * LOADF(biasb, m * bias_sm + n * bias_sn);
+    if (has_res) v += LOADF(Rb, m * N + n);
+    STOREF(apply_unary(act, v, p0, p1, p2), Cb, m * N + n);
 }
 
 inline void gemm_body(const int mode, LOCAL_PTR float* As, LOCAL_PTR float* Bs, GEMM_ARGS)
@@ -112,8 +113,8 @@ inline void gemm_body(const int mode, LOCAL_PTR float* As, LOCAL_PTR float* Bs, 
     const int split = get_global_id(2) % KS, bz = get_global_id(2) / KS;
     const int k_lo = split * KSLICE, k_hi = min(K, k_lo + KSLICE);
     const int bo = bz / G, bi = bz - bo * G;
-    __global const float* Ab = A + a_off + bo * a_s1 + bi * a_s0;
-    __global const float* Bb = B + b_off + bo * b_s1 + bi * b_s0;
+    __global const DATA_T* Ab = A + a_off + bo * a_s1 + bi * a_s0;
+    __global const DATA_T* Bb = B + b_off + bo * b_s1 + bi * b_s0;
     const int khw = KH * KW;
     const int tA = (mode == MODE_DENSE || mode == MODE_CONV) ? trans_a : 0;
     const int tB = (mode == MODE_DENSE) ? trans_b : 0;
@@ -140,9 +141,9 @@ inline void gemm_body(const int mode, LOCAL_PTR float* As, LOCAL_PTR float* Bs, 
             if (m < M && k < k_hi) {
                 if (mode == MODE_DECONV) {          /* ONNX weight [C/g, OC/g, KH, KW] per group */
                     const int c = k / khw, r = k - c * khw;
-                    v = Ab[(c * M + m) * khw + r];
+                    v = LOADF(Ab, (c * M + m) * khw + r);
                 } else {
-                    v = tA ? Ab[k * lda + m] : Ab[m * lda + k];
+                    v = LOADF(Ab, tA ? k * lda + m : m * lda + k);
                 }
             }
             As[kk * AS + mm] = v;
@@ -155,20 +156,20 @@ inline void gemm_body(const int mode, LOCAL_PTR float* As, LOCAL_PTR float* Bs, 
             float v = 0.0f;
             if (n < N && k < k_hi) {
                 if (mode == MODE_DENSE) {
-                    v = tB ? Bb[n * ldb + k] : Bb[k * ldb + n];
+                    v = LOADF(Bb, tB ? n * ldb + k : k * ldb + n);
                 } else {
                     const int c = k / khw, r = k - c * khw;
                     const int i = r / KW, j = r - i * KW;
                     const int oy = n / OW, ox = n - oy * OW;
                     if (mode == MODE_CONV) {
                         const int iy = oy * SH - PH + i * DH, ix = ox * SW - PW + j * DW;
-                        if (iy >= 0 && iy < H && ix >= 0 && ix < W) v = Bb[(c * H + iy) * W + ix];
+                        if (iy >= 0 && iy < H && ix >= 0 && ix < W) v = LOADF(Bb, (c * H + iy) * W + ix);
                     } else {                        /* out(oy) gathers x(iy) with oy = iy*S - P + i*D */
                         const int ty2 = oy + PH - i * DH, tx2 = ox + PW - j * DW;
                         if (ty2 >= 0 && tx2 >= 0) {
                             const int iy = ty2 / SH, ix = tx2 / SW;
                             if (iy * SH == ty2 && ix * SW == tx2 && iy < H && ix < W)
-                                v = Bb[(c * H + iy) * W + ix];
+                                v = LOADF(Bb, (c * H + iy) * W + ix);
                         }
                     }
                 }
@@ -198,13 +199,15 @@ inline void gemm_body(const int mode, LOCAL_PTR float* As, LOCAL_PTR float* Bs, 
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
-    __global float* Cb = C + c_off + bo * c_s1 + bi * c_s0 + split * C_SPLIT;
-    __global const float* biasb = bias + bias_off + bo * bias_s1 + bi * bias_s0;
-    __global const float* Rb = R + r_off + bo * c_s1 + bi * c_s0;
+    /* split K: the partial sums go to a float32 scratch passed as C (offset 0) */
+    __global float* Pb = (__global float*)C + bo * c_s1 + bi * c_s0 + split * C_SPLIT;
+    __global DATA_T* Cb = C + c_off + bo * c_s1 + bi * c_s0;
+    __global const DATA_T* biasb = bias + bias_off + bo * bias_s1 + bi * bias_s0;
+    __global const DATA_T* Rb = R + r_off + bo * c_s1 + bi * c_s0;
 #if GEMM_TF32
     for (int t = 0; t < NTILES; ++t)   /* C fragment r: row group (+ 8 from r = 2), column 2 member + r % 2 */
         for (int r = 0; r < 4; ++r)
-            gemm_store(Cb, biasb, Rb, m0 + wr + group + (r / 2) * 8, n0 + wc + t * 8 + 2 * member + r % 2, acc[t][r],
+            gemm_store(Pb, Cb, biasb, Rb, m0 + wr + group + (r / 2) * 8, n0 + wc + t * 8 + 2 * member + r % 2, acc[t][r],
                        M, N, KS, alpha, beta, has_bias, bias_sm, bias_sn, has_res, act, p0, p1, p2);
 #else
     for (int i = 0; i < WM; ++i) {
@@ -213,11 +216,11 @@ inline void gemm_body(const int mode, LOCAL_PTR float* As, LOCAL_PTR float* Bs, 
         for (int j = 0; j < WN; ++j) {
             const int n = n0 + tx + j * LX;
             if (n >= N) continue;
-            if (KS > 1) { Cb[m * N + n] = acc[i][j]; continue; }  /* one slice's sums: gemm_split_sum ends */
+            if (KS > 1) { Pb[m * N + n] = acc[i][j]; continue; }  /* one slice's sums: gemm_split_sum ends */
             float v = alpha * acc[i][j];
-            if (has_bias) v += beta * biasb[m * bias_sm + n * bias_sn];
-            if (has_res) v += Rb[m * N + n];
-            Cb[m * N + n] = apply_unary(act, v, p0, p1, p2);
+            if (has_bias) v += beta * LOADF(biasb, m * bias_sm + n * bias_sn);
+            if (has_res) v += LOADF(Rb, m * N + n);
+            STOREF(apply_unary(act, v, p0, p1, p2), Cb, m * N + n);
         }
     }
 #endif
@@ -249,10 +252,10 @@ __kernel __attribute__((reqd_work_group_size(LX, LY, 1))) void gemm_deconv(GEMM_
  * 1-D work-groups of the GEMM's NT work-items (every kernel of a variant has the same bound). */
 __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void gemm_split_sum(__global const float* P, const int KS, const int C_SPLIT,
                              const int M, const int N, const int G,
-                             __global float* C, const int c_off, const int c_s1, const int c_s0,
-                             __global const float* bias, const int bias_off, const int bias_s1, const int bias_s0,
+                             __global DATA_T* C, const int c_off, const int c_s1, const int c_s0,
+                             __global const DATA_T* bias, const int bias_off, const int bias_s1, const int bias_s0,
                              const int has_bias, const int bias_sm, const int bias_sn,
-                             __global const float* R, const int r_off, const int has_res,
+                             __global const DATA_T* R, const int r_off, const int has_res,
                              const float alpha, const float beta,
                              const int act, const float p0, const float p1, const float p2)
 {
@@ -265,7 +268,7 @@ __kernel __attribute__((reqd_work_group_size(NT, 1, 1))) void gemm_split_sum(__g
     const int m = r / N, n = r - m * N;
     const int bo = bz / G, bi = bz - bo * G;
     float v = alpha * sum;
-    if (has_bias) v += beta * bias[bias_off + bo * bias_s1 + bi * bias_s0 + m * bias_sm + n * bias_sn];
-    if (has_res) v += R[r_off + bo * c_s1 + bi * c_s0 + m * N + n];
-    C[c_off + bo * c_s1 + bi * c_s0 + m * N + n] = apply_unary(act, v, p0, p1, p2);
+    if (has_bias) v += beta * LOADF(bias, bias_off + bo * bias_s1 + bi * bias_s0 + m * bias_sm + n * bias_sn);
+    if (has_res) v += LOADF(R, r_off + bo * c_s1 + bi * c_s0 + m * N + n);
+    STOREF(apply_unary(act, v, p0, p1, p2), C, c_off + bo * c_s1 + bi * c_s0 + m * N + n);
 }

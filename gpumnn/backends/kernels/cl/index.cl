@@ -19,6 +19,20 @@
 #define ELEM_T uint
 #endif
 
+/* The float tensors of the computing kernels: float32, or with -DHALF float16 storage
+ * (precision="fp16"), loaded into float and stored rounded to nearest even (vload_half /
+ * vstore_half_rte: core OpenCL, no cl_khr_fp16), so every sum stays float32. Scratch buffers
+ * (split-K partial sums, Winograd transforms) are float32 either way. */
+#ifdef HALF
+#define DATA_T half
+#define LOADF(p, i) vload_half((i), (p))
+#define STOREF(v, p, i) vstore_half_rte((v), (i), (p))
+#else
+#define DATA_T float
+#define LOADF(p, i) ((p)[i])
+#define STOREF(v, p, i) ((p)[i] = (v))
+#endif
+
 /* Split a row-major flat index over [*, D1, D2] into (i0, i1, i2): e.g. gid over
  * [planes, OH, OW] -> (plane, oy, ox). */
 inline void split3(const int gid, const int D1, const int D2, int* i0, int* i1, int* i2)

@@ -143,8 +143,9 @@ def _word(v: int) -> np.uint32:
     return np.uint32(v)
 
 
-#: kernel-name suffix of each storage dtype (elementwise kernels are named by input and output dtype)
-DTYPE_SUFFIX = {A.FLOAT32: "f", A.INT32: "i"}
+#: kernel-name suffix of each storage dtype (elementwise kernels are named by input and output
+#: dtype); float16 storage is the float kernel built with ``half_defines``
+DTYPE_SUFFIX = {A.FLOAT32: "f", A.INT32: "i", A.FLOAT16: "f"}
 #: the id of each storage dtype in convert.cl's -DIN_KIND / -DOUT_KIND (KIND_* in the header)
 KIND_IDS: dict[str, int] = {dtype: i for i, dtype in enumerate(A.STORAGE_DTYPES)}
 
@@ -154,6 +155,12 @@ def elem_defines(dtype: str) -> dict[str, int]:
     dtypes (``uint`` words), ``ELEM`` = 2 or 1 for the narrow ones (index.cl's ELEM_T)."""
     size = A.ITEMSIZE[dtype]
     return {} if size == 4 else {"ELEM": size}
+
+
+def half_defines(op: A.AtomicOp) -> dict[str, int]:
+    """The defines of a computing kernel for ``op``: ``HALF`` where its float tensors are float16
+    storage (index.cl's DATA_T, LOADF, STOREF), else none."""
+    return {"HALF": 1} if op.dtype == A.FLOAT16 else {}
 
 
 def _int_bound(v: float) -> int:
@@ -320,7 +327,7 @@ def _plan_raster(be: PlannerTarget, op: A.Raster, ins, outs):
 
 def _plan_unary(be, op: A.Unary, ins, outs):
     x, y = ins[0], outs[0]
-    if {op.dtype, op.output_dtype()} & A.NARROW_DTYPES:  # identity (the contract's only narrow Unary)
+    if op.op == "identity" and {op.dtype, op.output_dtype()} & A.NARROW_DTYPES:  # a copy or a conversion
         if op.dtype == op.output_dtype():
             return KernelWork([launch1d("raster", "raster_copy_flat", [x.buffer, _i(x.offset), y.buffer, _i(y.offset),
                                                                         _i(op.count)], op.count, elem_defines(op.dtype))],
@@ -330,9 +337,9 @@ def _plan_unary(be, op: A.Unary, ins, outs):
                                                                      _i(op.count)], op.count, defines)], "convert")
     args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.count)] + _unary_args(op.op, op.params, op.dtype)
     suffix = DTYPE_SUFFIX[op.dtype] + DTYPE_SUFFIX[op.output_dtype()]
-    if be.kernels == "simd" and suffix == "ff":
+    if be.kernels == "simd" and suffix == "ff" and op.dtype == A.FLOAT32:  # the vector kernel is float32 only
         return KernelWork([vec_launch("elementwise", "unary_vec", args, (-(-op.count // CPU_VEC),))], "vec")
-    return KernelWork([launch1d("elementwise", f"unary_{suffix}", args, op.count)])
+    return KernelWork([launch1d("elementwise", f"unary_{suffix}", args, op.count, half_defines(op))])
 
 
 def _plan_binary(be, op: A.Binary, ins, outs):
@@ -346,7 +353,7 @@ def _plan_binary(be, op: A.Binary, ins, outs):
     if one_run(dims) and not vector:
         args = [a.buffer, _i(a.offset), b.buffer, _i(b.offset), o.buffer, _i(o.offset), _i(n),
                 _i(BINARY_IDS[op.op])] + act
-        return KernelWork([launch1d("elementwise", f"binary_flat_{suffix}", args, n)], "flat")
+        return KernelWork([launch1d("elementwise", f"binary_flat_{suffix}", args, n, half_defines(op))], "flat")
     dims = [(1, 0, 0, 0)] * (A.RANK - len(dims)) + dims
     d = [x[0] for x in dims]
     head = [a.buffer, _i(a.offset), b.buffer, _i(b.offset), o.buffer, _i(o.offset), _i(d[1]), _i(d[2]), _i(d[3])]
@@ -356,7 +363,7 @@ def _plan_binary(be, op: A.Binary, ins, outs):
         grid = (-(-d[3] // CPU_VEC), d[2], d[0] * d[1])
         return KernelWork([vec_launch("elementwise", "binary_vec", head + strides + tail, grid)], "vec")
     args = head + [_i(n)] + strides + tail
-    return KernelWork([launch1d("elementwise", f"binary_{suffix}", args, n)], "strided")
+    return KernelWork([launch1d("elementwise", f"binary_{suffix}", args, n, half_defines(op))], "strided")
 
 
 def _plan_reduce(be, op: A.Reduce, ins, outs):
@@ -391,10 +398,10 @@ def _plan_softmax(be, op: A.Softmax, ins, outs):
         return KernelWork([vec_launch("reduce", "softmax_cols_vec", args, grid)], "cols-vec")
     if op.inner == 1 and op.size >= 2 * RWG:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.size), _i(int(op.log))]
-        return KernelWork([launch("reduce", "softmax_rows", args, (op.outer * RWG,), (RWG,))], "rows")
+        return KernelWork([launch("reduce", "softmax_rows", args, (op.outer * RWG,), (RWG,), half_defines(op))], "rows")
     args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(op.outer), _i(op.size), _i(op.inner),
             _i(int(op.log))]
-    return KernelWork([launch1d("reduce", "softmax_cols", args, op.outer * op.inner)], "cols")
+    return KernelWork([launch1d("reduce", "softmax_cols", args, op.outer * op.inner, half_defines(op))], "cols")
 
 
 def _plan_normalize(be, op: A.Normalize, ins, outs):
@@ -407,9 +414,10 @@ def _plan_normalize(be, op: A.Normalize, ins, outs):
         return KernelWork([vec_launch("reduce", "normalize_rows_vec", args, (op.outer,))], "rows-vec")
     if op.size >= 2 * RWG or op.outer < 4 * be.compute_units:
         args = common + [_i(op.size), _f(op.eps), _i(int(op.has_affine))]
-        return KernelWork([launch("reduce", "normalize_rows", args, (op.outer * RWG,), (RWG,))], "rows")
+        return KernelWork([launch("reduce", "normalize_rows", args, (op.outer * RWG,), (RWG,), half_defines(op))],
+                          "rows")
     args = common + [_i(op.outer), _i(op.size), _f(op.eps), _i(int(op.has_affine))]
-    return KernelWork([launch1d("reduce", "normalize_item", args, op.outer)], "items")
+    return KernelWork([launch1d("reduce", "normalize_item", args, op.outer, half_defines(op))], "items")
 
 
 def _gemm_config(be: PlannerTarget, m: int, n: int, batch: int) -> str:
@@ -462,11 +470,12 @@ def _gemm_launches(be: PlannerTarget, kernel: str, *, A_, a_off, B_, b_off, C_, 
                    M, N, K, batch, G=1, a_s=(0, 0), b_s=(0, 0), c_s=(0, 0), bias_s=(0, 0), lda=0, ldb=0,
                    trans_a=False, trans_b=False, has_bias=False, bias_mn=(0, 0), alpha=1.0, beta=1.0,
                    act=None, conv=(1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1), residual=None,
-                   res_off=0) -> tuple[list[Launch], tuple[Scratch, ...], int]:
+                   res_off=0, half=None) -> tuple[list[Launch], tuple[Scratch, ...], int]:
     """The tiled GEMM's launches, the scratch they need and the number of K slices: one launch, or
     where the tiles are too few (``k_splits``) one over every K slice into a scratch of partial
     sums, then ``gemm_split_sum``. ``residual`` (a buffer laid out as C) is added before the
-    activation by whichever launch writes C."""
+    activation by whichever launch writes C. ``half``: the op whose ``half_defines`` the launches
+    take (its operands float16 storage), None for float32 operands."""
     cfg = _gemm_config(be, M, N, batch)
     tm, tn, wm, wn, tk = GEMM_CONFIGS[cfg]
     lx, ly = tn // wn, tm // wm
@@ -474,8 +483,9 @@ def _gemm_launches(be: PlannerTarget, kernel: str, *, A_, a_off, B_, b_off, C_, 
     splits = k_splits(be, tiles_n * tiles_m * batch, K)
     kslice = _round_up(-(-K // splits), tk)
     splits = -(-K // kslice)
-    defines = {"TM": tm, "TN": tn, "WM": wm, "WN": wn, "TK": tk}
-    if be.tf32 and gemm_tf32_fits(cfg):
+    storage = half_defines(half) if half is not None else {}
+    defines = {"TM": tm, "TN": tn, "WM": wm, "WN": wn, "TK": tk, **storage}
+    if be.tf32 and gemm_tf32_fits(cfg) and not storage:  # TF32 tiles read float32 storage
         defines["GEMM_TF32"] = 1
     residual_args = [C_, _i(0), _i(0)] if residual is None else [residual, _i(res_off), _i(1)]
     epilogue = [bias, _i(bias_off)] + (residual_args if splits == 1 else [C_, _i(0), _i(0)])
@@ -648,7 +658,7 @@ def _plan_matmul(be, op: A.MatMul, ins, outs):
         M=m, N=op.n, K=op.k, batch=batch, a_s=(a_stride, 0), b_s=(op.b_batch_stride, 0), c_s=(c_stride, 0),
         lda=op.m if op.trans_a else op.k, ldb=op.k if op.trans_b else op.n,
         trans_a=op.trans_a, trans_b=op.trans_b, has_bias=op.has_bias,
-        bias_mn=tuple(op.bias_strides), alpha=op.alpha, beta=op.beta, act=op.activation))
+        bias_mn=tuple(op.bias_strides), alpha=op.alpha, beta=op.beta, act=op.activation, half=op))
 
 
 def _conv_operands(op: A.Conv2D | A.ConvTranspose2D, ins, outs):
@@ -710,7 +720,7 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
                 o.buffer, _i(o.offset), _i(n * c), _i(c), _i(h), _i(wd), _i(oh), _i(ow), _i(kh), _i(kw),
                 _i(sh), _i(sw), _i(ph), _i(pw), _i(dh), _i(dw), _i(int(op.has_bias)), *_residual_list(op, ins, o)]
         args += _activation_args(op.activation)
-        return KernelWork([launch1d("conv", "conv_depthwise", args, n * c * oh * ow)], "depthwise")
+        return KernelWork([launch1d("conv", "conv_depthwise", args, n * c * oh * ow, half_defines(op))], "depthwise")
     if op.scheme == "winograd":
         return _plan_winograd(be, op, x, w, bias, o, ins)
     common = _conv_gemm_args(op, x, w, bias, o)
@@ -722,8 +732,8 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
         return _conv_voc(be, op, x, w, bias, o, ins)
     lda = common["K"]
     if pointwise:
-        return _gemm_plan("gemm1x1", _gemm_launches(be, "gemm_dense", lda=lda, ldb=h * wd, **common))
-    return _gemm_plan("im2col", _gemm_launches(be, "gemm_conv", lda=lda, conv=_conv_geometry(op), **common))
+        return _gemm_plan("gemm1x1", _gemm_launches(be, "gemm_dense", lda=lda, ldb=h * wd, half=op, **common))
+    return _gemm_plan("im2col", _gemm_launches(be, "gemm_conv", lda=lda, conv=_conv_geometry(op), half=op, **common))
 
 
 def _plan_winograd(be: PlannerTarget, op: A.Conv2D, x, w, bias, o, ins) -> KernelWork:
@@ -741,7 +751,7 @@ def _plan_winograd(be: PlannerTarget, op: A.Conv2D, x, w, bias, o, ins) -> Kerne
     tables = np.concatenate([m.ravel() for m in (rows_m.B, cols_m.B, rows_m.A, cols_m.A, rows_m.G, cols_m.G)])
     mats = Scratch(4 * tables.size, tables.astype(np.float32))
     u, v, prod = Scratch(4 * positions * oc * c), Scratch(4 * positions * c * t), Scratch(4 * positions * oc * t)
-    defines = {"AH": ah, "AW": aw, "NH": nh, "NW": nw}
+    defines = {"AH": ah, "AW": aw, "NH": nh, "NW": nw, **half_defines(op)}  # the transforms' tensors
 
     def grid(count: int) -> dict:
         return dict(gsize=(_round_up(count, WG1),), lsize=(WG1,), defines=defines)
@@ -771,7 +781,7 @@ def _plan_conv_transpose2d(be, op: A.ConvTranspose2D, ins, outs):
     if be.kernels == "simd":
         voc = _conv_voc(be, op, x, w, bias, o, ins)
         return dataclasses.replace(voc, scheme=voc.scheme.replace("direct", "gather"))
-    return _gemm_plan("gather-gemm", _gemm_launches(be, "gemm_deconv", conv=_conv_geometry(op),
+    return _gemm_plan("gather-gemm", _gemm_launches(be, "gemm_deconv", conv=_conv_geometry(op), half=op,
                                                     **_conv_gemm_args(op, x, w, bias, o)))
 
 
@@ -782,12 +792,12 @@ def _plan_pool2d(be, op: A.Pool2D, ins, outs):
     is_max = _i(int(op.op == "max"))
     if (kh, kw) == (h, w) and (oh, ow) == (1, 1) and not any(op.pads) and h * w >= RWG:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(h * w), is_max]
-        return KernelWork([launch("pool", "pool_global", args, (planes * RWG,), (RWG,))], "global")
+        return KernelWork([launch("pool", "pool_global", args, (planes * RWG,), (RWG,), half_defines(op))], "global")
     top, left, bottom, right = op.pads
     args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(planes), _i(h), _i(w), _i(oh), _i(ow),
             _i(kh), _i(kw), _i(sh), _i(sw), _i(top), _i(left), _i(bottom), _i(right), is_max,
             _i(int(op.count_include_pad))]
-    return KernelWork([launch1d("pool", "pool2d", args, planes * oh * ow)], "direct")
+    return KernelWork([launch1d("pool", "pool2d", args, planes * oh * ow, half_defines(op))], "direct")
 
 
 def _resize_table(op: A.Resize) -> np.ndarray:
@@ -887,6 +897,12 @@ OP_NAMES: Mapping[type, frozenset[str]] = {}
 DTYPES: Mapping[type, frozenset[str]] = {
     **{op: frozenset({A.INT32}) for op in (A.Binary, A.Reduce, A.CumSum)},
     **{op: frozenset(A.STORAGE_DTYPES) for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)}}
+#: the tiled family's also take float16 storage for the products, pooling, elementwise math, softmax
+#: and normalisation
+#: (-DHALF: ``half_defines``; A.FLOAT16_COMPUTE_OPS); the simd family's vector kernels are float32 only
+TILED_DTYPES: Mapping[type, frozenset[str]] = {
+    **DTYPES, **{op: DTYPES.get(op, frozenset()) | {A.FLOAT16}
+                 for op in (A.Conv2D, A.ConvTranspose2D, A.MatMul, A.Pool2D, A.Binary, A.Softmax, A.Normalize)}}
 SCHEMES: Mapping[type, frozenset[str]] = KERNEL_SCHEMES
 #: the GPU family ("tiled") also builds Winograd convolutions as kernels of its own (winograd.cl),
 #: and matrix-vector products as a kernel of their own (gemv.cl)
@@ -906,9 +922,17 @@ def schemes_for(kernels: str) -> Mapping[type, frozenset[str]]:
     return TILED_SCHEMES if kernels == "tiled" else SCHEMES
 
 
+def dtypes_for(kernels: str) -> Mapping[type, frozenset[str]]:
+    """The storage dtypes beyond float32 that the ``kernels`` family's kernels take, per op."""
+    return TILED_DTYPES if kernels == "tiled" else DTYPES
+
+
 def residual_schemes_for(kernels: str) -> Mapping[type, frozenset[str]]:
     """The schemes whose kernels of the ``kernels`` family add a Conv2D's residual."""
     return TILED_RESIDUAL_SCHEMES if kernels == "tiled" else SIMD_RESIDUAL_SCHEMES
+
+#: the schemes whose kernels take float32 storage only (Backend.float32_only_schemes): gemv.cl
+FLOAT32_ONLY_SCHEMES: Mapping[type, frozenset[str]] = {A.MatMul: frozenset({"gemv"})}
 
 PLANNERS: Mapping[type, Callable[..., KernelWork]] = {
     A.Raster: _plan_raster, A.Unary: _plan_unary, A.Binary: _plan_binary, A.Reduce: _plan_reduce,
@@ -930,5 +954,5 @@ def plan(be: PlannerTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outp
     return dataclasses.replace(planned, work=[ln for ln in planned.work if all(g > 0 for g in ln.gsize)])
 
 
-__all__ = ["PlannerTarget", "DTYPES", "FAMILIES", "Launch", "OP_NAMES", "PLANNERS", "PRELUDE", "SCHEMES", "SHADER_DIR", "TILED_SCHEMES",
+__all__ = ["PlannerTarget", "DTYPES", "TILED_DTYPES", "dtypes_for", "half_defines", "FAMILIES", "Launch", "OP_NAMES", "PLANNERS", "PRELUDE", "SCHEMES", "SHADER_DIR", "TILED_SCHEMES",
            "Scratch", "elem_defines", "family_source", "gemm_tf32_fits", "header", "launch", "launch1d", "plan", "vec_launch"]

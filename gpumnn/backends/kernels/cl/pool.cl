@@ -1,11 +1,12 @@
 /* Pool2D over NCHW planes. Windows are clipped to the real input (padding never wins a max;
  * an all-padding window gives -inf like the reference). Average divides by
  * max(count_h * count_w, 1) where the counts clip the window to [lo, hi) per axis: the padded
- * input when count_include_pad, else the real input. */
+ * input when count_include_pad, else the real input. x and y are DATA_T (index.cl: float16 with
+ * -DHALF), the sums float. */
 
 #define PWG 64
 
-__kernel void pool2d(__global const float* x, const int x_off, __global float* y, const int y_off,
+__kernel void pool2d(__global const DATA_T* x, const int x_off, __global DATA_T* y, const int y_off,
                      const int planes, const int H, const int W, const int OH, const int OW,
                      const int KH, const int KW, const int SH, const int SW,
                      const int PT, const int PL, const int PB, const int PR,
@@ -18,11 +19,11 @@ __kernel void pool2d(__global const float* x, const int x_off, __global float* y
     const int y0 = oy * SH - PT, x0 = ox * SW - PL;
     const int ys = max(y0, 0), ye = min(y0 + KH, H);
     const int xs = max(x0, 0), xe = min(x0 + KW, W);
-    __global const float* p = x + x_off + pl * H * W;
+    __global const DATA_T* p = x + x_off + pl * H * W;
     float acc = is_max ? -INFINITY : 0.0f;
     for (int iy = ys; iy < ye; ++iy)
         for (int ix = xs; ix < xe; ++ix) {
-            const float v = p[iy * W + ix];
+            const float v = LOADF(p, iy * W + ix);
             acc = is_max ? fmax(acc, v) : acc + v;
         }
     if (!is_max) {
@@ -36,23 +37,23 @@ __kernel void pool2d(__global const float* x, const int x_off, __global float* y
         }
         acc *= 1.0f / (float)max(ch * cw, 1);
     }
-    y[y_off + gid] = acc;
+    STOREF(acc, y, y_off + gid);
 }
 
 /* Global pooling: one work-group per plane. */
-__kernel void pool_global(__global const float* x, const int x_off, __global float* y, const int y_off,
+__kernel void pool_global(__global const DATA_T* x, const int x_off, __global DATA_T* y, const int y_off,
                           const int size, const int is_max)
 {
     __local float scratch[PWG];
     const int plane = get_group_id(0), lid = get_local_id(0);
-    __global const float* p = x + x_off + plane * size;
+    __global const DATA_T* p = x + x_off + plane * size;
     float acc = is_max ? -INFINITY : 0.0f;
-    for (int s = lid; s < size; s += PWG) acc = is_max ? fmax(acc, p[s]) : acc + p[s];
+    for (int s = lid; s < size; s += PWG) acc = is_max ? fmax(acc, LOADF(p, s)) : acc + LOADF(p, s);
     scratch[lid] = acc;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int s = PWG / 2; s > 0; s >>= 1) {
         if (lid < s) scratch[lid] = is_max ? fmax(scratch[lid], scratch[lid + s]) : scratch[lid] + scratch[lid + s];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    if (lid == 0) y[y_off + plane] = is_max ? scratch[0] : scratch[0] / (float)size;
+    if (lid == 0) STOREF(is_max ? scratch[0] : scratch[0] / (float)size, y, y_off + plane);
 }

@@ -11,7 +11,8 @@
  * The matrices come in one buffer, each row-major as scheduler.winograd builds them:
  * B_h [AH][AH], B_w [AW][AW], A_h [AH][NH], A_w [AW][NW], G_h [AH][KH], G_w [AW][KW].
  * AH, AW, NH, NW are compile-time (unrolled loops, the tile in registers); an axis of a 1-wide
- * kernel has alpha = n = 1 (the identity). */
+ * kernel has alpha = n = 1 (the identity). With -DHALF the weights, input, bias, residual and
+ * output are float16 (index.cl); the transforms and products stay float32. */
 
 #ifndef AH
 #define AH 4
@@ -32,7 +33,7 @@
 #define A_W(b, s) mats[AH * AH + AW * AW + AH * NH + (b) * NW + (s)]
 #define G_OFF (AH * AH + AW * AW + AH * NH + AW * NW)
 
-__kernel void winograd_weights(__global const float* w, const int w_off, __global const float* mats,
+__kernel void winograd_weights(__global const DATA_T* w, const int w_off, __global const float* mats,
                                __global float* u, const int OC, const int C, const int KH, const int KW)
 {
     const int gid = get_global_id(0);
@@ -41,17 +42,17 @@ __kernel void winograd_weights(__global const float* w, const int w_off, __globa
     const int a = p / AW, b = p - a * AW;
     __global const float* g_h = mats + G_OFF;
     __global const float* g_w = g_h + AH * KH;
-    __global const float* wk = w + w_off + (oc * C + c) * KH * KW;
+    __global const DATA_T* wk = w + w_off + (oc * C + c) * KH * KW;
     float acc = 0.0f;
     for (int i = 0; i < KH; ++i) {
         float row = 0.0f;
-        for (int j = 0; j < KW; ++j) row = mad(wk[i * KW + j], g_w[b * KW + j], row);
+        for (int j = 0; j < KW; ++j) row = mad(LOADF(wk, i * KW + j), g_w[b * KW + j], row);
         acc = mad(g_h[a * KH + i], row, acc);
     }
     u[gid] = acc;
 }
 
-__kernel void winograd_input(__global const float* x, const int x_off, __global const float* mats,
+__kernel void winograd_input(__global const DATA_T* x, const int x_off, __global const float* mats,
                              __global float* v, const int C, const int H, const int W,
                              const int TH, const int TW, const int T, const int PH, const int PW)
 {
@@ -59,14 +60,14 @@ __kernel void winograd_input(__global const float* x, const int x_off, __global 
     if (gid >= C * T) return;
     const int c = gid / T, t = gid - c * T;
     const int tx = t % TW, ty = (t / TW) % TH, n = t / (TW * TH);
-    __global const float* plane = x + x_off + (n * C + c) * H * W;
+    __global const DATA_T* plane = x + x_off + (n * C + c) * H * W;
     const int y0 = ty * NH - PH, x0 = tx * NW - PW;
     float d[AH][AW];
     for (int i = 0; i < AH; ++i) {
         const int iy = y0 + i;
         for (int j = 0; j < AW; ++j) {
             const int ix = x0 + j;
-            d[i][j] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? plane[iy * W + ix] : 0.0f;
+            d[i][j] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? LOADF(plane, iy * W + ix) : 0.0f;
         }
     }
     float rows[AH][AW];  /* B_h^T d */
@@ -85,9 +86,9 @@ __kernel void winograd_input(__global const float* x, const int x_off, __global 
 }
 
 __kernel void winograd_output(__global const float* m, __global const float* mats,
-                              __global const float* bias, const int bias_off, __global float* y, const int y_off,
+                              __global const DATA_T* bias, const int bias_off, __global DATA_T* y, const int y_off,
                               const int OC, const int OH, const int OW, const int TH, const int TW, const int T,
-                              const int has_bias, __global const float* res, const int res_off,
+                              const int has_bias, __global const DATA_T* res, const int res_off,
                               const int has_res, const int act, const float p0, const float p1, const float p2)
 {
     const int gid = get_global_id(0);
@@ -104,9 +105,9 @@ __kernel void winograd_output(__global const float* m, __global const float* mat
             for (int a = 0; a < AH; ++a) s = mad(A_H(a, r), e[a][b], s);
             rows[r][b] = s;
         }
-    const float add = has_bias ? bias[bias_off + oc] : 0.0f;
-    __global float* out = y + y_off + (n * OC + oc) * OH * OW;
-    __global const float* residual = res + res_off + (n * OC + oc) * OH * OW;
+    const float add = has_bias ? LOADF(bias, bias_off + oc) : 0.0f;
+    __global DATA_T* out = y + y_off + (n * OC + oc) * OH * OW;
+    __global const DATA_T* residual = res + res_off + (n * OC + oc) * OH * OW;
     for (int r = 0; r < NH; ++r) {
         const int oy = ty * NH + r;
         if (oy >= OH) break;
@@ -115,8 +116,8 @@ __kernel void winograd_output(__global const float* m, __global const float* mat
             if (ox >= OW) break;
             float acc = add;
             for (int b = 0; b < AW; ++b) acc = mad(rows[r][b], A_W(b, s), acc);
-            if (has_res) acc += residual[oy * OW + ox];
-            out[oy * OW + ox] = apply_unary(act, acc, p0, p1, p2);
+            if (has_res) acc += LOADF(residual, oy * OW + ox);
+            STOREF(apply_unary(act, acc, p0, p1, p2), out, oy * OW + ox);
         }
     }
 }

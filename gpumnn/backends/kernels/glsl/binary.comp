@@ -1,6 +1,7 @@
 // Binary: out[i] = act(op(a[i . a_strides], b[i . b_strides])) over a RANK-4 shape.
 // -DOP=<binary id> (order of gpumnn.atomic.BINARY_OPS), optional -DACT=<unary id>.
-// -DIN_INT: a and b are int32 (division truncates, add/sub/mul wrap), else float32. The output
+// -DIN_INT: a and b are int32 (division truncates, add/sub/mul wrap), else float32 (float16 with
+// -DHALF, common.glsl). The output
 // is int32 for int32 operands and for the comparisons and logical ops (0/1), else float32.
 // -DNDIM=1..4 as in raster.comp.
 // params: 0 total | 1..3 shape[1..3] | 4 a_off | 5..8 a_strides | 9 b_off | 10..13 b_strides
@@ -36,8 +37,8 @@ BUFFER_RO_OF(int, 1, A);
 BUFFER_RO_OF(int, 2, B);
 #else
 #define T float
-BUFFER_RO(1, A);
-BUFFER_RO(2, B);
+BUFFER_RO_F(1, A);
+BUFFER_RO_F(2, B);
 #endif
 #if defined(IN_INT) || OP >= B_EQUAL
 #define OUT_INT 1
@@ -45,7 +46,7 @@ BUFFER_RO(2, B);
 BUFFER_WO_OF(int, 0, dst);
 #else
 #define OUT_T float
-BUFFER_WO(0, dst);
+BUFFER_WO_F(0, dst);
 #endif
 
 // C's fmod (the sign of a): a - b * trunc(a / b); an int32 zero divisor gives 0, as NumPy; a
@@ -77,8 +78,13 @@ void main() {
     int i = GLOBAL_ID();
     if (i >= PI(0)) return;
     INDEX4(i, i0, i1, i2, i3);
+#ifdef IN_INT
     T a = A[PI(4) + i0 * PI(5) + i1 * PI(6) + i2 * PI(7) + i3 * PI(8)];
     T b = B[PI(9) + i0 * PI(10) + i1 * PI(11) + i2 * PI(12) + i3 * PI(13)];
+#else
+    T a = LOADF(A, PI(4) + i0 * PI(5) + i1 * PI(6) + i2 * PI(7) + i3 * PI(8));
+    T b = LOADF(B, PI(9) + i0 * PI(10) + i1 * PI(11) + i2 * PI(12) + i3 * PI(13));
+#endif
     OUT_T r;
 #if OP == B_ADD
     r = a + b;
@@ -119,7 +125,9 @@ void main() {
 #endif
 #if defined(OUT_INT) && defined(ACT)
     dst[PI(14) + i] = int(EPILOGUE(float(r)));  // an activation fused after a comparison's 0/1
-#else
+#elif defined(OUT_INT)
     dst[PI(14) + i] = EPILOGUE(r);
+#else
+    STOREF(dst, PI(14) + i, EPILOGUE(r));
 #endif
 }

@@ -30,6 +30,22 @@
 #define INDEX4(i, i0, i1, i2, i3) int i3 = (i) % PI(3), i2 = ((i) / PI(3)) % PI(2), i1 = (((i) / PI(3)) / PI(2)) % PI(1), i0 = (((i) / PI(3)) / PI(2)) / PI(1)
 #endif
 
+// The float tensors of the computing kernels: float32, or with -DHALF (precision="fp16", on a
+// device with 16-bit storage: -DSTORAGE16 too) float16 elements as uint16_t, loaded into float and
+// stored rounded by packHalf2x16, so every sum stays float32. Declare them with BUFFER_*_F,
+// read with LOADF, write with STOREF.
+#ifdef HALF
+#define BUFFER_RO_F(b, name) BUFFER_RO_OF(uint16_t, b, name)
+#define BUFFER_WO_F(b, name) BUFFER_WO_OF(uint16_t, b, name)
+#define LOADF(a, i) unpackHalf2x16(uint(a[i])).x
+#define STOREF(a, i, v) a[i] = uint16_t(packHalf2x16(vec2((v), 0.0)))
+#else
+#define BUFFER_RO_F(b, name) BUFFER_RO(b, name)
+#define BUFFER_WO_F(b, name) BUFFER_WO(b, name)
+#define LOADF(a, i) a[i]
+#define STOREF(a, i, v) a[i] = (v)
+#endif
+
 // pow with NumPy's real-valued results: negative bases with integral exponents are allowed.
 float safe_pow(float a, float b) {
     if (b == 0.0) return 1.0;

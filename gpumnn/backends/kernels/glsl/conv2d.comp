@@ -18,18 +18,19 @@
 // DEPTHWISE params: 0 invocations (N*C*OH*row groups) | 1 C | 2 H | 3 W | 4 OH | 5 OW | 6 KH | 8 SH
 //   10 PT | 11 PL | 12 DH | 14 x_off | 15 w_off | 16 b_off | 17 out_off | 18 row groups per output
 //   row | 22..24 activation; compile-time RN, KW, SW, DW, WG
-// Every kernel: 25 residual offset (-DHAS_RESIDUAL).
+// Every kernel: 25 residual offset (-DHAS_RESIDUAL). The default and DEPTHWISE kernels take float16
+// tensors with -DHALF (common.glsl); DIRECT_RB is float32 only.
 #include "common.glsl"
 #define ACT_P 22
 #include "activation.glsl"
-BUFFER_WO(0, dst);
-BUFFER_RO(1, X);
-BUFFER_RO(2, Wt);
-BUFFER_RO(3, bias);
+BUFFER_WO_F(0, dst);
+BUFFER_RO_F(1, X);
+BUFFER_RO_F(2, Wt);
+BUFFER_RO_F(3, bias);
 #ifdef HAS_RESIDUAL
-BUFFER_RO(4, res);
+BUFFER_RO_F(4, res);
 // v plus the residual at output element i (relative to the output's own offset).
-#define ADD_RESIDUAL(v, i) ((v) + res[PI(25) + (i)])
+#define ADD_RESIDUAL(v, i) ((v) + LOADF(res, PI(25) + (i)))
 #else
 #define ADD_RESIDUAL(v, i) (v)
 #endif
@@ -59,20 +60,20 @@ void main() {
         float xs[SEG];
         UNROLL for (int s = 0; s < SEG; ++s) {
             int ix = ix0 + s;
-            xs[s] = (ix >= 0 && ix < W) ? X[xb + iy * W + ix] : 0.0;
+            xs[s] = (ix >= 0 && ix < W) ? LOADF(X, xb + iy * W + ix) : 0.0;
         }
         UNROLL for (int kx = 0; kx < KW; ++kx) {
-            float w = Wt[wb + ky * KW + kx];
+            float w = LOADF(Wt, wb + ky * KW + kx);
             UNROLL for (int j = 0; j < RN; ++j) acc[j] += w * xs[j * SW + kx * DW];
         }
     }
     float bv = 0.0;
 #ifdef HAS_BIAS
-    bv = bias[PI(16) + c];
+    bv = LOADF(bias, PI(16) + c);
 #endif
     int oi = (nc * OH + oy) * OW + ox0;
     UNROLL for (int j = 0; j < RN; ++j)
-        if (ox0 + j < OW) dst[PI(17) + oi + j] = EPILOGUE(ADD_RESIDUAL(acc[j] + bv, oi + j));
+        if (ox0 + j < OW) STOREF(dst, PI(17) + oi + j, EPILOGUE(ADD_RESIDUAL(acc[j] + bv, oi + j)));
 }
 #elif defined(DIRECT_RB)
 BUFFER_RO_VEC4(2, W4);
@@ -158,9 +159,9 @@ void prepare(int z) {
     w_base = PI(5) + g_id * PI(0) * PI(2);
     o_base = (n * PI(12) + g_id * PI(0)) * PI(1);
 }
-#define LOAD_A(m, k) Wt[w_base + (m) * PI(2) + (k)]
+#define LOAD_A(m, k) LOADF(Wt, w_base + (m) * PI(2) + (k))
 #ifdef POINTWISE
-#define LOAD_B(k, n) X[x_base + (k) * PI(1) + (n)]
+#define LOAD_B(k, n) LOADF(X, x_base + (k) * PI(1) + (n))
 #else
 float load_b(int k, int p) {
     int khw = PI(14) * PI(15);
@@ -171,16 +172,16 @@ float load_b(int k, int p) {
     int iy = oy * PI(16) - PI(18) + ky * PI(20);
     int ix = ox * PI(17) - PI(19) + kx * PI(21);
     if (iy < 0 || iy >= PI(9) || ix < 0 || ix >= PI(10)) return 0.0;
-    return X[x_base + (c * PI(9) + iy) * PI(10) + ix];
+    return LOADF(X, x_base + (c * PI(9) + iy) * PI(10) + ix);
 }
 #define LOAD_B(k, n) load_b(k, n)
 #endif
 void store_c(int m, int n, float acc) {
 #ifdef HAS_BIAS
-    acc += bias[PI(6) + g_id * PI(0) + m];
+    acc += LOADF(bias, PI(6) + g_id * PI(0) + m);
 #endif
     int e = o_base + m * PI(1) + n;
-    dst[PI(7) + e] = EPILOGUE(ADD_RESIDUAL(acc, e));
+    STOREF(dst, PI(7) + e, EPILOGUE(ADD_RESIDUAL(acc, e)));
 }
 #define STORE_C(m, n, acc) store_c(m, n, acc)
 #include "gemm_core.glsl"

@@ -1,5 +1,5 @@
 // MatMul: out[z] = act(alpha * A[z] @ B[z] + beta * bias); -DHAS_BIAS, -DACT=<unary id>.
-// Default: shared-memory tiles (gemm_core.glsl, GPUs). -DREGBLOCK: for SIMD CPUs (lavapipe): an
+// Default: shared-memory tiles (gemm_core.glsl, GPUs; float16 tensors with -DHALF, common.glsl). -DREGBLOCK: for SIMD CPUs (lavapipe): an
 // invocation accumulates RM rows x RN consecutive columns in registers; -DB_VEC4 reads B as vec4
 // (row-major B with N, the batch stride and the offset multiples of 4).
 // A element (m, k) at a_off + z*a_bs + m*sam + k*sak (transposition is in the strides), B alike.
@@ -9,10 +9,10 @@
 #include "common.glsl"
 #define ACT_P 18
 #include "activation.glsl"
-BUFFER_WO(0, C);
-BUFFER_RO(1, A);
-BUFFER_RO(2, B);
-BUFFER_RO(3, bias);
+BUFFER_WO_F(0, C);
+BUFFER_RO_F(1, A);
+BUFFER_RO_F(2, B);
+BUFFER_RO_F(3, bias);
 
 #ifdef REGBLOCK
 #ifdef B_VEC4
@@ -73,15 +73,15 @@ int a_base, b_base, c_base;
 #define GEMM_N PI(1)
 #define GEMM_K PI(2)
 #define GEMM_PREPARE(z) a_base = PI(4) + (z) * PI(8); b_base = PI(5) + (z) * PI(9); c_base = PI(7) + (z) * PI(0) * PI(1)
-#define LOAD_A(m, k) A[a_base + (m) * PI(10) + (k) * PI(11)]
-#define LOAD_B(k, n) B[b_base + (k) * PI(12) + (n) * PI(13)]
+#define LOAD_A(m, k) LOADF(A, a_base + (m) * PI(10) + (k) * PI(11))
+#define LOAD_B(k, n) LOADF(B, b_base + (k) * PI(12) + (n) * PI(13))
 
 void store_c(int m, int n, float acc) {
     float v = PF(14) * acc;
 #ifdef HAS_BIAS
-    v += PF(15) * bias[PI(6) + m * PI(16) + n * PI(17)];
+    v += PF(15) * LOADF(bias, PI(6) + m * PI(16) + n * PI(17));
 #endif
-    C[c_base + m * PI(1) + n] = EPILOGUE(v);
+    STOREF(C, c_base + m * PI(1) + n, EPILOGUE(v));
 }
 #define STORE_C(m, n, acc) store_c(m, n, acc)
 

@@ -334,6 +334,12 @@ class Builder:
 # Planners: one per atomic op; each returns a KernelWork of Builders and the scheme.
 # --------------------------------------------------------------------------------------------
 
+def _half_defines(op: A.AtomicOp) -> dict:
+    """``HALF`` (and ``STORAGE16``, which it needs) where ``op``'s float tensors are float16 storage
+    (common.glsl's BUFFER_*_F, LOADF, STOREF), else none."""
+    return {"HALF": 1, "STORAGE16": 1} if op.dtype == A.FLOAT16 else {}
+
+
 def _int_defines(in_dtype: str, out_dtype: str = A.FLOAT32) -> dict:
     """``IN_INT`` / ``OUT_INT`` where the input / output storage dtype is int32: kernels that
     compute read and write int32 views of their bindings with these (see unary.comp)."""
@@ -418,9 +424,9 @@ def _int_clip_bounds(params: Sequence[float]) -> tuple[int, int]:
 
 
 def _plan_unary(be, op: A.Unary, ins, outs):
-    if {op.dtype, op.output_dtype()} & A.NARROW_DTYPES:  # identity (the contract's only narrow Unary)
+    if op.op == "identity" and {op.dtype, op.output_dtype()} & A.NARROW_DTYPES:  # a copy or a conversion
         return _plan_narrow_identity(be, op, ins[0], outs[0])
-    defines = dict(_int_defines(op.dtype, op.output_dtype()), OP=UNARY_IDS[op.op])
+    defines = dict(_int_defines(op.dtype, op.output_dtype()), OP=UNARY_IDS[op.op], **_half_defines(op))
     b = Builder(be, "unary", defines, 2)
     o = b.bind(0, outs[0], 0, op.count, write=True)
     x = b.bind(1, ins[0], 0, op.count)
@@ -473,7 +479,7 @@ def _elementwise_builder(be, kernel: str, defines: dict, shape: Sequence[int],
 
 
 def _plan_binary(be, op: A.Binary, ins, outs):
-    defines = dict(_int_defines(op.dtype), OP=BINARY_IDS[op.op])
+    defines = dict(_int_defines(op.dtype), OP=BINARY_IDS[op.op], **_half_defines(op))
     b = _elementwise_builder(be, "binary", defines, op.out_shape, (op.a_strides, op.b_strides), ins, outs)
     b.activation(15, op.activation)
     return KernelWork([b])
@@ -570,7 +576,7 @@ def _plan_matmul(be, op: A.MatMul, ins, outs):
         groups = (math.ceil(n / tn), math.ceil(m / tm), batch)
     if op.has_bias:
         defines["HAS_BIAS"] = 1
-    b = Builder(be, "matmul", defines, 4)
+    b = Builder(be, "matmul", dict(defines, **_half_defines(op)), 4)
     total = op.batch * op.m * op.n
     c = b.bind(0, outs[0], 0, total, write=True)
     a = b.bind(1, ins[0], 0, (op.batch - 1) * a_bs + op.m * op.k)
@@ -599,6 +605,7 @@ def _check_grid(be, groups) -> None:
 def _conv2d_builder(be, op: A.Conv2D, defines: dict) -> "Builder":
     """conv2d.comp's builder: four bindings (output, input, weights, bias), a fifth where the
     convolution adds a residual."""
+    defines = dict(defines, **_half_defines(op))
     return Builder(be, "conv2d", dict(defines, HAS_RESIDUAL=1) if op.has_residual else defines,
                    RESIDUAL_BINDINGS if op.has_residual else 4)
 
@@ -811,11 +818,12 @@ def _plan_pool2d(be, op: A.Pool2D, ins, outs):
     n, c = op.batch, op.channels
     (h, w), (oh, ow), (kh, kw), (sh, sw) = op.in_hw, op.out_hw, op.kernel, op.strides
     is_max = op.op == "max"
-    if (kh, kw) == (h, w) and (oh, ow) == (1, 1) and not any(op.pads):
+    # a global pool as a row reduction (reduce.comp, float32 only: a float16 one takes pool2d.comp)
+    if (kh, kw) == (h, w) and (oh, ow) == (1, 1) and not any(op.pads) and op.dtype == A.FLOAT32:
         return KernelWork([_reduce_builder(be, "max" if is_max else "mean", n * c, h * w, 1, ins[0], outs[0])], "global")
     total = n * c * oh * ow
     defines = {"MAX": 1} if is_max else ({"COUNT_PAD": 1} if op.count_include_pad else {})
-    b = Builder(be, "pool2d", defines, 2)
+    b = Builder(be, "pool2d", dict(defines, **_half_defines(op)), 2)
     o = b.bind(0, outs[0], 0, total, write=True)
     x = b.bind(1, ins[0], 0, n * c * h * w)
     b.set(0, total, h, w, oh, ow, kh, kw, sh, sw, *op.pads, x, o)
@@ -825,7 +833,7 @@ def _plan_pool2d(be, op: A.Pool2D, ins, outs):
 
 def _plan_softmax(be, op: A.Softmax, ins, outs):
     rows, count = op.outer * op.inner, op.outer * op.size * op.inner
-    b = _row_builder(be, "softmax", {"LOG": 1} if op.log else {}, 2, rows, op.size)
+    b = _row_builder(be, "softmax", dict({"LOG": 1} if op.log else {}, **_half_defines(op)), 2, rows, op.size)
     o = b.bind(0, outs[0], 0, count, write=True)
     x = b.bind(1, ins[0], 0, count)
     b.set(0, op.outer, op.size, op.inner, x, o)
@@ -834,7 +842,8 @@ def _plan_softmax(be, op: A.Softmax, ins, outs):
 
 def _plan_normalize(be, op: A.Normalize, ins, outs):
     count = op.outer * op.size
-    b = _row_builder(be, "normalize", {"AFFINE": 1} if op.has_affine else {}, 4, op.outer, op.size)
+    b = _row_builder(be, "normalize", dict({"AFFINE": 1} if op.has_affine else {}, **_half_defines(op)), 4, op.outer,
+                     op.size)
     o = b.bind(0, outs[0], 0, count, write=True)
     x = b.bind(1, ins[0], 0, count)
     scale = b.bind(2, ins[1], 0, op.size) if op.has_affine else 0
@@ -991,11 +1000,30 @@ WINOGRAD_REWRITE_MAX_TILE = 2
 DTYPES: Mapping[type, frozenset[str]] = {
     **{op: frozenset({A.INT32}) for op in (A.Binary, A.Reduce, A.CumSum)},
     **{op: frozenset(A.STORAGE_DTYPES) for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)}}
+#: the tiled kernels also take float16 storage for the products, pooling, elementwise math, softmax
+#: and normalisation
+#: where the device holds 16-bit elements in buffers (-DHALF: ``_half_defines``; A.FLOAT16_COMPUTE_OPS);
+#: the simd family's vec4 and register-blocked kernels are float32 only
+TILED_FLOAT16_DTYPES: Mapping[type, frozenset[str]] = {
+    **DTYPES, **{op: DTYPES.get(op, frozenset()) | {A.FLOAT16}
+                 for op in (A.Conv2D, A.MatMul, A.Pool2D, A.Binary, A.Softmax, A.Normalize)}}
+
+
+def dtypes_for(kernels: str, native_narrow: frozenset[int]) -> Mapping[type, frozenset[str]]:
+    """The storage dtypes beyond float32 the ``kernels`` family takes per op on a device holding
+    the narrow element sizes ``native_narrow`` natively."""
+    return TILED_FLOAT16_DTYPES if kernels == "tiled" and 2 in native_narrow else DTYPES
+
+
 #: the id of each storage dtype in convert.comp's -DIN_KIND / -DOUT_KIND
 KIND_IDS: dict[str, int] = {dtype: i for i, dtype in enumerate(A.STORAGE_DTYPES)}
 #: the Unary, Binary and Reduce names the kernels implement (see Backend.op_names): all of them
 OP_NAMES: Mapping[type, frozenset[str]] = {A.Unary: frozenset(A.UNARY_OPS), A.Binary: frozenset(A.BINARY_OPS),
                                            A.Reduce: frozenset(A.REDUCE_OPS)}
+
+#: the schemes whose kernels take float32 storage only (Backend.float32_only_schemes): gemv.comp
+#: and winograd.comp
+FLOAT32_ONLY_SCHEMES: Mapping[type, frozenset[str]] = {A.MatMul: frozenset({"gemv"}), A.Conv2D: frozenset({"winograd"})}
 
 PLANNERS: Mapping[type, Callable] = {
     A.Raster: _plan_raster, A.Unary: _plan_unary, A.Binary: _plan_binary, A.Reduce: _plan_reduce,
@@ -1013,7 +1041,7 @@ def plan(be: PlannerTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outp
     return dataclasses.replace(planned, work=[d for d in (b.build() for b in planned.work) if d is not None])
 
 
-__all__ = ["BINARY_IDS", "Binding", "Builder", "DTYPES", "MAX_BINDINGS", "Hazards", "OP_NAMES", "PARAMS", "PLANNERS", "PlanError",
+__all__ = ["BINARY_IDS", "Binding", "Builder", "DTYPES", "TILED_FLOAT16_DTYPES", "dtypes_for", "MAX_BINDINGS", "Hazards", "OP_NAMES", "PARAMS", "PLANNERS", "PlanError",
            "PlannerTarget", "REDUCE_IDS", "RESIDUAL_BINDINGS", "RESIDUAL_SCHEMES", "SCHEMES",
            "TILED_RESIDUAL_SCHEMES", "TILED_SCHEMES", "residual_schemes_for", "schemes_for", "UNARY_IDS", "binding_limit", "check_shader_op_ids", "plan",
            "view_sizes"]
