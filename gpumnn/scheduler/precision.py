@@ -1,4 +1,5 @@
-"""The session's ``precision``: the one place that rewrites a float program for lower precision.
+"""The session's ``precision``: the one place that rewrites a float program for lower precision,
+and that decides where a statically quantized model computes in int8 (``lowers_static_int8``).
 
 ``int8`` is MNN's dynamic quantization (seed 004), with no calibration data: every MatMul with a
 constant weight becomes a ``QuantizedMatMul`` whose weight is quantized here, once per prepared
@@ -19,6 +20,14 @@ from .. import atomic as A
 PRECISIONS: tuple[str, ...] = ("fp32", "int8")
 #: the widest value of int8 weights (symmetric: -128 is never used)
 INT8_MAX = 127
+
+
+def lowers_static_int8(backend) -> bool:
+    """Whether a statically quantized model's convolutions and products (QDQ, QLinearConv) are
+    lowered to int8 ``QuantizedConv2D`` ops for ``backend``, the session's scheme backend: where it
+    builds them. Elsewhere (the GPU APIs) they run in float as before, on that backend, never
+    moved to the cpu for it. Independent of ``precision``: the model itself is quantized."""
+    return A.QuantizedConv2D in getattr(backend, "kernel_table", {})
 
 
 def check_precision(precision: str) -> str:

@@ -1,0 +1,297 @@
+"""The cpu backend's static int8 convolution: ``QuantizedConv2D`` (QNNPACK's operator, ONNX
+Runtime's fused QDQ Conv), on the register tiles of ``int8.py``.
+
+``im2col`` and ``gemm1x1``: per image (and group), each output pixel's window is packed into a row
+of bytes (packed im2col: padding holds x's zero point, so it adds nothing once the zero point's
+share ``zero * colsum`` is taken off), and the rows times the weight's panels run on the path's
+tile (``vpdpbusd`` on VNNI hosts). The tile multiplies unsigned bytes by signed ones, so int8
+activations are read with their top bit flipped (``x ^ 0x80 = x + 128``, the zero point moved by
+128 with them), which changes no difference ``x - zero``. ``depthwise``: a loop per channel in
+int32 over each tap's valid columns, which LLVM vectorises. Both end in the requantizing
+epilogue of the contract: ``clip(rint(float32(acc) * multiplier) + zero, lo, hi)``.
+
+8-bit tensors are read and written through uint8 views, int8 ones' bytes included (a value's
+low byte is the same either way), so one compiled kernel serves every combination of types.
+QNNPACK's indirection buffer (pointers to each window's rows instead of packed bytes) was not
+built: packing copies each input byte KH*KW times, which at these sizes costs little beside the
+product (bench/RESULTS.md, "static int8 on the cpu").
+"""
+from __future__ import annotations
+
+import types as types_module
+
+import numpy as np
+
+from ... import atomic as A
+from ..base import KernelWork
+from . import int8 as cpu_int8, jit as cpu_jit, parallel as cpu_parallel
+from .reference import strided, typed
+
+numba = cpu_jit.numba
+MR, NR = cpu_int8.MR, cpu_int8.NR
+#: added (as an exclusive or) to an int8 byte to make it the uint8 the tile reads
+SIGN_FLIP = 0x80
+#: below this many channels per group, im2col reads x in place rather than pixel-major planes
+FEW_CHANNELS = 16
+
+
+def pack_conv_weight(weight: np.ndarray, groups: int, pairs: bool) -> tuple[np.ndarray, np.ndarray]:
+    """int8 ``weight`` [OC, C/groups, KH, KW] as the tile's panels per group (``int8.pack_weight``
+    of each group's [KH * KW * C/groups, OC/groups] matrix, K in (kh, kw, c) order as the packed
+    rows hold it, stacked: [groups, ...]) and its column sums int32 [OC]."""
+    oc = weight.shape[0]
+    per_group = oc // groups
+    panels, sums = [], []
+    for g in range(groups):
+        rows = weight[g * per_group:(g + 1) * per_group].transpose(0, 2, 3, 1).reshape(per_group, -1)
+        packed, colsum = cpu_int8.pack_weight(np.ascontiguousarray(rows.T), pairs)
+        panels.append(packed)
+        sums.append(colsum)
+    return np.ascontiguousarray(np.stack(panels)), np.concatenate(sums).astype(np.int32)
+
+
+def epilogue_columns(op: A.QuantizedConv2D, columns: int, colsum: np.ndarray, bias: np.ndarray,
+                     multiplier: np.ndarray, flip: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per column of each group's panels (``columns`` of them, zeros past its output channels):
+    what the epilogue adds to the tile's sum, ``bias - zero * colsum`` (int32, ``zero`` the byte
+    the tile reads for x's zero point), and the multiplier (float32): [groups * columns] each."""
+    groups, per_group = op.groups, op.out_channels // op.groups
+    shifts = np.zeros((groups, columns), np.int32)
+    scales = np.zeros((groups, columns), np.float32)
+    zero = op.x_zero_point + flip
+    total = bias.astype(np.int64) - zero * colsum.astype(np.int64)
+    shifts[:, :per_group] = total.reshape(groups, per_group).astype(np.int32)  # wraps as the int32 sum does
+    scales[:, :per_group] = multiplier.reshape(groups, per_group)
+    return shifts.reshape(-1), scales.reshape(-1)
+
+
+def _requantized(acc, multiplier, zero, lo, hi):
+    """One int32 sum through the contract's epilogue, as the integer to store."""
+    value = np.rint(np.float32(acc) * multiplier) + np.float32(zero)
+    return np.int32(min(max(value, np.float32(lo)), np.float32(hi)))
+
+
+def _conv_packed(x, planes, rows, panels, shifts, scales, out, geometry, flip, x_zero, y_zero, lo, hi):
+    """QuantizedConv2D by packed im2col on the tile: x uint8 [N, C, H, W], out uint8 [N, OC, OH*OW]
+    (either may be strided), ``geometry`` = (KH, KW, SH, SW, PH, PW, DH, DW, OH, OW). Per image and
+    group, the group's channels are first laid pixel-major in ``planes`` [H*W, C/groups], so that
+    each tap of a window row is one contiguous copy of C/groups bytes (K in (kh, kw, c) order).
+    ``shifts`` and ``scales`` are per column of the panels (``epilogue_columns``)."""
+    kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
+    images, channels, height, width = x.shape
+    groups = panels.shape[0]
+    per_group = channels // groups
+    out_per_group = out.shape[1] // groups
+    pixels = oh_ * ow_
+    zero = x_zero + flip  # the zero point as the byte the tile reads
+    row_tiles = -(-pixels // MR)
+    panel_count = panels.shape[1]
+    for n in range(images):
+        for g in range(groups):
+            c_first = g * per_group
+            if per_group < FEW_CHANNELS:  # copies of a few bytes cost more than reading x in place
+                for oh in numba.prange(oh_):
+                    for ow in range(ow_):
+                        row = rows[oh * ow_ + ow]
+                        for kh in range(kh_):
+                            ih = oh * sh - ph + kh * dh
+                            for kw in range(kw_):
+                                iw = ow * sw - pw + kw * dw
+                                k = (kh * kw_ + kw) * per_group
+                                inside = 0 <= ih < height and 0 <= iw < width
+                                for c in range(per_group):
+                                    row[k + c] = x[n, c_first + c, ih, iw] ^ flip if inside else zero
+            else:
+                for ih in numba.prange(height):
+                    for c in range(per_group):
+                        for iw in range(width):
+                            planes[ih * width + iw, c] = x[n, c_first + c, ih, iw] ^ flip
+                for oh in numba.prange(oh_):
+                    for ow in range(ow_):
+                        row = rows[oh * ow_ + ow]
+                        for kh in range(kh_):
+                            ih = oh * sh - ph + kh * dh
+                            for kw in range(kw_):
+                                iw = ow * sw - pw + kw * dw
+                                k = (kh * kw_ + kw) * per_group
+                                if 0 <= ih < height and 0 <= iw < width:
+                                    row[k:k + per_group] = planes[ih * width + iw]
+                                else:
+                                    row[k:k + per_group] = zero
+            group_panels = panels[g]
+            for t in numba.prange(row_tiles * panel_count):
+                p, row_tile = t // row_tiles, t % row_tiles
+                row0 = row_tile * MR
+                acc = np.empty(MR * NR, np.int32)
+                _tile(rows, row0, group_panels, p, acc)
+                c0 = g * panel_count * NR + p * NR  # this panel's first column of ``shifts``
+                done = np.empty(MR * NR, np.uint8)
+                for r in range(MR):  # the whole tile, a vector loop over its columns
+                    for j in range(NR):
+                        done[r * NR + j] = _requantized(acc[r * NR + j] + shifts[c0 + j], scales[c0 + j],
+                                                        y_zero, lo, hi)
+                first = g * out_per_group + p * NR
+                for j in range(min(NR, out_per_group - p * NR)):
+                    for r in range(min(MR, pixels - row0)):
+                        out[n, first + j, row0 + r] = done[r * NR + j]
+
+
+def _conv_depthwise(x, weight, bias, multiplier, out, geometry, flip, x_zero, y_zero, lo, hi):
+    """QuantizedConv2D of one channel per group: x uint8 [N, C, H, W], weight int8 [C, 1, KH, KW],
+    out uint8 [N, C, OH*OW]. Each channel's plane is first widened to int32 less its zero point;
+    then each tap adds over the output columns that read inside the input: loops over 1D views,
+    which LLVM vectorises."""
+    kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
+    images, channels, height, width = x.shape
+    zero = np.int32(x_zero + flip)
+    flip_byte = np.uint8(flip)
+    for t in numba.prange(images * channels):
+        n, c = t // channels, t % channels
+        plane = np.empty((height, width), np.int32)
+        for ih in range(height):
+            source, widened = x[n, c, ih], plane[ih]
+            for iw in range(width):
+                widened[iw] = np.int32(source[iw] ^ flip_byte) - zero
+        acc = np.empty(ow_, np.int32)
+        m = multiplier[c]
+        start = bias[c]
+        for oh in range(oh_):
+            for ow in range(ow_):
+                acc[ow] = start
+            for kh in range(kh_):
+                ih = oh * sh - ph + kh * dh
+                if ih < 0 or ih >= height:
+                    continue
+                source = plane[ih]
+                for kw in range(kw_):
+                    tap = np.int32(weight[c, 0, kh, kw])
+                    offset = kw * dw - pw
+                    first = max(0, (sw - 1 - offset) // sw)
+                    last = min(ow_, (width - 1 - offset) // sw + 1)
+                    if first >= last:
+                        continue
+                    sums = acc[first:last]
+                    if sw == 1:  # a contiguous view (a strided one would not vectorise)
+                        read = source[first + offset:last + offset]
+                        for i in range(sums.shape[0]):
+                            sums[i] += read[i] * tap
+                    else:
+                        for i in range(sums.shape[0]):
+                            sums[i] += source[(first + i) * sw + offset] * tap
+            row = out[n, c, oh * ow_:(oh + 1) * ow_]
+            for ow in range(ow_):
+                row[ow] = _requantized(acc[ow], m, y_zero, lo, hi)
+
+
+_COMPILED: dict[tuple[str, str, bool], object] = {}
+
+
+def _specialised(fn, path: str):
+    """``fn`` with ``path``'s tile as ``_tile`` and the epilogue inlined: a function of its own
+    name (for Numba's disk cache), as in ``int8._product_for``."""
+    scope = dict(globals(), _tile=numba.njit(inline="always")(cpu_int8._TILES[path][0]),
+                 _requantized=numba.njit(inline="always")(_requantized))
+    name = f"{fn.__name__}_{path}"
+    made = types_module.FunctionType(fn.__code__, scope, name, fn.__defaults__, fn.__closure__)
+    made.__qualname__ = name
+    made.__doc__ = fn.__doc__
+    return made
+
+
+def _kernel(fn, path: str, parallel: bool):
+    """``fn`` on ``path``'s tile as a parallel region (cached on disk) or a one-thread loop."""
+    key = (fn.__name__, path, parallel)
+    if key not in _COMPILED:
+        made = _specialised(fn, path)
+        if parallel:
+            _COMPILED[key] = cpu_parallel.compiled_region(made, error_model="numpy", fastmath=False)
+        else:
+            _COMPILED[key] = numba.njit(error_model="numpy", boundscheck=False, nogil=True)(made)
+    return _COMPILED[key]
+
+
+def _bytes(handle) -> np.ndarray:
+    """A handle's 8-bit buffer seen as uint8 (int8 bytes as they are)."""
+    buffer = typed(handle)
+    return buffer.view(np.uint8) if buffer.dtype != np.uint8 else buffer
+
+
+def _views(op: A.QuantizedConv2D, ins, outs) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    """x as uint8 [N, C, H, W] and out as uint8 [N, OC, OH*OW] views, and the geometry tuple. A
+    1x1 convolution of 1x1 planes (a product's rows) is seen as one image of C channels over a
+    1 x N plane, so that its N rows fill the tile's rows."""
+    n, c, (h, w), oc, (oh, ow) = op.batch, op.in_channels, op.in_hw, op.out_channels, op.out_hw
+    x_bytes, out_bytes = _bytes(ins[0]), _bytes(outs[0])
+    if op.in_hw == (1, 1) and op.kernel == (1, 1) and op.groups == 1 and n > 1:
+        x = np.lib.stride_tricks.as_strided(x_bytes[ins[0].offset:], (1, c, 1, n), (n * c, 1, n * c, c))
+        out = np.lib.stride_tricks.as_strided(out_bytes[outs[0].offset:], (1, oc, n), (n * oc, 1, oc))
+        return x, out, (1, 1, 1, 1, 0, 0, 1, 1, 1, n)
+    x = x_bytes[ins[0].offset:ins[0].offset + n * c * h * w].reshape(n, c, h, w)
+    out = out_bytes[outs[0].offset:outs[0].offset + n * oc * oh * ow].reshape(n, oc, oh * ow)
+    return x, out, (*op.kernel, *op.strides, *op.pads, *op.dilations, oh, ow)
+
+
+def quantized_conv_reference(op: A.QuantizedConv2D, x: np.ndarray, weight: np.ndarray, bias: np.ndarray,
+                             multiplier: np.ndarray) -> np.ndarray:
+    """The contract's QuantizedConv2D in NumPy (int64 sums): x [N, C, H, W] int8/uint8 -> out
+    [N, OC, OH, OW] of ``op.out_dtype``."""
+    n, c, (h, w), oc, (oh, ow) = op.batch, op.in_channels, op.in_hw, op.out_channels, op.out_hw
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = op.kernel, op.strides, op.pads, op.dilations
+    shifted = x.reshape(n, c, h, w).astype(np.int64) - op.x_zero_point
+    need_h, need_w = (oh - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1
+    padded = np.pad(shifted, ((0, 0), (0, 0), (ph, max(0, need_h - ph - h)), (pw, max(0, need_w - pw - w))))
+    columns = np.stack([padded[:, :, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw]
+                        for i in range(kh) for j in range(kw)], axis=2)  # [N, C, KH*KW, OH, OW]
+    groups, per_group, out_per_group = op.groups, c // op.groups, oc // op.groups
+    acc = np.empty((n, oc, oh * ow), np.int64)
+    for g in range(groups):
+        window = columns[:, g * per_group:(g + 1) * per_group].reshape(n, per_group * kh * kw, oh * ow)
+        rows = weight[g * out_per_group:(g + 1) * out_per_group].reshape(out_per_group, -1).astype(np.int64)
+        acc[:, g * out_per_group:(g + 1) * out_per_group] = np.einsum("ok,nkp->nop", rows, window)
+    acc += bias.reshape(1, oc, 1).astype(np.int64)
+    scaled = np.rint(acc.astype(np.float32) * multiplier.reshape(1, oc, 1).astype(np.float32))
+    result = np.clip(scaled + np.float32(op.y_zero_point), op.lo, op.hi)
+    return result.astype(op.out_dtype).reshape(n, oc, oh, ow)
+
+
+def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -> KernelWork:
+    """The cpu execution of ``op``: the compiled kernel of its scheme (a region on several threads)
+    where Numba runs, else the NumPy reference. ``made_once(handle, recipe, make)`` shares packed
+    weights between run states."""
+    weight = typed(ins[1])[ins[1].offset:ins[1].offset + ins[1].size].reshape(
+        op.out_channels, op.in_channels // op.groups, *op.kernel)
+    bias = strided(ins[2], 0, (op.out_channels,), (1,))
+    multiplier = strided(ins[3], 0, (op.out_channels,), (1,))
+    flip = SIGN_FLIP if op.dtype == A.INT8 else 0
+    if not engine.jit:
+        x = typed(ins[0])[ins[0].offset:ins[0].offset + ins[0].size]
+        out = typed(outs[0])[outs[0].offset:outs[0].offset + outs[0].size]
+
+        def reference() -> None:
+            out[:] = quantized_conv_reference(op, x, weight, bias, multiplier).reshape(-1)
+        return KernelWork((reference,), "int8 NumPy")
+    x, out, geometry = _views(op, ins, outs)
+    path = cpu_int8.current_path()
+    parallel = engine.regions > 1 and op.macs() >= 1 << 16
+    arguments = (op.x_zero_point, op.y_zero_point, op.lo, op.hi)
+    if op.scheme == "depthwise":
+        kernel = cpu_jit.bind(_kernel(_conv_depthwise, "portable", parallel), x, weight, bias, multiplier, out,
+                              geometry, flip, *arguments)
+
+        def run_depthwise() -> None:
+            kernel(x, weight, bias, multiplier, out, geometry, flip, *arguments)
+        return KernelWork((run_depthwise,), f"int8 depthwise{' region' if parallel else ''}")
+    pairs = cpu_int8._TILES[path][1]
+    panels, colsum = made_once(ins[1], "int16 pair conv panels" if pairs else "int8 conv panels",
+                               lambda: pack_conv_weight(weight, op.groups, pairs))
+    shifts, scales = epilogue_columns(op, panels.shape[1] * NR, colsum, bias, multiplier, flip)
+    pixels = geometry[8] * geometry[9]
+    # rows past the pixels and steps past K stay 0; the pair paths read the bytes widened to int16
+    rows = np.zeros((-(-pixels // MR) * MR, panels.shape[2] * panels.shape[4]), np.int16 if pairs else np.uint8)
+    planes = np.empty((x.shape[2] * x.shape[3], op.in_channels // op.groups), rows.dtype)
+    kernel = cpu_jit.bind(_kernel(_conv_packed, path, parallel), x, planes, rows, panels, shifts, scales, out,
+                          geometry, flip, *arguments)
+
+    def run() -> None:
+        kernel(x, planes, rows, panels, shifts, scales, out, geometry, flip, *arguments)
+    return KernelWork((run,), f"int8 {op.scheme} {cpu_int8.PATH_NAMES[path]}{' region' if parallel else ''}")
