@@ -33,6 +33,8 @@ MR, NR = cpu_int8.MR, cpu_int8.NR
 SIGN_FLIP = 0x80
 #: below this many channels per group, im2col reads x in place rather than pixel-major planes
 FEW_CHANNELS = 16
+#: the depthwise kernel's parallel tasks at most, each with its scratch planes, over a share of the channels
+DEPTHWISE_TASKS = 64
 
 
 def pack_conv_weight(weight: np.ndarray, groups: int, pairs: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -86,6 +88,7 @@ def _conv_packed(x, planes, rows, panels, shifts, scales, out, geometry, flip, x
     zero = x_zero + flip  # the zero point as the byte the tile reads
     row_tiles = -(-pixels // MR)
     panel_count = panels.shape[1]
+    pointwise = kh_ == 1 and kw_ == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0
     for n in range(images):
         for g in range(groups):
             c_first = g * per_group
@@ -101,11 +104,18 @@ def _conv_packed(x, planes, rows, panels, shifts, scales, out, geometry, flip, x
                                 inside = 0 <= ih < height and 0 <= iw < width
                                 for c in range(per_group):
                                     row[k + c] = x[n, c_first + c, ih, iw] ^ flip if inside else zero
+            elif pointwise:  # the pixel-major planes are the rows
+                for ih in numba.prange(height):
+                    for c in range(per_group):
+                        source = x[n, c_first + c, ih]
+                        for iw in range(width):
+                            rows[ih * width + iw, c] = source[iw] ^ flip
             else:
                 for ih in numba.prange(height):
                     for c in range(per_group):
+                        source = x[n, c_first + c, ih]
                         for iw in range(width):
-                            planes[ih * width + iw, c] = x[n, c_first + c, ih, iw] ^ flip
+                            planes[ih * width + iw, c] = source[iw] ^ flip
                 for oh in numba.prange(oh_):
                     for ow in range(ow_):
                         row = rows[oh * ow_ + ow]
@@ -125,62 +135,68 @@ def _conv_packed(x, planes, rows, panels, shifts, scales, out, geometry, flip, x
                 acc = np.empty(MR * NR, np.int32)
                 _tile(rows, row0, group_panels, p, acc)
                 c0 = g * panel_count * NR + p * NR  # this panel's first column of ``shifts``
-                done = np.empty(MR * NR, np.uint8)
+                done = np.empty((NR, MR), np.uint8)  # the tile transposed: channel-major, as out is
+                column_shifts, column_scales = shifts[c0:c0 + NR], scales[c0:c0 + NR]
                 for r in range(MR):  # the whole tile, a vector loop over its columns
+                    sums = acc[r * NR:(r + 1) * NR]
                     for j in range(NR):
-                        done[r * NR + j] = _requantized(acc[r * NR + j] + shifts[c0 + j], scales[c0 + j],
-                                                        y_zero, lo, hi)
+                        done[j, r] = _requantized(sums[j] + column_shifts[j], column_scales[j], y_zero, lo, hi)
                 first = g * out_per_group + p * NR
+                count = min(MR, pixels - row0)
                 for j in range(min(NR, out_per_group - p * NR)):
-                    for r in range(min(MR, pixels - row0)):
-                        out[n, first + j, row0 + r] = done[r * NR + j]
+                    destination, source = out[n, first + j, row0:row0 + count], done[j]
+                    for r in range(count):
+                        destination[r] = source[r]
 
 
 def _conv_depthwise(x, weight, bias, multiplier, out, geometry, flip, x_zero, y_zero, lo, hi):
     """QuantizedConv2D of one channel per group: x uint8 [N, C, H, W], weight int8 [C, 1, KH, KW],
-    out uint8 [N, C, OH*OW]. Each channel's plane is first widened to int32 less its zero point;
-    then each tap adds over the output columns that read inside the input: loops over 1D views,
-    which LLVM vectorises."""
+    out uint8 [N, C, OH*OW]. Each channel's plane is first widened to int32 less its zero point,
+    its columns split by phase (column iw at ``[iw % SW, ih, iw // SW]``, so that a strided tap
+    reads one phase contiguously); then each tap adds over the output columns that read inside
+    the input: loops over contiguous 1D views, which LLVM vectorises. Each parallel task keeps
+    its scratch for a share of the channels."""
     kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
     images, channels, height, width = x.shape
     zero = np.int32(x_zero + flip)
     flip_byte = np.uint8(flip)
-    for t in numba.prange(images * channels):
-        n, c = t // channels, t % channels
-        plane = np.empty((height, width), np.int32)
-        for ih in range(height):
-            source, widened = x[n, c, ih], plane[ih]
-            for iw in range(width):
-                widened[iw] = np.int32(source[iw] ^ flip_byte) - zero
+    planes = images * channels
+    tasks = min(planes, DEPTHWISE_TASKS)
+    for task in numba.prange(tasks):
+        plane = np.empty((sw, height, -(-width // sw)), np.int32)
         acc = np.empty(ow_, np.int32)
-        m = multiplier[c]
-        start = bias[c]
-        for oh in range(oh_):
-            for ow in range(ow_):
-                acc[ow] = start
-            for kh in range(kh_):
-                ih = oh * sh - ph + kh * dh
-                if ih < 0 or ih >= height:
-                    continue
-                source = plane[ih]
-                for kw in range(kw_):
-                    tap = np.int32(weight[c, 0, kh, kw])
-                    offset = kw * dw - pw
-                    first = max(0, (sw - 1 - offset) // sw)
-                    last = min(ow_, (width - 1 - offset) // sw + 1)
-                    if first >= last:
+        for t in range(task, planes, tasks):
+            n, c = t // channels, t % channels
+            for ih in range(height):
+                source = x[n, c, ih]
+                for phase in range(sw):
+                    widened = plane[phase, ih]
+                    for j in range((width - phase + sw - 1) // sw):
+                        widened[j] = np.int32(source[j * sw + phase] ^ flip_byte) - zero
+            m = multiplier[c]
+            start = bias[c]
+            for oh in range(oh_):
+                for ow in range(ow_):
+                    acc[ow] = start
+                for kh in range(kh_):
+                    ih = oh * sh - ph + kh * dh
+                    if ih < 0 or ih >= height:
                         continue
-                    sums = acc[first:last]
-                    if sw == 1:  # a contiguous view (a strided one would not vectorise)
-                        read = source[first + offset:last + offset]
+                    for kw in range(kw_):
+                        tap = np.int32(weight[c, 0, kh, kw])
+                        offset = kw * dw - pw  # output column ow reads input column ow * sw + offset
+                        first = max(0, (sw - 1 - offset) // sw)
+                        last = min(ow_, (width - 1 - offset) // sw + 1)
+                        if first >= last:
+                            continue
+                        shift = offset // sw  # in phase offset % sw, that column is ow + shift
+                        read = plane[offset % sw, ih, first + shift:last + shift]
+                        sums = acc[first:last]
                         for i in range(sums.shape[0]):
                             sums[i] += read[i] * tap
-                    else:
-                        for i in range(sums.shape[0]):
-                            sums[i] += source[(first + i) * sw + offset] * tap
-            row = out[n, c, oh * ow_:(oh + 1) * ow_]
-            for ow in range(ow_):
-                row[ow] = _requantized(acc[ow], m, y_zero, lo, hi)
+                row = out[n, c, oh * ow_:(oh + 1) * ow_]
+                for ow in range(ow_):
+                    row[ow] = _requantized(acc[ow], m, y_zero, lo, hi)
 
 
 _COMPILED: dict[tuple[str, str, bool], object] = {}
