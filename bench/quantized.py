@@ -3,10 +3,14 @@
     python bench/quantized.py                                  # every model, every backend here
     python bench/quantized.py --models squeezenet1_1/qdq_s8 --backends cpu --repeats 3
     python bench/quantized.py --profile                        # and where a cpu run spends its time
+    python bench/quantized.py --models resnet18/qdq_s8_folded mobilenet_v2/qdq_s8_folded --backends cpu \
+        --repeats 7 --runs 10 --own-float                      # static int8 on the cpu (issue 30)
 
 The models are made here from zoo models by ``onnxruntime.quantization`` (cached under the temp
 dir, ``--cache``): ``quantize_static`` in QDQ form with int8 activations and per-channel weights
-(``qdq_s8``) or uint8 activations and per-tensor weights (``qdq_u8``), in QOperator form
+(``qdq_s8``; ``qdq_s8_folded`` after ONNX Runtime's pre-processing folds BatchNormalization into the
+convolutions, the form its int8 kernels take whole) or uint8 activations and per-tensor weights
+(``qdq_u8``), in QOperator form
 (``qoperator``), ``quantize_dynamic`` (``dynamic``), ``MatMulNBitsQuantizer``'s int4 MatMulNBits
 in blocks of 32 (``int4``), and a float16 model with float16 inputs, weights, intermediates and
 output (``float16``, by ``gpumnn.zoo.with_float16``: as ONNX Runtime's CPU kernels run it, each
@@ -87,6 +91,18 @@ def _static(fmt: str, activations: str, per_channel: bool) -> Callable[[Path, Pa
     return make
 
 
+def _folded_static(source: Path, target: Path) -> None:
+    """ONNX Runtime's pre-processing first (``quant_pre_process``: BatchNormalization folded into the
+    convolutions, as an exported inference model has it), then ``quantize_static`` in QDQ form with
+    int8 activations and per-channel int8 weights: the model ONNX Runtime's documentation asks for."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    folded = target.with_suffix(".folded.onnx")
+    quant_pre_process(str(source), str(folded), skip_symbolic_shape=True)
+    _static("QDQ", "QInt8", True)(folded, target)
+    folded.unlink()
+
+
 def _dynamic(source: Path, target: Path) -> None:
     from onnxruntime.quantization import quantize_dynamic
 
@@ -109,6 +125,8 @@ def _float16(source: Path, target: Path) -> None:
 #: the ways of making a quantized (or float16) model from a float one: (label, maker)
 FORMS: dict[str, tuple[str, Callable[[Path, Path], None]]] = {
     "qdq_s8": ("QDQ, int8 activations, per-channel int8 weights", _static("QDQ", "QInt8", True)),
+    "qdq_s8_folded": ("BatchNormalization folded (quant_pre_process), then QDQ, int8 activations, per-channel int8 "
+                      "weights", _folded_static),
     "qdq_u8": ("QDQ, uint8 activations, per-tensor int8 weights", _static("QDQ", "QUInt8", False)),
     "qoperator": ("QOperator, uint8 activations, per-channel int8 weights", _static("QOperator", "QUInt8", True)),
     "dynamic": ("quantize_dynamic (int8 weights, uint8 activations at run time)", _dynamic),
@@ -167,11 +185,12 @@ class Row:
         runs = self.samples.get(series)
         return Spread.of([statistics.mean(r) for r in runs]) if runs else None
 
-    def ratio(self) -> Spread | None:
-        if not self.samples.get("gpumnn") or not self.samples.get("onnxruntime"):
+    def ratio(self, over: str = "onnxruntime", series: str = "gpumnn") -> Spread | None:
+        """The median (min-max) of the per-repeat ratios ``series`` / ``over`` of mean run times."""
+        if not self.samples.get(series) or not self.samples.get(over):
             return None
         return Spread.of([statistics.mean(a) / statistics.mean(b)
-                          for a, b in zip(self.samples["gpumnn"], self.samples["onnxruntime"])])
+                          for a, b in zip(self.samples[series], self.samples[over])])
 
 
 def initializer_bytes(model: onnx.ModelProto) -> int:
@@ -231,8 +250,10 @@ def _float_figures(path: Path, backend: str, threads: int, known: dict) -> tuple
 
 
 def measure(case: Case, backends: list[str], threads: int, runs: int, warmup: int, repeats: int, pause: float,
-            float_known: dict | None = None, on_step: Callable[[str], None] = lambda _: None) -> list[Row]:
-    """One row per backend for ``case``; a backend that fails gets a row with the error as its note."""
+            float_known: dict | None = None, on_step: Callable[[str], None] = lambda _: None,
+            own_float: bool = False) -> list[Row]:
+    """One row per backend for ``case``; a backend that fails gets a row with the error as its note.
+    ``own_float``: gpumnn on the float model joins the alternation (series "gpumnn fp32")."""
     float_known = {} if float_known is None else float_known
     model = onnx.load(case.quantized_path)
     model_bytes = model.SerializeToString()
@@ -247,7 +268,7 @@ def measure(case: Case, backends: list[str], threads: int, runs: int, warmup: in
         row = Row(case.name, backend, file_bytes=file_bytes, ort_fused_vs_unfused=rel_l2(fused, unfused))
         rows.append(row)
         on_step(f"{case.name} on {backend}")
-        session = None
+        session = float_session = None
         try:
             start = time.perf_counter()
             session = gpumnn.load(model).session(backend=backend, threads=threads)
@@ -262,13 +283,18 @@ def measure(case: Case, backends: list[str], threads: int, runs: int, warmup: in
             fallbacks = sorted({r["fallback"] for r in session.report_rows() if r["fallback"]})
             if fallbacks:
                 row.note = "cpu fallback: " + "; ".join(fallbacks)[:100]
-            row.samples = alternate({"gpumnn": lambda: session.run(feed), "onnxruntime": lambda: fused_session.run(None, feed)},
-                                    repeats, runs, warmup, pause=pause)
+            series = {"gpumnn": lambda: session.run(feed), "onnxruntime": lambda: fused_session.run(None, feed)}
+            if own_float:  # gpumnn on the float model beside the quantized one
+                float_session = gpumnn.load(onnx.load(case.float_path)).session(backend=backend, threads=threads)
+                float_feed = feed_of(onnx.load(case.float_path))
+                series["gpumnn fp32"] = lambda: float_session.run(float_feed)
+            row.samples = alternate(series, repeats, runs, warmup, pause=pause)
         except Exception as exc:  # one failing backend must not hide the others' figures
             row.note = f"failed: {type(exc).__name__}: {exc}"[:160]
         finally:
-            if session is not None:
-                session.close()
+            for opened in (session, float_session):
+                if opened is not None:
+                    opened.close()
     return rows
 
 
@@ -322,7 +348,14 @@ def format_table(rows: list[Row], threads: int, runs: int, warmup: int, repeats:
                 f"against ONNX Runtime unfused (ORT_DISABLE_ALL) and fused (default); steps: the largest difference from ORT unfused "
                 f"in quantization steps of the output; ORT fused err: ONNX Runtime's fused path against its unfused one; file/device MiB and ops: float "
                 f"model -> quantized model")
-    return "\n".join([protocol, header, "-" * len(header)] + [line(c, r.note) for c, r in zip(cells, rows)])
+    lines = [protocol, header, "-" * len(header)] + [line(c, r.note) for c, r in zip(cells, rows)]
+    own = [r for r in rows if r.samples.get("gpumnn fp32")]
+    if own:
+        lines += ["", "gpumnn on the float model in the same alternation: quantized ms, float ms, float/quantized "
+                      "(median of per-repeat ratios, min-max)"]
+        lines += [f"{r.model:<28} {r.backend:<7} {_fmt(r.cell('gpumnn'), '.1f'):>22} {_fmt(r.cell('gpumnn fp32'), '.1f'):>22}"
+                  f"  {_fmt(r.ratio(over='gpumnn', series='gpumnn fp32'), '.2f')}" for r in own]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -334,6 +367,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "gpumnn-bench-quantized",
                         help="where the quantized models are kept between runs")
     parser.add_argument("--profile", action="store_true", help="per model, where a recorded cpu run spends its time")
+    parser.add_argument("--own-float", action="store_true",
+                        help="time gpumnn on each float model too, in the same alternation (int8 against our own fp32)")
     add_protocol_arguments(parser)
     parser.set_defaults(repeats=3)
     args = parser.parse_args(argv)
@@ -342,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
     cases = [make_case(name, args.cache) for name in args.models]
     for case in cases:
         rows += measure(case, backends, args.threads, args.runs, args.warmup, args.repeats, args.pause, float_known,
-                        on_step=lambda label: print(f"... {label}", file=sys.stderr, flush=True))
+                        on_step=lambda label: print(f"... {label}", file=sys.stderr, flush=True), own_float=args.own_float)
     print(format_table(rows, args.threads, args.runs, args.warmup, args.repeats))
     for name, reason in skipped.items():
         print(f"{name}: not run ({reason})")
