@@ -149,6 +149,45 @@ def _conv_packed(x, planes, rows, panels, shifts, scales, out, geometry, flip, x
                         destination[r] = source[r]
 
 
+def _depthwise_flat(x, weight, bias, multiplier, out, geometry, zero, flip_byte, y_zero, lo, hi, tasks):
+    """The depthwise kernel at stride 1: each channel's plane widened into a zero-padded plane of
+    ``OW + (KW-1) DW`` columns, so that every tap is one loop over the whole flattened plane (the
+    columns past OW are computed and never stored) rather than one per output row."""
+    kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
+    images, channels, height, width = x.shape
+    columns = ow_ + (kw_ - 1) * dw
+    rows = oh_ + (kh_ - 1) * dh
+    span = oh_ * columns  # the flattened outputs, garbage columns included
+    planes = images * channels
+    for task in numba.prange(tasks):
+        padded = np.zeros(rows * columns + (kw_ - 1) * dw, np.int32)
+        acc = np.empty(span, np.int32)
+        for t in range(task, planes, tasks):
+            n, c = t // channels, t % channels
+            for ih in range(max(0, -ph), min(height, rows - ph)):
+                source = x[n, c, ih]
+                first, last = max(0, -pw), min(width, columns - pw)
+                widened = padded[(ih + ph) * columns + pw + first:(ih + ph) * columns + pw + last]
+                read = source[first:last]
+                for iw in range(widened.shape[0]):
+                    widened[iw] = np.int32(read[iw] ^ flip_byte) - zero
+            start = bias[c]
+            for i in range(span):
+                acc[i] = start
+            for kh in range(kh_):
+                for kw in range(kw_):
+                    tap = np.int32(weight[c, 0, kh, kw])
+                    offset = kh * dh * columns + kw * dw
+                    read = padded[offset:offset + span]
+                    for i in range(span):
+                        acc[i] += read[i] * tap
+            m = multiplier[c]
+            for oh in range(oh_):
+                row, sums = out[n, c, oh * ow_:(oh + 1) * ow_], acc[oh * columns:oh * columns + ow_]
+                for ow in range(ow_):
+                    row[ow] = _requantized(sums[ow], m, y_zero, lo, hi)
+
+
 def _conv_depthwise(x, weight, bias, multiplier, out, geometry, flip, x_zero, y_zero, lo, hi):
     """QuantizedConv2D of one channel per group: x uint8 [N, C, H, W], weight int8 [C, 1, KH, KW],
     out uint8 [N, C, OH*OW]. Each channel's plane is first widened to int32 less its zero point,
@@ -162,6 +201,18 @@ def _conv_depthwise(x, weight, bias, multiplier, out, geometry, flip, x_zero, y_
     flip_byte = np.uint8(flip)
     planes = images * channels
     tasks = min(planes, DEPTHWISE_TASKS)
+    # per tap column kw: the output columns [first, last) that read inside the input, the phase
+    # they read and the shift from output column to phase column (the same for every row)
+    firsts, lasts = np.empty(kw_, np.int64), np.empty(kw_, np.int64)
+    phases, shifts = np.empty(kw_, np.int64), np.empty(kw_, np.int64)
+    for kw in range(kw_):
+        offset = kw * dw - pw  # output column ow reads input column ow * sw + offset
+        firsts[kw] = max(0, (sw - 1 - offset) // sw)
+        lasts[kw] = max(firsts[kw], min(ow_, (width - 1 - offset) // sw + 1))
+        phases[kw], shifts[kw] = offset % sw, offset // sw
+    if sh == 1 and sw == 1:
+        _depthwise_flat(x, weight, bias, multiplier, out, geometry, zero, flip_byte, y_zero, lo, hi, tasks)
+        return
     for task in numba.prange(tasks):
         plane = np.empty((sw, height, -(-width // sw)), np.int32)
         acc = np.empty(ow_, np.int32)
@@ -171,8 +222,12 @@ def _conv_depthwise(x, weight, bias, multiplier, out, geometry, flip, x_zero, y_
                 source = x[n, c, ih]
                 for phase in range(sw):
                     widened = plane[phase, ih]
-                    for j in range((width - phase + sw - 1) // sw):
-                        widened[j] = np.int32(source[j * sw + phase] ^ flip_byte) - zero
+                    if sw == 2:  # a constant stride: LLVM vectorises the interleaved loads
+                        for j in range((width - phase + 1) // 2):
+                            widened[j] = np.int32(source[j * 2 + phase] ^ flip_byte) - zero
+                    else:
+                        for j in range((width - phase + sw - 1) // sw):
+                            widened[j] = np.int32(source[j * sw + phase] ^ flip_byte) - zero
             m = multiplier[c]
             start = bias[c]
             for oh in range(oh_):
@@ -184,14 +239,9 @@ def _conv_depthwise(x, weight, bias, multiplier, out, geometry, flip, x_zero, y_
                         continue
                     for kw in range(kw_):
                         tap = np.int32(weight[c, 0, kh, kw])
-                        offset = kw * dw - pw  # output column ow reads input column ow * sw + offset
-                        first = max(0, (sw - 1 - offset) // sw)
-                        last = min(ow_, (width - 1 - offset) // sw + 1)
-                        if first >= last:
-                            continue
-                        shift = offset // sw  # in phase offset % sw, that column is ow + shift
-                        read = plane[offset % sw, ih, first + shift:last + shift]
-                        sums = acc[first:last]
+                        first, last, shift = firsts[kw], lasts[kw], shifts[kw]
+                        read = plane[phases[kw], ih, first + shift:last + shift]
+                        sums = acc[first:last]  # views: the loop over them vectorises, an offset index would not
                         for i in range(sums.shape[0]):
                             sums[i] += read[i] * tap
                 row = out[n, c, oh * ow_:(oh + 1) * ow_]
@@ -203,15 +253,18 @@ _COMPILED: dict[tuple[str, str, bool], object] = {}
 
 
 def _specialised(fn, path: str):
-    """``fn`` with ``path``'s tile as ``_tile`` and the epilogue inlined: a function of its own
-    name (for Numba's disk cache), as in ``int8._product_for``."""
+    """``fn`` with ``path``'s tile as ``_tile`` and the epilogue and ``_depthwise_flat`` inlined: a
+    function of its own name (for Numba's disk cache), as in ``int8._product_for``."""
     scope = dict(globals(), _tile=numba.njit(inline="always")(cpu_int8._TILES[path][0]),
                  _requantized=numba.njit(inline="always")(_requantized))
-    name = f"{fn.__name__}_{path}"
-    made = types_module.FunctionType(fn.__code__, scope, name, fn.__defaults__, fn.__closure__)
-    made.__qualname__ = name
-    made.__doc__ = fn.__doc__
-    return made
+
+    def own(function, name):
+        made = types_module.FunctionType(function.__code__, scope, name, function.__defaults__, function.__closure__)
+        made.__qualname__ = name
+        made.__doc__ = function.__doc__
+        return made
+    scope["_depthwise_flat"] = numba.njit(inline="always")(own(_depthwise_flat, f"_depthwise_flat_{path}"))
+    return own(fn, f"{fn.__name__}_{path}")
 
 
 def _kernel(fn, path: str, parallel: bool):
