@@ -75,10 +75,12 @@ def _requantized(acc, multiplier, zero, lo, hi):
 
 def _conv_packed(x, planes, rows, panels, shifts, scales, out, geometry, flip, x_zero, y_zero, lo, hi):
     """QuantizedConv2D by packed im2col on the tile: x uint8 [N, C, H, W], out uint8 [N, OC, OH*OW]
-    (either may be strided), ``geometry`` = (KH, KW, SH, SW, PH, PW, DH, DW, OH, OW). Per image and
-    group, the group's channels are first laid pixel-major in ``planes`` [H*W, C/groups], so that
-    each tap of a window row is one contiguous copy of C/groups bytes (K in (kh, kw, c) order).
-    ``shifts`` and ``scales`` are per column of the panels (``epilogue_columns``)."""
+    (either may be strided), ``geometry`` = (KH, KW, SH, SW, PH, PW, DH, DW, OH, OW). One parallel
+    task per MR output pixels packs their windows into rows (a copy of ``rows`` [MR, K padded],
+    K in (kh, kw, c) order) and runs them by every panel, so that a convolution is one parallel
+    region. With many channels per group and a window wider than 1x1, the group's channels are
+    first laid pixel-major in ``planes`` [H*W, C/groups], so that each tap of a window row is one
+    contiguous copy. ``shifts`` and ``scales`` are per column of the panels (``epilogue_columns``)."""
     kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
     images, channels, height, width = x.shape
     groups = panels.shape[0]
@@ -89,64 +91,57 @@ def _conv_packed(x, planes, rows, panels, shifts, scales, out, geometry, flip, x
     row_tiles = -(-pixels // MR)
     panel_count = panels.shape[1]
     pointwise = kh_ == 1 and kw_ == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0
+    use_planes = not pointwise and per_group >= FEW_CHANNELS
     for n in range(images):
         for g in range(groups):
             c_first = g * per_group
-            if per_group < FEW_CHANNELS:  # copies of a few bytes cost more than reading x in place
-                for oh in numba.prange(oh_):
-                    for ow in range(ow_):
-                        row = rows[oh * ow_ + ow]
-                        for kh in range(kh_):
-                            ih = oh * sh - ph + kh * dh
-                            for kw in range(kw_):
-                                iw = ow * sw - pw + kw * dw
-                                k = (kh * kw_ + kw) * per_group
-                                inside = 0 <= ih < height and 0 <= iw < width
-                                for c in range(per_group):
-                                    row[k + c] = x[n, c_first + c, ih, iw] ^ flip if inside else zero
-            elif pointwise:  # the pixel-major planes are the rows
-                for ih in numba.prange(height):
-                    for c in range(per_group):
-                        source = x[n, c_first + c, ih]
-                        for iw in range(width):
-                            rows[ih * width + iw, c] = source[iw] ^ flip
-            else:
+            if use_planes:
                 for ih in numba.prange(height):
                     for c in range(per_group):
                         source = x[n, c_first + c, ih]
                         for iw in range(width):
                             planes[ih * width + iw, c] = source[iw] ^ flip
-                for oh in numba.prange(oh_):
-                    for ow in range(ow_):
-                        row = rows[oh * ow_ + ow]
-                        for kh in range(kh_):
-                            ih = oh * sh - ph + kh * dh
-                            for kw in range(kw_):
-                                iw = ow * sw - pw + kw * dw
-                                k = (kh * kw_ + kw) * per_group
-                                if 0 <= ih < height and 0 <= iw < width:
+            group_panels = panels[g]
+            for row_tile in numba.prange(row_tiles):
+                row0 = row_tile * MR
+                count = min(MR, pixels - row0)
+                local = rows.copy()  # zeros: the steps past K and the rows past the pixels stay 0
+                for r in range(count):
+                    oh, ow = (row0 + r) // ow_, (row0 + r) % ow_
+                    row = local[r]
+                    if pointwise:
+                        for c in range(per_group):
+                            row[c] = x[n, c_first + c, oh, ow] ^ flip
+                        continue
+                    for kh in range(kh_):
+                        ih = oh * sh - ph + kh * dh
+                        for kw in range(kw_):
+                            iw = ow * sw - pw + kw * dw
+                            k = (kh * kw_ + kw) * per_group
+                            inside = 0 <= ih < height and 0 <= iw < width
+                            if use_planes:
+                                if inside:
                                     row[k:k + per_group] = planes[ih * width + iw]
                                 else:
                                     row[k:k + per_group] = zero
-            group_panels = panels[g]
-            for t in numba.prange(row_tiles * panel_count):
-                p, row_tile = t // row_tiles, t % row_tiles
-                row0 = row_tile * MR
+                            else:  # a few channels: read in place (copies of a few bytes cost more)
+                                for c in range(per_group):
+                                    row[k + c] = x[n, c_first + c, ih, iw] ^ flip if inside else zero
                 acc = np.empty(MR * NR, np.int32)
-                _tile(rows, row0, group_panels, p, acc)
-                c0 = g * panel_count * NR + p * NR  # this panel's first column of ``shifts``
-                done = np.empty((NR, MR), np.uint8)  # the tile transposed: channel-major, as out is
-                column_shifts, column_scales = shifts[c0:c0 + NR], scales[c0:c0 + NR]
-                for r in range(MR):  # the whole tile, a vector loop over its columns
-                    sums = acc[r * NR:(r + 1) * NR]
-                    for j in range(NR):
-                        done[j, r] = _requantized(sums[j] + column_shifts[j], column_scales[j], y_zero, lo, hi)
-                first = g * out_per_group + p * NR
-                count = min(MR, pixels - row0)
-                for j in range(min(NR, out_per_group - p * NR)):
-                    destination, source = out[n, first + j, row0:row0 + count], done[j]
-                    for r in range(count):
-                        destination[r] = source[r]
+                done = np.empty((NR, MR), np.uint8)  # a tile transposed: channel-major, as out is
+                for p in range(panel_count):
+                    _tile(local, 0, group_panels, p, acc)
+                    c0 = g * panel_count * NR + p * NR  # this panel's first column of ``shifts``
+                    column_shifts, column_scales = shifts[c0:c0 + NR], scales[c0:c0 + NR]
+                    for r in range(MR):  # the whole tile, a vector loop over its columns
+                        sums = acc[r * NR:(r + 1) * NR]
+                        for j in range(NR):
+                            done[j, r] = _requantized(sums[j] + column_shifts[j], column_scales[j], y_zero, lo, hi)
+                    first = g * out_per_group + p * NR
+                    for j in range(min(NR, out_per_group - p * NR)):
+                        destination, source = out[n, first + j, row0:row0 + count], done[j]
+                        for r in range(count):
+                            destination[r] = source[r]
 
 
 def _depthwise_flat(x, weight, bias, multiplier, out, geometry, zero, flip_byte, y_zero, lo, hi, tasks):
@@ -354,10 +349,12 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
     panels, colsum = made_once(ins[1], "int16 pair conv panels" if pairs else "int8 conv panels",
                                lambda: pack_conv_weight(weight, op.groups, pairs))
     shifts, scales = epilogue_columns(op, panels.shape[1] * NR, colsum, bias, multiplier, flip)
-    pixels = geometry[8] * geometry[9]
-    # rows past the pixels and steps past K stay 0; the pair paths read the bytes widened to int16
-    rows = np.zeros((-(-pixels // MR) * MR, panels.shape[2] * panels.shape[4]), np.int16 if pairs else np.uint8)
-    planes = np.empty((x.shape[2] * x.shape[3], op.in_channels // op.groups), rows.dtype)
+    # one task's rows, copied by each (zeros); the pair paths read the bytes widened to int16
+    rows = np.zeros((MR, panels.shape[2] * panels.shape[4]), np.int16 if pairs else np.uint8)
+    pointwise = op.kernel == (1, 1) and op.strides == (1, 1) and op.pads == (0, 0)
+    few = op.in_channels // op.groups < FEW_CHANNELS
+    planes = np.empty((0, 0) if pointwise or few else (x.shape[2] * x.shape[3], op.in_channels // op.groups),
+                      rows.dtype)
     kernel = cpu_jit.bind(_kernel(_conv_packed, path, parallel), x, planes, rows, panels, shifts, scales, out,
                           geometry, flip, *arguments)
 
