@@ -249,11 +249,29 @@ def _float_figures(path: Path, backend: str, threads: int, known: dict) -> tuple
     return known[key]
 
 
+def _float_path_session(model: onnx.ModelProto, backend: str, threads: int, feed):
+    """A session of the quantized ``model`` lowered in float, as before static int8 (issue 30) and
+    as the GPU APIs run it: its shape set prepared while the scheme backend is said to lack
+    QuantizedConv2D."""
+    from gpumnn.runtime import shape_set
+
+    decide = shape_set.lowers_static_int8
+    shape_set.lowers_static_int8 = lambda backend: False
+    try:
+        session = gpumnn.load(model).session(backend=backend, threads=threads)
+        session.run(feed)
+    finally:
+        shape_set.lowers_static_int8 = decide
+    assert not any(type(op).__name__ == "QuantizedConv2D" for op in session.program.ops)
+    return session
+
+
 def measure(case: Case, backends: list[str], threads: int, runs: int, warmup: int, repeats: int, pause: float,
             float_known: dict | None = None, on_step: Callable[[str], None] = lambda _: None,
-            own_float: bool = False) -> list[Row]:
+            own_float: bool = False, clock: Callable[[], float] = time.perf_counter) -> list[Row]:
     """One row per backend for ``case``; a backend that fails gets a row with the error as its note.
-    ``own_float``: gpumnn on the float model joins the alternation (series "gpumnn fp32")."""
+    ``own_float``: gpumnn on the float model and on the quantized model lowered in float join the
+    alternation (series "gpumnn fp32", "gpumnn float path"). ``clock``: what a run's time is read from."""
     float_known = {} if float_known is None else float_known
     model = onnx.load(case.quantized_path)
     model_bytes = model.SerializeToString()
@@ -268,7 +286,7 @@ def measure(case: Case, backends: list[str], threads: int, runs: int, warmup: in
         row = Row(case.name, backend, file_bytes=file_bytes, ort_fused_vs_unfused=rel_l2(fused, unfused))
         rows.append(row)
         on_step(f"{case.name} on {backend}")
-        session = float_session = None
+        session = float_session = float_path_session = None
         try:
             start = time.perf_counter()
             session = gpumnn.load(model).session(backend=backend, threads=threads)
@@ -284,15 +302,17 @@ def measure(case: Case, backends: list[str], threads: int, runs: int, warmup: in
             if fallbacks:
                 row.note = "cpu fallback: " + "; ".join(fallbacks)[:100]
             series = {"gpumnn": lambda: session.run(feed), "onnxruntime": lambda: fused_session.run(None, feed)}
-            if own_float:  # gpumnn on the float model beside the quantized one
+            if own_float:  # gpumnn on the float model beside the quantized one, and the quantized one lowered in float
                 float_session = gpumnn.load(onnx.load(case.float_path)).session(backend=backend, threads=threads)
                 float_feed = feed_of(onnx.load(case.float_path))
                 series["gpumnn fp32"] = lambda: float_session.run(float_feed)
-            row.samples = alternate(series, repeats, runs, warmup, pause=pause)
+                float_path_session = _float_path_session(model, backend, threads, feed)
+                series["gpumnn float path"] = lambda: float_path_session.run(feed)
+            row.samples = alternate(series, repeats, runs, warmup, pause=pause, clock=clock)
         except Exception as exc:  # one failing backend must not hide the others' figures
             row.note = f"failed: {type(exc).__name__}: {exc}"[:160]
         finally:
-            for opened in (session, float_session):
+            for opened in (session, float_session, float_path_session):
                 if opened is not None:
                     opened.close()
     return rows
@@ -351,10 +371,15 @@ def format_table(rows: list[Row], threads: int, runs: int, warmup: int, repeats:
     lines = [protocol, header, "-" * len(header)] + [line(c, r.note) for c, r in zip(cells, rows)]
     own = [r for r in rows if r.samples.get("gpumnn fp32")]
     if own:
-        lines += ["", "gpumnn on the float model in the same alternation: quantized ms, float ms, float/quantized "
-                      "(median of per-repeat ratios, min-max)"]
+        lines += ["", "gpumnn in the same alternation: the quantized model (int8 where the backend has the kernels), "
+                      "the float model (fp32), the quantized model lowered in float (float path, as before issue 30); "
+                      "ms medians (min-max) and the medians of per-repeat ratios (min-max)",
+                  f"{'model':<28} {'backend':<7} {'quantized ms':>22} {'fp32 ms':>22} {'float path ms':>22} "
+                  f"{'fp32/quantized':>18} {'float path/quantized':>22}"]
         lines += [f"{r.model:<28} {r.backend:<7} {_fmt(r.cell('gpumnn'), '.1f'):>22} {_fmt(r.cell('gpumnn fp32'), '.1f'):>22}"
-                  f"  {_fmt(r.ratio(over='gpumnn', series='gpumnn fp32'), '.2f')}" for r in own]
+                  f" {_fmt(r.cell('gpumnn float path'), '.1f'):>22}"
+                  f" {_fmt(r.ratio(over='gpumnn', series='gpumnn fp32'), '.2f'):>18}"
+                  f" {_fmt(r.ratio(over='gpumnn', series='gpumnn float path'), '.2f'):>22}" for r in own]
     return "\n".join(lines)
 
 
@@ -369,6 +394,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true", help="per model, where a recorded cpu run spends its time")
     parser.add_argument("--own-float", action="store_true",
                         help="time gpumnn on each float model too, in the same alternation (int8 against our own fp32)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time runs by the process's CPU time (time.process_time), which other jobs on the machine "
+                             "do not move; fair between engines only on one thread (a pool's spinning threads count)")
     add_protocol_arguments(parser)
     parser.set_defaults(repeats=3)
     args = parser.parse_args(argv)
@@ -377,7 +405,8 @@ def main(argv: list[str] | None = None) -> None:
     cases = [make_case(name, args.cache) for name in args.models]
     for case in cases:
         rows += measure(case, backends, args.threads, args.runs, args.warmup, args.repeats, args.pause, float_known,
-                        on_step=lambda label: print(f"... {label}", file=sys.stderr, flush=True), own_float=args.own_float)
+                        on_step=lambda label: print(f"... {label}", file=sys.stderr, flush=True), own_float=args.own_float,
+                        clock=time.process_time if args.cpu_time else time.perf_counter)
     print(format_table(rows, args.threads, args.runs, args.warmup, args.repeats))
     for name, reason in skipped.items():
         print(f"{name}: not run ({reason})")
