@@ -703,8 +703,8 @@ def recurrent_cell_violation(op: RecurrentCell) -> str | None:
 
 
 ALL_OPS: tuple[type[AtomicOp], ...] = (
-    Raster, Unary, Binary, Reduce, MatMul, QuantizedMatMul, Conv2D, ConvTranspose2D, Pool2D, Softmax, Normalize,
-    Resize, Gather, Select, CumSum, TopK, Scatter, RecurrentCell,
+    Raster, Unary, Binary, Reduce, MatMul, QuantizedMatMul, Conv2D, QuantizedConv2D, ConvTranspose2D, Pool2D, Softmax,
+    Normalize, Resize, Gather, Select, CumSum, TopK, Scatter, RecurrentCell,
 )
 
 
