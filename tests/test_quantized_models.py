@@ -304,6 +304,8 @@ def test_quantized_model_matches_onnxruntime_unfused(backend, quantized, name):
     narrow = [op for op in program.ops if {op.dtype, op.output_dtype()} & A.NARROW_DTYPES]
     if backend == "cpu" and name.startswith(("QDQ", "QOperator")):  # the cpu builds QuantizedConv2D
         assert any(isinstance(op, A.QuantizedConv2D) for op in program.ops)
+        if name.startswith("QOperator"):  # QLinearConv and QLinearMatMul: every product in int8
+            assert not [op for op in program.ops if isinstance(op, (A.Conv2D, A.MatMul))]
         if name.startswith("QDQ"):  # 8-bit tensors only between int8 ops and the conversions of the rest
             assert all(isinstance(op, A.QuantizedConv2D) or isinstance(op, A.Unary) and op.op == "identity"
                        for op in narrow), narrow[:3]

@@ -1,5 +1,5 @@
-"""Static int8 products: a QDQ model's convolutions and matrix products, and QLinearConv, as one
-``QuantizedConv2D`` each (ONNX Runtime's QDQ selectors, QNNPACK's operators).
+"""Static int8 products: a QDQ model's convolutions and matrix products, QLinearConv and
+QLinearMatMul, as one ``QuantizedConv2D`` each (ONNX Runtime's QDQ selectors, QNNPACK's operators).
 
 The pattern ``quantize_static`` writes::
 
@@ -25,7 +25,7 @@ from ..emit import fused_activation
 from ..registry import DEFAULT_DOMAINS, lowers
 from .conv import conv2d_geometry, lower_conv
 from .matmul import lower_gemm, lower_matmul
-from .quantize import RANGES, lower_qlinear_conv
+from .quantize import RANGES, lower_qlinear_conv, lower_qlinear_matmul
 
 _INT32 = np.iinfo(np.int32)
 
@@ -304,3 +304,32 @@ def _int8_qlinear_conv(ctx: LoweringContext, node: Node) -> bool:
 def lower_qlinear_conv_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
     if not (ctx.int8_ops and _int8_qlinear_conv(ctx, node)):
         lower_qlinear_conv(ctx, node, opset)
+
+
+def _int8_qlinear_matmul(ctx: LoweringContext, node: Node) -> bool:
+    """QLinearMatMul of per-tensor 8-bit rows by a constant symmetric int8 [K, N] as QuantizedConv2D."""
+    x = _quantization(ctx, node.inputs[0], node.inputs[1], _input(node, 2))
+    b_shape = ctx.shape(node.inputs[3])
+    if x is None or len(b_shape) != 2 or len(ctx.shape(x.tensor)) < 2 or ctx.shape(x.tensor)[-1] != b_shape[0]:
+        return False
+    k, n = b_shape
+    weight = _symmetric_int8(ctx, node.inputs[3], node.inputs[4], _input(node, 5), n)
+    y_zp = _input(node, 7)
+    dtype = ctx.dtype(y_zp) if y_zp else np.dtype(np.uint8)
+    scale, zp = _scalar(ctx, node.inputs[6]), (np.zeros((), dtype) if y_zp is None else _scalar(ctx, y_zp))
+    if weight is None or scale is None or scale.dtype != np.float32 or scale <= 0 or zp is None \
+            or dtype not in (np.int8, np.uint8):
+        return False
+    out = _Quantization(node.outputs[0], np.float32(scale), int(zp), dtype)
+    x_shape = ctx.shape(x.tensor)
+    m = int(np.prod(x_shape[:-1], dtype=np.int64))
+    lo, hi = RANGES[dtype.name]
+    _emit(ctx, node, x, weight[0].T.reshape(n, k, 1, 1), weight[1], np.zeros(n, np.int32),
+          _Requantization((), node.outputs[0], out, lo, hi), _product_geometry(m, k, n), tuple(x_shape[:-1]) + (n,))
+    return True
+
+
+@lowers("QLinearMatMul")
+def lower_qlinear_matmul_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
+    if not (ctx.int8_ops and _int8_qlinear_matmul(ctx, node)):
+        lower_qlinear_matmul(ctx, node, opset)

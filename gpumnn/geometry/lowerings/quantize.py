@@ -455,8 +455,9 @@ def lower_qlinear_conv(ctx: LoweringContext, node: Node, opset: int) -> None:
     requantize(ctx, node, acc, multiplier, y_zp, node.outputs[0], out_dtype, qrange)
 
 
-@lowers("QLinearMatMul")
 def lower_qlinear_matmul(ctx: LoweringContext, node: Node, opset: int) -> None:
+    """The product of the shifted operands as a float MatMul, requantized (registered by
+    ``int8_products``, which first tries the int8 op)."""
     a_q, a_scale, a_zp = const_input(ctx, node, 0), node.inputs[1], const_input(ctx, node, 2)
     b_q, b_scale, b_zp = const_input(ctx, node, 3), node.inputs[4], const_input(ctx, node, 5)
     y_scale, y_zp = node.inputs[6], const_input(ctx, node, 7)
