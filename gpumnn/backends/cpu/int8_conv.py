@@ -1,20 +1,20 @@
 """The cpu backend's static int8 convolution: ``QuantizedConv2D`` (QNNPACK's operator, ONNX
 Runtime's fused QDQ Conv), on the register tiles of ``int8.py``.
 
-``im2col`` and ``gemm1x1``: per image (and group), each output pixel's window is packed into a row
-of bytes (packed im2col: padding holds x's zero point, so it adds nothing once the zero point's
-share ``zero * colsum`` is taken off), and the rows times the weight's panels run on the path's
-tile (``vpdpbusd`` on VNNI hosts). The tile multiplies unsigned bytes by signed ones, so int8
+``im2col`` and ``gemm1x1``: each parallel task packs the windows of MR output pixels into rows of
+bytes (packed im2col: padding holds x's zero point, so it adds nothing once the zero point's share
+``zero * colsum`` is taken off) and runs them by every panel of the weight on the path's tile
+(``vpdpbusd`` on VNNI hosts). The tile multiplies unsigned bytes by signed ones, so int8
 activations are read with their top bit flipped (``x ^ 0x80 = x + 128``, the zero point moved by
-128 with them), which changes no difference ``x - zero``. ``depthwise``: a loop per channel in
-int32 over each tap's valid columns, which LLVM vectorises. Both end in the requantizing
-epilogue of the contract: ``clip(rint(float32(acc) * multiplier) + zero, lo, hi)``.
+128 with them), which changes no difference ``x - zero``. ``depthwise``: per channel in int32, a
+vector loop per tap over a zero-padded flattened plane at stride 1, over each tap's valid columns
+of a phase-split plane otherwise. Both end in the requantizing epilogue of the contract:
+``clip(rint(float32(acc) * multiplier) + zero, lo, hi)``, a float multiplier as ONNX Runtime's.
 
 8-bit tensors are read and written through uint8 views, int8 ones' bytes included (a value's
 low byte is the same either way), so one compiled kernel serves every combination of types.
-QNNPACK's indirection buffer (pointers to each window's rows instead of packed bytes) was not
-built: packing copies each input byte KH*KW times, which at these sizes costs little beside the
-product (bench/RESULTS.md, "static int8 on the cpu").
+QNNPACK's indirection buffer (pointers to each window's pixels instead of packed bytes) is not
+built: it needs channels innermost (NHWC), where the contract's tensors are NCHW.
 """
 from __future__ import annotations
 
