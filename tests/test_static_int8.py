@@ -199,3 +199,22 @@ def test_qdq_zoo_model_runs_int8_on_the_cpu_and_float_elsewhere(backend, qdq_mod
     last = next(n for n in model.graph.node if n.output[0] == model.graph.output[0].name)
     step = float(constants[last.input[1]])
     assert np.abs(got - ref).max() <= MAX_STEPS[name] * step * 1.001
+
+
+@pytest.mark.parametrize("path", ["vnni512", "avx512bw", "avx2", "portable"])
+def test_every_tile_path_gives_the_contract(path):
+    """Each product path this host runs (the turned tile of 1x1 convolutions included) gives the
+    reference's bits; ``GPUMNN_INT8_PATH`` picks the same ones on another host."""
+    from gpumnn.backends.cpu import int8 as cpu_int8
+
+    if path not in cpu_int8.host_paths():
+        pytest.skip(f"this host runs {', '.join(cpu_int8.host_paths())}")
+    previous = cpu_int8.use_path(path)
+    try:
+        backend = CpuBackend(threads=1)
+        for geometry in (GEOMETRIES[0], GEOMETRIES[3], GEOMETRIES[-1]):
+            op, x, w, bias, multiplier, _ = _case(geometry, "int8", "uint8", seed=3)
+            np.testing.assert_array_equal(_run_kernel(backend, op, x, w, bias, multiplier),
+                                          int8_conv.quantized_conv_reference(op, x, w, bias, multiplier))
+    finally:
+        cpu_int8.use_path(previous)

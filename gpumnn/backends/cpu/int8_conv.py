@@ -144,6 +144,48 @@ def _conv_packed(x, planes, rows, panels, shifts, scales, out, geometry, flip, x
                             destination[r] = source[r]
 
 
+def _conv_pixels(x, weight_rows, panel, corrections, multiplier, out, flip, y_zero, lo, hi):
+    """A 1x1 convolution at stride 1 (``gemm1x1``) with the tile turned round: the weight is the
+    broadcast operand, rows of ``weight + 128`` as unsigned bytes ([OC padded to MR, K padded]),
+    and NR pixels of each input plane, as signed bytes ``xs = x - 128`` (the byte the tile reads
+    less 128), the vector operand (``panel``: one task's [1, steps, NR, step], a copy each), so that
+    a tile is MR channels by NR pixels and is stored as NCHW holds it. Its sum is
+    ``sum_k (w + 128) xs = sum_k w (x - zero) - (128 - zero) sum_k w + 128 sum_k xs``; the first
+    correction is a constant per channel (``corrections``, with the bias), the second a sum per
+    pixel taken while packing. x uint8 [N, C, H, W], out uint8 [N, OC, H*W]."""
+    images, channels, height, width = x.shape
+    pixels = height * width
+    out_channels = out.shape[1]
+    blocks = -(-pixels // NR)
+    step = panel.shape[3]
+    channel_tiles = -(-out_channels // MR)
+    for t in numba.prange(images * blocks):
+        n, block = t // blocks, t % blocks
+        p0 = block * NR
+        count = min(NR, pixels - p0)
+        local = panel.copy()  # zeros: the steps past K and the pixels past the plane stay 0
+        sums = np.zeros(NR, np.int32)
+        for c in range(channels):
+            plane = x[n, c].reshape(pixels)[p0:p0 + count]
+            s, i = c // step, c % step
+            for j in range(count):
+                value = np.int32(plane[j] ^ flip) - 128
+                local[0, s, j, i] = value
+                sums[j] += value
+        for j in range(NR):
+            sums[j] *= -128
+        acc = np.empty(MR * NR, np.int32)
+        for ct in range(channel_tiles):
+            oc0 = ct * MR
+            _tile(weight_rows, oc0, local, 0, acc)
+            for r in range(min(MR, out_channels - oc0)):
+                oc = oc0 + r
+                correction, m = corrections[oc], multiplier[oc]
+                row, tile = out[n, oc, p0:p0 + count], acc[r * NR:r * NR + count]
+                for j in range(count):
+                    row[j] = _requantized(tile[j] + sums[j] + correction, m, y_zero, lo, hi)
+
+
 def _depthwise_flat(x, weight, bias, multiplier, out, geometry, zero, flip_byte, y_zero, lo, hi, tasks):
     """The depthwise kernel at stride 1: each channel's plane widened into a zero-padded plane of
     ``OW + (KW-1) DW`` columns, so that every tap is one loop over the whole flattened plane (the
@@ -346,6 +388,8 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
             kernel(x, weight, bias, multiplier, out, geometry, flip, *arguments)
         return KernelWork((run_depthwise,), f"int8 depthwise{' region' if parallel else ''}")
     pairs = cpu_int8._TILES[path][1]
+    if op.scheme == "gemm1x1" and op.groups == 1 and x.flags.c_contiguous:
+        return _pixels_work(op, x, out, weight, bias, multiplier, flip, path, pairs, parallel, made_once, ins[1])
     panels, colsum = made_once(ins[1], "int16 pair conv panels" if pairs else "int8 conv panels",
                                lambda: pack_conv_weight(weight, op.groups, pairs))
     shifts, scales = epilogue_columns(op, panels.shape[1] * NR, colsum, bias, multiplier, flip)
@@ -361,3 +405,30 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
     def run() -> None:
         kernel(x, planes, rows, panels, shifts, scales, out, geometry, flip, *arguments)
     return KernelWork((run,), f"int8 {op.scheme} {cpu_int8.PATH_NAMES[path]}{' region' if parallel else ''}")
+
+
+def pack_weight_rows(weight: np.ndarray, pairs: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A 1x1 convolution's int8 weight [OC, C, 1, 1] as the turned tile's broadcast rows,
+    ``weight + 128`` ([OC padded to MR, C padded to 4]: uint8, or int16 for the pair paths; zeros
+    in the padding), and its row sums int32 [OC]."""
+    oc, c = weight.shape[:2]
+    rows = np.zeros((-(-oc // MR) * MR, -(-c // cpu_int8.STEP) * cpu_int8.STEP), np.int16 if pairs else np.uint8)
+    rows[:oc, :c] = weight.reshape(oc, c).astype(np.int16) + 128
+    return rows, weight.reshape(oc, c).sum(axis=1, dtype=np.int32)
+
+
+def _pixels_work(op, x, out, weight, bias, multiplier, flip, path, pairs, parallel, made_once, weight_handle):
+    """The execution of a 1x1 convolution at stride 1 by ``_conv_pixels``."""
+    rows, row_sums = made_once(weight_handle, "int16 pair pixel rows" if pairs else "int8 pixel rows",
+                               lambda: pack_weight_rows(weight, pairs))
+    zero = op.x_zero_point + flip  # the byte the tile reads for x's zero point
+    corrections = (bias.astype(np.int64) - (zero - 128) * row_sums.astype(np.int64)).astype(np.int32)
+    step = 2 if pairs else cpu_int8.STEP
+    panel = np.zeros((1, rows.shape[1] // step, NR, step), np.int16 if pairs else np.int8)
+    arguments = (op.y_zero_point, op.lo, op.hi)
+    kernel = cpu_jit.bind(_kernel(_conv_pixels, path, parallel), x, rows, panel, corrections, multiplier, out, flip,
+                          *arguments)
+
+    def run() -> None:
+        kernel(x, rows, panel, corrections, multiplier, out, flip, *arguments)
+    return KernelWork((run,), f"int8 gemm1x1 pixels {cpu_int8.PATH_NAMES[path]}{' region' if parallel else ''}")
