@@ -25,6 +25,7 @@ GEOMETRIES = [
     ("3x3 stride 2", 24, (12, 9), 33, 3, 2, 1, 1, 1, 2),
     ("7x7 few channels", 3, (20, 20), 16, 7, 2, 3, 1, 1, 1),
     ("1x1", 40, (6, 7), 24, 1, 1, 0, 1, 1, 1),
+    ("1x1 widening", 12, (8, 9), 40, 1, 1, 0, 1, 1, 2),
     ("1x1 stride 2", 16, (9, 9), 8, 1, 2, 0, 1, 1, 1),
     ("dilated", 17, (10, 10), 12, 3, 1, 2, 2, 1, 1),
     ("grouped", 32, (8, 8), 48, 3, 1, 1, 1, 4, 1),
@@ -203,7 +204,7 @@ def test_qdq_zoo_model_runs_int8_on_the_cpu_and_float_elsewhere(backend, qdq_mod
 
 @pytest.mark.parametrize("path", ["vnni512", "avx512bw", "avx2", "portable"])
 def test_every_tile_path_gives_the_contract(path):
-    """Each product path this host runs (the turned tile of 1x1 convolutions included) gives the
+    """Each product path this host runs (the turned tile of widening 1x1 convolutions included) gives the
     reference's bits; ``GPUMNN_INT8_PATH`` picks the same ones on another host."""
     from gpumnn.backends.cpu import int8 as cpu_int8
 
@@ -212,7 +213,7 @@ def test_every_tile_path_gives_the_contract(path):
     previous = cpu_int8.use_path(path)
     try:
         backend = CpuBackend(threads=1)
-        for geometry in (GEOMETRIES[0], GEOMETRIES[3], GEOMETRIES[-1]):
+        for geometry in (GEOMETRIES[0], GEOMETRIES[3], GEOMETRIES[4], GEOMETRIES[-1]):
             op, x, w, bias, multiplier, _ = _case(geometry, "int8", "uint8", seed=3)
             np.testing.assert_array_equal(_run_kernel(backend, op, x, w, bias, multiplier),
                                           int8_conv.quantized_conv_reference(op, x, w, bias, multiplier))

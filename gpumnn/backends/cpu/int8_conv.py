@@ -8,8 +8,8 @@ colsum`` is taken off) and runs them by every panel of the weight on the path's 
 activations are read with their top bit flipped (``x ^ 0x80 = x + 128``, the zero point moved by
 128 with them), which changes no difference ``x - zero``. ``gemm1x1`` (a direct product): the tile
 turned round, the weight's rows broadcast and NR pixels of each NCHW plane the vector operand, so
-that a tile's result is stored as NCHW holds it (``_conv_pixels``); a product's rows (1x1 planes)
-go the im2col way. ``depthwise``: per channel in int32, a
+that a tile's result is stored as NCHW holds it (``_conv_pixels``), where the output has at least
+as many channels as the input; others, and a product's rows (1x1 planes), go the im2col way. ``depthwise``: per channel in int32, a
 vector loop per tap over a zero-padded flattened plane at stride 1, over each tap's valid columns
 of a phase-split plane otherwise. Both end in the requantizing epilogue of the contract:
 ``clip(rint(float32(acc) * multiplier) + zero, lo, hi)``, a float multiplier as ONNX Runtime's.
@@ -391,8 +391,11 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
             kernel(x, weight, bias, multiplier, out, geometry, flip, *arguments)
         return KernelWork((run_depthwise,), f"int8 depthwise{' region' if parallel else ''}")
     pairs = cpu_int8._TILES[path][1]
-    # planes of at least NR pixels fill the turned tile's vectors; a product's rows go to the rows' tile
-    if op.scheme == "gemm1x1" and op.groups == 1 and x.flags.c_contiguous and op.out_hw[0] * op.out_hw[1] >= NR:
+    # the turned tile where planes of at least NR pixels fill its vectors and the output has at least
+    # as many channels as the input: it packs every input byte once per block of pixels, the rows'
+    # tile stores every output byte transposed, so each takes the side with fewer bytes
+    if op.scheme == "gemm1x1" and op.groups == 1 and x.flags.c_contiguous and op.out_hw[0] * op.out_hw[1] >= NR \
+            and op.out_channels >= op.in_channels:
         return _pixels_work(op, x, out, weight, bias, multiplier, flip, path, pairs, parallel, made_once, ins[1])
     panels, colsum = made_once(ins[1], "int16 pair conv panels" if pairs else "int8 conv panels",
                                lambda: pack_conv_weight(weight, op.groups, pairs))
