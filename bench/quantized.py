@@ -3,10 +3,14 @@
     python bench/quantized.py                                  # every model, every backend here
     python bench/quantized.py --models squeezenet1_1/qdq_s8 --backends cpu --repeats 3
     python bench/quantized.py --profile                        # and where a cpu run spends its time
+    python bench/quantized.py --models resnet18/qdq_s8_folded mobilenet_v2/qdq_s8_folded --backends cpu \
+        --repeats 7 --runs 10 --own-float                      # static int8 on the cpu (issue 30)
 
 The models are made here from zoo models by ``onnxruntime.quantization`` (cached under the temp
 dir, ``--cache``): ``quantize_static`` in QDQ form with int8 activations and per-channel weights
-(``qdq_s8``) or uint8 activations and per-tensor weights (``qdq_u8``), in QOperator form
+(``qdq_s8``; ``qdq_s8_folded`` after ONNX Runtime's pre-processing folds BatchNormalization into the
+convolutions, the form its int8 kernels take whole) or uint8 activations and per-tensor weights
+(``qdq_u8``), in QOperator form
 (``qoperator``), ``quantize_dynamic`` (``dynamic``), ``MatMulNBitsQuantizer``'s int4 MatMulNBits
 in blocks of 32 (``int4``), and a float16 model with float16 inputs, weights, intermediates and
 output (``float16``, by ``gpumnn.zoo.with_float16``: as ONNX Runtime's CPU kernels run it, each
@@ -87,6 +91,18 @@ def _static(fmt: str, activations: str, per_channel: bool) -> Callable[[Path, Pa
     return make
 
 
+def _folded_static(source: Path, target: Path) -> None:
+    """ONNX Runtime's pre-processing first (``quant_pre_process``: BatchNormalization folded into the
+    convolutions, as an exported inference model has it), then ``quantize_static`` in QDQ form with
+    int8 activations and per-channel int8 weights: the model ONNX Runtime's documentation asks for."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    folded = target.with_suffix(".folded.onnx")
+    quant_pre_process(str(source), str(folded), skip_symbolic_shape=True)
+    _static("QDQ", "QInt8", True)(folded, target)
+    folded.unlink()
+
+
 def _dynamic(source: Path, target: Path) -> None:
     from onnxruntime.quantization import quantize_dynamic
 
@@ -109,6 +125,8 @@ def _float16(source: Path, target: Path) -> None:
 #: the ways of making a quantized (or float16) model from a float one: (label, maker)
 FORMS: dict[str, tuple[str, Callable[[Path, Path], None]]] = {
     "qdq_s8": ("QDQ, int8 activations, per-channel int8 weights", _static("QDQ", "QInt8", True)),
+    "qdq_s8_folded": ("BatchNormalization folded (quant_pre_process), then QDQ, int8 activations, per-channel int8 "
+                      "weights", _folded_static),
     "qdq_u8": ("QDQ, uint8 activations, per-tensor int8 weights", _static("QDQ", "QUInt8", False)),
     "qoperator": ("QOperator, uint8 activations, per-channel int8 weights", _static("QOperator", "QUInt8", True)),
     "dynamic": ("quantize_dynamic (int8 weights, uint8 activations at run time)", _dynamic),
@@ -167,11 +185,12 @@ class Row:
         runs = self.samples.get(series)
         return Spread.of([statistics.mean(r) for r in runs]) if runs else None
 
-    def ratio(self) -> Spread | None:
-        if not self.samples.get("gpumnn") or not self.samples.get("onnxruntime"):
+    def ratio(self, over: str = "onnxruntime", series: str = "gpumnn") -> Spread | None:
+        """The median (min-max) of the per-repeat ratios ``series`` / ``over`` of mean run times."""
+        if not self.samples.get(series) or not self.samples.get(over):
             return None
         return Spread.of([statistics.mean(a) / statistics.mean(b)
-                          for a, b in zip(self.samples["gpumnn"], self.samples["onnxruntime"])])
+                          for a, b in zip(self.samples[series], self.samples[over])])
 
 
 def initializer_bytes(model: onnx.ModelProto) -> int:
@@ -228,9 +247,29 @@ def _float_figures(path: Path, backend: str, threads: int, known: dict) -> tuple
     return known[key]
 
 
+def _float_path_session(model: onnx.ModelProto, backend: str, threads: int, feed):
+    """A session of the quantized ``model`` lowered in float, as before static int8 (issue 30) and
+    as the GPU APIs run it: its shape set prepared while the scheme backend is said to lack
+    QuantizedConv2D."""
+    from gpumnn.runtime import shape_set
+
+    decide = shape_set.lowers_static_int8
+    shape_set.lowers_static_int8 = lambda backend: False
+    try:
+        session = gpumnn.load(model).session(backend=backend, threads=threads)
+        session.run(feed)
+    finally:
+        shape_set.lowers_static_int8 = decide
+    assert not any(type(op).__name__ == "QuantizedConv2D" for op in session.program.ops)
+    return session
+
+
 def measure(case: Case, backends: list[str], threads: int, runs: int, warmup: int, repeats: int, pause: float,
-            float_known: dict | None = None, on_step: Callable[[str], None] = lambda _: None) -> list[Row]:
-    """One row per backend for ``case``; a backend that fails gets a row with the error as its note."""
+            float_known: dict | None = None, on_step: Callable[[str], None] = lambda _: None,
+            own_float: bool = False, clock: Callable[[], float] = time.perf_counter) -> list[Row]:
+    """One row per backend for ``case``; a backend that fails gets a row with the error as its note.
+    ``own_float``: gpumnn on the float model and on the quantized model lowered in float join the
+    alternation (series "gpumnn fp32", "gpumnn float path"). ``clock``: what a run's time is read from."""
     float_known = {} if float_known is None else float_known
     model = onnx.load(case.quantized_path)
     model_bytes = model.SerializeToString()
@@ -245,7 +284,7 @@ def measure(case: Case, backends: list[str], threads: int, runs: int, warmup: in
         row = Row(case.name, backend, file_bytes=file_bytes, ort_fused_vs_unfused=rel_l2(fused, unfused))
         rows.append(row)
         on_step(f"{case.name} on {backend}")
-        session = None
+        session = float_session = float_path_session = None
         try:
             start = time.perf_counter()
             session = gpumnn.load(model).session(backend=backend, threads=threads)
@@ -260,13 +299,20 @@ def measure(case: Case, backends: list[str], threads: int, runs: int, warmup: in
             fallbacks = sorted({r["fallback"] for r in session.report_rows() if r["fallback"]})
             if fallbacks:
                 row.note = "cpu fallback: " + "; ".join(fallbacks)[:100]
-            row.samples = alternate({"gpumnn": lambda: session.run(feed), "onnxruntime": lambda: fused_session.run(None, feed)},
-                                    repeats, runs, warmup, pause=pause)
+            series = {"gpumnn": lambda: session.run(feed), "onnxruntime": lambda: fused_session.run(None, feed)}
+            if own_float:  # gpumnn on the float model beside the quantized one, and the quantized one lowered in float
+                float_session = gpumnn.load(onnx.load(case.float_path)).session(backend=backend, threads=threads)
+                float_feed = feed_of(onnx.load(case.float_path))
+                series["gpumnn fp32"] = lambda: float_session.run(float_feed)
+                float_path_session = _float_path_session(model, backend, threads, feed)
+                series["gpumnn float path"] = lambda: float_path_session.run(feed)
+            row.samples = alternate(series, repeats, runs, warmup, pause=pause, clock=clock)
         except Exception as exc:  # one failing backend must not hide the others' figures
             row.note = f"failed: {type(exc).__name__}: {exc}"[:160]
         finally:
-            if session is not None:
-                session.close()
+            for opened in (session, float_session, float_path_session):
+                if opened is not None:
+                    opened.close()
     return rows
 
 
@@ -320,7 +366,19 @@ def format_table(rows: list[Row], threads: int, runs: int, warmup: int, repeats:
                 f"against ONNX Runtime unfused (ORT_DISABLE_ALL) and fused (default); steps: the largest difference from ORT unfused "
                 f"in quantization steps of the output; ORT fused err: ONNX Runtime's fused path against its unfused one; file/device MiB and ops: float "
                 f"model -> quantized model")
-    return "\n".join([protocol, header, "-" * len(header)] + [line(c, r.note) for c, r in zip(cells, rows)])
+    lines = [protocol, header, "-" * len(header)] + [line(c, r.note) for c, r in zip(cells, rows)]
+    own = [r for r in rows if r.samples.get("gpumnn fp32")]
+    if own:
+        lines += ["", "gpumnn in the same alternation: the quantized model (int8 where the backend has the kernels), "
+                      "the float model (fp32), the quantized model lowered in float (float path, as before issue 30); "
+                      "ms medians (min-max) and the medians of per-repeat ratios (min-max)",
+                  f"{'model':<28} {'backend':<7} {'quantized ms':>22} {'fp32 ms':>22} {'float path ms':>22} "
+                  f"{'fp32/quantized':>18} {'float path/quantized':>22}"]
+        lines += [f"{r.model:<28} {r.backend:<7} {_fmt(r.cell('gpumnn'), '.1f'):>22} {_fmt(r.cell('gpumnn fp32'), '.1f'):>22}"
+                  f" {_fmt(r.cell('gpumnn float path'), '.1f'):>22}"
+                  f" {_fmt(r.ratio(over='gpumnn', series='gpumnn fp32'), '.2f'):>18}"
+                  f" {_fmt(r.ratio(over='gpumnn', series='gpumnn float path'), '.2f'):>22}" for r in own]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -332,6 +390,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "gpumnn-bench-quantized",
                         help="where the quantized models are kept between runs")
     parser.add_argument("--profile", action="store_true", help="per model, where a recorded cpu run spends its time")
+    parser.add_argument("--own-float", action="store_true",
+                        help="time gpumnn on each float model too, in the same alternation (int8 against our own fp32)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time runs by the process's CPU time (time.process_time), which other jobs on the machine "
+                             "do not move; fair between engines only on one thread (a pool's spinning threads count)")
     add_protocol_arguments(parser)
     parser.set_defaults(repeats=3)
     args = parser.parse_args(argv)
@@ -340,7 +403,8 @@ def main(argv: list[str] | None = None) -> None:
     cases = [make_case(name, args.cache) for name in args.models]
     for case in cases:
         rows += measure(case, backends, args.threads, args.runs, args.warmup, args.repeats, args.pause, float_known,
-                        on_step=lambda label: print(f"... {label}", file=sys.stderr, flush=True))
+                        on_step=lambda label: print(f"... {label}", file=sys.stderr, flush=True), own_float=args.own_float,
+                        clock=time.process_time if args.cpu_time else time.perf_counter)
     print(format_table(rows, args.threads, args.runs, args.warmup, args.repeats))
     for name, reason in skipped.items():
         print(f"{name}: not run ({reason})")

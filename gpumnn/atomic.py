@@ -48,8 +48,9 @@ NARROW_DTYPES: frozenset[str] = frozenset({FLOAT16, INT8, UINT8})
 #: bytes an element of each storage dtype
 ITEMSIZE: dict[str, int] = {FLOAT32: 4, INT32: 4, FLOAT16: 2, INT8: 1, UINT8: 1}
 #: the atomic ops defined on the narrow storage dtypes (Unary as ``identity`` only, Scatter with
-#: reduction ``none`` only): they move elements without arithmetic. The one computing op that reads
-#: a narrow dtype is a ``prequantized`` QuantizedMatMul (uint8, its own integer arithmetic)
+#: reduction ``none`` only): they move elements without arithmetic. The computing ops that read
+#: a narrow dtype are a ``prequantized`` QuantizedMatMul (uint8) and QuantizedConv2D (uint8 and
+#: int8 in and out), each with its own integer arithmetic
 NARROW_OPS: tuple[str, ...] = ("raster", "gather", "select", "scatter", "unary")
 #: the computing ops also defined on float16 storage (``precision="fp16"``,
 #: ``gpumnn.scheduler.precision``): every float operand and the result are float16, the arithmetic
@@ -400,6 +401,44 @@ class Conv2D(ConvGeometry):
 
 
 @dataclass(frozen=True)
+class QuantizedConv2D(ConvGeometry):
+    """Static int8 convolution (ONNX Runtime's fused QDQ Conv and QLinearConv, QNNPACK's operator):
+    8-bit NCHW in, 8-bit NCHW out, an int32 sum and a requantizing epilogue.
+
+    Inputs: x ``[N, C, H, W]`` uint8 or int8 (``dtype``); weight int8 ``[OC, C/groups, KH, KW]``
+    (symmetric: no zero point); bias int32 ``[OC]``; multiplier float32 ``[OC]`` (x_scale *
+    w_scale[oc] / y_scale, per output channel or the same for all)::
+
+        acc[n, oc, p] = bias[oc] + sum over the window of (x - x_zero_point) * weight   (int32;
+                        padding adds nothing, as if it held x_zero_point)
+        out[n, oc, p] = clip(rint(float32(acc) * multiplier[oc]) + y_zero_point, lo, hi)
+
+    in float32, ``rint`` rounding half to even; ``out`` is ``out_dtype`` (uint8 or int8) and
+    ``[lo, hi]`` its range, narrowed where a Relu or Clip before the output's QuantizeLinear is fused.
+    A Gemm or MatMul of M rows by a constant weight is this op with a 1x1 kernel on 1x1 planes
+    (batch M, C = K, OC = N). Lowering makes it only where the backend that decides schemes builds
+    it (``gpumnn.scheduler.precision.lowers_static_int8``). ``has_bias`` and ``activation`` are
+    unused: the bias is always an input and the clamp is ``[lo, hi]``. ``scheme`` (``im2col``,
+    ``gemm1x1``, ``depthwise``) is chosen by scheme selection from the geometry.
+    """
+
+    kind: ClassVar[str] = "quantized_conv2d"
+    scheme: str = "im2col"
+    x_zero_point: int = 0
+    y_zero_point: int = 0
+    out_dtype: str = UINT8
+    lo: int = 0
+    hi: int = 255
+
+    def output_dtype(self) -> str:
+        return self.out_dtype
+
+    def macs(self) -> int:
+        return (self.batch * self.out_channels * self.out_hw[0] * self.out_hw[1]
+                * (self.in_channels // self.groups) * self.kernel[0] * self.kernel[1])
+
+
+@dataclass(frozen=True)
 class ConvTranspose2D(ConvGeometry):
     """NCHW transposed convolution; weight ``[C, OC/groups, KH, KW]`` (ONNX layout).
 
@@ -678,8 +717,8 @@ def recurrent_cell_violation(op: RecurrentCell) -> str | None:
 
 
 ALL_OPS: tuple[type[AtomicOp], ...] = (
-    Raster, Unary, Binary, Reduce, MatMul, QuantizedMatMul, Conv2D, ConvTranspose2D, Pool2D, Softmax, Normalize,
-    Resize, Gather, Select, CumSum, TopK, Scatter, RecurrentCell,
+    Raster, Unary, Binary, Reduce, MatMul, QuantizedMatMul, Conv2D, QuantizedConv2D, ConvTranspose2D, Pool2D, Softmax,
+    Normalize, Resize, Gather, Select, CumSum, TopK, Scatter, RecurrentCell,
 )
 
 

@@ -412,6 +412,29 @@ def _prequantized_matmul(rng, *, m, n, k, bias=False) -> Case:
     return Case(op, inputs, {"y": (m, n)}, {"w", "w_scale"})
 
 
+def _quantized_conv2d(rng, *, c, hw, oc, k, stride=1, pad=0, groups=1, x_dtype=np.int8, out_dtype="int8") -> Case:
+    """A static int8 convolution (a QDQ model's Conv on the cpu); the scheme from its geometry."""
+    from gpumnn.scheduler.schemes import conv_scheme
+
+    info = np.iinfo(x_dtype)
+    inputs = {"x": rng.integers(info.min, info.max + 1, (1, c) + hw).astype(x_dtype),
+              "w": rng.integers(-127, 128, (oc, c // groups, k, k)).astype(np.int8),
+              "bias": rng.integers(-2000, 2000, oc).astype(np.int32),
+              "multiplier": (rng.random(oc) / 2000 + 1e-4).astype(np.float32)}
+    out_hw = tuple((hw[i] + 2 * pad - k) // stride + 1 for i in range(2))
+    out_info = np.iinfo(out_dtype)
+    op = A.QuantizedConv2D(tuple(inputs), ("y",), "quantized_conv2d", batch=1, in_channels=c, in_hw=hw, out_channels=oc,
+                           out_hw=out_hw, kernel=(k, k), strides=(stride, stride), pads=(pad, pad), groups=groups,
+                           x_zero_point=int(info.min) + 7, y_zero_point=int(out_info.min) + 9, out_dtype=out_dtype,
+                           lo=int(out_info.min) + 9, hi=int(out_info.max), dtype=np.dtype(x_dtype).name)
+    op = dataclasses.replace(op, scheme=conv_scheme(op))
+    return Case(op, inputs, {"y": (1, oc) + out_hw}, {"w", "bias", "multiplier"})
+
+
+CASES["quantized_conv2d-im2col"] = lambda rng: _quantized_conv2d(rng, c=18, hw=(9, 10), oc=35, k=3, stride=2, pad=1)
+CASES["quantized_conv2d-gemm1x1-uint8"] = lambda rng: _quantized_conv2d(rng, c=20, hw=(5, 6), oc=9, k=1, x_dtype=np.uint8,
+                                                                        out_dtype="uint8")
+CASES["quantized_conv2d-depthwise"] = lambda rng: _quantized_conv2d(rng, c=12, hw=(8, 7), oc=12, k=3, pad=1, groups=12)
 CASES["quantized_matmul-prequantized"] = lambda rng: _prequantized_matmul(rng, m=11, n=37, k=29)
 CASES["quantized_matmul-prequantized-bias"] = lambda rng: _prequantized_matmul(rng, m=1, n=5, k=66, bias=True)
 CASES["quantized_matmul-vector"] = lambda rng: _quantized_matmul(rng, m=1, n=33, k=7)
@@ -827,8 +850,8 @@ def test_case_table_covers_every_atomic_op():
 #: Cases a GPU backend's kernels do not run yet: the backend must refuse them (so sessions place
 #: them on the CPU), and a case that starts to run is taken off (strict). TopK stays on the CPU by
 #: design (a selection per row is serial work a GPU kernel does not pay for at these sizes).
-#: QuantizedMatMul's int8 products have a kernel on the cpu only so far (issue 30).
-CPU_ONLY = {name for name in CASES if name.startswith(("topk-", "quantized_matmul-"))}
+#: QuantizedMatMul's and QuantizedConv2D's int8 products have a kernel on the cpu only so far (issue 30).
+CPU_ONLY = {name for name in CASES if name.startswith(("topk-", "quantized_matmul-", "quantized_conv2d-"))}
 _INT_AND_NEW = {name for name in CASES if any(name.startswith(p) for p in (
     "unary-int32-", "cast-", "binary-int32-", "reduce-int32-", "reduce-arg", "select-", "cumsum-", "scatter-",
     "raster-int32-", "unary-not", "unary-nonzero"))} | {f"binary-{b}-bcast" for b in A.BOOL_BINARY_OPS}

@@ -65,6 +65,7 @@ DEFAULT_SUBMIT_TIMEOUT = 120.0
 GENERAL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: frozenset({"im2col"}), A.MatMul: frozenset({"gemm"})}
 #: ... plus the depthwise and 1x1-as-GEMM convolution kernels, which every backend here has.
 KERNEL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: frozenset({"depthwise", "gemm1x1", "im2col"}),
+                                                 A.QuantizedConv2D: frozenset({"depthwise", "gemm1x1", "im2col"}),
                                                  A.MatMul: frozenset({"gemm"})}
 
 #: Schemes that name a kernel specialised for part of a general scheme's work: a backend without
@@ -231,6 +232,10 @@ def contract_violation(op: AtomicOp) -> str | None:
     narrow = {op.dtype, op.output_dtype()} & A.NARROW_DTYPES
     if isinstance(op, A.QuantizedMatMul) and op.prequantized and op.dtype == A.UINT8 or A.computes_on_float16(op):
         narrow = set()  # its uint8 x is defined (see A.NARROW_OPS), as is float16 storage of these (A.FLOAT16_COMPUTE_OPS)
+    if isinstance(op, A.QuantizedConv2D):
+        if op.dtype not in (A.UINT8, A.INT8) or op.out_dtype not in (A.UINT8, A.INT8):
+            return f"QuantizedConv2D reads and writes uint8 or int8, not {op.dtype} -> {op.out_dtype}"
+        narrow = set()
     if narrow and (op.kind not in A.NARROW_OPS or isinstance(op, A.Unary) and op.op != "identity"
                    or isinstance(op, A.Scatter) and op.reduction != "none" or getattr(op, "activation", None)):
         return f"{type(op).__name__}{' ' + op.op if isinstance(op, A.Unary) else ''} is not defined on " \

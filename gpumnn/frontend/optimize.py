@@ -20,6 +20,9 @@ from ..geometry.emit import unary_spec
 from ..ir import Graph, Node, node_reads, subgraphs
 
 ACTIVATION_HOSTS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "Mul", "BatchNormalization")
+#: the ops whose constant weights (and bias) a DequantizeLinear left unfolded at load, so that the lowering
+#: of a QDQ model can run them on the int8 weights themselves (``geometry.lowerings.quantize``)
+INT8_PRODUCTS = ("Conv", "Gemm", "MatMul")
 
 
 def optimize(graph: Graph) -> dict[str, int]:
@@ -79,8 +82,12 @@ def fold_constants(graph: Graph) -> int:
     constants, turning its outputs into initializers."""
     folded = 0
     kept: list[Node] = []
+    products = {name for node in graph.nodes if node.op_type in INT8_PRODUCTS for name in node.inputs[1:]}
     for node in graph.nodes:
         reads = node_reads(node)
+        if node.op_type == "DequantizeLinear" and node.outputs[0] in products:
+            kept.append(node)  # an int8 product's weight or bias: folded by each lowering, which may read its integers
+            continue
         if reads and all(n in graph.initializers for n in reads):
             ctx = LoweringContext()
             for name in reads:

@@ -26,16 +26,18 @@ __all__ = ["lower", "lower_into", "supported_ops", "LoweringContext", "Value"]
 
 
 def lower(graph: Graph, input_shapes: Mapping[str, Sequence[int]],
-          values: Mapping[str, np.ndarray] | None = None) -> A.AtomicProgram:
+          values: Mapping[str, np.ndarray] | None = None, int8_ops: bool = False) -> A.AtomicProgram:
     """Shape inference + lowering + Raster fusion for one set of concrete input shapes.
 
-    ``values``: graph inputs known now (those that decide shapes); they become constants."""
+    ``values``: graph inputs known now (those that decide shapes); they become constants.
+    ``int8_ops``: QDQ convolutions and products become QuantizedConv2D (``lowerings.int8_products``)."""
     if values:
         dtypes = {v.name: v.dtype for v in graph.inputs}
         graph = graph.copy()
         graph.inputs = [v for v in graph.inputs if v.name not in values]
         graph.initializers.update({n: np.asarray(a, dtype=dtypes[n], order="C") for n, a in values.items()})
     ctx = LoweringContext()
+    ctx.int8_ops = int8_ops
     for name, array in graph.initializers.items():
         ctx.set_const(name, array)
     for info in graph.inputs:
@@ -119,6 +121,8 @@ def _finalize(ctx: LoweringContext, graph: Graph) -> A.AtomicProgram:
                                   regions=regions, fill=(op.fill if op.fill is not None else 0.0) if fill_needed else None,
                                   dtype=A.storage_dtype(ctx.values[op.output].dtype)))
 
+    if ctx.int8_fused:  # the float values of an int8 op's input that nothing else reads
+        final_ops = _drop_unread(final_ops, storage, graph.output_names)
     final_ops = remove_round_trips(final_ops, ctx, graph.input_names, graph.output_names)
     used = {n for op in final_ops for n in op.inputs + op.outputs} | set(graph.output_names) | set(graph.input_names)
     for name in list(used):  # keep whole alias chains, so storage_of() resolves every view
@@ -136,3 +140,15 @@ def _finalize(ctx: LoweringContext, graph: Graph) -> A.AtomicProgram:
     dtypes.update({n: np.asarray(a).dtype for n, a in folded.items()})  # returned as folded when undeclared
     return A.AtomicProgram(final_ops, shapes, constants, graph.input_names, graph.output_names, aliases, folded,
                            dtypes=dtypes, exact_integer_sources=frozenset(ctx.exact_integer_sources))
+
+
+def _drop_unread(ops: list[A.AtomicOp], storage, outputs) -> list[A.AtomicOp]:
+    """``ops`` without those whose outputs no later op and no graph output reads (``storage``
+    resolves a name to the tensor that holds it)."""
+    needed = {storage(n) for n in outputs}
+    kept = []
+    for op in reversed(ops):
+        if any(storage(n) in needed for n in op.outputs):
+            kept.append(op)
+            needed.update(storage(n) for n in op.inputs)
+    return kept[::-1]

@@ -1,4 +1,5 @@
-"""The session's ``precision``: the one place that knows the precisions and what each changes.
+"""The session's ``precision``: the one place that knows the precisions and what each changes,
+and that decides where a statically quantized model computes in int8 (``lowers_static_int8``).
 
 ``fp32`` (the default) changes nothing: float32 arithmetic everywhere, no TF32 in any kernel.
 
@@ -51,6 +52,14 @@ KERNEL_PRECISIONS: dict[str, dict[str, dict[str, Any]]] = {"tf32": {"cuda": {"tf
 TOLERANCES: dict[str, float] = {"tf32": 1e-2}
 #: the widest value of int8 weights (symmetric: -128 is never used)
 INT8_MAX = 127
+
+
+def lowers_static_int8(backend) -> bool:
+    """Whether a statically quantized model's convolutions and products (QDQ, QLinearConv) are
+    lowered to int8 ``QuantizedConv2D`` ops for ``backend``, the session's scheme backend: where it
+    builds them. Elsewhere (the GPU APIs) they run in float as before, on that backend, never
+    moved to the cpu for it. Independent of ``precision``: the model itself is quantized."""
+    return A.QuantizedConv2D in getattr(backend, "kernel_table", {})
 
 
 def check_precision(precision: str) -> str:

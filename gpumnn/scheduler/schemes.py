@@ -98,8 +98,9 @@ def is_pointwise(op: A.Conv2D) -> bool:
     return op.kernel == (1, 1) and op.strides == (1, 1) and op.pads == (0, 0) and op.in_hw == op.out_hw
 
 
-def conv_scheme(op: A.Conv2D) -> str:
-    """The scheme from the geometry alone (no Winograd): for ops made outside a session."""
+def conv_scheme(op: A.ConvGeometry) -> str:
+    """The scheme from the geometry alone (no Winograd): for ops made outside a session, and every
+    QuantizedConv2D."""
     if is_depthwise(op):
         return "depthwise"
     if is_pointwise(op):
@@ -332,6 +333,8 @@ def select_schemes(program: A.AtomicProgram, backend: Any = None) -> A.AtomicPro
             scheme, tile, detail = _choose(op, candidates, backend, forced="conv" in forced)
             op = dataclasses.replace(op, scheme=scheme, winograd_tile=tile)
             decisions.append(Decision(op.source, _conv_kind(op), scheme, detail))
+        elif isinstance(op, A.QuantizedConv2D):  # one kernel per geometry: depthwise, 1x1 as a product, im2col
+            op = dataclasses.replace(op, scheme=conv_scheme(op))
         elif isinstance(op, A.MatMul):
             candidates = matmul_candidates(op, program.constants)
             if "strassen" in forced:

@@ -101,18 +101,10 @@ def _check_bias(ctx: LoweringContext, node: Node, inputs: list[str], channels: i
                          f"{channels} output channels")
 
 
-@lowers("Conv")
-def lower_conv(ctx: LoweringContext, node: Node, opset: int) -> None:
-    w_name = node.inputs[1]
-    w_shape = ctx.shape(w_name)
-    if len(w_shape) != len(ctx.shape(node.inputs[0])):
-        raise ModelError(f"node {node.name!r} (Conv): weights of shape {list(w_shape)} do not fit an input of shape "
-                         f"{list(ctx.shape(node.inputs[0]))} (their ranks differ)")
-    x, x_shape, is1d = _spatial_view(ctx, node, node.inputs[0])
-    if is1d:
-        w4 = ctx.temp(node, "w2d")
-        ctx.alias(w4, w_name, (w_shape[0], w_shape[1], 1, w_shape[2]))
-        w_name, w_shape = w4, ctx.shape(w4)
+def conv2d_geometry(node: Node, x_shape, w_shape, is1d: bool = False) -> dict:
+    """The ``ConvGeometry`` fields of a Conv node on a 4D input ``x_shape`` with weights of the 4D
+    ``w_shape`` (a 1D convolution seen as 2D with ``is1d``), checked; ModelError or
+    UnsupportedOpError where they do not fit."""
     n, c, h, w = x_shape
     groups = int(node.attr("group", 1))
     if groups < 1 or w_shape[0] % groups:
@@ -123,19 +115,35 @@ def lower_conv(ctx: LoweringContext, node: Node, opset: int) -> None:
     declared = node.attr("kernel_shape")
     if declared is not None and list(declared) != list(kernel[-len(declared):] if is1d else kernel):
         raise ModelError(f"node {node.name!r} (Conv): kernel_shape {list(declared)} disagrees with the weights "
-                         f"{list(ctx.shape(node.inputs[1]))}")
+                         f"{list(w_shape[-1:] if is1d else w_shape)}")
     strides = _pair(node.attr("strides"), 1, is1d, node, "strides")
     dilations = _pair(node.attr("dilations"), 1, is1d, node, "dilations")
     pads4 = _pads4(node, is1d)
     _check_window(node, (h, w), kernel, strides, dilations, pads4)
     pads, out_hw = _conv_geometry(node, (h, w), kernel, strides, dilations, pads4)
     _check_window(node, (h, w), kernel, strides, dilations, pads4, out_hw)
+    return dict(batch=n, in_channels=c, in_hw=(h, w), out_channels=w_shape[0], out_hw=out_hw, kernel=kernel,
+                strides=strides, pads=pads, dilations=dilations, groups=groups)
+
+
+def lower_conv(ctx: LoweringContext, node: Node, opset: int) -> None:
+    """Conv as a float Conv2D (registered by ``int8_products``, which first tries the int8 op)."""
+    w_name = node.inputs[1]
+    w_shape = ctx.shape(w_name)
+    if len(w_shape) != len(ctx.shape(node.inputs[0])):
+        raise ModelError(f"node {node.name!r} (Conv): weights of shape {list(w_shape)} do not fit an input of shape "
+                         f"{list(ctx.shape(node.inputs[0]))} (their ranks differ)")
+    x, x_shape, is1d = _spatial_view(ctx, node, node.inputs[0])
+    if is1d:
+        w4 = ctx.temp(node, "w2d")
+        ctx.alias(w4, w_name, (w_shape[0], w_shape[1], 1, w_shape[2]))
+        w_name, w_shape = w4, ctx.shape(w4)
+    geometry = conv2d_geometry(node, x_shape, w_shape, is1d)
+    n, out_hw = geometry["batch"], geometry["out_hw"]
     inputs = [x, w_name] + ([node.inputs[2]] if len(node.inputs) > 2 and node.inputs[2] else [])
     _check_bias(ctx, node, inputs, w_shape[0])
     out = node.outputs[0] if not is1d else ctx.temp(node, "out2d")
-    op = A.Conv2D(tuple(inputs), (out,), node.name, batch=n, in_channels=c, in_hw=(h, w),
-                  out_channels=w_shape[0], out_hw=out_hw, kernel=kernel, strides=strides, pads=pads,
-                  dilations=dilations, groups=groups, has_bias=len(inputs) == 3,
+    op = A.Conv2D(tuple(inputs), (out,), node.name, **geometry, has_bias=len(inputs) == 3,
                   activation=fused_activation(node))
     ctx.emit(op, (n, w_shape[0]) + out_hw)
     if is1d:

@@ -7,14 +7,13 @@ from ... import atomic as A
 from ...errors import ModelError, UnsupportedOpError
 from ...ir import Node
 from ..context import LoweringContext
-from ..registry import lowers
 from ..emit import broadcast_strides, fused_activation, reorder
 
 
 # -- matrix products -----------------------------------------------------------------------------
 
-@lowers("Gemm")
 def lower_gemm(ctx: LoweringContext, node: Node, opset: int) -> None:
+    """Gemm as a float MatMul (registered by ``int8_products``, which first tries the int8 op)."""
     a, b = node.inputs[0], node.inputs[1]
     trans_a, trans_b = bool(node.attr("transA", 0)), bool(node.attr("transB", 0))
     sa, sb = ctx.shape(a), ctx.shape(b)
@@ -55,8 +54,8 @@ def _batched_operand(ctx: LoweringContext, node: Node, name: str, batch_shape: t
     return expanded, mat[0] * mat[1]
 
 
-@lowers("MatMul")
 def lower_matmul(ctx: LoweringContext, node: Node, opset: int) -> None:
+    """MatMul as a float MatMul (registered by ``int8_products``, which first tries the int8 op)."""
     a, b = node.inputs[0], node.inputs[1]
     sa, sb = list(ctx.shape(a)), list(ctx.shape(b))
     squeeze_m, squeeze_n = len(sa) == 1, len(sb) == 1

@@ -431,10 +431,10 @@ def _out_type(node: Node, ctx: LoweringContext, zp: str | None, fallback: str) -
     return quant_type(node, ctx.dtype(zp) if zp is not None else ctx.dtype(fallback), "output")
 
 
-@lowers("QLinearConv")
 def lower_qlinear_conv(ctx: LoweringContext, node: Node, opset: int) -> None:
-    """The int32 accumulation of the shifted operands (plus the int32 bias), requantized by
-    x_scale * w_scale / y_scale (per output channel where w_scale is)."""
+    """The int32 accumulation of the shifted operands (plus the int32 bias) as float ops, requantized
+    by x_scale * w_scale / y_scale (per output channel where w_scale is); registered by
+    ``int8_products``, which first tries the int8 op."""
     x_q, x_scale, x_zp = const_input(ctx, node, 0), node.inputs[1], const_input(ctx, node, 2)
     w_q, w_scale, w_zp = const_input(ctx, node, 3), node.inputs[4], const_input(ctx, node, 5)
     y_scale, y_zp = node.inputs[6], const_input(ctx, node, 7)
@@ -455,8 +455,9 @@ def lower_qlinear_conv(ctx: LoweringContext, node: Node, opset: int) -> None:
     requantize(ctx, node, acc, multiplier, y_zp, node.outputs[0], out_dtype, qrange)
 
 
-@lowers("QLinearMatMul")
 def lower_qlinear_matmul(ctx: LoweringContext, node: Node, opset: int) -> None:
+    """The product of the shifted operands as a float MatMul, requantized (registered by
+    ``int8_products``, which first tries the int8 op)."""
     a_q, a_scale, a_zp = const_input(ctx, node, 0), node.inputs[1], const_input(ctx, node, 2)
     b_q, b_scale, b_zp = const_input(ctx, node, 3), node.inputs[4], const_input(ctx, node, 5)
     y_scale, y_zp = node.inputs[6], const_input(ctx, node, 7)

@@ -1,0 +1,441 @@
+"""The cpu backend's static int8 convolution: ``QuantizedConv2D`` (QNNPACK's operator, ONNX
+Runtime's fused QDQ Conv), on the register tiles of ``int8.py``.
+
+``im2col``: each parallel task packs the windows of MR output pixels into rows of bytes (packed
+im2col: padding holds x's zero point, so it adds nothing once the zero point's share ``zero *
+colsum`` is taken off) and runs them by every panel of the weight on the path's tile
+(``vpdpbusd`` on VNNI hosts). The tile multiplies unsigned bytes by signed ones, so int8
+activations are read with their top bit flipped (``x ^ 0x80 = x + 128``, the zero point moved by
+128 with them), which changes no difference ``x - zero``. ``gemm1x1`` (a direct product): the tile
+turned round, the weight's rows broadcast and NR pixels of each NCHW plane the vector operand, so
+that a tile's result is stored as NCHW holds it (``_conv_pixels``), where the output has at least
+as many channels as the input; others, and a product's rows (1x1 planes), go the im2col way. ``depthwise``: per channel in int32, a
+vector loop per tap over a zero-padded flattened plane at stride 1, over each tap's valid columns
+of a phase-split plane otherwise. Both end in the requantizing epilogue of the contract:
+``clip(rint(float32(acc) * multiplier) + zero, lo, hi)``, a float multiplier as ONNX Runtime's.
+
+8-bit tensors are read and written through uint8 views, int8 ones' bytes included (a value's
+low byte is the same either way), so one compiled kernel serves every combination of types.
+QNNPACK's indirection buffer (pointers to each window's pixels instead of packed bytes) is not
+built: it needs channels innermost (NHWC), where the contract's tensors are NCHW.
+"""
+from __future__ import annotations
+
+import types as types_module
+
+import numpy as np
+
+from ... import atomic as A
+from ..base import KernelWork
+from . import int8 as cpu_int8, jit as cpu_jit, parallel as cpu_parallel
+from .reference import strided, typed
+
+numba = cpu_jit.numba
+MR, NR = cpu_int8.MR, cpu_int8.NR
+#: added (as an exclusive or) to an int8 byte to make it the uint8 the tile reads
+SIGN_FLIP = 0x80
+#: below this many channels per group, im2col reads x in place rather than pixel-major planes
+FEW_CHANNELS = 16
+#: the depthwise kernel's parallel tasks at most, each with its scratch planes, over a share of the channels
+DEPTHWISE_TASKS = 64
+
+
+def pack_conv_weight(weight: np.ndarray, groups: int, pairs: bool) -> tuple[np.ndarray, np.ndarray]:
+    """int8 ``weight`` [OC, C/groups, KH, KW] as the tile's panels per group (``int8.pack_weight``
+    of each group's [KH * KW * C/groups, OC/groups] matrix, K in (kh, kw, c) order as the packed
+    rows hold it, stacked: [groups, ...]) and its column sums int32 [OC]."""
+    oc = weight.shape[0]
+    per_group = oc // groups
+    panels, sums = [], []
+    for g in range(groups):
+        rows = weight[g * per_group:(g + 1) * per_group].transpose(0, 2, 3, 1).reshape(per_group, -1)
+        packed, colsum = cpu_int8.pack_weight(np.ascontiguousarray(rows.T), pairs)
+        panels.append(packed)
+        sums.append(colsum)
+    return np.ascontiguousarray(np.stack(panels)), np.concatenate(sums).astype(np.int32)
+
+
+def epilogue_columns(op: A.QuantizedConv2D, columns: int, colsum: np.ndarray, bias: np.ndarray,
+                     multiplier: np.ndarray, flip: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per column of each group's panels (``columns`` of them, zeros past its output channels):
+    what the epilogue adds to the tile's sum, ``bias - zero * colsum`` (int32, ``zero`` the byte
+    the tile reads for x's zero point), and the multiplier (float32): [groups * columns] each."""
+    groups, per_group = op.groups, op.out_channels // op.groups
+    shifts = np.zeros((groups, columns), np.int32)
+    scales = np.zeros((groups, columns), np.float32)
+    zero = op.x_zero_point + flip
+    total = bias.astype(np.int64) - zero * colsum.astype(np.int64)
+    shifts[:, :per_group] = total.reshape(groups, per_group).astype(np.int32)  # wraps as the int32 sum does
+    scales[:, :per_group] = multiplier.reshape(groups, per_group)
+    return shifts.reshape(-1), scales.reshape(-1)
+
+
+def _requantized(acc, multiplier, zero, lo, hi):
+    """One int32 sum through the contract's epilogue, as the integer to store."""
+    value = np.rint(np.float32(acc) * multiplier) + np.float32(zero)
+    return np.int32(min(max(value, np.float32(lo)), np.float32(hi)))
+
+
+def _conv_packed(x, planes, rows, panels, shifts, scales, out, geometry, flip, x_zero, y_zero, lo, hi):
+    """QuantizedConv2D by packed im2col on the tile: x uint8 [N, C, H, W], out uint8 [N, OC, OH*OW]
+    (either may be strided), ``geometry`` = (KH, KW, SH, SW, PH, PW, DH, DW, OH, OW). One parallel
+    task per MR output pixels packs their windows into rows (a copy of ``rows`` [MR, K padded],
+    K in (kh, kw, c) order) and runs them by every panel, so that a convolution is one parallel
+    region. With many channels per group and a window wider than 1x1, the group's channels are
+    first laid pixel-major in ``planes`` [H*W, C/groups], so that each tap of a window row is one
+    contiguous copy. ``shifts`` and ``scales`` are per column of the panels (``epilogue_columns``)."""
+    kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
+    images, channels, height, width = x.shape
+    groups = panels.shape[0]
+    per_group = channels // groups
+    out_per_group = out.shape[1] // groups
+    pixels = oh_ * ow_
+    zero = x_zero + flip  # the zero point as the byte the tile reads
+    row_tiles = -(-pixels // MR)
+    panel_count = panels.shape[1]
+    pointwise = kh_ == 1 and kw_ == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0
+    use_planes = not pointwise and per_group >= FEW_CHANNELS
+    for n in range(images):
+        for g in range(groups):
+            c_first = g * per_group
+            if use_planes:
+                for ih in numba.prange(height):
+                    for c in range(per_group):
+                        source = x[n, c_first + c, ih]
+                        for iw in range(width):
+                            planes[ih * width + iw, c] = source[iw] ^ flip
+            group_panels = panels[g]
+            for row_tile in numba.prange(row_tiles):
+                row0 = row_tile * MR
+                count = min(MR, pixels - row0)
+                local = rows.copy()  # zeros: the steps past K and the rows past the pixels stay 0
+                for r in range(count):
+                    oh, ow = (row0 + r) // ow_, (row0 + r) % ow_
+                    row = local[r]
+                    if pointwise:
+                        for c in range(per_group):
+                            row[c] = x[n, c_first + c, oh, ow] ^ flip
+                        continue
+                    for kh in range(kh_):
+                        ih = oh * sh - ph + kh * dh
+                        for kw in range(kw_):
+                            iw = ow * sw - pw + kw * dw
+                            k = (kh * kw_ + kw) * per_group
+                            inside = 0 <= ih < height and 0 <= iw < width
+                            if use_planes:
+                                if inside:
+                                    row[k:k + per_group] = planes[ih * width + iw]
+                                else:
+                                    row[k:k + per_group] = zero
+                            else:  # a few channels: read in place (copies of a few bytes cost more)
+                                for c in range(per_group):
+                                    row[k + c] = x[n, c_first + c, ih, iw] ^ flip if inside else zero
+                acc = np.empty(MR * NR, np.int32)
+                done = np.empty((NR, MR), np.uint8)  # a tile transposed: channel-major, as out is
+                for p in range(panel_count):
+                    _tile(local, 0, group_panels, p, acc)
+                    c0 = g * panel_count * NR + p * NR  # this panel's first column of ``shifts``
+                    column_shifts, column_scales = shifts[c0:c0 + NR], scales[c0:c0 + NR]
+                    for r in range(MR):  # the whole tile, a vector loop over its columns
+                        sums = acc[r * NR:(r + 1) * NR]
+                        for j in range(NR):
+                            done[j, r] = _requantized(sums[j] + column_shifts[j], column_scales[j], y_zero, lo, hi)
+                    first = g * out_per_group + p * NR
+                    for j in range(min(NR, out_per_group - p * NR)):
+                        destination, source = out[n, first + j, row0:row0 + count], done[j]
+                        for r in range(count):
+                            destination[r] = source[r]
+
+
+def _conv_pixels(x, weight_rows, panel, corrections, multiplier, out, flip, y_zero, lo, hi):
+    """A 1x1 convolution at stride 1 (``gemm1x1``) with the tile turned round: the weight is the
+    broadcast operand, rows of ``weight + 128`` as unsigned bytes ([OC padded to MR, K padded]),
+    and NR pixels of each input plane, as signed bytes ``xs = x - 128`` (the byte the tile reads
+    less 128), the vector operand (``panel``: one task's [1, steps, NR, step], a copy each), so that
+    a tile is MR channels by NR pixels and is stored as NCHW holds it. Its sum is
+    ``sum_k (w + 128) xs = sum_k w (x - zero) - (128 - zero) sum_k w + 128 sum_k xs``; the first
+    correction is a constant per channel (``corrections``, with the bias), the second a sum per
+    pixel taken while packing. x uint8 [N, C, H, W], out uint8 [N, OC, H*W]."""
+    images, channels, height, width = x.shape
+    pixels = height * width
+    out_channels = out.shape[1]
+    blocks = -(-pixels // NR)
+    step = panel.shape[3]
+    channel_tiles = -(-out_channels // MR)
+    for t in numba.prange(images * blocks):
+        n, block = t // blocks, t % blocks
+        p0 = block * NR
+        count = min(NR, pixels - p0)
+        local = panel.copy()  # zeros: the steps past K and the pixels past the plane stay 0
+        sums = np.zeros(NR, np.int32)
+        for c in range(channels):
+            plane = x[n, c].reshape(pixels)[p0:p0 + count]
+            s, i = c // step, c % step
+            for j in range(count):
+                value = np.int32(plane[j] ^ flip) - 128
+                local[0, s, j, i] = value
+                sums[j] += value
+        for j in range(NR):
+            sums[j] *= -128
+        acc = np.empty(MR * NR, np.int32)
+        for ct in range(channel_tiles):
+            oc0 = ct * MR
+            _tile(weight_rows, oc0, local, 0, acc)
+            for r in range(min(MR, out_channels - oc0)):
+                oc = oc0 + r
+                correction, m = corrections[oc], multiplier[oc]
+                row, tile = out[n, oc, p0:p0 + count], acc[r * NR:r * NR + count]
+                for j in range(count):
+                    row[j] = _requantized(tile[j] + sums[j] + correction, m, y_zero, lo, hi)
+
+
+def _depthwise_flat(x, weight, bias, multiplier, out, geometry, zero, flip_byte, y_zero, lo, hi, tasks):
+    """The depthwise kernel at stride 1: each channel's plane widened into a zero-padded plane of
+    ``OW + (KW-1) DW`` columns, so that every tap is one loop over the whole flattened plane (the
+    columns past OW are computed and never stored) rather than one per output row."""
+    kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
+    images, channels, height, width = x.shape
+    columns = ow_ + (kw_ - 1) * dw
+    rows = oh_ + (kh_ - 1) * dh
+    span = oh_ * columns  # the flattened outputs, garbage columns included
+    planes = images * channels
+    for task in numba.prange(tasks):
+        padded = np.zeros(rows * columns + (kw_ - 1) * dw, np.int32)
+        acc = np.empty(span, np.int32)
+        for t in range(task, planes, tasks):
+            n, c = t // channels, t % channels
+            for ih in range(max(0, -ph), min(height, rows - ph)):
+                source = x[n, c, ih]
+                first, last = max(0, -pw), min(width, columns - pw)
+                widened = padded[(ih + ph) * columns + pw + first:(ih + ph) * columns + pw + last]
+                read = source[first:last]
+                for iw in range(widened.shape[0]):
+                    widened[iw] = np.int32(read[iw] ^ flip_byte) - zero
+            start = bias[c]
+            for i in range(span):
+                acc[i] = start
+            for kh in range(kh_):
+                for kw in range(kw_):
+                    tap = np.int32(weight[c, 0, kh, kw])
+                    offset = kh * dh * columns + kw * dw
+                    read = padded[offset:offset + span]
+                    for i in range(span):
+                        acc[i] += read[i] * tap
+            m = multiplier[c]
+            for oh in range(oh_):
+                row, sums = out[n, c, oh * ow_:(oh + 1) * ow_], acc[oh * columns:oh * columns + ow_]
+                for ow in range(ow_):
+                    row[ow] = _requantized(sums[ow], m, y_zero, lo, hi)
+
+
+def _conv_depthwise(x, weight, bias, multiplier, out, geometry, flip, x_zero, y_zero, lo, hi):
+    """QuantizedConv2D of one channel per group: x uint8 [N, C, H, W], weight int8 [C, 1, KH, KW],
+    out uint8 [N, C, OH*OW]. Each channel's plane is first widened to int32 less its zero point,
+    its columns split by phase (column iw at ``[iw % SW, ih, iw // SW]``, so that a strided tap
+    reads one phase contiguously); then each tap adds over the output columns that read inside
+    the input: loops over contiguous 1D views, which LLVM vectorises. Each parallel task keeps
+    its scratch for a share of the channels."""
+    kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
+    images, channels, height, width = x.shape
+    zero = np.int32(x_zero + flip)
+    flip_byte = np.uint8(flip)
+    planes = images * channels
+    tasks = min(planes, DEPTHWISE_TASKS)
+    # per tap column kw: the output columns [first, last) that read inside the input, the phase
+    # they read and the shift from output column to phase column (the same for every row)
+    firsts, lasts = np.empty(kw_, np.int64), np.empty(kw_, np.int64)
+    phases, shifts = np.empty(kw_, np.int64), np.empty(kw_, np.int64)
+    for kw in range(kw_):
+        offset = kw * dw - pw  # output column ow reads input column ow * sw + offset
+        firsts[kw] = max(0, (sw - 1 - offset) // sw)
+        lasts[kw] = max(firsts[kw], min(ow_, (width - 1 - offset) // sw + 1))
+        phases[kw], shifts[kw] = offset % sw, offset // sw
+    if sh == 1 and sw == 1:
+        _depthwise_flat(x, weight, bias, multiplier, out, geometry, zero, flip_byte, y_zero, lo, hi, tasks)
+        return
+    for task in numba.prange(tasks):
+        plane = np.empty((sw, height, -(-width // sw)), np.int32)
+        acc = np.empty(ow_, np.int32)
+        for t in range(task, planes, tasks):
+            n, c = t // channels, t % channels
+            for ih in range(height):
+                source = x[n, c, ih]
+                for phase in range(sw):
+                    widened = plane[phase, ih]
+                    if sw == 2:  # a constant stride: LLVM vectorises the interleaved loads
+                        for j in range((width - phase + 1) // 2):
+                            widened[j] = np.int32(source[j * 2 + phase] ^ flip_byte) - zero
+                    else:
+                        for j in range((width - phase + sw - 1) // sw):
+                            widened[j] = np.int32(source[j * sw + phase] ^ flip_byte) - zero
+            m = multiplier[c]
+            start = bias[c]
+            for oh in range(oh_):
+                for ow in range(ow_):
+                    acc[ow] = start
+                for kh in range(kh_):
+                    ih = oh * sh - ph + kh * dh
+                    if ih < 0 or ih >= height:
+                        continue
+                    for kw in range(kw_):
+                        tap = np.int32(weight[c, 0, kh, kw])
+                        first, last, shift = firsts[kw], lasts[kw], shifts[kw]
+                        read = plane[phases[kw], ih, first + shift:last + shift]
+                        sums = acc[first:last]  # views: the loop over them vectorises, an offset index would not
+                        for i in range(sums.shape[0]):
+                            sums[i] += read[i] * tap
+                row = out[n, c, oh * ow_:(oh + 1) * ow_]
+                for ow in range(ow_):
+                    row[ow] = _requantized(acc[ow], m, y_zero, lo, hi)
+
+
+_COMPILED: dict[tuple[str, str, bool], object] = {}
+
+
+def _specialised(fn, path: str):
+    """``fn`` with ``path``'s tile as ``_tile`` and the epilogue and ``_depthwise_flat`` inlined: a
+    function of its own name (for Numba's disk cache), as in ``int8._product_for``."""
+    scope = dict(globals(), _tile=numba.njit(inline="always")(cpu_int8._TILES[path][0]),
+                 _requantized=numba.njit(inline="always")(_requantized))
+
+    def own(function, name):
+        made = types_module.FunctionType(function.__code__, scope, name, function.__defaults__, function.__closure__)
+        made.__qualname__ = name
+        made.__doc__ = function.__doc__
+        return made
+    scope["_depthwise_flat"] = numba.njit(inline="always")(own(_depthwise_flat, f"_depthwise_flat_{path}"))
+    return own(fn, f"{fn.__name__}_{path}")
+
+
+def _kernel(fn, path: str, parallel: bool):
+    """``fn`` on ``path``'s tile as a parallel region (cached on disk) or a one-thread loop."""
+    key = (fn.__name__, path, parallel)
+    if key not in _COMPILED:
+        made = _specialised(fn, path)
+        if parallel:
+            _COMPILED[key] = cpu_parallel.compiled_region(made, error_model="numpy", fastmath=False)
+        else:
+            _COMPILED[key] = numba.njit(error_model="numpy", boundscheck=False, nogil=True)(made)
+    return _COMPILED[key]
+
+
+def _bytes(handle) -> np.ndarray:
+    """A handle's 8-bit buffer seen as uint8 (int8 bytes as they are)."""
+    buffer = typed(handle)
+    return buffer.view(np.uint8) if buffer.dtype != np.uint8 else buffer
+
+
+def _views(op: A.QuantizedConv2D, ins, outs) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    """x as uint8 [N, C, H, W] and out as uint8 [N, OC, OH*OW] views, and the geometry tuple. A
+    1x1 convolution of 1x1 planes (a product's rows) is seen as one image of C channels over a
+    1 x N plane, so that its N rows fill the tile's rows."""
+    n, c, (h, w), oc, (oh, ow) = op.batch, op.in_channels, op.in_hw, op.out_channels, op.out_hw
+    x_bytes, out_bytes = _bytes(ins[0]), _bytes(outs[0])
+    if op.in_hw == (1, 1) and op.kernel == (1, 1) and op.groups == 1 and n > 1:
+        x = np.lib.stride_tricks.as_strided(x_bytes[ins[0].offset:], (1, c, 1, n), (n * c, 1, n * c, c))
+        out = np.lib.stride_tricks.as_strided(out_bytes[outs[0].offset:], (1, oc, n), (n * oc, 1, oc))
+        return x, out, (1, 1, 1, 1, 0, 0, 1, 1, 1, n)
+    x = x_bytes[ins[0].offset:ins[0].offset + n * c * h * w].reshape(n, c, h, w)
+    out = out_bytes[outs[0].offset:outs[0].offset + n * oc * oh * ow].reshape(n, oc, oh * ow)
+    return x, out, (*op.kernel, *op.strides, *op.pads, *op.dilations, oh, ow)
+
+
+def quantized_conv_reference(op: A.QuantizedConv2D, x: np.ndarray, weight: np.ndarray, bias: np.ndarray,
+                             multiplier: np.ndarray) -> np.ndarray:
+    """The contract's QuantizedConv2D in NumPy (int64 sums): x [N, C, H, W] int8/uint8 -> out
+    [N, OC, OH, OW] of ``op.out_dtype``."""
+    n, c, (h, w), oc, (oh, ow) = op.batch, op.in_channels, op.in_hw, op.out_channels, op.out_hw
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = op.kernel, op.strides, op.pads, op.dilations
+    shifted = x.reshape(n, c, h, w).astype(np.int64) - op.x_zero_point
+    need_h, need_w = (oh - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1
+    padded = np.pad(shifted, ((0, 0), (0, 0), (ph, max(0, need_h - ph - h)), (pw, max(0, need_w - pw - w))))
+    columns = np.stack([padded[:, :, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw]
+                        for i in range(kh) for j in range(kw)], axis=2)  # [N, C, KH*KW, OH, OW]
+    groups, per_group, out_per_group = op.groups, c // op.groups, oc // op.groups
+    acc = np.empty((n, oc, oh * ow), np.int64)
+    for g in range(groups):
+        window = columns[:, g * per_group:(g + 1) * per_group].reshape(n, per_group * kh * kw, oh * ow)
+        rows = weight[g * out_per_group:(g + 1) * out_per_group].reshape(out_per_group, -1).astype(np.int64)
+        acc[:, g * out_per_group:(g + 1) * out_per_group] = np.einsum("ok,nkp->nop", rows, window)
+    acc += bias.reshape(1, oc, 1).astype(np.int64)
+    scaled = np.rint(acc.astype(np.float32) * multiplier.reshape(1, oc, 1).astype(np.float32))
+    result = np.clip(scaled + np.float32(op.y_zero_point), op.lo, op.hi)
+    return result.astype(op.out_dtype).reshape(n, oc, oh, ow)
+
+
+def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -> KernelWork:
+    """The cpu execution of ``op``: the compiled kernel of its scheme (a region on several threads)
+    where Numba runs, else the NumPy reference. ``made_once(handle, recipe, make)`` shares packed
+    weights between run states."""
+    weight = typed(ins[1])[ins[1].offset:ins[1].offset + ins[1].size].reshape(
+        op.out_channels, op.in_channels // op.groups, *op.kernel)
+    bias = strided(ins[2], 0, (op.out_channels,), (1,))
+    multiplier = strided(ins[3], 0, (op.out_channels,), (1,))
+    flip = SIGN_FLIP if op.dtype == A.INT8 else 0
+    if not engine.jit:
+        x = typed(ins[0])[ins[0].offset:ins[0].offset + ins[0].size]
+        out = typed(outs[0])[outs[0].offset:outs[0].offset + outs[0].size]
+
+        def reference() -> None:
+            out[:] = quantized_conv_reference(op, x, weight, bias, multiplier).reshape(-1)
+        return KernelWork((reference,), "int8 NumPy")
+    x, out, geometry = _views(op, ins, outs)
+    path = cpu_int8.current_path()
+    parallel = engine.regions > 1 and op.macs() >= 1 << 16
+    arguments = (op.x_zero_point, op.y_zero_point, op.lo, op.hi)
+    if op.scheme == "depthwise":
+        kernel = cpu_jit.bind(_kernel(_conv_depthwise, "portable", parallel), x, weight, bias, multiplier, out,
+                              geometry, flip, *arguments)
+
+        def run_depthwise() -> None:
+            kernel(x, weight, bias, multiplier, out, geometry, flip, *arguments)
+        return KernelWork((run_depthwise,), f"int8 depthwise{' region' if parallel else ''}")
+    pairs = cpu_int8._TILES[path][1]
+    # the turned tile where planes of at least NR pixels fill its vectors and the output has at least
+    # as many channels as the input: it packs every input byte once per block of pixels, the rows'
+    # tile stores every output byte transposed, so each takes the side with fewer bytes
+    if op.scheme == "gemm1x1" and op.groups == 1 and x.flags.c_contiguous and op.out_hw[0] * op.out_hw[1] >= NR \
+            and op.out_channels >= op.in_channels:
+        return _pixels_work(op, x, out, weight, bias, multiplier, flip, path, pairs, parallel, made_once, ins[1])
+    panels, colsum = made_once(ins[1], "int16 pair conv panels" if pairs else "int8 conv panels",
+                               lambda: pack_conv_weight(weight, op.groups, pairs))
+    shifts, scales = epilogue_columns(op, panels.shape[1] * NR, colsum, bias, multiplier, flip)
+    # one task's rows, copied by each (zeros); the pair paths read the bytes widened to int16
+    rows = np.zeros((MR, panels.shape[2] * panels.shape[4]), np.int16 if pairs else np.uint8)
+    pointwise = op.kernel == (1, 1) and op.strides == (1, 1) and op.pads == (0, 0)
+    few = op.in_channels // op.groups < FEW_CHANNELS
+    planes = np.empty((0, 0) if pointwise or few else (x.shape[2] * x.shape[3], op.in_channels // op.groups),
+                      rows.dtype)
+    kernel = cpu_jit.bind(_kernel(_conv_packed, path, parallel), x, planes, rows, panels, shifts, scales, out,
+                          geometry, flip, *arguments)
+
+    def run() -> None:
+        kernel(x, planes, rows, panels, shifts, scales, out, geometry, flip, *arguments)
+    return KernelWork((run,), f"int8 {op.scheme} {cpu_int8.PATH_NAMES[path]}{' region' if parallel else ''}")
+
+
+def pack_weight_rows(weight: np.ndarray, pairs: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A 1x1 convolution's int8 weight [OC, C, 1, 1] as the turned tile's broadcast rows,
+    ``weight + 128`` ([OC padded to MR, C padded to 4]: uint8, or int16 for the pair paths; zeros
+    in the padding), and its row sums int32 [OC]."""
+    oc, c = weight.shape[:2]
+    rows = np.zeros((-(-oc // MR) * MR, -(-c // cpu_int8.STEP) * cpu_int8.STEP), np.int16 if pairs else np.uint8)
+    rows[:oc, :c] = weight.reshape(oc, c).astype(np.int16) + 128
+    return rows, weight.reshape(oc, c).sum(axis=1, dtype=np.int32)
+
+
+def _pixels_work(op, x, out, weight, bias, multiplier, flip, path, pairs, parallel, made_once, weight_handle):
+    """The execution of a 1x1 convolution at stride 1 by ``_conv_pixels``."""
+    rows, row_sums = made_once(weight_handle, "int16 pair pixel rows" if pairs else "int8 pixel rows",
+                               lambda: pack_weight_rows(weight, pairs))
+    zero = op.x_zero_point + flip  # the byte the tile reads for x's zero point
+    corrections = (bias.astype(np.int64) - (zero - 128) * row_sums.astype(np.int64)).astype(np.int32)
+    step = 2 if pairs else cpu_int8.STEP
+    panel = np.zeros((1, rows.shape[1] // step, NR, step), np.int16 if pairs else np.int8)
+    arguments = (op.y_zero_point, op.lo, op.hi)
+    kernel = cpu_jit.bind(_kernel(_conv_pixels, path, parallel), x, rows, panel, corrections, multiplier, out, flip,
+                          *arguments)
+
+    def run() -> None:
+        kernel(x, rows, panel, corrections, multiplier, out, flip, *arguments)
+    return KernelWork((run,), f"int8 gemm1x1 pixels {cpu_int8.PATH_NAMES[path]}{' region' if parallel else ''}")

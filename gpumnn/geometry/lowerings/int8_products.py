@@ -1,0 +1,335 @@
+"""Static int8 products: a QDQ model's convolutions and matrix products, QLinearConv and
+QLinearMatMul, as one ``QuantizedConv2D`` each (ONNX Runtime's QDQ selectors, QNNPACK's operators).
+
+The pattern ``quantize_static`` writes::
+
+    DequantizeLinear(x_q) -> Conv / Gemm / MatMul (weight: DequantizeLinear of int8 constants,
+    symmetric per tensor or per output channel; bias optional) -> [Relu | Clip] -> QuantizeLinear
+
+becomes one op reading x_q and writing the QuantizeLinear's output, where the lowering is asked for
+it (``LoweringContext.int8_ops``: the session's scheme backend builds the op, decided in
+``gpumnn.scheduler.precision``). Anything else, and every node where it is not asked, is lowered in
+float as before. The activation's DequantizeLinear stays where other nodes read its float values;
+its ops that nothing reads any more are dropped at the end of lowering.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ... import atomic as A
+from ...ir import Node
+from ..context import LoweringContext
+from ..emit import fused_activation
+from ..registry import DEFAULT_DOMAINS, lowers
+from .conv import conv2d_geometry, lower_conv
+from .matmul import lower_gemm, lower_matmul
+from .quantize import RANGES, lower_qlinear_conv, lower_qlinear_matmul
+
+_INT32 = np.iinfo(np.int32)
+
+
+@dataclass(frozen=True)
+class _Quantization:
+    """An 8-bit tensor's quantization: the tensor (or constant), its scale and zero point."""
+
+    tensor: str
+    scale: np.float32
+    zero_point: int
+    dtype: np.dtype
+
+
+def _input(node: Node, index: int) -> str | None:
+    return node.inputs[index] if len(node.inputs) > index and node.inputs[index] else None
+
+
+def _scalar(ctx: LoweringContext, name: str | None) -> np.ndarray | None:
+    """A constant of one element as a 0-d array, else None."""
+    value = ctx.values.get(name) if name else None
+    if value is None or not value.is_const or value.const.size != 1:
+        return None
+    return value.const.reshape(())
+
+
+def _is_op(node: Node | None, op_type: str) -> bool:
+    return node is not None and node.op_type == op_type and node.domain in DEFAULT_DOMAINS
+
+
+def _quantization(ctx: LoweringContext, q: str, scale: str | None, zero_point: str | None) -> _Quantization | None:
+    """A run-time int8/uint8 tensor's one float32 scale (positive) and one zero point, else None."""
+    value = ctx.values.get(q)
+    if value is None or value.is_const or value.dtype not in (np.int8, np.uint8):
+        return None
+    s = _scalar(ctx, scale)
+    zp = np.zeros((), value.dtype) if zero_point is None else _scalar(ctx, zero_point)
+    if s is None or s.dtype != np.float32 or not np.isfinite(s) or s <= 0 or zp is None or zp.dtype != value.dtype:
+        return None
+    return _Quantization(q, np.float32(s), int(zp), value.dtype)
+
+
+def _dequantized_activation(ctx: LoweringContext, name: str) -> _Quantization | None:
+    """The quantization of the 8-bit tensor that a per-tensor DequantizeLinear turns into ``name``."""
+    dq = ctx.graph_reads.producers.get(name)
+    if not _is_op(dq, "DequantizeLinear") or dq.attr("block_size", 0) or dq.attr("output_dtype", 0):
+        return None
+    return _quantization(ctx, dq.inputs[0], dq.inputs[1], _input(dq, 2))
+
+
+def _symmetric_int8(ctx: LoweringContext, q: str | None, scale: str | None, zero_point: str | None,
+                    channels: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(int8 weight, float32 scale per output channel [channels]) of a constant symmetric int8
+    weight with one scale or one per channel, else None."""
+    value = ctx.values.get(q) if q else None
+    scales = ctx.values.get(scale) if scale else None
+    if value is None or not value.is_const or value.dtype != np.int8 or scales is None or not scales.is_const:
+        return None
+    if zero_point is not None:
+        zp = ctx.values.get(zero_point)
+        if zp is None or not zp.is_const or np.any(zp.const):
+            return None
+    s = scales.const
+    if s.dtype != np.float32 or s.size not in (1, channels) or not np.all(np.isfinite(s)) or np.any(s <= 0):
+        return None
+    return value.const, np.ascontiguousarray(np.broadcast_to(s.reshape(-1), (channels,)), np.float32)
+
+
+def _dequantized_weight(ctx: LoweringContext, name: str, channels: int, axis: int):
+    """(int8 weight, scale per output channel) of a DequantizeLinear of int8 constants along
+    ``axis`` (the output channels' axis of the weight), else None."""
+    dq = ctx.graph_reads.producers.get(name)
+    if not _is_op(dq, "DequantizeLinear") or dq.attr("block_size", 0) or dq.attr("output_dtype", 0):
+        return None
+    found = _symmetric_int8(ctx, dq.inputs[0], dq.inputs[1], _input(dq, 2), channels)
+    if found is None:
+        return None
+    rank = len(found[0].shape)
+    if ctx.values[dq.inputs[1]].const.size > 1 and int(dq.attr("axis", 1)) % max(rank, 1) != axis:
+        return None
+    return found
+
+
+def _quantized_bound(value: float, out: _Quantization, lo: int, hi: int) -> int:
+    """QuantizeLinear of one float bound, as the lowering computes it (float32, half to even)."""
+    return int(np.clip(np.rint(np.float32(value) / out.scale) + out.zero_point, lo, hi))
+
+
+@dataclass(frozen=True)
+class _Requantization:
+    """Where a product's result goes: the QuantizeLinear (and the nodes before it) that the op
+    absorbs, the output's quantization and its clamp."""
+
+    nodes: tuple[Node, ...]
+    output: str
+    quantization: _Quantization
+    lo: int
+    hi: int
+
+
+def _requantizing_reader(ctx: LoweringContext, node: Node) -> _Requantization | None:
+    """The QuantizeLinear (per tensor, to int8 or uint8) that alone reads ``node``'s output, through
+    at most one Relu or Clip (or ``node``'s fused one), else None."""
+    reads = ctx.graph_reads
+    activation = fused_activation(node)
+    nodes: list[Node] = []
+    reader = reads.only_reader(node.outputs[0])
+    if activation is None and (_is_op(reader, "Relu") or _is_op(reader, "Clip")):
+        if reader.op_type == "Relu":
+            activation = ("relu", ())
+        else:
+            bounds = [_scalar(ctx, _input(reader, i)) for i in (1, 2)]
+            if any(b is None and _input(reader, i) for b, i in zip(bounds, (1, 2))):
+                return None
+            activation = ("clip", (-np.inf if bounds[0] is None else float(bounds[0]),
+                                   np.inf if bounds[1] is None else float(bounds[1])))
+        nodes.append(reader)
+        reader = reads.only_reader(reader.outputs[0])
+    if not _is_op(reader, "QuantizeLinear") or reader.attr("block_size", 0):
+        return None
+    zero_point = _input(reader, 2)
+    declared = reader.attr("output_dtype", 0)
+    if declared not in (0, 2, 3):  # unset, uint8, int8 (TensorProto codes)
+        return None
+    dtype = np.dtype(np.int8 if declared == 3 else np.uint8) if declared else (
+        ctx.dtype(zero_point) if zero_point else np.dtype(np.uint8))
+    if dtype not in (np.int8, np.uint8) or reader.attr("precision", 0) not in (0, 1):
+        return None
+    scale = _scalar(ctx, reader.inputs[1])
+    zp = np.zeros((), dtype) if zero_point is None else _scalar(ctx, zero_point)
+    if scale is None or scale.dtype != np.float32 or not np.isfinite(scale) or scale <= 0 or zp is None:
+        return None
+    out = _Quantization(reader.outputs[0], np.float32(scale), int(zp), dtype)
+    lo, hi = RANGES[dtype.name]
+    if activation is not None:
+        if activation[0] == "relu":
+            lo = max(lo, out.zero_point)
+        elif activation[0] == "clip":  # QuantizeLinear is nondecreasing: it commutes with the clamp
+            a, b = activation[1]
+            lo, hi = max(lo, _quantized_bound(a, out, lo, hi)), min(hi, _quantized_bound(b, out, lo, hi))
+        else:
+            return None
+    if lo > hi:
+        return None
+    return _Requantization(tuple(nodes) + (reader,), reader.outputs[0], out, lo, hi)
+
+
+def _integer_bias(ctx: LoweringContext, bias: str | None, product_scale: np.ndarray) -> np.ndarray | None:
+    """The bias in units of x_scale * w_scale as int32 [OC] (zeros without one), else None: a
+    bias that ``quantize_static`` quantized that way is its integers again."""
+    if bias is None:
+        return np.zeros(product_scale.shape, np.int32)
+    value = ctx.values.get(bias)
+    if value is None or not value.is_const or value.const.size not in (1, product_scale.size):
+        return None
+    integers = np.rint(value.const.astype(np.float64).reshape(-1) / product_scale.astype(np.float64))
+    if not np.all(np.isfinite(integers)) or integers.min(initial=0) < _INT32.min or integers.max(initial=0) > _INT32.max:
+        return None
+    return np.ascontiguousarray(np.broadcast_to(integers, product_scale.shape), np.int32)
+
+
+def _emit(ctx: LoweringContext, node: Node, x: _Quantization, weight: np.ndarray, w_scale: np.ndarray,
+          bias: np.ndarray, out: _Requantization, geometry: dict, out_shape: tuple[int, ...]) -> None:
+    """One QuantizedConv2D of ``x`` by the int8 ``weight`` [OC, C/groups, KH, KW] into ``out``."""
+    multiplier = (x.scale * w_scale / out.quantization.scale).astype(np.float32)
+    names = []
+    for hint, array in (("weight_int8", weight), ("bias_int32", bias), ("multiplier", multiplier)):
+        names.append(ctx.temp(node, hint))
+        ctx.set_const(names[-1], np.ascontiguousarray(array))
+    op = A.QuantizedConv2D((x.tensor, *names), (out.output,), node.name, **geometry, x_zero_point=x.zero_point,
+                           y_zero_point=out.quantization.zero_point, out_dtype=out.quantization.dtype.name,
+                           lo=out.lo, hi=out.hi)
+    ctx.emit(op, out_shape, out.quantization.dtype)
+    ctx.absorb(*out.nodes)
+    ctx.int8_fused = True
+
+
+def _int8_conv(ctx: LoweringContext, node: Node) -> bool:
+    """A QDQ Conv as QuantizedConv2D (see the module docstring); False where it is not one."""
+    x = _dequantized_activation(ctx, node.inputs[0])
+    w_shape = ctx.shape(node.inputs[1])
+    if x is None or len(w_shape) != 4 or len(ctx.shape(x.tensor)) != 4:
+        return False
+    weight = _dequantized_weight(ctx, node.inputs[1], w_shape[0], axis=0)
+    out = _requantizing_reader(ctx, node)
+    if weight is None or out is None:
+        return False
+    bias = _integer_bias(ctx, _input(node, 2), x.scale * weight[1])
+    if bias is None:
+        return False
+    geometry = conv2d_geometry(node, ctx.shape(x.tensor), w_shape)
+    _emit(ctx, node, x, weight[0], weight[1], bias, out, geometry,
+          (geometry["batch"], w_shape[0]) + geometry["out_hw"])
+    return True
+
+
+def _product_geometry(m: int, k: int, n: int) -> dict:
+    """A product of m rows [m, k] by [k, n] as a 1x1 convolution of m images of k channels."""
+    return dict(batch=m, in_channels=k, in_hw=(1, 1), out_channels=n, out_hw=(1, 1), kernel=(1, 1))
+
+
+def _int8_product(ctx: LoweringContext, node: Node, trans_b: bool, bias: str | None) -> bool:
+    """A QDQ Gemm or MatMul of rows by a constant 2D weight as QuantizedConv2D; False elsewhere."""
+    x = _dequantized_activation(ctx, node.inputs[0])
+    b_shape = ctx.shape(node.inputs[1])
+    if x is None or len(b_shape) != 2 or len(ctx.shape(x.tensor)) < 2:
+        return False
+    x_shape = ctx.shape(x.tensor)
+    k, n = b_shape[::-1] if trans_b else b_shape
+    if x_shape[-1] != k:
+        return False
+    weight = _dequantized_weight(ctx, node.inputs[1], n, axis=0 if trans_b else 1)
+    out = _requantizing_reader(ctx, node)
+    if weight is None or out is None:
+        return False
+    integer_bias = _integer_bias(ctx, bias, x.scale * weight[1])
+    if integer_bias is None:
+        return False
+    rows = weight[0] if trans_b else weight[0].T
+    m = int(np.prod(x_shape[:-1], dtype=np.int64))
+    _emit(ctx, node, x, rows.reshape(n, k, 1, 1), weight[1], integer_bias, out, _product_geometry(m, k, n),
+          tuple(x_shape[:-1]) + (n,))
+    return True
+
+
+@lowers("Conv")
+def lower_conv_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
+    if not (ctx.int8_ops and ctx.graph_reads is not None and _int8_conv(ctx, node)):
+        lower_conv(ctx, node, opset)
+
+
+@lowers("Gemm")
+def lower_gemm_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
+    plain = (not node.attr("transA", 0) and float(node.attr("alpha", 1.0)) == 1.0
+             and float(node.attr("beta", 1.0)) == 1.0)
+    bias = _input(node, 2)
+    if bias is not None and len(ctx.shape(bias)) == 2 and ctx.shape(bias)[0] != 1:
+        plain = False  # a bias per row
+    if not (plain and ctx.int8_ops and ctx.graph_reads is not None
+            and _int8_product(ctx, node, bool(node.attr("transB", 0)), bias)):
+        lower_gemm(ctx, node, opset)
+
+
+@lowers("MatMul")
+def lower_matmul_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
+    if not (ctx.int8_ops and ctx.graph_reads is not None and len(node.inputs) == 2
+            and _int8_product(ctx, node, False, None)):
+        lower_matmul(ctx, node, opset)
+
+
+def _int8_qlinear_conv(ctx: LoweringContext, node: Node) -> bool:
+    """QLinearConv with per-tensor x and y and a symmetric int8 weight as QuantizedConv2D."""
+    x = _quantization(ctx, node.inputs[0], node.inputs[1], _input(node, 2))
+    w_shape = ctx.shape(node.inputs[3])
+    if x is None or len(w_shape) != 4 or len(ctx.shape(x.tensor)) != 4:
+        return False
+    weight = _symmetric_int8(ctx, node.inputs[3], node.inputs[4], _input(node, 5), w_shape[0])
+    y_zp = _input(node, 7)
+    dtype = ctx.dtype(y_zp) if y_zp else np.dtype(np.uint8)
+    scale, zp = _scalar(ctx, node.inputs[6]), (np.zeros((), dtype) if y_zp is None else _scalar(ctx, y_zp))
+    bias = _input(node, 8)
+    bias_value = ctx.values.get(bias) if bias else None
+    if weight is None or scale is None or scale.dtype != np.float32 or scale <= 0 or zp is None \
+            or dtype not in (np.int8, np.uint8) or bias and not (bias_value.is_const and bias_value.dtype == np.int32):
+        return False
+    out = _Quantization(node.outputs[0], np.float32(scale), int(zp), dtype)
+    integer_bias = np.zeros(w_shape[0], np.int32) if bias is None else bias_value.const.reshape(-1).astype(np.int32)
+    geometry = conv2d_geometry(node, ctx.shape(x.tensor), w_shape)
+    lo, hi = RANGES[dtype.name]
+    _emit(ctx, node, x, weight[0], weight[1], integer_bias, _Requantization((), node.outputs[0], out, lo, hi),
+          geometry, (geometry["batch"], w_shape[0]) + geometry["out_hw"])
+    return True
+
+
+@lowers("QLinearConv")
+def lower_qlinear_conv_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
+    if not (ctx.int8_ops and _int8_qlinear_conv(ctx, node)):
+        lower_qlinear_conv(ctx, node, opset)
+
+
+def _int8_qlinear_matmul(ctx: LoweringContext, node: Node) -> bool:
+    """QLinearMatMul of per-tensor 8-bit rows by a constant symmetric int8 [K, N] as QuantizedConv2D."""
+    x = _quantization(ctx, node.inputs[0], node.inputs[1], _input(node, 2))
+    b_shape = ctx.shape(node.inputs[3])
+    if x is None or len(b_shape) != 2 or len(ctx.shape(x.tensor)) < 2 or ctx.shape(x.tensor)[-1] != b_shape[0]:
+        return False
+    k, n = b_shape
+    weight = _symmetric_int8(ctx, node.inputs[3], node.inputs[4], _input(node, 5), n)
+    y_zp = _input(node, 7)
+    dtype = ctx.dtype(y_zp) if y_zp else np.dtype(np.uint8)
+    scale, zp = _scalar(ctx, node.inputs[6]), (np.zeros((), dtype) if y_zp is None else _scalar(ctx, y_zp))
+    if weight is None or scale is None or scale.dtype != np.float32 or scale <= 0 or zp is None \
+            or dtype not in (np.int8, np.uint8):
+        return False
+    out = _Quantization(node.outputs[0], np.float32(scale), int(zp), dtype)
+    x_shape = ctx.shape(x.tensor)
+    m = int(np.prod(x_shape[:-1], dtype=np.int64))
+    lo, hi = RANGES[dtype.name]
+    _emit(ctx, node, x, weight[0].T.reshape(n, k, 1, 1), weight[1], np.zeros(n, np.int32),
+          _Requantization((), node.outputs[0], out, lo, hi), _product_geometry(m, k, n), tuple(x_shape[:-1]) + (n,))
+    return True
+
+
+@lowers("QLinearMatMul")
+def lower_qlinear_matmul_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
+    if not (ctx.int8_ops and _int8_qlinear_matmul(ctx, node)):
+        lower_qlinear_matmul(ctx, node, opset)

@@ -1,0 +1,221 @@
+"""Static int8 (issue 30): QuantizedConv2D, the int8 convolution that QDQ models' Conv, Gemm and MatMul
+and QLinearConv become on the cpu, against NumPy (the op's integer arithmetic exactly, and ONNX
+Runtime's unfused float arithmetic within one quantization step), and QDQ zoo models made by
+``quantize_static`` on every backend: int8 on the cpu, float as before on the others."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+import onnx
+import pytest
+
+import gpumnn
+from gpumnn import zoo
+from gpumnn import atomic as A
+from gpumnn.backends.base import TensorHandle
+from gpumnn.backends.cpu import int8_conv
+from gpumnn.backends.cpu.backend import CpuBackend
+from gpumnn.scheduler.schemes import conv_scheme
+
+# (name, channels, in_hw, out_channels, kernel, stride, pad, dilation, groups, batch)
+GEOMETRIES = [
+    ("3x3", 20, (9, 11), 40, 3, 1, 1, 1, 1, 1),
+    ("3x3 stride 2", 24, (12, 9), 33, 3, 2, 1, 1, 1, 2),
+    ("7x7 few channels", 3, (20, 20), 16, 7, 2, 3, 1, 1, 1),
+    ("1x1", 40, (6, 7), 24, 1, 1, 0, 1, 1, 1),
+    ("1x1 widening", 12, (8, 9), 40, 1, 1, 0, 1, 1, 2),
+    ("1x1 stride 2", 16, (9, 9), 8, 1, 2, 0, 1, 1, 1),
+    ("dilated", 17, (10, 10), 12, 3, 1, 2, 2, 1, 1),
+    ("grouped", 32, (8, 8), 48, 3, 1, 1, 1, 4, 1),
+    ("depthwise", 24, (13, 13), 24, 3, 1, 1, 1, 24, 2),
+    ("depthwise stride 2", 16, (15, 14), 16, 3, 2, 1, 1, 16, 1),
+    ("depthwise 5x5", 8, (11, 11), 8, 5, 1, 2, 1, 8, 1),
+    ("rows of a product", 70, (1, 1), 37, 1, 1, 0, 1, 1, 5),
+]
+
+
+def _case(geometry, x_dtype: str, out_dtype: str, seed: int = 0):
+    """(op, x, weight, bias, multiplier, the float parameters) of one random QuantizedConv2D."""
+    name, c, hw, oc, k, s, p, d, groups, batch = geometry
+    rng = np.random.default_rng(seed)
+    info, out_info = np.iinfo(x_dtype), np.iinfo(out_dtype)
+    x = rng.integers(info.min, info.max + 1, (batch, c) + hw).astype(x_dtype)
+    w = rng.integers(-127, 128, (oc, c // groups, k, k)).astype(np.int8)
+    x_scale, y_scale = np.float32(0.02), np.float32(0.05 * np.sqrt(c // groups * k * k))
+    w_scale = rng.uniform(0.002, 0.01, oc).astype(np.float32)
+    bias = rng.integers(-3000, 3000, oc).astype(np.int32)
+    x_zero, y_zero = int(rng.integers(info.min, info.max // 2)), int(rng.integers(out_info.min, out_info.max // 2))
+    lo, hi = (max(int(out_info.min), y_zero), int(out_info.max)) if seed % 2 else (int(out_info.min), int(out_info.max))
+    out_hw = tuple((hw[i] + 2 * p - d * (k - 1) - 1) // s + 1 for i in range(2))
+    op = A.QuantizedConv2D(("x", "w", "b", "m"), ("y",), "q", batch=batch, in_channels=c, in_hw=hw, out_channels=oc,
+                           out_hw=out_hw, kernel=(k, k), strides=(s, s), pads=(p, p), dilations=(d, d), groups=groups,
+                           x_zero_point=x_zero, y_zero_point=y_zero, out_dtype=out_dtype, lo=lo, hi=hi, dtype=x_dtype)
+    op = dataclasses.replace(op, scheme=conv_scheme(op))
+    multiplier = (x_scale * w_scale / y_scale).astype(np.float32)
+    return op, x, w, bias, multiplier, (x_scale, w_scale, y_scale)
+
+
+def _handle(array: np.ndarray) -> TensorHandle:
+    array = np.ascontiguousarray(array)
+    return TensorHandle(array.reshape(-1), 0, array.shape, array.dtype.name)
+
+
+def _run_kernel(backend: CpuBackend, op, x, w, bias, multiplier) -> np.ndarray:
+    out = np.zeros((op.batch, op.out_channels) + op.out_hw, op.out_dtype)
+    exe = backend.create_execution(op, [_handle(x), _handle(w), _handle(bias), _handle(multiplier)],
+                                   [TensorHandle(out.reshape(-1), 0, out.shape, op.out_dtype)])
+    for work in exe.work:
+        work()
+    return out
+
+
+def _unfused(op, x, w, bias, scales) -> np.ndarray:
+    """ONNX Runtime's unfused path in float64: DequantizeLinear, a float convolution with the
+    dequantized bias, QuantizeLinear, the clamp."""
+    x_scale, w_scale, y_scale = (np.float64(s) for s in scales)
+    xf = (x.astype(np.float64) - op.x_zero_point) * x_scale
+    n, c, (h, wd), oc, (oh, ow) = op.batch, op.in_channels, op.in_hw, op.out_channels, op.out_hw
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = op.kernel, op.strides, op.pads, op.dilations
+    padded = np.zeros((n, c, h + 2 * ph + kh * dh, wd + 2 * pw + kw * dw))
+    padded[:, :, ph:ph + h, pw:pw + wd] = xf
+    wf = w.astype(np.float64) * w_scale.astype(np.float64).reshape(-1, 1, 1, 1)
+    per_group, out_per_group = c // op.groups, oc // op.groups
+    y = np.zeros((n, oc, oh, ow))
+    for g in range(op.groups):
+        for i in range(kh):
+            for j in range(kw):
+                window = padded[:, g * per_group:(g + 1) * per_group, i * dh:i * dh + (oh - 1) * sh + 1:sh,
+                                j * dw:j * dw + (ow - 1) * sw + 1:sw]
+                y[:, g * out_per_group:(g + 1) * out_per_group] += np.einsum(
+                    "nchw,oc->nohw", window, wf[g * out_per_group:(g + 1) * out_per_group, :, i, j])
+    y += (bias * x_scale * w_scale.astype(np.float64)).reshape(1, oc, 1, 1)
+    return np.clip(np.rint(y / y_scale) + op.y_zero_point, op.lo, op.hi)
+
+
+@pytest.fixture(scope="module")
+def compiled_cpu():
+    return CpuBackend(threads=2)
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=[g[0] for g in GEOMETRIES])
+@pytest.mark.parametrize("types", [("int8", "int8"), ("uint8", "uint8"), ("uint8", "int8")], ids="-".join)
+def test_quantized_conv_kernel_is_the_contract_exactly(compiled_cpu, geometry, types):
+    """The compiled kernel (this host's tile path) and the NumPy backend give the reference's bits,
+    and the reference is within one step of the unfused float arithmetic."""
+    for seed in (0, 1):
+        op, x, w, bias, multiplier, scales = _case(geometry, *types, seed=seed)
+        reference = int8_conv.quantized_conv_reference(op, x, w, bias, multiplier)
+        got = _run_kernel(compiled_cpu, op, x, w, bias, multiplier)
+        np.testing.assert_array_equal(got, reference)
+        if geometry[0] in ("3x3", "depthwise"):
+            np.testing.assert_array_equal(_run_kernel(CpuBackend(threads=1, jit=False), op, x, w, bias, multiplier),
+                                          reference)
+        assert np.abs(reference.astype(np.int64) - _unfused(op, x, w, bias, scales)).max() <= 1
+
+
+# -- QDQ zoo models ------------------------------------------------------------------------------------
+
+SIZE = 64  # the zoo models at 64 x 64: every layer, a quarter of the pixels of 224 x 224 and less
+
+
+def _at_size(model: onnx.ModelProto, size: int) -> onnx.ModelProto:
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_value = dims[3].dim_value = size
+    del model.graph.value_info[:]
+    return model
+
+
+@pytest.fixture(scope="module")
+def qdq_models(tmp_path_factory):
+    """zoo name -> a QDQ model of it (BatchNormalization folded first, as ONNX Runtime's
+    pre-processing does; int8 activations, per-channel int8 weights; 2 random calibration inputs)."""
+    pytest.importorskip("onnxruntime")
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    logging.getLogger().setLevel(logging.ERROR)  # the quantizer's advice on pre-processing
+    folder = tmp_path_factory.mktemp("qdq")
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(4)
+            self.batches = iter([{"input": rng.standard_normal((1, 3, SIZE, SIZE)).astype(np.float32)}
+                                 for _ in range(2)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    models = {}
+    for name in ("squeezenet1_1", "resnet18", "mobilenet_v2"):
+        source, folded, target = (folder / f"{name}.{kind}.onnx" for kind in ("float", "folded", "qdq"))
+        onnx.save(_at_size(zoo.build(name), SIZE), source)
+        quant_pre_process(str(source), str(folded), skip_symbolic_shape=True)
+        quantize_static(str(folded), str(target), Reader(), quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=True)
+        models[name] = target
+    return models
+
+
+#: the largest difference from ONNX Runtime's unfused path, in steps of the output: one flipped
+#: step in a hidden layer grows through the layers after it, in ONNX Runtime's own fused path
+#: (3 to 7 steps from its unfused one on these models) as in gpumnn's float and int8 paths
+MAX_STEPS = {"squeezenet1_1": 2, "resnet18": 3, "mobilenet_v2": 8}
+#: lavapipe and llvmpipe run the two smaller models only (resnet18's float path there is unchanged by issue 30)
+SLOW_BACKENDS = ("vulkan", "gl")
+SLOW_BACKEND_MODELS = ("squeezenet1_1", "mobilenet_v2")
+
+
+@pytest.mark.parametrize("name", list(MAX_STEPS))
+def test_qdq_zoo_model_runs_int8_on_the_cpu_and_float_elsewhere(backend, qdq_models, name):
+    """The cpu runs every Conv and Gemm as QuantizedConv2D, the other backends none (their
+    convolutions stay float on their own device); both agree with ONNX Runtime's unfused path."""
+    import onnxruntime as ort
+
+    if backend in SLOW_BACKENDS and name not in SLOW_BACKEND_MODELS:
+        pytest.skip("resnet18 runs on the cpu and opencl only here, to keep the suite short")
+    path = qdq_models[name]
+    model = onnx.load(path)
+    x = np.random.default_rng(1).standard_normal((1, 3, SIZE, SIZE)).astype(np.float32)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 1
+    ref = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    session = gpumnn.load(str(path)).session(backend=backend, fallback=False)
+    try:
+        got = session.run({"input": x})[model.graph.output[0].name]
+        program, placement = session.program, session.shape_set().placement
+    finally:
+        session.close()
+    products = sum(n.op_type in ("Conv", "Gemm") for n in model.graph.node)
+    int8_ops = [op for op in program.ops if isinstance(op, A.QuantizedConv2D)]
+    if backend == "cpu":
+        assert len(int8_ops) == products
+        assert not [op for op in program.ops if isinstance(op, (A.Conv2D, A.MatMul))]
+    else:
+        assert not int8_ops
+        assert set(placement.op_backends) == {backend}
+    constants = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    last = next(n for n in model.graph.node if n.output[0] == model.graph.output[0].name)
+    step = float(constants[last.input[1]])
+    assert np.abs(got - ref).max() <= MAX_STEPS[name] * step * 1.001
+
+
+@pytest.mark.parametrize("path", ["vnni512", "avx512bw", "avx2", "portable"])
+def test_every_tile_path_gives_the_contract(path):
+    """Each product path this host runs (the turned tile of widening 1x1 convolutions included) gives the
+    reference's bits; ``GPUMNN_INT8_PATH`` picks the same ones on another host."""
+    from gpumnn.backends.cpu import int8 as cpu_int8
+
+    if path not in cpu_int8.host_paths():
+        pytest.skip(f"this host runs {', '.join(cpu_int8.host_paths())}")
+    previous = cpu_int8.use_path(path)
+    try:
+        backend = CpuBackend(threads=1)
+        for geometry in (GEOMETRIES[0], GEOMETRIES[3], GEOMETRIES[4], GEOMETRIES[-1]):
+            op, x, w, bias, multiplier, _ = _case(geometry, "int8", "uint8", seed=3)
+            np.testing.assert_array_equal(_run_kernel(backend, op, x, w, bias, multiplier),
+                                          int8_conv.quantized_conv_reference(op, x, w, bias, multiplier))
+    finally:
+        cpu_int8.use_path(previous)
