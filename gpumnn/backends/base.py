@@ -276,6 +276,8 @@ class Backend(ABC):
     #: atomic op type -> the schemes whose kernels add a residual in their epilogue (Conv2D's
     #: ``has_residual``); the scheme step fuses a residual add only into those
     residual_schemes: ClassVar[Mapping[type, frozenset[str]]] = {}
+    #: how the backend's int8 kernels (QuantizedConv2D) compute, for ``gpumnn info`` ("": none)
+    int8_arithmetic: ClassVar[str] = ""
     #: run states of one session that may run at once on this backend (1: runs take turns) --
     #: what is *safe*; ``default_concurrent_runs`` says what *pays*
     max_concurrent_runs: ClassVar[int] = 1

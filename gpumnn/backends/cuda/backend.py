@@ -90,6 +90,7 @@ class CudaBackend(Backend):
     residual_schemes = cl_plans.TILED_RESIDUAL_SCHEMES
     op_names = cl_plans.OP_NAMES
     dtypes = cl_plans.DTYPES
+    int8_arithmetic = cl_plans.INT8_ARITHMETIC
     #: float16 / int8 / uint8 tensors as themselves: CUDA addresses 16- and 8-bit elements
     narrow_storage = {1: "native: unsigned char elements", 2: "native: unsigned short elements, cvt.f16 conversions"}
     device_arrays_unsupported = None

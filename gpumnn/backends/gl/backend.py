@@ -48,7 +48,7 @@ from ..kernels.glsl.compile import ShaderCompileError, preprocess
 from . import device as gl_context
 from ..kernels import word_padded
 from ..base import Backend, BackendInfo, Execution, TensorHandle, constant_words, host_out, kernel_family, kernels_option
-from ..kernels.glsl.planner import (RESIDUAL_BINDINGS, RESIDUAL_SCHEMES, DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, WINOGRAD_REWRITE_MAX_TILE, Builder, Hazards, binding_limit, check_shader_op_ids,
+from ..kernels.glsl.planner import (RESIDUAL_BINDINGS, RESIDUAL_SCHEMES, DTYPES as GLSL_DTYPES, INT8_ARITHMETIC as GLSL_INT8_ARITHMETIC, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, WINOGRAD_REWRITE_MAX_TILE, Builder, Hazards, binding_limit, check_shader_op_ids,
                          grid_limit, plan, window)
 from ..limits import MemoryLimits, host_memory
 from ..speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
@@ -178,6 +178,7 @@ class GLBackend(Backend):
     winograd_rewrite_max_tile = WINOGRAD_REWRITE_MAX_TILE
     op_names = GLSL_OP_NAMES
     dtypes = GLSL_DTYPES
+    int8_arithmetic = GLSL_INT8_ARITHMETIC
 
     def __init__(self, kernels: str | None = None, **unknown: Any):
         """``kernels``: "auto" (simd on software renderers, tiled on GPUs), "simd" or "tiled".
