@@ -43,6 +43,8 @@ def gpu_variants() -> list[tuple[str, dict[str, int]]]:
             out += [(family, dict(zip(("AH", "AW", "NH", "NW"), tile))) for tile in ((4, 4, 2, 2), (8, 8, 6, 6), (1, 10, 1, 4))]
         elif family in ("raster", "gather", "select", "scatter"):
             out += [(family, {}), (family, {"ELEM": 2}), (family, {"ELEM": 1})]
+        elif family == "quantized_conv":  # x as uint8 and as int8
+            out += [(family, {}), (family, {"X_SIGNED": 1})]
         elif family == "convert":
             out += [(family, {"IN_KIND": KIND_IDS[a], "OUT_KIND": KIND_IDS[b]}) for a in A.STORAGE_DTYPES
                     for b in A.STORAGE_DTYPES if a != b and {a, b} & A.NARROW_DTYPES]

@@ -284,6 +284,8 @@ class Backend(ABC):
     #: atomic op type -> the schemes whose kernels take float32 storage only (no float16 build):
     #: ``precision="fp16"`` leaves those ops in float32
     float32_only_schemes: ClassVar[Mapping[type, frozenset[str]]] = {}
+    #: how the backend's int8 kernels (QuantizedConv2D) compute, for ``gpumnn info`` ("": none)
+    int8_arithmetic: ClassVar[str] = ""
     #: run states of one session that may run at once on this backend (1: runs take turns) --
     #: what is *safe*; ``default_concurrent_runs`` says what *pays*
     max_concurrent_runs: ClassVar[int] = 1

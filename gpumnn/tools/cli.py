@@ -63,6 +63,8 @@ def cmd_info(args: argparse.Namespace) -> int:
                           f"of {', '.join(cpu_int8.host_paths())})")
                 except ValueError as exc:
                     print(f"          int8 products: {exc}")
+            elif backend.int8_arithmetic:
+                print(f"          int8 convolutions: {backend.int8_arithmetic}")
             if name == "vulkan":
                 from ..backends.kernels.glsl.compile import describe_compiler
                 print(f"          GLSL compiler: {describe_compiler()}")

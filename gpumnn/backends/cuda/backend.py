@@ -95,6 +95,7 @@ class CudaBackend(Backend):
     op_names = cl_plans.OP_NAMES
     dtypes = cl_plans.TILED_DTYPES
     float32_only_schemes = cl_plans.FLOAT32_ONLY_SCHEMES
+    int8_arithmetic = cl_plans.INT8_ARITHMETIC
     #: float16 / int8 / uint8 tensors as themselves: CUDA addresses 16- and 8-bit elements
     narrow_storage = {1: "native: unsigned char elements", 2: "native: unsigned short elements, cvt.f16 conversions"}
     device_arrays_unsupported = None

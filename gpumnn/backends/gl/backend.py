@@ -49,7 +49,7 @@ from . import device as gl_context
 from ..kernels import word_padded
 from ..base import Backend, BackendInfo, Execution, TensorHandle, constant_words, host_out, kernel_family, kernels_option
 from ..kernels.glsl.planner import dtypes_for as glsl_dtypes_for
-from ..kernels.glsl.planner import (RESIDUAL_BINDINGS, DTYPES as GLSL_DTYPES, FLOAT32_ONLY_SCHEMES as GLSL_FLOAT32_ONLY_SCHEMES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, WINOGRAD_REWRITE_MAX_TILE, residual_schemes_for, schemes_for, Builder, Hazards, binding_limit, check_shader_op_ids,
+from ..kernels.glsl.planner import (RESIDUAL_BINDINGS, DTYPES as GLSL_DTYPES, INT8_ARITHMETIC as GLSL_INT8_ARITHMETIC, FLOAT32_ONLY_SCHEMES as GLSL_FLOAT32_ONLY_SCHEMES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, WINOGRAD_REWRITE_MAX_TILE, residual_schemes_for, schemes_for, Builder, Hazards, binding_limit, check_shader_op_ids,
                          grid_limit, plan, window)
 from ..limits import MemoryLimits, host_memory
 from ..speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
@@ -180,6 +180,7 @@ class GLBackend(Backend):
     op_names = GLSL_OP_NAMES
     dtypes = GLSL_DTYPES
     float32_only_schemes = GLSL_FLOAT32_ONLY_SCHEMES
+    int8_arithmetic = GLSL_INT8_ARITHMETIC
 
     def __init__(self, kernels: str | None = None, **unknown: Any):
         """``kernels``: "auto" (simd on software renderers, tiled on GPUs), "simd" or "tiled".

@@ -108,6 +108,7 @@ class OpenCLBackend(Backend):
     op_names = cl_plans.OP_NAMES
     dtypes = cl_plans.DTYPES
     float32_only_schemes = cl_plans.FLOAT32_ONLY_SCHEMES
+    int8_arithmetic = cl_plans.INT8_ARITHMETIC
     #: float16 / int8 / uint8 tensors as themselves: OpenCL C addresses 16- and 8-bit buffer
     #: elements (ushort, uchar; vload_half / vstore_half for float16 conversions)
     narrow_storage = {1: "native: uchar buffer elements", 2: "native: ushort buffer elements, vload_half/vstore_half"}

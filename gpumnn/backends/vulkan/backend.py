@@ -55,7 +55,7 @@ from ..speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
 from ..waits import describe_ops
 # The API-neutral half (what to dispatch per atomic op) is shared with the OpenGL backend.
 from ..kernels.glsl.planner import dtypes_for as glsl_dtypes_for
-from ..kernels.glsl.planner import (MAX_BINDINGS, RESIDUAL_BINDINGS, DTYPES as GLSL_DTYPES, FLOAT32_ONLY_SCHEMES as GLSL_FLOAT32_ONLY_SCHEMES, OP_NAMES as GLSL_OP_NAMES, PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, WINOGRAD_REWRITE_MAX_TILE, residual_schemes_for, schemes_for, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
+from ..kernels.glsl.planner import (MAX_BINDINGS, RESIDUAL_BINDINGS, DTYPES as GLSL_DTYPES, INT8_ARITHMETIC as GLSL_INT8_ARITHMETIC, FLOAT32_ONLY_SCHEMES as GLSL_FLOAT32_ONLY_SCHEMES, OP_NAMES as GLSL_OP_NAMES, PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, WINOGRAD_REWRITE_MAX_TILE, residual_schemes_for, schemes_for, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
                          Hazards as _Hazards, binding_limit, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, plan, window)
 
 try:
@@ -126,6 +126,7 @@ class VulkanBackend(Backend):
     op_names = GLSL_OP_NAMES
     dtypes = GLSL_DTYPES
     float32_only_schemes = GLSL_FLOAT32_ONLY_SCHEMES
+    int8_arithmetic = GLSL_INT8_ARITHMETIC
     plan_error = VulkanError if vk is not None else PlanError
 
     def __init__(self, device: str | int | None = None, validation: bool | None = None,

@@ -87,6 +87,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "conv": ("activation.cl", "conv.cl"),
     "gemm_cpu": ("activation.cl", "gemm_cpu.cl"),
     "winograd": ("activation.cl", "winograd.cl"),
+    "quantized_conv": ("quantized_conv.cl",),
 }
 
 #: stable op ids shared with the kernels (generated into every program's header)
@@ -776,6 +777,29 @@ def _plan_winograd(be: PlannerTarget, op: A.Conv2D, x, w, bias, o, ins) -> Kerne
     return KernelWork(work, scheme, (mats, u, v, prod, *keep), prepare)
 
 
+def _plan_quantized_conv2d(be, op: A.QuantizedConv2D, ins, outs):
+    """Static int8 convolution (quantized_conv.cl), bytes in and out, int32 sums and the float32
+    requantizing epilogue: the GPU family's implicit GEMM on int32 tiles, else (depthwise, and
+    CPU devices) a work item per output."""
+    x, w, bias, mult = ins[:4]
+    y = outs[0]
+    (h, wd), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
+    (sh, sw), (ph, pw), (dh, dw) = op.strides, op.pads, op.dilations
+    total = op.batch * op.out_channels * oh * ow
+    args = [x.buffer, _i(x.offset), w.buffer, _i(w.offset), bias.buffer, _i(bias.offset), mult.buffer,
+            _i(mult.offset), y.buffer, _i(y.offset), _i(total), _i(op.in_channels), _i(h), _i(wd),
+            _i(op.out_channels), _i(oh), _i(ow), _i(kh), _i(kw), _i(sh), _i(sw), _i(ph), _i(pw), _i(dh), _i(dw),
+            _i(op.groups), _i(op.x_zero_point), _i(op.y_zero_point), _i(op.lo), _i(op.hi)]
+    defines = {"X_SIGNED": 1} if op.dtype == A.INT8 else {}
+    if be.kernels == "tiled" and op.scheme != "depthwise":
+        tm, tn, wm, wn, tk = GEMM_CONFIGS["64x64"]
+        defines.update(TM=tm, TN=tn, WM=wm, WN=wn, TK=tk)
+        grid = (_round_up(oh * ow, tn) // wn, _round_up(op.out_channels // op.groups, tm) // wm, op.batch * op.groups)
+        return KernelWork([launch("quantized_conv", "quantized_conv2d_tiled", args, grid, (tn // wn, tm // wm, 1),
+                                  defines=defines)], "int8 implicit GEMM")
+    return KernelWork([launch1d("quantized_conv", "quantized_conv2d", args, total, defines=defines)], "int8 direct")
+
+
 def _plan_conv_transpose2d(be, op: A.ConvTranspose2D, ins, outs):
     x, w, bias, o = _conv_operands(op, ins, outs)
     if be.kernels == "simd":
@@ -896,7 +920,8 @@ OP_NAMES: Mapping[type, frozenset[str]] = {}
 #: (-DELEM), and Unary identity converts between any two (convert.cl)
 DTYPES: Mapping[type, frozenset[str]] = {
     **{op: frozenset({A.INT32}) for op in (A.Binary, A.Reduce, A.CumSum)},
-    **{op: frozenset(A.STORAGE_DTYPES) for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)}}
+    **{op: frozenset(A.STORAGE_DTYPES) for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)},
+    A.QuantizedConv2D: frozenset({A.UINT8, A.INT8})}
 #: the tiled family's also take float16 storage for the products, pooling, elementwise math, softmax
 #: and normalisation
 #: (-DHALF: ``half_defines``; A.FLOAT16_COMPUTE_OPS); the simd family's vector kernels are float32 only
@@ -906,7 +931,7 @@ TILED_DTYPES: Mapping[type, frozenset[str]] = {
 SCHEMES: Mapping[type, frozenset[str]] = KERNEL_SCHEMES
 #: the GPU family ("tiled") also builds Winograd convolutions as kernels of its own (winograd.cl),
 #: and matrix-vector products as a kernel of their own (gemv.cl)
-TILED_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"},
+TILED_SCHEMES: Mapping[type, frozenset[str]] = {**KERNEL_SCHEMES, A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"},
                                                 A.MatMul: KERNEL_SCHEMES[A.MatMul] | {"gemv"}}
 
 
@@ -933,13 +958,15 @@ def residual_schemes_for(kernels: str) -> Mapping[type, frozenset[str]]:
 
 #: the schemes whose kernels take float32 storage only (Backend.float32_only_schemes): gemv.cl
 FLOAT32_ONLY_SCHEMES: Mapping[type, frozenset[str]] = {A.MatMul: frozenset({"gemv"})}
+#: how QuantizedConv2D computes here (quantized_conv.cl), for ``gpumnn info``
+INT8_ARITHMETIC = "int32 sums: an implicit GEMM on shared-memory tiles (GPU family), a work item per output (depthwise, CPU devices); no integer dot products yet"
 
 PLANNERS: Mapping[type, Callable[..., KernelWork]] = {
     A.Raster: _plan_raster, A.Unary: _plan_unary, A.Binary: _plan_binary, A.Reduce: _plan_reduce,
     A.MatMul: _plan_matmul, A.Conv2D: _plan_conv2d, A.ConvTranspose2D: _plan_conv_transpose2d,
     A.Pool2D: _plan_pool2d, A.Softmax: _plan_softmax, A.Normalize: _plan_normalize,
     A.Resize: _plan_resize, A.Gather: _plan_gather, A.Select: _plan_select, A.CumSum: _plan_cumsum,
-    A.Scatter: _plan_scatter, A.RecurrentCell: _plan_recurrent_cell,
+    A.Scatter: _plan_scatter, A.RecurrentCell: _plan_recurrent_cell, A.QuantizedConv2D: _plan_quantized_conv2d,
 }
 
 

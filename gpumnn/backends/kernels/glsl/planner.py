@@ -717,6 +717,51 @@ def _plan_winograd(be: PlannerTarget, op: A.Conv2D, ins, outs) -> KernelWork:
     return KernelWork([b], f"winograd F({nh}x{nw}, {kh}x{kw})")
 
 
+def _quantized_conv_constant(be: PlannerTarget, op: A.QuantizedConv2D, ins) -> TensorHandle:
+    """quantized_conv2d.comp's int32 constant: the bias, the multipliers' bits and the weights
+    widened to int32, made once per weight (the op's weight, bias and multipliers are constants)."""
+    w, bias, mult = ins[1:4]
+    if not all(_is_constant(h) for h in (w, bias, mult)):
+        raise be.plan_error("QuantizedConv2D needs constant weights, bias and multipliers")
+    key = ("quantized_conv2d", *((h.buffer.id, h.offset) for h in (w, bias, mult)), op.out_channels)
+    packed = be.packed.get(key)
+    if packed is None:
+        oc = op.out_channels
+        parts = (be.read(bias).reshape(-1)[:oc].astype(np.int32),
+                 be.read(mult).reshape(-1)[:oc].astype(np.float32).view(np.int32),
+                 be.read(w).reshape(-1).astype(np.int32))
+        packed = be.packed[key] = be.constant(np.concatenate(parts))
+    return packed
+
+
+def _plan_quantized_conv2d(be, op: A.QuantizedConv2D, ins, outs):
+    """Static int8 convolution (quantized_conv2d.comp), bytes in and out, int32 sums and the float32
+    requantizing epilogue: the GPU family's implicit GEMM on int32 tiles, else (depthwise, and
+    CPU devices) an invocation per output (per word of a packed one)."""
+    (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
+    (sh, sw), (ph, pw), (dh, dw) = op.strides, op.pads, op.dilations
+    total = op.batch * op.out_channels * oh * ow
+    defines = _element_defines(be, op.dtype, op.out_dtype)
+    if op.dtype == A.INT8:
+        defines["X_SIGNED"] = 1
+    tiled = be.kernels == "tiled" and op.scheme != "depthwise"
+    if tiled:
+        tm, tn, rm, rn = _gemm_tiles(op.out_channels // op.groups, oh * ow)
+        defines.update(TILED=1, TM=tm, TN=tn, RM=rm, RN=rn, TK=16, NT=(tm // rm) * (tn // rn))
+    b = Builder(be, "quantized_conv2d", defines, 3)
+    o = b.bind(0, outs[0], 0, total, write=True)
+    x = b.bind(1, ins[0], 0, op.batch * op.in_channels * h * w)
+    packed = b.bind(2, _quantized_conv_constant(be, op, ins))
+    b.set(0, total, op.in_channels, h, w, op.out_channels, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, op.groups,
+          op.x_zero_point, op.y_zero_point, op.lo, op.hi, x, packed, o)
+    if tiled:
+        b.groups = (math.ceil(oh * ow / tn), math.ceil(op.out_channels // op.groups / tm), op.batch * op.groups)
+        _check_grid(be, b.groups)
+        return KernelWork([b], "int8 implicit GEMM")
+    _elements_grid(be, b, op.out_dtype, total, o)
+    return KernelWork([b], "int8 direct")
+
+
 def _is_constant(handle: TensorHandle) -> bool:
     return getattr(handle.buffer, "kind", "") in ("constant", "arena")
 
@@ -999,7 +1044,8 @@ WINOGRAD_REWRITE_MAX_TILE = 2
 #: every storage dtype (elements.glsl), and Unary identity converts between any two (convert.comp)
 DTYPES: Mapping[type, frozenset[str]] = {
     **{op: frozenset({A.INT32}) for op in (A.Binary, A.Reduce, A.CumSum)},
-    **{op: frozenset(A.STORAGE_DTYPES) for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)}}
+    **{op: frozenset(A.STORAGE_DTYPES) for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)},
+    A.QuantizedConv2D: frozenset({A.UINT8, A.INT8})}
 #: the tiled kernels also take float16 storage for the products, pooling, elementwise math, softmax
 #: and normalisation
 #: where the device holds 16-bit elements in buffers (-DHALF: ``_half_defines``; A.FLOAT16_COMPUTE_OPS);
@@ -1024,13 +1070,15 @@ OP_NAMES: Mapping[type, frozenset[str]] = {A.Unary: frozenset(A.UNARY_OPS), A.Bi
 #: the schemes whose kernels take float32 storage only (Backend.float32_only_schemes): gemv.comp
 #: and winograd.comp
 FLOAT32_ONLY_SCHEMES: Mapping[type, frozenset[str]] = {A.MatMul: frozenset({"gemv"}), A.Conv2D: frozenset({"winograd"})}
+#: how QuantizedConv2D computes here (quantized_conv2d.comp), for ``gpumnn info``
+INT8_ARITHMETIC = "int32 sums: an implicit GEMM on shared-memory tiles (GPU family), a work item per output (depthwise, CPU devices); no integer dot products yet"
 
 PLANNERS: Mapping[type, Callable] = {
     A.Raster: _plan_raster, A.Unary: _plan_unary, A.Binary: _plan_binary, A.Reduce: _plan_reduce,
     A.MatMul: _plan_matmul, A.Conv2D: _plan_conv2d, A.ConvTranspose2D: _plan_conv_transpose2d,
     A.Pool2D: _plan_pool2d, A.Softmax: _plan_softmax, A.Normalize: _plan_normalize,
     A.Resize: _plan_resize, A.Gather: _plan_gather, A.Select: _plan_select, A.CumSum: _plan_cumsum,
-    A.Scatter: _plan_scatter, A.RecurrentCell: _plan_recurrent_cell,
+    A.Scatter: _plan_scatter, A.RecurrentCell: _plan_recurrent_cell, A.QuantizedConv2D: _plan_quantized_conv2d,
 }
 
 
