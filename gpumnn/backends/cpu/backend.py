@@ -298,10 +298,10 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
         return cpu_compiled._winograd_region(op, x, weight.reshape(oc, c, kh, kw), out, bias, regions, once)
     if kernel == "winograd":
         return cpu_reference._winograd(op, x, weight.reshape(oc, c, kh, kw), out, bias, pads, pool, parts, jit, once)
-    if kernel == "depthwise_region":
-        return cpu_compiled._depthwise_compiled(op, x, weight, out, bias, pool, parts, regions)
-    if kernel == "depthwise_compiled":
-        return cpu_compiled._depthwise_compiled(op, x, weight, out, bias, pool, parts)
+    if kernel in ("depthwise_region", "depthwise_compiled"):
+        constant = CpuBackend.is_constant(ins[1]) and (not op.has_bias or CpuBackend.is_constant(ins[2]))
+        return cpu_compiled._depthwise_compiled(op, x, weight, out, bias, pool, parts,
+                                                regions if kernel == "depthwise_region" else 0, constant)
     if kernel == "depthwise":
         return cpu_reference._depthwise(op, x, weight, out, pads, _conv_epilogue(op, out, bias, jit), pool, parts)
     cg, ocg = c // g, oc // g

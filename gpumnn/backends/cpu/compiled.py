@@ -10,6 +10,8 @@ are in ``reference``.
 """
 from __future__ import annotations
 
+import functools
+
 from typing import Callable
 
 import numpy as np
@@ -237,16 +239,24 @@ def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Cal
                   keep=(u, b_rows, b_cols, a_rows, a_cols, xp, bases, v, scratch, b1))
 
 
-def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts: int, regions: int = 0) -> KernelWork:
+def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts: int, regions: int = 0,
+                        constant: bool = False) -> KernelWork:
     """The depthwise convolution as ``cpu_jit``'s one-pass loops on channel spans, the bias and a
     clamp activation applied in the loop (others after, on the span), each thread on its own
     scratch plane: one pass where ``_depthwise`` makes several (measured: bench/RESULTS.md).
-    With ``regions``, each image's spans are one native region."""
+    With ``regions``, each image's spans are one native region. ``constant``: the weights and
+    bias never change, so a kernel's layout of them (``cpu_jit.lane_table``) is made once."""
     n, c = op.batch, op.in_channels
     (oh, ow), (kh, kw) = op.out_hw, op.kernel
     kernel, scratch_shapes, geometry = cpu_jit.depthwise_kernel(op)
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, c)
     w3 = weight.reshape(c, kh, kw)  # a view: W may be a run-time tensor
+    refresh = None
+    if kernel is cpu_jit.depthwise_channels_last:
+        table, w3, b1 = cpu_jit.lane_table(w3, b1)
+        if not constant:
+            weight_now, bias_now = weight.reshape(c, kh, kw), _compiled_epilogue(op.activation, bias, c)[0]
+            refresh = functools.partial(cpu_jit.fill_lane_table, table, weight_now, bias_now)
     out4 = out.reshape(n, c, oh, ow)
     scratch = [np.zeros((regions or pool.threads, *shape), np.float32) for shape in scratch_shapes]  # a slice per thread
     tail = (geometry, *op.pads[:2], lo, hi)
@@ -254,16 +264,17 @@ def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts
         bounds = _bounds(_spans(c, parts))
         regions_of = [cpu_parallel.depthwise_region(kernel, (x[b], w3, b1, out4[b], bounds, *scratch, *tail))
                       for b in range(n)]
-        return KernelWork((_region_items(regions_of[0][0], [args for _, args in regions_of], act, out),), "depthwise",
-                      keep=(b1, scratch))
-    spans = [(x[b, c0:c1], w3[c0:c1], b1[c0:c1], out4[b, c0:c1]) for b in range(n) for c0, c1 in _spans(c, parts)]
-    compiled = cpu_jit.bind(kernel, *spans[0], scratch[0][0], scratch[1][0], *tail)
+        work = _region_items(regions_of[0][0], [args for _, args in regions_of], act, out)
+    else:
+        spans = [(x[b, c0:c1], w3[c0:c1], b1[c0:c1], out4[b, c0:c1]) for b in range(n) for c0, c1 in _spans(c, parts)]
+        compiled = cpu_jit.bind(kernel, *spans[0], scratch[0][0], scratch[1][0], *tail)
 
-    def span(index: int, slot: int) -> None:
-        compiled(*spans[index], scratch[0][slot], scratch[1][slot], *tail)
-        if act:
-            act(spans[index][3])
-    return KernelWork((_on_pool(pool, len(spans), span),), "depthwise", keep=(b1, scratch))
+        def span(index: int, slot: int) -> None:
+            compiled(*spans[index], scratch[0][slot], scratch[1][slot], *tail)
+            if act:
+                act(spans[index][3])
+        work = _on_pool(pool, len(spans), span)
+    return KernelWork(((refresh, work) if refresh else (work,)), "depthwise", keep=(b1, w3, scratch))
 
 
 def _thread_scratch(threads: int, floats: int, fill: float = 0.0) -> np.ndarray:

@@ -39,6 +39,9 @@ except ImportError as exc:  # gpumnn[cpu] not installed: the NumPy kernels run
     MISSING = f"Numba is not importable ({exc}); install gpumnn[cpu] for compiled cpu kernels"
 else:
     MISSING = None
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
 
 #: the cpu package's modules: kernels in one inline functions of others (tiles, activations, rows)
 _PACKAGE = Path(__file__).resolve().parent
@@ -301,49 +304,138 @@ def depthwise_s1_rows(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
                 o[ox] = min(max(acc[ox], lo), hi)
 
 
+#: Channels a lane block of ``depthwise_channels_last`` holds: ``lane_taps``' vector of sums
+LANES = 16
+
+
+def _lane_taps(pixels: int):
+    """``lane_taps(src, step, offsets, weights, weight_step, taps, bias, acc)`` as a Numba
+    intrinsic (LLVM IR; addresses as integers, steps and ``offsets`` int64 counts of floats): for
+    each of ``pixels`` output pixels p, acc[p LANES:(p + 1) LANES] = bias[0:LANES] + the sum over
+    t < taps of weights[t weight_step:... + LANES] * src[p step + offsets[t]:... + LANES], the sums
+    held in vector registers across the taps. Numba's own loop over LANES kept them in memory,
+    LLVM runs a loop of fewer elements than its vector width times its interleave scalar, and
+    several pixels make independent multiply-add chains that share each weight load."""
+    @intrinsic
+    def kernel(typingctx, src_address, step, offsets_address, weights_address, weight_step, taps, bias_address,
+               acc_address):
+        def codegen(context, builder, signature, args):
+            f32, i64 = ir.FloatType(), ir.IntType(64)
+            vector = ir.VectorType(f32, LANES)
+            src, weights, bias, acc = (builder.inttoptr(args[i], f32.as_pointer()) for i in (0, 3, 6, 7))
+            step, offsets, weight_step, taps = args[1], builder.inttoptr(args[2], i64.as_pointer()), args[4], args[5]
+
+            def at(base, index):
+                return builder.bitcast(builder.gep(base, [index]), vector.as_pointer())
+            start = builder.load(at(bias, ir.Constant(i64, 0)), align=4)
+            pixel_srcs = [builder.gep(src, [builder.mul(step, ir.Constant(i64, p))]) for p in range(pixels)]
+            entry = builder.block
+            loop, done = builder.append_basic_block("taps.loop"), builder.append_basic_block("taps.done")
+            builder.cbranch(builder.icmp_signed(">", taps, ir.Constant(i64, 0)), loop, done)
+
+            builder.position_at_end(loop)
+            tap = builder.phi(i64)
+            totals = [builder.phi(vector) for _ in range(pixels)]
+            tap.add_incoming(ir.Constant(i64, 0), entry)
+            for total in totals:
+                total.add_incoming(start, entry)
+            offset = builder.load(builder.gep(offsets, [tap]), align=8)
+            weight = builder.load(at(weights, builder.mul(tap, weight_step)), align=4)
+            updated = []
+            for total, pixel_src in zip(totals, pixel_srcs):
+                values = builder.load(at(pixel_src, offset), align=4)
+                # contract only: LLVM fuses the pair into an FMA where the host has one
+                updated.append(builder.fadd(total, builder.fmul(weight, values, flags=("contract",)),
+                                            flags=("contract",)))
+            following = builder.add(tap, ir.Constant(i64, 1))
+            tail = builder.block
+            tap.add_incoming(following, tail)
+            for total, u in zip(totals, updated):
+                total.add_incoming(u, tail)
+            builder.cbranch(builder.icmp_signed("<", following, taps), loop, done)
+
+            builder.position_at_end(done)
+            results = [builder.phi(vector) for _ in updated]  # every phi first, at the block's top
+            for p, (result, u) in enumerate(zip(results, updated)):
+                result.add_incoming(start, entry)
+                result.add_incoming(u, tail)
+                builder.store(result, at(acc, ir.Constant(i64, p * LANES)), align=4)
+            return context.get_dummy_value()
+        return types.void(*[types.intp] * 8), codegen
+    return kernel
+
+
+#: Output pixels ``depthwise_channels_last`` sums at once: independent chains to cover the
+#: multiply-add's latency
+LANE_PIXELS = 4
+if numba is not None:
+    lane_taps, lane_taps_one = _lane_taps(LANE_PIXELS), _lane_taps(1)
+
+
 @_kernel
 def depthwise_channels_last(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
-    """Any kernel size, stride and dilation with the channels innermost: the span's input copied
-    once into a zero-bordered [rows x columns, channels] plane and its weights into [taps,
-    channels] (the head of ``acc``), then each output pixel is a sum over taps of vector products
-    along the channels, in ``acc``'s tail. A plane of a few pixels leaves a per-plane loop rows
-    of a few elements to run, and its cost per channel and per row to pay; a channel row of
-    hundreds is one vectorised pass per tap."""
+    """Any kernel size, stride and dilation with the channels innermost, LANES at a time: each
+    block of LANES channels copied into a zero-bordered [rows x columns, LANES] plane, then each
+    output pixel's LANES sums run over the taps in vector registers (``lane_taps``, into ``acc``).
+    ``w`` and ``bias`` are views of ``lane_table``'s rows, which run LANES floats past the last
+    channel: the weights of a tap lie along the channels, read LANES at a time. A plane of a few
+    pixels leaves a per-channel loop rows of a few elements, which run scalar."""
     cs, h, wd = x.shape[0], x.shape[1], x.shape[2]
     kh, kw = w.shape[1], w.shape[2]
     oh, ow = out.shape[1], out.shape[2]
     sh, sw, dh, dw = geometry
     taps = kh * kw
+    weight_step = w.strides[2] // 4
     width = max(wd + pl, (ow - 1) * sw + (kw - 1) * dw + 1)  # the plane's columns, as ``depthwise_kernel`` sizes it
-    for c in range(cs):
-        for ky in range(kh):
-            for kx in range(kw):
-                acc[(ky * kw + kx) * cs + c] = w[c, ky, kx]
-    for c in range(cs):
-        for iy in range(h):
-            src = x[c, iy]
-            for ix in range(wd):
-                plane[(iy + pt) * width + ix + pl, c] = src[ix]
-    r = acc[taps * cs:(taps + 1) * cs]
-    for oy in range(oh):
-        for ox in range(ow):
-            for c in range(cs):
-                r[c] = bias[c]
-            for ky in range(kh):
-                for kx in range(kw):
-                    src = plane[(oy * sh + ky * dh) * width + ox * sw + kx * dw]
-                    wt = acc[(ky * kw + kx) * cs:(ky * kw + kx + 1) * cs]
-                    for c in range(cs):
-                        r[c] += wt[c] * src[c]
-            for c in range(cs):
-                out[c, oy, ox] = min(max(r[c], lo), hi)
+    offsets = np.empty(taps, np.int64)
+    for ky in range(kh):
+        for kx in range(kw):
+            offsets[ky * kw + kx] = (ky * dh * width + kx * dw) * LANES
+    for c0 in range(0, cs, LANES):
+        n = min(LANES, cs - c0)  # lanes past n hold a previous block's values: computed, never stored
+        for lane in range(n):
+            for iy in range(h):
+                src = x[c0 + lane, iy]
+                for ix in range(wd):
+                    plane[(iy + pt) * width + ix + pl, lane] = src[ix]
+        weights, biases = w.ctypes.data + c0 * w.strides[0], bias.ctypes.data + 4 * c0
+        for oy in range(oh):
+            for ox0 in range(0, ow, LANE_PIXELS):
+                count = min(LANE_PIXELS, ow - ox0)
+                src = plane.ctypes.data + 4 * (oy * sh * width + ox0 * sw) * LANES
+                if count == LANE_PIXELS:
+                    lane_taps(src, sw * LANES, offsets.ctypes.data, weights, weight_step, taps, biases, acc.ctypes.data)
+                else:
+                    for p in range(count):
+                        lane_taps_one(src + 4 * p * sw * LANES, 0, offsets.ctypes.data, weights, weight_step, taps,
+                                      biases, acc.ctypes.data + 4 * p * LANES)
+                for p in range(count):
+                    for lane in range(n):
+                        out[c0 + lane, oy, ox0 + p] = min(max(acc[p * LANES + lane], lo), hi)
+
+
+def lane_table(weight: np.ndarray, bias: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``depthwise_channels_last``'s weights and bias: a table [taps + 1, C + LANES] (each tap's
+    weights along the channels, then the bias, zeros past channel C), and the views of it the
+    kernel takes in place of w [C, KH, KW] and bias [C]."""
+    c, kh, kw = weight.shape
+    table = np.zeros((kh * kw + 1, c + LANES), np.float32)
+    row = table.shape[1] * 4
+    weights = np.lib.stride_tricks.as_strided(table, shape=(c, kh, kw), strides=(4, kw * row, row))
+    fill_lane_table(table, weight, bias)
+    return table, weights, table[kh * kw, :c]
+
+
+def fill_lane_table(table: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> None:
+    """``weight`` [C, KH, KW] and ``bias`` [C] into ``lane_table``'s table."""
+    c = weight.shape[0]
+    table[:-1, :c] = weight.reshape(c, -1).T
+    table[-1, :c] = bias
 
 
 #: ``depthwise_channels_last`` takes the kernels ``depthwise_any`` would on an output of at most
-#: this many pixels (past it, stride 1 runs row by row: ``depthwise_s1_rows``) while its plane of
-#: all channels takes at most this many bytes of each thread's scratch
+#: this many pixels (past it, stride 1 runs row by row: ``depthwise_s1_rows``)
 CHANNELS_LAST_MAX_PIXELS = 64
-CHANNELS_LAST_BYTES = 2 << 20
 #: a stride-1 plane of at most this many elements (it and the flat output: 32 KiB, an L1) runs
 #: as one flat row (``depthwise3x3_s1_flat``)
 FLAT_PLANE_MAX = 4096
@@ -365,8 +457,8 @@ def depthwise_kernel(op: A.Conv2D) -> tuple[Callable, list[tuple[int, ...]], tup
     channels = op.in_channels
     if op.strides == (1, 1) and oh * ow > CHANNELS_LAST_MAX_PIXELS:
         return depthwise_s1_rows, [plane, (ow,)], geometry
-    if oh * ow <= CHANNELS_LAST_MAX_PIXELS and plane[0] * plane[1] * channels * 4 <= CHANNELS_LAST_BYTES:
-        return depthwise_channels_last, [(plane[0] * plane[1], channels), ((kh * kw + 1) * channels,)], geometry
+    if oh * ow <= CHANNELS_LAST_MAX_PIXELS:
+        return depthwise_channels_last, [(plane[0] * plane[1], LANES), (LANE_PIXELS * LANES,)], geometry
     return depthwise_any, [plane, (ow,)], geometry
 
 
