@@ -622,11 +622,11 @@ def winograd_scratch_floats(alpha_h: int, alpha_w: int, nh: int) -> int:
 # -- channel spans of the compiled depthwise and pooling loops ---------------------------------
 
 #: ``cpu_jit``'s depthwise kernels on a zero-bordered plane, by the ``kind`` ``depthwise_spans``
-#: takes (stride 2 takes phase planes: ``depthwise_s2_spans``). A kernel passed as an argument
-#: would be typed by its identity, which differs per process, so Numba's disk cache would never
-#: hit and every process would spend ~1.3 s per kernel compiling the region.
+#: takes. A kernel passed as an argument would be typed by its identity, which differs per
+#: process, so Numba's disk cache would never hit and every process would spend ~1.3 s per
+#: kernel compiling the region.
 PLANE_KINDS = (cpu_jit.depthwise3x3_s1, cpu_jit.depthwise3x3_s1_flat, cpu_jit.depthwise_any,
-               cpu_jit.depthwise_channels_last, cpu_jit.depthwise_s1_rows)
+               cpu_jit.depthwise_channels_last, cpu_jit.depthwise_s1_rows, cpu_jit.depthwise3x3_s2)
 
 
 @_region
@@ -645,25 +645,15 @@ def depthwise_spans(kind, x, w, bias, out, bounds, planes, accs, geometry, pt, p
             cpu_jit.depthwise_any(*args)
         elif kind == 3:
             cpu_jit.depthwise_channels_last(*args)
-        else:
+        elif kind == 4:
             cpu_jit.depthwise_s1_rows(*args)
-
-
-@_region
-def depthwise_s2_spans(x, w, bias, out, bounds, phases, unused, geometry, pt, pl, lo, hi):
-    """``cpu_jit.depthwise3x3_s2`` on the channel spans of one image, each on its thread's scratch."""
-    for i in numba.prange(bounds.shape[0] - 1):
-        t = numba.get_thread_id()
-        c0, c1 = bounds[i], bounds[i + 1]
-        cpu_jit.depthwise3x3_s2(x[c0:c1], w[c0:c1], bias[c0:c1], out[c0:c1], phases[t], unused[t], geometry,
-                                pt, pl, lo, hi)
+        else:
+            cpu_jit.depthwise3x3_s2(*args)
 
 
 def depthwise_region(kernel: Callable, args: tuple) -> tuple[Callable, tuple]:
-    """The region running ``kernel`` on channel spans, and its arguments: ``args`` as the kernel's
-    region takes them after (kind where it takes one)."""
-    if kernel is cpu_jit.depthwise3x3_s2:
-        return depthwise_s2_spans, args
+    """The region running ``kernel`` on channel spans, and its arguments: ``args`` after the
+    kernel's kind."""
     return depthwise_spans, (PLANE_KINDS.index(kernel), *args)
 
 
