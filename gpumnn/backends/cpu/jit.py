@@ -18,8 +18,10 @@ What keeps LLVM from vectorising a loop (measured: bench/RESULTS.md): an index N
 prove non-negative (``row[i + k]`` gets a wraparound branch), a run-time stride in an index
 (``row[i * s]``), a test inside the loop (a stride tested in the row loop), float64 mixed into
 float32 arithmetic, and a row loop in a function of its own that Numba does not inline. Hence slices taken outside
-loops, rows split by stride phase first, a kernel per stride, ``inlined`` row functions and
-np.float32 scalars.
+loops, a kernel per stride, ``inlined`` row functions and np.float32 scalars. And a loop LLVM
+does vectorise runs scalar on fewer elements than its vector width times its interleave (64
+floats with AVX-512), which is every row of a small plane: the depthwise rows and their taps are
+written as LLVM IR (``row_taps``, ``lane_taps``), their sums in vector registers.
 """
 from __future__ import annotations
 
