@@ -79,13 +79,13 @@ def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out
 
 def _small_product(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None, out: np.ndarray,
                    activation: A.Activation) -> KernelWork:
-    """``cpu_jit.small_product`` (a [B, M, K] @ b [1 or B, K, N] + bias [N] into out [B, M, N], all
+    """``cpu_tiles.small_product`` (a [B, M, K] @ b [1 or B, K, N] + bias [N] into out [B, M, N], all
     C-contiguous float32) on the calling thread, a clamp in its loop and any other activation
     after as one compiled pass: a product too small for a region's and BLAS's fixed cost."""
     lo, hi, after = _compiled_clamp(activation)
     bias = np.zeros(b.shape[2], np.float32) if bias is None else bias
     args = (a, b, bias, out, lo, hi)
-    compiled = cpu_jit.bind(cpu_jit.small_product, *args)
+    compiled = cpu_jit.bind(cpu_tiles.small_product, *args)
     if after is None:
         return KernelWork((lambda: compiled(*args),), "small product", keep=(b, bias))
 

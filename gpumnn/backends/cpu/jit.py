@@ -592,31 +592,6 @@ def pool_tiles(x, out, is_max, kh, kw, scale):
                     o[ox] *= scale
 
 
-# -- products too small for a region ------------------------------------------------------------
-
-@_kernel
-def small_product(a, b, bias, out, lo, hi):
-    """out[i] = clamp(a[i] @ b[i or 0] + bias) to [lo, hi] for a [B, M, K], b [1 or B, K, N], bias
-    [N], out [B, M, N], all C-contiguous float32: each output row a sum of b's rows scaled by a's elements, one
-    vectorised pass over the row per element. An LSTM step's recurrent product (a few tens of
-    thousands of multiply-adds) spent most of its time entering a region and BLAS."""
-    shared = b.shape[0] == 1
-    for i in range(a.shape[0]):
-        bi = b[0] if shared else b[i]
-        for m in range(a.shape[1]):
-            o = out[i, m]
-            x = a[i, m]
-            for n in range(o.shape[0]):
-                o[n] = bias[n]
-            for k in range(x.shape[0]):
-                v = x[k]
-                row = bi[k]
-                for n in range(o.shape[0]):
-                    o[n] += v * row[n]
-            for n in range(o.shape[0]):
-                o[n] = min(max(o[n], lo), hi)
-
-
 # -- Winograd's output tiles ---------------------------------------------------------------------
 
 @_kernel
