@@ -302,19 +302,6 @@ def copy_row(dst, src):
 
 
 @_kernel
-def depthwise3x3_s1(x, w, bias, out, plane, unused, geometry, pt, pl, lo, hi):
-    """Stride 1, a row of taps per output row: for planes too large for L1 as one flat row."""
-    width = plane.shape[1]
-    flat = plane.reshape(plane.size)
-    offsets, weights = _tap_tables(w, width, 1)
-    for c in range(x.shape[0]):
-        _into_plane(x[c], plane, pt, pl)
-        _channel_weights(w, c, weights)
-        for oy in range(out.shape[1]):
-            row_taps(out[c, oy], flat[oy * width:], offsets, weights, 9, bias[c], lo, hi, 1)
-
-
-@_kernel
 def depthwise3x3_s1_flat(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
     """Stride 1 on a small plane: the zero-bordered plane is one flat row, and so is the output
     at the plane's width (two columns of each row computed and dropped), copied out after: one
@@ -332,20 +319,6 @@ def depthwise3x3_s1_flat(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
             src, dst = acc[oy * width:], out[c, oy]
             for ox in range(ow):
                 dst[ox] = src[ox]
-
-
-@_kernel
-def depthwise3x3_s2(x, w, bias, out, plane, unused, geometry, pt, pl, lo, hi):
-    """Stride 2: a row of taps per output row (``row_taps`` at stride 2) over the zero-bordered
-    plane, whose rows are a column wider than the windows read."""
-    width = plane.shape[1]
-    flat = plane.reshape(plane.size)
-    offsets, weights = _tap_tables(w, width, 1)
-    for c in range(x.shape[0]):
-        _into_plane(x[c], plane, pt, pl)
-        _channel_weights(w, c, weights)
-        for oy in range(out.shape[1]):
-            row_taps(out[c, oy], flat[2 * oy * width:], offsets, weights, 9, bias[c], lo, hi, 2)
 
 
 @_kernel
@@ -370,11 +343,12 @@ def depthwise_any(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
 
 
 @_kernel
-def depthwise_s1_rows(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
-    """Stride 1, any kernel size and dilation (5x5, 1-D): each output row a row of taps
-    (``row_taps``) over the zero-bordered plane's rows."""
+def depthwise_rows(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
+    """Any kernel size, row stride and dilation, a column stride of 1 or 2 (3x3, 5x5, 1-D): each
+    output row a row of taps (``row_taps``) over the zero-bordered plane's rows; at column
+    stride 2 the plane is a column wider than the windows read."""
     kh, kw = w.shape[1], w.shape[2]
-    dh, dw = geometry[2], geometry[3]
+    sh, sw, dh, dw = geometry
     width = plane.shape[1]
     flat = plane.reshape(plane.size)
     offsets, weights = _tap_tables(w, dh * width, dw)
@@ -382,7 +356,7 @@ def depthwise_s1_rows(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
         _into_plane(x[c], plane, pt, pl)
         _channel_weights(w, c, weights)
         for oy in range(out.shape[1]):
-            row_taps(out[c, oy], flat[oy * width:], offsets, weights, kh * kw, bias[c], lo, hi, 1)
+            row_taps(out[c, oy], flat[oy * sh * width:], offsets, weights, kh * kw, bias[c], lo, hi, sw)
 
 
 #: Channels a lane block of ``depthwise_channels_last`` holds: ``lane_taps``' vector of sums
@@ -514,8 +488,9 @@ def fill_lane_table(table: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> 
     table[-1, :c] = bias
 
 
-#: ``depthwise_channels_last`` takes the kernels ``depthwise_any`` would on an output of at most
-#: this many pixels (past it, stride 1 runs row by row: ``depthwise_s1_rows``)
+#: ``depthwise_channels_last`` takes kernels other than 3x3 on an output of at most this many
+#: pixels (past it, ``depthwise_rows`` at a column stride of 1 or 2, else ``depthwise_any``),
+#: unless its rows fill ``row_taps``' widest vector (a 1-D convolution's)
 CHANNELS_LAST_MAX_PIXELS = 64
 #: a stride-1 plane of at most this many elements (it and the flat output: 32 KiB, an L1) runs
 #: as one flat row (``depthwise3x3_s1_flat``)
@@ -529,15 +504,11 @@ def depthwise_kernel(op: A.Conv2D) -> tuple[Callable, list[tuple[int, ...]], tup
     (sh, sw), (dh, dw), (pt, pl) = op.strides, op.dilations, op.pads[:2]
     plane = (max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1), max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1))
     geometry, unused = (sh, sw, dh, dw), (1,)
-    if (kh, kw) == (3, 3) and op.dilations == (1, 1) and op.strides == (1, 1):
-        if plane[0] * plane[1] <= FLAT_PLANE_MAX:
-            return depthwise3x3_s1_flat, [plane, ((oh - 1) * plane[1] + ow,)], geometry
-        return depthwise3x3_s1, [plane, unused], geometry
-    if (kh, kw) == (3, 3) and op.dilations == (1, 1) and op.strides == (2, 2):
-        return depthwise3x3_s2, [(plane[0], plane[1] + 1), unused], geometry
-    channels = op.in_channels
-    if op.strides == (1, 1) and oh * ow > CHANNELS_LAST_MAX_PIXELS:
-        return depthwise_s1_rows, [plane, (ow,)], geometry
+    three = (kh, kw) == (3, 3) and op.dilations == (1, 1) and op.strides in ((1, 1), (2, 2))
+    if three and op.strides == (1, 1) and plane[0] * plane[1] <= FLAT_PLANE_MAX:
+        return depthwise3x3_s1_flat, [plane, ((oh - 1) * plane[1] + ow,)], geometry
+    if sw in (1, 2) and (three or oh * ow > CHANNELS_LAST_MAX_PIXELS or ow >= TAP_ROW_WIDTHS[0]):
+        return depthwise_rows, [(plane[0], plane[1] + sw - 1), unused], geometry
     if oh * ow <= CHANNELS_LAST_MAX_PIXELS:
         return depthwise_channels_last, [(plane[0] * plane[1], LANES), (LANE_PIXELS * LANES,)], geometry
     return depthwise_any, [plane, (ow,)], geometry

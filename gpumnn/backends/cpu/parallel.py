@@ -625,8 +625,8 @@ def winograd_scratch_floats(alpha_h: int, alpha_w: int, nh: int) -> int:
 #: takes. A kernel passed as an argument would be typed by its identity, which differs per
 #: process, so Numba's disk cache would never hit and every process would spend ~1.3 s per
 #: kernel compiling the region.
-PLANE_KINDS = (cpu_jit.depthwise3x3_s1, cpu_jit.depthwise3x3_s1_flat, cpu_jit.depthwise_any,
-               cpu_jit.depthwise_channels_last, cpu_jit.depthwise_s1_rows, cpu_jit.depthwise3x3_s2)
+PLANE_KINDS = (cpu_jit.depthwise_rows, cpu_jit.depthwise3x3_s1_flat, cpu_jit.depthwise_any,
+               cpu_jit.depthwise_channels_last)
 
 
 @_region
@@ -638,17 +638,13 @@ def depthwise_spans(kind, x, w, bias, out, bounds, planes, accs, geometry, pt, p
         c0, c1 = bounds[i], bounds[i + 1]
         args = (x[c0:c1], w[c0:c1], bias[c0:c1], out[c0:c1], planes[t], accs[t], geometry, pt, pl, lo, hi)
         if kind == 0:
-            cpu_jit.depthwise3x3_s1(*args)
+            cpu_jit.depthwise_rows(*args)
         elif kind == 1:
             cpu_jit.depthwise3x3_s1_flat(*args)
         elif kind == 2:
             cpu_jit.depthwise_any(*args)
-        elif kind == 3:
-            cpu_jit.depthwise_channels_last(*args)
-        elif kind == 4:
-            cpu_jit.depthwise_s1_rows(*args)
         else:
-            cpu_jit.depthwise3x3_s2(*args)
+            cpu_jit.depthwise_channels_last(*args)
 
 
 def depthwise_region(kernel: Callable, args: tuple) -> tuple[Callable, tuple]:
