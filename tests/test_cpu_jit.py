@@ -120,6 +120,15 @@ def test_convolution_epilogues_compiled_and_numpy(case, fresh_rng):
     _both_ways_match_onnxruntime(model, (1, channels, size, size), rng)
 
 
+def test_depthwise_on_few_pixels_with_run_time_weights(fresh_rng):
+    """Weights fed at run time: the channels-innermost kernel's table of them is filled on every run."""
+    model = _conv_model(40, 3, 5, 1, 1, [2, 2, 2, 2], 40, 40, "relu", True, fresh_rng)
+    weight = next(t for t in model.graph.initializer if t.name == "W")
+    model.graph.initializer.remove(weight)
+    model.graph.input.append(helper.make_tensor_value_info("W", TensorProto.FLOAT, list(weight.dims)))
+    _both_ways_match_onnxruntime(model, {"x": (1, 40, 3, 3), "W": tuple(weight.dims)}, fresh_rng, names=("x", "W"))
+
+
 def test_both_stride_1_depthwise_loops_are_covered():
     from gpumnn import atomic as A
 

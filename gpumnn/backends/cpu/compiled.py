@@ -11,7 +11,6 @@ are in ``reference``.
 from __future__ import annotations
 
 import functools
-
 from typing import Callable
 
 import numpy as np
@@ -253,9 +252,9 @@ def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts
     w3 = weight.reshape(c, kh, kw)  # a view: W may be a run-time tensor
     refresh = None
     if kernel is cpu_jit.depthwise_channels_last:
-        table, w3, b1 = cpu_jit.lane_table(w3, b1)
+        weight_now, bias_now = w3, b1  # the op's own tensors, which a run-time weight is read from
+        table, w3, b1 = cpu_jit.lane_table(weight_now, bias_now)
         if not constant:
-            weight_now, bias_now = weight.reshape(c, kh, kw), _compiled_epilogue(op.activation, bias, c)[0]
             refresh = functools.partial(cpu_jit.fill_lane_table, table, weight_now, bias_now)
     out4 = out.reshape(n, c, oh, ow)
     scratch = [np.zeros((regions or pool.threads, *shape), np.float32) for shape in scratch_shapes]  # a slice per thread
