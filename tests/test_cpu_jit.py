@@ -109,6 +109,8 @@ DENSE = [
     (48, 20, 1, 1, [0, 0, 0, 0], 96, "relu6", True),
     (16, 23, 3, 2, [1, 1, 1, 1], 32, "relu", True),
     (8, 30, 7, 2, [3, 3, 3, 3], 16, None, True),
+    (16, 48, 3, 1, [1, 1, 1, 1], 32, "sigmoid", True),  # an output large enough to share its activation
+    (16, 48, 1, 1, [0, 0, 0, 0], 32, "sigmoid", True),  # ... after the 1x1 convolution's GEMM region
 ]
 
 

@@ -686,6 +686,31 @@ def row_sum_spans(a, values, index, out, bounds, width, lo, hi):
                 z[i] = min(max(x[i] + value, lo), hi)
 
 
+#: The activations ``activation_spans`` applies, by the ``kind`` it takes: those a region's
+#: kernels leave for after (not a clamp), with a compiled loop in ``cpu_activations``
+ACTIVATION_KINDS = ("sigmoid", "silu", "hard_swish", "gelu")
+
+
+@_gemm_region
+def activation_spans(kind, a, bounds):
+    """ACTIVATION_KINDS[kind] in place on the spans [bounds[j], bounds[j + 1]) of the flat ``a``:
+    the activation after a convolution's region shared by the region's threads, not on one."""
+    for j in numba.prange(bounds.shape[0] - 1):
+        span = a[bounds[j]:bounds[j + 1]]
+        if kind == 0:
+            for i in range(span.shape[0]):
+                span[i] = cpu_activations.sigmoid_value(span[i])
+        elif kind == 1:
+            for i in range(span.shape[0]):
+                span[i] = span[i] * cpu_activations.sigmoid_value(span[i])
+        elif kind == 2:
+            for i in range(span.shape[0]):
+                span[i] = cpu_activations.hard_swish_value(span[i])
+        else:
+            for i in range(span.shape[0]):
+                span[i] = cpu_activations.gelu_value(span[i])
+
+
 @_region
 def sum_spans(a, b, out, bounds, lo, hi):
     """out[i] = clamp(a[i] + b[i]) to [lo, hi] over the spans [bounds[j], bounds[j + 1])."""
