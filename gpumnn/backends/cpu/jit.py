@@ -154,11 +154,11 @@ def bind(kernel: Callable, *args: Any) -> Callable[..., None]:
 # x [C, H, W], w [C, KH, KW], bias [C], out [C, OH, OW], all float32; then the kernel's two
 # scratch arrays (``depthwise_kernel`` gives the shapes: allocated zeroed once per thread when the
 # execution is created, never in a run; the loops write only where input lands, so the zero border
-# stays; a kernel that needs one ignores the other); the geometry (sh, sw, dh, dw), which only
-# ``depthwise_any`` reads; pt, pl: top and left padding (bottom and right follow from the output
-# size); lo, hi: the clamp. One signature for all four, so that one parallel region
-# (``cpu_parallel.depthwise_spans``) runs any of them. Each channel's zero-bordered plane is built in the scratch (in L1/L2), then every
-# output row is computed whole from it.
+# stays; a kernel that needs one ignores the other); the geometry (sh, sw, dh, dw); pt, pl: top
+# and left padding (bottom and right follow from the output size); lo, hi: the clamp. One
+# signature for all four, so that one parallel region (``cpu_parallel.depthwise_spans``) runs any
+# of them. Each channel's zero-bordered plane (or, channels innermost, a block of channels') is
+# built in the scratch (in L1/L2), then every output row is computed whole from it.
 
 @inlined
 def _tap_tables(w, row_step, column_step):
