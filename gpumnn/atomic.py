@@ -122,14 +122,14 @@ Activation = tuple[str, tuple[float, ...]] | None
 #: celu(a) max(0,x) + min(0, a*(exp(x/a)-1)); mish x*tanh(softplus x); thresholded_relu(a)
 #: x>a ? x : 0; round_f16: to the nearest float16 value (overflow to +-inf), so a Cast to float16
 #: rounds as the model says though the tensor is held in float32;
-#: not: x==0 ? 1 : 0; nonzero: x!=0 ? 1 : 0 (a Cast to bool; output int32).
+#: not: x==0 ? 1 : 0; nonzero: x!=0 ? 1 : 0 (a Cast to bool; output int32); silu x*sigmoid(x).
 #: ``identity`` from one storage dtype to another converts (float to int32 truncates toward 0).
 UNARY_OPS: dict[str, int] = {
     "identity": 0, "relu": 0, "leaky_relu": 1, "clip": 2, "sigmoid": 0, "tanh": 0, "erf": 0,
     "gelu": 0, "hard_sigmoid": 2, "hard_swish": 0, "exp": 0, "log": 0, "sqrt": 0, "neg": 0,
     "abs": 0, "reciprocal": 0, "floor": 0, "ceil": 0, "round": 0, "trunc": 0, "square": 0,
     "softplus": 0, "elu": 1, "sign": 0, "affine_pow": 3, "selu": 2, "celu": 1, "mish": 0,
-    "thresholded_relu": 1, "round_f16": 0, "not": 0, "nonzero": 0,
+    "thresholded_relu": 1, "round_f16": 0, "not": 0, "nonzero": 0, "silu": 0,
 }
 #: the unary ops defined on int32 tensors (the rest are float32 only)
 INT_UNARY_OPS: frozenset[str] = frozenset({"identity", "relu", "clip", "neg", "abs", "sign", "square", "not",

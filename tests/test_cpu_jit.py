@@ -80,12 +80,14 @@ DEPTHWISE = [
     (16, 66, 3, 1, 1, [1, 1, 0, 1], "relu6", True),    # stride 1, a plane past FLAT_PLANE_MAX: row by row
     (16, 15, 3, 2, 1, [0, 0, 1, 1], "relu", True),     # TensorFlow's SAME: padding after only
     (16, 9, 3, 2, 1, [2, 1, 0, 2], None, False),       # uneven padding, no bias, no activation
-    (24, 20, 5, 2, 1, [2, 2, 2, 2], "sigmoid", True),  # 5x5 stride 2 (the generic loop), an activation after
+    (24, 20, 5, 2, 1, [2, 2, 2, 2], "sigmoid", True),  # 5x5 stride 2 row by row, an activation after
     (40, 3, 5, 1, 1, [2, 2, 2, 2], "relu", True),      # 5x5 on a plane smaller than its kernel (channels innermost)
     (48, 9, 5, 2, 1, [2, 2, 2, 2], "relu6", True),     # 5x5 stride 2 on a few pixels (channels innermost)
     (64, 40, 5, 1, 1, [2, 2, 2, 2], "relu6", True),    # 5x5 stride 1 past CHANNELS_LAST_MAX_PIXELS: row by row
+    (32, 21, 5, 2, 2, [4, 4, 4, 4], "relu", True),     # 5x5 stride 2, dilation 2: row by row, taps 2 apart
     (8, 17, 3, 1, 2, [2, 2, 2, 2], "relu", True),      # dilation
     (8, 17, 3, 3, 1, [1, 0, 1, 0], "relu6", True),     # stride 3
+    (8, 40, 3, 3, 1, [1, 1, 1, 1], "relu", True),      # stride 3 on more pixels: the generic loop
     (600, 7, 3, 1, 1, [1, 1, 1, 1], "relu6", True),    # many channels: spans on both threads
 ]
 
@@ -107,6 +109,8 @@ DENSE = [
     (48, 20, 1, 1, [0, 0, 0, 0], 96, "relu6", True),
     (16, 23, 3, 2, [1, 1, 1, 1], 32, "relu", True),
     (8, 30, 7, 2, [3, 3, 3, 3], 16, None, True),
+    (16, 48, 3, 1, [1, 1, 1, 1], 32, "sigmoid", True),  # an output large enough to share its activation
+    (16, 48, 1, 1, [0, 0, 0, 0], 32, "sigmoid", True),  # ... after the 1x1 convolution's GEMM region
 ]
 
 
@@ -118,6 +122,15 @@ def test_convolution_epilogues_compiled_and_numpy(case, fresh_rng):
     _both_ways_match_onnxruntime(model, (1, channels, size, size), rng)
 
 
+def test_depthwise_on_few_pixels_with_run_time_weights(fresh_rng):
+    """Weights fed at run time: the channels-innermost kernel's table of them is filled on every run."""
+    model = _conv_model(40, 3, 5, 1, 1, [2, 2, 2, 2], 40, 40, "relu", True, fresh_rng)
+    weight = next(t for t in model.graph.initializer if t.name == "W")
+    model.graph.initializer.remove(weight)
+    model.graph.input.append(helper.make_tensor_value_info("W", TensorProto.FLOAT, list(weight.dims)))
+    _both_ways_match_onnxruntime(model, {"x": (1, 40, 3, 3), "W": tuple(weight.dims)}, fresh_rng, names=("x", "W"))
+
+
 def test_both_stride_1_depthwise_loops_are_covered():
     from gpumnn import atomic as A
 
@@ -125,7 +138,7 @@ def test_both_stride_1_depthwise_loops_are_covered():
                                                     out_channels=8, groups=8, in_hw=(size, size),
                                                     out_hw=(size, size), kernel=(3, 3), pads=(1, 1)))[0]
                   for size in (19, 66))
-    assert flat is cpu_jit.depthwise3x3_s1_flat and rows is cpu_jit.depthwise3x3_s1
+    assert flat is cpu_jit.depthwise3x3_s1_flat and rows is cpu_jit.depthwise_rows
 
 
 def test_each_generic_depthwise_loop_is_covered():
@@ -138,8 +151,8 @@ def test_each_generic_depthwise_loop_is_covered():
                                                  in_hw=(size, size), out_hw=(out, out), kernel=(5, 5),
                                                  strides=(stride, stride), pads=(2, 2)))[0]
     assert kernel(40, 3, 1) is kernel(48, 9, 2) is cpu_jit.depthwise_channels_last
-    assert kernel(64, 40, 1) is cpu_jit.depthwise_s1_rows
-    assert kernel(24, 20, 2) is cpu_jit.depthwise_any
+    assert kernel(64, 40, 1) is kernel(24, 20, 2) is cpu_jit.depthwise_rows
+    assert kernel(8, 40, 3) is cpu_jit.depthwise_any
 
 
 def test_the_winograd_scheme_runs_with_the_compiled_epilogue():

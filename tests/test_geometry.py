@@ -120,6 +120,44 @@ def test_exported_gelu_fuses_into_the_matmul(form, backend):
     assert rel_l2(sess.run({"x": x})["y"], ref) < 1e-4
 
 
+def _silu_graph(form: str) -> "onnx.ModelProto":
+    """Conv, then SiLU as YOLO exports it: Sigmoid of the convolution's output times that output
+    (``sigmoid_first``: Mul(s, c); ``conv_first``: Mul(c, s)), or ``two_readers``: the sigmoid also
+    a graph output (left alone)."""
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 4, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b")]
+    product = ["s", "c"] if form == "sigmoid_first" else ["c", "s"]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c"], ["s"], name="sigmoid"),
+             helper.make_node("Mul", product, ["y"], name="product")]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 8, 10, 10))]
+    if form == "two_readers":
+        outputs.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, (1, 8, 10, 10)))
+    graph = helper.make_graph(nodes, "silu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 4, 10, 10))],
+                              outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("form", ["sigmoid_first", "conv_first", "two_readers"])
+def test_exported_silu_fuses_into_the_convolution(form, backend):
+    """Sigmoid and Mul become one ``silu`` activation of the Conv (one atomic op), and agree with
+    ONNX Runtime; a sigmoid read elsewhere too is not fused."""
+    import onnxruntime as ort
+    from conftest import rel_l2, require_backend
+    require_backend(backend)
+    model = _silu_graph(form)
+    net = gpumnn.load(model)
+    assert net.optimizations["silu_fused"] == (0 if form == "two_readers" else 1)
+    x = np.random.default_rng(3).standard_normal((1, 4, 10, 10)).astype(np.float32) * 4
+    sess = net.session(backend=backend)
+    if form != "two_readers":
+        assert [op.kind for op in sess.program.ops] == ["conv2d"]
+        assert sess.program.ops[0].activation == ("silu", ())
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert rel_l2(sess.run({"x": x})["y"], ref) < 1e-4
+
+
 def _pool_then_pointwise(pool: dict, in_channels: int, out_channels: int, bias: bool, relu: bool,
                          second_reader: bool = False) -> "onnx.ModelProto":
     """AveragePool(**pool) -> Conv 1x1 (in_channels -> out_channels) [-> Relu], Inception's pool

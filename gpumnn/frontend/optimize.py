@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import GpumnnError, InternalError
 from ..geometry import LoweringContext, lower_into
-from ..geometry.emit import unary_spec
+from ..geometry.emit import QUICK_GELU, unary_spec
 from ..ir import Graph, Node, node_reads, subgraphs
 
 ACTIVATION_HOSTS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "Mul", "BatchNormalization")
@@ -34,7 +34,7 @@ def optimize(graph: Graph) -> dict[str, int]:
     """
     passes = (("identity_removed", remove_identities), ("constants_folded", fold_constants),
               ("batchnorm_folded", fold_batchnorm), ("bias_fused", fuse_matmul_bias),
-              ("gelu_fused", fuse_gelu), ("activations_fused", fuse_activations),
+              ("gelu_fused", fuse_gelu), ("silu_fused", fuse_silu), ("activations_fused", fuse_activations),
               ("pools_after_pointwise", pointwise_before_average_pool), ("constants_folded", fold_constants),
               ("dead_nodes_removed", remove_dead_nodes))
     stats: dict[str, int] = {}
@@ -237,6 +237,32 @@ def fuse_gelu(graph: Graph) -> int:
         for node in (scale, erf, add, product, half):
             if node is not last:
                 graph.nodes.remove(node)
+        producers, consumers = graph.producers(), graph.consumers()
+        uses = _uses(graph)
+        fused += 1
+    return fused
+
+
+def fuse_silu(graph: Graph) -> int:
+    """``x * Sigmoid(x)`` (YOLO's and EfficientNet's SiLU, exported as Sigmoid and Mul) becomes one
+    node, ONNX Runtime's QuickGelu at alpha 1 (the atomic ``silu``), which then fuses into the op
+    before it like any activation: the product's op and pass over memory fewer, and x read by one
+    node where it was read by two."""
+    producers, consumers = graph.producers(), graph.consumers()
+    uses = _uses(graph)
+    fused = 0
+    for sigmoid in list(graph.nodes):
+        if sigmoid.op_type != "Sigmoid" or len(sigmoid.inputs) != 1 or not _single_consumer(graph, uses, sigmoid.outputs[0]):
+            continue
+        x = sigmoid.inputs[0]
+        product = next(iter(consumers.get(sigmoid.outputs[0], [])), None)
+        if (product is None or product.op_type != "Mul" or sorted(product.inputs) != sorted([x, sigmoid.outputs[0]])
+                or "gpumnn_activation" in product.attrs):
+            continue
+        domain, op_type = QUICK_GELU
+        graph.nodes[graph.nodes.index(product)] = Node(op_type, f"{sigmoid.name}/silu", [x], [product.outputs[0]],
+                                                       {"alpha": 1.0}, domain)
+        graph.nodes.remove(sigmoid)
         producers, consumers = graph.producers(), graph.consumers()
         uses = _uses(graph)
         fused += 1

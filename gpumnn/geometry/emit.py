@@ -122,6 +122,9 @@ UNARY_ONNX: dict[str, str] = {
     "LeakyRelu": "leaky_relu", "HardSigmoid": "hard_sigmoid", "Elu": "elu", "Gelu": "gelu", "Clip": "clip",
     "Selu": "selu", "Celu": "celu", "Mish": "mish", "ThresholdedRelu": "thresholded_relu",
 }
+#: ONNX Runtime's x * sigmoid(alpha x) (com.microsoft), which at alpha 1 is SiLU: what its optimiser
+#: and gpumnn's (``fuse_silu``) make of Sigmoid and Mul
+QUICK_GELU = ("com.microsoft", "QuickGelu")
 
 BINARY_ONNX: dict[str, str] = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow",
                                "Max": "max", "Min": "min", "Sum": "add", "PRelu": "prelu"}
@@ -131,6 +134,8 @@ def unary_spec(node: Node, lookup: ConstLookup) -> tuple[str, tuple[float, ...]]
     """The atomic unary (name, params) an ONNX activation node computes, or None if it cannot
     be expressed (e.g. Clip with data-dependent bounds). Shared by lowering and fusion."""
     op = node.op_type
+    if (node.domain, op) == QUICK_GELU:
+        return ("silu", ()) if _scalar(node, "alpha", node.attr("alpha", 1.702)) == 1.0 else None
     if op not in UNARY_ONNX:
         return None
     name = UNARY_ONNX[op]

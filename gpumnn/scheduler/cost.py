@@ -54,7 +54,7 @@ def kernel_of(op: A.AtomicOp) -> str | None:
 
 #: Unary functions that cost many instructions per element (a polynomial, a log or an exp): the
 #: ``transcendental`` family of ``Calibration.memory_gbs``
-TRANSCENDENTAL = frozenset({"erf", "gelu", "softplus", "mish", "elu", "selu", "celu", "exp", "log", "tanh",
+TRANSCENDENTAL = frozenset({"erf", "gelu", "silu", "softplus", "mish", "elu", "selu", "celu", "exp", "log", "tanh",
                             "sigmoid", "affine_pow"})
 
 

@@ -1,4 +1,4 @@
-"""Compiled GELU, erf, sigmoid, hard-swish and hard sigmoid for the cpu backend: one vectorised
+"""Compiled GELU, erf, sigmoid, SiLU, hard-swish and hard sigmoid for the cpu backend: one vectorised
 pass instead of NumPy's several (twenty for GELU).
 
 The NumPy versions (``cpu_math.erf_into``, ``gelu_into``) take a pass over memory per step: a
@@ -107,7 +107,7 @@ def erf_in_place(a):
 
 
 # Mobile networks' activations (MobileNet-v3's hard-swish and squeeze-excitation's hard sigmoid,
-# YOLO's SiLU as Sigmoid and Mul): NumPy takes a pass over memory and a temporary per step.
+# YOLO's SiLU, from Sigmoid and Mul: ``fuse_silu``): NumPy takes a pass over memory and a temporary per step.
 # Each has an in-place kernel (an epilogue) and one from x into out (the Unary op); the
 # parameters (hard_sigmoid's alpha and beta) follow the arrays in both.
 
@@ -138,6 +138,18 @@ def sigmoid_into(x, out, alpha, beta):
 
 
 @_vector_kernel
+def silu_in_place(a, alpha, beta):
+    for i in range(a.shape[0]):
+        a[i] = a[i] * sigmoid_value(a[i])
+
+
+@_vector_kernel
+def silu_into(x, out, alpha, beta):
+    for i in range(x.shape[0]):
+        out[i] = x[i] * sigmoid_value(x[i])
+
+
+@_vector_kernel
 def hard_swish_in_place(a, alpha, beta):
     for i in range(a.shape[0]):
         a[i] = hard_swish_value(a[i])
@@ -164,11 +176,13 @@ def hard_sigmoid_into(x, out, alpha, beta):
 
 #: activations with a compiled loop here (the others stay NumPy calls): a in place, then its parameters
 KERNELS: dict[str, Callable] = {"gelu": gelu_in_place, "erf": erf_in_place, "sigmoid": sigmoid_in_place,
-                                "hard_swish": hard_swish_in_place, "hard_sigmoid": hard_sigmoid_in_place}
+                                "hard_swish": hard_swish_in_place, "hard_sigmoid": hard_sigmoid_in_place,
+                                "silu": silu_in_place}
 #: the same from x into out, for the Unary op
-INTO: dict[str, Callable] = {"sigmoid": sigmoid_into, "hard_swish": hard_swish_into, "hard_sigmoid": hard_sigmoid_into}
+INTO: dict[str, Callable] = {"sigmoid": sigmoid_into, "hard_swish": hard_swish_into, "hard_sigmoid": hard_sigmoid_into,
+                             "silu": silu_into}
 #: how many parameters each kernel takes after its arrays (none for GELU and erf)
-_PARAMETERS = {"sigmoid": 2, "hard_swish": 2, "hard_sigmoid": 2}
+_PARAMETERS = {"sigmoid": 2, "hard_swish": 2, "hard_sigmoid": 2, "silu": 2}
 
 
 def _parameters(name: str, params: tuple) -> tuple:

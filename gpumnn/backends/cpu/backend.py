@@ -214,7 +214,7 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constan
             (typed(ins[0]), typed(ins[1]), typed(outs[0])),
             [(a[bi, m0:m1], b[0 if b.shape[0] == 1 else bi, :, n0:n1], o[bi, m0:m1, n0:n1], m0, n0)
              for bi, m0, m1, n0, n1 in _expand_batch(blocks, a.shape[0])],
-            op.activation, o, alpha=alpha, bias=bias_spec, beta=beta)
+            op.activation, o, alpha=alpha, bias=bias_spec, beta=beta, regions=engine.regions)
         if region is not None:
             return KernelWork((region,))
         kernel, parts = engine.without_regions().matmul(macs, True, vector)
@@ -303,10 +303,10 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
         return cpu_compiled._winograd_region(op, x, weight.reshape(oc, c, kh, kw), out, bias, regions, once)
     if kernel == "winograd":
         return cpu_reference._winograd(op, x, weight.reshape(oc, c, kh, kw), out, bias, pads, pool, parts, jit, once)
-    if kernel == "depthwise_region":
-        return cpu_compiled._depthwise_compiled(op, x, weight, out, bias, pool, parts, regions)
-    if kernel == "depthwise_compiled":
-        return cpu_compiled._depthwise_compiled(op, x, weight, out, bias, pool, parts)
+    if kernel in ("depthwise_region", "depthwise_compiled"):
+        constant = CpuBackend.is_constant(ins[1]) and (not op.has_bias or CpuBackend.is_constant(ins[2]))
+        return cpu_compiled._depthwise_compiled(op, x, weight, out, bias, pool, parts,
+                                                regions if kernel == "depthwise_region" else 0, constant)
     if kernel == "depthwise":
         return cpu_reference._depthwise(op, x, weight, out, pads, _conv_epilogue(op, out, bias, jit), pool, parts)
     cg, ocg = c // g, oc // g
@@ -318,7 +318,8 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
             (typed(ins[1]), typed(ins[0]), typed(outs[0])),
             [(w_packed[gi, m0:m1], xs[b, gi, :, n0:n1], out[b, gi * ocg + m0:gi * ocg + m1, n0:n1], gi * ocg + m0, n0)
              for b in range(n) for gi in range(g) for _, m0, m1, n0, n1 in _gemm_blocks(1, ocg, h * w, parts)],
-            op.activation, out, bias=(typed(ins[2]), ins[2].offset, oc, 1, 0) if op.has_bias else None)
+            op.activation, out, bias=(typed(ins[2]), ins[2].offset, oc, 1, 0) if op.has_bias else None,
+            regions=engine.regions)
         if region is not None:
             return KernelWork((region,), "gemm1x1")
         kernel, parts = engine.without_regions().conv(op, False)

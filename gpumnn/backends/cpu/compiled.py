@@ -10,6 +10,7 @@ are in ``reference``.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import numpy as np
@@ -77,13 +78,13 @@ def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out
 
 def _small_product(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None, out: np.ndarray,
                    activation: A.Activation) -> KernelWork:
-    """``cpu_jit.small_product`` (a [B, M, K] @ b [1 or B, K, N] + bias [N] into out [B, M, N], all
+    """``cpu_tiles.small_product`` (a [B, M, K] @ b [1 or B, K, N] + bias [N] into out [B, M, N], all
     C-contiguous float32) on the calling thread, a clamp in its loop and any other activation
     after as one compiled pass: a product too small for a region's and BLAS's fixed cost."""
     lo, hi, after = _compiled_clamp(activation)
     bias = np.zeros(b.shape[2], np.float32) if bias is None else bias
     args = (a, b, bias, out, lo, hi)
-    compiled = cpu_jit.bind(cpu_jit.small_product, *args)
+    compiled = cpu_jit.bind(cpu_tiles.small_product, *args)
     if after is None:
         return KernelWork((lambda: compiled(*args),), "small product", keep=(b, bias))
 
@@ -95,11 +96,12 @@ def _small_product(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None, out: n
 
 def _gemm_region(bases: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list, activation: A.Activation,
                  out: np.ndarray, alpha: float = 1.0, bias: tuple | None = None,
-                 beta: float = 1.0) -> Callable[[], None] | None:
+                 beta: float = 1.0, regions: int = 1) -> Callable[[], None] | None:
     """The work item running GEMM ``blocks`` (A, B and C views of the flat float32 ``bases``, bias
     row, bias column) as one native region (``cpu_parallel.gemm_blocks``) with the bias and a clamp
-    activation or GELU on each block, any other activation after on ``out``; None where a layout is not
-    one BLAS takes. ``bias``: (flat buffer, offset, rows it repeats over, row stride, column stride)."""
+    activation or GELU on each block, any other activation after on ``out`` (``_shared_activation``
+    on ``regions`` threads); None where a layout is not one BLAS takes. ``bias``: (flat buffer,
+    offset, rows it repeats over, row stride, column stride)."""
     calls = cpu_parallel.gemm_calls(*bases, blocks)
     if bias is None:
         bias = (np.zeros(1, np.float32), 0, 0, 0, 0)
@@ -117,10 +119,11 @@ def _gemm_region(bases: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list,
     compiled = cpu_jit.bind(cpu_parallel.gemm_blocks, *args)
     if after is None:
         return lambda: compiled(*args)
+    after = _shared_activation(activation, out, regions) or functools.partial(after, out)
 
     def run() -> None:
         compiled(*args)
-        after(out)
+        after()
     return run
 
 
@@ -147,7 +150,7 @@ def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts: int)
     scalars = np.array([1.0, 0.0], np.float32)
     images = [(cpu_parallel.SGEMM, x[b], weight, out4[b], b1, blocks, fortran, scalars, cols, geometry, lo, hi, epilogue)
               for b in range(n)]
-    return KernelWork((_region_items(cpu_parallel.im2col_blocks, images, act, out),), "im2col",
+    return KernelWork((_region_items(cpu_parallel.im2col_blocks, images, act, out, op.activation, regions),), "im2col",
                   keep=(b1, cols, blocks, fortran, scalars))
 
 
@@ -184,7 +187,7 @@ def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts:
     pixels_outer = panels.nbytes <= packs[0].nbytes  # the smaller operand in the inner loop, in cache
     images = [(x[b], xp, inner, bases, taps, panels, out4[b], b1, pack_bounds, blocks, packs, accs, shared, pixels_outer,
                lo, hi, epilogue) for b in range(n)]
-    return KernelWork((_region_items(cpu_parallel.packed_conv, images, act, out),), "im2col",
+    return KernelWork((_region_items(cpu_parallel.packed_conv, images, act, out, op.activation, regions),), "im2col",
                   keep=(panels, b1, xp, bases, taps, pack_bounds, blocks, packs, accs))
 
 
@@ -233,20 +236,28 @@ def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Cal
     out4 = out.reshape(op.batch, oc, oh, ow)
     images = [(x[b], xp, inner, bases, b_rows, b_cols, a_rows, a_cols, u, v, scratch, out4[b], b1, geometry, lo, hi)
               for b in range(op.batch)]
-    return KernelWork((_region_items(cpu_parallel.winograd_packed, images, act, out),), "winograd",
+    return KernelWork((_region_items(cpu_parallel.winograd_packed, images, act, out, op.activation, regions),), "winograd",
                   keep=(u, b_rows, b_cols, a_rows, a_cols, xp, bases, v, scratch, b1))
 
 
-def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts: int, regions: int = 0) -> KernelWork:
+def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts: int, regions: int = 0,
+                        constant: bool = False) -> KernelWork:
     """The depthwise convolution as ``cpu_jit``'s one-pass loops on channel spans, the bias and a
     clamp activation applied in the loop (others after, on the span), each thread on its own
     scratch plane: one pass where ``_depthwise`` makes several (measured: bench/RESULTS.md).
-    With ``regions``, each image's spans are one native region."""
+    With ``regions``, each image's spans are one native region. ``constant``: the weights and
+    bias never change, so a kernel's layout of them (``cpu_jit.lane_table``) is made once."""
     n, c = op.batch, op.in_channels
     (oh, ow), (kh, kw) = op.out_hw, op.kernel
     kernel, scratch_shapes, geometry = cpu_jit.depthwise_kernel(op)
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, c)
     w3 = weight.reshape(c, kh, kw)  # a view: W may be a run-time tensor
+    refresh = None
+    if kernel is cpu_jit.depthwise_channels_last:
+        weight_now, bias_now = w3, b1  # the op's own tensors, which a run-time weight is read from
+        table, w3, b1 = cpu_jit.lane_table(weight_now, bias_now)
+        if not constant:
+            refresh = functools.partial(cpu_jit.fill_lane_table, table, weight_now, bias_now)
     out4 = out.reshape(n, c, oh, ow)
     scratch = [np.zeros((regions or pool.threads, *shape), np.float32) for shape in scratch_shapes]  # a slice per thread
     tail = (geometry, *op.pads[:2], lo, hi)
@@ -254,16 +265,17 @@ def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts
         bounds = _bounds(_spans(c, parts))
         regions_of = [cpu_parallel.depthwise_region(kernel, (x[b], w3, b1, out4[b], bounds, *scratch, *tail))
                       for b in range(n)]
-        return KernelWork((_region_items(regions_of[0][0], [args for _, args in regions_of], act, out),), "depthwise",
-                      keep=(b1, scratch))
-    spans = [(x[b, c0:c1], w3[c0:c1], b1[c0:c1], out4[b, c0:c1]) for b in range(n) for c0, c1 in _spans(c, parts)]
-    compiled = cpu_jit.bind(kernel, *spans[0], scratch[0][0], scratch[1][0], *tail)
+        work = _region_items(regions_of[0][0], [args for _, args in regions_of], act, out, op.activation, regions)
+    else:
+        spans = [(x[b, c0:c1], w3[c0:c1], b1[c0:c1], out4[b, c0:c1]) for b in range(n) for c0, c1 in _spans(c, parts)]
+        compiled = cpu_jit.bind(kernel, *spans[0], scratch[0][0], scratch[1][0], *tail)
 
-    def span(index: int, slot: int) -> None:
-        compiled(*spans[index], scratch[0][slot], scratch[1][slot], *tail)
-        if act:
-            act(spans[index][3])
-    return KernelWork((_on_pool(pool, len(spans), span),), "depthwise", keep=(b1, scratch))
+        def span(index: int, slot: int) -> None:
+            compiled(*spans[index], scratch[0][slot], scratch[1][slot], *tail)
+            if act:
+                act(spans[index][3])
+        work = _on_pool(pool, len(spans), span)
+    return KernelWork(((refresh, work) if refresh else (work,)), "depthwise", keep=(b1, w3, scratch))
 
 
 def _thread_scratch(threads: int, floats: int, fill: float = 0.0) -> np.ndarray:
@@ -283,17 +295,33 @@ def _bounds(spans: list[tuple[int, int]]) -> np.ndarray:
 
 
 def _region_items(region: Callable, calls: list[tuple], after: Callable[[np.ndarray], None] | None,
-                  out: np.ndarray) -> Callable[[], None]:
+                  out: np.ndarray, activation: A.Activation = None, regions: int = 1) -> Callable[[], None]:
     """The work item calling ``region`` (compiled once, for the first call's types) with each of
-    ``calls``' arguments, then ``after`` on ``out`` (an activation the region does not apply)."""
+    ``calls``' arguments, then ``after`` on ``out`` (an activation the region does not apply): as
+    a region of its own on ``regions`` threads where ``activation`` is one of
+    ``cpu_parallel.ACTIVATION_KINDS`` and ``out`` large enough to share, else on this thread."""
     compiled = cpu_jit.bind(region, *calls[0])
+    if after:
+        after = _shared_activation(activation, out, regions) or functools.partial(after, out)
 
     def run() -> None:
         for args in calls:
             compiled(*args)
         if after:
-            after(out)
+            after()
     return run
+
+
+def _shared_activation(activation: A.Activation, out: np.ndarray, regions: int) -> Callable[[], None] | None:
+    """``activation`` in place on ``out`` shared by ``regions`` threads (``cpu_parallel.activation_spans``),
+    or None where it has no kind there, ``out`` is not flat float32 or too small to share."""
+    if (activation is None or activation[0] not in cpu_parallel.ACTIVATION_KINDS or out.dtype != np.float32
+            or not out.flags.c_contiguous or regions < 2 or out.size < engines.REGION_MIN_ELEMENTS):
+        return None
+    kind, flat = cpu_parallel.ACTIVATION_KINDS.index(activation[0]), out.reshape(-1)
+    bounds = _bounds(_spans(flat.size, regions, align=engines.CACHE_LINE_FLOATS))
+    compiled = cpu_jit.bind(cpu_parallel.activation_spans, kind, flat, bounds)
+    return lambda: compiled(kind, flat, bounds)
 
 
 def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, parts: int, regions: int = 0) -> KernelWork:

@@ -135,6 +135,7 @@ def unary_function(name: str, params: tuple[float, ...], dtype: np.dtype) -> Una
         "round_f16": lambda x: x.astype(np.float16).astype(x.dtype),
         "not": lambda x: x == 0,
         "nonzero": lambda x: x != 0,
+        "silu": lambda x: x / (1.0 + np.exp(-x)),
     }
     if name not in table:
         raise KeyError(f"unknown unary op {name!r}")

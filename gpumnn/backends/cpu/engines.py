@@ -37,7 +37,7 @@ DEPTHWISE_PARALLEL_MIN = 1 << 18
 #: about a tenth of a hand-over to ``cpu_workers``.
 REGION_MIN_MACS = 1 << 20
 REGION_MIN_WINDOWS = 1 << 15
-#: A float32 product below this many multiply-adds, with its operands' layout plain (``cpu_jit.small_product``
+#: A float32 product below this many multiply-adds, with its operands' layout plain (``cpu_tiles.small_product``
 #: says which), runs as one compiled loop on the calling thread: a region and BLAS's call cost more than it.
 SMALL_PRODUCT_MACS = 1 << 17
 #: Bytes of im2col columns one block of a region copies, so that its product reads them from L2.

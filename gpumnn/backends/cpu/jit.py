@@ -18,8 +18,10 @@ What keeps LLVM from vectorising a loop (measured: bench/RESULTS.md): an index N
 prove non-negative (``row[i + k]`` gets a wraparound branch), a run-time stride in an index
 (``row[i * s]``), a test inside the loop (a stride tested in the row loop), float64 mixed into
 float32 arithmetic, and a row loop in a function of its own that Numba does not inline. Hence slices taken outside
-loops, rows split by stride phase first, a kernel per stride, ``inlined`` row functions and
-np.float32 scalars.
+loops, a kernel per stride, ``inlined`` row functions and np.float32 scalars. And a loop LLVM
+does vectorise runs scalar on fewer elements than its vector width times its interleave (64
+floats with AVX-512), which is every row of a small plane: the depthwise rows and their taps are
+written as LLVM IR (``row_taps``, ``lane_taps``), their sums in vector registers.
 """
 from __future__ import annotations
 
@@ -39,6 +41,9 @@ except ImportError as exc:  # gpumnn[cpu] not installed: the NumPy kernels run
     MISSING = f"Numba is not importable ({exc}); install gpumnn[cpu] for compiled cpu kernels"
 else:
     MISSING = None
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
 
 #: the cpu package's modules: kernels in one inline functions of others (tiles, activations, rows)
 _PACKAGE = Path(__file__).resolve().parent
@@ -145,46 +150,36 @@ def bind(kernel: Callable, *args: Any) -> Callable[..., None]:
     return kernel.overloads[signature].entry_point
 
 
-# -- 3x3 windows ---------------------------------------------------------------------------------
-# x [C, H, W] -> out [C, OH, OW]. A channel's rows are first split by column phase (column j of
-# the padded row to phases[j % sw, j // sw], the border value around them), so that tap kx of
-# output column ox reads phases[kx % sw, ox + kx // sw]: contiguous loads for every stride (a
-# load of row[ox * sw] with a run-time stride runs scalar).
-
-@_kernel
-def _split_phases(src, phases, sw, pl):
-    """phases[p, j] = src[j sw + p - pl] where that is inside ``src`` and ``phases``; the rest is
-    left alone."""
-    w = src.shape[0]
-    for p in range(sw):
-        first = (p - pl) % sw  # first input column of phase p
-        if first >= w:
-            continue
-        dst, row = phases[p, (first + pl) // sw:], src[first:]
-        for j in range(min((w - 1 - first) // sw + 1, dst.shape[0])):  # columns no window reads stop at the edge
-            dst[j] = row[j * sw]
-
-
-def phases_shape(h: int, pt: int, oh: int, ow: int, sh: int, sw: int) -> tuple[int, int, int]:
-    """The scratch of a channel's padded rows split by column phase, for 3-wide windows:
-    [rows, sw phases, columns per phase]."""
-    return max(pt + h, (oh - 1) * sh + 3), sw, ow + 2 // sw + 1
-
-
 # -- depthwise convolution --------------------------------------------------------------------
 # x [C, H, W], w [C, KH, KW], bias [C], out [C, OH, OW], all float32; then the kernel's two
 # scratch arrays (``depthwise_kernel`` gives the shapes: allocated zeroed once per thread when the
 # execution is created, never in a run; the loops write only where input lands, so the zero border
-# stays; a kernel that needs one ignores the other); the geometry (sh, sw, dh, dw), which only
-# ``depthwise_any`` reads; pt, pl: top and left padding (bottom and right follow from the output
-# size); lo, hi: the clamp. One signature for all four, so that one parallel region
-# (``cpu_parallel.depthwise_spans``) runs any of them. Each channel's zero-bordered plane is built in the scratch (in L1/L2), then every
-# output row is computed whole from it.
+# stays; a kernel that needs one ignores the other); the geometry (sh, sw, dh, dw); pt, pl: top
+# and left padding (bottom and right follow from the output size); lo, hi: the clamp. One
+# signature for all four, so that one parallel region (``cpu_parallel.depthwise_spans``) runs any
+# of them. Each channel's zero-bordered plane (or, channels innermost, a block of channels') is
+# built in the scratch (in L1/L2), then every output row is computed whole from it.
 
 @inlined
-def _taps3x3(w):
-    """A channel's nine weights as scalars (registers in the loops below)."""
-    return w[0, 0], w[0, 1], w[0, 2], w[1, 0], w[1, 1], w[1, 2], w[2, 0], w[2, 1], w[2, 2]
+def _tap_tables(w, row_step, column_step):
+    """Per-call tables for ``row_taps``: each tap's offset from an output row's first read, for
+    rows ``row_step`` floats apart and columns ``column_step`` (dilations folded into the steps),
+    and a row for a channel's weights (``_channel_weights``)."""
+    kh, kw = w.shape[1], w.shape[2]
+    offsets = np.empty(kh * kw, np.int64)
+    for ky in range(kh):
+        for kx in range(kw):
+            offsets[ky * kw + kx] = ky * row_step + kx * column_step
+    return offsets, np.empty(kh * kw, np.float32)
+
+
+@inlined
+def _channel_weights(w, c, weights):
+    """Channel c's weights as one row, taps in row-major order."""
+    kw = w.shape[2]
+    for ky in range(w.shape[1]):
+        for kx in range(kw):
+            weights[ky * kw + kx] = w[c, ky, kx]
 
 
 @inlined
@@ -192,67 +187,138 @@ def _into_plane(channel, plane, pt, pl):
     """A channel [H, W] copied into its zero-bordered plane at (pt, pl)."""
     w = channel.shape[1]
     for iy in range(channel.shape[0]):
-        src, dst = channel[iy], plane[iy + pt, pl:pl + w]
-        for ix in range(w):
-            dst[ix] = src[ix]
+        copy_row(plane[iy + pt, pl:pl + w], channel[iy])
+
+
+def _tap_row(width: int, stride: int):
+    """``tap_row(dst, n, src, offsets, weights, taps, bias, lo, hi)`` as a Numba intrinsic (LLVM
+    IR; addresses as integers, ``offsets`` int64 counts of floats): dst[i] = clamp(bias + sum
+    over t < taps of weights[t] * src[offsets[t] + i stride]) to [lo, hi] for i < n, ``width``
+    outputs at a time with their sums in a vector register across the taps; the last ``width``
+    end at n (recomputing a few, so ``dst`` must not overlap ``src``); n >= ``width``. At stride
+    2 a tap loads 2 ``width`` floats and keeps the even ones (one float past its last read). A
+    clamp passes NaN.
+    LLVM leaves Numba's loops over rows shorter than its vector width times its interleave
+    (64 floats on AVX-512) scalar, and they are most of a small plane's rows."""
+    @intrinsic
+    def kernel(typingctx, dst_address, n, src_address, offsets_address, weights_address, taps, bias, lo, hi):
+        def codegen(context, builder, signature, args):
+            f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+            vector = ir.VectorType(f32, width)
+            dst, src, weights = (builder.inttoptr(args[i], f32.as_pointer()) for i in (0, 2, 4))
+            n, offsets, taps = args[1], builder.inttoptr(args[3], i64.as_pointer()), args[5]
+            zeros = ir.Constant(ir.VectorType(i32, width), [0] * width)
+
+            def splat(scalar):
+                one = builder.insert_element(ir.Constant(vector, ir.Undefined), scalar, ir.Constant(i32, 0))
+                return builder.shuffle_vector(one, ir.Constant(vector, ir.Undefined), zeros)
+            bias, lo, hi = splat(args[6]), splat(args[7]), splat(args[8])
+            last = builder.sub(n, ir.Constant(i64, width))
+            wide = ir.VectorType(f32, width * stride)
+            evens = ir.Constant(ir.VectorType(i32, width), [lane * stride for lane in range(width)])
+            entry = builder.block
+            block, taps_loop, stored, done = (builder.append_basic_block(f"row.{name}")
+                                              for name in ("block", "taps", "stored", "done"))
+            builder.branch(block)
+
+            builder.position_at_end(block)
+            start = builder.phi(i64)
+            start.add_incoming(ir.Constant(i64, 0), entry)
+            at = builder.select(builder.icmp_signed("<", start, last), start, last)
+            at_src = builder.gep(src, [builder.mul(at, ir.Constant(i64, stride))])
+            builder.branch(taps_loop)
+
+            builder.position_at_end(taps_loop)
+            tap, total = builder.phi(i64), builder.phi(vector)
+            tap.add_incoming(ir.Constant(i64, 0), block)
+            total.add_incoming(bias, block)
+            offset = builder.load(builder.gep(offsets, [tap]), align=8)
+            values = builder.load(builder.bitcast(builder.gep(at_src, [offset]), wide.as_pointer()), align=4)
+            if stride > 1:
+                values = builder.shuffle_vector(values, ir.Constant(wide, ir.Undefined), evens)
+            weight = splat(builder.load(builder.gep(weights, [tap]), align=4))
+            # contract only: LLVM fuses the pair into an FMA where the host has one
+            updated = builder.fadd(total, builder.fmul(weight, values, flags=("contract",)), flags=("contract",))
+            following = builder.add(tap, ir.Constant(i64, 1))
+            tap.add_incoming(following, taps_loop)
+            total.add_incoming(updated, taps_loop)
+            builder.cbranch(builder.icmp_signed("<", following, taps), taps_loop, stored)
+
+            builder.position_at_end(stored)
+            clamped = builder.select(builder.fcmp_ordered("<", updated, lo), lo, updated)
+            clamped = builder.select(builder.fcmp_ordered(">", clamped, hi), hi, clamped)
+            builder.store(clamped, builder.bitcast(builder.gep(dst, [at]), vector.as_pointer()), align=4)
+            start.add_incoming(builder.add(at, ir.Constant(i64, width)), stored)
+            builder.cbranch(builder.icmp_signed("<", at, last), block, done)
+
+            builder.position_at_end(done)
+            return context.get_dummy_value()
+        return types.void(*[types.intp] * 6, types.float32, types.float32, types.float32), codegen
+    return kernel
+
+
+#: The vector widths ``row_taps`` runs a row at: the widest that fits the row
+TAP_ROW_WIDTHS = (16, 8)
+if numba is not None:
+    _tap_row16, _tap_row8, _tap_row16_s2, _tap_row8_s2 = (_tap_row(width, stride) for stride in (1, 2)
+                                                          for width in TAP_ROW_WIDTHS)
 
 
 @inlined
-def _depthwise_row(o, t0, t1, t2, t3, t4, t5, t6, t7, t8, weights, b, lo, hi):
-    """o[ox] = clamp(b + the nine taps' rows at ox times their weights)."""
-    w0, w1, w2, w3, w4, w5, w6, w7, w8 = weights
-    for ox in range(o.shape[0]):
-        v = (b + w0 * t0[ox] + w1 * t1[ox] + w2 * t2[ox] + w3 * t3[ox] + w4 * t4[ox] + w5 * t5[ox]
-             + w6 * t6[ox] + w7 * t7[ox] + w8 * t8[ox])
-        o[ox] = min(max(v, lo), hi)
+def row_taps(dst, src, offsets, weights, taps, bias, lo, hi, stride):
+    """dst[i] = clamp(bias + sum over t < taps of weights[t] * src[offsets[t] + i stride]) to
+    [lo, hi] for i < dst.shape[0], where ``src`` holds every tap's reads (float32; ``offsets``
+    int64; ``stride`` 1 or 2, and at 2 one float more after the last read): ``_tap_row``'s
+    vectors where the row is 8 or more long, a scalar loop below."""
+    n = dst.shape[0]
+    d, a, o, g = dst.ctypes.data, src.ctypes.data, offsets.ctypes.data, weights.ctypes.data
+    if n >= 16 and stride == 1:
+        _tap_row16(d, n, a, o, g, taps, bias, lo, hi)
+    elif n >= 16:
+        _tap_row16_s2(d, n, a, o, g, taps, bias, lo, hi)
+    elif n >= 8 and stride == 1:
+        _tap_row8(d, n, a, o, g, taps, bias, lo, hi)
+    elif n >= 8:
+        _tap_row8_s2(d, n, a, o, g, taps, bias, lo, hi)
+    else:
+        for i in range(n):
+            v = bias
+            for t in range(taps):
+                v += weights[t] * src[offsets[t] + i * stride]
+            dst[i] = min(max(v, lo), hi)
 
 
-@_kernel
-def depthwise3x3_s1(x, w, bias, out, plane, unused, geometry, pt, pl, lo, hi):
-    """Stride 1, a row loop per output row: for planes too large for L1 as one flat row."""
-    for c in range(x.shape[0]):
-        _into_plane(x[c], plane, pt, pl)
-        weights = _taps3x3(w[c])
-        b = bias[c]
-        for oy in range(out.shape[1]):
-            r0, r1, r2 = plane[oy], plane[oy + 1], plane[oy + 2]
-            _depthwise_row(out[c, oy], r0, r0[1:], r0[2:], r1, r1[1:], r1[2:], r2, r2[1:], r2[2:], weights, b, lo, hi)
+#: ``copy_row``'s one tap: a copy is a row of taps of weight 1 added to -0.0, exact for every
+#: value and sign of zero
+_COPY_OFFSETS, _COPY_WEIGHTS = np.zeros(1, np.int64), np.ones(1, np.float32)
+_NEGATIVE_ZERO, _INF = np.float32(-0.0), np.float32(np.inf)
+
+
+@inlined
+def copy_row(dst, src):
+    """dst[:] = src[:dst.shape[0]] in vectors (``row_taps``): Numba's loop over a row shorter
+    than LLVM's vector width times its interleave copied it an element at a time."""
+    row_taps(dst, src, _COPY_OFFSETS, _COPY_WEIGHTS, 1, _NEGATIVE_ZERO, -_INF, _INF, 1)
 
 
 @_kernel
 def depthwise3x3_s1_flat(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
     """Stride 1 on a small plane: the zero-bordered plane is one flat row, and so is the output
     at the plane's width (two columns of each row computed and dropped), copied out after: one
-    loop of 9 taps per channel instead of one per output row, which at 14x14 spent its time
-    starting loops of 14; slower where the plane is not in L1 (measured: bench/RESULTS.md)."""
+    row of taps per channel instead of one per output row; slower where the plane is not in L1
+    (measured: bench/RESULTS.md)."""
     oh, ow = out.shape[1], out.shape[2]
     width = plane.shape[1]
     flat = plane.reshape(plane.size)
-    f1, f2, g0, g1, g2, h0, h1, h2 = (flat[1:], flat[2:], flat[width:], flat[width + 1:], flat[width + 2:],
-                                      flat[2 * width:], flat[2 * width + 1:], flat[2 * width + 2:])
+    offsets, weights = _tap_tables(w, width, 1)
     for c in range(x.shape[0]):
         _into_plane(x[c], plane, pt, pl)
-        _depthwise_row(acc, flat, f1, f2, g0, g1, g2, h0, h1, h2, _taps3x3(w[c]), bias[c], lo, hi)
+        _channel_weights(w, c, weights)
+        row_taps(acc, flat, offsets, weights, 9, bias[c], lo, hi, 1)
         for oy in range(oh):
             src, dst = acc[oy * width:], out[c, oy]
             for ox in range(ow):
                 dst[ox] = src[ox]
-
-
-@_kernel
-def depthwise3x3_s2(x, w, bias, out, phases, unused, geometry, pt, pl, lo, hi):
-    """Stride 2: each padded row split once into its even and odd columns (``_split_phases``), so
-    the three taps of a row read contiguous memory (even[ox], odd[ox], even[ox + 1]) instead of
-    gathering every other element three times."""
-    for c in range(x.shape[0]):
-        for iy in range(x.shape[1]):
-            _split_phases(x[c, iy], phases[pt + iy], 2, pl)
-        weights = _taps3x3(w[c])
-        b = bias[c]
-        for oy in range(out.shape[1]):
-            p0, p1, p2 = phases[2 * oy], phases[2 * oy + 1], phases[2 * oy + 2]
-            _depthwise_row(out[c, oy], p0[0], p0[1], p0[0, 1:], p1[0], p1[1], p1[0, 1:], p2[0], p2[1], p2[0, 1:],
-                           weights, b, lo, hi)
 
 
 @_kernel
@@ -277,73 +343,155 @@ def depthwise_any(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
 
 
 @_kernel
-def depthwise_s1_rows(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
-    """Stride 1, any kernel size and dilation (5x5, 1-D): each output row accumulated a tap at a
-    time from the zero-bordered plane's rows, every tap one vectorised pass along the row."""
+def depthwise_rows(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
+    """Any kernel size, row stride and dilation, a column stride of 1 or 2 (3x3, 5x5, 1-D): each
+    output row a row of taps (``row_taps``) over the zero-bordered plane's rows; at column
+    stride 2 the plane is a column wider than the windows read."""
     kh, kw = w.shape[1], w.shape[2]
-    dh, dw = geometry[2], geometry[3]
-    ow = out.shape[2]
+    sh, sw, dh, dw = geometry
+    width = plane.shape[1]
+    flat = plane.reshape(plane.size)
+    offsets, weights = _tap_tables(w, dh * width, dw)
     for c in range(x.shape[0]):
         _into_plane(x[c], plane, pt, pl)
-        b = bias[c]
+        _channel_weights(w, c, weights)
         for oy in range(out.shape[1]):
-            for ox in range(ow):
-                acc[ox] = b
-            for ky in range(kh):
-                row = plane[oy + ky * dh]
-                for kx in range(kw):
-                    tap = w[c, ky, kx]
-                    shifted = row[kx * dw:kx * dw + ow]
-                    for ox in range(ow):
-                        acc[ox] += tap * shifted[ox]
-            o = out[c, oy]
-            for ox in range(ow):
-                o[ox] = min(max(acc[ox], lo), hi)
+            row_taps(out[c, oy], flat[oy * sh * width:], offsets, weights, kh * kw, bias[c], lo, hi, sw)
+
+
+#: Channels a lane block of ``depthwise_channels_last`` holds: ``lane_taps``' vector of sums
+LANES = 16
+
+
+def _lane_taps(pixels: int):
+    """``lane_taps(src, step, offsets, weights, weight_step, taps, bias, acc)`` as a Numba
+    intrinsic (LLVM IR; addresses as integers, steps and ``offsets`` int64 counts of floats): for
+    each of ``pixels`` output pixels p, acc[p LANES:(p + 1) LANES] = bias[0:LANES] + the sum over
+    t < taps of weights[t weight_step:... + LANES] * src[p step + offsets[t]:... + LANES], the sums
+    held in vector registers across the taps. Numba's own loop over LANES kept them in memory,
+    LLVM runs a loop of fewer elements than its vector width times its interleave scalar, and
+    several pixels make independent multiply-add chains that share each weight load."""
+    @intrinsic
+    def kernel(typingctx, src_address, step, offsets_address, weights_address, weight_step, taps, bias_address,
+               acc_address):
+        def codegen(context, builder, signature, args):
+            f32, i64 = ir.FloatType(), ir.IntType(64)
+            vector = ir.VectorType(f32, LANES)
+            src, weights, bias, acc = (builder.inttoptr(args[i], f32.as_pointer()) for i in (0, 3, 6, 7))
+            step, offsets, weight_step, taps = args[1], builder.inttoptr(args[2], i64.as_pointer()), args[4], args[5]
+
+            def at(base, index):
+                return builder.bitcast(builder.gep(base, [index]), vector.as_pointer())
+            start = builder.load(at(bias, ir.Constant(i64, 0)), align=4)
+            pixel_srcs = [builder.gep(src, [builder.mul(step, ir.Constant(i64, p))]) for p in range(pixels)]
+            entry = builder.block
+            loop, done = builder.append_basic_block("taps.loop"), builder.append_basic_block("taps.done")
+            builder.cbranch(builder.icmp_signed(">", taps, ir.Constant(i64, 0)), loop, done)
+
+            builder.position_at_end(loop)
+            tap = builder.phi(i64)
+            totals = [builder.phi(vector) for _ in range(pixels)]
+            tap.add_incoming(ir.Constant(i64, 0), entry)
+            for total in totals:
+                total.add_incoming(start, entry)
+            offset = builder.load(builder.gep(offsets, [tap]), align=8)
+            weight = builder.load(at(weights, builder.mul(tap, weight_step)), align=4)
+            updated = []
+            for total, pixel_src in zip(totals, pixel_srcs):
+                values = builder.load(at(pixel_src, offset), align=4)
+                # contract only: LLVM fuses the pair into an FMA where the host has one
+                updated.append(builder.fadd(total, builder.fmul(weight, values, flags=("contract",)),
+                                            flags=("contract",)))
+            following = builder.add(tap, ir.Constant(i64, 1))
+            tail = builder.block
+            tap.add_incoming(following, tail)
+            for total, u in zip(totals, updated):
+                total.add_incoming(u, tail)
+            builder.cbranch(builder.icmp_signed("<", following, taps), loop, done)
+
+            builder.position_at_end(done)
+            results = [builder.phi(vector) for _ in updated]  # every phi first, at the block's top
+            for p, (result, u) in enumerate(zip(results, updated)):
+                result.add_incoming(start, entry)
+                result.add_incoming(u, tail)
+                builder.store(result, at(acc, ir.Constant(i64, p * LANES)), align=4)
+            return context.get_dummy_value()
+        return types.void(*[types.intp] * 8), codegen
+    return kernel
+
+
+#: Output pixels ``depthwise_channels_last`` sums at once: independent chains to cover the
+#: multiply-add's latency
+LANE_PIXELS = 4
+if numba is not None:
+    lane_taps, lane_taps_one = _lane_taps(LANE_PIXELS), _lane_taps(1)
 
 
 @_kernel
 def depthwise_channels_last(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi):
-    """Any kernel size, stride and dilation with the channels innermost: the span's input copied
-    once into a zero-bordered [rows x columns, channels] plane and its weights into [taps,
-    channels] (the head of ``acc``), then each output pixel is a sum over taps of vector products
-    along the channels, in ``acc``'s tail. A plane of a few pixels leaves a per-plane loop rows
-    of a few elements to run, and its cost per channel and per row to pay; a channel row of
-    hundreds is one vectorised pass per tap."""
+    """Any kernel size, stride and dilation with the channels innermost, LANES at a time: each
+    block of LANES channels copied into a zero-bordered [rows x columns, LANES] plane, then each
+    output pixel's LANES sums run over the taps in vector registers (``lane_taps``, into ``acc``).
+    ``w`` and ``bias`` are views of ``lane_table``'s rows, which run LANES floats past the last
+    channel: the weights of a tap lie along the channels, read LANES at a time. A plane of a few
+    pixels leaves a per-channel loop rows of a few elements, which run scalar."""
     cs, h, wd = x.shape[0], x.shape[1], x.shape[2]
     kh, kw = w.shape[1], w.shape[2]
     oh, ow = out.shape[1], out.shape[2]
     sh, sw, dh, dw = geometry
     taps = kh * kw
+    weight_step = w.strides[2] // 4
     width = max(wd + pl, (ow - 1) * sw + (kw - 1) * dw + 1)  # the plane's columns, as ``depthwise_kernel`` sizes it
-    for c in range(cs):
-        for ky in range(kh):
-            for kx in range(kw):
-                acc[(ky * kw + kx) * cs + c] = w[c, ky, kx]
-    for c in range(cs):
-        for iy in range(h):
-            src = x[c, iy]
-            for ix in range(wd):
-                plane[(iy + pt) * width + ix + pl, c] = src[ix]
-    r = acc[taps * cs:(taps + 1) * cs]
-    for oy in range(oh):
-        for ox in range(ow):
-            for c in range(cs):
-                r[c] = bias[c]
-            for ky in range(kh):
-                for kx in range(kw):
-                    src = plane[(oy * sh + ky * dh) * width + ox * sw + kx * dw]
-                    wt = acc[(ky * kw + kx) * cs:(ky * kw + kx + 1) * cs]
-                    for c in range(cs):
-                        r[c] += wt[c] * src[c]
-            for c in range(cs):
-                out[c, oy, ox] = min(max(r[c], lo), hi)
+    offsets = np.empty(taps, np.int64)
+    for ky in range(kh):
+        for kx in range(kw):
+            offsets[ky * kw + kx] = (ky * dh * width + kx * dw) * LANES
+    for c0 in range(0, cs, LANES):
+        n = min(LANES, cs - c0)  # lanes past n hold a previous block's values: computed, never stored
+        for lane in range(n):
+            for iy in range(h):
+                src = x[c0 + lane, iy]
+                for ix in range(wd):
+                    plane[(iy + pt) * width + ix + pl, lane] = src[ix]
+        weights, biases = w.ctypes.data + c0 * w.strides[0], bias.ctypes.data + 4 * c0
+        for oy in range(oh):
+            for ox0 in range(0, ow, LANE_PIXELS):
+                count = min(LANE_PIXELS, ow - ox0)
+                src = plane.ctypes.data + 4 * (oy * sh * width + ox0 * sw) * LANES
+                if count == LANE_PIXELS:
+                    lane_taps(src, sw * LANES, offsets.ctypes.data, weights, weight_step, taps, biases, acc.ctypes.data)
+                else:
+                    for p in range(count):
+                        lane_taps_one(src + 4 * p * sw * LANES, 0, offsets.ctypes.data, weights, weight_step, taps,
+                                      biases, acc.ctypes.data + 4 * p * LANES)
+                for p in range(count):
+                    for lane in range(n):
+                        out[c0 + lane, oy, ox0 + p] = min(max(acc[p * LANES + lane], lo), hi)
 
 
-#: ``depthwise_channels_last`` takes the kernels ``depthwise_any`` would on an output of at most
-#: this many pixels (past it, stride 1 runs row by row: ``depthwise_s1_rows``) while its plane of
-#: all channels takes at most this many bytes of each thread's scratch
+def lane_table(weight: np.ndarray, bias: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``depthwise_channels_last``'s weights and bias: a table [taps + 1, C + LANES] (each tap's
+    weights along the channels, then the bias, zeros past channel C), and the views of it the
+    kernel takes in place of w [C, KH, KW] and bias [C]."""
+    c, kh, kw = weight.shape
+    table = np.zeros((kh * kw + 1, c + LANES), np.float32)
+    row = table.shape[1] * 4
+    weights = np.lib.stride_tricks.as_strided(table, shape=(c, kh, kw), strides=(4, kw * row, row))
+    fill_lane_table(table, weight, bias)
+    return table, weights, table[kh * kw, :c]
+
+
+def fill_lane_table(table: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> None:
+    """``weight`` [C, KH, KW] and ``bias`` [C] into ``lane_table``'s table."""
+    c = weight.shape[0]
+    table[:-1, :c] = weight.reshape(c, -1).T
+    table[-1, :c] = bias
+
+
+#: ``depthwise_channels_last`` takes kernels other than 3x3 on an output of at most this many
+#: pixels (past it, ``depthwise_rows`` at a column stride of 1 or 2, else ``depthwise_any``),
+#: unless its rows fill ``row_taps``' widest vector (a 1-D convolution's)
 CHANNELS_LAST_MAX_PIXELS = 64
-CHANNELS_LAST_BYTES = 2 << 20
 #: a stride-1 plane of at most this many elements (it and the flat output: 32 KiB, an L1) runs
 #: as one flat row (``depthwise3x3_s1_flat``)
 FLAT_PLANE_MAX = 4096
@@ -356,17 +504,13 @@ def depthwise_kernel(op: A.Conv2D) -> tuple[Callable, list[tuple[int, ...]], tup
     (sh, sw), (dh, dw), (pt, pl) = op.strides, op.dilations, op.pads[:2]
     plane = (max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1), max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1))
     geometry, unused = (sh, sw, dh, dw), (1,)
-    if (kh, kw) == (3, 3) and op.dilations == (1, 1) and op.strides == (1, 1):
-        if plane[0] * plane[1] <= FLAT_PLANE_MAX:
-            return depthwise3x3_s1_flat, [plane, ((oh - 1) * plane[1] + ow,)], geometry
-        return depthwise3x3_s1, [plane, unused], geometry
-    if (kh, kw) == (3, 3) and op.dilations == (1, 1) and op.strides == (2, 2):
-        return depthwise3x3_s2, [phases_shape(h, pt, oh, ow, 2, 2), unused], geometry
-    channels = op.in_channels
-    if op.strides == (1, 1) and oh * ow > CHANNELS_LAST_MAX_PIXELS:
-        return depthwise_s1_rows, [plane, (ow,)], geometry
-    if oh * ow <= CHANNELS_LAST_MAX_PIXELS and plane[0] * plane[1] * channels * 4 <= CHANNELS_LAST_BYTES:
-        return depthwise_channels_last, [(plane[0] * plane[1], channels), ((kh * kw + 1) * channels,)], geometry
+    three = (kh, kw) == (3, 3) and op.dilations == (1, 1) and op.strides in ((1, 1), (2, 2))
+    if three and op.strides == (1, 1) and plane[0] * plane[1] <= FLAT_PLANE_MAX:
+        return depthwise3x3_s1_flat, [plane, ((oh - 1) * plane[1] + ow,)], geometry
+    if sw in (1, 2) and (three or oh * ow > CHANNELS_LAST_MAX_PIXELS or ow >= TAP_ROW_WIDTHS[0]):
+        return depthwise_rows, [(plane[0], plane[1] + sw - 1), unused], geometry
+    if oh * ow <= CHANNELS_LAST_MAX_PIXELS:
+        return depthwise_channels_last, [(plane[0] * plane[1], LANES), (LANE_PIXELS * LANES,)], geometry
     return depthwise_any, [plane, (ow,)], geometry
 
 
@@ -417,31 +561,6 @@ def pool_tiles(x, out, is_max, kh, kw, scale):
             if not is_max:
                 for ox in range(ow):
                     o[ox] *= scale
-
-
-# -- products too small for a region ------------------------------------------------------------
-
-@_kernel
-def small_product(a, b, bias, out, lo, hi):
-    """out[i] = clamp(a[i] @ b[i or 0] + bias) to [lo, hi] for a [B, M, K], b [1 or B, K, N], bias
-    [N], out [B, M, N], all C-contiguous float32: each output row a sum of b's rows scaled by a's elements, one
-    vectorised pass over the row per element. An LSTM step's recurrent product (a few tens of
-    thousands of multiply-adds) spent most of its time entering a region and BLAS."""
-    shared = b.shape[0] == 1
-    for i in range(a.shape[0]):
-        bi = b[0] if shared else b[i]
-        for m in range(a.shape[1]):
-            o = out[i, m]
-            x = a[i, m]
-            for n in range(o.shape[0]):
-                o[n] = bias[n]
-            for k in range(x.shape[0]):
-                v = x[k]
-                row = bi[k]
-                for n in range(o.shape[0]):
-                    o[n] += v * row[n]
-            for n in range(o.shape[0]):
-                o[n] = min(max(o[n], lo), hi)
 
 
 # -- Winograd's output tiles ---------------------------------------------------------------------

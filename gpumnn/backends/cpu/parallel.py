@@ -622,11 +622,11 @@ def winograd_scratch_floats(alpha_h: int, alpha_w: int, nh: int) -> int:
 # -- channel spans of the compiled depthwise and pooling loops ---------------------------------
 
 #: ``cpu_jit``'s depthwise kernels on a zero-bordered plane, by the ``kind`` ``depthwise_spans``
-#: takes (stride 2 takes phase planes: ``depthwise_s2_spans``). A kernel passed as an argument
-#: would be typed by its identity, which differs per process, so Numba's disk cache would never
-#: hit and every process would spend ~1.3 s per kernel compiling the region.
-PLANE_KINDS = (cpu_jit.depthwise3x3_s1, cpu_jit.depthwise3x3_s1_flat, cpu_jit.depthwise_any,
-               cpu_jit.depthwise_channels_last, cpu_jit.depthwise_s1_rows)
+#: takes. A kernel passed as an argument would be typed by its identity, which differs per
+#: process, so Numba's disk cache would never hit and every process would spend ~1.3 s per
+#: kernel compiling the region.
+PLANE_KINDS = (cpu_jit.depthwise_rows, cpu_jit.depthwise3x3_s1_flat, cpu_jit.depthwise_any,
+               cpu_jit.depthwise_channels_last)
 
 
 @_region
@@ -638,32 +638,18 @@ def depthwise_spans(kind, x, w, bias, out, bounds, planes, accs, geometry, pt, p
         c0, c1 = bounds[i], bounds[i + 1]
         args = (x[c0:c1], w[c0:c1], bias[c0:c1], out[c0:c1], planes[t], accs[t], geometry, pt, pl, lo, hi)
         if kind == 0:
-            cpu_jit.depthwise3x3_s1(*args)
+            cpu_jit.depthwise_rows(*args)
         elif kind == 1:
             cpu_jit.depthwise3x3_s1_flat(*args)
         elif kind == 2:
             cpu_jit.depthwise_any(*args)
-        elif kind == 3:
-            cpu_jit.depthwise_channels_last(*args)
         else:
-            cpu_jit.depthwise_s1_rows(*args)
-
-
-@_region
-def depthwise_s2_spans(x, w, bias, out, bounds, phases, unused, geometry, pt, pl, lo, hi):
-    """``cpu_jit.depthwise3x3_s2`` on the channel spans of one image, each on its thread's scratch."""
-    for i in numba.prange(bounds.shape[0] - 1):
-        t = numba.get_thread_id()
-        c0, c1 = bounds[i], bounds[i + 1]
-        cpu_jit.depthwise3x3_s2(x[c0:c1], w[c0:c1], bias[c0:c1], out[c0:c1], phases[t], unused[t], geometry,
-                                pt, pl, lo, hi)
+            cpu_jit.depthwise_channels_last(*args)
 
 
 def depthwise_region(kernel: Callable, args: tuple) -> tuple[Callable, tuple]:
-    """The region running ``kernel`` on channel spans, and its arguments: ``args`` as the kernel's
-    region takes them after (kind where it takes one)."""
-    if kernel is cpu_jit.depthwise3x3_s2:
-        return depthwise_s2_spans, args
+    """The region running ``kernel`` on channel spans, and its arguments: ``args`` after the
+    kernel's kind."""
     return depthwise_spans, (PLANE_KINDS.index(kernel), *args)
 
 
@@ -698,6 +684,31 @@ def row_sum_spans(a, values, index, out, bounds, width, lo, hi):
             x, z = a[r * width:(r + 1) * width], out[r * width:(r + 1) * width]
             for i in range(width):
                 z[i] = min(max(x[i] + value, lo), hi)
+
+
+#: The activations ``activation_spans`` applies, by the ``kind`` it takes: those a region's
+#: kernels leave for after (not a clamp), with a compiled loop in ``cpu_activations``
+ACTIVATION_KINDS = ("sigmoid", "silu", "hard_swish", "gelu")
+
+
+@_gemm_region
+def activation_spans(kind, a, bounds):
+    """ACTIVATION_KINDS[kind] in place on the spans [bounds[j], bounds[j + 1]) of the flat ``a``:
+    the activation after a convolution's region shared by the region's threads, not on one."""
+    for j in numba.prange(bounds.shape[0] - 1):
+        span = a[bounds[j]:bounds[j + 1]]
+        if kind == 0:
+            for i in range(span.shape[0]):
+                span[i] = cpu_activations.sigmoid_value(span[i])
+        elif kind == 1:
+            for i in range(span.shape[0]):
+                span[i] = span[i] * cpu_activations.sigmoid_value(span[i])
+        elif kind == 2:
+            for i in range(span.shape[0]):
+                span[i] = cpu_activations.hard_swish_value(span[i])
+        else:
+            for i in range(span.shape[0]):
+                span[i] = cpu_activations.gelu_value(span[i])
 
 
 @_region

@@ -112,6 +112,47 @@ ROW = 2 * _LANES
 #: tile's inputs ``p_stride`` apart; ``schemes.MAX_ALPHA_1D``), where ``square_product`` would do
 #: eight rows for one.
 row_product = _tile_kernel(1, ROW)
+#: The width of ``wide_product``'s row: eight vector registers, as many independent multiply-add
+#: chains per step, enough to cover the multiply-add's latency
+WIDE = 8 * _LANES
+#: acc[0:WIDE] = sum over steps of p[step] v[step, 0:WIDE]: a vector times WIDE columns of a matrix
+#: (``small_product``)
+wide_product = _tile_kernel(1, WIDE)
+
+
+@cpu_jit.compiled
+def small_product(a, b, bias, out, lo, hi):
+    """out[i] = clamp(a[i] @ b[i or 0] + bias) to [lo, hi] for a [B, M, K], b [1 or B, K, N], bias
+    [N], out [B, M, N], all C-contiguous float32: each output row WIDE columns at a time with the
+    sums in vector registers over the whole inner dimension (``wide_product``), then ROW, then the
+    columns left one at a time. An LSTM step's recurrent product (a few tens of thousands of
+    multiply-adds) spent most of its time entering a region and BLAS; a loop adding a scaled row
+    of b per element kept the sums in memory."""
+    shared = b.shape[0] == 1
+    k, n = a.shape[2], out.shape[2]
+    acc = np.empty(WIDE, np.float32)
+    for i in range(a.shape[0]):
+        bi = b[0] if shared else b[i]
+        for m in range(a.shape[1]):
+            o, x = out[i, m], a[i, m]
+            n0 = 0
+            while n0 < n:
+                if n0 + WIDE <= n:
+                    wide_product(x.ctypes.data, 1, bi.ctypes.data + 4 * n0, n, k, acc.ctypes.data)
+                    width = WIDE
+                elif n0 + ROW <= n:
+                    row_product(x.ctypes.data, 1, bi.ctypes.data + 4 * n0, n, k, acc.ctypes.data)
+                    width = ROW
+                else:
+                    width = n - n0
+                    for j in range(width):
+                        total = np.float32(0.0)
+                        for step in range(k):
+                            total += x[step] * bi[step, n0 + j]
+                        acc[j] = total
+                for j in range(width):
+                    o[n0 + j] = min(max(acc[j] + bias[n0 + j], lo), hi)
+                n0 += width
 
 
 def _copy_kernel(count: int, stride: int = 1):

@@ -17,7 +17,7 @@ from ... import atomic as A
 from ...errors import ModelError, UnsupportedOpError
 from ...ir import Node
 from ..context import LoweringContext
-from ..emit import as_dtype
+from ..emit import QUICK_GELU, as_dtype, emit_unary, unary_spec
 from ..registry import lowers
 from .quantize import (_shift_operand, binary, const_input, dequantize, dynamic_uint8_centred,
                        lower_dynamic_quantize_linear, quant_type, quantize, sub_node)
@@ -63,6 +63,15 @@ def _unary_form(ctx: LoweringContext, node: Node, op_type: str, opset: int, **at
 @lowers("QLinearSigmoid", domain=MS)
 def lower_qlinear_sigmoid(ctx: LoweringContext, node: Node, opset: int) -> None:
     _unary_form(ctx, node, "Sigmoid", opset)
+
+
+@lowers(QUICK_GELU[1], domain=QUICK_GELU[0])
+def lower_quick_gelu(ctx: LoweringContext, node: Node, opset: int) -> None:
+    """QuickGelu at alpha 1, SiLU: the atomic ``silu``."""
+    spec = unary_spec(node, lambda n: None)
+    if spec is None:
+        raise UnsupportedOpError(node.op_type, node.name, "only alpha 1 (SiLU) is supported")
+    emit_unary(ctx, node, spec[0], spec[1], node.inputs[0], node.outputs[0])
 
 
 @lowers("QLinearLeakyRelu", domain=MS)

@@ -43,6 +43,7 @@
     case UOP_ROUND_F16:    return ROUND_F16(x);                                                \
     case UOP_NOT:          return x == (T)(0.0f) ? (T)(1.0f) : (T)(0.0f);                      \
     case UOP_NONZERO:      return x != (T)(0.0f) ? (T)(1.0f) : (T)(0.0f);                      \
+    case UOP_SILU:         return x / ((T)(1.0f) + exp(-x));                                   \
     default:               return x;                                                           \
     }
 

@@ -35,6 +35,7 @@
 #define U_ROUND_F16 29
 #define U_NOT 30
 #define U_NONZERO 31
+#define U_SILU 32
 
 // erf by Abramowitz & Stegun 7.1.26 (the same formula as gpumnn.backends.cpu_math.erf).
 float erf_as(float x) {
@@ -101,6 +102,7 @@ float apply_unary(int op, float x, float a, float b, float c) {
     case U_ROUND_F16: return unpackHalf2x16(packHalf2x16(vec2(x, 0.0))).x;  // round to nearest even
     case U_NOT: return x == 0.0 ? 1.0 : 0.0;
     case U_NONZERO: return x != 0.0 ? 1.0 : 0.0;  // NaN is nonzero
+    case U_SILU: return x / (1.0 + exp(-x));
     }
     return x;
 }
