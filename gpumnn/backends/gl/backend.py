@@ -51,7 +51,8 @@ from ..base import Backend, BackendInfo, Execution, TensorHandle, constant_words
 from ..kernels.glsl.planner import (RESIDUAL_BINDINGS, DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, WINOGRAD_REWRITE_MAX_TILE, residual_schemes_for, schemes_for, Builder, Hazards, binding_limit, check_shader_op_ids,
                          grid_limit, plan, window)
 from ..limits import MemoryLimits, host_memory
-from ..speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
+from ..speed import (CPU_DEVICE_COMPUTE_UNITS, GPU_DEFAULT_COMPUTE_UNITS, GPU_DEFAULT_FLOPS, simd_lanes,
+                     software_renderer_flops)
 from ..waits import describe_ops, hang_reason
 
 _GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT = 0x90DF
@@ -59,6 +60,7 @@ _GL_MAX_COMPUTE_SHARED_MEMORY_SIZE = 0x8262
 _GL_GPU_MEMORY_INFO_TOTAL_AVAILABLE_MEMORY_NVX = 0x9048  # KiB
 _GL_GPU_MEMORY_INFO_CURRENT_AVAILABLE_VIDMEM_NVX = 0x9049  # KiB
 _GL_VBO_FREE_MEMORY_ATI = 0x87FB  # four KiB values, the first is the free total
+_GL_SM_COUNT_NV = 0x933B  # GL_NV_shader_thread_group
 _SOFTWARE = ("llvmpipe", "softpipe", "swrast", "software")
 _ids = itertools.count(1)
 _Method = TypeVar("_Method", bound=Callable[..., Any])
@@ -237,12 +239,26 @@ class GLBackend(Backend):
                                for size, ext in ((1, "GL_EXT_shader_8bit_storage"), (2, "GL_EXT_shader_16bit_storage"))}
         self.native_narrow = frozenset(size for size, why in self.narrow_storage.items() if why.startswith("native"))
         self.simd_lanes = simd_lanes(self.renderer)
+        #: SMs / CUs the tiled GEMM fills (``compute_units_source`` says who said so)
+        self.compute_units, self.compute_units_source = self._compute_units(extensions)
         self._buffers: dict[int, GLBuffer] = {}
         self.packed: dict[tuple, TensorHandle] = {}
         self.tables: dict[tuple, TensorHandle] = {}
         flops = software_renderer_flops() if self.software else GPU_DEFAULT_FLOPS
         self._info = BackendInfo("gl", f"{self.renderer} / OpenGL {self.version}", flops, 0.05,
                                  20.0 if self.software else 8.0, is_gpu=not self.software)
+
+    def _compute_units(self, extensions: Any) -> tuple[int, str]:
+        """(compute units, where the figure comes from): GL_SM_COUNT_NV where the driver has
+        GL_NV_shader_thread_group (core GL has no such query), ``CPU_DEVICE_COMPUTE_UNITS`` on a
+        software renderer, else ``GPU_DEFAULT_COMPUTE_UNITS``."""
+        if self.software:
+            return CPU_DEVICE_COMPUTE_UNITS, "a software renderer"
+        if "GL_NV_shader_thread_group" in extensions:
+            units = _gl_get_integer(_GL_SM_COUNT_NV)
+            if units:
+                return units, "GL_NV_shader_thread_group GL_SM_COUNT_NV"
+        return GPU_DEFAULT_COMPUTE_UNITS, "default: the driver reports none"
 
     # -- description -----------------------------------------------------------------------
     @property

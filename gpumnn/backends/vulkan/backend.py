@@ -179,6 +179,9 @@ class VulkanBackend(Backend):
         # a convolution that adds a residual binds one buffer more than Vulkan guarantees a stage
         self.residual_schemes = residual_schemes_for(self.kernels) if dev.max_storage_buffers >= RESIDUAL_BINDINGS else {}
         self.simd_lanes = simd_lanes(dev.name)  # of a CPU device's vector unit
+        #: SMs / CUs / cores the tiled GEMM fills (``compute_units_source`` says who said so)
+        self.compute_units: int = dev.compute_units
+        self.compute_units_source: str = dev.compute_units_source
         self.packed: dict[tuple, TensorHandle] = {}
         self._buffers: dict[int, DeviceBuffer] = {}
         self._lock = threading.RLock()  # preparation verbs: descriptor pools, recording pool, registry

@@ -19,6 +19,8 @@ What a backend provides to the planners (duck-typed, see :class:`PlannerTarget`)
 ``kernels``           "simd" (register blocking, vec4 loads, narrow workgroups: CPU devices) or
                       "tiled" (shared-memory tiles, wide workgroups: GPUs)
 ``simd_lanes``        SIMD width of a CPU device (workgroup size of the simd convolution)
+``compute_units``     SMs / CUs / cores of the device (``backends.speed``'s defaults where the
+                      driver does not say): the tiled GEMM's tile shape and split-K follow it
 ``max_group_count``   (x, y, z) workgroup-count limits
 ``plan_error``        exception class raised for work the device cannot run
 ``binding(buf, lo, hi)``  -> (binding, base byte): the aligned range bound for bytes [lo, hi)
@@ -113,6 +115,7 @@ class PlannerTarget(BasePlannerTarget, Protocol):
     """What the GLSL planners read from a backend (Vulkan, GL)."""
 
     simd_lanes: int
+    compute_units: int
     max_group_count: tuple[int, int, int]
     plan_error: type[Exception]
     packed: dict
