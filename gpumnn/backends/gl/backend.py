@@ -49,7 +49,7 @@ from . import device as gl_context
 from ..kernels import word_padded
 from ..base import Backend, BackendInfo, Execution, TensorHandle, constant_words, host_out, kernel_family, kernels_option
 from ..kernels.glsl.planner import (RESIDUAL_BINDINGS, DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, WINOGRAD_REWRITE_MAX_TILE, residual_schemes_for, schemes_for, Builder, Hazards, binding_limit, check_shader_op_ids,
-                         grid_limit, plan, window)
+                         grid_limit, plan, release_scratch, window)
 from ..limits import MemoryLimits, host_memory
 from ..speed import (CPU_DEVICE_COMPUTE_UNITS, GPU_DEFAULT_COMPUTE_UNITS, GPU_DEFAULT_FLOPS, simd_lanes,
                      software_renderer_flops)
@@ -349,6 +349,13 @@ class GLBackend(Backend):
             buffer.obj.release()
             buffer.obj = None
 
+    def scratch(self, nbytes: int) -> Any:
+        """A buffer of one execution's own (a split-K GEMM's partial sums: the GLSL planner)."""
+        return self.buffer(nbytes, "scratch")
+
+    def release_execution(self, execution: Execution) -> None:
+        release_scratch(self, execution.keep)
+
     @_in_context
     def constant(self, array: np.ndarray) -> TensorHandle:
         data, dtype = constant_words(array)
@@ -501,21 +508,25 @@ class GLBackend(Backend):
         ctx = self.ctx
         storage = moderngl.SHADER_STORAGE_BARRIER_BIT
         for exe in executions:
-            # An engine without decoupling plans, looks up programs and packs arguments per run.
-            dispatches = plan(self, exe.op, exe.inputs, exe.outputs).work
-            hazards = Hazards()
-            for d in dispatches:
-                if hazards.needs_barrier(d):
-                    ctx.memory_barrier(storage)
-                    hazards.clear()
-                hazards.add(d)
-                for slot, obj, off, size in d.binds:
-                    obj.bind_to_storage_buffer(slot, offset=off, size=size)
-                if d.program.uniform is not None:
-                    d.program.uniform.write(d.params)
-                d.program.prog.run(*d.groups)
-            ctx.memory_barrier()
-            ctx.finish()
+            # An engine without decoupling plans, looks up programs, packs arguments and makes its
+            # scratch per run (freed once the op is done).
+            planned = plan(self, exe.op, exe.inputs, exe.outputs)
+            try:
+                hazards = Hazards()
+                for d in planned.work:
+                    if hazards.needs_barrier(d):
+                        ctx.memory_barrier(storage)
+                        hazards.clear()
+                    hazards.add(d)
+                    for slot, obj, off, size in d.binds:
+                        obj.bind_to_storage_buffer(slot, offset=off, size=size)
+                    if d.program.uniform is not None:
+                        d.program.uniform.write(d.params)
+                    d.program.prog.run(*d.groups)
+                ctx.memory_barrier()
+                ctx.finish()
+            finally:
+                release_scratch(self, planned.keep)
 
     # -- lifetime --------------------------------------------------------------------------
     def close_later(self) -> None:

@@ -55,7 +55,7 @@ from ..speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
 from ..waits import describe_ops
 # The API-neutral half (what to dispatch per atomic op) is shared with the OpenGL backend.
 from ..kernels.glsl.planner import (MAX_BINDINGS, RESIDUAL_BINDINGS, DTYPES as GLSL_DTYPES, OP_NAMES as GLSL_OP_NAMES, PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, WINOGRAD_REWRITE_MAX_TILE, residual_schemes_for, schemes_for, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
-                         Hazards as _Hazards, binding_limit, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, plan, window)
+                         Hazards as _Hazards, binding_limit, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, plan, release_scratch, window)
 
 try:
     import vulkan as vk  # ModuleNotFoundError propagates: the registry says "pip install"
@@ -314,6 +314,13 @@ class VulkanBackend(Backend):
                         self._dsets_by_buffer[other].discard(key)
             if self._buffers.pop(buffer.id, None) is not None:
                 self.dev.destroy_buffer(buffer)
+
+    def scratch(self, nbytes: int) -> Any:
+        """A buffer of one execution's own (a split-K GEMM's partial sums: the GLSL planner)."""
+        return self.buffer(nbytes, "scratch")
+
+    def release_execution(self, execution: Execution) -> None:
+        release_scratch(self, execution.keep)
 
     def constant(self, array: np.ndarray) -> TensorHandle:
         words, dtype = constant_words(array)
