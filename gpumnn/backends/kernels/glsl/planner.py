@@ -280,14 +280,15 @@ def k_splits(be: PlannerTarget, work_groups: int, k: int, z: int, outputs: int) 
     all of K alone, so it is split into enough slices for about two workgroups per compute unit,
     none shallower than MIN_K_SLICE, as the OpenCL C family's ``k_splits`` does; the grid's z
     carries them (up to its limit), and the partial sums stay within MAX_PARTIAL_BYTES."""
-    if work_groups >= be.compute_units or k < 2 * MIN_K_SLICE:
+    if work_groups >= be.compute_units:
         return 1, k
     wanted = -(-2 * be.compute_units // work_groups)
     splits = max(1, min(wanted, k // MIN_K_SLICE, MAX_K_SPLITS, be.max_group_count[2] // max(1, z),
                         MAX_PARTIAL_BYTES // (4 * max(1, outputs))))
     if splits == 1:
         return 1, k
-    depth = -(-(-(-k // splits)) // GEMM_TK) * GEMM_TK
+    per_slice = -(-k // splits)
+    depth = -(-per_slice // GEMM_TK) * GEMM_TK  # whole TK steps
     return -(-k // depth), depth
 
 
@@ -296,16 +297,17 @@ def _split_k_work(be: PlannerTarget, gemm: Builder, out_param: int, splits: int,
     """The KernelWork of a GEMM split into ``splits`` slices of K: ``gemm`` (all else bound and
     set) writing its partial sums into a float32 scratch of the execution's own (output slot 0,
     its element offset at parameter ``out_param``), then ``_split_sum_builder`` with
-    ``split_sum``'s epilogue. The scratch goes with the execution (``release_scratch``), or at
+    ``split_sum``'s epilogue; the scheme says into how many slices (``.../split-K n``, as the
+    OpenCL C family's). The scratch goes with the execution (``release_scratch``), or at
     once if binding it fails."""
     partial = TensorHandle(be.scratch(4 * splits * total), 0, (splits * total,))
     try:
         gemm.set(out_param, gemm.bind(0, partial, write=True))
-        summed = _split_sum_builder(be, partial, splits, total, out=split_sum.pop("out"), **split_sum)
+        summed = _split_sum_builder(be, partial, splits, total, **split_sum)
     except BaseException:
         be.release(partial.buffer)
         raise
-    return KernelWork([gemm, summed], _split_scheme(scheme, splits), (partial.buffer,))
+    return KernelWork([gemm, summed], f"{scheme}/split-K {splits}", (partial.buffer,))
 
 
 def release_scratch(be: PlannerTarget, keep: Sequence[Any]) -> None:
@@ -341,11 +343,6 @@ def _split_sum_builder(be: PlannerTarget, partial: TensorHandle, splits: int, to
     b.activation(12, activation)
     b.grid1d(total, 256)
     return b
-
-
-def _split_scheme(scheme: str, splits: int) -> str:
-    """A GEMM's scheme as reports show it: with ``/split-K n`` where K is split (as cl's)."""
-    return scheme if splits == 1 else f"{scheme}/split-K {splits}"
 
 
 def _row_variant(rows: int, size: int) -> tuple[bool, int]:
