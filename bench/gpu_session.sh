@@ -20,9 +20,9 @@
 #   schemes the scheme step's choice against every convolution sliding and every 3x3 in F(2x2, 3x3)
 #           on three zoo models and each GPU API (bench/schemes.py --tables m), the paper's Table 1 on
 #           cuda and vulkan, then the model tests on gl and opencl through NVIDIA's drivers
-#   kernels the GPU kernels after a change: calibration and the device profile, the schemes per
-#           API, PyTorch (fp32) beside every GPU backend on the paper's three and resnet50, cuda per-op
-#           plans, the scheme and model tests on cuda and opencl, the lifetime soak (issue 27) under
+#   kernels the GPU kernels after a change: calibration and the device profile, the schemes per API, PyTorch (fp32) beside every GPU backend on the
+#           paper's three and resnet50, cuda per-op plans, vulkan per-op plans (split-K) and the GLSL
+#           split-K tests through NVIDIA's drivers, the scheme and model tests on cuda and opencl, the lifetime soak (issue 27) under
 #           the validation layer through NVIDIA's drivers, and the cpu per op beside ONNX Runtime
 #           at the host's threads (issue 32)
 #   storage  issues 28 and 32 after narrow storage: the narrow-storage, quantized-model and atomic-op
@@ -212,6 +212,12 @@ case $PHASE in
       GPUMNN_STEP_CAP=${CAP_PLAN:-15} step "plan-$m" "$PYTHON" -m gpumnn plan "$m" --backend cuda --runs 10 \
         | tee "$RES/plan_cuda_$m.txt"
     done
+    for m in resnet18 mobilenet_v1; do  # the GLSL tiled GEMM's split-K and tile shape per op (issue 29 "few tiles")
+      GPUMNN_STEP_CAP=${CAP_PLAN:-15} step "plan-vulkan-$m" "$PYTHON" -m gpumnn plan "$m" --backend vulkan --runs 10 \
+        | tee "$RES/plan_vulkan_$m.txt"
+    done
+    GPUMNN_REQUIRE_BACKENDS=vulkan,gl GPUMNN_STEP_CAP=${CAP_GLSL_TESTS:-40} step glsl-split-k-tests "${PYTEST[@]}" \
+      tests/test_glsl_split_k.py --junitxml="$RES/glsl_split_k_tests.xml" | tail -15 | tee "$RES/glsl_split_k_tests.txt"
     GPUMNN_REQUIRE_BACKENDS=cuda,opencl GPUMNN_STEP_CAP=${CAP_TESTS:-40} step kernel-tests "${PYTEST[@]}" "${XDIST[@]}" \
       tests/test_schemes.py tests/test_models.py tests/test_cuda_backend.py -k "cuda or opencl" \
       --junitxml="$RES/kernel_tests.xml" | tail -15 | tee "$RES/kernel_tests.txt"

@@ -106,4 +106,6 @@ GL_VARIANTS = [
     ("pool2d", {"COUNT_PAD": 1}), ("softmax", {"LOG": 1, "WG_PER_ROW": 1, "WG": 64}), ("normalize", {"AFFINE": 1}),
     ("resize", {}), ("gather", {}), ("gemv", {"KL": 32, "NL": 8, "WG": 256, "KFAST": 1, "HAS_BIAS": 1, "ACT": 1}),
     ("gemv", {"KL": 8, "NL": 32, "WG": 256, "KFAST": 0}), ("gemv", {"KL": 256, "NL": 1, "WG": 256, "KFAST": 1}),
+    ("matmul", {"TM": 32, "TN": 32, "RM": 2, "RN": 2, "NT": 256, "KSPLIT": 1}),
+    ("conv2d", {"NT": 256, "POINTWISE": 1, "KSPLIT": 1}), ("split_sum", {"HAS_BIAS": 1, "HAS_RESIDUAL": 1, "ACT": 3}),
 ]

@@ -1,6 +1,7 @@
 """The gpumnn command: info, run, bench and zoo, as a user types them."""
 from __future__ import annotations
 
+import itertools
 import json
 
 from pathlib import Path
@@ -52,6 +53,20 @@ def test_info_says_which_storage_dtypes_each_backend_holds_natively_or_packed(ca
                                  "(narrow_storage='packed'), int8, uint8 (narrow_storage='packed')")
     if "opencl" in storage:
         assert storage["opencl"].startswith("storage: native float32, int32, float16 (")
+
+
+def test_info_gives_the_compute_units_of_each_gpu_api_and_where_they_came_from(capsys):
+    """The GPU families size their GEMM tiles and split K by the device's compute units; info says
+    how many each API reports (vulkan and gl: the vendor extension, a CPU device, or the default)."""
+    from gpumnn.backends import probe
+    assert main(["info"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for name in ("vulkan", "gl"):
+        if probe(name) is None:
+            start = next(i for i, line in enumerate(lines) if line.startswith(f"  {name:<7} available"))
+            details = list(itertools.takewhile(lambda line: line.startswith(" " * 10), lines[start + 1:]))
+            units = next(line for line in details if "compute units: " in line)
+            assert int(units.split("compute units: ")[1].split()[0]) >= 1 and "(" in units, units
 
 
 def test_info_ops_prints_the_opsets_and_every_supported_op(capsys):

@@ -479,6 +479,11 @@ class Backend(ABC):
     def release(self, buffer: Any) -> None:
         """Free a buffer from ``allocate`` (eager mode frees its per-run pool)."""
 
+    def release_execution(self, execution: Execution) -> None:
+        """Free what ``execution`` holds of its own beyond the op's tensors (the scratch buffers a
+        backend that keeps a registry of its buffers made for it), when its run state is released.
+        The default frees nothing: what the execution references goes with it."""
+
     # -- device arrays (see ``device_arrays_unsupported``) ---------------------------------
     def _device_arrays_refused(self) -> DeviceArrayError:
         return DeviceArrayError(f"the {self.name} backend takes and returns host arrays only: "

@@ -11,6 +11,14 @@ import re
 CPU_DEFAULT_FLOPS = 2e9
 #: multiply-accumulates per second of a GPU that says nothing of its clock (paper Appendix C)
 GPU_DEFAULT_FLOPS = 4e9
+#: compute units (SMs, CUs, cores) of a GPU whose driver does not say how many it has (Vulkan
+#: without VK_NV_shader_sm_builtins, VK_AMD_shader_core_properties or VK_ARM_shader_core_builtins,
+#: OpenGL without GL_NV_shader_thread_group): few, as on integrated and mobile GPUs, so that an
+#: unknown device splits only the GEMMs with the fewest tiles
+GPU_DEFAULT_COMPUTE_UNITS = 8
+#: compute units of a CPU device (lavapipe, llvmpipe): one, so that its kernels are planned as
+#: before (its threads take workgroups from one queue; there are no idle units to fill)
+CPU_DEVICE_COMPUTE_UNITS = 1
 
 
 def host_cpu_flops(threads: int) -> float:
@@ -41,4 +49,4 @@ def simd_lanes(device_name: str) -> int:
     return min(16, max(4, int(bits.group(1)) // 32)) if bits else 8
 
 
-__all__ = ["CPU_DEFAULT_FLOPS", "GPU_DEFAULT_FLOPS", "host_cpu_flops", "simd_lanes", "software_renderer_flops"]
+__all__ = ["CPU_DEFAULT_FLOPS", "CPU_DEVICE_COMPUTE_UNITS", "GPU_DEFAULT_COMPUTE_UNITS", "GPU_DEFAULT_FLOPS", "host_cpu_flops", "simd_lanes", "software_renderer_flops"]

@@ -154,8 +154,11 @@ class ShapeSet:
         return self._states.borrow(self._prepare_active, self._release)
 
     def _release(self, state: RunState) -> None:
-        """Free a run state's pools (eager runs after each run; recorded states at close)."""
+        """Free a run state's executions' own buffers and its pools (eager runs after each run;
+        recorded states at close)."""
         with self.parts.active():
+            for exe, b in zip(state.executions, self.placement.op_backends):
+                self.parts.backends[b].release_execution(exe)
             for b, pool in state.pools.items():
                 self.parts.backends[b].release(pool)
 

@@ -56,6 +56,10 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"          {calibration_for(backend).describe()}")
             print(f"          storage: {storage_summary(backend)}")
             print(f"          precision fp16: {float16_summary(backend)}")
+            units = getattr(backend, "compute_units", None)
+            if units is not None:  # what the GPU kernel families size their GEMM tiles and split-K by
+                source = getattr(backend, "compute_units_source", "")
+                print(f"          compute units: {units}" + (f" ({source})" if source else ""))
             if name == "cpu":
                 from ..backends.cpu import int8 as cpu_int8
                 try:

@@ -50,9 +50,10 @@ from ..kernels import word_padded
 from ..base import Backend, BackendInfo, Execution, TensorHandle, constant_words, host_out, kernel_family, kernels_option
 from ..kernels.glsl.planner import dtypes_for as glsl_dtypes_for
 from ..kernels.glsl.planner import (RESIDUAL_BINDINGS, DTYPES as GLSL_DTYPES, INT8_ARITHMETIC as GLSL_INT8_ARITHMETIC, FLOAT32_ONLY_SCHEMES as GLSL_FLOAT32_ONLY_SCHEMES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, WINOGRAD_REWRITE_MAX_TILE, residual_schemes_for, schemes_for, Builder, Hazards, binding_limit, check_shader_op_ids,
-                         grid_limit, plan, window)
+                         grid_limit, plan, release_scratch, window)
 from ..limits import MemoryLimits, host_memory
-from ..speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
+from ..speed import (CPU_DEVICE_COMPUTE_UNITS, GPU_DEFAULT_COMPUTE_UNITS, GPU_DEFAULT_FLOPS, simd_lanes,
+                     software_renderer_flops)
 from ..waits import describe_ops, hang_reason
 
 _GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT = 0x90DF
@@ -60,6 +61,7 @@ _GL_MAX_COMPUTE_SHARED_MEMORY_SIZE = 0x8262
 _GL_GPU_MEMORY_INFO_TOTAL_AVAILABLE_MEMORY_NVX = 0x9048  # KiB
 _GL_GPU_MEMORY_INFO_CURRENT_AVAILABLE_VIDMEM_NVX = 0x9049  # KiB
 _GL_VBO_FREE_MEMORY_ATI = 0x87FB  # four KiB values, the first is the free total
+_GL_SM_COUNT_NV = 0x933B  # GL_NV_shader_thread_group
 _SOFTWARE = ("llvmpipe", "softpipe", "swrast", "software")
 _ids = itertools.count(1)
 _Method = TypeVar("_Method", bound=Callable[..., Any])
@@ -241,12 +243,26 @@ class GLBackend(Backend):
         self.native_narrow = frozenset(size for size, why in self.narrow_storage.items() if why.startswith("native"))
         self.dtypes = glsl_dtypes_for(self.kernels, self.native_narrow)  # float16 arithmetic: tiled, 16-bit storage
         self.simd_lanes = simd_lanes(self.renderer)
+        #: SMs / CUs the tiled GEMM fills (``compute_units_source`` says who said so)
+        self.compute_units, self.compute_units_source = self._compute_units(extensions)
         self._buffers: dict[int, GLBuffer] = {}
         self.packed: dict[tuple, TensorHandle] = {}
         self.tables: dict[tuple, TensorHandle] = {}
         flops = software_renderer_flops() if self.software else GPU_DEFAULT_FLOPS
         self._info = BackendInfo("gl", f"{self.renderer} / OpenGL {self.version}", flops, 0.05,
                                  20.0 if self.software else 8.0, is_gpu=not self.software)
+
+    def _compute_units(self, extensions: Any) -> tuple[int, str]:
+        """(compute units, where the figure comes from): GL_SM_COUNT_NV where the driver has
+        GL_NV_shader_thread_group (core GL has no such query), ``CPU_DEVICE_COMPUTE_UNITS`` on a
+        software renderer, else ``GPU_DEFAULT_COMPUTE_UNITS``."""
+        if self.software:
+            return CPU_DEVICE_COMPUTE_UNITS, "a software renderer"
+        if "GL_NV_shader_thread_group" in extensions:
+            units = _gl_get_integer(_GL_SM_COUNT_NV)
+            if units:
+                return units, "GL_NV_shader_thread_group GL_SM_COUNT_NV"
+        return GPU_DEFAULT_COMPUTE_UNITS, "default: the driver reports none"
 
     # -- description -----------------------------------------------------------------------
     @property
@@ -336,6 +352,13 @@ class GLBackend(Backend):
                 return  # another backend's buffer
             buffer.obj.release()
             buffer.obj = None
+
+    def scratch(self, nbytes: int) -> Any:
+        """A buffer of one execution's own (a split-K GEMM's partial sums: the GLSL planner)."""
+        return self.buffer(nbytes, "scratch")
+
+    def release_execution(self, execution: Execution) -> None:
+        release_scratch(self, execution.keep)
 
     @_in_context
     def constant(self, array: np.ndarray) -> TensorHandle:
@@ -489,21 +512,25 @@ class GLBackend(Backend):
         ctx = self.ctx
         storage = moderngl.SHADER_STORAGE_BARRIER_BIT
         for exe in executions:
-            # An engine without decoupling plans, looks up programs and packs arguments per run.
-            dispatches = plan(self, exe.op, exe.inputs, exe.outputs).work
-            hazards = Hazards()
-            for d in dispatches:
-                if hazards.needs_barrier(d):
-                    ctx.memory_barrier(storage)
-                    hazards.clear()
-                hazards.add(d)
-                for slot, obj, off, size in d.binds:
-                    obj.bind_to_storage_buffer(slot, offset=off, size=size)
-                if d.program.uniform is not None:
-                    d.program.uniform.write(d.params)
-                d.program.prog.run(*d.groups)
-            ctx.memory_barrier()
-            ctx.finish()
+            # An engine without decoupling plans, looks up programs, packs arguments and makes its
+            # scratch per run (freed once the op is done).
+            planned = plan(self, exe.op, exe.inputs, exe.outputs)
+            try:
+                hazards = Hazards()
+                for d in planned.work:
+                    if hazards.needs_barrier(d):
+                        ctx.memory_barrier(storage)
+                        hazards.clear()
+                    hazards.add(d)
+                    for slot, obj, off, size in d.binds:
+                        obj.bind_to_storage_buffer(slot, offset=off, size=size)
+                    if d.program.uniform is not None:
+                        d.program.uniform.write(d.params)
+                    d.program.prog.run(*d.groups)
+                ctx.memory_barrier()
+                ctx.finish()
+            finally:
+                release_scratch(self, planned.keep)
 
     # -- lifetime --------------------------------------------------------------------------
     def close_later(self) -> None:

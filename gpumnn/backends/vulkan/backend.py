@@ -56,7 +56,7 @@ from ..waits import describe_ops
 # The API-neutral half (what to dispatch per atomic op) is shared with the OpenGL backend.
 from ..kernels.glsl.planner import dtypes_for as glsl_dtypes_for
 from ..kernels.glsl.planner import (MAX_BINDINGS, RESIDUAL_BINDINGS, DTYPES as GLSL_DTYPES, INT8_ARITHMETIC as GLSL_INT8_ARITHMETIC, FLOAT32_ONLY_SCHEMES as GLSL_FLOAT32_ONLY_SCHEMES, OP_NAMES as GLSL_OP_NAMES, PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, WINOGRAD_REWRITE_MAX_TILE, residual_schemes_for, schemes_for, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
-                         Hazards as _Hazards, binding_limit, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, plan, window)
+                         Hazards as _Hazards, binding_limit, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, plan, release_scratch, window)
 
 try:
     import vulkan as vk  # ModuleNotFoundError propagates: the registry says "pip install"
@@ -183,6 +183,9 @@ class VulkanBackend(Backend):
         # a convolution that adds a residual binds one buffer more than Vulkan guarantees a stage
         self.residual_schemes = residual_schemes_for(self.kernels) if dev.max_storage_buffers >= RESIDUAL_BINDINGS else {}
         self.simd_lanes = simd_lanes(dev.name)  # of a CPU device's vector unit
+        #: SMs / CUs / cores the tiled GEMM fills (``compute_units_source`` says who said so)
+        self.compute_units: int = dev.compute_units
+        self.compute_units_source: str = dev.compute_units_source
         self.packed: dict[tuple, TensorHandle] = {}
         self._buffers: dict[int, DeviceBuffer] = {}
         self._lock = threading.RLock()  # preparation verbs: descriptor pools, recording pool, registry
@@ -315,6 +318,13 @@ class VulkanBackend(Backend):
                         self._dsets_by_buffer[other].discard(key)
             if self._buffers.pop(buffer.id, None) is not None:
                 self.dev.destroy_buffer(buffer)
+
+    def scratch(self, nbytes: int) -> Any:
+        """A buffer of one execution's own (a split-K GEMM's partial sums: the GLSL planner)."""
+        return self.buffer(nbytes, "scratch")
+
+    def release_execution(self, execution: Execution) -> None:
+        release_scratch(self, execution.keep)
 
     def constant(self, array: np.ndarray) -> TensorHandle:
         words, dtype = constant_words(array)

@@ -32,6 +32,7 @@ import vulkan as vk
 from ...errors import DeviceLostError
 from .. import deferred
 from ..device_choice import choose_device
+from ..speed import CPU_DEVICE_COMPUTE_UNITS, GPU_DEFAULT_COMPUTE_UNITS
 from ..waits import hang_reason
 
 ffi = vk.ffi
@@ -288,8 +289,37 @@ class SharedDevice:
         self.max_allocation = self._max_allocation()
         extensions = {_cstring(e.extensionName) for e in vk.vkEnumerateDeviceExtensionProperties(self.physical, None)}
         self.has_memory_budget = "VK_EXT_memory_budget" in extensions
+        self.compute_units, self.compute_units_source = self._compute_units(extensions)
         if self.max_push_constants < 128:
             raise VulkanError(f"{self.name}: maxPushConstantsSize {self.max_push_constants} < 128")
+
+    def _compute_units(self, extensions: set[str]) -> tuple[int, str]:
+        """(compute units, where the figure comes from): the SMs, CUs or shader cores that the
+        vendor's property extension reports; ``CPU_DEVICE_COMPUTE_UNITS`` on a CPU device and
+        ``GPU_DEFAULT_COMPUTE_UNITS`` on a GPU that reports none (the tiled GEMM sizes its tiles
+        and splits K from it: gpumnn.backends.kernels.glsl.planner)."""
+        if self.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_CPU:
+            return CPU_DEVICE_COMPUTE_UNITS, "a CPU device"
+        queries = (
+            ("VK_NV_shader_sm_builtins", vk.VkPhysicalDeviceShaderSMBuiltinsPropertiesNV,
+             lambda p: int(p.shaderSMCount), "shaderSMCount"),
+            ("VK_AMD_shader_core_properties", vk.VkPhysicalDeviceShaderCorePropertiesAMD,
+             lambda p: int(p.shaderEngineCount) * int(p.shaderArraysPerEngineCount) * int(p.computeUnitsPerShaderArray),
+             "shaderEngineCount x shaderArraysPerEngineCount x computeUnitsPerShaderArray"),
+            ("VK_ARM_shader_core_builtins", vk.VkPhysicalDeviceShaderCoreBuiltinsPropertiesARM,
+             lambda p: int(p.shaderCoreCount), "shaderCoreCount"))
+        for extension, struct, count, field_name in queries:
+            if extension not in extensions or self.props.apiVersion < vk.VK_MAKE_VERSION(1, 1, 0):
+                continue
+            try:
+                props = struct()
+                vk.vkGetPhysicalDeviceProperties2(self.physical, vk.VkPhysicalDeviceProperties2(pNext=props))
+                units = count(props)
+            except Exception:  # noqa: BLE001 -- a loader without the query: the next source
+                continue
+            if units > 0:
+                return units, f"{extension} {field_name}"
+        return GPU_DEFAULT_COMPUTE_UNITS, "default: the driver reports none"
 
     def _create_device(self) -> None:
         families = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
@@ -559,7 +589,8 @@ class VulkanDevice:
     SHARED = ("instance", "physical", "props", "name", "device_type", "type_name", "max_storage_range",
               "min_storage_align", "max_push_constants", "max_group_count", "max_group_invocations",
               "max_shared_memory", "max_storage_buffers", "memory", "device", "queue", "queue_family", "validation", "max_allocation",
-              "timestamp_bits", "timestamp_period", "driver", "native_narrow", "narrow_storage")
+              "timestamp_bits", "timestamp_period", "driver", "native_narrow", "narrow_storage", "compute_units",
+              "compute_units_source")
 
     def __init__(self, device: str | int | None = None, validation: bool = False):
         self.shared: SharedDevice | None = acquire(device, validation)

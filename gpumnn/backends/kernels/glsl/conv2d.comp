@@ -11,7 +11,9 @@
 //   float32 in that order; the residual, binding 4 at element offset param 25, is laid out as the output).
 // GEMM params: 0 M=OC/G | 1 N=OH*OW | 2 K=C/G*KH*KW | 3 G | 4 x_off | 5 w_off | 6 b_off | 7 out_off
 //   8 C | 9 H | 10 W | 11 OW | 12 OC | 13 C/G | 14 KH | 15 KW | 16 SH | 17 SW | 18 PT | 19 PL
-//   20 DH | 21 DW | 22..24 activation params
+//   20 DH | 21 DW | 22..24 activation params | 26 K slices | 27 slice depth | 28 outputs (N*OC*OH*OW)
+//   -DKSPLIT: slice s of K writes its raw sums to dst from element out_off + s * outputs, laid out as
+//   the output (a scratch [slices][N][OC][OH*OW]); split_sum.comp adds bias, residual, activation.
 // DIRECT_RB params: 0 M=OC/G | 1 OH | 2 OW | 3 G | 4 x_off | 5 packed w_off (vec4 units) | 6 b_off
 //   7 out_off | 8 C | 9 H | 10 W | 11 OC | 12 C/G | 13 KH | 14 SH | 15 PT | 16 PL | 17 DH
 //   18 row groups per output row | 19 M/RM blocks | 22..24 activation; compile-time RM, RN, KW, SW, DW, WG
@@ -151,13 +153,17 @@ int x_base, w_base, o_base, g_id;  // o_base: the (image, group)'s first output 
 #define GEMM_M PI(0)
 #define GEMM_N PI(1)
 #define GEMM_K PI(2)
-#define GEMM_PREPARE(z) prepare(z)
-void prepare(int z) {
+#define GEMM_KS PI(26)
+#define GEMM_KSLICE PI(27)
+#define GEMM_PREPARE(z) prepare(z, gemm_slice)
+int o_slice;  // the first output element of this workgroup's slice of K in the scratch (-DKSPLIT)
+void prepare(int z, int slice) {
     int n = z / PI(3);
     g_id = z % PI(3);
     x_base = PI(4) + (n * PI(8) + g_id * PI(13)) * PI(9) * PI(10);
     w_base = PI(5) + g_id * PI(0) * PI(2);
     o_base = (n * PI(12) + g_id * PI(0)) * PI(1);
+    o_slice = slice * PI(28);
 }
 #define LOAD_A(m, k) LOADF(Wt, w_base + (m) * PI(2) + (k))
 #ifdef POINTWISE
@@ -177,11 +183,15 @@ float load_b(int k, int p) {
 #define LOAD_B(k, n) load_b(k, n)
 #endif
 void store_c(int m, int n, float acc) {
+    int e = o_base + m * PI(1) + n;
+#ifdef KSPLIT
+    dst[PI(7) + o_slice + e] = acc;
+#else
 #ifdef HAS_BIAS
     acc += LOADF(bias, PI(6) + g_id * PI(0) + m);
 #endif
-    int e = o_base + m * PI(1) + n;
     STOREF(dst, PI(7) + e, EPILOGUE(ADD_RESIDUAL(acc, e)));
+#endif
 }
 #define STORE_C(m, n, acc) store_c(m, n, acc)
 #include "gemm_core.glsl"

@@ -4,6 +4,9 @@
 // rows/columns are strided by TM/RM and TN/RN (coalesced stores).
 // The including kernel defines: GEMM_M, GEMM_N, GEMM_K (ints), GEMM_PREPARE(z) (a statement),
 // LOAD_A(m, k), LOAD_B(k, n) (called for in-range indices only) and STORE_C(m, n, acc).
+// -DKSPLIT (split K, where the tiles are too few for the device): the grid's z walks GEMM_KS
+// slices of K per z, each GEMM_KSLICE deep; gemm_slice (set before GEMM_PREPARE) says which,
+// and STORE_C writes that slice's raw sums (split_sum.comp adds them and applies the epilogue).
 #ifndef TM
 #define TM 64
 #endif
@@ -29,6 +32,7 @@
 #error NT must equal (TM/RM)*(TN/RN)
 #endif
 layout(local_size_x = NT) in;
+int gemm_slice = 0;  // the slice of K this workgroup sums (-DKSPLIT), else 0
 shared float As[TK * TM];
 shared float Bs[TK * TN];
 
@@ -37,13 +41,22 @@ void main() {
     int tx = tid % TX, ty = tid / TX;
     int m0 = int(gl_WorkGroupID.y) * TM;
     int n0 = int(gl_WorkGroupID.x) * TN;
+#ifdef KSPLIT
+    int z = int(gl_WorkGroupID.z) / GEMM_KS;
+    gemm_slice = int(gl_WorkGroupID.z) - z * GEMM_KS;
+    int k_begin = gemm_slice * GEMM_KSLICE;
+    int K = min(GEMM_K, k_begin + GEMM_KSLICE);
+#else
     int z = int(gl_WorkGroupID.z);
+    int k_begin = 0;
+    int K = GEMM_K;
+#endif
     GEMM_PREPARE(z);
-    int M = GEMM_M, N = GEMM_N, K = GEMM_K;
+    int M = GEMM_M, N = GEMM_N;
     float acc[RM][RN];
     for (int i = 0; i < RM; ++i)
         for (int j = 0; j < RN; ++j) acc[i][j] = 0.0;
-    for (int k0 = 0; k0 < K; k0 += TK) {
+    for (int k0 = k_begin; k0 < K; k0 += TK) {
         for (int e = tid; e < TM * TK; e += NT) {
             int mm = e / TK, kk = e % TK;
             int m = m0 + mm, k = k0 + kk;

@@ -5,7 +5,9 @@
 // A element (m, k) at a_off + z*a_bs + m*sam + k*sak (transposition is in the strides), B alike.
 // params: 0 M | 1 N | 2 K | 4 a_off | 5 b_off | 6 bias_off | 7 out_off | 8 a_bs | 9 b_bs
 //         10 sam | 11 sak | 12 sbk | 13 sbn | 14 alpha | 15 beta | 16 bias_sm | 17 bias_sn
-//         18..20 activation params
+//         18..20 activation params | 21 K slices | 22 slice depth (-DKSPLIT)
+// -DKSPLIT (tiled only): slice s of K writes its raw sums to C from element c_off + s * batch*M*N
+// (a scratch [slices][batch][M][N]); split_sum.comp ends the product with alpha, bias, activation.
 #include "common.glsl"
 #define ACT_P 18
 #include "activation.glsl"
@@ -72,16 +74,22 @@ int a_base, b_base, c_base;
 #define GEMM_M PI(0)
 #define GEMM_N PI(1)
 #define GEMM_K PI(2)
-#define GEMM_PREPARE(z) a_base = PI(4) + (z) * PI(8); b_base = PI(5) + (z) * PI(9); c_base = PI(7) + (z) * PI(0) * PI(1)
+#define GEMM_KS PI(21)
+#define GEMM_KSLICE PI(22)
+#define GEMM_PREPARE(z) a_base = PI(4) + (z) * PI(8); b_base = PI(5) + (z) * PI(9); c_base = PI(7) + ((z) + gemm_slice * PI(3)) * PI(0) * PI(1)
 #define LOAD_A(m, k) LOADF(A, a_base + (m) * PI(10) + (k) * PI(11))
 #define LOAD_B(k, n) LOADF(B, b_base + (k) * PI(12) + (n) * PI(13))
 
 void store_c(int m, int n, float acc) {
+#ifdef KSPLIT
+    C[c_base + m * PI(1) + n] = acc;
+#else
     float v = PF(14) * acc;
 #ifdef HAS_BIAS
     v += PF(15) * LOADF(bias, PI(6) + m * PI(16) + n * PI(17));
 #endif
     STOREF(C, c_base + m * PI(1) + n, EPILOGUE(v));
+#endif
 }
 #define STORE_C(m, n, acc) store_c(m, n, acc)
 

@@ -19,6 +19,8 @@ What a backend provides to the planners (duck-typed, see :class:`PlannerTarget`)
 ``kernels``           "simd" (register blocking, vec4 loads, narrow workgroups: CPU devices) or
                       "tiled" (shared-memory tiles, wide workgroups: GPUs)
 ``simd_lanes``        SIMD width of a CPU device (workgroup size of the simd convolution)
+``compute_units``     SMs / CUs / cores of the device (``backends.speed``'s defaults where the
+                      driver does not say): the tiled GEMM's tile shape and split-K follow it
 ``max_group_count``   (x, y, z) workgroup-count limits
 ``plan_error``        exception class raised for work the device cannot run
 ``binding(buf, lo, hi)``  -> (binding, base byte): the aligned range bound for bytes [lo, hi)
@@ -27,6 +29,9 @@ What a backend provides to the planners (duck-typed, see :class:`PlannerTarget`)
                       themselves (8-/16-bit storage); other narrow tensors are held packed in
                       words (``elements.glsl``)
 ``dispatch(builder, bindings)``  -> the backend's dispatch object
+``scratch(nbytes)``   a new buffer (``kind`` "scratch") for one execution: a split-K GEMM's partial
+                      sums; it is the execution's alone (in its ``keep``), and the backend frees it
+                      with ``release`` when the execution's run state goes (``release_scratch``)
 ``packed``, ``tables``  dicts caching repacked weights and resize tables (per backend)
 ``constant(array)``, ``read(handle)``  as in :class:`~gpumnn.backends.base.Backend`
 
@@ -113,6 +118,7 @@ class PlannerTarget(BasePlannerTarget, Protocol):
     """What the GLSL planners read from a backend (Vulkan, GL)."""
 
     simd_lanes: int
+    compute_units: int
     max_group_count: tuple[int, int, int]
     plan_error: type[Exception]
     packed: dict
@@ -120,6 +126,8 @@ class PlannerTarget(BasePlannerTarget, Protocol):
     native_narrow: frozenset[int]
 
     def binding(self, buf: Any, lo: int, hi: int) -> tuple[Any, int]: ...
+    def scratch(self, nbytes: int) -> Any: ...
+    def release(self, buffer: Any) -> None: ...
     def dispatch(self, builder: "Builder", bindings: tuple) -> Any: ...
     def constant(self, array: np.ndarray) -> TensorHandle: ...
     def read(self, handle: TensorHandle) -> np.ndarray: ...
@@ -239,15 +247,102 @@ def _collapse(shape: Sequence[int], *strides: Sequence[int]) -> tuple[int, tuple
     return len(merged), shape4, strides4
 
 
-def _gemm_tiles(m: int, n: int) -> tuple[int, int, int, int]:
-    """(TM, TN, RM, RN) of a 256-invocation tile shaped to the problem."""
+def _gemm_tiles(be: PlannerTarget, m: int, n: int, batch: int) -> tuple[int, int, int, int]:
+    """(TM, TN, RM, RN) of a 256-invocation tile shaped to the problem: 64 x 64 where both sides
+    are long, unless its tiles would be fewer than two per compute unit (then 32 x 32, four
+    times as many, before K is split: ``k_splits``)."""
     if m >= 48 and n >= 48:
+        if -(-m // 64) * -(-n // 64) * batch < 2 * be.compute_units:
+            return 32, 32, 2, 2
         return 64, 64, 4, 4
     if m >= 48:
         return (64, 16, 4, 1) if n > 8 else (256, 4, 4, 1)
     if n >= 48:
         return (16, 64, 1, 4) if m > 8 else (4, 256, 1, 4)
     return 16, 16, 1, 1
+
+
+#: split-K of the tiled GEMM (matmul.comp and conv2d.comp -DKSPLIT, then split_sum.comp): each
+#: slice of K at least MIN_K_SLICE deep (a multiple of gemm_core.glsl's TK), at most MAX_K_SPLITS
+#: slices (each one more pass over the partial sums)
+MIN_K_SLICE = 64
+MAX_K_SPLITS = 32
+GEMM_TK = 16
+#: the most bytes of partial sums a split GEMM binds: GL's guaranteed storage-block size (Vulkan
+#: guarantees more); a product with more outputs has tiles enough not to be split
+MAX_PARTIAL_BYTES = 1 << 24
+
+
+def k_splits(be: PlannerTarget, work_groups: int, k: int, z: int, outputs: int) -> tuple[int, int]:
+    """(slices, slice depth) of the inner dimension for a tiled GEMM of ``work_groups`` tiles
+    whose grid already has ``z`` layers and which writes ``outputs`` elements: a GEMM whose tiles
+    are fewer than the device's compute units leaves most of them idle while each busy one walks
+    all of K alone, so it is split into enough slices for about two workgroups per compute unit,
+    none shallower than MIN_K_SLICE, as the OpenCL C family's ``k_splits`` does; the grid's z
+    carries them (up to its limit), and the partial sums stay within MAX_PARTIAL_BYTES."""
+    if work_groups >= be.compute_units:
+        return 1, k
+    wanted = -(-2 * be.compute_units // work_groups)
+    splits = max(1, min(wanted, k // MIN_K_SLICE, MAX_K_SPLITS, be.max_group_count[2] // max(1, z),
+                        MAX_PARTIAL_BYTES // (4 * max(1, outputs))))
+    if splits == 1:
+        return 1, k
+    per_slice = -(-k // splits)
+    depth = -(-per_slice // GEMM_TK) * GEMM_TK  # whole TK steps
+    return -(-k // depth), depth
+
+
+def _split_k_work(be: PlannerTarget, gemm: Builder, out_param: int, splits: int, total: int, scheme: str,
+                  **split_sum: Any) -> KernelWork:
+    """The KernelWork of a GEMM split into ``splits`` slices of K: ``gemm`` (all else bound and
+    set) writing its partial sums into a float32 scratch of the execution's own (output slot 0,
+    its element offset at parameter ``out_param``), then ``_split_sum_builder`` with
+    ``split_sum``'s epilogue; the scheme says into how many slices (``.../split-K n``, as the
+    OpenCL C family's). The scratch goes with the execution (``release_scratch``), or at
+    once if binding it fails."""
+    partial = TensorHandle(be.scratch(4 * splits * total), 0, (splits * total,))
+    try:
+        gemm.set(out_param, gemm.bind(0, partial, write=True))
+        summed = _split_sum_builder(be, partial, splits, total, **split_sum)
+    except BaseException:
+        be.release(partial.buffer)
+        raise
+    return KernelWork([gemm, summed], f"{scheme}/split-K {splits}", (partial.buffer,))
+
+
+def release_scratch(be: PlannerTarget, keep: Sequence[Any]) -> None:
+    """Free the scratch buffers among an execution's ``keep`` (its run state is released, or an
+    eager run re-planned it)."""
+    for obj in keep:
+        if getattr(obj, "kind", None) == "scratch":
+            be.release(obj)
+
+
+def _split_sum_builder(be: PlannerTarget, partial: TensorHandle, splits: int, total: int, *, m: int, n: int,
+                       out: TensorHandle, bias: tuple | None = None, residual: TensorHandle | None = None,
+                       alpha: float = 1.0, beta: float = 1.0, activation: A.Activation = None) -> Builder:
+    """split_sum.comp: the ``splits`` slices of ``partial`` ([splits][total], laid out as ``out``
+    of [batch][m][n]) summed into ``out`` with the GEMM's epilogue. ``bias``: (handle, lo, hi,
+    stride along m, stride along n)."""
+    defines = {}
+    if bias is not None:
+        defines["HAS_BIAS"] = 1
+    if residual is not None:
+        defines["HAS_RESIDUAL"] = 1
+    b = Builder(be, "split_sum", defines, 4)
+    o = b.bind(0, out, 0, total, write=True)
+    p = b.bind(1, partial, 0, splits * total)
+    bias_off = bias_sm = bias_sn = res_off = 0
+    if bias is not None:
+        handle, lo, hi, bias_sm, bias_sn = bias
+        bias_off = b.bind(2, handle, lo, hi)
+    if residual is not None:
+        res_off = b.bind(3, residual, 0, total)
+    b.set(0, total, splits, m, n, p, o, bias_off, bias_sm, bias_sn, res_off)
+    b.setf(10, alpha, beta)
+    b.activation(12, activation)
+    b.grid1d(total, 256)
+    return b
 
 
 def _row_variant(rows: int, size: int) -> tuple[bool, int]:
@@ -565,35 +660,47 @@ def _plan_matmul(be, op: A.MatMul, ins, outs):
     if (batch > 1 and b_bs == 0 and not op.trans_a and a_bs == m * k
             and (not op.has_bias or bias_sm == 0)):  # shared weights: one [batch*M, K] GEMM
         m, batch = m * batch, 1
+    splits, depth = 1, k
     if be.kernels == "simd":
         rm = min(16, 1 << (m - 1).bit_length())
         rn = min(16, 4 << max(0, (n - 1).bit_length() - 2)) if n > 4 else 4
         defines = {"REGBLOCK": 1, "RM": rm, "RN": rn, "WG": 16}
         groups = (math.ceil(math.ceil(n / rn) / 16), math.ceil(m / rm), batch)
     else:
-        tm, tn, rm, rn = _gemm_tiles(m, n)
+        tm, tn, rm, rn = _gemm_tiles(be, m, n, batch)
         defines = {"TM": tm, "TN": tn, "RM": rm, "RN": rn, "NT": (tm // rm) * (tn // rn)}
         groups = (math.ceil(n / tn), math.ceil(m / tm), batch)
-    if op.has_bias:
+        if op.dtype == A.FLOAT32:  # the partial sums and split_sum.comp are float32 storage only
+            splits, depth = k_splits(be, math.prod(groups), k, batch, op.batch * op.m * op.n)
+    total = op.batch * op.m * op.n
+    bias_range = _extent(0, (op.m, op.n), (bias_sm, bias_sn)) if op.has_bias else None
+    if splits > 1:  # partial sums into a scratch; split_sum.comp applies alpha, bias and activation
+        defines["KSPLIT"] = 1
+        groups = (groups[0], groups[1], batch * splits)
+    elif op.has_bias:
         defines["HAS_BIAS"] = 1
     b = Builder(be, "matmul", dict(defines, **_half_defines(op)), 4)
-    total = op.batch * op.m * op.n
-    c = b.bind(0, outs[0], 0, total, write=True)
+    c = b.bind(0, outs[0], 0, total, write=True) if splits == 1 else 0
     a = b.bind(1, ins[0], 0, (op.batch - 1) * a_bs + op.m * op.k)
     w = b.bind(2, ins[1], 0, (op.batch - 1) * b_bs + op.k * op.n)
     bias = 0
-    if op.has_bias:
-        bias = b.bind(3, ins[2], *_extent(0, (op.m, op.n), (bias_sm, bias_sn)))
+    if op.has_bias and splits == 1:
+        bias = b.bind(3, ins[2], *bias_range)
     b.set(0, m, n, k, batch, a, w, bias, c, a_bs, b_bs, sam, sak, sbk, sbn)
     b.setf(14, op.alpha, op.beta)
     b.set(16, bias_sm, bias_sn)
-    b.activation(18, op.activation)
+    b.set(21, splits, depth)
     if (be.kernels == "simd" and sbn == 1 and n % 4 == 0 and w % 4 == 0 and sbk % 4 == 0
             and (batch == 1 or b_bs % 4 == 0)):
         b.defines["B_VEC4"] = 1
     b.groups = groups
     _check_grid(be, b.groups)
-    return KernelWork([b], "gemm_regblock" if be.kernels == "simd" else "gemm_tiled")
+    if splits == 1:
+        b.activation(18, op.activation)
+        return KernelWork([b], "gemm_regblock" if be.kernels == "simd" else "gemm_tiled")
+    return _split_k_work(be, b, 7, splits, total, "gemm_tiled", m=m, n=n, out=outs[0], alpha=op.alpha,
+                         beta=op.beta, bias=(ins[2], *bias_range, bias_sm, bias_sn) if op.has_bias else None,
+                         activation=op.activation)
 
 
 def _check_grid(be, groups) -> None:
@@ -645,22 +752,37 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
         return _plan_conv2d_direct_rb(be, op, ins, outs)
     cg, ocg = c // g, oc // g
     big_m, big_n, big_k = ocg, oh * ow, cg * kh * kw
-    tm, tn, rm, rn = _gemm_tiles(big_m, big_n)
+    tm, tn, rm, rn = _gemm_tiles(be, big_m, big_n, n * g)
     defines.update(TM=tm, TN=tn, RM=rm, RN=rn, NT=(tm // rm) * (tn // rn))
+    groups = (math.ceil(big_n / tn), math.ceil(big_m / tm), n * g)
+    # the partial sums and split_sum.comp are float32 storage only
+    splits, depth = k_splits(be, math.prod(groups), big_k, n * g, o_len) if op.dtype == A.FLOAT32 else (1, big_k)
     pointwise = op.scheme == "gemm1x1"
     if pointwise:
         defines["POINTWISE"] = 1
-    b = _conv2d_builder(be, op, defines)
-    o = b.bind(0, outs[0], 0, o_len, write=True)
+    if splits > 1:  # partial sums laid out as the output; split_sum.comp adds bias, residual, activation
+        defines = {key: v for key, v in defines.items() if key != "HAS_BIAS"}
+        b = Builder(be, "conv2d", dict(defines, KSPLIT=1), 4)
+        groups = (groups[0], groups[1], n * g * splits)
+        o = 0
+    else:
+        b = _conv2d_builder(be, op, defines)
+        o = b.bind(0, outs[0], 0, o_len, write=True)
     x = b.bind(1, ins[0], 0, x_len)
     wt = b.bind(2, ins[1], 0, w_len)
-    bias = b.bind(3, ins[2], 0, oc) if op.has_bias else 0
+    bias = b.bind(3, ins[2], 0, oc) if op.has_bias and splits == 1 else 0
     b.set(0, big_m, big_n, big_k, g, x, wt, bias, o, c, h, w, ow, oc, cg, kh, kw, sh, sw, ph, pw, dh, dw)
-    _bind_residual(b, op, ins, o_len)
-    b.activation(22, op.activation)
-    b.groups = (math.ceil(big_n / tn), math.ceil(big_m / tm), n * g)
+    b.set(26, splits, depth, o_len)
+    b.groups = groups
     _check_grid(be, b.groups)
-    return KernelWork([b], "gemm1x1" if pointwise else "implicit_gemm")
+    scheme = "gemm1x1" if pointwise else "implicit_gemm"
+    if splits == 1:
+        _bind_residual(b, op, ins, o_len)
+        b.activation(22, op.activation)
+        return KernelWork([b], scheme)
+    return _split_k_work(be, b, 7, splits, o_len, scheme, m=oc, n=big_n, out=outs[0],
+                         bias=(ins[2], 0, oc, 1, 0) if op.has_bias else None,
+                         residual=ins[-1] if op.has_residual else None, activation=op.activation)
 
 
 #: shared memory a Winograd workgroup stages at most (the matrices, U and V slices), in floats:
@@ -746,7 +868,7 @@ def _plan_quantized_conv2d(be, op: A.QuantizedConv2D, ins, outs):
         defines["X_SIGNED"] = 1
     tiled = be.kernels == "tiled" and op.scheme != "depthwise"
     if tiled:
-        tm, tn, rm, rn = _gemm_tiles(op.out_channels // op.groups, oh * ow)
+        tm, tn, rm, rn = _gemm_tiles(be, op.out_channels // op.groups, oh * ow, op.batch * op.groups)
         defines.update(TILED=1, TM=tm, TN=tn, RM=rm, RN=rn, TK=16, NT=(tm // rm) * (tn // rn))
     b = Builder(be, "quantized_conv2d", defines, 3)
     o = b.bind(0, outs[0], 0, total, write=True)
@@ -1086,10 +1208,14 @@ def plan(be: PlannerTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outp
     """One atomic op's KernelWork with the backend's dispatches as its work: its planner's builders,
     each built by ``be`` (empty grids dropped)."""
     planned = PLANNERS[type(op)](be, op, list(inputs), list(outputs))
-    return dataclasses.replace(planned, work=[d for d in (b.build() for b in planned.work) if d is not None])
+    try:
+        return dataclasses.replace(planned, work=[d for d in (b.build() for b in planned.work) if d is not None])
+    except BaseException:  # a kernel that does not build: its scratch goes now
+        release_scratch(be, planned.keep)
+        raise
 
 
 __all__ = ["BINARY_IDS", "Binding", "Builder", "DTYPES", "TILED_FLOAT16_DTYPES", "dtypes_for", "MAX_BINDINGS", "Hazards", "OP_NAMES", "PARAMS", "PLANNERS", "PlanError",
            "PlannerTarget", "REDUCE_IDS", "RESIDUAL_BINDINGS", "RESIDUAL_SCHEMES", "SCHEMES",
-           "TILED_RESIDUAL_SCHEMES", "TILED_SCHEMES", "residual_schemes_for", "schemes_for", "UNARY_IDS", "binding_limit", "check_shader_op_ids", "plan",
+           "TILED_RESIDUAL_SCHEMES", "TILED_SCHEMES", "k_splits", "release_scratch", "residual_schemes_for", "schemes_for", "UNARY_IDS", "binding_limit", "check_shader_op_ids", "plan",
            "view_sizes"]
