@@ -2,6 +2,8 @@
 # Issue 9 part 4 on a lent NVIDIA GPU (H100), in phases that each fit one device call (10 minutes):
 #
 #   tests   gpumnn info, then the test suite on cuda: tests/test_cuda_backend.py, then the rest -k cuda
+#   verify  the kernels not yet run on a GPU (tf32, fp16, gemv, GLSL Winograd and split-K, int8, concat
+#           in place): their tests on cuda, vulkan and gl, calibration, fp32/tf32 beside PyTorch, fp16 vs fp32
 #   apis [API]  the test suite on vulkan, gl and opencl (or on API alone) through NVIDIA's drivers
 #           (opencl where NVIDIA's OpenCL ICD is found; the log says whether it was)
 #   bench   per zoo model (paper's three first): `gpumnn bench M --backend all --repeats 5 --json` and
@@ -51,7 +53,7 @@
 # GPUMNN_GPU_SETUP=0 skips the unpacking and installing (for a dry run of a phase on a machine that
 # has everything, with PYTHON naming its interpreter).
 set -uo pipefail
-PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench|profile|runbook|schemes|kernels|placement|storage|tf32|fp16}
+PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench|profile|runbook|schemes|verify|kernels|placement|storage|tf32|fp16}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/bench/results/gpu}
@@ -200,6 +202,27 @@ case $PHASE in
     GPUMNN_REQUIRE_BACKENDS=gl,opencl step gl-opencl-models "${PYTEST[@]}" "${XDIST[@]}" tests/test_models.py -k "gl or opencl" \
       --junitxml="$RES/gl_opencl_models.xml" | tail -30 | tee "$RES/gl_opencl_models.txt"
     ;;
+  verify)
+    # every GPU kernel that has not yet run on a GPU, correctness first (issue 29 and 30 of
+    # 2026-11-28: TF32 and float16 tiles, the matrix-vector kernels, Winograd in one GLSL kernel,
+    # the GLSL split-K, int8 convolutions, concatenations in place), then one timing of each
+    GPUMNN_REQUIRE_BACKENDS=cuda,vulkan,gl GPUMNN_STEP_CAP=${CAP_TESTS:-200} step new-kernels "${PYTEST[@]}" "${XDIST[@]}" \
+      tests/test_tf32.py tests/test_fp16.py tests/test_gpu_int8.py tests/test_glsl_split_k.py tests/test_concat_in_place.py \
+      tests/test_static_int8.py tests/test_precision_accuracy.py tests/test_schemes.py -k "cuda or vulkan or gl" \
+      --junitxml="$RES/verify_tests.xml" | grep -E "relative L2|passed|failed|FAILED|Error" | tail -40 \
+      | tee "$RES/verify_tests.txt"
+    GPUMNN_STEP_CAP=${CAP_CALIBRATE:-60} step calibrate "$PYTHON" -m gpumnn calibrate --backend cuda vulkan gl \
+      --save-profile "$RES/device_profile.json" | tee "$RES/calibrate.txt"
+    GPUMNN_STEP_CAP=${CAP_TORCH:-150} step torch-precisions "$PYTHON" bench/torch_peer.py resnet18 mobilenet_v1 squeezenet1_1 \
+      --backend cuda vulkan --precision fp32 tf32 --torch-precision fp32 --repeats 3 --save-json "$RES/torch_verify.json" \
+      | tee "$RES/torch_verify.txt"
+    GPUMNN_STEP_CAP=${CAP_FP16:-120} step fp16-models "$PYTHON" bench/fp16.py resnet18 mobilenet_v1 squeezenet1_1 \
+      --backends cuda,vulkan --rounds 3 --runs 10 --inputs 3 --json "$RES/fp16.json" | tee "$RES/fp16.txt"
+    for m in resnet18 squeezenet1_1; do
+      GPUMNN_STEP_CAP=${CAP_PLAN:-15} step "plan-vulkan-$m" "$PYTHON" -m gpumnn plan "$m" --backend vulkan --runs 10 \
+        | tee "$RES/plan_vulkan_$m.txt"
+    done
+    ;;
   kernels)
     GPUMNN_STEP_CAP=${CAP_CALIBRATE:-40} step calibrate "$PYTHON" -m gpumnn calibrate --backend cuda vulkan gl opencl \
       --save-profile "$RES/device_profile.json" | tee "$RES/calibrate.txt"
@@ -259,5 +282,5 @@ case $PHASE in
     GPUMNN_REQUIRE_BACKENDS=cuda GPUMNN_STEP_CAP=${CAP_TESTS:-90} step fp16-tests "${PYTEST[@]}" tests/test_fp16.py \
       tests/test_cuda_source.py -k "cuda or HALF" --junitxml="$RES/fp16_tests.xml" | tail -15 | tee "$RES/fp16_tests.txt"
     ;;
-  *) echo "unknown phase $PHASE (tests, apis, bench, profile, runbook, schemes, kernels, placement, storage, tf32 or fp16)"; exit 2 ;;
+  *) echo "unknown phase $PHASE (tests, apis, bench, profile, runbook, schemes, verify, kernels, placement, storage, tf32 or fp16)"; exit 2 ;;
 esac

@@ -12,13 +12,16 @@
 #endif
 #define LOAD_W(p, i) (((int)(p)[i] ^ 0x80) - 0x80)
 
-__kernel void quantized_conv2d(__global const uchar* x, const int x_off, __global const uchar* w, const int w_off,
-                               __global const int* bias, const int b_off, __global const float* mult,
-                               const int m_off, __global uchar* y, const int y_off, const int total,
-                               const int C, const int H, const int W, const int OC, const int OH, const int OW,
-                               const int KH, const int KW, const int SH, const int SW, const int PH, const int PW,
-                               const int DH, const int DW, const int G, const int x_zero, const int y_zero,
-                               const int lo, const int hi)
+/* Both kernels' arguments: the op's tensors (element offsets), its geometry and quantization. */
+#define QCONV_ARGS \
+    __global const uchar* x, const int x_off, __global const uchar* w, const int w_off, \
+    __global const int* bias, const int b_off, __global const float* mult, const int m_off, \
+    __global uchar* y, const int y_off, const int total, const int C, const int H, const int W, \
+    const int OC, const int OH, const int OW, const int KH, const int KW, const int SH, const int SW, \
+    const int PH, const int PW, const int DH, const int DW, const int G, const int x_zero, \
+    const int y_zero, const int lo, const int hi
+
+__kernel void quantized_conv2d(QCONV_ARGS)
 {
     const int gid = get_global_id(0);
     if (gid >= total) return;
@@ -66,13 +69,7 @@ __kernel void quantized_conv2d(__global const uchar* x, const int x_off, __globa
 #define NT (LX * LY)
 
 __kernel __attribute__((reqd_work_group_size(LX, LY, 1)))
-void quantized_conv2d_tiled(__global const uchar* x, const int x_off, __global const uchar* w, const int w_off,
-                            __global const int* bias, const int b_off, __global const float* mult,
-                            const int m_off, __global uchar* y, const int y_off, const int total,
-                            const int C, const int H, const int W, const int OC, const int OH, const int OW,
-                            const int KH, const int KW, const int SH, const int SW, const int PH, const int PW,
-                            const int DH, const int DW, const int G, const int x_zero, const int y_zero,
-                            const int lo, const int hi)
+void quantized_conv2d_tiled(QCONV_ARGS)
 {
     __local int As[TK][TM + 1];
     __local int Bs[TK][TN];
