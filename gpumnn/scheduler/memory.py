@@ -33,6 +33,10 @@ class PoolLayout:
         return self.offsets[name] // itemsize
 
 
+#: pool bytes past which the layout is not searched (its offsets would overflow int64)
+HUGE_POOL = 1 << 62
+
+
 def _align(value: int, alignment: int) -> int:
     return -(-value // alignment) * alignment
 
@@ -48,6 +52,12 @@ def lay_out_pool(lifetimes: list[Lifetime], alignment: int = 64) -> PoolLayout:
     searched, with array operations over the placed tensors: a sequence model has a thousand
     short-lived tensors, and a Python scan of every pair cost more than the rest of the layout."""
     alignment = _align(max(alignment, 4), 4)
+    naive = sum(_align(max(t.nbytes, 4), alignment) for t in lifetimes)
+    if naive >= HUGE_POOL:  # no device holds it (check_pool_layouts says so): tensors side by side
+        offsets, end = {}, 0
+        for tensor in lifetimes:
+            offsets[tensor.name], end = end, end + _align(max(tensor.nbytes, 4), alignment)
+        return PoolLayout(offsets, end, naive)
     order = sorted(lifetimes, key=lambda t: (-t.nbytes, t.first, t.name))
     count = len(order)
     offs, ends = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64)
@@ -60,7 +70,6 @@ def lay_out_pool(lifetimes: list[Lifetime], alignment: int = 64) -> PoolLayout:
         offs[k], ends[k], firsts[k], lasts[k] = offset, offset + size, tensor.first, tensor.last
         offsets[tensor.name] = offset
     pool = int(ends.max()) if count else 0
-    naive = sum(_align(max(t.nbytes, 4), alignment) for t in lifetimes)
     return PoolLayout(offsets, pool, naive)
 
 
