@@ -57,7 +57,7 @@ INT8_MAX = 127
 def lowers_static_int8(backend) -> bool:
     """Whether a statically quantized model's convolutions and products (QDQ, QLinearConv) are
     lowered to int8 ``QuantizedConv2D`` ops for ``backend``, the session's scheme backend: where it
-    builds them. Elsewhere (the GPU APIs) they run in float as before, on that backend, never
+    builds them (every backend here). Elsewhere they would run in float, on that backend, never
     moved to the cpu for it. Independent of ``precision``: the model itself is quantized."""
     return A.QuantizedConv2D in getattr(backend, "kernel_table", {})
 
