@@ -26,7 +26,6 @@ the package, so editing a kernel, the tile or an activation the regions inline r
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import os
@@ -176,19 +175,33 @@ def threads_for(threads: int) -> int:
     return max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
 
 
-@contextlib.contextmanager
-def using_threads(threads: int):
-    """Regions the calling thread enters inside use ``threads`` threads; the thread's own Numba
-    setting (kept per thread) is restored after, so a run leaves the caller's Numba as it was."""
-    previous = numba.get_num_threads()
-    if previous == threads:  # the usual case: two calls to Numba fewer a run
-        yield
-        return
-    numba.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(previous)
+class RegionThreads:
+    """Context: regions the calling thread enters inside use ``threads`` threads; the thread's own
+    Numba setting (kept per thread) is restored after, so a run leaves the caller's Numba as it
+    was. One instance serves every thread of a backend: what each entry changed is kept per
+    thread. A class rather than a generator context, as it is entered on every run."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self._entries = threading.local()  # .previous: a stack of counts to restore, None where unchanged
+
+    def __enter__(self):
+        try:
+            stack = self._entries.previous
+        except AttributeError:
+            stack = self._entries.previous = []
+        previous = numba.get_num_threads()
+        if previous == self.threads:  # the usual case: no set and no restore
+            stack.append(None)
+        else:
+            numba.set_num_threads(self.threads)
+            stack.append(previous)
+        return self
+
+    def __exit__(self, *exc):
+        previous = self._entries.previous.pop()
+        if previous is not None:
+            numba.set_num_threads(previous)
 
 
 # -- GEMM blocks through BLAS ------------------------------------------------------------------
