@@ -175,6 +175,16 @@ def threads_for(threads: int) -> int:
     return max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
 
 
+def _numba_thread_count() -> Callable[[], int]:
+    """The calling thread's Numba thread count: the threading layer's C getter, which
+    ``numba.get_num_threads`` calls after its start-up check (a run asks on every submit), or
+    that public call where this Numba has no such getter."""
+    numba.get_num_threads()  # starts the layer, which binds the getter
+    from numba.np.ufunc import parallel as numba_parallel
+    getter = getattr(numba_parallel, "_get_num_threads", None)
+    return getter if callable(getter) else numba.get_num_threads
+
+
 class RegionThreads:
     """Context: regions the calling thread enters inside use ``threads`` threads; the thread's own
     Numba setting (kept per thread) is restored after, so a run leaves the caller's Numba as it
@@ -184,13 +194,16 @@ class RegionThreads:
     def __init__(self, threads: int):
         self.threads = threads
         self._entries = threading.local()  # .previous: a stack of counts to restore, None where unchanged
+        self._thread_count = _numba_thread_count()
 
     def __enter__(self):
         try:
             stack = self._entries.previous
         except AttributeError:
             stack = self._entries.previous = []
-        previous = numba.get_num_threads()
+        previous = self._thread_count()
+        if previous <= 0:  # the C getter's "not set here": Numba's own call says what it means
+            previous = numba.get_num_threads()
         if previous == self.threads:  # the usual case: no set and no restore
             stack.append(None)
         else:
