@@ -110,9 +110,12 @@ def _gemm_region(bases: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list,
     if calls is None or column_stride not in (0, 1) or row_stride < 0 or buffer.dtype != np.float32:
         return None
     lo, hi, after = _compiled_clamp(activation)
+    shared = _shared_activation(activation, out, regions) if after is not None else None
     kind = _activation_kind(activation)
-    if kind >= 0:
-        after = None
+    if kind >= 0 and (calls.shape[0] >= regions or shared is None):  # per block where that keeps every thread busy
+        after, shared = None, None
+    else:
+        kind = -1
     epilogue = _applies_epilogue(bool(period), lo, hi) or kind >= 0
     scalars = np.array([alpha, 0.0], np.float32)
     args = (cpu_parallel.SGEMM, *bases, calls, cpu_parallel.fortran_arguments(calls), scalars, buffer, offset, period,
@@ -120,7 +123,7 @@ def _gemm_region(bases: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list,
     compiled = cpu_jit.bind(cpu_parallel.gemm_blocks, *args)
     if after is None:
         return lambda: compiled(*args)
-    after = _shared_activation(activation, out, regions) or functools.partial(after, out)
+    after = shared or functools.partial(after, out)
 
     def run() -> None:
         compiled(*args)
