@@ -37,10 +37,13 @@ def _conv_model(channels, size, kernel, stride, dilation, pads, groups, out_chan
     if activation == "relu6":
         inits += [numpy_helper.from_array(np.float32(0.0), "lo"), numpy_helper.from_array(np.float32(6.0), "hi")]
         nodes.append(helper.make_node("Clip", ["c", "lo", "hi"], ["y"]))
+    elif activation == "silu":  # as YOLO exports it: the backend fuses the pair
+        nodes += [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
     elif activation:
-        nodes.append(helper.make_node({"relu": "Relu", "sigmoid": "Sigmoid"}[activation], ["c"], ["y"]))
+        nodes.append(helper.make_node({"relu": "Relu", "sigmoid": "Sigmoid", "hard_swish": "HardSwish"}[activation],
+                                      ["c"], ["y"]))
     graph = helper.make_graph(nodes, "conv", [x], [y], inits)
-    return model_proto(graph, 13)
+    return model_proto(graph, 14 if activation == "hard_swish" else 13)
 
 
 def _pool_model(channels, size, op, kernel, stride, pads, ceil, include_pad):

@@ -258,6 +258,8 @@ def test_matmul_with_gelu_in_regions(rows, fresh_rng):
 IMAGES = [
     (64, 28, 1, 1, [0, 0, 0, 0], 1, 96, "relu6"),
     (64, 14, 1, 1, [0, 0, 0, 0], 4, 128, "relu"),      # grouped 1x1: a product per group
+    (64, 28, 1, 1, [0, 0, 0, 0], 1, 96, "silu"),       # SiLU on each GEMM block
+    (32, 12, 1, 1, [0, 0, 0, 0], 1, 48, "hard_swish"), # hard-swish on each GEMM block, below REGION_MIN_MACS
     (96, 28, 3, 2, [1, 1, 1, 1], 96, 96, "relu6"),     # depthwise stride 2
     (48, 21, 3, 1, [1, 1, 1, 1], 48, 48, "sigmoid"),   # depthwise stride 1, an activation after
     (16, 20, 5, 1, [2, 2, 2, 2], 16, 16, None),        # depthwise 5x5 (the generic loop)

@@ -187,3 +187,40 @@ def test_blas_threads_are_limited_during_runs_and_restored_after(monkeypatch):
             assert set(counts()) <= {1, None}  # one run left, the other is still in flight
         assert counts() == outside
     assert counts() == before
+
+
+def test_region_threads_restore_each_threads_own_numba_count():
+    """A run's region thread count is set for the run and the calling thread's own Numba count
+    comes back after, on each thread separately, nested entries included."""
+    numba = pytest.importorskip("numba")
+    from gpumnn.backends.cpu import parallel as cpu_parallel
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("Numba has one thread here")
+    scope = cpu_parallel.RegionThreads(1)
+    seen = {}
+
+    def on_thread(name, own):
+        numba.set_num_threads(own)
+        with scope:
+            inside = numba.get_num_threads()
+            with scope:
+                nested = numba.get_num_threads()
+            seen[name] = (inside, nested, numba.get_num_threads())
+        seen[name] += (numba.get_num_threads(),)
+
+    threads = [threading.Thread(target=on_thread, args=(name, 2)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert seen == {"a": (1, 1, 1, 2), "b": (1, 1, 1, 2)}
+
+
+def test_blas_limit_leaves_a_library_already_at_the_limit_alone(monkeypatch):
+    """A library already on the limiter's count is neither set nor restored."""
+    calls = []
+    monkeypatch.setattr(cpu_module._ThreadLimiter, "_probed", True)
+    monkeypatch.setattr(cpu_module._ThreadLimiter, "_calls", [(lambda: 1, calls.append), (lambda: 4, calls.append)])
+    with cpu_module._ThreadLimiter(1):
+        assert calls == [1]
+    assert calls == [1, 4]

@@ -47,19 +47,34 @@ def _numpy_blas() -> str:
         return f"NumPy {np.__version__}"
 
 
+def _thread_count_calls(lib: Any) -> tuple[Callable[[], Any], Callable[[int], Any]]:
+    """(get, set) of one threadpoolctl library controller's thread count: OpenBLAS's own C
+    functions where its threads are its own pool (the usual wheel), the controller's methods
+    otherwise. The C functions skip threadpoolctl's Python wrapper on every run; the limiter's
+    lock plays the part of its one-controlling-thread rule."""
+    if type(lib).__name__ == "OpenBLASController" and getattr(lib, "threading_layer", None) != "openmp":
+        get = lib._get_symbol("openblas_get_num_threads")
+        put = lib._get_symbol("openblas_set_num_threads")
+        if get is not None and put is not None:
+            return get, put
+    return lib.get_num_threads, lib.set_num_threads
+
+
 class _ThreadLimiter:
     """Limits BLAS/OpenMP threads while runs are in flight (threadpoolctl), restoring after: to
     one, as the backend's own threads share the work (``cpu_workers`` says why).
 
     The limit is process state, not per thread, so it is shared by every run in the process:
     the first run to enter sets it, the last to leave restores the libraries' defaults. A
-    per-run set/restore would let one thread's restore lift another's limit mid-run.
+    per-run set/restore would let one thread's restore lift another's limit mid-run. A library
+    already at the limit (a user's ``OPENBLAS_NUM_THREADS=1``) is left alone.
     """
 
     _lock = threading.Lock()
     _inside = 0
-    _saved: list = []  # (library controller, its thread count before the first run entered)
+    _saved: list = []  # (set call, the library's thread count before the first run entered)
     _controller: Any = None
+    _calls: list = []  # (get call, set call) per library the controller found
     _probed = False
 
     def __init__(self, threads: int):
@@ -74,6 +89,8 @@ class _ThreadLimiter:
                 cls._controller = ThreadpoolController()
             except Exception:  # threadpoolctl missing or no BLAS found: run with library defaults
                 cls._controller = None
+            cls._calls = ([_thread_count_calls(lib) for lib in cls._controller.lib_controllers]
+                          if cls._controller is not None else [])
         return cls._controller
 
     def __enter__(self):
@@ -81,12 +98,14 @@ class _ThreadLimiter:
         with cls._lock:
             cls._inside += 1
             if cls._inside == 1:
-                controller = cls._get_controller()
-                if controller is not None:  # each library's own get and set: cheaper than ``controller.limit``
-                    cls._saved = [(lib, count) for lib in controller.lib_controllers
-                                  if (count := lib.get_num_threads()) is not None]  # None: a library that cannot say
-                    for lib, _ in cls._saved:
-                        lib.set_num_threads(self.threads)
+                cls._get_controller()
+                saved = []
+                for get, put in cls._calls:
+                    count = get()
+                    if count is not None and count != self.threads:  # None: a library that cannot say
+                        put(self.threads)
+                        saved.append((put, count))
+                cls._saved = saved
         return self
 
     def __exit__(self, *exc):
@@ -94,8 +113,8 @@ class _ThreadLimiter:
         with cls._lock:
             cls._inside -= 1
             if cls._inside == 0:
-                for lib, threads in cls._saved:
-                    lib.set_num_threads(threads)
+                for put, threads in cls._saved:
+                    put(threads)
                 cls._saved = []
 
 
@@ -735,8 +754,8 @@ class CpuBackend(Backend):
         self._pool = workers(self.threads)
         self._limiter = _ThreadLimiter(1)
         # a run's regions use self.regions threads (Numba keeps the count per calling thread)
-        self._region_threads = (functools.partial(cpu_parallel.using_threads, self.regions) if self.regions
-                                else contextlib.nullcontext)
+        self._region_threads = (cpu_parallel.RegionThreads(self.regions) if self.regions
+                                else contextlib.nullcontext())
 
     @property
     def driver(self) -> str:
@@ -791,12 +810,12 @@ class CpuBackend(Backend):
 
     # -- run -------------------------------------------------------------------------------
     def _submit(self, recording: list[Callable[[], None]]) -> None:
-        with self._limiter, self._region_threads(), np.errstate(all="ignore"):
+        with self._limiter, self._region_threads, np.errstate(all="ignore"):
             for fn in recording:
                 fn()
 
     def _run_eager(self, executions: list[Execution]) -> None:
-        with self._limiter, self._region_threads(), np.errstate(all="ignore"):
+        with self._limiter, self._region_threads, np.errstate(all="ignore"):
             for exe in executions:
                 for fn in exe.work:
                     fn()

@@ -99,9 +99,10 @@ def _gemm_region(bases: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list,
                  beta: float = 1.0, regions: int = 1) -> Callable[[], None] | None:
     """The work item running GEMM ``blocks`` (A, B and C views of the flat float32 ``bases``, bias
     row, bias column) as one native region (``cpu_parallel.gemm_blocks``) with the bias and a clamp
-    activation or GELU on each block, any other activation after on ``out`` (``_shared_activation``
-    on ``regions`` threads); None where a layout is not one BLAS takes. ``bias``: (flat buffer,
-    offset, rows it repeats over, row stride, column stride)."""
+    or one of ``cpu_parallel.ACTIVATION_KINDS`` on each block while it is in cache, any other
+    activation after on ``out`` (``_shared_activation`` on ``regions`` threads); None where a
+    layout is not one BLAS takes. ``bias``: (flat buffer, offset, rows it repeats over, row
+    stride, column stride)."""
     calls = cpu_parallel.gemm_calls(*bases, blocks)
     if bias is None:
         bias = (np.zeros(1, np.float32), 0, 0, 0, 0)
@@ -109,17 +110,20 @@ def _gemm_region(bases: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list,
     if calls is None or column_stride not in (0, 1) or row_stride < 0 or buffer.dtype != np.float32:
         return None
     lo, hi, after = _compiled_clamp(activation)
-    gelu = activation is not None and activation[0] == "gelu"  # on each block while it is in cache, not after
-    if gelu:
-        after = None
-    epilogue = _applies_epilogue(bool(period), lo, hi) or gelu
+    shared = _shared_activation(activation, out, regions) if after is not None else None
+    kind = _activation_kind(activation)
+    if kind >= 0 and (calls.shape[0] >= regions or shared is None):  # per block where that keeps every thread busy
+        after, shared = None, None
+    else:
+        kind = -1
+    epilogue = _applies_epilogue(bool(period), lo, hi) or kind >= 0
     scalars = np.array([alpha, 0.0], np.float32)
     args = (cpu_parallel.SGEMM, *bases, calls, cpu_parallel.fortran_arguments(calls), scalars, buffer, offset, period,
-            row_stride, column_stride, np.float32(beta), lo, hi, gelu, epilogue)
+            row_stride, column_stride, np.float32(beta), lo, hi, kind, epilogue)
     compiled = cpu_jit.bind(cpu_parallel.gemm_blocks, *args)
     if after is None:
         return lambda: compiled(*args)
-    after = _shared_activation(activation, out, regions) or functools.partial(after, out)
+    after = shared or functools.partial(after, out)
 
     def run() -> None:
         compiled(*args)
@@ -312,13 +316,22 @@ def _region_items(region: Callable, calls: list[tuple], after: Callable[[np.ndar
     return run
 
 
+def _activation_kind(activation: A.Activation) -> int:
+    """The index of ``activation`` in ``cpu_parallel.ACTIVATION_KINDS`` (a compiled region applies
+    it, per block or in spans), else -1."""
+    if activation is None or activation[0] not in cpu_parallel.ACTIVATION_KINDS:
+        return -1
+    return cpu_parallel.ACTIVATION_KINDS.index(activation[0])
+
+
 def _shared_activation(activation: A.Activation, out: np.ndarray, regions: int) -> Callable[[], None] | None:
     """``activation`` in place on ``out`` shared by ``regions`` threads (``cpu_parallel.activation_spans``),
     or None where it has no kind there, ``out`` is not flat float32 or too small to share."""
-    if (activation is None or activation[0] not in cpu_parallel.ACTIVATION_KINDS or out.dtype != np.float32
-            or not out.flags.c_contiguous or regions < 2 or out.size < engines.REGION_MIN_ELEMENTS):
+    kind = _activation_kind(activation)
+    if (kind < 0 or out.dtype != np.float32 or not out.flags.c_contiguous or regions < 2
+            or out.size < engines.REGION_MIN_ELEMENTS):
         return None
-    kind, flat = cpu_parallel.ACTIVATION_KINDS.index(activation[0]), out.reshape(-1)
+    flat = out.reshape(-1)
     bounds = _bounds(_spans(flat.size, regions, align=engines.CACHE_LINE_FLOATS))
     compiled = cpu_jit.bind(cpu_parallel.activation_spans, kind, flat, bounds)
     return lambda: compiled(kind, flat, bounds)

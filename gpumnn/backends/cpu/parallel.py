@@ -26,7 +26,6 @@ the package, so editing a kernel, the tile or an activation the regions inline r
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import os
@@ -176,19 +175,46 @@ def threads_for(threads: int) -> int:
     return max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
 
 
-@contextlib.contextmanager
-def using_threads(threads: int):
-    """Regions the calling thread enters inside use ``threads`` threads; the thread's own Numba
-    setting (kept per thread) is restored after, so a run leaves the caller's Numba as it was."""
-    previous = numba.get_num_threads()
-    if previous == threads:  # the usual case: two calls to Numba fewer a run
-        yield
-        return
-    numba.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(previous)
+def _numba_thread_count() -> Callable[[], int]:
+    """The calling thread's Numba thread count: the threading layer's C getter, which
+    ``numba.get_num_threads`` calls after its start-up check (a run asks on every submit), or
+    that public call where this Numba has no such getter."""
+    numba.get_num_threads()  # starts the layer, which binds the getter
+    from numba.np.ufunc import parallel as numba_parallel
+    getter = getattr(numba_parallel, "_get_num_threads", None)
+    return getter if callable(getter) else numba.get_num_threads
+
+
+class RegionThreads:
+    """Context: regions the calling thread enters inside use ``threads`` threads; the thread's own
+    Numba setting (kept per thread) is restored after, so a run leaves the caller's Numba as it
+    was. One instance serves every thread of a backend: what each entry changed is kept per
+    thread. A class rather than a generator context, as it is entered on every run."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self._entries = threading.local()  # .previous: a stack of counts to restore, None where unchanged
+        self._thread_count = _numba_thread_count()
+
+    def __enter__(self):
+        try:
+            stack = self._entries.previous
+        except AttributeError:
+            stack = self._entries.previous = []
+        previous = self._thread_count()
+        if previous <= 0:  # the C getter's "not set here": Numba's own call says what it means
+            previous = numba.get_num_threads()
+        if previous == self.threads:  # the usual case: no set and no restore
+            stack.append(None)
+        else:
+            numba.set_num_threads(self.threads)
+            stack.append(previous)
+        return self
+
+    def __exit__(self, *exc):
+        previous = self._entries.previous.pop()
+        if previous is not None:
+            numba.set_num_threads(previous)
 
 
 # -- GEMM blocks through BLAS ------------------------------------------------------------------
@@ -209,13 +235,43 @@ def _gemm_region(fn: Callable) -> Callable:
     return compiled_region(fn, error_model="numpy")
 
 
+#: The activations ``activation_spans`` and ``gemm_blocks`` apply, by the ``kind`` they take: those
+#: a region's clamp does not cover, with a compiled loop in ``cpu_activations``
+ACTIVATION_KINDS = ("sigmoid", "silu", "hard_swish", "gelu")
+
+
+@numba.njit(inline="always")
+def _activate(kind, span):
+    """ACTIVATION_KINDS[kind] in place on ``span``."""
+    if kind == 0:
+        for i in range(span.shape[0]):
+            span[i] = cpu_activations.sigmoid_value(span[i])
+    elif kind == 1:
+        for i in range(span.shape[0]):
+            span[i] = span[i] * cpu_activations.sigmoid_value(span[i])
+    elif kind == 2:
+        for i in range(span.shape[0]):
+            span[i] = cpu_activations.hard_swish_value(span[i])
+    else:
+        for i in range(span.shape[0]):
+            span[i] = cpu_activations.gelu_value(span[i])
+
+
+@_gemm_region
+def activation_spans(kind, a, bounds):
+    """ACTIVATION_KINDS[kind] in place on the spans [bounds[j], bounds[j + 1]) of the flat ``a``:
+    the activation after a convolution's region shared by the region's threads, not on one."""
+    for j in numba.prange(bounds.shape[0] - 1):
+        _activate(kind, a[bounds[j]:bounds[j + 1]])
+
+
 @_gemm_region
 def gemm_blocks(sgemm, a, b, c, calls, fortran, scalars, bias, bias_offset, bias_period, bias_rows, bias_cols, beta,
-                lo, hi, gelu, epilogue):
+                lo, hi, activation, epilogue):
     """Every block of ``calls`` on the region's threads: the BLAS product (``sgemm``: ``SGEMM``,
     scaled by alpha, ``scalars[0]``),
     then, where ``epilogue``, clamp(C + beta * bias) to [lo, hi] over the block while it is in
-    cache, and GELU after where ``gelu``. The bias element of C's row r and column j is
+    cache, and ACTIVATION_KINDS[activation] after where ``activation`` >= 0. The bias element of C's row r and column j is
     bias[bias_offset + (r % bias_period) * bias_rows + j * bias_cols] (bias_cols 0 or 1: a value
     per row or a row of values)."""
     for i in numba.prange(calls.shape[0]):
@@ -240,9 +296,8 @@ def gemm_blocks(sgemm, a, b, c, calls, fortran, scalars, bias, bias_offset, bias
                     values = bias[first:first + cols]
                     for j in range(cols):
                         row[j] = min(max(row[j] + beta * values[j], lo), hi)
-                if gelu:
-                    for j in range(cols):
-                        row[j] = cpu_activations.gelu_value(row[j])
+                if activation >= 0:
+                    _activate(activation, row)
 
 
 def _operand(x: np.ndarray) -> tuple[int, int] | None:
@@ -684,31 +739,6 @@ def row_sum_spans(a, values, index, out, bounds, width, lo, hi):
             x, z = a[r * width:(r + 1) * width], out[r * width:(r + 1) * width]
             for i in range(width):
                 z[i] = min(max(x[i] + value, lo), hi)
-
-
-#: The activations ``activation_spans`` applies, by the ``kind`` it takes: those a region's
-#: kernels leave for after (not a clamp), with a compiled loop in ``cpu_activations``
-ACTIVATION_KINDS = ("sigmoid", "silu", "hard_swish", "gelu")
-
-
-@_gemm_region
-def activation_spans(kind, a, bounds):
-    """ACTIVATION_KINDS[kind] in place on the spans [bounds[j], bounds[j + 1]) of the flat ``a``:
-    the activation after a convolution's region shared by the region's threads, not on one."""
-    for j in numba.prange(bounds.shape[0] - 1):
-        span = a[bounds[j]:bounds[j + 1]]
-        if kind == 0:
-            for i in range(span.shape[0]):
-                span[i] = cpu_activations.sigmoid_value(span[i])
-        elif kind == 1:
-            for i in range(span.shape[0]):
-                span[i] = span[i] * cpu_activations.sigmoid_value(span[i])
-        elif kind == 2:
-            for i in range(span.shape[0]):
-                span[i] = cpu_activations.hard_swish_value(span[i])
-        else:
-            for i in range(span.shape[0]):
-                span[i] = cpu_activations.gelu_value(span[i])
 
 
 @_region
