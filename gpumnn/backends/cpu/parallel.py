@@ -240,7 +240,6 @@ def _gemm_region(fn: Callable) -> Callable:
 ACTIVATION_KINDS = ("sigmoid", "silu", "hard_swish", "gelu")
 
 
-@numba.njit(inline="always")
 def _activate(kind, span):
     """ACTIVATION_KINDS[kind] in place on ``span``."""
     if kind == 0:
@@ -255,6 +254,10 @@ def _activate(kind, span):
     else:
         for i in range(span.shape[0]):
             span[i] = cpu_activations.gelu_value(span[i])
+
+
+if numba is not None:  # Numba is an optional extra: without it the regions are never compiled
+    _activate = numba.njit(inline="always")(_activate)
 
 
 @_gemm_region
