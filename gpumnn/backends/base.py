@@ -67,6 +67,22 @@ GENERAL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: frozenset({"im2col"}
 KERNEL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: frozenset({"depthwise", "gemm1x1", "im2col"}),
                                                  A.QuantizedConv2D: frozenset({"depthwise", "gemm1x1", "im2col"}),
                                                  A.MatMul: frozenset({"gemm"})}
+#: ... plus what both GPU kernel families build in their GPU ("tiled") variant: Winograd convolutions
+#: and matrix-vector products as kernels of their own (winograd.cl / winograd.comp, gemv.cl / gemv.comp)
+TILED_KERNEL_SCHEMES: Mapping[type, frozenset[str]] = {**KERNEL_SCHEMES,
+                                                       A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"},
+                                                       A.MatMul: KERNEL_SCHEMES[A.MatMul] | {"gemv"}}
+
+
+def family_schemes(kernels: str) -> Mapping[type, frozenset[str]]:
+    """The schemes a GPU kernel family's ``kernels`` variant ("simd" or "tiled") builds."""
+    return TILED_KERNEL_SCHEMES if kernels == "tiled" else KERNEL_SCHEMES
+
+
+def family_residual_schemes(kernels: str) -> Mapping[type, frozenset[str]]:
+    """The schemes whose convolution kernels of a GPU family's ``kernels`` variant add a residual:
+    every one of them, in both families."""
+    return {A.Conv2D: family_schemes(kernels)[A.Conv2D]}
 
 #: Schemes that name a kernel specialised for part of a general scheme's work: a backend without
 #: that kernel runs the op with the general one (a ``gemv`` MatMul is a GEMM of one row), so an op

@@ -60,7 +60,8 @@ import numpy as np
 
 from .... import atomic as A
 from ....numerics.strides import contiguous_strides, merge_dims, one_run, strided_indices, strided_span
-from ...base import KERNEL_SCHEMES, KernelWork, PlannerTarget as BasePlannerTarget, TensorHandle
+from ...base import (KERNEL_SCHEMES, TILED_KERNEL_SCHEMES, KernelWork, family_residual_schemes, family_schemes,
+                     PlannerTarget as BasePlannerTarget, TensorHandle)
 from ....numerics.sampling import resize_axis
 from ....numerics.winograd import conv_matrices
 
@@ -929,32 +930,17 @@ TILED_DTYPES: Mapping[type, frozenset[str]] = {
     **DTYPES, **{op: DTYPES.get(op, frozenset()) | {A.FLOAT16}
                  for op in (A.Conv2D, A.ConvTranspose2D, A.MatMul, A.Pool2D, A.Binary, A.Softmax, A.Normalize)}}
 SCHEMES: Mapping[type, frozenset[str]] = KERNEL_SCHEMES
-#: the GPU family ("tiled") also builds Winograd convolutions as kernels of its own (winograd.cl),
-#: and matrix-vector products as a kernel of their own (gemv.cl)
-TILED_SCHEMES: Mapping[type, frozenset[str]] = {**KERNEL_SCHEMES, A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"},
-                                                A.MatMul: KERNEL_SCHEMES[A.MatMul] | {"gemv"}}
-
-
-#: the tiled family's convolution kernels add a residual (gemm.cl's epilogues, conv_depthwise,
-#: winograd_output)
-TILED_RESIDUAL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: TILED_SCHEMES[A.Conv2D]}
-#: so do the simd family's (gemm_cpu.cl: gemm_vn, conv_voc, dw_vec)
-SIMD_RESIDUAL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: SCHEMES[A.Conv2D]}
-
-
-def schemes_for(kernels: str) -> Mapping[type, frozenset[str]]:
-    """The schemes a backend running the ``kernels`` family ("simd" or "tiled") builds."""
-    return TILED_SCHEMES if kernels == "tiled" else SCHEMES
+TILED_SCHEMES: Mapping[type, frozenset[str]] = TILED_KERNEL_SCHEMES
+#: every convolution kernel of the tiled family (gemm.cl's epilogues, conv_depthwise, winograd_output)
+#: and of the simd family (gemm_cpu.cl: gemm_vn, conv_voc, dw_vec) adds a residual
+TILED_RESIDUAL_SCHEMES: Mapping[type, frozenset[str]] = family_residual_schemes("tiled")
+schemes_for, residual_schemes_for = family_schemes, family_residual_schemes
 
 
 def dtypes_for(kernels: str) -> Mapping[type, frozenset[str]]:
     """The storage dtypes beyond float32 that the ``kernels`` family's kernels take, per op."""
     return TILED_DTYPES if kernels == "tiled" else DTYPES
 
-
-def residual_schemes_for(kernels: str) -> Mapping[type, frozenset[str]]:
-    """The schemes whose kernels of the ``kernels`` family add a Conv2D's residual."""
-    return TILED_RESIDUAL_SCHEMES if kernels == "tiled" else SIMD_RESIDUAL_SCHEMES
 
 #: the schemes whose kernels take float32 storage only (Backend.float32_only_schemes): gemv.cl
 FLOAT32_ONLY_SCHEMES: Mapping[type, frozenset[str]] = {A.MatMul: frozenset({"gemv"})}

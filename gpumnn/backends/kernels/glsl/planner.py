@@ -50,7 +50,8 @@ import numpy as np
 from .... import atomic as A
 from .compile import GLSL_DIR
 from ....numerics.strides import contiguous_strides, merge_dims
-from ...base import KERNEL_SCHEMES, KernelWork, PlannerTarget as BasePlannerTarget, TensorHandle
+from ...base import (KERNEL_SCHEMES, TILED_KERNEL_SCHEMES, KernelWork, family_residual_schemes, family_schemes,
+                     PlannerTarget as BasePlannerTarget, TensorHandle)
 from ....numerics.sampling import resize_axis
 from ....numerics.winograd import conv_matrices, transformed_weights
 
@@ -1137,26 +1138,14 @@ def _plan_scatter(be, op: A.Scatter, ins, outs):
 
 #: The schemes the planners build (Vulkan and OpenGL both use these planners).
 SCHEMES: Mapping[type, frozenset[str]] = KERNEL_SCHEMES
-#: the GPU family ("tiled") also builds Winograd convolutions as one kernel of its own (winograd.comp)
-#: and matrix-vector products (gemv.comp)
-TILED_SCHEMES: Mapping[type, frozenset[str]] = {**SCHEMES, A.Conv2D: SCHEMES[A.Conv2D] | {"winograd"},
-                                                A.MatMul: SCHEMES[A.MatMul] | {"gemv"}}
+TILED_SCHEMES: Mapping[type, frozenset[str]] = TILED_KERNEL_SCHEMES
 #: the bindings of a convolution that adds a residual (conv2d.comp and winograd.comp -DHAS_RESIDUAL)
 RESIDUAL_BINDINGS = 5
 #: every convolution kernel of conv2d.comp (implicit GEMM, DIRECT_RB, DEPTHWISE) and winograd.comp
 #: adds a residual; a backend lists these only where a shader may bind RESIDUAL_BINDINGS storage buffers
-RESIDUAL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: SCHEMES[A.Conv2D]}
-TILED_RESIDUAL_SCHEMES: Mapping[type, frozenset[str]] = {A.Conv2D: TILED_SCHEMES[A.Conv2D]}
-
-
-def schemes_for(kernels: str) -> Mapping[type, frozenset[str]]:
-    """The schemes a backend running the ``kernels`` family ("simd" or "tiled") builds."""
-    return TILED_SCHEMES if kernels == "tiled" else SCHEMES
-
-
-def residual_schemes_for(kernels: str) -> Mapping[type, frozenset[str]]:
-    """The schemes whose kernels of the ``kernels`` family add a Conv2D's residual."""
-    return TILED_RESIDUAL_SCHEMES if kernels == "tiled" else RESIDUAL_SCHEMES
+RESIDUAL_SCHEMES: Mapping[type, frozenset[str]] = family_residual_schemes("simd")
+TILED_RESIDUAL_SCHEMES: Mapping[type, frozenset[str]] = family_residual_schemes("tiled")
+schemes_for, residual_schemes_for = family_schemes, family_residual_schemes
 #: the largest Winograd tile the scheme step rewrites a convolution into for these kernels: the
 #: batched products of larger tiles run slower here than F(2x2, 3x3) on every model measured
 #: (bench/RESULTS.md, "Convolution schemes per API")
