@@ -100,7 +100,9 @@ def compile_ptx(family: str, defines: tuple[tuple[str, int], ...], arch: str = A
         options = [f"-arch={arch}".encode()] + [o.encode() for o in NVRTC_OPTIONS]
         (status,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
         _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        log = b" " * size
+        # a fresh writable buffer: NVRTC writes into it, and ``b" " * 1`` is the interpreter's shared
+        # one-byte object, which its NUL would corrupt for the rest of the process
+        log = bytearray(size)
         nvrtc.nvrtcGetProgramLog(prog, log)
         log_text = log.decode(errors="replace").rstrip("\x00 \n")
         if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
@@ -110,7 +112,7 @@ def compile_ptx(family: str, defines: tuple[tuple[str, int], ...], arch: str = A
             _, size = nvrtc.nvrtcGetCUBINSize(prog)
             return str(size)
         _, size = nvrtc.nvrtcGetPTXSize(prog)
-        ptx = b" " * size
+        ptx = bytearray(size)
         nvrtc.nvrtcGetPTX(prog, ptx)
         return ptx.decode().rstrip("\x00")
     finally:
