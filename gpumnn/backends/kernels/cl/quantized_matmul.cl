@@ -2,8 +2,8 @@
  * (scale[m] * w_scale[n]) + bias[n]), acc the exact int32 sum of uint8 rows q[m][k] by the int8
  * weight w[k][n]. Three kernels: weight_column_sums (colsum, once per constant weight),
  * quantize_rows (the contract's per-row uint8 quantization, run-time form only) and the product,
- * quantized_matmul (a work item per output: CPU devices) or quantized_matmul_tiled (int32 tiles
- * in local memory: the GPU family). Needs activation.cl. Bytes move as uchar (CUDA's char
+ * quantized_matmul (RM rows x RN columns a work item in registers: CPU devices) or
+ * quantized_matmul_tiled (int32 tiles in local memory: the GPU family). Needs activation.cl. Bytes move as uchar (CUDA's char
  * signedness varies by host); -DPREQUANTIZED takes one scale and zero point from the op's inputs
  * instead of each row's from quantize_rows. */
 
@@ -107,14 +107,29 @@ void quantize_rows(__global const float* x, const int x_off, __global uchar* q, 
 #define MUL_RN(a, b) ((a) * (b))
 #endif
 
+#ifndef RM
+#define RM 4
+#endif
+#ifndef RN
+#define RN 8
+#endif
 __kernel void quantized_matmul(QMM_ARGS)
 {
-    const int n = get_global_id(0), m = get_global_id(1);
-    if (n >= N || m >= M) return;
-    __global const uchar* a = q + q_off + m * lda;
-    int acc = 0;
-    for (int k = 0; k < K; ++k) acc += (int)a[k] * LOAD_W(w, w_off + k * N + n);
-    QMM_STORE(m, n, acc)
+    const int n0 = get_global_id(0) * RN, m0 = get_global_id(1) * RM;
+    if (n0 >= N || m0 >= M) return;
+    int acc[RM][RN];
+    for (int i = 0; i < RM; ++i)
+        for (int j = 0; j < RN; ++j) acc[i][j] = 0;
+    for (int k = 0; k < K; ++k) {
+        int a[RM], b[RN];
+        for (int i = 0; i < RM; ++i) a[i] = m0 + i < M ? (int)q[q_off + (m0 + i) * lda + k] : 0;
+        for (int j = 0; j < RN; ++j) b[j] = n0 + j < N ? LOAD_W(w, w_off + k * N + n0 + j) : 0;
+        for (int i = 0; i < RM; ++i)
+            for (int j = 0; j < RN; ++j) acc[i][j] += a[i] * b[j];
+    }
+    for (int i = 0; i < RM && m0 + i < M; ++i)
+        for (int j = 0; j < RN; ++j)
+            if (n0 + j < N) QMM_STORE(m0 + i, n0 + j, acc[i][j])
 }
 
 /* The GPU family's product: a work-group of LX x LY work-items computes TM rows x TN columns, each

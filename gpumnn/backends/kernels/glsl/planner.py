@@ -907,9 +907,11 @@ def _quantized_matmul_constant(be: PlannerTarget, op: A.QuantizedMatMul, ins) ->
 
 #: invocations per row of quantize_rows.comp
 QUANTIZE_WG = 64
+#: rows x columns of one invocation of quantized_matmul.comp on SIMD CPUs (fewer rows where M is less)
+QUANTIZED_REGISTER_BLOCK = (4, 8)
 #: how QuantizedMatMul computes here (quantize_rows.comp, quantized_matmul.comp), for ``gpumnn info``
 INT8_PRODUCTS = ("rows quantized to uint8 on the device at run time, int32 sums: int32 tiles in shared memory "
-                 "(GPU family), an invocation per output (CPU devices)")
+                 "(GPU family), register blocks of 4 rows x 8 columns an invocation (CPU devices)")
 
 
 def _plan_quantized_matmul(be, op: A.QuantizedMatMul, ins, outs):
@@ -924,8 +926,11 @@ def _plan_quantized_matmul(be, op: A.QuantizedMatMul, ins, outs):
     if tiled:
         tm, tn, rm, rn = _gemm_tiles(be, m, n, 1)
         defines.update(TILED=1, TM=tm, TN=tn, RM=rm, RN=rn, TK=16, NT=(tm // rm) * (tn // rn))
-    if op.prequantized:
-        defines["PREQUANTIZED"] = 1
+    else:
+        rm, rn = QUANTIZED_REGISTER_BLOCK
+        rm = min(rm, m)
+        defines.update(RM=rm, RN=rn)
+    defines["PREQUANTIZED" if op.prequantized else "Q_WORDS"] = 1  # quantize_rows' scratch: whole words a row
     if op.has_bias:
         defines["HAS_BIAS"] = 1
     b = Builder(be, "quantized_matmul", defines, 6)
@@ -962,11 +967,11 @@ def _plan_quantized_matmul(be, op: A.QuantizedMatMul, ins, outs):
             b.groups = (math.ceil(n / tn), math.ceil(m / tm), 1)
             _check_grid(be, b.groups)
         else:
-            b.grid1d(m * n, 64)
+            b.grid1d(-(-m // rm) * -(-n // rn), 64)
     except BaseException:
         release_scratch(be, keep)
         raise
-    return KernelWork(work, "int8 tiled GEMM" if tiled else "int8 direct", keep)
+    return KernelWork(work, "int8 tiled GEMM" if tiled else "int8 register blocks", keep)
 
 
 def _is_constant(handle: TensorHandle) -> bool:

@@ -4,18 +4,25 @@
 // packs: colsum [N], the column scales' bits [N], then the weight [K][N] 4 steps of k a word
 // (word (k / 4) N + n, byte k % 4, low byte first). The row scales and zero points are
 // quantize_rows.comp's (rows[2m], rows[2m + 1]), or with -DPREQUANTIZED one scale (binding 4)
-// and one uint8 zero point (binding 5) for every row. -DTILED (the GPU family): TM rows x TN
-// columns a workgroup, RM x RN an invocation, TK-deep int32 slices in shared memory; else an
-// invocation per output. The epilogue's products are rounded one at a time (precise), as the
-// reference rounds them.
-// Params: 0 M | 1 N | 2 K | 3 q_off | 4 q row stride | 5 packed off | 6 bias_off | 7 rows/x_scale off
-//   8 x_zero off | 9 y_off | 10..12 activation params
+// and one uint8 zero point (binding 5) for every row. -DQ_WORDS reads q (quantize_rows.comp's
+// scratch, rows on whole words) as words of 4 bytes. -DTILED (the GPU family): TM rows x TN
+// columns a workgroup, RM x RN an invocation, TK-deep int32 slices in shared memory; else (SIMD
+// CPUs) RM rows x RN columns an invocation in registers, 4 steps of k per word loaded. The
+// epilogue's products are rounded one at a time (precise), as the reference rounds them.
+// Params: 0 M | 1 N | 2 K | 3 q_off (bytes) | 4 q row stride (bytes) | 5 packed off | 6 bias_off
+//   7 rows/x_scale off | 8 x_zero off | 9 y_off | 10..12 activation params
 #include "common.glsl"
 #define ACT_P 10
 #include "activation.glsl"
 #include "elements.glsl"
 BUFFER_WO(0, Y);
+#ifdef Q_WORDS
+BUFFER_RO_OF(uint, 1, QW);
+#define Q_BYTE(i) bitfieldExtract(QW[(i) >> 2], ((i) & 3) * 8, 8)
+#else
 IN_BUFFER(1, Q);
+#define Q_BYTE(i) IN_LOAD(Q, i)
+#endif
 BUFFER_RO_OF(int, 2, Packed);
 BUFFER_RO(3, bias);
 BUFFER_RO(4, rows);
@@ -62,7 +69,7 @@ void main() {
         for (int e = tid; e < TM * TK; e += NT) {
             int mm = e / TK, kk = e - mm * TK;
             int m = m0 + mm, k = k0 + kk;
-            As[kk * TM + mm] = (m < M && k < K) ? int(IN_LOAD(Q, PI(3) + m * PI(4) + k)) : 0;
+            As[kk * TM + mm] = (m < M && k < K) ? int(Q_BYTE(PI(3) + m * PI(4) + k)) : 0;
         }
         for (int e = tid; e < TN * TK; e += NT) {
             int kk = e / TN, nn = e - kk * TN;
@@ -91,15 +98,44 @@ void main() {
     }
 }
 #else
+// the 4 bytes of q row m at steps 4 s .. 4 s + 3 (0 past K) in one word, low byte first
+uint q_word(int m, int s) {
+#ifdef Q_WORDS
+    return QW[((PI(3) + m * PI(4)) >> 2) + s];
+#else
+    uint word = 0u;
+    for (int e = 0; e < 4; ++e)
+        if (4 * s + e < PI(2)) word |= Q_BYTE(PI(3) + m * PI(4) + 4 * s + e) << (8 * e);
+    return word;
+#endif
+}
+
 layout(local_size_x = WG) in;
 void main() {
-    int i = GLOBAL_ID();
-    int N = PI(1), K = PI(2);
-    if (i >= PI(0) * N) return;
-    int m = i / N, n = i - m * N;
-    int row = PI(3) + m * PI(4);
-    int acc = 0;
-    for (int k = 0; k < K; ++k) acc += int(IN_LOAD(Q, row + k)) * weight(k, n);
-    store(m, n, acc);
+    int M = PI(0), N = PI(1), K = PI(2);
+    int blocks = (N + RN - 1) / RN, t = GLOBAL_ID();
+    int n0 = (t % blocks) * RN, m0 = (t / blocks) * RM;
+    if (m0 >= M) return;
+    int acc[RM][RN];
+    for (int i = 0; i < RM; ++i)
+        for (int j = 0; j < RN; ++j) acc[i][j] = 0;
+    int wb = PI(5) + 2 * N;
+    for (int s = 0; s < (K + 3) / 4; ++s) {
+        uint a[RM];
+        int b[RN];
+        for (int i = 0; i < RM; ++i) a[i] = m0 + i < M ? q_word(m0 + i, s) : 0u;
+        for (int j = 0; j < RN; ++j) b[j] = n0 + j < N ? Packed[wb + s * N + n0 + j] : 0;
+        for (int e = 0; e < 4; ++e) {
+            int bv[RN];
+            for (int j = 0; j < RN; ++j) bv[j] = bitfieldExtract(b[j], 8 * e, 8);
+            for (int i = 0; i < RM; ++i) {
+                int av = int(bitfieldExtract(a[i], 8 * e, 8));
+                for (int j = 0; j < RN; ++j) acc[i][j] += av * bv[j];
+            }
+        }
+    }
+    for (int i = 0; i < RM && m0 + i < M; ++i)
+        for (int j = 0; j < RN; ++j)
+            if (n0 + j < N) store(m0 + i, n0 + j, acc[i][j]);
 }
 #endif
