@@ -804,11 +804,12 @@ def _plan_quantized_conv2d(be, op: A.QuantizedConv2D, ins, outs):
 
 #: work-items per row of quantized_matmul.cl's quantize_rows (its QWG)
 QUANTIZE_WG = 64
-#: rows x columns of one work item of quantized_matmul.cl's CPU-device kernel (fewer rows where M is less)
-QUANTIZED_REGISTER_BLOCK = (4, 8)
+#: rows of one work item of quantized_matmul.cl's CPU-device kernel (fewer where M is less), each
+#: times CPU_VEC columns
+QUANTIZED_VECTOR_ROWS = 4
 #: how QuantizedMatMul computes here (quantized_matmul.cl), for ``gpumnn info``
 INT8_PRODUCTS = ("rows quantized to uint8 on the device at run time, int32 sums: int32 tiles in local memory "
-                 "(GPU family), register blocks of 4 rows x 8 columns a work item (CPU devices)")
+                 "(GPU family), 4 rows x 16 columns of int32 vectors a work item (CPU devices)")
 
 
 def _plan_quantized_matmul(be, op: A.QuantizedMatMul, ins, outs):
@@ -843,12 +844,10 @@ def _plan_quantized_matmul(be, op: A.QuantizedMatMul, ins, outs):
                          (_round_up(n, tn) // wn, _round_up(m, tm) // wm), (tn // wn, tm // wm), defines)
         scheme = "int8 tiled GEMM"
     else:
-        rm, rn = QUANTIZED_REGISTER_BLOCK
-        rm = min(rm, m)
-        defines.update(RM=rm, RN=rn)
-        product = launch("quantized_matmul", "quantized_matmul", args, (_round_up(-(-n // rn), 8), -(-m // rm)),
-                         (8, 1), defines)
-        scheme = "int8 register blocks"
+        rm = min(QUANTIZED_VECTOR_ROWS, m)
+        product = vec_launch("quantized_matmul", "quantized_matmul_vec", args, (-(-n // CPU_VEC), -(-m // rm)),
+                             dict(defines, RM=rm))
+        scheme = "int8 vectors"
     work.append(product)
     prepare = (sums,) if be.is_constant(w) else ()
     if not prepare:

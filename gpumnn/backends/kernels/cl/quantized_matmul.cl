@@ -2,7 +2,7 @@
  * (scale[m] * w_scale[n]) + bias[n]), acc the exact int32 sum of uint8 rows q[m][k] by the int8
  * weight w[k][n]. Three kernels: weight_column_sums (colsum, once per constant weight),
  * quantize_rows (the contract's per-row uint8 quantization, run-time form only) and the product,
- * quantized_matmul (RM rows x RN columns a work item in registers: CPU devices) or
+ * quantized_matmul_vec (RM rows x VEC columns a work item in vectors: CPU devices) or
  * quantized_matmul_tiled (int32 tiles in local memory: the GPU family). Needs activation.cl. Bytes move as uchar (CUDA's char
  * signedness varies by host); -DPREQUANTIZED takes one scale and zero point from the op's inputs
  * instead of each row's from quantize_rows. */
@@ -107,30 +107,44 @@ void quantize_rows(__global const float* x, const int x_off, __global uchar* q, 
 #define MUL_RN(a, b) ((a) * (b))
 #endif
 
+#ifdef VEC
+/* The CPU devices' product (-DVEC, OpenCL only): RM rows x VEC columns a work item, each step of k
+ * one vector of VEC weights (a CPU OpenCL compiler vectorises explicit vectors, not loops of bytes
+ * over work items) times each row's byte. */
 #ifndef RM
 #define RM 4
 #endif
-#ifndef RN
-#define RN 8
-#endif
-__kernel void quantized_matmul(QMM_ARGS)
+#define IVT VCAT(int, VEC)
+#define CONVERT_IVT VCAT(convert_int, VEC)
+__kernel void quantized_matmul_vec(QMM_ARGS)
 {
-    const int n0 = get_global_id(0) * RN, m0 = get_global_id(1) * RM;
+    const int n0 = get_global_id(0) * VEC, m0 = get_global_id(1) * RM;
     if (n0 >= N || m0 >= M) return;
-    int acc[RM][RN];
-    for (int i = 0; i < RM; ++i)
-        for (int j = 0; j < RN; ++j) acc[i][j] = 0;
-    for (int k = 0; k < K; ++k) {
-        int a[RM], b[RN];
-        for (int i = 0; i < RM; ++i) a[i] = m0 + i < M ? (int)q[q_off + (m0 + i) * lda + k] : 0;
-        for (int j = 0; j < RN; ++j) b[j] = n0 + j < N ? LOAD_W(w, w_off + k * N + n0 + j) : 0;
-        for (int i = 0; i < RM; ++i)
-            for (int j = 0; j < RN; ++j) acc[i][j] += a[i] * b[j];
+    const int count = min(RM, M - m0);
+    __global const char* wc = (__global const char*)w + w_off + n0;
+    __global const uchar* a = q + q_off + m0 * lda;
+    IVT acc[RM];
+    for (int i = 0; i < RM; ++i) acc[i] = (IVT)0;
+    if (n0 + VEC <= N) {
+        for (int k = 0; k < K; ++k) {
+            const IVT b = CONVERT_IVT(VLOAD(0, wc + k * N));
+            for (int i = 0; i < count; ++i) acc[i] += (int)a[i * lda + k] * b;
+        }
+    } else {  /* the last columns: the weights past N read as 0 */
+        for (int k = 0; k < K; ++k) {
+            int edge[VEC];
+            for (int j = 0; j < VEC; ++j) edge[j] = n0 + j < N ? (int)wc[k * N + j] : 0;
+            const IVT b = VLOAD(0, edge);
+            for (int i = 0; i < count; ++i) acc[i] += (int)a[i * lda + k] * b;
+        }
     }
-    for (int i = 0; i < RM && m0 + i < M; ++i)
-        for (int j = 0; j < RN; ++j)
-            if (n0 + j < N) QMM_STORE(m0 + i, n0 + j, acc[i][j])
+    for (int i = 0; i < count; ++i) {
+        int sums[VEC];
+        VSTORE(acc[i], 0, sums);
+        for (int j = 0; j < VEC && n0 + j < N; ++j) QMM_STORE(m0 + i, n0 + j, sums[j])
+    }
 }
+#endif
 
 /* The GPU family's product: a work-group of LX x LY work-items computes TM rows x TN columns, each
  * work-item a WM x WN block, TK-deep slices of q and the weight staged as int32 in local memory. */

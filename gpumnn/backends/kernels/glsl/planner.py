@@ -71,6 +71,8 @@ def view_sizes(op: A.AtomicOp) -> list[int]:
     if isinstance(op, A.MatMul):
         return [op.batch * op.m * op.n, (op.batch - 1) * op.a_batch_stride + op.m * op.k,
                 (op.batch - 1) * op.b_batch_stride + op.k * op.n]
+    if isinstance(op, A.QuantizedMatMul):  # x (float32 or bytes), y, the packed weight's words
+        return [op.m * op.k, op.m * op.n, (2 + -(-op.k // 4)) * op.n]
     if isinstance(op, (A.Conv2D, A.ConvTranspose2D)):
         (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
         return [op.batch * op.in_channels * h * w, op.batch * op.out_channels * oh * ow,
