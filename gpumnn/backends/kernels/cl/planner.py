@@ -816,7 +816,10 @@ def _plan_quantized_matmul(be, op: A.QuantizedMatMul, ins, outs):
     """The dynamically quantized product (quantized_matmul.cl): the weight's column sums once (at
     creation where the weight is constant), each row of x quantized to uint8 into a scratch at run
     time (not for a ``prequantized`` x, already uint8), then the int8 product with int32 sums and
-    the dequantizing epilogue, on int32 tiles (GPU family) or a work item per output (CPU devices)."""
+    the dequantizing epilogue, on int32 tiles (GPU family) or int32 vectors (CPU devices). The
+    kernels' arguments the op's form leaves unread (the bias without ``has_bias``, the row
+    scratch of a prequantized x, the given scale and zero point of the run-time form) are bound
+    to another tensor of the op."""
     m, n, k = op.m, op.n, op.k
     x, w, w_scale = ins[:3]
     bias = ins[op.bias_input()] if op.has_bias else w_scale
@@ -826,12 +829,12 @@ def _plan_quantized_matmul(be, op: A.QuantizedMatMul, ins, outs):
     defines, work, keep = {}, [], [colsum]
     if op.prequantized:
         defines["PREQUANTIZED"] = 1
-        q, q_off, rows = x.buffer, x.offset, colsum  # rows unread
+        q, q_off, rows = x.buffer, x.offset, colsum
         x_scale, x_zero = ins[3], ins[4]
     else:
         q, rows = Scratch(m * k), Scratch(8 * m)
         q_off, keep = 0, keep + [q, rows]
-        x_scale, x_zero = w_scale, w  # unread
+        x_scale, x_zero = w_scale, w
         work.append(launch("quantized_matmul", "quantize_rows", [x.buffer, _i(x.offset), q, rows, _i(k)],
                            (m * QUANTIZE_WG,), (QUANTIZE_WG,)))
     args = [q, _i(q_off), _i(k), w.buffer, _i(w.offset), colsum, w_scale.buffer, _i(w_scale.offset), bias.buffer,

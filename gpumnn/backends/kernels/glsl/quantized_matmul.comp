@@ -117,20 +117,20 @@ void main() {
     int n0 = (t % blocks) * RN, m0 = (t / blocks) * RM;
     if (m0 >= M) return;
     int acc[RM][RN];
-    for (int i = 0; i < RM; ++i)
-        for (int j = 0; j < RN; ++j) acc[i][j] = 0;
+    UNROLL for (int i = 0; i < RM; ++i)
+        UNROLL for (int j = 0; j < RN; ++j) acc[i][j] = 0;
     int wb = PI(5) + 2 * N;
     for (int s = 0; s < (K + 3) / 4; ++s) {
         uint a[RM];
         int b[RN];
-        for (int i = 0; i < RM; ++i) a[i] = m0 + i < M ? q_word(m0 + i, s) : 0u;
-        for (int j = 0; j < RN; ++j) b[j] = n0 + j < N ? Packed[wb + s * N + n0 + j] : 0;
-        for (int e = 0; e < 4; ++e) {
+        UNROLL for (int i = 0; i < RM; ++i) a[i] = m0 + i < M ? q_word(m0 + i, s) : 0u;
+        UNROLL for (int j = 0; j < RN; ++j) b[j] = n0 + j < N ? Packed[wb + s * N + n0 + j] : 0;
+        UNROLL for (int e = 0; e < 4; ++e) {
             int bv[RN];
-            for (int j = 0; j < RN; ++j) bv[j] = bitfieldExtract(b[j], 8 * e, 8);
-            for (int i = 0; i < RM; ++i) {
+            UNROLL for (int j = 0; j < RN; ++j) bv[j] = bitfieldExtract(b[j], 8 * e, 8);
+            UNROLL for (int i = 0; i < RM; ++i) {
                 int av = int(bitfieldExtract(a[i], 8 * e, 8));
-                for (int j = 0; j < RN; ++j) acc[i][j] += av * bv[j];
+                UNROLL for (int j = 0; j < RN; ++j) acc[i][j] += av * bv[j];
             }
         }
     }
