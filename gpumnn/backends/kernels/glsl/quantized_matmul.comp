@@ -98,14 +98,14 @@ void main() {
     }
 }
 #else
-// the 4 bytes of q row m at steps 4 s .. 4 s + 3 (0 past K) in one word, low byte first
-uint q_word(int m, int s) {
+// the 4 bytes of a q row from byte `row` at steps 4 s .. 4 s + 3 (0 past K) in one word, low byte first
+uint q_word(int row, int s, int K) {
 #ifdef Q_WORDS
-    return QW[((PI(3) + m * PI(4)) >> 2) + s];
+    return QW[(row >> 2) + s];
 #else
     uint word = 0u;
     for (int e = 0; e < 4; ++e)
-        if (4 * s + e < PI(2)) word |= Q_BYTE(PI(3) + m * PI(4) + 4 * s + e) << (8 * e);
+        if (4 * s + e < K) word |= Q_BYTE(row + 4 * s + e) << (8 * e);
     return word;
 #endif
 }
@@ -119,12 +119,14 @@ void main() {
     int acc[RM][RN];
     UNROLL for (int i = 0; i < RM; ++i)
         UNROLL for (int j = 0; j < RN; ++j) acc[i][j] = 0;
-    int wb = PI(5) + 2 * N;
+    int rows[RM];  // each row's first byte, the parameters read once
+    UNROLL for (int i = 0; i < RM; ++i) rows[i] = PI(3) + min(m0 + i, M - 1) * PI(4);
+    int wb = PI(5) + 2 * N + n0, rows_here = min(RM, M - m0), columns_here = min(RN, N - n0);
     for (int s = 0; s < (K + 3) / 4; ++s) {
         uint a[RM];
         int b[RN];
-        UNROLL for (int i = 0; i < RM; ++i) a[i] = m0 + i < M ? q_word(m0 + i, s) : 0u;
-        UNROLL for (int j = 0; j < RN; ++j) b[j] = n0 + j < N ? Packed[wb + s * N + n0 + j] : 0;
+        UNROLL for (int i = 0; i < RM; ++i) a[i] = i < rows_here ? q_word(rows[i], s, K) : 0u;
+        UNROLL for (int j = 0; j < RN; ++j) b[j] = j < columns_here ? Packed[wb + s * N + j] : 0;
         UNROLL for (int e = 0; e < 4; ++e) {
             int bv[RN];
             UNROLL for (int j = 0; j < RN; ++j) bv[j] = bitfieldExtract(b[j], 8 * e, 8);
