@@ -1,7 +1,7 @@
-"""precision="int8" against fp32 on the cpu: alternating runs in one process, medians with spread.
+"""precision="int8" against fp32 on one backend: alternating runs in one process, medians with spread.
 
-    python bench/int8.py [--model transformer_encoder] [--threads 2] [--rounds 7] [--runs 20] [--inputs 50]
-                         [--paths all] [--product 128,256,1024]
+    python bench/int8.py [--model transformer_encoder] [--backend cpu] [--kernels auto] [--threads 2]
+                         [--rounds 7] [--runs 20] [--inputs 50] [--paths all] [--product 128,256,1024]
 
 Each round times ``runs`` runs of the fp32 session, then ``runs`` of the int8 one (alternating, so
 that a busy machine slows both alike); the median per run of each round is kept, and the median of
@@ -11,7 +11,10 @@ of the weights the products read, before and after. ``--paths all`` (or a comma-
 adds an int8 session per product path of the cpu kernel this host runs (``cpu_int8.host_paths()``:
 vnni512, avx512bw, avx2, portable), all in the same alternation; ``--product M,K,N`` times one
 QuantizedMatMul of that size on one thread on each path beside the cpu backend's float32 MatMul, instead of
-a model. Nothing here asserts speed.
+a model. ``--backend`` (opencl, vulkan, gl, cuda; ``--kernels`` picks the kernel family) runs both
+sessions there and says how many of the int8 session's QuantizedMatMuls that backend runs (the rest
+were placed on the cpu); ONNX Runtime's float32 session of the model takes its turn in the
+alternation as the peer. Nothing here asserts speed.
 """
 from __future__ import annotations
 
@@ -91,9 +94,22 @@ def time_product(size: str, paths: list[str], rounds: int, runs: int) -> None:
     report(alternate(timers, rounds, runs), "fp32")
 
 
+def onnxruntime_session(model, threads: int):
+    """ONNX Runtime's float32 session of the model (the peer), or None where it is not installed."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="transformer_encoder")
+    parser.add_argument("--backend", default="cpu")
+    parser.add_argument("--kernels", default="auto", help="the GPU backends' kernel family: auto, tiled or simd")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--runs", type=int, default=20)
@@ -105,15 +121,17 @@ def main() -> None:
     if args.product:
         time_product(args.product, paths or [cpu_int8.current_path()], args.rounds, args.runs)
         return
-    net = gpumnn.load(getattr(zoo, args.model)())
+    model = getattr(zoo, args.model)()
+    net = gpumnn.load(model)
     info = net.inputs[0]
     shape = tuple(int(d) for d in info.shape)
     rng = np.random.default_rng(0)
-    sessions = {"fp32": net.session(backend="cpu", threads=args.threads)}
+    options = {} if args.backend == "cpu" or args.kernels == "auto" else {"kernels": args.kernels}
+    sessions = {"fp32": net.session(backend=args.backend, threads=args.threads, **options)}
     for path in paths or [cpu_int8.current_path()]:
         cpu_int8.use_path(path)
-        sessions["int8" if not paths else f"int8 {path}"] = net.session(backend="cpu", threads=args.threads,
-                                                                        precision="int8")
+        sessions["int8" if not paths else f"int8 {path}"] = net.session(backend=args.backend, threads=args.threads,
+                                                                        precision="int8", **options)
     errors: dict[str, list[float]] = {name: [] for name in sessions if name != "fp32"}
     for _ in range(args.inputs):
         feed = {info.name: rng.standard_normal(shape).astype(np.float32)}
@@ -122,11 +140,21 @@ def main() -> None:
             low = next(iter(sessions[name].run(feed).values()))
             errs.append(float(np.linalg.norm(low - ref) / np.linalg.norm(ref)))
     feed = {info.name: rng.standard_normal(shape).astype(np.float32)}
-    medians = alternate({name: functools.partial(sess.run, feed) for name, sess in sessions.items()},
-                        args.rounds, args.runs)
-    print(f"{args.model}, cpu, {args.threads} threads, {args.rounds} rounds of {args.runs} runs each, alternating")
-    print(f"cpu backend: {sessions['fp32'].backends['cpu'].info.device}")
+    timers = {name: functools.partial(sess.run, feed) for name, sess in sessions.items()}
+    peer = onnxruntime_session(model, args.threads)
+    if peer is not None:
+        timers["onnxruntime fp32"] = functools.partial(peer.run, None, feed)
+    medians = alternate(timers, args.rounds, args.runs)
+    print(f"{args.model}, {args.backend}{'' if not options else f' kernels={args.kernels}'}, {args.threads} threads, "
+          f"{args.rounds} rounds of {args.runs} runs each, alternating")
+    print(f"{args.backend} backend: {sessions['fp32'].backends[args.backend].info.device}")
     report(medians, "fp32")
+    for name, sess in sessions.items():
+        if name != "fp32":
+            placement = sess.placement
+            quantized = [i for i, op in enumerate(sess.program.ops) if isinstance(op, A.QuantizedMatMul)]
+            on_backend = sum(placement.op_backends[i] == args.backend for i in quantized)
+            print(f"  {name}: {on_backend} of {len(quantized)} QuantizedMatMul on {args.backend}")
     for name, errs in errors.items():
         print(f"  relative error {name} vs fp32 over {args.inputs} inputs: median {statistics.median(errs):.4f}, "
               f"worst {max(errs):.4f}")

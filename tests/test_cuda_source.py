@@ -45,6 +45,9 @@ def gpu_variants() -> list[tuple[str, dict[str, int]]]:
             out += [(family, {}), (family, {"ELEM": 2}), (family, {"ELEM": 1})]
         elif family == "quantized_conv":  # x as uint8 and as int8
             out += [(family, {}), (family, {"X_SIGNED": 1})]
+        elif family == "quantized_matmul":  # the GEMM tilings, rows quantized at run time or given
+            out += [(family, {**dict(zip(("TM", "TN", "WM", "WN", "TK"), cfg)), **pre})
+                    for cfg in GEMM_CONFIGS.values() for pre in ({}, {"PREQUANTIZED": 1})]
         elif family == "convert":
             out += [(family, {"IN_KIND": KIND_IDS[a], "OUT_KIND": KIND_IDS[b]}) for a in A.STORAGE_DTYPES
                     for b in A.STORAGE_DTYPES if a != b and {a, b} & A.NARROW_DTYPES]

@@ -308,6 +308,9 @@ class Backend(ABC):
     #: atomic op type -> the storage dtypes (``op.dtype`` and the output's) its kernel takes
     #: besides float32, which every kernel takes
     dtypes: ClassVar[Mapping[type, frozenset[str]]] = {}
+    #: how the backend's QuantizedMatMul kernels (``precision="int8"``, dynamic quantization)
+    #: compute, for ``gpumnn info`` ("": the cpu's own line says it)
+    int8_products: ClassVar[str] = ""
     #: atomic op type -> the ``op`` names (of Unary, Binary, Reduce) its kernel implements; a type
     #: not listed implements every name the contract defines (fused activations are Unary names)
     op_names: ClassVar[Mapping[type, frozenset[str]]] = {}

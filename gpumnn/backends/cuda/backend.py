@@ -90,6 +90,7 @@ class CudaBackend(Backend):
     #: pools and graphs (see the module docstring)
     max_concurrent_runs = 2
     kernel_table = cl_plans.PLANNERS
+    int8_products = cl_plans.INT8_PRODUCTS
     schemes = cl_plans.TILED_SCHEMES
     residual_schemes = cl_plans.TILED_RESIDUAL_SCHEMES
     op_names = cl_plans.OP_NAMES

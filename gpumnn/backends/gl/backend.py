@@ -55,6 +55,7 @@ from ..limits import MemoryLimits, host_memory
 from ..speed import (CPU_DEVICE_COMPUTE_UNITS, GPU_DEFAULT_COMPUTE_UNITS, GPU_DEFAULT_FLOPS, simd_lanes,
                      software_renderer_flops)
 from ..waits import describe_ops, hang_reason
+from ..kernels.glsl.planner import INT8_PRODUCTS as GLSL_INT8_PRODUCTS
 
 _GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT = 0x90DF
 _GL_MAX_COMPUTE_SHARED_MEMORY_SIZE = 0x8262
@@ -177,6 +178,7 @@ class GLBackend(Backend):
     plan_error = GLError
     _lost: str | None = None  # set by a submission past submit_timeout
     kernel_table = PLANNERS
+    int8_products = GLSL_INT8_PRODUCTS
     schemes = SCHEMES
     winograd_rewrite_max_tile = WINOGRAD_REWRITE_MAX_TILE
     op_names = GLSL_OP_NAMES

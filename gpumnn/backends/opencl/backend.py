@@ -104,6 +104,7 @@ class OpenCLBackend(Backend):
     #: in-order queue (thread-safe in OpenCL 1.1+), so a run's finish also waits for the other's work
     max_concurrent_runs = 2
     kernel_table = cl_plans.PLANNERS
+    int8_products = cl_plans.INT8_PRODUCTS
     schemes = cl_plans.SCHEMES
     op_names = cl_plans.OP_NAMES
     dtypes = cl_plans.DTYPES

@@ -50,6 +50,7 @@ from ... import atomic as A
 from ...errors import BackendOptionError, BackendUnavailableError
 from ..base import Backend, BackendInfo, Execution, TensorHandle, constant_words, host_out, kernel_family, kernels_option
 from ..lanes import LanePool
+from ..kernels.glsl.planner import INT8_PRODUCTS as GLSL_INT8_PRODUCTS
 from ..limits import MemoryLimits, host_memory
 from ..speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
 from ..waits import describe_ops
@@ -121,6 +122,7 @@ class VulkanBackend(Backend):
     #: runs borrow submit lanes of their own (see the module docstring)
     max_concurrent_runs = 2
     kernel_table = _PLANNERS
+    int8_products = GLSL_INT8_PRODUCTS
     schemes = _SCHEMES
     winograd_rewrite_max_tile = WINOGRAD_REWRITE_MAX_TILE
     op_names = GLSL_OP_NAMES

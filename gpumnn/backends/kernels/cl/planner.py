@@ -89,6 +89,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "gemm_cpu": ("activation.cl", "gemm_cpu.cl"),
     "winograd": ("activation.cl", "winograd.cl"),
     "quantized_conv": ("quantized_conv.cl",),
+    "quantized_matmul": ("activation.cl", "quantized_matmul.cl"),
 }
 
 #: stable op ids shared with the kernels (generated into every program's header)
@@ -801,6 +802,62 @@ def _plan_quantized_conv2d(be, op: A.QuantizedConv2D, ins, outs):
     return KernelWork([launch1d("quantized_conv", "quantized_conv2d", args, total, defines=defines)], "int8 direct")
 
 
+#: work-items per row of quantized_matmul.cl's quantize_rows (its QWG)
+QUANTIZE_WG = 64
+#: rows of one work item of quantized_matmul.cl's CPU-device kernel (fewer where M is less), each
+#: times CPU_VEC columns
+QUANTIZED_VECTOR_ROWS = 4
+#: how QuantizedMatMul computes here (quantized_matmul.cl), for ``gpumnn info``
+INT8_PRODUCTS = ("rows quantized to uint8 on the device at run time, int32 sums: int32 tiles in local memory "
+                 "(GPU family), 4 rows x 16 columns of int32 vectors a work item (CPU devices)")
+
+
+def _plan_quantized_matmul(be, op: A.QuantizedMatMul, ins, outs):
+    """The dynamically quantized product (quantized_matmul.cl): the weight's column sums once (at
+    creation where the weight is constant), each row of x quantized to uint8 into a scratch at run
+    time (not for a ``prequantized`` x, already uint8), then the int8 product with int32 sums and
+    the dequantizing epilogue, on int32 tiles (GPU family) or int32 vectors (CPU devices). The
+    kernels' arguments the op's form leaves unread (the bias without ``has_bias``, the row
+    scratch of a prequantized x, the given scale and zero point of the run-time form) are bound
+    to another tensor of the op."""
+    m, n, k = op.m, op.n, op.k
+    x, w, w_scale = ins[:3]
+    bias = ins[op.bias_input()] if op.has_bias else w_scale
+    y = outs[0]
+    colsum = Scratch(4 * n)
+    sums = launch1d("quantized_matmul", "weight_column_sums", [w.buffer, _i(w.offset), colsum, _i(k), _i(n)], n)
+    defines, work, keep = {}, [], [colsum]
+    if op.prequantized:
+        defines["PREQUANTIZED"] = 1
+        q, q_off, rows = x.buffer, x.offset, colsum
+        x_scale, x_zero = ins[3], ins[4]
+    else:
+        q, rows = Scratch(m * k), Scratch(8 * m)
+        q_off, keep = 0, keep + [q, rows]
+        x_scale, x_zero = w_scale, w
+        work.append(launch("quantized_matmul", "quantize_rows", [x.buffer, _i(x.offset), q, rows, _i(k)],
+                           (m * QUANTIZE_WG,), (QUANTIZE_WG,)))
+    args = [q, _i(q_off), _i(k), w.buffer, _i(w.offset), colsum, w_scale.buffer, _i(w_scale.offset), bias.buffer,
+            _i(bias.offset), _i(int(op.has_bias)), rows, x_scale.buffer, _i(x_scale.offset), x_zero.buffer,
+            _i(x_zero.offset), y.buffer, _i(y.offset), _i(m), _i(n), _i(k)] + _activation_args(op.activation)
+    if be.kernels == "tiled":
+        tm, tn, wm, wn, tk = GEMM_CONFIGS[_gemm_config(be, m, n, 1)]
+        defines.update(TM=tm, TN=tn, WM=wm, WN=wn, TK=tk)
+        product = launch("quantized_matmul", "quantized_matmul_tiled", args,
+                         (_round_up(n, tn) // wn, _round_up(m, tm) // wm), (tn // wn, tm // wm), defines)
+        scheme = "int8 tiled GEMM"
+    else:
+        rm = min(QUANTIZED_VECTOR_ROWS, m)
+        product = vec_launch("quantized_matmul", "quantized_matmul_vec", args, (-(-n // CPU_VEC), -(-m // rm)),
+                             dict(defines, RM=rm))
+        scheme = "int8 vectors"
+    work.append(product)
+    prepare = (sums,) if be.is_constant(w) else ()
+    if not prepare:
+        work.insert(0, sums)
+    return KernelWork(work, scheme, tuple(keep), prepare)
+
+
 def _plan_conv_transpose2d(be, op: A.ConvTranspose2D, ins, outs):
     x, w, bias, o = _conv_operands(op, ins, outs)
     if be.kernels == "simd":
@@ -922,7 +979,7 @@ OP_NAMES: Mapping[type, frozenset[str]] = {}
 DTYPES: Mapping[type, frozenset[str]] = {
     **{op: frozenset({A.INT32}) for op in (A.Binary, A.Reduce, A.CumSum)},
     **{op: frozenset(A.STORAGE_DTYPES) for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)},
-    A.QuantizedConv2D: frozenset({A.UINT8, A.INT8})}
+    A.QuantizedConv2D: frozenset({A.UINT8, A.INT8}), A.QuantizedMatMul: frozenset({A.UINT8})}
 #: the tiled family's also take float16 storage for the products, pooling, elementwise math, softmax
 #: and normalisation
 #: (-DHALF: ``half_defines``; A.FLOAT16_COMPUTE_OPS); the simd family's vector kernels are float32 only
@@ -953,6 +1010,7 @@ PLANNERS: Mapping[type, Callable[..., KernelWork]] = {
     A.Pool2D: _plan_pool2d, A.Softmax: _plan_softmax, A.Normalize: _plan_normalize,
     A.Resize: _plan_resize, A.Gather: _plan_gather, A.Select: _plan_select, A.CumSum: _plan_cumsum,
     A.Scatter: _plan_scatter, A.RecurrentCell: _plan_recurrent_cell, A.QuantizedConv2D: _plan_quantized_conv2d,
+    A.QuantizedMatMul: _plan_quantized_matmul,
 }
 
 
