@@ -1,7 +1,7 @@
 """precision="int8" against fp32 on the cpu: alternating runs in one process, medians with spread.
 
     python bench/int8.py [--model transformer_encoder] [--threads 2] [--rounds 7] [--runs 20] [--inputs 50]
-                         [--paths all] [--product 128,256,1024]
+                         [--paths all] [--product 128,256,1024] [--int4]
 
 Each round times ``runs`` runs of the fp32 session, then ``runs`` of the int8 one (alternating, so
 that a busy machine slows both alike); the median per run of each round is kept, and the median of
@@ -11,7 +11,7 @@ of the weights the products read, before and after. ``--paths all`` (or a comma-
 adds an int8 session per product path of the cpu kernel this host runs (``cpu_int8.host_paths()``:
 vnni512, avx512bw, avx2, portable), all in the same alternation; ``--product M,K,N`` times one
 QuantizedMatMul of that size on one thread on each path beside the cpu backend's float32 MatMul, instead of
-a model. Nothing here asserts speed.
+a model; ``--int4`` adds a ``precision="int4"`` session (4-bit weights in blocks). Nothing here asserts speed.
 """
 from __future__ import annotations
 
@@ -100,6 +100,7 @@ def main() -> None:
     parser.add_argument("--inputs", type=int, default=50)
     parser.add_argument("--paths", default="", help="'all' or a comma-separated list of int8 product paths")
     parser.add_argument("--product", default="", help="M,K,N: time one product instead of a model")
+    parser.add_argument("--int4", action="store_true", help="add a precision='int4' session to the alternation")
     args = parser.parse_args()
     paths = list(cpu_int8.host_paths()) if args.paths == "all" else [p for p in args.paths.split(",") if p]
     if args.product:
@@ -114,6 +115,8 @@ def main() -> None:
         cpu_int8.use_path(path)
         sessions["int8" if not paths else f"int8 {path}"] = net.session(backend="cpu", threads=args.threads,
                                                                         precision="int8")
+    if args.int4:
+        sessions["int4"] = net.session(backend="cpu", threads=args.threads, precision="int4")
     errors: dict[str, list[float]] = {name: [] for name in sessions if name != "fp32"}
     for _ in range(args.inputs):
         feed = {info.name: rng.standard_normal(shape).astype(np.float32)}
@@ -130,9 +133,8 @@ def main() -> None:
     for name, errs in errors.items():
         print(f"  relative error {name} vs fp32 over {args.inputs} inputs: median {statistics.median(errs):.4f}, "
               f"worst {max(errs):.4f}")
-    int8_session = sessions[next(iter(errors))]
-    print(f"  product weights: fp32 {product_weight_bytes(sessions['fp32'])} bytes, "
-          f"int8 {product_weight_bytes(int8_session)} bytes (int8 values and float32 scales)")
+    print("  product weights (values and float32 scales): "
+          + ", ".join(f"{name} {product_weight_bytes(sess)} bytes" for name, sess in sessions.items()))
     for sess in sessions.values():
         sess.close()
 
