@@ -64,13 +64,14 @@ def report(medians: dict[str, list[float]], baseline: str) -> None:
               f"{base / middle:.2f}x {baseline}")
 
 
-def time_product(size: str, paths: list[str], rounds: int, runs: int) -> None:
-    """One QuantizedMatMul of ``size`` (M,K,N) on one thread per path, beside the backend's float32 MatMul."""
+def time_product(size: str, paths: list[str], rounds: int, runs: int, int4: bool = False) -> None:
+    """One QuantizedMatMul of ``size`` (M,K,N) on one thread per path (and with ``int4``, its int4
+    form in blocks of 32, 64 and 128 on each), beside the backend's float32 MatMul."""
     m, k, n = (int(v) for v in size.split(","))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((m, k)).astype(np.float32)
     weight = rng.standard_normal((k, n)).astype(np.float32)
-    from gpumnn.scheduler.precision import quantize_columns
+    from gpumnn.scheduler.precision import quantize_blocks, quantize_columns
     values, scale = quantize_columns(weight)
     bias = np.zeros(n, np.float32)
     be = CpuBackend(jit=True, threads=1)
@@ -87,6 +88,12 @@ def time_product(size: str, paths: list[str], rounds: int, runs: int) -> None:
         cpu_int8.use_path(path)
         recorded = be.record([be.create_execution(op, ins, [out])])
         timers[f"int8 {path}"] = functools.partial(be.submit, recorded)
+        for block in (32, 64, 128) if int4 else ():
+            packed, block_scale = quantize_blocks(weight, block)
+            block_op = A.QuantizedMatMul(op.inputs, op.outputs, "bench", m=m, n=n, k=k, has_bias=True, block=block)
+            recorded = be.record([be.create_execution(
+                block_op, [xh, be.constant(packed), be.constant(block_scale), be.constant(bias)], [out])])
+            timers[f"int4/{block} {path}"] = functools.partial(be.submit, recorded)
     print(f"QuantizedMatMul {m} x {k} x {n}, cpu, one thread, {rounds} rounds of {runs} runs each, alternating")
     report(alternate(timers, rounds, runs), "fp32")
 
@@ -104,7 +111,7 @@ def main() -> None:
     args = parser.parse_args()
     paths = list(cpu_int8.host_paths()) if args.paths == "all" else [p for p in args.paths.split(",") if p]
     if args.product:
-        time_product(args.product, paths or [cpu_int8.current_path()], args.rounds, args.runs)
+        time_product(args.product, paths or [cpu_int8.current_path()], args.rounds, args.runs, args.int4)
         return
     net = gpumnn.load(getattr(zoo, args.model)())
     info = net.inputs[0]
