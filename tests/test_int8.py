@@ -142,9 +142,9 @@ def test_quantize_columns_round_trips_within_half_a_step():
 
 def test_unknown_precision_is_refused_naming_the_valid_ones():
     net = load(zoo.transformer_encoder())
-    with pytest.raises(ValueError, match="precision='int4' is not one of 'fp32', 'tf32', 'int8', 'fp16'"):
-        net.session(backend="cpu", precision="int4")
-    assert PRECISIONS == ("fp32", "tf32", "int8", "fp16")
+    with pytest.raises(ValueError, match="precision='int2' is not one of 'fp32', 'tf32', 'int8', 'int4', 'fp16'"):
+        net.session(backend="cpu", precision="int2")
+    assert PRECISIONS == ("fp32", "tf32", "int8", "int4", "fp16")
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))
