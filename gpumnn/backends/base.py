@@ -300,8 +300,11 @@ class Backend(ABC):
     #: atomic op type -> the schemes whose kernels take float32 storage only (no float16 build):
     #: ``precision="fp16"`` leaves those ops in float32
     float32_only_schemes: ClassVar[Mapping[type, frozenset[str]]] = {}
-    #: how the backend's int8 kernels (QuantizedConv2D) compute, for ``gpumnn info`` ("": none)
-    int8_arithmetic: ClassVar[str] = ""
+    #: how the backend's int8 kernels (QuantizedConv2D) compute, for ``gpumnn info`` ("": none);
+    #: the GPU backends set it at start with ``int8_dot`` (gpumnn.backends.kernels.int8_dot)
+    int8_arithmetic: str = ""
+    #: the integer dot-product instruction the int8 implicit GEMM builds with ("": plain int32)
+    int8_dot: str = ""
     #: run states of one session that may run at once on this backend (1: runs take turns) --
     #: what is *safe*; ``default_concurrent_runs`` says what *pays*
     max_concurrent_runs: ClassVar[int] = 1
