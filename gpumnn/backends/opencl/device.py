@@ -84,9 +84,6 @@ def memory_limits(device: Any) -> MemoryLimits:
                         source=f"{source}; CL_DEVICE_MAX_MEM_ALLOC_SIZE {max_alloc}")
 
 
-__all__ = ["device_info", "in_host_memory", "is_gpu", "memory_limits", "pick_device"]
-
-
 #: the device extension of OpenCL C's integer dot products (quantized_conv.cl -DINT8_DOT)
 INTEGER_DOT_EXTENSION = "cl_khr_integer_dot_product"
 #: builds where the compiler has the packed signed dot product the int8 GEMM uses
@@ -109,3 +106,6 @@ def integer_dot(context: Any, device: Any) -> tuple[str, str]:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return "", f"{INTEGER_DOT_EXTENSION} without 4x8-bit packed inputs ({reason})"
     return f"{INTEGER_DOT_EXTENSION} (dot_4x8packed_ss_int on 4x8-bit packed words)", ""
+
+
+__all__ = ["INTEGER_DOT_EXTENSION", "device_info", "in_host_memory", "integer_dot", "is_gpu", "memory_limits", "pick_device"]
