@@ -5,9 +5,11 @@ falls on both alike.
 
     python bench/int8_dot.py                           # vulkan, kernels="tiled"
     python bench/int8_dot.py --backend cuda --rounds 7 --runs 20
+    python bench/int8_dot.py --model squeezenet1_1/qdq_s8 --runs 3   # a whole QDQ model (bench/quantized.py's forms)
 
 Prints per case the median ms of each path (over rounds of ``--runs`` submissions each, a round's
-figure its median), the rounds' spread (min-max) and dot / plain. Nothing here asserts speed.
+figure its median), the rounds' spread (min-max) and dot / plain; with ``--model``, one line for
+the model's ``Session.run`` (outputs of both paths checked equal). Nothing here asserts speed.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's gpumnn, not an installed one
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # bench/quantized.py's model forms (--model)
 
 from gpumnn import atomic as A  # noqa: E402
 from gpumnn.backends import create_backend  # noqa: E402
@@ -76,13 +79,52 @@ class Case:
         return 1e3 * statistics.median(times)
 
 
+def run_model(name: str, backend: str, options: dict, rounds: int, runs: int) -> None:
+    """One QDQ model's Session.run with dot products and with plain int32 products, alternating."""
+    import tempfile
+
+    import onnx
+
+    import gpumnn
+    from quantized import feed_of, make_case
+
+    case = make_case(name, Path(tempfile.gettempdir()) / "gpumnn-quantized")
+    net = gpumnn.load(str(case.quantized_path))
+    sessions = {path: net.session(backend=backend, fallback=False, int8_dot=path_option, **options)
+                for path, path_option in (("dot", "auto"), ("plain", "off"))}
+    feed = feed_of(onnx.load(str(case.quantized_path)))
+    outputs = {path: s.run(feed) for path, s in sessions.items()}
+    for key in outputs["dot"]:
+        if not np.array_equal(outputs["dot"][key], outputs["plain"][key]):
+            raise SystemExit(f"{name}: output {key} differs between dot products and plain int32")
+    rounds_ms: dict[str, list[float]] = {"dot": [], "plain": []}
+    for r in range(rounds):
+        for path in (("dot", "plain") if r % 2 == 0 else ("plain", "dot")):
+            times = []
+            for _ in range(runs):
+                start = time.perf_counter()
+                sessions[path].run(feed)
+                times.append(time.perf_counter() - start)
+            rounds_ms[path].append(1e3 * statistics.median(times))
+    med = {path: statistics.median(ms) for path, ms in rounds_ms.items()}
+    cells = [f"{med[p]:8.1f} ({min(rounds_ms[p]):.1f}-{max(rounds_ms[p]):.1f})" for p in ("dot", "plain")]
+    print(f"{'model':<30} {'dot ms (min-max)':>22} {'plain ms (min-max)':>22} {'dot/plain':>9}")
+    print(f"{name:<30} {cells[0]:>22} {cells[1]:>22} {med['dot'] / med['plain']:9.2f}")
+    for s in sessions.values():
+        s.close()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", default="vulkan")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--model", help="ZOO_MODEL/FORM of bench/quantized.py: time the model's runs instead")
     args = parser.parse_args(argv)
     options = {} if args.backend == "cuda" else {"kernels": "tiled"}
+    if args.model:
+        run_model(args.model, args.backend, options, args.rounds, args.runs)
+        return 0
     dot = create_backend(args.backend, int8_dot="auto", **options)
     plain = create_backend(args.backend, int8_dot="off", **options)
     print(f"{args.backend} on {dot.info.device}\n  dot:   {dot.int8_arithmetic}\n  plain: {plain.int8_arithmetic}")
