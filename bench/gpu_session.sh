@@ -205,7 +205,9 @@ case $PHASE in
   verify)
     # every GPU kernel that has not yet run on a GPU, correctness first (issue 29 and 30 of
     # 2026-11-28: TF32 and float16 tiles, the matrix-vector kernels, Winograd in one GLSL kernel,
-    # the GLSL split-K, int8 convolutions, concatenations in place), then one timing of each
+    # the GLSL split-K, int8 convolutions, concatenations in place), then one timing of each;
+    # test_gpu_int8.py runs the int8 implicit GEMM on __dp4a (cuda) and on
+    # VK_KHR_shader_integer_dot_product (vulkan-tiled) beside their plain int32 builds (int8_dot="off")
     GPUMNN_REQUIRE_BACKENDS=cuda,vulkan,gl GPUMNN_STEP_CAP=${CAP_TESTS:-200} step new-kernels "${PYTEST[@]}" "${XDIST[@]}" \
       tests/test_tf32.py tests/test_fp16.py tests/test_gpu_int8.py tests/test_glsl_split_k.py tests/test_concat_in_place.py \
       tests/test_static_int8.py tests/test_precision_accuracy.py tests/test_schemes.py -k "cuda or vulkan or gl" \

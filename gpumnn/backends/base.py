@@ -303,19 +303,22 @@ class Backend(ABC):
     #: atomic op type -> the schemes whose kernels take float32 storage only (no float16 build):
     #: ``precision="fp16"`` leaves those ops in float32
     float32_only_schemes: ClassVar[Mapping[type, frozenset[str]]] = {}
-    #: how the backend's int8 kernels (QuantizedConv2D) compute, for ``gpumnn info`` ("": none)
-    int8_arithmetic: ClassVar[str] = ""
+    #: how the backend's int8 kernels (QuantizedConv2D) compute, for ``gpumnn info`` ("": none);
+    #: the GPU backends set it at start with ``int8_dot`` (gpumnn.backends.kernels.int8_dot)
+    int8_arithmetic: str = ""
+    #: the integer dot-product instruction the int8 implicit GEMM builds with ("": plain int32)
+    int8_dot: str = ""
     #: whether the QuantizedMatMul kernel takes int4 weights in blocks (``precision="int4"``)
     int4_weights: ClassVar[bool] = False
+    #: how the backend's QuantizedMatMul kernels (``precision="int8"``, dynamic quantization)
+    #: compute, for ``gpumnn info`` ("": the cpu's own line says it)
+    int8_products: ClassVar[str] = ""
     #: run states of one session that may run at once on this backend (1: runs take turns) --
     #: what is *safe*; ``default_concurrent_runs`` says what *pays*
     max_concurrent_runs: ClassVar[int] = 1
     #: atomic op type -> the storage dtypes (``op.dtype`` and the output's) its kernel takes
     #: besides float32, which every kernel takes
     dtypes: ClassVar[Mapping[type, frozenset[str]]] = {}
-    #: how the backend's QuantizedMatMul kernels (``precision="int8"``, dynamic quantization)
-    #: compute, for ``gpumnn info`` ("": the cpu's own line says it)
-    int8_products: ClassVar[str] = ""
     #: atomic op type -> the ``op`` names (of Unary, Binary, Reduce) its kernel implements; a type
     #: not listed implements every name the contract defines (fused activations are Unary names)
     op_names: ClassVar[Mapping[type, frozenset[str]]] = {}

@@ -63,6 +63,7 @@ from ...errors import BackendOptionError, DeviceArrayError
 from ..kernels.cl.cuda_source import NVRTC_OPTIONS, cuda_source
 from ..kernels import word_padded
 from ..kernels.cl import planner as cl_plans
+from ..kernels.int8_dot import choose as choose_int8_dot, int8_dot_option
 from ..base import Backend, Execution, KernelWork, TensorHandle, constant_words, host_out, kernels_option
 from ..kernels.cl.planner import Scratch
 from .device import attribute, describe_versions, device_info, load_kernels, memory_limits, pick_device
@@ -79,6 +80,8 @@ _MODULES_LOCK = threading.Lock()
 
 #: the compute capability whose tensor cores first multiply TF32 (mma.sync m16n8k8 .tf32: Ampere)
 TF32_MIN_MAJOR = 8
+#: the compute capability (major * 10 + minor) from which __dp4a exists: the int8 GEMM's dot products
+DP4A_MIN_CAPABILITY = 61
 
 
 class CudaBackend(Backend):
@@ -96,21 +99,23 @@ class CudaBackend(Backend):
     op_names = cl_plans.OP_NAMES
     dtypes = cl_plans.TILED_DTYPES
     float32_only_schemes = cl_plans.FLOAT32_ONLY_SCHEMES
-    int8_arithmetic = cl_plans.INT8_ARITHMETIC
     #: float16 / int8 / uint8 tensors as themselves: CUDA addresses 16- and 8-bit elements
     narrow_storage = {1: "native: unsigned char elements", 2: "native: unsigned short elements, cvt.f16 conversions"}
     device_arrays_unsupported = None
     alignment = 256  # cudaMalloc's alignment: every tensor starts where a fresh allocation would
 
     def __init__(self, device: str | int | None = None, kernels: str | None = None, tf32: bool = False,
-                 **unknown: Any):
+                 int8_dot: str | None = None, **unknown: Any):
         """``device``: index or name substring; default the first GPU. ``kernels``: "auto" or
         "tiled" (the GPU kernels, the only family CUDA builds: the "simd" kernels use OpenCL
         vector types CUDA lacks); ``$GPUMNN_KERNELS=simd`` is a preference for devices with
         both families and means tiled here. ``tf32``: the convolution and GEMM tiles multiply on
         tensor cores in TF32 (mma.sync, compute capability 8.0 or later), which a session's
-        ``precision="tf32"`` asks for (``gpumnn.scheduler.precision``); default float32."""
+        ``precision="tf32"`` asks for (``gpumnn.scheduler.precision``); default float32.
+        ``int8_dot``: "auto" (the int8 implicit GEMM on __dp4a, compute capability 6.1 and later)
+        or "off"; default ``$GPUMNN_INT8_DOT``, else "auto"."""
         super().__init__(**unknown)
+        dot_option = int8_dot_option(int8_dot, self.name)
         if not isinstance(tf32, bool):
             raise BackendOptionError(f"backend 'cuda': tf32 must be True or False, not {tf32!r}")
         if kernels == "simd":
@@ -132,6 +137,10 @@ class CudaBackend(Backend):
                                      f"{TF32_MIN_MAJOR}.0 or later); {self._info.device} has "
                                      f"{capability // 10}.{capability % 10}")
         self.tf32 = tf32
+        has_dp4a = capability >= DP4A_MIN_CAPABILITY
+        self.int8_dot, self.int8_arithmetic = choose_int8_dot(
+            dot_option, self.kernels, "__dp4a (compute capability 6.1 and later)" if has_dp4a else "",
+            f"__dp4a needs compute capability 6.1; the device has {capability // 10}.{capability % 10}")
         self._watch = DeviceWatch(self.name, self._info.device)  # bounded waits, the lost mark
         self._buffers: weakref.WeakSet[DeviceBuffer] = weakref.WeakSet()  # kept forever if the device hangs
         self._kernels: dict[tuple, Any] = {}

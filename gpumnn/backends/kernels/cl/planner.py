@@ -229,6 +229,7 @@ class PlannerTarget(BasePlannerTarget, Protocol):
     compute_units: int
     max_wg: int  # largest work-group (work-items)
     tf32: bool  # GEMM tiles on tensor cores in TF32 (CUDA only: precision="tf32"; see gemm_tf32_fits)
+    int8_dot: str  # the integer dot-product instruction of the int8 implicit GEMM ("": plain int32)
 
     def is_constant(self, handle: TensorHandle) -> bool: ...
 
@@ -781,8 +782,10 @@ def _plan_winograd(be: PlannerTarget, op: A.Conv2D, x, w, bias, o, ins) -> Kerne
 
 def _plan_quantized_conv2d(be, op: A.QuantizedConv2D, ins, outs):
     """Static int8 convolution (quantized_conv.cl), bytes in and out, int32 sums and the float32
-    requantizing epilogue: the GPU family's implicit GEMM on int32 tiles, else (depthwise, and
-    CPU devices) a work item per output."""
+    requantizing epilogue: the GPU family's implicit GEMM on int32 tiles, or on words of four
+    bytes and integer dot products where the backend chose them (``be.int8_dot``: the weights
+    and bias packed by quantized_pack_weights, once where they are constants), else (depthwise,
+    and CPU devices) a work item per output."""
     x, w, bias, mult = ins[:4]
     y = outs[0]
     (h, wd), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
@@ -797,6 +800,17 @@ def _plan_quantized_conv2d(be, op: A.QuantizedConv2D, ins, outs):
         tm, tn, wm, wn, tk = GEMM_CONFIGS["64x64"]
         defines.update(TM=tm, TN=tn, WM=wm, WN=wn, TK=tk)
         grid = (_round_up(oh * ow, tn) // wn, _round_up(op.out_channels // op.groups, tm) // wm, op.batch * op.groups)
+        if be.int8_dot:
+            defines["INT8_DOT"] = 1
+            oc, k = op.out_channels, op.in_channels // op.groups * kh * kw
+            packed = Scratch(4 * oc * (1 + -(-k // 4)))
+            pack = launch1d("quantized_conv", "quantized_pack_weights", [w.buffer, _i(w.offset), bias.buffer,
+                            _i(bias.offset), packed, _i(oc), _i(k), _i(op.x_zero_point)], oc, defines=defines)
+            conv = launch("quantized_conv", "quantized_conv2d_dot", [x.buffer, _i(x.offset), packed, *args[6:]], grid,
+                          (tn // wn, tm // wm, 1), defines=defines)
+            if be.is_constant(w) and be.is_constant(bias):
+                return KernelWork([conv], "int8 implicit GEMM/dot products", (packed,), prepare=(pack,))
+            return KernelWork([pack, conv], "int8 implicit GEMM/dot products(+pack)", (packed,))
         return KernelWork([launch("quantized_conv", "quantized_conv2d_tiled", args, grid, (tn // wn, tm // wm, 1),
                                   defines=defines)], "int8 implicit GEMM")
     return KernelWork([launch1d("quantized_conv", "quantized_conv2d", args, total, defines=defines)], "int8 direct")
@@ -1001,8 +1015,6 @@ def dtypes_for(kernels: str) -> Mapping[type, frozenset[str]]:
 
 #: the schemes whose kernels take float32 storage only (Backend.float32_only_schemes): gemv.cl
 FLOAT32_ONLY_SCHEMES: Mapping[type, frozenset[str]] = {A.MatMul: frozenset({"gemv"})}
-#: how QuantizedConv2D computes here (quantized_conv.cl), for ``gpumnn info``
-INT8_ARITHMETIC = "int32 sums: an implicit GEMM on shared-memory tiles (GPU family), a work item per output (depthwise, CPU devices); no integer dot products yet"
 
 PLANNERS: Mapping[type, Callable[..., KernelWork]] = {
     A.Raster: _plan_raster, A.Unary: _plan_unary, A.Binary: _plan_binary, A.Reduce: _plan_reduce,

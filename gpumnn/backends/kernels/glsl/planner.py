@@ -127,6 +127,7 @@ class PlannerTarget(BasePlannerTarget, Protocol):
     packed: dict
     tables: dict
     native_narrow: frozenset[int]
+    int8_dot: str  # the integer dot-product instruction of the int8 implicit GEMM ("": plain int32)
 
     def binding(self, buf: Any, lo: int, hi: int) -> tuple[Any, int]: ...
     def scratch(self, nbytes: int) -> Any: ...
@@ -842,26 +843,43 @@ def _plan_winograd(be: PlannerTarget, op: A.Conv2D, ins, outs) -> KernelWork:
     return KernelWork([b], f"winograd F({nh}x{nw}, {kh}x{kw})")
 
 
-def _quantized_conv_constant(be: PlannerTarget, op: A.QuantizedConv2D, ins) -> TensorHandle:
+def _quantized_conv_constant(be: PlannerTarget, op: A.QuantizedConv2D, ins, dot: bool) -> TensorHandle:
     """quantized_conv2d.comp's int32 constant: the bias, the multipliers' bits and the weights
-    widened to int32, made once per weight (the op's weight, bias and multipliers are constants)."""
+    widened to int32, made once per weight (the op's weight, bias and multipliers are constants);
+    for ``dot`` (-DINT8_DOT) the weights as words of four bytes instead and the bias less
+    x_zero times each output channel's weight sum."""
     w, bias, mult = ins[1:4]
     if not all(_is_constant(h) for h in (w, bias, mult)):
         raise be.plan_error("QuantizedConv2D needs constant weights, bias and multipliers")
-    key = ("quantized_conv2d", *((h.buffer.id, h.offset) for h in (w, bias, mult)), op.out_channels)
+    key = ("quantized_conv2d", *((h.buffer.id, h.offset) for h in (w, bias, mult)), op.out_channels,
+           (op.x_zero_point,) if dot else ())
     packed = be.packed.get(key)
     if packed is None:
         oc = op.out_channels
-        parts = (be.read(bias).reshape(-1)[:oc].astype(np.int32),
-                 be.read(mult).reshape(-1)[:oc].astype(np.float32).view(np.int32),
-                 be.read(w).reshape(-1).astype(np.int32))
+        weights = be.read(w).reshape(oc, -1).astype(np.int8)
+        bias_values = be.read(bias).reshape(-1)[:oc].astype(np.int64)
+        if dot:
+            bias_values = bias_values - op.x_zero_point * weights.sum(axis=1, dtype=np.int64)
+            words = np.zeros((oc, -(-weights.shape[1] // 4) * 4), np.int8)
+            words[:, :weights.shape[1]] = weights
+            weight_part = words.view("<i4").reshape(-1)
+        else:
+            weight_part = weights.reshape(-1).astype(np.int32)
+        parts = (_wrapped_int32(bias_values), be.read(mult).reshape(-1)[:oc].astype(np.float32).view(np.int32),
+                 weight_part)
         packed = be.packed[key] = be.constant(np.concatenate(parts))
     return packed
 
 
+def _wrapped_int32(values: np.ndarray) -> np.ndarray:
+    """``values`` modulo 2**32 as int32: the kernels' sums wrap the same way."""
+    return ((values.astype(np.int64) + 2 ** 31) % 2 ** 32 - 2 ** 31).astype(np.int32)
+
+
 def _plan_quantized_conv2d(be, op: A.QuantizedConv2D, ins, outs):
     """Static int8 convolution (quantized_conv2d.comp), bytes in and out, int32 sums and the float32
-    requantizing epilogue: the GPU family's implicit GEMM on int32 tiles, else (depthwise, and
+    requantizing epilogue: the GPU family's implicit GEMM on int32 tiles (on packed bytes and
+    integer dot products where the backend chose them: ``be.int8_dot``), else (depthwise, and
     CPU devices) an invocation per output (per word of a packed one)."""
     (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
     (sh, sw), (ph, pw), (dh, dw) = op.strides, op.pads, op.dilations
@@ -870,19 +888,22 @@ def _plan_quantized_conv2d(be, op: A.QuantizedConv2D, ins, outs):
     if op.dtype == A.INT8:
         defines["X_SIGNED"] = 1
     tiled = be.kernels == "tiled" and op.scheme != "depthwise"
+    dot = tiled and bool(be.int8_dot)
     if tiled:
         tm, tn, rm, rn = _gemm_tiles(be, op.out_channels // op.groups, oh * ow, op.batch * op.groups)
         defines.update(TILED=1, TM=tm, TN=tn, RM=rm, RN=rn, TK=16, NT=(tm // rm) * (tn // rn))
+        if dot:
+            defines["INT8_DOT"] = 1
     b = Builder(be, "quantized_conv2d", defines, 3)
     o = b.bind(0, outs[0], 0, total, write=True)
     x = b.bind(1, ins[0], 0, op.batch * op.in_channels * h * w)
-    packed = b.bind(2, _quantized_conv_constant(be, op, ins))
+    packed = b.bind(2, _quantized_conv_constant(be, op, ins, dot))
     b.set(0, total, op.in_channels, h, w, op.out_channels, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, op.groups,
           op.x_zero_point, op.y_zero_point, op.lo, op.hi, x, packed, o)
     if tiled:
         b.groups = (math.ceil(oh * ow / tn), math.ceil(op.out_channels // op.groups / tm), op.batch * op.groups)
         _check_grid(be, b.groups)
-        return KernelWork([b], "int8 implicit GEMM")
+        return KernelWork([b], "int8 implicit GEMM" + ("/dot products" if dot else ""))
     _elements_grid(be, b, op.out_dtype, total, o)
     return KernelWork([b], "int8 direct")
 
@@ -1272,8 +1293,6 @@ OP_NAMES: Mapping[type, frozenset[str]] = {A.Unary: frozenset(A.UNARY_OPS), A.Bi
 #: the schemes whose kernels take float32 storage only (Backend.float32_only_schemes): gemv.comp
 #: and winograd.comp
 FLOAT32_ONLY_SCHEMES: Mapping[type, frozenset[str]] = {A.MatMul: frozenset({"gemv"}), A.Conv2D: frozenset({"winograd"})}
-#: how QuantizedConv2D computes here (quantized_conv2d.comp), for ``gpumnn info``
-INT8_ARITHMETIC = "int32 sums: an implicit GEMM on shared-memory tiles (GPU family), a work item per output (depthwise, CPU devices); no integer dot products yet"
 
 PLANNERS: Mapping[type, Callable] = {
     A.Raster: _plan_raster, A.Unary: _plan_unary, A.Binary: _plan_binary, A.Reduce: _plan_reduce,
