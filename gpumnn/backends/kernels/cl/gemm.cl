@@ -27,24 +27,6 @@
 #ifndef GEMM_TF32
 #define GEMM_TF32 0
 #endif
-#ifndef TM
-#define TM 64
-#endif
-#ifndef TN
-#define TN 64
-#endif
-#ifndef WM
-#define WM 4
-#endif
-#ifndef WN
-#define WN 4
-#endif
-#ifndef TK
-#define TK 16
-#endif
-#define LX (TN / WN)
-#define LY (TM / WM)
-#define NT (LX * LY)
 #if GEMM_TF32
 #define AS (TM + 8)   /* k rows 8 banks apart: the 4 k and 8 m of a fragment load on 32 banks */
 #define BS (TN + 8)

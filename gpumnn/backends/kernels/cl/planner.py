@@ -83,13 +83,13 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "cumsum": ("cumsum.cl",),
     "recurrent": ("recurrent.cl",),
     "scatter": ("activation.cl", "integer.cl", "scatter.cl"),
-    "gemm": ("activation.cl", "gemm.cl"),
+    "gemm": ("activation.cl", "tile.cl", "gemm.cl"),
     "gemv": ("activation.cl", "gemv.cl"),
     "conv": ("activation.cl", "conv.cl"),
     "gemm_cpu": ("activation.cl", "gemm_cpu.cl"),
     "winograd": ("activation.cl", "winograd.cl"),
-    "quantized_conv": ("quantized_conv.cl",),
-    "quantized_matmul": ("activation.cl", "quantized_matmul.cl"),
+    "quantized_conv": ("tile.cl", "quantized_conv.cl"),
+    "quantized_matmul": ("activation.cl", "tile.cl", "quantized_matmul.cl"),
 }
 
 #: stable op ids shared with the kernels (generated into every program's header)

@@ -51,24 +51,6 @@ __kernel void quantized_conv2d(QCONV_ARGS)
  * implicit GEMM acc[oc][p] = sum_k W[oc][k] * (x(k, p) - x_zero) with k = (c, ky, kx) and
  * p = (oy, ox), on int32 tiles in local memory: a work-group of LX x LY work-items computes TM
  * output channels x TN pixels, each work-item a WM x WN block, TK-deep slices staged. */
-#ifndef TM
-#define TM 64
-#endif
-#ifndef TN
-#define TN 64
-#endif
-#ifndef WM
-#define WM 4
-#endif
-#ifndef WN
-#define WN 4
-#endif
-#ifndef TK
-#define TK 16
-#endif
-#define LX (TN / WN)
-#define LY (TM / WM)
-#define NT (LX * LY)
 
 __kernel __attribute__((reqd_work_group_size(LX, LY, 1)))
 void quantized_conv2d_tiled(QCONV_ARGS)

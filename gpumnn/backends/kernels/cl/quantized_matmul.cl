@@ -148,24 +148,6 @@ __kernel void quantized_matmul_vec(QMM_ARGS)
 
 /* The GPU family's product: a work-group of LX x LY work-items computes TM rows x TN columns, each
  * work-item a WM x WN block, TK-deep slices of q and the weight staged as int32 in local memory. */
-#ifndef TM
-#define TM 64
-#endif
-#ifndef TN
-#define TN 64
-#endif
-#ifndef WM
-#define WM 4
-#endif
-#ifndef WN
-#define WN 4
-#endif
-#ifndef TK
-#define TK 16
-#endif
-#define LX (TN / WN)
-#define LY (TM / WM)
-#define NT (LX * LY)
 
 __kernel __attribute__((reqd_work_group_size(LX, LY, 1)))
 void quantized_matmul_tiled(QMM_ARGS)
