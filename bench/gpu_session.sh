@@ -207,9 +207,11 @@ case $PHASE in
     # 2026-11-28: TF32 and float16 tiles, the matrix-vector kernels, Winograd in one GLSL kernel,
     # the GLSL split-K, int8 convolutions, concatenations in place), then one timing of each;
     # test_gpu_int8.py runs the int8 implicit GEMM on __dp4a (cuda) and on
-    # VK_KHR_shader_integer_dot_product (vulkan-tiled) beside their plain int32 builds (int8_dot="off")
+    # VK_KHR_shader_integer_dot_product (vulkan-tiled) beside their plain int32 builds (int8_dot="off");
+    # test_gpu_dynamic_int8.py the QuantizedMatMul kernels of precision="int8" (rows quantized on the device)
     GPUMNN_REQUIRE_BACKENDS=cuda,vulkan,gl GPUMNN_STEP_CAP=${CAP_TESTS:-200} step new-kernels "${PYTEST[@]}" "${XDIST[@]}" \
-      tests/test_tf32.py tests/test_fp16.py tests/test_gpu_int8.py tests/test_glsl_split_k.py tests/test_concat_in_place.py \
+      tests/test_tf32.py tests/test_fp16.py tests/test_gpu_int8.py tests/test_gpu_dynamic_int8.py tests/test_glsl_split_k.py \
+      tests/test_concat_in_place.py \
       tests/test_static_int8.py tests/test_precision_accuracy.py tests/test_schemes.py -k "cuda or vulkan or gl" \
       --junitxml="$RES/verify_tests.xml" | grep -E "relative L2|passed|failed|FAILED|Error" | tail -40 \
       | tee "$RES/verify_tests.txt"
@@ -220,6 +222,9 @@ case $PHASE in
       | tee "$RES/torch_verify.txt"
     GPUMNN_STEP_CAP=${CAP_FP16:-120} step fp16-models "$PYTHON" bench/fp16.py resnet18 mobilenet_v1 squeezenet1_1 \
       --backends cuda,vulkan --rounds 3 --runs 10 --inputs 3 --json "$RES/fp16.json" | tee "$RES/fp16.txt"
+    GPUMNN_STEP_CAP=${CAP_INT8:-40} step int8-products "$PYTHON" bench/int8.py --backend cuda --rounds 3 --runs 10 \
+      --inputs 3 | tee "$RES/int8_cuda.txt"
+    GPUMNN_STEP_CAP=${CAP_INT8:-40} step int8-dot "$PYTHON" bench/int8_dot.py --backend cuda | tee "$RES/int8_dot_cuda.txt"
     for m in resnet18 squeezenet1_1; do
       GPUMNN_STEP_CAP=${CAP_PLAN:-15} step "plan-vulkan-$m" "$PYTHON" -m gpumnn plan "$m" --backend vulkan --runs 10 \
         | tee "$RES/plan_vulkan_$m.txt"
