@@ -60,6 +60,7 @@ from cupy.cuda import runtime
 
 from ... import atomic as A
 from ...errors import BackendOptionError, DeviceArrayError
+from ...scheduler import precision
 from ..kernels.cl.cuda_source import NVRTC_OPTIONS, cuda_source
 from ..kernels import word_padded
 from ..kernels.cl import planner as cl_plans
@@ -76,9 +77,6 @@ from ..limits import MemoryLimits
 _MODULES: dict[tuple, Any] = {}
 _MODULES_LOCK = threading.Lock()
 
-
-#: the compute capability whose tensor cores first multiply TF32 (mma.sync m16n8k8 .tf32: Ampere)
-TF32_MIN_MAJOR = 8
 
 
 class CudaBackend(Backend):
@@ -126,11 +124,14 @@ class CudaBackend(Backend):
             self.max_wg = attribute(self.device_id, "MaxThreadsPerBlock") or 1024
             self._info = device_info(self.device_id)
             capability = int(cupy.cuda.Device(self.device_id).compute_capability)  # "90": sm_90
-        if tf32 and capability < 10 * TF32_MIN_MAJOR:
+        if tf32 and not precision.tensor_cores("tf32", capability):
             raise BackendOptionError(f"backend 'cuda': tf32 needs tensor cores with TF32 (compute capability "
-                                     f"{TF32_MIN_MAJOR}.0 or later); {self._info.device} has "
+                                     f"{precision.TENSOR_CORE_CAPABILITY['tf32'] / 10:.1f} or later); {self._info.device} has "
                                      f"{capability // 10}.{capability % 10}")
         self.tf32 = tf32
+        self.compute_capability = capability
+        # float16-storage GEMM tiles (precision="fp16") on tensor cores where the GPU has them
+        self.float16_tensor_cores = precision.tensor_cores("fp16", capability)
         self._watch = DeviceWatch(self.name, self._info.device)  # bounded waits, the lost mark
         self._buffers: weakref.WeakSet[DeviceBuffer] = weakref.WeakSet()  # kept forever if the device hangs
         self._kernels: dict[tuple, Any] = {}
