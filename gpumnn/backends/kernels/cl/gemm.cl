@@ -124,7 +124,7 @@ inline int f16_a_at(const int kk, const int wr, const int lane, const int j) { r
 inline int f16_b_at(const int kk, const int col0, const int lane, const int j) { return (kk + f16_b_k(lane, j)) * BS + col0 + f16_b_col(lane, j); }
 #endif
 
-/* Element (m, n) of a tile's sums (the tensor-core paths'  epilogue, element by element as a fragment holds
+/* Element (m, n) of a tile's sums (the tensor-core paths' epilogue, element by element as a fragment holds
  * them): a K slice's raw sum (KS > 1), or alpha, the bias, the residual and the activation. */
 inline void gemm_store(__global float* Pb, __global DATA_T* Cb, __global const DATA_T* biasb, __global const DATA_T* Rb,
                        const int m, const int n, const float sum, const int M, const int N, const int KS,
