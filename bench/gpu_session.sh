@@ -205,7 +205,9 @@ case $PHASE in
   verify)
     # every GPU kernel that has not yet run on a GPU, correctness first (issue 29 and 30 of
     # 2026-11-28: TF32 and float16 tiles, the matrix-vector kernels, Winograd in one GLSL kernel,
-    # the GLSL split-K, int8 convolutions, concatenations in place), then one timing of each
+    # the GLSL split-K, int8 convolutions, concatenations in place), then one timing of each;
+    # test_gpu_int8.py runs the int8 implicit GEMM on __dp4a (cuda) and on
+    # VK_KHR_shader_integer_dot_product (vulkan-tiled) beside their plain int32 builds (int8_dot="off")
     # first the float16 tensor-core tiles (precision="fp16" on sm_80+, mma.sync m16n8k16): the products
     # against NumPy within one float16 rounding, the zoo models against ONNX Runtime within
     # test_fp16.ZOO_FP16_ERROR (rel_l2 kept in fp16_mma_tests.xml), the NVRTC builds for sm_80 and sm_90

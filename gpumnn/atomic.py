@@ -302,6 +302,9 @@ class MatMul(AtomicOp):
 
 #: the largest inner dimension of a QuantizedMatMul: K * 255 * 128 must fit its int32 sums
 QUANTIZED_MAX_K = 65536
+#: what a QuantizedMatMul's int4 ``block`` is a multiple of: the steps of K one int32 word of the
+#: int8 kernels' panels holds
+INT4_BLOCK_STEP = 4
 
 
 @dataclass(frozen=True)
@@ -331,6 +334,19 @@ class QuantizedMatMul(AtomicOp):
     x_zero_point for every row, and the epilogue is the same. That is ONNX Runtime's unfused
     ``Cast(MatMulInteger(x, weight, x_zero_point)) * (x_scale * weight_scale)`` operation for
     operation, so the MatMulInteger lowering rewrites that pattern of ``quantize_dynamic`` models into it.
+
+    With ``block`` > 0 (``precision="int4"``) the weight is int4 with a scale per ``block`` steps
+    of K (a multiple of ``INT4_BLOCK_STEP``) and column: the weight input is uint8 ``[ceil(K / 2),
+    N]``, two steps of K a byte (step 2i in the low nibble, 2i + 1 in the high one, each a two's
+    complement value in [-7, 7]), weight_scale is float32 ``[ceil(K / block), N]``. The sums are
+    exact per block, ``acc_b[m, n] = sum_{k in block b} q[m, k] * weight[k, n]`` with ``colsum_b``
+    likewise; each is scaled and the blocks added in order, every operation rounded to float32::
+
+        sums[m, n] = sum_b float32(acc_b[m, n]) * weight_scale[b, n]
+        weight_sums[n] = sum_b float32(colsum_b[n]) * weight_scale[b, n]
+        out[m, n] = act((sums[m, n] - zero[m] * weight_sums[n]) * scale[m] + bias[n])
+
+    so the zero point's share is taken once, not per block.
     """
 
     kind: ClassVar[str] = "quantized_matmul"
@@ -340,6 +356,7 @@ class QuantizedMatMul(AtomicOp):
     has_bias: bool = False
     activation: Activation = None
     prequantized: bool = False
+    block: int = 0
 
     def macs(self) -> int:
         return self.m * self.n * self.k

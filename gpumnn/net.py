@@ -48,6 +48,7 @@ class Net:
 
         ``precision="int8"`` runs matrix products with constant weights on int8 (weights quantized
         once per column, activations per row at run time, ``gpumnn.scheduler.precision``);
+        ``precision="int4"`` likewise with 4-bit weights, a scale per block of 32 steps of K;
         ``precision="fp16"`` holds weights and activations in float16 where a GPU backend has the
         kernels (arithmetic in float32; the cpu runs it in float32, as ``report()`` says); the
         default ``"fp32"`` runs the model as it is; any other value is a ValueError.

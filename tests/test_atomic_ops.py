@@ -850,8 +850,7 @@ def test_case_table_covers_every_atomic_op():
 #: Cases a GPU backend's kernels do not run yet: the backend must refuse them (so sessions place
 #: them on the CPU), and a case that starts to run is taken off (strict). TopK stays on the CPU by
 #: design (a selection per row is serial work a GPU kernel does not pay for at these sizes).
-#: QuantizedMatMul's int8 products have a kernel on the cpu only so far (issue 30).
-CPU_ONLY = {name for name in CASES if name.startswith(("topk-", "quantized_matmul-"))}
+CPU_ONLY = {name for name in CASES if name.startswith("topk-")}
 _INT_AND_NEW = {name for name in CASES if any(name.startswith(p) for p in (
     "unary-int32-", "cast-", "binary-int32-", "reduce-int32-", "reduce-arg", "select-", "cumsum-", "scatter-",
     "raster-int32-", "unary-not", "unary-nonzero"))} | {f"binary-{b}-bcast" for b in A.BOOL_BINARY_OPS}

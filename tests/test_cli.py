@@ -33,6 +33,27 @@ def test_info_names_the_int8_product_path_the_cpu_uses(capsys):
     assert cpu_int8.tile_name() in line and all(p in line for p in cpu_int8.host_paths()), line
 
 
+def test_info_says_which_int8_arithmetic_each_gpu_api_uses(capsys, monkeypatch):
+    """A line per started GPU backend says whether its int8 convolutions multiply on integer dot
+    products (and which) or in plain int32: the sentence the backend chose at start."""
+    from gpumnn.backends import create_backend, probe
+
+    monkeypatch.setenv("GPUMNN_KERNELS", "tiled")
+    assert main(["info"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    started = [name for name in ("opencl", "vulkan", "gl", "cuda") if probe(name) is None]
+    for name in started:
+        head = next(i for i, line in enumerate(lines) if line.split()[:2] == [name, "available"])
+        line = next(line for line in lines[head + 1:] if "int8 convolutions:" in line)
+        be = create_backend(name)
+        try:
+            assert line.strip() == f"int8 convolutions: {be.int8_arithmetic}"
+            assert line.strip().startswith("int8 convolutions: integer dot products in the implicit GEMM: "
+                                           if be.int8_dot else "int8 convolutions: plain int32 products"), line
+        finally:
+            be.close()
+
+
 def test_info_says_which_storage_dtypes_each_backend_holds_natively_or_packed(capsys, monkeypatch):
     """A line per started backend names the native and the packed storage dtypes and what decided;
     Vulkan forced to pack (GPUMNN_VULKAN_NARROW_STORAGE) says so."""

@@ -44,8 +44,12 @@ def gpu_variants() -> list[tuple[str, dict[str, int]]]:
             out += [(family, dict(zip(("AH", "AW", "NH", "NW"), tile))) for tile in ((4, 4, 2, 2), (8, 8, 6, 6), (1, 10, 1, 4))]
         elif family in ("raster", "gather", "select", "scatter"):
             out += [(family, {}), (family, {"ELEM": 2}), (family, {"ELEM": 1})]
-        elif family == "quantized_conv":  # x as uint8 and as int8
-            out += [(family, {}), (family, {"X_SIGNED": 1})]
+        elif family == "quantized_conv":  # x as uint8 and as int8; the implicit GEMM on __dp4a too
+            dot = dict(zip(("TM", "TN", "WM", "WN", "TK"), GEMM_CONFIGS["64x64"]), INT8_DOT=1)
+            out += [(family, {}), (family, {"X_SIGNED": 1}), (family, dot), (family, {**dot, "X_SIGNED": 1})]
+        elif family == "quantized_matmul":  # the GEMM tilings, rows quantized at run time or given
+            out += [(family, {**dict(zip(("TM", "TN", "WM", "WN", "TK"), cfg)), **pre})
+                    for cfg in GEMM_CONFIGS.values() for pre in ({}, {"PREQUANTIZED": 1})]
         elif family == "convert":
             out += [(family, {"IN_KIND": KIND_IDS[a], "OUT_KIND": KIND_IDS[b]}) for a in A.STORAGE_DTYPES
                     for b in A.STORAGE_DTYPES if a != b and {a, b} & A.NARROW_DTYPES]
@@ -59,6 +63,8 @@ def gpu_variants() -> list[tuple[str, dict[str, int]]]:
 
 
 VARIANTS = gpu_variants()
+#: kernels a program holds only when built with a define (inside ``#ifdef``)
+DEFINED_ONLY_WITH = {"quantized_conv2d_dot": "INT8_DOT"}
 IDS = [family + "".join(f"-{k}{v}" for k, v in defines.items()) for family, defines in VARIANTS]
 
 
@@ -148,8 +154,13 @@ def test_program_compiles_as_cuda(family, defines):
     entries = ptx_entries(ptx)
     assert entries, f"{family}: PTX has no kernel entry"
     for name in kernels_with_local_arrays(family_source(family)):
+        if name in DEFINED_ONLY_WITH and DEFINED_ONLY_WITH[name] not in defines:
+            continue
         assert name in entries, f"{family}: kernel {name} missing from the PTX (entries: {sorted(entries)})"
         assert re.search(r"\b(st|ld)\.shared\.", entries[name]), f"{family}: {name}'s __local arrays are not in shared memory"
+    if "INT8_DOT" in defines:  # the int8 GEMM's four-byte dot products: one dp4a per product, the sum its addend
+        body = entries["quantized_conv2d_dot"]
+        assert len(re.findall(r"\bdp4a\.s32\.s32\b", body)) >= defines["WM"] * defines["WN"], "no __dp4a in the int8 GEMM"
     if family in ("gemm", "gemv"):  # reqd_work_group_size: gemm (TN / WN, TM / WM, 1), gemv (KL * NL, 1, 1)
         threads = (defines["TN"] // defines["WN"]) * (defines["TM"] // defines["WM"]) if family == "gemm" \
             else defines["KL"] * defines["NL"]
@@ -172,13 +183,36 @@ def opencl_gpu_family():
 
 @pytest.mark.parametrize("family,defines", VARIANTS, ids=IDS)
 def test_cuda_kernels_are_the_opencl_kernels(opencl_gpu_family, family, defines):
-    """The same text, the same kernels: what OpenCL builds is what CUDA compiles."""
+    """The same text, the same kernels: what OpenCL builds is what CUDA compiles (the integer
+    dot-product variants where the OpenCL device has cl_khr_integer_dot_product: see
+    test_opencl_int8_dot_needs_the_extension)."""
     import pyopencl as cl
+    from gpumnn.backends.opencl.device import INTEGER_DOT_EXTENSION
+
+    if "INT8_DOT" in defines and INTEGER_DOT_EXTENSION not in opencl_gpu_family.device.extensions.split():
+        pytest.skip(f"{opencl_gpu_family.info.device} has no {INTEGER_DOT_EXTENSION}: OpenCL cannot build -DINT8_DOT")
 
     program = opencl_gpu_family.program((family, tuple(sorted(defines.items()))))
     opencl_names = set(program.get_info(cl.program_info.KERNEL_NAMES).split(";"))
     ptx = compile_ptx(family, tuple(sorted(defines.items())))
     assert set(ptx_entries(ptx)) == opencl_names
+
+
+def test_opencl_int8_dot_needs_the_extension(opencl_gpu_family):
+    """The dot-product variant of quantized_conv.cl builds where the OpenCL device has
+    cl_khr_integer_dot_product with 4x8-bit packed inputs and is refused with that reason
+    elsewhere (PoCL on a CPU); a backend picks it exactly where it builds."""
+    from gpumnn.backends.opencl.device import INTEGER_DOT_EXTENSION, integer_dot
+
+    defines = tuple(sorted(dict(zip(("TM", "TN", "WM", "WN", "TK"), GEMM_CONFIGS["64x64"]), INT8_DOT=1).items()))
+    available, missing = integer_dot(opencl_gpu_family.context, opencl_gpu_family.device)
+    if available:
+        assert "quantized_conv2d_dot" in opencl_gpu_family.program(("quantized_conv", defines)).kernel_names
+    else:
+        assert INTEGER_DOT_EXTENSION in missing
+        with pytest.raises(Exception, match="needs cl_khr_integer_dot_product"):
+            opencl_gpu_family.program(("quantized_conv", defines))
+    assert opencl_gpu_family.int8_dot == available  # kernels="tiled", int8_dot="auto"
 
 
 def test_cpu_device_variants_are_refused():

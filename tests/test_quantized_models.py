@@ -666,8 +666,7 @@ def _prequantized(program) -> list[int]:
 @pytest.mark.parametrize("form", ["per_tensor", "per_column"])
 def test_dynamic_matmul_integer_runs_on_the_int8_kernel(backend, dynamic_mlps, form):
     """Each MatMulInteger -> Cast -> Mul of quantize_dynamic becomes one prequantized QuantizedMatMul
-    (no int32 product, Cast or scaling Mul left), placed on the cpu where a GPU backend lacks its
-    kernel, and the output is ONNX Runtime's unfused one: the same float operations on the same
+    (no int32 product, Cast or scaling Mul left), run on the session's backend, and the output is ONNX Runtime's unfused one: the same float operations on the same
     integers, so bit for bit where the ops around agree exactly, and at most one step of the
     output's last rescaling (x_scale * weight_scale, bounded by the largest scale product) apart."""
     model = dynamic_mlps[form]
@@ -684,10 +683,7 @@ def test_dynamic_matmul_integer_runs_on_the_int8_kernel(backend, dynamic_mlps, f
     fused = _prequantized(program)
     assert len(fused) == 2, [type(op).__name__ for op in program.ops]
     assert not any(isinstance(op, A.MatMul) for op in program.ops)
-    assert all(placement.op_backends[i] == "cpu" for i in fused)
-    if backend != "cpu":
-        assert all(f"{backend} backend has no kernel for atomic op QuantizedMatMul" in placement.fallback_reasons[i]
-                   for i in fused)
+    assert all(placement.op_backends[i] == backend for i in fused)  # every backend has the int8 kernels
     # the last layer's input is a Relu output in [0, max]: x_scale = max / 255
     constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     weight_scale = max(float(np.max(v)) for n, v in constants.items() if n.startswith("w2") and "scale" in n)

@@ -51,7 +51,7 @@ CONV_SHAPES = {"x": (1, 64, 28, 28), "w": (128, 64, 3, 3), "y": (1, 128, 28, 28)
 
 
 def test_precision_vocabulary_and_backend_options():
-    assert precision.PRECISIONS == ("fp32", "tf32", "int8", "fp16")
+    assert precision.PRECISIONS == ("fp32", "tf32", "int8", "int4", "fp16")
     assert precision.backend_options("tf32", "cuda") == {"tf32": True}
     assert precision.backend_options("fp32", "opencl") == {} and precision.backend_options("int8", "cpu") == {}
     for backend in ("opencl", "vulkan", "gl", "cpu", "auto", ["cuda", "cpu"]):

@@ -248,6 +248,9 @@ def contract_violation(op: AtomicOp) -> str | None:
     narrow = {op.dtype, op.output_dtype()} & A.NARROW_DTYPES
     if isinstance(op, A.QuantizedMatMul) and op.prequantized and op.dtype == A.UINT8 or A.computes_on_float16(op):
         narrow = set()  # its uint8 x is defined (see A.NARROW_OPS), as is float16 storage of these (A.FLOAT16_COMPUTE_OPS)
+    if isinstance(op, A.QuantizedMatMul) and op.block and (op.block % A.INT4_BLOCK_STEP or op.prequantized):
+        return f"QuantizedMatMul's int4 block is a multiple of {A.INT4_BLOCK_STEP} steps of a row it quantizes, " \
+               f"not {op.block}{' on prequantized rows' if op.prequantized else ''}"
     if isinstance(op, A.QuantizedConv2D):
         if op.dtype not in (A.UINT8, A.INT8) or op.out_dtype not in (A.UINT8, A.INT8):
             return f"QuantizedConv2D reads and writes uint8 or int8, not {op.dtype} -> {op.out_dtype}"
@@ -300,8 +303,16 @@ class Backend(ABC):
     #: atomic op type -> the schemes whose kernels take float32 storage only (no float16 build):
     #: ``precision="fp16"`` leaves those ops in float32
     float32_only_schemes: ClassVar[Mapping[type, frozenset[str]]] = {}
-    #: how the backend's int8 kernels (QuantizedConv2D) compute, for ``gpumnn info`` ("": none)
-    int8_arithmetic: ClassVar[str] = ""
+    #: how the backend's int8 kernels (QuantizedConv2D) compute, for ``gpumnn info`` ("": none);
+    #: the GPU backends set it at start with ``int8_dot`` (gpumnn.backends.kernels.int8_dot)
+    int8_arithmetic: str = ""
+    #: the integer dot-product instruction the int8 implicit GEMM builds with ("": plain int32)
+    int8_dot: str = ""
+    #: whether the QuantizedMatMul kernel takes int4 weights in blocks (``precision="int4"``)
+    int4_weights: ClassVar[bool] = False
+    #: how the backend's QuantizedMatMul kernels (``precision="int8"``, dynamic quantization)
+    #: compute, for ``gpumnn info`` ("": the cpu's own line says it)
+    int8_products: ClassVar[str] = ""
     #: run states of one session that may run at once on this backend (1: runs take turns) --
     #: what is *safe*; ``default_concurrent_runs`` says what *pays*
     max_concurrent_runs: ClassVar[int] = 1
@@ -376,6 +387,8 @@ class Backend(ABC):
         for dtype in {op.dtype, op.output_dtype()} - {A.FLOAT32}:
             if dtype not in self.dtypes.get(type(op), ()):
                 return f"the {self.name} backend has no {dtype} kernel for atomic op {type(op).__name__}"
+        if getattr(op, "block", 0) and not self.int4_weights:
+            return f"the {self.name} backend has no int4 kernel for atomic op {type(op).__name__}"
         if A.FLOAT16 in {op.dtype, op.output_dtype()} and scheme in self.float32_only_schemes.get(type(op), ()):
             return f"the {self.name} backend's {scheme!r} kernel for atomic op {type(op).__name__} has no float16 build"
         names = self.op_names.get(type(op))

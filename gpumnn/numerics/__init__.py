@@ -1,1 +1,1 @@
-"""Pure maths the layers share: strided layouts, Winograd matrices, resize sampling tables."""
+"""Pure maths the layers share: strided layouts, Winograd matrices, resize sampling tables, int4 packing."""

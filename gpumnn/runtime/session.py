@@ -83,7 +83,7 @@ class Session:
                  precision: str = "fp32", **backend_options: Any):
         started = time.perf_counter()
         #: the arithmetic of the products (``gpumnn.scheduler.precision``): "fp32", "tf32" (cuda's tensor
-        #: cores), "int8" (dynamic quantization) or "fp16" (float16 storage on a GPU backend)
+        #: cores), "int8" or "int4" (dynamic quantization) or "fp16" (float16 storage on a GPU backend)
         self.precision = check_precision(precision)
         backend_options = {**backend_options, **precision_backend_options(self.precision, backend)}
         self.graph = graph

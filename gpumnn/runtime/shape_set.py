@@ -67,7 +67,7 @@ class SessionParts:
     build_lock: threading.RLock  # one preparation (or release) at a time across the session
     #: ``active(names)``: those backends (None: every one) usable from this thread, for a bracket
     active: Callable[..., AbstractContextManager[None]]
-    #: the arithmetic the program is rewritten for (``gpumnn.scheduler.precision``): "fp32", "int8" or "fp16"
+    #: the arithmetic the program is rewritten for (``gpumnn.scheduler.precision``): "fp32", "int8", "int4" or "fp16"
     precision: str = "fp32"
 
 

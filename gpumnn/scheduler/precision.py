@@ -18,6 +18,13 @@ time (uint8, asymmetric: a row after GELU or ReLU is mostly on one side of 0, so
 keeps a bit that a symmetric int8 row would spend on the empty side). The product sums in int32
 and the result is dequantized to float32, so the ops around it are untouched.
 
+``int4`` is ``int8`` with the weights in 4 bits (seed 004's weight groups): each block of
+``INT4_BLOCK`` steps of K of a column has its own scale, the values symmetric in [-7, 7], two to a
+byte, so the products' weights take about a sixth of their float32 bytes (scales included) where
+int8's take a quarter. The rows are quantized as for ``int8``; the sums are exact per block and
+added across blocks in float32 (``A.QuantizedMatMul``'s ``block``). Backends without such a kernel
+(``Backend.int4_weights``) leave these products to the cpu.
+
 ``fp16`` holds weights and activations in float16 (half the bytes) where the session's scheme
 backend (its GPU) has float16 kernels, which compute and sum in float32 (``A.FLOAT16_COMPUTE_OPS``):
 after schemes are chosen and expanded, :func:`apply_storage_precision` makes float16 every float32
@@ -42,10 +49,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import atomic as A
+from ..numerics.int4 import pack_int4
 from .expansion import is_rewrite_tensor
 
 #: the values of ``Session``'s ``precision`` option
-PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "int8", "fp16")
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "int8", "int4", "fp16")
+#: the precisions that quantize the products' weights at session creation (``apply_precision``)
+WEIGHT_PRECISIONS: tuple[str, ...] = ("int8", "int4")
 #: the precisions that choose kernels instead of rewriting the program: per backend that has such
 #: kernels, the backend options that select them
 KERNEL_PRECISIONS: dict[str, dict[str, dict[str, Any]]] = {"tf32": {"cuda": {"tf32": True}}}
@@ -59,6 +69,11 @@ TOLERANCES: dict[str, float] = {"tf32": 1e-2}
 TENSOR_CORE_CAPABILITY: dict[str, int] = {"tf32": 80, "fp16": 80}
 #: the widest value of int8 weights (symmetric: -128 is never used)
 INT8_MAX = 127
+#: the widest value of int4 weights (symmetric: -8 is never used)
+INT4_MAX = 7
+#: the steps of K that share one scale of an int4 weight's column (seed 004 groups 32 to 128;
+#: the smallest keeps the error lowest, and its scales add a quarter to the 4-bit values' bytes)
+INT4_BLOCK = 32
 
 
 def lowers_static_int8(backend) -> bool:
@@ -114,6 +129,21 @@ def quantize_columns(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return quantized, scale
 
 
+def quantize_blocks(weight: np.ndarray, block: int = INT4_BLOCK) -> tuple[np.ndarray, np.ndarray]:
+    """float32 ``weight`` [K, N] as int4 per ``block`` rows of a column (symmetric, rounding half
+    to even), packed two rows a byte as ``A.QuantizedMatMul`` reads them (uint8 [ceil(K / 2), N]),
+    and the float32 scale per block and column [ceil(K / block), N]."""
+    k, n = weight.shape
+    blocks = -(-k // block)
+    padded = np.zeros((blocks * block, n), np.float32)
+    padded[:k] = weight
+    grouped = padded.reshape(blocks, block, n)
+    scale = (np.abs(grouped).max(axis=1) / np.float32(INT4_MAX)).astype(np.float32)
+    scale[scale == 0] = np.float32(1)
+    values = np.clip(np.rint(grouped / scale[:, None, :]), -INT4_MAX, INT4_MAX).astype(np.int8).reshape(-1, n)
+    return pack_int4(values[:k]), scale
+
+
 def _quantizable(op: A.AtomicOp, program: A.AtomicProgram) -> bool:
     """Whether ``op`` is a float MatMul of rows by a constant weight that ``QuantizedMatMul`` computes."""
     if not isinstance(op, A.MatMul) or op.dtype != A.FLOAT32 or op.scheme != "gemm":
@@ -130,8 +160,9 @@ def _quantizable(op: A.AtomicOp, program: A.AtomicProgram) -> bool:
 
 def apply_precision(program: A.AtomicProgram, precision: str) -> A.AtomicProgram:
     """``program`` rewritten for ``precision`` (itself for fp32): see the module docstring."""
-    if check_precision(precision) != "int8":
+    if check_precision(precision) not in WEIGHT_PRECISIONS:
         return program
+    block = INT4_BLOCK if precision == "int4" else 0
     constants = dict(program.constants)
     quantized: dict[tuple[str, bool, float], tuple[str, str]] = {}
     ops: list[A.AtomicOp] = []
@@ -143,15 +174,16 @@ def apply_precision(program: A.AtomicProgram, precision: str) -> A.AtomicProgram
         if key not in quantized:
             weight = np.asarray(program.constants[op.inputs[1]], np.float32)
             weight = weight.reshape(-1)[:op.k * op.n].reshape((op.n, op.k) if op.trans_b else (op.k, op.n))
-            values, scale = quantize_columns(weight.T if op.trans_b else weight)
-            name = f"{op.inputs[1]}.int8{'.t' if op.trans_b else ''}{'' if op.alpha == 1.0 else f'.x{op.alpha!r}'}"
+            oriented = weight.T if op.trans_b else weight
+            values, scale = quantize_blocks(oriented, block) if block else quantize_columns(oriented)
+            name = f"{op.inputs[1]}.{precision}{'.t' if op.trans_b else ''}{'' if op.alpha == 1.0 else f'.x{op.alpha!r}'}"
             constants[name] = np.ascontiguousarray(values)
             constants[f"{name}.scale"] = (scale * np.float32(op.alpha)).astype(np.float32)
             quantized[key] = (name, f"{name}.scale")
         weight_name, scale_name = quantized[key]
         inputs = (op.inputs[0], weight_name, scale_name) + ((op.inputs[2],) if op.has_bias else ())
         ops.append(A.QuantizedMatMul(inputs, op.outputs, op.source, m=op.batch * op.m, n=op.n, k=op.k,
-                                     has_bias=op.has_bias, activation=op.activation))
+                                     has_bias=op.has_bias, activation=op.activation, block=block))
     if not quantized:
         return program
     return dataclasses.replace(program, ops=ops, constants=constants)

@@ -69,6 +69,8 @@ def cmd_info(args: argparse.Namespace) -> int:
                     print(f"          int8 products: {exc}")
             elif backend.int8_arithmetic:
                 print(f"          int8 convolutions: {backend.int8_arithmetic}")
+            if backend.int8_products:
+                print(f"          int8 products: {backend.int8_products}")
             if name == "vulkan":
                 from ..backends.kernels.glsl.compile import describe_compiler
                 print(f"          GLSL compiler: {describe_compiler()}")

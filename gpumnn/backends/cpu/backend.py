@@ -694,6 +694,7 @@ class CpuBackend(Backend):
     max_concurrent_runs = 2
     alignment = 64
     kernel_table = _MAKERS
+    int4_weights = True
     schemes = {**KERNEL_SCHEMES, A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"}}
     residual_schemes = {A.Conv2D: schemes[A.Conv2D]}
     #: NumPy computes every integer op; float-only kernels (convolution, pooling, ...) stay float32;

@@ -33,6 +33,7 @@ import numpy as np
 from ... import atomic as A
 from ..base import KernelWork
 from . import activations as cpu_activations, jit as cpu_jit, parallel as cpu_parallel
+from ...numerics.int4 import unpack_int4
 from .reference import _compiled_clamp, _epilogue, strided, typed, view
 
 numba = cpu_jit.numba
@@ -302,30 +303,82 @@ def _quantized_product(x, q, scales, zeros, panels, colsum, weight_scale, bias, 
                 out[row, c] = min(max(v, lo), hi)
 
 
-_COMPILED: dict[tuple[str, bool, bool], object] = {}
+def _block_product(x, q, scales, zeros, packed, weight_sums, weight_scale, bias, out, lo, hi, gelu, block_steps,
+                   groups, scratch):
+    """The whole op with int4 weights (``A.QuantizedMatMul``'s ``block``): rows quantized, then per
+    (panel, group of row tiles) task each block of the panel's nibbles widened into the task's
+    scratch panel once and multiplied by every row tile of the group on the path's tile, each
+    block's sums scaled and added in float32, then the zero point's share, the row's scale, the
+    bias and the activation."""
+    m, n = out.shape
+    for r in numba.prange(m):
+        _quantize(x, q, scales, zeros, r)
+    row_tiles = -(-m // MR)
+    per_group = -(-row_tiles // groups)
+    step = scratch.shape[3]  # steps of K one word of the path's panel holds
+    panel_count, steps = packed.shape[0], 2 * packed.shape[1] // (NR * step)
+    for t in numba.prange(panel_count * groups):
+        p, g = t // groups, t % groups
+        first, last = g * per_group, min(row_tiles, (g + 1) * per_group)
+        if first >= last:
+            continue
+        c0 = p * NR
+        columns = min(NR, n - c0)
+        panel = scratch[t:t + 1]
+        widened = scratch[t].reshape(-1)
+        acc = np.empty(MR * NR, np.int32)
+        total = np.zeros((last - first) * MR * NR, np.float32)
+        for b in range(weight_scale.shape[0]):
+            s0 = b * block_steps
+            depth = min(steps, s0 + block_steps) - s0
+            start, count = s0 * NR * step // 2, depth * NR * step // 2
+            # the block's first half in the low nibbles, its second in the high ones; three distinct
+            # slices, so that the compiler vectorises the loop
+            source, low, high = packed[p, start:start + count], widened[:count], widened[count:2 * count]
+            for i in range(count):
+                v = np.int32(source[i])
+                low[i] = (v & 15) - ((v & 8) << 1)
+                high[i] = (v >> 4) - ((v & 128) >> 3)
+            for row_tile in range(first, last):
+                _tile(q[:, s0 * step:], row_tile * MR, panel[:, :depth], 0, acc)
+                base = (row_tile - first) * MR * NR
+                for r in range(MR):
+                    for j in range(NR):
+                        total[base + r * NR + j] += np.float32(acc[r * NR + j]) * weight_scale[b, c0 + j]
+        for row in range(first * MR, min(m, last * MR)):
+            line = (row - first * MR) * NR
+            zero, scale = np.float32(zeros[row]), scales[row]
+            for j in range(columns):
+                v = (total[line + j] - zero * weight_sums[c0 + j]) * scale + bias[c0 + j]
+                if gelu:
+                    v = cpu_activations.gelu_value(v)
+                out[row, c0 + j] = min(max(v, lo), hi)
 
 
-def _product_for(path: str, prequantized: bool):
-    """``_quantized_product`` with ``path``'s tile, its rows quantized (``quantize_row``) or copied
-    (``copy_row``, ``prequantized``): a function of its own (own name, for Numba's disk cache), as a
-    path's intrinsic cannot even be compiled on a host without its instructions."""
+_COMPILED: dict[tuple[str, bool, bool, str], object] = {}
+
+
+def _product_for(path: str, prequantized: bool, product=_quantized_product):
+    """``product`` (``_quantized_product`` or ``_block_product``) with ``path``'s tile, its rows
+    quantized (``quantize_row``) or copied (``copy_row``, ``prequantized``): a function of its own
+    (own name, for Numba's disk cache), as a path's intrinsic cannot even be compiled on a host
+    without its instructions."""
     tile = numba.njit(inline="always")(_TILES[path][0])
     rows = numba.njit(inline="always")(copy_row if prequantized else quantize_row)
     scope = dict(globals(), _tile=tile, _quantize=rows)
-    name = f"_quantized_product_{path}{'_prequantized' if prequantized else ''}"
-    fn = types_module.FunctionType(_quantized_product.__code__, scope, name,
-                                   _quantized_product.__defaults__, _quantized_product.__closure__)
+    name = f"{product.__name__}_{path}{'_prequantized' if prequantized else ''}"
+    fn = types_module.FunctionType(product.__code__, scope, name, product.__defaults__, product.__closure__)
     fn.__qualname__ = fn.__name__
-    fn.__doc__ = _quantized_product.__doc__
+    fn.__doc__ = product.__doc__
     return fn
 
 
-def _product_kernel(path: str, parallel: bool, prequantized: bool = False):
-    """``_quantized_product`` on ``path``'s tile as a parallel region (cached on disk) or a one-thread
-    loop, compiled on first use."""
-    key = (path, parallel, prequantized)
+def _product_kernel(path: str, parallel: bool, prequantized: bool = False, product=_quantized_product):
+    """``product`` on ``path``'s tile as a parallel region (cached on disk) or a one-thread loop,
+    compiled on first use."""
+    key = (path, parallel, prequantized, product.__name__)
     if key not in _COMPILED:
-        fn = _product_for(path, prequantized)
+        fn = _product_for(path, prequantized, product)
         if parallel:
             _COMPILED[key] = cpu_parallel.compiled_region(fn, error_model="numpy", fastmath=False)
         else:  # compiled per process: Numba's disk cache would not tell it from the region
@@ -347,6 +400,51 @@ def pack_weight(weight: np.ndarray, pairs: bool = False) -> tuple[np.ndarray, np
     return panels, weight.sum(axis=0, dtype=np.int32)
 
 
+def pack_int4_weight(packed: np.ndarray, weight_scale: np.ndarray, k: int, block: int,
+                     pairs: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``A.QuantizedMatMul``'s int4 weight (uint8 [ceil(K / 2), N]) as the path's panels in nibbles
+    (uint8 [panels, bytes]: each block of ``pack_weight``'s panel, flattened, its first half in the
+    low nibbles and its second in the high ones, so that two contiguous loops widen it), its scales
+    widened to whole panels (float32 [blocks, panels * NR], zeros past N) and ``weight_sums``
+    (``block_sums``) float32 [N]."""
+    values = unpack_int4(packed, k)
+    panels, _ = pack_weight(values, pairs)
+    count, steps, step = panels.shape[0], panels.shape[1], panels.shape[3]
+    nibbles = panels.astype(np.int8).view(np.uint8) & np.uint8(0x0F)  # int16 pair panels hold int4 values
+    packed_panels = np.empty((count, steps * NR * step // 2), np.uint8)
+    block_steps = block // step
+    for s0 in range(0, steps, block_steps):
+        segment = nibbles[:, s0:s0 + block_steps].reshape(count, -1)
+        half = segment.shape[1] // 2
+        packed_panels[:, s0 * NR * step // 2:][:, :half] = segment[:, :half] | (segment[:, half:] << np.uint8(4))
+    scales = np.zeros((weight_scale.shape[0], count * NR), np.float32)
+    scales[:, :weight_scale.shape[1]] = weight_scale
+    return packed_panels, scales, block_sums(values.astype(np.int64), weight_scale, block)
+
+
+def block_sums(a: np.ndarray, weight_scale: np.ndarray, block: int) -> np.ndarray:
+    """The int4 contract's scaled sum over blocks, ``sum_b float32(a_b) * weight_scale[b]`` added in
+    block order in float32, where ``a_b`` is ``a``'s exact integer sum over the rows of block b (a:
+    the integer weight [K, N], for ``weight_sums``) or its product with quantized rows (a: a
+    callable of the block's rows' slice)."""
+    total = None
+    for b in range(weight_scale.shape[0]):
+        rows = slice(b * block, (b + 1) * block)
+        term = (a(rows) if callable(a) else a[rows].sum(axis=0)).astype(np.float32) * weight_scale[b]
+        total = term if total is None else total + term
+    return total
+
+
+def block_reference(q: np.ndarray, scale: np.ndarray, zero: np.ndarray, values: np.ndarray, weight_scale: np.ndarray,
+                    block: int) -> np.ndarray:
+    """The int4 contract in NumPy, before the bias: ``(block_sums(q . values) - zero * weight_sums)
+    * scale``, each operation rounded to float32."""
+    wide = values.astype(np.int64)
+    sums = block_sums(lambda rows: q[:, rows].astype(np.int64) @ wide[rows], weight_scale, block)
+    weight_sums = block_sums(wide, weight_scale, block)
+    return (sums - zero[:, None].astype(np.float32) * weight_sums) * scale[:, None]
+
+
 def quantize_rows_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The contract's per-row uint8 quantization of x [M, K] in NumPy: (q, scale, zero)."""
     f32 = np.float32
@@ -364,6 +462,8 @@ def make_quantized_matmul(op: A.QuantizedMatMul, ins, outs, engine, made_once) -
     runs, else NumPy's integer product, the reference. ``made_once(handle, recipe, make)`` shares
     packed weights between run states."""
     m, n, k = op.m, op.n, op.k
+    if op.block:
+        return _make_block_product(op, ins, outs, engine, made_once)
     x = strided(ins[0], 0, (m, k), (k, 1))
     weight = view(ins[1]).reshape(k, n)
     weight_scale = view(ins[2]).reshape(n)
@@ -413,3 +513,52 @@ def make_quantized_matmul(op: A.QuantizedMatMul, ins, outs, engine, made_once) -
         if after is not None:
             after(out)
     return KernelWork((run,), f"int8 {PATH_NAMES[path]}{' region' if parallel else ''}")
+
+
+def _make_block_product(op: A.QuantizedMatMul, ins, outs, engine, made_once) -> KernelWork:
+    """``make_quantized_matmul`` for int4 weights in blocks (``op.block``): the compiled kernel
+    (``_block_product``) where Numba runs, else ``block_reference``."""
+    m, n, k = op.m, op.n, op.k
+    x = strided(ins[0], 0, (m, k), (k, 1))
+    packed = view(ins[1]).reshape(-1, n)
+    weight_scale = view(ins[2]).reshape(-1, n)
+    bias = strided(ins[op.bias_input()], 0, (n,), (1,)) if op.has_bias else np.zeros(n, np.float32)
+    out = view(outs[0]).reshape(m, n)
+    if not engine.jit:
+        act = _epilogue(op.activation)
+        values = unpack_int4(packed, k)
+
+        def reference() -> None:
+            q, scale, zero = quantize_rows_reference(x)
+            np.add(block_reference(q, scale, zero, values, weight_scale, op.block), bias, out=out)
+            if act:
+                act(out)
+        return KernelWork((reference,), "int4 NumPy")
+    path = current_path()
+    pairs = _TILES[path][1]
+    nibbles, panel_scales, weight_sums = made_once(
+        ins[1], ("int4 pair panels" if pairs else "int4 panels", op.block),
+        lambda: pack_int4_weight(packed, weight_scale, k, op.block, pairs))
+    lo, hi, after = _compiled_clamp(op.activation)
+    gelu = op.activation is not None and op.activation[0] == "gelu"
+    if gelu:
+        after = None
+    step = 2 if pairs else STEP
+    rows = -(-m // MR) * MR
+    q = np.zeros((rows, nibbles.shape[1] * step), np.int16 if pairs else np.uint8)
+    scales, zeros = np.empty(rows, np.float32), np.zeros(rows, np.int32)
+    parallel = engine.regions > 1 and m * n * k >= 1 << 16
+    panel_count = nibbles.shape[0]
+    # enough tasks for every region thread where the panels are few; each group widens its blocks again
+    groups = max(1, min(rows // MR, -(-2 * engine.regions // panel_count))) if parallel else 1
+    block_steps = op.block // step
+    scratch = np.zeros((panel_count * groups, block_steps, NR, step), np.int16 if pairs else np.int8)
+    kernel = cpu_jit.bind(_product_kernel(path, parallel, product=_block_product), x, q, scales, zeros, nibbles,
+                          weight_sums, panel_scales, bias, out, lo, hi, gelu, block_steps, groups, scratch)
+
+    def run() -> None:
+        kernel(x, q, scales, zeros, nibbles, weight_sums, panel_scales, bias, out, lo, hi, gelu, block_steps, groups,
+               scratch)
+        if after is not None:
+            after(out)
+    return KernelWork((run,), f"int4 {PATH_NAMES[path]}{' region' if parallel else ''}")

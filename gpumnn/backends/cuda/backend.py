@@ -64,6 +64,7 @@ from ...scheduler import precision
 from ..kernels.cl.cuda_source import NVRTC_OPTIONS, cuda_source
 from ..kernels import word_padded
 from ..kernels.cl import planner as cl_plans
+from ..kernels.int8_dot import choose as choose_int8_dot, int8_dot_option
 from ..base import Backend, Execution, KernelWork, TensorHandle, constant_words, host_out, kernels_option
 from ..kernels.cl.planner import Scratch
 from .device import attribute, describe_versions, device_info, load_kernels, memory_limits, pick_device
@@ -78,6 +79,9 @@ _MODULES: dict[tuple, Any] = {}
 _MODULES_LOCK = threading.Lock()
 
 
+#: the compute capability (major * 10 + minor) from which __dp4a exists: the int8 GEMM's dot products
+DP4A_MIN_CAPABILITY = 61
+
 
 class CudaBackend(Backend):
     """CUDA on one NVIDIA GPU, through CuPy."""
@@ -88,26 +92,29 @@ class CudaBackend(Backend):
     #: pools and graphs (see the module docstring)
     max_concurrent_runs = 2
     kernel_table = cl_plans.PLANNERS
+    int8_products = cl_plans.INT8_PRODUCTS
     schemes = cl_plans.TILED_SCHEMES
     residual_schemes = cl_plans.TILED_RESIDUAL_SCHEMES
     op_names = cl_plans.OP_NAMES
     dtypes = cl_plans.TILED_DTYPES
     float32_only_schemes = cl_plans.FLOAT32_ONLY_SCHEMES
-    int8_arithmetic = cl_plans.INT8_ARITHMETIC
     #: float16 / int8 / uint8 tensors as themselves: CUDA addresses 16- and 8-bit elements
     narrow_storage = {1: "native: unsigned char elements", 2: "native: unsigned short elements, cvt.f16 conversions"}
     device_arrays_unsupported = None
     alignment = 256  # cudaMalloc's alignment: every tensor starts where a fresh allocation would
 
     def __init__(self, device: str | int | None = None, kernels: str | None = None, tf32: bool = False,
-                 **unknown: Any):
+                 int8_dot: str | None = None, **unknown: Any):
         """``device``: index or name substring; default the first GPU. ``kernels``: "auto" or
         "tiled" (the GPU kernels, the only family CUDA builds: the "simd" kernels use OpenCL
         vector types CUDA lacks); ``$GPUMNN_KERNELS=simd`` is a preference for devices with
         both families and means tiled here. ``tf32``: the convolution and GEMM tiles multiply on
         tensor cores in TF32 (mma.sync, compute capability 8.0 or later), which a session's
-        ``precision="tf32"`` asks for (``gpumnn.scheduler.precision``); default float32."""
+        ``precision="tf32"`` asks for (``gpumnn.scheduler.precision``); default float32.
+        ``int8_dot``: "auto" (the int8 implicit GEMM on __dp4a, compute capability 6.1 and later)
+        or "off"; default ``$GPUMNN_INT8_DOT``, else "auto"."""
         super().__init__(**unknown)
+        dot_option = int8_dot_option(int8_dot, self.name)
         if not isinstance(tf32, bool):
             raise BackendOptionError(f"backend 'cuda': tf32 must be True or False, not {tf32!r}")
         if kernels == "simd":
@@ -132,6 +139,10 @@ class CudaBackend(Backend):
         self.compute_capability = capability
         # float16-storage GEMM tiles (precision="fp16") on tensor cores where the GPU has them
         self.float16_tensor_cores = precision.tensor_cores("fp16", capability)
+        has_dp4a = capability >= DP4A_MIN_CAPABILITY
+        self.int8_dot, self.int8_arithmetic = choose_int8_dot(
+            dot_option, self.kernels, "__dp4a (compute capability 6.1 and later)" if has_dp4a else "",
+            f"__dp4a needs compute capability 6.1; the device has {capability // 10}.{capability % 10}")
         self._watch = DeviceWatch(self.name, self._info.device)  # bounded waits, the lost mark
         self._buffers: weakref.WeakSet[DeviceBuffer] = weakref.WeakSet()  # kept forever if the device hangs
         self._kernels: dict[tuple, Any] = {}

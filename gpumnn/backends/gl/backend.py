@@ -47,14 +47,16 @@ from ...errors import BackendUnavailableError, DeviceLostError, GpumnnError
 from ..kernels.glsl.compile import ShaderCompileError, preprocess
 from . import device as gl_context
 from ..kernels import word_padded
+from ..kernels.int8_dot import choose as choose_int8_dot
 from ..base import Backend, BackendInfo, Execution, TensorHandle, constant_words, host_out, kernel_family, kernels_option
 from ..kernels.glsl.planner import dtypes_for as glsl_dtypes_for
-from ..kernels.glsl.planner import (RESIDUAL_BINDINGS, DTYPES as GLSL_DTYPES, INT8_ARITHMETIC as GLSL_INT8_ARITHMETIC, FLOAT32_ONLY_SCHEMES as GLSL_FLOAT32_ONLY_SCHEMES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, WINOGRAD_REWRITE_MAX_TILE, residual_schemes_for, schemes_for, Builder, Hazards, binding_limit, check_shader_op_ids,
+from ..kernels.glsl.planner import (RESIDUAL_BINDINGS, DTYPES as GLSL_DTYPES, FLOAT32_ONLY_SCHEMES as GLSL_FLOAT32_ONLY_SCHEMES, OP_NAMES as GLSL_OP_NAMES, PLANNERS, SCHEMES, WINOGRAD_REWRITE_MAX_TILE, residual_schemes_for, schemes_for, Builder, Hazards, binding_limit, check_shader_op_ids,
                          grid_limit, plan, release_scratch, window)
 from ..limits import MemoryLimits, host_memory
 from ..speed import (CPU_DEVICE_COMPUTE_UNITS, GPU_DEFAULT_COMPUTE_UNITS, GPU_DEFAULT_FLOPS, simd_lanes,
                      software_renderer_flops)
 from ..waits import describe_ops, hang_reason
+from ..kernels.glsl.planner import INT8_PRODUCTS as GLSL_INT8_PRODUCTS
 
 _GL_SHADER_STORAGE_BUFFER_OFFSET_ALIGNMENT = 0x90DF
 _GL_MAX_COMPUTE_SHARED_MEMORY_SIZE = 0x8262
@@ -63,6 +65,9 @@ _GL_GPU_MEMORY_INFO_CURRENT_AVAILABLE_VIDMEM_NVX = 0x9049  # KiB
 _GL_VBO_FREE_MEMORY_ATI = 0x87FB  # four KiB values, the first is the free total
 _GL_SM_COUNT_NV = 0x933B  # GL_NV_shader_thread_group
 _SOFTWARE = ("llvmpipe", "softpipe", "swrast", "software")
+#: why QuantizedConv2D multiplies in plain int32 here: the dot-product variant is a SPIR-V
+#: instruction (quantized_conv2d.comp -DINT8_DOT), and this backend hands the driver GLSL text
+GL_NO_INTEGER_DOT = "the integer dot-product variant is SPIR-V, which the GL backend does not load"
 _ids = itertools.count(1)
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
@@ -177,12 +182,12 @@ class GLBackend(Backend):
     plan_error = GLError
     _lost: str | None = None  # set by a submission past submit_timeout
     kernel_table = PLANNERS
+    int8_products = GLSL_INT8_PRODUCTS
     schemes = SCHEMES
     winograd_rewrite_max_tile = WINOGRAD_REWRITE_MAX_TILE
     op_names = GLSL_OP_NAMES
     dtypes = GLSL_DTYPES
     float32_only_schemes = GLSL_FLOAT32_ONLY_SCHEMES
-    int8_arithmetic = GLSL_INT8_ARITHMETIC
 
     def __init__(self, kernels: str | None = None, **unknown: Any):
         """``kernels``: "auto" (simd on software renderers, tiled on GPUs), "simd" or "tiled".
@@ -231,6 +236,7 @@ class GLBackend(Backend):
         self.alignment = max(64, self.storage_align)
         self.kernels = kernel_family(requested, self.software)
         self.schemes = schemes_for(self.kernels)
+        self.int8_dot, self.int8_arithmetic = choose_int8_dot("auto", self.kernels, "", GL_NO_INTEGER_DOT)
         # a convolution that adds a residual binds one storage block more than the other kernels
         self.residual_schemes = residual_schemes_for(self.kernels) if storage_blocks >= RESIDUAL_BINDINGS else {}
         if self.software:  # the tiled family's Winograd kernel on a CPU device: only where forced (tests)

@@ -38,12 +38,13 @@ from ... import atomic as A
 from ...errors import GpumnnError
 from ..kernels import word_padded
 from ..kernels.cl import planner as cl_plans
+from ..kernels.int8_dot import choose as choose_int8_dot, int8_dot_option
 from ..base import (Backend, Execution, KernelWork, TensorHandle, constant_words, host_out, kernel_family,
                    kernels_option)
 from ..kernels.cl.planner import Scratch
 from ..limits import MemoryLimits
 from .command_buffers import CommandBufferAPI, CommandBufferError, probe as probe_command_buffers
-from .device import device_info, is_gpu, memory_limits, pick_device
+from .device import device_info, integer_dot, is_gpu, memory_limits, pick_device
 from .programs import load_program
 from ..waits import DeviceWatch, describe_ops
 
@@ -104,21 +105,25 @@ class OpenCLBackend(Backend):
     #: in-order queue (thread-safe in OpenCL 1.1+), so a run's finish also waits for the other's work
     max_concurrent_runs = 2
     kernel_table = cl_plans.PLANNERS
+    int8_products = cl_plans.INT8_PRODUCTS
     schemes = cl_plans.SCHEMES
     op_names = cl_plans.OP_NAMES
     dtypes = cl_plans.DTYPES
     float32_only_schemes = cl_plans.FLOAT32_ONLY_SCHEMES
-    int8_arithmetic = cl_plans.INT8_ARITHMETIC
     #: float16 / int8 / uint8 tensors as themselves: OpenCL C addresses 16- and 8-bit buffer
     #: elements (ushort, uchar; vload_half / vstore_half for float16 conversions)
     narrow_storage = {1: "native: uchar buffer elements", 2: "native: ushort buffer elements, vload_half/vstore_half"}
 
-    def __init__(self, device: str | int | None = None, kernels: str | None = None, **unknown: Any):
+    def __init__(self, device: str | int | None = None, kernels: str | None = None, int8_dot: str | None = None,
+                 **unknown: Any):
         """``device``: index or name substring (or "gpu"/"cpu"); default a GPU, else any device.
         ``kernels``: "auto" (vectorised kernels on CPU devices, tiled ones on GPUs), "simd" or
-        "tiled" to force one family (tests use "tiled" to cover the tiled kernels on PoCL)."""
+        "tiled" to force one family (tests use "tiled" to cover the tiled kernels on PoCL).
+        ``int8_dot``: "auto" (the int8 implicit GEMM on cl_khr_integer_dot_product where the
+        device has it) or "off"; default ``$GPUMNN_INT8_DOT``, else "auto"."""
         super().__init__(**unknown)
         requested = kernels_option(kernels, self.name)
+        dot_option = int8_dot_option(int8_dot, self.name)
         self.platform, self.device = pick_device(device)
         self.context = cl.Context([self.device])
         # Profiling on: ``measure_recording`` reads the device's timestamps of a run's own commands
@@ -138,6 +143,8 @@ class OpenCLBackend(Backend):
         self.schemes = cl_plans.schemes_for(self.kernels)
         self.dtypes = cl_plans.dtypes_for(self.kernels)
         self.residual_schemes = cl_plans.residual_schemes_for(self.kernels)
+        self.int8_dot, self.int8_arithmetic = choose_int8_dot(dot_option, self.kernels,
+                                                              *integer_dot(self.context, dev))
         if not self.is_gpu:  # the tiled family's Winograd kernels on a CPU device: only where forced (tests)
             self.winograd_min_saving = float("inf")
         self.alignment = max(64, int(dev.mem_base_addr_align) // 8)  # the query is in bits

@@ -84,4 +84,28 @@ def memory_limits(device: Any) -> MemoryLimits:
                         source=f"{source}; CL_DEVICE_MAX_MEM_ALLOC_SIZE {max_alloc}")
 
 
-__all__ = ["device_info", "in_host_memory", "is_gpu", "memory_limits", "pick_device"]
+#: the device extension of OpenCL C's integer dot products (quantized_conv.cl -DINT8_DOT)
+INTEGER_DOT_EXTENSION = "cl_khr_integer_dot_product"
+#: builds where the compiler has the packed signed dot product the int8 GEMM uses
+_PACKED_DOT_PROBE = """#ifndef __opencl_c_integer_dot_product_input_4x8bit_packed
+#error no 4x8-bit packed inputs
+#endif
+__kernel void packed_dot_probe(__global int* out, const uint a, const uint b) { out[0] = dot_4x8packed_ss_int(a, b); }
+"""
+
+
+def integer_dot(context: Any, device: Any) -> tuple[str, str]:
+    """(the integer dot product the int8 implicit GEMM can use on ``device``, "" for none; why
+    none): cl_khr_integer_dot_product with 4x8-bit packed inputs, which its compiler must
+    build (pyopencl cannot query CL_DEVICE_INTEGER_DOT_PRODUCT_CAPABILITIES_KHR)."""
+    if INTEGER_DOT_EXTENSION not in device.extensions.split():
+        return "", f"no {INTEGER_DOT_EXTENSION}"
+    try:
+        cl.Program(context, _PACKED_DOT_PROBE).build(devices=[device])
+    except cl.Error as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return "", f"{INTEGER_DOT_EXTENSION} without 4x8-bit packed inputs ({reason})"
+    return f"{INTEGER_DOT_EXTENSION} (dot_4x8packed_ss_int on 4x8-bit packed words)", ""
+
+
+__all__ = ["INTEGER_DOT_EXTENSION", "device_info", "in_host_memory", "integer_dot", "is_gpu", "memory_limits", "pick_device"]

@@ -50,12 +50,13 @@ from ... import atomic as A
 from ...errors import BackendOptionError, BackendUnavailableError
 from ..base import Backend, BackendInfo, Execution, TensorHandle, constant_words, host_out, kernel_family, kernels_option
 from ..lanes import LanePool
+from ..kernels.glsl.planner import INT8_PRODUCTS as GLSL_INT8_PRODUCTS
 from ..limits import MemoryLimits, host_memory
 from ..speed import GPU_DEFAULT_FLOPS, simd_lanes, software_renderer_flops
 from ..waits import describe_ops
 # The API-neutral half (what to dispatch per atomic op) is shared with the OpenGL backend.
 from ..kernels.glsl.planner import dtypes_for as glsl_dtypes_for
-from ..kernels.glsl.planner import (MAX_BINDINGS, RESIDUAL_BINDINGS, DTYPES as GLSL_DTYPES, INT8_ARITHMETIC as GLSL_INT8_ARITHMETIC, FLOAT32_ONLY_SCHEMES as GLSL_FLOAT32_ONLY_SCHEMES, OP_NAMES as GLSL_OP_NAMES, PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, WINOGRAD_REWRITE_MAX_TILE, residual_schemes_for, schemes_for, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
+from ..kernels.glsl.planner import (MAX_BINDINGS, RESIDUAL_BINDINGS, DTYPES as GLSL_DTYPES, FLOAT32_ONLY_SCHEMES as GLSL_FLOAT32_ONLY_SCHEMES, OP_NAMES as GLSL_OP_NAMES, PLANNERS as _PLANNERS, SCHEMES as _SCHEMES, WINOGRAD_REWRITE_MAX_TILE, residual_schemes_for, schemes_for, Binding as _Binding, Builder as _Builder,  # noqa: F401 (re-exported)
                          Hazards as _Hazards, binding_limit, grid_limit, PlanError, _rb_blocks, check_shader_op_ids, plan, release_scratch, window)
 
 try:
@@ -70,6 +71,7 @@ else:
     from .device import describe_cooperative_matrices
 
 from ..kernels import word_padded
+from ..kernels.int8_dot import choose as choose_int8_dot, int8_dot_option
 from ..kernels.glsl.compile import ShaderCompilerNotFound, compile_glsl, find_compiler
 
 PUSH_BYTES = 128
@@ -122,23 +124,26 @@ class VulkanBackend(Backend):
     #: runs borrow submit lanes of their own (see the module docstring)
     max_concurrent_runs = 2
     kernel_table = _PLANNERS
+    int8_products = GLSL_INT8_PRODUCTS
     schemes = _SCHEMES
     winograd_rewrite_max_tile = WINOGRAD_REWRITE_MAX_TILE
     op_names = GLSL_OP_NAMES
     dtypes = GLSL_DTYPES
     float32_only_schemes = GLSL_FLOAT32_ONLY_SCHEMES
-    int8_arithmetic = GLSL_INT8_ARITHMETIC
     plan_error = VulkanError if vk is not None else PlanError
 
     def __init__(self, device: str | int | None = None, validation: bool | None = None,
                  force_staging: bool = False, kernels: str | None = None, narrow_storage: str | None = None,
-                 **unknown: Any):
+                 int8_dot: str | None = None, **unknown: Any):
         """``narrow_storage``: "auto" (float16 / int8 / uint8 tensors held as themselves where the
         device has 16- / 8-bit storage in buffers, else packed in 32-bit words) or "packed"
         (always packed: the path of devices without them); default ``$GPUMNN_VULKAN_NARROW_STORAGE``,
-        else "auto"."""
+        else "auto". ``int8_dot``: "auto" (the int8 implicit GEMM on integer dot products where
+        the device has VK_KHR_shader_integer_dot_product) or "off" (plain int32 products);
+        default ``$GPUMNN_INT8_DOT``, else "auto"."""
         super().__init__(**unknown)
         requested = kernels_option(kernels, self.name)
+        dot_option = int8_dot_option(int8_dot, self.name)
         if narrow_storage is None:
             narrow_storage = os.environ.get("GPUMNN_VULKAN_NARROW_STORAGE", "").strip().lower() or "auto"
         if narrow_storage not in ("auto", "packed"):
@@ -163,13 +168,13 @@ class VulkanBackend(Backend):
         self.narrow_storage = {size: (why if narrow_storage == "auto" else "packed: narrow_storage='packed'")
                                for size, why in self.dev.narrow_storage.items()}
         try:
-            self._setup(requested, force_staging)
+            self._setup(requested, force_staging, dot_option)
         except BaseException:
             self.dev.close()
             raise
         self._closed = False
 
-    def _setup(self, requested: str, force_staging: bool) -> None:
+    def _setup(self, requested: str, force_staging: bool, dot_option: str) -> None:
         dev = self.dev
         self.alignment = max(64, dev.min_storage_align)
         # Direct mapping only where it is cheap both ways (unified memory); staging otherwise.
@@ -178,6 +183,8 @@ class VulkanBackend(Backend):
         # (register blocking, vec4 loads, narrow workgroups: CPU devices such as lavapipe).
         self.kernels = kernel_family(requested, dev.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_CPU)
         self.schemes = schemes_for(self.kernels)
+        self.int8_dot, self.int8_arithmetic = choose_int8_dot(dot_option, self.kernels, dev.integer_dot,
+                                                              dev.integer_dot_missing)
         if dev.device_type == vk.VK_PHYSICAL_DEVICE_TYPE_CPU:  # the tiled family's Winograd kernel: only where forced
             self.winograd_min_saving = float("inf")
         self.dtypes = glsl_dtypes_for(self.kernels, self.native_narrow)  # float16 arithmetic: tiled, 16-bit storage

@@ -54,6 +54,8 @@ DEVICE_TYPE_NAMES = {
 _ids = itertools.count(1)
 #: compiled pipelines a shared device keeps when no backend uses them (least recently used go first)
 MAX_PIPELINES = 256
+#: the device extension of shaders' integer dot products (SPV_KHR_integer_dot_product), core in 1.3
+INTEGER_DOT_EXTENSION = "VK_KHR_shader_integer_dot_product"
 
 #: VkComponentTypeKHR values by the names gpumnn gives them (the cooperative-matrix query)
 _COMPONENT_TYPES = {vk.VK_COMPONENT_TYPE_FLOAT16_KHR: "float16", vk.VK_COMPONENT_TYPE_FLOAT32_KHR: "float32",
@@ -389,9 +391,11 @@ class SharedDevice:
         qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family, queueCount=1, pQueuePriorities=[1.0])
         dev_ext = {_cstring(e.extensionName) for e in vk.vkEnumerateDeviceExtensionProperties(self.physical, None)}
         extensions = ["VK_KHR_portability_subset"] if "VK_KHR_portability_subset" in dev_ext else []
-        features = self._narrow_storage_features(dev_ext)
+        features = self._integer_dot_features(dev_ext, self._narrow_storage_features(dev_ext))
         if 1 in self.native_narrow:
             extensions.append("VK_KHR_8bit_storage")
+        if self.integer_dot:
+            extensions.append(INTEGER_DOT_EXTENSION)
         info = vk.VkDeviceCreateInfo(pNext=features, queueCreateInfoCount=1, pQueueCreateInfos=[qinfo],
                                      enabledExtensionCount=len(extensions),
                                      ppEnabledExtensionNames=extensions or None)
@@ -410,6 +414,7 @@ class SharedDevice:
         ``native_narrow`` (the element sizes held natively) and ``narrow_storage`` (per size,
         the feature that decided)."""
         self.native_narrow: frozenset[int] = frozenset()
+        self._feature_structs: list = []  # referenced until the device is created (pNext holds raw pointers)
         has_8bit_ext = "VK_KHR_8bit_storage" in dev_ext
         if self.props.apiVersion < vk.VK_MAKE_VERSION(1, 1, 0):
             self.narrow_storage = {size: f"packed: the device implements Vulkan {self.api_version}, below 1.1"
@@ -428,7 +433,6 @@ class SharedDevice:
             2: ("native: storageBuffer16BitAccess of VK_KHR_16bit_storage, core in Vulkan 1.1" if has16 else
                 "packed: no storageBuffer16BitAccess")}
         chain = None
-        self._feature_structs = []  # referenced until the device is created (pNext holds raw pointers)
         if has8:
             chain = vk.VkPhysicalDevice8BitStorageFeatures(storageBuffer8BitAccess=vk.VK_TRUE)
             self._feature_structs.append(chain)
@@ -436,6 +440,30 @@ class SharedDevice:
             chain = vk.VkPhysicalDevice16BitStorageFeatures(pNext=chain, storageBuffer16BitAccess=vk.VK_TRUE)
             self._feature_structs.append(chain)
         return chain
+
+    def _integer_dot_features(self, dev_ext: set[str], chain: Any) -> Any:
+        """``chain`` with the feature struct that enables shaders' integer dot products
+        (VK_KHR_shader_integer_dot_product's shaderIntegerDotProduct, core in Vulkan 1.3) in front
+        where the device has them; sets ``integer_dot`` (the instructions the int8 GEMM uses, ""
+        for none) and ``integer_dot_missing`` (why none)."""
+        self.integer_dot, self.integer_dot_missing = "", ""
+        if INTEGER_DOT_EXTENSION not in dev_ext or self.props.apiVersion < vk.VK_MAKE_VERSION(1, 1, 0):
+            self.integer_dot_missing = f"no {INTEGER_DOT_EXTENSION}"
+            return chain
+        query = vk.VkPhysicalDeviceShaderIntegerDotProductFeatures()
+        vk.vkGetPhysicalDeviceFeatures2(self.physical, vk.VkPhysicalDeviceFeatures2(pNext=query))
+        if not query.shaderIntegerDotProduct:
+            self.integer_dot_missing = f"{INTEGER_DOT_EXTENSION} without shaderIntegerDotProduct"
+            return chain
+        props = vk.VkPhysicalDeviceShaderIntegerDotProductProperties()
+        vk.vkGetPhysicalDeviceProperties2(self.physical, vk.VkPhysicalDeviceProperties2(pNext=props))
+        accelerated = (props.integerDotProduct4x8BitPackedMixedSignednessAccelerated
+                       and props.integerDotProduct4x8BitPackedSignedAccelerated)
+        self.integer_dot = (f"{INTEGER_DOT_EXTENSION} (OpSUDot / OpSDot on 4x8-bit packed words, "
+                            f"{'accelerated' if accelerated else 'not accelerated'} by the driver)")
+        enable = vk.VkPhysicalDeviceShaderIntegerDotProductFeatures(pNext=chain, shaderIntegerDotProduct=vk.VK_TRUE)
+        self._feature_structs.append(enable)
+        return enable
 
     @property
     def api_version(self) -> str:
@@ -649,6 +677,7 @@ class VulkanDevice:
               "min_storage_align", "max_push_constants", "max_group_count", "max_group_invocations",
               "max_shared_memory", "max_storage_buffers", "memory", "device", "queue", "queue_family", "validation", "max_allocation",
               "timestamp_bits", "timestamp_period", "driver", "native_narrow", "narrow_storage", "compute_units",
+              "integer_dot", "integer_dot_missing",
               "compute_units_source", "cooperative_matrices", "cooperative_matrices_why")
 
     def __init__(self, device: str | int | None = None, validation: bool = False):

@@ -89,6 +89,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "gemm_cpu": ("activation.cl", "gemm_cpu.cl"),
     "winograd": ("activation.cl", "winograd.cl"),
     "quantized_conv": ("quantized_conv.cl",),
+    "quantized_matmul": ("activation.cl", "quantized_matmul.cl"),
 }
 
 #: stable op ids shared with the kernels (generated into every program's header)
@@ -231,6 +232,7 @@ class PlannerTarget(BasePlannerTarget, Protocol):
     #: GEMM tiles over float16 storage on tensor cores in float16, float32 sums (CUDA sm_80+: precision="fp16";
     #: see gemm_f16_fits and precision.float16_tensor_cores)
     float16_tensor_cores: bool
+    int8_dot: str  # the integer dot-product instruction of the int8 implicit GEMM ("": plain int32)
 
     def is_constant(self, handle: TensorHandle) -> bool: ...
 
@@ -799,8 +801,10 @@ def _plan_winograd(be: PlannerTarget, op: A.Conv2D, x, w, bias, o, ins) -> Kerne
 
 def _plan_quantized_conv2d(be, op: A.QuantizedConv2D, ins, outs):
     """Static int8 convolution (quantized_conv.cl), bytes in and out, int32 sums and the float32
-    requantizing epilogue: the GPU family's implicit GEMM on int32 tiles, else (depthwise, and
-    CPU devices) a work item per output."""
+    requantizing epilogue: the GPU family's implicit GEMM on int32 tiles, or on words of four
+    bytes and integer dot products where the backend chose them (``be.int8_dot``: the weights
+    and bias packed by quantized_pack_weights, once where they are constants), else (depthwise,
+    and CPU devices) a work item per output."""
     x, w, bias, mult = ins[:4]
     y = outs[0]
     (h, wd), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
@@ -815,9 +819,76 @@ def _plan_quantized_conv2d(be, op: A.QuantizedConv2D, ins, outs):
         tm, tn, wm, wn, tk = GEMM_CONFIGS["64x64"]
         defines.update(TM=tm, TN=tn, WM=wm, WN=wn, TK=tk)
         grid = (_round_up(oh * ow, tn) // wn, _round_up(op.out_channels // op.groups, tm) // wm, op.batch * op.groups)
+        if be.int8_dot:
+            defines["INT8_DOT"] = 1
+            oc, k = op.out_channels, op.in_channels // op.groups * kh * kw
+            packed = Scratch(4 * oc * (1 + -(-k // 4)))
+            pack = launch1d("quantized_conv", "quantized_pack_weights", [w.buffer, _i(w.offset), bias.buffer,
+                            _i(bias.offset), packed, _i(oc), _i(k), _i(op.x_zero_point)], oc, defines=defines)
+            conv = launch("quantized_conv", "quantized_conv2d_dot", [x.buffer, _i(x.offset), packed, *args[6:]], grid,
+                          (tn // wn, tm // wm, 1), defines=defines)
+            if be.is_constant(w) and be.is_constant(bias):
+                return KernelWork([conv], "int8 implicit GEMM/dot products", (packed,), prepare=(pack,))
+            return KernelWork([pack, conv], "int8 implicit GEMM/dot products(+pack)", (packed,))
         return KernelWork([launch("quantized_conv", "quantized_conv2d_tiled", args, grid, (tn // wn, tm // wm, 1),
                                   defines=defines)], "int8 implicit GEMM")
     return KernelWork([launch1d("quantized_conv", "quantized_conv2d", args, total, defines=defines)], "int8 direct")
+
+
+#: work-items per row of quantized_matmul.cl's quantize_rows (its QWG)
+QUANTIZE_WG = 64
+#: rows of one work item of quantized_matmul.cl's CPU-device kernel (fewer where M is less), each
+#: times CPU_VEC columns
+QUANTIZED_VECTOR_ROWS = 4
+#: how QuantizedMatMul computes here (quantized_matmul.cl), for ``gpumnn info``
+INT8_PRODUCTS = ("rows quantized to uint8 on the device at run time, int32 sums: int32 tiles in local memory "
+                 "(GPU family), 4 rows x 16 columns of int32 vectors a work item (CPU devices)")
+
+
+def _plan_quantized_matmul(be, op: A.QuantizedMatMul, ins, outs):
+    """The dynamically quantized product (quantized_matmul.cl): the weight's column sums once (at
+    creation where the weight is constant), each row of x quantized to uint8 into a scratch at run
+    time (not for a ``prequantized`` x, already uint8), then the int8 product with int32 sums and
+    the dequantizing epilogue, on int32 tiles (GPU family) or int32 vectors (CPU devices). The
+    kernels' arguments the op's form leaves unread (the bias without ``has_bias``, the row
+    scratch of a prequantized x, the given scale and zero point of the run-time form) are bound
+    to another tensor of the op."""
+    m, n, k = op.m, op.n, op.k
+    x, w, w_scale = ins[:3]
+    bias = ins[op.bias_input()] if op.has_bias else w_scale
+    y = outs[0]
+    colsum = Scratch(4 * n)
+    sums = launch1d("quantized_matmul", "weight_column_sums", [w.buffer, _i(w.offset), colsum, _i(k), _i(n)], n)
+    defines, work, keep = {}, [], [colsum]
+    if op.prequantized:
+        defines["PREQUANTIZED"] = 1
+        q, q_off, rows = x.buffer, x.offset, colsum
+        x_scale, x_zero = ins[3], ins[4]
+    else:
+        q, rows = Scratch(m * k), Scratch(8 * m)
+        q_off, keep = 0, keep + [q, rows]
+        x_scale, x_zero = w_scale, w
+        work.append(launch("quantized_matmul", "quantize_rows", [x.buffer, _i(x.offset), q, rows, _i(k)],
+                           (m * QUANTIZE_WG,), (QUANTIZE_WG,)))
+    args = [q, _i(q_off), _i(k), w.buffer, _i(w.offset), colsum, w_scale.buffer, _i(w_scale.offset), bias.buffer,
+            _i(bias.offset), _i(int(op.has_bias)), rows, x_scale.buffer, _i(x_scale.offset), x_zero.buffer,
+            _i(x_zero.offset), y.buffer, _i(y.offset), _i(m), _i(n), _i(k)] + _activation_args(op.activation)
+    if be.kernels == "tiled":
+        tm, tn, wm, wn, tk = GEMM_CONFIGS[_gemm_config(be, m, n, 1)]
+        defines.update(TM=tm, TN=tn, WM=wm, WN=wn, TK=tk)
+        product = launch("quantized_matmul", "quantized_matmul_tiled", args,
+                         (_round_up(n, tn) // wn, _round_up(m, tm) // wm), (tn // wn, tm // wm), defines)
+        scheme = "int8 tiled GEMM"
+    else:
+        rm = min(QUANTIZED_VECTOR_ROWS, m)
+        product = vec_launch("quantized_matmul", "quantized_matmul_vec", args, (-(-n // CPU_VEC), -(-m // rm)),
+                             dict(defines, RM=rm))
+        scheme = "int8 vectors"
+    work.append(product)
+    prepare = (sums,) if be.is_constant(w) else ()
+    if not prepare:
+        work.insert(0, sums)
+    return KernelWork(work, scheme, tuple(keep), prepare)
 
 
 def _plan_conv_transpose2d(be, op: A.ConvTranspose2D, ins, outs):
@@ -941,7 +1012,7 @@ OP_NAMES: Mapping[type, frozenset[str]] = {}
 DTYPES: Mapping[type, frozenset[str]] = {
     **{op: frozenset({A.INT32}) for op in (A.Binary, A.Reduce, A.CumSum)},
     **{op: frozenset(A.STORAGE_DTYPES) for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)},
-    A.QuantizedConv2D: frozenset({A.UINT8, A.INT8})}
+    A.QuantizedConv2D: frozenset({A.UINT8, A.INT8}), A.QuantizedMatMul: frozenset({A.UINT8})}
 #: the tiled family's also take float16 storage for the products, pooling, elementwise math, softmax
 #: and normalisation
 #: (-DHALF: ``half_defines``; A.FLOAT16_COMPUTE_OPS); the simd family's vector kernels are float32 only
@@ -963,8 +1034,6 @@ def dtypes_for(kernels: str) -> Mapping[type, frozenset[str]]:
 
 #: the schemes whose kernels take float32 storage only (Backend.float32_only_schemes): gemv.cl
 FLOAT32_ONLY_SCHEMES: Mapping[type, frozenset[str]] = {A.MatMul: frozenset({"gemv"})}
-#: how QuantizedConv2D computes here (quantized_conv.cl), for ``gpumnn info``
-INT8_ARITHMETIC = "int32 sums: an implicit GEMM on shared-memory tiles (GPU family), a work item per output (depthwise, CPU devices); no integer dot products yet"
 
 PLANNERS: Mapping[type, Callable[..., KernelWork]] = {
     A.Raster: _plan_raster, A.Unary: _plan_unary, A.Binary: _plan_binary, A.Reduce: _plan_reduce,
@@ -972,6 +1041,7 @@ PLANNERS: Mapping[type, Callable[..., KernelWork]] = {
     A.Pool2D: _plan_pool2d, A.Softmax: _plan_softmax, A.Normalize: _plan_normalize,
     A.Resize: _plan_resize, A.Gather: _plan_gather, A.Select: _plan_select, A.CumSum: _plan_cumsum,
     A.Scatter: _plan_scatter, A.RecurrentCell: _plan_recurrent_cell, A.QuantizedConv2D: _plan_quantized_conv2d,
+    A.QuantizedMatMul: _plan_quantized_matmul,
 }
 
 

@@ -92,6 +92,12 @@ __device__ __forceinline__ float vload_half(const size_t i, const half* p)
     return x;
 }
 
+/* cl_khr_integer_dot_product's packed signed dot product (quantized_conv.cl -DINT8_DOT): __dp4a,
+ * compute capability 6.1 and later, with the sum it adds to as its accumulator operand */
+#define __opencl_c_integer_dot_product_input_4x8bit_packed 1
+__device__ __forceinline__ int dot_4x8packed_ss_int(const uint a, const uint b) { return __dp4a((int)a, (int)b, 0); }
+#define DOT4_ADD(acc, a, b) ((acc) = __dp4a((int)(a), (int)(b), (acc)))
+
 /* ---- end of the CUDA prelude ---- */
 
 /* ---- tensor cores (precision="tf32"; gemm.cl with -DGEMM_TF32=1, sm_80 and later) ----

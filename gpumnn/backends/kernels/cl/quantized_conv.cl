@@ -12,10 +12,12 @@
 #endif
 #define LOAD_W(p, i) (((int)(p)[i] ^ 0x80) - 0x80)
 
-/* Both kernels' arguments: the op's tensors (element offsets), its geometry and quantization. */
+/* The kernels' arguments: the op's tensors (element offsets), its geometry and quantization. */
 #define QCONV_ARGS \
     __global const uchar* x, const int x_off, __global const uchar* w, const int w_off, \
-    __global const int* bias, const int b_off, __global const float* mult, const int m_off, \
+    __global const int* bias, const int b_off, QCONV_REST
+#define QCONV_REST \
+    __global const float* mult, const int m_off, \
     __global uchar* y, const int y_off, const int total, const int C, const int H, const int W, \
     const int OC, const int OH, const int OW, const int KH, const int KW, const int SH, const int SW, \
     const int PH, const int PW, const int DH, const int DW, const int G, const int x_zero, \
@@ -126,3 +128,116 @@ void quantized_conv2d_tiled(QCONV_ARGS)
         }
     }
 }
+
+#ifdef INT8_DOT
+/* -DINT8_DOT: the GPU family's implicit GEMM on integer dot products, four multiply-adds per
+ * instruction: cl_khr_integer_dot_product's dot_4x8packed_ss_int, which CUDA's prelude maps to
+ * __dp4a. Both operands are words of four signed bytes, k + t at bits 8t: the weights packed once
+ * by quantized_pack_weights, x's bytes as int8 lanes (uint8 ones moved down by 128, x ^ 0x80),
+ * padding as x_zero's lane; the packed bias holds (X_SHIFT - x_zero) * sum_k W[oc][k], so
+ * acc + bias = bias + sum_k W[oc][k] * (x - x_zero) exactly, in wrapping int32. */
+#if !defined(__opencl_c_integer_dot_product_input_4x8bit_packed)
+#error -DINT8_DOT needs cl_khr_integer_dot_product with 4x8-bit packed inputs
+#endif
+#ifdef X_SIGNED
+#define X_LANE_FLIP 0u
+#define X_SHIFT 0
+#else
+#define X_LANE_FLIP 0x80u
+#define X_SHIFT 128
+#endif
+/* acc += the dot product of words a and b (CUDA's prelude: one __dp4a with acc as its addend) */
+#ifndef DOT4_ADD
+#define DOT4_ADD(acc, a, b) ((acc) += dot_4x8packed_ss_int(a, b))
+#endif
+#define TQ (TK / 4)
+#if TK % 4 != 0
+#error TK must be a multiple of 4
+#endif
+
+/* One work item per output channel: packed[oc] = the bias with the shift folded in, then from
+ * packed[OC] the weights as [OC][ceil(K / 4)] words, zero-padded past K. */
+__kernel void quantized_pack_weights(__global const uchar* w, const int w_off, __global const int* bias,
+                                     const int b_off, __global uint* packed, const int OC, const int K,
+                                     const int x_zero)
+{
+    const int oc = get_global_id(0);
+    if (oc >= OC) return;
+    const int KQ = (K + 3) / 4;
+    __global const uchar* row = w + w_off + oc * K;
+    uint sum = 0;
+    for (int q = 0; q < KQ; ++q) {
+        uint word = 0;
+        for (int t = 0; t < 4 && 4 * q + t < K; ++t) {
+            word |= (uint)row[4 * q + t] << (8 * t);
+            sum += (uint)LOAD_W(row, 4 * q + t);
+        }
+        packed[OC + oc * KQ + q] = word;
+    }
+    packed[oc] = (uint)bias[b_off + oc] + (uint)(X_SHIFT - x_zero) * sum;
+}
+
+__kernel __attribute__((reqd_work_group_size(LX, LY, 1)))
+void quantized_conv2d_dot(__global const uchar* x, const int x_off, __global const uint* packed, QCONV_REST)
+{
+    __local uint As[TQ][TM + 1];
+    __local uint Bs[TQ][TN];
+    const int tx = get_local_id(0), ty = get_local_id(1), tid = ty * LX + tx;
+    const int n0 = get_group_id(0) * TN, m0 = get_group_id(1) * TM;
+    const int z = get_group_id(2), img = z / G, g = z - img * G;
+    const int cg = C / G, ocg = OC / G, khw = KH * KW, K = cg * khw, KQ = (K + 3) / 4, P = OH * OW;
+    __global const uchar* xb = x + x_off + (img * C + g * cg) * H * W;
+    __global const uint* wq = packed + OC + g * ocg * KQ;
+    const uint zero_lane = ((uint)x_zero & 0xffu) ^ X_LANE_FLIP;
+    int acc[WM][WN];
+    for (int i = 0; i < WM; ++i)
+        for (int j = 0; j < WN; ++j) acc[i][j] = 0;
+    for (int q0 = 0; q0 < KQ; q0 += TQ) {
+        for (int e = tid; e < TM * TQ; e += NT) {
+            const int mm = e / TQ, qq = e - mm * TQ;
+            const int m = m0 + mm, q = q0 + qq;
+            As[qq][mm] = (m < ocg && q < KQ) ? wq[m * KQ + q] : 0u;
+        }
+        for (int e = tid; e < TN * TQ; e += NT) {
+            const int qq = e / TN, nn = e - qq * TN;
+            const int n = n0 + nn, k = 4 * (q0 + qq);
+            uint word = 0;
+            if (n < P) {
+                const int oy = n / OW, ox = n - oy * OW;
+                for (int t = 0; t < 4 && k + t < K; ++t) {
+                    const int c = (k + t) / khw, r = (k + t) - c * khw;
+                    const int i = r / KW, j = r - i * KW;
+                    const int iy = oy * SH - PH + i * DH, ix = ox * SW - PW + j * DW;
+                    const uint lane = (iy >= 0 && iy < H && ix >= 0 && ix < W)
+                        ? ((uint)xb[(c * H + iy) * W + ix] ^ X_LANE_FLIP) : zero_lane;
+                    word |= lane << (8 * t);
+                }
+            }
+            Bs[qq][nn] = word;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int qq = 0; qq < TQ; ++qq) {
+            uint a[WM], b[WN];
+            for (int i = 0; i < WM; ++i) a[i] = As[qq][ty + i * LY];
+            for (int j = 0; j < WN; ++j) b[j] = Bs[qq][tx + j * LX];
+            for (int i = 0; i < WM; ++i)
+                for (int j = 0; j < WN; ++j) DOT4_ADD(acc[i][j], a[i], b[j]);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    for (int i = 0; i < WM; ++i) {
+        const int m = m0 + ty + i * LY;
+        if (m >= ocg) continue;
+        const int oc = g * ocg + m;
+        const int add = (int)packed[oc];
+        const float scale = mult[m_off + oc];
+        __global uchar* row = y + y_off + (img * OC + oc) * P;
+        for (int j = 0; j < WN; ++j) {
+            const int n = n0 + tx + j * LX;
+            if (n >= P) continue;
+            const float scaled = clamp(rint((float)(acc[i][j] + add) * scale) + (float)y_zero, (float)lo, (float)hi);
+            row[n] = (uchar)((int)scaled & 0xff);
+        }
+    }
+}
+#endif

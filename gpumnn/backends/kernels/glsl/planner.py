@@ -71,6 +71,8 @@ def view_sizes(op: A.AtomicOp) -> list[int]:
     if isinstance(op, A.MatMul):
         return [op.batch * op.m * op.n, (op.batch - 1) * op.a_batch_stride + op.m * op.k,
                 (op.batch - 1) * op.b_batch_stride + op.k * op.n]
+    if isinstance(op, A.QuantizedMatMul):  # x (float32 or bytes), y, the packed weight's words
+        return [op.m * op.k, op.m * op.n, (2 + -(-op.k // 4)) * op.n]
     if isinstance(op, (A.Conv2D, A.ConvTranspose2D)):
         (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
         return [op.batch * op.in_channels * h * w, op.batch * op.out_channels * oh * ow,
@@ -125,6 +127,7 @@ class PlannerTarget(BasePlannerTarget, Protocol):
     packed: dict
     tables: dict
     native_narrow: frozenset[int]
+    int8_dot: str  # the integer dot-product instruction of the int8 implicit GEMM ("": plain int32)
 
     def binding(self, buf: Any, lo: int, hi: int) -> tuple[Any, int]: ...
     def scratch(self, nbytes: int) -> Any: ...
@@ -840,26 +843,43 @@ def _plan_winograd(be: PlannerTarget, op: A.Conv2D, ins, outs) -> KernelWork:
     return KernelWork([b], f"winograd F({nh}x{nw}, {kh}x{kw})")
 
 
-def _quantized_conv_constant(be: PlannerTarget, op: A.QuantizedConv2D, ins) -> TensorHandle:
+def _quantized_conv_constant(be: PlannerTarget, op: A.QuantizedConv2D, ins, dot: bool) -> TensorHandle:
     """quantized_conv2d.comp's int32 constant: the bias, the multipliers' bits and the weights
-    widened to int32, made once per weight (the op's weight, bias and multipliers are constants)."""
+    widened to int32, made once per weight (the op's weight, bias and multipliers are constants);
+    for ``dot`` (-DINT8_DOT) the weights as words of four bytes instead and the bias less
+    x_zero times each output channel's weight sum."""
     w, bias, mult = ins[1:4]
     if not all(_is_constant(h) for h in (w, bias, mult)):
         raise be.plan_error("QuantizedConv2D needs constant weights, bias and multipliers")
-    key = ("quantized_conv2d", *((h.buffer.id, h.offset) for h in (w, bias, mult)), op.out_channels)
+    key = ("quantized_conv2d", *((h.buffer.id, h.offset) for h in (w, bias, mult)), op.out_channels,
+           (op.x_zero_point,) if dot else ())
     packed = be.packed.get(key)
     if packed is None:
         oc = op.out_channels
-        parts = (be.read(bias).reshape(-1)[:oc].astype(np.int32),
-                 be.read(mult).reshape(-1)[:oc].astype(np.float32).view(np.int32),
-                 be.read(w).reshape(-1).astype(np.int32))
+        weights = be.read(w).reshape(oc, -1).astype(np.int8)
+        bias_values = be.read(bias).reshape(-1)[:oc].astype(np.int64)
+        if dot:
+            bias_values = bias_values - op.x_zero_point * weights.sum(axis=1, dtype=np.int64)
+            words = np.zeros((oc, -(-weights.shape[1] // 4) * 4), np.int8)
+            words[:, :weights.shape[1]] = weights
+            weight_part = words.view("<i4").reshape(-1)
+        else:
+            weight_part = weights.reshape(-1).astype(np.int32)
+        parts = (_wrapped_int32(bias_values), be.read(mult).reshape(-1)[:oc].astype(np.float32).view(np.int32),
+                 weight_part)
         packed = be.packed[key] = be.constant(np.concatenate(parts))
     return packed
 
 
+def _wrapped_int32(values: np.ndarray) -> np.ndarray:
+    """``values`` modulo 2**32 as int32: the kernels' sums wrap the same way."""
+    return ((values.astype(np.int64) + 2 ** 31) % 2 ** 32 - 2 ** 31).astype(np.int32)
+
+
 def _plan_quantized_conv2d(be, op: A.QuantizedConv2D, ins, outs):
     """Static int8 convolution (quantized_conv2d.comp), bytes in and out, int32 sums and the float32
-    requantizing epilogue: the GPU family's implicit GEMM on int32 tiles, else (depthwise, and
+    requantizing epilogue: the GPU family's implicit GEMM on int32 tiles (on packed bytes and
+    integer dot products where the backend chose them: ``be.int8_dot``), else (depthwise, and
     CPU devices) an invocation per output (per word of a packed one)."""
     (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
     (sh, sw), (ph, pw), (dh, dw) = op.strides, op.pads, op.dilations
@@ -868,21 +888,113 @@ def _plan_quantized_conv2d(be, op: A.QuantizedConv2D, ins, outs):
     if op.dtype == A.INT8:
         defines["X_SIGNED"] = 1
     tiled = be.kernels == "tiled" and op.scheme != "depthwise"
+    dot = tiled and bool(be.int8_dot)
     if tiled:
         tm, tn, rm, rn = _gemm_tiles(be, op.out_channels // op.groups, oh * ow, op.batch * op.groups)
         defines.update(TILED=1, TM=tm, TN=tn, RM=rm, RN=rn, TK=16, NT=(tm // rm) * (tn // rn))
+        if dot:
+            defines["INT8_DOT"] = 1
     b = Builder(be, "quantized_conv2d", defines, 3)
     o = b.bind(0, outs[0], 0, total, write=True)
     x = b.bind(1, ins[0], 0, op.batch * op.in_channels * h * w)
-    packed = b.bind(2, _quantized_conv_constant(be, op, ins))
+    packed = b.bind(2, _quantized_conv_constant(be, op, ins, dot))
     b.set(0, total, op.in_channels, h, w, op.out_channels, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, op.groups,
           op.x_zero_point, op.y_zero_point, op.lo, op.hi, x, packed, o)
     if tiled:
         b.groups = (math.ceil(oh * ow / tn), math.ceil(op.out_channels // op.groups / tm), op.batch * op.groups)
         _check_grid(be, b.groups)
-        return KernelWork([b], "int8 implicit GEMM")
+        return KernelWork([b], "int8 implicit GEMM" + ("/dot products" if dot else ""))
     _elements_grid(be, b, op.out_dtype, total, o)
     return KernelWork([b], "int8 direct")
+
+
+def _quantized_matmul_constant(be: PlannerTarget, op: A.QuantizedMatMul, ins) -> TensorHandle:
+    """quantized_matmul.comp's int32 constant: the weight's column sums, the column scales' bits and
+    the int8 weight four steps of k a word, made once per weight (weight and scales are constants)."""
+    w, w_scale = ins[1:3]
+    if not all(_is_constant(h) for h in (w, w_scale)):
+        raise be.plan_error("QuantizedMatMul needs a constant weight and column scales")
+    key = ("quantized_matmul", *((h.buffer.id, h.offset) for h in (w, w_scale)), op.k, op.n)
+    packed = be.packed.get(key)
+    if packed is None:
+        k, n = op.k, op.n
+        weight = be.read(w).reshape(k, n).astype(np.int8)
+        steps = np.zeros((-(-k // 4) * 4, n), np.int8)
+        steps[:k] = weight
+        words = np.ascontiguousarray(steps.reshape(-1, 4, n).transpose(0, 2, 1)).view(np.int32).reshape(-1)
+        parts = (weight.sum(axis=0, dtype=np.int32), be.read(w_scale).reshape(-1)[:n].astype(np.float32).view(np.int32),
+                 words)
+        packed = be.packed[key] = be.constant(np.concatenate(parts))
+    return packed
+
+
+#: invocations per row of quantize_rows.comp
+QUANTIZE_WG = 64
+#: rows x columns of one invocation of quantized_matmul.comp on SIMD CPUs (fewer rows where M is less)
+QUANTIZED_REGISTER_BLOCK = (4, 8)
+#: how QuantizedMatMul computes here (quantize_rows.comp, quantized_matmul.comp), for ``gpumnn info``
+INT8_PRODUCTS = ("rows quantized to uint8 on the device at run time, int32 sums: int32 tiles in shared memory "
+                 "(GPU family), register blocks of 4 rows x 8 columns an invocation (CPU devices)")
+
+
+def _plan_quantized_matmul(be, op: A.QuantizedMatMul, ins, outs):
+    """The dynamically quantized product: each row of x quantized to uint8 into a scratch of the
+    execution's own (quantize_rows.comp; not for a ``prequantized`` x, already uint8), then the int8
+    product with int32 sums and the dequantizing epilogue (quantized_matmul.comp): int32 tiles in
+    shared memory (GPU family) or an invocation per output (CPU devices). The weight's column sums
+    are packed with it at planning time."""
+    m, n, k = op.m, op.n, op.k
+    defines = _element_defines(be, A.UINT8, A.FLOAT32)
+    tiled = be.kernels == "tiled"
+    if tiled:
+        tm, tn, rm, rn = _gemm_tiles(be, m, n, 1)
+        defines.update(TILED=1, TM=tm, TN=tn, RM=rm, RN=rn, TK=16, NT=(tm // rm) * (tn // rn))
+    else:
+        rm, rn = QUANTIZED_REGISTER_BLOCK
+        rm = min(rm, m)
+        defines.update(RM=rm, RN=rn)
+    defines["PREQUANTIZED" if op.prequantized else "Q_WORDS"] = 1  # quantize_rows' scratch: whole words a row
+    if op.has_bias:
+        defines["HAS_BIAS"] = 1
+    b = Builder(be, "quantized_matmul", defines, 6)
+    work, keep, zero = [b], (), 0
+    if op.prequantized:
+        q_handle, lda = ins[0], k
+        rows, rows_lo, rows_hi = ins[3], 0, 1
+        zero = b.bind(5, ins[4], 0, 1)
+    else:
+        words = -(-k // 4)
+        scratch = be.scratch(4 * m * words), be.scratch(8 * m)
+        keep = scratch
+        try:
+            quantize = Builder(be, "quantize_rows", {"WG": QUANTIZE_WG}, 3)
+            q_words = quantize.bind(0, TensorHandle(scratch[0], 0, (m * words,), A.INT32), write=True)
+            rows_off = quantize.bind(1, TensorHandle(scratch[1], 0, (2 * m,)), write=True)
+            x = quantize.bind(2, ins[0], 0, m * k)
+            quantize.set(0, m, k, words, x, q_words, rows_off)
+            quantize.rows(m)
+        except BaseException:
+            release_scratch(be, scratch)
+            raise
+        work.insert(0, quantize)
+        q_handle, lda = TensorHandle(scratch[0], 0, (4 * m * words,), A.UINT8), 4 * words
+        rows, rows_lo, rows_hi = TensorHandle(scratch[1], 0, (2 * m,)), 0, 2 * m
+    try:
+        y = b.bind(0, outs[0], 0, m * n, write=True)
+        q = b.bind(1, q_handle, 0, (m - 1) * lda + k)
+        packed = b.bind(2, _quantized_matmul_constant(be, op, ins))
+        bias = b.bind(3, ins[op.bias_input()], 0, n) if op.has_bias else 0
+        b.set(0, m, n, k, q, lda, packed, bias, b.bind(4, rows, rows_lo, rows_hi), zero, y)
+        b.activation(10, op.activation)
+        if tiled:
+            b.groups = (math.ceil(n / tn), math.ceil(m / tm), 1)
+            _check_grid(be, b.groups)
+        else:
+            b.grid1d(-(-m // rm) * -(-n // rn), 64)
+    except BaseException:
+        release_scratch(be, keep)
+        raise
+    return KernelWork(work, "int8 tiled GEMM" if tiled else "int8 register blocks", keep)
 
 
 def _is_constant(handle: TensorHandle) -> bool:
@@ -1156,7 +1268,7 @@ WINOGRAD_REWRITE_MAX_TILE = 2
 DTYPES: Mapping[type, frozenset[str]] = {
     **{op: frozenset({A.INT32}) for op in (A.Binary, A.Reduce, A.CumSum)},
     **{op: frozenset(A.STORAGE_DTYPES) for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)},
-    A.QuantizedConv2D: frozenset({A.UINT8, A.INT8})}
+    A.QuantizedConv2D: frozenset({A.UINT8, A.INT8}), A.QuantizedMatMul: frozenset({A.UINT8})}
 #: the tiled kernels also take float16 storage for the products, pooling, elementwise math, softmax
 #: and normalisation
 #: where the device holds 16-bit elements in buffers (-DHALF: ``_half_defines``; A.FLOAT16_COMPUTE_OPS);
@@ -1181,8 +1293,6 @@ OP_NAMES: Mapping[type, frozenset[str]] = {A.Unary: frozenset(A.UNARY_OPS), A.Bi
 #: the schemes whose kernels take float32 storage only (Backend.float32_only_schemes): gemv.comp
 #: and winograd.comp
 FLOAT32_ONLY_SCHEMES: Mapping[type, frozenset[str]] = {A.MatMul: frozenset({"gemv"}), A.Conv2D: frozenset({"winograd"})}
-#: how QuantizedConv2D computes here (quantized_conv2d.comp), for ``gpumnn info``
-INT8_ARITHMETIC = "int32 sums: an implicit GEMM on shared-memory tiles (GPU family), a work item per output (depthwise, CPU devices); no integer dot products yet"
 
 PLANNERS: Mapping[type, Callable] = {
     A.Raster: _plan_raster, A.Unary: _plan_unary, A.Binary: _plan_binary, A.Reduce: _plan_reduce,
@@ -1190,6 +1300,7 @@ PLANNERS: Mapping[type, Callable] = {
     A.Pool2D: _plan_pool2d, A.Softmax: _plan_softmax, A.Normalize: _plan_normalize,
     A.Resize: _plan_resize, A.Gather: _plan_gather, A.Select: _plan_select, A.CumSum: _plan_cumsum,
     A.Scatter: _plan_scatter, A.RecurrentCell: _plan_recurrent_cell, A.QuantizedConv2D: _plan_quantized_conv2d,
+    A.QuantizedMatMul: _plan_quantized_matmul,
 }
 
 

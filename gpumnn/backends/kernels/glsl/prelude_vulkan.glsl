@@ -10,6 +10,10 @@
 #extension GL_EXT_shader_16bit_storage : require
 #endif
 #extension GL_EXT_control_flow_attributes : enable
+// SPIR-V instructions declared in GLSL: quantized_conv2d.comp -DINT8_DOT's integer dot products
+#ifdef INT8_DOT
+#extension GL_EXT_spirv_intrinsics : require
+#endif
 
 // Fully unroll a loop with a compile-time trip count (SPIR-V Unroll loop control, which Mesa's
 // NIR honours): register-blocked kernels index their accumulator arrays with the loop counters,
