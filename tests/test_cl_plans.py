@@ -34,6 +34,7 @@ class _Target:
     compute_units: int = 4
     max_wg: int = 256
     tf32: bool = False
+    float16_tensor_cores: bool = False
 
     @staticmethod
     def is_constant(handle: TensorHandle) -> bool:

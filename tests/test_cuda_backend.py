@@ -42,6 +42,7 @@ class _GpuTarget:
     compute_units: int = 132
     max_wg: int = 1024
     tf32: bool = False
+    float16_tensor_cores: bool = False
 
     @staticmethod
     def is_constant(handle: TensorHandle) -> bool:

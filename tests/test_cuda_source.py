@@ -20,7 +20,8 @@ import pytest
 
 from conftest import require_backend, require_tool
 from gpumnn import atomic as A
-from gpumnn.backends.kernels.cl.planner import GEMM_CONFIGS, GEMV_CONFIGS, KIND_IDS, family_source, gemm_tf32_fits
+from gpumnn.backends.kernels.cl.planner import (GEMM_CONFIGS, GEMV_CONFIGS, KIND_IDS, family_source, gemm_f16_fits,
+                                        gemm_tf32_fits)
 from gpumnn.backends.kernels.cl.cuda_source import (CPU_ONLY_DEFINE, CPU_ONLY_FAMILIES, NVRTC_OPTIONS, cuda_families,
                                         cuda_source)
 
@@ -258,6 +259,35 @@ def test_tf32_gemm_compiles_to_tensor_core_instructions(defines, arch):
 @pytest.mark.parametrize("defines", [dict(zip(("TM", "TN", "WM", "WN", "TK"), cfg)) for cfg in GEMM_CONFIGS.values()],
                          ids=list(GEMM_CONFIGS))
 def test_fp32_gemm_has_no_tensor_core_instructions(defines):
-    """precision="fp32" (every variant without -DGEMM_TF32) multiplies in float32 only."""
+    """precision="fp32" (every variant without -DGEMM_TF32 or -DGEMM_F16) multiplies in float32 only."""
     ptx = compile_ptx("gemm", tuple(sorted(defines.items())))
     assert "mma." not in ptx and "tf32" not in ptx
+
+
+# -- precision="fp16": the float16-storage GEMM tiles on tensor cores -------------------------------
+
+#: every GEMM tiling with a float16 tensor-core variant, as the planner builds it for a cuda backend
+#: of compute capability 8.0 or later under precision="fp16" (float16 storage: -DHALF)
+F16_VARIANTS = [dict(zip(("TM", "TN", "WM", "WN", "TK"), cfg), HALF=1, GEMM_F16=1)
+                for name, cfg in GEMM_CONFIGS.items() if gemm_f16_fits(name)]
+F16_IDS = ["x".join(map(str, cfg[:2])) for name, cfg in GEMM_CONFIGS.items() if gemm_f16_fits(name)]
+
+
+def test_f16_tensor_cores_cover_the_tilings_a_gpu_takes():
+    """The tilings with TF32 variants have float16 ones too (K staged 16 deep); the 4-row one stays in float32."""
+    assert {cfg[:2] for cfg in (GEMM_CONFIGS[n] for n in GEMM_CONFIGS if gemm_f16_fits(n))} == {(64, 64), (32, 32)}
+
+
+@pytest.mark.parametrize("arch", TF32_ARCHS)
+@pytest.mark.parametrize("defines", F16_VARIANTS, ids=F16_IDS)
+def test_f16_gemm_compiles_to_tensor_core_instructions(defines, arch):
+    """Each float16 tensor-core GEMM variant compiles with NVRTC, no header and no GPU: to PTX whose
+    every GEMM entry multiplies with mma.sync m16n8k16 on float16 with float32 sums (and no TF32), and
+    through ptxas to machine code for sm_80 and sm_90."""
+    ptx = compile_ptx("gemm", tuple(sorted(defines.items())), f"compute_{arch}")
+    entries = ptx_entries(ptx)
+    for name in ("gemm_dense", "gemm_conv", "gemm_deconv"):
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in entries[name], name
+        assert "tf32" not in entries[name] and "m16n8k8" not in entries[name], name
+    assert "mma.sync" not in entries["gemm_split_sum"]
+    assert int(compile_ptx("gemm", tuple(sorted(defines.items())), f"sm_{arch}")) > 0

@@ -29,6 +29,7 @@ class _Target:
     """A GPU as the OpenCL C planner sees it (cl_plans.PlannerTarget), none opened."""
 
     tf32: bool
+    float16_tensor_cores: bool = False
     kernels: str = "tiled"
     is_gpu: bool = True
     compute_units: int = 132

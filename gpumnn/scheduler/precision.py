@@ -35,7 +35,10 @@ meets an op without one, and where a graph input enters or an output leaves: tho
 The transforms and products inside a Winograd or Strassen rewrite stay float32: rounding them to
 float16 between its stages would add an error per stage (the GPU kernels' own Winograd keeps
 them in float32 scratch). A backend with no float16 arithmetic kernels at all (the cpu) runs the
-session in float32.
+session in float32. On cuda GPUs of compute capability 8.0 and later (:func:`tensor_cores`) the
+convolution and GEMM tiles over float16 storage multiply on tensor cores (``mma.sync`` m16n8k16,
+float16 operands, float32 sums: the products of float16 values are exact in float32, so the error is
+that of the float16 storage, as on the other GPUs); on older GPUs they multiply in float32.
 """
 from __future__ import annotations
 
@@ -60,6 +63,10 @@ KERNEL_PRECISIONS: dict[str, dict[str, dict[str, Any]]] = {"tf32": {"cuda": {"tf
 #: zoo network's output: TF32 rounds each operand to 2^-11 relative, about 1e-3 on a network; the
 #: cuda tests check this bound where a GPU runs them
 TOLERANCES: dict[str, float] = {"tf32": 1e-2}
+#: the first cuda compute capability (as CuPy gives it: 80 is 8.0) whose tensor cores multiply a
+#: precision's convolution and GEMM tiles: TF32 (mma.sync m16n8k8 .tf32) and float16 (m16n8k16
+#: .f16 with float32 sums) both came with Ampere
+TENSOR_CORE_CAPABILITY: dict[str, int] = {"tf32": 80, "fp16": 80}
 #: the widest value of int8 weights (symmetric: -128 is never used)
 INT8_MAX = 127
 #: the widest value of int4 weights (symmetric: -8 is never used)
@@ -75,6 +82,12 @@ def lowers_static_int8(backend) -> bool:
     builds them (every backend here). Elsewhere they would run in float, on that backend, never
     moved to the cpu for it. Independent of ``precision``: the model itself is quantized."""
     return A.QuantizedConv2D in getattr(backend, "kernel_table", {})
+
+
+def tensor_cores(precision: str, capability: int) -> bool:
+    """Whether a cuda GPU of compute ``capability`` (80 for 8.0) multiplies ``precision``'s
+    convolution and GEMM tiles on tensor cores: tf32 and fp16 from 8.0 on, nothing else ever."""
+    return precision in TENSOR_CORE_CAPABILITY and capability >= TENSOR_CORE_CAPABILITY[precision]
 
 
 def check_precision(precision: str) -> str:
@@ -185,6 +198,14 @@ def computes_float16(backend: Any) -> bool:
 def float16_summary(backend: Any) -> str:
     """What ``precision="fp16"`` does on ``backend``, for ``gpumnn info``."""
     if computes_float16(backend):
+        if getattr(backend, "float16_tensor_cores", False):
+            return ("float16 weights and activations; convolution and GEMM tiles on tensor cores (mma.sync "
+                    "m16n8k16, float32 sums), float32 arithmetic in the other kernels")
+        capability = getattr(backend, "compute_capability", None)
+        if capability is not None:  # a cuda GPU before Ampere
+            return (f"float16 weights and activations, float32 arithmetic in the kernels (float16 tensor-core "
+                    f"tiles need compute capability {TENSOR_CORE_CAPABILITY['fp16'] / 10:.1f}; this GPU has "
+                    f"{capability // 10}.{capability % 10})")
         return "float16 weights and activations, float32 arithmetic in the kernels"
     return f"runs in float32: no float16 kernels{_why_none(backend)}"
 

@@ -74,6 +74,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             if name == "vulkan":
                 from ..backends.kernels.glsl.compile import describe_compiler
                 print(f"          GLSL compiler: {describe_compiler()}")
+                print(f"          cooperative matrices: {backend.cooperative_matrices}")
             backend.close()
         else:
             print(f"  {name:<7} missing    {reason}")

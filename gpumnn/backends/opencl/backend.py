@@ -137,6 +137,7 @@ class OpenCLBackend(Backend):
         self.compute_units = int(dev.max_compute_units)
         self.max_wg = int(dev.max_work_group_size)
         self.tf32 = False  # OpenCL C has no tensor-core instructions: float32 products only
+        self.float16_tensor_cores = False
         #: CPU devices get explicitly vectorised kernels (gemm_cpu.cl, "simd"); GPUs the tiled ones
         self.kernels = kernel_family(requested, not self.is_gpu)
         self.schemes = cl_plans.schemes_for(self.kernels)

@@ -68,6 +68,7 @@ else:
     _VK_IMPORT_ERROR = None
     from .device import DeviceBuffer, DescriptorAllocator, SubmitLane, VulkanDevice, VulkanError
     from .device import Pipeline as _Pipeline
+    from .device import describe_cooperative_matrices
 
 from ..kernels import word_padded
 from ..kernels.int8_dot import choose as choose_int8_dot, int8_dot_option
@@ -193,6 +194,8 @@ class VulkanBackend(Backend):
         #: SMs / CUs / cores the tiled GEMM fills (``compute_units_source`` says who said so)
         self.compute_units: int = dev.compute_units
         self.compute_units_source: str = dev.compute_units_source
+        #: what the device's VK_KHR_cooperative_matrix computes, for ``gpumnn info`` (no kernel uses it yet)
+        self.cooperative_matrices = describe_cooperative_matrices(dev.cooperative_matrices, dev.cooperative_matrices_why)
         self.packed: dict[tuple, TensorHandle] = {}
         self._buffers: dict[int, DeviceBuffer] = {}
         self._lock = threading.RLock()  # preparation verbs: descriptor pools, recording pool, registry

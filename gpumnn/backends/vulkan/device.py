@@ -57,6 +57,53 @@ MAX_PIPELINES = 256
 #: the device extension of shaders' integer dot products (SPV_KHR_integer_dot_product), core in 1.3
 INTEGER_DOT_EXTENSION = "VK_KHR_shader_integer_dot_product"
 
+#: VkComponentTypeKHR values by the names gpumnn gives them (the cooperative-matrix query)
+_COMPONENT_TYPES = {vk.VK_COMPONENT_TYPE_FLOAT16_KHR: "float16", vk.VK_COMPONENT_TYPE_FLOAT32_KHR: "float32",
+                    vk.VK_COMPONENT_TYPE_FLOAT64_KHR: "float64", vk.VK_COMPONENT_TYPE_SINT8_KHR: "int8",
+                    vk.VK_COMPONENT_TYPE_UINT8_KHR: "uint8", vk.VK_COMPONENT_TYPE_SINT32_KHR: "int32",
+                    vk.VK_COMPONENT_TYPE_UINT32_KHR: "uint32", vk.VK_COMPONENT_TYPE_SINT16_KHR: "int16",
+                    vk.VK_COMPONENT_TYPE_UINT16_KHR: "uint16"}
+
+
+@dataclass(frozen=True)
+class CooperativeMatrixShape:
+    """One product a device's cooperative matrices compute (VkCooperativeMatrixPropertiesKHR):
+    result (M x N, ``result`` type) = A (M x K, ``a``) B (K x N, ``b``) + C (``c``), per subgroup
+    or wider ``scope``."""
+
+    m: int
+    n: int
+    k: int
+    a: str
+    b: str
+    c: str
+    result: str
+    scope: str
+
+    def __str__(self) -> str:
+        return f"{self.m}x{self.n}x{self.k} {self.a}*{self.b}+{self.c}->{self.result} ({self.scope})"
+
+
+def cooperative_matrix_shapes(properties) -> tuple[CooperativeMatrixShape, ...]:
+    """The VkCooperativeMatrixPropertiesKHR entries a device lists, as shapes (component types
+    gpumnn has no name for keep their number)."""
+    scopes = {vk.VK_SCOPE_SUBGROUP_KHR: "subgroup", vk.VK_SCOPE_WORKGROUP_KHR: "workgroup",
+              vk.VK_SCOPE_DEVICE_KHR: "device", vk.VK_SCOPE_QUEUE_FAMILY_KHR: "queue family"}
+    name = lambda t: _COMPONENT_TYPES.get(int(t), f"type {int(t)}")  # noqa: E731
+    return tuple(CooperativeMatrixShape(int(p.MSize), int(p.NSize), int(p.KSize), name(p.AType), name(p.BType),
+                                        name(p.CType), name(p.ResultType), scopes.get(int(p.scope), str(int(p.scope))))
+                 for p in properties)
+
+
+def describe_cooperative_matrices(shapes: tuple[CooperativeMatrixShape, ...], why_none: str) -> str:
+    """What ``gpumnn info`` says of a device's cooperative matrices: the float products a GEMM
+    could use (float16 x float16 summing into float32, float32 x float32), or why there are none."""
+    if not shapes:
+        return f"none ({why_none})"
+    floats = [s for s in shapes if (s.a, s.b, s.c) in (("float16", "float16", "float32"), ("float32",) * 3)]
+    listed = ", ".join(map(str, floats)) or "no float16*float16+float32 or float32 products"
+    return f"VK_KHR_cooperative_matrix {listed} ({len(shapes)} shapes in all); no gpumnn kernel uses them yet"
+
 
 class VulkanError(RuntimeError):
     """A Vulkan call failed or the device cannot do what gpumnn needs."""
@@ -292,6 +339,7 @@ class SharedDevice:
         extensions = {_cstring(e.extensionName) for e in vk.vkEnumerateDeviceExtensionProperties(self.physical, None)}
         self.has_memory_budget = "VK_EXT_memory_budget" in extensions
         self.compute_units, self.compute_units_source = self._compute_units(extensions)
+        self.cooperative_matrices, self.cooperative_matrices_why = self._cooperative_matrices(extensions)
         if self.max_push_constants < 128:
             raise VulkanError(f"{self.name}: maxPushConstantsSize {self.max_push_constants} < 128")
 
@@ -322,6 +370,17 @@ class SharedDevice:
             if units > 0:
                 return units, f"{extension} {field_name}"
         return GPU_DEFAULT_COMPUTE_UNITS, "default: the driver reports none"
+
+    def _cooperative_matrices(self, extensions: set[str]) -> tuple[tuple[CooperativeMatrixShape, ...], str]:
+        """(the products the device's cooperative matrices compute, why there are none where none)."""
+        if "VK_KHR_cooperative_matrix" not in extensions:
+            return (), "the driver reports no VK_KHR_cooperative_matrix"
+        try:
+            query = vk.vkGetInstanceProcAddr(self.instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR")
+            shapes = cooperative_matrix_shapes(query(self.physical))
+        except Exception as exc:  # noqa: BLE001 -- a loader without the query: reported, not fatal
+            return (), f"vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR failed: {type(exc).__name__}: {exc}"
+        return shapes, "" if shapes else "VK_KHR_cooperative_matrix lists no shapes"
 
     def _create_device(self) -> None:
         families = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
@@ -619,7 +678,7 @@ class VulkanDevice:
               "max_shared_memory", "max_storage_buffers", "memory", "device", "queue", "queue_family", "validation", "max_allocation",
               "timestamp_bits", "timestamp_period", "driver", "native_narrow", "narrow_storage", "compute_units",
               "integer_dot", "integer_dot_missing",
-              "compute_units_source")
+              "compute_units_source", "cooperative_matrices", "cooperative_matrices_why")
 
     def __init__(self, device: str | int | None = None, validation: bool = False):
         self.shared: SharedDevice | None = acquire(device, validation)

@@ -22,18 +22,32 @@
  * on tensor cores by mma.sync m16n8k8 (prelude_cuda.h), the operands rounded to TF32 and the sums
  * kept in float32. Each warp owns 16 rows and WCOLS columns of the tile (NTILES products 8 wide
  * per 8-deep step of K); the shared rows are padded so that a warp's fragment loads hit 32
- * different banks. Tiles of fewer than 16 rows (the 4x128 tiling) stay in float32. */
+ * different banks. Tiles of fewer than 16 rows (the 4x128 tiling) stay in float32.
+ *
+ * Float16 (-DGEMM_F16=1 with -DHALF, CUDA only: precision="fp16" on sm_80 and later): the same warps
+ * multiply by mma.sync m16n8k16 on float16 operands (exact: they come from float16 storage), float32
+ * sums, 16 deep per step of K. The f16_* functions below place each fragment element; the
+ * tests evaluate them (tests/test_mma_f16.py), so keep each a single return of plain arithmetic. */
 
 #ifndef GEMM_TF32
 #define GEMM_TF32 0
 #endif
-#if GEMM_TF32
+#ifndef GEMM_F16
+#define GEMM_F16 0
+#endif
+#define GEMM_MMA (GEMM_TF32 || GEMM_F16)
+#if GEMM_F16
+#define AS (TM + 4)   /* k rows 4 banks apart: the 4 even k (2 apart) and 8 m of a fragment load on 32 banks */
+#define BS (TN + 4)
+#elif GEMM_TF32
 #define AS (TM + 8)   /* k rows 8 banks apart: the 4 k and 8 m of a fragment load on 32 banks */
 #define BS (TN + 8)
+#endif
+#if GEMM_MMA
 #define MMA_ROW_BLOCKS (TM / 16)                     /* warps along M, 16 rows each */
 #define MMA_COL_BLOCKS ((NT / 32) / MMA_ROW_BLOCKS)  /* warps along N */
 #define WCOLS (TN / MMA_COL_BLOCKS)                  /* columns of one warp */
-#define NTILES (WCOLS / 8)                           /* m16n8k8 products per warp and K step */
+#define NTILES (WCOLS / 8)                           /* products 8 columns wide per warp and K step */
 #else
 #define AS (TM + 1)   /* padded row of the A tile: no bank conflicts on the transposing store */
 #define BS TN
@@ -71,7 +85,28 @@ inline void tile_split(const int e, const int kmajor, const int T, int* x, int* 
     if (kmajor) { *kk = e / T; *x = e - *kk * T; } else { *x = e / TK; *kk = e - *x * TK; }
 }
 
-/* Element (m, n) of a tile's sums (the TF32 path's epilogue, element by element as a fragment holds
+#if GEMM_MMA
+/* Where a warp's 16 rows and WCOLS columns of the tile start: warps walk the row blocks first. */
+inline int mma_warp_row(const int warp) { return warp % MMA_ROW_BLOCKS * 16; }
+inline int mma_warp_col(const int warp) { return warp / MMA_ROW_BLOCKS * WCOLS; }
+/* The float32 sums of m16n8k8 and m16n8k16 alike (PTX ISA): a lane's sum r at row, column of the 16 x 8 block. */
+inline int mma_c_row(const int lane, const int r) { return lane / 4 + r / 2 * 8; }
+inline int mma_c_col(const int lane, const int r) { return lane % 4 * 2 + r % 2; }
+#endif
+#if GEMM_F16
+/* mma.sync m16n8k16 .row.col float16 fragments (PTX ISA): a lane's element j of A (j = 2 x register +
+ * half, 8 of them) at (row, k) of the 16 x 16 block, its element j of B (4) at (k, column) of 16 x 8. */
+inline int f16_a_row(const int lane, const int j) { return lane / 4 + j / 2 % 2 * 8; }
+inline int f16_a_k(const int lane, const int j) { return lane % 4 * 2 + j % 2 + j / 4 * 8; }
+inline int f16_b_k(const int lane, const int j) { return lane % 4 * 2 + j % 2 + j / 2 * 8; }
+inline int f16_b_col(const int lane, const int j) { return lane / 4; }
+/* Those elements in the shared tiles As[k][m] and Bs[k][n]: the warp's block at depth kk, rows from
+ * wr (A), columns from col0 (B). */
+inline int f16_a_at(const int kk, const int wr, const int lane, const int j) { return (kk + f16_a_k(lane, j)) * AS + wr + f16_a_row(lane, j); }
+inline int f16_b_at(const int kk, const int col0, const int lane, const int j) { return (kk + f16_b_k(lane, j)) * BS + col0 + f16_b_col(lane, j); }
+#endif
+
+/* Element (m, n) of a tile's sums (the tensor-core paths' epilogue, element by element as a fragment holds
  * them): a K slice's raw sum (KS > 1), or alpha, the bias, the residual and the activation. */
 inline void gemm_store(__global float* Pb, __global DATA_T* Cb, __global const DATA_T* biasb, __global const DATA_T* Rb,
                        const int m, const int n, const float sum, const int M, const int N, const int KS,
@@ -101,9 +136,9 @@ inline void gemm_body(const int mode, LOCAL_PTR float* As, LOCAL_PTR float* Bs, 
     const int tA = (mode == MODE_DENSE || mode == MODE_CONV) ? trans_a : 0;
     const int tB = (mode == MODE_DENSE) ? trans_b : 0;
 
-#if GEMM_TF32
+#if GEMM_MMA
     const int warp = tid / 32, lane = tid % 32, group = lane / 4, member = lane % 4;
-    const int wr = (warp % MMA_ROW_BLOCKS) * 16, wc = (warp / MMA_ROW_BLOCKS) * WCOLS;
+    const int wr = mma_warp_row(warp), wc = mma_warp_col(warp);
     float acc[NTILES][4];
     for (int t = 0; t < NTILES; ++t)
         for (int r = 0; r < 4; ++r) acc[t][r] = 0.0f;
@@ -169,6 +204,17 @@ inline void gemm_body(const int mode, LOCAL_PTR float* As, LOCAL_PTR float* Bs, 
                 mma_tf32_m16n8k8(acc[t], a, b);
             }
         }
+#elif GEMM_F16
+        for (int kk = 0; kk < TK; kk += 16) {
+            uint a[4], b[2];
+            for (int r = 0; r < 4; ++r)
+                a[r] = pack_half2(As[f16_a_at(kk, wr, lane, 2 * r)], As[f16_a_at(kk, wr, lane, 2 * r + 1)]);
+            for (int t = 0; t < NTILES; ++t) {
+                for (int r = 0; r < 2; ++r)
+                    b[r] = pack_half2(Bs[f16_b_at(kk, wc + t * 8, lane, 2 * r)], Bs[f16_b_at(kk, wc + t * 8, lane, 2 * r + 1)]);
+                mma_f16_m16n8k16(acc[t], a, b);
+            }
+        }
 #else
         for (int kk = 0; kk < TK; ++kk) {
             float a[WM], b[WN];
@@ -186,10 +232,10 @@ inline void gemm_body(const int mode, LOCAL_PTR float* As, LOCAL_PTR float* Bs, 
     __global DATA_T* Cb = C + c_off + bo * c_s1 + bi * c_s0;
     __global const DATA_T* biasb = bias + bias_off + bo * bias_s1 + bi * bias_s0;
     __global const DATA_T* Rb = R + r_off + bo * c_s1 + bi * c_s0;
-#if GEMM_TF32
-    for (int t = 0; t < NTILES; ++t)   /* C fragment r: row group (+ 8 from r = 2), column 2 member + r % 2 */
+#if GEMM_MMA
+    for (int t = 0; t < NTILES; ++t)
         for (int r = 0; r < 4; ++r)
-            gemm_store(Pb, Cb, biasb, Rb, m0 + wr + group + (r / 2) * 8, n0 + wc + t * 8 + 2 * member + r % 2, acc[t][r],
+            gemm_store(Pb, Cb, biasb, Rb, m0 + wr + mma_c_row(lane, r), n0 + wc + t * 8 + mma_c_col(lane, r), acc[t][r],
                        M, N, KS, alpha, beta, has_bias, bias_sm, bias_sn, has_res, act, p0, p1, p2);
 #else
     for (int i = 0; i < WM; ++i) {

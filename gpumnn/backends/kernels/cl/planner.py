@@ -229,6 +229,9 @@ class PlannerTarget(BasePlannerTarget, Protocol):
     compute_units: int
     max_wg: int  # largest work-group (work-items)
     tf32: bool  # GEMM tiles on tensor cores in TF32 (CUDA only: precision="tf32"; see gemm_tf32_fits)
+    #: GEMM tiles over float16 storage on tensor cores in float16, float32 sums (CUDA sm_80+: precision="fp16";
+    #: see gemm_f16_fits and precision.float16_tensor_cores)
+    float16_tensor_cores: bool
     int8_dot: str  # the integer dot-product instruction of the int8 implicit GEMM ("": plain int32)
 
     def is_constant(self, handle: TensorHandle) -> bool: ...
@@ -439,16 +442,30 @@ def _gemm_config(be: PlannerTarget, m: int, n: int, batch: int) -> str:
     return cfg
 
 
-def gemm_tf32_fits(cfg: str) -> bool:
-    """Whether the GEMM tiling ``cfg`` has a TF32 variant (gemm.cl -DGEMM_TF32): whole 16-row
-    blocks of m16n8k8 products, its warps split evenly between the row blocks, each warp's
-    columns whole 8-wide blocks, K staged 8 deep at a time."""
+def _gemm_mma_fits(cfg: str, depth: int) -> bool:
+    """Whether the GEMM tiling ``cfg`` splits into warps of mma.sync products 16 x 8 x ``depth``:
+    whole 16-row blocks, its warps split evenly between the row blocks, each warp's columns whole
+    8-wide blocks, K staged a whole number of ``depth`` steps at a time."""
     tm, tn, wm, wn, tk = GEMM_CONFIGS[cfg]
     warps = (tm // wm) * (tn // wn) // 32
     row_blocks = tm // 16
-    if tm % 16 or tk % 8 or not warps or warps % row_blocks:
+    if tm % 16 or tk % depth or not warps or warps % row_blocks:
         return False
     return (tn // (warps // row_blocks)) % 8 == 0
+
+
+#: what a scheme in the report ends with where its tiles multiply float16 on tensor cores
+F16_MMA_LABEL = "fp16-mma"
+
+
+def gemm_tf32_fits(cfg: str) -> bool:
+    """Whether the GEMM tiling ``cfg`` has a TF32 variant (gemm.cl -DGEMM_TF32: m16n8k8 products)."""
+    return _gemm_mma_fits(cfg, 8)
+
+
+def gemm_f16_fits(cfg: str) -> bool:
+    """Whether the GEMM tiling ``cfg`` has a float16 tensor-core variant (gemm.cl -DGEMM_F16: m16n8k16 products)."""
+    return _gemm_mma_fits(cfg, 16)
 
 
 #: split-K (gemm.cl): each slice of the inner dimension is at least this deep, and there are at
@@ -491,6 +508,8 @@ def _gemm_launches(be: PlannerTarget, kernel: str, *, A_, a_off, B_, b_off, C_, 
     defines = {"TM": tm, "TN": tn, "WM": wm, "WN": wn, "TK": tk, **storage}
     if be.tf32 and gemm_tf32_fits(cfg) and not storage:  # TF32 tiles read float32 storage
         defines["GEMM_TF32"] = 1
+    if be.float16_tensor_cores and gemm_f16_fits(cfg) and storage:  # float16 tiles read float16 storage
+        defines["GEMM_F16"] = 1
     residual_args = [C_, _i(0), _i(0)] if residual is None else [residual, _i(res_off), _i(1)]
     epilogue = [bias, _i(bias_off)] + (residual_args if splits == 1 else [C_, _i(0), _i(0)])
     out, keep = [C_, _i(c_off)], ()
@@ -1032,10 +1051,12 @@ def plan(be: PlannerTarget, op: A.AtomicOp, inputs: Sequence[TensorHandle], outp
     planned = PLANNERS[type(op)](be, op, list(inputs), list(outputs))
     if any(("GEMM_TF32", 1) in ln.defines for ln in planned.work):
         planned = dataclasses.replace(planned, scheme=f"{planned.scheme or getattr(op, 'scheme', '')}/tf32")
+    if any(("GEMM_F16", 1) in ln.defines for ln in planned.work):
+        planned = dataclasses.replace(planned, scheme=f"{planned.scheme or getattr(op, 'scheme', '')}/{F16_MMA_LABEL}")
     if outputs and all(o.size == 0 for o in outputs):
         return dataclasses.replace(planned, work=(), prepare=())
     return dataclasses.replace(planned, work=[ln for ln in planned.work if all(g > 0 for g in ln.gsize)])
 
 
 __all__ = ["PlannerTarget", "DTYPES", "TILED_DTYPES", "dtypes_for", "half_defines", "FAMILIES", "Launch", "OP_NAMES", "PLANNERS", "PRELUDE", "SCHEMES", "SHADER_DIR", "TILED_SCHEMES",
-           "Scratch", "elem_defines", "family_source", "gemm_tf32_fits", "header", "launch", "launch1d", "plan", "vec_launch"]
+           "Scratch", "elem_defines", "family_source", "gemm_f16_fits", "gemm_tf32_fits", "F16_MMA_LABEL", "header", "launch", "launch1d", "plan", "vec_launch"]

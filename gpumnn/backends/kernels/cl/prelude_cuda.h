@@ -117,3 +117,23 @@ __device__ __forceinline__ void mma_tf32_m16n8k8(float* d, const uint* a, const 
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+
+/* ---- float16 tensor cores (precision="fp16"; gemm.cl with -DGEMM_F16=1, sm_80 and later) ----
+ * Two floats as the two float16 halves of a .f16x2 register, rounded to nearest even: ``lo`` in
+ * bits 0-15, the fragment element of the lower index (the PTX ISA's packing), ``hi`` in bits 16-31.
+ * Then D += A B over one 16 x 8 x 16 block: A 16 x 16 row-major in 4 registers, B 16 x 8
+ * column-major in 2, C and D 4 floats per thread (gemm.cl's f16_* functions say which elements). */
+__device__ __forceinline__ uint pack_half2(const float lo, const float hi)
+{
+    unsigned short l, h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(l) : "f"(lo));
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(hi));
+    return (uint)l | ((uint)h << 16);
+}
+__device__ __forceinline__ void mma_f16_m16n8k16(float* d, const uint* a, const uint* b)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
