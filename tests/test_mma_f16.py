@@ -83,10 +83,11 @@ def _c_expr(text: str) -> str:
 
 
 def gemm_functions(defines: dict[str, int]) -> dict[str, object]:
-    """gemm.cl's object-like macros and one-line ``inline int`` functions, live under ``defines``
-    (the #if / #ifdef / #ifndef / #elif / #else / #endif lines followed), as Python values and
-    functions."""
-    source = re.sub(r"/\*.*?\*/", "", (cl_plans.SHADER_DIR / "gemm.cl").read_text(), flags=re.DOTALL)
+    """gemm.cl's object-like macros and one-line ``inline int`` functions (after tile.cl's, which
+    it includes), live under ``defines`` (the #if / #ifdef / #ifndef / #elif / #else / #endif lines
+    followed), as Python values and functions."""
+    text = "\n".join((cl_plans.SHADER_DIR / name).read_text() for name in ("tile.cl", "gemm.cl"))
+    source = re.sub(r"/\*.*?\*/", "", text, flags=re.DOTALL)
     space: dict[str, object] = dict(defines)
     stack: list[tuple[bool, bool]] = []  # (this branch live, some branch of the #if taken)
 
