@@ -245,7 +245,7 @@ class _Target:
     kernels, is_gpu, compute_units, max_wg, tf32 = "tiled", True, 132, 1024, False
 
     def __init__(self, capability: int):
-        self.float16_tensor_cores = precision.tensor_cores("fp16", capability)
+        self.float16_tensor_cores = cl_plans.tensor_cores("fp16", capability)
 
     @staticmethod
     def is_constant(handle: TensorHandle) -> bool:
@@ -265,9 +265,9 @@ CONV_SHAPES = {"x": (1, 64, 28, 28), "w": (128, 64, 3, 3), "y": (1, 128, 28, 28)
 def test_fp16_tensor_cores_from_compute_capability_8():
     """Ampere and later multiply fp16 (and tf32) tiles on tensor cores; Turing and older do not (fp16
     sessions there keep float16 storage with float32 products); no other precision has them."""
-    assert [precision.tensor_cores("fp16", cc) for cc in (61, 70, 75, 80, 86, 89, 90)] == [False] * 3 + [True] * 4
-    assert precision.tensor_cores("tf32", 80) and not precision.tensor_cores("tf32", 75)
-    assert not any(precision.tensor_cores(p, 90) for p in ("fp32", "int8"))
+    assert [cl_plans.tensor_cores("fp16", cc) for cc in (61, 70, 75, 80, 86, 89, 90)] == [False] * 3 + [True] * 4
+    assert cl_plans.tensor_cores("tf32", 80) and not cl_plans.tensor_cores("tf32", 75)
+    assert not any(cl_plans.tensor_cores(p, 90) for p in ("fp32", "int8"))
 
 
 def test_the_planner_puts_f16_tiles_on_float16_storage_where_they_fit():
@@ -291,7 +291,7 @@ def test_gpumnn_info_says_how_fp16_multiplies_on_cuda():
 
         def __init__(self, capability):
             self.compute_capability = capability
-            self.float16_tensor_cores = precision.tensor_cores("fp16", capability)
+            self.float16_tensor_cores = cl_plans.tensor_cores("fp16", capability)
 
     assert "tensor cores (mma.sync m16n8k16" in precision.float16_summary(Cuda(90))
     older = precision.float16_summary(Cuda(75))

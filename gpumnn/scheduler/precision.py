@@ -49,6 +49,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import atomic as A
+from ..backends.kernels.cl.planner import TENSOR_CORE_CAPABILITY
 from ..numerics.int4 import pack_int4
 from .expansion import is_rewrite_tensor
 
@@ -63,10 +64,6 @@ KERNEL_PRECISIONS: dict[str, dict[str, dict[str, Any]]] = {"tf32": {"cuda": {"tf
 #: zoo network's output: TF32 rounds each operand to 2^-11 relative, about 1e-3 on a network; the
 #: cuda tests check this bound where a GPU runs them
 TOLERANCES: dict[str, float] = {"tf32": 1e-2}
-#: the first cuda compute capability (as CuPy gives it: 80 is 8.0) whose tensor cores multiply a
-#: precision's convolution and GEMM tiles: TF32 (mma.sync m16n8k8 .tf32) and float16 (m16n8k16
-#: .f16 with float32 sums) both came with Ampere
-TENSOR_CORE_CAPABILITY: dict[str, int] = {"tf32": 80, "fp16": 80}
 #: the widest value of int8 weights (symmetric: -128 is never used)
 INT8_MAX = 127
 #: the widest value of int4 weights (symmetric: -8 is never used)
@@ -82,12 +79,6 @@ def lowers_static_int8(backend) -> bool:
     builds them (every backend here). Elsewhere they would run in float, on that backend, never
     moved to the cpu for it. Independent of ``precision``: the model itself is quantized."""
     return A.QuantizedConv2D in getattr(backend, "kernel_table", {})
-
-
-def tensor_cores(precision: str, capability: int) -> bool:
-    """Whether a cuda GPU of compute ``capability`` (80 for 8.0) multiplies ``precision``'s
-    convolution and GEMM tiles on tensor cores: tf32 and fp16 from 8.0 on, nothing else ever."""
-    return precision in TENSOR_CORE_CAPABILITY and capability >= TENSOR_CORE_CAPABILITY[precision]
 
 
 def check_precision(precision: str) -> str:

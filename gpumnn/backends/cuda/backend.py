@@ -60,7 +60,6 @@ from cupy.cuda import runtime
 
 from ... import atomic as A
 from ...errors import BackendOptionError, DeviceArrayError
-from ...scheduler import precision
 from ..kernels.cl.cuda_source import NVRTC_OPTIONS, cuda_source
 from ..kernels import word_padded
 from ..kernels.cl import planner as cl_plans
@@ -131,14 +130,14 @@ class CudaBackend(Backend):
             self.max_wg = attribute(self.device_id, "MaxThreadsPerBlock") or 1024
             self._info = device_info(self.device_id)
             capability = int(cupy.cuda.Device(self.device_id).compute_capability)  # "90": sm_90
-        if tf32 and not precision.tensor_cores("tf32", capability):
+        if tf32 and not cl_plans.tensor_cores("tf32", capability):
             raise BackendOptionError(f"backend 'cuda': tf32 needs tensor cores with TF32 (compute capability "
-                                     f"{precision.TENSOR_CORE_CAPABILITY['tf32'] / 10:.1f} or later); {self._info.device} has "
+                                     f"{cl_plans.TENSOR_CORE_CAPABILITY['tf32'] / 10:.1f} or later); {self._info.device} has "
                                      f"{capability // 10}.{capability % 10}")
         self.tf32 = tf32
         self.compute_capability = capability
         # float16-storage GEMM tiles (precision="fp16") on tensor cores where the GPU has them
-        self.float16_tensor_cores = precision.tensor_cores("fp16", capability)
+        self.float16_tensor_cores = cl_plans.tensor_cores("fp16", capability)
         has_dp4a = capability >= DP4A_MIN_CAPABILITY
         self.int8_dot, self.int8_arithmetic = choose_int8_dot(
             dot_option, self.kernels, "__dp4a (compute capability 6.1 and later)" if has_dp4a else "",

@@ -458,6 +458,18 @@ def _gemm_mma_fits(cfg: str, depth: int) -> bool:
 F16_MMA_LABEL = "fp16-mma"
 
 
+#: the first cuda compute capability (as CuPy gives it: 80 is 8.0) whose tensor cores multiply a
+#: precision's convolution and GEMM tiles: TF32 (mma.sync m16n8k8 .tf32) and float16 (m16n8k16
+#: .f16 with float32 sums) both came with Ampere
+TENSOR_CORE_CAPABILITY: dict[str, int] = {"tf32": 80, "fp16": 80}
+
+
+def tensor_cores(precision: str, capability: int) -> bool:
+    """Whether a cuda GPU of compute ``capability`` (80 for 8.0) multiplies ``precision``'s
+    convolution and GEMM tiles on tensor cores: tf32 and fp16 from 8.0 on, nothing else ever."""
+    return precision in TENSOR_CORE_CAPABILITY and capability >= TENSOR_CORE_CAPABILITY[precision]
+
+
 def gemm_tf32_fits(cfg: str) -> bool:
     """Whether the GEMM tiling ``cfg`` has a TF32 variant (gemm.cl -DGEMM_TF32: m16n8k8 products)."""
     return _gemm_mma_fits(cfg, 8)
