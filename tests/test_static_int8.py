@@ -32,6 +32,9 @@ GEOMETRIES = [
     ("depthwise", 24, (13, 13), 24, 3, 1, 1, 1, 24, 2),
     ("depthwise stride 2", 16, (15, 14), 16, 3, 2, 1, 1, 16, 1),
     ("depthwise 5x5", 8, (11, 11), 8, 5, 1, 2, 1, 8, 1),
+    ("depthwise dilated stride 2", 8, (17, 16), 8, 3, 2, 2, 2, 8, 1),
+    ("depthwise 5x5 stride 3", 6, (16, 17), 6, 5, 3, 1, 1, 6, 1),
+    ("depthwise int32 sums", 4, (24, 25), 4, 23, 1, 11, 1, 4, 1),  # 529 taps: past float32's exact sums
     ("rows of a product", 70, (1, 1), 37, 1, 1, 0, 1, 1, 5),
 ]
 

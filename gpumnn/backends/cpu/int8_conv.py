@@ -9,9 +9,9 @@ activations are read with their top bit flipped (``x ^ 0x80 = x + 128``, the zer
 128 with them), which changes no difference ``x - zero``. ``gemm1x1`` (a direct product): the tile
 turned round, the weight's rows broadcast and NR pixels of each NCHW plane the vector operand, so
 that a tile's result is stored as NCHW holds it (``_conv_pixels``), where the output has at least
-as many channels as the input; others, and a product's rows (1x1 planes), go the im2col way. ``depthwise``: per channel in int32, a
-vector loop per tap over a zero-padded flattened plane at stride 1, over each tap's valid columns
-of a phase-split plane otherwise. Both end in the requantizing epilogue of the contract:
+as many channels as the input; others, and a product's rows (1x1 planes), go the im2col way. ``depthwise``: per channel, vector loops over a
+zero-padded plane split by stride phase, flattened, so that each tap reads it at a constant offset
+(sums in float32, exact for the integers of any window up to 514 taps, else int32). Both end in the requantizing epilogue of the contract:
 ``clip(rint(float32(acc) * multiplier) + zero, lo, hi)``, a float multiplier as ONNX Runtime's.
 
 8-bit tensors are read and written through uint8 views, int8 ones' bytes included (a value's
@@ -189,111 +189,112 @@ def _conv_pixels(x, weight_rows, panel, corrections, multiplier, out, flip, y_ze
                     row[j] = _requantized(tile[j] + sums[j] + correction, m, y_zero, lo, hi)
 
 
-def _depthwise_flat(x, weight, bias, multiplier, out, geometry, zero, flip_byte, y_zero, lo, hi, tasks):
-    """The depthwise kernel at stride 1: each channel's plane widened into a zero-padded plane of
-    ``OW + (KW-1) DW`` columns, so that every tap is one loop over the whole flattened plane (the
-    columns past OW are computed and never stored) rather than one per output row."""
-    kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
-    images, channels, height, width = x.shape
-    columns = ow_ + (kw_ - 1) * dw
-    rows = oh_ + (kh_ - 1) * dh
-    span = oh_ * columns  # the flattened outputs, garbage columns included
-    planes = images * channels
-    for task in numba.prange(tasks):
-        padded = np.zeros(rows * columns + (kw_ - 1) * dw, np.int32)
-        acc = np.empty(span, np.int32)
-        for t in range(task, planes, tasks):
-            n, c = t // channels, t % channels
-            for ih in range(max(0, -ph), min(height, rows - ph)):
-                source = x[n, c, ih]
-                first, last = max(0, -pw), min(width, columns - pw)
-                widened = padded[(ih + ph) * columns + pw + first:(ih + ph) * columns + pw + last]
-                read = source[first:last]
-                for iw in range(widened.shape[0]):
-                    widened[iw] = np.int32(read[iw] ^ flip_byte) - zero
-            start = bias[c]
-            for i in range(span):
-                acc[i] = start
-            for kh in range(kh_):
-                for kw in range(kw_):
-                    tap = np.int32(weight[c, 0, kh, kw])
-                    offset = kh * dh * columns + kw * dw
-                    read = padded[offset:offset + span]
-                    for i in range(span):
-                        acc[i] += read[i] * tap
-            m = multiplier[c]
-            for oh in range(oh_):
-                row, sums = out[n, c, oh * ow_:(oh + 1) * ow_], acc[oh * columns:oh * columns + ow_]
-                for ow in range(ow_):
-                    row[ow] = _requantized(sums[ow], m, y_zero, lo, hi)
+def depthwise_sum_dtype(op: A.QuantizedConv2D) -> np.dtype:
+    """The type the depthwise kernel sums a window in: float32 where every partial sum of its
+    products (each at most 255 * 128 in size) is an integer float32 holds exactly, as it is for
+    any window up to 514 taps (float products and sums vectorise better than int32 ones), else int32."""
+    largest = op.kernel[0] * op.kernel[1] * 255 * 128
+    return np.dtype(np.float32 if largest <= 1 << 24 else np.int32)
 
 
-def _conv_depthwise(x, weight, bias, multiplier, out, geometry, flip, x_zero, y_zero, lo, hi):
-    """QuantizedConv2D of one channel per group: x uint8 [N, C, H, W], weight int8 [C, 1, KH, KW],
-    out uint8 [N, C, OH*OW]. Each channel's plane is first widened to int32 less its zero point,
-    its columns split by phase (column iw at ``[iw % SW, ih, iw // SW]``, so that a strided tap
-    reads one phase contiguously); then each tap adds over the output columns that read inside
-    the input: loops over contiguous 1D views, which LLVM vectorises. Each parallel task keeps
-    its scratch for a share of the channels."""
+def _conv_depthwise(x, taps, bias, multiplier, out, geometry, flip, x_zero, y_zero, lo, hi):
+    """QuantizedConv2D of one channel per group: x uint8 [N, C, H, W], ``taps`` [C, KH*KW] (the
+    int8 weight in the accumulator's type, ``depthwise_sum_dtype``), out uint8 [N, C, OH*OW]. Each
+    channel's plane, less its zero point and zero-padded, is split by stride phase (padded row r,
+    column q in plane ``(r % SH) * SW + q % SW`` at ``(r // SH) * columns + q // SW``), so that every
+    tap reads one phase plane at a constant offset from the output's flattened index: a 3x3 window
+    is two vector loops over the flattened plane (the columns past OW are computed and never
+    stored), other windows one loop per tap. Each parallel task keeps its scratch for a share of
+    the channels."""
     kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
     images, channels, height, width = x.shape
     zero = np.int32(x_zero + flip)
     flip_byte = np.uint8(flip)
+    columns_across = (kw_ - 1) * dw // sw  # the furthest tap's shift within a phase
+    columns = ow_ + columns_across
+    rows = oh_ + (kh_ - 1) * dh // sh
+    span = oh_ * columns  # the flattened outputs, garbage columns included
+    length = rows * columns + columns_across
     planes = images * channels
     tasks = min(planes, DEPTHWISE_TASKS)
-    # per tap column kw: the output columns [first, last) that read inside the input, the phase
-    # they read and the shift from output column to phase column (the same for every row)
-    firsts, lasts = np.empty(kw_, np.int64), np.empty(kw_, np.int64)
-    phases, shifts = np.empty(kw_, np.int64), np.empty(kw_, np.int64)
-    for kw in range(kw_):
-        offset = kw * dw - pw  # output column ow reads input column ow * sw + offset
-        firsts[kw] = max(0, (sw - 1 - offset) // sw)
-        lasts[kw] = max(firsts[kw], min(ow_, (width - 1 - offset) // sw + 1))
-        phases[kw], shifts[kw] = offset % sw, offset // sw
-    if sh == 1 and sw == 1:
-        _depthwise_flat(x, weight, bias, multiplier, out, geometry, zero, flip_byte, y_zero, lo, hi, tasks)
-        return
+    offsets = np.empty(kh_ * kw_, np.int64)  # per tap: where its phase plane is read from
+    for k in range(kh_ * kw_):
+        a, b = (k // kw_) * dh, (k % kw_) * dw
+        offsets[k] = ((a % sh) * sw + b % sw) * length + (a // sh) * columns + b // sw
+    # where each input row and each column phase's first input column go in the phase planes (-1:
+    # a row that no output reads), so that the widening loops are all that runs per row
+    row_at = np.full(height, -1, np.int64)
+    for ih in range(height):
+        r = ih + ph
+        if r // sh < rows:
+            row_at[ih] = (r % sh) * sw * length + (r // sh) * columns
+    column_first, column_at, column_count = np.empty(sw, np.int64), np.empty(sw, np.int64), np.empty(sw, np.int64)
+    for cp in range(sw):  # this column phase's input columns: iw = first + j * SW
+        first = (cp - pw) % sw
+        column_first[cp], column_at[cp] = first, cp * length + (first + pw) // sw
+        column_count[cp] = max(0, min((width - first + sw - 1) // sw, columns - (first + pw) // sw))
     for task in numba.prange(tasks):
-        plane = np.empty((sw, height, -(-width // sw)), np.int32)
-        acc = np.empty(ow_, np.int32)
+        # the phase planes one after another, flat (1D views of a 1D array are contiguous to LLVM);
+        # their padding stays zero: only the inside is written
+        phase = np.zeros(sh * sw * length, taps.dtype)
+        acc = np.empty(span, taps.dtype)
         for t in range(task, planes, tasks):
             n, c = t // channels, t % channels
             for ih in range(height):
-                source = x[n, c, ih]
-                for phase in range(sw):
-                    widened = plane[phase, ih]
-                    if sw == 2:  # a constant stride: LLVM vectorises the interleaved loads
-                        for j in range((width - phase + 1) // 2):
-                            widened[j] = np.int32(source[j * 2 + phase] ^ flip_byte) - zero
+                if row_at[ih] < 0:
+                    continue
+                read = x[n, c, ih]
+                for cp in range(sw):
+                    at = row_at[ih] + column_at[cp]
+                    widened, source = phase[at:at + column_count[cp]], read[column_first[cp]:]
+                    # indices known not to be negative, and constant strides: LLVM vectorises the loads
+                    if sw == 1:
+                        for j in range(widened.shape[0]):
+                            widened[j] = np.int32(source[j] ^ flip_byte) - zero
+                    elif sw == 2:
+                        for j in range(widened.shape[0]):
+                            widened[j] = np.int32(source[j * 2] ^ flip_byte) - zero
                     else:
-                        for j in range((width - phase + sw - 1) // sw):
-                            widened[j] = np.int32(source[j * sw + phase] ^ flip_byte) - zero
-            m = multiplier[c]
-            start = bias[c]
+                        for j in range(widened.shape[0]):
+                            widened[j] = np.int32(source[j * sw] ^ flip_byte) - zero
+            weights = taps[c]
+            if kh_ * kw_ == 9:  # views: a loop over them vectorises, offset indices would not
+                v0 = phase[offsets[0]:offsets[0] + span]
+                v1 = phase[offsets[1]:offsets[1] + span]
+                v2 = phase[offsets[2]:offsets[2] + span]
+                v3 = phase[offsets[3]:offsets[3] + span]
+                v4 = phase[offsets[4]:offsets[4] + span]
+                v5 = phase[offsets[5]:offsets[5] + span]
+                v6 = phase[offsets[6]:offsets[6] + span]
+                v7 = phase[offsets[7]:offsets[7] + span]
+                v8 = phase[offsets[8]:offsets[8] + span]
+                w0, w1, w2, w3, w4 = weights[0], weights[1], weights[2], weights[3], weights[4]
+                w5, w6, w7, w8 = weights[5], weights[6], weights[7], weights[8]
+                # two loops of at most five reads each: past eight, LLVM's run-time checks that the
+                # views do not overlap acc are too many for it, and the loop stays scalar
+                for i in range(span):
+                    acc[i] = v0[i] * w0 + v1[i] * w1 + v2[i] * w2 + v3[i] * w3 + v4[i] * w4
+                for i in range(span):
+                    acc[i] += v5[i] * w5 + v6[i] * w6 + v7[i] * w7 + v8[i] * w8
+            else:
+                acc[:] = 0
+                for k in range(kh_ * kw_):
+                    read_tap = phase[offsets[k]:offsets[k] + span]
+                    tap = weights[k]
+                    for i in range(span):
+                        acc[i] += read_tap[i] * tap
+            start, m = bias[c], multiplier[c]
             for oh in range(oh_):
+                row, sums = out[n, c, oh * ow_:(oh + 1) * ow_], acc[oh * columns:oh * columns + ow_]
                 for ow in range(ow_):
-                    acc[ow] = start
-                for kh in range(kh_):
-                    ih = oh * sh - ph + kh * dh
-                    if ih < 0 or ih >= height:
-                        continue
-                    for kw in range(kw_):
-                        tap = np.int32(weight[c, 0, kh, kw])
-                        first, last, shift = firsts[kw], lasts[kw], shifts[kw]
-                        read = plane[phases[kw], ih, first + shift:last + shift]
-                        sums = acc[first:last]  # views: the loop over them vectorises, an offset index would not
-                        for i in range(sums.shape[0]):
-                            sums[i] += read[i] * tap
-                row = out[n, c, oh * ow_:(oh + 1) * ow_]
-                for ow in range(ow_):
-                    row[ow] = _requantized(acc[ow], m, y_zero, lo, hi)
+                    row[ow] = _requantized(np.int32(sums[ow]) + start, m, y_zero, lo, hi)
 
 
 _COMPILED: dict[tuple[str, str, bool], object] = {}
 
 
 def _specialised(fn, path: str):
-    """``fn`` with ``path``'s tile as ``_tile`` and the epilogue and ``_depthwise_flat`` inlined: a
+    """``fn`` with ``path``'s tile as ``_tile`` and the epilogue inlined: a
     function of its own name (for Numba's disk cache), as in ``int8._product_for``."""
     scope = dict(globals(), _tile=numba.njit(inline="always")(cpu_int8._TILES[path][0]),
                  _requantized=numba.njit(inline="always")(_requantized))
@@ -303,7 +304,6 @@ def _specialised(fn, path: str):
         made.__qualname__ = name
         made.__doc__ = function.__doc__
         return made
-    scope["_depthwise_flat"] = numba.njit(inline="always")(own(_depthwise_flat, f"_depthwise_flat_{path}"))
     return own(fn, f"{fn.__name__}_{path}")
 
 
@@ -384,11 +384,12 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
     parallel = engine.regions > 1 and op.macs() >= 1 << 16
     arguments = (op.x_zero_point, op.y_zero_point, op.lo, op.hi)
     if op.scheme == "depthwise":
-        kernel = cpu_jit.bind(_kernel(_conv_depthwise, "portable", parallel), x, weight, bias, multiplier, out,
+        taps = np.ascontiguousarray(weight.reshape(op.out_channels, -1), depthwise_sum_dtype(op))
+        kernel = cpu_jit.bind(_kernel(_conv_depthwise, "portable", parallel), x, taps, bias, multiplier, out,
                               geometry, flip, *arguments)
 
         def run_depthwise() -> None:
-            kernel(x, weight, bias, multiplier, out, geometry, flip, *arguments)
+            kernel(x, taps, bias, multiplier, out, geometry, flip, *arguments)
         return KernelWork((run_depthwise,), f"int8 depthwise{' region' if parallel else ''}")
     pairs = cpu_int8._TILES[path][1]
     # the turned tile where planes of at least NR pixels fill its vectors and the output has at least
