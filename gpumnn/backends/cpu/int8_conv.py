@@ -147,11 +147,12 @@ def _conv_packed(x, planes, rows, panels, shifts, scales, out, geometry, flip, x
                             destination[r] = source[r]
 
 
-def _conv_pixels(x, weight_rows, panel, corrections, multiplier, out, flip, y_zero, lo, hi):
+def _conv_pixels(x, weight_rows, panel, lanes, corrections, multiplier, out, flip, y_zero, lo, hi):
     """A 1x1 convolution at stride 1 (``gemm1x1``) with the tile turned round: the weight is the
     broadcast operand, rows of ``weight + 128`` as unsigned bytes ([OC padded to MR, K padded]),
     and NR pixels of each input plane, as signed bytes ``xs = x - 128`` (the byte the tile reads
-    less 128), the vector operand (``panel``: one task's [1, steps, NR, step], a copy each), so that
+    less 128), the vector operand (one task's [1, steps, NR, step] of ``lanes``' type, packed as the
+    int32 words ``panel`` [steps, NR] of a step's lanes each, a copy per task), so that
     a tile is MR channels by NR pixels and is stored as NCHW holds it. Its sum is
     ``sum_k (w + 128) xs = sum_k w (x - zero) - (128 - zero) sum_k w + 128 sum_k xs``; the first
     correction is a constant per channel (``corrections``, with the bias), the second a sum per
@@ -160,20 +161,23 @@ def _conv_pixels(x, weight_rows, panel, corrections, multiplier, out, flip, y_ze
     pixels = height * width
     out_channels = out.shape[1]
     blocks = -(-pixels // NR)
-    step = panel.shape[3]
+    steps, step = panel.shape[0], 4 // lanes.itemsize  # lanes per word
+    bits = 8 * lanes.itemsize
+    mask = (1 << bits) - 1
     channel_tiles = -(-out_channels // MR)
     for t in numba.prange(images * blocks):
         n, block = t // blocks, t % blocks
         p0 = block * NR
         count = min(NR, pixels - p0)
-        local = panel.copy()  # zeros: the steps past K and the pixels past the plane stay 0
+        words = panel.copy()  # zeros: the steps past K and the pixels past the plane stay 0
+        local = words.view(lanes.dtype).reshape(1, steps, NR, step)
         sums = np.zeros(NR, np.int32)
-        for c in range(channels):
-            plane = x[n, c].reshape(pixels)[p0:p0 + count]
-            s, i = c // step, c % step
+        for c in range(channels):  # each channel's pixels into their lane of the words: one vector loop
+            plane, word = x[n, c].reshape(pixels)[p0:p0 + count], words[c // step]
+            shift = (c % step) * bits
             for j in range(count):
                 value = np.int32(plane[j] ^ flip) - 128
-                local[0, s, j, i] = value
+                word[j] |= (value & mask) << shift
                 sums[j] += value
         for j in range(NR):
             sums[j] *= -128
@@ -431,12 +435,12 @@ def _pixels_work(op, x, out, weight, bias, multiplier, flip, path, pairs, parall
                                lambda: pack_weight_rows(weight, pairs))
     zero = op.x_zero_point + flip  # the byte the tile reads for x's zero point
     corrections = (bias.astype(np.int64) - (zero - 128) * row_sums.astype(np.int64)).astype(np.int32)
-    step = 2 if pairs else cpu_int8.STEP
-    panel = np.zeros((1, rows.shape[1] // step, NR, step), np.int16 if pairs else np.int8)
+    lanes = np.empty(0, np.int16 if pairs else np.int8)
+    panel = np.zeros((rows.shape[1] * lanes.itemsize // 4, NR), np.int32)
     arguments = (op.y_zero_point, op.lo, op.hi)
-    kernel = cpu_jit.bind(_kernel(_conv_pixels, path, parallel), x, rows, panel, corrections, multiplier, out, flip,
-                          *arguments)
+    kernel = cpu_jit.bind(_kernel(_conv_pixels, path, parallel), x, rows, panel, lanes, corrections, multiplier, out,
+                          flip, *arguments)
 
     def run() -> None:
-        kernel(x, rows, panel, corrections, multiplier, out, flip, *arguments)
+        kernel(x, rows, panel, lanes, corrections, multiplier, out, flip, *arguments)
     return KernelWork((run,), f"int8 gemm1x1 pixels {cpu_int8.PATH_NAMES[path]}{' region' if parallel else ''}")
