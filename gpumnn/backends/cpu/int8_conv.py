@@ -36,8 +36,17 @@ MR, NR = cpu_int8.MR, cpu_int8.NR
 SIGN_FLIP = 0x80
 #: below this many channels per group, im2col reads x in place rather than pixel-major planes
 FEW_CHANNELS = 16
-#: the depthwise kernel's parallel tasks at most, each with its scratch planes, over a share of the channels
-DEPTHWISE_TASKS = 64
+#: the direct kernel's parallel tasks at most, each with its scratch planes
+DIRECT_TASKS = 64
+#: the direct kernel's output channels of one group are shared among at most this many tasks (each
+#: fills the group's planes again)
+DIRECT_SPLITS = 8
+#: the taps the direct kernel sums in one vector loop
+DIRECT_READS = 5
+#: the outputs the direct kernel sums over all taps before the next ones (its sums and reads in L1)
+DIRECT_CHUNK = 1024
+#: the most taps (channels by window) of a convolution that is not depthwise that the direct kernel sums
+DIRECT_TAPS = 32
 
 
 def pack_conv_weight(weight: np.ndarray, groups: int, pairs: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -193,25 +202,46 @@ def _conv_pixels(x, weight_rows, panel, lanes, corrections, multiplier, out, fli
                     row[j] = _requantized(tile[j] + sums[j] + correction, m, y_zero, lo, hi)
 
 
-def depthwise_sum_dtype(op: A.QuantizedConv2D) -> np.dtype:
-    """The type the depthwise kernel sums a window in: float32 where every partial sum of its
+def direct_sum_dtype(op: A.QuantizedConv2D) -> np.dtype:
+    """The type the direct kernel sums a window in: float32 where every partial sum of its
     products (each at most 255 * 128 in size) is an integer float32 holds exactly, as it is for
     any window up to 514 taps (float products and sums vectorise better than int32 ones), else int32."""
-    largest = op.kernel[0] * op.kernel[1] * 255 * 128
+    largest = op.in_channels // op.groups * op.kernel[0] * op.kernel[1] * 255 * 128
     return np.dtype(np.float32 if largest <= 1 << 24 else np.int32)
 
 
-def _conv_depthwise(x, taps, bias, multiplier, out, geometry, flip, x_zero, y_zero, lo, hi):
-    """QuantizedConv2D of one channel per group: x uint8 [N, C, H, W], ``taps`` [C, KH*KW] (the
-    int8 weight in the accumulator's type, ``depthwise_sum_dtype``), out uint8 [N, C, OH*OW]. Each
-    channel's plane, less its zero point and zero-padded, is split by stride phase (padded row r,
-    column q in plane ``(r % SH) * SW + q % SW`` at ``(r // SH) * columns + q // SW``), so that every
-    tap reads one phase plane at a constant offset from the output's flattened index: a 3x3 window
-    is two vector loops over the flattened plane (the columns past OW are computed and never
-    stored), other windows one loop per tap. Each parallel task keeps its scratch for a share of
-    the channels."""
+def runs_direct(op: A.QuantizedConv2D) -> bool:
+    """Whether ``_conv_direct`` computes ``op``: a depthwise convolution, or a small window over a
+    few input channels (an image's first convolution), whose rows im2col packs a few bytes at a
+    time; over DIRECT_TAPS taps the tile's products outrun the direct kernel's."""
+    taps = op.in_channels * op.kernel[0] * op.kernel[1]
+    return op.scheme == "depthwise" or (op.groups == 1 and op.in_channels < FEW_CHANNELS and op.kernel != (1, 1)
+                                        and taps <= DIRECT_TAPS)
+
+
+def direct_taps(op: A.QuantizedConv2D, weight: np.ndarray) -> np.ndarray:
+    """``weight`` [OC, C/groups, KH, KW] as ``_conv_direct``'s taps: [OC, C/groups * KH * KW padded
+    to a multiple of DIRECT_READS with zeros] in ``direct_sum_dtype``."""
+    flat = weight.reshape(op.out_channels, -1)
+    taps = np.zeros((op.out_channels, -(-flat.shape[1] // DIRECT_READS) * DIRECT_READS), direct_sum_dtype(op))
+    taps[:, :flat.shape[1]] = flat
+    return taps
+
+
+def _conv_direct(x, taps, bias, multiplier, out, geometry, groups, flip, x_zero, y_zero, lo, hi):
+    """QuantizedConv2D summed tap by tap (``runs_direct``): x uint8 [N, C, H, W], ``taps``
+    (``direct_taps``), out uint8 [N, OC, OH*OW]. Each input plane, less its zero point and
+    zero-padded, is split by stride phase (padded row r, column q in plane ``(r % SH) * SW + q % SW``
+    at ``(r // SH) * columns + q // SW``), so that every tap reads one phase plane at a constant
+    offset from the output's flattened index: an output channel is a few vector loops of
+    DIRECT_READS taps each over the flattened plane (the columns past OW are computed and never
+    stored). A parallel task fills the planes of one group of one image and sums a share of its
+    output channels (at most DIRECT_SPLITS shares per group, each task with its own scratch)."""
     kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
     images, channels, height, width = x.shape
+    out_channels = out.shape[1]
+    per_group, out_per_group = channels // groups, out_channels // groups
+    window = kh_ * kw_
     zero = np.int32(x_zero + flip)
     flip_byte = np.uint8(flip)
     columns_across = (kw_ - 1) * dw // sw  # the furthest tap's shift within a phase
@@ -219,12 +249,13 @@ def _conv_depthwise(x, taps, bias, multiplier, out, geometry, flip, x_zero, y_ze
     rows = oh_ + (kh_ - 1) * dh // sh
     span = oh_ * columns  # the flattened outputs, garbage columns included
     length = rows * columns + columns_across
-    planes = images * channels
-    tasks = min(planes, DEPTHWISE_TASKS)
-    offsets = np.empty(kh_ * kw_, np.int64)  # per tap: where its phase plane is read from
-    for k in range(kh_ * kw_):
-        a, b = (k // kw_) * dh, (k % kw_) * dw
-        offsets[k] = ((a % sh) * sw + b % sw) * length + (a // sh) * columns + b // sw
+    phases = sh * sw * length  # one input channel's phase planes, one after another
+    # per tap (channel, kh, kw) of the padded taps: where its phase plane is read from (the zero
+    # taps past the window read the first plane)
+    offsets = np.zeros(taps.shape[1], np.int64)
+    for k in range(per_group * window):
+        a, b = (k % window // kw_) * dh, (k % window % kw_) * dw
+        offsets[k] = k // window * phases + ((a % sh) * sw + b % sw) * length + (a // sh) * columns + b // sw
     # where each input row and each column phase's first input column go in the phase planes (-1:
     # a row that no output reads), so that the widening loops are all that runs per row
     row_at = np.full(height, -1, np.int64)
@@ -237,61 +268,61 @@ def _conv_depthwise(x, taps, bias, multiplier, out, geometry, flip, x_zero, y_ze
         first = (cp - pw) % sw
         column_first[cp], column_at[cp] = first, cp * length + (first + pw) // sw
         column_count[cp] = max(0, min((width - first + sw - 1) // sw, columns - (first + pw) // sw))
+    splits = min(out_per_group, DIRECT_SPLITS)
+    share = -(-out_per_group // splits)
+    items = images * groups * splits
+    tasks = min(items, DIRECT_TASKS)
     for task in numba.prange(tasks):
-        # the phase planes one after another, flat (1D views of a 1D array are contiguous to LLVM);
-        # their padding stays zero: only the inside is written
-        phase = np.zeros(sh * sw * length, taps.dtype)
+        # flat (1D views of a 1D array are contiguous to LLVM); the padding stays zero: only the
+        # inside is written
+        phase = np.zeros(per_group * phases, taps.dtype)
         acc = np.empty(span, taps.dtype)
-        for t in range(task, planes, tasks):
-            n, c = t // channels, t % channels
-            for ih in range(height):
-                if row_at[ih] < 0:
-                    continue
-                read = x[n, c, ih]
-                for cp in range(sw):
-                    at = row_at[ih] + column_at[cp]
-                    widened, source = phase[at:at + column_count[cp]], read[column_first[cp]:]
-                    # indices known not to be negative, and constant strides: LLVM vectorises the loads
-                    if sw == 1:
-                        for j in range(widened.shape[0]):
-                            widened[j] = np.int32(source[j] ^ flip_byte) - zero
-                    elif sw == 2:
-                        for j in range(widened.shape[0]):
-                            widened[j] = np.int32(source[j * 2] ^ flip_byte) - zero
-                    else:
-                        for j in range(widened.shape[0]):
-                            widened[j] = np.int32(source[j * sw] ^ flip_byte) - zero
-            weights = taps[c]
-            if kh_ * kw_ == 9:  # views: a loop over them vectorises, offset indices would not
-                v0 = phase[offsets[0]:offsets[0] + span]
-                v1 = phase[offsets[1]:offsets[1] + span]
-                v2 = phase[offsets[2]:offsets[2] + span]
-                v3 = phase[offsets[3]:offsets[3] + span]
-                v4 = phase[offsets[4]:offsets[4] + span]
-                v5 = phase[offsets[5]:offsets[5] + span]
-                v6 = phase[offsets[6]:offsets[6] + span]
-                v7 = phase[offsets[7]:offsets[7] + span]
-                v8 = phase[offsets[8]:offsets[8] + span]
-                w0, w1, w2, w3, w4 = weights[0], weights[1], weights[2], weights[3], weights[4]
-                w5, w6, w7, w8 = weights[5], weights[6], weights[7], weights[8]
-                # two loops of at most five reads each: past eight, LLVM's run-time checks that the
-                # views do not overlap acc are too many for it, and the loop stays scalar
-                for i in range(span):
-                    acc[i] = v0[i] * w0 + v1[i] * w1 + v2[i] * w2 + v3[i] * w3 + v4[i] * w4
-                for i in range(span):
-                    acc[i] += v5[i] * w5 + v6[i] * w6 + v7[i] * w7 + v8[i] * w8
-            else:
-                acc[:] = 0
-                for k in range(kh_ * kw_):
-                    read_tap = phase[offsets[k]:offsets[k] + span]
-                    tap = weights[k]
-                    for i in range(span):
-                        acc[i] += read_tap[i] * tap
-            start, m = bias[c], multiplier[c]
-            for oh in range(oh_):
-                row, sums = out[n, c, oh * ow_:(oh + 1) * ow_], acc[oh * columns:oh * columns + ow_]
-                for ow in range(ow_):
-                    row[ow] = _requantized(np.int32(sums[ow]) + start, m, y_zero, lo, hi)
+        for item in range(task, items, tasks):
+            n, g, split = item // (groups * splits), item // splits % groups, item % splits
+            for ci in range(per_group):
+                plane = phase[ci * phases:(ci + 1) * phases]
+                for ih in range(height):
+                    if row_at[ih] < 0:
+                        continue
+                    read = x[n, g * per_group + ci, ih]
+                    for cp in range(sw):
+                        at = row_at[ih] + column_at[cp]
+                        widened, source = plane[at:at + column_count[cp]], read[column_first[cp]:]
+                        # indices known not to be negative, and constant strides: LLVM vectorises the loads
+                        if sw == 1:
+                            for j in range(widened.shape[0]):
+                                widened[j] = np.int32(source[j] ^ flip_byte) - zero
+                        elif sw == 2:
+                            for j in range(widened.shape[0]):
+                                widened[j] = np.int32(source[j * 2] ^ flip_byte) - zero
+                        else:
+                            for j in range(widened.shape[0]):
+                                widened[j] = np.int32(source[j * sw] ^ flip_byte) - zero
+            for oc in range(g * out_per_group + split * share, g * out_per_group + min((split + 1) * share, out_per_group)):
+                weights = taps[oc]
+                # DIRECT_READS views per loop: past eight, LLVM's run-time checks that they do not
+                # overlap acc are too many for it and the loop stays scalar; offset indices would not
+                # vectorise either. A chunk of the outputs at a time, so that its sums stay in L1
+                for i0 in range(0, span, DIRECT_CHUNK):
+                    part = acc[i0:min(i0 + DIRECT_CHUNK, span)]
+                    for k in range(0, taps.shape[1], DIRECT_READS):
+                        size = part.shape[0]
+                        a0, a1, a2, a3, a4 = (offsets[k] + i0, offsets[k + 1] + i0, offsets[k + 2] + i0,
+                                              offsets[k + 3] + i0, offsets[k + 4] + i0)
+                        v0, v1, v2 = phase[a0:a0 + size], phase[a1:a1 + size], phase[a2:a2 + size]
+                        v3, v4 = phase[a3:a3 + size], phase[a4:a4 + size]
+                        w0, w1, w2, w3, w4 = weights[k], weights[k + 1], weights[k + 2], weights[k + 3], weights[k + 4]
+                        if k == 0:
+                            for i in range(part.shape[0]):
+                                part[i] = v0[i] * w0 + v1[i] * w1 + v2[i] * w2 + v3[i] * w3 + v4[i] * w4
+                        else:
+                            for i in range(part.shape[0]):
+                                part[i] += v0[i] * w0 + v1[i] * w1 + v2[i] * w2 + v3[i] * w3 + v4[i] * w4
+                start, m = bias[oc], multiplier[oc]
+                for oh in range(oh_):
+                    row, sums = out[n, oc, oh * ow_:(oh + 1) * ow_], acc[oh * columns:oh * columns + ow_]
+                    for ow in range(ow_):
+                        row[ow] = _requantized(np.int32(sums[ow]) + start, m, y_zero, lo, hi)
 
 
 _COMPILED: dict[tuple[str, str, bool], object] = {}
@@ -387,14 +418,14 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
     path = cpu_int8.current_path()
     parallel = engine.regions > 1 and op.macs() >= 1 << 16
     arguments = (op.x_zero_point, op.y_zero_point, op.lo, op.hi)
-    if op.scheme == "depthwise":
-        taps = np.ascontiguousarray(weight.reshape(op.out_channels, -1), depthwise_sum_dtype(op))
-        kernel = cpu_jit.bind(_kernel(_conv_depthwise, "portable", parallel), x, taps, bias, multiplier, out,
-                              geometry, flip, *arguments)
+    if runs_direct(op):
+        taps = direct_taps(op, weight)
+        kernel = cpu_jit.bind(_kernel(_conv_direct, "portable", parallel), x, taps, bias, multiplier, out,
+                              geometry, op.groups, flip, *arguments)
 
-        def run_depthwise() -> None:
-            kernel(x, taps, bias, multiplier, out, geometry, flip, *arguments)
-        return KernelWork((run_depthwise,), f"int8 depthwise{' region' if parallel else ''}")
+        def run_direct() -> None:
+            kernel(x, taps, bias, multiplier, out, geometry, op.groups, flip, *arguments)
+        return KernelWork((run_direct,), f"int8 direct{' region' if parallel else ''}")
     pairs = cpu_int8._TILES[path][1]
     # the turned tile where planes of at least NR pixels fill its vectors and the output has at least
     # as many channels as the input: it packs every input byte once per block of pixels, the rows'
