@@ -27,6 +27,7 @@ GEOMETRIES = [
     ("3x3 few channels stride 2", 3, (19, 18), 20, 3, 2, 1, 1, 1, 1),  # the direct kernel's
     ("1x1", 40, (6, 7), 24, 1, 1, 0, 1, 1, 1),
     ("1x1 widening", 12, (8, 9), 40, 1, 1, 0, 1, 1, 2),
+    ("1x1 narrowing on a large plane", 24, (96, 90), 8, 1, 1, 0, 1, 1, 1),  # the turned tile's too
     ("1x1 stride 2", 16, (9, 9), 8, 1, 2, 0, 1, 1, 1),
     ("dilated", 17, (10, 10), 12, 3, 1, 2, 2, 1, 1),
     ("grouped", 32, (8, 8), 48, 3, 1, 1, 1, 4, 1),

@@ -36,6 +36,8 @@ MR, NR = cpu_int8.MR, cpu_int8.NR
 SIGN_FLIP = 0x80
 #: below this many channels per group, im2col reads x in place rather than pixel-major planes
 FEW_CHANNELS = 16
+#: a 1x1 convolution's planes of this many pixels or more run on the turned tile, whichever side is wider
+LARGE_PLANE = 8192
 #: the direct kernel's parallel tasks at most, each with its scratch planes
 DIRECT_TASKS = 64
 #: the direct kernel's output channels of one group are shared among at most this many tasks (each
@@ -429,9 +431,12 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
     pairs = cpu_int8._TILES[path][1]
     # the turned tile where planes of at least NR pixels fill its vectors and the output has at least
     # as many channels as the input: it packs every input byte once per block of pixels, the rows'
-    # tile stores every output byte transposed, so each takes the side with fewer bytes
-    if op.scheme == "gemm1x1" and op.groups == 1 and x.flags.c_contiguous and op.out_hw[0] * op.out_hw[1] >= NR \
-            and op.out_channels >= op.in_channels:
+    # tile stores every output byte transposed, so each takes the side with fewer bytes; and on
+    # planes of LARGE_PLANE pixels or more, where the rows' tile gathers each pixel's bytes from
+    # planes so far apart that every byte is a cache miss
+    pixels = op.out_hw[0] * op.out_hw[1]
+    if op.scheme == "gemm1x1" and op.groups == 1 and x.flags.c_contiguous and pixels >= NR \
+            and (op.out_channels >= op.in_channels or pixels >= LARGE_PLANE):
         return _pixels_work(op, x, out, weight, bias, multiplier, flip, path, pairs, parallel, made_once, ins[1])
     panels, colsum = made_once(ins[1], "int16 pair conv panels" if pairs else "int8 conv panels",
                                lambda: pack_conv_weight(weight, op.groups, pairs))
