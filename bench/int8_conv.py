@@ -4,7 +4,8 @@ shapes, each checked against the NumPy reference, then timed alone (issue 30).
     python bench/int8_conv.py                 # one thread, process CPU time (other jobs do not move it)
     python bench/int8_conv.py --threads 2
 
-Prints per case the kernel (``Execution.scheme``: the op's scheme as the backend runs it), the median ms of ``--runs`` runs and the multiply-adds per second.
+Prints per case the kernel (``Execution.scheme``: the op's scheme as the backend runs it), the
+median ms of ``--runs`` runs and the multiply-adds per second.
 Nothing here asserts speed.
 """
 from __future__ import annotations

@@ -9,9 +9,11 @@ activations are read with their top bit flipped (``x ^ 0x80 = x + 128``, the zer
 128 with them), which changes no difference ``x - zero``. ``gemm1x1`` (a direct product): the tile
 turned round, the weight's rows broadcast and NR pixels of each NCHW plane the vector operand, so
 that a tile's result is stored as NCHW holds it (``_conv_pixels``), where the output has at least
-as many channels as the input; others, and a product's rows (1x1 planes), go the im2col way. ``depthwise``: per channel, vector loops over a
-zero-padded plane split by stride phase, flattened, so that each tap reads it at a constant offset
-(sums in float32, exact for the integers of any window up to 514 taps, else int32). Both end in the requantizing epilogue of the contract:
+as many channels as the input or the planes are large; others, and a product's rows (1x1 planes),
+go the im2col way. ``depthwise``, and small windows over a few input channels (``runs_direct``):
+the direct kernel, vector loops over each input plane zero-padded, split by stride phase and
+flattened, so that each tap reads it at a constant offset (sums in float32, exact for the integers
+of any window up to 514 taps, else int32). All end in the requantizing epilogue of the contract:
 ``clip(rint(float32(acc) * multiplier) + zero, lo, hi)``, a float multiplier as ONNX Runtime's.
 
 8-bit tensors are read and written through uint8 views, int8 ones' bytes included (a value's
@@ -300,7 +302,8 @@ def _conv_direct(x, taps, bias, multiplier, out, geometry, groups, flip, x_zero,
                         else:
                             for j in range(widened.shape[0]):
                                 widened[j] = np.int32(source[j * sw] ^ flip_byte) - zero
-            for oc in range(g * out_per_group + split * share, g * out_per_group + min((split + 1) * share, out_per_group)):
+            first_oc = g * out_per_group + split * share
+            for oc in range(first_oc, g * out_per_group + min((split + 1) * share, out_per_group)):
                 weights = taps[oc]
                 # DIRECT_READS views per loop: past eight, LLVM's run-time checks that they do not
                 # overlap acc are too many for it and the loop stays scalar; offset indices would not
