@@ -43,6 +43,8 @@ def op_kind(exe) -> str:
     name = type(op).__name__
     if name == "Conv2D":
         return f"Conv2D {exe.scheme} {op.kernel[0]}x{op.kernel[1]}" + (f" s{op.strides[0]}" if op.strides != (1, 1) else "")
+    if name == "QuantizedConv2D":  # its kernel, as the backend runs it (direct, the turned tile, im2col ...)
+        return f"{name} {exe.scheme}"
     if name in ("Binary", "Unary", "Reduce", "Pool2D"):
         return f"{name} {op.op}"
     return name

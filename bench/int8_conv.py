@@ -4,7 +4,8 @@ shapes, each checked against the NumPy reference, then timed alone (issue 30).
     python bench/int8_conv.py                 # one thread, process CPU time (other jobs do not move it)
     python bench/int8_conv.py --threads 2
 
-Prints per case the scheme, the median ms of ``--runs`` runs and the multiply-adds per second.
+Prints per case the kernel (``Execution.scheme``: the op's scheme as the backend runs it), the
+median ms of ``--runs`` runs and the multiply-adds per second.
 Nothing here asserts speed.
 """
 from __future__ import annotations
@@ -28,10 +29,13 @@ from gpumnn.scheduler.schemes import conv_scheme  # noqa: E402
 
 #: (name, channels, input size, output channels, kernel, stride, pad, groups)
 CASES = [
+    ("mobilenet conv0 3x3 s2 3->32", 3, 224, 32, 3, 2, 1, 1),
     ("mobilenet dw 32 @112", 32, 112, 32, 3, 1, 1, 32),
     ("mobilenet dw 96 @112 s2", 96, 112, 96, 3, 2, 1, 96),
     ("mobilenet dw 384 @14", 384, 14, 384, 3, 1, 1, 384),
+    ("mobilenet dw 960 @7", 960, 7, 960, 3, 1, 1, 960),
     ("mobilenet 1x1 16->96 @112", 16, 112, 96, 1, 1, 0, 1),
+    ("mobilenet 1x1 32->16 @112", 32, 112, 16, 1, 1, 0, 1),
     ("mobilenet 1x1 24->144 @56", 24, 56, 144, 1, 1, 0, 1),
     ("mobilenet 1x1 96->24 @56", 96, 56, 24, 1, 1, 0, 1),
     ("resnet18 conv1 7x7 s2", 3, 224, 64, 7, 2, 3, 1),
@@ -46,7 +50,8 @@ def _handle(array: np.ndarray) -> TensorHandle:
 
 
 def measure(backend: CpuBackend, case, runs: int, clock) -> tuple[str, float, float]:
-    """(scheme, median ms, multiply-adds per second) of one case, after checking its output."""
+    """(the kernel the backend runs, median ms, multiply-adds per second) of one case, after checking
+    its output."""
     name, c, size, oc, k, stride, pad, groups = case
     rng = np.random.default_rng(0)
     x = rng.integers(-128, 128, (1, c, size, size)).astype(np.int8)
@@ -75,7 +80,7 @@ def measure(backend: CpuBackend, case, runs: int, clock) -> tuple[str, float, fl
         run()
         times.append(clock() - start)
     median = statistics.median(times)
-    return op.scheme, median * 1000.0, op.macs() / median
+    return execution.scheme, median * 1000.0, op.macs() / median
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -89,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
           f"median of {args.runs} runs")
     for case in CASES:
         scheme, ms, rate = measure(backend, case, args.runs, clock)
-        print(f"{case[0]:<28} {scheme:<10} {ms:8.3f} ms  {rate / 1e9:6.1f} GMAC/s")
+        print(f"{case[0]:<30} {scheme:<44} {ms:8.3f} ms  {rate / 1e9:6.1f} GMAC/s")
 
 
 if __name__ == "__main__":

@@ -24,14 +24,19 @@ GEOMETRIES = [
     ("3x3", 20, (9, 11), 40, 3, 1, 1, 1, 1, 1),
     ("3x3 stride 2", 24, (12, 9), 33, 3, 2, 1, 1, 1, 2),
     ("7x7 few channels", 3, (20, 20), 16, 7, 2, 3, 1, 1, 1),
+    ("3x3 few channels stride 2", 3, (19, 18), 20, 3, 2, 1, 1, 1, 1),  # the direct kernel's
     ("1x1", 40, (6, 7), 24, 1, 1, 0, 1, 1, 1),
     ("1x1 widening", 12, (8, 9), 40, 1, 1, 0, 1, 1, 2),
+    ("1x1 narrowing on a large plane", 24, (96, 90), 8, 1, 1, 0, 1, 1, 1),  # the turned tile's too
     ("1x1 stride 2", 16, (9, 9), 8, 1, 2, 0, 1, 1, 1),
     ("dilated", 17, (10, 10), 12, 3, 1, 2, 2, 1, 1),
     ("grouped", 32, (8, 8), 48, 3, 1, 1, 1, 4, 1),
     ("depthwise", 24, (13, 13), 24, 3, 1, 1, 1, 24, 2),
     ("depthwise stride 2", 16, (15, 14), 16, 3, 2, 1, 1, 16, 1),
     ("depthwise 5x5", 8, (11, 11), 8, 5, 1, 2, 1, 8, 1),
+    ("depthwise dilated stride 2", 8, (17, 16), 8, 3, 2, 2, 2, 8, 1),
+    ("depthwise 5x5 stride 3", 6, (16, 17), 6, 5, 3, 1, 1, 6, 1),
+    ("depthwise int32 sums", 4, (24, 25), 4, 23, 1, 11, 1, 4, 1),  # 529 taps: past float32's exact sums
     ("rows of a product", 70, (1, 1), 37, 1, 1, 0, 1, 1, 5),
 ]
 

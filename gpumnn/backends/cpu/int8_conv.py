@@ -9,9 +9,11 @@ activations are read with their top bit flipped (``x ^ 0x80 = x + 128``, the zer
 128 with them), which changes no difference ``x - zero``. ``gemm1x1`` (a direct product): the tile
 turned round, the weight's rows broadcast and NR pixels of each NCHW plane the vector operand, so
 that a tile's result is stored as NCHW holds it (``_conv_pixels``), where the output has at least
-as many channels as the input; others, and a product's rows (1x1 planes), go the im2col way. ``depthwise``: per channel in int32, a
-vector loop per tap over a zero-padded flattened plane at stride 1, over each tap's valid columns
-of a phase-split plane otherwise. Both end in the requantizing epilogue of the contract:
+as many channels as the input or the planes are large; others, and a product's rows (1x1 planes),
+go the im2col way. ``depthwise``, and small windows over a few input channels (``runs_direct``):
+the direct kernel, vector loops over each input plane zero-padded, split by stride phase and
+flattened, so that each tap reads it at a constant offset (sums in float32, exact for the integers
+of any window up to 514 taps, else int32). All end in the requantizing epilogue of the contract:
 ``clip(rint(float32(acc) * multiplier) + zero, lo, hi)``, a float multiplier as ONNX Runtime's.
 
 8-bit tensors are read and written through uint8 views, int8 ones' bytes included (a value's
@@ -36,8 +38,19 @@ MR, NR = cpu_int8.MR, cpu_int8.NR
 SIGN_FLIP = 0x80
 #: below this many channels per group, im2col reads x in place rather than pixel-major planes
 FEW_CHANNELS = 16
-#: the depthwise kernel's parallel tasks at most, each with its scratch planes, over a share of the channels
-DEPTHWISE_TASKS = 64
+#: a 1x1 convolution's planes of this many pixels or more run on the turned tile, whichever side is wider
+LARGE_PLANE = 8192
+#: the direct kernel's parallel tasks at most, each with its scratch planes
+DIRECT_TASKS = 64
+#: the direct kernel's output channels of one group are shared among at most this many tasks (each
+#: fills the group's planes again)
+DIRECT_SPLITS = 8
+#: the taps the direct kernel sums in one vector loop
+DIRECT_READS = 5
+#: the outputs the direct kernel sums over all taps before the next ones (its sums and reads in L1)
+DIRECT_CHUNK = 1024
+#: the most taps (channels by window) of a convolution that is not depthwise that the direct kernel sums
+DIRECT_TAPS = 32
 
 
 def pack_conv_weight(weight: np.ndarray, groups: int, pairs: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -147,11 +160,12 @@ def _conv_packed(x, planes, rows, panels, shifts, scales, out, geometry, flip, x
                             destination[r] = source[r]
 
 
-def _conv_pixels(x, weight_rows, panel, corrections, multiplier, out, flip, y_zero, lo, hi):
+def _conv_pixels(x, weight_rows, panel, lanes, corrections, multiplier, out, flip, y_zero, lo, hi):
     """A 1x1 convolution at stride 1 (``gemm1x1``) with the tile turned round: the weight is the
     broadcast operand, rows of ``weight + 128`` as unsigned bytes ([OC padded to MR, K padded]),
     and NR pixels of each input plane, as signed bytes ``xs = x - 128`` (the byte the tile reads
-    less 128), the vector operand (``panel``: one task's [1, steps, NR, step], a copy each), so that
+    less 128), the vector operand (one task's [1, steps, NR, step] of ``lanes``' type, packed as the
+    int32 words ``panel`` [steps, NR] of a step's lanes each, a copy per task), so that
     a tile is MR channels by NR pixels and is stored as NCHW holds it. Its sum is
     ``sum_k (w + 128) xs = sum_k w (x - zero) - (128 - zero) sum_k w + 128 sum_k xs``; the first
     correction is a constant per channel (``corrections``, with the bias), the second a sum per
@@ -160,20 +174,23 @@ def _conv_pixels(x, weight_rows, panel, corrections, multiplier, out, flip, y_ze
     pixels = height * width
     out_channels = out.shape[1]
     blocks = -(-pixels // NR)
-    step = panel.shape[3]
+    steps, step = panel.shape[0], 4 // lanes.itemsize  # lanes per word
+    bits = 8 * lanes.itemsize
+    mask = (1 << bits) - 1
     channel_tiles = -(-out_channels // MR)
     for t in numba.prange(images * blocks):
         n, block = t // blocks, t % blocks
         p0 = block * NR
         count = min(NR, pixels - p0)
-        local = panel.copy()  # zeros: the steps past K and the pixels past the plane stay 0
+        words = panel.copy()  # zeros: the steps past K and the pixels past the plane stay 0
+        local = words.view(lanes.dtype).reshape(1, steps, NR, step)
         sums = np.zeros(NR, np.int32)
-        for c in range(channels):
-            plane = x[n, c].reshape(pixels)[p0:p0 + count]
-            s, i = c // step, c % step
+        for c in range(channels):  # each channel's pixels into their lane of the words: one vector loop
+            plane, word = x[n, c].reshape(pixels)[p0:p0 + count], words[c // step]
+            shift = (c % step) * bits
             for j in range(count):
                 value = np.int32(plane[j] ^ flip) - 128
-                local[0, s, j, i] = value
+                word[j] |= (value & mask) << shift
                 sums[j] += value
         for j in range(NR):
             sums[j] *= -128
@@ -189,111 +206,135 @@ def _conv_pixels(x, weight_rows, panel, corrections, multiplier, out, flip, y_ze
                     row[j] = _requantized(tile[j] + sums[j] + correction, m, y_zero, lo, hi)
 
 
-def _depthwise_flat(x, weight, bias, multiplier, out, geometry, zero, flip_byte, y_zero, lo, hi, tasks):
-    """The depthwise kernel at stride 1: each channel's plane widened into a zero-padded plane of
-    ``OW + (KW-1) DW`` columns, so that every tap is one loop over the whole flattened plane (the
-    columns past OW are computed and never stored) rather than one per output row."""
-    kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
-    images, channels, height, width = x.shape
-    columns = ow_ + (kw_ - 1) * dw
-    rows = oh_ + (kh_ - 1) * dh
-    span = oh_ * columns  # the flattened outputs, garbage columns included
-    planes = images * channels
-    for task in numba.prange(tasks):
-        padded = np.zeros(rows * columns + (kw_ - 1) * dw, np.int32)
-        acc = np.empty(span, np.int32)
-        for t in range(task, planes, tasks):
-            n, c = t // channels, t % channels
-            for ih in range(max(0, -ph), min(height, rows - ph)):
-                source = x[n, c, ih]
-                first, last = max(0, -pw), min(width, columns - pw)
-                widened = padded[(ih + ph) * columns + pw + first:(ih + ph) * columns + pw + last]
-                read = source[first:last]
-                for iw in range(widened.shape[0]):
-                    widened[iw] = np.int32(read[iw] ^ flip_byte) - zero
-            start = bias[c]
-            for i in range(span):
-                acc[i] = start
-            for kh in range(kh_):
-                for kw in range(kw_):
-                    tap = np.int32(weight[c, 0, kh, kw])
-                    offset = kh * dh * columns + kw * dw
-                    read = padded[offset:offset + span]
-                    for i in range(span):
-                        acc[i] += read[i] * tap
-            m = multiplier[c]
-            for oh in range(oh_):
-                row, sums = out[n, c, oh * ow_:(oh + 1) * ow_], acc[oh * columns:oh * columns + ow_]
-                for ow in range(ow_):
-                    row[ow] = _requantized(sums[ow], m, y_zero, lo, hi)
+def direct_sum_dtype(op: A.QuantizedConv2D) -> np.dtype:
+    """The type the direct kernel sums a window in: float32 where every partial sum of its
+    products (each at most 255 * 128 in size) is an integer float32 holds exactly, as it is for
+    any window up to 514 taps (float products and sums vectorise better than int32 ones), else int32."""
+    largest = op.in_channels // op.groups * op.kernel[0] * op.kernel[1] * 255 * 128
+    return np.dtype(np.float32 if largest <= 1 << 24 else np.int32)
 
 
-def _conv_depthwise(x, weight, bias, multiplier, out, geometry, flip, x_zero, y_zero, lo, hi):
-    """QuantizedConv2D of one channel per group: x uint8 [N, C, H, W], weight int8 [C, 1, KH, KW],
-    out uint8 [N, C, OH*OW]. Each channel's plane is first widened to int32 less its zero point,
-    its columns split by phase (column iw at ``[iw % SW, ih, iw // SW]``, so that a strided tap
-    reads one phase contiguously); then each tap adds over the output columns that read inside
-    the input: loops over contiguous 1D views, which LLVM vectorises. Each parallel task keeps
-    its scratch for a share of the channels."""
+def runs_direct(op: A.QuantizedConv2D) -> bool:
+    """Whether ``_conv_direct`` computes ``op``: a depthwise convolution, or a small window over a
+    few input channels (an image's first convolution), whose rows im2col packs a few bytes at a
+    time; over DIRECT_TAPS taps the tile's products outrun the direct kernel's."""
+    taps = op.in_channels * op.kernel[0] * op.kernel[1]
+    return op.scheme == "depthwise" or (op.groups == 1 and op.in_channels < FEW_CHANNELS and op.kernel != (1, 1)
+                                        and taps <= DIRECT_TAPS)
+
+
+def direct_taps(op: A.QuantizedConv2D, weight: np.ndarray) -> np.ndarray:
+    """``weight`` [OC, C/groups, KH, KW] as ``_conv_direct``'s taps: [OC, C/groups * KH * KW padded
+    to a multiple of DIRECT_READS with zeros] in ``direct_sum_dtype``."""
+    flat = weight.reshape(op.out_channels, -1)
+    taps = np.zeros((op.out_channels, -(-flat.shape[1] // DIRECT_READS) * DIRECT_READS), direct_sum_dtype(op))
+    taps[:, :flat.shape[1]] = flat
+    return taps
+
+
+def _conv_direct(x, taps, bias, multiplier, out, geometry, groups, flip, x_zero, y_zero, lo, hi):
+    """QuantizedConv2D summed tap by tap (``runs_direct``): x uint8 [N, C, H, W], ``taps``
+    (``direct_taps``), out uint8 [N, OC, OH*OW]. Each input plane, less its zero point and
+    zero-padded, is split by stride phase (padded row r, column q in plane ``(r % SH) * SW + q % SW``
+    at ``(r // SH) * columns + q // SW``), so that every tap reads one phase plane at a constant
+    offset from the output's flattened index: an output channel is a few vector loops of
+    DIRECT_READS taps each over the flattened plane (the columns past OW are computed and never
+    stored). A parallel task fills the planes of one group of one image and sums a share of its
+    output channels (at most DIRECT_SPLITS shares per group, each task with its own scratch)."""
     kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
     images, channels, height, width = x.shape
+    out_channels = out.shape[1]
+    per_group, out_per_group = channels // groups, out_channels // groups
+    window = kh_ * kw_
     zero = np.int32(x_zero + flip)
     flip_byte = np.uint8(flip)
-    planes = images * channels
-    tasks = min(planes, DEPTHWISE_TASKS)
-    # per tap column kw: the output columns [first, last) that read inside the input, the phase
-    # they read and the shift from output column to phase column (the same for every row)
-    firsts, lasts = np.empty(kw_, np.int64), np.empty(kw_, np.int64)
-    phases, shifts = np.empty(kw_, np.int64), np.empty(kw_, np.int64)
-    for kw in range(kw_):
-        offset = kw * dw - pw  # output column ow reads input column ow * sw + offset
-        firsts[kw] = max(0, (sw - 1 - offset) // sw)
-        lasts[kw] = max(firsts[kw], min(ow_, (width - 1 - offset) // sw + 1))
-        phases[kw], shifts[kw] = offset % sw, offset // sw
-    if sh == 1 and sw == 1:
-        _depthwise_flat(x, weight, bias, multiplier, out, geometry, zero, flip_byte, y_zero, lo, hi, tasks)
-        return
+    columns_across = (kw_ - 1) * dw // sw  # the furthest tap's shift within a phase
+    columns = ow_ + columns_across
+    rows = oh_ + (kh_ - 1) * dh // sh
+    span = oh_ * columns  # the flattened outputs, garbage columns included
+    length = rows * columns + columns_across
+    phases = sh * sw * length  # one input channel's phase planes, one after another
+    # per tap (channel, kh, kw) of the padded taps: where its phase plane is read from (the zero
+    # taps past the window read the first plane)
+    offsets = np.zeros(taps.shape[1], np.int64)
+    for k in range(per_group * window):
+        a, b = (k % window // kw_) * dh, (k % window % kw_) * dw
+        offsets[k] = k // window * phases + ((a % sh) * sw + b % sw) * length + (a // sh) * columns + b // sw
+    # where each input row and each column phase's first input column go in the phase planes (-1:
+    # a row that no output reads), so that the widening loops are all that runs per row
+    row_at = np.full(height, -1, np.int64)
+    for ih in range(height):
+        r = ih + ph
+        if r // sh < rows:
+            row_at[ih] = (r % sh) * sw * length + (r // sh) * columns
+    column_first, column_at, column_count = np.empty(sw, np.int64), np.empty(sw, np.int64), np.empty(sw, np.int64)
+    for cp in range(sw):  # this column phase's input columns: iw = first + j * SW
+        first = (cp - pw) % sw
+        column_first[cp], column_at[cp] = first, cp * length + (first + pw) // sw
+        column_count[cp] = max(0, min((width - first + sw - 1) // sw, columns - (first + pw) // sw))
+    splits = min(out_per_group, DIRECT_SPLITS)
+    share = -(-out_per_group // splits)
+    items = images * groups * splits
+    tasks = min(items, DIRECT_TASKS)
     for task in numba.prange(tasks):
-        plane = np.empty((sw, height, -(-width // sw)), np.int32)
-        acc = np.empty(ow_, np.int32)
-        for t in range(task, planes, tasks):
-            n, c = t // channels, t % channels
-            for ih in range(height):
-                source = x[n, c, ih]
-                for phase in range(sw):
-                    widened = plane[phase, ih]
-                    if sw == 2:  # a constant stride: LLVM vectorises the interleaved loads
-                        for j in range((width - phase + 1) // 2):
-                            widened[j] = np.int32(source[j * 2 + phase] ^ flip_byte) - zero
-                    else:
-                        for j in range((width - phase + sw - 1) // sw):
-                            widened[j] = np.int32(source[j * sw + phase] ^ flip_byte) - zero
-            m = multiplier[c]
-            start = bias[c]
-            for oh in range(oh_):
-                for ow in range(ow_):
-                    acc[ow] = start
-                for kh in range(kh_):
-                    ih = oh * sh - ph + kh * dh
-                    if ih < 0 or ih >= height:
+        # flat (1D views of a 1D array are contiguous to LLVM); the padding stays zero: only the
+        # inside is written
+        phase = np.zeros(per_group * phases, taps.dtype)
+        acc = np.empty(span, taps.dtype)
+        for item in range(task, items, tasks):
+            n, g, split = item // (groups * splits), item // splits % groups, item % splits
+            for ci in range(per_group):
+                plane = phase[ci * phases:(ci + 1) * phases]
+                for ih in range(height):
+                    if row_at[ih] < 0:
                         continue
-                    for kw in range(kw_):
-                        tap = np.int32(weight[c, 0, kh, kw])
-                        first, last, shift = firsts[kw], lasts[kw], shifts[kw]
-                        read = plane[phases[kw], ih, first + shift:last + shift]
-                        sums = acc[first:last]  # views: the loop over them vectorises, an offset index would not
-                        for i in range(sums.shape[0]):
-                            sums[i] += read[i] * tap
-                row = out[n, c, oh * ow_:(oh + 1) * ow_]
-                for ow in range(ow_):
-                    row[ow] = _requantized(acc[ow], m, y_zero, lo, hi)
+                    read = x[n, g * per_group + ci, ih]
+                    for cp in range(sw):
+                        at = row_at[ih] + column_at[cp]
+                        widened, source = plane[at:at + column_count[cp]], read[column_first[cp]:]
+                        # indices known not to be negative, and constant strides: LLVM vectorises the loads
+                        if sw == 1:
+                            for j in range(widened.shape[0]):
+                                widened[j] = np.int32(source[j] ^ flip_byte) - zero
+                        elif sw == 2:
+                            for j in range(widened.shape[0]):
+                                widened[j] = np.int32(source[j * 2] ^ flip_byte) - zero
+                        else:
+                            for j in range(widened.shape[0]):
+                                widened[j] = np.int32(source[j * sw] ^ flip_byte) - zero
+            first_oc = g * out_per_group + split * share
+            for oc in range(first_oc, g * out_per_group + min((split + 1) * share, out_per_group)):
+                weights = taps[oc]
+                # DIRECT_READS views per loop: past eight, LLVM's run-time checks that they do not
+                # overlap acc are too many for it and the loop stays scalar; offset indices would not
+                # vectorise either. A chunk of the outputs at a time, so that its sums stay in L1
+                for i0 in range(0, span, DIRECT_CHUNK):
+                    part = acc[i0:min(i0 + DIRECT_CHUNK, span)]
+                    for k in range(0, taps.shape[1], DIRECT_READS):
+                        size = part.shape[0]
+                        a0, a1, a2, a3, a4 = (offsets[k] + i0, offsets[k + 1] + i0, offsets[k + 2] + i0,
+                                              offsets[k + 3] + i0, offsets[k + 4] + i0)
+                        v0, v1, v2 = phase[a0:a0 + size], phase[a1:a1 + size], phase[a2:a2 + size]
+                        v3, v4 = phase[a3:a3 + size], phase[a4:a4 + size]
+                        w0, w1, w2, w3, w4 = weights[k], weights[k + 1], weights[k + 2], weights[k + 3], weights[k + 4]
+                        if k == 0:
+                            for i in range(part.shape[0]):
+                                part[i] = v0[i] * w0 + v1[i] * w1 + v2[i] * w2 + v3[i] * w3 + v4[i] * w4
+                        else:
+                            for i in range(part.shape[0]):
+                                part[i] += v0[i] * w0 + v1[i] * w1 + v2[i] * w2 + v3[i] * w3 + v4[i] * w4
+                start, m = bias[oc], multiplier[oc]
+                for oh in range(oh_):
+                    row, sums = out[n, oc, oh * ow_:(oh + 1) * ow_], acc[oh * columns:oh * columns + ow_]
+                    for ow in range(ow_):
+                        row[ow] = _requantized(np.int32(sums[ow]) + start, m, y_zero, lo, hi)
 
 
 _COMPILED: dict[tuple[str, str, bool], object] = {}
 
 
 def _specialised(fn, path: str):
-    """``fn`` with ``path``'s tile as ``_tile`` and the epilogue and ``_depthwise_flat`` inlined: a
+    """``fn`` with ``path``'s tile as ``_tile`` and the epilogue inlined: a
     function of its own name (for Numba's disk cache), as in ``int8._product_for``."""
     scope = dict(globals(), _tile=numba.njit(inline="always")(cpu_int8._TILES[path][0]),
                  _requantized=numba.njit(inline="always")(_requantized))
@@ -303,7 +344,6 @@ def _specialised(fn, path: str):
         made.__qualname__ = name
         made.__doc__ = function.__doc__
         return made
-    scope["_depthwise_flat"] = numba.njit(inline="always")(own(_depthwise_flat, f"_depthwise_flat_{path}"))
     return own(fn, f"{fn.__name__}_{path}")
 
 
@@ -383,19 +423,23 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
     path = cpu_int8.current_path()
     parallel = engine.regions > 1 and op.macs() >= 1 << 16
     arguments = (op.x_zero_point, op.y_zero_point, op.lo, op.hi)
-    if op.scheme == "depthwise":
-        kernel = cpu_jit.bind(_kernel(_conv_depthwise, "portable", parallel), x, weight, bias, multiplier, out,
-                              geometry, flip, *arguments)
+    if runs_direct(op):
+        taps = direct_taps(op, weight)
+        kernel = cpu_jit.bind(_kernel(_conv_direct, "portable", parallel), x, taps, bias, multiplier, out,
+                              geometry, op.groups, flip, *arguments)
 
-        def run_depthwise() -> None:
-            kernel(x, weight, bias, multiplier, out, geometry, flip, *arguments)
-        return KernelWork((run_depthwise,), f"int8 depthwise{' region' if parallel else ''}")
+        def run_direct() -> None:
+            kernel(x, taps, bias, multiplier, out, geometry, op.groups, flip, *arguments)
+        return KernelWork((run_direct,), f"int8 direct{' region' if parallel else ''}")
     pairs = cpu_int8._TILES[path][1]
     # the turned tile where planes of at least NR pixels fill its vectors and the output has at least
     # as many channels as the input: it packs every input byte once per block of pixels, the rows'
-    # tile stores every output byte transposed, so each takes the side with fewer bytes
-    if op.scheme == "gemm1x1" and op.groups == 1 and x.flags.c_contiguous and op.out_hw[0] * op.out_hw[1] >= NR \
-            and op.out_channels >= op.in_channels:
+    # tile stores every output byte transposed, so each takes the side with fewer bytes; and on
+    # planes of LARGE_PLANE pixels or more, where the rows' tile gathers each pixel's bytes from
+    # planes so far apart that every byte is a cache miss
+    pixels = op.out_hw[0] * op.out_hw[1]
+    if op.scheme == "gemm1x1" and op.groups == 1 and x.flags.c_contiguous and pixels >= NR \
+            and (op.out_channels >= op.in_channels or pixels >= LARGE_PLANE):
         return _pixels_work(op, x, out, weight, bias, multiplier, flip, path, pairs, parallel, made_once, ins[1])
     panels, colsum = made_once(ins[1], "int16 pair conv panels" if pairs else "int8 conv panels",
                                lambda: pack_conv_weight(weight, op.groups, pairs))
@@ -430,12 +474,12 @@ def _pixels_work(op, x, out, weight, bias, multiplier, flip, path, pairs, parall
                                lambda: pack_weight_rows(weight, pairs))
     zero = op.x_zero_point + flip  # the byte the tile reads for x's zero point
     corrections = (bias.astype(np.int64) - (zero - 128) * row_sums.astype(np.int64)).astype(np.int32)
-    step = 2 if pairs else cpu_int8.STEP
-    panel = np.zeros((1, rows.shape[1] // step, NR, step), np.int16 if pairs else np.int8)
+    lanes = np.empty(0, np.int16 if pairs else np.int8)
+    panel = np.zeros((rows.shape[1] * lanes.itemsize // 4, NR), np.int32)
     arguments = (op.y_zero_point, op.lo, op.hi)
-    kernel = cpu_jit.bind(_kernel(_conv_pixels, path, parallel), x, rows, panel, corrections, multiplier, out, flip,
-                          *arguments)
+    kernel = cpu_jit.bind(_kernel(_conv_pixels, path, parallel), x, rows, panel, lanes, corrections, multiplier, out,
+                          flip, *arguments)
 
     def run() -> None:
-        kernel(x, rows, panel, corrections, multiplier, out, flip, *arguments)
+        kernel(x, rows, panel, lanes, corrections, multiplier, out, flip, *arguments)
     return KernelWork((run,), f"int8 gemm1x1 pixels {cpu_int8.PATH_NAMES[path]}{' region' if parallel else ''}")
