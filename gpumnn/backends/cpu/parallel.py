@@ -379,9 +379,14 @@ def copy_windows(flat, col, channels, height, width, geometry, r0, r1, ow):
                     if sw == 1:
                         for j in range(stop - first):
                             dst[j] = src[j]
-                    elif sw == 2:
-                        for j in range(stop - first):
-                            dst[j] = src[2 * j]
+                    elif sw == 2:  # whole vectors while 2 * EVEN_LANES floats lie inside x, then one at a time
+                        count, room = stop - first, flat.shape[0] - ((ci * height + iy) * width + first * sw + shift)
+                        j = 0
+                        while j + cpu_tiles.EVEN_LANES <= count and 2 * (j + cpu_tiles.EVEN_LANES) <= room:
+                            cpu_tiles.copy_even_lanes(dst.ctypes.data + 4 * j, src.ctypes.data + 8 * j)
+                            j += cpu_tiles.EVEN_LANES
+                        for t in range(j, count):
+                            dst[t] = src[2 * t]
                     else:
                         for j in range(stop - first):
                             dst[j] = src[j * sw]
