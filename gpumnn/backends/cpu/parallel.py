@@ -260,6 +260,28 @@ if numba is not None:  # Numba is an optional extra: without it the regions are 
     _activate = numba.njit(inline="always")(_activate)
 
 
+@cpu_jit.inlined
+def finish_span(kind, span, value, lo, hi):
+    """span = ACTIVATION_KINDS[kind] (none where < 0) of clamp(span + value) to [lo, hi], in one
+    loop per kind: a clamp loop and an activation loop after it took two passes."""
+    if kind == 0:
+        for i in range(span.shape[0]):
+            span[i] = cpu_activations.sigmoid_value(min(max(span[i] + value, lo), hi))
+    elif kind == 1:
+        for i in range(span.shape[0]):
+            v = min(max(span[i] + value, lo), hi)
+            span[i] = v * cpu_activations.sigmoid_value(v)
+    elif kind == 2:
+        for i in range(span.shape[0]):
+            span[i] = cpu_activations.hard_swish_value(min(max(span[i] + value, lo), hi))
+    elif kind == 3:
+        for i in range(span.shape[0]):
+            span[i] = cpu_activations.gelu_value(min(max(span[i] + value, lo), hi))
+    else:
+        for i in range(span.shape[0]):
+            span[i] = min(max(span[i] + value, lo), hi)
+
+
 @_gemm_region
 def activation_spans(kind, a, bounds):
     """ACTIVATION_KINDS[kind] in place on the spans [bounds[j], bounds[j + 1]) of the flat ``a``:
@@ -417,13 +439,7 @@ def im2col_blocks(sgemm, x, w, out, bias, blocks, fortran, scalars, cols, geomet
                     out.ctypes.data + 4 * (o0 * oh * ow + r0 * ow), at + 7 * size)
         if epilogue or activation >= 0:
             for oc in range(o0, o1):
-                dst = out[oc, r0:r1].reshape(pixels)
-                if epilogue:
-                    value = bias[oc]
-                    for j in range(pixels):
-                        dst[j] = min(max(dst[j] + value, lo), hi)
-                if activation >= 0:
-                    _activate(activation, dst)
+                finish_span(activation, out[oc, r0:r1].reshape(pixels), bias[oc] if epilogue else np.float32(0.0), lo, hi)
 
 
 def im2col_arguments(blocks: np.ndarray, k: int, ow: int, pixels: int) -> np.ndarray:
