@@ -268,6 +268,7 @@ IMAGES = [
     (24, 15, 3, 1, [0, 0, 0, 0], 1, 40, "sigmoid"),    # im2col or Winograd, no padding, an activation after
     (3, 41, 3, 2, [1, 1, 1, 1], 1, 16, "silu"),        # im2col, a YOLO stem: SiLU on each row block
     (16, 19, 3, 2, [1, 1, 1, 1], 1, 24, "hard_swish"), # im2col, hard-swish on each row block
+    (3, 92, 3, 2, [1, 1, 1, 1], 1, 16, "hard_swish"),  # im2col in one block: hard-swish after, shared by the threads
 ]
 
 
