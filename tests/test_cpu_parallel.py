@@ -266,6 +266,9 @@ IMAGES = [
     (16, 23, 3, 2, [1, 0, 2, 1], 1, 32, "relu"),       # im2col, stride 2, padding uneven
     (3, 40, 7, 2, [3, 3, 3, 3], 1, 24, None),          # im2col, a ResNet stem
     (24, 15, 3, 1, [0, 0, 0, 0], 1, 40, "sigmoid"),    # im2col or Winograd, no padding, an activation after
+    (3, 41, 3, 2, [1, 1, 1, 1], 1, 16, "silu"),        # im2col, a YOLO stem: SiLU on each row block
+    (16, 19, 3, 2, [1, 1, 1, 1], 1, 24, "hard_swish"), # im2col, hard-swish on each row block
+    (3, 92, 3, 2, [1, 1, 1, 1], 1, 16, "hard_swish"),  # im2col in one block: hard-swish after, shared by the threads
 ]
 
 
@@ -306,6 +309,11 @@ WINOGRAD = [
     (16, 8, (3, 1), 6, [1, 0, 1, 0], 16, None),         # F(6x1, 3x1), Inception's 8x8 ones
     (16, 9, (1, 3), 4, [0, 1, 0, 1], 24, "sigmoid"),    # F(1x4, 1x3), an activation after
     (8, 10, (3, 5), 2, [1, 2, 1, 2], 12, "relu"),       # F(2x2, 3x5): alpha 4 x 6
+    # activations a pair's output transform applies in its scratch: whole and partial channel panels
+    (32, 13, 3, 4, [1, 1, 1, 1], 40, "silu"),           # F(4, 3), SiLU; the last tile row and panel partial
+    (16, 10, 3, 2, [1, 1, 1, 1], 16, "hard_swish"),     # F(2, 3), hard-swish
+    (16, 9, (1, 3), 4, [0, 1, 0, 1], 20, "silu"),       # F(1x4, 1x3), SiLU
+    (16, 9, (3, 1), 4, [1, 0, 1, 0], 20, "sigmoid"),    # F(4x1, 3x1), sigmoid
 ]
 
 
@@ -357,6 +365,8 @@ PACKED = [
     (3, 40, 7, 2, 1, [3, 3, 3, 3], 24, "sigmoid", True),   # a ResNet stem, an activation after
     (8, 17, 3, 1, 2, [2, 2, 2, 2], 16, "relu", True),      # dilation
     (24, 15, 3, 1, 1, [0, 0, 0, 0], 40, None, True),       # no padding: the input read as it lies
+    (64, 9, 3, 2, 1, [1, 1, 1, 1], 84, "silu", True),      # SiLU on each block: weight spans, a partial panel
+    (16, 23, 3, 2, 1, [1, 0, 2, 1], 20, "hard_swish", False),  # hard-swish on each pixel block, no bias
 ]
 
 

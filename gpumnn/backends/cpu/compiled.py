@@ -148,12 +148,13 @@ def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts: int)
     cols = _thread_scratch(regions, k * rows * ow)
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
     epilogue = _applies_epilogue(bias is not None, lo, hi)
+    kind, act = _in_region(op.activation, act, len(blocks), out, regions)
     geometry = (kh, kw, *op.strides, *op.dilations, *op.pads[:2])
     out4 = out.reshape(n, oc, oh, ow)
     fortran = cpu_parallel.im2col_arguments(blocks, k, ow, oh * ow)
     scalars = np.array([1.0, 0.0], np.float32)
-    images = [(cpu_parallel.SGEMM, x[b], weight, out4[b], b1, blocks, fortran, scalars, cols, geometry, lo, hi, epilogue)
-              for b in range(n)]
+    images = [(cpu_parallel.SGEMM, x[b], weight, out4[b], b1, blocks, fortran, scalars, cols, geometry, lo, hi, epilogue,
+               kind) for b in range(n)]
     return KernelWork((_region_items(cpu_parallel.im2col_blocks, images, act, out, op.activation, regions),), "im2col",
                   keep=(b1, cols, blocks, fortran, scalars))
 
@@ -186,11 +187,12 @@ def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts:
     accs = _thread_scratch(regions, mr * cpu_tiles.NR)
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
     epilogue = _applies_epilogue(bias is not None, lo, hi)
+    kind, act = _in_region(op.activation, act, len(blocks), out, regions)
     inner = (top, left, *padded)
     out4 = out.reshape(n, oc, oh, ow)
     pixels_outer = panels.nbytes <= packs[0].nbytes  # the smaller operand in the inner loop, in cache
     images = [(x[b], xp, inner, bases, taps, panels, out4[b], b1, pack_bounds, blocks, packs, accs, shared, pixels_outer,
-               lo, hi, epilogue) for b in range(n)]
+               lo, hi, epilogue, kind) for b in range(n)]
     return KernelWork((_region_items(cpu_parallel.packed_conv, images, act, out, op.activation, regions),), "im2col",
                   keep=(panels, b1, xp, bases, taps, pack_bounds, blocks, packs, accs))
 
@@ -235,11 +237,12 @@ def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Cal
     v = np.empty(ah * aw * panels * c * mr, np.float32)
     scratch = _thread_scratch(regions, cpu_parallel.winograd_scratch_floats(ah, aw, nh))
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
+    kind, act = _in_region(op.activation, act, panels * u.shape[1], out, regions)
     geometry = (nh, nw, tiles, tw, panels, u.nbytes > v.nbytes)
     inner = (*op.pads[:2], rows, cols)
     out4 = out.reshape(op.batch, oc, oh, ow)
-    images = [(x[b], xp, inner, bases, b_rows, b_cols, a_rows, a_cols, u, v, scratch, out4[b], b1, geometry, lo, hi)
-              for b in range(op.batch)]
+    images = [(x[b], xp, inner, bases, b_rows, b_cols, a_rows, a_cols, u, v, scratch, out4[b], b1, geometry, lo, hi,
+               kind) for b in range(op.batch)]
     return KernelWork((_region_items(cpu_parallel.winograd_packed, images, act, out, op.activation, regions),), "winograd",
                   keep=(u, b_rows, b_cols, a_rows, a_cols, xp, bases, v, scratch, b1))
 
@@ -322,6 +325,19 @@ def _activation_kind(activation: A.Activation) -> int:
     if activation is None or activation[0] not in cpu_parallel.ACTIVATION_KINDS:
         return -1
     return cpu_parallel.ACTIVATION_KINDS.index(activation[0])
+
+
+def _in_region(activation: A.Activation, after: Callable | None, blocks: int, out: np.ndarray,
+               regions: int) -> tuple[int, Callable | None]:
+    """(the ``cpu_parallel.ACTIVATION_KINDS`` index a convolution's region applies to each of its
+    ``blocks`` while it is in cache, or -1; the activation left to run after the region): per
+    block where the blocks keep every region thread busy or ``out`` is too small to share, as
+    ``_gemm_region`` decides; else ``after`` as it was (the shared pass on a one-block region's
+    large output)."""
+    kind = _activation_kind(activation)
+    if kind >= 0 and (blocks >= regions or _shared_activation(activation, out, regions) is None):
+        return kind, None
+    return -1, after
 
 
 def _shared_activation(activation: A.Activation, out: np.ndarray, regions: int) -> Callable[[], None] | None:

@@ -260,6 +260,28 @@ if numba is not None:  # Numba is an optional extra: without it the regions are 
     _activate = numba.njit(inline="always")(_activate)
 
 
+@cpu_jit.inlined
+def finish_span(kind, span, value, lo, hi):
+    """span = ACTIVATION_KINDS[kind] (none where < 0) of clamp(span + value) to [lo, hi], in one
+    loop per kind: a clamp loop and an activation loop after it took two passes."""
+    if kind == 0:
+        for i in range(span.shape[0]):
+            span[i] = cpu_activations.sigmoid_value(min(max(span[i] + value, lo), hi))
+    elif kind == 1:
+        for i in range(span.shape[0]):
+            v = min(max(span[i] + value, lo), hi)
+            span[i] = v * cpu_activations.sigmoid_value(v)
+    elif kind == 2:
+        for i in range(span.shape[0]):
+            span[i] = cpu_activations.hard_swish_value(min(max(span[i] + value, lo), hi))
+    elif kind == 3:
+        for i in range(span.shape[0]):
+            span[i] = cpu_activations.gelu_value(min(max(span[i] + value, lo), hi))
+    else:
+        for i in range(span.shape[0]):
+            span[i] = min(max(span[i] + value, lo), hi)
+
+
 @_gemm_region
 def activation_spans(kind, a, bounds):
     """ACTIVATION_KINDS[kind] in place on the spans [bounds[j], bounds[j + 1]) of the flat ``a``:
@@ -379,22 +401,27 @@ def copy_windows(flat, col, channels, height, width, geometry, r0, r1, ow):
                     if sw == 1:
                         for j in range(stop - first):
                             dst[j] = src[j]
-                    elif sw == 2:
-                        for j in range(stop - first):
-                            dst[j] = src[2 * j]
+                    elif sw == 2:  # whole vectors while 2 * EVEN_LANES floats lie inside x, then one at a time
+                        count, room = stop - first, flat.shape[0] - ((ci * height + iy) * width + first * sw + shift)
+                        j = 0
+                        while j + cpu_tiles.EVEN_LANES <= count and 2 * (j + cpu_tiles.EVEN_LANES) <= room:
+                            cpu_tiles.copy_even_lanes(dst.ctypes.data + 4 * j, src.ctypes.data + 8 * j)
+                            j += cpu_tiles.EVEN_LANES
+                        for t in range(j, count):
+                            dst[t] = src[2 * t]
                     else:
                         for j in range(stop - first):
                             dst[j] = src[j * sw]
 
 
-@_region
-def im2col_blocks(sgemm, x, w, out, bias, blocks, fortran, scalars, cols, geometry, lo, hi, epilogue):
+@_gemm_region
+def im2col_blocks(sgemm, x, w, out, bias, blocks, fortran, scalars, cols, geometry, lo, hi, epilogue, activation):
     """A convolution of one image, x [C, H, W] with w [O, C*KH*KW] into out [O, OH, OW], as blocks
     (output rows [r0, r1), output channels [o0, o1)) = blocks[i]: each copies its rows' windows
     (zeros past the input's edge) into its thread's ``cols`` [C*KH*KW*rows*OW], multiplies w's
     rows o0.. by them through BLAS (``sgemm``, with block i's integers at fortran[i] and (1, 0) in
     ``scalars``: ``im2col_arguments``) and, where ``epilogue``, applies clamp(out + bias[o]) to
-    [lo, hi] while the block is in cache. Blocks that share rows copy them each: where an image
+    [lo, hi] while the block is in cache, then ACTIVATION_KINDS[activation] where ``activation`` >= 0. Blocks that share rows copy them each: where an image
     has fewer pixels than channels, channel spans keep every product wide, and the copy is small
     beside the product. geometry: (kh, kw, sh, sw, dh, dw, pt, pl)."""
     channels, height, width = x.shape
@@ -410,12 +437,9 @@ def im2col_blocks(sgemm, x, w, out, bias, blocks, fortran, scalars, cols, geomet
         _call_sgemm(sgemm, at, at + size, at + 2 * size, at + 3 * size, at + 4 * size, scalar_at, col.ctypes.data,
                     at + 5 * size, w.ctypes.data + 4 * o0 * k, at + 6 * size, scalar_at + 4,
                     out.ctypes.data + 4 * (o0 * oh * ow + r0 * ow), at + 7 * size)
-        if epilogue:
+        if epilogue or activation >= 0:
             for oc in range(o0, o1):
-                value = bias[oc]
-                dst = out[oc, r0:r1].reshape(pixels)
-                for j in range(pixels):
-                    dst[j] = min(max(dst[j] + value, lo), hi)
+                finish_span(activation, out[oc, r0:r1].reshape(pixels), bias[oc] if epilogue else np.float32(0.0), lo, hi)
 
 
 def im2col_arguments(blocks: np.ndarray, k: int, ow: int, pixels: int) -> np.ndarray:
@@ -494,9 +518,18 @@ def tile_products(panels, pack, acc, result, bias, q0, q1, v0, v1, pixels, pixel
                     result[at + r] = acc[r * NR + c]
 
 
-@_region
+@cpu_jit.inlined
+def activate_block(activation, result, pixels, channels, q0, q1, v0, v1):
+    """ACTIVATION_KINDS[activation] in place on the outputs of pixel panels [q0, q1) and weight
+    panels [v0, v1) of result [channels, pixels] (flat): a block's, while it is in cache."""
+    p0, p1 = q0 * MR, min(q1 * MR, pixels)
+    for ch in range(v0 * NR, min(v1 * NR, channels)):
+        _activate(activation, result[ch * pixels + p0:ch * pixels + p1])
+
+
+@_gemm_region
 def packed_conv(x, xp, inner, bases, taps, panels, out, bias, pack_bounds, blocks, packs, accs, shared, pixels_outer,
-                lo, hi, epilogue):
+                lo, hi, epilogue, activation):
     """A convolution of one image, x [C, H, W] with weights packed at creation ``panels`` [O / NR,
     C*T, NR] (``cpu_tiles.pack_panels``) into out [O, OH, OW], in up to three parallel steps: x
     copied into the inside ``inner`` = (top, left, rows, columns) of ``xp``, its zero-bordered
@@ -505,8 +538,9 @@ def packed_conv(x, xp, inner, bases, taps, panels, out, bias, pack_bounds, block
     panels [v0, v1)) = blocks[i]. Where ``shared``, the panels are packed once, spans
     [pack_bounds[j], pack_bounds[j + 1]) in parallel into packs[0], and every block reads them
     (an image with fewer pixels than channels: its blocks are weight spans); else each block
-    packs its own into its thread's ``packs`` row and multiplies them while in cache. No BLAS:
-    its packing of the weights on every call was the cost (``cpu_tiles`` says why)."""
+    packs its own into its thread's ``packs`` row and multiplies them while in cache, then
+    ACTIVATION_KINDS[activation] on its outputs where ``activation`` >= 0. No BLAS: its packing
+    of the weights on every call was the cost (``cpu_tiles`` says why)."""
     channels, height, width = x.shape
     o, oh, ow = out.shape
     top, left, rows, cols = inner
@@ -529,6 +563,8 @@ def packed_conv(x, xp, inner, bases, taps, panels, out, bias, pack_bounds, block
             q0, q1, v0, v1 = blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3]
             tile_products(panels, pack[q0 * depth * MR:], accs[numba.get_thread_id()], result, bias, q0, q1, v0, v1,
                           oh * ow, pixels_outer, lo, hi, epilogue)
+            if activation >= 0:
+                activate_block(activation, result, oh * ow, o, q0, q1, v0, v1)
     else:
         for i in numba.prange(blocks.shape[0]):
             thread = numba.get_thread_id()
@@ -536,6 +572,8 @@ def packed_conv(x, xp, inner, bases, taps, panels, out, bias, pack_bounds, block
             pack_windows(source, packs[thread], bases, taps, plane, channels, q0, q1)
             tile_products(panels, packs[thread], accs[thread], result, bias, q0, q1, v0, v1, oh * ow, pixels_outer, lo,
                           hi, epilogue)
+            if activation >= 0:
+                activate_block(activation, result, oh * ow, o, q0, q1, v0, v1)
 
 
 def packed_conv_tables(kernel: tuple[int, int], strides: tuple[int, int], dilations: tuple[int, int],
@@ -604,11 +642,37 @@ def winograd_axis_transform(a, src, count, outer_step, row_step, stride, depth, 
 
 
 @cpu_jit.inlined
-def winograd_output_panel(m, s, y, a_rows, a_cols, tile, out, bias, p, q, tiles, tiles_w, lo, hi):
+def finish_lanes(activation, values, at, bias, count, lo, hi):
+    """values[at:at + count] = ACTIVATION_KINDS[activation] (none where < 0) of clamp(values +
+    bias[0:count]) to [lo, hi]: a channel panel's sums of one output pixel, in one loop per kind
+    (a loop of its own for the activation after the clamp's ran at a third of the speed)."""
+    span = values[at:at + count]
+    if activation == 0:
+        for c in range(count):
+            span[c] = cpu_activations.sigmoid_value(min(max(span[c] + bias[c], lo), hi))
+    elif activation == 1:
+        for c in range(count):
+            v = min(max(span[c] + bias[c], lo), hi)
+            span[c] = v * cpu_activations.sigmoid_value(v)
+    elif activation == 2:
+        for c in range(count):
+            span[c] = cpu_activations.hard_swish_value(min(max(span[c] + bias[c], lo), hi))
+    elif activation == 3:
+        for c in range(count):
+            span[c] = cpu_activations.gelu_value(min(max(span[c] + bias[c], lo), hi))
+    else:
+        for c in range(count):
+            span[c] = min(max(span[c] + bias[c], lo), hi)
+
+
+@cpu_jit.inlined
+def winograd_output_panel(m, s, y, a_rows, a_cols, tile, out, bias, p, q, tiles, tiles_w, lo, hi, activation):
     """Tile panel p, channel panel q of the products m [alpha_h * alpha_w, MR, NR] (position
-    u * alpha_w + w) transformed (A_h^T m A_w) and put in place, clamp(. + bias[o]) to [lo, hi],
-    clipped at the output's edges; a_rows, a_cols: A_h [alpha_h, MR] and A_w [alpha_w, MR]
-    zero-padded; ``tile`` = (nh, nw); s [alpha_w, MR, MR, NR] and y [nh, MR, MR, NR] scratch."""
+    u * alpha_w + w) transformed (A_h^T m A_w), clamp(. + bias[o]) to [lo, hi] and
+    ACTIVATION_KINDS[activation] (none where < 0) applied to the tiles in scratch, NR channels a
+    vector (``finish_lanes``), and put in place, clipped at the output's edges; a_rows, a_cols:
+    A_h [alpha_h, MR] and A_w [alpha_w, MR] zero-padded; ``tile`` = (nh, nw); s [alpha_w, MR, MR,
+    NR] and y [nh, MR, MR, NR] scratch."""
     ah, aw = a_rows.shape[0], a_cols.shape[0]
     nh, nw = tile
     width = MR * NR
@@ -627,24 +691,31 @@ def winograd_output_panel(m, s, y, a_rows, a_cols, tile, out, bias, p, q, tiles,
         winograd_axis_transform(a_cols, sa, nh, NR, s_r, s_w, aw, y.ctypes.data)
     source = s if aw == 1 else y  # where A_w is [[1]], s is the output tiles
     o, oh, ow = out.shape
-    for r in range(min(MR, tiles - p * MR)):
+    tiles_here, channels_here = min(MR, tiles - p * MR), min(NR, o - q * NR)
+    lanes = bias[q * NR:q * NR + channels_here]
+    for r in range(tiles_here):
+        for i in range(nh):
+            for j in range(nw):
+                finish_lanes(activation, source, i * y_i + r * y_r + j * NR, lanes, channels_here, lo, hi)
+    for r in range(tiles_here):
         ty, tx = (p * MR + r) // tiles_w, (p * MR + r) % tiles_w
-        for c in range(min(NR, o - q * NR)):
-            b = bias[q * NR + c]
+        for c in range(channels_here):
             for i in range(min(nh, oh - ty * nh)):
                 row, src = out[q * NR + c, ty * nh + i, tx * nw:], source[i * y_i + r * y_r + c:]
                 for j in range(min(nw, ow - tx * nw)):
-                    row[j] = min(max(src[j * NR] + b, lo), hi)
+                    row[j] = src[j * NR]
 
 
-@_region
-def winograd_packed(x, xp, inner, bases, b_rows, b_cols, a_rows, a_cols, u, v, scratch, out, bias, geometry, lo, hi):
+@_gemm_region
+def winograd_packed(x, xp, inner, bases, b_rows, b_cols, a_rows, a_cols, u, v, scratch, out, bias, geometry, lo, hi,
+                    activation):
     """Winograd F(nh x nw, kh x kw) of one image, x [C, H, W] into out [O, OH, OW], in three
     parallel steps: x copied into the inside ``inner`` = (top, left, rows, columns) of ``xp``, its
     zero-bordered copy; every (tile panel, channel) transformed into v (``winograd_input_panel``);
     every (tile panel, channel panel) pair's alpha_h * alpha_w products by the register tile
     against the weights transformed and packed at creation u [alpha_h * alpha_w, O / NR, C, NR],
-    then transformed back and put in place (``winograd_output_panel``). geometry: (nh, nw, tiles,
+    then transformed back with the bias, a clamp and ACTIVATION_KINDS[activation] (none where <
+    0) and put in place (``winograd_output_panel``). geometry: (nh, nw, tiles,
     tiles per row, panels, weights_outer: the pairs walk channel panels outer, where u is larger
     than v, so each thread reads its part of the weights once)."""
     channels, height, width = x.shape
@@ -669,7 +740,7 @@ def winograd_packed(x, xp, inner, bases, b_rows, b_cols, a_rows, a_cols, u, v, s
             cpu_tiles.tile_product(v.ctypes.data + 4 * (f * panels + p) * channels * MR, MR,
                                    u.ctypes.data + 4 * (f * count + q) * channels * NR, NR, channels,
                                    m.ctypes.data + 4 * f * size)
-        winograd_output_panel(m, s, y, a_rows, a_cols, (nh, nw), out, bias, p, q, tiles, tiles_w, lo, hi)
+        winograd_output_panel(m, s, y, a_rows, a_cols, (nh, nw), out, bias, p, q, tiles, tiles_w, lo, hi, activation)
 
 
 def winograd_scratch_floats(alpha_h: int, alpha_w: int, nh: int) -> int:
