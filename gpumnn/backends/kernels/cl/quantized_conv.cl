@@ -86,13 +86,7 @@ void quantized_conv2d_tiled(QCONV_ARGS)
             Bs[kk][nn] = v;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        for (int kk = 0; kk < TK; ++kk) {
-            int a[WM], b[WN];
-            for (int i = 0; i < WM; ++i) a[i] = As[kk][ty + i * LY];
-            for (int j = 0; j < WN; ++j) b[j] = Bs[kk][tx + j * LX];
-            for (int i = 0; i < WM; ++i)
-                for (int j = 0; j < WN; ++j) acc[i][j] += a[i] * b[j];
-        }
+        TILE_PRODUCTS(int, TK, INT_MAC)
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     for (int i = 0; i < WM; ++i) {
@@ -198,13 +192,7 @@ void quantized_conv2d_dot(__global const uchar* x, const int x_off, __global con
             Bs[qq][nn] = word;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        for (int qq = 0; qq < TQ; ++qq) {
-            uint a[WM], b[WN];
-            for (int i = 0; i < WM; ++i) a[i] = As[qq][ty + i * LY];
-            for (int j = 0; j < WN; ++j) b[j] = Bs[qq][tx + j * LX];
-            for (int i = 0; i < WM; ++i)
-                for (int j = 0; j < WN; ++j) DOT4_ADD(acc[i][j], a[i], b[j]);
-        }
+        TILE_PRODUCTS(uint, TQ, DOT4_ADD)
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     for (int i = 0; i < WM; ++i) {

@@ -171,13 +171,7 @@ void quantized_matmul_tiled(QMM_ARGS)
             Bs[kk][nn] = (n < N && k < K) ? LOAD_W(w, w_off + k * N + n) : 0;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        for (int kk = 0; kk < TK; ++kk) {
-            int a[WM], b[WN];
-            for (int i = 0; i < WM; ++i) a[i] = As[kk][ty + i * LY];
-            for (int j = 0; j < WN; ++j) b[j] = Bs[kk][tx + j * LX];
-            for (int i = 0; i < WM; ++i)
-                for (int j = 0; j < WN; ++j) acc[i][j] += a[i] * b[j];
-        }
+        TILE_PRODUCTS(int, TK, INT_MAC)
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     for (int i = 0; i < WM; ++i) {
