@@ -230,7 +230,7 @@ class PlannerTarget(BasePlannerTarget, Protocol):
     max_wg: int  # largest work-group (work-items)
     tf32: bool  # GEMM tiles on tensor cores in TF32 (CUDA only: precision="tf32"; see gemm_tf32_fits)
     #: GEMM tiles over float16 storage on tensor cores in float16, float32 sums (CUDA sm_80+: precision="fp16";
-    #: see gemm_f16_fits and precision.float16_tensor_cores)
+    #: see gemm_f16_fits and tensor_cores)
     float16_tensor_cores: bool
     int8_dot: str  # the integer dot-product instruction of the int8 implicit GEMM ("": plain int32)
 
