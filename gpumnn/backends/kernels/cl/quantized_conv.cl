@@ -12,6 +12,28 @@
 #endif
 #define LOAD_W(p, i) (((int)(p)[i] ^ 0x80) - 0x80)
 
+/* The contract's requantization of an int32 sum, as the output's byte. */
+inline uchar requantized(const int acc, const float multiplier, const int y_zero, const int lo, const int hi)
+{
+    return (uchar)((int)clamp(rint((float)acc * multiplier) + (float)y_zero, (float)lo, (float)hi) & 0xff);
+}
+
+/* The tiled kernels' store: the work-item's block of acc, each output channel oc's sum plus
+ * ADD(oc), requantized into its row of y (an image's channels of P pixels, those of group g). */
+#define STORE_TILE(ADD)                                                              \
+    for (int i = 0; i < WM; ++i) {                                                   \
+        const int m = m0 + ty + i * LY;                                              \
+        if (m >= ocg) continue;                                                      \
+        const int oc = g * ocg + m;                                                  \
+        const int add = ADD(oc);                                                     \
+        const float scale = mult[m_off + oc];                                        \
+        __global uchar* row = y + y_off + (img * OC + oc) * P;                       \
+        for (int j = 0; j < WN; ++j) {                                               \
+            const int n = n0 + tx + j * LX;                                          \
+            if (n < P) row[n] = requantized(acc[i][j] + add, scale, y_zero, lo, hi); \
+        }                                                                            \
+    }
+
 /* The kernels' arguments: the op's tensors (element offsets), its geometry and quantization. */
 #define QCONV_ARGS \
     __global const uchar* x, const int x_off, __global const uchar* w, const int w_off, \
@@ -43,8 +65,7 @@ __kernel void quantized_conv2d(QCONV_ARGS)
             }
         }
     }
-    const float scaled = clamp(rint((float)acc * mult[m_off + oc]) + (float)y_zero, (float)lo, (float)hi);
-    y[y_off + gid] = (uchar)((int)scaled & 0xff);
+    y[y_off + gid] = requantized(acc, mult[m_off + oc], y_zero, lo, hi);
 }
 
 /* The GPU family's kernel (every scheme but depthwise): per (image, group), global dim 2, the
@@ -57,15 +78,11 @@ void quantized_conv2d_tiled(QCONV_ARGS)
 {
     __local int As[TK][TM + 1];
     __local int Bs[TK][TN];
-    const int tx = get_local_id(0), ty = get_local_id(1), tid = ty * LX + tx;
-    const int n0 = get_group_id(0) * TN, m0 = get_group_id(1) * TM;
+    TILE_START(int)
     const int z = get_group_id(2), img = z / G, g = z - img * G;
     const int cg = C / G, ocg = OC / G, khw = KH * KW, K = cg * khw, P = OH * OW;
     __global const uchar* xb = x + x_off + (img * C + g * cg) * H * W;
     __global const uchar* wb = w + w_off + g * ocg * K;
-    int acc[WM][WN];
-    for (int i = 0; i < WM; ++i)
-        for (int j = 0; j < WN; ++j) acc[i][j] = 0;
     for (int k0 = 0; k0 < K; k0 += TK) {
         for (int e = tid; e < TM * TK; e += NT) {
             const int mm = e / TK, kk = e - mm * TK;
@@ -89,20 +106,8 @@ void quantized_conv2d_tiled(QCONV_ARGS)
         TILE_PRODUCTS(int, TK, INT_MAC)
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    for (int i = 0; i < WM; ++i) {
-        const int m = m0 + ty + i * LY;
-        if (m >= ocg) continue;
-        const int oc = g * ocg + m;
-        const int add = bias[b_off + oc];
-        const float scale = mult[m_off + oc];
-        __global uchar* row = y + y_off + (img * OC + oc) * P;
-        for (int j = 0; j < WN; ++j) {
-            const int n = n0 + tx + j * LX;
-            if (n >= P) continue;
-            const float scaled = clamp(rint((float)(acc[i][j] + add) * scale) + (float)y_zero, (float)lo, (float)hi);
-            row[n] = (uchar)((int)scaled & 0xff);
-        }
-    }
+#define BIAS_OF(oc) bias[b_off + (oc)]
+    STORE_TILE(BIAS_OF)
 }
 
 #ifdef INT8_DOT
@@ -158,16 +163,12 @@ void quantized_conv2d_dot(__global const uchar* x, const int x_off, __global con
 {
     __local uint As[TQ][TM + 1];
     __local uint Bs[TQ][TN];
-    const int tx = get_local_id(0), ty = get_local_id(1), tid = ty * LX + tx;
-    const int n0 = get_group_id(0) * TN, m0 = get_group_id(1) * TM;
+    TILE_START(int)
     const int z = get_group_id(2), img = z / G, g = z - img * G;
     const int cg = C / G, ocg = OC / G, khw = KH * KW, K = cg * khw, KQ = (K + 3) / 4, P = OH * OW;
     __global const uchar* xb = x + x_off + (img * C + g * cg) * H * W;
     __global const uint* wq = packed + OC + g * ocg * KQ;
     const uint zero_lane = ((uint)x_zero & 0xffu) ^ X_LANE_FLIP;
-    int acc[WM][WN];
-    for (int i = 0; i < WM; ++i)
-        for (int j = 0; j < WN; ++j) acc[i][j] = 0;
     for (int q0 = 0; q0 < KQ; q0 += TQ) {
         for (int e = tid; e < TM * TQ; e += NT) {
             const int mm = e / TQ, qq = e - mm * TQ;
@@ -195,19 +196,7 @@ void quantized_conv2d_dot(__global const uchar* x, const int x_off, __global con
         TILE_PRODUCTS(uint, TQ, DOT4_ADD)
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    for (int i = 0; i < WM; ++i) {
-        const int m = m0 + ty + i * LY;
-        if (m >= ocg) continue;
-        const int oc = g * ocg + m;
-        const int add = (int)packed[oc];
-        const float scale = mult[m_off + oc];
-        __global uchar* row = y + y_off + (img * OC + oc) * P;
-        for (int j = 0; j < WN; ++j) {
-            const int n = n0 + tx + j * LX;
-            if (n >= P) continue;
-            const float scaled = clamp(rint((float)(acc[i][j] + add) * scale) + (float)y_zero, (float)lo, (float)hi);
-            row[n] = (uchar)((int)scaled & 0xff);
-        }
-    }
+#define PACKED_BIAS_OF(oc) (int)packed[oc]
+    STORE_TILE(PACKED_BIAS_OF)
 }
 #endif

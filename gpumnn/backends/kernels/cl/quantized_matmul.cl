@@ -154,11 +154,7 @@ void quantized_matmul_tiled(QMM_ARGS)
 {
     __local int As[TK][TM + 1];
     __local int Bs[TK][TN];
-    const int tx = get_local_id(0), ty = get_local_id(1), tid = ty * LX + tx;
-    const int n0 = get_group_id(0) * TN, m0 = get_group_id(1) * TM;
-    int acc[WM][WN];
-    for (int i = 0; i < WM; ++i)
-        for (int j = 0; j < WN; ++j) acc[i][j] = 0;
+    TILE_START(int)
     for (int k0 = 0; k0 < K; k0 += TK) {
         for (int e = tid; e < TM * TK; e += NT) {
             const int mm = e / TK, kk = e - mm * TK;

@@ -20,6 +20,15 @@
 #define LY (TM / WM)
 #define NT (LX * LY)
 
+/* The work-item's place: (tx, ty) in its work-group and tid flat, its tile's first column n0 and
+ * row m0; and its WM x WN block of sums, acc, zeroed. */
+#define TILE_START(T)                                                  \
+    const int tx = get_local_id(0), ty = get_local_id(1), tid = ty * LX + tx; \
+    const int n0 = get_group_id(0) * TN, m0 = get_group_id(1) * TM;   \
+    T acc[WM][WN];                                                     \
+    for (int i = 0; i < WM; ++i)                                       \
+        for (int j = 0; j < WN; ++j) acc[i][j] = 0;
+
 /* The staged slices' products: acc[i][j] = MAC(acc[i][j], As[k][m], Bs[k][n]) for the work-item's
  * rows m = ty + i * LY and columns n = tx + j * LX, over the DEPTH rows k of the slices in local
  * memory; T is their element type. */
