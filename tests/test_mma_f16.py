@@ -22,9 +22,9 @@ import pytest
 
 import gpumnn
 from gpumnn import atomic as A, zoo
-from gpumnn.backends.base import TensorHandle
 from gpumnn.backends.kernels.cl import planner as cl_plans
 from gpumnn.scheduler import precision
+from test_tf32 import _Target as TiledGpu, _plan
 
 from conftest import onnxruntime_session, rel_l2, require_backend
 
@@ -239,22 +239,9 @@ def test_the_tf32_build_places_its_warps_and_sums_as_the_isa_says():
 
 # -- the planner and the precision decision ---------------------------------------------------------
 
-class _Target:
-    """A cuda GPU as the OpenCL C planner sees it (cl_plans.PlannerTarget), none opened."""
-
-    kernels, is_gpu, compute_units, max_wg, tf32 = "tiled", True, 132, 1024, False
-
-    def __init__(self, capability: int):
-        self.float16_tensor_cores = cl_plans.tensor_cores("fp16", capability)
-
-    @staticmethod
-    def is_constant(handle: TensorHandle) -> bool:
-        return handle.buffer == "constants"
-
-
-def _plan(target, op, shapes):
-    handles = {n: TensorHandle("constants" if n == "w" else "pool", 0, s) for n, s in shapes.items()}
-    return cl_plans.plan(target, op, [handles[n] for n in op.inputs], [handles[n] for n in op.outputs])
+def _Target(capability: int):
+    """A cuda GPU of compute ``capability`` as the OpenCL C planner sees it, none opened."""
+    return TiledGpu(tf32=False, float16_tensor_cores=cl_plans.tensor_cores("fp16", capability))
 
 
 CONV = A.Conv2D(("x", "w"), ("y",), "conv", in_channels=64, in_hw=(28, 28), out_channels=128, out_hw=(28, 28),
