@@ -419,30 +419,33 @@ def pack_int4_weight(packed: np.ndarray, weight_scale: np.ndarray, k: int, block
         packed_panels[:, s0 * NR * step // 2:][:, :half] = segment[:, :half] | (segment[:, half:] << np.uint8(4))
     scales = np.zeros((weight_scale.shape[0], count * NR), np.float32)
     scales[:, :weight_scale.shape[1]] = weight_scale
-    return packed_panels, scales, block_sums(values.astype(np.int64), weight_scale, block)
+    return packed_panels, scales, weight_sums(values, weight_scale, block)
 
 
-def block_sums(a: np.ndarray, weight_scale: np.ndarray, block: int) -> np.ndarray:
-    """The int4 contract's scaled sum over blocks, ``sum_b float32(a_b) * weight_scale[b]`` added in
-    block order in float32, where ``a_b`` is ``a``'s exact integer sum over the rows of block b (a:
-    the integer weight [K, N], for ``weight_sums``) or its product with quantized rows (a: a
-    callable of the block's rows' slice)."""
+def block_sums(left: np.ndarray, values: np.ndarray, weight_scale: np.ndarray, block: int) -> np.ndarray:
+    """The int4 contract's scaled sum over blocks of the exact integer product ``left . values``
+    (left [M, K], values [K, N]): ``sum_b float32(left_b . values_b) * weight_scale[b]``, added in
+    block order in float32. With ``left`` a row of ones it gives the contract's ``weight_sums``."""
+    wide = values.astype(np.int64)
     total = None
     for b in range(weight_scale.shape[0]):
         rows = slice(b * block, (b + 1) * block)
-        term = (a(rows) if callable(a) else a[rows].sum(axis=0)).astype(np.float32) * weight_scale[b]
+        term = (left[:, rows].astype(np.int64) @ wide[rows]).astype(np.float32) * weight_scale[b]
         total = term if total is None else total + term
     return total
+
+
+def weight_sums(values: np.ndarray, weight_scale: np.ndarray, block: int) -> np.ndarray:
+    """The int4 contract's ``weight_sums`` [N]: ``block_sums`` of a row of ones."""
+    return block_sums(np.ones((1, values.shape[0]), np.int64), values, weight_scale, block)[0]
 
 
 def block_reference(q: np.ndarray, scale: np.ndarray, zero: np.ndarray, values: np.ndarray, weight_scale: np.ndarray,
                     block: int) -> np.ndarray:
     """The int4 contract in NumPy, before the bias: ``(block_sums(q . values) - zero * weight_sums)
     * scale``, each operation rounded to float32."""
-    wide = values.astype(np.int64)
-    sums = block_sums(lambda rows: q[:, rows].astype(np.int64) @ wide[rows], weight_scale, block)
-    weight_sums = block_sums(wide, weight_scale, block)
-    return (sums - zero[:, None].astype(np.float32) * weight_sums) * scale[:, None]
+    sums = block_sums(q, values, weight_scale, block)
+    return (sums - zero[:, None].astype(np.float32) * weight_sums(values, weight_scale, block)) * scale[:, None]
 
 
 def quantize_rows_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -536,7 +539,7 @@ def _make_block_product(op: A.QuantizedMatMul, ins, outs, engine, made_once) -> 
         return KernelWork((reference,), "int4 NumPy")
     path = current_path()
     pairs = _TILES[path][1]
-    nibbles, panel_scales, weight_sums = made_once(
+    nibbles, panel_scales, scaled_sums = made_once(
         ins[1], ("int4 pair panels" if pairs else "int4 panels", op.block),
         lambda: pack_int4_weight(packed, weight_scale, k, op.block, pairs))
     lo, hi, after = _compiled_clamp(op.activation)
@@ -554,10 +557,10 @@ def _make_block_product(op: A.QuantizedMatMul, ins, outs, engine, made_once) -> 
     block_steps = op.block // step
     scratch = np.zeros((panel_count * groups, block_steps, NR, step), np.int16 if pairs else np.int8)
     kernel = cpu_jit.bind(_product_kernel(path, parallel, product=_block_product), x, q, scales, zeros, nibbles,
-                          weight_sums, panel_scales, bias, out, lo, hi, gelu, block_steps, groups, scratch)
+                          scaled_sums, panel_scales, bias, out, lo, hi, gelu, block_steps, groups, scratch)
 
     def run() -> None:
-        kernel(x, q, scales, zeros, nibbles, weight_sums, panel_scales, bias, out, lo, hi, gelu, block_steps, groups,
+        kernel(x, q, scales, zeros, nibbles, scaled_sums, panel_scales, bias, out, lo, hi, gelu, block_steps, groups,
                scratch)
         if after is not None:
             after(out)
