@@ -192,6 +192,12 @@ def float16_summary(backend: Any) -> str:
         if getattr(backend, "float16_tensor_cores", False):
             return ("float16 weights and activations; convolution and GEMM tiles on tensor cores (mma.sync "
                     "m16n8k16, float32 sums), float32 arithmetic in the other kernels")
+        cooperative = getattr(backend, "cooperative_gemm", None)
+        shape = cooperative.shape(A.FLOAT16) if cooperative is not None else None
+        if shape is not None:  # a Vulkan device's cooperative matrices (gpumnn.backends.kernels.glsl.coopmat)
+            return (f"float16 weights and activations; convolution and GEMM tiles on cooperative matrices "
+                    f"(VK_KHR_cooperative_matrix {shape.m}x{shape.n}x{shape.k}, float32 sums), float32 arithmetic "
+                    "in the other kernels")
         capability = getattr(backend, "compute_capability", None)
         if capability is not None:  # a cuda GPU before Ampere
             return (f"float16 weights and activations, float32 arithmetic in the kernels (float16 tensor-core "

@@ -75,6 +75,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                 from ..backends.kernels.glsl.compile import describe_compiler
                 print(f"          GLSL compiler: {describe_compiler()}")
                 print(f"          cooperative matrices: {backend.cooperative_matrices}")
+                print(f"          GEMM: {backend.gemm_kind}")
             backend.close()
         else:
             print(f"  {name:<7} missing    {reason}")

@@ -188,6 +188,8 @@ class GLBackend(Backend):
     op_names = GLSL_OP_NAMES
     dtypes = GLSL_DTYPES
     float32_only_schemes = GLSL_FLOAT32_ONLY_SCHEMES
+    #: the GLSL planner's cooperative-matrix GEMM: Vulkan's only (GL_KHR_cooperative_matrix is a SPIR-V one)
+    cooperative_gemm = None
 
     def __init__(self, kernels: str | None = None, **unknown: Any):
         """``kernels``: "auto" (simd on software renderers, tiled on GPUs), "simd" or "tiled".

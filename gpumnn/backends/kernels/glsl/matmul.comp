@@ -1,5 +1,6 @@
 // MatMul: out[z] = act(alpha * A[z] @ B[z] + beta * bias); -DHAS_BIAS, -DACT=<unary id>.
-// Default: shared-memory tiles (gemm_core.glsl, GPUs; float16 tensors with -DHALF, common.glsl). -DREGBLOCK: for SIMD CPUs (lavapipe): an
+// Default: shared-memory tiles (gemm_core.glsl, GPUs; float16 tensors with -DHALF, common.glsl; -DCOOPMAT:
+// on Vulkan's cooperative matrices, gemm_coopmat.glsl). -DREGBLOCK: for SIMD CPUs (lavapipe): an
 // invocation accumulates RM rows x RN consecutive columns in registers; -DB_VEC4 reads B as vec4
 // (row-major B with N, the batch stride and the offset multiples of 4).
 // A element (m, k) at a_off + z*a_bs + m*sam + k*sak (transposition is in the strides), B alike.
@@ -93,5 +94,9 @@ void store_c(int m, int n, float acc) {
 }
 #define STORE_C(m, n, acc) store_c(m, n, acc)
 
+#ifdef COOPMAT
+#include "gemm_coopmat.glsl"
+#else
 #include "gemm_core.glsl"
+#endif
 #endif

@@ -21,6 +21,8 @@ What a backend provides to the planners (duck-typed, see :class:`PlannerTarget`)
 ``simd_lanes``        SIMD width of a CPU device (workgroup size of the simd convolution)
 ``compute_units``     SMs / CUs / cores of the device (``backends.speed``'s defaults where the
                       driver does not say): the tiled GEMM's tile shape and split-K follow it
+``cooperative_gemm``  the device's cooperative-matrix GEMM (``coopmat.CooperativeGemm``: Vulkan
+                      devices that have one) or None: the tiled GEMM's tiles go on it where they fit
 ``max_group_count``   (x, y, z) workgroup-count limits
 ``plan_error``        exception class raised for work the device cannot run
 ``binding(buf, lo, hi)``  -> (binding, base byte): the aligned range bound for bytes [lo, hi)
@@ -48,6 +50,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
 import numpy as np
 
 from .... import atomic as A
+from . import coopmat
 from .compile import GLSL_DIR
 from ....numerics.strides import contiguous_strides, merge_dims
 from ...base import (KERNEL_SCHEMES, TILED_KERNEL_SCHEMES, KernelWork, family_residual_schemes, family_schemes,
@@ -128,6 +131,7 @@ class PlannerTarget(BasePlannerTarget, Protocol):
     tables: dict
     native_narrow: frozenset[int]
     int8_dot: str  # the integer dot-product instruction of the int8 implicit GEMM ("": plain int32)
+    cooperative_gemm: "coopmat.CooperativeGemm | None"  # the tiled GEMM's cooperative-matrix build, None: plain
 
     def binding(self, buf: Any, lo: int, hi: int) -> tuple[Any, int]: ...
     def scratch(self, nbytes: int) -> Any: ...
@@ -264,6 +268,23 @@ def _gemm_tiles(be: PlannerTarget, m: int, n: int, batch: int) -> tuple[int, int
     if n >= 48:
         return (16, 64, 1, 4) if m > 8 else (4, 256, 1, 4)
     return 16, 16, 1, 1
+
+
+def _tiled_gemm_defines(be: PlannerTarget, dtype: str, m: int, n: int, batch: int) -> dict[str, int]:
+    """The tile of the tiled GEMM (matmul.comp, conv2d.comp's implicit GEMM and 1x1) of an ``m`` x
+    ``n`` product over ``dtype`` tensors: on the device's cooperative matrices where the backend
+    has them and the product fits (gemm_coopmat.glsl: ``coopmat.tile_defines``), else
+    gemm_core.glsl's shared-memory tiles (``_gemm_tiles``)."""
+    cooperative = coopmat.tile_defines(be.cooperative_gemm, dtype, m, n, batch, be.compute_units)
+    if cooperative is not None:
+        return cooperative
+    tm, tn, rm, rn = _gemm_tiles(be, m, n, batch)
+    return {"TM": tm, "TN": tn, "RM": rm, "RN": rn, "NT": (tm // rm) * (tn // rn)}
+
+
+def _tiled_gemm_scheme(scheme: str, defines: Mapping[str, int]) -> str:
+    """``scheme`` as the report names it: ``.../coopmat`` where the tiles are on cooperative matrices."""
+    return f"{scheme}/{coopmat.LABEL}" if "COOPMAT" in defines else scheme
 
 
 #: split-K of the tiled GEMM (matmul.comp and conv2d.comp -DKSPLIT, then split_sum.comp): each
@@ -671,8 +692,8 @@ def _plan_matmul(be, op: A.MatMul, ins, outs):
         defines = {"REGBLOCK": 1, "RM": rm, "RN": rn, "WG": 16}
         groups = (math.ceil(math.ceil(n / rn) / 16), math.ceil(m / rm), batch)
     else:
-        tm, tn, rm, rn = _gemm_tiles(be, m, n, batch)
-        defines = {"TM": tm, "TN": tn, "RM": rm, "RN": rn, "NT": (tm // rm) * (tn // rn)}
+        defines = _tiled_gemm_defines(be, op.dtype, m, n, batch)
+        tm, tn = defines["TM"], defines["TN"]
         groups = (math.ceil(n / tn), math.ceil(m / tm), batch)
         if op.dtype == A.FLOAT32:  # the partial sums and split_sum.comp are float32 storage only
             splits, depth = k_splits(be, math.prod(groups), k, batch, op.batch * op.m * op.n)
@@ -699,10 +720,11 @@ def _plan_matmul(be, op: A.MatMul, ins, outs):
         b.defines["B_VEC4"] = 1
     b.groups = groups
     _check_grid(be, b.groups)
+    scheme = "gemm_regblock" if be.kernels == "simd" else _tiled_gemm_scheme("gemm_tiled", defines)
     if splits == 1:
         b.activation(18, op.activation)
-        return KernelWork([b], "gemm_regblock" if be.kernels == "simd" else "gemm_tiled")
-    return _split_k_work(be, b, 7, splits, total, "gemm_tiled", m=m, n=n, out=outs[0], alpha=op.alpha,
+        return KernelWork([b], scheme)
+    return _split_k_work(be, b, 7, splits, total, scheme, m=m, n=n, out=outs[0], alpha=op.alpha,
                          beta=op.beta, bias=(ins[2], *bias_range, bias_sm, bias_sn) if op.has_bias else None,
                          activation=op.activation)
 
@@ -756,8 +778,8 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
         return _plan_conv2d_direct_rb(be, op, ins, outs)
     cg, ocg = c // g, oc // g
     big_m, big_n, big_k = ocg, oh * ow, cg * kh * kw
-    tm, tn, rm, rn = _gemm_tiles(be, big_m, big_n, n * g)
-    defines.update(TM=tm, TN=tn, RM=rm, RN=rn, NT=(tm // rm) * (tn // rn))
+    defines.update(_tiled_gemm_defines(be, op.dtype, big_m, big_n, n * g))
+    tm, tn = defines["TM"], defines["TN"]
     groups = (math.ceil(big_n / tn), math.ceil(big_m / tm), n * g)
     # the partial sums and split_sum.comp are float32 storage only
     splits, depth = k_splits(be, math.prod(groups), big_k, n * g, o_len) if op.dtype == A.FLOAT32 else (1, big_k)
@@ -779,7 +801,7 @@ def _plan_conv2d(be, op: A.Conv2D, ins, outs):
     b.set(26, splits, depth, o_len)
     b.groups = groups
     _check_grid(be, b.groups)
-    scheme = "gemm1x1" if pointwise else "implicit_gemm"
+    scheme = _tiled_gemm_scheme("gemm1x1" if pointwise else "implicit_gemm", defines)
     if splits == 1:
         _bind_residual(b, op, ins, o_len)
         b.activation(22, op.activation)

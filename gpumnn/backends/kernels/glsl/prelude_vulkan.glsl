@@ -10,6 +10,16 @@
 #extension GL_EXT_shader_16bit_storage : require
 #endif
 #extension GL_EXT_control_flow_attributes : enable
+// the cooperative-matrix GEMM (gemm_coopmat.glsl): its products need the Vulkan memory model, its
+// subgroups' ids and barriers, and float16_t for float16 tiles
+#ifdef COOPMAT
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_shader_subgroup_basic : require
+#ifndef CM_FLOAT32
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#endif
+#endif
 // SPIR-V instructions declared in GLSL: quantized_conv2d.comp -DINT8_DOT's integer dot products
 #ifdef INT8_DOT
 #extension GL_EXT_spirv_intrinsics : require
