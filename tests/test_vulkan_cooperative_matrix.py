@@ -73,6 +73,72 @@ def test_the_backend_says_what_its_device_has_and_which_gemm_it_uses():
         be.close()
 
 
+def _device_stand_in(shared):
+    """What SharedDevice._cooperative_matrix_features reads of a device: lavapipe's physical device
+    and limits, with the H100's float16 shape listed as its cooperative matrices."""
+    return SimpleNamespace(physical=shared.physical, cooperative_matrices=(H100_SHAPES[0],), cooperative_matrices_why="",
+                           max_shared_memory=shared.max_shared_memory,
+                           max_group_invocations=shared.max_group_invocations, _feature_structs=[])
+
+
+def test_the_feature_query_through_the_driver():
+    """The device's query of what the kernel needs, through lavapipe's driver: an extension not
+    listed is named; with both listed, lavapipe (which has the memory model but no cooperative
+    matrices) is found to lack cooperativeMatrix, and nothing is enabled."""
+    require_backend("vulkan")
+    from gpumnn.backends.vulkan.device import SharedDevice, acquire, release
+
+    shared = acquire()
+    try:
+        if not shared.name.startswith("llvmpipe"):
+            pytest.skip(f"checked on lavapipe; {shared.name} answers for itself below")
+        stand_in = _device_stand_in(shared)
+        assert SharedDevice._cooperative_matrix_features(stand_in, {"VK_KHR_cooperative_matrix"}, "chain") == ("chain", [])
+        assert stand_in.cooperative_support.missing == "the driver lists no VK_KHR_vulkan_memory_model"
+        listed = {"VK_KHR_cooperative_matrix", "VK_KHR_vulkan_memory_model", "VK_KHR_shader_float16_int8"}
+        assert SharedDevice._cooperative_matrix_features(stand_in, listed, "chain") == ("chain", [])
+        support = stand_in.cooperative_support
+        assert support.missing.startswith("the device lacks cooperativeMatrix") and "vulkanMemoryModel" not in support.missing
+        assert support.subgroup_size > 0 and support.float16_arithmetic and not stand_in._feature_structs
+    finally:
+        release(shared)
+
+
+def test_a_device_with_every_feature_enables_them(monkeypatch):
+    """Where every query answers yes, the features are chained for vkCreateDevice with the three
+    extensions, and the support has nothing missing."""
+    vk = pytest.importorskip("vulkan")
+    from gpumnn.backends.vulkan.device import SharedDevice
+
+    answers = {"VkPhysicalDeviceCooperativeMatrixFeaturesKHR": {"cooperativeMatrix": 1},
+               "VkPhysicalDeviceVulkanMemoryModelFeatures": {"vulkanMemoryModel": 1},
+               "VkPhysicalDeviceShaderFloat16Int8Features": {"shaderFloat16": 1},
+               "VkPhysicalDeviceCooperativeMatrixPropertiesKHR": {"cooperativeMatrixSupportedStages": vk.VK_SHADER_STAGE_COMPUTE_BIT},
+               "VkPhysicalDeviceSubgroupProperties": {"subgroupSize": 32, "supportedStages": vk.VK_SHADER_STAGE_COMPUTE_BIT,
+                                                      "supportedOperations": vk.VK_SUBGROUP_FEATURE_BASIC_BIT}}
+    for name, fields in answers.items():
+        monkeypatch.setattr(vk, name, lambda _fields=fields, _name=name, **kw: SimpleNamespace(struct=_name, **{**_fields, **kw}))
+    for name in ("vkGetPhysicalDeviceFeatures2", "vkGetPhysicalDeviceProperties2", "VkPhysicalDeviceFeatures2",
+                 "VkPhysicalDeviceProperties2"):
+        monkeypatch.setattr(vk, name, lambda *args, **kw: None)
+    stand_in = SimpleNamespace(physical=None, cooperative_matrices=(H100_SHAPES[0],), cooperative_matrices_why="",
+                               max_shared_memory=49152, max_group_invocations=1024, _feature_structs=[])
+    listed = {"VK_KHR_cooperative_matrix", "VK_KHR_vulkan_memory_model", "VK_KHR_shader_float16_int8"}
+    chain, extensions = SharedDevice._cooperative_matrix_features(stand_in, listed, "before")
+    assert extensions == ["VK_KHR_cooperative_matrix", "VK_KHR_vulkan_memory_model", "VK_KHR_shader_float16_int8"]
+    enabled = []
+    while chain != "before":
+        enabled.append((chain.struct, {k: v for k, v in vars(chain).items() if k not in ("struct", "pNext")}))
+        chain = chain.pNext
+    assert [name for name, _ in enabled] == ["VkPhysicalDeviceShaderFloat16Int8Features",
+                                            "VkPhysicalDeviceVulkanMemoryModelFeatures",
+                                            "VkPhysicalDeviceCooperativeMatrixFeaturesKHR"]
+    assert all(v == vk.VK_TRUE for _, fields in enabled for k, v in fields.items()
+               if k in ("shaderFloat16", "vulkanMemoryModel", "cooperativeMatrix"))
+    assert stand_in.cooperative_support == CooperativeMatrixSupport((H100_SHAPES[0],), 32, 49152, 1024, True, "")
+    assert len(stand_in._feature_structs) == 3  # kept alive until vkCreateDevice
+
+
 # -- the decision ---------------------------------------------------------------------------------------
 
 F16 = ("float16", "float16", "float32", "float32")
@@ -267,10 +333,11 @@ def _planned_variants():
     narrow tiles; float32 with split K; bias, residual, activation, 1x1, transposes."""
     devices = {"h100": _gpu(), "sub64": _gpu(subgroup_size=64), "16x8": _gpu([H100_SHAPES[1]]),
                "f32": _gpu((Shape(16, 16, 8, *F32, "subgroup"),), float16=False),
-               "few-units": dataclasses.replace(_gpu(), compute_units=1)}
+               "few-units": dataclasses.replace(_gpu(), compute_units=1),
+               "16x8-few-units": dataclasses.replace(_gpu([H100_SHAPES[1]]), compute_units=1)}
     ops = {"conv3x3-res-relu": _conv_op(A.FLOAT16), "conv1x1": _conv_op(A.FLOAT16, k=1, pad=0, residual=False, act=None),
            "matmul-t": _matmul_op(A.FLOAT16, batch=2, trans_a=True, trans_b=True),
-           "conv-f32": _conv_op(A.FLOAT32, hw=7), "matmul-f32-split": _matmul_op(A.FLOAT32, m=64, n=64, k=4096)}
+           "conv-f32": _conv_op(A.FLOAT32, hw=7), "conv-f32-56": _conv_op(A.FLOAT32, hw=56), "matmul-f32-split": _matmul_op(A.FLOAT32, m=64, n=64, k=4096)}
     variants = {}
     for dname, gpu in devices.items():
         for oname, (op, shapes) in ops.items():
@@ -303,8 +370,8 @@ OP_CAPABILITY, CAPABILITY_COOPERATIVE_MATRIX_KHR, OP_COOPERATIVE_MATRIX_MUL_ADD_
 
 def test_the_variants_cover_the_planned_kinds():
     names = {name for name, _, _ in VARIANTS}
-    assert len(VARIANTS) >= 10
-    assert any(d.get("CM_FLOAT32") and d.get("KSPLIT") for _, _, d in VARIANTS)
+    assert len(VARIANTS) >= 15
+    assert {bool(d.get("KSPLIT")) for _, _, d in VARIANTS if d.get("CM_FLOAT32")} == {True, False}
     assert {(d["CM_N"], d["NT"]) for _, _, d in VARIANTS} >= {(16, 128), (8, 128), (16, 256)}
     assert {d["TM"] for _, _, d in VARIANTS} >= {32, 64} and any("HAS_RESIDUAL" in d for _, _, d in VARIANTS), names
 

@@ -203,9 +203,9 @@ class VulkanBackend(Backend):
         #: the tiled GEMMs' cooperative-matrix build (None: the plain one) and which GEMM it is, in words
         self.cooperative_gemm, self.gemm_kind = choose_cooperative_gemm(
             dev.cooperative_support, coopmat_option, cooperative_matrix_missing)
-        if self.kernels != "tiled" and self.cooperative_gemm is not None:
-            self.cooperative_gemm, self.gemm_kind = None, (f"{self.gemm_kind}; not used by the {self.kernels} "
-                                                           "kernels (kernels='tiled' uses it)")
+        if self.kernels != "tiled":  # the register-blocked kernels of CPU devices have no tiles to put on them
+            self.cooperative_gemm = None
+            self.gemm_kind = f"register-blocked GEMM of the {self.kernels} kernels (kernels='tiled': {self.gemm_kind})"
         self.packed: dict[tuple, TensorHandle] = {}
         self._buffers: dict[int, DeviceBuffer] = {}
         self._lock = threading.RLock()  # preparation verbs: descriptor pools, recording pool, registry
