@@ -78,7 +78,8 @@ def _device_stand_in(shared):
     and limits, with the H100's float16 shape listed as its cooperative matrices."""
     return SimpleNamespace(physical=shared.physical, cooperative_matrices=(H100_SHAPES[0],), cooperative_matrices_why="",
                            max_shared_memory=shared.max_shared_memory,
-                           max_group_invocations=shared.max_group_invocations, _feature_structs=[])
+                           max_group_invocations=shared.max_group_invocations, _feature_structs=[],
+                           validation_layer_version=0)
 
 
 def test_the_feature_query_through_the_driver():
@@ -122,7 +123,8 @@ def test_a_device_with_every_feature_enables_them(monkeypatch):
                  "VkPhysicalDeviceProperties2"):
         monkeypatch.setattr(vk, name, lambda *args, **kw: None)
     stand_in = SimpleNamespace(physical=None, cooperative_matrices=(H100_SHAPES[0],), cooperative_matrices_why="",
-                               max_shared_memory=49152, max_group_invocations=1024, _feature_structs=[])
+                               max_shared_memory=49152, max_group_invocations=1024, _feature_structs=[],
+                               validation_layer_version=0)
     listed = {"VK_KHR_cooperative_matrix", "VK_KHR_vulkan_memory_model", "VK_KHR_shader_float16_int8"}
     chain, extensions = SharedDevice._cooperative_matrix_features(stand_in, listed, "before")
     assert extensions == ["VK_KHR_cooperative_matrix", "VK_KHR_vulkan_memory_model", "VK_KHR_shader_float16_int8"]
@@ -137,6 +139,9 @@ def test_a_device_with_every_feature_enables_them(monkeypatch):
                if k in ("shaderFloat16", "vulkanMemoryModel", "cooperativeMatrix"))
     assert stand_in.cooperative_support == CooperativeMatrixSupport((H100_SHAPES[0],), 32, 49152, 1024, True, "")
     assert len(stand_in._feature_structs) == 3  # kept alive until vkCreateDevice
+    stand_in.validation_layer_version = vk.VK_MAKE_VERSION(1, 3, 239)  # Debian 12's layer: nothing enabled
+    assert SharedDevice._cooperative_matrix_features(stand_in, listed, "before") == ("before", [])
+    assert stand_in.cooperative_support.missing == "the validation layer (1.3.239) predates VK_KHR_cooperative_matrix"
 
 
 # -- the decision ---------------------------------------------------------------------------------------

@@ -59,6 +59,9 @@ MAX_PIPELINES = 256
 #: the device extension of shaders' integer dot products (SPV_KHR_integer_dot_product), core in 1.3
 INTEGER_DOT_EXTENSION = "VK_KHR_shader_integer_dot_product"
 
+#: the first VK_LAYER_KHRONOS_validation (its specVersion) that knows VK_KHR_cooperative_matrix (1.3.255);
+#: under an older one the cooperative-matrix GEMM stays off
+COOPERATIVE_MATRIX_LAYER = vk.VK_MAKE_VERSION(1, 3, 255)
 #: VkComponentTypeKHR values by the names gpumnn gives them (the cooperative-matrix query)
 _COMPONENT_TYPES = {vk.VK_COMPONENT_TYPE_FLOAT16_KHR: "float16", vk.VK_COMPONENT_TYPE_FLOAT32_KHR: "float32",
                     vk.VK_COMPONENT_TYPE_FLOAT64_KHR: "float64", vk.VK_COMPONENT_TYPE_SINT8_KHR: "int8",
@@ -229,6 +232,7 @@ class SharedDevice:
         self.listeners: list[list[str]] = []  # the ``messages`` of the backends using this device
         self._handle = ffi.new_handle(self)
         self.validation = False
+        self.validation_layer_version = 0  # specVersion of VK_LAYER_KHRONOS_validation where enabled
         self.instance = None
         self.messenger = None
         self.device = None
@@ -265,7 +269,9 @@ class SharedDevice:
             extensions.append("VK_KHR_portability_enumeration")
             flags |= getattr(vk, "VK_INSTANCE_CREATE_ENUMERATE_PORTABILITY_BIT_KHR", 1)
         if validation:
-            available_layers = {_cstring(l.layerName) for l in vk.vkEnumerateInstanceLayerProperties()}
+            layer_versions = {_cstring(l.layerName): int(l.specVersion) for l in vk.vkEnumerateInstanceLayerProperties()}
+            available_layers = set(layer_versions)
+            self.validation_layer_version = layer_versions.get(VALIDATION_LAYER, 0)
             if VALIDATION_LAYER not in available_layers:
                 raise VulkanError(f"validation requested but {VALIDATION_LAYER} is not installed "
                                   "(Debian/Ubuntu package 'vulkan-validationlayers')")
@@ -473,6 +479,11 @@ class SharedDevice:
 
         if not self.cooperative_matrices:
             support(self.cooperative_matrices_why)
+            return chain, []
+        layer = self.validation_layer_version
+        if layer and layer < COOPERATIVE_MATRIX_LAYER:  # it would report the feature structs it does not know
+            support(f"the validation layer ({layer >> 22}.{(layer >> 12) & 0x3ff}.{layer & 0xfff}) predates "
+                    "VK_KHR_cooperative_matrix")
             return chain, []
         extensions = ["VK_KHR_cooperative_matrix", "VK_KHR_vulkan_memory_model"]
         absent = [name for name in extensions if name not in dev_ext]
