@@ -7,6 +7,7 @@ import pytest
 
 from gpumnn import atomic as A
 from gpumnn.backends.cpu import engines
+from gpumnn.backends.cpu import tiles as cpu_tiles
 from gpumnn.backends.cpu.engines import Choice, Engine
 
 NUMPY = Engine(jit=False, regions=0, threads=1)
@@ -152,6 +153,9 @@ def test_rows(engine, rows, size, fits, expected):
 def test_winograd_gate_and_the_fallback_off_regions():
     assert REGIONS.winograd_pays() == engines.WINOGRAD_PAYS["regions"]
     assert JIT.winograd_pays() == NUMPY.winograd_pays() == engines.WINOGRAD_PAYS["threads"]
+    # the regions' kernel transforms on the register tiles; the threads' BLAS transforms by Eq. 2
+    assert REGIONS.winograd_transform_tiles() == (cpu_tiles.SQUARE, cpu_tiles.ROW, cpu_tiles.MR)
+    assert JIT.winograd_transform_tiles() is None and NUMPY.winograd_transform_tiles() is None
     assert REGIONS.without_regions() == JIT
     # a 1x1 convolution whose layout a region cannot take falls back to the threads' choice
     op = conv(256, 28, 256, k=1, scheme="gemm1x1")

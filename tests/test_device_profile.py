@@ -39,6 +39,22 @@ def test_a_target_and_calibration_survive_the_file(tmp_path):
         read.target("metal")
 
 
+def test_the_cpu_gates_transform_tiles_survive_the_file(tmp_path):
+    """The cpu backend's Winograd gate (its transform tiles on the regions) is read back as the
+    live backend has it; a profile written before the field reads as Eq. 2's counts."""
+    backend = create_backend("cpu", threads=2)
+    try:
+        target = device_profile.PlanningTarget.of(backend)
+        cal = C.paper_constants(backend)
+        path = device_profile.save(tmp_path / "p.json", "here", [(cal, backend)])
+    finally:
+        backend.close()
+    assert device_profile.load(path).targets["cpu"] == target
+    data = target.as_dict()
+    data.pop("winograd_transform_tiles")
+    assert device_profile.PlanningTarget.from_dict(data).winograd_transform_tiles is None
+
+
 def test_unreadable_profiles_are_named(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"gpumnn_device_profile": 1, "machine": "x", "backends": [{"calibration": {}}]}')

@@ -16,7 +16,7 @@ from conftest import onnxruntime_session, rel_l2, require_backend
 from gpumnn import atomic as A
 from gpumnn.backends.cpu.backend import CpuBackend
 from gpumnn.scheduler import schemes
-from gpumnn.numerics.winograd import (direct_tile_2d, exact_matrices, measured_error, winograd_matrices,
+from gpumnn.numerics.winograd import (axis_tiles, direct_tile_2d, exact_matrices, measured_error, winograd_matrices,
                                        winograd_tile_2d)
 
 TOLERANCE = 1e-4
@@ -141,6 +141,53 @@ def test_a_kernel_going_image_by_image_counts_one_images_tiles():
         backend.close()
 
 
+def test_the_kernel_cost_prices_the_transforms_on_the_register_tiles():
+    """Without transform tiles the kernel's cost is Eq. 2's; with them each tile's input
+    transform costs two square x square products per input channel (a 1D tile's one row-wide
+    product) and its output transform mr-row products per output channel, whatever alpha."""
+    op = _conv_op(3, 64, 32, 10)
+    for n in (1, 2, 4):
+        assert schemes.winograd_kernel_cost(op, n, None) == schemes.conv_cost(op, n)
+    tiles = (8, 16, 6)
+    # F(2x2, 3x3): alpha 4, 5 x 5 tiles over a 10 x 10 output
+    assert schemes.winograd_kernel_cost(op, 2, tiles) == 25 * (64 * 8 * 8 * (4 + 4) + 64 * 32 * 16 + 32 * 6 * 4 * (4 + 2))
+    assert schemes.winograd_kernel_cost(op, 2, tiles) > schemes.conv_cost(op, 2)
+    assert schemes.winograd_kernel_cost(op, 1, tiles) == schemes.conv_cost(op, 1)
+    wide = A.Conv2D(("x", "w"), ("y",), "conv", in_channels=16, out_channels=8, in_hw=(5, 20), out_hw=(5, 20),
+                    kernel=(1, 7), pads=(0, 3))
+    nh, nw = axis_tiles(4, (1, 7))  # F(1x4, 1x7): alpha 1 x 10
+    assert (nh, nw) == (1, 4)
+    assert schemes.winograd_kernel_cost(wide, 4, tiles) == 5 * 5 * (16 * 16 * 10 + 16 * 8 * 10 + 8 * 6 * 1 * 10)
+    tall = dataclasses.replace(wide, in_hw=(20, 5), out_hw=(20, 5), kernel=(7, 1), pads=(3, 0))
+    assert schemes.winograd_kernel_cost(tall, 4, tiles) == 5 * 5 * (16 * 16 * 10 + 16 * 8 * 10 + 8 * 6 * 10 * 1)
+
+
+def test_the_register_tile_gate_keeps_small_tiles_for_many_channels():
+    """On the cpu's regions, F(2x2) and F(3x3) over 64 channels at 10 x 10 (their transforms cost
+    as much per channel as a large tile's) give way to the sliding window; over 512 channels at
+    7 x 7 (ResNet's last stage) F(2x2) stays, as do the large tiles at 20 x 20."""
+    cpu = CpuBackend(threads=2)
+    try:
+        if not cpu.regions:
+            pytest.skip("the cpu backend has no native regions here (no Numba threading layer)")
+        assert cpu.winograd_transform_tiles is not None
+        small = _conv_op(3, 64, 64, 10)
+        assert not any(schemes.winograd_kernel_pays(cpu, small, n) for n in (2, 3))
+        assert schemes.select_schemes(_program_with(small), cpu).ops[0].scheme == "im2col"
+        deep = _conv_op(3, 512, 512, 7)
+        chosen = schemes.select_schemes(_program_with(deep), cpu).ops[0]
+        assert (chosen.scheme, chosen.winograd_tile) == ("winograd", 2)
+        wide = schemes.select_schemes(_program_with(_conv_op(3, 64, 64, 20)), cpu).ops[0]
+        assert wide.scheme == "winograd" and wide.winograd_tile >= 4
+    finally:
+        cpu.close()
+    threads = CpuBackend(threads=2, regions=False)
+    try:
+        assert threads.winograd_transform_tiles is None  # BLAS transforms: Eq. 2's counts
+    finally:
+        threads.close()
+
+
 def test_the_rewrite_keeps_to_the_largest_tile_a_backend_allows():
     """A GPU device whose kernels run Winograd's rewrite best at small tiles (the GLSL family:
     ``Backend.winograd_rewrite_max_tile``) gets the cheapest tile Eq. 2 allows up to that size;
@@ -171,15 +218,15 @@ def test_report_shows_the_scheme_of_every_conv_and_matmul(backend):
              helper.make_node("Conv", ["b", "w3"], ["c"], name="pw"),
              helper.make_node("Flatten", ["c"], ["f"], name="flat"),
              helper.make_node("MatMul", ["f", "w4"], ["y"], name="fc")]
-    inits = {"w1": (32, 16, 3, 3), "w2": (32, 1, 3, 3), "w3": (8, 32, 1, 1), "w4": (8 * 12 * 12, 10)}
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 12, 12])],
+    inits = {"w1": (32, 32, 3, 3), "w2": (32, 1, 3, 3), "w3": (8, 32, 1, 1), "w4": (8 * 20 * 20, 10)}
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 20, 20])],
                               [helper.make_empty_tensor_value_info("y")],
                               [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) * 0.1, n)
                                for n, s in inits.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     sess = gpumnn.load(model).session(backend=backend, fallback=False)
-    # the cpu's cost model leaves the rewrite out; its own kernel takes 16 input channels on the
-    # register tile (native regions) and not on the Python threads' BLAS products
+    # the cpu's cost model leaves the rewrite out; its own kernel takes 32 input channels at 20 x 20
+    # on the register tile (native regions) and not on the Python threads' BLAS products
     expands = "winograd" in sess.backends[backend].cost_model_expansions
     wino = "winograd" if expands or getattr(sess.backends[backend], "regions", 0) else "im2col"
     chosen = {d.node: d.scheme for d in sess.program.decisions}

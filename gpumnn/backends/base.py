@@ -407,6 +407,11 @@ class Backend(ABC):
     winograd_min_tiles: ClassVar[int] = 0
     winograd_min_channels: ClassVar[int] = 0
     winograd_min_saving: ClassVar[float] = 0.0
+    #: where that kernel transforms tiles on register tiles of fixed size, whatever alpha:
+    #: (square, row, mr) = the side of the 2D input transform's square tile, the width of a 1D
+    #: tile's row, the rows of the output transform's tile (``schemes.winograd_kernel_cost``
+    #: prices the transforms by them); None: by Eq. 2's counts
+    winograd_transform_tiles: ClassVar[tuple[int, int, int] | None] = None
     #: whether that kernel runs image by image (its product per tile position over one image's
     #: tiles), so that ``winograd_min_tiles`` counts one image's tiles; else the whole batch's
     winograd_per_image: ClassVar[bool] = False

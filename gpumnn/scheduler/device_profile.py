@@ -45,6 +45,7 @@ class PlanningTarget:
     winograd_min_saving: float = 0.0
     winograd_rewrite_max_tile: int | None = None
     winograd_per_image: bool = False
+    winograd_transform_tiles: tuple[int, int, int] | None = None
     #: the schemes whose kernels add a Conv2D's residual (:func:`.schemes.fuse_residuals`)
     residual_schemes: Mapping[type, frozenset[str]] = field(default_factory=dict)
     #: byte alignment of tensor offsets in the backend's pool (where a concatenation's inputs may start)
@@ -55,7 +56,8 @@ class PlanningTarget:
         return cls(backend.name, {t: None for t in backend.kernel_table}, dict(backend.schemes),
                    frozenset(backend.cost_model_expansions), backend.winograd_min_tiles,
                    backend.winograd_min_channels, backend.winograd_min_saving, backend.winograd_rewrite_max_tile,
-                   backend.winograd_per_image, dict(backend.residual_schemes), int(backend.alignment))
+                   backend.winograd_per_image, backend.winograd_transform_tiles, dict(backend.residual_schemes),
+                   int(backend.alignment))
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "kernel_table": sorted(t.__name__ for t in self.kernel_table),
@@ -65,6 +67,8 @@ class PlanningTarget:
                 "winograd_min_saving": self.winograd_min_saving,
                 "winograd_rewrite_max_tile": self.winograd_rewrite_max_tile,
                 "winograd_per_image": self.winograd_per_image,
+                "winograd_transform_tiles": (None if self.winograd_transform_tiles is None
+                                             else list(self.winograd_transform_tiles)),
                 "residual_schemes": {t.__name__: sorted(s) for t, s in self.residual_schemes.items()},
                 "alignment": self.alignment}
 
@@ -82,6 +86,9 @@ class PlanningTarget:
                    data["winograd_rewrite_max_tile"],
                    # profiles written before the field: the cpu backend's kernels went image by image then too
                    bool(data.get("winograd_per_image", data["name"] == "cpu")),
+                   # profiles written before the field: the gate priced the transforms by Eq. 2
+                   None if data.get("winograd_transform_tiles") is None
+                   else tuple(int(v) for v in data["winograd_transform_tiles"]),
                    # profiles written before the field: every backend's Conv2D kernels add a residual
                    # now (cpu, both OpenCL C families, GLSL where a shader binds five buffers, which
                    # the GPUs profiled do)

@@ -277,15 +277,35 @@ def winograd_tile_count(op: A.Conv2D, n: int, per_image: bool = False) -> int:
     return (1 if per_image else op.batch) * math.ceil(op.out_hw[0] / nh) * math.ceil(op.out_hw[1] / nw)
 
 
+def winograd_kernel_cost(op: A.Conv2D, n: int, transform_tiles: tuple[int, int, int] | None) -> int:
+    """Multiplications a backend's own Winograd kernel F(n) makes for ``op``: Eq. 2's ``conv_cost``
+    where ``transform_tiles`` is None; else with the transforms as a kernel on fixed register
+    tiles runs them (``Backend.winograd_transform_tiles`` = (square, row, mr)): each tile's
+    input, per input channel, as two square x square products of depths alpha_h and alpha_w (a 1D
+    tile's as one row-wide product of depth alpha), so a small alpha pays for the whole square;
+    its output, per output channel, as products mr rows wide along each axis longer than 1."""
+    if n == 1 or transform_tiles is None:
+        return conv_cost(op, n)
+    square, row, mr = transform_tiles
+    ic, oc = op.in_channels // op.groups, op.out_channels
+    (nh, nw), (kh, kw) = axis_tiles(n, op.kernel), op.kernel
+    ah, aw = nh + kh - 1, nw + kw - 1
+    inputs = row * max(ah, aw) if min(ah, aw) == 1 else square * square * (ah + aw)
+    outputs = (mr * aw * ah if ah > 1 else 0) + (mr * nh * aw if aw > 1 else 0)
+    return winograd_tile_count(op, n) * (ic * inputs + ic * oc * ah * aw + oc * outputs)
+
+
 def winograd_kernel_pays(backend: Any, op: A.Conv2D, tile: int) -> bool:
     """Whether ``backend``'s own Winograd kernel F(tile) is chosen for ``op``: from
     ``Backend.winograd_min_tiles`` output tiles (of one image where ``winograd_per_image``: a
     kernel going image by image gains nothing from the batch) and ``winograd_min_channels`` input channels on,
-    and where it makes at most 1 / ``winograd_min_saving`` of the sliding window's multiplications
-    (its transforms and small per-position products run slower per multiplication than one big GEMM)."""
+    and where it makes at most 1 / ``winograd_min_saving`` of the sliding window's multiplications,
+    its transforms counted as the kernel runs them (:func:`winograd_kernel_cost`; its transforms
+    and small per-position products run slower per multiplication than one big GEMM)."""
+    tiles = getattr(backend, "winograd_transform_tiles", None)
     return (winograd_tile_count(op, tile, backend.winograd_per_image) >= backend.winograd_min_tiles
             and op.in_channels >= backend.winograd_min_channels
-            and conv_cost(op, 1) >= backend.winograd_min_saving * conv_cost(op, tile))
+            and conv_cost(op, 1) >= backend.winograd_min_saving * winograd_kernel_cost(op, tile, tiles))
 
 
 def _builds(backend: Any, op: A.AtomicOp, candidate: tuple[str, int, str], forced: bool = False) -> bool:

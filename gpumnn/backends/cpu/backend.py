@@ -750,6 +750,7 @@ class CpuBackend(Backend):
         self.engine = Engine(self.jit, self.regions, self.threads)
         # the scheme step reads these: Winograd pays sooner on the register tile
         self.winograd_min_tiles, self.winograd_min_channels, self.winograd_min_saving = self.engine.winograd_pays()
+        self.winograd_transform_tiles = self.engine.winograd_transform_tiles()
         self._info = BackendInfo("cpu", f"NumPy {np.__version__}{loops} on {self.threads} thread(s)",
                                  host_cpu_flops(self.threads), 0.0, float("inf"), is_gpu=False)
         self._pool = workers(self.threads)

@@ -15,6 +15,7 @@ import dataclasses
 from typing import NamedTuple
 
 from ... import atomic as A
+from . import tiles as cpu_tiles
 
 #: Bytes one chunk's scratch (im2col columns, depthwise windows) may take; within it, the chunk
 #: count (``CHUNKS_PER_THREAD``) decides. Chunks cut to fit L2 were slower: NumPy's cost per call
@@ -55,9 +56,10 @@ CACHE_LINE_FLOATS = 16
 
 #: Where the Winograd kernel pays against im2col, per kernel: (output tiles, input channels, how
 #: many times fewer multiplications than the sliding window it must make: Eq. 2's C(n) with the
-#: transforms). "regions": ``compiled._winograd_region`` (the register tile); "threads": ``reference._winograd`` (BLAS
-#: products on the Python threads). Measured per op with ``bench/cpu_winograd.py`` (bench/RESULTS.md).
-WINOGRAD_PAYS = {"regions": (16, 16, 1.6), "threads": (40, 64, 2.0)}
+#: transforms; on the register tile, the transforms as it runs them, ``Engine.winograd_transform_tiles``).
+#: "regions": ``compiled._winograd_region`` (the register tile); "threads": ``reference._winograd`` (BLAS
+#: products on the Python threads). Measured per op inside whole runs (bench/RESULTS.md).
+WINOGRAD_PAYS = {"regions": (16, 16, 1.5), "threads": (40, 64, 2.0)}
 
 
 class Choice(NamedTuple):
@@ -84,6 +86,11 @@ class Engine:
     def winograd_pays(self) -> tuple[int, int, float]:
         """The scheme step's gate for Winograd (``WINOGRAD_PAYS``): lower on the register tile."""
         return WINOGRAD_PAYS["regions" if self.regions else "threads"]
+
+    def winograd_transform_tiles(self) -> tuple[int, int, int] | None:
+        """The register tiles the regions' Winograd kernel transforms on (``cpu_tiles.SQUARE``,
+        ``ROW``, ``MR``: ``schemes.winograd_kernel_cost``); None off regions (BLAS transforms)."""
+        return (cpu_tiles.SQUARE, cpu_tiles.ROW, cpu_tiles.MR) if self.regions else None
 
     # -- how many pieces ------------------------------------------------------------------
     def chunks(self, work: int, threshold: int) -> int:
