@@ -28,7 +28,7 @@ from .constants import PackedConstants, made_once
 from .elementwise import binary_function, unary_function
 from .engines import Engine
 from .compiled import _bounds, _region_items, _row_broadcast
-from .recurrent import cell_step, compiled_lstm_step, direction_groups
+from .recurrent import cell_step, compiled_lstm_step, direction_groups, lstm_runs
 from .reference import (_PaddedInput, _conv_epilogue, _conv_pads, _epilogue, _even_spans, _gemm_chunk, _on_pool, _spans,
                         _window_view, flat, strided, typed, view)
 from .workers import Workers, workers
@@ -806,8 +806,19 @@ class CpuBackend(Backend):
             return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, engine=self.engine, **packs))
         return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, **packs))
 
+    def work_items(self, executions: list[Execution]) -> list[tuple[list[Execution], tuple[Callable[[], None], ...]]]:
+        """What a recording of ``executions`` calls, in order, each with the executions it computes:
+        an execution's own work, or one call for several (a run of LSTM steps: ``cpu_recurrent.lstm_runs``).
+        ``bench/cpu_profile.py`` times these."""
+        items, at = [], 0
+        for start, stop, work in lstm_runs(executions, self.engine, self._packed):
+            items += [([exe], exe.work) for exe in executions[at:start]]
+            items.append((executions[start:stop], (work,)))
+            at = stop
+        return items + [([exe], exe.work) for exe in executions[at:]]
+
     def _record(self, executions: list[Execution]) -> list[Callable[[], None]]:
-        return [fn for exe in executions for fn in exe.work]
+        return [fn for _, work in self.work_items(executions) for fn in work]
 
     # -- run -------------------------------------------------------------------------------
     def _submit(self, recording: list[Callable[[], None]]) -> None:

@@ -143,6 +143,14 @@ class Engine:
             return Choice("gemm_region", self.gemm(macs, region=True))
         return Choice("gemm", self.gemm(macs, region=False))
 
+    def recurrence(self, directions: int) -> Choice:
+        """A run of LSTM steps recorded together (``cpu_recurrent.lstm_runs``): its directions on a
+        region's threads where there are several (no direction reads another's state, so a run's
+        steps need no meeting between threads), else one compiled loop on the calling thread."""
+        if self.regions and directions > 1:
+            return Choice("lstm_sequence_region", min(self.regions, directions))
+        return Choice("lstm_sequence")
+
     def pool(self, op: A.Pool2D, float32: bool) -> Choice:
         """Global pooling (a window the input's size), windows that tile the input and 3x3 windows in
         compiled loops, else NumPy's separable passes."""
