@@ -210,6 +210,11 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constan
     alpha, beta = op.alpha, op.beta
     vector = (a.shape[:2] == (1, 1) and a.strides[2] == 4 and alpha == 1.0 and beta == 1.0  # a vector, constant weights
               and CpuBackend.is_constant(ins[1]) and (bias is None or bias.shape[0] == 1))
+    b_base = typed(ins[1])  # the buffer b's views lie in (a GEMM region's blocks are offsets into it)
+    if (not vector and b.dtype == np.float32 and b.shape[0] == 1 and not b.flags.c_contiguous
+            and CpuBackend.is_constant(ins[1]) and engine.relaid_weights(a.shape[0] * a.shape[1])):
+        b = made_once(constants, ins[1], ("rows", b.shape, b.strides), lambda: np.ascontiguousarray(b))
+        b_base = b.reshape(-1)
     macs = a.shape[0] * a.shape[1] * op.n * op.k
     float32 = o.dtype == a.dtype == b.dtype == np.float32
     row_bias = bias is None or (op.bias_strides == (0, 1) and beta == 1.0)  # none, or one row added to every row
@@ -217,7 +222,7 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constan
              and (b.flags.c_contiguous or CpuBackend.is_constant(ins[1])))
     kernel, parts = engine.matmul(macs, float32, vector, plain)
     if kernel == "small_product":  # constant weights stored transposed are laid [K, N] once
-        packed = b if b.flags.c_contiguous else made_once(constants, ins[1], ("rows", b.shape),
+        packed = b if b.flags.c_contiguous else made_once(constants, ins[1], ("rows", b.shape, b.strides),
                                                           lambda: np.ascontiguousarray(b))
         return cpu_compiled._small_product(a, packed, None if bias is None else bias[0], o, op.activation)
     if kernel == "vector_region":
@@ -230,7 +235,7 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constan
         if op.has_bias:
             bias_spec = (typed(ins[2]), ins[2].offset, op.m, *op.bias_strides)
         region = cpu_compiled._gemm_region(
-            (typed(ins[0]), typed(ins[1]), typed(outs[0])),
+            (typed(ins[0]), b_base, typed(outs[0])),
             [(a[bi, m0:m1], b[0 if b.shape[0] == 1 else bi, :, n0:n1], o[bi, m0:m1, n0:n1], m0, n0)
              for bi, m0, m1, n0, n1 in _expand_batch(blocks, a.shape[0])],
             op.activation, o, alpha=alpha, bias=bias_spec, beta=beta, regions=engine.regions)

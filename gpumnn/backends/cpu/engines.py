@@ -40,6 +40,11 @@ REGION_MIN_WINDOWS = 1 << 15
 #: A float32 product below this many multiply-adds, with its operands' layout plain (``cpu_tiles.small_product``
 #: says which), runs as one compiled loop on the calling thread: a region and BLAS's call cost more than it.
 SMALL_PRODUCT_MACS = 1 << 17
+#: A product of at most this many rows by constant weights stored transposed ([N, K]: ONNX's Gemm
+#: with transB, an LSTM's W) reads a copy of them laid [K, N], made once: BLAS's packing of the
+#: transposed layout on every call cost as much as the product itself at such sizes, the row-major
+#: layout's about a third as much. More rows share the packing, and the copy is the weights' size.
+RELAID_MAX_ROWS = 256
 #: Bytes of im2col columns one block of a region copies, so that its product reads them from L2.
 REGION_COLS_BYTES = 1 << 20
 #: A convolution on constant weights takes ``cpu_tiles``' register tile (``compiled._packed_conv_region``)
@@ -150,6 +155,11 @@ class Engine:
         if self.regions and directions > 1:
             return Choice("lstm_sequence_region", min(self.regions, directions))
         return Choice("lstm_sequence")
+
+    def relaid_weights(self, rows: int) -> bool:
+        """Whether a float32 product of ``rows`` rows by constant weights stored transposed reads
+        them from a copy laid [K, N] (``RELAID_MAX_ROWS``)."""
+        return rows <= RELAID_MAX_ROWS
 
     def pool(self, op: A.Pool2D, float32: bool) -> Choice:
         """Global pooling (a window the input's size), windows that tile the input and 3x3 windows in
