@@ -172,3 +172,10 @@ def test_relaid_weights_and_recurrence():
     assert REGIONS.relaid_weights(engines.RELAID_MAX_ROWS) and not REGIONS.relaid_weights(engines.RELAID_MAX_ROWS + 1)
     assert REGIONS.recurrence(2) == Choice("lstm_sequence_region", 2)
     assert REGIONS.recurrence(1) == JIT.recurrence(2) == Choice("lstm_sequence")
+
+
+def test_raster_choice():
+    """Many small regions in one compiled loop; few regions, large copies or no compiled loops: NumPy."""
+    n, big = engines.RASTER_LOOP_MIN_REGIONS, engines.RASTER_LOOP_MAX_ELEMENTS
+    assert REGIONS.raster(n, big) == JIT.raster(n, 10) == Choice("regions_loop")
+    assert REGIONS.raster(n - 1, 10) == REGIONS.raster(n, big + 1) == NUMPY.raster(n, 10) == Choice("numpy")

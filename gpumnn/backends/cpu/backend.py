@@ -123,8 +123,29 @@ class _ThreadLimiter:
 # A maker with several kernels asks the backend's ``engines.Engine`` once which one, and builds it.
 # --------------------------------------------------------------------------------------------
 
-def _make_raster(op: A.Raster, ins, outs, pool: Workers):
+def _raster_loop(op: A.Raster, ins, out: TensorHandle) -> Callable[[], None] | None:
+    """The regions of ``op`` as one compiled loop (``cpu_jit.raster_regions``) on the words of the
+    one buffer every source lies in and of the output's, or None where the sources lie in several
+    buffers or one overlaps the output."""
+    sources = {id(h.buffer) for h in ins}
+    words = all(A.ITEMSIZE[h.dtype] == 4 and h.buffer.itemsize == 4 and h.buffer.flags.c_contiguous
+                for h in (*ins, out))
+    overlap = any(h.buffer is out.buffer and h.offset < out.offset + out.size and out.offset < h.offset + h.size
+                  for h in ins)
+    if len(sources) != 1 or not words or overlap or any(len(r.size) != A.RANK for r in op.regions):
+        return None
+    src, dst = ins[0].buffer.reshape(-1).view(np.int32), out.buffer.reshape(-1).view(np.int32)
+    table = np.array([(ins[r.src].offset + r.src_offset, out.offset + r.dst_offset, *r.size, *r.src_strides,
+                       *r.dst_strides) for r in op.regions], np.int64).reshape(len(op.regions), 2 + 3 * A.RANK)
+    compiled = cpu_jit.bind(cpu_jit.raster_regions, src, dst, table)
+    return lambda: compiled(src, dst, table)
+
+
+def _make_raster(op: A.Raster, ins, outs, pool: Workers, engine: Engine):
     out = outs[0]
+    loop = None
+    if engine.raster(len(op.regions), sum(r.count for r in op.regions)).kernel == "regions_loop":
+        loop = _raster_loop(op, ins, out)
     copies = [(strided(ins[r.src], r.src_offset, r.size, r.src_strides),
                strided(out, r.dst_offset, r.size, r.dst_strides)) for r in op.regions]
     out_flat = flat(out)
@@ -135,7 +156,12 @@ def _make_raster(op: A.Raster, ins, outs, pool: Workers):
             out_flat.fill(fill)
         for src, dst in copies:
             np.copyto(dst, src)
-    return KernelWork((run,))
+
+    def run_loop():
+        if fill is not None:
+            out_flat.fill(fill)
+        loop()
+    return KernelWork((run if loop is None else run_loop,))
 
 
 def _make_unary(op: A.Unary, ins, outs, pool: Workers, engine: Engine):
@@ -671,7 +697,7 @@ def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers, engine: 
 
 _ANY_INT = frozenset({A.INT32})
 #: makers with a compiled or region kernel for some of their ops: they ask the backend's ``Engine`` which
-_ENGINE_AWARE = frozenset({_make_unary, _make_conv2d, _make_pool2d, _make_matmul, _make_quantized_matmul,
+_ENGINE_AWARE = frozenset({_make_raster, _make_unary, _make_conv2d, _make_pool2d, _make_matmul, _make_quantized_matmul,
                            _make_quantized_conv2d, _make_binary,
                            _make_softmax, _make_normalize, _make_recurrent_cell})
 #: makers that pack constant weights (shared between run states: ``cpu_constants``)

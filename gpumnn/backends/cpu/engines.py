@@ -45,6 +45,11 @@ SMALL_PRODUCT_MACS = 1 << 17
 #: transposed layout on every call cost as much as the product itself at such sizes, the row-major
 #: layout's about a third as much. More rows share the packing, and the copy is the weights' size.
 RELAID_MAX_ROWS = 256
+#: A Raster of at least this many regions and at most ``RASTER_LOOP_MAX_ELEMENTS`` elements copies
+#: them in one compiled loop (``cpu_jit.raster_regions``), where NumPy's fixed cost per region was
+#: most of the work; fewer or larger regions are NumPy's copies.
+RASTER_LOOP_MIN_REGIONS = 4
+RASTER_LOOP_MAX_ELEMENTS = 1 << 16
 #: Bytes of im2col columns one block of a region copies, so that its product reads them from L2.
 REGION_COLS_BYTES = 1 << 20
 #: A convolution on constant weights takes ``cpu_tiles``' register tile (``compiled._packed_conv_region``)
@@ -155,6 +160,13 @@ class Engine:
         if self.regions and directions > 1:
             return Choice("lstm_sequence_region", min(self.regions, directions))
         return Choice("lstm_sequence")
+
+    def raster(self, regions: int, elements: int) -> Choice:
+        """A Raster of ``regions`` regions, ``elements`` elements copied in all, its operands in
+        one buffer each: many small regions in one compiled loop, else NumPy's copies."""
+        if self.jit and regions >= RASTER_LOOP_MIN_REGIONS and elements <= RASTER_LOOP_MAX_ELEMENTS:
+            return Choice("regions_loop")
+        return Choice("numpy")
 
     def relaid_weights(self, rows: int) -> bool:
         """Whether a float32 product of ``rows`` rows by constant weights stored transposed reads
