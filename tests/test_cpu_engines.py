@@ -168,3 +168,18 @@ def test_thresholds_are_read_when_choosing(monkeypatch):
     assert REGIONS.conv(conv(16, 8, 16), True).kernel == "packed_region"
     monkeypatch.setattr(engines, "PARALLEL_MIN_MACS", 0)
     assert THREADS.matmul(1, True, False) == ("gemm", 2)
+
+
+def test_relaid_weights_and_recurrence():
+    """Few rows by weights stored transposed read a copy laid [K, N]; a run of LSTM steps puts its
+    directions on a region's threads where there are several and regions, else one loop."""
+    assert REGIONS.relaid_weights(engines.RELAID_MAX_ROWS) and not REGIONS.relaid_weights(engines.RELAID_MAX_ROWS + 1)
+    assert REGIONS.recurrence(2) == Choice("lstm_sequence_region", 2)
+    assert REGIONS.recurrence(1) == JIT.recurrence(2) == Choice("lstm_sequence")
+
+
+def test_raster_choice():
+    """Many small regions in one compiled loop; few regions, large copies or no compiled loops: NumPy."""
+    n, big = engines.RASTER_LOOP_MIN_REGIONS, engines.RASTER_LOOP_MAX_ELEMENTS
+    assert REGIONS.raster(n, big) == JIT.raster(n, 10) == Choice("regions_loop")
+    assert REGIONS.raster(n - 1, 10) == REGIONS.raster(n, big + 1) == NUMPY.raster(n, 10) == Choice("numpy")

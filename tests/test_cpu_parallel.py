@@ -48,6 +48,7 @@ GEMMS = [
     (1, 96, 37, 0, 1, 1.0, 1.0, (1, 37), "Sigmoid"),        # ... an activation after
     (1, 64, 40, 0, 1, 0.5, 1.0, (40,), None),               # ... alpha: BLAS
     (64, 48, 64, 0, 0, 1.0, 1.0, None, "Relu"),             # no bias, small: one block
+    (40, 192, 768, 0, 1, 1.0, 1.0, (768,), None),           # few rows by B stored [N, K]: a copy laid [K, N], two blocks
 ]
 
 
@@ -224,6 +225,7 @@ MATMULS = [
     ((4, 128, 64), (4, 128, 64), True, False),         # ... with K transposed
     ((2, 3, 40, 72), (2, 3, 72, 56), False, False),    # 4-D batches
     ((3, 200, 100), (300, 100), True, True),           # shared transposed weights (stored [N, K])
+    ((2, 20, 100), (600, 100), True, True),            # ... few rows: read from a copy laid [K, N]
     ((1, 1, 200), (200, 50), False, True),             # one row times constant weights: the register tile
     ((1, 1, 200), (50, 200), True, True),              # ... stored [N, K]
 ]

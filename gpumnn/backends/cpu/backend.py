@@ -28,7 +28,7 @@ from .constants import PackedConstants, made_once
 from .elementwise import binary_function, unary_function
 from .engines import Engine
 from .compiled import _bounds, _region_items, _row_broadcast
-from .recurrent import cell_step, compiled_lstm_step, direction_groups
+from .recurrent import cell_step, compiled_lstm_step, direction_groups, lstm_runs
 from .reference import (_PaddedInput, _conv_epilogue, _conv_pads, _epilogue, _even_spans, _gemm_chunk, _on_pool, _spans,
                         _window_view, flat, strided, typed, view)
 from .workers import Workers, workers
@@ -123,8 +123,29 @@ class _ThreadLimiter:
 # A maker with several kernels asks the backend's ``engines.Engine`` once which one, and builds it.
 # --------------------------------------------------------------------------------------------
 
-def _make_raster(op: A.Raster, ins, outs, pool: Workers):
+def _raster_loop(op: A.Raster, ins, out: TensorHandle) -> Callable[[], None] | None:
+    """The regions of ``op`` as one compiled loop (``cpu_jit.raster_regions``) on the words of the
+    one buffer every source lies in and of the output's, or None where the sources lie in several
+    buffers or one overlaps the output."""
+    sources = {id(h.buffer) for h in ins}
+    words = all(A.ITEMSIZE[h.dtype] == 4 and h.buffer.itemsize == 4 and h.buffer.flags.c_contiguous
+                for h in (*ins, out))
+    overlap = any(h.buffer is out.buffer and h.offset < out.offset + out.size and out.offset < h.offset + h.size
+                  for h in ins)
+    if len(sources) != 1 or not words or overlap or any(len(r.size) != A.RANK for r in op.regions):
+        return None
+    src, dst = ins[0].buffer.reshape(-1).view(np.int32), out.buffer.reshape(-1).view(np.int32)
+    table = np.array([(ins[r.src].offset + r.src_offset, out.offset + r.dst_offset, *r.size, *r.src_strides,
+                       *r.dst_strides) for r in op.regions], np.int64).reshape(len(op.regions), 2 + 3 * A.RANK)
+    compiled = cpu_jit.bind(cpu_jit.raster_regions, src, dst, table)
+    return lambda: compiled(src, dst, table)
+
+
+def _make_raster(op: A.Raster, ins, outs, pool: Workers, engine: Engine):
     out = outs[0]
+    loop = None
+    if engine.raster(len(op.regions), sum(r.count for r in op.regions)).kernel == "regions_loop":
+        loop = _raster_loop(op, ins, out)
     copies = [(strided(ins[r.src], r.src_offset, r.size, r.src_strides),
                strided(out, r.dst_offset, r.size, r.dst_strides)) for r in op.regions]
     out_flat = flat(out)
@@ -135,7 +156,12 @@ def _make_raster(op: A.Raster, ins, outs, pool: Workers):
             out_flat.fill(fill)
         for src, dst in copies:
             np.copyto(dst, src)
-    return KernelWork((run,))
+
+    def run_loop():
+        if fill is not None:
+            out_flat.fill(fill)
+        loop()
+    return KernelWork((run if loop is None else run_loop,))
 
 
 def _make_unary(op: A.Unary, ins, outs, pool: Workers, engine: Engine):
@@ -210,6 +236,11 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constan
     alpha, beta = op.alpha, op.beta
     vector = (a.shape[:2] == (1, 1) and a.strides[2] == 4 and alpha == 1.0 and beta == 1.0  # a vector, constant weights
               and CpuBackend.is_constant(ins[1]) and (bias is None or bias.shape[0] == 1))
+    b_base = typed(ins[1])  # the buffer b's views lie in (a GEMM region's blocks are offsets into it)
+    if (not vector and b.dtype == np.float32 and b.shape[0] == 1 and not b.flags.c_contiguous
+            and CpuBackend.is_constant(ins[1]) and engine.relaid_weights(a.shape[0] * a.shape[1])):
+        b = made_once(constants, ins[1], ("rows", b.shape, b.strides), lambda: np.ascontiguousarray(b))
+        b_base = b.reshape(-1)
     macs = a.shape[0] * a.shape[1] * op.n * op.k
     float32 = o.dtype == a.dtype == b.dtype == np.float32
     row_bias = bias is None or (op.bias_strides == (0, 1) and beta == 1.0)  # none, or one row added to every row
@@ -217,7 +248,7 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constan
              and (b.flags.c_contiguous or CpuBackend.is_constant(ins[1])))
     kernel, parts = engine.matmul(macs, float32, vector, plain)
     if kernel == "small_product":  # constant weights stored transposed are laid [K, N] once
-        packed = b if b.flags.c_contiguous else made_once(constants, ins[1], ("rows", b.shape),
+        packed = b if b.flags.c_contiguous else made_once(constants, ins[1], ("rows", b.shape, b.strides),
                                                           lambda: np.ascontiguousarray(b))
         return cpu_compiled._small_product(a, packed, None if bias is None else bias[0], o, op.activation)
     if kernel == "vector_region":
@@ -230,7 +261,7 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constan
         if op.has_bias:
             bias_spec = (typed(ins[2]), ins[2].offset, op.m, *op.bias_strides)
         region = cpu_compiled._gemm_region(
-            (typed(ins[0]), typed(ins[1]), typed(outs[0])),
+            (typed(ins[0]), b_base, typed(outs[0])),
             [(a[bi, m0:m1], b[0 if b.shape[0] == 1 else bi, :, n0:n1], o[bi, m0:m1, n0:n1], m0, n0)
              for bi, m0, m1, n0, n1 in _expand_batch(blocks, a.shape[0])],
             op.activation, o, alpha=alpha, bias=bias_spec, beta=beta, regions=engine.regions)
@@ -666,7 +697,7 @@ def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers, engine: 
 
 _ANY_INT = frozenset({A.INT32})
 #: makers with a compiled or region kernel for some of their ops: they ask the backend's ``Engine`` which
-_ENGINE_AWARE = frozenset({_make_unary, _make_conv2d, _make_pool2d, _make_matmul, _make_quantized_matmul,
+_ENGINE_AWARE = frozenset({_make_raster, _make_unary, _make_conv2d, _make_pool2d, _make_matmul, _make_quantized_matmul,
                            _make_quantized_conv2d, _make_binary,
                            _make_softmax, _make_normalize, _make_recurrent_cell})
 #: makers that pack constant weights (shared between run states: ``cpu_constants``)
@@ -807,8 +838,19 @@ class CpuBackend(Backend):
             return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, engine=self.engine, **packs))
         return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, **packs))
 
+    def work_items(self, executions: list[Execution]) -> list[tuple[list[Execution], tuple[Callable[[], None], ...]]]:
+        """What a recording of ``executions`` calls, in order, each with the executions it computes:
+        an execution's own work, or one call for several (a run of LSTM steps: ``cpu_recurrent.lstm_runs``).
+        ``bench/cpu_profile.py`` times these."""
+        items, at = [], 0
+        for start, stop, work in lstm_runs(executions, self.engine, self._packed):
+            items += [([exe], exe.work) for exe in executions[at:start]]
+            items.append((executions[start:stop], (work,)))
+            at = stop
+        return items + [([exe], exe.work) for exe in executions[at:]]
+
     def _record(self, executions: list[Execution]) -> list[Callable[[], None]]:
-        return [fn for exe in executions for fn in exe.work]
+        return [fn for _, work in self.work_items(executions) for fn in work]
 
     # -- run -------------------------------------------------------------------------------
     def _submit(self, recording: list[Callable[[], None]]) -> None:

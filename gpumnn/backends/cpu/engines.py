@@ -41,6 +41,16 @@ REGION_MIN_WINDOWS = 1 << 15
 #: A float32 product below this many multiply-adds, with its operands' layout plain (``cpu_tiles.small_product``
 #: says which), runs as one compiled loop on the calling thread: a region and BLAS's call cost more than it.
 SMALL_PRODUCT_MACS = 1 << 17
+#: A product of at most this many rows by constant weights stored transposed ([N, K]: ONNX's Gemm
+#: with transB, an LSTM's W) reads a copy of them laid [K, N], made once: BLAS's packing of the
+#: transposed layout on every call cost as much as the product itself at such sizes, the row-major
+#: layout's about a third as much. More rows share the packing, and the copy is the weights' size.
+RELAID_MAX_ROWS = 256
+#: A Raster of at least this many regions and at most ``RASTER_LOOP_MAX_ELEMENTS`` elements copies
+#: them in one compiled loop (``cpu_jit.raster_regions``), where NumPy's fixed cost per region was
+#: most of the work; fewer or larger regions are NumPy's copies.
+RASTER_LOOP_MIN_REGIONS = 4
+RASTER_LOOP_MAX_ELEMENTS = 1 << 16
 #: Bytes of im2col columns one block of a region copies, so that its product reads them from L2.
 REGION_COLS_BYTES = 1 << 20
 #: A convolution on constant weights takes ``cpu_tiles``' register tile (``compiled._packed_conv_region``)
@@ -149,6 +159,26 @@ class Engine:
                 return Choice("vector_region", self.regions)
             return Choice("gemm_region", self.gemm(macs, region=True))
         return Choice("gemm", self.gemm(macs, region=False))
+
+    def recurrence(self, directions: int) -> Choice:
+        """A run of LSTM steps recorded together (``cpu_recurrent.lstm_runs``): its directions on a
+        region's threads where there are several (no direction reads another's state, so a run's
+        steps need no meeting between threads), else one compiled loop on the calling thread."""
+        if self.regions and directions > 1:
+            return Choice("lstm_sequence_region", min(self.regions, directions))
+        return Choice("lstm_sequence")
+
+    def raster(self, regions: int, elements: int) -> Choice:
+        """A Raster of ``regions`` regions, ``elements`` elements copied in all, its operands in
+        one buffer each: many small regions in one compiled loop, else NumPy's copies."""
+        if self.jit and regions >= RASTER_LOOP_MIN_REGIONS and elements <= RASTER_LOOP_MAX_ELEMENTS:
+            return Choice("regions_loop")
+        return Choice("numpy")
+
+    def relaid_weights(self, rows: int) -> bool:
+        """Whether a float32 product of ``rows`` rows by constant weights stored transposed reads
+        them from a copy laid [K, N] (``RELAID_MAX_ROWS``)."""
+        return rows <= RELAID_MAX_ROWS
 
     def pool(self, op: A.Pool2D, float32: bool) -> Choice:
         """Global pooling (a window the input's size), windows that tile the input and 3x3 windows in

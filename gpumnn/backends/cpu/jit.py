@@ -713,3 +713,29 @@ def pool3x3(x, out, scale, row, is_max, sh, sw, pt, pl):
             else:
                 for ox in range(ow):
                     o[ox] = (row[sw * ox] + row[sw * ox + 1] + row[sw * ox + 2]) * factor[ox]
+
+
+# -- Raster ----------------------------------------------------------------------------------------
+
+@_kernel
+def raster_regions(src, dst, table):
+    """Every region of a Raster as 32-bit words, ``src`` and ``dst`` flat int32 views of their
+    buffers: row i of ``table`` [R, 2 + 3 * RANK] is (source offset, destination offset, the
+    RANK sizes, the RANK source strides, the RANK destination strides), offsets counted from the
+    buffers' first word. A Raster gathering many small pieces (an LSTM's steps into Y) paid
+    NumPy's fixed cost per piece."""
+    for i in range(table.shape[0]):
+        row = table[i]
+        n0, n1, n2, n3 = row[2], row[3], row[4], row[5]
+        s0, s1, s2, s3 = row[6], row[7], row[8], row[9]
+        d0, d1, d2, d3 = row[10], row[11], row[12], row[13]
+        for a in range(n0):
+            for b in range(n1):
+                for c in range(n2):
+                    s = row[0] + a * s0 + b * s1 + c * s2
+                    d = row[1] + a * d0 + b * d1 + c * d2
+                    if s3 == 1 and d3 == 1:
+                        dst[d:d + n3] = src[s:s + n3]
+                    else:
+                        for e in range(n3):
+                            dst[d + e * d3] = src[s + e * s3]

@@ -14,8 +14,12 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ... import atomic as A
-from . import activations as cpu_activations, jit as cpu_jit
+from ..base import Execution, TensorHandle
+from . import activations as cpu_activations, jit as cpu_jit, parallel as cpu_parallel, tiles as cpu_tiles
+from .constants import PackedConstants, made_once
 from .elementwise import unary_function
+from .engines import Engine
+from .reference import strided, typed
 
 F32 = np.float32
 Fn = Callable[[np.ndarray], np.ndarray]
@@ -163,12 +167,18 @@ def lstm_steps(gates, projection, x_offsets, row_stride, state, out, directions,
                 h_new[j] = o * _tanh(cell)
 
 
+def usual_lstm(op: A.RecurrentCell) -> bool:
+    """Whether ``op`` is ONNX's default LSTM step (sigmoid, tanh, tanh; no clip, peephole, lengths
+    or coupled gates): the step the compiled loops here take."""
+    return (op.cell == "lstm" and op.clip == 0 and not (op.input_forget or op.has_peephole or op.has_lengths)
+            and all(a[0] == name for a, name in zip(op.activations, ("sigmoid", "tanh", "tanh") * op.directions)))
+
+
 def compiled_lstm_step(op: A.RecurrentCell, gates: np.ndarray, projection: np.ndarray, state: np.ndarray,
                        out: np.ndarray) -> Callable[[], None] | None:
     """The work of ``op`` as ``lstm_steps`` on flat float32 arrays (``projection``: the whole
     projection tensor), or None where the step is not the usual LSTM's or Numba is missing."""
-    usual = (op.cell == "lstm" and op.clip == 0 and not (op.input_forget or op.has_peephole or op.has_lengths)
-             and all(a[0] == name for a, name in zip(op.activations, ("sigmoid", "tanh", "tanh") * op.directions)))
+    usual = usual_lstm(op)
     arrays = (gates, projection, state, out)
     if not usual or cpu_jit.numba is None or any(a.dtype != np.float32 or a.ndim != 1 for a in arrays):
         return None
@@ -176,4 +186,200 @@ def compiled_lstm_step(op: A.RecurrentCell, gates: np.ndarray, projection: np.nd
     args = (gates, projection, offsets, np.int64(op.x_row_stride), state, out, np.int64(op.directions),
             np.int64(op.batch), np.int64(op.hidden))
     compiled = cpu_jit.bind(lstm_steps, *args)
+    return lambda: compiled(*args)
+
+
+# -- a run of LSTM steps as one call --------------------------------------------------------------
+# The lowering makes each step two ops, the recurrent product (a MatMul of the H block of the state
+# by R^T) and the cell. Recorded one by one, a step is two calls of a few microseconds, each
+# direction's product reading the whole of R from L2 on one thread. A run of such pairs, recorded
+# together, is one call here: each direction's steps in one loop (its product on R^T packed once,
+# then the cell), the directions on the region's threads, since no direction reads another's state.
+
+_WIDE, _ROW = cpu_tiles.WIDE, cpu_tiles.ROW
+
+
+@cpu_jit.inlined
+def _lstm_cell(g, x, c, h_new, c_new, hidden):
+    """The usual LSTM cell of one row: gates ``g`` and projection ``x`` [4H] (i, o, f, c), state C
+    ``c`` [H] -> ``h_new``, ``c_new`` [H] (slices, so that the loop vectorises)."""
+    for j in range(hidden):
+        i = cpu_activations.sigmoid_value(g[j] + x[j])
+        o = cpu_activations.sigmoid_value(g[hidden + j] + x[hidden + j])
+        f = cpu_activations.sigmoid_value(g[2 * hidden + j] + x[2 * hidden + j])
+        cell = f * c[j] + i * _tanh(g[3 * hidden + j] + x[3 * hidden + j])
+        c_new[j] = cell
+        h_new[j] = o * _tanh(cell)
+
+
+@cpu_jit.inlined
+def _lstm_direction(d, pool, state_offsets, out_offsets, x_offsets, row_stride, projection, weights, gates, batch,
+                    hidden):
+    """Direction ``d`` of every step p of a run: gates = H . R_d^T (``weights[d]`` [H, 4H], R^T) into
+    ``gates[d]``, then the usual LSTM cell, reading the state [2, D, B, H] at ``state_offsets[p]``
+    of ``pool`` and the projection's gate rows at ``x_offsets[p, d] + b * row_stride``, and writing
+    (H', C') at ``out_offsets[p]`` of ``pool``."""
+    width = 4 * hidden
+    rows = x_offsets.shape[1] * batch
+    w, g = weights[d], gates[d]
+    w_at, g_at = w.ctypes.data, g.ctypes.data
+    for p in range(state_offsets.shape[0]):
+        s0, o0 = state_offsets[p], out_offsets[p]
+        for b in range(batch):
+            row = d * batch + b
+            h0 = s0 + row * hidden
+            n0 = 0
+            while n0 + _WIDE <= width:
+                cpu_tiles.wide_product(pool.ctypes.data + 4 * h0, 1, w_at + 4 * n0, width, hidden, g_at + 4 * n0)
+                n0 += _WIDE
+            while n0 + _ROW <= width:
+                cpu_tiles.row_product(pool.ctypes.data + 4 * h0, 1, w_at + 4 * n0, width, hidden, g_at + 4 * n0)
+                n0 += _ROW
+            for j in range(n0, width):
+                total = np.float32(0.0)
+                for k in range(hidden):
+                    total += pool[h0 + k] * w[k, j]
+                g[j] = total
+            x0 = x_offsets[p, d] + b * row_stride
+            c0 = s0 + (rows + row) * hidden
+            h_new, c_new = o0 + row * hidden, o0 + (rows + row) * hidden
+            _lstm_cell(g, projection[x0:x0 + width], pool[c0:c0 + hidden], pool[h_new:h_new + hidden],
+                       pool[c_new:c_new + hidden], hidden)
+
+
+@functools.partial(cpu_jit.compiled, error_model="numpy")
+def lstm_sequence(pool, state_offsets, out_offsets, x_offsets, row_stride, projection, weights, gates, batch,
+                  hidden):
+    """A run of LSTM steps (``_lstm_direction``), the directions one after the other."""
+    for d in range(x_offsets.shape[1]):
+        _lstm_direction(d, pool, state_offsets, out_offsets, x_offsets, row_stride, projection, weights, gates,
+                        batch, hidden)
+
+
+def _lstm_sequence_region(pool, state_offsets, out_offsets, x_offsets, row_stride, projection, weights, gates,
+                          batch, hidden):
+    """A run of LSTM steps (``_lstm_direction``), each direction on a thread of the region."""
+    for d in cpu_jit.numba.prange(x_offsets.shape[1]):
+        _lstm_direction(d, pool, state_offsets, out_offsets, x_offsets, row_stride, projection, weights, gates,
+                        batch, hidden)
+
+
+lstm_sequence_region = (cpu_parallel.compiled_region(_lstm_sequence_region, error_model="numpy")
+                        if cpu_jit.numba is not None else _lstm_sequence_region)
+
+
+def _same(a: TensorHandle, b: TensorHandle) -> bool:
+    return a.buffer is b.buffer and a.offset == b.offset and a.shape == b.shape
+
+
+def _lstm_pair(product: Execution, cell: Execution) -> bool:
+    """Whether ``product`` is the recurrent product whose gates the usual LSTM step ``cell`` reads,
+    of the state the cell reads, all float32, by constant weights."""
+    m, c = product.op, cell.op
+    if not (isinstance(m, A.MatMul) and isinstance(c, A.RecurrentCell) and usual_lstm(c)):
+        return False
+    d, b, h = c.directions, c.batch, c.hidden
+    gates, _, state = cell.inputs[:3]
+    shape_ok = (m.batch == d and m.m == b and m.n == 4 * h and m.k == h and m.trans_b and not m.trans_a
+                and not m.has_bias and m.activation is None and m.alpha == 1.0
+                and m.a_batch_stride == b * h and (d == 1 or m.b_batch_stride == 4 * h * h))
+    handles = [*product.inputs, *cell.inputs, *cell.outputs]
+    return (shape_ok and all(x.dtype == A.FLOAT32 for x in handles) and len(product.inputs) == 2
+            and not product.inputs[1].buffer.flags.writeable  # R is a constant
+            and _same(product.outputs[0], gates) and product.inputs[0].buffer is state.buffer
+            and product.inputs[0].offset == state.offset)
+
+
+def _pairs_compatible(first: tuple[Execution, Execution], later: tuple[Execution, Execution]) -> bool:
+    """Whether ``later`` is a step of the same recurrence as ``first``: the same sizes, weights and projection."""
+    (m0, c0), (m1, c1) = first, later
+    a, b = c0.op, c1.op
+    return ((a.directions, a.batch, a.hidden, a.x_row_stride) == (b.directions, b.batch, b.hidden, b.x_row_stride)
+            and _same(m0.inputs[1], m1.inputs[1]) and _same(c0.inputs[1], c1.inputs[1])
+            and c1.outputs[0].buffer is c0.outputs[0].buffer)
+
+
+def _apart(ranges: list[tuple[int, int]], others: list[tuple[int, int]] = ()) -> bool:
+    """Whether ``ranges`` ([start, stop) element spans) are pairwise identical or disjoint and
+    every one of ``others`` is disjoint from all of them: each direction's slices of a step's state
+    and output are then no other direction's, so the directions may run apart."""
+    spans = sorted(set(ranges))
+    if any(spans[i][1] > spans[i + 1][0] for i in range(len(spans) - 1)):
+        return False
+    return all(s1 <= start or stop <= s0 for s0, s1 in others for start, stop in spans)
+
+
+def lstm_runs(executions: list[Execution], engine: Engine,
+              constants: PackedConstants | None) -> list[tuple[int, int, Callable[[], None]]]:
+    """Runs [start, stop) of ``executions`` that are consecutive (recurrent product, usual LSTM
+    step) pairs of one recurrence, each with the one call that computes it (``lstm_sequence``):
+    what a recording puts in their place. The gates tensors are not written: each pair's cell is
+    their only reader (``_read_later`` checks that no later execution reads what they leave)."""
+    if not engine.jit:
+        return []
+    found, i = [], 0
+    while i + 1 < len(executions):
+        if not _lstm_pair(executions[i], executions[i + 1]):
+            i += 1
+            continue
+        stop = i + 2
+        while (stop + 1 < len(executions) and _lstm_pair(executions[stop], executions[stop + 1])
+               and _pairs_compatible((executions[i], executions[i + 1]), (executions[stop], executions[stop + 1]))):
+            stop += 2
+        work = _lstm_run_work([(executions[k], executions[k + 1]) for k in range(i, stop, 2)], executions, stop,
+                              engine, constants)
+        if work is not None:
+            found.append((i, stop, work))
+        i = stop
+    return found
+
+
+def _overlaps(a: TensorHandle, b: TensorHandle) -> bool:
+    return a.buffer is b.buffer and a.offset < b.offset + b.size and b.offset < a.offset + a.size
+
+
+def _read_later(temporaries: list[TensorHandle], later: list[Execution]) -> bool:
+    """Whether an execution of ``later`` (in run order) reads memory of ``temporaries`` before
+    one writes it: the values a run of steps leaves there unwritten would be read."""
+    pending = list(temporaries)
+    for exe in later:
+        if any(_overlaps(x, t) for x in exe.inputs for t in pending):
+            return True
+        pending = [t for t in pending if not any(_overlaps(y, t) and y.offset <= t.offset
+                                                  and t.offset + t.size <= y.offset + y.size for y in exe.outputs)]
+        if not pending:
+            return False
+    return False
+
+
+def _lstm_run_work(pairs: list[tuple[Execution, Execution]], executions: list[Execution], after: int, engine: Engine,
+                   constants: PackedConstants | None) -> Callable[[], None] | None:
+    """The call computing ``pairs`` (``lstm_runs``; ``executions[after:]`` the executions recorded
+    after them), or None where their tensors overlap in a way that ties the directions together,
+    or a later execution reads a gates tensor before writing it."""
+    first_product, first_cell = pairs[0]
+    op = first_cell.op
+    d, b, h = op.directions, op.batch, op.hidden
+    pool_buffer = first_cell.outputs[0].buffer
+    pool = typed(first_cell.outputs[0])
+    if _read_later([cell.inputs[0] for _, cell in pairs], executions[after:]):
+        return None
+    states = [cell.inputs[2] for _, cell in pairs]
+    outs = [cell.outputs[0] for _, cell in pairs]
+    projection_handle = first_cell.inputs[1]
+    read_only = [(projection_handle.offset, projection_handle.offset + projection_handle.size)] \
+        if projection_handle.buffer is pool_buffer else []
+    if any(s.buffer is not pool_buffer for s in states) or not _apart(
+            [(x.offset, x.offset + x.size) for x in outs + states], read_only):
+        return None
+    weights_handle = first_product.inputs[1]
+    product = first_product.op
+    r = strided(weights_handle, 0, (d, 4 * h, h), (product.b_batch_stride, h, 1)).transpose(0, 2, 1)
+    weights = made_once(constants, weights_handle, ("rows", r.shape, r.strides), lambda: np.ascontiguousarray(r))
+    args = (pool, np.array([s.offset for s in states], np.int64), np.array([o.offset for o in outs], np.int64),
+            np.array([cell.op.x_offsets for _, cell in pairs], np.int64).reshape(len(pairs), d),
+            np.int64(op.x_row_stride), typed(projection_handle)[projection_handle.offset:], weights,
+            np.zeros((d, 4 * h), np.float32), np.int64(b), np.int64(h))
+    kernel = lstm_sequence_region if engine.recurrence(d).kernel == "lstm_sequence_region" else lstm_sequence
+    compiled = cpu_jit.bind(kernel, *args)
     return lambda: compiled(*args)
