@@ -221,8 +221,9 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constan
                                                           lambda: np.ascontiguousarray(b))
         return cpu_compiled._small_product(a, packed, None if bias is None else bias[0], o, op.activation)
     if kernel == "vector_region":
-        return cpu_compiled._vector_product_region(op, a[0, 0], b[0], o[0, 0], bias, parts,
-                                      functools.partial(made_once, constants, ins[1]))
+        return cpu_compiled._vector_product_region(op, a[0, 0], b[0], o[0, 0], bias,
+                                                   not op.has_bias or CpuBackend.is_constant(ins[2]), parts,
+                                                   functools.partial(made_once, constants, ins[1]))
     # blocks of the output: whole batches, else column or row spans (rows in whole repeats of the bias)
     if kernel == "gemm_region":
         blocks = _gemm_blocks(a.shape[0], a.shape[1], op.n, parts)
@@ -331,6 +332,11 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
     cg, ocg = c // g, oc // g
     k = cg * kh * kw
     w_packed = weight.reshape(g, ocg, k)
+    if kernel == "pointwise_region" and x.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous:
+        return cpu_compiled._pointwise_region(op, x.reshape(n, c, h * w), w_packed[0], out, bias,
+                                              not op.has_bias or CpuBackend.is_constant(ins[2]), regions, parts, once)
+    if kernel == "pointwise_region":  # a layout the tiles do not take: BLAS's blocks
+        kernel, parts = "gemm1x1_region", engine.gemm(ocg * h * w * cg, region=True)
     if kernel == "gemm1x1_region":  # 1x1 convolution is a GEMM on the input as it lies
         xs = x.reshape(n, g, cg, h * w)
         region = cpu_compiled._gemm_region(

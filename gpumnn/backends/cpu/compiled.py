@@ -59,20 +59,18 @@ def _sum_region(a: np.ndarray, b: np.ndarray, out: np.ndarray, activation: A.Act
 
 
 def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
-                           regions: int, once: Callable) -> KernelWork:
+                           constant_bias: bool, regions: int, once: Callable) -> KernelWork:
     """A vector times a constant matrix (a classifier's last layer: M = 1), x [K] @ weights [K, N]
-    -> out [N], as a 1x1 convolution of one pixel (``_packed_conv_region``): the matrix packed into
-    the register tile's panels once, and each run reads them once, half on each thread. BLAS's
-    sgemm packs the whole matrix on every call to multiply it by one row (measured:
-    bench/RESULTS.md); the tile's six rows of which one is used cost little on a
-    product that waits for memory."""
+    -> out [N], as a 1x1 convolution of one pixel on the pointwise tiles (``_pointwise_region``):
+    the matrix packed into panels of WIDE columns once, and each run reads them once, half on each
+    thread, with WIDE independent sums per step. BLAS's sgemm packs the whole matrix on every call
+    to multiply it by one row (measured: bench/RESULTS.md)."""
     k, n = weights.shape
     conv = A.Conv2D(op.inputs, op.outputs, op.source, batch=1, in_channels=k, out_channels=n,
                     activation=op.activation, has_bias=bias is not None, scheme="gemm1x1")
-    panels = once(("vector panels", weights.shape),
-                  lambda: cpu_tiles.pack_panels(np.ascontiguousarray(weights.T), cpu_tiles.NR))
-    made = _packed_conv_region(conv, x.reshape(1, k, 1, 1), panels, out.reshape(1, n, 1),
-                               None if bias is None else bias[0].reshape(n, 1), regions, regions)
+    made = _pointwise_region(conv, x.reshape(1, k, 1), weights.T, out.reshape(1, n, 1),
+                             None if bias is None else bias[0], constant_bias, regions, regions,
+                             lambda recipe, make: once(("vector", *recipe), make))
     return KernelWork(made.work, op.scheme, made.keep)  # the report names the product's scheme, not the convolution's
 
 
@@ -196,6 +194,52 @@ def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts:
     return KernelWork((_region_items(cpu_parallel.packed_conv, images, act, out, op.activation, regions),), "im2col",
                   keep=(panels, b1, xp, bases, taps, pack_bounds, blocks, packs, accs))
 
+
+def _pointwise_blocks(channels: int, width: int, pixels: int, channels_in_rows: bool, parts: int) -> np.ndarray:
+    """``cpu_parallel.pointwise_tiles``' blocks (first channel, channel stop, first pixel, pixel stop)
+    for ``parts`` threads: spans of whole channel panels (``width`` channels each), or spans of
+    pixels where they share out more evenly (pixels in the vector registers only, each span NR
+    pixels or more, cut at multiples of NR)."""
+    panels = -(-channels // width)
+    tiles = pixels // cpu_tiles.NR if channels_in_rows else 0
+    by_channels = [(v0 * width, v1 * width, 0, pixels) for v0, v1 in _spans(panels, min(parts, panels))]
+
+    def slowest(shares: list[int]) -> float:  # the largest share against an even one (parts: one thread)
+        return max(shares) * parts / sum(shares) if len(shares) == parts else float(parts)
+    if tiles >= parts > 1:
+        cuts = [q0 * cpu_tiles.NR for q0, _ in _spans(tiles, parts)] + [pixels]
+        if slowest([p1 - p0 for p0, p1 in zip(cuts, cuts[1:])]) < slowest([v1 - v0 for v0, v1, _, _ in by_channels]):
+            return np.array([(0, panels * width, p0, p1) for p0, p1 in zip(cuts, cuts[1:])], np.int64)
+    return np.array(by_channels, np.int64)
+
+
+def _pointwise_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
+                      constant_bias: bool, regions: int, parts: int, once: Callable) -> KernelWork:
+    """A 1x1 convolution on constant weights as one native region per image
+    (``cpu_parallel.pointwise_tiles``): the weights packed once into panels, the input read where it
+    lies, the bias and a clamp (and hard-swish) in the tile's registers, the other activations per
+    block. On images of NR pixels or more the pixels are the vector operand (the weights in panels
+    of MR channels), on smaller ones the output channels are (panels of NR; of WIDE for one pixel). BLAS packs the weights, the
+    larger operand on such images, on every call. ``x`` [N, C, P], ``weight`` [O, C], ``out`` [N, O, P]."""
+    n, oc, pixels = out.shape
+    channels_in_rows = pixels >= cpu_tiles.NR
+    width = cpu_tiles.MR if channels_in_rows else cpu_tiles.NR if pixels > 1 else cpu_tiles.WIDE
+    panels = once(("pointwise panels", width, weight.shape), lambda: cpu_tiles.pack_panels(weight, width))
+    padded = np.zeros(len(panels) * width, np.float32)
+
+    def refresh_bias() -> None:
+        padded[:oc] = bias.reshape(oc)
+    if bias is not None:
+        refresh_bias()
+    lo, hi, after = _compiled_clamp(op.activation)
+    blocks = _pointwise_blocks(oc, width, pixels, channels_in_rows, parts)
+    kind, after = _in_region(op.activation, after, len(blocks), out, regions)
+    dummies = _thread_scratch(regions, cpu_tiles.NR)
+    images = [(x[b], panels, out[b], padded, blocks, dummies, channels_in_rows, lo, hi, kind) for b in range(n)]
+    region = cpu_parallel.pointwise_tiles if len(blocks) > 1 else cpu_parallel.pointwise_tiles_alone
+    run = _region_items(region, images, after, out, op.activation, regions)
+    work = (run,) if bias is None or constant_bias else (refresh_bias, run)
+    return KernelWork(work, "gemm1x1", keep=(panels, padded, blocks, dummies))
 
 def _applies_epilogue(biased: bool, lo: np.float32, hi: np.float32) -> bool:
     """Whether a region's loop has a bias to add or a clamp to apply (else it skips the pass)."""

@@ -46,6 +46,13 @@ REGION_COLS_BYTES = 1 << 20
 #: from this inner dimension (C*KH*KW) up, BLAS below: with a short inner dimension each tile's
 #: store and each element's packing weigh more against its multiply-adds.
 PACKED_MIN_DEPTH = 512
+#: A 1x1 convolution on constant weights over at most this many pixels per image runs on
+#: ``cpu_tiles``' pointwise tiles (``compiled._pointwise_region``), not BLAS: on so few pixels the
+#: weights are the larger operand, which BLAS packs again on every call.
+POINTWISE_MAX_PIXELS = 64
+#: ... and is shared between the region's threads from this many multiply-adds (a region's entry
+#: against the tile's speed on one thread).
+POINTWISE_SHARED_MACS = 1 << 18
 #: Elementwise ops (a residual sum) and row passes (softmax, normalisation, global average pooling)
 #: are shared between the regions' threads from this many elements: a region's cost against a
 #: pass over memory.
@@ -122,6 +129,8 @@ class Engine:
             product = ocg * h * w * cg
             if self.jit and h * w == 1 and g == 1 and constant_weights and n * product < SMALL_PRODUCT_MACS:
                 return Choice("small_product")  # one pixel (squeeze-excitation's): a vector times the weights
+            if self.regions and g == 1 and constant_weights and h * w <= POINTWISE_MAX_PIXELS:
+                return Choice("pointwise_region", self.shared(product, POINTWISE_SHARED_MACS))
             if self.regions:
                 return Choice("gemm1x1_region", self.gemm(product, region=True))
             return Choice("gemm1x1", self.gemm(product, region=False))
