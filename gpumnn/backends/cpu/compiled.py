@@ -32,10 +32,10 @@ def _row_broadcast(dims: list[tuple[int, ...]], side: int) -> bool:
 
 
 def _row_sum_region(dense: np.ndarray, values: TensorHandle, dims: list[tuple[int, ...]], side: int, out: np.ndarray,
-                    activation: A.Activation, parts: int) -> KernelWork:
-    """out = clamp(dense + a value per row) as one pass on the region's threads
-    (``cpu_parallel.row_sum_spans``): a bias added after an average pool (``optimize``'s
-    ``pointwise_before_average_pool``) and its ReLU. NumPy's broadcast add and clamp took 0.07-0.26
+                    activation: A.Activation, parts: int, product: bool = False) -> KernelWork:
+    """out = clamp(dense + a value per row) (times, where ``product``) as one pass on the region's
+    threads (``cpu_parallel.row_sum_spans``): a bias added after an average pool (``optimize``'s
+    ``pointwise_before_average_pool``) and its ReLU, or squeeze-excitation's scale per channel. NumPy's broadcast add and clamp took 0.07-0.26
     ms on Inception-v3's, two passes on one thread."""
     width = dims[-1][0]
     outer = dims[:-1]
@@ -45,8 +45,9 @@ def _row_sum_region(dense: np.ndarray, values: TensorHandle, dims: list[tuple[in
     flat = strided(values, 0, (int(index.max()) + 1,), (1,))
     lo, hi, _ = _compiled_clamp(activation)
     bounds = _bounds(_even_spans(index.size, parts))
-    return KernelWork((_region_items(cpu_parallel.row_sum_spans, [(dense, flat, index, out, bounds, width, lo, hi)],
-                                 None, out),), "sum", keep=(index, bounds))
+    return KernelWork((_region_items(cpu_parallel.row_sum_spans, [(dense, flat, index, out, bounds, width, lo, hi, product)],
+                                     None, out, one_span=len(bounds) == 2),), "product" if product else "sum",
+                      keep=(index, bounds))
 
 
 def _sum_region(a: np.ndarray, b: np.ndarray, out: np.ndarray, activation: A.Activation, parts: int) -> KernelWork:
@@ -55,7 +56,8 @@ def _sum_region(a: np.ndarray, b: np.ndarray, out: np.ndarray, activation: A.Act
     clamp). ``parts``: spans. Measured: bench/RESULTS.md."""
     lo, hi, _ = _compiled_clamp(activation)
     bounds = _bounds(_spans(out.size, parts, align=engines.CACHE_LINE_FLOATS))
-    return KernelWork((_region_items(cpu_parallel.sum_spans, [(a, b, out, bounds, lo, hi)], None, out),), "sum")
+    return KernelWork((_region_items(cpu_parallel.sum_spans, [(a, b, out, bounds, lo, hi)], None, out,
+                                     one_span=len(bounds) == 2),), "sum")
 
 
 def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
@@ -70,7 +72,7 @@ def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out
                     activation=op.activation, has_bias=bias is not None, scheme="gemm1x1")
     made = _pointwise_region(conv, x.reshape(1, k, 1), weights.T, out.reshape(1, n, 1),
                              None if bias is None else bias[0], constant_bias, regions, regions,
-                             lambda recipe, make: once(("vector", *recipe), make))
+                             lambda recipe, make: once(("vector panels", *recipe[1:]), make))
     return KernelWork(made.work, op.scheme, made.keep)  # the report names the product's scheme, not the convolution's
 
 
@@ -236,8 +238,8 @@ def _pointwise_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np.n
     kind, after = _in_region(op.activation, after, len(blocks), out, regions)
     dummies = _thread_scratch(regions, cpu_tiles.NR)
     images = [(x[b], panels, out[b], padded, blocks, dummies, channels_in_rows, lo, hi, kind) for b in range(n)]
-    region = cpu_parallel.pointwise_tiles if len(blocks) > 1 else cpu_parallel.pointwise_tiles_alone
-    run = _region_items(region, images, after, out, op.activation, regions)
+    run = _region_items(cpu_parallel.pointwise_tiles, images, after, out, op.activation, regions,
+                        one_span=len(blocks) == 1)
     work = (run,) if bias is None or constant_bias else (refresh_bias, run)
     return KernelWork(work, "gemm1x1", keep=(panels, padded, blocks, dummies))
 
@@ -316,7 +318,8 @@ def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts
         bounds = _bounds(_spans(c, parts))
         regions_of = [cpu_parallel.depthwise_region(kernel, (x[b], w3, b1, out4[b], bounds, *scratch, *tail))
                       for b in range(n)]
-        work = _region_items(regions_of[0][0], [args for _, args in regions_of], act, out, op.activation, regions)
+        work = _region_items(regions_of[0][0], [args for _, args in regions_of], act, out, op.activation, regions,
+                             one_span=parts == 1)
     else:
         spans = [(x[b, c0:c1], w3[c0:c1], b1[c0:c1], out4[b, c0:c1]) for b in range(n) for c0, c1 in _spans(c, parts)]
         compiled = cpu_jit.bind(kernel, *spans[0], scratch[0][0], scratch[1][0], *tail)
@@ -346,12 +349,14 @@ def _bounds(spans: list[tuple[int, int]]) -> np.ndarray:
 
 
 def _region_items(region: Callable, calls: list[tuple], after: Callable[[np.ndarray], None] | None,
-                  out: np.ndarray, activation: A.Activation = None, regions: int = 1) -> Callable[[], None]:
+                  out: np.ndarray, activation: A.Activation = None, regions: int = 1,
+                  one_span: bool = False) -> Callable[[], None]:
     """The work item calling ``region`` (compiled once, for the first call's types) with each of
     ``calls``' arguments, then ``after`` on ``out`` (an activation the region does not apply): as
     a region of its own on ``regions`` threads where ``activation`` is one of
-    ``cpu_parallel.ACTIVATION_KINDS`` and ``out`` large enough to share, else on this thread."""
-    compiled = cpu_jit.bind(region, *calls[0])
+    ``cpu_parallel.ACTIVATION_KINDS`` and ``out`` large enough to share, else on this thread.
+    ``one_span``: each call is one span, run as a loop on this thread (``cpu_parallel.alone``)."""
+    compiled = cpu_jit.bind(cpu_parallel.alone(region) if one_span else region, *calls[0])
     if after:
         after = _shared_activation(activation, out, regions) or functools.partial(after, out)
 
@@ -419,7 +424,7 @@ def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, parts: int, r
     if regions:
         bounds = _bounds(_spans(c, parts))
         images = [(x[b], out[b], scale, bounds, scratch, *tail) for b in range(n)]
-        return KernelWork((_region_items(region, images, None, out),), keep=(scale, scratch))
+        return KernelWork((_region_items(region, images, None, out, one_span=parts == 1),), keep=(scale, scratch))
     spans = [(x[b, c0:c1], out[b, c0:c1], scale) for b in range(n) for c0, c1 in _spans(c, parts)]
     compiled = cpu_jit.bind(kernel, *spans[0], scratch[0], *tail)
     return KernelWork((_on_pool(pool, len(spans), lambda index, slot: compiled(*spans[index], scratch[slot], *tail)),),

@@ -171,8 +171,9 @@ class Engine:
         return Choice("separable")
 
     def elementwise(self, size: int, fusable: bool) -> Choice:
-        """A binary op of ``size`` elements; ``fusable``: a float32 sum with a clamp or none (a
-        residual connection and its ReLU), one pass in a region where its operands' layout allows."""
+        """A binary op of ``size`` elements; ``fusable``: a float32 sum or product with a clamp or
+        none (a residual connection and its ReLU, squeeze-excitation's scale per channel), one pass in
+        a region where its operands' layout allows (a product: a value per row only)."""
         if self.regions and fusable:
             return Choice("sum_region", self.shared(size, REGION_MIN_ELEMENTS))
         return Choice("numpy")

@@ -31,6 +31,7 @@ import functools
 import os
 import sys
 import threading
+import types as types_module
 from typing import Callable
 
 import numpy as np
@@ -671,15 +672,6 @@ def pointwise_tiles(x, panels, out, bias, blocks, dummies, channels_in_rows, lo,
         pointwise_block(x, panels, out, bias, blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3],
                         dummies[numba.get_thread_id()].ctypes.data, channels_in_rows, lo, hi, activation)
 
-
-@functools.partial(cpu_jit.compiled, error_model="numpy")
-def pointwise_tiles_alone(x, panels, out, bias, blocks, dummies, channels_in_rows, lo, hi, activation):
-    """``pointwise_tiles`` on the calling thread, for one block: a region's entry costs more than
-    the smallest products."""
-    for i in range(blocks.shape[0]):
-        pointwise_block(x, panels, out, bias, blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3],
-                        dummies[0].ctypes.data, channels_in_rows, lo, hi, activation)
-
 def packed_conv_tables(kernel: tuple[int, int], strides: tuple[int, int], dilations: tuple[int, int],
                        out_hw: tuple[int, int], padded_width: int) -> tuple[np.ndarray, np.ndarray]:
     """``pack_windows``' bases (each output pixel's window origin in a padded plane
@@ -907,16 +899,20 @@ def pool_same_spans(x, out, scale, bounds, planes, is_max):
 
 
 @_region
-def row_sum_spans(a, values, index, out, bounds, width, lo, hi):
-    """out[r * width + i] = clamp(a[r * width + i] + values[index[r]]) to [lo, hi] for the rows r
-    in the spans [bounds[j], bounds[j + 1]): a value per row added along it (a per-channel bias
-    over NCHW planes)."""
+def row_sum_spans(a, values, index, out, bounds, width, lo, hi, product):
+    """out[r * width + i] = clamp(a[r * width + i] + values[index[r]]) to [lo, hi] (times where
+    ``product``) for the rows r in the spans [bounds[j], bounds[j + 1]): a value per row added along
+    it (a per-channel bias over NCHW planes) or multiplying it (squeeze-excitation's scales)."""
     for j in numba.prange(bounds.shape[0] - 1):
         for r in range(bounds[j], bounds[j + 1]):
             value = values[index[r]]
             x, z = a[r * width:(r + 1) * width], out[r * width:(r + 1) * width]
-            for i in range(width):
-                z[i] = min(max(x[i] + value, lo), hi)
+            if product:
+                for i in range(width):
+                    z[i] = min(max(x[i] * value, lo), hi)
+            else:
+                for i in range(width):
+                    z[i] = min(max(x[i] + value, lo), hi)
 
 
 @_region
@@ -927,6 +923,31 @@ def sum_spans(a, b, out, bounds, lo, hi):
         x, y, z = a[s0:s1], b[s0:s1], out[s0:s1]
         for i in range(s1 - s0):
             z[i] = min(max(x[i] + y[i], lo), hi)
+
+
+_ALONE: dict = {}
+
+
+def alone(region: Callable) -> Callable:
+    """``region`` compiled as a plain loop on the calling thread (its ``prange`` a ``range``,
+    ``get_thread_id`` 0), for a call of one span: entering a region costs more than the smallest
+    ops take. Compiled under a name of its own, so that Numba's disk cache keeps the two apart."""
+    if numba is None or not hasattr(region, "py_func"):
+        return region
+    twin = _ALONE.get(region)
+    if twin is None:
+        fn = region.py_func
+        copy = types_module.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_alone", fn.__defaults__,
+                                         fn.__closure__)
+        copy.__qualname__ = fn.__qualname__ + "_alone"
+        copy.__doc__ = fn.__doc__
+        options = {key: value for key, value in region.targetoptions.items() if key not in ("parallel", "nopython")}
+        try:
+            twin = numba.njit(cache=cpu_jit.CACHE, **options)(copy)
+        except RuntimeError:  # no writable place for Numba's cache: compile per process
+            twin = numba.njit(**options)(copy)
+        _ALONE[region] = twin
+    return twin
 
 
 def available_layer() -> str | None:
