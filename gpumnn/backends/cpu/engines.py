@@ -50,6 +50,12 @@ PACKED_MIN_DEPTH = 512
 #: ``cpu_tiles``' pointwise tiles (``compiled._pointwise_region``), not BLAS: on so few pixels the
 #: weights are the larger operand, which BLAS packs again on every call.
 POINTWISE_MAX_PIXELS = 64
+#: ... where it has fewer than this many pixels (``cpu_tiles.NR``: the channels are the tile's vector
+#: operand), or weights of at most POINTWISE_MAX_WEIGHT_BYTES: with the pixels in the vector registers
+#: each tile walks its 16 pixels down every input channel, and deep inputs with large weights
+#: (MobileNet-v1's 1024 channels on 7x7) ran slower than BLAS.
+POINTWISE_FEW_PIXELS = 16
+POINTWISE_MAX_WEIGHT_BYTES = 1 << 18
 #: ... and is shared between the region's threads from this many multiply-adds (a region's entry
 #: against the tile's speed on one thread).
 POINTWISE_SHARED_MACS = 1 << 18
@@ -129,7 +135,8 @@ class Engine:
             product = ocg * h * w * cg
             if self.jit and h * w == 1 and g == 1 and constant_weights and n * product < SMALL_PRODUCT_MACS:
                 return Choice("small_product")  # one pixel (squeeze-excitation's): a vector times the weights
-            if self.regions and g == 1 and constant_weights and h * w <= POINTWISE_MAX_PIXELS:
+            pointwise = h * w < POINTWISE_FEW_PIXELS or 4 * cg * ocg <= POINTWISE_MAX_WEIGHT_BYTES
+            if self.regions and g == 1 and constant_weights and h * w <= POINTWISE_MAX_PIXELS and pointwise:
                 return Choice("pointwise_region", self.shared(product, POINTWISE_SHARED_MACS))
             if self.regions:
                 return Choice("gemm1x1_region", self.gemm(product, region=True))

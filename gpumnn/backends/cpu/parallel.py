@@ -931,9 +931,11 @@ _ALONE: dict = {}
 def alone(region: Callable) -> Callable:
     """``region`` compiled as a plain loop on the calling thread (its ``prange`` a ``range``,
     ``get_thread_id`` 0), for a call of one span: entering a region costs more than the smallest
-    ops take. Compiled under a name of its own, so that Numba's disk cache keeps the two apart."""
+    ops take. Compiled under a name of its own, so that Numba's disk cache keeps the two apart.
+    The threading layer is started first: ``get_thread_id`` reads it, outside a region too."""
     if numba is None or not hasattr(region, "py_func"):
         return region
+    _layer()
     twin = _ALONE.get(region)
     if twin is None:
         fn = region.py_func
