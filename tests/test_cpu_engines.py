@@ -50,7 +50,7 @@ CONV = [
     (REGIONS, conv(16, 8, 16, k=1, scheme="gemm1x1"), True, ("pointwise_region", 1)),
     (REGIONS, conv(96, 4, 576, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),
     (REGIONS, conv(96, 9, 576, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),  # past POINTWISE_MAX_PIXELS
-    (REGIONS, conv(512, 7, 1024, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),  # past POINTWISE_MAX_WEIGHT_BYTES
+    (REGIONS, conv(512, 7, 1024, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),  # past the weight bytes
     (REGIONS, conv(256, 5, 256, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # at it
     (REGIONS, conv(1024, 3, 1024, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # few pixels: any weights
     (REGIONS, conv(64, 4, 64, k=1, scheme="gemm1x1", groups=2), True, ("gemm1x1_region", 1)),  # grouped: BLAS

@@ -41,8 +41,8 @@ ACTIVATIONS = [None, ("relu", ()), ("clip", (0.0, 6.0)), ("hard_swish", ()), ("s
 # (pixels, in channels, out channels): pixels from 1 to 70 (both orientations, every tail), channel
 # counts that fill neither a panel of MR nor one of NR; the last two deep enough to cut their pixels
 # into chunks (``cpu_parallel.POINTWISE_CHUNK_FLOATS``), the last chunk taking the pixels left
-SHAPES = [(1, 20, 37), (1, 300, 130), (2, 3, 5), (5, 37, 17), (6, 16, 16), (7, 9, 33), (12, 96, 40), (13, 5, 1), (15, 31, 47),
-          (16, 20, 7), (17, 37, 13), (23, 8, 29), (31, 1, 6), (36, 40, 61), (47, 21, 19), (49, 64, 12),
+SHAPES = [(1, 20, 37), (1, 300, 130), (2, 3, 5), (5, 37, 17), (6, 16, 16), (7, 9, 33), (12, 96, 40), (13, 5, 1),
+          (15, 31, 47), (16, 20, 7), (17, 37, 13), (23, 8, 29), (31, 1, 6), (36, 40, 61), (47, 21, 19), (49, 64, 12),
           (64, 13, 100), (70, 35, 22), (53, 700, 10), (70, 2100, 9)]
 
 
@@ -130,8 +130,9 @@ MODELS = [(96, 2, 576, "hard_swish"), (576, 3, 96, None), (40, 6, 37, "relu6"), 
           (16, 1, 24, "relu")]
 
 
+@pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("case", MODELS, ids=[f"pw{c[0]}x{c[1]}o{c[2]}" for c in MODELS])
-def test_pointwise_convolutions_match_onnxruntime(case, monkeypatch, fresh_rng):
+def test_pointwise_convolutions_match_onnxruntime(case, batch, monkeypatch, fresh_rng):
     require_tool("numba", cpu_jit.MISSING)
     require_tool("regions", cpu_parallel.available()[1])
     channels, size, out_channels, activation = case
@@ -140,5 +141,6 @@ def test_pointwise_convolutions_match_onnxruntime(case, monkeypatch, fresh_rng):
                         lambda *a, real=cpu_compiled._pointwise_region: calls.append(a) or real(*a))
     monkeypatch.setattr(cpu_engines, "SMALL_PRODUCT_MACS", 0)  # one pixel too
     model = _conv_model(channels, size, 1, 1, 1, [0, 0, 0, 0], 1, out_channels, activation, True, fresh_rng)
-    _both_ways_match_onnxruntime(model, (1, channels, size, size), fresh_rng)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = batch
+    _both_ways_match_onnxruntime(model, (batch, channels, size, size), fresh_rng)
     assert calls, "the pointwise tiles were not used"

@@ -464,8 +464,8 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, engine: Engine):
         if kernel == "mean_rows_region":
             bounds = _bounds(_even_spans(n * c, parts))
             args = (x3.reshape(n * c, h * w), o3.reshape(n * c), bounds)
-            return KernelWork((_region_items(cpu_rows.mean_rows, [args], None, out, one_span=len(bounds) == 2),), "global",
-                              keep=(bounds,))
+            run = _region_items(cpu_rows.mean_rows, [args], None, out, one_span=len(bounds) == 2)
+            return KernelWork((run,), "global", keep=(bounds,))
         reducer = np.max if op.op == "max" else np.mean
         return KernelWork((lambda: reducer(x3, axis=2, out=o3),), "global")
     top, left, bottom, right = op.pads

@@ -35,8 +35,8 @@ def _row_sum_region(dense: np.ndarray, values: TensorHandle, dims: list[tuple[in
                     activation: A.Activation, parts: int, product: bool = False) -> KernelWork:
     """out = clamp(dense + a value per row) (times, where ``product``) as one pass on the region's
     threads (``cpu_parallel.row_sum_spans``): a bias added after an average pool (``optimize``'s
-    ``pointwise_before_average_pool``) and its ReLU, or squeeze-excitation's scale per channel. NumPy's broadcast add and clamp took 0.07-0.26
-    ms on Inception-v3's, two passes on one thread."""
+    ``pointwise_before_average_pool``) and its ReLU, or squeeze-excitation's scale per channel.
+    NumPy's broadcast add and clamp took 0.07-0.26 ms on Inception-v3's, two passes on one thread."""
     width = dims[-1][0]
     outer = dims[:-1]
     index = np.zeros(1, np.int64)
@@ -45,9 +45,9 @@ def _row_sum_region(dense: np.ndarray, values: TensorHandle, dims: list[tuple[in
     flat = strided(values, 0, (int(index.max()) + 1,), (1,))
     lo, hi, _ = _compiled_clamp(activation)
     bounds = _bounds(_even_spans(index.size, parts))
-    return KernelWork((_region_items(cpu_parallel.row_sum_spans, [(dense, flat, index, out, bounds, width, lo, hi, product)],
-                                     None, out, one_span=len(bounds) == 2),), "product" if product else "sum",
-                      keep=(index, bounds))
+    args = (dense, flat, index, out, bounds, width, lo, hi, product)
+    return KernelWork((_region_items(cpu_parallel.row_sum_spans, [args], None, out, one_span=len(bounds) == 2),),
+                      "product" if product else "sum", keep=(index, bounds))
 
 
 def _sum_region(a: np.ndarray, b: np.ndarray, out: np.ndarray, activation: A.Activation, parts: int) -> KernelWork:
@@ -221,8 +221,9 @@ def _pointwise_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np.n
     (``cpu_parallel.pointwise_tiles``): the weights packed once into panels, the input read where it
     lies, the bias and a clamp (and hard-swish) in the tile's registers, the other activations per
     block. On images of NR pixels or more the pixels are the vector operand (the weights in panels
-    of MR channels), on smaller ones the output channels are (panels of NR; of WIDE for one pixel). BLAS packs the weights, the
-    larger operand on such images, on every call. ``x`` [N, C, P], ``weight`` [O, C], ``out`` [N, O, P]."""
+    of MR channels), on smaller ones the output channels are (panels of NR; of WIDE for one pixel).
+    BLAS packs the weights, the larger operand on such images, on every call. ``x`` [N, C, P],
+    ``weight`` [O, C], ``out`` [N, O, P]."""
     n, oc, pixels = out.shape
     channels_in_rows = pixels >= cpu_tiles.NR
     width = cpu_tiles.MR if channels_in_rows else cpu_tiles.NR if pixels > 1 else cpu_tiles.WIDE
@@ -242,6 +243,7 @@ def _pointwise_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np.n
                         one_span=len(blocks) == 1)
     work = (run,) if bias is None or constant_bias else (refresh_bias, run)
     return KernelWork(work, "gemm1x1", keep=(panels, padded, blocks, dummies))
+
 
 def _applies_epilogue(biased: bool, lo: np.float32, hi: np.float32) -> bool:
     """Whether a region's loop has a bias to add or a clamp to apply (else it skips the pass)."""
