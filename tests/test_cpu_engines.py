@@ -46,12 +46,20 @@ CONV = [
     (NUMPY, conv(32, 56, 32, scheme="depthwise", groups=32), True, ("depthwise", 1)),
     # 1x1 as a GEMM: parts are the threads for each group's product (REGION_MIN_MACS, PARALLEL_MIN_MACS)
     (REGIONS, conv(64, 56, 64, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),
-    (REGIONS, conv(16, 8, 16, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 1)),
+    (REGIONS, conv(16, 8, 16, k=1, scheme="gemm1x1"), False, ("gemm1x1_region", 1)),
+    # few pixels on constant weights: the pointwise tiles, shared from POINTWISE_SHARED_MACS
+    (REGIONS, conv(16, 8, 16, k=1, scheme="gemm1x1"), True, ("pointwise_region", 1)),
+    (REGIONS, conv(96, 4, 576, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),
+    (REGIONS, conv(96, 9, 576, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),  # past POINTWISE_MAX_PIXELS
+    (REGIONS, conv(512, 7, 1024, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),  # past the weight bytes
+    (REGIONS, conv(256, 5, 256, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # at it
+    (REGIONS, conv(1024, 3, 1024, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # few pixels: any weights
+    (REGIONS, conv(64, 4, 64, k=1, scheme="gemm1x1", groups=2), True, ("gemm1x1_region", 1)),  # grouped: BLAS
     (JIT, conv(64, 56, 64, k=1, scheme="gemm1x1"), True, ("gemm1x1", 1)),
     # one pixel (squeeze-excitation's 1x1 convolutions): one compiled loop, on constant weights only
     (REGIONS, conv(576, 1, 144, k=1, scheme="gemm1x1"), True, ("small_product", 1)),
     (REGIONS, conv(576, 1, 144, k=1, scheme="gemm1x1"), False, ("gemm1x1_region", 1)),
-    (REGIONS, conv(576, 1, 576, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 1)),  # past SMALL_PRODUCT_MACS
+    (REGIONS, conv(576, 1, 576, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # past SMALL_PRODUCT_MACS
     (NUMPY, conv(576, 1, 144, k=1, scheme="gemm1x1"), True, ("gemm1x1", 1)),
     (JIT, conv(256, 28, 256, k=1, scheme="gemm1x1"), True, ("gemm1x1", 2)),
     (JIT, conv(256, 28, 256, k=1, scheme="gemm1x1", groups=4), True, ("gemm1x1", 1)),  # each group's product is small

@@ -88,6 +88,35 @@ def test_residual_sums_in_regions(case, fresh_rng):
     _both_ways_match_onnxruntime(model_proto(graph, 13), {"x": x_shape, "r": r_shape}, rng, names=("x", "r"))
 
 
+# (shape of x, shape of s, activation after the product): x * s as one compiled pass where s is a
+# value per row of x (squeeze-excitation's scale per channel), on one thread below
+# cpu_engines.REGION_MIN_ELEMENTS; NumPy's call for whole tensors of one shape
+PRODUCTS = [
+    ((1, 576, 2, 6), (1, 576, 1, 1), None, True),      # MobileNet-v3's scale: one span on this thread
+    ((1, 64, 56, 56), (1, 64, 1, 1), "Relu", True),    # shared between the threads, a clamp after
+    ((1, 32, 1, 1), (1, 32, 7, 9), None, True),        # the scale on the left
+    ((3, 16, 9, 9), (1, 16, 1, 1), None, True),        # over a batch: the values repeat per image
+    ((1, 8, 9, 9), (1, 8, 9, 9), None, False),         # whole tensors: NumPy
+]
+
+
+@pytest.mark.parametrize("case", PRODUCTS, ids=[f"mul{'x'.join(map(str, c[1]))}{c[2] or ''}" for c in PRODUCTS])
+def test_scales_per_row_in_regions(case, monkeypatch, fresh_rng):
+    from gpumnn.backends.cpu import compiled as cpu_compiled
+    x_shape, s_shape, activation, compiled = case
+    made = []
+    monkeypatch.setattr(cpu_compiled, "_row_sum_region",
+                        lambda *a, real=cpu_compiled._row_sum_region, **k: made.append(k) or real(*a, **k))
+    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+              for name, shape in (("x", x_shape), ("s", s_shape))]
+    nodes = [helper.make_node("Mul", ["x", "s"], ["p" if activation else "y"])]
+    if activation:
+        nodes.append(helper.make_node(activation, ["p"], ["y"]))
+    graph = helper.make_graph(nodes, "scale", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    _both_ways_match_onnxruntime(model_proto(graph, 13), {"x": x_shape, "s": s_shape}, rng=fresh_rng, names=("x", "s"))
+    assert (made == [{"product": True}]) == compiled, made
+
+
 # (node, input shape, attributes): softmax along the last axis, layer and instance normalisation,
 # global pooling; one span below cpu_engines.REGION_MIN_ELEMENTS and rows on both threads above it
 ROWS = [

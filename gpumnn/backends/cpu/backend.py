@@ -179,16 +179,16 @@ def _make_binary(op: A.Binary, ins, outs, pool: Workers, engine: Engine):
     b = strided(ins[1], 0, op.out_shape, op.b_strides)
     dims = merge_dims(op.out_shape, contiguous_strides(op.out_shape), op.a_strides, op.b_strides)
     size = o.size
-    kernel, parts = engine.elementwise(size, op.op == "add" and o.dtype == a.dtype == b.dtype == np.float32
+    kernel, parts = engine.elementwise(size, op.op in ("add", "mul") and o.dtype == a.dtype == b.dtype == np.float32
                                        and cpu_jit.clamp_of(op.activation) is not None)
-    if kernel == "sum_region":  # where the operands' layout allows: dense, or a value per row
-        if one_run(dims):
+    if kernel == "sum_region":  # where the operands' layout allows: dense, or a value per row (a product: per row only)
+        if one_run(dims) and op.op == "add":
             return cpu_compiled._sum_region(strided(ins[0], 0, (size,), (1,)), strided(ins[1], 0, (size,), (1,)), o.reshape(size),
                                op.activation, parts)
         for dense, row_values, side in ((ins[0], ins[1], 2), (ins[1], ins[0], 1)):
             if _row_broadcast(dims, side):
                 return cpu_compiled._row_sum_region(strided(dense, 0, (size,), (1,)), row_values, dims, side, o.reshape(size),
-                                       op.activation, parts)
+                                                    op.activation, parts, product=op.op == "mul")
     fn = binary_function(op.op, a.dtype)
     act = _epilogue(op.activation)
 
@@ -252,8 +252,9 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constan
                                                           lambda: np.ascontiguousarray(b))
         return cpu_compiled._small_product(a, packed, None if bias is None else bias[0], o, op.activation)
     if kernel == "vector_region":
-        return cpu_compiled._vector_product_region(op, a[0, 0], b[0], o[0, 0], bias, parts,
-                                      functools.partial(made_once, constants, ins[1]))
+        return cpu_compiled._vector_product_region(op, a[0, 0], b[0], o[0, 0], bias,
+                                                   not op.has_bias or CpuBackend.is_constant(ins[2]), parts,
+                                                   functools.partial(made_once, constants, ins[1]))
     # blocks of the output: whole batches, else column or row spans (rows in whole repeats of the bias)
     if kernel == "gemm_region":
         blocks = _gemm_blocks(a.shape[0], a.shape[1], op.n, parts)
@@ -362,6 +363,11 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
     cg, ocg = c // g, oc // g
     k = cg * kh * kw
     w_packed = weight.reshape(g, ocg, k)
+    if kernel == "pointwise_region" and x.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous:
+        return cpu_compiled._pointwise_region(op, x.reshape(n, c, h * w), w_packed[0], out, bias,
+                                              not op.has_bias or CpuBackend.is_constant(ins[2]), regions, parts, once)
+    if kernel == "pointwise_region":  # a layout the tiles do not take: BLAS's blocks
+        kernel, parts = "gemm1x1_region", engine.gemm(ocg * h * w * cg, region=True)
     if kernel == "gemm1x1_region":  # 1x1 convolution is a GEMM on the input as it lies
         xs = x.reshape(n, g, cg, h * w)
         region = cpu_compiled._gemm_region(
@@ -489,7 +495,8 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, engine: Engine):
         if kernel == "mean_rows_region":
             bounds = _bounds(_even_spans(n * c, parts))
             args = (x3.reshape(n * c, h * w), o3.reshape(n * c), bounds)
-            return KernelWork((_region_items(cpu_rows.mean_rows, [args], None, out),), "global", keep=(bounds,))
+            run = _region_items(cpu_rows.mean_rows, [args], None, out, one_span=len(bounds) == 2)
+            return KernelWork((run,), "global", keep=(bounds,))
         reducer = np.max if op.op == "max" else np.mean
         return KernelWork((lambda: reducer(x3, axis=2, out=o3),), "global")
     top, left, bottom, right = op.pads
@@ -535,7 +542,8 @@ def _make_softmax(op: A.Softmax, ins, outs, pool: Workers, engine: Engine):
     if kernel == "rows_region":  # along the last axis: rows
         bounds = _bounds(_even_spans(op.outer, parts))
         args = (x.reshape(op.outer, op.size), o.reshape(op.outer, op.size), bounds, op.log)
-        return KernelWork((_region_items(cpu_rows.softmax_rows, [args], None, o),), keep=(bounds,))
+        return KernelWork((_region_items(cpu_rows.softmax_rows, [args], None, o, one_span=len(bounds) == 2),),
+                          keep=(bounds,))
     peak = np.empty((op.outer, 1, op.inner), dtype=np.float32)
     total = np.empty_like(peak)
 
@@ -563,7 +571,8 @@ def _make_normalize(op: A.Normalize, ins, outs, pool: Workers, engine: Engine):
         unit = np.ones(1, np.float32)  # stands for scale and shift without an affine step (never read)
         args = (x, o, unit if scale is None else scale[0], unit if shift is None else shift[0], np.float32(op.eps),
                 op.has_affine, bounds)
-        return KernelWork((_region_items(cpu_rows.normalize_rows, [args], None, o),), keep=(bounds, unit))
+        return KernelWork((_region_items(cpu_rows.normalize_rows, [args], None, o, one_span=len(bounds) == 2),),
+                          keep=(bounds, unit))
     mean = np.empty((op.outer, 1), dtype=np.float32)
     var = np.empty_like(mean)
 

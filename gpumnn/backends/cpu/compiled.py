@@ -32,11 +32,11 @@ def _row_broadcast(dims: list[tuple[int, ...]], side: int) -> bool:
 
 
 def _row_sum_region(dense: np.ndarray, values: TensorHandle, dims: list[tuple[int, ...]], side: int, out: np.ndarray,
-                    activation: A.Activation, parts: int) -> KernelWork:
-    """out = clamp(dense + a value per row) as one pass on the region's threads
-    (``cpu_parallel.row_sum_spans``): a bias added after an average pool (``optimize``'s
-    ``pointwise_before_average_pool``) and its ReLU. NumPy's broadcast add and clamp took 0.07-0.26
-    ms on Inception-v3's, two passes on one thread."""
+                    activation: A.Activation, parts: int, product: bool = False) -> KernelWork:
+    """out = clamp(dense + a value per row) (times, where ``product``) as one pass on the region's
+    threads (``cpu_parallel.row_sum_spans``): a bias added after an average pool (``optimize``'s
+    ``pointwise_before_average_pool``) and its ReLU, or squeeze-excitation's scale per channel.
+    NumPy's broadcast add and clamp took 0.07-0.26 ms on Inception-v3's, two passes on one thread."""
     width = dims[-1][0]
     outer = dims[:-1]
     index = np.zeros(1, np.int64)
@@ -45,8 +45,9 @@ def _row_sum_region(dense: np.ndarray, values: TensorHandle, dims: list[tuple[in
     flat = strided(values, 0, (int(index.max()) + 1,), (1,))
     lo, hi, _ = _compiled_clamp(activation)
     bounds = _bounds(_even_spans(index.size, parts))
-    return KernelWork((_region_items(cpu_parallel.row_sum_spans, [(dense, flat, index, out, bounds, width, lo, hi)],
-                                 None, out),), "sum", keep=(index, bounds))
+    args = (dense, flat, index, out, bounds, width, lo, hi, product)
+    return KernelWork((_region_items(cpu_parallel.row_sum_spans, [args], None, out, one_span=len(bounds) == 2),),
+                      "product" if product else "sum", keep=(index, bounds))
 
 
 def _sum_region(a: np.ndarray, b: np.ndarray, out: np.ndarray, activation: A.Activation, parts: int) -> KernelWork:
@@ -55,24 +56,23 @@ def _sum_region(a: np.ndarray, b: np.ndarray, out: np.ndarray, activation: A.Act
     clamp). ``parts``: spans. Measured: bench/RESULTS.md."""
     lo, hi, _ = _compiled_clamp(activation)
     bounds = _bounds(_spans(out.size, parts, align=engines.CACHE_LINE_FLOATS))
-    return KernelWork((_region_items(cpu_parallel.sum_spans, [(a, b, out, bounds, lo, hi)], None, out),), "sum")
+    return KernelWork((_region_items(cpu_parallel.sum_spans, [(a, b, out, bounds, lo, hi)], None, out,
+                                     one_span=len(bounds) == 2),), "sum")
 
 
 def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
-                           regions: int, once: Callable) -> KernelWork:
+                           constant_bias: bool, regions: int, once: Callable) -> KernelWork:
     """A vector times a constant matrix (a classifier's last layer: M = 1), x [K] @ weights [K, N]
-    -> out [N], as a 1x1 convolution of one pixel (``_packed_conv_region``): the matrix packed into
-    the register tile's panels once, and each run reads them once, half on each thread. BLAS's
-    sgemm packs the whole matrix on every call to multiply it by one row (measured:
-    bench/RESULTS.md); the tile's six rows of which one is used cost little on a
-    product that waits for memory."""
+    -> out [N], as a 1x1 convolution of one pixel on the pointwise tiles (``_pointwise_region``):
+    the matrix packed into panels of WIDE columns once, and each run reads them once, half on each
+    thread, with WIDE independent sums per step. BLAS's sgemm packs the whole matrix on every call
+    to multiply it by one row (measured: bench/RESULTS.md)."""
     k, n = weights.shape
     conv = A.Conv2D(op.inputs, op.outputs, op.source, batch=1, in_channels=k, out_channels=n,
                     activation=op.activation, has_bias=bias is not None, scheme="gemm1x1")
-    panels = once(("vector panels", weights.shape),
-                  lambda: cpu_tiles.pack_panels(np.ascontiguousarray(weights.T), cpu_tiles.NR))
-    made = _packed_conv_region(conv, x.reshape(1, k, 1, 1), panels, out.reshape(1, n, 1),
-                               None if bias is None else bias[0].reshape(n, 1), regions, regions)
+    made = _pointwise_region(conv, x.reshape(1, k, 1), weights.T, out.reshape(1, n, 1),
+                             None if bias is None else bias[0], constant_bias, regions, regions,
+                             lambda recipe, make: once(("vector panels", *recipe[1:]), make))
     return KernelWork(made.work, op.scheme, made.keep)  # the report names the product's scheme, not the convolution's
 
 
@@ -197,6 +197,54 @@ def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts:
                   keep=(panels, b1, xp, bases, taps, pack_bounds, blocks, packs, accs))
 
 
+def _pointwise_blocks(channels: int, width: int, pixels: int, channels_in_rows: bool, parts: int) -> np.ndarray:
+    """``cpu_parallel.pointwise_tiles``' blocks (first channel, channel stop, first pixel, pixel stop)
+    for ``parts`` threads: spans of whole channel panels (``width`` channels each), or spans of
+    pixels where they share out more evenly (pixels in the vector registers only, each span NR
+    pixels or more, cut at multiples of NR)."""
+    panels = -(-channels // width)
+    tiles = pixels // cpu_tiles.NR if channels_in_rows else 0
+    by_channels = [(v0 * width, v1 * width, 0, pixels) for v0, v1 in _spans(panels, min(parts, panels))]
+
+    def slowest(shares: list[int]) -> float:  # the largest share against an even one (parts: one thread)
+        return max(shares) * parts / sum(shares) if len(shares) == parts else float(parts)
+    if tiles >= parts > 1:
+        cuts = [q0 * cpu_tiles.NR for q0, _ in _spans(tiles, parts)] + [pixels]
+        if slowest([p1 - p0 for p0, p1 in zip(cuts, cuts[1:])]) < slowest([v1 - v0 for v0, v1, _, _ in by_channels]):
+            return np.array([(0, panels * width, p0, p1) for p0, p1 in zip(cuts, cuts[1:])], np.int64)
+    return np.array(by_channels, np.int64)
+
+
+def _pointwise_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
+                      constant_bias: bool, regions: int, parts: int, once: Callable) -> KernelWork:
+    """A 1x1 convolution on constant weights as one native region per image
+    (``cpu_parallel.pointwise_tiles``): the weights packed once into panels, the input read where it
+    lies, the bias and a clamp (and hard-swish) in the tile's registers, the other activations per
+    block. On images of NR pixels or more the pixels are the vector operand (the weights in panels
+    of MR channels), on smaller ones the output channels are (panels of NR; of WIDE for one pixel).
+    BLAS packs the weights, the larger operand on such images, on every call. ``x`` [N, C, P],
+    ``weight`` [O, C], ``out`` [N, O, P]."""
+    n, oc, pixels = out.shape
+    channels_in_rows = pixels >= cpu_tiles.NR
+    width = cpu_tiles.MR if channels_in_rows else cpu_tiles.NR if pixels > 1 else cpu_tiles.WIDE
+    panels = once(("pointwise panels", width, weight.shape), lambda: cpu_tiles.pack_panels(weight, width))
+    padded = np.zeros(len(panels) * width, np.float32)
+
+    def refresh_bias() -> None:
+        padded[:oc] = bias.reshape(oc)
+    if bias is not None:
+        refresh_bias()
+    lo, hi, after = _compiled_clamp(op.activation)
+    blocks = _pointwise_blocks(oc, width, pixels, channels_in_rows, parts)
+    kind, after = _in_region(op.activation, after, len(blocks), out, regions)
+    dummies = _thread_scratch(regions, cpu_tiles.NR)
+    images = [(x[b], panels, out[b], padded, blocks, dummies, channels_in_rows, lo, hi, kind) for b in range(n)]
+    run = _region_items(cpu_parallel.pointwise_tiles, images, after, out, op.activation, regions,
+                        one_span=len(blocks) == 1)
+    work = (run,) if bias is None or constant_bias else (refresh_bias, run)
+    return KernelWork(work, "gemm1x1", keep=(panels, padded, blocks, dummies))
+
+
 def _applies_epilogue(biased: bool, lo: np.float32, hi: np.float32) -> bool:
     """Whether a region's loop has a bias to add or a clamp to apply (else it skips the pass)."""
     return biased or lo > -np.inf or hi < np.inf
@@ -272,7 +320,8 @@ def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts
         bounds = _bounds(_spans(c, parts))
         regions_of = [cpu_parallel.depthwise_region(kernel, (x[b], w3, b1, out4[b], bounds, *scratch, *tail))
                       for b in range(n)]
-        work = _region_items(regions_of[0][0], [args for _, args in regions_of], act, out, op.activation, regions)
+        work = _region_items(regions_of[0][0], [args for _, args in regions_of], act, out, op.activation, regions,
+                             one_span=parts == 1)
     else:
         spans = [(x[b, c0:c1], w3[c0:c1], b1[c0:c1], out4[b, c0:c1]) for b in range(n) for c0, c1 in _spans(c, parts)]
         compiled = cpu_jit.bind(kernel, *spans[0], scratch[0][0], scratch[1][0], *tail)
@@ -302,12 +351,14 @@ def _bounds(spans: list[tuple[int, int]]) -> np.ndarray:
 
 
 def _region_items(region: Callable, calls: list[tuple], after: Callable[[np.ndarray], None] | None,
-                  out: np.ndarray, activation: A.Activation = None, regions: int = 1) -> Callable[[], None]:
+                  out: np.ndarray, activation: A.Activation = None, regions: int = 1,
+                  one_span: bool = False) -> Callable[[], None]:
     """The work item calling ``region`` (compiled once, for the first call's types) with each of
     ``calls``' arguments, then ``after`` on ``out`` (an activation the region does not apply): as
     a region of its own on ``regions`` threads where ``activation`` is one of
-    ``cpu_parallel.ACTIVATION_KINDS`` and ``out`` large enough to share, else on this thread."""
-    compiled = cpu_jit.bind(region, *calls[0])
+    ``cpu_parallel.ACTIVATION_KINDS`` and ``out`` large enough to share, else on this thread.
+    ``one_span``: each call is one span, run as a loop on this thread (``cpu_parallel.alone``)."""
+    compiled = cpu_jit.bind(cpu_parallel.alone(region) if one_span else region, *calls[0])
     if after:
         after = _shared_activation(activation, out, regions) or functools.partial(after, out)
 
@@ -375,7 +426,7 @@ def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, parts: int, r
     if regions:
         bounds = _bounds(_spans(c, parts))
         images = [(x[b], out[b], scale, bounds, scratch, *tail) for b in range(n)]
-        return KernelWork((_region_items(region, images, None, out),), keep=(scale, scratch))
+        return KernelWork((_region_items(region, images, None, out, one_span=parts == 1),), keep=(scale, scratch))
     spans = [(x[b, c0:c1], out[b, c0:c1], scale) for b in range(n) for c0, c1 in _spans(c, parts)]
     compiled = cpu_jit.bind(kernel, *spans[0], scratch[0], *tail)
     return KernelWork((_on_pool(pool, len(spans), lambda index, slot: compiled(*spans[index], scratch[slot], *tail)),),

@@ -57,6 +57,19 @@ REGION_COLS_BYTES = 1 << 20
 #: from this inner dimension (C*KH*KW) up, BLAS below: with a short inner dimension each tile's
 #: store and each element's packing weigh more against its multiply-adds.
 PACKED_MIN_DEPTH = 512
+#: A 1x1 convolution on constant weights over at most this many pixels per image runs on
+#: ``cpu_tiles``' pointwise tiles (``compiled._pointwise_region``), not BLAS: on so few pixels the
+#: weights are the larger operand, which BLAS packs again on every call.
+POINTWISE_MAX_PIXELS = 64
+#: ... where it has fewer than this many pixels (``cpu_tiles.NR``: the channels are the tile's vector
+#: operand), or weights of at most POINTWISE_MAX_WEIGHT_BYTES: with the pixels in the vector registers
+#: each tile walks its 16 pixels down every input channel, and deep inputs with large weights
+#: (MobileNet-v1's 1024 channels on 7x7) ran slower than BLAS.
+POINTWISE_FEW_PIXELS = 16
+POINTWISE_MAX_WEIGHT_BYTES = 1 << 18
+#: ... and is shared between the region's threads from this many multiply-adds (a region's entry
+#: against the tile's speed on one thread).
+POINTWISE_SHARED_MACS = 1 << 18
 #: Elementwise ops (a residual sum) and row passes (softmax, normalisation, global average pooling)
 #: are shared between the regions' threads from this many elements: a region's cost against a
 #: pass over memory.
@@ -139,6 +152,9 @@ class Engine:
             product = ocg * h * w * cg
             if self.jit and h * w == 1 and g == 1 and constant_weights and n * product < SMALL_PRODUCT_MACS:
                 return Choice("small_product")  # one pixel (squeeze-excitation's): a vector times the weights
+            pointwise = h * w < POINTWISE_FEW_PIXELS or 4 * cg * ocg <= POINTWISE_MAX_WEIGHT_BYTES
+            if self.regions and g == 1 and constant_weights and h * w <= POINTWISE_MAX_PIXELS and pointwise:
+                return Choice("pointwise_region", self.shared(product, POINTWISE_SHARED_MACS))
             if self.regions:
                 return Choice("gemm1x1_region", self.gemm(product, region=True))
             return Choice("gemm1x1", self.gemm(product, region=False))
@@ -199,8 +215,9 @@ class Engine:
         return Choice("separable")
 
     def elementwise(self, size: int, fusable: bool) -> Choice:
-        """A binary op of ``size`` elements; ``fusable``: a float32 sum with a clamp or none (a
-        residual connection and its ReLU), one pass in a region where its operands' layout allows."""
+        """A binary op of ``size`` elements; ``fusable``: a float32 sum or product with a clamp or
+        none (a residual connection and its ReLU, squeeze-excitation's scale per channel), one pass in
+        a region where its operands' layout allows (a product: a value per row only)."""
         if self.regions and fusable:
             return Choice("sum_region", self.shared(size, REGION_MIN_ELEMENTS))
         return Choice("numpy")

@@ -31,6 +31,7 @@ import functools
 import os
 import sys
 import threading
+import types as types_module
 from typing import Callable
 
 import numpy as np
@@ -238,6 +239,8 @@ def _gemm_region(fn: Callable) -> Callable:
 #: The activations ``activation_spans`` and ``gemm_blocks`` apply, by the ``kind`` they take: those
 #: a region's clamp does not cover, with a compiled loop in ``cpu_activations``
 ACTIVATION_KINDS = ("sigmoid", "silu", "hard_swish", "gelu")
+#: Its index of hard-swish, which ``cpu_tiles``' pointwise tiles apply in registers
+HARD_SWISH = ACTIVATION_KINDS.index("hard_swish")
 
 
 def _activate(kind, span):
@@ -576,6 +579,99 @@ def packed_conv(x, xp, inner, bases, taps, panels, out, bias, pack_bounds, block
                 activate_block(activation, result, oh * ow, o, q0, q1, v0, v1)
 
 
+
+@cpu_jit.inlined
+def pixel_rows(rows, x_at, pixels, w_at, depth, out_at, valid, bias_at, lo, hi, swish, dummy):
+    """``cpu_tiles.pixel_rows_<rows>``: ``rows`` pixels of x (read in place, ``pixels`` apart
+    from channel to channel) by a panel of NR output channels, stored into NCHW."""
+    if rows == MR:
+        cpu_tiles.pixel_rows_6(x_at, pixels, w_at, NR, depth, out_at, 1, pixels, valid, bias_at, lo, hi, swish, dummy)
+    elif rows == 5:
+        cpu_tiles.pixel_rows_5(x_at, pixels, w_at, NR, depth, out_at, 1, pixels, valid, bias_at, lo, hi, swish, dummy)
+    elif rows == 4:
+        cpu_tiles.pixel_rows_4(x_at, pixels, w_at, NR, depth, out_at, 1, pixels, valid, bias_at, lo, hi, swish, dummy)
+    elif rows == 3:
+        cpu_tiles.pixel_rows_3(x_at, pixels, w_at, NR, depth, out_at, 1, pixels, valid, bias_at, lo, hi, swish, dummy)
+    elif rows == 2:
+        cpu_tiles.pixel_rows_2(x_at, pixels, w_at, NR, depth, out_at, 1, pixels, valid, bias_at, lo, hi, swish, dummy)
+    else:
+        cpu_tiles.pixel_rows_1(x_at, pixels, w_at, NR, depth, out_at, 1, pixels, valid, bias_at, lo, hi, swish, dummy)
+
+
+#: Input floats (channels x pixels) of one chunk of ``pointwise_block``'s pixels: every weight
+#: panel runs over a chunk while it is in L2
+POINTWISE_CHUNK_FLOATS = 1 << 15
+
+
+@cpu_jit.inlined
+def pointwise_block(x, panels, out, bias, c0, c1, p0, p1, dummy, channels_in_rows, lo, hi, activation):
+    """Channels [c0, c1) and pixels [p0, p1) of ``pointwise_tiles``' product (its block); pixels in
+    the vector registers in chunks of POINTWISE_CHUNK_FLOATS, the activation after each."""
+    depth, pixels = x.shape
+    o = out.shape[0]
+    swish = 1 if activation == HARD_SWISH else 0  # in the tile's registers
+    if channels_in_rows:
+        chunk = max(NR, POINTWISE_CHUNK_FLOATS // max(depth, 1) // NR * NR)
+        q0 = p0
+        while q0 < p1:
+            q1 = p1 if p1 - (q0 + chunk) < NR else q0 + chunk  # NR pixels or more in every chunk
+            for ch in range(c0, c1, MR):
+                w_at, bias_at = panels[ch // MR].ctypes.data, bias.ctypes.data + 4 * ch
+                row_at = out.ctypes.data + 4 * ch * pixels
+                first = q0
+                while first < q1:
+                    left = q1 - first
+                    if left >= NR or left > cpu_tiles.NARROW:
+                        at = first if left >= NR else q1 - NR
+                        cpu_tiles.channel_rows_tile(w_at, MR, x.ctypes.data + 4 * at, pixels, depth, row_at + 4 * at,
+                                                    pixels, 1, o - ch, bias_at, lo, hi, swish, dummy)
+                        first = at + NR
+                    else:
+                        at = q1 - cpu_tiles.NARROW
+                        cpu_tiles.channel_rows_narrow(w_at, MR, x.ctypes.data + 4 * at, pixels, depth,
+                                                      row_at + 4 * at, pixels, 1, o - ch, bias_at, lo, hi, swish,
+                                                      dummy)
+                        first = q1
+            if activation >= 0 and not swish:
+                for ch in range(c0, min(c1, o)):
+                    _activate(activation, out[ch, q0:q1])
+            q0 = q1
+    else:
+        width = panels.shape[2]
+        for ch in range(c0, c1, width):
+            w_at, bias_at = panels[ch // width].ctypes.data, bias.ctypes.data + 4 * ch
+            if width == NR:
+                for first in range(p0, p1, MR):
+                    pixel_rows(min(MR, p1 - first), x.ctypes.data + 4 * first, pixels, w_at, depth,
+                               out.ctypes.data + 4 * (ch * pixels + first), o - ch, bias_at, lo, hi, swish, dummy)
+            else:
+                for first in range(p0, p1):
+                    cpu_tiles.pixel_row_wide(x.ctypes.data + 4 * first, pixels, w_at, width, depth,
+                                             out.ctypes.data + 4 * (ch * pixels + first), 1, pixels, o - ch, bias_at,
+                                             lo, hi, swish, dummy)
+        if activation >= 0 and not swish:
+            for ch in range(c0, min(c1, o)):
+                _activate(activation, out[ch, p0:p1])
+
+
+@_gemm_region
+def pointwise_tiles(x, panels, out, bias, blocks, dummies, channels_in_rows, lo, hi, activation):
+    """A 1x1 convolution of one image, x [C, P] times the weights packed at creation ``panels``
+    [O / width, C, width] into out [O, P] (NCHW), on ``cpu_tiles``' pointwise tiles: the input read
+    where it lies (no packing of it), the bias (``bias``, zero-padded to whole panels) and the
+    clamp to [lo, hi] applied in registers, then ACTIVATION_KINDS[activation] (none where < 0):
+    hard-swish in registers too, the others on each block's outputs while in cache. blocks[i] =
+    (first channel, channel stop, first pixel, pixel stop), channels in whole panels.
+    ``channels_in_rows``: panels of MR channels broadcast against NR pixels in the vector registers
+    (a chunk's pixels at least NR: its last tile is moved back to end at the chunk's end, redoing a
+    few pixels, or is one vector wide); else pixels broadcast (MR at a time, fewer at the end)
+    against panels of NR channels, or one at a time against panels of WIDE, each value stored on
+    its own. ``dummies``: a row per thread where the tiles store what lies past the
+    last channel."""
+    for i in numba.prange(blocks.shape[0]):
+        pointwise_block(x, panels, out, bias, blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3],
+                        dummies[numba.get_thread_id()].ctypes.data, channels_in_rows, lo, hi, activation)
+
 def packed_conv_tables(kernel: tuple[int, int], strides: tuple[int, int], dilations: tuple[int, int],
                        out_hw: tuple[int, int], padded_width: int) -> tuple[np.ndarray, np.ndarray]:
     """``pack_windows``' bases (each output pixel's window origin in a padded plane
@@ -803,16 +899,20 @@ def pool_same_spans(x, out, scale, bounds, planes, is_max):
 
 
 @_region
-def row_sum_spans(a, values, index, out, bounds, width, lo, hi):
-    """out[r * width + i] = clamp(a[r * width + i] + values[index[r]]) to [lo, hi] for the rows r
-    in the spans [bounds[j], bounds[j + 1]): a value per row added along it (a per-channel bias
-    over NCHW planes)."""
+def row_sum_spans(a, values, index, out, bounds, width, lo, hi, product):
+    """out[r * width + i] = clamp(a[r * width + i] + values[index[r]]) to [lo, hi] (times where
+    ``product``) for the rows r in the spans [bounds[j], bounds[j + 1]): a value per row added along
+    it (a per-channel bias over NCHW planes) or multiplying it (squeeze-excitation's scales)."""
     for j in numba.prange(bounds.shape[0] - 1):
         for r in range(bounds[j], bounds[j + 1]):
             value = values[index[r]]
             x, z = a[r * width:(r + 1) * width], out[r * width:(r + 1) * width]
-            for i in range(width):
-                z[i] = min(max(x[i] + value, lo), hi)
+            if product:
+                for i in range(width):
+                    z[i] = min(max(x[i] * value, lo), hi)
+            else:
+                for i in range(width):
+                    z[i] = min(max(x[i] + value, lo), hi)
 
 
 @_region
@@ -823,6 +923,33 @@ def sum_spans(a, b, out, bounds, lo, hi):
         x, y, z = a[s0:s1], b[s0:s1], out[s0:s1]
         for i in range(s1 - s0):
             z[i] = min(max(x[i] + y[i], lo), hi)
+
+
+_ALONE: dict = {}
+
+
+def alone(region: Callable) -> Callable:
+    """``region`` compiled as a plain loop on the calling thread (its ``prange`` a ``range``,
+    ``get_thread_id`` 0), for a call of one span: entering a region costs more than the smallest
+    ops take. Compiled under a name of its own, so that Numba's disk cache keeps the two apart.
+    The threading layer is started first: ``get_thread_id`` reads it, outside a region too."""
+    if numba is None or not hasattr(region, "py_func"):
+        return region
+    _layer()
+    twin = _ALONE.get(region)
+    if twin is None:
+        fn = region.py_func
+        copy = types_module.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_alone", fn.__defaults__,
+                                         fn.__closure__)
+        copy.__qualname__ = fn.__qualname__ + "_alone"
+        copy.__doc__ = fn.__doc__
+        options = {key: value for key, value in region.targetoptions.items() if key not in ("parallel", "nopython")}
+        try:
+            twin = numba.njit(cache=cpu_jit.CACHE, **options)(copy)
+        except RuntimeError:  # no writable place for Numba's cache: compile per process
+            twin = numba.njit(**options)(copy)
+        _ALONE[region] = twin
+    return twin
 
 
 def available_layer() -> str | None:

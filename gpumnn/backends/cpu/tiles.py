@@ -39,6 +39,52 @@ MR, NR = 6, 16
 _LANES = 8  # floats per vector register the IR names (AVX2's ymm)
 
 
+def _emit_products(builder, rows: int, vectors: int, p, p_stride, v, v_stride, depth):
+    """The tile's loop in IR: sums[r * vectors + h] = sum over ``depth`` steps of p[step * p_stride
+    + r] times the vector v[step * v_stride + h * 8 ...], held in registers; returns the sums (zero
+    where ``depth`` is 0) with the builder placed after the loop."""
+    f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+    vector = ir.VectorType(f32, _LANES)
+    zero = ir.Constant(vector, [0.0] * _LANES)
+    entry = builder.block
+    loop, done = builder.append_basic_block("tile.loop"), builder.append_basic_block("tile.done")
+    builder.cbranch(builder.icmp_signed(">", depth, ir.Constant(i64, 0)), loop, done)
+
+    builder.position_at_end(loop)
+    step = builder.phi(i64)
+    sums = [builder.phi(vector) for _ in range(rows * vectors)]
+    step.add_incoming(ir.Constant(i64, 0), entry)
+    for s in sums:
+        s.add_incoming(zero, entry)
+    v_row = builder.gep(v, [builder.mul(step, v_stride)])
+    lanes = [builder.load(builder.bitcast(builder.gep(v_row, [ir.Constant(i64, h * _LANES)]),
+                                          vector.as_pointer()), align=4) for h in range(vectors)]
+    p_row = builder.gep(p, [builder.mul(step, p_stride)])
+    broadcast = ir.Constant(ir.VectorType(i32, _LANES), [0] * _LANES)
+    updated = []
+    for r in range(rows):
+        scalar = builder.load(builder.gep(p_row, [ir.Constant(i64, r)]), align=4)
+        one = builder.insert_element(ir.Constant(vector, ir.Undefined), scalar, ir.Constant(i32, 0))
+        splat = builder.shuffle_vector(one, ir.Constant(vector, ir.Undefined), broadcast)
+        for h, lane in enumerate(lanes):
+            # contract only: LLVM fuses the pair into an FMA where the host has one
+            product = builder.fmul(splat, lane, flags=("contract",))
+            updated.append(builder.fadd(sums[r * vectors + h], product, flags=("contract",)))
+    following = builder.add(step, ir.Constant(i64, 1))
+    tail = builder.block
+    step.add_incoming(following, tail)
+    for s, u in zip(sums, updated):
+        s.add_incoming(u, tail)
+    builder.cbranch(builder.icmp_signed("<", following, depth), loop, done)
+
+    builder.position_at_end(done)
+    totals = [builder.phi(vector) for _ in updated]  # every phi first, at the block's top
+    for total, u in zip(totals, updated):
+        total.add_incoming(zero, entry)
+        total.add_incoming(u, tail)
+    return totals
+
+
 def _tile_kernel(rows: int, columns: int):
     """The register tile acc[rows, columns] = p^T v as a Numba intrinsic (``tile_product`` is
     MR x NR; ``square_product`` 8 x 8, the Winograd transforms' tile; ``row_product`` 1 x 16)."""
@@ -47,51 +93,100 @@ def _tile_kernel(rows: int, columns: int):
     @intrinsic
     def kernel(typingctx, p_address, p_stride, v_address, v_stride, depth, acc_address):
         def codegen(context, builder, signature, args):
-            f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+            f32, i64 = ir.FloatType(), ir.IntType(64)
             vector = ir.VectorType(f32, _LANES)
             p, v, acc = (builder.inttoptr(a, f32.as_pointer()) for a in (args[0], args[2], args[5]))
-            p_stride, v_stride, depth = args[1], args[3], args[4]
-            zero = ir.Constant(vector, [0.0] * _LANES)
-            entry = builder.block
-            loop, done = builder.append_basic_block("tile.loop"), builder.append_basic_block("tile.done")
-            builder.cbranch(builder.icmp_signed(">", depth, ir.Constant(i64, 0)), loop, done)
-
-            builder.position_at_end(loop)
-            step = builder.phi(i64)
-            sums = [builder.phi(vector) for _ in range(rows * vectors)]
-            step.add_incoming(ir.Constant(i64, 0), entry)
-            for s in sums:
-                s.add_incoming(zero, entry)
-            v_row = builder.gep(v, [builder.mul(step, v_stride)])
-            lanes = [builder.load(builder.bitcast(builder.gep(v_row, [ir.Constant(i64, h * _LANES)]),
-                                                  vector.as_pointer()), align=4) for h in range(vectors)]
-            p_row = builder.gep(p, [builder.mul(step, p_stride)])
-            broadcast = ir.Constant(ir.VectorType(i32, _LANES), [0] * _LANES)
-            updated = []
-            for r in range(rows):
-                scalar = builder.load(builder.gep(p_row, [ir.Constant(i64, r)]), align=4)
-                one = builder.insert_element(ir.Constant(vector, ir.Undefined), scalar, ir.Constant(i32, 0))
-                splat = builder.shuffle_vector(one, ir.Constant(vector, ir.Undefined), broadcast)
-                for h, lane in enumerate(lanes):
-                    # contract only: LLVM fuses the pair into an FMA where the host has one
-                    product = builder.fmul(splat, lane, flags=("contract",))
-                    updated.append(builder.fadd(sums[r * vectors + h], product, flags=("contract",)))
-            following = builder.add(step, ir.Constant(i64, 1))
-            tail = builder.block
-            step.add_incoming(following, tail)
-            for s, u in zip(sums, updated):
-                s.add_incoming(u, tail)
-            builder.cbranch(builder.icmp_signed("<", following, depth), loop, done)
-
-            builder.position_at_end(done)
-            totals = [builder.phi(vector) for _ in updated]  # every phi first, at the block's top
-            for j, (total, u) in enumerate(zip(totals, updated)):
-                total.add_incoming(zero, entry)
-                total.add_incoming(u, tail)
+            totals = _emit_products(builder, rows, vectors, p, args[1], v, args[3], args[4])
+            for j, total in enumerate(totals):
                 address = builder.gep(acc, [ir.Constant(i64, j * _LANES)])
                 builder.store(total, builder.bitcast(address, vector.as_pointer()), align=4)
             return context.get_dummy_value()
         return types.void(*[types.intp] * 6), codegen
+    return kernel
+
+
+def _clamped(builder, value, lo, hi):
+    """clamp(value) to [lo, hi] lane by lane, a NaN kept (as NumPy's clip keeps it)."""
+    value = builder.select(builder.fcmp_ordered("<", value, lo), lo, value)
+    return builder.select(builder.fcmp_ordered(">", value, hi), hi, value)
+
+
+def _splat(builder, scalar):
+    """``scalar`` (float) in every lane of a vector."""
+    i32 = ir.IntType(32)
+    vector = ir.VectorType(ir.FloatType(), _LANES)
+    one = builder.insert_element(ir.Constant(vector, ir.Undefined), scalar, ir.Constant(i32, 0))
+    return builder.shuffle_vector(one, ir.Constant(vector, ir.Undefined),
+                                  ir.Constant(ir.VectorType(i32, _LANES), [0] * _LANES))
+
+
+def _hard_swish(builder, value):
+    """value * clamp(value / 6 + 1/2, 0, 1) lane by lane (``cpu_activations.hard_swish_value``)."""
+    f32 = ir.FloatType()
+    gate = builder.fadd(builder.fmul(value, _splat(builder, ir.Constant(f32, 1.0 / 6.0))),
+                        _splat(builder, ir.Constant(f32, 0.5)))
+    gate = _clamped(builder, gate, _splat(builder, ir.Constant(f32, 0.0)), _splat(builder, ir.Constant(f32, 1.0)))
+    return builder.fmul(value, gate)
+
+
+def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool):
+    """A register tile of a 1x1 convolution that stores its outputs itself, the bias, a clamp and
+    (where ``swish`` is not 0) hard-swish applied in registers: ``rows`` x ``vectors`` * 8 sums of
+    p^T v over ``depth`` steps, as ``tile_product`` makes them, then clamp(sum + bias) to [lo, hi]
+    written to out. Output (r, column) goes to out + r * row_step + column * column_step floats.
+    ``channels_in_rows``: the rows are output channels (p: weights packed in panels of ``rows``,
+    v: ``vectors`` * 8 pixels of an input row), the bias one value per row and each row's vectors
+    stored whole (column_step 1); rows past ``valid`` are stored to ``dummy_address`` instead.
+    Else the rows are pixels (p: a row of the input, read in place) and the columns output channels
+    (v: weights packed in panels of ``vectors`` * 8), the bias a value per column and every value
+    stored on its own (NCHW puts a channel's pixels side by side); columns past ``valid`` go to
+    ``dummy_address``."""
+    @intrinsic
+    def kernel(typingctx, p_address, p_stride, v_address, v_stride, depth, out_address, row_step, column_step,
+               valid, bias_address, lo, hi, swish, dummy_address):
+        def codegen(context, builder, signature, args):
+            f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+            vector = ir.VectorType(f32, _LANES)
+            p, v, out, bias, dummy = (builder.inttoptr(args[i], f32.as_pointer()) for i in (0, 2, 5, 9, 13))
+            row_step, column_step, valid = args[6], args[7], args[8]
+            lo, hi = _splat(builder, args[10]), _splat(builder, args[11])
+            totals = _emit_products(builder, rows, vectors, p, args[1], v, args[3], args[4])
+
+            def finish(total, value, with_swish):
+                total = _clamped(builder, builder.fadd(total, value), lo, hi)
+                return _hard_swish(builder, total) if with_swish else total
+
+            def store(with_swish):
+                if channels_in_rows:
+                    for r in range(rows):
+                        value = _splat(builder, builder.load(builder.gep(bias, [ir.Constant(i64, r)]), align=4))
+                        row = builder.gep(out, [builder.mul(ir.Constant(i64, r), row_step)])
+                        row = builder.select(builder.icmp_signed("<", ir.Constant(i64, r), valid), row, dummy)
+                        for h in range(vectors):
+                            total = finish(totals[r * vectors + h], value, with_swish)
+                            address = builder.gep(row, [builder.mul(ir.Constant(i64, h * _LANES), column_step)])
+                            builder.store(total, builder.bitcast(address, vector.as_pointer()), align=4)
+                    return
+                for h in range(vectors):
+                    value = builder.load(builder.bitcast(builder.gep(bias, [ir.Constant(i64, h * _LANES)]),
+                                                         vector.as_pointer()), align=4)
+                    finished = [finish(totals[r * vectors + h], value, with_swish) for r in range(rows)]
+                    for lane in range(_LANES):
+                        column = h * _LANES + lane
+                        at = builder.gep(out, [builder.mul(ir.Constant(i64, column), column_step)])
+                        at = builder.select(builder.icmp_signed("<", ir.Constant(i64, column), valid), at, dummy)
+                        for r in range(rows):
+                            scalar = builder.extract_element(finished[r], ir.Constant(i32, lane))
+                            builder.store(scalar, builder.gep(at, [builder.mul(ir.Constant(i64, r), row_step)]),
+                                          align=4)
+
+            with builder.if_else(builder.icmp_signed("!=", args[12], ir.Constant(i64, 0))) as (then, otherwise):
+                with then:
+                    store(True)
+                with otherwise:
+                    store(False)
+            return context.get_dummy_value()
+        return types.void(*[types.intp] * 10, types.float32, types.float32, types.intp, types.intp), codegen
     return kernel
 
 
@@ -118,6 +213,18 @@ WIDE = 8 * _LANES
 #: acc[0:WIDE] = sum over steps of p[step] v[step, 0:WIDE]: a vector times WIDE columns of a matrix
 #: (``small_product``)
 wide_product = _tile_kernel(1, WIDE)
+
+#: The pointwise tiles (``cpu_parallel.pointwise_tiles``). Pixels in the vector registers: MR output
+#: channels by NR pixels of an input row (``channel_rows_tile``) or by one vector of them
+#: (``channel_rows_narrow``, an image's last pixels); pixels broadcast: 1 to MR pixels by NR output
+#: channels (``pixel_rows_<rows>``), for images of fewer than NR pixels, or one pixel by WIDE channels
+#: (``pixel_row_wide``: as many independent sums as ``wide_product``), for one pixel.
+NARROW = _LANES
+channel_rows_tile = _pointwise_kernel(MR, NR // _LANES, True)
+channel_rows_narrow = _pointwise_kernel(MR, 1, True)
+pixel_rows_1, pixel_rows_2, pixel_rows_3, pixel_rows_4, pixel_rows_5, pixel_rows_6 = (
+    _pointwise_kernel(rows, NR // _LANES, False) for rows in range(1, MR + 1))
+pixel_row_wide = _pointwise_kernel(1, WIDE // _LANES, False)
 
 
 @cpu_jit.compiled

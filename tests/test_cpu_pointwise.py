@@ -1,0 +1,146 @@
+"""The cpu backend's pointwise tiles (``compiled._pointwise_region``, ``cpu_parallel.pointwise_tiles``):
+1x1 convolutions on constant weights over few pixels, against NumPy at odd sizes (pixels on both
+sides of NR, channels that fill no panel, every activation the tiles apply or leave for after) and
+against ONNX Runtime through a session."""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from conftest import rel_l2, require_tool
+from test_cpu_jit import _both_ways_match_onnxruntime, _conv_model
+from gpumnn.backends.cpu import compiled as cpu_compiled, engines as cpu_engines, jit as cpu_jit
+from gpumnn.backends.cpu import parallel as cpu_parallel, tiles as cpu_tiles
+
+
+def _reference(activation, y: np.ndarray) -> np.ndarray:
+    """``activation`` on float64 ``y`` as ONNX defines it."""
+    if activation is None:
+        return y
+    name, params = activation
+    if name == "relu":
+        return np.maximum(y, 0.0)
+    if name == "clip":
+        return np.clip(y, params[0], params[1])
+    if name == "hard_swish":
+        return y * np.clip(y / 6.0 + 0.5, 0.0, 1.0)
+    if name == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-y))
+    if name == "silu":
+        return y / (1.0 + np.exp(-y))
+    if name == "gelu":
+        from math import erf
+        return 0.5 * y * (1.0 + np.vectorize(erf)(y / np.sqrt(2.0)))
+    raise AssertionError(name)
+
+
+ACTIVATIONS = [None, ("relu", ()), ("clip", (0.0, 6.0)), ("hard_swish", ()), ("sigmoid", ()), ("silu", ()),
+               ("gelu", ())]
+# (pixels, in channels, out channels): pixels from 1 to 70 (both orientations, every tail), channel
+# counts that fill neither a panel of MR nor one of NR; the last two deep enough to cut their pixels
+# into chunks (``cpu_parallel.POINTWISE_CHUNK_FLOATS``), the last chunk taking the pixels left
+SHAPES = [(1, 20, 37), (1, 300, 130), (2, 3, 5), (5, 37, 17), (6, 16, 16), (7, 9, 33), (12, 96, 40), (13, 5, 1),
+          (15, 31, 47), (16, 20, 7), (17, 37, 13), (23, 8, 29), (31, 1, 6), (36, 40, 61), (47, 21, 19), (49, 64, 12),
+          (64, 13, 100), (70, 35, 22), (53, 700, 10), (70, 2100, 9)]
+
+
+def _run(pixels, channels, out_channels, activation, has_bias, parts, batch, rng, constant_bias=True):
+    """(got, want): the pointwise region on a random batch against float64 NumPy. ``out`` lies inside
+    a guard of NaNs that must stay as they are."""
+    x = rng.standard_normal((batch, channels, pixels)).astype(np.float32)
+    weight = rng.standard_normal((out_channels, channels)).astype(np.float32)
+    bias = rng.standard_normal((out_channels, 1)).astype(np.float32) if has_bias else None
+    guarded = np.full(batch * out_channels * pixels + 64, np.nan, np.float32)
+    out = guarded[32:32 + batch * out_channels * pixels].reshape(batch, out_channels, pixels)
+    op = types.SimpleNamespace(activation=activation)
+    made = cpu_compiled._pointwise_region(op, x, weight, out, bias, constant_bias, 2, parts,
+                                          lambda key, make: make())
+    for work in made.work:
+        work()
+    y = np.einsum("oc,bcp->bop", weight.astype(np.float64), x.astype(np.float64))
+    if has_bias:
+        y += bias.astype(np.float64)[None]
+    assert np.isnan(guarded[:32]).all() and np.isnan(guarded[-32:]).all(), "a store past the output"
+    return out, _reference(activation, y), (x, weight, bias, made)
+
+
+def _close(got: np.ndarray, want: np.ndarray) -> None:
+    """float32 sums against float64 ones: within 1e-5 in relative L2 (a wrong output among a few
+    hundred is far past it), every output written."""
+    assert np.isfinite(got).all()
+    assert rel_l2(got, want) < 1e-5
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"p{s[0]}c{s[1]}o{s[2]}" for s in SHAPES])
+def test_pointwise_tiles_against_numpy(shape, parts, fresh_rng):
+    require_tool("regions", cpu_parallel.available()[1])
+    pixels, channels, out_channels = shape
+    for index, activation in enumerate(ACTIVATIONS):
+        got, want, _ = _run(pixels, channels, out_channels, activation, index % 2 == 0, parts, 1 + index % 2,
+                            fresh_rng)
+        _close(got, want)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS, ids=[a[0] if a else "none" for a in ACTIVATIONS])
+@pytest.mark.parametrize("has_bias", [True, False])
+def test_pointwise_tiles_each_activation(activation, has_bias, fresh_rng):
+    """Each activation on both orientations and a pixel split across the threads."""
+    require_tool("regions", cpu_parallel.available()[1])
+    for pixels, channels, out_channels in [(11, 24, 50), (48, 24, 10), (70, 17, 40)]:
+        got, want, _ = _run(pixels, channels, out_channels, activation, has_bias, 2, 2, fresh_rng)
+        _close(got, want)
+
+
+def test_pointwise_tiles_read_a_run_time_bias(fresh_rng):
+    """A bias that is not a constant is copied into the padded one on every run."""
+    require_tool("regions", cpu_parallel.available()[1])
+    got, want, (x, weight, bias, made) = _run(20, 12, 21, ("relu", ()), True, 1, 1, fresh_rng, constant_bias=False)
+    _close(got, want)
+    bias[:] = fresh_rng.standard_normal(bias.shape).astype(np.float32)
+    for work in made.work:
+        work()
+    _close(got, np.maximum(weight.astype(np.float64) @ x[0].astype(np.float64) + bias, 0.0)[None])
+
+
+@pytest.mark.parametrize("pixels,channels,out_channels", [(17, 8, 6), (40, 8, 3), (64, 4, 7), (33, 2, 1)])
+def test_pointwise_blocks_cover_every_output_once(pixels, channels, out_channels):
+    """Pixel spans (few channel panels) start at multiples of NR and hold NR pixels or more; channel
+    spans hold whole panels; together they cover every output once."""
+    for in_rows in (True, False):
+        if in_rows and pixels < cpu_tiles.NR:
+            continue
+        width = cpu_tiles.MR if in_rows else cpu_tiles.NR
+        for parts in (1, 2, 3):
+            blocks = cpu_compiled._pointwise_blocks(out_channels, width, pixels, in_rows, parts)
+            seen = np.zeros((-(-out_channels // width) * width, pixels), np.int64)
+            for c0, c1, p0, p1 in blocks:
+                assert c0 % width == 0 and c1 % width == 0
+                if in_rows:
+                    assert p0 % cpu_tiles.NR == 0 and p1 - p0 >= cpu_tiles.NR
+                seen[c0:c1, p0:p1] += 1
+            assert (seen == 1).all()
+            assert len(blocks) <= parts
+
+
+# (channels, size, out channels, activation): 1x1 convolutions the engine gives the pointwise tiles
+MODELS = [(96, 2, 576, "hard_swish"), (576, 3, 96, None), (40, 6, 37, "relu6"), (13, 8, 20, "silu"),
+          (16, 1, 24, "relu")]
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("case", MODELS, ids=[f"pw{c[0]}x{c[1]}o{c[2]}" for c in MODELS])
+def test_pointwise_convolutions_match_onnxruntime(case, batch, monkeypatch, fresh_rng):
+    require_tool("numba", cpu_jit.MISSING)
+    require_tool("regions", cpu_parallel.available()[1])
+    channels, size, out_channels, activation = case
+    calls = []
+    monkeypatch.setattr(cpu_compiled, "_pointwise_region",
+                        lambda *a, real=cpu_compiled._pointwise_region: calls.append(a) or real(*a))
+    monkeypatch.setattr(cpu_engines, "SMALL_PRODUCT_MACS", 0)  # one pixel too
+    model = _conv_model(channels, size, 1, 1, 1, [0, 0, 0, 0], 1, out_channels, activation, True, fresh_rng)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = batch
+    _both_ways_match_onnxruntime(model, (batch, channels, size, size), fresh_rng)
+    assert calls, "the pointwise tiles were not used"
