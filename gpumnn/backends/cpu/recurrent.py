@@ -143,6 +143,19 @@ def _tanh(v):
     return t if v >= 0 else (-t if v < 0 else v)
 
 
+@cpu_jit.inlined
+def _lstm_cell(g, x, c, h_new, c_new, hidden):
+    """The usual LSTM cell of one row: gates ``g`` and projection ``x`` [4H] (i, o, f, c), state C
+    ``c`` [H] -> ``h_new``, ``c_new`` [H] (slices, so that the loop vectorises)."""
+    for j in range(hidden):
+        i = cpu_activations.sigmoid_value(g[j] + x[j])
+        o = cpu_activations.sigmoid_value(g[hidden + j] + x[hidden + j])
+        f = cpu_activations.sigmoid_value(g[2 * hidden + j] + x[2 * hidden + j])
+        cell = f * c[j] + i * _tanh(g[3 * hidden + j] + x[3 * hidden + j])
+        c_new[j] = cell
+        h_new[j] = o * _tanh(cell)
+
+
 @functools.partial(cpu_jit.compiled, error_model="numpy")  # no zero test per division: the loop vectorises
 def lstm_steps(gates, projection, x_offsets, row_stride, state, out, directions, batch, hidden):
     """RecurrentCell's ``lstm`` with the default activations: ``gates`` [D, B, 4, H], the
@@ -158,13 +171,7 @@ def lstm_steps(gates, projection, x_offsets, row_stride, state, out, directions,
             c = state[(rows + row) * hidden:(rows + row + 1) * hidden]
             h_new = out[row * hidden:(row + 1) * hidden]
             c_new = out[(rows + row) * hidden:(rows + row + 1) * hidden]
-            for j in range(hidden):
-                i = cpu_activations.sigmoid_value(g[j] + x[j])
-                o = cpu_activations.sigmoid_value(g[hidden + j] + x[hidden + j])
-                f = cpu_activations.sigmoid_value(g[2 * hidden + j] + x[2 * hidden + j])
-                cell = f * c[j] + i * _tanh(g[3 * hidden + j] + x[3 * hidden + j])
-                c_new[j] = cell
-                h_new[j] = o * _tanh(cell)
+            _lstm_cell(g, x, c, h_new, c_new, hidden)
 
 
 def usual_lstm(op: A.RecurrentCell) -> bool:
@@ -197,19 +204,6 @@ def compiled_lstm_step(op: A.RecurrentCell, gates: np.ndarray, projection: np.nd
 # then the cell), the directions on the region's threads, since no direction reads another's state.
 
 _WIDE, _ROW = cpu_tiles.WIDE, cpu_tiles.ROW
-
-
-@cpu_jit.inlined
-def _lstm_cell(g, x, c, h_new, c_new, hidden):
-    """The usual LSTM cell of one row: gates ``g`` and projection ``x`` [4H] (i, o, f, c), state C
-    ``c`` [H] -> ``h_new``, ``c_new`` [H] (slices, so that the loop vectorises)."""
-    for j in range(hidden):
-        i = cpu_activations.sigmoid_value(g[j] + x[j])
-        o = cpu_activations.sigmoid_value(g[hidden + j] + x[hidden + j])
-        f = cpu_activations.sigmoid_value(g[2 * hidden + j] + x[2 * hidden + j])
-        cell = f * c[j] + i * _tanh(g[3 * hidden + j] + x[3 * hidden + j])
-        c_new[j] = cell
-        h_new[j] = o * _tanh(cell)
 
 
 @cpu_jit.inlined
