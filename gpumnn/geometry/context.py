@@ -97,8 +97,9 @@ class LoweringContext:
         #: the nodes a lowering has already computed as part of an earlier node's op, by id (the
         #: node kept, so that its id is never another node's)
         self.absorbed: dict[int, Node] = {}
-        #: whether QDQ convolutions and products are lowered to QuantizedConv2D (``lowerings.int8_products``):
-        #: set where the session's scheme backend builds it (``gpumnn.scheduler.precision.lowers_static_int8``)
+        #: whether QDQ convolutions, products and sums are lowered to QuantizedConv2D and QuantizedAdd
+        #: (``lowerings.int8_products``): set where the session's scheme backend builds them
+        #: (``gpumnn.scheduler.precision.lowers_static_int8``)
         self.int8_ops = False
         #: whether some were: ops that nothing reads any more are then dropped at the end of lowering
         self.int8_fused = False
@@ -303,6 +304,8 @@ def _narrow_inputs(op: A.AtomicOp) -> tuple[int, ...]:
         return (0, 1, 4)  # the uint8 x, the int8 weight, the uint8 zero point
     if isinstance(op, A.QuantizedConv2D):
         return (0, 1)  # the 8-bit x and the int8 weight
+    if isinstance(op, A.QuantizedAdd):
+        return (0, 1)  # both 8-bit operands
     return ()
 
 

@@ -908,6 +908,26 @@ def _plan_quantized_conv2d(be, op: A.QuantizedConv2D, ins, outs):
     return KernelWork([b], "int8 direct")
 
 
+def _plan_quantized_add(be, op: A.QuantizedAdd, ins, outs):
+    """The static int8 sum (quantized_add.comp): bytes in and out, an invocation per element (per
+    word of a packed output)."""
+    n = op.count
+    defines = _element_defines(be, op.dtype, op.out_dtype)
+    if op.dtype == A.INT8:
+        defines["X_SIGNED"] = 1
+    b = Builder(be, "quantized_add", defines, 3)
+    o = b.bind(0, outs[0], 0, n, write=True)
+    a_off = b.bind(1, ins[0], 0, n)
+    b_off = b.bind(2, ins[1], 0, n)
+    b.set(0, n, a_off, b_off, o, op.a_zero_point)
+    b.setf(5, op.a_scale)
+    b.set(6, op.b_zero_point)
+    b.setf(7, op.b_scale, op.y_scale)
+    b.set(9, op.y_zero_point, op.lo, op.hi)
+    _elements_grid(be, b, op.out_dtype, n, o)
+    return KernelWork([b], "int8 elementwise")
+
+
 def _quantized_matmul_constant(be: PlannerTarget, op: A.QuantizedMatMul, ins) -> TensorHandle:
     """quantized_matmul.comp's int32 constant: the weight's column sums, the column scales' bits and
     the int8 weight four steps of k a word, made once per weight (weight and scales are constants)."""
@@ -1268,7 +1288,8 @@ WINOGRAD_REWRITE_MAX_TILE = 2
 DTYPES: Mapping[type, frozenset[str]] = {
     **{op: frozenset({A.INT32}) for op in (A.Binary, A.Reduce, A.CumSum)},
     **{op: frozenset(A.STORAGE_DTYPES) for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)},
-    A.QuantizedConv2D: frozenset({A.UINT8, A.INT8}), A.QuantizedMatMul: frozenset({A.UINT8})}
+    A.QuantizedConv2D: frozenset({A.UINT8, A.INT8}), A.QuantizedAdd: frozenset({A.UINT8, A.INT8}),
+    A.QuantizedMatMul: frozenset({A.UINT8})}
 #: the tiled kernels also take float16 storage for the products, pooling, elementwise math, softmax
 #: and normalisation
 #: where the device holds 16-bit elements in buffers (-DHALF: ``_half_defines``; A.FLOAT16_COMPUTE_OPS);
@@ -1300,7 +1321,7 @@ PLANNERS: Mapping[type, Callable] = {
     A.Pool2D: _plan_pool2d, A.Softmax: _plan_softmax, A.Normalize: _plan_normalize,
     A.Resize: _plan_resize, A.Gather: _plan_gather, A.Select: _plan_select, A.CumSum: _plan_cumsum,
     A.Scatter: _plan_scatter, A.RecurrentCell: _plan_recurrent_cell, A.QuantizedConv2D: _plan_quantized_conv2d,
-    A.QuantizedMatMul: _plan_quantized_matmul,
+    A.QuantizedMatMul: _plan_quantized_matmul, A.QuantizedAdd: _plan_quantized_add,
 }
 
 
