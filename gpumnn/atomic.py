@@ -50,7 +50,8 @@ ITEMSIZE: dict[str, int] = {FLOAT32: 4, INT32: 4, FLOAT16: 2, INT8: 1, UINT8: 1}
 #: the atomic ops defined on the narrow storage dtypes (Unary as ``identity`` only, Scatter with
 #: reduction ``none`` only): they move elements without arithmetic. The computing ops that read
 #: a narrow dtype are a ``prequantized`` QuantizedMatMul (uint8), QuantizedConv2D and QuantizedAdd
-#: (uint8 and int8 in and out), each with its own arithmetic
+#: (uint8 and int8 in and out), each with its own arithmetic, and a max Pool2D on int8 or uint8
+#: (it compares and copies elements)
 NARROW_OPS: tuple[str, ...] = ("raster", "gather", "select", "scatter", "unary")
 #: the computing ops also defined on float16 storage (``precision="fp16"``,
 #: ``gpumnn.scheduler.precision``): every float operand and the result are float16, the arithmetic
@@ -506,7 +507,9 @@ class ConvTranspose2D(ConvGeometry):
 class Pool2D(AtomicOp):
     """Max or average pooling over NCHW; windows clipped to the input (padding never wins a
     max). Average divides by the full window when ``count_include_pad`` (the window clipped to
-    the padded input) else by the number of real input elements."""
+    the padded input) else by the number of real input elements. Max pooling is also defined on
+    int32, int8 and uint8 (the largest element, copied; a window of padding only is then the
+    type's least value); average pooling on the float dtypes only."""
 
     kind: ClassVar[str] = "pool2d"
     op: str = "max"

@@ -534,7 +534,8 @@ CASES["deconv-dilation-asym"] = lambda rng: _deconv(rng, c=3, hw=(5, 4), oc=2, k
 
 
 def _pool(rng, *, op="max", n=2, c=3, hw=(9, 9), k=(3, 3), s=(2, 2), pads=(0, 0, 0, 0), ceil=False,
-          include_pad=False) -> Case:
+          include_pad=False, dtype=None) -> Case:
+    """A pooling of float32 values, or with ``dtype`` (int8, uint8: max pooling) of 8-bit ones."""
     (h, w) = hw
     def out(size, kk, ss, p0, p1):
         num = size + p0 + p1 - kk
@@ -542,6 +543,10 @@ def _pool(rng, *, op="max", n=2, c=3, hw=(9, 9), k=(3, 3), s=(2, 2), pads=(0, 0,
     oh, ow = out(h, k[0], s[0], pads[0], pads[2]), out(w, k[1], s[1], pads[1], pads[3])
     pop = A.Pool2D(("x",), ("y",), f"pool_{op}", op=op, batch=n, channels=c, in_hw=hw, out_hw=(oh, ow),
                    kernel=k, strides=s, pads=pads, count_include_pad=include_pad)
+    if dtype is not None:
+        info = np.iinfo(dtype)
+        x = rng.integers(info.min, info.max + 1, (n, c, h, w)).astype(dtype)
+        return Case(dataclasses.replace(pop, dtype=np.dtype(dtype).name), {"x": x}, {"y": (n, c, oh, ow)})
     return Case(pop, {"x": rng.standard_normal((n, c, h, w))}, {"y": (n, c, oh, ow)})
 
 
@@ -555,6 +560,9 @@ CASES["pool-avg-ceil-exclude-pad-asym"] = lambda rng: _pool(rng, op="avg", hw=(8
                                                             pads=(0, 1, 1, 0), ceil=True)
 CASES["pool-global-avg"] = lambda rng: _pool(rng, op="avg", hw=(16, 16), k=(16, 16), s=(1, 1))
 CASES["pool-global-max"] = lambda rng: _pool(rng, op="max", hw=(16, 16), k=(16, 16), s=(1, 1))
+CASES["pool-max-int8-pad1-odd"] = lambda rng: _pool(rng, c=5, hw=(11, 9), pads=(1, 1, 1, 1), dtype=np.int8)
+CASES["pool-max-uint8-ceil"] = lambda rng: _pool(rng, hw=(8, 10), ceil=True, dtype=np.uint8)
+CASES["pool-global-max-int8"] = lambda rng: _pool(rng, op="max", c=3, hw=(7, 5), k=(7, 5), s=(1, 1), dtype=np.int8)
 CASES["pool-global-avg-small"] = lambda rng: _pool(rng, op="avg", c=5, hw=(7, 7), k=(7, 7), s=(1, 1))
 
 

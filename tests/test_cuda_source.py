@@ -48,7 +48,7 @@ def gpu_variants() -> list[tuple[str, dict[str, int]]]:
         elif family == "quantized_conv":  # x as uint8 and as int8; the implicit GEMM on __dp4a too
             dot = dict(zip(("TM", "TN", "WM", "WN", "TK"), GEMM_CONFIGS["64x64"]), INT8_DOT=1)
             out += [(family, {}), (family, {"X_SIGNED": 1}), (family, dot), (family, {**dot, "X_SIGNED": 1})]
-        elif family == "quantized_add":  # a and b as uint8 and as int8
+        elif family in ("quantized_add", "pool"):  # bytes as uint8 and as int8 (pool: max pooling of bytes)
             out += [(family, {}), (family, {"X_SIGNED": 1})]
         elif family == "quantized_matmul":  # the GEMM tilings, rows quantized at run time or given
             out += [(family, {**dict(zip(("TM", "TN", "WM", "WN", "TK"), cfg)), **pre})

@@ -174,9 +174,10 @@ SLOW_BACKEND_MODELS = ("squeezenet1_1", "mobilenet_v2")
 
 @pytest.mark.parametrize("name", list(MAX_STEPS))
 def test_qdq_zoo_model_runs_int8_on_every_backend(backend, qdq_models, name):
-    """Every backend runs every Conv and Gemm as QuantizedConv2D and every residual Add as QuantizedAdd on
-    its own device (the GPU APIs' kernels: quantized_conv.cl, quantized_add.cl, quantized_conv2d.comp,
-    quantized_add.comp), in agreement with ONNX Runtime's unfused path."""
+    """Every backend runs every Conv and Gemm as QuantizedConv2D, every residual Add as QuantizedAdd and
+    every MaxPool on the int8 values on its own device (the GPU APIs' kernels: quantized_conv.cl,
+    quantized_add.cl, pool.cl, quantized_conv2d.comp, quantized_add.comp, max_pool_bytes.comp), in
+    agreement with ONNX Runtime's unfused path."""
     import onnxruntime as ort
 
     if backend in SLOW_BACKENDS and name not in SLOW_BACKEND_MODELS:
@@ -199,6 +200,9 @@ def test_qdq_zoo_model_runs_int8_on_every_backend(backend, qdq_models, name):
     assert len(int8_ops) == products
     sums = [op for op in program.ops if isinstance(op, A.QuantizedAdd)]
     assert len(sums) == sum(n.op_type == "Add" for n in model.graph.node)
+    max_pools = [op for op in program.ops if isinstance(op, A.Pool2D) and op.op == "max"]
+    assert len(max_pools) == sum(n.op_type == "MaxPool" for n in model.graph.node)
+    assert all(op.dtype == A.INT8 for op in max_pools)
     assert not [op for op in program.ops if isinstance(op, (A.Conv2D, A.MatMul))]
     assert set(placement.op_backends) == {backend}
     constants = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
@@ -325,4 +329,47 @@ def test_qdq_sum_stays_float_where_it_is_not_the_pattern(form):
     model = _sum_model(onnx.TensorProto.INT8, shapes=shapes, read_twice=form == "sum read twice")
     got, ref, ops = _run_sum(model, "cpu", shapes)
     assert not [op for op in ops if isinstance(op, A.QuantizedAdd)]
+    np.testing.assert_array_equal(got, ref)
+
+
+# -- max pooling on the 8-bit values -------------------------------------------------------------------
+
+def _pool_model(qtype: int, op_type: str, out_scale: float = 0.0213) -> onnx.ModelProto:
+    """A float input quantized, dequantized, max-pooled (3x3, stride 2, pads 1, or global), quantized by
+    ``out_scale`` (the input's: the pattern that runs on the 8-bit values) and dequantized."""
+    from onnx import TensorProto, helper
+
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(qtype)
+    zero = np.iinfo(dtype).min + 77
+    inits = [onnx.numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("s", 0.0213), ("so", out_scale))]
+    inits.append(onnx.numpy_helper.from_array(np.array(zero, dtype), "z"))
+    attrs = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]) if op_type == "MaxPool" else {}
+    nodes = [helper.make_node("QuantizeLinear", ["a", "s", "z"], ["aq"]),
+             helper.make_node("DequantizeLinear", ["aq", "s", "z"], ["af"]),
+             helper.make_node(op_type, ["af"], ["pooled"], name="pool", **attrs),
+             helper.make_node("QuantizeLinear", ["pooled", "so", "z"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "so", "z"], ["y"])]
+    graph = helper.make_graph(nodes, "pool", [helper.make_tensor_value_info("a", TensorProto.FLOAT, (1, 6, 13, 11))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+@pytest.mark.parametrize("op_type", ["MaxPool", "GlobalMaxPool"])
+@pytest.mark.parametrize("qtype", [onnx.TensorProto.INT8, onnx.TensorProto.UINT8], ids=["int8", "uint8"])
+def test_qdq_max_pool_runs_on_the_8bit_values(backend, qtype, op_type):
+    """DequantizeLinear -> MaxPool -> QuantizeLinear of one scale and zero point is one max Pool2D on the
+    8-bit tensor, on every backend's own kernel, with ONNX Runtime's unfused path's values exactly."""
+    pytest.importorskip("onnxruntime")
+    shapes = ((1, 6, 13, 11),)
+    got, ref, ops = _run_sum(_pool_model(qtype, op_type), backend, shapes)
+    pools = [op for op in ops if isinstance(op, A.Pool2D)]
+    assert len(pools) == 1 and pools[0].dtype == onnx.helper.tensor_dtype_to_np_dtype(qtype).name
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_qdq_max_pool_requantized_by_another_scale_stays_float():
+    """Requantized by another scale the pooling is not a copy of 8-bit values: it runs in float."""
+    pytest.importorskip("onnxruntime")
+    got, ref, ops = _run_sum(_pool_model(onnx.TensorProto.INT8, "MaxPool", out_scale=0.05), "cpu", ((1, 6, 13, 11),))
+    assert [op.dtype for op in ops if isinstance(op, A.Pool2D)] == [A.FLOAT32]
     np.testing.assert_array_equal(got, ref)

@@ -306,6 +306,8 @@ def _narrow_inputs(op: A.AtomicOp) -> tuple[int, ...]:
         return (0, 1)  # the 8-bit x and the int8 weight
     if isinstance(op, A.QuantizedAdd):
         return (0, 1)  # both 8-bit operands
+    if isinstance(op, A.Pool2D) and op.op == "max":
+        return (0,)  # the largest element, copied (an 8-bit one from ``lowerings.int8_products``)
     return ()
 
 

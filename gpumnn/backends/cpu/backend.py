@@ -704,12 +704,13 @@ class CpuBackend(Backend):
     residual_schemes = {A.Conv2D: schemes[A.Conv2D]}
     #: NumPy computes every integer op; float-only kernels (convolution, pooling, ...) stay float32;
     #: the element-moving ops and the Unary conversion also take the narrow dtypes; a prequantized
-    #: QuantizedMatMul reads uint8, QuantizedConv2D and QuantizedAdd uint8 and int8
+    #: QuantizedMatMul reads uint8, QuantizedConv2D and QuantizedAdd uint8 and int8, and max
+    #: pooling compares int8 and uint8 elements too
     dtypes = {**{op: _ANY_INT for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.MatMul, A.Gather, A.Select,
                                          A.CumSum, A.TopK, A.Scatter, A.Pool2D)},
               **{op: _ANY_INT | A.NARROW_DTYPES for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)},
               A.QuantizedMatMul: frozenset({A.UINT8}), A.QuantizedConv2D: frozenset({A.UINT8, A.INT8}),
-              A.QuantizedAdd: frozenset({A.UINT8, A.INT8})}
+              A.QuantizedAdd: frozenset({A.UINT8, A.INT8}), A.Pool2D: _ANY_INT | {A.UINT8, A.INT8}}
     winograd_min_tiles, winograd_min_channels, winograd_min_saving = engines.WINOGRAD_PAYS["threads"]
     winograd_per_image = True  # both Winograd kernels go image by image: a batch has no more tiles per product
 

@@ -9,7 +9,11 @@ The patterns ``quantize_static`` writes::
 
     DequantizeLinear(a_q), DequantizeLinear(b_q) -> Add (equal shapes) -> [Relu | Clip] -> QuantizeLinear
 
-become one op reading the 8-bit tensors and writing the QuantizeLinear's output, where the lowering
+    DequantizeLinear(x_q) -> MaxPool / GlobalMaxPool -> QuantizeLinear (x_q's scale, zero point, type)
+
+become one op reading the 8-bit tensors and writing the QuantizeLinear's output (the pooling a max
+Pool2D on the 8-bit values: exact, as both nodes are nondecreasing and a QuantizeLinear of a
+DequantizeLinear's value by the same parameters gives the integer back), where the lowering
 is asked for it (``LoweringContext.int8_ops``: the session's scheme backend builds the ops, decided
 in ``gpumnn.scheduler.precision``). Anything else, and every node where it is not asked, is lowered
 in float as before. An activation's DequantizeLinear stays where other nodes read its float values;
@@ -26,7 +30,7 @@ from ...ir import Node
 from ..context import LoweringContext
 from ..emit import fused_activation
 from ..registry import DEFAULT_DOMAINS, lowers
-from .conv import conv2d_geometry, lower_conv
+from .conv import conv2d_geometry, lower_conv, lower_global_pool, lower_pool
 from .elementwise import lower_binary
 from .matmul import lower_gemm, lower_matmul
 from .microsoft import MS, lower_qlinear_binary
@@ -396,3 +400,35 @@ def _int8_qlinear_add(ctx: LoweringContext, node: Node) -> bool:
 def lower_qlinear_add_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
     if not (ctx.int8_ops and _int8_qlinear_add(ctx, node)):
         lower_qlinear_binary(ctx, node, opset)
+
+
+def _int8_max_pool(ctx: LoweringContext, node: Node, opset: int) -> bool:
+    """A MaxPool or GlobalMaxPool between a DequantizeLinear and a QuantizeLinear of the same scale,
+    zero point and type as a max Pool2D on the 8-bit values (see the module docstring); False
+    (nothing emitted) elsewhere."""
+    x = _dequantized_activation(ctx, node.inputs[0])
+    if x is None or len(node.outputs) > 1 and node.outputs[1]:  # MaxPool's Indices output
+        return False
+    out = _requantizing_reader(ctx, node)
+    if out is None or len(out.nodes) != 1:  # a Relu or Clip between: a clamp the pooling has not
+        return False
+    q = out.quantization
+    if (q.scale, q.zero_point, q.dtype) != (x.scale, x.zero_point, x.dtype) or (out.lo, out.hi) != RANGES[q.dtype.name]:
+        return False
+    pooled = Node(node.op_type, node.name, [x.tensor], [out.output], node.attrs, node.domain)
+    (lower_pool if node.op_type == "MaxPool" else lower_global_pool)(ctx, pooled, opset)
+    ctx.absorb(*out.nodes)
+    ctx.int8_fused = True
+    return True
+
+
+@lowers("MaxPool")
+def lower_max_pool_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
+    if not (ctx.int8_ops and ctx.graph_reads is not None and _int8_max_pool(ctx, node, opset)):
+        lower_pool(ctx, node, opset)
+
+
+@lowers("GlobalMaxPool")
+def lower_global_max_pool_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
+    if not (ctx.int8_ops and ctx.graph_reads is not None and _int8_max_pool(ctx, node, opset)):
+        lower_global_pool(ctx, node, opset)

@@ -927,6 +927,11 @@ def _plan_pool2d(be, op: A.Pool2D, ins, outs):
     x, y = ins[0], outs[0]
     planes = op.batch * op.channels
     (h, w), (oh, ow), (kh, kw), (sh, sw) = op.in_hw, op.out_hw, op.kernel, op.strides
+    if op.dtype in (A.UINT8, A.INT8):  # max pooling of bytes (the contract defines no other)
+        args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(planes), _i(h), _i(w), _i(oh), _i(ow),
+                _i(kh), _i(kw), _i(sh), _i(sw), _i(op.pads[0]), _i(op.pads[1])]
+        return KernelWork([launch1d("pool", "pool2d_max_bytes", args, planes * oh * ow,
+                                    {"X_SIGNED": 1} if op.dtype == A.INT8 else {})], "direct bytes")
     is_max = _i(int(op.op == "max"))
     if (kh, kw) == (h, w) and (oh, ow) == (1, 1) and not any(op.pads) and h * w >= RWG:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(h * w), is_max]
@@ -1031,12 +1036,13 @@ def _plan_gather(be, op: A.Gather, ins, outs):
 OP_NAMES: Mapping[type, frozenset[str]] = {}
 #: the kernels beyond float32 (see Backend.dtypes): Unary, Binary, Reduce and CumSum have int32
 #: variants (integer.cl, reduce.cl, cumsum.cl); the element-moving ops take every storage dtype
-#: (-DELEM), and Unary identity converts between any two (convert.cl)
+#: (-DELEM), and Unary identity converts between any two (convert.cl); max pooling takes bytes
+#: (pool.cl's pool2d_max_bytes)
 DTYPES: Mapping[type, frozenset[str]] = {
     **{op: frozenset({A.INT32}) for op in (A.Binary, A.Reduce, A.CumSum)},
     **{op: frozenset(A.STORAGE_DTYPES) for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)},
     A.QuantizedConv2D: frozenset({A.UINT8, A.INT8}), A.QuantizedAdd: frozenset({A.UINT8, A.INT8}),
-    A.QuantizedMatMul: frozenset({A.UINT8})}
+    A.QuantizedMatMul: frozenset({A.UINT8}), A.Pool2D: frozenset({A.UINT8, A.INT8})}
 #: the tiled family's also take float16 storage for the products, pooling, elementwise math, softmax
 #: and normalisation
 #: (-DHALF: ``half_defines``; A.FLOAT16_COMPUTE_OPS); the simd family's vector kernels are float32 only
