@@ -206,7 +206,7 @@ class LoweringContext:
         if all(v.is_const for v in inputs):
             self.set_const(name, self._fold(op, [v.const for v in inputs], tuple(out_shape), result))
             return
-        moved = _narrow_inputs(op)
+        moved = _narrow_inputs(op, A.storage_dtype(data))
         wide = tuple(n if k in moved else self._computable_input(n, op) for k, n in enumerate(op.inputs))
         if wide != op.inputs:
             op = dataclasses.replace(op, inputs=wide)
@@ -289,9 +289,10 @@ class LoweringContext:
         return out[:out_handle.size].reshape(shape)
 
 
-def _narrow_inputs(op: A.AtomicOp) -> tuple[int, ...]:
-    """The positions of ``op``'s inputs it may read in a narrow storage dtype: the data it moves
-    (a Unary ``identity`` converts from any storage dtype)."""
+def _narrow_inputs(op: A.AtomicOp, data: str) -> tuple[int, ...]:
+    """The positions of ``op``'s inputs it may read in a narrow storage dtype, its data input being
+    of storage dtype ``data``: the data it moves (a Unary ``identity`` converts from any storage
+    dtype), the 8-bit operands of the int8 ops, the bytes a max pooling compares."""
     if isinstance(op, A.Unary):
         return (0,) if op.op == "identity" else ()
     if isinstance(op, A.Gather):
@@ -306,8 +307,8 @@ def _narrow_inputs(op: A.AtomicOp) -> tuple[int, ...]:
         return (0, 1)  # the 8-bit x and the int8 weight
     if isinstance(op, A.QuantizedAdd):
         return (0, 1)  # both 8-bit operands
-    if isinstance(op, A.Pool2D) and op.op == "max":
-        return (0,)  # the largest element, copied (an 8-bit one from ``lowerings.int8_products``)
+    if isinstance(op, A.Pool2D) and op.op == "max" and data in (A.INT8, A.UINT8):
+        return (0,)  # the largest byte, copied (float16 is pooled as float32 unless precision says)
     return ()
 
 
