@@ -373,3 +373,33 @@ def test_qdq_max_pool_requantized_by_another_scale_stays_float():
     got, ref, ops = _run_sum(_pool_model(onnx.TensorProto.INT8, "MaxPool", out_scale=0.05), "cpu", ((1, 6, 13, 11),))
     assert [op.dtype for op in ops if isinstance(op, A.Pool2D)] == [A.FLOAT32]
     np.testing.assert_array_equal(got, ref)
+
+
+#: byte max poolings (in_hw, kernel, strides, pads, out_hw): ResNet's 3x3 stride 2, odd sizes,
+#: asymmetric windows and padding, windows that tile the input
+BYTE_POOLS = [((112, 112), (3, 3), (2, 2), (1, 1, 1, 1), (56, 56)), ((9, 11), (2, 3), (1, 2), (0, 1, 1, 1), (9, 6)),
+              ((8, 10), (3, 3), (2, 2), (0, 0, 1, 1), (4, 5)), ((7, 7), (2, 2), (2, 2), (0, 0, 0, 0), (3, 3))]
+
+
+@pytest.mark.parametrize("geometry", BYTE_POOLS, ids=[f"{g[0][0]}x{g[0][1]}-k{g[1][0]}{g[1][1]}" for g in BYTE_POOLS])
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+def test_compiled_byte_max_pool_is_numpys(geometry, dtype):
+    """The cpu's compiled max pooling of 8-bit planes (one thread and plane spans on two) gives
+    NumPy's separable passes' bytes."""
+    hw, kernel, strides, pads, out_hw = geometry
+    info = np.iinfo(dtype)
+    x = np.random.default_rng(3).integers(info.min, info.max + 1, (2, 40) + hw).astype(dtype)
+    op = A.Pool2D(("x",), ("y",), "pool", op="max", batch=2, channels=40, in_hw=hw, out_hw=out_hw, kernel=kernel,
+                  strides=strides, pads=pads, dtype=dtype)
+
+    def run(backend):
+        out = np.zeros((2, 40) + out_hw, dtype)
+        exe = backend.create_execution(op, [_handle(x)], [TensorHandle(out.reshape(-1), 0, out.shape, dtype)])
+        for work in exe.work:
+            work()
+        return out, exe.scheme
+    reference, _ = run(CpuBackend(threads=1, jit=False))
+    for threads in (1, 2):
+        got, scheme = run(CpuBackend(threads=threads))
+        assert scheme == "bytes compiled"
+        np.testing.assert_array_equal(got, reference)

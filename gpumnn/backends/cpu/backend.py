@@ -23,7 +23,7 @@ from ..base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, KernelWork, 
 from ...errors import BackendOptionError, BackendUnavailableError
 from ..limits import MemoryLimits, host_limits
 from . import activations as cpu_activations, compiled as cpu_compiled, engines, jit as cpu_jit, parallel as cpu_parallel, reference as cpu_reference
-from . import int8 as cpu_int8, int8_add as cpu_int8_add, int8_conv as cpu_int8_conv, rows as cpu_rows, tiles as cpu_tiles
+from . import int8 as cpu_int8, int8_conv as cpu_int8_conv, int8_elementwise as cpu_int8_elementwise, rows as cpu_rows, tiles as cpu_tiles
 from .constants import PackedConstants, made_once
 from .elementwise import binary_function, unary_function
 from .engines import Engine
@@ -278,7 +278,7 @@ def _make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, pool: Workers, engi
 
 
 def _make_quantized_add(op: A.QuantizedAdd, ins, outs, pool: Workers, engine: Engine):
-    return cpu_int8_add.make_quantized_add(op, ins, outs, pool, engine)
+    return cpu_int8_elementwise.make_quantized_add(op, ins, outs, pool, engine)
 
 
 def _gemm_blocks(batch: int, m: int, n: int, threads: int, align_m: int = 1) -> list[tuple[int | slice, int, int, int, int]]:
@@ -456,7 +456,9 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, engine: Engine):
     (h, w), (oh, ow), (kh, kw), (sh, sw) = op.in_hw, op.out_hw, op.kernel, op.strides
     x = view(ins[0]).reshape(n, c, h, w)
     out = view(outs[0]).reshape(n, c, oh, ow)
-    kernel, parts = engine.pool(op, x.dtype == np.float32)
+    kernel, parts = engine.pool(op, x.dtype == np.float32, x.dtype.itemsize == 1)
+    if kernel == "max_bytes":
+        return cpu_int8_elementwise.make_max_pool_bytes(op, ins, outs, pool, parts)
     if kernel in ("mean_rows_region", "global"):  # global pooling
         x3, o3 = x.reshape(n, c, h * w), out.reshape(n, c)
         if kernel == "mean_rows_region":
