@@ -49,8 +49,9 @@ NARROW_DTYPES: frozenset[str] = frozenset({FLOAT16, INT8, UINT8})
 ITEMSIZE: dict[str, int] = {FLOAT32: 4, INT32: 4, FLOAT16: 2, INT8: 1, UINT8: 1}
 #: the atomic ops defined on the narrow storage dtypes (Unary as ``identity`` only, Scatter with
 #: reduction ``none`` only): they move elements without arithmetic. The computing ops that read
-#: a narrow dtype are a ``prequantized`` QuantizedMatMul (uint8) and QuantizedConv2D (uint8 and
-#: int8 in and out), each with its own integer arithmetic
+#: a narrow dtype are a ``prequantized`` QuantizedMatMul (uint8), QuantizedConv2D and QuantizedAdd
+#: (uint8 and int8 in and out), each with its own arithmetic, and a max Pool2D on int8 or uint8
+#: (it compares and copies elements)
 NARROW_OPS: tuple[str, ...] = ("raster", "gather", "select", "scatter", "unary")
 #: the computing ops also defined on float16 storage (``precision="fp16"``,
 #: ``gpumnn.scheduler.precision``): every float operand and the result are float16, the arithmetic
@@ -456,6 +457,38 @@ class QuantizedConv2D(ConvGeometry):
 
 
 @dataclass(frozen=True)
+class QuantizedAdd(AtomicOp):
+    """Static int8 sum (ONNX Runtime's fused QDQ Add and QLinearAdd): ``count`` elements of a and b
+    (inputs 0 and 1, both ``dtype``: uint8 or int8), each with its own scale and zero point, into
+    ``count`` elements of ``out_dtype`` (uint8 or int8)::
+
+        sum = float32(a - a_zero_point) * a_scale + float32(b - b_zero_point) * b_scale
+        out = clip(rint(sum / y_scale) + y_zero_point, lo, hi)
+
+    every operation rounded to float32 in the order written (two products, their sum, the quotient,
+    no fused multiply-add), ``rint`` rounding half to even: DequantizeLinear, Add and QuantizeLinear
+    as the float path computes them, so a kernel that divides correctly rounded gives the float
+    path's bits. ``[lo, hi]`` is the output type's range, narrowed where a Relu or Clip before the
+    output's QuantizeLinear is fused. The scales are float32 values (positive, finite).
+    """
+
+    kind: ClassVar[str] = "quantized_add"
+    count: int = 1
+    a_scale: float = 1.0
+    a_zero_point: int = 0
+    b_scale: float = 1.0
+    b_zero_point: int = 0
+    y_scale: float = 1.0
+    y_zero_point: int = 0
+    out_dtype: str = UINT8
+    lo: int = 0
+    hi: int = 255
+
+    def output_dtype(self) -> str:
+        return self.out_dtype
+
+
+@dataclass(frozen=True)
 class ConvTranspose2D(ConvGeometry):
     """NCHW transposed convolution; weight ``[C, OC/groups, KH, KW]`` (ONNX layout).
 
@@ -474,7 +507,9 @@ class ConvTranspose2D(ConvGeometry):
 class Pool2D(AtomicOp):
     """Max or average pooling over NCHW; windows clipped to the input (padding never wins a
     max). Average divides by the full window when ``count_include_pad`` (the window clipped to
-    the padded input) else by the number of real input elements."""
+    the padded input) else by the number of real input elements. Max pooling is also defined on
+    int32, int8 and uint8 (the largest element, copied; a window of padding only is then the
+    type's least value); average pooling on the float dtypes only."""
 
     kind: ClassVar[str] = "pool2d"
     op: str = "max"
@@ -734,8 +769,8 @@ def recurrent_cell_violation(op: RecurrentCell) -> str | None:
 
 
 ALL_OPS: tuple[type[AtomicOp], ...] = (
-    Raster, Unary, Binary, Reduce, MatMul, QuantizedMatMul, Conv2D, QuantizedConv2D, ConvTranspose2D, Pool2D, Softmax,
-    Normalize, Resize, Gather, Select, CumSum, TopK, Scatter, RecurrentCell,
+    Raster, Unary, Binary, Reduce, MatMul, QuantizedMatMul, Conv2D, QuantizedConv2D, QuantizedAdd, ConvTranspose2D,
+    Pool2D, Softmax, Normalize, Resize, Gather, Select, CumSum, TopK, Scatter, RecurrentCell,
 )
 
 

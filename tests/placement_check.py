@@ -56,9 +56,6 @@ EXPECTED_CPU: tuple[Expected, ...] = (
     Expected("integer matrix products have no GPU kernel (GPU GEMMs are float32): the einsum of int64 inputs",
              "matmul", "the {backend} backend has no int32 kernel for atomic op MatMul",
              ("test_indexing_ops.py::test_integer_einsum_product_runs_on_the_cpu[*]",)),
-    Expected("integer max pooling has no GPU kernel (the pooling kernels are float32)",
-             "pool2d max", "the {backend} backend has no int32 kernel for atomic op Pool2D",
-             _node_tests("test_maxpool_2d_uint8")),
 )
 
 

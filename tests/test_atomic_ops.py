@@ -140,7 +140,7 @@ def check(be, cpu, case: Case, seed: int) -> None:
         for n in case.outputs:
             assert got[n].shape == ref[n].shape
             assert got[n].dtype == ref[n].dtype == np.dtype(case.output_dtype(n))
-            if got[n].dtype.kind == "i":  # integer results are exact
+            if got[n].dtype.kind in "iu":  # integer results are exact
                 np.testing.assert_array_equal(got[n], ref[n], err_msg=f"{be.name} {case.op.source}: output {n}")
                 continue
             err = rel_err(got[n], ref[n])
@@ -435,6 +435,24 @@ CASES["quantized_conv2d-im2col"] = lambda rng: _quantized_conv2d(rng, c=18, hw=(
 CASES["quantized_conv2d-gemm1x1-uint8"] = lambda rng: _quantized_conv2d(rng, c=20, hw=(5, 6), oc=9, k=1, x_dtype=np.uint8,
                                                                         out_dtype="uint8")
 CASES["quantized_conv2d-depthwise"] = lambda rng: _quantized_conv2d(rng, c=12, hw=(8, 7), oc=12, k=3, pad=1, groups=12)
+def _quantized_add(rng, *, count, dtype, out_dtype, relu=False) -> Case:
+    """A static int8 sum (a QDQ model's residual Add); ``relu`` narrows the clamp to the output's zero point."""
+    info, out_info = np.iinfo(dtype), np.iinfo(out_dtype)
+    inputs = {name: rng.integers(info.min, info.max + 1, count).astype(dtype) for name in ("a", "b")}
+    y_zero = int(out_info.min) + 37
+    op = A.QuantizedAdd(("a", "b"), ("y",), "quantized_add", dtype=np.dtype(dtype).name, count=count,
+                        a_scale=float(np.float32(0.0213)), a_zero_point=int(info.min) + 100,
+                        b_scale=float(np.float32(0.0371)), b_zero_point=int(info.max) - 90,
+                        y_scale=float(np.float32(0.0547)), y_zero_point=y_zero, out_dtype=out_dtype,
+                        lo=y_zero if relu else int(out_info.min), hi=int(out_info.max))
+    return Case(op, inputs, {"y": (count,)})
+
+
+CASES["quantized_add-int8"] = lambda rng: _quantized_add(rng, count=1001, dtype=np.int8, out_dtype="int8")
+CASES["quantized_add-uint8-relu"] = lambda rng: _quantized_add(rng, count=77, dtype=np.uint8, out_dtype="uint8",
+                                                              relu=True)
+CASES["quantized_add-int8-to-uint8-odd"] = lambda rng: _quantized_add(rng, count=5, dtype=np.int8,
+                                                                      out_dtype="uint8")
 CASES["quantized_matmul-prequantized"] = lambda rng: _prequantized_matmul(rng, m=11, n=37, k=29)
 CASES["quantized_matmul-prequantized-bias"] = lambda rng: _prequantized_matmul(rng, m=1, n=5, k=66, bias=True)
 CASES["quantized_matmul-vector"] = lambda rng: _quantized_matmul(rng, m=1, n=33, k=7)
@@ -516,7 +534,8 @@ CASES["deconv-dilation-asym"] = lambda rng: _deconv(rng, c=3, hw=(5, 4), oc=2, k
 
 
 def _pool(rng, *, op="max", n=2, c=3, hw=(9, 9), k=(3, 3), s=(2, 2), pads=(0, 0, 0, 0), ceil=False,
-          include_pad=False) -> Case:
+          include_pad=False, dtype=None) -> Case:
+    """A pooling of float32 values, or with ``dtype`` (int8, uint8: max pooling) of 8-bit ones."""
     (h, w) = hw
     def out(size, kk, ss, p0, p1):
         num = size + p0 + p1 - kk
@@ -524,6 +543,10 @@ def _pool(rng, *, op="max", n=2, c=3, hw=(9, 9), k=(3, 3), s=(2, 2), pads=(0, 0,
     oh, ow = out(h, k[0], s[0], pads[0], pads[2]), out(w, k[1], s[1], pads[1], pads[3])
     pop = A.Pool2D(("x",), ("y",), f"pool_{op}", op=op, batch=n, channels=c, in_hw=hw, out_hw=(oh, ow),
                    kernel=k, strides=s, pads=pads, count_include_pad=include_pad)
+    if dtype is not None:
+        info = np.iinfo(dtype)
+        x = rng.integers(info.min, info.max + 1, (n, c, h, w)).astype(dtype)
+        return Case(dataclasses.replace(pop, dtype=np.dtype(dtype).name), {"x": x}, {"y": (n, c, oh, ow)})
     return Case(pop, {"x": rng.standard_normal((n, c, h, w))}, {"y": (n, c, oh, ow)})
 
 
@@ -537,6 +560,9 @@ CASES["pool-avg-ceil-exclude-pad-asym"] = lambda rng: _pool(rng, op="avg", hw=(8
                                                             pads=(0, 1, 1, 0), ceil=True)
 CASES["pool-global-avg"] = lambda rng: _pool(rng, op="avg", hw=(16, 16), k=(16, 16), s=(1, 1))
 CASES["pool-global-max"] = lambda rng: _pool(rng, op="max", hw=(16, 16), k=(16, 16), s=(1, 1))
+CASES["pool-max-int8-pad1-odd"] = lambda rng: _pool(rng, c=5, hw=(11, 9), pads=(1, 1, 1, 1), dtype=np.int8)
+CASES["pool-max-uint8-ceil"] = lambda rng: _pool(rng, hw=(8, 10), ceil=True, dtype=np.uint8)
+CASES["pool-global-max-int8"] = lambda rng: _pool(rng, op="max", c=3, hw=(7, 5), k=(7, 5), s=(1, 1), dtype=np.int8)
 CASES["pool-global-avg-small"] = lambda rng: _pool(rng, op="avg", c=5, hw=(7, 7), k=(7, 7), s=(1, 1))
 
 

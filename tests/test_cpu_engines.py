@@ -134,6 +134,21 @@ def test_pool(engine, op, float32, expected):
     assert engine.pool(op, float32) == expected
 
 
+#: max pooling of 8-bit elements: compiled rows (plane spans on the Python threads from 2^18 input
+#: elements), NumPy's passes without the compiled loops, global windows as NumPy's one reduction
+BYTE_POOL = [
+    (JIT, pool("max", 64, 112, 3, 2, 1), ("max_bytes", 2)),
+    (REGIONS, pool("max", 4, 8, 3, 2, 1), ("max_bytes", 1)),
+    (JIT, pool("max", 64, 8, 8), ("global", 1)),
+    (NUMPY, pool("max", 64, 112, 3, 2, 1), ("separable", 1)),
+]
+
+
+@pytest.mark.parametrize("engine, op, expected", BYTE_POOL)
+def test_byte_max_pool(engine, op, expected):
+    assert engine.pool(op, False, True) == expected
+
+
 E = engines.REGION_MIN_ELEMENTS
 
 

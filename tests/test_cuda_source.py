@@ -33,7 +33,8 @@ def gpu_variants() -> list[tuple[str, dict[str, int]]]:
     tilings of GEMM_CONFIGS (as ``_gemm_launch`` passes them), Winograd tiles, the element-moving
     families for 4-, 2- and 1-byte elements (``elem_defines``), the conversion between every two
     storage dtypes of which one is narrow, the matrix-vector tilings of GEMV_CONFIGS, the other
-    families without defines, and the float16-storage build (-DHALF) of each family with one."""
+    families without defines, the 8-bit operands of the int8 families as uint8 and as int8, and the
+    float16-storage build (-DHALF) of each family with one."""
     out: list[tuple[str, dict[str, int]]] = []
     for family in cuda_families():
         if family == "gemm":
@@ -47,6 +48,8 @@ def gpu_variants() -> list[tuple[str, dict[str, int]]]:
         elif family == "quantized_conv":  # x as uint8 and as int8; the implicit GEMM on __dp4a too
             dot = dict(zip(("TM", "TN", "WM", "WN", "TK"), GEMM_CONFIGS["64x64"]), INT8_DOT=1)
             out += [(family, {}), (family, {"X_SIGNED": 1}), (family, dot), (family, {**dot, "X_SIGNED": 1})]
+        elif family in ("quantized_add", "pool"):  # bytes as uint8 and as int8 (pool: max pooling of bytes)
+            out += [(family, {}), (family, {"X_SIGNED": 1})]
         elif family == "quantized_matmul":  # the GEMM tilings, rows quantized at run time or given
             out += [(family, {**dict(zip(("TM", "TN", "WM", "WN", "TK"), cfg)), **pre})
                     for cfg in GEMM_CONFIGS.values() for pre in ({}, {"PREQUANTIZED": 1})]

@@ -174,8 +174,10 @@ SLOW_BACKEND_MODELS = ("squeezenet1_1", "mobilenet_v2")
 
 @pytest.mark.parametrize("name", list(MAX_STEPS))
 def test_qdq_zoo_model_runs_int8_on_every_backend(backend, qdq_models, name):
-    """Every backend runs every Conv and Gemm as QuantizedConv2D on its own device (the GPU APIs'
-    kernels: quantized_conv.cl, quantized_conv2d.comp), in agreement with ONNX Runtime's unfused path."""
+    """Every backend runs every Conv and Gemm as QuantizedConv2D, every residual Add as QuantizedAdd and
+    every MaxPool on the int8 values on its own device (the GPU APIs' kernels: quantized_conv.cl,
+    quantized_add.cl, pool.cl, quantized_conv2d.comp, quantized_add.comp, max_pool_bytes.comp), in
+    agreement with ONNX Runtime's unfused path."""
     import onnxruntime as ort
 
     if backend in SLOW_BACKENDS and name not in SLOW_BACKEND_MODELS:
@@ -196,6 +198,11 @@ def test_qdq_zoo_model_runs_int8_on_every_backend(backend, qdq_models, name):
     products = sum(n.op_type in ("Conv", "Gemm") for n in model.graph.node)
     int8_ops = [op for op in program.ops if isinstance(op, A.QuantizedConv2D)]
     assert len(int8_ops) == products
+    sums = [op for op in program.ops if isinstance(op, A.QuantizedAdd)]
+    assert len(sums) == sum(n.op_type == "Add" for n in model.graph.node)
+    max_pools = [op for op in program.ops if isinstance(op, A.Pool2D) and op.op == "max"]
+    assert len(max_pools) == sum(n.op_type == "MaxPool" for n in model.graph.node)
+    assert all(op.dtype == A.INT8 for op in max_pools)
     assert not [op for op in program.ops if isinstance(op, (A.Conv2D, A.MatMul))]
     assert set(placement.op_backends) == {backend}
     constants = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
@@ -221,3 +228,178 @@ def test_every_tile_path_gives_the_contract(path):
                                           int8_conv.quantized_conv_reference(op, x, w, bias, multiplier))
     finally:
         cpu_int8.use_path(previous)
+
+
+# -- residual sums: QuantizedAdd ---------------------------------------------------------------------
+
+def _sum_model(qtype: int, *, after: str = "", shapes=((1, 5, 7, 9), (1, 5, 7, 9)), read_twice: bool = False,
+               qlinear: bool = False) -> onnx.ModelProto:
+    """Two float inputs quantized (their own scales and zero points), dequantized, added, ``after``
+    (Relu, Clip or nothing), quantized and dequantized: the residual sum ``quantize_static`` writes
+    (or ONNX Runtime's QLinearAdd with ``qlinear``). ``read_twice``: the sum is also a graph output."""
+    from onnx import TensorProto, helper
+
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(qtype)
+    info = np.iinfo(dtype)
+    inits = [onnx.numpy_helper.from_array(np.array(v, np.float32), n)
+             for n, v in (("sa", 0.0213), ("sb", 0.0371), ("sy", 0.0547), ("lo", -0.4), ("hi", 2.5))]
+    inits += [onnx.numpy_helper.from_array(np.array(v, dtype), n)
+              for n, v in (("za", info.min + 100), ("zb", info.max - 90), ("zy", info.min + 37))]
+    nodes = [helper.make_node("QuantizeLinear", ["a", "sa", "za"], ["aq"]),
+             helper.make_node("QuantizeLinear", ["b", "sb", "zb"], ["bq"])]
+    if qlinear:
+        nodes.append(helper.make_node("QLinearAdd", ["aq", "sa", "za", "bq", "sb", "zb", "sy", "zy"], ["yq"],
+                                      name="sum", domain="com.microsoft"))
+    else:
+        nodes += [helper.make_node("DequantizeLinear", ["aq", "sa", "za"], ["af"]),
+                  helper.make_node("DequantizeLinear", ["bq", "sb", "zb"], ["bf"]),
+                  helper.make_node("Add", ["af", "bf"], ["sum"], name="sum")]
+        last = "sum"
+        if after == "Relu":
+            nodes.append(helper.make_node("Relu", ["sum"], ["act"], name="act"))
+            last = "act"
+        elif after == "Clip":
+            nodes.append(helper.make_node("Clip", ["sum", "lo", "hi"], ["act"], name="act"))
+            last = "act"
+        nodes.append(helper.make_node("QuantizeLinear", [last, "sy", "zy"], ["yq"]))
+    nodes.append(helper.make_node("DequantizeLinear", ["yq", "sy", "zy"], ["y"]))
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if read_twice:
+        outputs.append(helper.make_tensor_value_info("sum", TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "sum", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                                             for n, s in zip("ab", shapes)], outputs, inits)
+    imports = [helper.make_opsetid("", 21)] + ([helper.make_opsetid("com.microsoft", 1)] if qlinear else [])
+    return helper.make_model(graph, opset_imports=imports, ir_version=10)
+
+
+def _sum_feeds(shapes) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(5)
+    return {name: (rng.standard_normal(shape) * 2.5).astype(np.float32) for name, shape in zip("ab", shapes)}
+
+
+def _run_sum(model: onnx.ModelProto, backend: str, shapes):
+    """(gpumnn's output y, ONNX Runtime's unfused y, the program's ops)."""
+    import onnxruntime as ort
+
+    feeds = _sum_feeds(shapes)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(
+        ["y"], feeds)[0]
+    with gpumnn.load(model).session(backend=backend, fallback=False) as session:
+        got = session.run(feeds)["y"]
+        ops = list(session.program.ops)
+    return got, ref, ops
+
+
+@pytest.mark.parametrize("after", ["", "Relu", "Clip"])
+@pytest.mark.parametrize("qtype", [onnx.TensorProto.INT8, onnx.TensorProto.UINT8], ids=["int8", "uint8"])
+def test_qdq_sum_is_one_quantized_add(backend, qtype, after):
+    """DequantizeLinear, DequantizeLinear -> Add -> [Relu | Clip] -> QuantizeLinear is one QuantizedAdd on
+    the 8-bit values (odd sizes; the clamp of a Relu or Clip folded), on every backend's own kernel, and
+    gives ONNX Runtime's unfused path's values (the float path's arithmetic: the same bits on these)."""
+    pytest.importorskip("onnxruntime")
+    shapes = ((1, 5, 7, 9), (1, 5, 7, 9))
+    got, ref, ops = _run_sum(_sum_model(qtype, after=after), backend, shapes)
+    adds = [op for op in ops if isinstance(op, A.QuantizedAdd)]
+    assert len(adds) == 1 and adds[0].count == 5 * 7 * 9
+    assert not [op for op in ops if isinstance(op, A.Binary) and op.source == "sum"]
+    assert not [op for op in ops if isinstance(op, A.Unary) and op.op in ("relu", "clip") and op.source == "act"]
+    if after:
+        assert adds[0].lo > np.iinfo(onnx.helper.tensor_dtype_to_np_dtype(qtype)).min
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_qlinear_add_is_one_quantized_add(backend):
+    """ONNX Runtime's QLinearAdd (com.microsoft) is one QuantizedAdd too, within one step of its kernel."""
+    pytest.importorskip("onnxruntime")
+    shapes = ((1, 3, 11, 13), (1, 3, 11, 13))
+    got, ref, ops = _run_sum(_sum_model(onnx.TensorProto.UINT8, shapes=shapes, qlinear=True), backend, shapes)
+    assert len([op for op in ops if isinstance(op, A.QuantizedAdd)]) == 1
+    assert not [op for op in ops if isinstance(op, A.Binary) and op.source == "sum"]
+    assert np.abs(got - ref).max() <= 0.0547 * 1.001
+
+
+@pytest.mark.parametrize("form", ["broadcast", "sum read twice"])
+def test_qdq_sum_stays_float_where_it_is_not_the_pattern(form):
+    """A broadcast sum, or one whose float values another node (here the graph) reads, is lowered in
+    float as before, and still agrees with ONNX Runtime's unfused path."""
+    pytest.importorskip("onnxruntime")
+    shapes = ((1, 5, 7, 9), (1, 5, 1, 9)) if form == "broadcast" else ((1, 5, 7, 9), (1, 5, 7, 9))
+    model = _sum_model(onnx.TensorProto.INT8, shapes=shapes, read_twice=form == "sum read twice")
+    got, ref, ops = _run_sum(model, "cpu", shapes)
+    assert not [op for op in ops if isinstance(op, A.QuantizedAdd)]
+    np.testing.assert_array_equal(got, ref)
+
+
+# -- max pooling on the 8-bit values -------------------------------------------------------------------
+
+def _pool_model(qtype: int, op_type: str, out_scale: float = 0.0213) -> onnx.ModelProto:
+    """A float input quantized, dequantized, max-pooled (3x3, stride 2, pads 1, or global), quantized by
+    ``out_scale`` (the input's: the pattern that runs on the 8-bit values) and dequantized."""
+    from onnx import TensorProto, helper
+
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(qtype)
+    zero = np.iinfo(dtype).min + 77
+    inits = [onnx.numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("s", 0.0213), ("so", out_scale))]
+    inits.append(onnx.numpy_helper.from_array(np.array(zero, dtype), "z"))
+    attrs = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]) if op_type == "MaxPool" else {}
+    nodes = [helper.make_node("QuantizeLinear", ["a", "s", "z"], ["aq"]),
+             helper.make_node("DequantizeLinear", ["aq", "s", "z"], ["af"]),
+             helper.make_node(op_type, ["af"], ["pooled"], name="pool", **attrs),
+             helper.make_node("QuantizeLinear", ["pooled", "so", "z"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "so", "z"], ["y"])]
+    graph = helper.make_graph(nodes, "pool", [helper.make_tensor_value_info("a", TensorProto.FLOAT, (1, 6, 13, 11))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+@pytest.mark.parametrize("op_type", ["MaxPool", "GlobalMaxPool"])
+@pytest.mark.parametrize("qtype", [onnx.TensorProto.INT8, onnx.TensorProto.UINT8], ids=["int8", "uint8"])
+def test_qdq_max_pool_runs_on_the_8bit_values(backend, qtype, op_type):
+    """DequantizeLinear -> MaxPool -> QuantizeLinear of one scale and zero point is one max Pool2D on the
+    8-bit tensor, on every backend's own kernel, with ONNX Runtime's unfused path's values exactly."""
+    pytest.importorskip("onnxruntime")
+    shapes = ((1, 6, 13, 11),)
+    got, ref, ops = _run_sum(_pool_model(qtype, op_type), backend, shapes)
+    pools = [op for op in ops if isinstance(op, A.Pool2D)]
+    assert len(pools) == 1 and pools[0].dtype == onnx.helper.tensor_dtype_to_np_dtype(qtype).name
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_qdq_max_pool_requantized_by_another_scale_stays_float():
+    """Requantized by another scale the pooling is not a copy of 8-bit values: it runs in float."""
+    pytest.importorskip("onnxruntime")
+    got, ref, ops = _run_sum(_pool_model(onnx.TensorProto.INT8, "MaxPool", out_scale=0.05), "cpu", ((1, 6, 13, 11),))
+    assert [op.dtype for op in ops if isinstance(op, A.Pool2D)] == [A.FLOAT32]
+    np.testing.assert_array_equal(got, ref)
+
+
+#: byte max poolings (in_hw, kernel, strides, pads, out_hw): ResNet's 3x3 stride 2, odd sizes,
+#: asymmetric windows and padding, windows that tile the input
+BYTE_POOLS = [((112, 112), (3, 3), (2, 2), (1, 1, 1, 1), (56, 56)), ((9, 11), (2, 3), (1, 2), (0, 1, 1, 1), (9, 6)),
+              ((8, 10), (3, 3), (2, 2), (0, 0, 1, 1), (4, 5)), ((7, 7), (2, 2), (2, 2), (0, 0, 0, 0), (3, 3))]
+
+
+@pytest.mark.parametrize("geometry", BYTE_POOLS, ids=[f"{g[0][0]}x{g[0][1]}-k{g[1][0]}{g[1][1]}" for g in BYTE_POOLS])
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+def test_compiled_byte_max_pool_is_numpys(geometry, dtype):
+    """The cpu's compiled max pooling of 8-bit planes (one thread and plane spans on two) gives
+    NumPy's separable passes' bytes."""
+    hw, kernel, strides, pads, out_hw = geometry
+    info = np.iinfo(dtype)
+    x = np.random.default_rng(3).integers(info.min, info.max + 1, (2, 40) + hw).astype(dtype)
+    op = A.Pool2D(("x",), ("y",), "pool", op="max", batch=2, channels=40, in_hw=hw, out_hw=out_hw, kernel=kernel,
+                  strides=strides, pads=pads, dtype=dtype)
+
+    def run(backend):
+        out = np.zeros((2, 40) + out_hw, dtype)
+        exe = backend.create_execution(op, [_handle(x)], [TensorHandle(out.reshape(-1), 0, out.shape, dtype)])
+        for work in exe.work:
+            work()
+        return out, exe.scheme
+    reference, _ = run(CpuBackend(threads=1, jit=False))
+    for threads in (1, 2):
+        got, scheme = run(CpuBackend(threads=threads))
+        assert scheme == "bytes compiled"
+        np.testing.assert_array_equal(got, reference)

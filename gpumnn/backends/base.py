@@ -251,10 +251,12 @@ def contract_violation(op: AtomicOp) -> str | None:
     if isinstance(op, A.QuantizedMatMul) and op.block and (op.block % A.INT4_BLOCK_STEP or op.prequantized):
         return f"QuantizedMatMul's int4 block is a multiple of {A.INT4_BLOCK_STEP} steps of a row it quantizes, " \
                f"not {op.block}{' on prequantized rows' if op.prequantized else ''}"
-    if isinstance(op, A.QuantizedConv2D):
+    if isinstance(op, (A.QuantizedConv2D, A.QuantizedAdd)):
         if op.dtype not in (A.UINT8, A.INT8) or op.out_dtype not in (A.UINT8, A.INT8):
-            return f"QuantizedConv2D reads and writes uint8 or int8, not {op.dtype} -> {op.out_dtype}"
+            return f"{type(op).__name__} reads and writes uint8 or int8, not {op.dtype} -> {op.out_dtype}"
         narrow = set()
+    if isinstance(op, A.Pool2D) and op.op == "max" and op.dtype in (A.UINT8, A.INT8):
+        narrow = set()  # it compares and copies elements (see A.Pool2D)
     if narrow and (op.kind not in A.NARROW_OPS or isinstance(op, A.Unary) and op.op != "identity"
                    or isinstance(op, A.Scatter) and op.reduction != "none" or getattr(op, "activation", None)):
         return f"{type(op).__name__}{' ' + op.op if isinstance(op, A.Unary) else ''} is not defined on " \

@@ -97,8 +97,9 @@ class LoweringContext:
         #: the nodes a lowering has already computed as part of an earlier node's op, by id (the
         #: node kept, so that its id is never another node's)
         self.absorbed: dict[int, Node] = {}
-        #: whether QDQ convolutions and products are lowered to QuantizedConv2D (``lowerings.int8_products``):
-        #: set where the session's scheme backend builds it (``gpumnn.scheduler.precision.lowers_static_int8``)
+        #: whether QDQ convolutions, products and sums are lowered to QuantizedConv2D and QuantizedAdd
+        #: (``lowerings.int8_products``): set where the session's scheme backend builds them
+        #: (``gpumnn.scheduler.precision.lowers_static_int8``)
         self.int8_ops = False
         #: whether some were: ops that nothing reads any more are then dropped at the end of lowering
         self.int8_fused = False
@@ -205,7 +206,7 @@ class LoweringContext:
         if all(v.is_const for v in inputs):
             self.set_const(name, self._fold(op, [v.const for v in inputs], tuple(out_shape), result))
             return
-        moved = _narrow_inputs(op)
+        moved = _narrow_inputs(op, A.storage_dtype(data))
         wide = tuple(n if k in moved else self._computable_input(n, op) for k, n in enumerate(op.inputs))
         if wide != op.inputs:
             op = dataclasses.replace(op, inputs=wide)
@@ -288,9 +289,10 @@ class LoweringContext:
         return out[:out_handle.size].reshape(shape)
 
 
-def _narrow_inputs(op: A.AtomicOp) -> tuple[int, ...]:
-    """The positions of ``op``'s inputs it may read in a narrow storage dtype: the data it moves
-    (a Unary ``identity`` converts from any storage dtype)."""
+def _narrow_inputs(op: A.AtomicOp, data: str) -> tuple[int, ...]:
+    """The positions of ``op``'s inputs it may read in a narrow storage dtype, its data input being
+    of storage dtype ``data``: the data it moves (a Unary ``identity`` converts from any storage
+    dtype), the 8-bit operands of the int8 ops, the bytes a max pooling compares."""
     if isinstance(op, A.Unary):
         return (0,) if op.op == "identity" else ()
     if isinstance(op, A.Gather):
@@ -303,6 +305,10 @@ def _narrow_inputs(op: A.AtomicOp) -> tuple[int, ...]:
         return (0, 1, 4)  # the uint8 x, the int8 weight, the uint8 zero point
     if isinstance(op, A.QuantizedConv2D):
         return (0, 1)  # the 8-bit x and the int8 weight
+    if isinstance(op, A.QuantizedAdd):
+        return (0, 1)  # both 8-bit operands
+    if isinstance(op, A.Pool2D) and op.op == "max" and data in (A.INT8, A.UINT8):
+        return (0,)  # the largest byte, copied (float16 is pooled as float32 unless precision says)
     return ()
 
 

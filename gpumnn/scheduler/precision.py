@@ -73,12 +73,18 @@ INT4_MAX = 7
 INT4_BLOCK = 32
 
 
+#: the atomic ops a statically quantized model is lowered to (``lowers_static_int8``)
+STATIC_INT8_OPS: tuple[type, ...] = (A.QuantizedConv2D, A.QuantizedAdd)
+
+
 def lowers_static_int8(backend) -> bool:
-    """Whether a statically quantized model's convolutions and products (QDQ, QLinearConv) are
-    lowered to int8 ``QuantizedConv2D`` ops for ``backend``, the session's scheme backend: where it
-    builds them (every backend here). Elsewhere they would run in float, on that backend, never
-    moved to the cpu for it. Independent of ``precision``: the model itself is quantized."""
-    return A.QuantizedConv2D in getattr(backend, "kernel_table", {})
+    """Whether a statically quantized model's convolutions, products and sums (QDQ, QLinearConv,
+    QLinearAdd) are lowered to int8 ``QuantizedConv2D`` and ``QuantizedAdd`` ops for ``backend``, the
+    session's scheme backend: where it builds both (every backend here). Elsewhere they would run in
+    float, on that backend, never moved to the cpu for it. Independent of ``precision``: the model
+    itself is quantized."""
+    table = getattr(backend, "kernel_table", {})
+    return all(op in table for op in STATIC_INT8_OPS)
 
 
 def check_precision(precision: str) -> str:

@@ -23,7 +23,7 @@ from ..base import KERNEL_SCHEMES, Backend, BackendInfo, Execution, KernelWork, 
 from ...errors import BackendOptionError, BackendUnavailableError
 from ..limits import MemoryLimits, host_limits
 from . import activations as cpu_activations, compiled as cpu_compiled, engines, jit as cpu_jit, parallel as cpu_parallel, reference as cpu_reference
-from . import int8 as cpu_int8, int8_conv as cpu_int8_conv, rows as cpu_rows, tiles as cpu_tiles
+from . import int8 as cpu_int8, int8_conv as cpu_int8_conv, int8_elementwise as cpu_int8_elementwise, rows as cpu_rows, tiles as cpu_tiles
 from .constants import PackedConstants, made_once
 from .elementwise import binary_function, unary_function
 from .engines import Engine
@@ -309,6 +309,10 @@ def _make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, pool: Workers, engi
     return cpu_int8_conv.make_quantized_conv2d(op, ins, outs, engine, functools.partial(made_once, constants))
 
 
+def _make_quantized_add(op: A.QuantizedAdd, ins, outs, pool: Workers, engine: Engine):
+    return cpu_int8_elementwise.make_quantized_add(op, ins, outs, pool, engine)
+
+
 def _gemm_blocks(batch: int, m: int, n: int, threads: int, align_m: int = 1) -> list[tuple[int | slice, int, int, int, int]]:
     """(batch index, m0, m1, n0, n1) blocks of a batched [m, k] x [k, n] product for ``threads``
     (``Engine.gemm``): whole products while there are enough of them, else the longer side of each
@@ -489,7 +493,9 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, engine: Engine):
     (h, w), (oh, ow), (kh, kw), (sh, sw) = op.in_hw, op.out_hw, op.kernel, op.strides
     x = view(ins[0]).reshape(n, c, h, w)
     out = view(outs[0]).reshape(n, c, oh, ow)
-    kernel, parts = engine.pool(op, x.dtype == np.float32)
+    kernel, parts = engine.pool(op, x.dtype == np.float32, x.dtype.itemsize == 1)
+    if kernel == "max_bytes":
+        return cpu_int8_elementwise.make_max_pool_bytes(op, ins, outs, pool, parts)
     if kernel in ("mean_rows_region", "global"):  # global pooling
         x3, o3 = x.reshape(n, c, h * w), out.reshape(n, c)
         if kernel == "mean_rows_region":
@@ -707,13 +713,14 @@ def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers, engine: 
 _ANY_INT = frozenset({A.INT32})
 #: makers with a compiled or region kernel for some of their ops: they ask the backend's ``Engine`` which
 _ENGINE_AWARE = frozenset({_make_raster, _make_unary, _make_conv2d, _make_pool2d, _make_matmul, _make_quantized_matmul,
-                           _make_quantized_conv2d, _make_binary,
+                           _make_quantized_conv2d, _make_quantized_add, _make_binary,
                            _make_softmax, _make_normalize, _make_recurrent_cell})
 #: makers that pack constant weights (shared between run states: ``cpu_constants``)
 _PACKS_CONSTANTS = frozenset({_make_conv2d, _make_matmul, _make_quantized_matmul, _make_quantized_conv2d})
 _MAKERS = {
     A.Raster: _make_raster, A.Unary: _make_unary, A.Binary: _make_binary, A.Reduce: _make_reduce,
     A.MatMul: _make_matmul, A.QuantizedMatMul: _make_quantized_matmul, A.QuantizedConv2D: _make_quantized_conv2d,
+    A.QuantizedAdd: _make_quantized_add,
     A.Conv2D: _make_conv2d, A.ConvTranspose2D: _make_conv_transpose2d,
     A.Pool2D: _make_pool2d, A.Softmax: _make_softmax, A.Normalize: _make_normalize,
     A.Resize: _make_resize, A.Gather: _make_gather, A.Select: _make_select, A.CumSum: _make_cumsum,
@@ -739,11 +746,13 @@ class CpuBackend(Backend):
     residual_schemes = {A.Conv2D: schemes[A.Conv2D]}
     #: NumPy computes every integer op; float-only kernels (convolution, pooling, ...) stay float32;
     #: the element-moving ops and the Unary conversion also take the narrow dtypes; a prequantized
-    #: QuantizedMatMul reads uint8, QuantizedConv2D uint8 and int8
+    #: QuantizedMatMul reads uint8, QuantizedConv2D and QuantizedAdd uint8 and int8, and max
+    #: pooling compares int8 and uint8 elements too
     dtypes = {**{op: _ANY_INT for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.MatMul, A.Gather, A.Select,
                                          A.CumSum, A.TopK, A.Scatter, A.Pool2D)},
               **{op: _ANY_INT | A.NARROW_DTYPES for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)},
-              A.QuantizedMatMul: frozenset({A.UINT8}), A.QuantizedConv2D: frozenset({A.UINT8, A.INT8})}
+              A.QuantizedMatMul: frozenset({A.UINT8}), A.QuantizedConv2D: frozenset({A.UINT8, A.INT8}),
+              A.QuantizedAdd: frozenset({A.UINT8, A.INT8}), A.Pool2D: _ANY_INT | {A.UINT8, A.INT8}}
     winograd_min_tiles, winograd_min_channels, winograd_min_saving = engines.WINOGRAD_PAYS["threads"]
     winograd_per_image = True  # both Winograd kernels go image by image: a batch has no more tiles per product
 

@@ -196,14 +196,18 @@ class Engine:
         them from a copy laid [K, N] (``RELAID_MAX_ROWS``)."""
         return rows <= RELAID_MAX_ROWS
 
-    def pool(self, op: A.Pool2D, float32: bool) -> Choice:
+    def pool(self, op: A.Pool2D, float32: bool, bytes_: bool = False) -> Choice:
         """Global pooling (a window the input's size), windows that tile the input and 3x3 windows in
-        compiled loops, else NumPy's separable passes."""
+        compiled loops, max pooling of 8-bit elements (``bytes_``) in compiled rows (``parts``: plane
+        spans), else NumPy's separable passes."""
         (h, w), (oh, ow) = op.in_hw, op.out_hw
         if op.kernel == (h, w) and (oh, ow) == (1, 1) and not any(op.pads):
             if self.regions and op.op == "avg" and float32:
                 return Choice("mean_rows_region", self.shared(op.batch * op.channels * h * w, REGION_MIN_ELEMENTS))
             return Choice("global")
+        if self.jit and bytes_ and op.op == "max":
+            return Choice("max_bytes", min(op.batch * op.channels,
+                                           self.chunks(op.batch * op.channels * h * w, DEPTHWISE_PARALLEL_MIN)))
         tiles = op.strides == op.kernel and not any(op.pads) and oh * op.kernel[0] <= h and ow * op.kernel[1] <= w
         if self.jit and float32 and tiles:
             return Choice("pool_tiles")

@@ -124,7 +124,7 @@ def compiled(fn: Callable, **options: Any) -> Callable:
     ``error_model``); the plain function where Numba is missing (never called then)."""
     if numba is None:
         return fn
-    options = dict(nogil=True, fastmath=FAST, boundscheck=False, **options)
+    options = {"nogil": True, "fastmath": FAST, "boundscheck": False, **options}
     try:
         return numba.njit(cache=CACHE, **options)(fn)
     except RuntimeError:  # no writable place for Numba's cache (a read-only install): compile per process

@@ -1,15 +1,22 @@
-"""Static int8 products: a QDQ model's convolutions and matrix products, QLinearConv and
-QLinearMatMul, as one ``QuantizedConv2D`` each (ONNX Runtime's QDQ selectors, QNNPACK's operators).
+"""Static int8 products and sums: a QDQ model's convolutions and matrix products, QLinearConv and
+QLinearMatMul, as one ``QuantizedConv2D`` each, and its residual sums and QLinearAdd as one
+``QuantizedAdd`` each (ONNX Runtime's QDQ selectors, QNNPACK's operators).
 
-The pattern ``quantize_static`` writes::
+The patterns ``quantize_static`` writes::
 
     DequantizeLinear(x_q) -> Conv / Gemm / MatMul (weight: DequantizeLinear of int8 constants,
     symmetric per tensor or per output channel; bias optional) -> [Relu | Clip] -> QuantizeLinear
 
-becomes one op reading x_q and writing the QuantizeLinear's output, where the lowering is asked for
-it (``LoweringContext.int8_ops``: the session's scheme backend builds the op, decided in
-``gpumnn.scheduler.precision``). Anything else, and every node where it is not asked, is lowered in
-float as before. The activation's DequantizeLinear stays where other nodes read its float values;
+    DequantizeLinear(a_q), DequantizeLinear(b_q) -> Add (equal shapes) -> [Relu | Clip] -> QuantizeLinear
+
+    DequantizeLinear(x_q) -> MaxPool / GlobalMaxPool -> QuantizeLinear (x_q's scale, zero point, type)
+
+become one op reading the 8-bit tensors and writing the QuantizeLinear's output (the pooling a max
+Pool2D on the 8-bit values: exact, as both nodes are nondecreasing and a QuantizeLinear of a
+DequantizeLinear's value by the same parameters gives the integer back), where the lowering
+is asked for it (``LoweringContext.int8_ops``: the session's scheme backend builds the ops, decided
+in ``gpumnn.scheduler.precision``). Anything else, and every node where it is not asked, is lowered
+in float as before. An activation's DequantizeLinear stays where other nodes read its float values;
 its ops that nothing reads any more are dropped at the end of lowering.
 """
 from __future__ import annotations
@@ -23,8 +30,10 @@ from ...ir import Node
 from ..context import LoweringContext
 from ..emit import fused_activation
 from ..registry import DEFAULT_DOMAINS, lowers
-from .conv import conv2d_geometry, lower_conv
+from .conv import conv2d_geometry, lower_conv, lower_global_pool, lower_pool
+from .elementwise import lower_binary
 from .matmul import lower_gemm, lower_matmul
+from .microsoft import MS, lower_qlinear_binary
 from .quantize import RANGES, lower_qlinear_conv, lower_qlinear_matmul
 
 _INT32 = np.iinfo(np.int32)
@@ -333,3 +342,93 @@ def _int8_qlinear_matmul(ctx: LoweringContext, node: Node) -> bool:
 def lower_qlinear_matmul_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
     if not (ctx.int8_ops and _int8_qlinear_matmul(ctx, node)):
         lower_qlinear_matmul(ctx, node, opset)
+
+
+def _emit_add(ctx: LoweringContext, node: Node, a: _Quantization, b: _Quantization, out: _Requantization) -> bool:
+    """One QuantizedAdd of ``a`` and ``b`` into ``out``; False (nothing emitted) where the operands
+    are not one 8-bit type of one shape."""
+    shape = ctx.shape(a.tensor)
+    if a.dtype != b.dtype or ctx.shape(b.tensor) != shape:
+        return False
+    q = out.quantization
+    op = A.QuantizedAdd((a.tensor, b.tensor), (out.output,), node.name, count=ctx.value(a.tensor).size,
+                        a_scale=float(a.scale), a_zero_point=a.zero_point, b_scale=float(b.scale),
+                        b_zero_point=b.zero_point, y_scale=float(q.scale), y_zero_point=q.zero_point,
+                        out_dtype=q.dtype.name, lo=out.lo, hi=out.hi)
+    ctx.emit(op, shape, q.dtype)
+    ctx.absorb(*out.nodes)
+    ctx.int8_fused = True
+    return True
+
+
+def _int8_add(ctx: LoweringContext, node: Node) -> bool:
+    """A QDQ Add of two dequantized 8-bit tensors of one shape as QuantizedAdd; False elsewhere."""
+    inputs = [n for n in node.inputs if n]
+    if len(inputs) != 2:
+        return False
+    a, b = (_dequantized_activation(ctx, name) for name in inputs)
+    if a is None or b is None:
+        return False
+    out = _requantizing_reader(ctx, node)
+    return out is not None and _emit_add(ctx, node, a, b, out)
+
+
+@lowers("Add")
+def lower_add_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
+    if not (ctx.int8_ops and ctx.graph_reads is not None and _int8_add(ctx, node)):
+        lower_binary(ctx, node, opset)
+
+
+def _int8_qlinear_add(ctx: LoweringContext, node: Node) -> bool:
+    """QLinearAdd of two per-tensor 8-bit tensors of one shape as QuantizedAdd; False elsewhere."""
+    if len(node.inputs) < 7:
+        return False
+    a = _quantization(ctx, node.inputs[0], node.inputs[1], _input(node, 2))
+    b = _quantization(ctx, node.inputs[3], node.inputs[4], _input(node, 5))
+    y_zp = _input(node, 7)
+    dtype = ctx.dtype(y_zp) if y_zp else a.dtype if a is not None else None
+    scale, zp = _scalar(ctx, node.inputs[6]), (np.zeros((), dtype) if y_zp is None else _scalar(ctx, y_zp))
+    if a is None or b is None or scale is None or scale.dtype != np.float32 or not np.isfinite(scale) \
+            or scale <= 0 or zp is None or dtype not in (np.int8, np.uint8):
+        return False
+    out = _Quantization(node.outputs[0], np.float32(scale), int(zp), np.dtype(dtype))
+    lo, hi = RANGES[out.dtype.name]
+    return _emit_add(ctx, node, a, b, _Requantization((), node.outputs[0], out, lo, hi))
+
+
+@lowers("QLinearAdd", domain=MS)
+def lower_qlinear_add_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
+    if not (ctx.int8_ops and _int8_qlinear_add(ctx, node)):
+        lower_qlinear_binary(ctx, node, opset)
+
+
+def _int8_max_pool(ctx: LoweringContext, node: Node, opset: int) -> bool:
+    """A MaxPool or GlobalMaxPool between a DequantizeLinear and a QuantizeLinear of the same scale,
+    zero point and type as a max Pool2D on the 8-bit values (see the module docstring); False
+    (nothing emitted) elsewhere."""
+    x = _dequantized_activation(ctx, node.inputs[0])
+    if x is None or len(node.outputs) > 1 and node.outputs[1]:  # MaxPool's Indices output
+        return False
+    out = _requantizing_reader(ctx, node)
+    if out is None or len(out.nodes) != 1:  # a Relu or Clip between: a clamp the pooling has not
+        return False
+    q = out.quantization
+    if (q.scale, q.zero_point, q.dtype) != (x.scale, x.zero_point, x.dtype) or (out.lo, out.hi) != RANGES[q.dtype.name]:
+        return False
+    pooled = Node(node.op_type, node.name, [x.tensor], [out.output], node.attrs, node.domain)
+    (lower_pool if node.op_type == "MaxPool" else lower_global_pool)(ctx, pooled, opset)
+    ctx.absorb(*out.nodes)
+    ctx.int8_fused = True
+    return True
+
+
+@lowers("MaxPool")
+def lower_max_pool_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
+    if not (ctx.int8_ops and ctx.graph_reads is not None and _int8_max_pool(ctx, node, opset)):
+        lower_pool(ctx, node, opset)
+
+
+@lowers("GlobalMaxPool")
+def lower_global_max_pool_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
+    if not (ctx.int8_ops and ctx.graph_reads is not None and _int8_max_pool(ctx, node, opset)):
+        lower_global_pool(ctx, node, opset)

@@ -19,6 +19,14 @@
 #define ELEM_T uint
 #endif
 
+/* The int value of 8-bit element i of a uchar pointer (bytes move as uchar: CUDA's char signedness
+ * varies by host): int8 with -DX_SIGNED, else uint8. */
+#ifdef X_SIGNED
+#define LOAD_Q8(p, i) (((int)(p)[i] ^ 0x80) - 0x80)
+#else
+#define LOAD_Q8(p, i) ((int)(p)[i])
+#endif
+
 /* The float tensors of the computing kernels: float32, or with -DHALF float16 storage
  * (precision="fp16"), loaded into float and stored rounded to nearest even (vload_half /
  * vstore_half_rte: core OpenCL, no cl_khr_fp16), so every sum stays float32. Scratch buffers

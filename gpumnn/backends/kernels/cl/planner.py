@@ -89,7 +89,8 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "gemm_cpu": ("activation.cl", "gemm_cpu.cl"),
     "winograd": ("activation.cl", "winograd.cl"),
     "quantized_conv": ("tile.cl", "quantized_conv.cl"),
-    "quantized_matmul": ("activation.cl", "tile.cl", "quantized_matmul.cl"),
+    "quantized_add": ("rounding.cl", "quantized_add.cl"),
+    "quantized_matmul": ("activation.cl", "tile.cl", "rounding.cl", "quantized_matmul.cl"),
 }
 
 #: stable op ids shared with the kernels (generated into every program's header)
@@ -847,6 +848,16 @@ def _plan_quantized_conv2d(be, op: A.QuantizedConv2D, ins, outs):
     return KernelWork([launch1d("quantized_conv", "quantized_conv2d", args, total, defines=defines)], "int8 direct")
 
 
+def _plan_quantized_add(be, op: A.QuantizedAdd, ins, outs):
+    """The static int8 sum (quantized_add.cl): bytes in and out, a work item per element."""
+    a, b, y = ins[0], ins[1], outs[0]
+    args = [a.buffer, _i(a.offset), b.buffer, _i(b.offset), y.buffer, _i(y.offset), _i(op.count),
+            _i(op.a_zero_point), _f(op.a_scale), _i(op.b_zero_point), _f(op.b_scale), _f(op.y_scale),
+            _i(op.y_zero_point), _i(op.lo), _i(op.hi)]
+    defines = {"X_SIGNED": 1} if op.dtype == A.INT8 else {}
+    return KernelWork([launch1d("quantized_add", "quantized_add", args, op.count, defines)], "int8 elementwise")
+
+
 #: work-items per row of quantized_matmul.cl's quantize_rows (its QWG)
 QUANTIZE_WG = 64
 #: rows of one work item of quantized_matmul.cl's CPU-device kernel (fewer where M is less), each
@@ -916,6 +927,11 @@ def _plan_pool2d(be, op: A.Pool2D, ins, outs):
     x, y = ins[0], outs[0]
     planes = op.batch * op.channels
     (h, w), (oh, ow), (kh, kw), (sh, sw) = op.in_hw, op.out_hw, op.kernel, op.strides
+    if op.dtype in (A.UINT8, A.INT8):  # max pooling of bytes (the contract defines no other)
+        args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(planes), _i(h), _i(w), _i(oh), _i(ow),
+                _i(kh), _i(kw), _i(sh), _i(sw), _i(op.pads[0]), _i(op.pads[1])]
+        return KernelWork([launch1d("pool", "pool2d_max_bytes", args, planes * oh * ow,
+                                    {"X_SIGNED": 1} if op.dtype == A.INT8 else {})], "direct bytes")
     is_max = _i(int(op.op == "max"))
     if (kh, kw) == (h, w) and (oh, ow) == (1, 1) and not any(op.pads) and h * w >= RWG:
         args = [x.buffer, _i(x.offset), y.buffer, _i(y.offset), _i(h * w), is_max]
@@ -1020,11 +1036,13 @@ def _plan_gather(be, op: A.Gather, ins, outs):
 OP_NAMES: Mapping[type, frozenset[str]] = {}
 #: the kernels beyond float32 (see Backend.dtypes): Unary, Binary, Reduce and CumSum have int32
 #: variants (integer.cl, reduce.cl, cumsum.cl); the element-moving ops take every storage dtype
-#: (-DELEM), and Unary identity converts between any two (convert.cl)
+#: (-DELEM), and Unary identity converts between any two (convert.cl); max pooling takes bytes
+#: (pool.cl's pool2d_max_bytes)
 DTYPES: Mapping[type, frozenset[str]] = {
     **{op: frozenset({A.INT32}) for op in (A.Binary, A.Reduce, A.CumSum)},
     **{op: frozenset(A.STORAGE_DTYPES) for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)},
-    A.QuantizedConv2D: frozenset({A.UINT8, A.INT8}), A.QuantizedMatMul: frozenset({A.UINT8})}
+    A.QuantizedConv2D: frozenset({A.UINT8, A.INT8}), A.QuantizedAdd: frozenset({A.UINT8, A.INT8}),
+    A.QuantizedMatMul: frozenset({A.UINT8}), A.Pool2D: frozenset({A.UINT8, A.INT8})}
 #: the tiled family's also take float16 storage for the products, pooling, elementwise math, softmax
 #: and normalisation
 #: (-DHALF: ``half_defines``; A.FLOAT16_COMPUTE_OPS); the simd family's vector kernels are float32 only
@@ -1053,7 +1071,7 @@ PLANNERS: Mapping[type, Callable[..., KernelWork]] = {
     A.Pool2D: _plan_pool2d, A.Softmax: _plan_softmax, A.Normalize: _plan_normalize,
     A.Resize: _plan_resize, A.Gather: _plan_gather, A.Select: _plan_select, A.CumSum: _plan_cumsum,
     A.Scatter: _plan_scatter, A.RecurrentCell: _plan_recurrent_cell, A.QuantizedConv2D: _plan_quantized_conv2d,
-    A.QuantizedMatMul: _plan_quantized_matmul,
+    A.QuantizedMatMul: _plan_quantized_matmul, A.QuantizedAdd: _plan_quantized_add,
 }
 
 

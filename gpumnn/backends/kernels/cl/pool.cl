@@ -2,9 +2,25 @@
  * an all-padding window gives -inf like the reference). Average divides by
  * max(count_h * count_w, 1) where the counts clip the window to [lo, hi) per axis: the padded
  * input when count_include_pad, else the real input. x and y are DATA_T (index.cl: float16 with
- * -DHALF), the sums float. */
+ * -DHALF), the sums float; pool2d_max_bytes takes 8-bit elements. */
 
 #define PWG 64
+
+/* The window of output element gid of [planes, OH, OW]: its plane, its first row and column y0, x0
+ * (in the padded input), and the rows [ys, ye) and columns [xs, xe) it covers of the real input. */
+inline void pool_window(const int gid, const int H, const int W, const int OH, const int OW, const int KH,
+                        const int KW, const int SH, const int SW, const int PT, const int PL, int* pl, int* y0,
+                        int* x0, int* ys, int* ye, int* xs, int* xe)
+{
+    int oy, ox;
+    split3(gid, OH, OW, pl, &oy, &ox);
+    *y0 = oy * SH - PT;
+    *x0 = ox * SW - PL;
+    *ys = max(*y0, 0);
+    *ye = min(*y0 + KH, H);
+    *xs = max(*x0, 0);
+    *xe = min(*x0 + KW, W);
+}
 
 __kernel void pool2d(__global const DATA_T* x, const int x_off, __global DATA_T* y, const int y_off,
                      const int planes, const int H, const int W, const int OH, const int OW,
@@ -14,11 +30,8 @@ __kernel void pool2d(__global const DATA_T* x, const int x_off, __global DATA_T*
 {
     const int gid = get_global_id(0);
     if (gid >= planes * OH * OW) return;
-    int pl, oy, ox;
-    split3(gid, OH, OW, &pl, &oy, &ox);
-    const int y0 = oy * SH - PT, x0 = ox * SW - PL;
-    const int ys = max(y0, 0), ye = min(y0 + KH, H);
-    const int xs = max(x0, 0), xe = min(x0 + KW, W);
+    int pl, y0, x0, ys, ye, xs, xe;
+    pool_window(gid, H, W, OH, OW, KH, KW, SH, SW, PT, PL, &pl, &y0, &x0, &ys, &ye, &xs, &xe);
     __global const DATA_T* p = x + x_off + pl * H * W;
     float acc = is_max ? -INFINITY : 0.0f;
     for (int iy = ys; iy < ye; ++iy)
@@ -56,4 +69,22 @@ __kernel void pool_global(__global const DATA_T* x, const int x_off, __global DA
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     if (lid == 0) STOREF(is_max ? scratch[0] : scratch[0] / (float)size, y, y_off + plane);
+}
+
+/* Max pooling of 8-bit elements (uint8, or int8 with -DX_SIGNED: index.cl's LOAD_Q8): the largest
+ * element of the window clipped to the input, copied (every window holds one: lowering refuses
+ * padding as wide as the kernel). */
+__kernel void pool2d_max_bytes(__global const uchar* x, const int x_off, __global uchar* y, const int y_off,
+                               const int planes, const int H, const int W, const int OH, const int OW,
+                               const int KH, const int KW, const int SH, const int SW, const int PT, const int PL)
+{
+    const int gid = get_global_id(0);
+    if (gid >= planes * OH * OW) return;
+    int pl, y0, x0, ys, ye, xs, xe;
+    pool_window(gid, H, W, OH, OW, KH, KW, SH, SW, PT, PL, &pl, &y0, &x0, &ys, &ye, &xs, &xe);
+    __global const uchar* p = x + x_off + pl * H * W;
+    int acc = -256;
+    for (int iy = ys; iy < ye; ++iy)
+        for (int ix = xs; ix < xe; ++ix) acc = max(acc, LOAD_Q8(p, iy * W + ix));
+    y[y_off + gid] = (uchar)(acc & 0xff);
 }

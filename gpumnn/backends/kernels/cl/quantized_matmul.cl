@@ -5,26 +5,9 @@
  * quantized_matmul_vec (RM rows x VEC columns a work item in vectors: CPU devices) or
  * quantized_matmul_tiled (int32 tiles in local memory: the GPU family). Needs activation.cl. Bytes move as uchar (CUDA's char
  * signedness varies by host); -DPREQUANTIZED takes one scale and zero point from the op's inputs
- * instead of each row's from quantize_rows. */
+ * instead of each row's from quantize_rows. Needs rounding.cl (quotient_rn). */
 
 #define LOAD_W(p, i) (((int)(p)[i] ^ 0x80) - 0x80)
-
-/* a / b (b > 0) rounded to the nearest float32, as IEEE division rounds, on devices whose division
- * is less accurate: the quotient moves an ulp at a time while that brings a - q b, computed with
- * one rounding by fma, closer to 0. The quantization's rint must see exactly the reference's
- * quotient. */
-inline float quotient_rn(const float a, const float b)
-{
-    float q = a / b;
-    for (int i = 0; i < 3 && q != 0.0f; ++i) {
-        const float r = fma(-q, b, a);
-        if (r == 0.0f) break;
-        const float next = nextafter(q, r > 0.0f ? INFINITY : -INFINITY);
-        if (fabs(fma(-next, b, a)) >= fabs(r)) break;
-        q = next;
-    }
-    return q;
-}
 
 /* colsum[n] = sum_k w[k][n] for the zero-point correction: a work item per column. */
 __kernel void weight_column_sums(__global const uchar* w, const int w_off, __global int* colsum, const int K,

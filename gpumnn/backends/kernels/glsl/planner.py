@@ -930,6 +930,26 @@ def _plan_quantized_conv2d(be, op: A.QuantizedConv2D, ins, outs):
     return KernelWork([b], "int8 direct")
 
 
+def _plan_quantized_add(be, op: A.QuantizedAdd, ins, outs):
+    """The static int8 sum (quantized_add.comp): bytes in and out, an invocation per element (per
+    word of a packed output)."""
+    n = op.count
+    defines = _element_defines(be, op.dtype, op.out_dtype)
+    if op.dtype == A.INT8:
+        defines["X_SIGNED"] = 1
+    b = Builder(be, "quantized_add", defines, 3)
+    o = b.bind(0, outs[0], 0, n, write=True)
+    a_off = b.bind(1, ins[0], 0, n)
+    b_off = b.bind(2, ins[1], 0, n)
+    b.set(0, n, a_off, b_off, o, op.a_zero_point)
+    b.setf(5, op.a_scale)
+    b.set(6, op.b_zero_point)
+    b.setf(7, op.b_scale, op.y_scale)
+    b.set(9, op.y_zero_point, op.lo, op.hi)
+    _elements_grid(be, b, op.out_dtype, n, o)
+    return KernelWork([b], "int8 elementwise")
+
+
 def _quantized_matmul_constant(be: PlannerTarget, op: A.QuantizedMatMul, ins) -> TensorHandle:
     """quantized_matmul.comp's int32 constant: the weight's column sums, the column scales' bits and
     the int8 weight four steps of k a word, made once per weight (weight and scales are constants)."""
@@ -1120,6 +1140,8 @@ def _plan_pool2d(be, op: A.Pool2D, ins, outs):
     n, c = op.batch, op.channels
     (h, w), (oh, ow), (kh, kw), (sh, sw) = op.in_hw, op.out_hw, op.kernel, op.strides
     is_max = op.op == "max"
+    if op.dtype in (A.UINT8, A.INT8):  # max pooling of bytes (the contract defines no other)
+        return _max_pool_bytes(be, op, ins, outs)
     # a global pool as a row reduction (reduce.comp, float32 only: a float16 one takes pool2d.comp)
     if (kh, kw) == (h, w) and (oh, ow) == (1, 1) and not any(op.pads) and op.dtype == A.FLOAT32:
         return KernelWork([_reduce_builder(be, "max" if is_max else "mean", n * c, h * w, 1, ins[0], outs[0])], "global")
@@ -1131,6 +1153,23 @@ def _plan_pool2d(be, op: A.Pool2D, ins, outs):
     b.set(0, total, h, w, oh, ow, kh, kw, sh, sw, *op.pads, x, o)
     b.grid1d(total, 128)
     return KernelWork([b], "direct")
+
+
+def _max_pool_bytes(be, op: A.Pool2D, ins, outs) -> KernelWork:
+    """Max pooling of int8 or uint8 elements (max_pool_bytes.comp), an invocation per output element
+    (per word of a packed output)."""
+    n, c = op.batch, op.channels
+    (h, w), (oh, ow) = op.in_hw, op.out_hw
+    total = n * c * oh * ow
+    defines = _element_defines(be, op.dtype, op.dtype)
+    if op.dtype == A.INT8:
+        defines["X_SIGNED"] = 1
+    b = Builder(be, "max_pool_bytes", defines, 2)
+    o = b.bind(0, outs[0], 0, total, write=True)
+    x = b.bind(1, ins[0], 0, n * c * h * w)
+    b.set(0, total, h, w, oh, ow, *op.kernel, *op.strides, op.pads[0], op.pads[1], x, o)
+    _elements_grid(be, b, op.dtype, total, o)
+    return KernelWork([b], "direct bytes")
 
 
 def _plan_softmax(be, op: A.Softmax, ins, outs):
@@ -1286,11 +1325,13 @@ schemes_for, residual_schemes_for = family_schemes, family_residual_schemes
 WINOGRAD_REWRITE_MAX_TILE = 2
 #: the kernels beyond float32 (see Backend.dtypes): Unary, Binary, Reduce, CumSum and Scatter's
 #: reductions compute on int32 with -DIN_INT; Raster, Gather, Select and Scatter move elements of
-#: every storage dtype (elements.glsl), and Unary identity converts between any two (convert.comp)
+#: every storage dtype (elements.glsl), Unary identity converts between any two (convert.comp), and
+#: max pooling takes bytes (max_pool_bytes.comp)
 DTYPES: Mapping[type, frozenset[str]] = {
     **{op: frozenset({A.INT32}) for op in (A.Binary, A.Reduce, A.CumSum)},
     **{op: frozenset(A.STORAGE_DTYPES) for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)},
-    A.QuantizedConv2D: frozenset({A.UINT8, A.INT8}), A.QuantizedMatMul: frozenset({A.UINT8})}
+    A.QuantizedConv2D: frozenset({A.UINT8, A.INT8}), A.QuantizedAdd: frozenset({A.UINT8, A.INT8}),
+    A.QuantizedMatMul: frozenset({A.UINT8}), A.Pool2D: frozenset({A.UINT8, A.INT8})}
 #: the tiled kernels also take float16 storage for the products, pooling, elementwise math, softmax
 #: and normalisation
 #: where the device holds 16-bit elements in buffers (-DHALF: ``_half_defines``; A.FLOAT16_COMPUTE_OPS);
@@ -1322,7 +1363,7 @@ PLANNERS: Mapping[type, Callable] = {
     A.Pool2D: _plan_pool2d, A.Softmax: _plan_softmax, A.Normalize: _plan_normalize,
     A.Resize: _plan_resize, A.Gather: _plan_gather, A.Select: _plan_select, A.CumSum: _plan_cumsum,
     A.Scatter: _plan_scatter, A.RecurrentCell: _plan_recurrent_cell, A.QuantizedConv2D: _plan_quantized_conv2d,
-    A.QuantizedMatMul: _plan_quantized_matmul,
+    A.QuantizedMatMul: _plan_quantized_matmul, A.QuantizedAdd: _plan_quantized_add,
 }
 
 

@@ -4,6 +4,7 @@
 // float32 arithmetic, min and max reduced in shared memory, roundEven rounding half to even.
 // Params: 0 M | 1 K | 2 words per row | 3 x_off | 4 q_off (words) | 5 rows_off
 #include "common.glsl"
+#include "rounding.glsl"
 BUFFER_WO_OF(uint, 0, Q);
 BUFFER_WO(1, rows);
 BUFFER_RO(2, X);
@@ -11,23 +12,6 @@ BUFFER_RO(2, X);
 layout(local_size_x = WG) in;
 shared float lows[WG];
 shared float highs[WG];
-
-// a / b (b > 0) rounded to the nearest float32 as IEEE division rounds, on devices whose division
-// is less accurate: the quotient moves an ulp at a time while that brings a - q b (one rounding,
-// fma) closer to 0, so that roundEven sees exactly the reference's quotient.
-float quotient_rn(float a, float b) {
-    precise float q = a / b;
-    for (int i = 0; i < 3 && q != 0.0; ++i) {
-        precise float r = fma(-q, b, a);
-        if (r == 0.0) break;
-        uint bits = floatBitsToUint(q);
-        precise float next = uintBitsToFloat((r > 0.0) == (q > 0.0) ? bits + 1u : bits - 1u);
-        precise float rn = fma(-next, b, a);
-        if (abs(rn) >= abs(r)) break;
-        q = next;
-    }
-    return q;
-}
 
 void main() {
     int m = GROUP_ID(), lid = int(gl_LocalInvocationID.x);
