@@ -35,8 +35,8 @@ def _row_sum_region(dense: np.ndarray, values: TensorHandle, dims: list[tuple[in
                     activation: A.Activation, parts: int, product: bool = False) -> KernelWork:
     """out = clamp(dense + a value per row) (times, where ``product``) as one pass on the region's
     threads (``cpu_parallel.row_sum_spans``): a bias added after an average pool (``optimize``'s
-    ``pointwise_before_average_pool``) and its ReLU, or squeeze-excitation's scale per channel.
-    NumPy's broadcast add and clamp took 0.07-0.26 ms on Inception-v3's, two passes on one thread."""
+    ``pointwise_before_average_pool``) and its ReLU, or squeeze-excitation's scale per channel,
+    where NumPy's broadcast add and clamp made two passes on one thread (measured: bench/RESULTS.md)."""
     width = dims[-1][0]
     outer = dims[:-1]
     index = np.zeros(1, np.int64)
