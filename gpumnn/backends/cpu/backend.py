@@ -24,6 +24,7 @@ from ...errors import BackendOptionError, BackendUnavailableError
 from ..limits import MemoryLimits, host_limits
 from . import activations as cpu_activations, compiled as cpu_compiled, engines, jit as cpu_jit, parallel as cpu_parallel, reference as cpu_reference
 from . import int8 as cpu_int8, int8_conv as cpu_int8_conv, int8_elementwise as cpu_int8_elementwise, rows as cpu_rows, tiles as cpu_tiles
+from .arena import RunStateArenas, ScratchArena
 from .constants import PackedConstants, made_once
 from .elementwise import binary_function, unary_function
 from .engines import Engine
@@ -335,9 +336,10 @@ def _expand_batch(blocks: list[tuple[int | slice, int, int, int, int]], batch: i
             for bi in (range(batch) if isinstance(index, slice) else (index,))]
 
 
-def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constants: PackedConstants | None = None):
+def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constants: PackedConstants | None = None,
+                 arena: ScratchArena | None = None):
     if op.has_residual:
-        return _with_residual(op, ins, outs, pool, engine, constants)
+        return _with_residual(op, ins, outs, pool, engine, constants, arena)
     n, c, oc, g = op.batch, op.in_channels, op.out_channels, op.groups
     (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
     x = view(ins[0]).reshape(n, c, h, w)
@@ -355,7 +357,7 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
         return cpu_compiled._small_product(x.reshape(1, n, c), rows[None], None if bias is None else bias.reshape(oc),
                                            out.reshape(1, n, oc), op.activation)
     if kernel == "winograd_region":
-        return cpu_compiled._winograd_region(op, x, weight.reshape(oc, c, kh, kw), out, bias, regions, once)
+        return cpu_compiled._winograd_region(op, x, weight.reshape(oc, c, kh, kw), out, bias, regions, once, arena)
     if kernel == "winograd":
         return cpu_reference._winograd(op, x, weight.reshape(oc, c, kh, kw), out, bias, pads, pool, parts, jit, once)
     if kernel in ("depthwise_region", "depthwise_compiled"):
@@ -392,9 +394,9 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
         return KernelWork((_on_pool(pool, len(tasks), _gemm_chunk(tasks, finish)),), "gemm1x1")
     if kernel == "packed_region":
         panels = once(("panels", w_packed.shape), lambda: cpu_tiles.pack_panels(w_packed[0], cpu_tiles.NR))
-        return cpu_compiled._packed_conv_region(op, x, panels, out, bias, regions, parts)
+        return cpu_compiled._packed_conv_region(op, x, panels, out, bias, regions, parts, arena)
     if kernel == "im2col_region":
-        return cpu_compiled._im2col_region(op, x, w_packed[0], out, bias, regions, parts)
+        return cpu_compiled._im2col_region(op, x, w_packed[0], out, bias, regions, parts, arena)
     padded = _PaddedInput(x, pads, 0.0, (0, 0))
     windows = _window_view(padded.buf, op.kernel, op.strides, op.dilations, op.out_hw)  # [n, c, kh, kw, oh, ow]
     if kernel == "im2col_rows":
@@ -439,12 +441,13 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
     return KernelWork((run_im2col,), "im2col")
 
 
-def _with_residual(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constants: PackedConstants | None):
+def _with_residual(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constants: PackedConstants | None,
+                   arena: ScratchArena | None = None):
     """A convolution with a residual: every engine's kernel for the convolution with its bias,
     then the residual added and the activation applied in place over the output, in the same
     work (the contract's order: bias, residual, activation)."""
     inner = _make_conv2d(dataclasses.replace(op, inputs=op.inputs[:-1], has_residual=False, activation=None),
-                         ins[:-1], outs, pool, engine, constants)
+                         ins[:-1], outs, pool, engine, constants, arena)
     out, residual, act = view(outs[0]).reshape(-1), view(ins[-1]).reshape(-1), _epilogue(op.activation)
 
     def add_residual() -> None:
@@ -715,6 +718,8 @@ _ANY_INT = frozenset({A.INT32})
 _ENGINE_AWARE = frozenset({_make_raster, _make_unary, _make_conv2d, _make_pool2d, _make_matmul, _make_quantized_matmul,
                            _make_quantized_conv2d, _make_quantized_add, _make_binary,
                            _make_softmax, _make_normalize, _make_recurrent_cell})
+#: makers whose kernels take their scratch from the run state's arena (``cpu_arena``)
+_TAKES_ARENA = frozenset({_make_conv2d})
 #: makers that pack constant weights (shared between run states: ``cpu_constants``)
 _PACKS_CONSTANTS = frozenset({_make_conv2d, _make_matmul, _make_quantized_matmul, _make_quantized_conv2d})
 _MAKERS = {
@@ -784,6 +789,7 @@ class CpuBackend(Backend):
         self.threads = threads or os.cpu_count() or 1
         self.regions = 0  # threads of cpu_parallel's native regions (0: none)
         self._packed = PackedConstants()  # constant weights packed once, for every run state
+        self.arenas = RunStateArenas()  # scratch shared by the ops of one run state, one arena per state
         if regions is not False and self.jit and self.threads > 1:
             ok, why = cpu_parallel.available()
             if ok:
@@ -852,6 +858,8 @@ class CpuBackend(Backend):
             return Execution(op, inputs, outputs, KernelWork((), "empty"))
         maker = _MAKERS[type(op)]
         packs = {"constants": self._packed} if maker in _PACKS_CONSTANTS else {}
+        if maker in _TAKES_ARENA and outputs:
+            packs["arena"] = self.arenas.of(outputs[0].buffer)  # the run state's: its tensors' pool
         if maker in _ENGINE_AWARE:
             return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, engine=self.engine, **packs))
         return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, **packs))

@@ -19,6 +19,7 @@ from ... import atomic as A
 from ..base import KernelWork, TensorHandle
 from . import engines, jit as cpu_jit, parallel as cpu_parallel, tiles as cpu_tiles
 from .reference import _compiled_clamp, _compiled_epilogue, _conv_pads, _even_spans, _on_pool, _spans, strided
+from .arena import ScratchArena
 from .workers import Workers
 from ...numerics.winograd import conv_matrices, transformed_weights
 
@@ -131,12 +132,13 @@ def _gemm_region(bases: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list,
     return run
 
 
-def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts: int) -> KernelWork:
+def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts: int,
+                   arena: ScratchArena | None = None) -> KernelWork:
     """im2col as one native region per image (``cpu_parallel.im2col_blocks``): blocks of output
     rows (of output channels too where the image has fewer pixels than channels), each copying
     its windows into its thread's scratch, one BLAS product and the bias and a clamp while in
     cache; padding is read as zeros in the copy, so no padded copy of the input. ``parts``: threads
-    to share it."""
+    to share it; ``arena``: the run state's scratch (None: the op's own)."""
     n, oc = op.batch, op.out_channels
     (oh, ow), (kh, kw) = op.out_hw, op.kernel
     k = weight.shape[1]
@@ -145,7 +147,7 @@ def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts: int)
     rows = min(fit, oh) if channel_parts > 1 else min(fit, -(-oh // parts))
     blocks = np.array([(r0, r1, o0, o1) for r0, r1 in _spans(oh, -(-oh // rows))
                        for o0, o1 in _spans(oc, channel_parts, align=8)], np.int64)
-    cols = _thread_scratch(regions, k * rows * ow)
+    cols = _scratch_rows(arena, "im2col columns", regions, k * rows * ow)
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
     epilogue = _applies_epilogue(bias is not None, lo, hi)
     kind, act = _in_region(op.activation, act, len(blocks), out, regions)
@@ -159,13 +161,15 @@ def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts: int)
                   keep=(b1, cols, blocks, fortran, scalars))
 
 
-def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts: int) -> KernelWork:
+def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts: int,
+                        arena: ScratchArena | None = None) -> KernelWork:
     """im2col on constant weights as one native region per image (``cpu_parallel.packed_conv``):
     the weights packed into ``cpu_tiles``' panels once (``panels``); per run, the input copied into a
     zero-bordered buffer (where there is padding), its windows packed into pixel panels, and the
     register tile's products with the bias and a clamp on the way out. Blocks are spans of pixel
     panels, each packing its own, where the image has as many pixels as channels; else spans of
-    weight panels, all reading panels packed once. ``parts``: threads to share it."""
+    weight panels, all reading panels packed once. ``parts``: threads to share it; ``arena``: the
+    run state's scratch (None: the op's own)."""
     n, oc = op.batch, op.out_channels
     (oh, ow), (h, w) = op.out_hw, op.in_hw
     k, pixels, mr = panels.shape[1], oh * ow, cpu_tiles.MR
@@ -177,14 +181,15 @@ def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts:
     shared = pixels < oc and parts > 1
     if shared:
         pixel_spans, panel_spans = _spans(count, -(-count // fit)), _spans(len(panels), parts)
-        packs = _thread_scratch(1, count * mr * k)
+        packs = _scratch_rows(arena, "pixel panels", 1, count * mr * k)
     else:
         pixel_spans, panel_spans = _spans(count, max(parts, -(-count // fit))), [(0, len(panels))]
-        packs = _thread_scratch(regions, max(q1 - q0 for q0, q1 in pixel_spans) * mr * k)
+        packs = _scratch_rows(arena, "pixel panels", regions, max(q1 - q0 for q0, q1 in pixel_spans) * mr * k)
     blocks = np.array([(q0, q1, v0, v1) for q0, q1 in pixel_spans for v0, v1 in panel_spans], np.int64)
     pack_bounds = _bounds(_even_spans(count, regions))
-    xp = np.zeros(op.in_channels * padded[0] * padded[1] if top + left + bottom + right else 0, np.float32)
-    accs = _thread_scratch(regions, mr * cpu_tiles.NR)
+    xp = _zero_bordered(arena, "packed plane", op, padded, op.in_channels * padded[0] * padded[1]
+                        if top + left + bottom + right else 0)
+    accs = _scratch_rows(arena, "tile accumulators", regions, mr * cpu_tiles.NR)
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
     epilogue = _applies_epilogue(bias is not None, lo, hi)
     kind, act = _in_region(op.activation, act, len(blocks), out, regions)
@@ -250,14 +255,16 @@ def _applies_epilogue(biased: bool, lo: np.float32, hi: np.float32) -> bool:
     return biased or lo > -np.inf or hi < np.inf
 
 
-def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Callable) -> KernelWork:
+def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Callable,
+                     arena: ScratchArena | None = None) -> KernelWork:
     """Winograd (a tile and alpha per axis: 1D tiles for a 1x7 or 7x1 kernel) as one native
     region per image (``cpu_parallel.winograd_packed``) on the register tile: the weights
     transformed (G_h W G_w^T) and packed into ``cpu_tiles``' panels once, here; per
     run, the input copied into a zero-bordered plane, the tiles transformed in panels of MR, the
     alpha^2 products per (tile panel, channel panel) pair and the output transform with the bias
     and a clamp while the pair's products are in cache. Faster than the BLAS transforms and
-    products it replaces (measured: bench/RESULTS.md)."""
+    products it replaces (measured: bench/RESULTS.md). ``arena``: the run state's scratch (None:
+    the op's own)."""
     c, oc = op.in_channels, op.out_channels
     (oh, ow), (kh, kw) = op.out_hw, op.kernel
     rows_m, cols_m = conv_matrices(op.winograd_tile, op.kernel)
@@ -279,11 +286,13 @@ def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Cal
     b_rows, b_cols = zero_padded(rows_m.B, b_width), zero_padded(cols_m.B, b_width)
     a_rows, a_cols = zero_padded(rows_m.A, mr), zero_padded(cols_m.A, mr)
     rows, cols = th * nh + kh - 1, tw * nw + kw - 1  # every tile's inputs inside the zero-bordered plane
-    xp = np.zeros(c * rows * cols + square, np.float32)  # + square: the input transform reads rows that wide
+    # + square: the input transform reads rows that wide
+    xp = _zero_bordered(arena, "winograd plane", op, (rows, cols), c * rows * cols + square)
     # each tile's origin in the plane, in panels of MR: the windows of a 1x1 kernel at stride (nh, nw)
     bases, _ = cpu_parallel.packed_conv_tables((1, 1), (nh, nw), (1, 1), (th, tw), cols)
-    v = np.empty(ah * aw * panels * c * mr, np.float32)
-    scratch = _thread_scratch(regions, cpu_parallel.winograd_scratch_floats(ah, aw, nh))
+    v = np.empty(ah * aw * panels * c * mr, np.float32) if arena is None else \
+        arena.scratch("winograd tiles", ah * aw * panels * c * mr)
+    scratch = _scratch_rows(arena, "winograd products", regions, cpu_parallel.winograd_scratch_floats(ah, aw, nh))
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
     kind, act = _in_region(op.activation, act, panels * u.shape[1], out, regions)
     geometry = (nh, nw, tiles, tw, panels, u.nbytes > v.nbytes)
@@ -342,6 +351,22 @@ def _thread_scratch(threads: int, floats: int, fill: float = 0.0) -> np.ndarray:
     raw = np.full(threads * width + engines.CACHE_LINE_FLOATS, fill, np.float32)
     start = (-raw.ctypes.data % (4 * engines.CACHE_LINE_FLOATS)) // 4
     return raw[start:start + threads * width].reshape(threads, width)
+
+
+def _scratch_rows(arena: ScratchArena | None, role: str, threads: int, floats: int) -> np.ndarray:
+    """``_thread_scratch(threads, floats)``, from the run state's ``arena`` where there is one
+    (shared with the other ops asking for ``role``: written before it is read)."""
+    return _thread_scratch(threads, floats) if arena is None else arena.thread_rows(role, threads, floats)
+
+
+def _zero_bordered(arena: ScratchArena | None, role: str, op: A.Conv2D, padded: tuple[int, int],
+                   floats: int) -> np.ndarray:
+    """A zeroed buffer of ``floats`` whose inside the op's region overwrites with its input each run
+    (at the op's pads, in planes of ``padded`` rows and columns): shared through ``arena`` with
+    the ops that write the same inside, so that the border stays zero."""
+    if arena is None or not floats:
+        return np.zeros(floats, np.float32)
+    return arena.plane((role, op.in_channels, *op.in_hw, *op.pads[:2], *padded), floats)
 
 
 def _bounds(spans: list[tuple[int, int]]) -> np.ndarray:
