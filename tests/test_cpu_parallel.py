@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 import gpumnn
 from conftest import onnxruntime_session, rel_l2, require_tool
 from op_cases import model_proto
-from gpumnn.backends.cpu import engines as cpu_engines, parallel as cpu_parallel
+from gpumnn.backends.cpu import engines as cpu_engines, jit as cpu_jit, parallel as cpu_parallel
 from test_cpu_jit import _both_ways_match_onnxruntime, _conv_model, _pool_model
 
 
@@ -521,3 +521,26 @@ def test_regions_option_is_checked(monkeypatch):
     with pytest.raises(BackendUnavailableError, match="workqueue"):
         gpumnn.backends.create_backend("cpu", threads=2, regions=True)
     assert gpumnn.backends.create_backend("cpu", threads=2).regions == 0  # unset: the Python threads
+
+
+@pytest.mark.parametrize("stride", [1, 2, 3])
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_row_copies_into_pixel_panels(count, stride):
+    """``cpu_tiles``' row copies (``copy_row``, ``copy_row_s2``: ``_copy_kernel``) take every
+    ``stride``-th float from any offset and write ``count`` floats, none past them."""
+    import numba
+    from gpumnn.backends.cpu import tiles as cpu_tiles
+
+    require_tool("numba", cpu_jit.MISSING)
+    kernel = cpu_tiles._copy_kernel(count, stride)
+
+    @numba.njit
+    def copy(dst, src, at):
+        kernel(dst.ctypes.data, src.ctypes.data + 4 * at)
+    src = np.arange(64, dtype=np.float32) * 1.5 - 7
+    span = (count - 1) * stride + 1
+    for at in (0, 1, 5, 64 - span):
+        dst = np.full(count + 8, -100.0, np.float32)
+        copy(dst, src, at)
+        np.testing.assert_array_equal(dst[:count], src[at:at + span:stride])
+        assert (dst[count:] == -100.0).all()

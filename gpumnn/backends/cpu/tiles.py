@@ -264,22 +264,37 @@ def small_product(a, b, bias, out, lo, hi):
 
 def _copy_kernel(count: int, stride: int = 1):
     """dst[0:count] = src[0:count * stride:stride], stored as whole vectors (a power-of-two piece
-    each, largest first: 4 + 2 for MR = 6) and, at stride 1, loaded so too; no float past either
-    end is touched."""
+    each, largest first: 4 + 2 for MR = 6) and, at stride 1, loaded so too; at stride 2, two
+    overlapping vector loads covering the span (the first and the last float taken) and a shuffle
+    of their even floats into each piece, as ``_even_lanes_kernel`` does, where a load per float
+    kept the copy slow. No float past either end is touched."""
     pieces, left = [], count
     while left:
         piece = 1 << (left.bit_length() - 1)
         pieces.append((count - left, piece))
         left -= piece
+    span = (count - 1) * stride + 1  # floats from the first taken to the last
+    wide = 1 << max(0, (-(-span // 2) - 1).bit_length())  # two loads of this many cover the span
+    second = span - wide  # where the second load starts
+
+    def lane_of(index: int) -> int:  # where src[index] is in the two loads side by side
+        return index if index < wide else wide + index - second
 
     @intrinsic
     def kernel(typingctx, dst_address, src_address):
         def codegen(context, builder, signature, args):
             f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
             dst, src = (builder.inttoptr(a, f32.as_pointer()) for a in args)
+            if stride == 2 and count > 1:
+                loads = [builder.load(builder.bitcast(builder.gep(src, [ir.Constant(i64, at)]),
+                                                      ir.VectorType(f32, wide).as_pointer()), align=4)
+                         for at in (0, second)]
             for start, width in pieces:
                 kind = ir.VectorType(f32, width)
-                if stride == 1:
+                if stride == 2 and count > 1:
+                    taken = ir.Constant(ir.VectorType(i32, width), [lane_of(2 * (start + j)) for j in range(width)])
+                    value = builder.shuffle_vector(loads[0], loads[1], taken)
+                elif stride == 1:
                     value = builder.load(builder.bitcast(builder.gep(src, [ir.Constant(i64, start)]), kind.as_pointer()),
                                          align=4)
                 else:
