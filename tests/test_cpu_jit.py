@@ -159,6 +159,17 @@ def test_direct_convolution_over_few_channels(case, fresh_rng):
     _both_ways_match_onnxruntime(model, (batch, channels, *hw), fresh_rng)
 
 
+def test_direct_convolution_with_a_run_time_bias(fresh_rng):
+    """Constant weights, the bias fed at run time: the direct rows' table takes it on every run."""
+    model = _stem_model(3, [20, 40], 24, 3, [2, 2], 1, [1, 1, 1, 1], "hard_swish", True, 1, fresh_rng)
+    bias = next(t for t in model.graph.initializer if t.name == "B")
+    model.graph.initializer.remove(bias)
+    model.graph.input.append(helper.make_tensor_value_info("B", TensorProto.FLOAT, list(bias.dims)))
+    sess = gpumnn.load(model).session(backend="cpu", threads=2)
+    assert " direct " in sess.report(), sess.report()
+    _both_ways_match_onnxruntime(model, {"x": (1, 3, 20, 40), "B": tuple(bias.dims)}, fresh_rng, names=("x", "B"))
+
+
 def test_depthwise_on_few_pixels_with_run_time_weights(fresh_rng):
     """Weights fed at run time: the channels-innermost kernel's table of them is filled on every run."""
     model = _conv_model(40, 3, 5, 1, 1, [2, 2, 2, 2], 40, 40, "relu", True, fresh_rng)

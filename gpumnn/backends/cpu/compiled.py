@@ -159,11 +159,12 @@ def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts: int)
                   keep=(b1, cols, blocks, fortran, scalars))
 
 
-def _direct_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts: int) -> KernelWork:
+def _direct_region(op: A.Conv2D, x, weight, out, bias, constant_bias: bool, regions: int, parts: int) -> KernelWork:
     """A convolution over few input channels as one native region per image on spans of output
     rows (``cpu_direct.direct_spans``): no im2col columns, the weights laid along the output
-    channels once, the bias, a clamp or hard-swish applied in registers (other activations after,
-    on ``out``). ``parts``: threads to share it."""
+    channels once (with the bias: again on every run where it is not ``constant_bias``), the bias,
+    a clamp or hard-swish applied in registers (other activations after, on ``out``). ``parts``:
+    threads to share it."""
     n, oc = op.batch, op.out_channels
     (oh, ow), (kh, kw) = op.out_hw, op.kernel
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
@@ -178,8 +179,9 @@ def _direct_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts: int)
     out4 = out.reshape(n, oc, oh, ow)
     images = [(x[b], table, out4[b], planes, bounds, rows, width, geometry, *op.pads[:2], lo, hi, swish)
               for b in range(n)]
-    return KernelWork((_region_items(cpu_direct.direct_spans, images, act, out, op.activation, regions,
-                                     one_span=parts == 1),), "direct", keep=(table, planes, bounds))
+    run = _region_items(cpu_direct.direct_spans, images, act, out, op.activation, regions, one_span=parts == 1)
+    work = (run,) if constant_bias else (functools.partial(cpu_direct.fill_output_table, table, weight, b1), run)
+    return KernelWork(work, "direct", keep=(table, planes, bounds))
 
 
 def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts: int) -> KernelWork:
