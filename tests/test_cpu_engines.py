@@ -74,6 +74,16 @@ CONV = [
     (THREADS, conv(96, 6, 128), True, ("im2col_columns", 1)),  # fewer pixels than channels
     (THREADS, conv(512, 7, 1024), True, ("im2col_columns", 2)),
     (NUMPY, conv(64, 56, 64), True, ("im2col_rows", 1)),
+    # few input channels (a stem) on constant weights in regions: the direct rows, shared from DIRECT_SHARED_MACS
+    (REGIONS, conv(3, 224, 32, stride=2), True, ("direct_region", 2)),
+    (REGIONS, conv(3, 20, 4), True, ("direct_region", 1)),
+    (REGIONS, conv(1, 64, 16, k=7), True, ("direct_region", 2)),
+    (REGIONS, conv(3, 224, 32, stride=2), False, ("im2col_region", 2)),  # run-time weights
+    (REGIONS, conv(5, 56, 16), True, ("im2col_region", 2)),  # past MAX_IN_CHANNELS
+    (REGIONS, conv(3, 64, 16, stride=3), True, ("im2col_region", 1)),  # a column stride of 3
+    (REGIONS, conv(3, 14, 16), True, ("im2col_region", 1)),  # rows shorter than ROW_WIDTH
+    (REGIONS, conv(4, 56, 16, groups=2), True, ("im2col_rows", 1)),  # grouped
+    (JIT, conv(3, 224, 32, stride=2), True, ("im2col_rows", 1)),  # no regions
 ]
 
 

@@ -125,6 +125,51 @@ def test_convolution_epilogues_compiled_and_numpy(case, fresh_rng):
     _both_ways_match_onnxruntime(model, (1, channels, size, size), rng)
 
 
+def _stem_model(channels, hw, out_channels, kernel, strides, dilation, pads, activation, bias, batch, rng):
+    """One convolution over few input channels on a [batch, channels, *hw] input, then ``activation``."""
+    model = _conv_model(channels, hw[0], kernel, 1, dilation, pads, 1, out_channels, activation, bias, rng)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = batch
+    model.graph.input[0].type.tensor_type.shape.dim[3].dim_value = hw[1]
+    conv = next(node for node in model.graph.node if node.op_type == "Conv")
+    next(a for a in conv.attribute if a.name == "strides").ints[:] = strides
+    return model
+
+
+# (channels, [H, W], out channels, kernel, strides, dilation, pads t/l/b/r, activation, bias, batch): the
+# direct rows (``cpu_direct``) in regions, im2col on Python threads and NumPy
+DIRECT = [
+    (3, [48, 192], 16, 3, [2, 2], 1, [1, 1, 1, 1], "hard_swish", True, 1),  # text_direction's stem, hard-swish in registers
+    (3, [37, 41], 20, 3, [2, 2], 1, [0, 0, 0, 0], "relu6", True, 1),       # odd sizes, output channels past a block of 16
+    (1, [32, 35], 7, 3, [1, 1], 1, [1, 1, 1, 1], "sigmoid", False, 1),      # one channel, no bias, an activation after
+    (4, [30, 40], 33, 5, [1, 1], 2, [2, 0, 1, 3], "relu", True, 1),         # dilation 2, uneven padding, 3 blocks
+    (2, [40, 38], 64, 7, [2, 2], 1, [3, 3, 3, 3], "silu", True, 1),         # ResNet's 7x7, SiLU after
+    (3, [33, 34], 8, 3, [2, 1], 1, [1, 1, 1, 1], None, True, 2),            # row stride 2, column stride 1, a batch of 2
+    (3, [20, 31], 16, 3, [1, 2], 1, [1, 1, 1, 1], "hard_swish", False, 1),  # rows of exactly ROW_WIDTH at stride 2
+    (3, [20, 17], 5, 2, [1, 1], 1, [0, 0, 0, 0], "relu", True, 1),          # an even kernel, rows of exactly ROW_WIDTH
+]
+
+
+@pytest.mark.parametrize("case", DIRECT, ids=[f"direct{c[0]}x{c[1][0]}x{c[1][1]}k{c[3]}s{c[4][0]}{c[4][1]}-{c[7]}"
+                                              for c in DIRECT])
+def test_direct_convolution_over_few_channels(case, fresh_rng):
+    channels, hw, out_channels, kernel, strides, dilation, pads, activation, bias, batch = case
+    model = _stem_model(channels, hw, out_channels, kernel, strides, dilation, pads, activation, bias, batch, fresh_rng)
+    sess = gpumnn.load(model).session(backend="cpu", threads=2)
+    assert " direct " in sess.report(), sess.report()
+    _both_ways_match_onnxruntime(model, (batch, channels, *hw), fresh_rng)
+
+
+def test_direct_convolution_with_a_run_time_bias(fresh_rng):
+    """Constant weights, the bias fed at run time: the direct rows' table takes it on every run."""
+    model = _stem_model(3, [20, 40], 24, 3, [2, 2], 1, [1, 1, 1, 1], "hard_swish", True, 1, fresh_rng)
+    bias = next(t for t in model.graph.initializer if t.name == "B")
+    model.graph.initializer.remove(bias)
+    model.graph.input.append(helper.make_tensor_value_info("B", TensorProto.FLOAT, list(bias.dims)))
+    sess = gpumnn.load(model).session(backend="cpu", threads=2)
+    assert " direct " in sess.report(), sess.report()
+    _both_ways_match_onnxruntime(model, {"x": (1, 3, 20, 40), "B": tuple(bias.dims)}, fresh_rng, names=("x", "B"))
+
+
 def test_depthwise_on_few_pixels_with_run_time_weights(fresh_rng):
     """Weights fed at run time: the channels-innermost kernel's table of them is filled on every run."""
     model = _conv_model(40, 3, 5, 1, 1, [2, 2, 2, 2], 40, 40, "relu", True, fresh_rng)

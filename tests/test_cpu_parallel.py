@@ -404,11 +404,12 @@ PACKED = [
 @pytest.mark.parametrize("cols_bytes", [1 << 20, 4 * 9 * 96 * 6 * 2])
 @pytest.mark.parametrize("case", PACKED, ids=[f"packed{c[0]}x{c[1]}k{c[2]}s{c[3]}d{c[4]}o{c[6]}" for c in PACKED])
 def test_im2col_on_packed_weights_in_regions(case, cols_bytes, monkeypatch, fresh_rng):
-    from gpumnn.backends.cpu import compiled as cpu_compiled
+    from gpumnn.backends.cpu import compiled as cpu_compiled, direct as cpu_direct
     from gpumnn.scheduler import schemes
 
     channels, size, kernel, stride, dilation, pads, out_channels, activation, bias = case
     monkeypatch.setattr(cpu_engines, "PACKED_MIN_DEPTH", 1)
+    monkeypatch.setattr(cpu_direct, "MAX_IN_CHANNELS", 0)  # the stem case here is the tile's, not the direct rows'
     monkeypatch.setattr(cpu_engines, "REGION_COLS_BYTES", cols_bytes)  # the second: several pixel blocks
     calls = []
     monkeypatch.setattr(cpu_compiled, "_packed_conv_region", lambda *a, real=cpu_compiled._packed_conv_region: calls.append(a) or real(*a))

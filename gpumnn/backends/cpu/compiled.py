@@ -17,7 +17,7 @@ import numpy as np
 
 from ... import atomic as A
 from ..base import KernelWork, TensorHandle
-from . import engines, jit as cpu_jit, parallel as cpu_parallel, tiles as cpu_tiles
+from . import direct as cpu_direct, engines, jit as cpu_jit, parallel as cpu_parallel, tiles as cpu_tiles
 from .reference import _compiled_clamp, _compiled_epilogue, _conv_pads, _even_spans, _on_pool, _spans, strided
 from .arena import ScratchArena
 from .workers import Workers
@@ -159,6 +159,31 @@ def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts: int,
                kind) for b in range(n)]
     return KernelWork((_region_items(cpu_parallel.im2col_blocks, images, act, out, op.activation, regions),), "im2col",
                   keep=(b1, cols, blocks, fortran, scalars))
+
+
+def _direct_region(op: A.Conv2D, x, weight, out, bias, constant_bias: bool, regions: int, parts: int) -> KernelWork:
+    """A convolution over few input channels as one native region per image on spans of output
+    rows (``cpu_direct.direct_spans``): no im2col columns, the weights laid along the output
+    channels once (with the bias: again on every run where it is not ``constant_bias``), the bias,
+    a clamp or hard-swish applied in registers (other activations after, on ``out``). ``parts``:
+    threads to share it."""
+    n, oc = op.batch, op.out_channels
+    (oh, ow), (kh, kw) = op.out_hw, op.kernel
+    b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
+    swish = int(op.activation is not None and op.activation[0] == "hard_swish")
+    if swish:
+        act = None
+    table = cpu_direct.output_table(weight, b1)
+    rows, width = cpu_direct.plane_shape(op)
+    planes = _thread_scratch(regions, op.in_channels * rows * width + cpu_direct.ROW_WIDTH)
+    bounds = _bounds(_spans(oh, parts))
+    geometry = (kh, kw, *op.strides, *op.dilations)
+    out4 = out.reshape(n, oc, oh, ow)
+    images = [(x[b], table, out4[b], planes, bounds, rows, width, geometry, *op.pads[:2], lo, hi, swish)
+              for b in range(n)]
+    run = _region_items(cpu_direct.direct_spans, images, act, out, op.activation, regions, one_span=parts == 1)
+    work = (run,) if constant_bias else (functools.partial(cpu_direct.fill_output_table, table, weight, b1), run)
+    return KernelWork(work, "direct", keep=(table, planes, bounds))
 
 
 def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts: int,

@@ -15,7 +15,7 @@ import dataclasses
 from typing import NamedTuple
 
 from ... import atomic as A
-from . import tiles as cpu_tiles
+from . import direct as cpu_direct, tiles as cpu_tiles
 
 #: Bytes one chunk's scratch (im2col columns, depthwise windows) may take; within it, the chunk
 #: count (``CHUNKS_PER_THREAD``) decides. Chunks cut to fit L2 were slower: NumPy's cost per call
@@ -70,6 +70,11 @@ POINTWISE_MAX_WEIGHT_BYTES = 1 << 18
 #: ... and is shared between the region's threads from this many multiply-adds (a region's entry
 #: against the tile's speed on one thread).
 POINTWISE_SHARED_MACS = 1 << 18
+#: A convolution over at most ``cpu_direct.MAX_IN_CHANNELS`` input channels (a network's stem) on
+#: constant weights runs ``cpu_direct``'s rows, not im2col, where ``cpu_direct.takes`` it: its inner
+#: dimension (channels x taps) is too short for BLAS and the register tile to pay for the columns.
+#: It is shared between the region's threads from this many multiply-adds.
+DIRECT_SHARED_MACS = 1 << 18
 #: Elementwise ops (a residual sum) and row passes (softmax, normalisation, global average pooling)
 #: are shared between the regions' threads from this many elements: a region's cost against a
 #: pass over memory.
@@ -158,6 +163,8 @@ class Engine:
             if self.regions:
                 return Choice("gemm1x1_region", self.gemm(product, region=True))
             return Choice("gemm1x1", self.gemm(product, region=False))
+        if self.regions and constant_weights and cpu_direct.takes(op):
+            return Choice("direct_region", self.shared(macs, DIRECT_SHARED_MACS))
         if self.regions and g == 1:
             packed = constant_weights and cg * kh * kw >= PACKED_MIN_DEPTH
             return Choice("packed_region" if packed else "im2col_region", self.shared(macs, REGION_MIN_MACS))
