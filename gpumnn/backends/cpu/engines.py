@@ -58,10 +58,12 @@ REGION_COLS_BYTES = 1 << 20
 #: store and each element's packing weigh more against its multiply-adds.
 PACKED_MIN_DEPTH = 512
 #: A convolution (not 1x1) over at most this many input channels (a network's stem on an image's
-#: 3) runs as ``cpu_jit.conv_masked``'s rows of output channels in vector registers, each input row
-#: read once for 16 of them, where im2col's columns (3 x KH x KW deep) made a short product.
+#: 3) and below REGION_MIN_MACS runs as ``cpu_jit.conv_masked``'s rows of output channels in vector
+#: registers, each input row read once for 16 of them and no im2col copy: on one thread it runs as
+#: fast as im2col's short product (3 x KH x KW deep), and its spans of rows share out from
+#: MASKED_SHARED_MACS, where im2col's region kept such a stem on one thread. Larger stems stay on
+#: im2col's region.
 MASKED_MAX_CHANNELS = 4
-#: ... shared between the region's threads (by output rows) from this many multiply-adds
 MASKED_SHARED_MACS = 1 << 18
 #: A 1x1 convolution on constant weights over at most this many pixels per image runs on
 #: ``cpu_tiles``' pointwise tiles (``compiled._pointwise_region``), not BLAS: on so few pixels the
@@ -164,7 +166,8 @@ class Engine:
             if self.regions:
                 return Choice("gemm1x1_region", self.gemm(product, region=True))
             return Choice("gemm1x1", self.gemm(product, region=False))
-        if self.regions and self.jit and g == 1 and c <= MASKED_MAX_CHANNELS and op.strides[1] in (1, 2):
+        few_channels = g == 1 and c <= MASKED_MAX_CHANNELS and op.strides[1] in (1, 2) and macs < REGION_MIN_MACS
+        if self.regions and self.jit and few_channels:
             return Choice("masked_region", self.shared(macs, MASKED_SHARED_MACS))
         if self.regions and g == 1:
             packed = constant_weights and cg * kh * kw >= PACKED_MIN_DEPTH

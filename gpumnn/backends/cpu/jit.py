@@ -157,9 +157,10 @@ def bind(kernel: Callable, *args: Any) -> Callable[..., None]:
 # execution is created, never in a run; the loops write only where input lands, so the zero border
 # stays; a kernel that needs one ignores the other); the geometry (sh, sw, dh, dw); pt, pl: top
 # and left padding (bottom and right follow from the output size); lo, hi: the clamp. One
-# signature for all four, so that one parallel region (``cpu_parallel.depthwise_spans``) runs any
-# of them. Each channel's zero-bordered plane (or, channels innermost, a block of channels') is
-# built in the scratch (in L1/L2), then every output row is computed whole from it.
+# signature for all of them (``depthwise_masked`` takes a hard-swish flag after it), so that one
+# parallel region (``cpu_parallel.depthwise_spans``) runs any of them. Each channel's zero-bordered
+# plane (or, channels innermost, a block of channels') is built in the scratch (in L1/L2), then
+# every output row is computed whole from it; ``depthwise_masked`` reads the rows in place instead.
 
 @inlined
 def _tap_tables(w, row_step, column_step):
@@ -501,7 +502,8 @@ MASKED_CHAINS = (8, 4, 1)
 def _masked_memory(builder, name, vector, arguments):
     """A call of LLVM's ``llvm.masked.load`` or ``llvm.masked.store`` on ``vector``: lanes off
     the mask are neither read (a load gives the pass-through value) nor written, so a row's reads
-    may start before the input and run past it. LLVM 22 dropped the alignment argument."""
+    may start before the input and run past it. The LLVM 22 that llvmlite is built on here takes
+    no alignment argument; earlier releases take one after the pointer."""
     i1 = ir.IntType(1)
     mask = ir.VectorType(i1, vector.count)
     pointer = vector.as_pointer()
