@@ -95,6 +95,7 @@ DEPTHWISE = [
     # rows of 8 to 16 columns in place under lane masks (depthwise_masked): 8, 4 and 1 channels at once
     (13, 12, 5, 1, 1, [2, 2, 2, 2], "hard_swish", True),   # hard-swish in the kernel's registers
     (240, 12, 5, 1, 1, [2, 2, 2, 2], "relu", True),        # spans on both threads
+    (100, 6, 5, 1, 1, [2, 2, 2, 2], "hard_swish", True),   # rows of MASKED_MIN_ROW, 12 x 8 + 4 channels
     (29, 23, 5, 2, 1, [2, 2, 2, 2], "relu6", False),       # stride 2, no bias, clamp
     (7, 16, 5, 2, 1, [1, 2, 2, 1], "silu", True),          # uneven padding, an activation after
     (9, 11, 7, 1, 1, [3, 3, 3, 3], None, True),            # 7x7, a kernel taller than the plane's rows kept
@@ -225,7 +226,7 @@ def test_each_generic_depthwise_loop_is_covered():
                                                  strides=(stride, stride), pads=(2, 2)))[0]
     assert kernel(40, 3, 1) is kernel(48, 9, 2) is cpu_jit.depthwise_channels_last
     assert kernel(64, 40, 1) is kernel(48, 40, 2) is cpu_jit.depthwise_rows
-    assert kernel(24, 20, 2) is kernel(40, 12, 1) is cpu_jit.depthwise_masked
+    assert kernel(24, 20, 2) is kernel(40, 12, 1) is kernel(40, 6, 1) is cpu_jit.depthwise_masked
     assert kernel(8, 40, 3) is cpu_jit.depthwise_any
 
 

@@ -797,9 +797,9 @@ def conv_masked(x, w, bias, out, geometry, pt, pl, lo, hi, swish, oy0, oy1):
 #: pixels (past it, ``depthwise_rows`` at a column stride of 1 or 2, else ``depthwise_any``),
 #: unless its rows fill ``row_taps``' widest vector (a 1-D convolution's)
 CHANNELS_LAST_MAX_PIXELS = 64
-#: ``depthwise_masked`` takes kernels other than 3x3 whose output rows fill one vector of
-#: MASKED_LANES at least this far (narrower rows leave most lanes idle; channels innermost fill them)
-MASKED_MIN_ROW = 8
+#: ``depthwise_masked`` takes kernels other than 3x3 whose output rows are at least this long and
+#: at most MASKED_LANES (narrower rows leave most of its vector idle, channels innermost fill theirs)
+MASKED_MIN_ROW = 6
 #: a stride-1 plane of at most this many elements (it and the flat output: 32 KiB, an L1) runs
 #: as one flat row (``depthwise3x3_s1_flat``)
 FLAT_PLANE_MAX = 4096
