@@ -92,6 +92,15 @@ DEPTHWISE = [
     (8, 17, 3, 3, 1, [1, 0, 1, 0], "relu6", True),     # stride 3
     (8, 40, 3, 3, 1, [1, 1, 1, 1], "relu", True),      # stride 3 on more pixels: the generic loop
     (600, 7, 3, 1, 1, [1, 1, 1, 1], "relu6", True),    # many channels: spans on both threads
+    # rows of 8 to 16 columns in place under lane masks (depthwise_masked): 8, 4 and 1 channels at once
+    (13, 12, 5, 1, 1, [2, 2, 2, 2], "hard_swish", True),   # hard-swish in the kernel's registers
+    (240, 12, 5, 1, 1, [2, 2, 2, 2], "relu", True),        # spans on both threads
+    (100, 6, 5, 1, 1, [2, 2, 2, 2], "hard_swish", True),   # rows of MASKED_MIN_ROW, 12 x 8 + 4 channels
+    (29, 23, 5, 2, 1, [2, 2, 2, 2], "relu6", False),       # stride 2, no bias, clamp
+    (7, 16, 5, 2, 1, [1, 2, 2, 1], "silu", True),          # uneven padding, an activation after
+    (9, 11, 7, 1, 1, [3, 3, 3, 3], None, True),            # 7x7, a kernel taller than the plane's rows kept
+    (5, 14, 5, 1, 2, [4, 4, 4, 4], "hard_swish", True),    # dilation 2
+    (12, 20, 5, 2, 1, [0, 0, 0, 0], "sigmoid", True),      # no padding: every lane inside the rows
 ]
 
 
@@ -170,6 +179,58 @@ def test_direct_convolution_with_a_run_time_bias(fresh_rng):
     _both_ways_match_onnxruntime(model, {"x": (1, 3, 20, 40), "B": tuple(bias.dims)}, fresh_rng, names=("x", "B"))
 
 
+# (in channels, size, kernel, stride, dilation, pads, out channels, activation, bias): convolutions over
+# few input channels (a stem): the direct rows where their rows are 16 columns or more, else rows of
+# output channels under lane masks (cpu_jit.conv_masked)
+FEW_CHANNELS = [
+    (3, 33, 3, 2, 1, [1, 1, 1, 1], 16, "hard_swish", True),  # a MobileNet-v3 stem; rows of 16 + 1 columns
+    (1, 20, 5, 1, 1, [2, 2, 2, 2], 7, "relu6", True),        # one input channel, 4 + 1 + 1 + 1 output channels
+    (4, 17, 3, 2, 1, [0, 0, 1, 1], 21, None, False),         # padding after only, 16 + 4 + 1 output channels
+    (3, 40, 3, 2, 1, [1, 1, 1, 1], 32, "sigmoid", True),     # an activation after the region
+    (2, 19, 3, 1, 2, [2, 2, 2, 2], 24, "relu", True),        # dilation 2, 16 + 8
+    (3, 21, 7, 2, 1, [3, 3, 3, 3], 8, "silu", True),         # 7x7 stride 2
+]
+
+
+@pytest.mark.parametrize("case", FEW_CHANNELS, ids=[f"conv{c[0]}x{c[1]}k{c[2]}s{c[3]}d{c[4]}-{c[7]}"
+                                                    for c in FEW_CHANNELS])
+def test_convolution_over_few_channels_compiled_and_numpy(case, fresh_rng):
+    channels, size, kernel, stride, dilation, pads, out_channels, activation, bias = case
+    model = _conv_model(channels, size, kernel, stride, dilation, pads, 1, out_channels, activation, bias, fresh_rng)
+    _both_ways_match_onnxruntime(model, (1, channels, size, size), fresh_rng)
+
+
+def test_few_channels_take_the_masked_rows_and_many_do_not():
+    from gpumnn import atomic as A
+    from gpumnn.backends.cpu.engines import Engine
+
+    def kernel(channels, stride, constant=False):
+        op = A.Conv2D(inputs=("x", "w"), outputs=("y",), source="test", in_channels=channels, out_channels=16,
+                      in_hw=(48, 192), out_hw=(48 // stride, 192 // stride), kernel=(3, 3), strides=(stride, stride),
+                      pads=(1, 1), scheme="im2col")
+        return Engine(threads=2, jit=True, regions=2).conv(op, constant).kernel
+    assert kernel(3, 2, constant=True) == "direct_region"  # rows of 96 columns on constant weights: the direct rows
+    assert kernel(3, 2) == kernel(1, 2) == "masked_region"
+    assert kernel(3, 3) != "masked_region" and kernel(16, 2) != "masked_region"
+    assert kernel(3, 1) != "masked_region"  # past REGION_MIN_MACS: im2col's region shares it
+
+
+def test_masked_rows_leave_lanes_past_the_row_alone(fresh_rng):
+    """The masked stores write the output row's columns only: a canary past each row survives."""
+    require_tool("numba", cpu_jit.MISSING)
+    x = fresh_rng.standard_normal((13, 3, 12)).astype(np.float32)
+    w = fresh_rng.standard_normal((13, 5, 5)).astype(np.float32)
+    bias = fresh_rng.standard_normal(13).astype(np.float32)
+    wide = np.full((13, 3, 40), 7.0, np.float32)
+    cpu_jit.depthwise_masked(x, w, bias, wide[:, :, :12], np.zeros((1, 1), np.float32), np.zeros(1, np.float32),
+                             (1, 1, 1, 1), 2, 2, np.float32(-np.inf), np.float32(np.inf), 0)
+    padded = np.pad(x, ((0, 0), (2, 2), (2, 2)))
+    expected = bias[:, None, None] + sum(w[:, ky, kx, None, None] * padded[:, ky:ky + 3, kx:kx + 12]
+                                         for ky in range(5) for kx in range(5))
+    assert np.abs(wide[:, :, :12] - expected).max() < 1e-4
+    assert (wide[:, :, 12:] == 7.0).all()
+
+
 def test_depthwise_on_few_pixels_with_run_time_weights(fresh_rng):
     """Weights fed at run time: the channels-innermost kernel's table of them is filled on every run."""
     model = _conv_model(40, 3, 5, 1, 1, [2, 2, 2, 2], 40, 40, "relu", True, fresh_rng)
@@ -177,6 +238,18 @@ def test_depthwise_on_few_pixels_with_run_time_weights(fresh_rng):
     model.graph.initializer.remove(weight)
     model.graph.input.append(helper.make_tensor_value_info("W", TensorProto.FLOAT, list(weight.dims)))
     _both_ways_match_onnxruntime(model, {"x": (1, 40, 3, 3), "W": tuple(weight.dims)}, fresh_rng, names=("x", "W"))
+
+
+def test_masked_depthwise_and_stem_with_run_time_weights(fresh_rng):
+    """Weights fed at run time: the masked kernels read them where they lie on every run."""
+    for channels, groups, out_channels, size in ((24, 24, 24, 12), (3, 1, 16, 20)):
+        model = _conv_model(channels, size, 5 if groups > 1 else 3, 1, 1, [2, 2, 2, 2] if groups > 1 else [1, 1, 1, 1],
+                            groups, out_channels, "hard_swish", True, fresh_rng)
+        weight = next(t for t in model.graph.initializer if t.name == "W")
+        model.graph.initializer.remove(weight)
+        model.graph.input.append(helper.make_tensor_value_info("W", TensorProto.FLOAT, list(weight.dims)))
+        _both_ways_match_onnxruntime(model, {"x": (1, channels, size, size), "W": tuple(weight.dims)}, fresh_rng,
+                                     names=("x", "W"))
 
 
 def test_both_stride_1_depthwise_loops_are_covered():
@@ -199,7 +272,8 @@ def test_each_generic_depthwise_loop_is_covered():
                                                  in_hw=(size, size), out_hw=(out, out), kernel=(5, 5),
                                                  strides=(stride, stride), pads=(2, 2)))[0]
     assert kernel(40, 3, 1) is kernel(48, 9, 2) is cpu_jit.depthwise_channels_last
-    assert kernel(64, 40, 1) is kernel(24, 20, 2) is cpu_jit.depthwise_rows
+    assert kernel(64, 40, 1) is kernel(48, 40, 2) is cpu_jit.depthwise_rows
+    assert kernel(24, 20, 2) is kernel(40, 12, 1) is kernel(40, 6, 1) is cpu_jit.depthwise_masked
     assert kernel(8, 40, 3) is cpu_jit.depthwise_any
 
 

@@ -360,6 +360,10 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
         return cpu_compiled._winograd_region(op, x, weight.reshape(oc, c, kh, kw), out, bias, regions, once, arena)
     if kernel == "winograd":
         return cpu_reference._winograd(op, x, weight.reshape(oc, c, kh, kw), out, bias, pads, pool, parts, jit, once)
+    if kernel == "masked_region" and weight.flags.c_contiguous and x.strides[-1] == 4:
+        return cpu_compiled._masked_conv_region(op, x, weight, out, bias, regions, parts)
+    if kernel == "masked_region":  # a layout it does not read in place
+        kernel, parts = "im2col_region", regions if parts > 1 else 1
     if kernel in ("depthwise_region", "depthwise_compiled"):
         constant = CpuBackend.is_constant(ins[1]) and (not op.has_bias or CpuBackend.is_constant(ins[2]))
         return cpu_compiled._depthwise_compiled(op, x, weight, out, bias, pool, parts,

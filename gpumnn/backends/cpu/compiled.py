@@ -338,9 +338,11 @@ def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts
     bias never change, so a kernel's layout of them (``cpu_jit.lane_table``) is made once."""
     n, c = op.batch, op.in_channels
     (oh, ow), (kh, kw) = op.out_hw, op.kernel
-    kernel, scratch_shapes, geometry = cpu_jit.depthwise_kernel(op)
-    b1, lo, hi, act = _compiled_epilogue(op.activation, bias, c)
     w3 = weight.reshape(c, kh, kw)  # a view: W may be a run-time tensor
+    b1, lo, hi, act = _compiled_epilogue(op.activation, bias, c)
+    # depthwise_masked reads each channel's taps as one row and the input's rows in place
+    kernel, scratch_shapes, geometry = cpu_jit.depthwise_kernel(
+        op, masked=w3.flags.c_contiguous and b1.flags.c_contiguous and x.strides[-1] == 4)
     refresh = None
     if kernel is cpu_jit.depthwise_channels_last:
         weight_now, bias_now = w3, b1  # the op's own tensors, which a run-time weight is read from
@@ -348,16 +350,22 @@ def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts
         if not constant:
             refresh = functools.partial(cpu_jit.fill_lane_table, table, weight_now, bias_now)
     out4 = out.reshape(n, c, oh, ow)
+    swish = 0
+    if kernel is cpu_jit.depthwise_masked:
+        if op.activation is not None and op.activation[0] == "hard_swish":
+            swish, act = 1, None  # applied in the kernel's registers before the store
     scratch = [np.zeros((regions or pool.threads, *shape), np.float32) for shape in scratch_shapes]  # a slice per thread
     tail = (geometry, *op.pads[:2], lo, hi)
     if regions:
         bounds = _bounds(_spans(c, parts))
-        regions_of = [cpu_parallel.depthwise_region(kernel, (x[b], w3, b1, out4[b], bounds, *scratch, *tail))
+        regions_of = [cpu_parallel.depthwise_region(kernel, (x[b], w3, b1, out4[b], bounds, *scratch, *tail, swish))
                       for b in range(n)]
         work = _region_items(regions_of[0][0], [args for _, args in regions_of], act, out, op.activation, regions,
                              one_span=parts == 1)
     else:
         spans = [(x[b, c0:c1], w3[c0:c1], b1[c0:c1], out4[b, c0:c1]) for b in range(n) for c0, c1 in _spans(c, parts)]
+        if kernel is cpu_jit.depthwise_masked:
+            tail = (*tail, swish)
         compiled = cpu_jit.bind(kernel, *spans[0], scratch[0][0], scratch[1][0], *tail)
 
         def span(index: int, slot: int) -> None:
@@ -366,6 +374,25 @@ def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts
                 act(spans[index][3])
         work = _on_pool(pool, len(spans), span)
     return KernelWork(((refresh, work) if refresh else (work,)), "depthwise", keep=(b1, w3, scratch))
+
+
+def _masked_conv_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts: int) -> KernelWork:
+    """A convolution over few input channels as one native region per image on spans of output
+    rows (``cpu_parallel.masked_conv_rows``): each input row read in place once for 16 output
+    channels' sums in vector registers, the bias, a clamp and hard-swish before the store; no
+    im2col copy. ``weight`` [OC, C, KH, KW] contiguous (a view: it may be a run-time tensor)."""
+    n, oc = op.batch, op.out_channels
+    (oh, ow) = op.out_hw
+    b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
+    swish = 0
+    if op.activation is not None and op.activation[0] == "hard_swish":
+        swish, act = 1, None  # applied in the kernel's registers before the store
+    bounds = _bounds(_spans(oh, parts))
+    geometry = (*op.strides, *op.dilations)
+    out4 = out.reshape(n, oc, oh, ow)
+    images = [(x[b], weight, b1, out4[b], bounds, geometry, *op.pads[:2], lo, hi, swish) for b in range(n)]
+    return KernelWork((_region_items(cpu_parallel.masked_conv_rows, images, act, out, op.activation, regions,
+                                     one_span=parts == 1),), "direct", keep=(b1, bounds))
 
 
 def _thread_scratch(threads: int, floats: int, fill: float = 0.0) -> np.ndarray:

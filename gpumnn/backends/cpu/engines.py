@@ -57,6 +57,12 @@ REGION_COLS_BYTES = 1 << 20
 #: from this inner dimension (C*KH*KW) up, BLAS below: with a short inner dimension each tile's
 #: store and each element's packing weigh more against its multiply-adds.
 PACKED_MIN_DEPTH = 512
+#: A convolution (not 1x1) over at most this many input channels that ``cpu_direct`` does not take
+#: (rows under its 16 columns, or run-time weights) and below REGION_MIN_MACS runs as
+#: ``cpu_jit.conv_masked``'s rows of output channels in vector registers, each input row read in
+#: place once for 16 of them, no im2col copy; its spans of rows share out from MASKED_SHARED_MACS.
+MASKED_MAX_CHANNELS = 4
+MASKED_SHARED_MACS = 1 << 18
 #: A 1x1 convolution on constant weights over at most this many pixels per image runs on
 #: ``cpu_tiles``' pointwise tiles (``compiled._pointwise_region``), not BLAS: on so few pixels the
 #: weights are the larger operand, which BLAS packs again on every call.
@@ -165,6 +171,9 @@ class Engine:
             return Choice("gemm1x1", self.gemm(product, region=False))
         if self.regions and constant_weights and cpu_direct.takes(op):
             return Choice("direct_region", self.shared(macs, DIRECT_SHARED_MACS))
+        few_channels = g == 1 and c <= MASKED_MAX_CHANNELS and op.strides[1] in (1, 2) and macs < REGION_MIN_MACS
+        if self.regions and self.jit and few_channels:
+            return Choice("masked_region", self.shared(macs, MASKED_SHARED_MACS))
         if self.regions and g == 1:
             packed = constant_weights and cg * kh * kw >= PACKED_MIN_DEPTH
             return Choice("packed_region" if packed else "im2col_region", self.shared(macs, REGION_MIN_MACS))

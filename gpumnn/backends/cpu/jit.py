@@ -42,6 +42,7 @@ except ImportError as exc:  # gpumnn[cpu] not installed: the NumPy kernels run
 else:
     MISSING = None
     from llvmlite import ir
+    from llvmlite.binding import llvm_version_info as _LLVM_VERSION
     from numba import types
     from numba.extending import intrinsic
 
@@ -156,9 +157,10 @@ def bind(kernel: Callable, *args: Any) -> Callable[..., None]:
 # execution is created, never in a run; the loops write only where input lands, so the zero border
 # stays; a kernel that needs one ignores the other); the geometry (sh, sw, dh, dw); pt, pl: top
 # and left padding (bottom and right follow from the output size); lo, hi: the clamp. One
-# signature for all four, so that one parallel region (``cpu_parallel.depthwise_spans``) runs any
-# of them. Each channel's zero-bordered plane (or, channels innermost, a block of channels') is
-# built in the scratch (in L1/L2), then every output row is computed whole from it.
+# signature for all of them (``depthwise_masked`` takes a hard-swish flag after it), so that one
+# parallel region (``cpu_parallel.depthwise_spans``) runs any of them. Each channel's zero-bordered
+# plane (or, channels innermost, a block of channels') is built in the scratch (in L1/L2), then
+# every output row is computed whole from it; ``depthwise_masked`` reads the rows in place instead.
 
 @inlined
 def _tap_tables(w, row_step, column_step):
@@ -488,16 +490,322 @@ def fill_lane_table(table: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> 
     table[-1, :c] = bias
 
 
+# -- depthwise rows read in place under lane masks ------------------------------------------------
+
+#: Output columns ``masked_row`` computes at once: a vector of sums per channel
+MASKED_LANES = 16
+#: Channels ``depthwise_masked`` sums at once (independent multiply-add chains that cover the
+#: multiply-add's latency and share each mask), then fewer for the last ones
+MASKED_CHAINS = (8, 4, 1)
+
+
+def _masked_memory(builder, name, vector, arguments):
+    """A call of LLVM's ``llvm.masked.load`` or ``llvm.masked.store`` on ``vector``: lanes off
+    the mask are neither read (a load gives the pass-through value) nor written, so a row's reads
+    may start before the input and run past it. The LLVM 22 that llvmlite is built on here takes
+    no alignment argument; earlier releases take one after the pointer."""
+    i1 = ir.IntType(1)
+    mask = ir.VectorType(i1, vector.count)
+    pointer = vector.as_pointer()
+    if name == "load":
+        signature = [pointer, mask, vector]
+        returns = vector
+    else:
+        signature = [vector, pointer, mask]
+        returns = ir.VoidType()
+    if _LLVM_VERSION[0] < 22:
+        signature.insert(1 if name == "load" else 2, ir.IntType(32))
+        arguments = list(arguments)
+        arguments.insert(1 if name == "load" else 2, ir.Constant(ir.IntType(32), 4))
+    suffix = f"v{vector.count}f32.p0" if _LLVM_VERSION[0] >= 15 else f"v{vector.count}f32.p0v{vector.count}f32"
+    full = f"llvm.masked.{name}.{suffix}"
+    module = builder.module
+    function = module.globals.get(full) or ir.Function(module, ir.FunctionType(returns, signature), full)
+    return builder.call(function, arguments)
+
+
+def _masked_row(chains: int, stride: int, shared: bool):
+    """``masked_row(dst, dst_step, src, src_step, rows, row_step, kw, dw, col0, width, count,
+    weights, weight_step, bias, lo, hi, flags)`` as a Numba intrinsic (LLVM IR; addresses as
+    integers, steps in floats): for each of ``chains`` output rows k (``dst``, ``weights`` and
+    ``bias`` each a step further on; ``src`` too, unless ``shared``: then every chain reads the
+    same input rows, loaded once), dst[i] for i < count (<= MASKED_LANES) = start + sum over
+    r < rows, kx < kw of weights[r kw + kx] * src[r row_step + col0 + kx dw + i stride], where
+    start is bias[0], or dst[i] itself where ``flags`` has MASKED_ADD; where it has MASKED_FINISH,
+    clamped to [lo, hi] before the store, and hard-swished where it has MASKED_SWISH. Each tap
+    reads the row where it lies under a mask of the columns inside [0, width): the zero padding
+    is the masked lanes, so no zero-bordered plane is copied. The sums stay in vector registers
+    across the taps, ``chains`` independent multiply-add chains."""
+    lanes = MASKED_LANES
+
+    @intrinsic
+    def kernel(typingctx, dst_address, dst_step, src_address, src_step, rows, row_step, kw, dw, col0, width, count,
+               weights_address, weight_step, bias_address, lo, hi, flags):
+        def codegen(context, builder, signature, args):
+            f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+            vector, wide = ir.VectorType(f32, lanes), ir.VectorType(f32, lanes * stride)
+            (dst, src, weights, bias) = (builder.inttoptr(args[i], f32.as_pointer()) for i in (0, 2, 11, 13))
+            dst_step, src_step, rows, row_step, kw, dw = (args[i] for i in (1, 3, 4, 5, 6, 7))
+            col0, width, count, weight_step, flags = (args[i] for i in (8, 9, 10, 12, 16))
+
+            def splat(scalar, of):
+                one = builder.insert_element(ir.Constant(of, ir.Undefined), scalar, ir.Constant(i32, 0))
+                return builder.shuffle_vector(one, ir.Constant(of, ir.Undefined),
+                                              ir.Constant(ir.VectorType(i32, of.count), [0] * of.count))
+
+            def flag(bit):
+                return builder.icmp_signed("!=", builder.and_(flags, ir.Constant(i64, bit)), ir.Constant(i64, 0))
+            index_vector = ir.VectorType(i32, lanes * stride)
+            iota = ir.Constant(index_vector, list(range(lanes * stride)))
+            width32 = splat(builder.trunc(width, i32), index_vector)
+            reads = splat(builder.trunc(builder.mul(count, ir.Constant(i64, stride)), i32), index_vector)
+            in_reads = builder.icmp_signed("<", iota, reads)
+            evens = ir.Constant(ir.VectorType(i32, lanes), [lane * stride for lane in range(lanes)])
+            zero_wide = ir.Constant(wide, [0.0] * (lanes * stride))
+            out_lanes = ir.VectorType(i32, lanes)
+            store_mask = builder.icmp_signed("<", ir.Constant(out_lanes, list(range(lanes))),
+                                             splat(builder.trunc(count, i32), out_lanes))
+            outputs = [builder.bitcast(builder.gep(dst, [builder.mul(dst_step, ir.Constant(i64, k))]),
+                                       vector.as_pointer()) for k in range(chains)]
+            adding = flag(MASKED_ADD)
+            starts = []
+            for k in range(chains):
+                biased = splat(builder.load(builder.gep(bias, [ir.Constant(i64, k)]), align=4), vector)
+                # the partial sums of an earlier call; masked: lanes past count may lie past the output
+                partial = _masked_memory(builder, "load", vector, [outputs[k], store_mask,
+                                                                   ir.Constant(vector, [0.0] * lanes)])
+                starts.append(builder.select(adding, partial, biased))
+
+            entry = builder.block
+            row_loop, tap_loop, row_end, done = (builder.append_basic_block(f"masked.{name}")
+                                                 for name in ("row", "tap", "row_end", "done"))
+            builder.cbranch(builder.icmp_signed(">", rows, ir.Constant(i64, 0)), row_loop, done)
+
+            builder.position_at_end(row_loop)
+            r = builder.phi(i64)
+            row_totals = [builder.phi(vector) for _ in range(chains)]
+            r.add_incoming(ir.Constant(i64, 0), entry)
+            for total, start in zip(row_totals, starts):
+                total.add_incoming(start, entry)
+            row_src = builder.gep(src, [builder.mul(r, row_step)])
+            row_weights = builder.gep(weights, [builder.mul(r, kw)])
+            builder.branch(tap_loop)
+
+            builder.position_at_end(tap_loop)
+            kx = builder.phi(i64)
+            totals = [builder.phi(vector) for _ in range(chains)]
+            kx.add_incoming(ir.Constant(i64, 0), row_loop)
+            for total, row_total in zip(totals, row_totals):
+                total.add_incoming(row_total, row_loop)
+            column = builder.add(col0, builder.mul(kx, dw))
+            columns = builder.add(iota, splat(builder.trunc(column, i32), index_vector))
+            inside = builder.and_(builder.icmp_signed(">=", columns, ir.Constant(index_vector, [0] * (lanes * stride))),
+                                  builder.icmp_signed("<", columns, width32))
+            mask = builder.and_(inside, in_reads)
+
+            def tap_values(k):
+                at = builder.gep(row_src, [builder.add(builder.mul(src_step, ir.Constant(i64, k)), column)])
+                values = _masked_memory(builder, "load", wide, [builder.bitcast(at, wide.as_pointer()), mask,
+                                                                zero_wide])
+                if stride > 1:
+                    values = builder.shuffle_vector(values, ir.Constant(wide, ir.Undefined), evens)
+                return values
+            values = tap_values(0) if shared else None
+            updated = []
+            for k, total in enumerate(totals):
+                tap_weight = builder.load(builder.gep(row_weights, [builder.add(
+                    builder.mul(weight_step, ir.Constant(i64, k)), kx)]), align=4)
+                # contract only: LLVM fuses the pair into an FMA where the host has one
+                product = builder.fmul(splat(tap_weight, vector), values if shared else tap_values(k),
+                                       flags=("contract",))
+                updated.append(builder.fadd(total, product, flags=("contract",)))
+            following = builder.add(kx, ir.Constant(i64, 1))
+            kx.add_incoming(following, tap_loop)
+            for total, u in zip(totals, updated):
+                total.add_incoming(u, tap_loop)
+            builder.cbranch(builder.icmp_signed("<", following, kw), tap_loop, row_end)
+
+            builder.position_at_end(row_end)
+            next_r = builder.add(r, ir.Constant(i64, 1))
+            r.add_incoming(next_r, row_end)
+            for total, u in zip(row_totals, updated):
+                total.add_incoming(u, row_end)
+            builder.cbranch(builder.icmp_signed("<", next_r, rows), row_loop, done)
+
+            builder.position_at_end(done)
+            results = [builder.phi(vector) for _ in range(chains)]
+            for result, start, u in zip(results, starts, updated):
+                result.add_incoming(start, entry)
+                result.add_incoming(u, row_end)
+            lo_v, hi_v = splat(args[14], vector), splat(args[15], vector)
+            sixth, half = splat(ir.Constant(f32, 1.0 / 6.0), vector), splat(ir.Constant(f32, 0.5), vector)
+            zero, one = splat(ir.Constant(f32, 0.0), vector), splat(ir.Constant(f32, 1.0), vector)
+            finishing, swishing = flag(MASKED_FINISH), flag(MASKED_SWISH)
+            for result, output in zip(results, outputs):
+                value = builder.select(builder.fcmp_ordered("<", result, lo_v), lo_v, result)
+                value = builder.select(builder.fcmp_ordered(">", value, hi_v), hi_v, value)
+                # hard-swish as cpu_activations.hard_swish_value: v clamp(v / 6 + 1/2, 0, 1)
+                gate = builder.fadd(builder.fmul(value, sixth), half)
+                gate = builder.select(builder.fcmp_ordered("<", gate, zero), zero, gate)
+                gate = builder.select(builder.fcmp_ordered(">", gate, one), one, gate)
+                value = builder.select(swishing, builder.fmul(value, gate), value)
+                _masked_memory(builder, "store", vector, [builder.select(finishing, value, result), output,
+                                                          store_mask])
+            return context.get_dummy_value()
+        return types.void(*[types.intp] * 14, types.float32, types.float32, types.intp), codegen
+    return kernel
+
+
+#: ``masked_row``'s flags: start from the output's partial sums (not the bias); clamp (the last
+#: call on them); and hard-swish after the clamp
+MASKED_ADD, MASKED_FINISH, MASKED_SWISH = 1, 2, 4
+#: Output channels ``conv_masked`` sums at once, reading each input row once for all of them
+SHARED_CHAINS = (16, 8, 4, 1)
+if numba is not None:
+    _masked_rows = {(chains, stride, False): _masked_row(chains, stride, False)
+                    for stride in (1, 2) for chains in MASKED_CHAINS}
+    _masked_rows.update({(chains, stride, True): _masked_row(chains, stride, True)
+                         for stride in (1, 2) for chains in SHARED_CHAINS})
+    (_masked8, _masked4, _masked1, _masked8_s2, _masked4_s2, _masked1_s2) = (
+        _masked_rows[(chains, stride, False)] for stride in (1, 2) for chains in MASKED_CHAINS)
+    (_shared16, _shared8, _shared4, _shared1, _shared16_s2, _shared8_s2, _shared4_s2, _shared1_s2) = (
+        _masked_rows[(chains, stride, True)] for stride in (1, 2) for chains in SHARED_CHAINS)
+
+
+@inlined
+def masked_row(chains, stride, shared, dst, dst_step, src, src_step, rows, row_step, kw, dw, col0, width, count,
+               weights, weight_step, bias, lo, hi, flags):
+    """``_masked_row`` for ``chains`` (one of MASKED_CHAINS, or of SHARED_CHAINS where
+    ``shared``) output rows at column ``stride`` 1 or 2."""
+    if shared:
+        if stride == 1:
+            if chains == 16:
+                _shared16(dst, dst_step, src, src_step, rows, row_step, kw, dw, col0, width, count, weights,
+                          weight_step, bias, lo, hi, flags)
+            elif chains == 8:
+                _shared8(dst, dst_step, src, src_step, rows, row_step, kw, dw, col0, width, count, weights,
+                         weight_step, bias, lo, hi, flags)
+            elif chains == 4:
+                _shared4(dst, dst_step, src, src_step, rows, row_step, kw, dw, col0, width, count, weights,
+                         weight_step, bias, lo, hi, flags)
+            else:
+                _shared1(dst, dst_step, src, src_step, rows, row_step, kw, dw, col0, width, count, weights,
+                         weight_step, bias, lo, hi, flags)
+        elif chains == 16:
+            _shared16_s2(dst, dst_step, src, src_step, rows, row_step, kw, dw, col0, width, count, weights,
+                         weight_step, bias, lo, hi, flags)
+        elif chains == 8:
+            _shared8_s2(dst, dst_step, src, src_step, rows, row_step, kw, dw, col0, width, count, weights,
+                        weight_step, bias, lo, hi, flags)
+        elif chains == 4:
+            _shared4_s2(dst, dst_step, src, src_step, rows, row_step, kw, dw, col0, width, count, weights,
+                        weight_step, bias, lo, hi, flags)
+        else:
+            _shared1_s2(dst, dst_step, src, src_step, rows, row_step, kw, dw, col0, width, count, weights,
+                        weight_step, bias, lo, hi, flags)
+    elif stride == 1:
+        if chains == 8:
+            _masked8(dst, dst_step, src, src_step, rows, row_step, kw, dw, col0, width, count, weights,
+                     weight_step, bias, lo, hi, flags)
+        elif chains == 4:
+            _masked4(dst, dst_step, src, src_step, rows, row_step, kw, dw, col0, width, count, weights,
+                     weight_step, bias, lo, hi, flags)
+        else:
+            _masked1(dst, dst_step, src, src_step, rows, row_step, kw, dw, col0, width, count, weights,
+                     weight_step, bias, lo, hi, flags)
+    elif chains == 8:
+        _masked8_s2(dst, dst_step, src, src_step, rows, row_step, kw, dw, col0, width, count, weights,
+                    weight_step, bias, lo, hi, flags)
+    elif chains == 4:
+        _masked4_s2(dst, dst_step, src, src_step, rows, row_step, kw, dw, col0, width, count, weights,
+                    weight_step, bias, lo, hi, flags)
+    else:
+        _masked1_s2(dst, dst_step, src, src_step, rows, row_step, kw, dw, col0, width, count, weights,
+                    weight_step, bias, lo, hi, flags)
+
+
+@inlined
+def _masked_chains(left, shared):
+    """The most chains ``masked_row`` takes at once that ``left`` channels fill."""
+    if shared and left >= 16:
+        return 16
+    return 8 if left >= 8 else 4 if left >= 4 else 1
+
+
+@_kernel
+def depthwise_masked(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi, swish):
+    """Any kernel size, row stride and dilation, a column stride of 1 or 2: each output row in
+    blocks of MASKED_LANES columns, MASKED_CHAINS channels at a time, its taps read from ``x`` in
+    place under lane masks (``masked_row``), the bias, clamp and (``swish``) hard-swish applied
+    before the masked store. No zero-bordered plane (``plane`` and ``acc`` are unused): on small
+    planes copying it in, and out for channels innermost, cost more than the taps."""
+    cs = x.shape[0]
+    c0 = 0
+    while c0 < cs:
+        chains = _masked_chains(cs - c0, False)
+        _masked_channel_rows(x[c0:c0 + chains], w[c0:c0 + chains], bias[c0:c0 + chains], out[c0:c0 + chains],
+                             geometry, pt, pl, lo, hi, MASKED_FINISH | (MASKED_SWISH if swish else 0), chains, False,
+                             0, out.shape[1])
+        c0 += chains
+
+
+@inlined
+def _masked_channel_rows(x, w, bias, out, geometry, pt, pl, lo, hi, flags, chains, shared, oy0, oy1):
+    """Output rows [oy0, oy1) of ``chains`` output channels (``masked_row``): ``w`` [chains, KH,
+    KW] over x's channel k (not ``shared``) or over the one plane ``x`` [1, H, W] (``shared``)."""
+    h, wd = x.shape[1], x.shape[2]
+    kh, kw = w.shape[1], w.shape[2]
+    ow = out.shape[2]
+    sh, sw, dh, dw = geometry
+    x_channel, x_row = (0 if shared else x.strides[0] // 4), x.strides[1] // 4
+    out_channel, out_row = out.strides[0] // 4, out.strides[1] // 4
+    w_channel = w.strides[0] // 4
+    for oy in range(oy0, oy1):
+        iy0 = oy * sh - pt
+        ky0 = 0 if iy0 >= 0 else (-iy0 + dh - 1) // dh
+        ky1 = min(kh, (h - 1 - iy0) // dh + 1) if h - 1 - iy0 >= 0 else 0
+        rows = ky1 - ky0 if ky1 > ky0 else 0
+        first = iy0 + ky0 * dh if rows > 0 else 0
+        src = x.ctypes.data + 4 * first * x_row
+        weights = w.ctypes.data + 4 * ky0 * kw
+        for ox0 in range(0, ow, MASKED_LANES):
+            count = min(MASKED_LANES, ow - ox0)
+            dst = out.ctypes.data + 4 * (oy * out_row + ox0)
+            masked_row(chains, sw, shared, dst, out_channel, src, x_channel, rows, dh * x_row, kw, dw, ox0 * sw - pl,
+                       wd, count, weights, w_channel, bias.ctypes.data, lo, hi, flags)
+
+
+@_kernel
+def conv_masked(x, w, bias, out, geometry, pt, pl, lo, hi, swish, oy0, oy1):
+    """A convolution over few input channels (a network's stem: 3 channels of an image): output
+    rows [oy0, oy1) of ``out`` [OC, OH, OW], ``w`` [OC, C, KH, KW] contiguous, SHARED_CHAINS output
+    channels at a time summing each input channel's taps (``masked_row``, each row it reads loaded
+    once for all of them and read in place under lane masks), then the next input channel onto
+    the partial sums; the bias first, the clamp and (``swish``) hard-swish with the last."""
+    oc, c = out.shape[0], x.shape[0]
+    o0 = 0
+    while o0 < oc:
+        chains = _masked_chains(oc - o0, True)
+        for ci in range(c):
+            flags = (MASKED_ADD if ci > 0 else 0) | (
+                MASKED_FINISH | (MASKED_SWISH if swish else 0) if ci == c - 1 else 0)
+            _masked_channel_rows(x[ci:ci + 1], w[o0:o0 + chains, ci], bias[o0:o0 + chains], out[o0:o0 + chains],
+                                 geometry, pt, pl, lo, hi, flags, chains, True, oy0, oy1)
+        o0 += chains
+
 #: ``depthwise_channels_last`` takes kernels other than 3x3 on an output of at most this many
 #: pixels (past it, ``depthwise_rows`` at a column stride of 1 or 2, else ``depthwise_any``),
 #: unless its rows fill ``row_taps``' widest vector (a 1-D convolution's)
 CHANNELS_LAST_MAX_PIXELS = 64
+#: ``depthwise_masked`` takes kernels other than 3x3 whose output rows are at least this long and
+#: at most MASKED_LANES (narrower rows leave most of its vector idle, channels innermost fill theirs)
+MASKED_MIN_ROW = 6
 #: a stride-1 plane of at most this many elements (it and the flat output: 32 KiB, an L1) runs
 #: as one flat row (``depthwise3x3_s1_flat``)
 FLAT_PLANE_MAX = 4096
 
 
-def depthwise_kernel(op: A.Conv2D) -> tuple[Callable, list[tuple[int, ...]], tuple[int, int, int, int]]:
+def depthwise_kernel(op: A.Conv2D, masked: bool = True) -> tuple[Callable, list[tuple[int, ...]], tuple[int, int, int, int]]:
     """The depthwise kernel for this convolution's geometry, the shapes of the two per-thread
     scratch arrays it takes after ``out``, and its geometry argument (sh, sw, dh, dw)."""
     (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
@@ -505,6 +813,8 @@ def depthwise_kernel(op: A.Conv2D) -> tuple[Callable, list[tuple[int, ...]], tup
     plane = (max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1), max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1))
     geometry, unused = (sh, sw, dh, dw), (1,)
     three = (kh, kw) == (3, 3) and op.dilations == (1, 1) and op.strides in ((1, 1), (2, 2))
+    if masked and sw in (1, 2) and not three and MASKED_MIN_ROW <= ow <= MASKED_LANES:
+        return depthwise_masked, [(1, 1), unused], geometry
     if three and op.strides == (1, 1) and plane[0] * plane[1] <= FLAT_PLANE_MAX:
         return depthwise3x3_s1_flat, [plane, ((oh - 1) * plane[1] + ow,)], geometry
     if sw in (1, 2) and (three or oh * ow > CHANNELS_LAST_MAX_PIXELS or ow >= TAP_ROW_WIDTHS[0]):

@@ -851,11 +851,11 @@ def winograd_scratch_floats(alpha_h: int, alpha_w: int, nh: int) -> int:
 #: process, so Numba's disk cache would never hit and every process would spend ~1.3 s per
 #: kernel compiling the region.
 PLANE_KINDS = (cpu_jit.depthwise_rows, cpu_jit.depthwise3x3_s1_flat, cpu_jit.depthwise_any,
-               cpu_jit.depthwise_channels_last)
+               cpu_jit.depthwise_channels_last, cpu_jit.depthwise_masked)
 
 
 @_region
-def depthwise_spans(kind, x, w, bias, out, bounds, planes, accs, geometry, pt, pl, lo, hi):
+def depthwise_spans(kind, x, w, bias, out, bounds, planes, accs, geometry, pt, pl, lo, hi, swish):
     """``cpu_jit``'s depthwise kernel PLANE_KINDS[kind] on the channel spans [bounds[i],
     bounds[i + 1]) of one image, each on its thread's scratch."""
     for i in numba.prange(bounds.shape[0] - 1):
@@ -868,14 +868,23 @@ def depthwise_spans(kind, x, w, bias, out, bounds, planes, accs, geometry, pt, p
             cpu_jit.depthwise3x3_s1_flat(*args)
         elif kind == 2:
             cpu_jit.depthwise_any(*args)
-        else:
+        elif kind == 3:
             cpu_jit.depthwise_channels_last(*args)
+        else:
+            cpu_jit.depthwise_masked(*args, swish)
 
 
 def depthwise_region(kernel: Callable, args: tuple) -> tuple[Callable, tuple]:
     """The region running ``kernel`` on channel spans, and its arguments: ``args`` after the
     kernel's kind."""
     return depthwise_spans, (PLANE_KINDS.index(kernel), *args)
+
+
+@_region
+def masked_conv_rows(x, w, bias, out, bounds, geometry, pt, pl, lo, hi, swish):
+    """``cpu_jit.conv_masked`` on the output row spans [bounds[i], bounds[i + 1]) of one image."""
+    for i in numba.prange(bounds.shape[0] - 1):
+        cpu_jit.conv_masked(x, w, bias, out, geometry, pt, pl, lo, hi, swish, bounds[i], bounds[i + 1])
 
 
 @_region
