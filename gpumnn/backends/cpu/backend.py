@@ -496,12 +496,17 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, engine: Engine):
     kernel, parts = engine.pool(op, x.dtype == np.float32, x.dtype.itemsize == 1)
     if kernel == "max_bytes":
         return cpu_int8_elementwise.make_max_pool_bytes(op, ins, outs, pool, parts)
-    if kernel in ("mean_rows_region", "global"):  # global pooling
+    if kernel in ("mean_rows_region", "max_rows_region", "global"):  # global pooling
         x3, o3 = x.reshape(n, c, h * w), out.reshape(n, c)
         if kernel == "mean_rows_region":
             bounds = _bounds(_even_spans(n * c, parts))
             args = (x3.reshape(n * c, h * w), o3.reshape(n * c), bounds)
             run = _region_items(cpu_rows.mean_rows, [args], None, out, one_span=len(bounds) == 2)
+            return KernelWork((run,), "global", keep=(bounds,))
+        if kernel == "max_rows_region":
+            bounds = _bounds(_even_spans(n * c, parts))
+            args = (x3.reshape(n * c, h * w), o3.reshape(n * c), bounds)
+            run = _region_items(cpu_rows.max_rows, [args], None, out, one_span=len(bounds) == 2)
             return KernelWork((run,), "global", keep=(bounds,))
         reducer = np.max if op.op == "max" else np.mean
         return KernelWork((lambda: reducer(x3, axis=2, out=o3),), "global")
