@@ -621,10 +621,14 @@ def _make_resize(op: A.Resize, ins, outs, pool: Workers):
     return KernelWork((run_linear,))
 
 
-def _make_gather(op: A.Gather, ins, outs, pool: Workers):
+def _make_gather(op: A.Gather, ins, outs, pool: Workers, engine: Engine):
     data = view(ins[0]).reshape(op.outer, op.axis, op.inner)
     idx_f = flat(ins[1])
     out = view(outs[0]).reshape(op.outer, op.count, op.inner)
+    if engine.jit and op.axis > 0 and idx_f.dtype.kind in "iu" and data.dtype == out.dtype:
+        args = (data, idx_f, out)
+        compiled = cpu_jit.bind(cpu_jit.gather_rows, *args)
+        return KernelWork((lambda: compiled(*args),))
 
     def run():
         idx = idx_f.astype(np.int64)
@@ -719,7 +723,7 @@ _ANY_INT = frozenset({A.INT32})
 #: makers with a compiled or region kernel for some of their ops: they ask the backend's ``Engine`` which
 _ENGINE_AWARE = frozenset({_make_raster, _make_unary, _make_conv2d, _make_pool2d, _make_matmul, _make_quantized_matmul,
                            _make_quantized_conv2d, _make_quantized_add, _make_binary,
-                           _make_softmax, _make_normalize, _make_recurrent_cell})
+                           _make_softmax, _make_normalize, _make_recurrent_cell, _make_gather})
 #: makers that pack constant weights (shared between run states: ``cpu_constants``)
 _PACKS_CONSTANTS = frozenset({_make_conv2d, _make_matmul, _make_quantized_matmul, _make_quantized_conv2d})
 _MAKERS = {
