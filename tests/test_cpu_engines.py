@@ -122,7 +122,9 @@ POOL = [
     (REGIONS, pool("avg", 2048, 8, 8), True, ("mean_rows_region", 2)),
     (REGIONS, pool("avg", 256, 7, 7), True, ("mean_rows_region", 1)),  # below REGION_MIN_ELEMENTS
     (REGIONS, pool("avg", 2048, 8, 8), False, ("global", 1)),
-    (REGIONS, pool("max", 2048, 8, 8), True, ("global", 1)),
+    (REGIONS, pool("max", 2048, 8, 8), True, ("max_rows_region", 2)),
+    (REGIONS, pool("max", 256, 8, 8), True, ("max_rows_region", 1)),  # below REGION_MIN_ELEMENTS
+    (REGIONS, pool("max", 2048, 8, 8), False, ("global", 1)),
     (JIT, pool("avg", 2048, 8, 8), True, ("global", 1)),
     (REGIONS, pool("max", 64, 112, 3, 2, 1), True, ("pool3x3_region", 2)),
     (REGIONS, pool("max", 4, 8, 3, 1, 1), True, ("pool3x3_region", 1)),

@@ -460,3 +460,24 @@ def test_every_atomic_case_compiled_matches_numpy():
     finally:
         compiled.close()
         numpy_kernels.close()
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_gather_with_run_time_indices(axis, fresh_rng):
+    """Gather's compiled rows (``cpu_jit.gather_rows``) and NumPy's kernel: an embedding lookup
+    (axis 0) and a middle axis, indices negative (from the end) and out of range (clamped, the
+    op's contract), float32 data."""
+    require_tool("numba", cpu_jit.MISSING)
+    data = fresh_rng.standard_normal((6, 5, 4)).astype(np.float32)
+    indices = np.array([[0, 3, -1], [2, 9, -8]], np.int64)  # 9 and -8: past either end
+    graph = helper.make_graph([helper.make_node("Gather", ["d", "i"], ["y"], axis=axis)], "gather",
+                              [helper.make_tensor_value_info("i", TensorProto.INT64, list(indices.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(data, "d")])
+    size = data.shape[axis]
+    fixed = np.clip(np.where(indices < 0, indices + size, indices), 0, size - 1)
+    expected = np.take(data, fixed, axis=axis)
+    net = gpumnn.load(model_proto(graph, 13))
+    for way in WAYS:
+        sess = net.session(backend="cpu", threads=2, **way)
+        np.testing.assert_array_equal(sess.run({"i": indices})["y"], expected)

@@ -129,7 +129,9 @@ ROWS = [
     ("InstanceNormalization", (1, 16, 56, 56), {}),     # no affine step in the row kernel: a Binary after
     ("GlobalAveragePool", (2, 1000, 13, 13), {}),       # SqueezeNet's classifier planes, a batch of two
     ("GlobalAveragePool", (1, 5, 3, 3), {}),            # a few small planes: one span
-    ("GlobalMaxPool", (1, 64, 7, 7), {}),               # stays NumPy's
+    ("GlobalMaxPool", (1, 64, 7, 7), {}),               # one span
+    ("GlobalMaxPool", (2, 256, 1, 64), {}),             # a 1-D classifier's max over time, shared
+    ("GlobalMaxPool", (1, 96, 5, 7), {}),               # planes of 35
 ]
 
 
@@ -172,6 +174,25 @@ def test_softmax_rows_keep_special_values(node, fresh_rng):
     assert np.abs(got[finite] - ref[finite]).max() < 1e-5
     if node == "Softmax":
         assert not got[0, :, :5].any()  # e^-inf is 0, not a tiny number
+
+
+@pytest.mark.parametrize("width", [3, 64, 70])
+def test_global_max_pool_rows_keep_special_values(width, fresh_rng):
+    """``rows.max_rows`` (rows shared and one span): a plane holding a NaN gives NaN, wherever in
+    the plane it lies; +-inf are values like any other."""
+    require_tool("regions", cpu_parallel.available()[1])
+    x = fresh_rng.standard_normal((2, 300, 1, width)).astype(np.float32)
+    x[0, 1, 0, 0] = np.nan
+    x[0, 2, 0, width - 1] = np.nan
+    x[1, 3, 0, width // 2] = np.nan
+    x[0, 4, 0, width // 2] = np.inf
+    x[0, 5] = -np.inf
+    x[1, 6, 0, :2] = (np.nan, np.inf)
+    x[1, 7, 0, -1] = -np.inf
+    for part in (x, x[:1, :8]):  # rows shared, then one span
+        model = _rows_model("GlobalMaxPool", part.shape, {}, fresh_rng)
+        got = gpumnn.load(model).session(backend="cpu", threads=2, jit=True, regions=True).run({"x": part})["y"]
+        np.testing.assert_array_equal(got.reshape(-1), part.max(axis=(2, 3)).reshape(-1))
 
 
 def test_constant_weights_are_packed_once_for_every_run_state(fresh_rng):
@@ -311,6 +332,39 @@ def test_convolutions_in_regions(case, batch, fresh_rng):
     model = _conv_model(channels, size, kernel, stride, 1, pads, groups, out_channels, activation, True, rng)
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = batch
     _both_ways_match_onnxruntime(model, (batch, channels, size, size), rng)
+
+
+# (in channels, length, kernel, stride, pad, out channels, relu): 1-D convolutions, one output row
+SEQUENCES = [
+    (16, 1024, 9, 2, 4, 64, True),     # a byte classifier's first convolution: more pixels than channels
+    (1, 4096, 256, 128, 128, 258, False),  # an STFT's basis: fewer pixels than channels
+    (64, 300, 5, 1, 2, 20, True),      # channel spans not a multiple of 8
+]
+
+
+@pytest.mark.parametrize("case", SEQUENCES, ids=[f"conv1d{c[0]}x{c[1]}k{c[2]}s{c[3]}" for c in SEQUENCES])
+def test_one_row_convolutions_share_channels_in_regions(case, fresh_rng, monkeypatch):
+    """A 1-D convolution has one output row, so im2col's region cuts its output channels into a span
+    per thread; the outputs stay ONNX Runtime's."""
+    channels, length, kernel, stride, pad, out_channels, relu = case
+    rng = fresh_rng
+    monkeypatch.setattr(cpu_engines, "WINOGRAD_PAYS", {"regions": (1 << 30, 1 << 30, 1e9), "threads": (1 << 30, 1 << 30, 1e9)})
+    monkeypatch.setattr(cpu_engines, "PACKED_MIN_DEPTH", 1 << 30)
+    weight = numpy_helper.from_array(rng.standard_normal((out_channels, channels, kernel)).astype(np.float32), "W")
+    bias = numpy_helper.from_array(rng.standard_normal(out_channels).astype(np.float32), "B")
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c" if relu else "y"], kernel_shape=[kernel], strides=[stride],
+                              pads=[pad, pad])]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    graph = helper.make_graph(nodes, "conv1d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, length])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [weight, bias])
+    model = model_proto(graph, 13)
+    _both_ways_match_onnxruntime(model, (1, channels, length), rng)
+    sess = gpumnn.load(model).session(backend="cpu", threads=2, jit=True, regions=True)
+    convs = [exe for exe in sess.shape_set().first_state.executions if type(exe.op).__name__ == "Conv2D"]
+    blocks = convs[0].keep[2]  # _im2col_region's (rows, channels) blocks
+    assert convs[0].scheme == "im2col" and len(blocks) == 2
+    assert blocks[0][2] == 0 and blocks[0][3] == blocks[1][2] and blocks[1][3] == out_channels
 
 
 @pytest.mark.parametrize("stride", [1, 2])

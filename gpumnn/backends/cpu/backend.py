@@ -508,12 +508,17 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, engine: Engine):
     kernel, parts = engine.pool(op, x.dtype == np.float32, x.dtype.itemsize == 1)
     if kernel == "max_bytes":
         return cpu_int8_elementwise.make_max_pool_bytes(op, ins, outs, pool, parts)
-    if kernel in ("mean_rows_region", "global"):  # global pooling
+    if kernel in ("mean_rows_region", "max_rows_region", "global"):  # global pooling
         x3, o3 = x.reshape(n, c, h * w), out.reshape(n, c)
         if kernel == "mean_rows_region":
             bounds = _bounds(_even_spans(n * c, parts))
             args = (x3.reshape(n * c, h * w), o3.reshape(n * c), bounds)
             run = _region_items(cpu_rows.mean_rows, [args], None, out, one_span=len(bounds) == 2)
+            return KernelWork((run,), "global", keep=(bounds,))
+        if kernel == "max_rows_region":
+            bounds = _bounds(_even_spans(n * c, parts))
+            args = (x3.reshape(n * c, h * w), o3.reshape(n * c), bounds)
+            run = _region_items(cpu_rows.max_rows, [args], None, out, one_span=len(bounds) == 2)
             return KernelWork((run,), "global", keep=(bounds,))
         reducer = np.max if op.op == "max" else np.mean
         return KernelWork((lambda: reducer(x3, axis=2, out=o3),), "global")
@@ -628,10 +633,14 @@ def _make_resize(op: A.Resize, ins, outs, pool: Workers):
     return KernelWork((run_linear,))
 
 
-def _make_gather(op: A.Gather, ins, outs, pool: Workers):
+def _make_gather(op: A.Gather, ins, outs, pool: Workers, engine: Engine):
     data = view(ins[0]).reshape(op.outer, op.axis, op.inner)
     idx_f = flat(ins[1])
     out = view(outs[0]).reshape(op.outer, op.count, op.inner)
+    if engine.jit and op.axis > 0 and idx_f.dtype.kind in "iu" and data.dtype == out.dtype:
+        args = (data, idx_f, out)
+        compiled = cpu_jit.bind(cpu_jit.gather_rows, *args)
+        return KernelWork((lambda: compiled(*args),))
 
     def run():
         idx = idx_f.astype(np.int64)
@@ -726,7 +735,7 @@ _ANY_INT = frozenset({A.INT32})
 #: makers with a compiled or region kernel for some of their ops: they ask the backend's ``Engine`` which
 _ENGINE_AWARE = frozenset({_make_raster, _make_unary, _make_conv2d, _make_pool2d, _make_matmul, _make_quantized_matmul,
                            _make_quantized_conv2d, _make_quantized_add, _make_binary,
-                           _make_softmax, _make_normalize, _make_recurrent_cell})
+                           _make_softmax, _make_normalize, _make_recurrent_cell, _make_gather})
 #: makers whose kernels take their scratch from the run state's arena (``cpu_arena``)
 _TAKES_ARENA = frozenset({_make_conv2d})
 #: makers that pack constant weights (shared between run states: ``cpu_constants``)

@@ -135,15 +135,17 @@ def _gemm_region(bases: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list,
 def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts: int,
                    arena: ScratchArena | None = None) -> KernelWork:
     """im2col as one native region per image (``cpu_parallel.im2col_blocks``): blocks of output
-    rows (of output channels too where the image has fewer pixels than channels), each copying
-    its windows into its thread's scratch, one BLAS product and the bias and a clamp while in
-    cache; padding is read as zeros in the copy, so no padded copy of the input. ``parts``: threads
-    to share it; ``arena``: the run state's scratch (None: the op's own)."""
+    rows (of output channels too where the image has fewer pixels than channels or fewer rows than
+    threads), each copying its windows into its thread's scratch, one BLAS product and the bias and
+    a clamp while in cache; padding is read as zeros in the copy, so no padded copy of the input.
+    ``parts``: threads to share it; ``arena``: the run state's scratch (None: the op's own)."""
     n, oc = op.batch, op.out_channels
     (oh, ow), (kh, kw) = op.out_hw, op.kernel
     k = weight.shape[1]
     fit = max(1, engines.REGION_COLS_BYTES // (4 * k * ow))  # rows whose columns fit the scratch
-    channel_parts = parts if oh * ow < oc else 1
+    # channel spans where the image has fewer pixels than channels, or fewer output rows than
+    # threads (a 1-D convolution's one row), so that every thread has a product
+    channel_parts = parts if oh * ow < oc or oh < parts else 1
     rows = min(fit, oh) if channel_parts > 1 else min(fit, -(-oh // parts))
     blocks = np.array([(r0, r1, o0, o1) for r0, r1 in _spans(oh, -(-oh // rows))
                        for o0, o1 in _spans(oc, channel_parts, align=8)], np.int64)

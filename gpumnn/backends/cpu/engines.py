@@ -218,8 +218,9 @@ class Engine:
         spans), else NumPy's separable passes."""
         (h, w), (oh, ow) = op.in_hw, op.out_hw
         if op.kernel == (h, w) and (oh, ow) == (1, 1) and not any(op.pads):
-            if self.regions and op.op == "avg" and float32:
-                return Choice("mean_rows_region", self.shared(op.batch * op.channels * h * w, REGION_MIN_ELEMENTS))
+            if self.regions and op.op in ("avg", "max") and float32:
+                kernel = "mean_rows_region" if op.op == "avg" else "max_rows_region"
+                return Choice(kernel, self.shared(op.batch * op.channels * h * w, REGION_MIN_ELEMENTS))
             return Choice("global")
         if self.jit and bytes_ and op.op == "max":
             return Choice("max_bytes", min(op.batch * op.channels,

@@ -1049,3 +1049,22 @@ def raster_regions(src, dst, table):
                     else:
                         for e in range(n3):
                             dst[d + e * d3] = src[s + e * s3]
+
+
+# -- Gather ----------------------------------------------------------------------------------------
+
+@_kernel
+def gather_rows(data, indices, out):
+    """out[o, c, :] = data[o, indices[c], :] for data [outer, axis, inner] and out [outer, count,
+    inner], a negative index counted from the axis' end and one still out of range clamped to it
+    (the Gather op's contract): an embedding lookup in one pass, where NumPy's took a converted
+    copy of the indices, two passes to fix them and its ``take``."""
+    axis = data.shape[1]
+    for c in range(indices.shape[0]):
+        i = np.int64(indices[c])
+        if i < 0:
+            i += axis
+        i = min(max(i, 0), axis - 1)
+        for o in range(data.shape[0]):
+            for e in range(data.shape[2]):  # element by element: a slice assignment per row cost more than its copy
+                out[o, c, e] = data[o, i, e]

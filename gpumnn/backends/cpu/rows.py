@@ -1,5 +1,5 @@
 """Compiled row-wise ops for the cpu backend: softmax, log-softmax, layer normalisation and global
-average pooling, each row in one pass through cache, rows shared between the regions' threads.
+average and max pooling, each row in one pass through cache, rows shared between the regions' threads.
 
 NumPy takes a pass over the whole tensor per step: softmax is a max, a subtract, an exp, a sum and
 a divide (five passes, one thread, and NumPy's ``exp`` is not the fastest), layer normalisation
@@ -108,12 +108,50 @@ def normalize_rows(x, o, scale, shift, eps, affine, bounds):
 def mean_rows(x, o, bounds):
     """o[r] = the mean of row r of x [rows, size] (a global average pool's plane), the spans
     [bounds[j], bounds[j + 1]) of rows on the region's threads: several times faster than NumPy's
-    ``mean``. (The same loop for a max, written to keep NaN as NumPy does, stayed scalar, no faster
-    than NumPy's: global max pools keep NumPy. Measured: bench/RESULTS.md.)"""
+    ``mean``."""
     inv = _ONE / np.float32(x.shape[1])
     for j in numba.prange(bounds.shape[0] - 1):
         for r in range(bounds[j], bounds[j + 1]):
             o[r] = _row_sum(x[r]) * inv
 
 
-__all__ = ["ROW_FAST", "mean_rows", "normalize_rows", "softmax_rows"]
+#: a float32 NaN's bits without the sign are above these (an infinity's)
+_INF_BITS = np.int32(0x7F800000)
+_ABS_BITS = np.int32(0x7FFFFFFF)
+
+
+@cpu_jit.inlined
+def _has_nan(bits):
+    """Whether a row seen as its int32 bits holds a NaN: integer compares, which fast-math flags
+    leave alone."""
+    found = 0
+    for i in range(bits.shape[0]):
+        found |= (bits[i] & _ABS_BITS) > _INF_BITS
+    return found != 0
+
+
+@cpu_jit.inlined
+def _row_max(row):
+    """The largest value of a row without NaN (``max_rows``' no-NaN flag lets it vectorise)."""
+    best = row[0]
+    for i in range(1, row.shape[0]):
+        v = row[i]
+        best = v if v > best else best
+    return best
+
+
+def _max_rows(x, o, bounds):
+    """o[r] = the largest value of row r of x [rows, size] (a global max pool's plane), NaN where
+    the row holds one (NumPy's ``max``), the spans [bounds[j], bounds[j + 1]) of rows on the
+    region's threads: the NaN found on the rows' bits first, so the maximum may vectorise."""
+    bits = x.view(np.int32)
+    for j in numba.prange(bounds.shape[0] - 1):
+        for r in range(bounds[j], bounds[j + 1]):
+            o[r] = np.float32(np.nan) if _has_nan(bits[r]) else _row_max(x[r])
+
+
+#: compiled with no NaN assumed (``_max_rows`` tests for NaN on the bits before it compares)
+max_rows = cpu_parallel.compiled_region(_max_rows, fastmath=ROW_FAST | {"nnan"}, error_model="numpy")
+
+
+__all__ = ["ROW_FAST", "max_rows", "mean_rows", "normalize_rows", "softmax_rows"]
