@@ -15,7 +15,9 @@ the direct kernel, vector loops over each input plane zero-padded, split by stri
 flattened, so that each tap reads it at a constant offset (sums in float32, exact for the integers
 of any window up to 514 taps, else int32); depthwise ones on the smallest planes
 (``runs_channels_last``) channels-last inside, a vector over a block of channels per tap, since
-there a plane is too few outputs to pay each row's loops. All end in the requantizing epilogue
+there a plane is too few outputs to pay each row's loops, and at stride 1 with rows as wide as the
+input's (``runs_flat``) over each plane flattened without padding columns, the reads past a row's
+ends taken off after. All end in the requantizing epilogue
 of the contract: ``clip(rint(float32(acc) * multiplier) + zero, lo, hi)``, a float multiplier as
 ONNX Runtime's.
 
@@ -425,6 +427,74 @@ def _conv_depthwise_channels_last(x, taps, bias, multiplier, out, geometry, flip
                     plane_out[p] = requantized[p * block + c]
 
 
+def runs_flat(op: A.QuantizedConv2D) -> bool:
+    """Whether ``_conv_depthwise_flat`` computes ``op``: a depthwise convolution at stride 1 whose
+    output rows are as wide as its input rows (the horizontal padding "same"), so that a plane is
+    summed flattened, rows unpadded, with no loop per row."""
+    (kh, kw), (ph, pw), (dh, dw) = op.kernel, op.pads, op.dilations
+    return (op.scheme == "depthwise" and op.out_channels == op.in_channels and op.strides == (1, 1)
+            and 2 * pw == (kw - 1) * dw and op.out_hw[1] == op.in_hw[1])
+
+
+def _conv_depthwise_flat(x, taps, bias, multiplier, out, geometry, flip, x_zero, y_zero, lo, hi):
+    """A depthwise QuantizedConv2D (``runs_flat``): x uint8 [N, C, H, W], ``taps`` (``direct_taps``),
+    out uint8 [N, C, OH*W]. Each input plane, less its zero point, is one contiguous run in a scratch
+    with zero rows above and below and no padding columns, so that a tap reads it at a constant
+    offset from the flattened output index and a plane is a few vector loops (DIRECT_READS taps
+    each) with no loop per row; the taps that reach past a row's ends read the neighbouring row's
+    pixels there, which are then taken off those outputs' sums, border column by border column (the
+    sums stay exact: every output still sums exactly the window's products)."""
+    kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
+    images, channels, height, width = x.shape
+    window = kh_ * kw_
+    span = oh_ * width
+    zero = np.int32(x_zero + flip)
+    flip_byte = np.uint8(flip)
+    inside = pw + ph * width  # where the plane's first pixel goes in the scratch
+    length = pw + (oh_ - 1 + (kh_ - 1) * dh) * width + width + (kw_ - 1) * dw - pw
+    offsets = np.zeros(taps.shape[1], np.int64)
+    for k in range(window):
+        offsets[k] = pw + (k // kw_) * dh * width + (k % kw_) * dw - pw
+    items = images * channels
+    tasks = min(items, DIRECT_TASKS)
+    for task in numba.prange(tasks):
+        flat = np.zeros(length, taps.dtype)  # the zero rows stay zero: only the plane is written
+        acc = np.empty(span, taps.dtype)
+        for item in range(task, items, tasks):
+            n, c = item // channels, item % channels
+            plane = x[n, c].reshape(height * width)
+            widened = flat[inside:inside + height * width]
+            for i in range(widened.shape[0]):
+                widened[i] = np.int32(plane[i] ^ flip_byte) - zero
+            weights = taps[c]
+            for k in range(0, taps.shape[1], DIRECT_READS):
+                a0, a1, a2, a3, a4 = offsets[k], offsets[k + 1], offsets[k + 2], offsets[k + 3], offsets[k + 4]
+                v0, v1, v2 = flat[a0:a0 + span], flat[a1:a1 + span], flat[a2:a2 + span]
+                v3, v4 = flat[a3:a3 + span], flat[a4:a4 + span]
+                w0, w1, w2, w3, w4 = weights[k], weights[k + 1], weights[k + 2], weights[k + 3], weights[k + 4]
+                if k == 0:
+                    for i in range(span):
+                        acc[i] = v0[i] * w0 + v1[i] * w1 + v2[i] * w2 + v3[i] * w3 + v4[i] * w4
+                else:
+                    for i in range(span):
+                        acc[i] += v0[i] * w0 + v1[i] * w1 + v2[i] * w2 + v3[i] * w3 + v4[i] * w4
+            for kw in range(kw_):  # the reads past a row's ends, taken off again, a window column at a time
+                shift = kw * dw - pw
+                first, last = (0, -shift) if shift < 0 else (width - shift, width)
+                for ow in range(max(first, 0), min(last, width)):
+                    for oh in range(oh_):
+                        at = oh * width + ow
+                        wrong = acc[at] - acc[at]
+                        for kh in range(kh_):
+                            k = kh * kw_ + kw
+                            wrong += flat[at + offsets[k]] * weights[k]
+                        acc[at] -= wrong
+            start, m = bias[c], multiplier[c]
+            plane_out = out[n, c]
+            for i in range(span):
+                plane_out[i] = _requantized(np.int32(acc[i]) + start, m, y_zero, lo, hi)
+
+
 _COMPILED: dict[tuple[str, str, bool], object] = {}
 
 
@@ -526,6 +596,14 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
         def run_channels_last() -> None:
             kernel(x, taps, bias, multiplier, out, geometry, flip, *arguments)
         return KernelWork((run_channels_last,), f"int8 depthwise channels-last{' region' if parallel else ''}")
+    if runs_flat(op):
+        taps = direct_taps(op, weight)
+        kernel = cpu_jit.bind(_kernel(_conv_depthwise_flat, "portable", parallel), x, taps, bias,
+                              multiplier, out, geometry, flip, *arguments)
+
+        def run_flat() -> None:
+            kernel(x, taps, bias, multiplier, out, geometry, flip, *arguments)
+        return KernelWork((run_flat,), f"int8 depthwise flat{' region' if parallel else ''}")
     if runs_direct(op):
         taps = direct_taps(op, weight)
         kernel = cpu_jit.bind(_kernel(_conv_direct, "portable", parallel), x, taps, bias, multiplier, out,
