@@ -484,7 +484,7 @@ def _conv_depthwise_flat(x, taps, bias, multiplier, out, geometry, flip, x_zero,
                 for ow in range(max(first, 0), min(last, width)):
                     for oh in range(oh_):
                         at = oh * width + ow
-                        wrong = acc[at] - acc[at]
+                        wrong = weights[0] - weights[0]  # a zero of the sums' type
                         for kh in range(kh_):
                             k = kh * kw_ + kw
                             wrong += flat[at + offsets[k]] * weights[k]
