@@ -37,6 +37,12 @@ GEOMETRIES = [
     ("depthwise dilated stride 2", 8, (17, 16), 8, 3, 2, 2, 2, 8, 1),
     ("depthwise 5x5 stride 3", 6, (16, 17), 6, 5, 3, 1, 1, 6, 1),
     ("depthwise int32 sums", 4, (24, 25), 4, 23, 1, 11, 1, 4, 1),  # 529 taps: past float32's exact sums
+    # the channels-last depthwise kernel's (output planes of at most CHANNELS_LAST_PIXELS): several
+    # blocks of channels, the last one partial; a stride, dilation; int32 sums
+    ("depthwise small plane", 130, (7, 7), 130, 3, 1, 1, 1, 130, 2),
+    ("depthwise small plane stride 2 dilated", 67, (13, 12), 67, 3, 2, 2, 2, 67, 1),
+    ("depthwise small plane int32 sums", 3, (6, 7), 3, 23, 1, 11, 1, 3, 1),
+    ("depthwise dilated", 12, (10, 11), 12, 3, 1, 2, 2, 12, 1),  # the flat kernel's, as "depthwise" and "5x5"
     ("rows of a product", 70, (1, 1), 37, 1, 1, 0, 1, 1, 5),
 ]
 
@@ -118,6 +124,26 @@ def test_quantized_conv_kernel_is_the_contract_exactly(compiled_cpu, geometry, t
             np.testing.assert_array_equal(_run_kernel(CpuBackend(threads=1, jit=False), op, x, w, bias, multiplier),
                                           reference)
         assert np.abs(reference.astype(np.int64) - _unfused(op, x, w, bias, scales)).max() <= 1
+
+
+def test_depthwise_kernels_by_geometry(compiled_cpu):
+    """Depthwise convolutions with output planes of at most CHANNELS_LAST_PIXELS take the
+    channels-last kernel, larger ones at stride 1 with rows as wide as the input's the flat kernel,
+    the others the direct kernel (the cases above check each one's bits)."""
+    for geometry in GEOMETRIES:
+        if geometry[-2] == geometry[1] > 1:  # depthwise
+            op, x, w, bias, multiplier, _ = _case(geometry, "int8", "int8")
+            out = np.zeros((op.batch, op.out_channels) + op.out_hw, np.int8)
+            exe = compiled_cpu.create_execution(op, [_handle(x), _handle(w), _handle(bias), _handle(multiplier)],
+                                                [TensorHandle(out.reshape(-1), 0, out.shape, "int8")])
+            _, c, hw, _, k, stride, pad, dilation, _, _ = geometry
+            if op.out_hw[0] * op.out_hw[1] <= int8_conv.CHANNELS_LAST_PIXELS:
+                kind = "channels-last"
+            elif stride == 1 and 2 * pad == (k - 1) * dilation:
+                kind = "flat"
+            else:
+                kind = "direct"
+            assert kind in exe.scheme, (geometry[0], exe.scheme)
 
 
 # -- QDQ zoo models ------------------------------------------------------------------------------------

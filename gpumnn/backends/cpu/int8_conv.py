@@ -13,8 +13,13 @@ as many channels as the input or the planes are large; others, and a product's r
 go the im2col way. ``depthwise``, and small windows over a few input channels (``runs_direct``):
 the direct kernel, vector loops over each input plane zero-padded, split by stride phase and
 flattened, so that each tap reads it at a constant offset (sums in float32, exact for the integers
-of any window up to 514 taps, else int32). All end in the requantizing epilogue of the contract:
-``clip(rint(float32(acc) * multiplier) + zero, lo, hi)``, a float multiplier as ONNX Runtime's.
+of any window up to 514 taps, else int32); depthwise ones on the smallest planes
+(``runs_channels_last``) channels-last inside, a vector over a block of channels per tap, since
+there a plane is too few outputs to pay each row's loops, and at stride 1 with rows as wide as the
+input's (``runs_flat``) over each plane flattened without padding columns, the reads past a row's
+ends taken off after. All end in the requantizing epilogue
+of the contract: ``clip(rint(float32(acc) * multiplier) + zero, lo, hi)``, a float multiplier as
+ONNX Runtime's.
 
 8-bit tensors are read and written through uint8 views, int8 ones' bytes included (a value's
 low byte is the same either way), so one compiled kernel serves every combination of types.
@@ -51,6 +56,13 @@ DIRECT_READS = 5
 DIRECT_CHUNK = 1024
 #: the most taps (channels by window) of a convolution that is not depthwise that the direct kernel sums
 DIRECT_TAPS = 32
+#: a depthwise convolution's output planes of at most this many pixels run channels-last
+CHANNELS_LAST_PIXELS = 7 * 7
+#: the channels one task of the channels-last depthwise kernel takes (the width of its vector loops)
+CHANNEL_BLOCK = 64
+#: the taps one vector loop of the channels-last depthwise kernel sums (each tap two arrays read: more
+#: than three, and LLVM's run-time checks that they do not overlap the sums leave the loop scalar)
+CHANNELS_LAST_READS = 3
 
 
 def pack_conv_weight(weight: np.ndarray, groups: int, pairs: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -330,6 +342,159 @@ def _conv_direct(x, taps, bias, multiplier, out, geometry, groups, flip, x_zero,
                         row[ow] = _requantized(np.int32(sums[ow]) + start, m, y_zero, lo, hi)
 
 
+def runs_channels_last(op: A.QuantizedConv2D) -> bool:
+    """Whether ``_conv_depthwise_channels_last`` computes ``op``: a depthwise convolution of one
+    output channel per input channel whose output planes have at most CHANNELS_LAST_PIXELS pixels,
+    where a vector over channels per tap outruns the direct kernel's few short loops per plane."""
+    return (op.scheme == "depthwise" and op.out_channels == op.in_channels
+            and op.out_hw[0] * op.out_hw[1] <= CHANNELS_LAST_PIXELS)
+
+
+def channels_last_taps(op: A.QuantizedConv2D, weight: np.ndarray) -> np.ndarray:
+    """A depthwise ``weight`` [C, 1, KH, KW] as ``_conv_depthwise_channels_last``'s taps: per block
+    of CHANNEL_BLOCK channels, [KH * KW padded to a multiple of CHANNELS_LAST_READS, CHANNEL_BLOCK]
+    in ``direct_sum_dtype`` (zeros in the padding): [blocks, taps, CHANNEL_BLOCK]."""
+    channels, window = op.out_channels, op.kernel[0] * op.kernel[1]
+    blocks = -(-channels // CHANNEL_BLOCK)
+    taps = np.zeros((blocks * CHANNEL_BLOCK, -(-window // CHANNELS_LAST_READS) * CHANNELS_LAST_READS),
+                    direct_sum_dtype(op))
+    taps[:channels, :window] = weight.reshape(channels, window)
+    return np.ascontiguousarray(taps.reshape(blocks, CHANNEL_BLOCK, -1).transpose(0, 2, 1))
+
+
+def _conv_depthwise_channels_last(x, taps, bias, multiplier, out, geometry, flip, x_zero, y_zero, lo, hi):
+    """A depthwise QuantizedConv2D (``runs_channels_last``) channels-last inside: x uint8 [N, C, H, W],
+    ``taps`` (``channels_last_taps``), out uint8 [N, C, OH*OW]. A parallel task takes a block of
+    CHANNEL_BLOCK channels of one image, lays them less the zero point in a zero-padded scratch
+    [padded rows * padded columns, CHANNEL_BLOCK], sums each output pixel as vector loops over the
+    block's channels, CHANNELS_LAST_READS taps each, requantizes the pixel's channels into a
+    pixel-major scratch and at last writes the block's NCHW planes from it. The lanes past the last
+    channel are computed and never stored."""
+    kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
+    images, channels, height, width = x.shape
+    blocks, taps_padded, block = taps.shape
+    window = kh_ * kw_
+    rows = (oh_ - 1) * sh + (kh_ - 1) * dh + 1  # the padded input's rows and columns any output reads
+    columns = (ow_ - 1) * sw + (kw_ - 1) * dw + 1
+    pixels = oh_ * ow_
+    zero = np.int32(x_zero + flip)
+    flip_byte = np.uint8(flip)
+    # each tap's offset in the scratch from its output pixel's first tap (the zero taps past the
+    # window read the first tap's place)
+    offsets = np.zeros(taps_padded, np.int64)
+    for k in range(window):
+        offsets[k] = ((k // kw_) * dh * columns + (k % kw_) * dw) * block
+    filled_rows = min(height, rows - ph)
+    filled_columns = min(width, columns - pw)
+    items = images * blocks
+    tasks = min(items, DIRECT_TASKS)
+    for task in numba.prange(tasks):
+        padded = np.zeros(rows * columns * block, taps.dtype)  # the border stays zero: only the inside is written
+        acc = np.empty(block, taps.dtype)
+        requantized = np.empty(pixels * block, np.uint8)
+        for item in range(task, items, tasks):
+            n, b = item // blocks, item % blocks
+            c0 = b * block
+            count = min(block, channels - c0)
+            for ih in range(filled_rows):
+                for iw in range(filled_columns):
+                    at = ((ih + ph) * columns + pw + iw) * block
+                    pixel = padded[at:at + count]
+                    for c in range(count):
+                        pixel[c] = np.int32(x[n, c0 + c, ih, iw] ^ flip_byte) - zero
+            weights = taps[b]
+            block_bias, block_multiplier = bias[c0:c0 + count], multiplier[c0:c0 + count]
+            for oh in range(oh_):
+                for ow in range(ow_):
+                    start = (oh * sh * columns + ow * sw) * block
+                    for k in range(0, taps_padded, CHANNELS_LAST_READS):
+                        a0, a1, a2 = start + offsets[k], start + offsets[k + 1], start + offsets[k + 2]
+                        v0, v1, v2 = padded[a0:a0 + block], padded[a1:a1 + block], padded[a2:a2 + block]
+                        w0, w1, w2 = weights[k], weights[k + 1], weights[k + 2]
+                        if k == 0:
+                            for i in range(block):
+                                acc[i] = v0[i] * w0[i] + v1[i] * w1[i] + v2[i] * w2[i]
+                        else:
+                            for i in range(block):
+                                acc[i] += v0[i] * w0[i] + v1[i] * w1[i] + v2[i] * w2[i]
+                    p = oh * ow_ + ow
+                    done = requantized[p * block:(p + 1) * block]
+                    for c in range(count):
+                        done[c] = _requantized(np.int32(acc[c]) + block_bias[c], block_multiplier[c], y_zero, lo, hi)
+            for c in range(count):
+                plane_out = out[n, c0 + c]
+                for p in range(pixels):
+                    plane_out[p] = requantized[p * block + c]
+
+
+def runs_flat(op: A.QuantizedConv2D) -> bool:
+    """Whether ``_conv_depthwise_flat`` computes ``op``: a depthwise convolution at stride 1 whose
+    output rows are as wide as its input rows (the horizontal padding "same"), so that a plane is
+    summed flattened, rows unpadded, with no loop per row."""
+    (kh, kw), (ph, pw), (dh, dw) = op.kernel, op.pads, op.dilations
+    return (op.scheme == "depthwise" and op.out_channels == op.in_channels and op.strides == (1, 1)
+            and 2 * pw == (kw - 1) * dw and op.out_hw[1] == op.in_hw[1])
+
+
+def _conv_depthwise_flat(x, taps, bias, multiplier, out, geometry, flip, x_zero, y_zero, lo, hi):
+    """A depthwise QuantizedConv2D (``runs_flat``): x uint8 [N, C, H, W], ``taps`` (``direct_taps``),
+    out uint8 [N, C, OH*W]. Each input plane, less its zero point, is one contiguous run in a scratch
+    with zero rows above and below and no padding columns, so that a tap reads it at a constant
+    offset from the flattened output index and a plane is a few vector loops (DIRECT_READS taps
+    each) with no loop per row; the taps that reach past a row's ends read the neighbouring row's
+    pixels there, which are then taken off those outputs' sums, border column by border column (the
+    sums stay exact: every output still sums exactly the window's products)."""
+    kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
+    images, channels, height, width = x.shape
+    window = kh_ * kw_
+    span = oh_ * width
+    zero = np.int32(x_zero + flip)
+    flip_byte = np.uint8(flip)
+    inside = pw + ph * width  # where the plane's first pixel goes in the scratch
+    length = pw + (oh_ - 1 + (kh_ - 1) * dh) * width + width + (kw_ - 1) * dw - pw
+    offsets = np.zeros(taps.shape[1], np.int64)
+    for k in range(window):
+        offsets[k] = pw + (k // kw_) * dh * width + (k % kw_) * dw - pw
+    items = images * channels
+    tasks = min(items, DIRECT_TASKS)
+    for task in numba.prange(tasks):
+        flat = np.zeros(length, taps.dtype)  # the zero rows stay zero: only the plane is written
+        acc = np.empty(span, taps.dtype)
+        for item in range(task, items, tasks):
+            n, c = item // channels, item % channels
+            plane = x[n, c].reshape(height * width)
+            widened = flat[inside:inside + height * width]
+            for i in range(widened.shape[0]):
+                widened[i] = np.int32(plane[i] ^ flip_byte) - zero
+            weights = taps[c]
+            for k in range(0, taps.shape[1], DIRECT_READS):
+                a0, a1, a2, a3, a4 = offsets[k], offsets[k + 1], offsets[k + 2], offsets[k + 3], offsets[k + 4]
+                v0, v1, v2 = flat[a0:a0 + span], flat[a1:a1 + span], flat[a2:a2 + span]
+                v3, v4 = flat[a3:a3 + span], flat[a4:a4 + span]
+                w0, w1, w2, w3, w4 = weights[k], weights[k + 1], weights[k + 2], weights[k + 3], weights[k + 4]
+                if k == 0:
+                    for i in range(span):
+                        acc[i] = v0[i] * w0 + v1[i] * w1 + v2[i] * w2 + v3[i] * w3 + v4[i] * w4
+                else:
+                    for i in range(span):
+                        acc[i] += v0[i] * w0 + v1[i] * w1 + v2[i] * w2 + v3[i] * w3 + v4[i] * w4
+            for kw in range(kw_):  # the reads past a row's ends, taken off again, a window column at a time
+                shift = kw * dw - pw
+                first, last = (0, -shift) if shift < 0 else (width - shift, width)
+                for ow in range(max(first, 0), min(last, width)):
+                    for oh in range(oh_):
+                        at = oh * width + ow
+                        wrong = weights[0] - weights[0]  # a zero of the sums' type
+                        for kh in range(kh_):
+                            k = kh * kw_ + kw
+                            wrong += flat[at + offsets[k]] * weights[k]
+                        acc[at] -= wrong
+            start, m = bias[c], multiplier[c]
+            plane_out = out[n, c]
+            for i in range(span):
+                plane_out[i] = _requantized(np.int32(acc[i]) + start, m, y_zero, lo, hi)
+
+
 _COMPILED: dict[tuple[str, str, bool], object] = {}
 
 
@@ -423,6 +588,22 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
     path = cpu_int8.current_path()
     parallel = engine.regions > 1 and op.macs() >= 1 << 16
     arguments = (op.x_zero_point, op.y_zero_point, op.lo, op.hi)
+    if runs_channels_last(op):
+        taps = channels_last_taps(op, weight)
+        kernel = cpu_jit.bind(_kernel(_conv_depthwise_channels_last, "portable", parallel), x, taps, bias,
+                              multiplier, out, geometry, flip, *arguments)
+
+        def run_channels_last() -> None:
+            kernel(x, taps, bias, multiplier, out, geometry, flip, *arguments)
+        return KernelWork((run_channels_last,), f"int8 depthwise channels-last{' region' if parallel else ''}")
+    if runs_flat(op):
+        taps = direct_taps(op, weight)
+        kernel = cpu_jit.bind(_kernel(_conv_depthwise_flat, "portable", parallel), x, taps, bias,
+                              multiplier, out, geometry, flip, *arguments)
+
+        def run_flat() -> None:
+            kernel(x, taps, bias, multiplier, out, geometry, flip, *arguments)
+        return KernelWork((run_flat,), f"int8 depthwise flat{' region' if parallel else ''}")
     if runs_direct(op):
         taps = direct_taps(op, weight)
         kernel = cpu_jit.bind(_kernel(_conv_direct, "portable", parallel), x, taps, bias, multiplier, out,
