@@ -197,7 +197,26 @@ def _conv_pixels(x, weight_rows, panel, lanes, corrections, multiplier, out, fli
         words = panel.copy()  # zeros: the steps past K and the pixels past the plane stay 0
         local = words.view(lanes.dtype).reshape(1, steps, NR, step)
         sums = np.zeros(NR, np.int32)
-        for c in range(channels):  # each channel's pixels into their lane of the words: one vector loop
+        whole = channels // step * step if step in (2, 4) else 0
+        if step == 4:  # a word's four channels in one vector loop, each word stored once
+            for c in range(0, whole, 4):
+                word = words[c // 4]
+                a, b = x[n, c].reshape(pixels)[p0:p0 + count], x[n, c + 1].reshape(pixels)[p0:p0 + count]
+                d, e = x[n, c + 2].reshape(pixels)[p0:p0 + count], x[n, c + 3].reshape(pixels)[p0:p0 + count]
+                for j in range(count):
+                    v0, v1 = np.int32(a[j] ^ flip) - 128, np.int32(b[j] ^ flip) - 128
+                    v2, v3 = np.int32(d[j] ^ flip) - 128, np.int32(e[j] ^ flip) - 128
+                    word[j] = (v0 & 255) | ((v1 & 255) << 8) | ((v2 & 255) << 16) | (v3 << 24)
+                    sums[j] += v0 + v1 + v2 + v3
+        elif step == 2:  # the pair paths: a word's two channels (int16 lanes) in one loop
+            for c in range(0, whole, 2):
+                word = words[c // 2]
+                a, b = x[n, c].reshape(pixels)[p0:p0 + count], x[n, c + 1].reshape(pixels)[p0:p0 + count]
+                for j in range(count):
+                    v0, v1 = np.int32(a[j] ^ flip) - 128, np.int32(b[j] ^ flip) - 128
+                    word[j] = (v0 & 65535) | (v1 << 16)
+                    sums[j] += v0 + v1
+        for c in range(whole, channels):  # the channels past the last whole word, one lane each
             plane, word = x[n, c].reshape(pixels)[p0:p0 + count], words[c // step]
             shift = (c % step) * bits
             for j in range(count):
