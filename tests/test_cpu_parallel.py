@@ -409,7 +409,7 @@ def test_im2col_on_packed_weights_in_regions(case, cols_bytes, monkeypatch, fres
 
     channels, size, kernel, stride, dilation, pads, out_channels, activation, bias = case
     monkeypatch.setattr(cpu_engines, "PACKED_MIN_DEPTH", 1)
-    monkeypatch.setattr(cpu_engines, "DIRECT_MAX_DEPTH", 0)  # the register tile, not the direct one
+    monkeypatch.setattr(cpu_engines, "TAPPED_MAX_DEPTH", 0)  # the register tile, not the tapped one
     monkeypatch.setattr(cpu_engines, "REGION_COLS_BYTES", cols_bytes)  # the second: several pixel blocks
     calls = []
     monkeypatch.setattr(cpu_compiled, "_packed_conv_region", lambda *a, real=cpu_compiled._packed_conv_region: calls.append(a) or real(*a))

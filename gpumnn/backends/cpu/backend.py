@@ -390,10 +390,10 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
                   (b, gi * ocg + m0, gi * ocg + m1, n0, n1))
                  for b in range(n) for gi in range(g) for _, m0, m1, n0, n1 in _gemm_blocks(1, ocg, h * w, parts)]
         return KernelWork((_on_pool(pool, len(tasks), _gemm_chunk(tasks, finish)),), "gemm1x1")
-    if kernel == "direct_region" and x.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous:
-        return cpu_compiled._direct_conv_region(op, x, w_packed[0], out, bias,
+    if kernel == "tapped_region" and x.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous:
+        return cpu_compiled._tapped_conv_region(op, x, w_packed[0], out, bias,
                                                 not op.has_bias or CpuBackend.is_constant(ins[2]), regions, parts, once)
-    if kernel == "direct_region":  # a layout the tiles do not take: im2col's copy and BLAS
+    if kernel == "tapped_region":  # a layout the tiles do not take: im2col's copy and BLAS
         kernel = "im2col_region"
     if kernel == "packed_region":
         panels = once(("panels", w_packed.shape), lambda: cpu_tiles.pack_panels(w_packed[0], cpu_tiles.NR))

@@ -197,10 +197,10 @@ def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts:
                   keep=(panels, b1, xp, bases, taps, pack_bounds, blocks, packs, accs))
 
 
-def _direct_conv_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
+def _tapped_conv_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
                         constant_bias: bool, regions: int, parts: int, once: Callable) -> KernelWork:
     """A convolution on few input channels and constant weights, stride 1 along rows, as one
-    native region per image (``cpu_parallel.direct_conv``): the weights packed once into panels of
+    native region per image (``cpu_parallel.tapped_conv``): the weights packed once into panels of
     MR output channels, per run the input copied into a zero-bordered buffer (where there is
     padding) and read there by the tiles, no im2col copy; the bias and a clamp in the tile's
     registers. ``x`` [N, C, H, W], ``weight`` [O, C*KH*KW], ``out`` [N, O, OH*OW]."""
@@ -210,7 +210,7 @@ def _direct_conv_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np
     mr = cpu_tiles.MR
     top, left, bottom, right = _conv_pads(op)
     rows, cols = h + top + bottom, w + left + right
-    panels = once(("direct panels", mr, weight.shape), lambda: cpu_tiles.pack_panels(weight, mr))
+    panels = once(("tapped panels", mr, weight.shape), lambda: cpu_tiles.pack_panels(weight, mr))
     padded_bias = np.zeros(len(panels) * mr, np.float32)
 
     def refresh_bias() -> None:
@@ -219,7 +219,7 @@ def _direct_conv_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np
         refresh_bias()
     bordered = top + left + bottom + right > 0
     xp = np.zeros(c * rows * cols if bordered else 0, np.float32)
-    offsets = cpu_parallel.direct_conv_offsets(c, op.kernel, op.dilations, rows * cols, cols)
+    offsets = cpu_parallel.tapped_conv_offsets(c, op.kernel, op.dilations, rows * cols, cols)
     row_spans = _spans(oh, min(parts, oh))
     panel_spans = _spans(len(panels), parts) if len(row_spans) < parts else [(0, len(panels))]
     blocks = np.array([(r0, r1, v0 * mr, v1 * mr) for r0, r1 in row_spans for v0, v1 in panel_spans], np.int64)
@@ -230,9 +230,9 @@ def _direct_conv_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np
     out4 = out.reshape(n, oc, oh, ow)
     images = [(x[b], xp, inner, offsets, panels, out4[b], padded_bias, blocks, dummies, op.strides[0], lo, hi, kind)
               for b in range(n)]
-    run = _region_items(cpu_parallel.direct_conv, images, after, out, op.activation, regions)
+    run = _region_items(cpu_parallel.tapped_conv, images, after, out, op.activation, regions)
     work = (run,) if bias is None or constant_bias else (refresh_bias, run)
-    return KernelWork(work, "direct", keep=(panels, padded_bias, xp, offsets, blocks, dummies))
+    return KernelWork(work, "tapped", keep=(panels, padded_bias, xp, offsets, blocks, dummies))
 
 
 def _pointwise_blocks(channels: int, width: int, pixels: int, channels_in_rows: bool, parts: int) -> np.ndarray:

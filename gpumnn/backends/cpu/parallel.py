@@ -673,8 +673,8 @@ def pointwise_tiles(x, panels, out, bias, blocks, dummies, channels_in_rows, lo,
                         dummies[numba.get_thread_id()].ctypes.data, channels_in_rows, lo, hi, activation)
 
 @cpu_jit.inlined
-def direct_row(row_at, offsets_at, depth, w_at, out_at, ow, pixels, valid, bias_at, lo, hi, swish, dummy):
-    """One output row of ``direct_conv`` for one panel of MR output channels: NR pixels a tile, the
+def tapped_row(row_at, offsets_at, depth, w_at, out_at, ow, pixels, valid, bias_at, lo, hi, swish, dummy):
+    """One output row of ``tapped_conv`` for one panel of MR output channels: NR pixels a tile, the
     last tile moved back to end at the row's end (redoing a few pixels), one vector wide where the
     row is narrower than NR."""
     first = 0
@@ -682,22 +682,22 @@ def direct_row(row_at, offsets_at, depth, w_at, out_at, ow, pixels, valid, bias_
         left = ow - first
         if left >= NR or (left > cpu_tiles.NARROW and ow >= NR):
             at = first if left >= NR else ow - NR
-            cpu_tiles.direct_tile(w_at, MR, row_at + 4 * at, offsets_at, depth, out_at + 4 * at, pixels, 1, valid,
+            cpu_tiles.tapped_tile(w_at, MR, row_at + 4 * at, offsets_at, depth, out_at + 4 * at, pixels, 1, valid,
                                   bias_at, lo, hi, swish, dummy)
             first = at + NR
         else:
             at = first if left >= cpu_tiles.NARROW else ow - cpu_tiles.NARROW
-            cpu_tiles.direct_narrow(w_at, MR, row_at + 4 * at, offsets_at, depth, out_at + 4 * at, pixels, 1, valid,
+            cpu_tiles.tapped_narrow(w_at, MR, row_at + 4 * at, offsets_at, depth, out_at + 4 * at, pixels, 1, valid,
                                     bias_at, lo, hi, swish, dummy)
             first = at + cpu_tiles.NARROW
 
 
 @_gemm_region
-def direct_conv(x, xp, inner, offsets, panels, out, bias, blocks, dummies, stride_h, lo, hi, activation):
+def tapped_conv(x, xp, inner, offsets, panels, out, bias, blocks, dummies, stride_h, lo, hi, activation):
     """A convolution of one image at stride 1 along rows, x [C, H, W] with weights packed at
     creation ``panels`` [O / MR, C*KH*KW, MR] into out [O, OH, OW], with no im2col copy: x copied
     into the inside ``inner`` = (top, left, rows, columns) of ``xp``, its zero-bordered copy (none
-    where there is no padding: ``xp`` is empty, x read as it lies), then ``cpu_tiles.direct_tile``
+    where there is no padding: ``xp`` is empty, x read as it lies), then ``cpu_tiles.tapped_tile``
     on each (output row, panel of MR channels), whose steps read NR neighbouring pixels of the
     input at each (channel, tap) offset of ``offsets`` from the row's window origin (output row oy
     starts at input row oy * ``stride_h``); the bias (zero-padded to whole panels) and the clamp
@@ -724,7 +724,7 @@ def direct_conv(x, xp, inner, offsets, panels, out, bias, blocks, dummies, strid
         for oy in range(r0, r1):
             row_at = source.ctypes.data + 4 * oy * stride_h * cols
             for ch in range(c0, c1, MR):
-                direct_row(row_at, offsets.ctypes.data, offsets.shape[0], panels[ch // MR].ctypes.data,
+                tapped_row(row_at, offsets.ctypes.data, offsets.shape[0], panels[ch // MR].ctypes.data,
                            out.ctypes.data + 4 * (ch * pixels + oy * ow), ow, pixels, o - ch,
                            bias.ctypes.data + 4 * ch, lo, hi, swish, dummy)
             if activation >= 0 and not swish:
@@ -732,9 +732,9 @@ def direct_conv(x, xp, inner, offsets, panels, out, bias, blocks, dummies, strid
                     _activate(activation, out[ch, oy])
 
 
-def direct_conv_offsets(channels: int, kernel: tuple[int, int], dilations: tuple[int, int], plane: int,
+def tapped_conv_offsets(channels: int, kernel: tuple[int, int], dilations: tuple[int, int], plane: int,
                         padded_width: int) -> np.ndarray:
-    """``direct_conv``'s step offsets: for each input channel and window tap (the weights' C*KH*KW
+    """``tapped_conv``'s step offsets: for each input channel and window tap (the weights' C*KH*KW
     order), its offset in floats from an output pixel's window origin in the zero-bordered input
     (planes of ``plane`` floats, rows ``padded_width`` wide)."""
     (kh, kw), (dh, dw) = kernel, dilations

@@ -145,8 +145,8 @@ def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool, tapped: b
     (v: weights packed in panels of ``vectors`` * 8), the bias a value per column and every value
     stored on its own (NCHW puts a channel's pixels side by side); columns past ``valid`` go to
     ``dummy_address``. ``tapped`` (channels in rows only): v_stride is instead the address of an
-    int64 table of ``depth`` offsets, step k's vectors read at v + offsets[k] floats (a direct
-    convolution's taps, ``cpu_parallel.direct_conv``)."""
+    int64 table of ``depth`` offsets, step k's vectors read at v + offsets[k] floats (a tapped
+    convolution's taps, ``cpu_parallel.tapped_conv``)."""
     @intrinsic
     def kernel(typingctx, p_address, p_stride, v_address, v_stride, depth, out_address, row_step, column_step,
                valid, bias_address, lo, hi, swish, dummy_address):
@@ -232,11 +232,11 @@ channel_rows_narrow = _pointwise_kernel(MR, 1, True)
 pixel_rows_1, pixel_rows_2, pixel_rows_3, pixel_rows_4, pixel_rows_5, pixel_rows_6 = (
     _pointwise_kernel(rows, NR // _LANES, False) for rows in range(1, MR + 1))
 pixel_row_wide = _pointwise_kernel(1, WIDE // _LANES, False)
-#: The direct convolution's tiles (``cpu_parallel.direct_conv``): MR output channels by NR (or one
+#: The tapped convolution's tiles (``cpu_parallel.tapped_conv``): MR output channels by NR (or one
 #: vector of) output pixels of a row, each step one (input channel, tap) pair whose pixels are read
 #: where they lie in the zero-bordered input, at the step's offset from a table
-direct_tile = _pointwise_kernel(MR, NR // _LANES, True, tapped=True)
-direct_narrow = _pointwise_kernel(MR, 1, True, tapped=True)
+tapped_tile = _pointwise_kernel(MR, NR // _LANES, True, tapped=True)
+tapped_narrow = _pointwise_kernel(MR, 1, True, tapped=True)
 
 
 @cpu_jit.compiled

@@ -1,5 +1,5 @@
-"""The cpu backend's direct convolution (``compiled._direct_conv_region``, ``cpu_parallel.direct_conv``):
-convolutions on few input channels read where they lie by ``cpu_tiles.direct_tile``, against
+"""The cpu backend's tapped convolution (``compiled._tapped_conv_region``, ``cpu_parallel.tapped_conv``):
+convolutions on few input channels read where they lie by ``cpu_tiles.tapped_tile``, against
 float64 NumPy at odd sizes (rows on both sides of NR and NARROW, output channels that fill no panel,
 padding on some sides only, dilations, strides along columns, every activation) and against ONNX
 Runtime through a session."""
@@ -46,7 +46,7 @@ def _want(op, x, weight, bias, pads4):
 
 
 def _run(op, pads4, parts, rng, constant_bias=True):
-    """(got, want, (x, weight, bias, made)): the direct region on a random batch; ``out`` lies inside
+    """(got, want, (x, weight, bias, made)): the tapped region on a random batch; ``out`` lies inside
     a guard of NaNs that must stay as they are."""
     n, c, oc = op.batch, op.in_channels, op.out_channels
     (h, w), (oh, ow), (kh, kw) = op.in_hw, op.out_hw, op.kernel
@@ -56,7 +56,7 @@ def _run(op, pads4, parts, rng, constant_bias=True):
     size = n * oc * oh * ow
     guarded = np.full(size + 64, np.nan, np.float32)
     out = guarded[32:32 + size].reshape(n, oc, oh * ow)
-    made = cpu_compiled._direct_conv_region(op, x, weight.reshape(oc, -1), out, bias, constant_bias, 2, parts,
+    made = cpu_compiled._tapped_conv_region(op, x, weight.reshape(oc, -1), out, bias, constant_bias, 2, parts,
                                             lambda key, make: make())
     for work in made.work:
         work()
@@ -89,7 +89,7 @@ SHAPES = [
 @pytest.mark.parametrize("parts", [1, 2])
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"c{s[0]}h{s[1][0]}w{s[1][1]}o{s[2]}k{s[3][0]}x{s[3][1]}"
                                               for s in SHAPES])
-def test_direct_conv_against_numpy(shape, parts, fresh_rng):
+def test_tapped_conv_against_numpy(shape, parts, fresh_rng):
     require_tool("regions", cpu_parallel.available()[1])
     channels, in_hw, out_channels, kernel, pads4, stride_h, dilations = shape
     for index, activation in enumerate(ACTIVATIONS):
@@ -100,7 +100,7 @@ def test_direct_conv_against_numpy(shape, parts, fresh_rng):
         _close(got, want)
 
 
-def test_direct_conv_reads_a_run_time_bias(fresh_rng):
+def test_tapped_conv_reads_a_run_time_bias(fresh_rng):
     """A bias that is not a constant is copied into the padded one on every run."""
     require_tool("regions", cpu_parallel.available()[1])
     pads4 = (1, 1, 1, 1)
@@ -117,14 +117,14 @@ REGIONS = Engine(jit=True, regions=2, threads=2)
 
 
 @pytest.mark.parametrize("op, constant, expected", [
-    (_op(3, (32, 160), 32, (3, 3), (1, 1, 1, 1)), True, "direct_region"),
-    (_op(192, (2, 40), 192, (2, 1), (0, 0, 0, 0)), True, "direct_region"),  # depth 384: at DIRECT_MAX_DEPTH
-    (_op(3, (32, 160), 32, (3, 3), (1, 1, 1, 1), stride_h=2), True, "direct_region"),  # stride along rows only
+    (_op(3, (32, 160), 32, (3, 3), (1, 1, 1, 1)), True, "tapped_region"),
+    (_op(192, (2, 40), 192, (2, 1), (0, 0, 0, 0)), True, "tapped_region"),  # depth 384: at TAPPED_MAX_DEPTH
+    (_op(3, (32, 160), 32, (3, 3), (1, 1, 1, 1), stride_h=2), True, "tapped_region"),  # stride along rows only
     (_op(3, (32, 160), 32, (3, 3), (1, 1, 1, 1)), False, "im2col_region"),  # run-time weights
     (_op(43, (16, 16), 32, (3, 3), (1, 1, 1, 1)), True, "im2col_region"),  # depth 387
     (_op(3, (32, 12), 32, (3, 3), (1, 1, 1, 1)), True, "im2col_region"),  # rows narrower than NR
 ])
-def test_engine_gives_the_direct_tiles(op, constant, expected):
+def test_engine_gives_the_tapped_tiles(op, constant, expected):
     assert REGIONS.conv(op, constant).kernel == expected
     strided = A.Conv2D(("x", "w"), ("y",), "conv", in_channels=3, in_hw=(32, 32), out_channels=16, out_hw=(16, 16),
                        kernel=(3, 3), strides=(2, 2), pads=(1, 1))
@@ -132,20 +132,20 @@ def test_engine_gives_the_direct_tiles(op, constant, expected):
 
 
 # (channels, size, kernel, stride, pads t/l/b/r, out channels, activation, bias): convolutions the
-# engine gives the direct tiles (stride 2 along columns, or run-time weights, would not be)
+# engine gives the tapped tiles (stride 2 along columns, or run-time weights, would not be)
 MODELS = [(3, 20, 3, 1, [1, 1, 1, 1], 32, "relu", True), (1, 20, 5, 1, [2, 2, 2, 2], 8, None, False),
           (2, 17, 3, 1, [0, 1, 1, 0], 13, "silu", True), (40, 18, (2, 1), 1, [0, 0, 0, 0], 20, "relu6", True)]
 
 
 @pytest.mark.parametrize("case", MODELS, ids=[f"c{c[0]}s{c[1]}o{c[5]}" for c in MODELS])
-def test_direct_convolutions_match_onnxruntime(case, monkeypatch, fresh_rng):
+def test_tapped_convolutions_match_onnxruntime(case, monkeypatch, fresh_rng):
     require_tool("numba", cpu_jit.MISSING)
     require_tool("regions", cpu_parallel.available()[1])
     channels, size, kernel, stride, pads, out_channels, activation, bias = case
     calls = []
-    monkeypatch.setattr(cpu_compiled, "_direct_conv_region",
-                        lambda *a, real=cpu_compiled._direct_conv_region: calls.append(a) or real(*a))
+    monkeypatch.setattr(cpu_compiled, "_tapped_conv_region",
+                        lambda *a, real=cpu_compiled._tapped_conv_region: calls.append(a) or real(*a))
     monkeypatch.setattr(cpu_engines, "WINOGRAD_PAYS", {k: (1 << 30, 1 << 30, 1e9) for k in cpu_engines.WINOGRAD_PAYS})
     model = _conv_model(channels, size, kernel, stride, 1, pads, 1, out_channels, activation, bias, fresh_rng)
     _both_ways_match_onnxruntime(model, (1, channels, size, size), fresh_rng)
-    assert calls, "the direct tiles were not used"
+    assert calls, "the tapped tiles were not used"
