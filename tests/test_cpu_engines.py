@@ -66,7 +66,11 @@ CONV = [
     # im2col: the register tile on constant weights from PACKED_MIN_DEPTH, BLAS below or on run-time weights
     (REGIONS, conv(64, 56, 64), True, ("packed_region", 2)),
     (REGIONS, conv(64, 56, 64), False, ("im2col_region", 2)),
-    (REGIONS, conv(16, 56, 64), True, ("im2col_region", 2)),  # depth 144
+    (REGIONS, conv(48, 56, 64), True, ("im2col_region", 2)),  # depth 432
+    # few input channels on constant weights, stride 1 along rows: the tapped tiles up to TAPPED_MAX_DEPTH
+    (REGIONS, conv(16, 56, 64), True, ("tapped_region", 2)),  # depth 144
+    (REGIONS, conv(16, 56, 64), False, ("im2col_region", 2)),
+    (REGIONS, conv(3, 56, 16, stride=2), True, ("im2col_region", 1)),  # stride 2 along columns
     (REGIONS, conv(16, 8, 16), True, ("im2col_region", 1)),
     (REGIONS, conv(64, 56, 64, groups=2), True, ("im2col_rows", 2)),  # grouped: the Python threads
     (JIT, conv(64, 56, 64), True, ("im2col_rows", 2)),

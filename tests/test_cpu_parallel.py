@@ -465,6 +465,7 @@ def test_im2col_on_packed_weights_in_regions(case, cols_bytes, monkeypatch, fres
     monkeypatch.setattr(cpu_engines, "PACKED_MIN_DEPTH", 1)
     monkeypatch.setattr(cpu_direct, "MAX_IN_CHANNELS", 0)  # the stem case here is the tile's, not the direct rows'
     monkeypatch.setattr(cpu_engines, "MASKED_MAX_CHANNELS", 0)  # the 3-channel case: not the masked rows
+    monkeypatch.setattr(cpu_engines, "TAPPED_MAX_DEPTH", 0)  # the register tile, not the tapped one
     monkeypatch.setattr(cpu_engines, "REGION_COLS_BYTES", cols_bytes)  # the second: several pixel blocks
     calls = []
     monkeypatch.setattr(cpu_compiled, "_packed_conv_region", lambda *a, real=cpu_compiled._packed_conv_region: calls.append(a) or real(*a))

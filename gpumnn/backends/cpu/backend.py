@@ -401,6 +401,11 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
                                            regions, parts)
     if kernel == "direct_region":  # a layout the direct kernel does not take
         kernel, parts = "im2col_region", engine.shared(op.macs(), engines.REGION_MIN_MACS)  # as Engine.conv would
+    if kernel == "tapped_region" and x.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous:
+        return cpu_compiled._tapped_conv_region(op, x, w_packed[0], out, bias,
+                                                not op.has_bias or CpuBackend.is_constant(ins[2]), regions, parts, once)
+    if kernel == "tapped_region":  # a layout the tiles do not take: im2col's copy and BLAS
+        kernel = "im2col_region"
     if kernel == "packed_region":
         panels = once(("panels", w_packed.shape), lambda: cpu_tiles.pack_panels(w_packed[0], cpu_tiles.NR))
         return cpu_compiled._packed_conv_region(op, x, panels, out, bias, regions, parts, arena)

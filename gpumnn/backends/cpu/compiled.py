@@ -229,6 +229,44 @@ def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts:
                   keep=(panels, b1, xp, bases, taps, pack_bounds, blocks, packs, accs))
 
 
+def _tapped_conv_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
+                        constant_bias: bool, regions: int, parts: int, once: Callable) -> KernelWork:
+    """A convolution on few input channels and constant weights, stride 1 along rows, as one
+    native region per image (``cpu_parallel.tapped_conv``): the weights packed once into panels of
+    MR output channels, per run the input copied into a zero-bordered buffer (where there is
+    padding) and read there by the tiles, no im2col copy; the bias and a clamp in the tile's
+    registers. ``x`` [N, C, H, W], ``weight`` [O, C*KH*KW], ``out`` [N, O, OH*OW]."""
+    n, c = op.batch, op.in_channels
+    oc = op.out_channels
+    (oh, ow), (h, w) = op.out_hw, op.in_hw
+    mr = cpu_tiles.MR
+    top, left, bottom, right = _conv_pads(op)
+    rows, cols = h + top + bottom, w + left + right
+    panels = once(("tapped panels", mr, weight.shape), lambda: cpu_tiles.pack_panels(weight, mr))
+    padded_bias = np.zeros(len(panels) * mr, np.float32)
+
+    def refresh_bias() -> None:
+        padded_bias[:oc] = bias.reshape(oc)
+    if bias is not None:
+        refresh_bias()
+    bordered = top + left + bottom + right > 0
+    xp = np.zeros(c * rows * cols if bordered else 0, np.float32)
+    offsets = cpu_parallel.tapped_conv_offsets(c, op.kernel, op.dilations, rows * cols, cols)
+    row_spans = _spans(oh, min(parts, oh))
+    panel_spans = _spans(len(panels), parts) if len(row_spans) < parts else [(0, len(panels))]
+    blocks = np.array([(r0, r1, v0 * mr, v1 * mr) for r0, r1 in row_spans for v0, v1 in panel_spans], np.int64)
+    lo, hi, after = _compiled_clamp(op.activation)
+    kind, after = _in_region(op.activation, after, len(blocks), out, regions)
+    dummies = _thread_scratch(regions, cpu_tiles.NR)
+    inner = (top, left, rows, cols)
+    out4 = out.reshape(n, oc, oh, ow)
+    images = [(x[b], xp, inner, offsets, panels, out4[b], padded_bias, blocks, dummies, op.strides[0], lo, hi, kind)
+              for b in range(n)]
+    run = _region_items(cpu_parallel.tapped_conv, images, after, out, op.activation, regions)
+    work = (run,) if bias is None or constant_bias else (refresh_bias, run)
+    return KernelWork(work, "tapped", keep=(panels, padded_bias, xp, offsets, blocks, dummies))
+
+
 def _pointwise_blocks(channels: int, width: int, pixels: int, channels_in_rows: bool, parts: int) -> np.ndarray:
     """``cpu_parallel.pointwise_tiles``' blocks (first channel, channel stop, first pixel, pixel stop)
     for ``parts`` threads: spans of whole channel panels (``width`` channels each), or spans of

@@ -63,6 +63,11 @@ PACKED_MIN_DEPTH = 512
 #: place once for 16 of them, no im2col copy; its spans of rows share out from MASKED_SHARED_MACS.
 MASKED_MAX_CHANNELS = 4
 MASKED_SHARED_MACS = 1 << 18
+#: A convolution on constant weights with at most this inner dimension (C*KH*KW), stride 1 along
+#: rows and output rows of at least ``cpu_tiles.NR`` pixels runs on ``cpu_tiles``' tapped tiles
+#: (``compiled._tapped_conv_region``): the input read where it lies, no im2col copy, where the copy
+#: and BLAS's product over so short an inner dimension cost more than the multiply-adds.
+TAPPED_MAX_DEPTH = 384
 #: A 1x1 convolution on constant weights over at most this many pixels per image runs on
 #: ``cpu_tiles``' pointwise tiles (``compiled._pointwise_region``), not BLAS: on so few pixels the
 #: weights are the larger operand, which BLAS packs again on every call.
@@ -174,11 +179,20 @@ class Engine:
         few_channels = g == 1 and c <= MASKED_MAX_CHANNELS and op.strides[1] in (1, 2) and macs < REGION_MIN_MACS
         if self.regions and self.jit and few_channels:
             return Choice("masked_region", self.shared(macs, MASKED_SHARED_MACS))
+        if self.regions and g == 1 and self.tapped_fits(op, constant_weights):
+            return Choice("tapped_region", self.shared(macs, REGION_MIN_MACS))
         if self.regions and g == 1:
             packed = constant_weights and cg * kh * kw >= PACKED_MIN_DEPTH
             return Choice("packed_region" if packed else "im2col_region", self.shared(macs, REGION_MIN_MACS))
         # row blocks with their own columns, or (fewer pixels than channels) the columns once
         return Choice("im2col_rows" if oh * ow >= ocg else "im2col_columns", self.chunks(macs, PARALLEL_MIN_MACS))
+
+    @staticmethod
+    def tapped_fits(op: A.Conv2D, constant_weights: bool) -> bool:
+        """Whether a sliding-window convolution takes the tapped tiles (``TAPPED_MAX_DEPTH``)."""
+        (kh, kw), ow = op.kernel, op.out_hw[1]
+        return (constant_weights and op.in_channels // op.groups * kh * kw <= TAPPED_MAX_DEPTH
+                and op.strides[1] == 1 and ow >= cpu_tiles.NR)
 
     def matmul(self, macs: int, float32: bool, vector: bool, plain: bool = False) -> Choice:
         """A product of ``macs`` multiply-adds; ``vector``: one row times constant weights (a

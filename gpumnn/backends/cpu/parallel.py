@@ -672,6 +672,76 @@ def pointwise_tiles(x, panels, out, bias, blocks, dummies, channels_in_rows, lo,
         pointwise_block(x, panels, out, bias, blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3],
                         dummies[numba.get_thread_id()].ctypes.data, channels_in_rows, lo, hi, activation)
 
+@cpu_jit.inlined
+def tapped_row(row_at, offsets_at, depth, w_at, out_at, ow, pixels, valid, bias_at, lo, hi, swish, dummy):
+    """One output row of ``tapped_conv`` for one panel of MR output channels: NR pixels a tile, the
+    last tile moved back to end at the row's end (redoing a few pixels), one vector wide where the
+    row is narrower than NR."""
+    first = 0
+    while first < ow:
+        left = ow - first
+        if left >= NR or (left > cpu_tiles.NARROW and ow >= NR):
+            at = first if left >= NR else ow - NR
+            cpu_tiles.tapped_tile(w_at, MR, row_at + 4 * at, offsets_at, depth, out_at + 4 * at, pixels, 1, valid,
+                                  bias_at, lo, hi, swish, dummy)
+            first = at + NR
+        else:
+            at = first if left >= cpu_tiles.NARROW else ow - cpu_tiles.NARROW
+            cpu_tiles.tapped_narrow(w_at, MR, row_at + 4 * at, offsets_at, depth, out_at + 4 * at, pixels, 1, valid,
+                                    bias_at, lo, hi, swish, dummy)
+            first = at + cpu_tiles.NARROW
+
+
+@_gemm_region
+def tapped_conv(x, xp, inner, offsets, panels, out, bias, blocks, dummies, stride_h, lo, hi, activation):
+    """A convolution of one image at stride 1 along rows, x [C, H, W] with weights packed at
+    creation ``panels`` [O / MR, C*KH*KW, MR] into out [O, OH, OW], with no im2col copy: x copied
+    into the inside ``inner`` = (top, left, rows, columns) of ``xp``, its zero-bordered copy (none
+    where there is no padding: ``xp`` is empty, x read as it lies), then ``cpu_tiles.tapped_tile``
+    on each (output row, panel of MR channels), whose steps read NR neighbouring pixels of the
+    input at each (channel, tap) offset of ``offsets`` from the row's window origin (output row oy
+    starts at input row oy * ``stride_h``); the bias (zero-padded to whole panels) and the clamp
+    to [lo, hi] in registers, ACTIVATION_KINDS[activation] (none where < 0) after each row, hard-swish
+    in registers. blocks[i] = (first output row, row stop, first channel, channel stop), channels
+    in whole panels; ``dummies``: a row per thread for the tiles' stores past the last channel.
+    For few input channels, where an im2col copy and BLAS's product over a short inner dimension
+    cost more than the multiply-adds."""
+    channels, height, width = x.shape
+    o, oh, ow = out.shape
+    top, left, rows, cols = inner
+    if xp.shape[0]:
+        grid = xp.reshape(channels, rows, cols)
+        for ci in numba.prange(channels):
+            grid[ci, top:top + height, left:left + width] = x[ci]
+        source = xp
+    else:
+        source = x.reshape(x.size)
+    swish = 1 if activation == HARD_SWISH else 0
+    pixels = oh * ow
+    for i in numba.prange(blocks.shape[0]):
+        dummy = dummies[numba.get_thread_id()].ctypes.data
+        r0, r1, c0, c1 = blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3]
+        for oy in range(r0, r1):
+            row_at = source.ctypes.data + 4 * oy * stride_h * cols
+            for ch in range(c0, c1, MR):
+                tapped_row(row_at, offsets.ctypes.data, offsets.shape[0], panels[ch // MR].ctypes.data,
+                           out.ctypes.data + 4 * (ch * pixels + oy * ow), ow, pixels, o - ch,
+                           bias.ctypes.data + 4 * ch, lo, hi, swish, dummy)
+            if activation >= 0 and not swish:
+                for ch in range(c0, min(c1, o)):
+                    _activate(activation, out[ch, oy])
+
+
+def tapped_conv_offsets(channels: int, kernel: tuple[int, int], dilations: tuple[int, int], plane: int,
+                        padded_width: int) -> np.ndarray:
+    """``tapped_conv``'s step offsets: for each input channel and window tap (the weights' C*KH*KW
+    order), its offset in floats from an output pixel's window origin in the zero-bordered input
+    (planes of ``plane`` floats, rows ``padded_width`` wide)."""
+    (kh, kw), (dh, dw) = kernel, dilations
+    taps = (np.arange(kh)[:, None] * dh * padded_width + np.arange(kw)[None, :] * dw).reshape(-1)
+    return (np.arange(channels)[:, None] * plane + taps[None, :]).reshape(-1).astype(np.int64)
+
+
 def packed_conv_tables(kernel: tuple[int, int], strides: tuple[int, int], dilations: tuple[int, int],
                        out_hw: tuple[int, int], padded_width: int) -> tuple[np.ndarray, np.ndarray]:
     """``pack_windows``' bases (each output pixel's window origin in a padded plane

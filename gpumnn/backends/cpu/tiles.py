@@ -39,10 +39,11 @@ MR, NR = 6, 16
 _LANES = 8  # floats per vector register the IR names (AVX2's ymm)
 
 
-def _emit_products(builder, rows: int, vectors: int, p, p_stride, v, v_stride, depth):
+def _emit_products(builder, rows: int, vectors: int, p, p_stride, v, v_stride, depth, v_offsets=None):
     """The tile's loop in IR: sums[r * vectors + h] = sum over ``depth`` steps of p[step * p_stride
-    + r] times the vector v[step * v_stride + h * 8 ...], held in registers; returns the sums (zero
-    where ``depth`` is 0) with the builder placed after the loop."""
+    + r] times the vector v[step * v_stride + h * 8 ...] (v[v_offsets[step] + h * 8 ...] where
+    ``v_offsets``, a pointer to int64, is given), held in registers; returns the sums (zero where
+    ``depth`` is 0) with the builder placed after the loop."""
     f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
     vector = ir.VectorType(f32, _LANES)
     zero = ir.Constant(vector, [0.0] * _LANES)
@@ -56,7 +57,10 @@ def _emit_products(builder, rows: int, vectors: int, p, p_stride, v, v_stride, d
     step.add_incoming(ir.Constant(i64, 0), entry)
     for s in sums:
         s.add_incoming(zero, entry)
-    v_row = builder.gep(v, [builder.mul(step, v_stride)])
+    if v_offsets is None:
+        v_row = builder.gep(v, [builder.mul(step, v_stride)])
+    else:
+        v_row = builder.gep(v, [builder.load(builder.gep(v_offsets, [step]), align=8)])
     lanes = [builder.load(builder.bitcast(builder.gep(v_row, [ir.Constant(i64, h * _LANES)]),
                                           vector.as_pointer()), align=4) for h in range(vectors)]
     p_row = builder.gep(p, [builder.mul(step, p_stride)])
@@ -129,7 +133,7 @@ def _hard_swish(builder, value):
     return builder.fmul(value, gate)
 
 
-def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool):
+def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool, tapped: bool = False):
     """A register tile of a 1x1 convolution that stores its outputs itself, the bias, a clamp and
     (where ``swish`` is not 0) hard-swish applied in registers: ``rows`` x ``vectors`` * 8 sums of
     p^T v over ``depth`` steps, as ``tile_product`` makes them, then clamp(sum + bias) to [lo, hi]
@@ -140,7 +144,9 @@ def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool):
     Else the rows are pixels (p: a row of the input, read in place) and the columns output channels
     (v: weights packed in panels of ``vectors`` * 8), the bias a value per column and every value
     stored on its own (NCHW puts a channel's pixels side by side); columns past ``valid`` go to
-    ``dummy_address``."""
+    ``dummy_address``. ``tapped`` (channels in rows only): v_stride is instead the address of an
+    int64 table of ``depth`` offsets, step k's vectors read at v + offsets[k] floats (a tapped
+    convolution's taps, ``cpu_parallel.tapped_conv``)."""
     @intrinsic
     def kernel(typingctx, p_address, p_stride, v_address, v_stride, depth, out_address, row_step, column_step,
                valid, bias_address, lo, hi, swish, dummy_address):
@@ -150,7 +156,8 @@ def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool):
             p, v, out, bias, dummy = (builder.inttoptr(args[i], f32.as_pointer()) for i in (0, 2, 5, 9, 13))
             row_step, column_step, valid = args[6], args[7], args[8]
             lo, hi = _splat(builder, args[10]), _splat(builder, args[11])
-            totals = _emit_products(builder, rows, vectors, p, args[1], v, args[3], args[4])
+            offsets = builder.inttoptr(args[3], i64.as_pointer()) if tapped else None
+            totals = _emit_products(builder, rows, vectors, p, args[1], v, args[3], args[4], offsets)
 
             def finish(total, value, with_swish):
                 total = _clamped(builder, builder.fadd(total, value), lo, hi)
@@ -225,6 +232,11 @@ channel_rows_narrow = _pointwise_kernel(MR, 1, True)
 pixel_rows_1, pixel_rows_2, pixel_rows_3, pixel_rows_4, pixel_rows_5, pixel_rows_6 = (
     _pointwise_kernel(rows, NR // _LANES, False) for rows in range(1, MR + 1))
 pixel_row_wide = _pointwise_kernel(1, WIDE // _LANES, False)
+#: The tapped convolution's tiles (``cpu_parallel.tapped_conv``): MR output channels by NR (or one
+#: vector of) output pixels of a row, each step one (input channel, tap) pair whose pixels are read
+#: where they lie in the zero-bordered input, at the step's offset from a table
+tapped_tile = _pointwise_kernel(MR, NR // _LANES, True, tapped=True)
+tapped_narrow = _pointwise_kernel(MR, 1, True, tapped=True)
 
 
 @cpu_jit.compiled
