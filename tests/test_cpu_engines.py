@@ -70,7 +70,7 @@ CONV = [
     # few input channels on constant weights, stride 1 along rows: the tapped tiles up to TAPPED_MAX_DEPTH
     (REGIONS, conv(16, 56, 64), True, ("tapped_region", 2)),  # depth 144
     (REGIONS, conv(16, 56, 64), False, ("im2col_region", 2)),
-    (REGIONS, conv(3, 56, 16, stride=2), True, ("im2col_region", 1)),  # stride 2 along columns
+    (REGIONS, conv(8, 56, 16, stride=2), True, ("im2col_region", 1)),  # stride 2 along columns
     (REGIONS, conv(16, 8, 16), True, ("im2col_region", 1)),
     (REGIONS, conv(64, 56, 64, groups=2), True, ("im2col_rows", 2)),  # grouped: the Python threads
     (JIT, conv(64, 56, 64), True, ("im2col_rows", 2)),
@@ -83,9 +83,9 @@ CONV = [
     (REGIONS, conv(3, 20, 4), True, ("direct_region", 1)),
     (REGIONS, conv(1, 64, 16, k=7), True, ("direct_region", 2)),
     (REGIONS, conv(3, 224, 32, stride=2), False, ("im2col_region", 2)),  # run-time weights
-    (REGIONS, conv(5, 56, 16), True, ("im2col_region", 2)),  # past MAX_IN_CHANNELS
+    (REGIONS, conv(5, 56, 16), True, ("tapped_region", 2)),  # past MAX_IN_CHANNELS: the tapped tiles
     (REGIONS, conv(3, 64, 16, stride=3), True, ("im2col_region", 1)),  # a column stride of 3
-    (REGIONS, conv(3, 14, 16), True, ("im2col_region", 1)),  # rows shorter than ROW_WIDTH
+    (REGIONS, conv(3, 14, 16), True, ("masked_region", 1)),  # rows shorter than ROW_WIDTH: the masked rows
     (REGIONS, conv(4, 56, 16, groups=2), True, ("im2col_rows", 1)),  # grouped
     (JIT, conv(3, 224, 32, stride=2), True, ("im2col_rows", 1)),  # no regions
 ]
