@@ -350,6 +350,7 @@ def test_one_row_convolutions_share_channels_in_regions(case, fresh_rng, monkeyp
     rng = fresh_rng
     monkeypatch.setattr(cpu_engines, "WINOGRAD_PAYS", {"regions": (1 << 30, 1 << 30, 1e9), "threads": (1 << 30, 1 << 30, 1e9)})
     monkeypatch.setattr(cpu_engines, "PACKED_MIN_DEPTH", 1 << 30)
+    monkeypatch.setattr(cpu_engines, "TAPPED_MAX_DEPTH", 0)  # im2col's region, not the tapped tiles
     weight = numpy_helper.from_array(rng.standard_normal((out_channels, channels, kernel)).astype(np.float32), "W")
     bias = numpy_helper.from_array(rng.standard_normal(out_channels).astype(np.float32), "B")
     nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c" if relu else "y"], kernel_shape=[kernel], strides=[stride],
