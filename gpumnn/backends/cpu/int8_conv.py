@@ -607,22 +607,19 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
     path = cpu_int8.current_path()
     parallel = engine.regions > 1 and op.macs() >= 1 << 16
     arguments = (op.x_zero_point, op.y_zero_point, op.lo, op.hi)
+
+    def depthwise(function, taps, name: str) -> KernelWork:
+        """One of the depthwise kernels bound once to this op's views and taps."""
+        kernel = cpu_jit.bind(_kernel(function, "portable", parallel), x, taps, bias, multiplier, out, geometry,
+                              flip, *arguments)
+
+        def run() -> None:
+            kernel(x, taps, bias, multiplier, out, geometry, flip, *arguments)
+        return KernelWork((run,), f"int8 depthwise {name}{' region' if parallel else ''}")
     if runs_channels_last(op):
-        taps = channels_last_taps(op, weight)
-        kernel = cpu_jit.bind(_kernel(_conv_depthwise_channels_last, "portable", parallel), x, taps, bias,
-                              multiplier, out, geometry, flip, *arguments)
-
-        def run_channels_last() -> None:
-            kernel(x, taps, bias, multiplier, out, geometry, flip, *arguments)
-        return KernelWork((run_channels_last,), f"int8 depthwise channels-last{' region' if parallel else ''}")
+        return depthwise(_conv_depthwise_channels_last, channels_last_taps(op, weight), "channels-last")
     if runs_flat(op):
-        taps = direct_taps(op, weight)
-        kernel = cpu_jit.bind(_kernel(_conv_depthwise_flat, "portable", parallel), x, taps, bias,
-                              multiplier, out, geometry, flip, *arguments)
-
-        def run_flat() -> None:
-            kernel(x, taps, bias, multiplier, out, geometry, flip, *arguments)
-        return KernelWork((run_flat,), f"int8 depthwise flat{' region' if parallel else ''}")
+        return depthwise(_conv_depthwise_flat, direct_taps(op, weight), "flat")
     if runs_direct(op):
         taps = direct_taps(op, weight)
         kernel = cpu_jit.bind(_kernel(_conv_direct, "portable", parallel), x, taps, bias, multiplier, out,
