@@ -38,12 +38,14 @@ def _reference(activation, y: np.ndarray) -> np.ndarray:
 
 ACTIVATIONS = [None, ("relu", ()), ("clip", (0.0, 6.0)), ("hard_swish", ()), ("sigmoid", ()), ("silu", ()),
                ("gelu", ())]
-# (pixels, in channels, out channels): pixels from 1 to 70 (both orientations, every tail), channel
+# (pixels, in channels, out channels): pixels from 1 to 576 (both orientations, every tail), channel
 # counts that fill neither a panel of MR nor one of NR; the last two deep enough to cut their pixels
 # into chunks (``cpu_parallel.POINTWISE_CHUNK_FLOATS``), the last chunk taking the pixels left
 SHAPES = [(1, 20, 37), (1, 300, 130), (2, 3, 5), (5, 37, 17), (6, 16, 16), (7, 9, 33), (12, 96, 40), (13, 5, 1),
           (15, 31, 47), (16, 20, 7), (17, 37, 13), (23, 8, 29), (31, 1, 6), (36, 40, 61), (47, 21, 19), (49, 64, 12),
-          (64, 13, 100), (70, 35, 22), (53, 700, 10), (70, 2100, 9)]
+          (64, 13, 100), (70, 35, 22), (53, 700, 10), (70, 2100, 9),
+          # planes the small-weights gate gives the tiles (``engines.POINTWISE_SMALL_WEIGHT_PIXELS``)
+          (97, 33, 5), (144, 24, 88), (400, 64, 32), (576, 16, 72), (575, 17, 19)]
 
 
 def _run(pixels, channels, out_channels, activation, has_bias, parts, batch, rng, constant_bias=True):
@@ -127,7 +129,7 @@ def test_pointwise_blocks_cover_every_output_once(pixels, channels, out_channels
 
 # (channels, size, out channels, activation): 1x1 convolutions the engine gives the pointwise tiles
 MODELS = [(96, 2, 576, "hard_swish"), (576, 3, 96, None), (40, 6, 37, "relu6"), (13, 8, 20, "silu"),
-          (16, 1, 24, "relu")]
+          (16, 1, 24, "relu"), (16, 24, 72, "hard_swish"), (72, 12, 24, None), (24, 13, 20, "relu")]
 
 
 @pytest.mark.parametrize("batch", [1, 2])

@@ -78,6 +78,12 @@ POINTWISE_MAX_PIXELS = 64
 #: (MobileNet-v1's 1024 channels on 7x7) ran slower than BLAS.
 POINTWISE_FEW_PIXELS = 16
 POINTWISE_MAX_WEIGHT_BYTES = 1 << 18
+#: ... or over at most this many pixels where its weights take at most POINTWISE_SMALL_WEIGHT_BYTES
+#: (MobileNet-v3's narrow 1x1s on its first planes): so few weights per pixel leave BLAS's call and
+#: packing a large share of the work, while the tile reads the input in place and applies the
+#: activation in registers. Wider weights on such planes (MobileNet-v2's 14x14) ran faster on BLAS.
+POINTWISE_SMALL_WEIGHT_PIXELS = 576
+POINTWISE_SMALL_WEIGHT_BYTES = 1 << 15
 #: ... and is shared between the region's threads from this many multiply-adds (a region's entry
 #: against the tile's speed on one thread).
 POINTWISE_SHARED_MACS = 1 << 18
@@ -168,8 +174,11 @@ class Engine:
             product = ocg * h * w * cg
             if self.jit and h * w == 1 and g == 1 and constant_weights and n * product < SMALL_PRODUCT_MACS:
                 return Choice("small_product")  # one pixel (squeeze-excitation's): a vector times the weights
-            pointwise = h * w < POINTWISE_FEW_PIXELS or 4 * cg * ocg <= POINTWISE_MAX_WEIGHT_BYTES
-            if self.regions and g == 1 and constant_weights and h * w <= POINTWISE_MAX_PIXELS and pointwise:
+            pointwise = h * w <= POINTWISE_MAX_PIXELS and (
+                h * w < POINTWISE_FEW_PIXELS or 4 * cg * ocg <= POINTWISE_MAX_WEIGHT_BYTES)
+            pointwise = pointwise or (h * w <= POINTWISE_SMALL_WEIGHT_PIXELS
+                                      and 4 * cg * ocg <= POINTWISE_SMALL_WEIGHT_BYTES)
+            if self.regions and g == 1 and constant_weights and pointwise:
                 return Choice("pointwise_region", self.shared(product, POINTWISE_SHARED_MACS))
             if self.regions:
                 return Choice("gemm1x1_region", self.gemm(product, region=True))
