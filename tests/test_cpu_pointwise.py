@@ -146,3 +146,60 @@ def test_pointwise_convolutions_match_onnxruntime(case, batch, monkeypatch, fres
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = batch
     _both_ways_match_onnxruntime(model, (batch, channels, size, size), fresh_rng)
     assert calls, "the pointwise tiles were not used"
+
+
+def _squeeze_excitation_model(channels, size, reduced, alpha, beta, gate_bias, rng):
+    """x -> GlobalAveragePool -> 1x1 Conv + Relu -> 1x1 Conv -> HardSigmoid(alpha, beta) -> Mul(x, gate)
+    (MobileNet-v3's squeeze-excitation); ``gate_bias``: "constant", "input" (a graph input, so a
+    run-time tensor) or None."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from op_cases import model_proto
+    w1 = (rng.standard_normal((reduced, channels, 1, 1)) / np.sqrt(channels)).astype(np.float32)
+    w2 = (rng.standard_normal((channels, reduced, 1, 1)) / np.sqrt(reduced)).astype(np.float32)
+    inits = [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(rng.standard_normal(reduced).astype(np.float32), "B1"),
+             numpy_helper.from_array(w2, "W2")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size, size])]
+    gate_inputs = ["r", "W2"]
+    if gate_bias == "constant":
+        inits.append(numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), "B2"))
+        gate_inputs.append("B2")
+    elif gate_bias == "input":
+        inputs.append(helper.make_tensor_value_info("B2", TensorProto.FLOAT, [channels]))
+        gate_inputs.append("B2")
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["p"]),
+             helper.make_node("Conv", ["p", "W1", "B1"], ["q"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["q"], ["r"]),
+             helper.make_node("Conv", gate_inputs, ["g"], kernel_shape=[1, 1]),
+             helper.make_node("HardSigmoid", ["g"], ["s"], alpha=alpha, beta=beta),
+             helper.make_node("Mul", ["x", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "se", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return model_proto(graph, 13)
+
+
+# (channels, size, reduced channels, alpha, beta, the gate's bias)
+SQUEEZE_EXCITATION = [(96, 3, 24, 1.0 / 6.0, 0.5, "constant"), (40, 5, 10, 0.2, 0.5, None),
+                      (72, 4, 24, 1.0 / 6.0, 0.5, "input"), (33, 2, 7, 0.3, 0.2, "constant")]
+
+
+@pytest.mark.parametrize("case", SQUEEZE_EXCITATION, ids=[f"se{c[0]}r{c[2]}{c[5]}" for c in SQUEEZE_EXCITATION])
+def test_squeeze_excitation_gate_in_the_small_product(case, monkeypatch, fresh_rng):
+    """The one-pixel 1x1 convolution before HardSigmoid (``small_product``) takes the gate as a clamp
+    on weights and bias scaled once where its bias is constant (none counts), else the pass after;
+    both against ONNX Runtime."""
+    channels, size, reduced, alpha, beta, gate_bias = case
+    activations = []
+    monkeypatch.setattr(cpu_compiled, "_small_product",
+                        lambda *a, real=cpu_compiled._small_product: activations.append(a[4]) or real(*a))
+    model = _squeeze_excitation_model(channels, size, reduced, alpha, beta, gate_bias, fresh_rng)
+    if gate_bias == "input":
+        _both_ways_match_onnxruntime(model, {"x": (1, channels, size, size), "B2": (channels,)}, fresh_rng,
+                                     names=("x", "B2"))
+    else:
+        _both_ways_match_onnxruntime(model, (1, channels, size, size), fresh_rng)
+    names = {activation[0] for activation in activations if activation is not None}
+    assert "relu" in names, "the squeeze's product did not take small_product"
+    if gate_bias == "input":
+        assert "hard_sigmoid" in names and "clip" not in names
+    else:
+        assert "clip" in names and "hard_sigmoid" not in names

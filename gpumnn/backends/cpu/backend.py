@@ -353,9 +353,17 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
     jit, regions = engine.jit, engine.regions
 
     if kernel == "small_product":  # one pixel: x [N, C] @ W^T [C, OC], the weights laid so once
-        rows = once(("rows", weight.shape), lambda: np.ascontiguousarray(weight.reshape(oc, c).T))
-        return cpu_compiled._small_product(x.reshape(1, n, c), rows[None], None if bias is None else bias.reshape(oc),
-                                           out.reshape(1, n, oc), op.activation)
+        bias1, activation, scale = None if bias is None else bias.reshape(oc), op.activation, np.float32(1.0)
+        if activation is not None and activation[0] == "hard_sigmoid" and (
+                not op.has_bias or CpuBackend.is_constant(ins[2])):
+            # squeeze-excitation's gate: clip(a (x W + b) + c, 0, 1) as the clamp of x (a W) + (a b + c)
+            # on weights and bias scaled once, where a pass after the product would cost as much
+            scale, shift = (np.float32(v) for v in activation[1])
+            bias1 = (np.zeros(oc, np.float32) if bias1 is None else bias1 * scale) + shift
+            activation = ("clip", (0.0, 1.0))
+        rows = once(("rows", float(scale), weight.shape),
+                    lambda: np.ascontiguousarray(weight.reshape(oc, c).T) * scale)
+        return cpu_compiled._small_product(x.reshape(1, n, c), rows[None], bias1, out.reshape(1, n, oc), activation)
     if kernel == "winograd_region":
         return cpu_compiled._winograd_region(op, x, weight.reshape(oc, c, kh, kw), out, bias, regions, once, arena)
     if kernel == "winograd":
