@@ -230,3 +230,21 @@ def test_raster_choice():
     n, big = engines.RASTER_LOOP_MIN_REGIONS, engines.RASTER_LOOP_MAX_ELEMENTS
     assert REGIONS.raster(n, big) == JIT.raster(n, 10) == Choice("regions_loop")
     assert REGIONS.raster(n - 1, 10) == REGIONS.raster(n, big + 1) == NUMPY.raster(n, 10) == Choice("numpy")
+
+
+def test_the_regions_winograd_gate_leaves_few_input_channels_to_the_tapped_tiles():
+    """On the regions, Winograd from 32 input channels on (``WINOGRAD_PAYS``): a 16-channel 3x3 at
+    40x40 (yolox_nano's, SqueezeNet's first expand at 55x55) is none of its tiles' and goes to the
+    tapped tiles; 32 channels at 20x20 (yolox_nano's next) still take it."""
+    from types import SimpleNamespace
+
+    from gpumnn.scheduler import schemes
+
+    min_tiles, min_channels, min_saving = REGIONS.winograd_pays()
+    backend = SimpleNamespace(winograd_min_tiles=min_tiles, winograd_min_channels=min_channels,
+                              winograd_min_saving=min_saving, winograd_per_image=False,
+                              winograd_transform_tiles=REGIONS.winograd_transform_tiles())
+    for few in (conv(16, 40, 16), conv(16, 55, 64)):
+        assert not any(schemes.winograd_kernel_pays(backend, few, tile) for tile in range(2, 7))
+        assert REGIONS.conv(few, True).kernel == "tapped_region"
+    assert any(schemes.winograd_kernel_pays(backend, conv(32, 20, 32), tile) for tile in range(2, 7))

@@ -103,8 +103,10 @@ CACHE_LINE_FLOATS = 16
 #: many times fewer multiplications than the sliding window it must make: Eq. 2's C(n) with the
 #: transforms; on the register tile, the transforms as it runs them, ``Engine.winograd_transform_tiles``).
 #: "regions": ``compiled._winograd_region`` (the register tile); "threads": ``reference._winograd`` (BLAS
-#: products on the Python threads). Measured per op inside whole runs (bench/RESULTS.md).
-WINOGRAD_PAYS = {"regions": (16, 16, 1.5), "threads": (40, 64, 2.0)}
+#: products on the Python threads). Measured per op inside whole runs (bench/RESULTS.md). On the
+#: regions, below 32 input channels the tapped tiles read the input in place (depth 144 over 16
+#: channels) and beat Winograd's transforms of so few channels per output.
+WINOGRAD_PAYS = {"regions": (16, 32, 1.5), "threads": (40, 64, 2.0)}
 
 
 class Choice(NamedTuple):
