@@ -338,9 +338,10 @@ def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Cal
     th, tw = -(-oh // nh), -(-ow // nw)
     tiles = th * tw
     panels = -(-tiles // mr)
-    u = once(("winograd panels", op.winograd_tile, weight.shape),  # [ah*aw, oc/NR, c, NR]
+    # [oc/NR, ah*aw, c, NR]: a channel panel's weights at every position in one run of memory
+    u = once(("winograd panels", op.winograd_tile, weight.shape),
              lambda: np.ascontiguousarray(np.stack([cpu_tiles.pack_panels(m, nr)
-                                                    for m in transformed_weights(rows_m, weight, cols_m)])))
+                                                    for m in transformed_weights(rows_m, weight, cols_m)], axis=1)))
     square = cpu_tiles.SQUARE
 
     def zero_padded(matrix: np.ndarray, width: int) -> np.ndarray:  # the kernels read rows ``width`` wide
@@ -359,7 +360,7 @@ def _winograd_region(op: A.Conv2D, x, weight, out, bias, regions: int, once: Cal
         arena.scratch("winograd tiles", ah * aw * panels * c * mr)
     scratch = _scratch_rows(arena, "winograd products", regions, cpu_parallel.winograd_scratch_floats(ah, aw, nh))
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
-    kind, act = _in_region(op.activation, act, panels * u.shape[1], out, regions)
+    kind, act = _in_region(op.activation, act, panels * u.shape[0], out, regions)
     geometry = (nh, nw, tiles, tw, panels, u.nbytes > v.nbytes)
     inner = (*op.pads[:2], rows, cols)
     out4 = out.reshape(op.batch, oc, oh, ow)

@@ -765,7 +765,7 @@ def packed_conv_tables(kernel: tuple[int, int], strides: tuple[int, int], dilati
 
 @cpu_jit.inlined
 def winograd_input_panel(xp, v, bases, b_rows, b_cols, scratch, c, p, panels, channels, plane, cols):
-    """Channel c of tile panel p transformed (B_h^T d B_w) into v [alpha_h * alpha_w, panels, C,
+    """Channel c of tile panel p transformed (B_h^T d B_w) into v [panels, alpha_h * alpha_w, C,
     MR]: each tile's alpha_h x alpha_w inputs read from the zero-bordered plane ``xp`` at
     ``bases[p * MR + r]`` (rows ``cols`` apart; reads run SQUARE floats wide); b_rows, b_cols:
     B_h [alpha_h, SQUARE] and B_w [alpha_w, SQUARE] zero-padded (a 1D tile's B: [alpha, ROW]);
@@ -773,8 +773,8 @@ def winograd_input_panel(xp, v, bases, b_rows, b_cols, scratch, c, p, panels, ch
     ah, aw = b_rows.shape[0], b_cols.shape[0]
     block = SQUARE * SQUARE
     xa, sa = xp.ctypes.data, scratch.ctypes.data
-    dst = v[(p * channels + c) * MR:]
-    position = panels * channels * MR
+    position = channels * MR
+    dst = v[(p * ah * aw * channels + c) * MR:]
     if ah == 1 or aw == 1:  # a 1D tile: e[u] = sum over y of d[y] B[y][u], d along the long axis
         b, a, step = (b_cols, aw, 1) if ah == 1 else (b_rows, ah, cols)
         for r in range(MR):
@@ -863,13 +863,18 @@ def winograd_output_panel(m, s, y, a_rows, a_cols, tile, out, bias, p, q, tiles,
         for i in range(nh):
             for j in range(nw):
                 finish_lanes(activation, source, i * y_i + r * y_r + j * NR, lanes, channels_here, lo, hi)
-    for r in range(tiles_here):
-        ty, tx = (p * MR + r) // tiles_w, (p * MR + r) % tiles_w
-        for c in range(channels_here):
-            for i in range(min(nh, oh - ty * nh)):
-                row, src = out[q * NR + c, ty * nh + i, tx * nw:], source[i * y_i + r * y_r + c:]
-                for j in range(min(nw, ow - tx * nw)):
-                    row[j] = src[j * NR]
+    first_ty, first_tx = (p * MR) // tiles_w, (p * MR) % tiles_w
+    for c in range(channels_here):  # row by row of each channel: the panel's tiles side by side along a row
+        for i in range(nh):
+            ty, tx = first_ty, first_tx
+            for r in range(tiles_here):
+                if ty * nh + i < oh:
+                    row, src = out[q * NR + c, ty * nh + i, tx * nw:], source[i * y_i + r * y_r + c:]
+                    for j in range(min(nw, ow - tx * nw)):
+                        row[j] = src[j * NR]
+                tx += 1
+                if tx == tiles_w:
+                    ty, tx = ty + 1, 0
 
 
 @_gemm_region
@@ -879,7 +884,8 @@ def winograd_packed(x, xp, inner, bases, b_rows, b_cols, a_rows, a_cols, u, v, s
     parallel steps: x copied into the inside ``inner`` = (top, left, rows, columns) of ``xp``, its
     zero-bordered copy; every (tile panel, channel) transformed into v (``winograd_input_panel``);
     every (tile panel, channel panel) pair's alpha_h * alpha_w products by the register tile
-    against the weights transformed and packed at creation u [alpha_h * alpha_w, O / NR, C, NR],
+    against the weights transformed and packed at creation u [O / NR, alpha_h * alpha_w, C, NR]
+    (a pair reads one run of v and one of u),
     then transformed back with the bias, a clamp and ACTIVATION_KINDS[activation] (none where <
     0) and put in place (``winograd_output_panel``). geometry: (nh, nw, tiles,
     tiles per row, panels, weights_outer: the pairs walk channel panels outer, where u is larger
@@ -896,15 +902,15 @@ def winograd_packed(x, xp, inner, bases, b_rows, b_cols, a_rows, a_cols, u, v, s
                              i // channels, panels, channels, plane, cols)
     positions = b_rows.shape[0] * b_cols.shape[0]
     aw = b_cols.shape[0]
-    count = u.shape[1]
+    count = u.shape[0]
     size = MR * NR
     for i in numba.prange(panels * count):
         sc = scratch[numba.get_thread_id()]
         m, s, y = sc[:positions * size], sc[positions * size:(positions + aw * MR) * size], sc[(positions + aw * MR) * size:]
         p, q = (i % panels, i // panels) if weights_outer else (i // count, i % count)
         for f in range(positions):
-            cpu_tiles.tile_product(v.ctypes.data + 4 * (f * panels + p) * channels * MR, MR,
-                                   u.ctypes.data + 4 * (f * count + q) * channels * NR, NR, channels,
+            cpu_tiles.tile_product(v.ctypes.data + 4 * (p * positions + f) * channels * MR, MR,
+                                   u.ctypes.data + 4 * (q * positions + f) * channels * NR, NR, channels,
                                    m.ctypes.data + 4 * f * size)
         winograd_output_panel(m, s, y, a_rows, a_cols, (nh, nw), out, bias, p, q, tiles, tiles_w, lo, hi, activation)
 
