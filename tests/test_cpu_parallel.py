@@ -383,16 +383,18 @@ SHORT_SEQUENCES = [
 @pytest.mark.parametrize("case", SHORT_SEQUENCES, ids=[f"conv1d{c[0]}x{c[1]}k{c[2]}s{c[3]}" for c in SHORT_SEQUENCES])
 def test_short_convolutions_on_one_thread_take_the_register_tile(case, fresh_rng, monkeypatch):
     """A convolution on constant weights too small to share between threads takes the register
-    tile at any depth (``PACKED_ANY_DEPTH_MACS``), not BLAS's im2col; the outputs stay ONNX Runtime's."""
+    tile at any depth (``PACKED_ANY_DEPTH_MACS``), not BLAS's im2col, as a loop on the calling thread
+    (``cpu_parallel.alone``: no region entered for its one block); the outputs stay ONNX Runtime's."""
     from gpumnn.backends.cpu import compiled as cpu_compiled
 
     channels, length, kernel, stride, pad, out_channels, relu = case
     rng = fresh_rng
     monkeypatch.setattr(cpu_engines, "WINOGRAD_PAYS", {"regions": (1 << 30, 1 << 30, 1e9), "threads": (1 << 30, 1 << 30, 1e9)})
     monkeypatch.setattr(cpu_engines, "TAPPED_MAX_DEPTH", 0)
-    built = []
-    packed = cpu_compiled._packed_conv_region
+    built, alone = [], []
+    packed, plain_loop = cpu_compiled._packed_conv_region, cpu_parallel.alone
     monkeypatch.setattr(cpu_compiled, "_packed_conv_region", lambda op, *args: built.append(op) or packed(op, *args))
+    monkeypatch.setattr(cpu_parallel, "alone", lambda region: alone.append(region) or plain_loop(region))
     weight = numpy_helper.from_array(rng.standard_normal((out_channels, channels, kernel)).astype(np.float32), "W")
     bias = numpy_helper.from_array(rng.standard_normal(out_channels).astype(np.float32), "B")
     nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c" if relu else "y"], kernel_shape=[kernel], strides=[stride],
@@ -404,6 +406,7 @@ def test_short_convolutions_on_one_thread_take_the_register_tile(case, fresh_rng
     model = model_proto(graph, 13)
     _both_ways_match_onnxruntime(model, (1, channels, length), rng)
     assert built and all(op.macs() < cpu_engines.PACKED_ANY_DEPTH_MACS for op in built)
+    assert cpu_parallel.packed_conv in alone
     assert channels * kernel < cpu_engines.PACKED_MIN_DEPTH
 
 
