@@ -78,8 +78,9 @@ CONV = [
     # few input channels on constant weights, stride 1 along rows: the tapped tiles up to TAPPED_MAX_DEPTH
     (REGIONS, conv(16, 56, 64), True, ("tapped_region", 2)),  # depth 144
     (REGIONS, conv(16, 56, 64), False, ("im2col_region", 2)),
-    (REGIONS, conv(8, 56, 16, stride=2), True, ("im2col_region", 1)),  # stride 2 along columns
-    (REGIONS, conv(16, 8, 16), True, ("im2col_region", 1)),
+    (REGIONS, conv(8, 56, 16, stride=2), True, ("packed_region", 1)),  # stride 2 along columns; one thread: the tile
+    (REGIONS, conv(16, 8, 16), True, ("packed_region", 1)),  # under PACKED_MIN_DEPTH, but on one thread
+    (REGIONS, conv(16, 8, 16), False, ("im2col_region", 1)),  # run-time weights: BLAS
     (REGIONS, conv(64, 56, 64, groups=2), True, ("im2col_rows", 2)),  # grouped: the Python threads
     (JIT, conv(64, 56, 64), True, ("im2col_rows", 2)),
     (THREADS, conv(16, 8, 16), True, ("im2col_rows", 1)),
@@ -92,7 +93,7 @@ CONV = [
     (REGIONS, conv(1, 64, 16, k=7), True, ("direct_region", 2)),
     (REGIONS, conv(3, 224, 32, stride=2), False, ("im2col_region", 2)),  # run-time weights
     (REGIONS, conv(5, 56, 16), True, ("tapped_region", 2)),  # past MAX_IN_CHANNELS: the tapped tiles
-    (REGIONS, conv(3, 64, 16, stride=3), True, ("im2col_region", 1)),  # a column stride of 3
+    (REGIONS, conv(3, 64, 16, stride=3), True, ("packed_region", 1)),  # a column stride of 3: im2col, one thread
     (REGIONS, conv(3, 14, 16), True, ("masked_region", 1)),  # rows shorter than ROW_WIDTH: the masked rows
     (REGIONS, conv(4, 56, 16, groups=2), True, ("im2col_rows", 1)),  # grouped
     (JIT, conv(3, 224, 32, stride=2), True, ("im2col_rows", 1)),  # no regions
@@ -211,6 +212,8 @@ def test_winograd_gate_and_the_fallback_off_regions():
 
 def test_thresholds_are_read_when_choosing(monkeypatch):
     """Tests patch a threshold on ``engines``; the next choice reads it."""
+    monkeypatch.setattr(engines, "PACKED_ANY_DEPTH_MACS", 0)
+    assert REGIONS.conv(conv(16, 8, 16), True).kernel == "im2col_region"
     monkeypatch.setattr(engines, "PACKED_MIN_DEPTH", 1)
     assert REGIONS.conv(conv(16, 8, 16), True).kernel == "packed_region"
     monkeypatch.setattr(engines, "PARALLEL_MIN_MACS", 0)

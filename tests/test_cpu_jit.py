@@ -368,7 +368,7 @@ def test_compiled_gelu_and_erf_agree_with_numpy_and_the_exact_erf():
 
 
 @pytest.mark.parametrize("name, params", [("sigmoid", ()), ("hard_swish", ()), ("hard_sigmoid", (0.2, 0.5)),
-                                          ("hard_sigmoid", (1.0 / 6.0, 0.5))])
+                                          ("hard_sigmoid", (1.0 / 6.0, 0.5)), ("sqrt", ())])
 def test_compiled_mobile_activations_match_numpy(name, params):
     """Sigmoid, hard-swish and hard sigmoid as compiled passes, in place (an epilogue) and from x
     into out (the Unary op), against the NumPy kernels: extremes and NaN included."""
@@ -390,6 +390,32 @@ def test_compiled_mobile_activations_match_numpy(name, params):
         np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7, equal_nan=True)
     assert not np.allclose(want[:100], 0.0)
     assert cpu_activations.unary_into(name, params, x[1:], x[:-1]) is None  # overlapping views: NumPy's kernel
+
+
+def test_sum_then_square_root_and_log_match_onnxruntime():
+    """An STFT's magnitude: sqrt(re^2 + im^2), then log(x + eps). The square root rides on the sum
+    (a Binary's activation), a compiled pass with the compiled loops, NumPy's ufunc without; the log
+    is NumPy's ufunc written straight into the output."""
+    require_tool("numba", cpu_jit.MISSING)
+    rng = np.random.default_rng(11)
+    nodes = [helper.make_node("Mul", ["re", "re"], ["re2"]), helper.make_node("Mul", ["im", "im"], ["im2"]),
+             helper.make_node("Add", ["re2", "im2"], ["power"]), helper.make_node("Sqrt", ["power"], ["magnitude"]),
+             helper.make_node("Add", ["magnitude", "eps"], ["floor"]), helper.make_node("Log", ["floor"], ["y"])]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 129, 33]) for n in ("re", "im")]
+    graph = helper.make_graph(nodes, "magnitude", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array([1e-3], np.float32), "eps")])
+    model = model_proto(graph, 13)
+    feed = {n: rng.standard_normal((1, 129, 33)).astype(np.float32) for n in ("re", "im")}
+    feed["re"][0, 0, :5] = 0.0  # with im below: log(eps) where the magnitude is 0
+    feed["im"][0, 0, :5] = 0.0
+    want = onnxruntime_session(model).run(None, feed)[0]
+    for jit in (True, False):
+        sess = gpumnn.load(model).session(backend="cpu", threads=2, jit=jit)
+        activations = {getattr(exe.op, "activation", None) for exe in sess.shape_set().first_state.executions}
+        assert ("sqrt", ()) in activations  # the path under test: the square root on the sum
+        for _ in range(2):
+            got = sess.run(feed)["y"]
+            assert rel_l2(got, want) < 1e-6, jit
 
 
 def test_compiled_activation_falls_back_to_numpy_off_contiguous_float32():

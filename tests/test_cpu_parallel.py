@@ -350,6 +350,7 @@ def test_one_row_convolutions_share_channels_in_regions(case, fresh_rng, monkeyp
     rng = fresh_rng
     monkeypatch.setattr(cpu_engines, "WINOGRAD_PAYS", {"regions": (1 << 30, 1 << 30, 1e9), "threads": (1 << 30, 1 << 30, 1e9)})
     monkeypatch.setattr(cpu_engines, "PACKED_MIN_DEPTH", 1 << 30)
+    monkeypatch.setattr(cpu_engines, "PACKED_ANY_DEPTH_MACS", 0)
     monkeypatch.setattr(cpu_engines, "TAPPED_MAX_DEPTH", 0)  # im2col's region, not the tapped tiles
     weight = numpy_helper.from_array(rng.standard_normal((out_channels, channels, kernel)).astype(np.float32), "W")
     bias = numpy_helper.from_array(rng.standard_normal(out_channels).astype(np.float32), "B")
@@ -366,6 +367,47 @@ def test_one_row_convolutions_share_channels_in_regions(case, fresh_rng, monkeyp
     blocks = convs[0].keep[2]  # _im2col_region's (rows, channels) blocks
     assert convs[0].scheme == "im2col" and len(blocks) == 2
     assert blocks[0][2] == 0 and blocks[0][3] == blocks[1][2] and blocks[1][3] == out_channels
+
+
+# (in channels, length, kernel, stride, pad, out channels, relu): 1-D convolutions on a few frames,
+# below PACKED_MIN_DEPTH and REGION_MIN_MACS (a voice model's encoder after its STFT)
+SHORT_SEQUENCES = [
+    (129, 33, 3, 1, 1, 64, True),      # depth 387
+    (128, 33, 3, 2, 1, 64, True),      # stride 2
+    (64, 9, 3, 2, 1, 64, True),        # fewer pixels than a pixel panel
+    (64, 9, 3, 1, 1, 128, False),      # no activation
+    (37, 7, 5, 1, 2, 20, True),        # out channels not a multiple of a weight panel
+]
+
+
+@pytest.mark.parametrize("case", SHORT_SEQUENCES, ids=[f"conv1d{c[0]}x{c[1]}k{c[2]}s{c[3]}" for c in SHORT_SEQUENCES])
+def test_short_convolutions_on_one_thread_take_the_register_tile(case, fresh_rng, monkeypatch):
+    """A convolution on constant weights too small to share between threads takes the register
+    tile at any depth (``PACKED_ANY_DEPTH_MACS``), not BLAS's im2col, as a loop on the calling thread
+    (``cpu_parallel.alone``: no region entered for its one block); the outputs stay ONNX Runtime's."""
+    from gpumnn.backends.cpu import compiled as cpu_compiled
+
+    channels, length, kernel, stride, pad, out_channels, relu = case
+    rng = fresh_rng
+    monkeypatch.setattr(cpu_engines, "WINOGRAD_PAYS", {"regions": (1 << 30, 1 << 30, 1e9), "threads": (1 << 30, 1 << 30, 1e9)})
+    monkeypatch.setattr(cpu_engines, "TAPPED_MAX_DEPTH", 0)
+    built, alone = [], []
+    packed, plain_loop = cpu_compiled._packed_conv_region, cpu_parallel.alone
+    monkeypatch.setattr(cpu_compiled, "_packed_conv_region", lambda op, *args: built.append(op) or packed(op, *args))
+    monkeypatch.setattr(cpu_parallel, "alone", lambda region: alone.append(region) or plain_loop(region))
+    weight = numpy_helper.from_array(rng.standard_normal((out_channels, channels, kernel)).astype(np.float32), "W")
+    bias = numpy_helper.from_array(rng.standard_normal(out_channels).astype(np.float32), "B")
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c" if relu else "y"], kernel_shape=[kernel], strides=[stride],
+                              pads=[pad, pad])]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    graph = helper.make_graph(nodes, "conv1d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, length])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [weight, bias])
+    model = model_proto(graph, 13)
+    _both_ways_match_onnxruntime(model, (1, channels, length), rng)
+    assert built and all(op.macs() < cpu_engines.PACKED_ANY_DEPTH_MACS for op in built)
+    assert cpu_parallel.packed_conv in alone
+    assert channels * kernel < cpu_engines.PACKED_MIN_DEPTH
 
 
 @pytest.mark.parametrize("stride", [1, 2])

@@ -1,4 +1,4 @@
-"""Compiled GELU, erf, sigmoid, SiLU, hard-swish and hard sigmoid for the cpu backend: one vectorised
+"""Compiled GELU, erf, sigmoid, SiLU, hard-swish, hard sigmoid and square root for the cpu backend: one vectorised
 pass instead of NumPy's several (twenty for GELU).
 
 The NumPy versions (``cpu_math.erf_into``, ``gelu_into``) take a pass over memory per step: a
@@ -16,6 +16,7 @@ kernels, so every backend agrees to float32 rounding.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -174,13 +175,26 @@ def hard_sigmoid_into(x, out, alpha, beta):
         out[i] = min(max(alpha * x[i] + beta, _ZERO), _ONE)
 
 
+@_vector_kernel
+def sqrt_in_place(a):
+    """a = sqrt(a) in one vector loop (a negative entry: NaN, as in NumPy)."""
+    for i in range(a.shape[0]):
+        a[i] = math.sqrt(a[i])
+
+
+@_vector_kernel
+def sqrt_into(x, out):
+    for i in range(x.shape[0]):
+        out[i] = math.sqrt(x[i])
+
+
 #: activations with a compiled loop here (the others stay NumPy calls): a in place, then its parameters
 KERNELS: dict[str, Callable] = {"gelu": gelu_in_place, "erf": erf_in_place, "sigmoid": sigmoid_in_place,
                                 "hard_swish": hard_swish_in_place, "hard_sigmoid": hard_sigmoid_in_place,
-                                "silu": silu_in_place}
+                                "silu": silu_in_place, "sqrt": sqrt_in_place}
 #: the same from x into out, for the Unary op
 INTO: dict[str, Callable] = {"sigmoid": sigmoid_into, "hard_swish": hard_swish_into, "hard_sigmoid": hard_sigmoid_into,
-                             "silu": silu_into}
+                             "silu": silu_into, "sqrt": sqrt_into}
 #: how many parameters each kernel takes after its arrays (none for GELU and erf)
 _PARAMETERS = {"sigmoid": 2, "hard_swish": 2, "hard_sigmoid": 2, "silu": 2}
 

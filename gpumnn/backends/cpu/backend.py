@@ -192,6 +192,8 @@ def _make_binary(op: A.Binary, ins, outs, pool: Workers, engine: Engine):
                                                     op.activation, parts, product=op.op == "mul")
     fn = binary_function(op.op, a.dtype)
     act = _epilogue(op.activation)
+    if act and engine.jit:  # a compiled pass where there is one (``cpu_activations.KERNELS``), else NumPy's
+        act = cpu_activations.activation_in_place(op.activation[0], act, op.activation[1])
 
     def run():
         fn(a, b, o)

@@ -159,8 +159,8 @@ def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts: int,
     scalars = np.array([1.0, 0.0], np.float32)
     images = [(cpu_parallel.SGEMM, x[b], weight, out4[b], b1, blocks, fortran, scalars, cols, geometry, lo, hi, epilogue,
                kind) for b in range(n)]
-    return KernelWork((_region_items(cpu_parallel.im2col_blocks, images, act, out, op.activation, regions),), "im2col",
-                  keep=(b1, cols, blocks, fortran, scalars))
+    return KernelWork((_region_items(cpu_parallel.im2col_blocks, images, act, out, op.activation, regions,
+                                     one_span=len(blocks) == 1),), "im2col", keep=(b1, cols, blocks, fortran, scalars))
 
 
 def _direct_region(op: A.Conv2D, x, weight, out, bias, constant_bias: bool, regions: int, parts: int) -> KernelWork:
@@ -225,8 +225,10 @@ def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts:
     pixels_outer = panels.nbytes <= packs[0].nbytes  # the smaller operand in the inner loop, in cache
     images = [(x[b], xp, inner, bases, taps, panels, out4[b], b1, pack_bounds, blocks, packs, accs, shared, pixels_outer,
                lo, hi, epilogue, kind) for b in range(n)]
-    return KernelWork((_region_items(cpu_parallel.packed_conv, images, act, out, op.activation, regions),), "im2col",
-                  keep=(panels, b1, xp, bases, taps, pack_bounds, blocks, packs, accs))
+    # one block on one thread (parts 1): no region to enter, not even for the copy into xp
+    one_span = len(blocks) == 1 and parts == 1
+    return KernelWork((_region_items(cpu_parallel.packed_conv, images, act, out, op.activation, regions, one_span),),
+                      "im2col", keep=(panels, b1, xp, bases, taps, pack_bounds, blocks, packs, accs))
 
 
 def _tapped_conv_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
@@ -262,7 +264,8 @@ def _tapped_conv_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np
     out4 = out.reshape(n, oc, oh, ow)
     images = [(x[b], xp, inner, offsets, panels, out4[b], padded_bias, blocks, dummies, op.strides[0], lo, hi, kind)
               for b in range(n)]
-    run = _region_items(cpu_parallel.tapped_conv, images, after, out, op.activation, regions)
+    run = _region_items(cpu_parallel.tapped_conv, images, after, out, op.activation, regions,
+                        one_span=len(blocks) == 1 and parts == 1)
     work = (run,) if bias is None or constant_bias else (refresh_bias, run)
     return KernelWork(work, "tapped", keep=(panels, padded_bias, xp, offsets, blocks, dummies))
 

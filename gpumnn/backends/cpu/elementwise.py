@@ -80,9 +80,17 @@ def convert(x: np.ndarray, out: np.ndarray) -> None:
         np.copyto(out, x, casting="unsafe")
 
 
+#: Unary ops that are one NumPy ufunc of the input
+_UNARY_UFUNCS = {"log": np.log, "sqrt": np.sqrt, "floor": np.floor, "ceil": np.ceil, "round": np.rint, "trunc": np.trunc,
+                 "square": np.square, "sign": np.sign}
+
+
 def unary_function(name: str, params: tuple[float, ...], dtype: np.dtype) -> UnaryFn:
     """``fn(x, out)`` computing atomic Unary ``name`` with ``params`` (see gpumnn.atomic)."""
     p = tuple(params)
+    ufunc = _UNARY_UFUNCS.get(name)
+    if ufunc is not None:  # straight into ``out``: no temporary array and no second pass to copy it
+        return lambda x, out: ufunc(x, out=out, casting="unsafe")
     if name == "identity":
         return convert
     if name == "relu":
@@ -116,17 +124,9 @@ def unary_function(name: str, params: tuple[float, ...], dtype: np.dtype) -> Una
         "leaky_relu": lambda x: np.where(x < 0, x * p[0], x) if p else x,
         "hard_sigmoid": lambda x: np.clip(x * p[0] + p[1], 0.0, 1.0),
         "hard_swish": lambda x: x * np.clip(x / 6.0 + 0.5, 0.0, 1.0),
-        "log": np.log,
-        "sqrt": np.sqrt,
         "reciprocal": lambda x: 1.0 / x,
-        "floor": np.floor,
-        "ceil": np.ceil,
-        "round": np.rint,
-        "trunc": np.trunc,
-        "square": np.square,
         "softplus": lambda x: np.logaddexp(0.0, x),
         "elu": lambda x: np.where(x < 0, p[0] * np.expm1(np.minimum(x, 0)), x) if p else x,
-        "sign": np.sign,
         "affine_pow": lambda x: np.power(p[0] + p[1] * x, p[2]),
         "selu": lambda x: p[1] * np.where(x <= 0, p[0] * np.expm1(np.minimum(x, 0)), x),
         "celu": lambda x: np.maximum(x, 0) + np.minimum(0, p[0] * np.expm1(np.minimum(x, 0) / p[0])),

@@ -57,6 +57,10 @@ REGION_COLS_BYTES = 1 << 20
 #: from this inner dimension (C*KH*KW) up, BLAS below: with a short inner dimension each tile's
 #: store and each element's packing weigh more against its multiply-adds.
 PACKED_MIN_DEPTH = 512
+#: ... but below this many multiply-adds (on one thread) the tile takes every depth: there BLAS's
+#: call and its packing of the weights on every call cost more than the few multiply-adds (1-D
+#: convolutions on a few dozen frames).
+PACKED_ANY_DEPTH_MACS = REGION_MIN_MACS
 #: A convolution (not 1x1) over at most this many input channels that ``cpu_direct`` does not take
 #: (rows under its 16 columns, or run-time weights) and below REGION_MIN_MACS runs as
 #: ``cpu_jit.conv_masked``'s rows of output channels in vector registers, each input row read in
@@ -193,7 +197,7 @@ class Engine:
         if self.regions and g == 1 and self.tapped_fits(op, constant_weights):
             return Choice("tapped_region", self.shared(macs, REGION_MIN_MACS))
         if self.regions and g == 1:
-            packed = constant_weights and cg * kh * kw >= PACKED_MIN_DEPTH
+            packed = constant_weights and (cg * kh * kw >= PACKED_MIN_DEPTH or macs < PACKED_ANY_DEPTH_MACS)
             return Choice("packed_region" if packed else "im2col_region", self.shared(macs, REGION_MIN_MACS))
         # row blocks with their own columns, or (fewer pixels than channels) the columns once
         return Choice("im2col_rows" if oh * ow >= ocg else "im2col_columns", self.chunks(macs, PARALLEL_MIN_MACS))
