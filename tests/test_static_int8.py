@@ -133,6 +133,9 @@ DEPTHWISE = [g for g in GEOMETRIES if g[-2] == g[1] > 1] + [
     ("depthwise blocks of 48", 96, (9, 10), 96, 3, 2, 1, 1, 96, 1),
     ("depthwise partial block", 70, (8, 9), 70, 3, 1, 1, 1, 70, 2),
     ("depthwise wide rows", 32, (30, 29), 32, 3, 1, 1, 1, 32, 1),
+    # more items (image, block, band of rows) than tasks: a task's scratch rows that held one band's
+    # input are padding in its next band's
+    ("depthwise many images", 8, (20, 9), 8, 3, 1, 1, 1, 8, 45),
 ]
 
 
@@ -151,9 +154,15 @@ def _run_channels_last(backend: CpuBackend, op, x, w, bias, multiplier) -> np.nd
 
 @pytest.mark.parametrize("geometry", DEPTHWISE, ids=[g[0] for g in DEPTHWISE])
 @pytest.mark.parametrize("types", [("int8", "int8"), ("uint8", "uint8"), ("uint8", "int8")], ids="-".join)
-def test_channels_last_depthwise_is_the_contract_exactly(compiled_cpu, geometry, types):
+@pytest.mark.parametrize("blocks", ["default", "short"])
+def test_channels_last_depthwise_is_the_contract_exactly(compiled_cpu, geometry, types, blocks, monkeypatch):
     """A ``channels_last`` depthwise QuantizedConv2D (x and out NHWC) gives the reference's bits, compiled
-    and on the NumPy backend."""
+    and on the NumPy backend; "short": blocks of 16 channels (partial ones past them) and vector loops
+    over a few pixels, so that an output row takes several of them."""
+    if blocks == "short":
+        monkeypatch.setattr(int8_conv, "NHWC_WHOLE", 8)
+        monkeypatch.setattr(int8_conv, "CHANNEL_BLOCK", 16)
+        monkeypatch.setattr(int8_conv, "NHWC_CHUNK", 40)
     for seed in (0, 1):
         op, x, w, bias, multiplier, _ = _case(geometry, *types, seed=seed)
         reference = int8_conv.quantized_conv_reference(op, x, w, bias, multiplier)

@@ -488,12 +488,18 @@ def _conv_depthwise_channels_last(x, taps, bias, multiplier, out, geometry, flip
 #: the output rows one task of the channels-last (NHWC) depthwise kernel sums (its scratch holds the
 #: input rows they read)
 NHWC_BAND = 8
+#: up to this many channels, the channels-last depthwise kernel takes them all in one block (its
+#: widening and requantizing then one loop per row)
+NHWC_WHOLE = 160
+#: about how many sums of consecutive output pixels (by the block's channels) one vector loop of the
+#: channels-last depthwise kernel takes: long enough that each loop's set-up is paid over many sums
+NHWC_CHUNK = 4096
 
 
 def nhwc_block(channels: int) -> int:
-    """The channels one task of ``_conv_depthwise_nhwc`` takes: all of them up to CHANNEL_BLOCK, else
+    """The channels one task of ``_conv_depthwise_nhwc`` takes: all of them up to NHWC_WHOLE, else
     the widest multiple of 16 up to CHANNEL_BLOCK that divides them (no partial block), else CHANNEL_BLOCK."""
-    if channels <= CHANNEL_BLOCK:
+    if channels <= NHWC_WHOLE:
         return channels
     for block in range(CHANNEL_BLOCK, 15, -16):
         if channels % block == 0:
@@ -503,15 +509,17 @@ def nhwc_block(channels: int) -> int:
 
 def nhwc_taps(op: A.QuantizedConv2D, weight: np.ndarray) -> np.ndarray:
     """A depthwise ``weight`` [C, 1, KH, KW] as ``_conv_depthwise_nhwc``'s taps: per block of
-    ``nhwc_block`` channels, each tap's weights repeated for every output pixel of a row,
-    [blocks, KH * KW padded to a multiple of CHANNELS_LAST_READS, OW * block] in
-    ``direct_sum_dtype`` (zeros in the padding and past the last channel)."""
+    ``nhwc_block`` channels, each tap's weights repeated for the output pixels one vector loop takes
+    (about NHWC_CHUNK sums, at most a row's), [blocks, KH * KW padded to a multiple of
+    CHANNELS_LAST_READS, pixels, block] in ``direct_sum_dtype`` (zeros in the padding and past the
+    last channel)."""
     channels, window, block = op.out_channels, op.kernel[0] * op.kernel[1], nhwc_block(op.out_channels)
     blocks = -(-channels // block)
     taps = np.zeros((blocks * block, -(-window // CHANNELS_LAST_READS) * CHANNELS_LAST_READS), direct_sum_dtype(op))
     taps[:channels, :window] = weight.reshape(channels, window)
     per_block = taps.reshape(blocks, block, -1).transpose(0, 2, 1)  # [blocks, taps, block]
-    return np.ascontiguousarray(np.tile(per_block, (1, 1, op.out_hw[1])))
+    pixels = min(op.out_hw[1], max(1, NHWC_CHUNK // block))
+    return np.ascontiguousarray(np.broadcast_to(per_block[:, :, None, :], (blocks, per_block.shape[1], pixels, block)))
 
 
 def _conv_depthwise_nhwc(x, taps, bias, multiplier, out, geometry, flip, x_zero, y_zero, lo, hi):
@@ -519,13 +527,15 @@ def _conv_depthwise_nhwc(x, taps, bias, multiplier, out, geometry, flip, x_zero,
     bias and multiplier repeated for each output pixel of a row ([OW * C]), out uint8 [N, OH*OW, C]. A parallel task takes a block of channels of one image over a band of
     NHWC_BAND output rows: it widens the input rows the band reads, less the zero point, into a
     zero-padded scratch [rows, column phase (by stride), columns of the phase, block], so that one
-    tap over a whole output row reads one contiguous run of OW * block values; an output row is then
-    vector loops over OW * block sums, CHANNELS_LAST_READS taps each, requantized into out's rows
+    tap over consecutive output pixels of a row reads one contiguous run of values; an output row is
+    then vector loops over the taps' length of sums (``nhwc_taps``), CHANNELS_LAST_READS taps each,
+    requantized into out's rows
     (one loop over the row where the block is every channel)."""
     kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
     images, height, width, channels = x.shape
-    blocks, taps_padded, length = taps.shape
-    block = length // ow_
+    blocks, taps_padded, chunk_pixels, block = taps.shape
+    chunk = chunk_pixels * block
+    length = ow_ * block
     window = kh_ * kw_
     columns = (ow_ - 1) * sw + (kw_ - 1) * dw + 1  # the padded input's columns any output reads
     phase_columns = -(-columns // sw)
@@ -543,7 +553,7 @@ def _conv_depthwise_nhwc(x, taps, bias, multiplier, out, geometry, flip, x_zero,
     items = images * blocks * bands
     tasks = min(items, DIRECT_TASKS)
     for task in numba.prange(tasks):
-        padded = np.zeros(band_rows * row_size, taps.dtype)
+        padded = np.zeros(band_rows * row_size, taps.dtype)  # its padding columns are never written: they stay 0
         acc = np.zeros(length, taps.dtype)
         for item in range(task, items, tasks):
             n, rest = item // (blocks * bands), item % (blocks * bands)
@@ -560,36 +570,33 @@ def _conv_depthwise_nhwc(x, taps, bias, multiplier, out, geometry, flip, x_zero,
                 if ih < 0 or ih >= height:
                     row[:] = 0
                 elif whole_rows:  # the input row is one run of the scratch row, past its left padding
-                    row[:pw * block] = 0
-                    row[(pw + width) * block:] = 0
                     source, inside = x[n, ih].reshape(width * channels), row[pw * block:(pw + width) * block]
                     for i in range(width * channels):
                         inside[i] = np.int32(source[i] ^ flip_byte) - zero
                 else:
-                    for col in range(columns):
-                        iw = col - pw
+                    for iw in range(filled):
+                        col = iw + pw
                         at = ((col % sw) * phase_columns + col // sw) * block
-                        pixel = row[at:at + count]
-                        if iw < 0 or iw >= width:
-                            pixel[:] = 0
-                        else:
-                            source = x[n, ih, iw, c0:c0 + count]
-                            for c in range(count):
-                                pixel[c] = np.int32(source[c] ^ flip_byte) - zero
+                        pixel, source = row[at:at + count], x[n, ih, iw, c0:c0 + count]
+                        for c in range(count):
+                            pixel[c] = np.int32(source[c] ^ flip_byte) - zero
             weights = taps[b]
             for oh in range(oh0, oh1):
                 base = (oh - oh0) * sh * row_size
-                for k in range(0, taps_padded, CHANNELS_LAST_READS):
-                    a0, a1, a2 = base + offsets[k], base + offsets[k + 1], base + offsets[k + 2]
-                    v0, v1, v2 = padded[a0:a0 + length], padded[a1:a1 + length], padded[a2:a2 + length]
-                    w0, w1, w2 = weights[k], weights[k + 1], weights[k + 2]
-                    if k == 0:
-                        for i in range(length):
-                            acc[i] = v0[i] * w0[i] + v1[i] * w1[i] + v2[i] * w2[i]
-                    else:
-                        for i in range(length):
-                            acc[i] += v0[i] * w0[i] + v1[i] * w1[i] + v2[i] * w2[i]
-                if count == channels:  # the whole row of out, one loop
+                for first in range(0, length, chunk):
+                    span = min(chunk, length - first)
+                    sums = acc[first:first + span]
+                    for k in range(0, taps_padded, CHANNELS_LAST_READS):
+                        a0, a1, a2 = base + first + offsets[k], base + first + offsets[k + 1], base + first + offsets[k + 2]
+                        v0, v1, v2 = padded[a0:a0 + span], padded[a1:a1 + span], padded[a2:a2 + span]
+                        w0, w1, w2 = weights[k].reshape(chunk), weights[k + 1].reshape(chunk), weights[k + 2].reshape(chunk)
+                        if k == 0:
+                            for i in range(span):
+                                sums[i] = v0[i] * w0[i] + v1[i] * w1[i] + v2[i] * w2[i]
+                        else:
+                            for i in range(span):
+                                sums[i] += v0[i] * w0[i] + v1[i] * w1[i] + v2[i] * w2[i]
+                if block == channels:  # the whole row of out, one loop
                     done = out[n, oh * ow_:(oh + 1) * ow_].reshape(length)
                     for i in range(length):
                         done[i] = _requantized(np.int32(acc[i]) + bias[i], multiplier[i], y_zero, lo, hi)
