@@ -18,6 +18,14 @@ is asked for it (``LoweringContext.int8_ops``: the session's scheme backend buil
 in ``gpumnn.scheduler.precision``). Anything else, and every node where it is not asked, is lowered
 in float as before. An activation's DequantizeLinear stays where other nodes read its float values;
 its ops that nothing reads any more are dropped at the end of lowering.
+
+Where the backend keeps 8-bit activations channels-last (``LoweringContext.int8_channels_last``,
+decided in ``gpumnn.scheduler.precision.int8_channels_last``), a depthwise convolution reads and
+writes NHWC tensors and a 1x1 convolution at stride 1 is the product of their rows
+(``_channels_last_kind``); the residual sums of two such tensors add them as they lie. Each writes
+its NHWC tensor and a transposing Raster to the NCHW one the model names, which is dropped where
+nothing reads it, and an NCHW input is transposed once (``channels_last_twins``): the conversions
+are left only at the boundaries to NCHW and float ops.
 """
 from __future__ import annotations
 
