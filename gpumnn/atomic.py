@@ -438,6 +438,11 @@ class QuantizedConv2D(ConvGeometry):
     it (``gpumnn.scheduler.precision.lowers_static_int8``). ``has_bias`` and ``activation`` are
     unused: the bias is always an input and the clamp is ``[lo, hi]``. ``scheme`` (``im2col``,
     ``gemm1x1``, ``depthwise``) is chosen by scheme selection from the geometry.
+
+    ``channels_last`` (a depthwise convolution only, on a backend whose ``int8_channels_last`` says
+    it builds it): x is ``[N, H, W, C]`` and out ``[N, OH, OW, OC]``, each pixel's channels
+    contiguous; the sums are the same. A 1x1 convolution on channels-last activations needs no flag:
+    it is the product of their rows (batch N*H*W, 1x1 planes).
     """
 
     kind: ClassVar[str] = "quantized_conv2d"
@@ -447,6 +452,7 @@ class QuantizedConv2D(ConvGeometry):
     out_dtype: str = UINT8
     lo: int = 0
     hi: int = 255
+    channels_last: bool = False
 
     def output_dtype(self) -> str:
         return self.out_dtype

@@ -127,6 +127,51 @@ def test_quantized_conv_kernel_is_the_contract_exactly(compiled_cpu, geometry, t
         assert np.abs(reference.astype(np.int64) - _unfused(op, x, w, bias, scales)).max() <= 1
 
 
+DEPTHWISE = [g for g in GEOMETRIES if g[-2] == g[1] > 1] + [
+    # the channels-last kernel's blocks: channels in blocks of 48 (96 = 2 x 48), one partial block of
+    # 64 (70 channels), whole input rows widened in one loop (one block, stride 1) on a large plane
+    ("depthwise blocks of 48", 96, (9, 10), 96, 3, 2, 1, 1, 96, 1),
+    ("depthwise partial block", 70, (8, 9), 70, 3, 1, 1, 1, 70, 2),
+    ("depthwise wide rows", 32, (30, 29), 32, 3, 1, 1, 1, 32, 1),
+    # more items (image, block, band of rows) than tasks: a task's scratch rows that held one band's
+    # input are padding in its next band's
+    ("depthwise many images", 8, (20, 9), 8, 3, 1, 1, 1, 8, 45),
+]
+
+
+def _run_channels_last(backend: CpuBackend, op, x, w, bias, multiplier) -> np.ndarray:
+    """``op`` as a ``channels_last`` one on x laid [N, H, W, C]; its output back as NCHW."""
+    op = dataclasses.replace(op, channels_last=True)
+    out = np.zeros((op.batch,) + op.out_hw + (op.out_channels,), op.out_dtype)
+    exe = backend.create_execution(op, [_handle(x.transpose(0, 2, 3, 1)), _handle(w), _handle(bias),
+                                        _handle(multiplier)],
+                                   [TensorHandle(out.reshape(-1), 0, out.shape, op.out_dtype)])
+    assert "nhwc" in exe.scheme or not backend.jit, exe.scheme
+    for work in exe.work:
+        work()
+    return out.transpose(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("geometry", DEPTHWISE, ids=[g[0] for g in DEPTHWISE])
+@pytest.mark.parametrize("types", [("int8", "int8"), ("uint8", "uint8"), ("uint8", "int8")], ids="-".join)
+@pytest.mark.parametrize("blocks", ["default", "short"])
+def test_channels_last_depthwise_is_the_contract_exactly(compiled_cpu, geometry, types, blocks, monkeypatch):
+    """A ``channels_last`` depthwise QuantizedConv2D (x and out NHWC) gives the reference's bits, compiled
+    and on the NumPy backend; "short": blocks of 16 channels (partial ones past them) and vector loops
+    over a few pixels, so that an output row takes several of them."""
+    if blocks == "short":
+        monkeypatch.setattr(int8_conv, "NHWC_WHOLE", 8)
+        monkeypatch.setattr(int8_conv, "CHANNEL_BLOCK", 16)
+        monkeypatch.setattr(int8_conv, "NHWC_CHUNK", 40)
+    for seed in (0, 1):
+        op, x, w, bias, multiplier, _ = _case(geometry, *types, seed=seed)
+        reference = int8_conv.quantized_conv_reference(op, x, w, bias, multiplier)
+        np.testing.assert_array_equal(_run_channels_last(compiled_cpu, op, x, w, bias, multiplier), reference)
+        if seed == 0:
+            np.testing.assert_array_equal(
+                _run_channels_last(CpuBackend(threads=1, jit=False), op, x, w, bias, multiplier), reference)
+
+
 def test_depthwise_kernels_by_geometry(compiled_cpu):
     """Depthwise convolutions with output planes of at most CHANNELS_LAST_PIXELS take the
     channels-last kernel, larger ones at stride 1 with rows as wide as the input's the flat kernel,
@@ -232,6 +277,11 @@ def test_qdq_zoo_model_runs_int8_on_every_backend(backend, qdq_models, name):
     assert all(op.dtype == A.INT8 for op in max_pools)
     assert not [op for op in program.ops if isinstance(op, (A.Conv2D, A.MatMul))]
     assert set(placement.op_backends) == {backend}
+    # the cpu keeps the 8-bit activations channels-last between its int8 ops, the GPU APIs NCHW
+    channels_last = [op for op in int8_ops if op.channels_last]
+    assert channels_last == ([op for op in int8_ops if op.groups > 1] if backend == "cpu" else [])
+    if backend == "cpu" and name == "mobilenet_v2":  # transposed only after the stem and before the pooling
+        assert len([op for op in program.ops if isinstance(op, A.Raster) and op.dtype == A.INT8]) == 2
     constants = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
     last = next(n for n in model.graph.node if n.output[0] == model.graph.output[0].name)
     step = float(constants[last.input[1]])

@@ -310,6 +310,10 @@ class Backend(ABC):
     int8_arithmetic: str = ""
     #: the integer dot-product instruction the int8 implicit GEMM builds with ("": plain int32)
     int8_dot: str = ""
+    #: whether static int8 activations stay channels-last (NHWC) between the int8 ops that take them:
+    #: the backend builds the ``channels_last`` depthwise QuantizedConv2D (read by the lowering,
+    #: ``gpumnn.scheduler.precision.int8_channels_last``)
+    int8_channels_last: ClassVar[bool] = False
     #: whether the QuantizedMatMul kernel takes int4 weights in blocks (``precision="int4"``)
     int4_weights: ClassVar[bool] = False
     #: how the backend's QuantizedMatMul kernels (``precision="int8"``, dynamic quantization)
@@ -389,6 +393,8 @@ class Backend(ABC):
         for dtype in {op.dtype, op.output_dtype()} - {A.FLOAT32}:
             if dtype not in self.dtypes.get(type(op), ()):
                 return f"the {self.name} backend has no {dtype} kernel for atomic op {type(op).__name__}"
+        if getattr(op, "channels_last", False) and not self.int8_channels_last:
+            return f"the {self.name} backend has no channels-last kernel for atomic op {type(op).__name__}"
         if getattr(op, "block", 0) and not self.int4_weights:
             return f"the {self.name} backend has no int4 kernel for atomic op {type(op).__name__}"
         if A.FLOAT16 in {op.dtype, op.output_dtype()} and scheme in self.float32_only_schemes.get(type(op), ()):

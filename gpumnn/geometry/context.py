@@ -101,6 +101,11 @@ class LoweringContext:
         #: (``lowerings.int8_products``): set where the session's scheme backend builds them
         #: (``gpumnn.scheduler.precision.lowers_static_int8``)
         self.int8_ops = False
+        #: whether their 8-bit activations stay channels-last (NHWC) between them
+        #: (``gpumnn.scheduler.precision.int8_channels_last``)
+        self.int8_channels_last = False
+        #: an 8-bit NCHW tensor -> the channels-last tensor holding the same values, where an int8 op wrote one
+        self.channels_last_twins: dict[str, str] = {}
         #: whether some were: ops that nothing reads any more are then dropped at the end of lowering
         self.int8_fused = False
 

@@ -87,6 +87,14 @@ def lowers_static_int8(backend) -> bool:
     return all(op in table for op in STATIC_INT8_OPS)
 
 
+def int8_channels_last(backend) -> bool:
+    """Whether a statically quantized model's 8-bit activations stay channels-last (NHWC) between the
+    int8 ops that take them, for ``backend``, the session's scheme backend: where it builds static int8
+    ops and says it has the channels-last kernels (the cpu; the GPU backends keep NCHW). The one place
+    the layout is decided; the lowering (``lowerings.int8_products``) places the conversions."""
+    return lowers_static_int8(backend) and bool(getattr(backend, "int8_channels_last", False))
+
+
 def check_precision(precision: str) -> str:
     """``precision`` if it is one gpumnn runs, else ValueError listing those it does."""
     if precision not in PRECISIONS:

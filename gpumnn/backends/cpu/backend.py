@@ -780,6 +780,7 @@ class CpuBackend(Backend):
     alignment = 64
     kernel_table = _MAKERS
     int4_weights = True
+    int8_channels_last = True
     schemes = {**KERNEL_SCHEMES, A.Conv2D: KERNEL_SCHEMES[A.Conv2D] | {"winograd"}}
     residual_schemes = {A.Conv2D: schemes[A.Conv2D]}
     #: NumPy computes every integer op; float-only kernels (convolution, pooling, ...) stay float32;

@@ -9,7 +9,8 @@ activations are read with their top bit flipped (``x ^ 0x80 = x + 128``, the zer
 128 with them), which changes no difference ``x - zero``. ``gemm1x1`` (a direct product): the tile
 turned round, the weight's rows broadcast and NR pixels of each NCHW plane the vector operand, so
 that a tile's result is stored as NCHW holds it (``_conv_pixels``), where the output has at least
-as many channels as the input or the planes are large; others, and a product's rows (1x1 planes),
+as many channels as the input or the planes are large; a product's rows (1x1 planes: a Gemm, or a
+1x1 convolution on channels-last activations) each requantized straight into its row (``_conv_rows``); others
 go the im2col way. ``depthwise``, and small windows over a few input channels (``runs_direct``):
 the direct kernel, vector loops over each input plane zero-padded, split by stride phase and
 flattened, so that each tap reads it at a constant offset (sums in float32, exact for the integers
@@ -17,14 +18,16 @@ of any window up to 514 taps, else int32); depthwise ones on the smallest planes
 (``runs_channels_last``) channels-last inside, a vector over a block of channels per tap, since
 there a plane is too few outputs to pay each row's loops, and at stride 1 with rows as wide as the
 input's (``runs_flat``) over each plane flattened without padding columns, the reads past a row's
-ends taken off after. All end in the requantizing epilogue
+ends taken off after; a ``channels_last`` one (the activations NHWC between int8 ops, decided by
+``gpumnn.scheduler.precision.int8_channels_last``) reads each pixel's channels as they lie
+(``_conv_depthwise_nhwc``). All end in the requantizing epilogue
 of the contract: ``clip(rint(float32(acc) * multiplier) + zero, lo, hi)``, a float multiplier as
 ONNX Runtime's.
 
 8-bit tensors are read and written through uint8 views, int8 ones' bytes included (a value's
 low byte is the same either way), so one compiled kernel serves every combination of types.
 QNNPACK's indirection buffer (pointers to each window's pixels instead of packed bytes) is not
-built: it needs channels innermost (NHWC), where the contract's tensors are NCHW.
+built: a 1x1 convolution on channels-last activations is lowered as the product of their rows.
 """
 from __future__ import annotations
 
@@ -170,6 +173,36 @@ def _conv_packed(x, planes, rows, panels, shifts, scales, out, geometry, flip, x
                         destination, source = out[n, first + j, row0:row0 + count], done[j]
                         for r in range(count):
                             destination[r] = source[r]
+
+
+def _conv_rows(x, rows, panels, shifts, scales, out, flip, y_zero, lo, hi):
+    """A product's rows by the weight on the tile (a 1x1 convolution of 1x1 planes: a QDQ Gemm or
+    MatMul, or a 1x1 convolution on channels-last activations): x uint8 [P, C], out uint8 [P, OC],
+    ``panels`` one group's (``pack_conv_weight``), ``shifts`` and ``scales`` per panel column
+    (``epilogue_columns``). One parallel task per MR rows copies them (a copy of ``rows`` [MR, K
+    padded]) and runs them by every panel, each tile's rows requantized straight into out's rows."""
+    pixels, channels = x.shape
+    out_channels = out.shape[1]
+    row_tiles = -(-pixels // MR)
+    panel_count = panels.shape[0]
+    for row_tile in numba.prange(row_tiles):
+        row0 = row_tile * MR
+        count = min(MR, pixels - row0)
+        local = rows.copy()  # zeros: the steps past K and the rows past the pixels stay 0
+        for r in range(count):
+            source, row = x[row0 + r], local[r]
+            for c in range(channels):
+                row[c] = source[c] ^ flip
+        acc = np.empty(MR * NR, np.int32)
+        for p in range(panel_count):
+            _tile(local, 0, panels, p, acc)
+            c0 = p * NR
+            width = min(NR, out_channels - c0)
+            column_shifts, column_scales = shifts[c0:c0 + NR], scales[c0:c0 + NR]
+            for r in range(count):
+                sums, destination = acc[r * NR:(r + 1) * NR], out[row0 + r, c0:c0 + width]
+                for j in range(width):
+                    destination[j] = _requantized(sums[j] + column_shifts[j], column_scales[j], y_zero, lo, hi)
 
 
 def _conv_pixels(x, weight_rows, panel, lanes, corrections, multiplier, out, flip, y_zero, lo, hi):
@@ -361,6 +394,12 @@ def _conv_direct(x, taps, bias, multiplier, out, geometry, groups, flip, x_zero,
                         row[ow] = _requantized(np.int32(sums[ow]) + start, m, y_zero, lo, hi)
 
 
+def runs_rows(op: A.QuantizedConv2D) -> bool:
+    """Whether ``_conv_rows`` computes ``op``: a product's rows (a 1x1 convolution of 1x1 planes,
+    one group), each row's channels contiguous in and out."""
+    return op.in_hw == (1, 1) and op.out_hw == (1, 1) and op.kernel == (1, 1) and op.groups == 1
+
+
 def runs_channels_last(op: A.QuantizedConv2D) -> bool:
     """Whether ``_conv_depthwise_channels_last`` computes ``op``: a depthwise convolution of one
     output channel per input channel whose output planes have at most CHANNELS_LAST_PIXELS pixels,
@@ -444,6 +483,130 @@ def _conv_depthwise_channels_last(x, taps, bias, multiplier, out, geometry, flip
                 plane_out = out[n, c0 + c]
                 for p in range(pixels):
                     plane_out[p] = requantized[p * block + c]
+
+
+#: the output rows one task of the channels-last (NHWC) depthwise kernel sums (its scratch holds the
+#: input rows they read)
+NHWC_BAND = 8
+#: up to this many channels, the channels-last depthwise kernel takes them all in one block (its
+#: widening and requantizing then one loop per row)
+NHWC_WHOLE = 160
+#: about how many sums of consecutive output pixels (by the block's channels) one vector loop of the
+#: channels-last depthwise kernel takes: long enough that each loop's set-up is paid over many sums
+NHWC_CHUNK = 4096
+
+
+def nhwc_block(channels: int) -> int:
+    """The channels one task of ``_conv_depthwise_nhwc`` takes: all of them up to NHWC_WHOLE, else
+    the widest multiple of 16 up to CHANNEL_BLOCK that divides them (no partial block), else CHANNEL_BLOCK."""
+    if channels <= NHWC_WHOLE:
+        return channels
+    for block in range(CHANNEL_BLOCK, 15, -16):
+        if channels % block == 0:
+            return block
+    return CHANNEL_BLOCK
+
+
+def nhwc_taps(op: A.QuantizedConv2D, weight: np.ndarray) -> np.ndarray:
+    """A depthwise ``weight`` [C, 1, KH, KW] as ``_conv_depthwise_nhwc``'s taps: per block of
+    ``nhwc_block`` channels, each tap's weights repeated for the output pixels one vector loop takes
+    (about NHWC_CHUNK sums, at most a row's), [blocks, KH * KW padded to a multiple of
+    CHANNELS_LAST_READS, pixels, block] in ``direct_sum_dtype`` (zeros in the padding and past the
+    last channel)."""
+    channels, window, block = op.out_channels, op.kernel[0] * op.kernel[1], nhwc_block(op.out_channels)
+    blocks = -(-channels // block)
+    taps = np.zeros((blocks * block, -(-window // CHANNELS_LAST_READS) * CHANNELS_LAST_READS), direct_sum_dtype(op))
+    taps[:channels, :window] = weight.reshape(channels, window)
+    per_block = taps.reshape(blocks, block, -1).transpose(0, 2, 1)  # [blocks, taps, block]
+    pixels = min(op.out_hw[1], max(1, NHWC_CHUNK // block))
+    return np.ascontiguousarray(np.broadcast_to(per_block[:, :, None, :], (blocks, per_block.shape[1], pixels, block)))
+
+
+def _conv_depthwise_nhwc(x, taps, bias, multiplier, out, geometry, flip, x_zero, y_zero, lo, hi):
+    """A ``channels_last`` depthwise QuantizedConv2D: x uint8 [N, H, W, C], ``taps`` (``nhwc_taps``),
+    bias and multiplier repeated for each output pixel of a row ([OW * C]), out uint8 [N, OH*OW, C]. A parallel task takes a block of channels of one image over a band of
+    NHWC_BAND output rows: it widens the input rows the band reads, less the zero point, into a
+    zero-padded scratch [rows, column phase (by stride), columns of the phase, block], so that one
+    tap over consecutive output pixels of a row reads one contiguous run of values; an output row is
+    then vector loops over the taps' length of sums (``nhwc_taps``), CHANNELS_LAST_READS taps each,
+    requantized into out's rows
+    (one loop over the row where the block is every channel)."""
+    kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
+    images, height, width, channels = x.shape
+    blocks, taps_padded, chunk_pixels, block = taps.shape
+    chunk = chunk_pixels * block
+    length = ow_ * block
+    window = kh_ * kw_
+    columns = (ow_ - 1) * sw + (kw_ - 1) * dw + 1  # the padded input's columns any output reads
+    phase_columns = -(-columns // sw)
+    row_size = sw * phase_columns * block
+    band_rows = (NHWC_BAND - 1) * sh + (kh_ - 1) * dh + 1
+    bands = -(-oh_ // NHWC_BAND)
+    zero = np.int32(x_zero + flip)
+    flip_byte = np.uint8(flip)
+    offsets = np.zeros(taps_padded, np.int64)  # the zero taps past the window read the first tap's place
+    for k in range(window):
+        kh, kw = k // kw_, k % kw_
+        offsets[k] = kh * dh * row_size + (((kw * dw) % sw) * phase_columns + (kw * dw) // sw) * block
+    filled = min(width, columns - pw)  # the input columns any output reads
+    whole_rows = sw == 1 and block == channels and filled == width
+    items = images * blocks * bands
+    tasks = min(items, DIRECT_TASKS)
+    for task in numba.prange(tasks):
+        padded = np.zeros(band_rows * row_size, taps.dtype)  # its padding columns are never written: they stay 0
+        acc = np.zeros(length, taps.dtype)
+        for item in range(task, items, tasks):
+            n, rest = item // (blocks * bands), item % (blocks * bands)
+            b, band = rest // bands, rest % bands
+            c0 = b * block
+            count = min(block, channels - c0)
+            oh0 = band * NHWC_BAND
+            oh1 = min(oh_, oh0 + NHWC_BAND)
+            first_row = oh0 * sh - ph  # the input row of the scratch's first row
+            used_rows = (oh1 - oh0 - 1) * sh + (kh_ - 1) * dh + 1
+            for r in range(used_rows):
+                ih = first_row + r
+                row = padded[r * row_size:(r + 1) * row_size]
+                if ih < 0 or ih >= height:
+                    row[:] = 0
+                elif whole_rows:  # the input row is one run of the scratch row, past its left padding
+                    source, inside = x[n, ih].reshape(width * channels), row[pw * block:(pw + width) * block]
+                    for i in range(width * channels):
+                        inside[i] = np.int32(source[i] ^ flip_byte) - zero
+                else:
+                    for iw in range(filled):
+                        col = iw + pw
+                        at = ((col % sw) * phase_columns + col // sw) * block
+                        pixel, source = row[at:at + count], x[n, ih, iw, c0:c0 + count]
+                        for c in range(count):
+                            pixel[c] = np.int32(source[c] ^ flip_byte) - zero
+            weights = taps[b]
+            for oh in range(oh0, oh1):
+                base = (oh - oh0) * sh * row_size
+                for first in range(0, length, chunk):
+                    span = min(chunk, length - first)
+                    sums = acc[first:first + span]
+                    for k in range(0, taps_padded, CHANNELS_LAST_READS):
+                        a0, a1, a2 = base + first + offsets[k], base + first + offsets[k + 1], base + first + offsets[k + 2]
+                        v0, v1, v2 = padded[a0:a0 + span], padded[a1:a1 + span], padded[a2:a2 + span]
+                        w0, w1, w2 = weights[k].reshape(chunk), weights[k + 1].reshape(chunk), weights[k + 2].reshape(chunk)
+                        if k == 0:
+                            for i in range(span):
+                                sums[i] = v0[i] * w0[i] + v1[i] * w1[i] + v2[i] * w2[i]
+                        else:
+                            for i in range(span):
+                                sums[i] += v0[i] * w0[i] + v1[i] * w1[i] + v2[i] * w2[i]
+                if block == channels:  # the whole row of out, one loop
+                    done = out[n, oh * ow_:(oh + 1) * ow_].reshape(length)
+                    for i in range(length):
+                        done[i] = _requantized(np.int32(acc[i]) + bias[i], multiplier[i], y_zero, lo, hi)
+                else:
+                    block_bias, block_multiplier = bias[c0:c0 + count], multiplier[c0:c0 + count]
+                    for ow in range(ow_):
+                        done, sums = out[n, oh * ow_ + ow, c0:c0 + count], acc[ow * block:ow * block + count]
+                        for c in range(count):
+                            done[c] = _requantized(np.int32(sums[c]) + block_bias[c], block_multiplier[c],
+                                                   y_zero, lo, hi)
 
 
 def runs_flat(op: A.QuantizedConv2D) -> bool:
@@ -550,15 +713,14 @@ def _bytes(handle) -> np.ndarray:
 
 
 def _views(op: A.QuantizedConv2D, ins, outs) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
-    """x as uint8 [N, C, H, W] and out as uint8 [N, OC, OH*OW] views, and the geometry tuple. A
-    1x1 convolution of 1x1 planes (a product's rows) is seen as one image of C channels over a
-    1 x N plane, so that its N rows fill the tile's rows."""
+    """x as uint8 [N, C, H, W] and out as uint8 [N, OC, OH*OW] views ([N, H, W, C] and [N, OH*OW, OC]
+    for a ``channels_last`` op), and the geometry tuple."""
     n, c, (h, w), oc, (oh, ow) = op.batch, op.in_channels, op.in_hw, op.out_channels, op.out_hw
     x_bytes, out_bytes = _bytes(ins[0]), _bytes(outs[0])
-    if op.in_hw == (1, 1) and op.kernel == (1, 1) and op.groups == 1 and n > 1:
-        x = np.lib.stride_tricks.as_strided(x_bytes[ins[0].offset:], (1, c, 1, n), (n * c, 1, n * c, c))
-        out = np.lib.stride_tricks.as_strided(out_bytes[outs[0].offset:], (1, oc, n), (n * oc, 1, oc))
-        return x, out, (1, 1, 1, 1, 0, 0, 1, 1, 1, n)
+    if op.channels_last:
+        x = x_bytes[ins[0].offset:ins[0].offset + n * c * h * w].reshape(n, h, w, c)
+        out = out_bytes[outs[0].offset:outs[0].offset + n * oc * oh * ow].reshape(n, oh * ow, oc)
+        return x, out, (*op.kernel, *op.strides, *op.pads, *op.dilations, oh, ow)
     x = x_bytes[ins[0].offset:ins[0].offset + n * c * h * w].reshape(n, c, h, w)
     out = out_bytes[outs[0].offset:outs[0].offset + n * oc * oh * ow].reshape(n, oc, oh * ow)
     return x, out, (*op.kernel, *op.strides, *op.pads, *op.dilations, oh, ow)
@@ -601,14 +763,18 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
         out = typed(outs[0])[outs[0].offset:outs[0].offset + outs[0].size]
 
         def reference() -> None:
-            out[:] = quantized_conv_reference(op, x, weight, bias, multiplier).reshape(-1)
+            if op.channels_last:  # the same sums on the NCHW views of both
+                planes = x.reshape(op.batch, *op.in_hw, op.in_channels).transpose(0, 3, 1, 2)
+                out[:] = quantized_conv_reference(op, planes, weight, bias, multiplier).transpose(0, 2, 3, 1).reshape(-1)
+            else:
+                out[:] = quantized_conv_reference(op, x, weight, bias, multiplier).reshape(-1)
         return KernelWork((reference,), "int8 NumPy")
     x, out, geometry = _views(op, ins, outs)
     path = cpu_int8.current_path()
     parallel = engine.regions > 1 and op.macs() >= 1 << 16
     arguments = (op.x_zero_point, op.y_zero_point, op.lo, op.hi)
 
-    def depthwise(function, taps, name: str) -> KernelWork:
+    def depthwise(function, taps, name: str, bias=bias, multiplier=multiplier) -> KernelWork:
         """One of the depthwise kernels bound once to this op's views and taps."""
         kernel = cpu_jit.bind(_kernel(function, "portable", parallel), x, taps, bias, multiplier, out, geometry,
                               flip, *arguments)
@@ -616,6 +782,10 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
         def run() -> None:
             kernel(x, taps, bias, multiplier, out, geometry, flip, *arguments)
         return KernelWork((run,), f"int8 depthwise {name}{' region' if parallel else ''}")
+    if op.channels_last:
+        row_pixels = op.out_hw[1]
+        return depthwise(_conv_depthwise_nhwc, nhwc_taps(op, weight), "nhwc", np.tile(bias, row_pixels),
+                         np.tile(multiplier, row_pixels))
     if runs_channels_last(op):
         return depthwise(_conv_depthwise_channels_last, channels_last_taps(op, weight), "channels-last")
     if runs_flat(op):
@@ -641,6 +811,17 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
     panels, colsum = made_once(ins[1], "int16 pair conv panels" if pairs else "int8 conv panels",
                                lambda: pack_conv_weight(weight, op.groups, pairs))
     shifts, scales = epilogue_columns(op, panels.shape[1] * NR, colsum, bias, multiplier, flip)
+    if runs_rows(op):
+        rows = np.zeros((MR, panels.shape[2] * panels.shape[4]), np.int16 if pairs else np.uint8)
+        x_rows = _bytes(ins[0])[ins[0].offset:ins[0].offset + op.batch * op.in_channels].reshape(op.batch, -1)
+        out_rows = _bytes(outs[0])[outs[0].offset:outs[0].offset + op.batch * op.out_channels].reshape(op.batch, -1)
+        group_panels = panels[0]
+        kernel = cpu_jit.bind(_kernel(_conv_rows, path, parallel), x_rows, rows, group_panels, shifts, scales,
+                              out_rows, flip, op.y_zero_point, op.lo, op.hi)
+
+        def run_rows() -> None:
+            kernel(x_rows, rows, group_panels, shifts, scales, out_rows, flip, op.y_zero_point, op.lo, op.hi)
+        return KernelWork((run_rows,), f"int8 rows {cpu_int8.PATH_NAMES[path]}{' region' if parallel else ''}")
     # one task's rows, copied by each (zeros); the pair paths read the bytes widened to int16
     rows = np.zeros((MR, panels.shape[2] * panels.shape[4]), np.int16 if pairs else np.uint8)
     pointwise = op.kernel == (1, 1) and op.strides == (1, 1) and op.pads == (0, 0)

@@ -18,6 +18,14 @@ is asked for it (``LoweringContext.int8_ops``: the session's scheme backend buil
 in ``gpumnn.scheduler.precision``). Anything else, and every node where it is not asked, is lowered
 in float as before. An activation's DequantizeLinear stays where other nodes read its float values;
 its ops that nothing reads any more are dropped at the end of lowering.
+
+Where the backend keeps 8-bit activations channels-last (``LoweringContext.int8_channels_last``,
+decided in ``gpumnn.scheduler.precision.int8_channels_last``), a depthwise convolution reads and
+writes NHWC tensors and a 1x1 convolution at stride 1 is the product of their rows
+(``_channels_last_kind``); the residual sums of two such tensors add them as they lie. Each writes
+its NHWC tensor and a transposing Raster to the NCHW one the model names, which is dropped where
+nothing reads it, and an NCHW input is transposed once (``channels_last_twins``): the conversions
+are left only at the boundaries to NCHW and float ops.
 """
 from __future__ import annotations
 
@@ -28,7 +36,7 @@ import numpy as np
 from ... import atomic as A
 from ...ir import Node
 from ..context import LoweringContext
-from ..emit import fused_activation
+from ..emit import fused_activation, reorder
 from ..registry import DEFAULT_DOMAINS, lowers
 from .conv import conv2d_geometry, lower_conv, lower_global_pool, lower_pool
 from .elementwise import lower_binary
@@ -198,18 +206,64 @@ def _integer_bias(ctx: LoweringContext, bias: str | None, product_scale: np.ndar
 
 def _emit(ctx: LoweringContext, node: Node, x: _Quantization, weight: np.ndarray, w_scale: np.ndarray,
           bias: np.ndarray, out: _Requantization, geometry: dict, out_shape: tuple[int, ...]) -> None:
-    """One QuantizedConv2D of ``x`` by the int8 ``weight`` [OC, C/groups, KH, KW] into ``out``."""
+    """One QuantizedConv2D of ``x`` by the int8 ``weight`` [OC, C/groups, KH, KW] into ``out``; on
+    channels-last activations (``_channels_last_kind``) a depthwise one reads and writes them and a
+    1x1 one is the product of their rows."""
     multiplier = (x.scale * w_scale / out.quantization.scale).astype(np.float32)
     names = []
     for hint, array in (("weight_int8", weight), ("bias_int32", bias), ("multiplier", multiplier)):
         names.append(ctx.temp(node, hint))
         ctx.set_const(names[-1], np.ascontiguousarray(array))
-    op = A.QuantizedConv2D((x.tensor, *names), (out.output,), node.name, **geometry, x_zero_point=x.zero_point,
+    kind = _channels_last_kind(ctx, geometry)
+    source, target, target_shape, extra = x.tensor, out.output, out_shape, {}
+    if kind:
+        n, oc, (oh, ow) = geometry["batch"], geometry["out_channels"], geometry["out_hw"]
+        source, target, target_shape = _channels_last_input(ctx, node, x.tensor), ctx.temp(node, "nhwc"), (n, oh, ow, oc)
+        if kind == "product":
+            geometry = _product_geometry(n * oh * ow, geometry["in_channels"], oc)
+        else:
+            extra = {"channels_last": True}
+    op = A.QuantizedConv2D((source, *names), (target,), node.name, **geometry, x_zero_point=x.zero_point,
                            y_zero_point=out.quantization.zero_point, out_dtype=out.quantization.dtype.name,
-                           lo=out.lo, hi=out.hi)
-    ctx.emit(op, out_shape, out.quantization.dtype)
+                           lo=out.lo, hi=out.hi, **extra)
+    ctx.emit(op, target_shape, out.quantization.dtype)
+    if kind:
+        _channels_first_output(ctx, node, target, out.output)
     ctx.absorb(*out.nodes)
     ctx.int8_fused = True
+
+
+def _channels_last_kind(ctx: LoweringContext, geometry: dict) -> str:
+    """How a convolution runs where the backend keeps 8-bit activations channels-last
+    (``LoweringContext.int8_channels_last``): "depthwise" (a ``channels_last`` QuantizedConv2D),
+    "product" (a 1x1 at stride 1 without padding: the rows' product), or "" (NCHW, as elsewhere)."""
+    if not ctx.int8_channels_last or geometry["in_hw"] == (1, 1) and geometry["kernel"] == (1, 1):
+        return ""  # a product's rows already
+    c, oc, groups = geometry["in_channels"], geometry["out_channels"], geometry["groups"]
+    if groups > 1 and groups == c == oc:
+        return "depthwise"
+    if (groups == 1 and geometry["kernel"] == (1, 1) and geometry["strides"] == (1, 1)
+            and geometry["pads"] == (0, 0) and geometry["out_hw"] == geometry["in_hw"]):
+        return "product"
+    return ""
+
+
+def _channels_last_input(ctx: LoweringContext, node: Node, tensor: str) -> str:
+    """The channels-last [N, H, W, C] tensor holding the NCHW ``tensor``'s values: the one an int8
+    op wrote, else a transposing Raster (made once per tensor)."""
+    twin = ctx.channels_last_twins.get(tensor)
+    if twin is None:
+        twin = ctx.temp(node, "nhwc")
+        reorder(ctx, node, [tensor], lambda arrays, fill: [arrays[0].transpose(0, 2, 3, 1)], [twin])
+        ctx.channels_last_twins[tensor] = twin
+    return twin
+
+
+def _channels_first_output(ctx: LoweringContext, node: Node, twin: str, output: str) -> None:
+    """``output`` (NCHW) from the channels-last ``twin`` an int8 op wrote, for the ops that read it
+    as NCHW: a transposing Raster, dropped at the end of lowering where nothing reads it."""
+    reorder(ctx, node, [twin], lambda arrays, fill: [arrays[0].transpose(0, 3, 1, 2)], [output])
+    ctx.channels_last_twins[output] = twin
 
 
 def _int8_conv(ctx: LoweringContext, node: Node) -> bool:
@@ -345,17 +399,23 @@ def lower_qlinear_matmul_int8_or_float(ctx: LoweringContext, node: Node, opset: 
 
 
 def _emit_add(ctx: LoweringContext, node: Node, a: _Quantization, b: _Quantization, out: _Requantization) -> bool:
-    """One QuantizedAdd of ``a`` and ``b`` into ``out``; False (nothing emitted) where the operands
-    are not one 8-bit type of one shape."""
+    """One QuantizedAdd of ``a`` and ``b`` into ``out`` (on their channels-last twins where int8 ops
+    wrote both so); False (nothing emitted) where the operands are not one 8-bit type of one shape."""
     shape = ctx.shape(a.tensor)
     if a.dtype != b.dtype or ctx.shape(b.tensor) != shape:
         return False
     q = out.quantization
-    op = A.QuantizedAdd((a.tensor, b.tensor), (out.output,), node.name, count=ctx.value(a.tensor).size,
+    twins = ctx.channels_last_twins
+    channels_last = a.tensor in twins and b.tensor in twins
+    sources = (twins[a.tensor], twins[b.tensor]) if channels_last else (a.tensor, b.tensor)
+    target = ctx.temp(node, "nhwc") if channels_last else out.output
+    op = A.QuantizedAdd(sources, (target,), node.name, count=ctx.value(a.tensor).size,
                         a_scale=float(a.scale), a_zero_point=a.zero_point, b_scale=float(b.scale),
                         b_zero_point=b.zero_point, y_scale=float(q.scale), y_zero_point=q.zero_point,
                         out_dtype=q.dtype.name, lo=out.lo, hi=out.hi)
-    ctx.emit(op, shape, q.dtype)
+    ctx.emit(op, ctx.shape(sources[0]), q.dtype)
+    if channels_last:
+        _channels_first_output(ctx, node, target, out.output)
     ctx.absorb(*out.nodes)
     ctx.int8_fused = True
     return True
