@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gpumnn  # noqa: E402
 from gpumnn.tools.benchmark import Spread  # noqa: E402
+from gpumnn.tools.feeds import random_input  # noqa: E402
 
 
 def relu_model() -> onnx.ModelProto:
@@ -43,7 +44,7 @@ def relu_model() -> onnx.ModelProto:
 
 
 def models(names: list[str]) -> dict[str, tuple[onnx.ModelProto, dict[str, np.ndarray]]]:
-    """Each model with a seeded feed for its inputs."""
+    """Each model with a seeded feed of its inputs' declared dtypes (byte_cnn takes int64 bytes)."""
     import real_models
 
     built = {}
@@ -53,7 +54,8 @@ def models(names: list[str]) -> dict[str, tuple[onnx.ModelProto, dict[str, np.nd
         feed = {}
         for value in model.graph.input:
             dims = [d.dim_value or 1 for d in value.type.tensor_type.shape.dim]
-            feed[value.name] = rng.standard_normal(dims).astype(np.float32)
+            dtype = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+            feed[value.name] = random_input(dtype, dims, rng)
         built[name] = (model, feed)
     return built
 

@@ -342,6 +342,21 @@ SEQUENCES = [
 ]
 
 
+def _conv1d_model(case, rng):
+    """A 1-D convolution (``case``: in channels, length, kernel, stride, pad, out channels, relu) with
+    seeded weights and bias, and a Relu after it where ``relu``."""
+    channels, length, kernel, stride, pad, out_channels, relu = case
+    weight = numpy_helper.from_array(rng.standard_normal((out_channels, channels, kernel)).astype(np.float32), "W")
+    bias = numpy_helper.from_array(rng.standard_normal(out_channels).astype(np.float32), "B")
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c" if relu else "y"], kernel_shape=[kernel], strides=[stride],
+                              pads=[pad, pad])]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    graph = helper.make_graph(nodes, "conv1d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, length])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [weight, bias])
+    return model_proto(graph, 13)
+
+
 @pytest.mark.parametrize("case", SEQUENCES, ids=[f"conv1d{c[0]}x{c[1]}k{c[2]}s{c[3]}" for c in SEQUENCES])
 def test_one_row_convolutions_share_channels_in_regions(case, fresh_rng, monkeypatch):
     """A 1-D convolution has one output row, so im2col's region cuts its output channels into a span
@@ -352,15 +367,7 @@ def test_one_row_convolutions_share_channels_in_regions(case, fresh_rng, monkeyp
     monkeypatch.setattr(cpu_engines, "PACKED_MIN_DEPTH", 1 << 30)
     monkeypatch.setattr(cpu_engines, "PACKED_ANY_DEPTH_MACS", 0)
     monkeypatch.setattr(cpu_engines, "TAPPED_MAX_DEPTH", 0)  # im2col's region, not the tapped tiles
-    weight = numpy_helper.from_array(rng.standard_normal((out_channels, channels, kernel)).astype(np.float32), "W")
-    bias = numpy_helper.from_array(rng.standard_normal(out_channels).astype(np.float32), "B")
-    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c" if relu else "y"], kernel_shape=[kernel], strides=[stride],
-                              pads=[pad, pad])]
-    if relu:
-        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
-    graph = helper.make_graph(nodes, "conv1d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, length])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [weight, bias])
-    model = model_proto(graph, 13)
+    model = _conv1d_model(case, rng)
     _both_ways_match_onnxruntime(model, (1, channels, length), rng)
     sess = gpumnn.load(model).session(backend="cpu", threads=2, jit=True, regions=True)
     convs = [exe for exe in sess.shape_set().first_state.executions if type(exe.op).__name__ == "Conv2D"]
@@ -395,15 +402,7 @@ def test_short_convolutions_on_one_thread_take_the_register_tile(case, fresh_rng
     packed, plain_loop = cpu_compiled._packed_conv_region, cpu_parallel.alone
     monkeypatch.setattr(cpu_compiled, "_packed_conv_region", lambda op, *args: built.append(op) or packed(op, *args))
     monkeypatch.setattr(cpu_parallel, "alone", lambda region: alone.append(region) or plain_loop(region))
-    weight = numpy_helper.from_array(rng.standard_normal((out_channels, channels, kernel)).astype(np.float32), "W")
-    bias = numpy_helper.from_array(rng.standard_normal(out_channels).astype(np.float32), "B")
-    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c" if relu else "y"], kernel_shape=[kernel], strides=[stride],
-                              pads=[pad, pad])]
-    if relu:
-        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
-    graph = helper.make_graph(nodes, "conv1d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, length])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [weight, bias])
-    model = model_proto(graph, 13)
+    model = _conv1d_model(case, rng)
     _both_ways_match_onnxruntime(model, (1, channels, length), rng)
     assert built and all(op.macs() < cpu_engines.PACKED_ANY_DEPTH_MACS for op in built)
     assert cpu_parallel.packed_conv in alone
