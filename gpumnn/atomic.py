@@ -49,9 +49,9 @@ NARROW_DTYPES: frozenset[str] = frozenset({FLOAT16, INT8, UINT8})
 ITEMSIZE: dict[str, int] = {FLOAT32: 4, INT32: 4, FLOAT16: 2, INT8: 1, UINT8: 1}
 #: the atomic ops defined on the narrow storage dtypes (Unary as ``identity`` only, Scatter with
 #: reduction ``none`` only): they move elements without arithmetic. The computing ops that read
-#: a narrow dtype are a ``prequantized`` QuantizedMatMul (uint8), QuantizedConv2D and QuantizedAdd
-#: (uint8 and int8 in and out), each with its own arithmetic, and a max Pool2D on int8 or uint8
-#: (it compares and copies elements)
+#: a narrow dtype are a ``prequantized`` QuantizedMatMul (uint8), QuantizedConv2D, QuantizedAdd and
+#: QuantizedGlobalAveragePool (uint8 and int8 in and out), each with its own arithmetic, and a max
+#: Pool2D on int8 or uint8 (it compares and copies elements)
 NARROW_OPS: tuple[str, ...] = ("raster", "gather", "select", "scatter", "unary")
 #: the computing ops also defined on float16 storage (``precision="fp16"``,
 #: ``gpumnn.scheduler.precision``): every float operand and the result are float16, the arithmetic
@@ -495,6 +495,38 @@ class QuantizedAdd(AtomicOp):
 
 
 @dataclass(frozen=True)
+class QuantizedGlobalAveragePool(AtomicOp):
+    """Static int8 global average pooling (a QDQ model's DequantizeLinear -> GlobalAveragePool ->
+    QuantizeLinear): the ``batch * channels`` planes of ``pixels`` elements of x (input 0, ``dtype``:
+    uint8 or int8) into one element each of ``out_dtype`` (uint8 or int8)::
+
+        sum = sum over the plane of (x - x_zero_point)          exact, in int32
+        out = clip(rint(float32(sum) * multiplier) + y_zero_point, lo, hi)
+
+    ``multiplier`` is the float32 value of ``x_scale / (y_scale * pixels)``, the product rounded to
+    float32 and ``rint`` rounding half to even: the float path's mean, to within its own rounding.
+    ``channels_last``: x is ``[N, H, W, C]`` (a channels-last int8 producer's), else ``[N, C, H, W]``;
+    out is ``[N, C, 1, 1]`` either way (the same elements in the same order). ``[lo, hi]`` is the
+    output type's range, narrowed where a Relu or Clip before the QuantizeLinear is fused.
+    """
+
+    kind: ClassVar[str] = "quantized_global_average_pool"
+    batch: int = 1
+    channels: int = 1
+    pixels: int = 1
+    channels_last: bool = False
+    x_zero_point: int = 0
+    multiplier: float = 1.0
+    y_zero_point: int = 0
+    out_dtype: str = UINT8
+    lo: int = 0
+    hi: int = 255
+
+    def output_dtype(self) -> str:
+        return self.out_dtype
+
+
+@dataclass(frozen=True)
 class ConvTranspose2D(ConvGeometry):
     """NCHW transposed convolution; weight ``[C, OC/groups, KH, KW]`` (ONNX layout).
 
@@ -775,8 +807,9 @@ def recurrent_cell_violation(op: RecurrentCell) -> str | None:
 
 
 ALL_OPS: tuple[type[AtomicOp], ...] = (
-    Raster, Unary, Binary, Reduce, MatMul, QuantizedMatMul, Conv2D, QuantizedConv2D, QuantizedAdd, ConvTranspose2D,
-    Pool2D, Softmax, Normalize, Resize, Gather, Select, CumSum, TopK, Scatter, RecurrentCell,
+    Raster, Unary, Binary, Reduce, MatMul, QuantizedMatMul, Conv2D, QuantizedConv2D, QuantizedAdd,
+    QuantizedGlobalAveragePool, ConvTranspose2D, Pool2D, Softmax, Normalize, Resize, Gather, Select, CumSum, TopK,
+    Scatter, RecurrentCell,
 )
 
 

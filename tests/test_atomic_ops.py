@@ -453,6 +453,27 @@ CASES["quantized_add-uint8-relu"] = lambda rng: _quantized_add(rng, count=77, dt
                                                               relu=True)
 CASES["quantized_add-int8-to-uint8-odd"] = lambda rng: _quantized_add(rng, count=5, dtype=np.int8,
                                                                       out_dtype="uint8")
+
+
+def _quantized_global_average_pool(rng, *, batch, channels, hw, dtype, out_dtype, channels_last=False,
+                                   relu=False) -> Case:
+    """A static int8 global average pooling of 8-bit planes (NCHW, or NHWC with ``channels_last``)."""
+    info, out_info = np.iinfo(dtype), np.iinfo(out_dtype)
+    shape = (batch,) + hw + (channels,) if channels_last else (batch, channels) + hw
+    y_zero = int(out_info.min) + 41
+    op = A.QuantizedGlobalAveragePool(("x",), ("y",), "quantized_global_average_pool", dtype=np.dtype(dtype).name,
+                                      batch=batch, channels=channels, pixels=hw[0] * hw[1],
+                                      channels_last=channels_last, x_zero_point=int(info.min) + 90,
+                                      multiplier=float(np.float32(0.0213 / (0.0119 * hw[0] * hw[1]))),
+                                      y_zero_point=y_zero, out_dtype=out_dtype,
+                                      lo=y_zero if relu else int(out_info.min), hi=int(out_info.max))
+    return Case(op, {"x": rng.integers(info.min, info.max + 1, shape).astype(dtype)}, {"y": (batch, channels, 1, 1)})
+
+
+CASES["quantized_global_average_pool-int8"] = lambda rng: _quantized_global_average_pool(
+    rng, batch=2, channels=7, hw=(5, 9), dtype=np.int8, out_dtype="int8")
+CASES["quantized_global_average_pool-channels_last-uint8-relu"] = lambda rng: _quantized_global_average_pool(
+    rng, batch=1, channels=13, hw=(7, 7), dtype=np.uint8, out_dtype="uint8", channels_last=True, relu=True)
 CASES["quantized_matmul-prequantized"] = lambda rng: _prequantized_matmul(rng, m=11, n=37, k=29)
 CASES["quantized_matmul-prequantized-bias"] = lambda rng: _prequantized_matmul(rng, m=1, n=5, k=66, bias=True)
 CASES["quantized_matmul-vector"] = lambda rng: _quantized_matmul(rng, m=1, n=33, k=7)
@@ -881,12 +902,14 @@ _INT_AND_NEW = {name for name in CASES if any(name.startswith(p) for p in (
     "unary-int32-", "cast-", "binary-int32-", "reduce-int32-", "reduce-arg", "select-", "cumsum-", "scatter-",
     "raster-int32-", "unary-not", "unary-nonzero"))} | {f"binary-{b}-bcast" for b in A.BOOL_BINARY_OPS}
 
-#: per backend family (one line each: the OpenCL and GLSL kernels are written separately)
-AWAITING_OPENCL: set[str] = set()
+#: per backend family (one line each: the OpenCL and GLSL kernels are written separately); the GPU
+#: APIs pool a QDQ model's GlobalAveragePool in float (``precision.int8_global_average_pool``)
+_FLOAT_ON_GPUS = {name for name in CASES if name.startswith("quantized_global_average_pool-")}
+AWAITING_OPENCL: set[str] = set(_FLOAT_ON_GPUS)
 
-AWAITING_GLSL: set[str] = set()  # vulkan and gl
+AWAITING_GLSL: set[str] = set(_FLOAT_ON_GPUS)  # vulkan and gl
 
-AWAITING_GPU_KERNELS = {"opencl": AWAITING_OPENCL, "vulkan": AWAITING_GLSL, "gl": AWAITING_GLSL}
+AWAITING_GPU_KERNELS = {"opencl": AWAITING_OPENCL, "vulkan": AWAITING_GLSL, "gl": AWAITING_GLSL, "cuda": _FLOAT_ON_GPUS}
 
 
 @pytest.mark.parametrize("name", CASE_IDS)

@@ -247,7 +247,7 @@ SLOW_BACKEND_MODELS = ("squeezenet1_1", "mobilenet_v2")
 @pytest.mark.parametrize("name", list(MAX_STEPS))
 def test_qdq_zoo_model_runs_int8_on_every_backend(backend, qdq_models, name):
     """Every backend runs every Conv and Gemm as QuantizedConv2D, every residual Add as QuantizedAdd and
-    every MaxPool on the int8 values on its own device (the GPU APIs' kernels: quantized_conv.cl,
+    every MaxPool on the int8 values (the cpu its GlobalAveragePool too) on its own device (the GPU APIs' kernels: quantized_conv.cl,
     quantized_add.cl, pool.cl, quantized_conv2d.comp, quantized_add.comp, max_pool_bytes.comp), in
     agreement with ONNX Runtime's unfused path."""
     import onnxruntime as ort
@@ -280,8 +280,14 @@ def test_qdq_zoo_model_runs_int8_on_every_backend(backend, qdq_models, name):
     # the cpu keeps the 8-bit activations channels-last between its int8 ops, the GPU APIs NCHW
     channels_last = [op for op in int8_ops if op.channels_last]
     assert channels_last == ([op for op in int8_ops if op.groups > 1] if backend == "cpu" else [])
-    if backend == "cpu" and name == "mobilenet_v2":  # transposed only after the stem and before the pooling
-        assert len([op for op in program.ops if isinstance(op, A.Raster) and op.dtype == A.INT8]) == 2
+    # the cpu pools on the 8-bit values (reading them channels-last after a channels-last producer), the
+    # GPU APIs in float
+    average_pools = [op for op in program.ops if isinstance(op, A.QuantizedGlobalAveragePool)]
+    global_averages = sum(n.op_type == "GlobalAveragePool" for n in model.graph.node)
+    assert len(average_pools) == (global_averages if backend == "cpu" else 0)
+    if backend == "cpu" and name == "mobilenet_v2":  # transposed only after the stem
+        assert len([op for op in program.ops if isinstance(op, A.Raster) and op.dtype == A.INT8]) == 1
+        assert [op.channels_last for op in average_pools] == [True]
     constants = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
     last = next(n for n in model.graph.node if n.output[0] == model.graph.output[0].name)
     step = float(constants[last.input[1]])
@@ -482,3 +488,124 @@ def test_compiled_byte_max_pool_is_numpys(geometry, dtype):
         got, scheme = run(CpuBackend(threads=threads))
         assert scheme == "bytes compiled"
         np.testing.assert_array_equal(got, reference)
+
+
+# -- global average pooling on the 8-bit values ----------------------------------------------------------
+
+#: the input's and output's scales of the pooling models: another scale out, as quantize_static writes
+AVERAGE_SCALES = (0.0213, 0.0119)
+
+
+def _average_pool_model(qtype: int, shape, *, after: str = "", depthwise: bool = False) -> onnx.ModelProto:
+    """A float input quantized and dequantized, (``depthwise``: a QDQ depthwise 3x3 convolution first,
+    requantized), globally average-pooled, ``after`` (Relu or nothing), quantized by another scale and
+    zero point, dequantized: the pattern ``quantize_static`` writes before a classifier."""
+    from onnx import TensorProto, helper
+
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(qtype)
+    info = np.iinfo(dtype)
+    channels = shape[1]
+    inits = [onnx.numpy_helper.from_array(np.array(v, np.float32), n)
+             for n, v in (("s", AVERAGE_SCALES[0]), ("so", AVERAGE_SCALES[1]), ("sc", 0.0371), ("ws", 0.0157))]
+    inits += [onnx.numpy_helper.from_array(np.array(v, dtype), n)
+              for n, v in (("z", info.min + 90), ("zo", info.min + 41), ("zc", info.min + 120))]
+    nodes = [helper.make_node("QuantizeLinear", ["a", "s", "z"], ["aq"]),
+             helper.make_node("DequantizeLinear", ["aq", "s", "z"], ["af"])]
+    pooled_input = "af"
+    if depthwise:
+        weight = np.random.default_rng(8).integers(-127, 128, (channels, 1, 3, 3)).astype(np.int8)
+        inits += [onnx.numpy_helper.from_array(weight, "wq"), onnx.numpy_helper.from_array(np.array(0, np.int8), "wz")]
+        nodes += [helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wf"]),
+                  helper.make_node("Conv", ["af", "wf"], ["conv"], name="depthwise", group=channels,
+                                   kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+                  helper.make_node("QuantizeLinear", ["conv", "sc", "zc"], ["cq"]),
+                  helper.make_node("DequantizeLinear", ["cq", "sc", "zc"], ["cf"])]
+        pooled_input = "cf"
+    nodes.append(helper.make_node("GlobalAveragePool", [pooled_input], ["pooled"], name="pool"))
+    last = "pooled"
+    if after == "Relu":
+        nodes.append(helper.make_node("Relu", ["pooled"], ["act"], name="act"))
+        last = "act"
+    nodes += [helper.make_node("QuantizeLinear", [last, "so", "zo"], ["yq"]),
+              helper.make_node("DequantizeLinear", ["yq", "so", "zo"], ["y"])]
+    graph = helper.make_graph(nodes, "average", [helper.make_tensor_value_info("a", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+@pytest.mark.parametrize("after", ["", "Relu"])
+@pytest.mark.parametrize("qtype", [onnx.TensorProto.INT8, onnx.TensorProto.UINT8], ids=["int8", "uint8"])
+def test_qdq_global_average_pool_on_the_8bit_values(backend, qtype, after):
+    """DequantizeLinear -> GlobalAveragePool -> [Relu] -> QuantizeLinear is one QuantizedGlobalAveragePool
+    on the cpu (NCHW input: no int8 op wrote it channels-last; odd channels, a batch of two) and pools in
+    float on the GPU APIs (``precision.int8_global_average_pool``); within one step of ONNX Runtime's
+    unfused path on each."""
+    pytest.importorskip("onnxruntime")
+    shape = (2, 7, 9, 5)
+    got, ref, ops = _run_sum(_average_pool_model(qtype, shape, after=after), backend, (shape,))
+    pools = [op for op in ops if isinstance(op, A.QuantizedGlobalAveragePool)]
+    if backend == "cpu":
+        assert len(pools) == 1 and not pools[0].channels_last and pools[0].pixels == 45
+        assert not [op for op in ops if isinstance(op, A.Pool2D)]
+        assert not [op for op in ops if isinstance(op, A.Unary) and op.op == "relu"]
+    else:
+        assert not pools and len([op for op in ops if isinstance(op, A.Pool2D)]) == 1
+    assert np.abs(got - ref).max() <= AVERAGE_SCALES[1] * 1.001
+    assert np.mean(got == ref) > 0.9  # one step apart only where the float path's mean lies by a tie
+
+
+@pytest.mark.parametrize("qtype", [onnx.TensorProto.INT8, onnx.TensorProto.UINT8], ids=["int8", "uint8"])
+def test_qdq_global_average_pool_reads_the_channels_last_producer(qtype):
+    """After a channels-last int8 depthwise convolution the cpu's pooling reads its NHWC tensor: no 8-bit
+    transpose is left, and the result is within one step of ONNX Runtime's unfused path."""
+    pytest.importorskip("onnxruntime")
+    shape = (1, 13, 7, 7)
+    got, ref, ops = _run_sum(_average_pool_model(qtype, shape, depthwise=True), "cpu", (shape,))
+    pools = [op for op in ops if isinstance(op, A.QuantizedGlobalAveragePool)]
+    assert len(pools) == 1 and pools[0].channels_last
+    assert [op.channels_last for op in ops if isinstance(op, A.QuantizedConv2D)] == [True]
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(qtype).name
+    eight_bit_rasters = [op for op in ops if isinstance(op, A.Raster) and op.dtype == dtype]
+    assert len(eight_bit_rasters) == 1  # the NCHW input's transpose into the convolution, none after it
+    assert np.abs(got - ref).max() <= AVERAGE_SCALES[1] * 1.001
+
+
+#: (batch, channels, height, width) of the pooling kernels: odd channels, MobileNet's last plane, a
+#: plane whose sums pass 16 bits
+AVERAGE_POOLS = [(2, 7, 9, 5), (1, 1280, 7, 7), (1, 3, 56, 57)]
+
+
+@pytest.mark.parametrize("shape", AVERAGE_POOLS, ids=["x".join(map(str, s)) for s in AVERAGE_POOLS])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+def test_compiled_global_average_pool_is_the_contract(shape, channels_last, dtype):
+    """The cpu's compiled global average pooling (rows of channels-last pixels, or NCHW planes) gives
+    NumPy's contract's bytes, and those are the exact mean's requantization within one step (the
+    contract's float32 product rounds only near a tie)."""
+    from gpumnn.backends.cpu.int8_elementwise import quantized_global_average_pool_reference
+
+    n, c, h, w = shape
+    info = np.iinfo(dtype)
+    nchw = np.random.default_rng(6).integers(info.min, info.max + 1, shape).astype(dtype)
+    x = nchw.transpose(0, 2, 3, 1) if channels_last else nchw
+    x_zero, y_zero, (x_scale, y_scale) = int(info.min) + 90, int(info.min) + 41, AVERAGE_SCALES
+    op = A.QuantizedGlobalAveragePool(("x",), ("y",), "pool", dtype=dtype, batch=n, channels=c, pixels=h * w,
+                                      channels_last=channels_last, x_zero_point=x_zero,
+                                      multiplier=float(np.float32(x_scale / (y_scale * h * w))),
+                                      y_zero_point=y_zero, out_dtype=dtype, lo=int(info.min), hi=int(info.max))
+
+    def run(backend):
+        out = np.zeros((n, c, 1, 1), dtype)
+        exe = backend.create_execution(op, [_handle(x)], [TensorHandle(out.reshape(-1), 0, out.shape, dtype)])
+        for work in exe.work:
+            work()
+        return out, exe.scheme
+    reference, _ = run(CpuBackend(threads=1, jit=False))
+    np.testing.assert_array_equal(reference.reshape(n, c), quantized_global_average_pool_reference(op, x))
+    got, scheme = run(CpuBackend(threads=1))
+    assert scheme == "int8 compiled"
+    np.testing.assert_array_equal(got, reference)
+    exact = (nchw.astype(np.float64) - x_zero).mean(axis=(2, 3)) * x_scale / y_scale
+    expected = np.clip(np.rint(exact) + y_zero, info.min, info.max)
+    assert np.abs(reference.reshape(n, c).astype(np.int32) - expected).max() <= 1
+    assert np.mean(reference.reshape(n, c) == expected) > 0.99

@@ -251,7 +251,7 @@ def contract_violation(op: AtomicOp) -> str | None:
     if isinstance(op, A.QuantizedMatMul) and op.block and (op.block % A.INT4_BLOCK_STEP or op.prequantized):
         return f"QuantizedMatMul's int4 block is a multiple of {A.INT4_BLOCK_STEP} steps of a row it quantizes, " \
                f"not {op.block}{' on prequantized rows' if op.prequantized else ''}"
-    if isinstance(op, (A.QuantizedConv2D, A.QuantizedAdd)):
+    if isinstance(op, (A.QuantizedConv2D, A.QuantizedAdd, A.QuantizedGlobalAveragePool)):
         if op.dtype not in (A.UINT8, A.INT8) or op.out_dtype not in (A.UINT8, A.INT8):
             return f"{type(op).__name__} reads and writes uint8 or int8, not {op.dtype} -> {op.out_dtype}"
         narrow = set()

@@ -104,6 +104,9 @@ class LoweringContext:
         #: whether their 8-bit activations stay channels-last (NHWC) between them
         #: (``gpumnn.scheduler.precision.int8_channels_last``)
         self.int8_channels_last = False
+        #: whether a QDQ GlobalAveragePool becomes a QuantizedGlobalAveragePool on the 8-bit tensor
+        #: (``gpumnn.scheduler.precision.int8_global_average_pool``)
+        self.int8_average_pool = False
         #: an 8-bit NCHW tensor -> the channels-last tensor holding the same values, where an int8 op wrote one
         self.channels_last_twins: dict[str, str] = {}
         #: whether some were: ops that nothing reads any more are then dropped at the end of lowering
@@ -312,6 +315,8 @@ def _narrow_inputs(op: A.AtomicOp, data: str) -> tuple[int, ...]:
         return (0, 1)  # the 8-bit x and the int8 weight
     if isinstance(op, A.QuantizedAdd):
         return (0, 1)  # both 8-bit operands
+    if isinstance(op, A.QuantizedGlobalAveragePool):
+        return (0,)  # the 8-bit planes
     if isinstance(op, A.Pool2D) and op.op == "max" and data in (A.INT8, A.UINT8):
         return (0,)  # the largest byte, copied (float16 is pooled as float32 unless precision says)
     return ()

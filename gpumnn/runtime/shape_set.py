@@ -21,7 +21,8 @@ from .. import atomic as A
 from ..backends.base import Backend, Execution, TensorHandle
 from ..geometry import lower
 from ..scheduler.expansion import expand_schemes
-from ..scheduler.precision import apply_precision, apply_storage_precision, int8_channels_last, lowers_static_int8
+from ..scheduler.precision import (apply_precision, apply_storage_precision, int8_channels_last,
+                                   int8_global_average_pool, lowers_static_int8)
 from ..input_shapes import shape_key
 from ..ir import Graph, ValueInfo
 from .run_states import RunStatePool
@@ -99,7 +100,9 @@ class ShapeSet:
         scheme_backend = parts.backends[parts.scheme_backend]
         lowered = apply_precision(lower(parts.graph, self.input_shapes, self.values,
                                         int8_ops=lowers_static_int8(scheme_backend),
-                                        int8_channels_last=int8_channels_last(scheme_backend)), parts.precision)
+                                        int8_channels_last=int8_channels_last(scheme_backend),
+                                        int8_average_pool=int8_global_average_pool(scheme_backend)),
+                                  parts.precision)
         program = expand_schemes(select_schemes(lowered, scheme_backend), scheme_backend)
         #: what the session's precision did to the program (report lines; none for fp32 and int8)
         program, self.precision_lines = apply_storage_precision(program, parts.precision, scheme_backend)

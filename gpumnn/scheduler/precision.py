@@ -95,6 +95,15 @@ def int8_channels_last(backend) -> bool:
     return lowers_static_int8(backend) and bool(getattr(backend, "int8_channels_last", False))
 
 
+def int8_global_average_pool(backend) -> bool:
+    """Whether a QDQ model's DequantizeLinear -> GlobalAveragePool -> QuantizeLinear becomes one
+    ``QuantizedGlobalAveragePool`` on the 8-bit tensor for ``backend``, the session's scheme backend:
+    where it builds static int8 ops and that op (the cpu's compiled rows; opencl, vulkan and gl have no
+    such kernel and pool in float, between the DequantizeLinear and QuantizeLinear, as before). The one
+    place this is decided."""
+    return lowers_static_int8(backend) and A.QuantizedGlobalAveragePool in getattr(backend, "kernel_table", {})
+
+
 def check_precision(precision: str) -> str:
     """``precision`` if it is one gpumnn runs, else ValueError listing those it does."""
     if precision not in PRECISIONS:

@@ -1,6 +1,7 @@
 """The cpu backend's ops on 8-bit values besides the convolutions: the static int8 sum
 ``QuantizedAdd`` (a QDQ model's residual Add between its DequantizeLinear and QuantizeLinear nodes,
-ONNX Runtime's QLinearAdd) and max pooling of int8 or uint8 elements (a QDQ model's MaxPool).
+ONNX Runtime's QLinearAdd), the global average pooling ``QuantizedGlobalAveragePool`` (int32 sums of
+the 8-bit planes, requantized) and max pooling of int8 or uint8 elements (a QDQ model's MaxPool).
 
 The sum's arithmetic is the contract's in float32, operation by operation: the NumPy kernel
 computes it in passes over a float32 scratch, the compiled one in one loop with no fused
@@ -138,3 +139,79 @@ def make_max_pool_bytes(op: A.Pool2D, ins, outs, pool, parts: int) -> KernelWork
     def chunk(k: int, slot: int) -> None:
         kernel(*spans[k], *geometry, least, rows[k])
     return KernelWork((_on_pool(pool, len(spans), chunk),), "bytes compiled")
+
+
+def _planes_of(op: A.QuantizedGlobalAveragePool, x: np.ndarray) -> np.ndarray:
+    """x as [N, pixels, C]: each image's pixels of its channels (a view, either layout)."""
+    if op.channels_last:
+        return x.reshape(op.batch, op.pixels, op.channels)
+    return x.reshape(op.batch, op.channels, op.pixels).transpose(0, 2, 1)
+
+
+def quantized_global_average_pool_reference(op: A.QuantizedGlobalAveragePool, x: np.ndarray) -> np.ndarray:
+    """The contract's QuantizedGlobalAveragePool in NumPy: x of ``op.dtype`` (either layout, as the op
+    reads it) -> out [N, C] of ``op.out_dtype`` (a new array)."""
+    sums = _planes_of(op, x).sum(axis=1, dtype=np.int32) - np.int32(op.pixels * op.x_zero_point)
+    scaled = np.rint(sums.astype(np.float32) * np.float32(op.multiplier)) + np.float32(op.y_zero_point)
+    return np.clip(scaled, np.float32(op.lo), np.float32(op.hi)).astype(op.out_dtype)
+
+
+def _global_average_rows(x, out, sums, offset, multiplier, y_zero, lo, hi):
+    """The contract over x [N, pixels, C] (channels-last, a contiguous row of C per pixel) into
+    out [N, C]: each pixel's row added to ``sums`` (int32 [C]), then requantized; ``offset`` is
+    ``pixels * x_zero_point`` (int32), the scalars are float32."""
+    batch, pixels, channels = x.shape
+    for n in range(batch):
+        for c in range(channels):
+            sums[c] = 0
+        for p in range(pixels):
+            row = x[n, p]
+            for c in range(channels):
+                sums[c] += np.int32(row[c])
+        for c in range(channels):
+            q = np.rint(np.float32(sums[c] - offset) * multiplier) + y_zero
+            out[n, c] = np.int32(min(max(q, lo), hi))
+
+
+def _global_average_planes(x, out, offset, multiplier, y_zero, lo, hi):
+    """The contract over x [N, C, pixels] (NCHW, a contiguous plane per channel) into out [N, C]."""
+    batch, channels, pixels = x.shape
+    for n in range(batch):
+        for c in range(channels):
+            plane = x[n, c]
+            total = np.int32(0)
+            for p in range(pixels):
+                total += np.int32(plane[p])
+            q = np.rint(np.float32(total - offset) * multiplier) + y_zero
+            out[n, c] = np.int32(min(max(q, lo), hi))
+
+
+_compiled_average_rows = cpu_jit.compiled(_global_average_rows, fastmath=False, error_model="numpy") \
+    if cpu_jit.available() else None
+_compiled_average_planes = cpu_jit.compiled(_global_average_planes, fastmath=False, error_model="numpy") \
+    if cpu_jit.available() else None
+
+
+def make_quantized_global_average_pool(op: A.QuantizedGlobalAveragePool, ins, outs, engine) -> KernelWork:
+    """The cpu execution of ``op``: the compiled loop over pixel rows (channels-last) or planes (NCHW)
+    where Numba runs, else NumPy (one pass: the output is one element per plane)."""
+    x, out = view(ins[0]), view(outs[0]).reshape(op.batch, op.channels)
+    if not engine.jit:
+        def reference() -> None:
+            np.copyto(out, quantized_global_average_pool_reference(op, x))
+        return KernelWork((reference,), "int8 NumPy")
+    scalars = (np.int32(op.pixels * op.x_zero_point), np.float32(op.multiplier), np.float32(op.y_zero_point),
+               np.float32(op.lo), np.float32(op.hi))
+    if op.channels_last:
+        planes, sums = x.reshape(op.batch, op.pixels, op.channels), np.empty(op.channels, np.int32)
+        kernel = cpu_jit.bind(_compiled_average_rows, planes, out, sums, *scalars)
+
+        def rows() -> None:
+            kernel(planes, out, sums, *scalars)
+        return KernelWork((rows,), "int8 compiled")
+    planes = x.reshape(op.batch, op.channels, op.pixels)
+    kernel = cpu_jit.bind(_compiled_average_planes, planes, out, *scalars)
+
+    def each_plane() -> None:
+        kernel(planes, out, *scalars)
+    return KernelWork((each_plane,), "int8 compiled")

@@ -11,10 +11,13 @@ The patterns ``quantize_static`` writes::
 
     DequantizeLinear(x_q) -> MaxPool / GlobalMaxPool -> QuantizeLinear (x_q's scale, zero point, type)
 
-become one op reading the 8-bit tensors and writing the QuantizeLinear's output (the pooling a max
+    DequantizeLinear(x_q) -> GlobalAveragePool -> [Relu | Clip] -> QuantizeLinear
+
+become one op reading the 8-bit tensors and writing the QuantizeLinear's output (the max pooling a max
 Pool2D on the 8-bit values: exact, as both nodes are nondecreasing and a QuantizeLinear of a
-DequantizeLinear's value by the same parameters gives the integer back), where the lowering
-is asked for it (``LoweringContext.int8_ops``: the session's scheme backend builds the ops, decided
+DequantizeLinear's value by the same parameters gives the integer back; the average one a
+QuantizedGlobalAveragePool, int32 sums requantized, where ``LoweringContext.int8_average_pool``
+asks for it), where the lowering is asked for it (``LoweringContext.int8_ops``: the session's scheme backend builds the ops, decided
 in ``gpumnn.scheduler.precision``). Anything else, and every node where it is not asked, is lowered
 in float as before. An activation's DequantizeLinear stays where other nodes read its float values;
 its ops that nothing reads any more are dropped at the end of lowering.
@@ -24,7 +27,7 @@ decided in ``gpumnn.scheduler.precision.int8_channels_last``), a depthwise convo
 writes NHWC tensors and a 1x1 convolution at stride 1 is the product of their rows
 (``_channels_last_kind``); the residual sums of two such tensors add them as they lie. Each writes
 its NHWC tensor and a transposing Raster to the NCHW one the model names, which is dropped where
-nothing reads it, and an NCHW input is transposed once (``channels_last_twins``): the conversions
+nothing reads it (a global average pooling reads the NHWC tensor: its output is the same either way), and an NCHW input is transposed once (``channels_last_twins``): the conversions
 are left only at the boundaries to NCHW and float ops.
 """
 from __future__ import annotations
@@ -491,4 +494,38 @@ def lower_max_pool_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -
 @lowers("GlobalMaxPool")
 def lower_global_max_pool_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
     if not (ctx.int8_ops and ctx.graph_reads is not None and _int8_max_pool(ctx, node, opset)):
+        lower_global_pool(ctx, node, opset)
+
+
+def _int8_global_average_pool(ctx: LoweringContext, node: Node) -> bool:
+    """A GlobalAveragePool of a dequantized 8-bit NCHW tensor that a QuantizeLinear (through at most a
+    Relu or Clip) alone reads, as one QuantizedGlobalAveragePool (reading the channels-last twin where
+    an int8 op wrote one); False (nothing emitted) elsewhere."""
+    x = _dequantized_activation(ctx, node.inputs[0])
+    if x is None or len(ctx.shape(x.tensor)) != 4:
+        return False
+    out = _requantizing_reader(ctx, node)
+    if out is None:
+        return False
+    n, c, h, w = ctx.shape(x.tensor)
+    pixels = h * w
+    q = out.quantization
+    if pixels == 0 or pixels > _INT32.max // 256:  # the sums of values and of zero points stay int32
+        return False
+    twins = ctx.channels_last_twins
+    channels_last = x.tensor in twins
+    multiplier = np.float32(np.float64(x.scale) / (np.float64(q.scale) * pixels))
+    op = A.QuantizedGlobalAveragePool((twins[x.tensor] if channels_last else x.tensor,), (out.output,), node.name,
+                                      batch=n, channels=c, pixels=pixels, channels_last=channels_last,
+                                      x_zero_point=x.zero_point, multiplier=float(multiplier),
+                                      y_zero_point=q.zero_point, out_dtype=q.dtype.name, lo=out.lo, hi=out.hi)
+    ctx.emit(op, (n, c, 1, 1), q.dtype)
+    ctx.absorb(*out.nodes)
+    ctx.int8_fused = True
+    return True
+
+
+@lowers("GlobalAveragePool")
+def lower_global_average_pool_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
+    if not (ctx.int8_average_pool and ctx.graph_reads is not None and _int8_global_average_pool(ctx, node)):
         lower_global_pool(ctx, node, opset)
