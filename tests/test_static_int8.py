@@ -570,6 +570,34 @@ def test_qdq_global_average_pool_reads_the_channels_last_producer(qtype):
     assert np.abs(got - ref).max() <= AVERAGE_SCALES[1] * 1.001
 
 
+@pytest.mark.parametrize("qtype", [onnx.TensorProto.INT8, onnx.TensorProto.UINT8], ids=["int8", "uint8"])
+def test_qlinear_global_average_pool_is_one_op(backend, qtype):
+    """ONNX Runtime's QLinearGlobalAveragePool (com.microsoft, NCHW) is one QuantizedGlobalAveragePool on the
+    cpu and pools in float on the GPU APIs, within one step of its kernel on each."""
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(qtype)
+    info = np.iinfo(dtype)
+    shape = (2, 11, 6, 7)
+    inits = [onnx.numpy_helper.from_array(np.array(v, np.float32), n)
+             for n, v in (("s", AVERAGE_SCALES[0]), ("so", AVERAGE_SCALES[1]))]
+    inits += [onnx.numpy_helper.from_array(np.array(v, dtype), n) for n, v in (("z", info.min + 90),
+                                                                             ("zo", info.min + 41))]
+    nodes = [helper.make_node("QuantizeLinear", ["a", "s", "z"], ["aq"]),
+             helper.make_node("QLinearGlobalAveragePool", ["aq", "s", "z", "so", "zo"], ["yq"], name="pool",
+                              domain="com.microsoft", channels_last=0),
+             helper.make_node("DequantizeLinear", ["yq", "so", "zo"], ["y"])]
+    graph = helper.make_graph(nodes, "qlinear_average", [helper.make_tensor_value_info("a", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
+                              ir_version=10)
+    got, ref, ops = _run_sum(model, backend, (shape,))
+    pools = [op for op in ops if isinstance(op, A.QuantizedGlobalAveragePool)]
+    assert len(pools) == (1 if backend == "cpu" else 0)
+    assert np.abs(got - ref).max() <= AVERAGE_SCALES[1] * 1.001
+
+
 #: (batch, channels, height, width) of the pooling kernels: odd channels, MobileNet's last plane, a
 #: plane whose sums pass 16 bits
 AVERAGE_POOLS = [(2, 7, 9, 5), (1, 1280, 7, 7), (1, 3, 56, 57)]

@@ -11,7 +11,7 @@ The patterns ``quantize_static`` writes::
 
     DequantizeLinear(x_q) -> MaxPool / GlobalMaxPool -> QuantizeLinear (x_q's scale, zero point, type)
 
-    DequantizeLinear(x_q) -> GlobalAveragePool -> [Relu | Clip] -> QuantizeLinear
+    DequantizeLinear(x_q) -> GlobalAveragePool -> [Relu | Clip] -> QuantizeLinear (and QLinearGlobalAveragePool)
 
 become one op reading the 8-bit tensors and writing the QuantizeLinear's output (the max pooling a max
 Pool2D on the 8-bit values: exact, as both nodes are nondecreasing and a QuantizeLinear of a
@@ -44,7 +44,7 @@ from ..registry import DEFAULT_DOMAINS, lowers
 from .conv import conv2d_geometry, lower_conv, lower_global_pool, lower_pool
 from .elementwise import lower_binary
 from .matmul import lower_gemm, lower_matmul
-from .microsoft import MS, lower_qlinear_binary
+from .microsoft import MS, lower_qlinear_binary, lower_qlinear_global_average_pool
 from .quantize import RANGES, lower_qlinear_conv, lower_qlinear_matmul
 
 _INT32 = np.iinfo(np.int32)
@@ -497,21 +497,17 @@ def lower_global_max_pool_int8_or_float(ctx: LoweringContext, node: Node, opset:
         lower_global_pool(ctx, node, opset)
 
 
-def _int8_global_average_pool(ctx: LoweringContext, node: Node) -> bool:
-    """A GlobalAveragePool of a dequantized 8-bit NCHW tensor that a QuantizeLinear (through at most a
-    Relu or Clip) alone reads, as one QuantizedGlobalAveragePool (reading the channels-last twin where
-    an int8 op wrote one); False (nothing emitted) elsewhere."""
-    x = _dequantized_activation(ctx, node.inputs[0])
-    if x is None or len(ctx.shape(x.tensor)) != 4:
+def _emit_global_average_pool(ctx: LoweringContext, node: Node, x: _Quantization, out: _Requantization) -> bool:
+    """One QuantizedGlobalAveragePool of the 8-bit NCHW ``x`` into ``out`` (reading its channels-last twin
+    where an int8 op wrote one); False (nothing emitted) where ``x`` is not 4-D or its sums could pass int32."""
+    shape = ctx.shape(x.tensor)
+    if len(shape) != 4:
         return False
-    out = _requantizing_reader(ctx, node)
-    if out is None:
-        return False
-    n, c, h, w = ctx.shape(x.tensor)
+    n, c, h, w = shape
     pixels = h * w
-    q = out.quantization
     if pixels == 0 or pixels > _INT32.max // 256:  # the sums of values and of zero points stay int32
         return False
+    q = out.quantization
     twins = ctx.channels_last_twins
     channels_last = x.tensor in twins
     multiplier = np.float32(np.float64(x.scale) / (np.float64(q.scale) * pixels))
@@ -525,7 +521,38 @@ def _int8_global_average_pool(ctx: LoweringContext, node: Node) -> bool:
     return True
 
 
+def _int8_global_average_pool(ctx: LoweringContext, node: Node) -> bool:
+    """A GlobalAveragePool of a dequantized 8-bit NCHW tensor that a QuantizeLinear (through at most a
+    Relu or Clip) alone reads, as one QuantizedGlobalAveragePool; False (nothing emitted) elsewhere."""
+    x = _dequantized_activation(ctx, node.inputs[0])
+    out = _requantizing_reader(ctx, node) if x is not None else None
+    return out is not None and _emit_global_average_pool(ctx, node, x, out)
+
+
 @lowers("GlobalAveragePool")
 def lower_global_average_pool_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
     if not (ctx.int8_average_pool and ctx.graph_reads is not None and _int8_global_average_pool(ctx, node)):
         lower_global_pool(ctx, node, opset)
+
+
+def _int8_qlinear_global_average_pool(ctx: LoweringContext, node: Node) -> bool:
+    """QLinearGlobalAveragePool (NCHW) of a per-tensor 8-bit tensor as QuantizedGlobalAveragePool; False elsewhere."""
+    if len(node.inputs) < 5 or node.attr("channels_last", 0):
+        return False
+    x = _quantization(ctx, node.inputs[0], node.inputs[1], _input(node, 2))
+    if x is None:
+        return False
+    y_zp = _input(node, 4)
+    scale, zp = _scalar(ctx, node.inputs[3]), (np.zeros((), x.dtype) if y_zp is None else _scalar(ctx, y_zp))
+    if scale is None or scale.dtype != np.float32 or not np.isfinite(scale) or scale <= 0 or zp is None \
+            or zp.dtype != x.dtype:
+        return False
+    out = _Quantization(node.outputs[0], np.float32(scale), int(zp), x.dtype)
+    lo, hi = RANGES[x.dtype.name]
+    return _emit_global_average_pool(ctx, node, x, _Requantization((), node.outputs[0], out, lo, hi))
+
+
+@lowers("QLinearGlobalAveragePool", domain=MS)
+def lower_qlinear_global_average_pool_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
+    if not (ctx.int8_average_pool and _int8_qlinear_global_average_pool(ctx, node)):
+        lower_qlinear_global_average_pool(ctx, node, opset)
