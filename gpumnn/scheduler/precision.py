@@ -98,9 +98,9 @@ def int8_channels_last(backend) -> bool:
 def int8_global_average_pool(backend) -> bool:
     """Whether a QDQ model's DequantizeLinear -> GlobalAveragePool -> QuantizeLinear becomes one
     ``QuantizedGlobalAveragePool`` on the 8-bit tensor for ``backend``, the session's scheme backend:
-    where it builds static int8 ops and that op (the cpu's compiled rows; opencl, vulkan and gl have no
-    such kernel and pool in float, between the DequantizeLinear and QuantizeLinear, as before). The one
-    place this is decided."""
+    where it builds static int8 ops and has a kernel for that op (the cpu's compiled rows; opencl, vulkan
+    and gl have none and pool in float between the DequantizeLinear and QuantizeLinear). The one place
+    this is decided."""
     return lowers_static_int8(backend) and A.QuantizedGlobalAveragePool in getattr(backend, "kernel_table", {})
 
 
