@@ -51,6 +51,29 @@ def test_ready_inputs_skip_the_full_checks_and_others_are_converted(counted_chec
             assert sess.stats["prepares"] == 1 and sess.stats["cache_hits"] == 3
 
 
+def gather_net() -> gpumnn.Net:
+    """Rows of a constant table picked by an int64 [1, N] input (a byte model's embedding)."""
+    table = helper.make_tensor("table", TensorProto.FLOAT, [4, 2], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["y"])], "gather",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "N"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "N", 2])], [table])
+    return gpumnn.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_int64_inputs_are_converted_on_the_fast_path_and_out_of_range_values_refused(counted_checks):
+    table = np.arange(8, dtype=np.float32).reshape(4, 2)
+    with gather_net().session(backend="cpu") as sess:
+        for ids in (np.array([[3, 0, 2]], np.int64), np.array([[1, 1]], np.int64), np.array([[3, 0, 2]], np.int64)):
+            np.testing.assert_array_equal(sess.run({"ids": ids})["y"], table[ids])
+        assert counted_checks[0] == 0
+        assert sess.stats["prepares"] == 2 and sess.stats["cache_hits"] == 1
+        with pytest.raises(InputError, match="values must lie in"):
+            sess.run({"ids": np.array([[1, 2 ** 40]], np.int64)})
+        ids = np.array([[3, 0, 2, 1]], np.int64)[:, ::2]  # strided: the full checks convert it
+        np.testing.assert_array_equal(sess.run({"ids": ids})["y"], table[ids])
+        assert counted_checks[0] == 1
+
+
 @pytest.mark.parametrize("feed, message", [
     ({"x": np.zeros((2, 9), np.float32)}, "dimension 1 is fixed at 8"),
     ({"x": np.zeros((2, 1, 8), np.float32)}, "has rank 3"),

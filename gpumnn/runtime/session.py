@@ -338,16 +338,17 @@ class Session:
             return shape_set.run(arrays, device_outputs=device is not None)
 
     def _ready_inputs(self, inputs: Any) -> tuple[dict[str, np.ndarray], ShapeKey] | None:
-        """The inputs as they are, in graph-input order, and their shape-set key, when each is
-        already what the full checks (``_check_inputs``) would make of it: a C-contiguous NumPy
-        array of the input's own dtype, which is its storage dtype, of the declared rank with
-        every static dim matched; else None, and the full checks decide (converting, or raising
-        InputError). The key is ``shape_key``'s for these shapes and no bound values."""
+        """The inputs in their storage dtypes, in graph-input order, and their shape-set key, when
+        each is a C-contiguous NumPy array of the input's own dtype, of the declared rank with every
+        static dim matched: as they are, or converted by ``_to_storage`` as the full checks
+        (``_check_inputs``) would (an int64 input to int32, its values' range checked); else None,
+        and the full checks decide (converting, or raising InputError). The key is ``shape_key``'s
+        for these shapes and no bound values."""
         checks = self._fast_inputs
         if checks is None or type(inputs) is not dict or len(inputs) != len(checks):
             return None
         arrays, key = {}, []
-        for name, dtype, rank, static in checks:
+        for name, dtype, rank, static, converted in checks:
             array = inputs.get(name)
             if type(array) is not np.ndarray or array.dtype != dtype or not array.flags.c_contiguous:
                 return None
@@ -357,7 +358,7 @@ class Session:
             for axis, size in static:
                 if shape[axis] != size:
                     return None
-            arrays[name] = array
+            arrays[name] = _to_storage(name, array, dtype) if converted else array
             key.append((name, shape))
         return arrays, tuple(key)
 
@@ -486,22 +487,23 @@ class Session:
                 f"shape_sets={len(self._cache)} record={self.record}>")
 
 
-def _fast_input_checks(graph: Graph) -> tuple[tuple[str, np.dtype, int | None, tuple[tuple[int, int], ...]], ...] | None:
+def _fast_input_checks(graph: Graph) -> tuple[tuple[str, np.dtype, int | None, tuple[tuple[int, int], ...], bool], ...] | None:
     """Per graph input, what ``Session._ready_inputs`` compares an array with: its name, dtype,
-    rank (None: any) and static dims as (axis, size). None when some input's arrays always need
-    the full checks: a dtype stored as another (float64 as float32, int64 as int32), one gpumnn
-    does not run, or one with a value range (int4)."""
+    rank (None: any), static dims as (axis, size), and whether the dtype is stored as another
+    (float64 as float32, int64 as int32), so that the array is converted. None when some input's
+    arrays always need the full checks: a dtype gpumnn does not run, or one with a value range (int4)."""
     checks = []
     for info in graph.inputs:
         try:
             dtype = np.dtype(info.dtype)
-            if np.dtype(A.storage_dtype(dtype)) != dtype or info.value_range is not None:
-                return None
+            converted = np.dtype(A.storage_dtype(dtype)) != dtype
         except TypeError:
+            return None
+        if info.value_range is not None:
             return None
         rank = None if info.shape is None else len(info.shape)
         static = () if info.shape is None else tuple((axis, d) for axis, d in enumerate(info.shape) if is_static(d))
-        checks.append((info.name, dtype, rank, static))
+        checks.append((info.name, dtype, rank, static, converted))
     return tuple(checks)
 
 
