@@ -74,6 +74,20 @@ def test_int64_inputs_are_converted_on_the_fast_path_and_out_of_range_values_ref
         assert counted_checks[0] == 1
 
 
+def test_float64_inputs_are_converted_on_the_fast_path(counted_checks):
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu64",
+                              [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["N", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["N", 8])])
+    net = gpumnn.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    x = np.random.default_rng(2).standard_normal((3, 8))
+    with net.session(backend="cpu") as sess:
+        for _ in range(2):
+            y = sess.run({"x": x})["y"]
+            assert y.dtype == np.float64
+            np.testing.assert_array_equal(y, np.maximum(x.astype(np.float32), 0))
+        assert counted_checks[0] == 0
+
+
 @pytest.mark.parametrize("feed, message", [
     ({"x": np.zeros((2, 9), np.float32)}, "dimension 1 is fixed at 8"),
     ({"x": np.zeros((2, 1, 8), np.float32)}, "has rank 3"),
