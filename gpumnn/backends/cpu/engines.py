@@ -77,22 +77,16 @@ TAPPED_MAX_DEPTH = 384
 #: where the window is wider than one column (a 1x1 window reads one phase of the copy of both) and
 #: from this many multiply-adds: below it the register tile (``PACKED_ANY_DEPTH_MACS``) ran faster.
 TAPPED_STRIDE2_MIN_MACS = 1 << 20
-#: A 1x1 convolution on constant weights over at most this many pixels per image runs on
-#: ``cpu_tiles``' pointwise tiles (``compiled._pointwise_region``), not BLAS: on so few pixels the
-#: weights are the larger operand, which BLAS packs again on every call.
-POINTWISE_MAX_PIXELS = 64
-#: ... where it has fewer than this many pixels (``cpu_tiles.NR``: the channels are the tile's vector
-#: operand), or weights of at most POINTWISE_MAX_WEIGHT_BYTES: with the pixels in the vector registers
-#: each tile walks its 16 pixels down every input channel, and deep inputs with large weights
-#: (MobileNet-v1's 1024 channels on 7x7) ran slower than BLAS.
+#: A 1x1 convolution on constant weights runs on ``cpu_tiles``' pointwise tiles
+#: (``compiled._pointwise_region``), not BLAS, where it has fewer than this many pixels per image
+#: (``cpu_tiles.NR``: the channels are the tile's vector operand; the weights, the larger operand
+#: there, BLAS packs again on every call) ...
 POINTWISE_FEW_PIXELS = 16
+#: ... or, on any number of pixels, weights of at most this many bytes: the tile reads the input in
+#: place and applies the activation in registers, where BLAS packs both operands on every call.
+#: With the pixels in the vector registers each tile walks its 16 pixels down every input channel,
+#: and deep inputs with large weights (MobileNet-v1's 1024 channels on 7x7) ran slower than BLAS.
 POINTWISE_MAX_WEIGHT_BYTES = 1 << 18
-#: ... or over any number of pixels where its weights take at most POINTWISE_SMALL_WEIGHT_BYTES
-#: (MobileNet-v3's and YOLOX's narrow 1x1s, SqueezeNet's squeezes and expands): so few weights per
-#: pixel leave BLAS's call and packing a large share of the work, while the tile reads the input in
-#: place and applies the activation in registers. Wider weights (MobileNet-v2's 14x14) ran faster on
-#: BLAS.
-POINTWISE_SMALL_WEIGHT_BYTES = 1 << 15
 #: ... and is shared between the region's threads from this many multiply-adds (a region's entry
 #: against the tile's speed on one thread).
 POINTWISE_SHARED_MACS = 1 << 18
@@ -185,9 +179,7 @@ class Engine:
             product = ocg * h * w * cg
             if self.jit and h * w == 1 and g == 1 and constant_weights and n * product < SMALL_PRODUCT_MACS:
                 return Choice("small_product")  # one pixel (squeeze-excitation's): a vector times the weights
-            pointwise = h * w <= POINTWISE_MAX_PIXELS and (
-                h * w < POINTWISE_FEW_PIXELS or 4 * cg * ocg <= POINTWISE_MAX_WEIGHT_BYTES)
-            pointwise = pointwise or 4 * cg * ocg <= POINTWISE_SMALL_WEIGHT_BYTES
+            pointwise = h * w < POINTWISE_FEW_PIXELS or 4 * cg * ocg <= POINTWISE_MAX_WEIGHT_BYTES
             if self.regions and g == 1 and constant_weights and pointwise:
                 return Choice("pointwise_region", self.shared(product, POINTWISE_SHARED_MACS))
             if self.regions:
