@@ -144,7 +144,8 @@ REGIONS = Engine(jit=True, regions=2, threads=2)
     (_op(43, (16, 16), 32, (3, 3), (1, 1, 1, 1)), True, "im2col_region"),  # depth 387
     (_op(3, (32, 12), 32, (3, 3), (1, 1, 1, 1)), True, "im2col_region"),  # rows narrower than NR
     (_op(16, (80, 80), 32, (3, 3), (1, 1, 1, 1), 2, stride_w=2), True, "tapped_region"),  # stride 2: depth 144
-    (_op(32, (40, 40), 64, (3, 3), (1, 1, 1, 1), 2, stride_w=2), True, "tapped_region"),  # depth 288, 20 columns
+    (_op(32, (80, 80), 64, (3, 3), (1, 1, 1, 1), 2, stride_w=2), True, "tapped_region"),  # depth 288, 40 columns
+    (_op(32, (40, 40), 64, (3, 3), (1, 1, 1, 1), 2, stride_w=2), True, "im2col_region"),  # 20 columns: not whole vectors
     (_op(32, (30, 30), 64, (3, 3), (1, 1, 1, 1), 2, stride_w=2), True, "im2col_region"),  # 15 output columns
     (_op(5, (40, 70), 8, (3, 3), (1, 1, 1, 1), 1, stride_w=3), True, "im2col_region"),  # column stride 3
     (_op(64, (56, 56), 128, (1, 1), (0, 0, 0, 0), 2, stride_w=2), True, "im2col_region"),  # a 1x1 window at stride 2
@@ -159,7 +160,7 @@ def test_engine_gives_the_tapped_tiles(op, constant, expected, monkeypatch):
 # engine gives the tapped tiles (run-time weights would not be)
 MODELS = [(3, 20, 3, 1, [1, 1, 1, 1], 32, "relu", True), (1, 20, 5, 1, [2, 2, 2, 2], 8, None, False),
           (2, 17, 3, 1, [0, 1, 1, 0], 13, "silu", True), (40, 18, (2, 1), 1, [0, 0, 0, 0], 20, "relu6", True),
-          (16, 40, 3, 2, [1, 1, 1, 1], 32, "silu", True), (8, 64, 3, 2, [0, 1, 1, 0], 40, None, False)]
+          (16, 64, 3, 2, [1, 1, 1, 1], 32, "silu", True), (8, 64, 3, 2, [0, 1, 1, 0], 40, None, False)]
 
 
 @pytest.mark.parametrize("case", MODELS, ids=[f"c{c[0]}s{c[1]}o{c[5]}" for c in MODELS])

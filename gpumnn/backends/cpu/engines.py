@@ -74,8 +74,10 @@ MASKED_SHARED_MACS = 1 << 18
 #: the multiply-adds.
 TAPPED_MAX_DEPTH = 384
 #: ... and at stride 2 along columns, from a copy of each row split into its even and odd columns,
-#: where the window is wider than one column (a 1x1 window reads one phase of the copy of both) and
-#: from this many multiply-adds: below it the register tile (``PACKED_ANY_DEPTH_MACS``) ran faster.
+#: where the window is wider than one column (a 1x1 window reads one phase of the copy of both),
+#: the output rows are whole vectors of the tiles (``cpu_tiles.NARROW``: on 20 columns the pixels
+#: the last tile redoes cost more than the im2col copy saves) and from this many multiply-adds:
+#: below it the register tile (``PACKED_ANY_DEPTH_MACS``) ran faster.
 TAPPED_STRIDE2_MIN_MACS = 1 << 20
 #: A 1x1 convolution on constant weights runs on ``cpu_tiles``' pointwise tiles
 #: (``compiled._pointwise_region``), not BLAS, where it has fewer than this many pixels per image
@@ -202,7 +204,8 @@ class Engine:
     def tapped_fits(op: A.Conv2D, constant_weights: bool) -> bool:
         """Whether a sliding-window convolution takes the tapped tiles (``TAPPED_MAX_DEPTH``)."""
         (kh, kw), ow, stride = op.kernel, op.out_hw[1], op.strides[1]
-        strided = stride == 2 and kw > 1 and op.macs() >= TAPPED_STRIDE2_MIN_MACS
+        strided = (stride == 2 and kw > 1 and ow % cpu_tiles.NARROW == 0
+                   and op.macs() >= TAPPED_STRIDE2_MIN_MACS)
         return (constant_weights and op.in_channels // op.groups * kh * kw <= TAPPED_MAX_DEPTH
                 and (stride == 1 or strided) and ow >= cpu_tiles.NR)
 
