@@ -233,8 +233,8 @@ def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts:
 
 def _tapped_conv_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
                         constant_bias: bool, regions: int, parts: int, once: Callable) -> KernelWork:
-    """A convolution on few input channels and constant weights, stride 1 or 2 along rows, as one
-    native region per image (``cpu_parallel.tapped_conv``): the weights packed once into panels of
+    """A convolution on few input channels and constant weights, at any stride (the engine gives it
+    1 along columns, or 2: ``Engine.tapped_fits``), as one native region per image (``cpu_parallel.tapped_conv``): the weights packed once into panels of
     MR output channels, per run the input copied into a zero-bordered buffer (where there is
     padding, or a stride along columns: each row stored as its column phases) and read there by
     the tiles, no im2col copy; the bias and a clamp in the tile's registers. ``x`` [N, C, H, W],
