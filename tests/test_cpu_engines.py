@@ -45,23 +45,26 @@ CONV = [
     (THREADS, conv(32, 56, 32, scheme="depthwise", groups=32), True, ("depthwise", 2)),
     (NUMPY, conv(32, 56, 32, scheme="depthwise", groups=32), True, ("depthwise", 1)),
     # 1x1 as a GEMM: parts are the threads for each group's product (REGION_MIN_MACS, PARALLEL_MIN_MACS)
-    (REGIONS, conv(64, 56, 64, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),
+    (REGIONS, conv(256, 56, 512, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),  # 512 KB of weights
     (REGIONS, conv(16, 8, 16, k=1, scheme="gemm1x1"), False, ("gemm1x1_region", 1)),
     # few pixels on constant weights: the pointwise tiles, shared from POINTWISE_SHARED_MACS
     (REGIONS, conv(16, 8, 16, k=1, scheme="gemm1x1"), True, ("pointwise_region", 1)),
     (REGIONS, conv(96, 4, 576, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),
-    (REGIONS, conv(96, 9, 576, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),  # past POINTWISE_MAX_PIXELS
+    (REGIONS, conv(96, 9, 576, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # 81 pixels, 216 KB
     (REGIONS, conv(512, 7, 1024, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),  # past the weight bytes
     (REGIONS, conv(256, 5, 256, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # at it
     (REGIONS, conv(1024, 3, 1024, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # few pixels: any weights
     (REGIONS, conv(64, 4, 64, k=1, scheme="gemm1x1", groups=2), True, ("gemm1x1_region", 1)),  # grouped: BLAS
-    # more pixels, up to POINTWISE_SMALL_WEIGHT_PIXELS, on weights of at most POINTWISE_SMALL_WEIGHT_BYTES
+    # more pixels, any number, on weights of at most POINTWISE_MAX_WEIGHT_BYTES
     (REGIONS, conv(16, 24, 72, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # 576 pixels, 4.6 KB
     (REGIONS, conv(72, 12, 24, k=1, scheme="gemm1x1"), True, ("pointwise_region", 1)),
-    (REGIONS, conv(64, 12, 128, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # 32 KB: at it
-    (REGIONS, conv(65, 12, 128, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),  # past it
-    (REGIONS, conv(64, 14, 384, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),  # MobileNet-v2's 14x14
-    (REGIONS, conv(16, 25, 16, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 1)),  # 625 pixels: past them
+    (REGIONS, conv(64, 12, 128, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # 32 KB
+    (REGIONS, conv(256, 12, 256, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # 256 KB: at it
+    (REGIONS, conv(257, 12, 256, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),  # past it
+    (REGIONS, conv(64, 14, 384, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # MobileNet-v2's 14x14
+    (REGIONS, conv(16, 25, 16, k=1, scheme="gemm1x1"), True, ("pointwise_region", 1)),  # 625 pixels
+    (REGIONS, conv(32, 112, 64, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # MobileNet-v1's first, 8 KB
+    (REGIONS, conv(512, 28, 256, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),  # 512 KB: past the bytes
     (REGIONS, conv(16, 24, 72, k=1, scheme="gemm1x1"), False, ("gemm1x1_region", 1)),  # run-time weights
     (JIT, conv(64, 56, 64, k=1, scheme="gemm1x1"), True, ("gemm1x1", 1)),
     # one pixel (squeeze-excitation's 1x1 convolutions): one compiled loop, on constant weights only

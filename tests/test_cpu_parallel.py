@@ -308,10 +308,11 @@ def test_matmul_with_gelu_in_regions(rows, fresh_rng):
 
 # batches of images, grouped 1x1 convolutions, im2col: (channels, size, kernel, stride, pads, groups, out channels, activation)
 IMAGES = [
-    (64, 28, 1, 1, [0, 0, 0, 0], 1, 96, "relu6"),
+    (256, 14, 1, 1, [0, 0, 0, 0], 1, 288, "relu6"),    # 1x1 on BLAS: weights past POINTWISE_MAX_WEIGHT_BYTES
     (64, 14, 1, 1, [0, 0, 0, 0], 4, 128, "relu"),      # grouped 1x1: a product per group
-    (64, 28, 1, 1, [0, 0, 0, 0], 1, 96, "silu"),       # SiLU on each GEMM block
-    (32, 12, 1, 1, [0, 0, 0, 0], 1, 48, "hard_swish"), # hard-swish on each GEMM block, below REGION_MIN_MACS
+    (256, 14, 1, 1, [0, 0, 0, 0], 1, 288, "silu"),     # SiLU on each GEMM block
+    (64, 28, 1, 1, [0, 0, 0, 0], 1, 96, "silu"),       # small weights: the pointwise tiles, SiLU per block
+    (32, 12, 1, 1, [0, 0, 0, 0], 1, 48, "hard_swish"), # the pointwise tiles, hard-swish in registers, one thread
     (96, 28, 3, 2, [1, 1, 1, 1], 96, 96, "relu6"),     # depthwise stride 2
     (48, 21, 3, 1, [1, 1, 1, 1], 48, 48, "sigmoid"),   # depthwise stride 1, an activation after
     (16, 20, 5, 1, [2, 2, 2, 2], 16, 16, None),        # depthwise 5x5 (the generic loop)

@@ -38,14 +38,15 @@ def _reference(activation, y: np.ndarray) -> np.ndarray:
 
 ACTIVATIONS = [None, ("relu", ()), ("clip", (0.0, 6.0)), ("hard_swish", ()), ("sigmoid", ()), ("silu", ()),
                ("gelu", ())]
-# (pixels, in channels, out channels): pixels from 1 to 576 (both orientations, every tail), channel
+# (pixels, in channels, out channels): pixels from 1 to 3025 (both orientations, every tail), channel
 # counts that fill neither a panel of MR nor one of NR; the last two deep enough to cut their pixels
 # into chunks (``cpu_parallel.POINTWISE_CHUNK_FLOATS``), the last chunk taking the pixels left
 SHAPES = [(1, 20, 37), (1, 300, 130), (2, 3, 5), (5, 37, 17), (6, 16, 16), (7, 9, 33), (12, 96, 40), (13, 5, 1),
           (15, 31, 47), (16, 20, 7), (17, 37, 13), (23, 8, 29), (31, 1, 6), (36, 40, 61), (47, 21, 19), (49, 64, 12),
           (64, 13, 100), (70, 35, 22), (53, 700, 10), (70, 2100, 9),
-          # planes the small-weights gate gives the tiles (``engines.POINTWISE_SMALL_WEIGHT_PIXELS``)
-          (97, 33, 5), (144, 24, 88), (400, 64, 32), (576, 16, 72), (575, 17, 19)]
+          # planes the small-weights gate gives the tiles (``engines.POINTWISE_MAX_WEIGHT_BYTES``)
+          (97, 33, 5), (144, 24, 88), (400, 64, 32), (576, 16, 72), (575, 17, 19), (1600, 32, 16), (729, 33, 130),
+          (3025, 16, 64), (400, 128, 130), (100, 256, 250)]
 
 
 def _run(pixels, channels, out_channels, activation, has_bias, parts, batch, rng, constant_bias=True):

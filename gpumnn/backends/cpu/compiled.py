@@ -233,17 +233,18 @@ def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts:
 
 def _tapped_conv_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
                         constant_bias: bool, regions: int, parts: int, once: Callable) -> KernelWork:
-    """A convolution on few input channels and constant weights, stride 1 along rows, as one
-    native region per image (``cpu_parallel.tapped_conv``): the weights packed once into panels of
+    """A convolution on few input channels and constant weights, at any stride (the engine gives it
+    1 along columns, or 2: ``Engine.tapped_fits``), as one native region per image (``cpu_parallel.tapped_conv``): the weights packed once into panels of
     MR output channels, per run the input copied into a zero-bordered buffer (where there is
-    padding) and read there by the tiles, no im2col copy; the bias and a clamp in the tile's
-    registers. ``x`` [N, C, H, W], ``weight`` [O, C*KH*KW], ``out`` [N, O, OH*OW]."""
+    padding, or a stride along columns: each row stored as its column phases) and read there by
+    the tiles, no im2col copy; the bias and a clamp in the tile's registers. ``x`` [N, C, H, W],
+    ``weight`` [O, C*KH*KW], ``out`` [N, O, OH*OW]."""
     n, c = op.batch, op.in_channels
     oc = op.out_channels
     (oh, ow), (h, w) = op.out_hw, op.in_hw
-    mr = cpu_tiles.MR
+    mr, stride_w = cpu_tiles.MR, op.strides[1]
     top, left, bottom, right = _conv_pads(op)
-    rows, cols = h + top + bottom, w + left + right
+    rows, cols = h + top + bottom, cpu_parallel.tapped_row_width(w + left + right, stride_w)
     panels = once(("tapped panels", mr, weight.shape), lambda: cpu_tiles.pack_panels(weight, mr))
     padded_bias = np.zeros(len(panels) * mr, np.float32)
 
@@ -251,16 +252,16 @@ def _tapped_conv_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np
         padded_bias[:oc] = bias.reshape(oc)
     if bias is not None:
         refresh_bias()
-    bordered = top + left + bottom + right > 0
-    xp = np.zeros(c * rows * cols if bordered else 0, np.float32)
-    offsets = cpu_parallel.tapped_conv_offsets(c, op.kernel, op.dilations, rows * cols, cols)
+    copied = top + left + bottom + right > 0 or stride_w > 1
+    xp = np.zeros(c * rows * cols if copied else 0, np.float32)
+    offsets = cpu_parallel.tapped_conv_offsets(c, op.kernel, op.dilations, rows * cols, cols, stride_w)
     row_spans = _spans(oh, min(parts, oh))
     panel_spans = _spans(len(panels), parts) if len(row_spans) < parts else [(0, len(panels))]
     blocks = np.array([(r0, r1, v0 * mr, v1 * mr) for r0, r1 in row_spans for v0, v1 in panel_spans], np.int64)
     lo, hi, after = _compiled_clamp(op.activation)
     kind, after = _in_region(op.activation, after, len(blocks), out, regions)
     dummies = _thread_scratch(regions, cpu_tiles.NR)
-    inner = (top, left, rows, cols)
+    inner = (top, left, rows, cols, stride_w)
     out4 = out.reshape(n, oc, oh, ow)
     images = [(x[b], xp, inner, offsets, panels, out4[b], padded_bias, blocks, dummies, op.strides[0], lo, hi, kind)
               for b in range(n)]

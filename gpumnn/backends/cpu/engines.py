@@ -68,26 +68,27 @@ PACKED_ANY_DEPTH_MACS = REGION_MIN_MACS
 MASKED_MAX_CHANNELS = 4
 MASKED_SHARED_MACS = 1 << 18
 #: A convolution on constant weights with at most this inner dimension (C*KH*KW), stride 1 along
-#: rows and output rows of at least ``cpu_tiles.NR`` pixels runs on ``cpu_tiles``' tapped tiles
-#: (``compiled._tapped_conv_region``): the input read where it lies, no im2col copy, where the copy
-#: and BLAS's product over so short an inner dimension cost more than the multiply-adds.
+#: columns (any along rows) and output rows of at least ``cpu_tiles.NR`` pixels runs on
+#: ``cpu_tiles``' tapped tiles (``compiled._tapped_conv_region``): the input read where it lies, no
+#: im2col copy, where the copy and BLAS's product over so short an inner dimension cost more than
+#: the multiply-adds.
 TAPPED_MAX_DEPTH = 384
-#: A 1x1 convolution on constant weights over at most this many pixels per image runs on
-#: ``cpu_tiles``' pointwise tiles (``compiled._pointwise_region``), not BLAS: on so few pixels the
-#: weights are the larger operand, which BLAS packs again on every call.
-POINTWISE_MAX_PIXELS = 64
-#: ... where it has fewer than this many pixels (``cpu_tiles.NR``: the channels are the tile's vector
-#: operand), or weights of at most POINTWISE_MAX_WEIGHT_BYTES: with the pixels in the vector registers
-#: each tile walks its 16 pixels down every input channel, and deep inputs with large weights
-#: (MobileNet-v1's 1024 channels on 7x7) ran slower than BLAS.
+#: ... and at stride 2 along columns, from a copy of each row split into its even and odd columns,
+#: where the window is wider than one column (a 1x1 window reads one phase of the copy of both),
+#: the output rows are whole vectors of the tiles (``cpu_tiles.NARROW``: on 20 columns the pixels
+#: the last tile redoes cost more than the im2col copy saves) and from this many multiply-adds:
+#: below it the register tile (``PACKED_ANY_DEPTH_MACS``) ran faster.
+TAPPED_STRIDE2_MIN_MACS = 1 << 20
+#: A 1x1 convolution on constant weights runs on ``cpu_tiles``' pointwise tiles
+#: (``compiled._pointwise_region``), not BLAS, where it has fewer than this many pixels per image
+#: (``cpu_tiles.NR``: the channels are the tile's vector operand; the weights, the larger operand
+#: there, BLAS packs again on every call) ...
 POINTWISE_FEW_PIXELS = 16
+#: ... or, on any number of pixels, weights of at most this many bytes: the tile reads the input in
+#: place and applies the activation in registers, where BLAS packs both operands on every call.
+#: With the pixels in the vector registers each tile walks its 16 pixels down every input channel,
+#: and deep inputs with large weights (MobileNet-v1's 1024 channels on 7x7) ran slower than BLAS.
 POINTWISE_MAX_WEIGHT_BYTES = 1 << 18
-#: ... or over at most this many pixels where its weights take at most POINTWISE_SMALL_WEIGHT_BYTES
-#: (MobileNet-v3's narrow 1x1s on its first planes): so few weights per pixel leave BLAS's call and
-#: packing a large share of the work, while the tile reads the input in place and applies the
-#: activation in registers. Wider weights on such planes (MobileNet-v2's 14x14) ran faster on BLAS.
-POINTWISE_SMALL_WEIGHT_PIXELS = 576
-POINTWISE_SMALL_WEIGHT_BYTES = 1 << 15
 #: ... and is shared between the region's threads from this many multiply-adds (a region's entry
 #: against the tile's speed on one thread).
 POINTWISE_SHARED_MACS = 1 << 18
@@ -180,10 +181,7 @@ class Engine:
             product = ocg * h * w * cg
             if self.jit and h * w == 1 and g == 1 and constant_weights and n * product < SMALL_PRODUCT_MACS:
                 return Choice("small_product")  # one pixel (squeeze-excitation's): a vector times the weights
-            pointwise = h * w <= POINTWISE_MAX_PIXELS and (
-                h * w < POINTWISE_FEW_PIXELS or 4 * cg * ocg <= POINTWISE_MAX_WEIGHT_BYTES)
-            pointwise = pointwise or (h * w <= POINTWISE_SMALL_WEIGHT_PIXELS
-                                      and 4 * cg * ocg <= POINTWISE_SMALL_WEIGHT_BYTES)
+            pointwise = h * w < POINTWISE_FEW_PIXELS or 4 * cg * ocg <= POINTWISE_MAX_WEIGHT_BYTES
             if self.regions and g == 1 and constant_weights and pointwise:
                 return Choice("pointwise_region", self.shared(product, POINTWISE_SHARED_MACS))
             if self.regions:
@@ -205,9 +203,11 @@ class Engine:
     @staticmethod
     def tapped_fits(op: A.Conv2D, constant_weights: bool) -> bool:
         """Whether a sliding-window convolution takes the tapped tiles (``TAPPED_MAX_DEPTH``)."""
-        (kh, kw), ow = op.kernel, op.out_hw[1]
+        (kh, kw), ow, stride = op.kernel, op.out_hw[1], op.strides[1]
+        strided = (stride == 2 and kw > 1 and ow % cpu_tiles.NARROW == 0
+                   and op.macs() >= TAPPED_STRIDE2_MIN_MACS)
         return (constant_weights and op.in_channels // op.groups * kh * kw <= TAPPED_MAX_DEPTH
-                and op.strides[1] == 1 and ow >= cpu_tiles.NR)
+                and (stride == 1 or strided) and ow >= cpu_tiles.NR)
 
     def matmul(self, macs: int, float32: bool, vector: bool, plain: bool = False) -> Choice:
         """A product of ``macs`` multiply-adds; ``vector``: one row times constant weights (a

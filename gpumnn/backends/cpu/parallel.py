@@ -694,25 +694,39 @@ def tapped_row(row_at, offsets_at, depth, w_at, out_at, ow, pixels, valid, bias_
 
 @_gemm_region
 def tapped_conv(x, xp, inner, offsets, panels, out, bias, blocks, dummies, stride_h, lo, hi, activation):
-    """A convolution of one image at stride 1 along rows, x [C, H, W] with weights packed at
-    creation ``panels`` [O / MR, C*KH*KW, MR] into out [O, OH, OW], with no im2col copy: x copied
-    into the inside ``inner`` = (top, left, rows, columns) of ``xp``, its zero-bordered copy (none
-    where there is no padding: ``xp`` is empty, x read as it lies), then ``cpu_tiles.tapped_tile``
-    on each (output row, panel of MR channels), whose steps read NR neighbouring pixels of the
-    input at each (channel, tap) offset of ``offsets`` from the row's window origin (output row oy
-    starts at input row oy * ``stride_h``); the bias (zero-padded to whole panels) and the clamp
-    to [lo, hi] in registers, ACTIVATION_KINDS[activation] (none where < 0) after each row, hard-swish
-    in registers. blocks[i] = (first output row, row stop, first channel, channel stop), channels
-    in whole panels; ``dummies``: a row per thread for the tiles' stores past the last channel.
-    For few input channels, where an im2col copy and BLAS's product over a short inner dimension
-    cost more than the multiply-adds."""
+    """A convolution of one image, x [C, H, W] with weights packed at creation ``panels``
+    [O / MR, C*KH*KW, MR] into out [O, OH, OW], with no im2col copy: x copied into the inside of
+    ``xp``, its zero-bordered copy (none where there is no padding and stride 1 along columns:
+    ``xp`` is empty, x read as it lies), then ``cpu_tiles.tapped_tile`` on each (output row, panel
+    of MR channels), whose steps read NR neighbouring output pixels' inputs at each (channel, tap)
+    offset of ``offsets`` from the row's window origin (output row oy starts at input row oy *
+    ``stride_h``). ``inner`` = (top, left, rows, columns, column stride): at a column stride s > 1
+    each padded row is stored as s phases side by side (padded column p at (p % s) * (columns / s)
+    + p // s), so that neighbouring output pixels' inputs lie side by side in each phase
+    (``tapped_conv_offsets``). The bias (zero-padded to whole panels) and the clamp to [lo, hi] in
+    registers, ACTIVATION_KINDS[activation] (none where < 0) after each row, hard-swish in
+    registers. blocks[i] = (first output row, row stop, first channel, channel stop), channels in
+    whole panels; ``dummies``: a row per thread for the tiles' stores past the last channel. For
+    short inner dimensions, where an im2col copy and BLAS's product cost more than the
+    multiply-adds."""
     channels, height, width = x.shape
     o, oh, ow = out.shape
-    top, left, rows, cols = inner
+    top, left, rows, cols, stride_w = inner
     if xp.shape[0]:
         grid = xp.reshape(channels, rows, cols)
-        for ci in numba.prange(channels):
-            grid[ci, top:top + height, left:left + width] = x[ci]
+        if stride_w == 1:
+            for ci in numba.prange(channels):
+                grid[ci, top:top + height, left:left + width] = x[ci]
+        else:
+            phase_width = cols // stride_w
+            for ci in numba.prange(channels):
+                for phase in range(stride_w):
+                    first = (phase - left) % stride_w  # the first input column of this phase
+                    if first >= width:
+                        continue
+                    count = (width - first + stride_w - 1) // stride_w
+                    at = phase * phase_width + (left + first) // stride_w
+                    grid[ci, top:top + height, at:at + count] = x[ci, :, first::stride_w]
         source = xp
     else:
         source = x.reshape(x.size)
@@ -732,13 +746,22 @@ def tapped_conv(x, xp, inner, offsets, panels, out, bias, blocks, dummies, strid
                     _activate(activation, out[ch, oy])
 
 
+def tapped_row_width(padded_width: int, stride_w: int) -> int:
+    """The floats ``tapped_conv`` stores a zero-bordered row of ``padded_width`` columns in: at a
+    column stride s, s phases of ceil(padded_width / s) columns each."""
+    return -(-padded_width // stride_w) * stride_w
+
+
 def tapped_conv_offsets(channels: int, kernel: tuple[int, int], dilations: tuple[int, int], plane: int,
-                        padded_width: int) -> np.ndarray:
+                        row_width: int, stride_w: int = 1) -> np.ndarray:
     """``tapped_conv``'s step offsets: for each input channel and window tap (the weights' C*KH*KW
     order), its offset in floats from an output pixel's window origin in the zero-bordered input
-    (planes of ``plane`` floats, rows ``padded_width`` wide)."""
+    (planes of ``plane`` floats, rows ``row_width`` wide, each row ``stride_w`` phases of
+    ``row_width / stride_w`` columns: tap column t lies in phase t % stride_w, t // stride_w on)."""
     (kh, kw), (dh, dw) = kernel, dilations
-    taps = (np.arange(kh)[:, None] * dh * padded_width + np.arange(kw)[None, :] * dw).reshape(-1)
+    columns = np.arange(kw) * dw
+    column_offsets = (columns % stride_w) * (row_width // stride_w) + columns // stride_w
+    taps = (np.arange(kh)[:, None] * dh * row_width + column_offsets[None, :]).reshape(-1)
     return (np.arange(channels)[:, None] * plane + taps[None, :]).reshape(-1).astype(np.int64)
 
 
