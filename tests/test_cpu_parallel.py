@@ -59,6 +59,27 @@ def test_gemm_in_regions(case, fresh_rng):
     _both_ways_match_onnxruntime(model, tuple(shape), rng)
 
 
+# products past SMALL_PRODUCT_MACS but below REGION_MIN_MACS: one block, on the calling thread
+ONE_BLOCK_GEMMS = [
+    (64, 48, 64, 0, 0, 1.0, 1.0, None, "Relu"),             # no bias, a clamp in the loop
+    (96, 40, 60, 0, 1, 1.0, 0.5, (96, 1), "Sigmoid"),       # a column bias scaled by beta, an activation after
+    (50, 70, 90, 1, 0, 2.0, 1.0, (90,), "Tanh"),            # A transposed, alpha, a row bias
+]
+
+
+@pytest.mark.parametrize("case", ONE_BLOCK_GEMMS, ids=[f"gemm{c[0]}x{c[1]}x{c[2]}" for c in ONE_BLOCK_GEMMS])
+def test_gemm_of_one_block_runs_without_a_region(case, fresh_rng, monkeypatch):
+    """A product too small to share between threads is one block, run as a loop on the calling
+    thread (``cpu_parallel.alone``: no region entered); the outputs stay ONNX Runtime's."""
+    m, k, n = case[:3]
+    assert cpu_engines.SMALL_PRODUCT_MACS <= m * k * n < cpu_engines.REGION_MIN_MACS
+    alone, plain_loop = [], cpu_parallel.alone
+    monkeypatch.setattr(cpu_parallel, "alone", lambda region: alone.append(region) or plain_loop(region))
+    model, shape = _gemm_model(*case, fresh_rng)
+    _both_ways_match_onnxruntime(model, tuple(shape), fresh_rng)
+    assert cpu_parallel.gemm_blocks in alone
+
+
 # (shape of x, shape of r, activation after the sum): x + r as one compiled pass where both are
 # whole tensors of one shape, or one is a value per row of the other (a per-channel bias), and the
 # activation a clamp; NumPy's calls elsewhere

@@ -103,7 +103,7 @@ def _gemm_region(bases: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list,
     or one of ``cpu_parallel.ACTIVATION_KINDS`` on each block while it is in cache, any other
     activation after on ``out`` (``_shared_activation`` on ``regions`` threads); None where a
     layout is not one BLAS takes. ``bias``: (flat buffer, offset, rows it repeats over, row
-    stride, column stride)."""
+    stride, column stride). A single block runs as a loop on the calling thread (``cpu_parallel.alone``)."""
     calls = cpu_parallel.gemm_calls(*bases, blocks)
     if bias is None:
         bias = (np.zeros(1, np.float32), 0, 0, 0, 0)
@@ -121,7 +121,9 @@ def _gemm_region(bases: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list,
     scalars = np.array([alpha, 0.0], np.float32)
     args = (cpu_parallel.SGEMM, *bases, calls, cpu_parallel.fortran_arguments(calls), scalars, buffer, offset, period,
             row_stride, column_stride, np.float32(beta), lo, hi, kind, epilogue)
-    compiled = cpu_jit.bind(cpu_parallel.gemm_blocks, *args)
+    one_block = calls.shape[0] == 1  # a region's entry costs more than the smallest products take
+    compiled = cpu_jit.bind(cpu_parallel.alone(cpu_parallel.gemm_blocks) if one_block else cpu_parallel.gemm_blocks,
+                            *args)
     if after is None:
         return lambda: compiled(*args)
     after = shared or functools.partial(after, out)
