@@ -20,7 +20,8 @@ there a plane is too few outputs to pay each row's loops, and at stride 1 with r
 input's (``runs_flat``) over each plane flattened without padding columns, the reads past a row's
 ends taken off after; a ``channels_last`` one (the activations NHWC between int8 ops, decided by
 ``gpumnn.scheduler.precision.int8_channels_last``) reads each pixel's channels as they lie
-(``_conv_depthwise_nhwc``). All end in the requantizing epilogue
+(``_conv_depthwise_nhwc``), each row's sums with the taps' weight vectors held in registers
+(``_nhwc_row_sums``, an LLVM intrinsic). All end in the requantizing epilogue
 of the contract: ``clip(rint(float32(acc) * multiplier) + zero, lo, hi)``, a float multiplier as
 ONNX Runtime's.
 
