@@ -199,6 +199,21 @@ def test_casts_to_narrow_types_convert_as_numpy_does(backend):
         np.testing.assert_array_equal(got[f"i_{name}"], i.astype(name), err_msg=name)
 
 
+
+def test_casts_of_floats_in_range_to_narrow_types_truncate(backend):
+    """Cast to int8/uint8 of floats that all truncate into the type's range (the cpu's direct cast,
+    without the int64 temporary) truncates toward zero as the cast through int64 does: the range's
+    ends, fractions either side of zero and just inside the ends."""
+    values = {"int8": [-128.0, -127.9, -0.7, -0.0, 0.7, 1.5, 126.99, 127.0],
+              "uint8": [0.0, 0.3, 0.9999, 1.5, 128.5, 254.99, 255.0, 17.0]}
+    nodes = [helper.make_node("Cast", [f"f_{name}"], [name], to=code) for name, code in (("int8", T.INT8), ("uint8", T.UINT8))]
+    model = _model(nodes, [helper.make_tensor_value_info(f"f_{name}", T.FLOAT, [8]) for name in values],
+                   [helper.make_tensor_value_info(name, code, None) for name, code in (("int8", T.INT8), ("uint8", T.UINT8))])
+    feed = {f"f_{name}": np.array(v, np.float32) for name, v in values.items()}
+    got = gpumnn.load(model).session(backend=backend).run(feed)
+    for name in values:
+        np.testing.assert_array_equal(got[name], feed[f"f_{name}"].astype(np.int64).astype(name), err_msg=name)
+
 # -- round trips through narrow storage (geometry/round_trips.py) --------------------------------------
 
 def _rounding_count(program: A.AtomicProgram) -> int:

@@ -20,7 +20,8 @@ there a plane is too few outputs to pay each row's loops, and at stride 1 with r
 input's (``runs_flat``) over each plane flattened without padding columns, the reads past a row's
 ends taken off after; a ``channels_last`` one (the activations NHWC between int8 ops, decided by
 ``gpumnn.scheduler.precision.int8_channels_last``) reads each pixel's channels as they lie
-(``_conv_depthwise_nhwc``). All end in the requantizing epilogue
+(``_conv_depthwise_nhwc``), each row's sums with the taps' weight vectors held in registers
+(``_nhwc_row_sums``, an LLVM intrinsic). All end in the requantizing epilogue
 of the contract: ``clip(rint(float32(acc) * multiplier) + zero, lo, hi)``, a float multiplier as
 ONNX Runtime's.
 
@@ -41,6 +42,13 @@ from . import int8 as cpu_int8, jit as cpu_jit, parallel as cpu_parallel
 from .reference import strided, typed
 
 numba = cpu_jit.numba
+if numba is not None:
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+else:  # never called without Numba
+    def intrinsic(fn):
+        return fn
 MR, NR = cpu_int8.MR, cpu_int8.NR
 #: added (as an exclusive or) to an int8 byte to make it the uint8 the tile reads
 SIGN_FLIP = 0x80
@@ -496,6 +504,99 @@ NHWC_WHOLE = 160
 NHWC_CHUNK = 4096
 
 
+#: the float32 lanes of the channels-last depthwise kernel's vector sums (``_nhwc_row_sums``): one
+#: AVX-512 register (two AVX2 ones); a block of channels that is a multiple of it takes them
+NHWC_LANES = 16
+#: the taps one call of ``_nhwc_row_sums`` sums, their weight vectors held in registers over a row
+NHWC_GROUP = 9
+#: whether the channels-last depthwise kernel sums on ``_nhwc_row_sums`` where a block allows (tests
+#: turn it off to check the vector loops over whole rows that serve the other blocks)
+NHWC_VECTOR_SUMS = True
+
+
+def _row_sums_codegen(group: int, lanes: int):
+    """The codegen of ``_nhwc_row_sums`` for ``group`` taps and float32 vectors of ``lanes`` lanes:
+    for each ``lanes`` channels of a block, the group's weight vectors are loaded once, then each
+    output pixel of the row is ``group`` loads of the widened input (one per tap, at the tap's
+    offset) times them, added to the pixel's sums (or to zero, where ``accumulate`` is 0) and stored.
+    The sums are exact integers in float32, so the order of the additions changes nothing."""
+    def codegen(context, builder, signature, args):
+        i64, f32 = ir.IntType(64), ir.FloatType()
+        vector = ir.VectorType(f32, lanes)
+        vector_pointer = vector.as_pointer()
+        padded_address, offsets_address, weights_address, tap_stride, pixels, pixel_stride, channels, \
+            acc_address, accumulate = args
+        padded = builder.inttoptr(padded_address, f32.as_pointer())
+        weights = builder.inttoptr(weights_address, f32.as_pointer())
+        acc = builder.inttoptr(acc_address, f32.as_pointer())
+        offsets_pointer = builder.inttoptr(offsets_address, i64.as_pointer())
+        offsets = [builder.load(builder.gep(offsets_pointer, [ir.Constant(i64, k)])) for k in range(group)]
+        adding = builder.icmp_signed("!=", accumulate, ir.Constant(i64, 0))
+        zero = ir.Constant(vector, [0.0] * lanes)
+        entry = builder.block
+        channel_loop = builder.append_basic_block("nhwc.channels")
+        pixel_loop = builder.append_basic_block("nhwc.pixels")
+        channel_next = builder.append_basic_block("nhwc.channels.next")
+        done = builder.append_basic_block("nhwc.done")
+        builder.cbranch(builder.and_(builder.icmp_signed(">", channels, ir.Constant(i64, 0)),
+                                     builder.icmp_signed(">", pixels, ir.Constant(i64, 0))), channel_loop, done)
+
+        builder.position_at_end(channel_loop)
+        c0 = builder.phi(i64)
+        c0.add_incoming(ir.Constant(i64, 0), entry)
+        tap_weights = [builder.load(builder.bitcast(builder.gep(weights, [builder.add(
+            builder.mul(tap_stride, ir.Constant(i64, k)), c0)]), vector_pointer), align=4) for k in range(group)]
+        builder.branch(pixel_loop)
+
+        builder.position_at_end(pixel_loop)
+        p = builder.phi(i64)
+        p.add_incoming(ir.Constant(i64, 0), channel_loop)
+        at = builder.add(builder.mul(p, pixel_stride), c0)
+        sums_at = builder.bitcast(builder.gep(acc, [at]), vector_pointer)
+        total = builder.select(adding, builder.load(sums_at, align=4), zero)
+        for offset, weight in zip(offsets, tap_weights):
+            value = builder.load(builder.bitcast(builder.gep(padded, [builder.add(at, offset)]), vector_pointer),
+                                 align=4)
+            total = builder.fadd(total, builder.fmul(value, weight))
+        builder.store(total, sums_at, align=4)
+        following = builder.add(p, ir.Constant(i64, 1))
+        p.add_incoming(following, pixel_loop)
+        builder.cbranch(builder.icmp_signed("<", following, pixels), pixel_loop, channel_next)
+
+        builder.position_at_end(channel_next)
+        c1 = builder.add(c0, ir.Constant(i64, lanes))
+        c0.add_incoming(c1, channel_next)
+        builder.cbranch(builder.icmp_signed("<", c1, channels), channel_loop, done)
+
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+    return codegen
+
+
+@intrinsic
+def _nhwc_row_sums(typingctx, padded_address, offsets_address, weights_address, tap_stride, pixels,
+                   pixel_stride, channels, acc_address, accumulate):
+    """One output row's sums over NHWC_GROUP taps (``_row_sums_codegen``): acc[p * pixel_stride + c]
+    (+)= sum over taps k of padded[p * pixel_stride + c + offsets[k]] * weights[k * tap_stride + c],
+    for p below ``pixels`` and c below ``channels`` (a multiple of NHWC_LANES); float32 arrays and
+    int64 offsets, by address."""
+    return types.void(*[types.intp] * 9), _row_sums_codegen(NHWC_GROUP, NHWC_LANES)
+
+
+@intrinsic
+def _nhwc_row_sums_3(typingctx, padded_address, offsets_address, weights_address, tap_stride, pixels,
+                     pixel_stride, channels, acc_address, accumulate):
+    """``_nhwc_row_sums`` over CHANNELS_LAST_READS taps: the taps past the last whole NHWC_GROUP."""
+    return types.void(*[types.intp] * 9), _row_sums_codegen(CHANNELS_LAST_READS, NHWC_LANES)
+
+
+def nhwc_vector_sums(op: A.QuantizedConv2D) -> bool:
+    """Whether ``_conv_depthwise_nhwc`` sums ``op``'s rows on ``_nhwc_row_sums``: float32 sums, blocks
+    of whole vectors of NHWC_LANES channels."""
+    return (NHWC_VECTOR_SUMS and direct_sum_dtype(op) == np.float32
+            and nhwc_block(op.out_channels) % NHWC_LANES == 0 and op.out_channels % NHWC_LANES == 0)
+
+
 def nhwc_block(channels: int) -> int:
     """The channels one task of ``_conv_depthwise_nhwc`` takes: all of them up to NHWC_WHOLE, else
     the widest multiple of 16 up to CHANNEL_BLOCK that divides them (no partial block), else CHANNEL_BLOCK."""
@@ -528,10 +629,11 @@ def _conv_depthwise_nhwc(x, taps, bias, multiplier, out, geometry, flip, x_zero,
     NHWC_BAND output rows: it widens the input rows the band reads, less the zero point, into a
     zero-padded scratch [rows, column phase (by stride), columns of the phase, block], so that one
     tap over consecutive output pixels of a row reads one contiguous run of values; an output row is
-    then vector loops over the taps' length of sums (``nhwc_taps``), CHANNELS_LAST_READS taps each,
-    requantized into out's rows
+    then, where ``geometry``'s last flag (``nhwc_vector_sums``) says so, ``_nhwc_row_sums`` over the
+    row (each tap's weights once, NHWC_GROUP taps a call), else vector loops over the taps' length of
+    sums (``nhwc_taps``), CHANNELS_LAST_READS taps each; the row is requantized into out's rows
     (one loop over the row where the block is every channel)."""
-    kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
+    kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_, vector_sums = geometry
     images, height, width, channels = x.shape
     blocks, taps_padded, chunk_pixels, block = taps.shape
     chunk = chunk_pixels * block
@@ -583,7 +685,24 @@ def _conv_depthwise_nhwc(x, taps, bias, multiplier, out, geometry, flip, x_zero,
             weights = taps[b]
             for oh in range(oh0, oh1):
                 base = (oh - oh0) * sh * row_size
-                for first in range(0, length, chunk):
+                if vector_sums:  # each tap's weights once (pixel 0's copy), held in registers over the row
+                    tap_stride = chunk_pixels * block
+                    whole_groups = taps_padded - taps_padded % NHWC_GROUP
+                    for k in range(0, taps_padded, CHANNELS_LAST_READS):
+                        if k < whole_groups and k % NHWC_GROUP != 0:
+                            continue
+                        source, tap_offsets = padded.ctypes.data + 4 * base, offsets.ctypes.data + 8 * k
+                        tap_weights, adding = weights.ctypes.data + 4 * k * tap_stride, 1 if k > 0 else 0
+                        if k < whole_groups:
+                            _nhwc_row_sums(source, tap_offsets, tap_weights, tap_stride, ow_, block, block,
+                                           acc.ctypes.data, adding)
+                        else:
+                            _nhwc_row_sums_3(source, tap_offsets, tap_weights, tap_stride, ow_, block, block,
+                                             acc.ctypes.data, adding)
+                    chunk_end = 0
+                else:
+                    chunk_end = length
+                for first in range(0, chunk_end, chunk):
                     span = min(chunk, length - first)
                     sums = acc[first:first + span]
                     for k in range(0, taps_padded, CHANNELS_LAST_READS):
@@ -774,7 +893,7 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
     parallel = engine.regions > 1 and op.macs() >= 1 << 16
     arguments = (op.x_zero_point, op.y_zero_point, op.lo, op.hi)
 
-    def depthwise(function, taps, name: str, bias=bias, multiplier=multiplier) -> KernelWork:
+    def depthwise(function, taps, name: str, bias=bias, multiplier=multiplier, geometry=geometry) -> KernelWork:
         """One of the depthwise kernels bound once to this op's views and taps."""
         kernel = cpu_jit.bind(_kernel(function, "portable", parallel), x, taps, bias, multiplier, out, geometry,
                               flip, *arguments)
@@ -784,8 +903,10 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
         return KernelWork((run,), f"int8 depthwise {name}{' region' if parallel else ''}")
     if op.channels_last:
         row_pixels = op.out_hw[1]
-        return depthwise(_conv_depthwise_nhwc, nhwc_taps(op, weight), "nhwc", np.tile(bias, row_pixels),
-                         np.tile(multiplier, row_pixels))
+        vector_sums = nhwc_vector_sums(op)
+        return depthwise(_conv_depthwise_nhwc, nhwc_taps(op, weight), "nhwc" + (" vector" if vector_sums else ""),
+                         np.tile(bias, row_pixels), np.tile(multiplier, row_pixels),
+                         geometry=geometry + (vector_sums,))
     if runs_channels_last(op):
         return depthwise(_conv_depthwise_channels_last, channels_last_taps(op, weight), "channels-last")
     if runs_flat(op):
