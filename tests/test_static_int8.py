@@ -472,6 +472,53 @@ def test_qdq_max_pool_requantized_by_another_scale_stays_float():
     np.testing.assert_array_equal(got, ref)
 
 
+# -- Flatten and Reshape on the 8-bit values -----------------------------------------------------------
+
+def _view_model(qtype: int, op_type: str, out_scale: float = 0.0213) -> onnx.ModelProto:
+    """A float input quantized, dequantized, flattened (or reshaped to [1, -1, 5]), quantized by
+    ``out_scale`` (the input's: the pattern that is a view of the 8-bit tensor, as ``quantize_static``
+    writes it before a classifier) and dequantized."""
+    from onnx import TensorProto, helper
+
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(qtype)
+    zero = np.iinfo(dtype).min + 77
+    inits = [onnx.numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("s", 0.0213), ("so", out_scale))]
+    inits += [onnx.numpy_helper.from_array(np.array(zero, dtype), "z"),
+              onnx.numpy_helper.from_array(np.array([1, -1, 5], np.int64), "shape")]
+    viewed = (helper.make_node("Flatten", ["af"], ["viewed"], name="view", axis=1) if op_type == "Flatten"
+              else helper.make_node("Reshape", ["af", "shape"], ["viewed"], name="view"))
+    nodes = [helper.make_node("QuantizeLinear", ["a", "s", "z"], ["aq"], name="quantize"),
+             helper.make_node("DequantizeLinear", ["aq", "s", "z"], ["af"], name="dequantize"),
+             viewed,
+             helper.make_node("QuantizeLinear", ["viewed", "so", "z"], ["yq"], name="requantize"),
+             helper.make_node("DequantizeLinear", ["yq", "so", "z"], ["y"], name="output")]
+    graph = helper.make_graph(nodes, "view", [helper.make_tensor_value_info("a", TensorProto.FLOAT, (1, 6, 4, 5))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+@pytest.mark.parametrize("op_type", ["Flatten", "Reshape"])
+@pytest.mark.parametrize("qtype", [onnx.TensorProto.INT8, onnx.TensorProto.UINT8], ids=["int8", "uint8"])
+def test_qdq_flatten_is_a_view_of_the_8bit_values(backend, qtype, op_type):
+    """DequantizeLinear -> Flatten / Reshape -> QuantizeLinear of one scale and zero point is a view of
+    the 8-bit tensor on every backend: no op is left of the DequantizeLinear, the view or the
+    QuantizeLinear, and the values are ONNX Runtime's unfused path's exactly."""
+    pytest.importorskip("onnxruntime")
+    got, ref, ops = _run_sum(_view_model(qtype, op_type), backend, ((1, 6, 4, 5),))
+    assert not [op for op in ops if op.source in ("dequantize", "view", "requantize")]
+    assert got.shape == ((1, 120) if op_type == "Flatten" else (1, 24, 5))
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_qdq_flatten_requantized_by_another_scale_stays_float():
+    """Requantized by another scale the view is not a copy of 8-bit values: it runs in float, with
+    ONNX Runtime's unfused path's values."""
+    pytest.importorskip("onnxruntime")
+    got, ref, ops = _run_sum(_view_model(onnx.TensorProto.INT8, "Flatten", out_scale=0.05), "cpu", ((1, 6, 4, 5),))
+    assert [op for op in ops if op.source == "requantize"]
+    np.testing.assert_array_equal(got, ref)
+
+
 #: byte max poolings (in_hw, kernel, strides, pads, out_hw): ResNet's 3x3 stride 2, odd sizes,
 #: asymmetric windows and padding, windows that tile the input
 BYTE_POOLS = [((112, 112), (3, 3), (2, 2), (1, 1, 1, 1), (56, 56)), ((9, 11), (2, 3), (1, 2), (0, 1, 1, 1), (9, 6)),

@@ -13,9 +13,12 @@ The patterns ``quantize_static`` writes::
 
     DequantizeLinear(x_q) -> GlobalAveragePool -> [Relu | Clip] -> QuantizeLinear (and QLinearGlobalAveragePool)
 
+    DequantizeLinear(x_q) -> Flatten / Reshape -> QuantizeLinear (x_q's scale, zero point, type)
+
 become one op reading the 8-bit tensors and writing the QuantizeLinear's output (the max pooling a max
 Pool2D on the 8-bit values: exact, as both nodes are nondecreasing and a QuantizeLinear of a
-DequantizeLinear's value by the same parameters gives the integer back; the average one a
+DequantizeLinear's value by the same parameters gives the integer back, which makes a Flatten or
+Reshape between them a view of x_q; the average one a
 QuantizedGlobalAveragePool, int32 sums requantized, where ``LoweringContext.int8_average_pool``
 asks for it), where the lowering is asked for it (``LoweringContext.int8_ops``: the session's scheme backend builds the ops, decided
 in ``gpumnn.scheduler.precision``). Anything else, and every node where it is not asked, is lowered
@@ -42,6 +45,7 @@ from ..context import LoweringContext
 from ..emit import fused_activation, reorder
 from ..registry import DEFAULT_DOMAINS, lowers
 from .conv import conv2d_geometry, lower_conv, lower_global_pool, lower_pool
+from .reorder import lower_flatten, lower_reshape
 from .elementwise import lower_binary
 from .matmul import lower_gemm, lower_matmul
 from .microsoft import MS, lower_qlinear_binary, lower_qlinear_global_average_pool
@@ -495,6 +499,38 @@ def lower_max_pool_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -
 def lower_global_max_pool_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
     if not (ctx.int8_ops and ctx.graph_reads is not None and _int8_max_pool(ctx, node, opset)):
         lower_global_pool(ctx, node, opset)
+
+
+def _int8_view(ctx: LoweringContext, node: Node, opset: int) -> bool:
+    """A Flatten or Reshape between a DequantizeLinear and a QuantizeLinear of the same scale, zero
+    point and type as a view of the 8-bit tensor (see the module docstring); False (nothing emitted)
+    elsewhere."""
+    x = _dequantized_activation(ctx, node.inputs[0])
+    if x is None:
+        return False
+    out = _requantizing_reader(ctx, node)
+    if out is None or len(out.nodes) != 1:  # a Relu or Clip between: a clamp a view has not
+        return False
+    q = out.quantization
+    if (q.scale, q.zero_point, q.dtype) != (x.scale, x.zero_point, x.dtype) or (out.lo, out.hi) != RANGES[q.dtype.name]:
+        return False
+    viewed = Node(node.op_type, node.name, [x.tensor] + list(node.inputs[1:]), [out.output], node.attrs, node.domain)
+    (lower_flatten if node.op_type == "Flatten" else lower_reshape)(ctx, viewed, opset)
+    ctx.absorb(*out.nodes)
+    ctx.int8_fused = True
+    return True
+
+
+@lowers("Flatten")
+def lower_flatten_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
+    if not (ctx.int8_ops and ctx.graph_reads is not None and _int8_view(ctx, node, opset)):
+        lower_flatten(ctx, node, opset)
+
+
+@lowers("Reshape")
+def lower_reshape_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
+    if not (ctx.int8_ops and ctx.graph_reads is not None and _int8_view(ctx, node, opset)):
+        lower_reshape(ctx, node, opset)
 
 
 def _emit_global_average_pool(ctx: LoweringContext, node: Node, x: _Quantization, out: _Requantization) -> bool:
