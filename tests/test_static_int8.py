@@ -258,8 +258,9 @@ SLOW_BACKEND_MODELS = ("squeezenet1_1", "mobilenet_v2")
 
 @pytest.mark.parametrize("name", list(MAX_STEPS))
 def test_qdq_zoo_model_runs_int8_on_every_backend(backend, qdq_models, name):
-    """Every backend runs every Conv and Gemm as QuantizedConv2D, every residual Add as QuantizedAdd and
-    every MaxPool on the int8 values (the cpu its GlobalAveragePool too) on its own device (the GPU APIs' kernels: quantized_conv.cl,
+    """Every backend runs every Conv and Gemm as QuantizedConv2D, every residual Add as QuantizedAdd,
+    every MaxPool on the int8 values (the cpu its GlobalAveragePool too) and the classifier's Flatten
+    as a view of them on its own device (the GPU APIs' kernels: quantized_conv.cl,
     quantized_add.cl, pool.cl, quantized_conv2d.comp, quantized_add.comp, max_pool_bytes.comp), in
     agreement with ONNX Runtime's unfused path."""
     import onnxruntime as ort
@@ -300,6 +301,13 @@ def test_qdq_zoo_model_runs_int8_on_every_backend(backend, qdq_models, name):
     if backend == "cpu" and name == "mobilenet_v2":  # transposed only after the stem
         assert len([op for op in program.ops if isinstance(op, A.Raster) and op.dtype == A.INT8]) == 1
         assert [op.channels_last for op in average_pools] == [True]
+    # the classifier's input (DequantizeLinear -> Flatten -> QuantizeLinear of one scale) is a view of
+    # the 8-bit tensor: nothing left of its DequantizeLinear or QuantizeLinear
+    producer = {out: n for n in model.graph.node for out in n.output}
+    around_flatten = {producer[n.input[0]].name for n in model.graph.node if n.op_type == "Flatten"}
+    around_flatten |= {r.name for n in model.graph.node if n.op_type == "Flatten"
+                       for r in model.graph.node if n.output[0] in r.input}
+    assert around_flatten and not [op for op in program.ops if op.source in around_flatten]
     constants = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
     last = next(n for n in model.graph.node if n.output[0] == model.graph.output[0].name)
     step = float(constants[last.input[1]])
