@@ -45,11 +45,11 @@ from ..context import LoweringContext
 from ..emit import fused_activation, reorder
 from ..registry import DEFAULT_DOMAINS, lowers
 from .conv import conv2d_geometry, lower_conv, lower_global_pool, lower_pool
-from .reorder import lower_flatten, lower_reshape
 from .elementwise import lower_binary
 from .matmul import lower_gemm, lower_matmul
 from .microsoft import MS, lower_qlinear_binary, lower_qlinear_global_average_pool
 from .quantize import RANGES, lower_qlinear_conv, lower_qlinear_matmul
+from .reorder import lower_flatten, lower_reshape
 
 _INT32 = np.iinfo(np.int32)
 
@@ -469,21 +469,24 @@ def lower_qlinear_add_int8_or_float(ctx: LoweringContext, node: Node, opset: int
         lower_qlinear_binary(ctx, node, opset)
 
 
-def _int8_max_pool(ctx: LoweringContext, node: Node, opset: int) -> bool:
-    """A MaxPool or GlobalMaxPool between a DequantizeLinear and a QuantizeLinear of the same scale,
-    zero point and type as a max Pool2D on the 8-bit values (see the module docstring); False
-    (nothing emitted) elsewhere."""
+def _on_8bit_values(ctx: LoweringContext, node: Node, opset: int, lower) -> bool:
+    """``node``, an op that only selects or moves values (MaxPool, GlobalMaxPool, Flatten, Reshape),
+    between a DequantizeLinear and a QuantizeLinear of the same scale, zero point and type, lowered by
+    ``lower`` on the 8-bit tensor itself (see the module docstring): a max pooling of the 8-bit values,
+    a view of them; False (nothing emitted) elsewhere, or where ``ctx`` does not ask for int8 ops."""
+    if not ctx.int8_ops or ctx.graph_reads is None:
+        return False
     x = _dequantized_activation(ctx, node.inputs[0])
     if x is None or len(node.outputs) > 1 and node.outputs[1]:  # MaxPool's Indices output
         return False
     out = _requantizing_reader(ctx, node)
-    if out is None or len(out.nodes) != 1:  # a Relu or Clip between: a clamp the pooling has not
+    if out is None or len(out.nodes) != 1:  # a Relu or Clip between: a clamp the op has not
         return False
     q = out.quantization
     if (q.scale, q.zero_point, q.dtype) != (x.scale, x.zero_point, x.dtype) or (out.lo, out.hi) != RANGES[q.dtype.name]:
         return False
-    pooled = Node(node.op_type, node.name, [x.tensor], [out.output], node.attrs, node.domain)
-    (lower_pool if node.op_type == "MaxPool" else lower_global_pool)(ctx, pooled, opset)
+    moved = Node(node.op_type, node.name, [x.tensor] + list(node.inputs[1:]), [out.output], node.attrs, node.domain)
+    lower(ctx, moved, opset)
     ctx.absorb(*out.nodes)
     ctx.int8_fused = True
     return True
@@ -491,45 +494,25 @@ def _int8_max_pool(ctx: LoweringContext, node: Node, opset: int) -> bool:
 
 @lowers("MaxPool")
 def lower_max_pool_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
-    if not (ctx.int8_ops and ctx.graph_reads is not None and _int8_max_pool(ctx, node, opset)):
+    if not _on_8bit_values(ctx, node, opset, lower_pool):
         lower_pool(ctx, node, opset)
 
 
 @lowers("GlobalMaxPool")
 def lower_global_max_pool_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
-    if not (ctx.int8_ops and ctx.graph_reads is not None and _int8_max_pool(ctx, node, opset)):
+    if not _on_8bit_values(ctx, node, opset, lower_global_pool):
         lower_global_pool(ctx, node, opset)
-
-
-def _int8_view(ctx: LoweringContext, node: Node, opset: int) -> bool:
-    """A Flatten or Reshape between a DequantizeLinear and a QuantizeLinear of the same scale, zero
-    point and type as a view of the 8-bit tensor (see the module docstring); False (nothing emitted)
-    elsewhere."""
-    x = _dequantized_activation(ctx, node.inputs[0])
-    if x is None:
-        return False
-    out = _requantizing_reader(ctx, node)
-    if out is None or len(out.nodes) != 1:  # a Relu or Clip between: a clamp a view has not
-        return False
-    q = out.quantization
-    if (q.scale, q.zero_point, q.dtype) != (x.scale, x.zero_point, x.dtype) or (out.lo, out.hi) != RANGES[q.dtype.name]:
-        return False
-    viewed = Node(node.op_type, node.name, [x.tensor] + list(node.inputs[1:]), [out.output], node.attrs, node.domain)
-    (lower_flatten if node.op_type == "Flatten" else lower_reshape)(ctx, viewed, opset)
-    ctx.absorb(*out.nodes)
-    ctx.int8_fused = True
-    return True
 
 
 @lowers("Flatten")
 def lower_flatten_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
-    if not (ctx.int8_ops and ctx.graph_reads is not None and _int8_view(ctx, node, opset)):
+    if not _on_8bit_values(ctx, node, opset, lower_flatten):
         lower_flatten(ctx, node, opset)
 
 
 @lowers("Reshape")
 def lower_reshape_int8_or_float(ctx: LoweringContext, node: Node, opset: int) -> None:
-    if not (ctx.int8_ops and ctx.graph_reads is not None and _int8_view(ctx, node, opset)):
+    if not _on_8bit_values(ctx, node, opset, lower_reshape):
         lower_reshape(ctx, node, opset)
 
 
