@@ -398,6 +398,41 @@ def test_one_row_convolutions_share_channels_in_regions(case, fresh_rng, monkeyp
     assert blocks[0][2] == 0 and blocks[0][3] == blocks[1][2] and blocks[1][3] == out_channels
 
 
+# (in channels, height, width, kernel (h, w), strides, pads (top, left, bottom, right), out channels):
+# windows at least WINDOW_ROWS_MIN_WIDTH wide at a column stride past 2, copied a pixel a row
+WIDE_WINDOWS = [
+    (1, 1, 4096, (1, 256), (1, 128), (0, 128, 0, 128), 258),  # an STFT's frames: zeros at both ends
+    (3, 7, 200, (3, 20), (2, 7), (1, 19, 2, 25), 24),         # rows and columns past both edges, uneven
+    (2, 4, 67, (2, 16), (1, 3), (0, 0, 0, 0), 9),              # no padding, out channels not a multiple of 8
+]
+
+
+@pytest.mark.parametrize("case", WIDE_WINDOWS, ids=[f"conv{c[0]}x{c[1]}x{c[2]}k{c[3][1]}s{c[4][1]}" for c in WIDE_WINDOWS])
+def test_wide_windows_are_copied_a_pixel_a_row(case, fresh_rng, monkeypatch):
+    """im2col's region lays a convolution's columns a pixel a row where its windows are wide and
+    far apart (``engines.window_rows``), BLAS reading them transposed; the outputs stay ONNX Runtime's."""
+    channels, height, width, kernel, strides, pads, out_channels = case
+    rng = fresh_rng
+    monkeypatch.setattr(cpu_engines, "WINOGRAD_PAYS", {"regions": (1 << 30, 1 << 30, 1e9), "threads": (1 << 30, 1 << 30, 1e9)})
+    monkeypatch.setattr(cpu_engines, "PACKED_MIN_DEPTH", 1 << 30)
+    monkeypatch.setattr(cpu_engines, "PACKED_ANY_DEPTH_MACS", 0)
+    monkeypatch.setattr(cpu_engines, "TAPPED_MAX_DEPTH", 0)  # im2col's region, not the tapped tiles
+    weight = numpy_helper.from_array(rng.standard_normal((out_channels, channels, *kernel)).astype(np.float32), "W")
+    bias = numpy_helper.from_array(rng.standard_normal(out_channels).astype(np.float32), "B")
+    node = helper.make_node("Conv", ["x", "W", "B"], ["y"], kernel_shape=list(kernel), strides=list(strides),
+                            pads=[pads[0], pads[1], pads[2], pads[3]])
+    graph = helper.make_graph([node], "wide", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                             [1, channels, height, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [weight, bias])
+    model = model_proto(graph, 13)
+    _both_ways_match_onnxruntime(model, (1, channels, height, width), rng)
+    sess = gpumnn.load(model).session(backend="cpu", threads=2, jit=True, regions=True)
+    conv = next(exe for exe in sess.shape_set().first_state.executions if type(exe.op).__name__ == "Conv2D")
+    assert conv.scheme == "im2col" and cpu_engines.window_rows(conv.op)
+    fortran = conv.keep[3]  # _im2col_region's BLAS integers: the columns read transposed
+    assert all(chr(row[0]) == "T" for row in fortran)
+
+
 # (in channels, length, kernel, stride, pad, out channels, relu): 1-D convolutions on a few frames,
 # below PACKED_MIN_DEPTH and REGION_MIN_MACS (a voice model's encoder after its STFT)
 SHORT_SEQUENCES = [

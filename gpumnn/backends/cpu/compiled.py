@@ -157,10 +157,11 @@ def _im2col_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts: int,
     kind, act = _in_region(op.activation, act, len(blocks), out, regions)
     geometry = (kh, kw, *op.strides, *op.dilations, *op.pads[:2])
     out4 = out.reshape(n, oc, oh, ow)
-    fortran = cpu_parallel.im2col_arguments(blocks, k, ow, oh * ow)
+    window_rows = engines.window_rows(op)
+    fortran = cpu_parallel.im2col_arguments(blocks, k, ow, oh * ow, window_rows)
     scalars = np.array([1.0, 0.0], np.float32)
-    images = [(cpu_parallel.SGEMM, x[b], weight, out4[b], b1, blocks, fortran, scalars, cols, geometry, lo, hi, epilogue,
-               kind) for b in range(n)]
+    images = [(cpu_parallel.SGEMM, x[b], weight, out4[b], b1, blocks, fortran, scalars, cols, geometry, window_rows, lo,
+               hi, epilogue, kind) for b in range(n)]
     return KernelWork((_region_items(cpu_parallel.im2col_blocks, images, act, out, op.activation, regions,
                                      one_span=len(blocks) == 1),), "im2col", keep=(b1, cols, blocks, fortran, scalars))
 

@@ -53,6 +53,18 @@ RASTER_LOOP_MIN_REGIONS = 4
 RASTER_LOOP_MAX_ELEMENTS = 1 << 16
 #: Bytes of im2col columns one block of a region copies, so that its product reads them from L2.
 REGION_COLS_BYTES = 1 << 20
+#: im2col's region copies each pixel's windows as one row of its columns ([pixels, C*KH*KW], BLAS
+#: reading them transposed) where a window row is a run of at least this many input columns and
+#: the stride along columns is past 2: each copy is then a run of the input, not output columns
+#: gathered one float at a time (a strided 1-D window such as an STFT's frames).
+WINDOW_ROWS_MIN_WIDTH = 16
+
+
+def window_rows(op: A.Conv2D) -> bool:
+    """Whether ``op``'s im2col copy lays the columns a pixel a row (``WINDOW_ROWS_MIN_WIDTH``)."""
+    return op.kernel[1] >= WINDOW_ROWS_MIN_WIDTH and op.dilations[1] == 1 and op.strides[1] > 2
+
+
 #: A convolution on constant weights takes ``cpu_tiles``' register tile (``compiled._packed_conv_region``)
 #: from this inner dimension (C*KH*KW) up, BLAS below: with a short inner dimension each tile's
 #: store and each element's packing weigh more against its multiply-adds.

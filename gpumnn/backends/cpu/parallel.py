@@ -417,8 +417,39 @@ def copy_windows(flat, col, channels, height, width, geometry, r0, r1, ow):
                             dst[j] = src[j * sw]
 
 
+@cpu_jit.inlined
+def copy_window_rows(flat, col, channels, height, width, geometry, r0, r1, ow):
+    """im2col of output rows [r0, r1) of one image (``flat``: x [C, H, W] flattened) into ``col``
+    [(r1 - r0) * OW, C*KH*KW], a pixel's windows a row, zeros where a window reaches past the
+    input's edge: each window row a run of the input (dilation 1 along columns, ``engines.window_rows``).
+    geometry: (kh, kw, sh, sw, dh, dw, pt, pl)."""
+    kh, kw, sh, sw, dh, dw, pt, pl = geometry
+    k = channels * kh * kw
+    for oy in range(r0, r1):
+        for ox in range(ow):
+            row = col[((oy - r0) * ow + ox) * k:((oy - r0) * ow + ox + 1) * k]
+            ix = ox * sw - pl  # input column of the window's first tap
+            first, stop = max(0, -ix), min(kw, max(0, width - ix))
+            for ci in range(channels):
+                for ky in range(kh):
+                    dst = row[(ci * kh + ky) * kw:(ci * kh + ky + 1) * kw]
+                    iy = oy * sh + ky * dh - pt
+                    if iy < 0 or iy >= height or first >= stop:
+                        for j in range(kw):
+                            dst[j] = 0.0
+                        continue
+                    for j in range(first):
+                        dst[j] = 0.0
+                    for j in range(stop, kw):
+                        dst[j] = 0.0
+                    src = flat[(ci * height + iy) * width + ix + first:]
+                    for j in range(stop - first):
+                        dst[first + j] = src[j]
+
+
 @_gemm_region
-def im2col_blocks(sgemm, x, w, out, bias, blocks, fortran, scalars, cols, geometry, lo, hi, epilogue, activation):
+def im2col_blocks(sgemm, x, w, out, bias, blocks, fortran, scalars, cols, geometry, window_rows, lo, hi, epilogue,
+                  activation):
     """A convolution of one image, x [C, H, W] with w [O, C*KH*KW] into out [O, OH, OW], as blocks
     (output rows [r0, r1), output channels [o0, o1)) = blocks[i]: each copies its rows' windows
     (zeros past the input's edge) into its thread's ``cols`` [C*KH*KW*rows*OW], multiplies w's
@@ -426,7 +457,8 @@ def im2col_blocks(sgemm, x, w, out, bias, blocks, fortran, scalars, cols, geomet
     ``scalars``: ``im2col_arguments``) and, where ``epilogue``, applies clamp(out + bias[o]) to
     [lo, hi] while the block is in cache, then ACTIVATION_KINDS[activation] where ``activation`` >= 0. Blocks that share rows copy them each: where an image
     has fewer pixels than channels, channel spans keep every product wide, and the copy is small
-    beside the product. geometry: (kh, kw, sh, sw, dh, dw, pt, pl)."""
+    beside the product. geometry: (kh, kw, sh, sw, dh, dw, pt, pl); ``window_rows``: the columns
+    laid a pixel a row (``copy_window_rows``; ``fortran`` then has BLAS read them transposed)."""
     channels, height, width = x.shape
     k = w.shape[1]
     oh, ow = out.shape[1], out.shape[2]
@@ -435,7 +467,10 @@ def im2col_blocks(sgemm, x, w, out, bias, blocks, fortran, scalars, cols, geomet
         col = cols[numba.get_thread_id()]
         r0, r1, o0, o1 = blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3]
         pixels = (r1 - r0) * ow
-        copy_windows(flat, col, channels, height, width, geometry, r0, r1, ow)
+        if window_rows:
+            copy_window_rows(flat, col, channels, height, width, geometry, r0, r1, ow)
+        else:
+            copy_windows(flat, col, channels, height, width, geometry, r0, r1, ow)
         at, size, scalar_at = fortran.ctypes.data + fortran.strides[0] * i, fortran.itemsize, scalars.ctypes.data
         _call_sgemm(sgemm, at, at + size, at + 2 * size, at + 3 * size, at + 4 * size, scalar_at, col.ctypes.data,
                     at + 5 * size, w.ctypes.data + 4 * o0 * k, at + 6 * size, scalar_at + 4,
@@ -445,13 +480,15 @@ def im2col_blocks(sgemm, x, w, out, bias, blocks, fortran, scalars, cols, geomet
                 finish_span(activation, out[oc, r0:r1].reshape(pixels), bias[oc] if epilogue else np.float32(0.0), lo, hi)
 
 
-def im2col_arguments(blocks: np.ndarray, k: int, ow: int, pixels: int) -> np.ndarray:
+def im2col_arguments(blocks: np.ndarray, k: int, ow: int, pixels: int, window_rows: bool = False) -> np.ndarray:
     """``im2col_blocks``' Fortran integers per block (rows [r0, r1), channels [o0, o1)): (weights
-    times columns) cols^T w^T, the block's pixels wide, into an output ``pixels`` wide."""
+    times columns) cols^T w^T, the block's pixels wide, into an output ``pixels`` wide; with
+    ``window_rows`` the columns lie a pixel a row, read transposed."""
     widths = (blocks[:, 1] - blocks[:, 0]) * ow
     channels = blocks[:, 3] - blocks[:, 2]
     full = np.full_like
-    return fortran_arguments(np.stack([full(widths, _N), full(widths, _N), widths, channels, full(widths, k), widths,
+    trans_a, lda = (full(widths, _T), full(widths, k)) if window_rows else (full(widths, _N), widths)
+    return fortran_arguments(np.stack([trans_a, full(widths, _N), widths, channels, full(widths, k), lda,
                                        full(widths, k), full(widths, pixels)], axis=1))
 
 
