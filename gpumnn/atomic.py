@@ -463,7 +463,22 @@ class QuantizedConv2D(ConvGeometry):
 
 
 @dataclass(frozen=True)
-class QuantizedAdd(AtomicOp):
+class RequantizedOp(AtomicOp):
+    """An op on 8-bit values whose float32 results are requantized into ``out_dtype`` (uint8 or
+    int8): ``rint`` plus ``y_zero_point``, clipped to ``[lo, hi]`` (the type's range, narrowed where a
+    Relu or Clip before the output's QuantizeLinear is fused)."""
+
+    y_zero_point: int = 0
+    out_dtype: str = UINT8
+    lo: int = 0
+    hi: int = 255
+
+    def output_dtype(self) -> str:
+        return self.out_dtype
+
+
+@dataclass(frozen=True)
+class QuantizedAdd(RequantizedOp):
     """Static int8 sum (ONNX Runtime's fused QDQ Add and QLinearAdd): ``count`` elements of a and b
     (inputs 0 and 1, both ``dtype``: uint8 or int8), each with its own scale and zero point, into
     ``count`` elements of ``out_dtype`` (uint8 or int8)::
@@ -485,17 +500,10 @@ class QuantizedAdd(AtomicOp):
     b_scale: float = 1.0
     b_zero_point: int = 0
     y_scale: float = 1.0
-    y_zero_point: int = 0
-    out_dtype: str = UINT8
-    lo: int = 0
-    hi: int = 255
-
-    def output_dtype(self) -> str:
-        return self.out_dtype
 
 
 @dataclass(frozen=True)
-class QuantizedGlobalAveragePool(AtomicOp):
+class QuantizedGlobalAveragePool(RequantizedOp):
     """Static int8 global average pooling (a QDQ model's DequantizeLinear -> GlobalAveragePool ->
     QuantizeLinear): the ``batch * channels`` planes of ``pixels`` elements of x (input 0, ``dtype``:
     uint8 or int8) into one element each of ``out_dtype`` (uint8 or int8)::
@@ -517,13 +525,6 @@ class QuantizedGlobalAveragePool(AtomicOp):
     channels_last: bool = False
     x_zero_point: int = 0
     multiplier: float = 1.0
-    y_zero_point: int = 0
-    out_dtype: str = UINT8
-    lo: int = 0
-    hi: int = 255
-
-    def output_dtype(self) -> str:
-        return self.out_dtype
 
 
 @dataclass(frozen=True)
