@@ -188,6 +188,35 @@ def test_the_register_tile_gate_keeps_small_tiles_for_many_channels():
         threads.close()
 
 
+def test_the_register_tile_gate_takes_few_large_tiles_where_the_tiles_with_enough_save_little():
+    """On the cpu's regions a plane a few rows high (crnn's 128 -> 192 at 4 x 40) takes F(4) with
+    fewer tiles than the gate's least, as it saves ``FEW_TILES_GAIN`` times what F(2) (the largest
+    tile with enough) saves; it matches ONNX Runtime. ResNet's 256 -> 256 at 14 x 14 keeps F(4)
+    (F(5)'s 9 tiles save too little more) and a 1 x 3 over 129 channels at 1 x 33 (voice_activity's
+    encoder) keeps the sliding window."""
+    cpu = CpuBackend(threads=2)
+    try:
+        if not cpu.regions:
+            pytest.skip("the cpu backend has no native regions here (no Numba threading layer)")
+        low = A.Conv2D(("x", "w"), ("y",), "conv", in_channels=128, out_channels=192, in_hw=(4, 40),
+                       out_hw=(4, 40), kernel=(3, 3), pads=(1, 1))
+        assert schemes.winograd_tile_count(low, 4, True) < cpu.winograd_min_tiles
+        chosen = schemes.select_schemes(_program_with(low), cpu).ops[0]
+        assert (chosen.scheme, chosen.winograd_tile) == ("winograd", 4)
+        resnet = schemes.select_schemes(_program_with(_conv_op(3, 256, 256, 14)), cpu).ops[0]
+        assert (resnet.scheme, resnet.winograd_tile) == ("winograd", 4)
+        encoder = A.Conv2D(("x", "w"), ("y",), "conv", in_channels=129, out_channels=128, in_hw=(1, 33),
+                           out_hw=(1, 33), kernel=(1, 3), pads=(0, 1))
+        assert schemes.select_schemes(_program_with(encoder), cpu).ops[0].scheme == "im2col"
+    finally:
+        cpu.close()
+    model, shape = _conv_model(3, 128, 192, 4, [1, 1, 1, 1], True, "Relu", hw=40)
+    x = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+    checked = _check(model, {"x": x}, "cpu")
+    op = next(op for op in checked.program.ops if isinstance(op, A.Conv2D))
+    assert (op.scheme, op.winograd_tile) == ("winograd", 4)
+
+
 def test_the_rewrite_keeps_to_the_largest_tile_a_backend_allows():
     """A GPU device whose kernels run Winograd's rewrite best at small tiles (the GLSL family:
     ``Backend.winograd_rewrite_max_tile``) gets the cheapest tile Eq. 2 allows up to that size;

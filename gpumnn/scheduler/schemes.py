@@ -73,6 +73,11 @@ STRASSEN_ADD_COST = 1.0
 STRASSEN_MIN_BLOCK = 256
 #: a matrix-vector kernel takes a batch of one-row products that share one weight up to this many rows
 GEMV_MAX_SHARED_ROWS = 4
+#: A backend's own Winograd kernel may take a tile with fewer output tiles than its
+#: ``winograd_min_tiles`` where that tile makes this many times fewer multiplications than the best
+#: tile with enough of them (or the sliding window, where none has enough): a plane a few rows high,
+#: whose only tiles with enough tiles are small ones that save little (:func:`winograd_kernel_pays`)
+FEW_TILES_GAIN = 1.5
 
 
 @dataclass(frozen=True)
@@ -301,11 +306,38 @@ def winograd_kernel_pays(backend: Any, op: A.Conv2D, tile: int) -> bool:
     kernel going image by image gains nothing from the batch) and ``winograd_min_channels`` input channels on,
     and where it makes at most 1 / ``winograd_min_saving`` of the sliding window's multiplications,
     its transforms counted as the kernel runs them (:func:`winograd_kernel_cost`; its transforms
-    and small per-position products run slower per multiplication than one big GEMM)."""
+    and small per-position products run slower per multiplication than one big GEMM). With fewer
+    tiles it is taken where its tiles times its saving still reach the gate's (``winograd_min_tiles``
+    x ``winograd_min_saving``) and it saves ``FEW_TILES_GAIN`` times what the tiles that pass save
+    (:func:`_few_tiles_pay`)."""
     tiles = getattr(backend, "winograd_transform_tiles", None)
+    if op.in_channels < backend.winograd_min_channels:
+        return False
+    if conv_cost(op, 1) < backend.winograd_min_saving * winograd_kernel_cost(op, tile, tiles):
+        return False
     return (winograd_tile_count(op, tile, backend.winograd_per_image) >= backend.winograd_min_tiles
-            and op.in_channels >= backend.winograd_min_channels
-            and conv_cost(op, 1) >= backend.winograd_min_saving * winograd_kernel_cost(op, tile, tiles))
+            or _few_tiles_pay(backend, op, tile))
+
+
+def _winograd_saving(op: A.Conv2D, tile: int, transform_tiles: tuple[int, int, int] | None) -> float:
+    """How many times fewer multiplications F(tile) makes than the sliding window (1: the window)."""
+    return conv_cost(op, 1) / winograd_kernel_cost(op, tile, transform_tiles) if tile > 1 else 1.0
+
+
+def _few_tiles_pay(backend: Any, op: A.Conv2D, tile: int) -> bool:
+    """Whether F(tile), below ``winograd_min_tiles`` tiles and saving at least ``winograd_min_saving``,
+    still pays: its tiles x saving reach the gate's product, and it saves ``FEW_TILES_GAIN`` times
+    what the best tile passing the whole gate saves (the sliding window's 1 where none does): crnn's
+    128 -> 192 at 4 x 40 has 10 tiles of F(4), and F(2), the largest tile with 16, saves half as much."""
+    transform_tiles = getattr(backend, "winograd_transform_tiles", None)
+    count = winograd_tile_count(op, tile, backend.winograd_per_image)
+    saving = _winograd_saving(op, tile, transform_tiles)
+    if count * saving < backend.winograd_min_tiles * backend.winograd_min_saving:
+        return False
+    passing = [_winograd_saving(op, n, transform_tiles) for n in winograd_tiles(op.kernel)
+               if winograd_tile_count(op, n, backend.winograd_per_image) >= backend.winograd_min_tiles]
+    best = max([1.0] + [s for s in passing if s >= backend.winograd_min_saving])
+    return saving >= FEW_TILES_GAIN * best
 
 
 def _builds(backend: Any, op: A.AtomicOp, candidate: tuple[str, int, str], forced: bool = False) -> bool:
