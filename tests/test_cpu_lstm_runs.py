@@ -2,8 +2,9 @@
 
 A recording puts one compiled call in place of each run of (recurrent product, LSTM step) pairs;
 these cases vary what that call's loops take apart: hidden sizes whose gate rows (4H) end in the
-wide tile, the 16-float one and single columns, each direction alone and both (on a region's
-threads, and on one thread), sequences of one step up, batches of one and more, initial states
+wide tile, the 16-float one and single columns (R^T laid in blocks of the wide tile, then the
+columns left: 4H = 120 takes all three), each direction alone and both (on a region's threads, and
+on one thread), sequences of one step up, batches of one and more, initial states
 given and absent, and two stacked layers, whose tensors the memory plan lays over each other.
 """
 from __future__ import annotations
@@ -79,7 +80,7 @@ def _check(model, feeds, threads: int, expect_runs: int) -> None:
         assert err < 1e-4, f"{name}: relative L2 error {err:.2e}"
 
 
-@pytest.mark.parametrize("hidden", [1, 5, 16, 17, 33])
+@pytest.mark.parametrize("hidden", [1, 5, 16, 17, 30, 33])
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_lstm_runs_match_onnxruntime_for_hidden_sizes_and_directions(hidden, direction, threads):
@@ -137,3 +138,19 @@ def test_overlapping_states_keep_the_directions_together():
     assert cpu_recurrent._apart([(0, 8), (0, 8), (8, 16)])
     assert not cpu_recurrent._apart([(0, 8), (4, 12)])
     assert not cpu_recurrent._apart([(0, 8)], [(6, 20)])
+
+
+def test_recurrent_weights_are_laid_in_blocks_of_the_wide_tile():
+    """``recurrent_blocks``: each WIDE columns of R^T one [H, WIDE] block after the other, then the
+    columns left as one [H, rest] block."""
+    from gpumnn.backends.cpu.recurrent import recurrent_blocks
+    from gpumnn.backends.cpu.tiles import WIDE
+
+    d, h, width = 2, 3, 2 * WIDE + 5
+    r_t = np.arange(d * h * width, dtype=np.float32).reshape(d, h, width)
+    laid = recurrent_blocks(r_t)
+    assert laid.shape == (d, h * width) and laid.dtype == np.float32 and laid.flags.c_contiguous
+    for block in range(2):
+        np.testing.assert_array_equal(laid[:, block * h * WIDE:(block + 1) * h * WIDE].reshape(d, h, WIDE),
+                                      r_t[:, :, block * WIDE:(block + 1) * WIDE])
+    np.testing.assert_array_equal(laid[:, 2 * h * WIDE:].reshape(d, h, 5), r_t[:, :, 2 * WIDE:])

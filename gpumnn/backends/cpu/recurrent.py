@@ -206,33 +206,45 @@ def compiled_lstm_step(op: A.RecurrentCell, gates: np.ndarray, projection: np.nd
 _WIDE, _ROW = cpu_tiles.WIDE, cpu_tiles.ROW
 
 
+def recurrent_blocks(r_t: np.ndarray) -> np.ndarray:
+    """R^T ``r_t`` [D, H, 4H] laid [D, H * 4H] for ``_lstm_direction``: each WIDE columns one block
+    [H, WIDE] after the other, then the columns left as one block [H, rest], so that a step's product
+    reads each block as one run of memory (one stream for the prefetcher, not H rows 4H apart)."""
+    d, h, width = r_t.shape
+    full = width - width % _WIDE
+    blocks = r_t[:, :, :full].reshape(d, h, full // _WIDE, _WIDE).transpose(0, 2, 1, 3).reshape(d, h * full)
+    return np.ascontiguousarray(np.concatenate([blocks, r_t[:, :, full:].reshape(d, -1)], axis=1), np.float32)
+
+
 @cpu_jit.inlined
 def _lstm_direction(d, pool, state_offsets, out_offsets, x_offsets, row_stride, projection, weights, gates, batch,
                     hidden):
-    """Direction ``d`` of every step p of a run: gates = H . R_d^T (``weights[d]`` [H, 4H], R^T) into
-    ``gates[d]``, then the usual LSTM cell, reading the state [2, D, B, H] at ``state_offsets[p]``
-    of ``pool`` and the projection's gate rows at ``x_offsets[p, d] + b * row_stride``, and writing
-    (H', C') at ``out_offsets[p]`` of ``pool``."""
+    """Direction ``d`` of every step p of a run: gates = H . R_d^T (``weights[d]``: R^T laid by
+    ``recurrent_blocks``) into ``gates[d]``, then the usual LSTM cell, reading the state [2, D, B, H]
+    at ``state_offsets[p]`` of ``pool`` and the projection's gate rows at ``x_offsets[p, d] + b *
+    row_stride``, and writing (H', C') at ``out_offsets[p]`` of ``pool``."""
     width = 4 * hidden
+    full = width - width % _WIDE  # columns in whole blocks of WIDE
+    tail = width - full
     rows = x_offsets.shape[1] * batch
     w, g = weights[d], gates[d]
     w_at, g_at = w.ctypes.data, g.ctypes.data
+    tail_at = w_at + 4 * full * hidden
     for p in range(state_offsets.shape[0]):
         s0, o0 = state_offsets[p], out_offsets[p]
         for b in range(batch):
             row = d * batch + b
-            h0 = s0 + row * hidden
-            n0 = 0
-            while n0 + _WIDE <= width:
-                cpu_tiles.wide_product(pool.ctypes.data + 4 * h0, 1, w_at + 4 * n0, width, hidden, g_at + 4 * n0)
-                n0 += _WIDE
+            h_at = pool.ctypes.data + 4 * (s0 + row * hidden)
+            for n0 in range(0, full, _WIDE):
+                cpu_tiles.wide_product(h_at, 1, w_at + 4 * n0 * hidden, _WIDE, hidden, g_at + 4 * n0)
+            n0 = full
             while n0 + _ROW <= width:
-                cpu_tiles.row_product(pool.ctypes.data + 4 * h0, 1, w_at + 4 * n0, width, hidden, g_at + 4 * n0)
+                cpu_tiles.row_product(h_at, 1, tail_at + 4 * (n0 - full), tail, hidden, g_at + 4 * n0)
                 n0 += _ROW
             for j in range(n0, width):
                 total = np.float32(0.0)
                 for k in range(hidden):
-                    total += pool[h0 + k] * w[k, j]
+                    total += pool[s0 + row * hidden + k] * w[full * hidden + k * tail + j - full]
                 g[j] = total
             x0 = x_offsets[p, d] + b * row_stride
             c0 = s0 + (rows + row) * hidden
@@ -369,7 +381,7 @@ def _lstm_run_work(pairs: list[tuple[Execution, Execution]], executions: list[Ex
     weights_handle = first_product.inputs[1]
     product = first_product.op
     r = strided(weights_handle, 0, (d, 4 * h, h), (product.b_batch_stride, h, 1)).transpose(0, 2, 1)
-    weights = made_once(constants, weights_handle, ("rows", r.shape, r.strides), lambda: np.ascontiguousarray(r))
+    weights = made_once(constants, weights_handle, ("recurrent_blocks", r.shape, r.strides), lambda: recurrent_blocks(r))
     args = (pool, np.array([s.offset for s in states], np.int64), np.array([o.offset for o in outs], np.int64),
             np.array([cell.op.x_offsets for _, cell in pairs], np.int64).reshape(len(pairs), d),
             np.int64(op.x_row_stride), typed(projection_handle)[projection_handle.offset:], weights,
