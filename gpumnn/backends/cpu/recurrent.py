@@ -381,7 +381,8 @@ def _lstm_run_work(pairs: list[tuple[Execution, Execution]], executions: list[Ex
     weights_handle = first_product.inputs[1]
     product = first_product.op
     r = strided(weights_handle, 0, (d, 4 * h, h), (product.b_batch_stride, h, 1)).transpose(0, 2, 1)
-    weights = made_once(constants, weights_handle, ("recurrent_blocks", r.shape, r.strides), lambda: recurrent_blocks(r))
+    weights = made_once(constants, weights_handle, ("recurrent_blocks", r.shape, r.strides),
+                        lambda: recurrent_blocks(r))
     args = (pool, np.array([s.offset for s in states], np.int64), np.array([o.offset for o in outs], np.int64),
             np.array([cell.op.x_offsets for _, cell in pairs], np.int64).reshape(len(pairs), d),
             np.int64(op.x_row_stride), typed(projection_handle)[projection_handle.offset:], weights,
