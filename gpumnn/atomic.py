@@ -51,7 +51,7 @@ ITEMSIZE: dict[str, int] = {FLOAT32: 4, INT32: 4, FLOAT16: 2, INT8: 1, UINT8: 1}
 #: reduction ``none`` only): they move elements without arithmetic. The computing ops that read
 #: a narrow dtype are a ``prequantized`` QuantizedMatMul (uint8), QuantizedConv2D, QuantizedAdd and
 #: QuantizedGlobalAveragePool (uint8 and int8 in and out), each with its own arithmetic, and a max
-#: Pool2D on int8 or uint8 (it compares and copies elements)
+#: Pool2D on int8 or uint8 (it compares and copies elements); Quantize writes uint8 or int8 from float32
 NARROW_OPS: tuple[str, ...] = ("raster", "gather", "select", "scatter", "unary")
 #: the computing ops also defined on float16 storage (``precision="fp16"``,
 #: ``gpumnn.scheduler.precision``): every float operand and the result are float16, the arithmetic
@@ -503,6 +503,24 @@ class QuantizedAdd(RequantizedOp):
 
 
 @dataclass(frozen=True)
+class Quantize(RequantizedOp):
+    """ONNX's QuantizeLinear per tensor in one pass: ``count`` float32 elements of x (input 0) into
+    ``count`` elements of ``out_dtype`` (uint8 or int8)::
+
+        out = clip(rint(x / y_scale) + y_zero_point, lo, hi)
+
+    in float32 (the quotient correctly rounded, ``rint`` rounding half to even), the five ops the
+    lowering otherwise writes (div, round, add, clip, the conversion) with the same bits. ``y_scale``
+    is a positive, finite float32 value; ``[lo, hi]`` the output type's range. Lowering makes it only
+    where the session's scheme backend has a kernel for it (``gpumnn.scheduler.precision.one_pass_quantize``).
+    """
+
+    kind: ClassVar[str] = "quantize"
+    count: int = 1
+    y_scale: float = 1.0
+
+
+@dataclass(frozen=True)
 class QuantizedGlobalAveragePool(RequantizedOp):
     """Static int8 global average pooling (a QDQ model's DequantizeLinear -> GlobalAveragePool ->
     QuantizeLinear): the ``batch * channels`` planes of ``pixels`` elements of x (input 0, ``dtype``:
@@ -809,8 +827,8 @@ def recurrent_cell_violation(op: RecurrentCell) -> str | None:
 
 ALL_OPS: tuple[type[AtomicOp], ...] = (
     Raster, Unary, Binary, Reduce, MatMul, QuantizedMatMul, Conv2D, QuantizedConv2D, QuantizedAdd,
-    QuantizedGlobalAveragePool, ConvTranspose2D, Pool2D, Softmax, Normalize, Resize, Gather, Select, CumSum, TopK,
-    Scatter, RecurrentCell,
+    QuantizedGlobalAveragePool, Quantize, ConvTranspose2D, Pool2D, Softmax, Normalize, Resize, Gather, Select, CumSum,
+    TopK, Scatter, RecurrentCell,
 )
 
 

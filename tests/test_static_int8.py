@@ -704,3 +704,77 @@ def test_compiled_global_average_pool_is_the_contract(shape, channels_last, dtyp
     expected = np.clip(np.rint(exact) + y_zero, info.min, info.max)
     assert np.abs(reference.reshape(n, c).astype(np.int32) - expected).max() <= 1
     assert np.mean(reference.reshape(n, c) == expected) > 0.99
+
+
+# -- QuantizeLinear of float32 values in one pass --------------------------------------------------------
+
+def _quantize_model(qtype: int, shape, zero_point: int | None, scale: float = 0.0173) -> onnx.ModelProto:
+    """One QuantizeLinear (per tensor) of a float input, its 8-bit output the graph's."""
+    from onnx import TensorProto, helper
+
+    inits = [onnx.numpy_helper.from_array(np.array(scale, np.float32), "s")]
+    inputs = ["x", "s"]
+    if zero_point is not None:
+        inits.append(onnx.numpy_helper.from_array(np.array(zero_point, onnx.helper.tensor_dtype_to_np_dtype(qtype)),
+                                                  "z"))
+        inputs.append("z")
+    attrs = {} if zero_point is not None else {"output_dtype": qtype}
+    graph = helper.make_graph([helper.make_node("QuantizeLinear", inputs, ["y"], name="q", **attrs)], "quantize",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", qtype, shape)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def _quantize_feed(shape, scale: float) -> np.ndarray:
+    """Values across and past the 8-bit range, and exact halves of a step (ties round to even)."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(shape) * 150 * scale).astype(np.float32).reshape(-1)
+    x[::7] = ((rng.integers(-300, 300, x[::7].shape) + np.float32(0.5)) * np.float32(scale)).astype(np.float32)
+    x[1::97] = 1e30
+    x[2::97] = -1e30
+    return x.reshape(shape)
+
+
+@pytest.mark.parametrize("zero_point", [None, "given"])
+@pytest.mark.parametrize("qtype", [onnx.TensorProto.INT8, onnx.TensorProto.UINT8], ids=["int8", "uint8"])
+@pytest.mark.parametrize("shape", [(1, 3, 130, 131), (5, 7, 3)], ids=["image", "odd"])
+def test_quantize_linear_is_onnx_runtimes(backend, qtype, zero_point, shape):
+    """A QuantizeLinear per tensor of float32 values gives ONNX Runtime's QuantizeLinear's bits on every
+    backend (ties to even, saturation): one Quantize op where the backend has its kernel
+    (``precision.one_pass_quantize``: the cpu, the image's size cut into spans on its threads), else the
+    five float ops and the conversion."""
+    ort = pytest.importorskip("onnxruntime")
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(qtype)
+    zp = None if zero_point is None else int(np.iinfo(dtype).min + 77)
+    model = _quantize_model(qtype, shape, zp)
+    x = _quantize_feed(shape, 0.0173)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(["y"], {"x": x})[0]
+    with gpumnn.load(model).session(backend=backend, fallback=False) as session:
+        got = session.run({"x": x})["y"]
+        ops = list(session.program.ops)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, ref)
+    if backend == "cpu":
+        assert [type(op) for op in ops] == [A.Quantize], ops
+    else:
+        assert not [op for op in ops if isinstance(op, A.Quantize)]
+        assert "div" in [op.op for op in ops if isinstance(op, A.Binary)]
+
+
+@pytest.mark.parametrize("qtype", [onnx.TensorProto.INT8, onnx.TensorProto.UINT8], ids=["int8", "uint8"])
+def test_compiled_quantize_is_numpys(qtype):
+    """The compiled pass and the NumPy passes (``jit=False``) give the same bits."""
+    from gpumnn.backends.cpu.int8_elementwise import quantize_reference
+
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(qtype))
+    lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
+    x = _quantize_feed((70001,), 0.031)
+    op = A.Quantize(("x",), ("y",), "q", count=x.size, y_scale=0.031, y_zero_point=int(lo + 9), out_dtype=dtype.name,
+                    lo=int(lo), hi=int(hi))
+    expected = quantize_reference(op, x)
+    for backend in (CpuBackend(threads=2), CpuBackend(threads=1, jit=False)):
+        out = np.zeros(x.size, dtype)
+        exe = backend.create_execution(op, [_handle(x)], [TensorHandle(out, 0, out.shape, dtype.name)])
+        for work in exe.work:
+            work()
+        np.testing.assert_array_equal(out, expected)

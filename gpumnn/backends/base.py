@@ -255,6 +255,10 @@ def contract_violation(op: AtomicOp) -> str | None:
         if op.dtype not in (A.UINT8, A.INT8) or op.out_dtype not in (A.UINT8, A.INT8):
             return f"{type(op).__name__} reads and writes uint8 or int8, not {op.dtype} -> {op.out_dtype}"
         narrow = set()
+    if isinstance(op, A.Quantize):
+        if op.dtype != A.FLOAT32 or op.out_dtype not in (A.UINT8, A.INT8):
+            return f"Quantize reads float32 and writes uint8 or int8, not {op.dtype} -> {op.out_dtype}"
+        narrow = set()
     if isinstance(op, A.Pool2D) and op.op == "max" and op.dtype in (A.UINT8, A.INT8):
         narrow = set()  # it compares and copies elements (see A.Pool2D)
     if narrow and (op.kind not in A.NARROW_OPS or isinstance(op, A.Unary) and op.op != "identity"

@@ -104,6 +104,14 @@ def int8_global_average_pool(backend) -> bool:
     return lowers_static_int8(backend) and A.QuantizedGlobalAveragePool in getattr(backend, "kernel_table", {})
 
 
+def one_pass_quantize(backend) -> bool:
+    """Whether a QuantizeLinear per tensor of float32 values to int8 or uint8 becomes one ``Quantize``
+    op for ``backend``, the session's scheme backend: where it has a kernel for that op (the cpu's
+    compiled pass); elsewhere it is the five ops (div, round, add, clip, the conversion) every backend
+    runs. The one place this is decided."""
+    return A.Quantize in getattr(backend, "kernel_table", {})
+
+
 def check_precision(precision: str) -> str:
     """``precision`` if it is one gpumnn runs, else ValueError listing those it does."""
     if precision not in PRECISIONS:

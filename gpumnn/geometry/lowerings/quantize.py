@@ -160,8 +160,33 @@ def lower_quantize_linear(ctx: LoweringContext, node: Node, opset: int) -> None:
     if precision not in (0, onnx.TensorProto.FLOAT):
         raise UnsupportedOpError(node.op_type, node.name, f"precision {onnx_dtype(precision).name}: gpumnn divides "
                                  "in float32 only")
-    quantize(ctx, node, node.inputs[0], node.inputs[1], zero_point, node.outputs[0], held, qrange,
-             _axis(node), int(node.attr("block_size", 0)))
+    if not (ctx.one_pass_quantize and _one_pass(ctx, node, declared, zero_point)):
+        quantize(ctx, node, node.inputs[0], node.inputs[1], zero_point, node.outputs[0], held, qrange,
+                 _axis(node), int(node.attr("block_size", 0)))
+
+
+def _scalar_const(ctx: LoweringContext, name: str) -> np.ndarray | None:
+    value = ctx.values.get(name)
+    if value is None or not value.is_const or value.const.size != 1:
+        return None
+    return value.const.reshape(())
+
+
+def _one_pass(ctx: LoweringContext, node: Node, declared: np.dtype, zero_point: str | None) -> bool:
+    """A QuantizeLinear of run-time float32 values by one positive float32 scale and one zero point
+    to int8 or uint8 as one ``Quantize`` op (asked for by ``LoweringContext.one_pass_quantize``);
+    False (nothing emitted) elsewhere."""
+    x = ctx.value(node.inputs[0], node)
+    scale = _scalar_const(ctx, node.inputs[1])
+    zp = np.zeros((), declared) if zero_point is None else _scalar_const(ctx, zero_point)
+    if (x.is_const or x.dtype != np.float32 or declared.name not in ("int8", "uint8") or node.attr("block_size", 0)
+            or scale is None or scale.dtype != np.float32 or not np.isfinite(scale) or scale <= 0 or zp is None):
+        return False
+    lo, hi = RANGES[declared.name]
+    op = A.Quantize((node.inputs[0],), (node.outputs[0],), node.name, count=x.size, y_scale=float(scale),
+                    y_zero_point=int(zp), out_dtype=declared.name, lo=lo, hi=hi)
+    ctx.emit(op, x.shape, declared)
+    return True
 
 
 @lowers("DequantizeLinear")
