@@ -442,7 +442,9 @@ class QuantizedConv2D(ConvGeometry):
     ``channels_last`` (a depthwise convolution only, on a backend whose ``int8_channels_last`` says
     it builds it): x is ``[N, H, W, C]`` and out ``[N, OH, OW, OC]``, each pixel's channels
     contiguous; the sums are the same. A 1x1 convolution on channels-last activations needs no flag:
-    it is the product of their rows (batch N*H*W, 1x1 planes).
+    it is the product of their rows (batch N*H*W, 1x1 planes). ``out_channels_last`` (a convolution
+    over NCHW x whose readers take channels-last activations: an image's first one, on the same
+    backends): x is ``[N, C, H, W]`` and out ``[N, OH, OW, OC]``.
     """
 
     kind: ClassVar[str] = "quantized_conv2d"
@@ -453,6 +455,7 @@ class QuantizedConv2D(ConvGeometry):
     lo: int = 0
     hi: int = 255
     channels_last: bool = False
+    out_channels_last: bool = False
 
     def output_dtype(self) -> str:
         return self.out_dtype

@@ -397,7 +397,7 @@ class Backend(ABC):
         for dtype in {op.dtype, op.output_dtype()} - {A.FLOAT32}:
             if dtype not in self.dtypes.get(type(op), ()):
                 return f"the {self.name} backend has no {dtype} kernel for atomic op {type(op).__name__}"
-        if getattr(op, "channels_last", False) and not self.int8_channels_last:
+        if (getattr(op, "channels_last", False) or getattr(op, "out_channels_last", False)) and not self.int8_channels_last:
             return f"the {self.name} backend has no channels-last kernel for atomic op {type(op).__name__}"
         if getattr(op, "block", 0) and not self.int4_weights:
             return f"the {self.name} backend has no int4 kernel for atomic op {type(op).__name__}"
