@@ -11,7 +11,11 @@ turned round, the weight's rows broadcast and NR pixels of each NCHW plane the v
 that a tile's result is stored as NCHW holds it (``_conv_pixels``), where the output has at least
 as many channels as the input or the planes are large; a product's rows (1x1 planes: a Gemm, or a
 1x1 convolution on channels-last activations) each requantized straight into its row (``_conv_rows``); others
-go the im2col way. ``depthwise``, and small windows over a few input channels (``runs_direct``):
+go the im2col way. Undilated windows over a few input channels (an image's first convolution,
+``runs_stem``) run on the tile too, their rows packed from words made once per input row
+(``_conv_stem``: each window row's columns padded to whole words of the tile, so that a pixel's
+row is a few word copies, not a byte per tap); it writes NCHW planes or, ``out_channels_last``,
+NHWC rows for channels-last readers. ``depthwise``, and dilated windows over a few input channels (``runs_direct``):
 the direct kernel, vector loops over each input plane zero-padded, split by stride phase and
 flattened, so that each tap reads it at a constant offset (sums in float32, exact for the integers
 of any window up to 514 taps, else int32); depthwise ones on the smallest planes

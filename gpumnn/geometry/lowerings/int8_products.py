@@ -28,7 +28,9 @@ its ops that nothing reads any more are dropped at the end of lowering.
 Where the backend keeps 8-bit activations channels-last (``LoweringContext.int8_channels_last``,
 decided in ``gpumnn.scheduler.precision.int8_channels_last``), a depthwise convolution reads and
 writes NHWC tensors and a 1x1 convolution at stride 1 is the product of their rows
-(``_channels_last_kind``); the residual sums of two such tensors add them as they lie. Each writes
+(``_channels_last_kind``); the residual sums of two such tensors add them as they lie. A convolution
+over a few NCHW input channels (an image's first) whose output only such convolutions read writes it
+channels-last itself (``out_channels_last``); where an NCHW op reads it too, it writes NCHW. Each writes
 its NHWC tensor and a transposing Raster to the NCHW one the model names, which is dropped where
 nothing reads it (a global average pooling reads the NHWC tensor: its output is the same either way), and an NCHW input is transposed once (``channels_last_twins``): the conversions
 are left only at the boundaries to NCHW and float ops.

@@ -160,9 +160,32 @@ def lower_quantize_linear(ctx: LoweringContext, node: Node, opset: int) -> None:
     if precision not in (0, onnx.TensorProto.FLOAT):
         raise UnsupportedOpError(node.op_type, node.name, f"precision {onnx_dtype(precision).name}: gpumnn divides "
                                  "in float32 only")
-    if not (ctx.one_pass_quantize and _one_pass(ctx, node, declared, zero_point)):
+    if not (ctx.one_pass_quantize and _read_as_8bit(ctx, node) and _one_pass(ctx, node, declared, zero_point)):
         quantize(ctx, node, node.inputs[0], node.inputs[1], zero_point, node.outputs[0], held, qrange,
                  _axis(node), int(node.attr("block_size", 0)))
+
+
+#: the nodes whose QDQ patterns the static int8 lowering (``lowerings.int8_products``) may take
+#: on the 8-bit tensor a DequantizeLinear reads
+INT8_PATTERN_NODES = frozenset({"Conv", "Gemm", "MatMul", "Add", "MaxPool", "GlobalMaxPool", "GlobalAveragePool",
+                                "Flatten", "Reshape"})
+
+
+def _read_as_8bit(ctx: LoweringContext, node: Node) -> bool:
+    """Whether something may read QuantizeLinear ``node``'s output as the 8-bit tensor itself: the
+    graph, a node other than a DequantizeLinear, or a static int8 pattern after one. Where only
+    conversions back to float would read it, the lowering's five ops let it go unstored
+    (``round_trips``)."""
+    reads = ctx.graph_reads
+    output = node.outputs[0]
+    if reads is None or output in reads.outputs:
+        return True
+    for reader in reads.readers.get(output, []):
+        if reader.op_type != "DequantizeLinear":
+            return True
+        if ctx.int8_ops and any(r.op_type in INT8_PATTERN_NODES for r in reads.readers.get(reader.outputs[0], [])):
+            return True
+    return False
 
 
 def _scalar_const(ctx: LoweringContext, name: str) -> np.ndarray | None:
