@@ -310,8 +310,8 @@ def test_quantized_model_matches_onnxruntime_unfused(backend, quantized, name):
             assert not [op for op in program.ops if isinstance(op, (A.Conv2D, A.MatMul))]
         if name.startswith("QDQ"):  # 8-bit tensors only between int8 ops, the input's Quantize (the cpu's)
             # and the conversions of the rest
-            assert all(isinstance(op, (A.QuantizedConv2D, A.Quantize)) or isinstance(op, A.Unary) and op.op == "identity"
-                       for op in narrow), narrow[:3]
+            assert all(isinstance(op, (A.QuantizedConv2D, A.Quantize))
+                       or isinstance(op, A.Unary) and op.op == "identity" for op in narrow), narrow[:3]
     step = _output_step(model)
     if step is None:  # dynamic: float output of float32 rescaling
         np.testing.assert_allclose(got["y"], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())

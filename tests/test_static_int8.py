@@ -912,7 +912,8 @@ def test_stem_writes_channels_last_for_channels_last_readers(backend, reader):
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     names = [o.name for o in model.graph.output]
-    refs = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(names, {"x": x})
+    refs = ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"]).run(names, {"x": x})
     with gpumnn.load(model).session(backend=backend, fallback=False) as session:
         got = session.run({"x": x})
         ops = list(session.program.ops)
