@@ -91,7 +91,8 @@ def int8_channels_last(backend) -> bool:
     """Whether a statically quantized model's 8-bit activations stay channels-last (NHWC) between the
     int8 ops that take them, for ``backend``, the session's scheme backend: where it builds static int8
     ops and says it has the channels-last kernels (the cpu; the GPU backends keep NCHW). The one place
-    the layout is decided; the lowering (``lowerings.int8_products``) places the conversions."""
+    the layout is decided; the lowering (``lowerings.int8_products``) places the conversions, and an
+    image's first convolution writes channels-last activations itself where only such ops read them."""
     return lowers_static_int8(backend) and bool(getattr(backend, "int8_channels_last", False))
 
 
