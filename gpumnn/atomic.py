@@ -51,7 +51,7 @@ ITEMSIZE: dict[str, int] = {FLOAT32: 4, INT32: 4, FLOAT16: 2, INT8: 1, UINT8: 1}
 #: reduction ``none`` only): they move elements without arithmetic. The computing ops that read
 #: a narrow dtype are a ``prequantized`` QuantizedMatMul (uint8), QuantizedConv2D, QuantizedAdd and
 #: QuantizedGlobalAveragePool (uint8 and int8 in and out), each with its own arithmetic, and a max
-#: Pool2D on int8 or uint8 (it compares and copies elements)
+#: Pool2D on int8 or uint8 (it compares and copies elements); Quantize writes uint8 or int8 from float32
 NARROW_OPS: tuple[str, ...] = ("raster", "gather", "select", "scatter", "unary")
 #: the computing ops also defined on float16 storage (``precision="fp16"``,
 #: ``gpumnn.scheduler.precision``): every float operand and the result are float16, the arithmetic
@@ -442,7 +442,9 @@ class QuantizedConv2D(ConvGeometry):
     ``channels_last`` (a depthwise convolution only, on a backend whose ``int8_channels_last`` says
     it builds it): x is ``[N, H, W, C]`` and out ``[N, OH, OW, OC]``, each pixel's channels
     contiguous; the sums are the same. A 1x1 convolution on channels-last activations needs no flag:
-    it is the product of their rows (batch N*H*W, 1x1 planes).
+    it is the product of their rows (batch N*H*W, 1x1 planes). ``out_channels_last`` (a convolution
+    over NCHW x whose readers take channels-last activations: an image's first one, on the same
+    backends): x is ``[N, C, H, W]`` and out ``[N, OH, OW, OC]``.
     """
 
     kind: ClassVar[str] = "quantized_conv2d"
@@ -453,6 +455,7 @@ class QuantizedConv2D(ConvGeometry):
     lo: int = 0
     hi: int = 255
     channels_last: bool = False
+    out_channels_last: bool = False
 
     def output_dtype(self) -> str:
         return self.out_dtype
@@ -499,6 +502,24 @@ class QuantizedAdd(RequantizedOp):
     a_zero_point: int = 0
     b_scale: float = 1.0
     b_zero_point: int = 0
+    y_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class Quantize(RequantizedOp):
+    """ONNX's QuantizeLinear per tensor in one pass: ``count`` float32 elements of x (input 0) into
+    ``count`` elements of ``out_dtype`` (uint8 or int8)::
+
+        out = clip(rint(x / y_scale) + y_zero_point, lo, hi)
+
+    in float32 (the quotient correctly rounded, ``rint`` rounding half to even), the five ops the
+    lowering otherwise writes (div, round, add, clip, the conversion) with the same bits. ``y_scale``
+    is a positive, finite float32 value; ``[lo, hi]`` the output type's range. Lowering makes it only
+    where the session's scheme backend has a kernel for it (``gpumnn.scheduler.precision.one_pass_quantize``).
+    """
+
+    kind: ClassVar[str] = "quantize"
+    count: int = 1
     y_scale: float = 1.0
 
 
@@ -809,8 +830,8 @@ def recurrent_cell_violation(op: RecurrentCell) -> str | None:
 
 ALL_OPS: tuple[type[AtomicOp], ...] = (
     Raster, Unary, Binary, Reduce, MatMul, QuantizedMatMul, Conv2D, QuantizedConv2D, QuantizedAdd,
-    QuantizedGlobalAveragePool, ConvTranspose2D, Pool2D, Softmax, Normalize, Resize, Gather, Select, CumSum, TopK,
-    Scatter, RecurrentCell,
+    QuantizedGlobalAveragePool, Quantize, ConvTranspose2D, Pool2D, Softmax, Normalize, Resize, Gather, Select, CumSum,
+    TopK, Scatter, RecurrentCell,
 )
 
 

@@ -470,6 +470,20 @@ def _quantized_global_average_pool(rng, *, batch, channels, hw, dtype, out_dtype
     return Case(op, {"x": rng.integers(info.min, info.max + 1, shape).astype(dtype)}, {"y": (batch, channels, 1, 1)})
 
 
+def _quantize(rng, *, count, out_dtype, zero_point) -> Case:
+    """A QuantizeLinear per tensor of float32 values in one pass: values across and past the type's range,
+    and exact halves of a step (ties to even)."""
+    info = np.iinfo(out_dtype)
+    scale = np.float32(0.0173)
+    x = (rng.standard_normal(count) * 150 * scale).astype(np.float32)
+    x[::5] = ((rng.integers(-300, 300, x[::5].shape) + np.float32(0.5)) * scale).astype(np.float32)
+    op = A.Quantize(("x",), ("y",), "quantize", count=count, y_scale=float(scale), y_zero_point=int(zero_point),
+                    out_dtype=out_dtype, lo=int(info.min), hi=int(info.max))
+    return Case(op, {"x": x}, {"y": (count,)})
+
+
+CASES["quantize-int8"] = lambda rng: _quantize(rng, count=1001, out_dtype="int8", zero_point=-3)
+CASES["quantize-uint8-odd"] = lambda rng: _quantize(rng, count=77, out_dtype="uint8", zero_point=131)
 CASES["quantized_global_average_pool-int8"] = lambda rng: _quantized_global_average_pool(
     rng, batch=2, channels=7, hw=(5, 9), dtype=np.int8, out_dtype="int8")
 CASES["quantized_global_average_pool-channels_last-uint8-relu"] = lambda rng: _quantized_global_average_pool(
@@ -905,6 +919,8 @@ _INT_AND_NEW = {name for name in CASES if any(name.startswith(p) for p in (
 #: per backend family (one line each: the OpenCL and GLSL kernels are written separately); the GPU
 #: APIs pool a QDQ model's GlobalAveragePool in float (``precision.int8_global_average_pool``)
 _FLOAT_ON_GPUS = {name for name in CASES if name.startswith("quantized_global_average_pool-")}
+#: and quantize in the five ops (``precision.one_pass_quantize``)
+_FLOAT_ON_GPUS |= {name for name in CASES if name.startswith("quantize-")}
 AWAITING_OPENCL: set[str] = set(_FLOAT_ON_GPUS)
 
 AWAITING_GLSL: set[str] = set(_FLOAT_ON_GPUS)  # vulkan and gl

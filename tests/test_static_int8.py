@@ -45,6 +45,17 @@ GEOMETRIES = [
     ("depthwise small plane int32 sums", 3, (6, 7), 3, 23, 1, 11, 1, 3, 1),
     ("depthwise dilated", 12, (10, 11), 12, 3, 1, 2, 2, 12, 1),  # the flat kernel's, as "depthwise" and "5x5"
     ("rows of a product", 70, (1, 1), 37, 1, 1, 0, 1, 1, 5),
+    ("3x3 few channels dilated", 3, (13, 12), 8, 3, 1, 2, 2, 1, 1),  # the direct kernel's (the stem's undilated)
+]
+
+# the stem kernel's (``int8_conv.runs_stem``): windows of one and two words a row, stride 1 to 3, more
+# output channels than a panel, output rows past a whole number of bands, a batch, one channel
+STEMS = [
+    ("stem 3x3 stride 2", 3, (19, 18), 20, 3, 2, 1, 1, 1, 1),
+    ("stem 3x3 stride 1, two panels", 3, (9, 11), 40, 3, 1, 1, 1, 1, 2),
+    ("stem 7x7 stride 2", 3, (20, 21), 16, 7, 2, 3, 1, 1, 1),
+    ("stem 5x5 stride 3, grey", 1, (17, 16), 8, 5, 3, 2, 1, 1, 1),
+    ("stem 2x2 stride 2, no padding", 4, (10, 14), 32, 2, 2, 0, 1, 1, 1),
 ]
 
 
@@ -204,6 +215,62 @@ def test_depthwise_kernels_by_geometry(compiled_cpu):
             assert kind in exe.scheme, (geometry[0], exe.scheme)
 
 
+def _run_stem(backend: CpuBackend, op, x, w, bias, multiplier) -> np.ndarray:
+    """``op`` as an ``out_channels_last`` one (x NCHW, out NHWC); its output back as NCHW."""
+    op = dataclasses.replace(op, out_channels_last=True)
+    out = np.zeros((op.batch,) + op.out_hw + (op.out_channels,), op.out_dtype)
+    exe = backend.create_execution(op, [_handle(x), _handle(w), _handle(bias), _handle(multiplier)],
+                                   [TensorHandle(out.reshape(-1), 0, out.shape, op.out_dtype)])
+    assert "stem nhwc" in exe.scheme or not backend.jit, exe.scheme
+    for work in exe.work:
+        work()
+    return out.transpose(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("path", ["vnni512", "avx512bw", "avx2", "portable"])
+@pytest.mark.parametrize("geometry", STEMS, ids=[g[0] for g in STEMS])
+def test_stem_kernel_is_the_contract_exactly(geometry, path):
+    """A convolution over a few input channels on the stem kernel (packed rows of the tile's words),
+    writing NCHW planes or, ``out_channels_last``, NHWC rows, on each tile path this host runs, gives
+    the reference's bits (and so does the NumPy backend for the NHWC output)."""
+    from gpumnn.backends.cpu import int8 as cpu_int8
+
+    if path not in cpu_int8.host_paths():
+        pytest.skip(f"this host runs {', '.join(cpu_int8.host_paths())}")
+    previous = cpu_int8.use_path(path)
+    try:
+        backend = CpuBackend(threads=2)
+        for seed, types in enumerate([("int8", "int8"), ("uint8", "uint8"), ("uint8", "int8")]):
+            op, x, w, bias, multiplier, _ = _case(geometry, *types, seed=seed)
+            assert int8_conv.runs_stem(op)
+            reference = int8_conv.quantized_conv_reference(op, x, w, bias, multiplier)
+            out = np.zeros((op.batch, op.out_channels) + op.out_hw, op.out_dtype)
+            exe = backend.create_execution(op, [_handle(x), _handle(w), _handle(bias), _handle(multiplier)],
+                                           [TensorHandle(out.reshape(-1), 0, out.shape, op.out_dtype)])
+            assert "stem" in exe.scheme and "nhwc" not in exe.scheme, exe.scheme
+            for work in exe.work:
+                work()
+            np.testing.assert_array_equal(out, reference)
+            np.testing.assert_array_equal(_run_stem(backend, op, x, w, bias, multiplier), reference)
+            if seed == 0 and path == "portable":
+                np.testing.assert_array_equal(_run_stem(CpuBackend(threads=1, jit=False), op, x, w, bias, multiplier),
+                                              reference)
+    finally:
+        cpu_int8.use_path(previous)
+
+
+def test_convolutions_over_few_channels_by_geometry():
+    """Undilated windows over few input channels take the stem kernel up to STEM_DEPTH elements a packed
+    row; dilated ones the direct kernel, deeper ones im2col."""
+    kinds = {"3x3 few channels stride 2": "stem", "7x7 few channels": "stem", "3x3 few channels dilated": "direct"}
+    for geometry in (g for g in GEOMETRIES if g[0] in kinds):
+        op, *_ = _case(geometry, "int8", "int8")
+        assert int8_conv.runs_stem(op) == (kinds[geometry[0]] == "stem"), geometry[0]
+        assert int8_conv.runs_direct(op) or kinds[geometry[0]] == "stem", geometry[0]
+    op, *_ = _case(("deep", 6, (12, 12), 8, 7, 1, 3, 1, 1, 1), "int8", "int8")  # 6 * 7 * 8 = 336 elements a row
+    assert not int8_conv.runs_stem(op)
+
+
 # -- QDQ zoo models ------------------------------------------------------------------------------------
 
 SIZE = 64  # the zoo models at 64 x 64: every layer, a quarter of the pixels of 224 x 224 and less
@@ -298,8 +365,12 @@ def test_qdq_zoo_model_runs_int8_on_every_backend(backend, qdq_models, name):
     average_pools = [op for op in program.ops if isinstance(op, A.QuantizedGlobalAveragePool)]
     global_averages = sum(n.op_type == "GlobalAveragePool" for n in model.graph.node)
     assert len(average_pools) == (global_averages if backend == "cpu" else 0)
-    if backend == "cpu" and name == "mobilenet_v2":  # transposed only after the stem
-        assert len([op for op in program.ops if isinstance(op, A.Raster) and op.dtype == A.INT8]) == 1
+    # the stem writes channels-last activations where its readers take them (MobileNet-v2's depthwise
+    # convolution on the cpu), NCHW where an NCHW op reads them (ResNet-18's max pooling) and on the GPU APIs
+    stems = [op for op in int8_ops if op.out_channels_last]
+    assert [op.source for op in stems] == (["features.0.conv"] if backend == "cpu" and name == "mobilenet_v2" else [])
+    if backend == "cpu" and name == "mobilenet_v2":  # no 8-bit transpose left
+        assert not [op for op in program.ops if isinstance(op, A.Raster) and op.dtype == A.INT8]
         assert [op.channels_last for op in average_pools] == [True]
     # the classifier's input (DequantizeLinear -> Flatten -> QuantizeLinear of one scale) is a view of
     # the 8-bit tensor: nothing left of its DequantizeLinear or QuantizeLinear
@@ -704,3 +775,153 @@ def test_compiled_global_average_pool_is_the_contract(shape, channels_last, dtyp
     expected = np.clip(np.rint(exact) + y_zero, info.min, info.max)
     assert np.abs(reference.reshape(n, c).astype(np.int32) - expected).max() <= 1
     assert np.mean(reference.reshape(n, c) == expected) > 0.99
+
+
+# -- QuantizeLinear of float32 values in one pass --------------------------------------------------------
+
+def _quantize_model(qtype: int, shape, zero_point: int | None, scale: float = 0.0173) -> onnx.ModelProto:
+    """One QuantizeLinear (per tensor) of a float input, its 8-bit output the graph's."""
+    from onnx import TensorProto, helper
+
+    inits = [onnx.numpy_helper.from_array(np.array(scale, np.float32), "s")]
+    inputs = ["x", "s"]
+    if zero_point is not None:
+        inits.append(onnx.numpy_helper.from_array(np.array(zero_point, onnx.helper.tensor_dtype_to_np_dtype(qtype)),
+                                                  "z"))
+        inputs.append("z")
+    attrs = {} if zero_point is not None else {"output_dtype": qtype}
+    graph = helper.make_graph([helper.make_node("QuantizeLinear", inputs, ["y"], name="q", **attrs)], "quantize",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", qtype, shape)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def _quantize_feed(shape, scale: float) -> np.ndarray:
+    """Values across and past the 8-bit range, and exact halves of a step (ties round to even)."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(shape) * 150 * scale).astype(np.float32).reshape(-1)
+    x[::7] = ((rng.integers(-300, 300, x[::7].shape) + np.float32(0.5)) * np.float32(scale)).astype(np.float32)
+    x[1::97] = 1e30
+    x[2::97] = -1e30
+    return x.reshape(shape)
+
+
+@pytest.mark.parametrize("zero_point", [None, "given"])
+@pytest.mark.parametrize("qtype", [onnx.TensorProto.INT8, onnx.TensorProto.UINT8], ids=["int8", "uint8"])
+@pytest.mark.parametrize("shape", [(1, 3, 130, 131), (5, 7, 3)], ids=["image", "odd"])
+def test_quantize_linear_is_onnx_runtimes(backend, qtype, zero_point, shape):
+    """A QuantizeLinear per tensor of float32 values gives ONNX Runtime's QuantizeLinear's bits on every
+    backend (ties to even, saturation): one Quantize op where the backend has its kernel
+    (``precision.one_pass_quantize``: the cpu, the image's size cut into spans on its threads), else the
+    five float ops and the conversion."""
+    ort = pytest.importorskip("onnxruntime")
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(qtype)
+    zp = None if zero_point is None else int(np.iinfo(dtype).min + 77)
+    model = _quantize_model(qtype, shape, zp)
+    x = _quantize_feed(shape, 0.0173)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(["y"], {"x": x})[0]
+    with gpumnn.load(model).session(backend=backend, fallback=False) as session:
+        got = session.run({"x": x})["y"]
+        ops = list(session.program.ops)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, ref)
+    if backend == "cpu":
+        assert [type(op) for op in ops] == [A.Quantize], ops
+    else:
+        assert not [op for op in ops if isinstance(op, A.Quantize)]
+        assert "div" in [op.op for op in ops if isinstance(op, A.Binary)]
+
+
+@pytest.mark.parametrize("qtype", [onnx.TensorProto.INT8, onnx.TensorProto.UINT8], ids=["int8", "uint8"])
+def test_compiled_quantize_is_numpys(qtype):
+    """The compiled pass and the NumPy passes (``jit=False``) give the same bits."""
+    from gpumnn.backends.cpu.int8_elementwise import quantize_reference
+
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(qtype))
+    lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
+    x = _quantize_feed((70001,), 0.031)
+    op = A.Quantize(("x",), ("y",), "q", count=x.size, y_scale=0.031, y_zero_point=int(lo + 9), out_dtype=dtype.name,
+                    lo=int(lo), hi=int(hi))
+    expected = quantize_reference(op, x)
+    for backend in (CpuBackend(threads=2), CpuBackend(threads=1, jit=False)):
+        out = np.zeros(x.size, dtype)
+        exe = backend.create_execution(op, [_handle(x)], [TensorHandle(out, 0, out.shape, dtype.name)])
+        for work in exe.work:
+            work()
+        np.testing.assert_array_equal(out, expected)
+
+
+# -- the stem's layout ------------------------------------------------------------------------------------
+
+def _stem_model(reader: str) -> onnx.ModelProto:
+    """x quantized (int8), a 3x3 stride-2 QDQ convolution of its 3 channels to 16 with a Relu, quantized,
+    then read (dequantized) by ``reader``: "depthwise" (a QDQ 3x3 depthwise convolution), "pointwise"
+    (a QDQ 1x1), "max pool" (a QDQ MaxPool), or "depthwise and max pool" (both)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(4)
+    inits, nodes = [], []
+
+    def const(name, value):
+        inits.append(onnx.numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def qdq(tensor, scale, zero, name):
+        s, z = const(f"{name}_s", np.float32(scale)), const(f"{name}_z", np.int8(zero))
+        nodes.append(helper.make_node("QuantizeLinear", [tensor, s, z], [f"{name}_q"], name=f"{name}_Q"))
+        nodes.append(helper.make_node("DequantizeLinear", [f"{name}_q", s, z], [f"{name}_dq"], name=f"{name}_DQ"))
+        return f"{name}_dq"
+
+    def conv(x, name, oc, c, k, stride, groups, x_scale):
+        w = rng.integers(-127, 128, (oc, c // groups, k, k)).astype(np.int8)
+        w_scale = rng.uniform(0.002, 0.01, oc).astype(np.float32)
+        nodes.append(helper.make_node("DequantizeLinear", [const(f"{name}_w", w), const(f"{name}_ws", w_scale),
+                                                           const(f"{name}_wz", np.zeros(oc, np.int8))],
+                                      [f"{name}_wf"], axis=0))
+        bias = (rng.integers(-500, 500, oc) * x_scale * w_scale).astype(np.float32)
+        nodes.append(helper.make_node("Conv", [x, f"{name}_wf", const(f"{name}_b", bias)], [f"{name}_y"], name=name,
+                                      strides=[stride, stride], pads=[k // 2] * 4, group=groups))
+        return f"{name}_y"
+
+    x = qdq("x", 0.031, 3, "input")
+    stem = conv(x, "stem", 16, 3, 3, 2, 1, 0.031)
+    nodes.append(helper.make_node("Relu", [stem], ["stem_relu"], name="stem_relu"))
+    y = qdq("stem_relu", 0.047, -128, "stem_out")
+    outputs = []
+    if "depthwise" in reader or reader == "pointwise":
+        k, groups = (3, 16) if "depthwise" in reader else (1, 1)
+        outputs.append(qdq(conv(y, "second", 16, 16, k, 1, groups, 0.047), 0.06, 5, "second_out"))
+    if "max pool" in reader:
+        nodes.append(helper.make_node("MaxPool", [y], ["pooled"], name="pool", kernel_shape=[3, 3], strides=[2, 2],
+                                      pads=[1, 1, 1, 1]))
+        outputs.append(qdq("pooled", 0.047, -128, "pool_out"))
+    graph = helper.make_graph(nodes, "stem", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 3, 33, 30))],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+@pytest.mark.parametrize("reader", ["depthwise", "pointwise", "max pool", "depthwise and max pool"])
+def test_stem_writes_channels_last_for_channels_last_readers(backend, reader):
+    """On the cpu, a QDQ convolution over 3 input channels whose output only channels-last int8 convolutions
+    read (depthwise, 1x1) writes it channels-last (``out_channels_last``), so that no 8-bit transpose is
+    left; where an NCHW op reads it too (max pooling), and on the GPU APIs, it writes NCHW planes. Every
+    output within one step of ONNX Runtime's unfused path."""
+    ort = pytest.importorskip("onnxruntime")
+    model = _stem_model(reader)
+    x = np.random.default_rng(2).standard_normal((1, 3, 33, 30)).astype(np.float32)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    names = [o.name for o in model.graph.output]
+    refs = ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"]).run(names, {"x": x})
+    with gpumnn.load(model).session(backend=backend, fallback=False) as session:
+        got = session.run({"x": x})
+        ops = list(session.program.ops)
+    stems = [op for op in ops if isinstance(op, A.QuantizedConv2D) and op.source == "stem"]
+    assert len(stems) == 1
+    channels_last = backend == "cpu" and "max pool" not in reader
+    assert stems[0].out_channels_last == channels_last
+    transposes = [op for op in ops if isinstance(op, A.Raster) and op.dtype == A.INT8 and op.source == "stem"]
+    assert not transposes  # NCHW planes read as they are, or NHWC ones by channels-last readers
+    for name, ref, scale in zip(names, refs, [0.06 if n.startswith("second") else 0.047 for n in names]):
+        assert np.abs(got[name] - ref).max() <= scale * 1.001, name

@@ -255,6 +255,10 @@ def contract_violation(op: AtomicOp) -> str | None:
         if op.dtype not in (A.UINT8, A.INT8) or op.out_dtype not in (A.UINT8, A.INT8):
             return f"{type(op).__name__} reads and writes uint8 or int8, not {op.dtype} -> {op.out_dtype}"
         narrow = set()
+    if isinstance(op, A.Quantize):
+        if op.dtype != A.FLOAT32 or op.out_dtype not in (A.UINT8, A.INT8):
+            return f"Quantize reads float32 and writes uint8 or int8, not {op.dtype} -> {op.out_dtype}"
+        narrow = set()
     if isinstance(op, A.Pool2D) and op.op == "max" and op.dtype in (A.UINT8, A.INT8):
         narrow = set()  # it compares and copies elements (see A.Pool2D)
     if narrow and (op.kind not in A.NARROW_OPS or isinstance(op, A.Unary) and op.op != "identity"
@@ -311,7 +315,8 @@ class Backend(ABC):
     #: the integer dot-product instruction the int8 implicit GEMM builds with ("": plain int32)
     int8_dot: str = ""
     #: whether static int8 activations stay channels-last (NHWC) between the int8 ops that take them:
-    #: the backend builds the ``channels_last`` depthwise QuantizedConv2D (read by the lowering,
+    #: the backend builds the ``channels_last`` depthwise QuantizedConv2D and the ``out_channels_last``
+    #: one over a few NCHW channels (read by the lowering,
     #: ``gpumnn.scheduler.precision.int8_channels_last``)
     int8_channels_last: ClassVar[bool] = False
     #: whether the QuantizedMatMul kernel takes int4 weights in blocks (``precision="int4"``)
@@ -393,7 +398,8 @@ class Backend(ABC):
         for dtype in {op.dtype, op.output_dtype()} - {A.FLOAT32}:
             if dtype not in self.dtypes.get(type(op), ()):
                 return f"the {self.name} backend has no {dtype} kernel for atomic op {type(op).__name__}"
-        if getattr(op, "channels_last", False) and not self.int8_channels_last:
+        channels_last = getattr(op, "channels_last", False) or getattr(op, "out_channels_last", False)
+        if channels_last and not self.int8_channels_last:
             return f"the {self.name} backend has no channels-last kernel for atomic op {type(op).__name__}"
         if getattr(op, "block", 0) and not self.int4_weights:
             return f"the {self.name} backend has no int4 kernel for atomic op {type(op).__name__}"

@@ -27,13 +27,15 @@ __all__ = ["lower", "lower_into", "supported_ops", "LoweringContext", "Value"]
 
 def lower(graph: Graph, input_shapes: Mapping[str, Sequence[int]],
           values: Mapping[str, np.ndarray] | None = None, int8_ops: bool = False,
-          int8_channels_last: bool = False, int8_average_pool: bool = False) -> A.AtomicProgram:
+          int8_channels_last: bool = False, int8_average_pool: bool = False,
+          one_pass_quantize: bool = False) -> A.AtomicProgram:
     """Shape inference + lowering + Raster fusion for one set of concrete input shapes.
 
     ``values``: graph inputs known now (those that decide shapes); they become constants.
     ``int8_ops``: QDQ convolutions and products become QuantizedConv2D (``lowerings.int8_products``);
     ``int8_channels_last``: their 8-bit activations stay channels-last between them;
-    ``int8_average_pool``: QDQ global average pooling becomes QuantizedGlobalAveragePool."""
+    ``int8_average_pool``: QDQ global average pooling becomes QuantizedGlobalAveragePool;
+    ``one_pass_quantize``: a QuantizeLinear of float32 values per tensor to 8 bits becomes one Quantize."""
     if values:
         dtypes = {v.name: v.dtype for v in graph.inputs}
         graph = graph.copy()
@@ -43,6 +45,7 @@ def lower(graph: Graph, input_shapes: Mapping[str, Sequence[int]],
     ctx.int8_ops = int8_ops
     ctx.int8_channels_last = int8_channels_last
     ctx.int8_average_pool = int8_average_pool
+    ctx.one_pass_quantize = one_pass_quantize
     for name, array in graph.initializers.items():
         ctx.set_const(name, array)
     for info in graph.inputs:

@@ -107,6 +107,9 @@ class LoweringContext:
         #: whether a QDQ GlobalAveragePool becomes a QuantizedGlobalAveragePool on the 8-bit tensor
         #: (``gpumnn.scheduler.precision.int8_global_average_pool``)
         self.int8_average_pool = False
+        #: whether a QuantizeLinear of float32 values per tensor to 8 bits is one Quantize op
+        #: (``gpumnn.scheduler.precision.one_pass_quantize``)
+        self.one_pass_quantize = False
         #: an 8-bit NCHW tensor -> the channels-last tensor holding the same values, where an int8 op wrote one
         self.channels_last_twins: dict[str, str] = {}
         #: whether some were: ops that nothing reads any more are then dropped at the end of lowering

@@ -22,7 +22,7 @@ from ..backends.base import Backend, Execution, TensorHandle
 from ..geometry import lower
 from ..scheduler.expansion import expand_schemes
 from ..scheduler.precision import (apply_precision, apply_storage_precision, int8_channels_last,
-                                   int8_global_average_pool, lowers_static_int8)
+                                   int8_global_average_pool, lowers_static_int8, one_pass_quantize)
 from ..input_shapes import shape_key
 from ..ir import Graph, ValueInfo
 from .run_states import RunStatePool
@@ -101,7 +101,8 @@ class ShapeSet:
         lowered = apply_precision(lower(parts.graph, self.input_shapes, self.values,
                                         int8_ops=lowers_static_int8(scheme_backend),
                                         int8_channels_last=int8_channels_last(scheme_backend),
-                                        int8_average_pool=int8_global_average_pool(scheme_backend)),
+                                        int8_average_pool=int8_global_average_pool(scheme_backend),
+                                        one_pass_quantize=one_pass_quantize(scheme_backend)),
                                   parts.precision)
         program = expand_schemes(select_schemes(lowered, scheme_backend), scheme_backend)
         #: what the session's precision did to the program (report lines; none for fp32 and int8)

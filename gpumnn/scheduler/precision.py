@@ -91,7 +91,8 @@ def int8_channels_last(backend) -> bool:
     """Whether a statically quantized model's 8-bit activations stay channels-last (NHWC) between the
     int8 ops that take them, for ``backend``, the session's scheme backend: where it builds static int8
     ops and says it has the channels-last kernels (the cpu; the GPU backends keep NCHW). The one place
-    the layout is decided; the lowering (``lowerings.int8_products``) places the conversions."""
+    the layout is decided; the lowering (``lowerings.int8_products``) places the conversions, and an
+    image's first convolution writes channels-last activations itself where only such ops read them."""
     return lowers_static_int8(backend) and bool(getattr(backend, "int8_channels_last", False))
 
 
@@ -102,6 +103,14 @@ def int8_global_average_pool(backend) -> bool:
     and gl have none and pool in float between the DequantizeLinear and QuantizeLinear). The one place
     this is decided."""
     return lowers_static_int8(backend) and A.QuantizedGlobalAveragePool in getattr(backend, "kernel_table", {})
+
+
+def one_pass_quantize(backend) -> bool:
+    """Whether a QuantizeLinear per tensor of float32 values to int8 or uint8 becomes one ``Quantize``
+    op for ``backend``, the session's scheme backend: where it has a kernel for that op (the cpu's
+    compiled pass); elsewhere it is the five ops (div, round, add, clip, the conversion) every backend
+    runs. The one place this is decided."""
+    return A.Quantize in getattr(backend, "kernel_table", {})
 
 
 def check_precision(precision: str) -> str:

@@ -320,6 +320,10 @@ def _make_quantized_global_average_pool(op: A.QuantizedGlobalAveragePool, ins, o
     return cpu_int8_elementwise.make_quantized_global_average_pool(op, ins, outs, engine)
 
 
+def _make_quantize(op: A.Quantize, ins, outs, pool: Workers, engine: Engine):
+    return cpu_int8_elementwise.make_quantize(op, ins, outs, pool, engine)
+
+
 def _gemm_blocks(batch: int, m: int, n: int, threads: int, align_m: int = 1) -> list[tuple[int | slice, int, int, int, int]]:
     """(batch index, m0, m1, n0, n1) blocks of a batched [m, k] x [k, n] product for ``threads``
     (``Engine.gemm``): whole products while there are enough of them, else the longer side of each
@@ -754,7 +758,7 @@ _ANY_INT = frozenset({A.INT32})
 #: makers with a compiled or region kernel for some of their ops: they ask the backend's ``Engine`` which
 _ENGINE_AWARE = frozenset({_make_raster, _make_unary, _make_conv2d, _make_pool2d, _make_matmul, _make_quantized_matmul,
                            _make_quantized_conv2d, _make_quantized_add, _make_quantized_global_average_pool,
-                           _make_binary,
+                           _make_quantize, _make_binary,
                            _make_softmax, _make_normalize, _make_recurrent_cell, _make_gather})
 #: makers whose kernels take their scratch from the run state's arena (``cpu_arena``)
 _TAKES_ARENA = frozenset({_make_conv2d})
@@ -764,6 +768,7 @@ _MAKERS = {
     A.Raster: _make_raster, A.Unary: _make_unary, A.Binary: _make_binary, A.Reduce: _make_reduce,
     A.MatMul: _make_matmul, A.QuantizedMatMul: _make_quantized_matmul, A.QuantizedConv2D: _make_quantized_conv2d,
     A.QuantizedAdd: _make_quantized_add, A.QuantizedGlobalAveragePool: _make_quantized_global_average_pool,
+    A.Quantize: _make_quantize,
     A.Conv2D: _make_conv2d, A.ConvTranspose2D: _make_conv_transpose2d,
     A.Pool2D: _make_pool2d, A.Softmax: _make_softmax, A.Normalize: _make_normalize,
     A.Resize: _make_resize, A.Gather: _make_gather, A.Select: _make_select, A.CumSum: _make_cumsum,
@@ -791,13 +796,14 @@ class CpuBackend(Backend):
     #: NumPy computes every integer op; float-only kernels (convolution, pooling, ...) stay float32;
     #: the element-moving ops and the Unary conversion also take the narrow dtypes; a prequantized
     #: QuantizedMatMul reads uint8, QuantizedConv2D, QuantizedAdd and QuantizedGlobalAveragePool uint8
-    #: and int8, and max pooling compares int8 and uint8 elements too
+    #: and int8, Quantize writes them, and max pooling compares int8 and uint8 elements too
     dtypes = {**{op: _ANY_INT for op in (A.Raster, A.Unary, A.Binary, A.Reduce, A.MatMul, A.Gather, A.Select,
                                          A.CumSum, A.TopK, A.Scatter, A.Pool2D)},
               **{op: _ANY_INT | A.NARROW_DTYPES for op in (A.Raster, A.Unary, A.Gather, A.Select, A.Scatter)},
               A.QuantizedMatMul: frozenset({A.UINT8}), A.QuantizedConv2D: frozenset({A.UINT8, A.INT8}),
               A.QuantizedAdd: frozenset({A.UINT8, A.INT8}),
-              A.QuantizedGlobalAveragePool: frozenset({A.UINT8, A.INT8}), A.Pool2D: _ANY_INT | {A.UINT8, A.INT8}}
+              A.QuantizedGlobalAveragePool: frozenset({A.UINT8, A.INT8}), A.Quantize: frozenset({A.UINT8, A.INT8}),
+              A.Pool2D: _ANY_INT | {A.UINT8, A.INT8}}
     winograd_min_tiles, winograd_min_channels, winograd_min_saving = engines.WINOGRAD_PAYS["threads"]
     winograd_per_image = True  # both Winograd kernels go image by image: a batch has no more tiles per product
 

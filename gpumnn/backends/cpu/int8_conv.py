@@ -11,7 +11,11 @@ turned round, the weight's rows broadcast and NR pixels of each NCHW plane the v
 that a tile's result is stored as NCHW holds it (``_conv_pixels``), where the output has at least
 as many channels as the input or the planes are large; a product's rows (1x1 planes: a Gemm, or a
 1x1 convolution on channels-last activations) each requantized straight into its row (``_conv_rows``); others
-go the im2col way. ``depthwise``, and small windows over a few input channels (``runs_direct``):
+go the im2col way. Undilated windows over a few input channels (an image's first convolution,
+``runs_stem``) run on the tile too, their rows packed from words made once per input row
+(``_conv_stem``: each window row's columns padded to whole words of the tile, so that a pixel's
+row is a few word copies, not a byte per tap); it writes NCHW planes or, ``out_channels_last``,
+NHWC rows for channels-last readers. ``depthwise``, and dilated windows over a few input channels (``runs_direct``):
 the direct kernel, vector loops over each input plane zero-padded, split by stride phase and
 flattened, so that each tap reads it at a constant offset (sums in float32, exact for the integers
 of any window up to 514 taps, else int32); depthwise ones on the smallest planes
@@ -400,6 +404,124 @@ def _conv_direct(x, taps, bias, multiplier, out, geometry, groups, flip, x_zero,
                     row, sums = out[n, oc, oh * ow_:(oh + 1) * ow_], acc[oh * columns:oh * columns + ow_]
                     for ow in range(ow_):
                         row[ow] = _requantized(np.int32(sums[ow]) + start, m, y_zero, lo, hi)
+
+
+#: the output rows one task of the stem kernel (``_conv_stem``) packs and multiplies
+STEM_BAND = 4
+#: the most steps of K (elements of a packed row) the stem kernel takes for an NCHW output (a 7x7
+#: window on 3 channels is 168): deeper windows go the im2col way
+STEM_DEPTH = 256
+
+
+def stem_width(op: A.QuantizedConv2D) -> int:
+    """The columns of each (channel, window row) that ``_conv_stem`` packs: the window's width padded
+    to whole words of the tile (the taps past it weigh 0)."""
+    return -(-op.kernel[1] // cpu_int8.STEP) * cpu_int8.STEP
+
+
+def runs_stem(op: A.QuantizedConv2D) -> bool:
+    """Whether ``_conv_stem`` computes ``op`` with an NCHW output: a window wider than 1x1, undilated,
+    over a few input channels (an image's first convolution: RGB or grey in) whose packed rows, each
+    window row's columns padded to whole words, are at most STEM_DEPTH elements. An
+    ``out_channels_last`` op (NHWC output; undilated, one group) always takes it."""
+    return (op.groups == 1 and op.in_channels < FEW_CHANNELS and op.kernel != (1, 1) and op.dilations == (1, 1)
+            and op.in_channels * op.kernel[0] * stem_width(op) <= STEM_DEPTH)
+
+
+def stem_panels(op: A.QuantizedConv2D, weight: np.ndarray, pairs: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``weight`` [OC, C, KH, KW] as ``_conv_stem``'s panels, K in (c, kh, kw) order with each window
+    row padded with zero weights to ``stem_width`` columns (``int8.pack_weight``), and its column sums."""
+    padded = np.zeros((op.out_channels, op.in_channels, op.kernel[0], stem_width(op)), np.int8)
+    padded[..., :op.kernel[1]] = weight
+    panels, colsum = cpu_int8.pack_weight(np.ascontiguousarray(padded.reshape(op.out_channels, -1).T), pairs)
+    return panels, colsum
+
+
+def _conv_stem(x, padded, words, packed, panels, shifts, scales, out, geometry, flip, x_zero, y_zero, lo, hi):
+    """QuantizedConv2D over a few input channels (``runs_stem``) on the tile: x uint8 [N, C, H, W],
+    out uint8 [N, OC, OH*OW] or, where ``geometry``'s last flag says channels-last, [N, OH*OW, OC].
+    A parallel task takes a band of STEM_BAND output rows of one image: it copies the input rows they
+    read into ``padded`` ([C, rows, columns] of the tile's type, a copy per task; the borders hold x's
+    zero point), makes ``words`` of them (uint32 [C, rows, columns]: at column q, the tile's word of
+    the elements from q on), so that packing each output pixel's row of ``packed`` (the tile's words
+    [band pixels padded to MR, K / 4]: per (channel, window row) ``stem_width`` consecutive columns)
+    is a strided copy of words, and runs MR rows at a time by every panel, requantizing each tile
+    into out's rows (NHWC) or planes (NCHW). ``shifts`` and ``scales`` are per column of the panels
+    (``epilogue_columns``)."""
+    kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_, channels_last = geometry
+    images, channels, height, width = x.shape
+    out_channels = out.shape[2] if channels_last else out.shape[1]
+    columns = padded.shape[2]
+    per_word = 4 // padded.itemsize  # elements of the tile's type one word holds
+    row_words = packed.shape[1] // (channels * kh_)  # words of one (channel, window row)
+    zero = x_zero + flip  # the zero point as the byte the tile reads
+    panel_count = panels.shape[0]
+    bands = -(-oh_ // STEM_BAND)
+    for task in numba.prange(images * bands):
+        n, band = task // bands, task % bands
+        oh0 = band * STEM_BAND
+        oh1 = min(oh_, oh0 + STEM_BAND)
+        rows_used = (oh1 - oh0 - 1) * sh + kh_
+        local = np.empty_like(padded)  # every row a band reads is written whole
+        local_words = np.empty_like(words)  # the last columns' words, past any window, are never read
+        rows = np.empty_like(packed)  # the rows past the band's pixels are summed and never stored
+        for c in range(channels):
+            for r in range(rows_used):
+                ih = oh0 * sh - ph + r
+                line = local[c, r]
+                if ih < 0 or ih >= height:
+                    for i in range(columns):
+                        line[i] = zero
+                else:
+                    for i in range(pw):
+                        line[i] = zero
+                    source, inside = x[n, c, ih], line[pw:pw + width]
+                    for i in range(width):
+                        inside[i] = source[i] ^ flip
+                    for i in range(pw + width, columns):
+                        line[i] = zero
+                word_line = local_words[c, r]
+                if per_word == 4:
+                    for i in range(columns - 3):
+                        word_line[i] = (np.uint32(line[i]) | (np.uint32(line[i + 1]) << 8)
+                                        | (np.uint32(line[i + 2]) << 16) | (np.uint32(line[i + 3]) << 24))
+                else:
+                    for i in range(columns - 1):
+                        word_line[i] = np.uint32(line[i]) | (np.uint32(line[i + 1]) << 16)
+        pixels = (oh1 - oh0) * ow_
+        for c in range(channels):
+            for kh in range(kh_):
+                for j in range(row_words):
+                    at = (c * kh_ + kh) * row_words + j
+                    for oh in range(oh1 - oh0):
+                        source = local_words[c, oh * sh + kh, j * per_word:]
+                        target = rows[oh * ow_:(oh + 1) * ow_, at]
+                        for ow in range(ow_):
+                            target[ow] = source[ow * sw]
+        first = oh0 * ow_
+        acc = np.empty(MR * NR, np.int32)
+        # NCHW: the band's pixels requantized pixel-major here, then each channel's run of its plane
+        done = np.empty((0 if channels_last else rows.shape[0], out_channels), np.uint8)
+        for row0 in range(0, pixels, MR):
+            count = min(MR, pixels - row0)
+            for q in range(panel_count):
+                _tile(rows.view(np.uint8), row0, panels, q, acc)
+                c0 = q * NR
+                columns_here = min(NR, out_channels - c0)
+                column_shifts, column_scales = shifts[c0:c0 + NR], scales[c0:c0 + NR]
+                for r in range(count):
+                    sums = acc[r * NR:(r + 1) * NR]
+                    if channels_last:
+                        destination = out[n, first + row0 + r, c0:c0 + columns_here]
+                    else:
+                        destination = done[row0 + r, c0:c0 + columns_here]
+                    for j in range(columns_here):
+                        destination[j] = _requantized(sums[j] + column_shifts[j], column_scales[j], y_zero, lo, hi)
+        if not channels_last:
+            for oc in range(out_channels):
+                plane = out[n, oc, first:first + pixels]
+                for p in range(pixels):
+                    plane[p] = done[p, oc]
 
 
 def runs_rows(op: A.QuantizedConv2D) -> bool:
@@ -833,7 +955,7 @@ def _bytes(handle) -> np.ndarray:
 
 def _views(op: A.QuantizedConv2D, ins, outs) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
     """x as uint8 [N, C, H, W] and out as uint8 [N, OC, OH*OW] views ([N, H, W, C] and [N, OH*OW, OC]
-    for a ``channels_last`` op), and the geometry tuple."""
+    for a ``channels_last`` op, out [N, OH*OW, OC] for an ``out_channels_last`` one), and the geometry tuple."""
     n, c, (h, w), oc, (oh, ow) = op.batch, op.in_channels, op.in_hw, op.out_channels, op.out_hw
     x_bytes, out_bytes = _bytes(ins[0]), _bytes(outs[0])
     if op.channels_last:
@@ -841,7 +963,8 @@ def _views(op: A.QuantizedConv2D, ins, outs) -> tuple[np.ndarray, np.ndarray, tu
         out = out_bytes[outs[0].offset:outs[0].offset + n * oc * oh * ow].reshape(n, oh * ow, oc)
         return x, out, (*op.kernel, *op.strides, *op.pads, *op.dilations, oh, ow)
     x = x_bytes[ins[0].offset:ins[0].offset + n * c * h * w].reshape(n, c, h, w)
-    out = out_bytes[outs[0].offset:outs[0].offset + n * oc * oh * ow].reshape(n, oc, oh * ow)
+    out = out_bytes[outs[0].offset:outs[0].offset + n * oc * oh * ow]
+    out = out.reshape(n, oh * ow, oc) if op.out_channels_last else out.reshape(n, oc, oh * ow)
     return x, out, (*op.kernel, *op.strides, *op.pads, *op.dilations, oh, ow)
 
 
@@ -885,6 +1008,8 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
             if op.channels_last:  # the same sums on the NCHW views of both
                 planes = x.reshape(op.batch, *op.in_hw, op.in_channels).transpose(0, 3, 1, 2)
                 out[:] = quantized_conv_reference(op, planes, weight, bias, multiplier).transpose(0, 2, 3, 1).reshape(-1)
+            elif op.out_channels_last:
+                out[:] = quantized_conv_reference(op, x, weight, bias, multiplier).transpose(0, 2, 3, 1).reshape(-1)
             else:
                 out[:] = quantized_conv_reference(op, x, weight, bias, multiplier).reshape(-1)
         return KernelWork((reference,), "int8 NumPy")
@@ -911,6 +1036,8 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
         return depthwise(_conv_depthwise_channels_last, channels_last_taps(op, weight), "channels-last")
     if runs_flat(op):
         return depthwise(_conv_depthwise_flat, direct_taps(op, weight), "flat")
+    if op.out_channels_last or runs_stem(op):
+        return _stem_work(op, x, out, weight, bias, multiplier, flip, path, parallel, made_once, ins[1])
     if runs_direct(op):
         taps = direct_taps(op, weight)
         kernel = cpu_jit.bind(_kernel(_conv_direct, "portable", parallel), x, taps, bias, multiplier, out,
@@ -955,6 +1082,32 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
     def run() -> None:
         kernel(x, planes, rows, panels, shifts, scales, out, geometry, flip, *arguments)
     return KernelWork((run,), f"int8 {op.scheme} {cpu_int8.PATH_NAMES[path]}{' region' if parallel else ''}")
+
+
+def _stem_work(op, x, out, weight, bias, multiplier, flip, path, parallel, made_once, weight_handle):
+    """The execution of a convolution over a few input channels by ``_conv_stem``."""
+    if op.groups != 1 or op.dilations != (1, 1):
+        raise ValueError(f"QuantizedConv2D {op.source!r}: the stem kernel takes one group and no dilation")
+    pairs = cpu_int8._TILES[path][1]
+    panels, colsum = made_once(weight_handle, "int16 pair stem panels" if pairs else "int8 stem panels",
+                               lambda: stem_panels(op, weight, pairs))
+    shifts, scales = epilogue_columns(op, panels.shape[0] * NR, colsum, bias, multiplier, flip)
+    (kh, kw), (sh, sw), (ph, pw), (oh, ow) = op.kernel, op.strides, op.pads, op.out_hw
+    wide = stem_width(op)
+    dtype = np.int16 if pairs else np.uint8
+    padded = np.zeros((op.in_channels, (STEM_BAND - 1) * sh + kh, max((ow - 1) * sw + wide, pw + op.in_hw[1])), dtype)
+    band_pixels = -(-min(STEM_BAND, oh) * ow // MR) * MR
+    words = np.zeros(padded.shape, np.uint32)
+    packed = np.zeros((band_pixels, op.in_channels * kh * wide * np.dtype(dtype).itemsize // 4), np.uint32)
+    geometry = (*op.kernel, *op.strides, *op.pads, *op.dilations, oh, ow, bool(op.out_channels_last))
+    arguments = (flip, op.x_zero_point, op.y_zero_point, op.lo, op.hi)
+    kernel = cpu_jit.bind(_kernel(_conv_stem, path, parallel), x, padded, words, packed, panels, shifts, scales, out,
+                          geometry, *arguments)
+
+    def run() -> None:
+        kernel(x, padded, words, packed, panels, shifts, scales, out, geometry, *arguments)
+    layout = " nhwc" if op.out_channels_last else ""
+    return KernelWork((run,), f"int8 stem{layout} {cpu_int8.PATH_NAMES[path]}{' region' if parallel else ''}")
 
 
 def pack_weight_rows(weight: np.ndarray, pairs: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -1,7 +1,8 @@
 """The cpu backend's ops on 8-bit values besides the convolutions: the static int8 sum
 ``QuantizedAdd`` (a QDQ model's residual Add between its DequantizeLinear and QuantizeLinear nodes,
 ONNX Runtime's QLinearAdd), the global average pooling ``QuantizedGlobalAveragePool`` (int32 sums of
-the 8-bit planes, requantized) and max pooling of int8 or uint8 elements (a QDQ model's MaxPool).
+the 8-bit planes, requantized), max pooling of int8 or uint8 elements (a QDQ model's MaxPool) and
+``Quantize`` (a QuantizeLinear per tensor of float32 values, in one pass).
 
 The sum's arithmetic is the contract's in float32, operation by operation: the NumPy kernel
 computes it in passes over a float32 scratch, the compiled one in one loop with no fused
@@ -81,6 +82,46 @@ def make_quantized_add(op: A.QuantizedAdd, ins, outs, pool, engine) -> KernelWor
     def chunk(k: int, slot: int) -> None:
         kernel(*spans[k], *arguments)
     return KernelWork((_on_pool(pool, len(spans), chunk),), "int8 compiled")
+
+
+def quantize_reference(op: A.Quantize, x: np.ndarray) -> np.ndarray:
+    """The contract's Quantize in NumPy, the passes the lowering otherwise emits: float32 x -> out of
+    ``op.out_dtype`` (a new array)."""
+    total = np.divide(x, np.float32(op.y_scale), dtype=np.float32)
+    np.rint(total, out=total)
+    np.add(total, np.float32(op.y_zero_point), out=total)
+    np.clip(total, np.float32(op.lo), np.float32(op.hi), out=total)
+    return total.astype(op.out_dtype)
+
+
+def _quantize_values(x, out, y_scale, y_zero, lo, hi):
+    """The contract's Quantize over every element of the 1-D arrays (the scale, zero point and
+    bounds float32): one pass, the quotient correctly rounded as NumPy's."""
+    for i in range(out.size):
+        q = np.rint(x[i] / y_scale) + y_zero
+        out[i] = np.int32(min(max(q, lo), hi))
+
+
+_compiled_quantize = (cpu_jit.compiled(_quantize_values, fastmath=False, error_model="numpy")
+                      if cpu_jit.available() else None)
+
+
+def make_quantize(op: A.Quantize, ins, outs, pool, engine) -> KernelWork:
+    """The cpu execution of ``op``: the compiled pass (spans on the backend's threads for large
+    tensors) where Numba runs, else the NumPy passes."""
+    x, out = _flat(ins[0]), _flat(outs[0])
+    if not engine.jit:
+        def reference() -> None:
+            np.copyto(out, quantize_reference(op, x))
+        return KernelWork((reference,), "quantize NumPy")
+    arguments = (np.float32(op.y_scale), np.float32(op.y_zero_point), np.float32(op.lo), np.float32(op.hi))
+    kernel = cpu_jit.bind(_compiled_quantize, x, out, *arguments)
+    parts = pool.threads if op.count >= PARALLEL_MIN_ELEMENTS else 1
+    spans = [(x[s:e], out[s:e]) for s, e in _spans(op.count, parts, 64)]
+
+    def chunk(k: int, slot: int) -> None:
+        kernel(*spans[k], *arguments)
+    return KernelWork((_on_pool(pool, len(spans), chunk),), "quantize compiled")
 
 
 def _max_pool_rows(x, out, kh, kw, sh, sw, pt, pl, least, padded):

@@ -28,7 +28,9 @@ its ops that nothing reads any more are dropped at the end of lowering.
 Where the backend keeps 8-bit activations channels-last (``LoweringContext.int8_channels_last``,
 decided in ``gpumnn.scheduler.precision.int8_channels_last``), a depthwise convolution reads and
 writes NHWC tensors and a 1x1 convolution at stride 1 is the product of their rows
-(``_channels_last_kind``); the residual sums of two such tensors add them as they lie. Each writes
+(``_channels_last_kind``); the residual sums of two such tensors add them as they lie. A convolution
+over a few NCHW input channels (an image's first) whose output only such convolutions read writes it
+channels-last itself (``out_channels_last``); where an NCHW op reads it too, it writes NCHW. Each writes
 its NHWC tensor and a transposing Raster to the NCHW one the model names, which is dropped where
 nothing reads it (a global average pooling reads the NHWC tensor: its output is the same either way), and an NCHW input is transposed once (``channels_last_twins``): the conversions
 are left only at the boundaries to NCHW and float ops.
@@ -40,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ... import atomic as A
+from ...errors import ModelError, UnsupportedOpError
 from ...ir import Node
 from ..context import LoweringContext
 from ..emit import fused_activation, reorder
@@ -52,6 +55,9 @@ from .quantize import RANGES, lower_qlinear_conv, lower_qlinear_matmul
 from .reorder import lower_flatten, lower_reshape
 
 _INT32 = np.iinfo(np.int32)
+#: the most NCHW input channels of a convolution that writes channels-last 8-bit activations for
+#: channels-last readers (an image's first convolution: grey, RGB or RGBA in)
+STEM_CHANNELS = 4
 
 
 @dataclass(frozen=True)
@@ -221,15 +227,17 @@ def _emit(ctx: LoweringContext, node: Node, x: _Quantization, weight: np.ndarray
     for hint, array in (("weight_int8", weight), ("bias_int32", bias), ("multiplier", multiplier)):
         names.append(ctx.temp(node, hint))
         ctx.set_const(names[-1], np.ascontiguousarray(array))
-    kind = _channels_last_kind(ctx, geometry)
+    kind = _channels_last_kind(ctx, geometry, out.output)
     source, target, target_shape, extra = x.tensor, out.output, out_shape, {}
     if kind:
         n, oc, (oh, ow) = geometry["batch"], geometry["out_channels"], geometry["out_hw"]
-        source, target, target_shape = _channels_last_input(ctx, node, x.tensor), ctx.temp(node, "nhwc"), (n, oh, ow, oc)
+        target, target_shape = ctx.temp(node, "nhwc"), (n, oh, ow, oc)
+        if kind != "stem":
+            source = _channels_last_input(ctx, node, x.tensor)
         if kind == "product":
             geometry = _product_geometry(n * oh * ow, geometry["in_channels"], oc)
         else:
-            extra = {"channels_last": True}
+            extra = {"channels_last": True} if kind == "depthwise" else {"out_channels_last": True}
     op = A.QuantizedConv2D((source, *names), (target,), node.name, **geometry, x_zero_point=x.zero_point,
                            y_zero_point=out.quantization.zero_point, out_dtype=out.quantization.dtype.name,
                            lo=out.lo, hi=out.hi, **extra)
@@ -240,10 +248,13 @@ def _emit(ctx: LoweringContext, node: Node, x: _Quantization, weight: np.ndarray
     ctx.int8_fused = True
 
 
-def _channels_last_kind(ctx: LoweringContext, geometry: dict) -> str:
+def _channels_last_kind(ctx: LoweringContext, geometry: dict, output: str | None = None) -> str:
     """How a convolution runs where the backend keeps 8-bit activations channels-last
     (``LoweringContext.int8_channels_last``): "depthwise" (a ``channels_last`` QuantizedConv2D),
-    "product" (a 1x1 at stride 1 without padding: the rows' product), or "" (NCHW, as elsewhere)."""
+    "product" (a 1x1 at stride 1 without padding: the rows' product), "stem" (an undilated window over
+    at most STEM_CHANNELS NCHW input channels whose quantized ``output`` only convolutions of the first
+    two kinds read: an ``out_channels_last`` QuantizedConv2D, NCHW in, NHWC out), or "" (NCHW, as
+    elsewhere)."""
     if not ctx.int8_channels_last or geometry["in_hw"] == (1, 1) and geometry["kernel"] == (1, 1):
         return ""  # a product's rows already
     c, oc, groups = geometry["in_channels"], geometry["out_channels"], geometry["groups"]
@@ -252,7 +263,51 @@ def _channels_last_kind(ctx: LoweringContext, geometry: dict) -> str:
     if (groups == 1 and geometry["kernel"] == (1, 1) and geometry["strides"] == (1, 1)
             and geometry["pads"] == (0, 0) and geometry["out_hw"] == geometry["in_hw"]):
         return "product"
+    if (output is not None and groups == 1 and c <= STEM_CHANNELS and geometry["kernel"] != (1, 1)
+            and geometry["dilations"] == (1, 1)
+            and _read_channels_last(ctx, output, (geometry["batch"], oc) + tuple(geometry["out_hw"]))):
+        return "stem"
     return ""
+
+
+def _read_channels_last(ctx: LoweringContext, output: str, shape: tuple[int, ...]) -> bool:
+    """Whether every node reading the 8-bit ``output`` (of NCHW ``shape``) is a per-tensor
+    DequantizeLinear that only Conv nodes read which run on channels-last activations
+    (``_channels_last_kind`` "depthwise" or "product"), and no graph output is among them."""
+    reads = ctx.graph_reads
+    dequantizers = reads.readers.get(output, [])
+    if not dequantizers or output in reads.outputs:
+        return False
+    for dq in dequantizers:
+        if not _is_op(dq, "DequantizeLinear") or dq.inputs[0] != output or dq.attr("block_size", 0):
+            return False
+        convs = reads.readers.get(dq.outputs[0], [])
+        if not convs or dq.outputs[0] in reads.outputs:
+            return False
+        for conv in convs:
+            w_shape = _weight_shape(ctx, _input(conv, 1))
+            if not _is_op(conv, "Conv") or conv.inputs[0] != dq.outputs[0] or w_shape is None or len(w_shape) != 4:
+                return False
+            try:
+                geometry = conv2d_geometry(conv, shape, w_shape)
+            except (ModelError, UnsupportedOpError):
+                return False
+            if _channels_last_kind(ctx, geometry) not in ("depthwise", "product"):
+                return False
+    return True
+
+
+def _weight_shape(ctx: LoweringContext, name: str | None) -> tuple[int, ...] | None:
+    """The shape of a convolution's weight: a tensor lowered already, or the constant a
+    DequantizeLinear not yet lowered reads."""
+    if name is None:
+        return None
+    if name in ctx.values:
+        return tuple(ctx.shape(name))
+    dq = ctx.graph_reads.producers.get(name)
+    if _is_op(dq, "DequantizeLinear") and dq.inputs[0] in ctx.values:
+        return tuple(ctx.shape(dq.inputs[0]))
+    return None
 
 
 def _channels_last_input(ctx: LoweringContext, node: Node, tensor: str) -> str:

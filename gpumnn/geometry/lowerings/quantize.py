@@ -160,8 +160,56 @@ def lower_quantize_linear(ctx: LoweringContext, node: Node, opset: int) -> None:
     if precision not in (0, onnx.TensorProto.FLOAT):
         raise UnsupportedOpError(node.op_type, node.name, f"precision {onnx_dtype(precision).name}: gpumnn divides "
                                  "in float32 only")
-    quantize(ctx, node, node.inputs[0], node.inputs[1], zero_point, node.outputs[0], held, qrange,
-             _axis(node), int(node.attr("block_size", 0)))
+    if not (ctx.one_pass_quantize and _read_as_8bit(ctx, node) and _one_pass(ctx, node, declared, zero_point)):
+        quantize(ctx, node, node.inputs[0], node.inputs[1], zero_point, node.outputs[0], held, qrange,
+                 _axis(node), int(node.attr("block_size", 0)))
+
+
+#: the nodes whose QDQ patterns the static int8 lowering (``lowerings.int8_products``) may take
+#: on the 8-bit tensor a DequantizeLinear reads
+INT8_PATTERN_NODES = frozenset({"Conv", "Gemm", "MatMul", "Add", "MaxPool", "GlobalMaxPool", "GlobalAveragePool",
+                                "Flatten", "Reshape"})
+
+
+def _read_as_8bit(ctx: LoweringContext, node: Node) -> bool:
+    """Whether something may read QuantizeLinear ``node``'s output as the 8-bit tensor itself: the
+    graph, a node other than a DequantizeLinear, or a static int8 pattern after one. Where only
+    conversions back to float would read it, the lowering's five ops let it go unstored
+    (``round_trips``)."""
+    reads = ctx.graph_reads
+    output = node.outputs[0]
+    if reads is None or output in reads.outputs:
+        return True
+    for reader in reads.readers.get(output, []):
+        if reader.op_type != "DequantizeLinear":
+            return True
+        if ctx.int8_ops and any(r.op_type in INT8_PATTERN_NODES for r in reads.readers.get(reader.outputs[0], [])):
+            return True
+    return False
+
+
+def _scalar_const(ctx: LoweringContext, name: str) -> np.ndarray | None:
+    value = ctx.values.get(name)
+    if value is None or not value.is_const or value.const.size != 1:
+        return None
+    return value.const.reshape(())
+
+
+def _one_pass(ctx: LoweringContext, node: Node, declared: np.dtype, zero_point: str | None) -> bool:
+    """A QuantizeLinear of run-time float32 values by one positive float32 scale and one zero point
+    to int8 or uint8 as one ``Quantize`` op (asked for by ``LoweringContext.one_pass_quantize``);
+    False (nothing emitted) elsewhere."""
+    x = ctx.value(node.inputs[0], node)
+    scale = _scalar_const(ctx, node.inputs[1])
+    zp = np.zeros((), declared) if zero_point is None else _scalar_const(ctx, zero_point)
+    if (x.is_const or x.dtype != np.float32 or declared.name not in ("int8", "uint8") or node.attr("block_size", 0)
+            or scale is None or scale.dtype != np.float32 or not np.isfinite(scale) or scale <= 0 or zp is None):
+        return False
+    lo, hi = RANGES[declared.name]
+    op = A.Quantize((node.inputs[0],), (node.outputs[0],), node.name, count=x.size, y_scale=float(scale),
+                    y_zero_point=int(zp), out_dtype=declared.name, lo=lo, hi=hi)
+    ctx.emit(op, x.shape, declared)
+    return True
 
 
 @lowers("DequantizeLinear")
