@@ -325,6 +325,9 @@ def test_each_generic_depthwise_loop_is_covered(monkeypatch):
     assert kernel(40, 3, 1) is kernel(48, 9, 2) is cpu_jit.depthwise_channels_last  # rows of 3
     assert kernel(8, 40, 3) is cpu_jit.depthwise_any
     assert kernel(8, 14, 1, dilation=2) is cpu_jit.depthwise_masked
+    one_row = A.Conv2D(inputs=("x", "w"), outputs=("y",), source="test", in_channels=8, out_channels=8, groups=8,
+                       in_hw=(1, 64), out_hw=(1, 64), kernel=(1, 5), pads=(0, 2))
+    assert cpu_jit.depthwise_kernel(one_row)[0] is cpu_jit.depthwise_rows  # a 1-D window: no rows to share
     assert kernel(40, 12, 1, masked=False) is cpu_jit.depthwise_rows  # weights the bands cannot read in place
     monkeypatch.setattr(cpu_jit, "BANDS_MIN_ROW", 1 << 30)
     assert kernel(64, 40, 1) is kernel(48, 40, 2) is cpu_jit.depthwise_rows

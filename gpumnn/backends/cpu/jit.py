@@ -1070,8 +1070,9 @@ CHANNELS_LAST_MAX_PIXELS = 64
 #: ``depthwise_masked`` takes kernels other than 3x3 whose output rows are at least this long and
 #: at most MASKED_LANES (narrower rows leave most of its vector idle, channels innermost fill theirs)
 MASKED_MIN_ROW = 6
-#: ``depthwise_bands`` takes convolutions of dilation 1 and a column stride of 1 or 2 whose output
-#: rows are at least this long (narrower rows leave most of its vectors idle), on planes of any size
+#: ``depthwise_bands`` takes convolutions of dilation 1, a column stride of 1 or 2 and more than one
+#: kernel row (a 1-D window's rows share no taps) whose output rows are at least this long (narrower
+#: rows leave most of its vectors idle), on planes of any size
 BANDS_MIN_ROW = MASKED_MIN_ROW
 #: the depthwise kernels that take a hard-swish flag after ``hi`` (applied in their registers)
 SWISH_KERNELS = (depthwise_masked, depthwise_bands)
@@ -1088,7 +1089,7 @@ def depthwise_kernel(op: A.Conv2D, masked: bool = True) -> tuple[Callable, list[
     plane = (max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1), max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1))
     geometry, unused = (sh, sw, dh, dw), (1,)
     three = (kh, kw) == (3, 3) and op.dilations == (1, 1) and op.strides in ((1, 1), (2, 2))
-    if masked and sw in (1, 2) and op.dilations == (1, 1) and ow >= BANDS_MIN_ROW:
+    if masked and sw in (1, 2) and op.dilations == (1, 1) and kh > 1 and ow >= BANDS_MIN_ROW:
         return depthwise_bands, [(1, 1), unused], geometry
     if masked and sw in (1, 2) and not three and MASKED_MIN_ROW <= ow <= MASKED_LANES:
         return depthwise_masked, [(1, 1), unused], geometry
