@@ -157,10 +157,11 @@ def bind(kernel: Callable, *args: Any) -> Callable[..., None]:
 # execution is created, never in a run; the loops write only where input lands, so the zero border
 # stays; a kernel that needs one ignores the other); the geometry (sh, sw, dh, dw); pt, pl: top
 # and left padding (bottom and right follow from the output size); lo, hi: the clamp. One
-# signature for all of them (``depthwise_masked`` takes a hard-swish flag after it), so that one
+# signature for all of them (SWISH_KERNELS take a hard-swish flag after it), so that one
 # parallel region (``cpu_parallel.depthwise_spans``) runs any of them. Each channel's zero-bordered
 # plane (or, channels innermost, a block of channels') is built in the scratch (in L1/L2), then
-# every output row is computed whole from it; ``depthwise_masked`` reads the rows in place instead.
+# every output row is computed whole from it; ``depthwise_masked`` and ``depthwise_bands`` read
+# the rows in place instead.
 
 @inlined
 def _tap_tables(w, row_step, column_step):
