@@ -101,12 +101,12 @@ DEPTHWISE = [
     (9, 11, 7, 1, 1, [3, 3, 3, 3], None, True),            # 7x7, a kernel taller than the plane's rows kept
     (5, 14, 5, 1, 2, [4, 4, 4, 4], "hard_swish", True),    # dilation 2
     (12, 20, 5, 2, 1, [0, 0, 0, 0], "sigmoid", True),      # no padding: every lane inside the rows
-    # bands of output rows (depthwise_bands): 4 and 1 channels at once, bands of 3, 2 and 1 rows,
-    # vectors of 16 and of 8 columns
+    # bands of output rows (depthwise_bands): 4 and 1 channels at once (8 on rows of 8 columns or
+    # fewer), bands of 3, 2 and 1 rows, vectors of 16 and of 8 columns
     (9, 10, 3, 1, 1, [1, 1, 1, 1], "hard_swish", True),    # bands of 3 + 3 + 3 + 1 rows, 4 + 4 + 1 channels
     (6, 11, 5, 1, 1, [2, 2, 2, 2], "relu6", True),         # bands of 3 + 3 + 3 + 2 rows, a row of 11 in 16 lanes
     (10, 48, 3, 2, 1, [1, 1, 1, 1], "relu", False),        # stride 2, rows of 24: 16 lanes then 8
-    (21, 7, 5, 1, 1, [2, 2, 2, 2], "hard_swish", True),    # rows of 7 in 8 lanes, a kernel wider than the plane
+    (21, 7, 5, 1, 1, [2, 2, 2, 2], "hard_swish", True),    # rows of 7 in 8 lanes, 8 + 8 + 4 + 1 channels
     (11, 13, 5, 2, 1, [1, 2, 2, 1], "sigmoid", True),      # stride 2 in 8 lanes, uneven padding, an activation after
     (5, 20, 3, 2, 1, [0, 1, 1, 0], None, True),            # padding after only on rows, before only on columns
 ]
@@ -261,7 +261,7 @@ def test_depthwise_bands_leave_lanes_past_the_row_alone(stride, size, width, fre
     """The bands' masked stores write the output rows' columns only (vectors of 16 and of 8): a
     canary past each row and after the last channel survives; the sums match NumPy's."""
     require_tool("numba", cpu_jit.MISSING)
-    channels, kernel, pad = 6, 5, 2
+    channels, kernel, pad = 13, 5, 2  # 8 + 4 + 1 channels on rows of 8 columns or fewer, else 4 + 4 + 4 + 1
     x = fresh_rng.standard_normal((channels, size, width)).astype(np.float32)
     w = fresh_rng.standard_normal((channels, kernel, kernel)).astype(np.float32)
     bias = fresh_rng.standard_normal(channels).astype(np.float32)

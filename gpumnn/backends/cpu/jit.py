@@ -950,6 +950,9 @@ def _band_rows(chains: int, rows: int, stride: int, lanes: int):
 #: of at most that many columns (a narrow row, or a row's last columns), where the wider vector
 #: would leave most of its lanes idle
 BAND_LANES = (MASKED_LANES, MASKED_LANES // 2)
+#: Channels ``depthwise_bands`` sums at once where every row fits the narrower vectors: twice as
+#: many sums of half the width in the registers, so that each call's fixed cost covers more
+NARROW_CHAINS = 8
 if numba is not None:
     (_band4x1, _band4x2, _band4x3, _band1x1, _band1x2, _band1x3,
      _band4x1_s2, _band4x2_s2, _band4x3_s2, _band1x1_s2, _band1x2_s2, _band1x3_s2,
@@ -957,6 +960,8 @@ if numba is not None:
      _half4x1_s2, _half4x2_s2, _half4x3_s2, _half1x1_s2, _half1x2_s2, _half1x3_s2) = (
         _band_rows(chains, rows, stride, lanes) for lanes in BAND_LANES for stride in (1, 2)
         for chains in BAND_CHAINS for rows in range(1, BAND_ROWS + 1))
+    _half8x1, _half8x2, _half8x3, _half8x1_s2, _half8x2_s2, _half8x3_s2 = (
+        _band_rows(NARROW_CHAINS, rows, stride, BAND_LANES[1]) for stride in (1, 2) for rows in range(1, BAND_ROWS + 1))
 
 
 @inlined
@@ -1002,7 +1007,21 @@ def band_rows(chains, rows, stride, dst, dst_channel, dst_row, src, src_channel,
 def _half_band_rows(chains, rows, stride, a):
     """``band_rows``' vectors of BAND_LANES[1] lanes, on its arguments ``a``: a function of its own,
     so that LLVM lays out and allocates the registers of the wider vectors' loops without these."""
-    if stride == 1:
+    if chains == NARROW_CHAINS:
+        if stride == 1:
+            if rows == 3:
+                _half8x3(*a)
+            elif rows == 2:
+                _half8x2(*a)
+            else:
+                _half8x1(*a)
+        elif rows == 3:
+            _half8x3_s2(*a)
+        elif rows == 2:
+            _half8x2_s2(*a)
+        else:
+            _half8x1_s2(*a)
+    elif stride == 1:
         if chains == 4:
             if rows == 3:
                 _half4x3(*a)
@@ -1045,9 +1064,10 @@ def depthwise_bands(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi, swish
     x_channel, x_row = x.strides[0] // 4, x.strides[1] // 4
     out_channel, out_row = out.strides[0] // 4, out.strides[1] // 4
     w_channel = kh * kw
+    most = NARROW_CHAINS if ow <= BAND_LANES[1] else BAND_CHAINS[0]
     c0 = 0
     while c0 < cs:
-        chains = BAND_CHAINS[0] if cs - c0 >= BAND_CHAINS[0] else 1
+        chains = most if cs - c0 >= most else BAND_CHAINS[0] if cs - c0 >= BAND_CHAINS[0] else 1
         src = x.ctypes.data + 4 * c0 * x_channel
         weights, biases = w.ctypes.data + 4 * c0 * w_channel, bias.ctypes.data + 4 * c0
         oy0 = 0
