@@ -101,6 +101,14 @@ DEPTHWISE = [
     (9, 11, 7, 1, 1, [3, 3, 3, 3], None, True),            # 7x7, a kernel taller than the plane's rows kept
     (5, 14, 5, 1, 2, [4, 4, 4, 4], "hard_swish", True),    # dilation 2
     (12, 20, 5, 2, 1, [0, 0, 0, 0], "sigmoid", True),      # no padding: every lane inside the rows
+    # bands of output rows (depthwise_bands): 4 and 1 channels at once (8 on rows of 8 columns or
+    # fewer), bands of 3, 2 and 1 rows, vectors of 16 and of 8 columns
+    (9, 10, 3, 1, 1, [1, 1, 1, 1], "hard_swish", True),    # bands of 3 + 3 + 3 + 1 rows, 4 + 4 + 1 channels
+    (6, 11, 5, 1, 1, [2, 2, 2, 2], "relu6", True),         # bands of 3 + 3 + 3 + 2 rows, a row of 11 in 16 lanes
+    (10, 48, 3, 2, 1, [1, 1, 1, 1], "relu", False),        # stride 2, rows of 24: 16 lanes then 8
+    (21, 7, 5, 1, 1, [2, 2, 2, 2], "hard_swish", True),    # rows of 7 in 8 lanes, 8 + 8 + 4 + 1 channels
+    (11, 13, 5, 2, 1, [1, 2, 2, 1], "sigmoid", True),      # stride 2 in 8 lanes, uneven padding, an activation after
+    (5, 20, 3, 2, 1, [0, 1, 1, 0], None, True),            # padding after only on rows, before only on columns
 ]
 
 
@@ -110,6 +118,23 @@ def test_depthwise_convolution_compiled_and_numpy(case, fresh_rng):
     rng = fresh_rng
     model = _conv_model(channels, size, kernel, stride, dilation, pads, channels, channels, activation, bias, rng)
     _both_ways_match_onnxruntime(model, (1, channels, size, size), rng)
+
+
+#: DEPTHWISE's cases the bands take that the kernels before them take otherwise (the flat plane,
+#: rows over a copied plane, masked rows, channels innermost): a layout the bands cannot read still
+#: falls back on these
+WITHOUT_BANDS = [(channels, size, kernel, stride, dilation, pads, activation, bias)
+                 for channels, size, kernel, stride, dilation, pads, activation, bias in DEPTHWISE
+                 if dilation == 1 and stride in (1, 2)
+                 and (size + pads[1] + pads[3] - kernel) // stride + 1 >= cpu_jit.BANDS_MIN_ROW]
+
+
+@pytest.mark.parametrize("case", WITHOUT_BANDS, ids=[f"dw{c[0]}x{c[1]}k{c[2]}s{c[3]}-{c[6]}" for c in WITHOUT_BANDS])
+def test_depthwise_convolution_without_the_bands(case, fresh_rng, monkeypatch):
+    monkeypatch.setattr(cpu_jit, "BANDS_MIN_ROW", 1 << 30)
+    channels, size, kernel, stride, dilation, pads, activation, bias = case
+    model = _conv_model(channels, size, kernel, stride, dilation, pads, channels, channels, activation, bias, fresh_rng)
+    _both_ways_match_onnxruntime(model, (1, channels, size, size), fresh_rng)
 
 
 # (in channels, size, kernel, stride, pads, out channels, activation, bias): Winograd (3x3 stride 1
@@ -231,6 +256,27 @@ def test_masked_rows_leave_lanes_past_the_row_alone(fresh_rng):
     assert (wide[:, :, 12:] == 7.0).all()
 
 
+@pytest.mark.parametrize("stride, size, width", [(1, 7, 7), (1, 12, 24), (2, 9, 17), (2, 24, 48)])
+def test_depthwise_bands_leave_lanes_past_the_row_alone(stride, size, width, fresh_rng):
+    """The bands' masked stores write the output rows' columns only (vectors of 16 and of 8): a
+    canary past each row and after the last channel survives; the sums match NumPy's."""
+    require_tool("numba", cpu_jit.MISSING)
+    channels, kernel, pad = 13, 5, 2  # 8 + 4 + 1 channels on rows of 8 columns or fewer, else 4 + 4 + 4 + 1
+    x = fresh_rng.standard_normal((channels, size, width)).astype(np.float32)
+    w = fresh_rng.standard_normal((channels, kernel, kernel)).astype(np.float32)
+    bias = fresh_rng.standard_normal(channels).astype(np.float32)
+    oh, ow = (size + 2 * pad - kernel) // stride + 1, (width + 2 * pad - kernel) // stride + 1
+    wide = np.full((channels + 1, oh, ow + 40), 7.0, np.float32)
+    cpu_jit.depthwise_bands(x, w, bias, wide[:channels, :, :ow], np.zeros((1, 1), np.float32), np.zeros(1, np.float32),
+                            (stride, stride, 1, 1), pad, pad, np.float32(-np.inf), np.float32(np.inf), 0)
+    padded = np.pad(x, ((0, 0), (pad, pad), (pad, pad)))
+    expected = bias[:, None, None] + sum(
+        w[:, ky, kx, None, None] * padded[:, ky:ky + stride * (oh - 1) + 1:stride, kx:kx + stride * (ow - 1) + 1:stride]
+        for ky in range(kernel) for kx in range(kernel))
+    assert np.abs(wide[:channels, :, :ow] - expected).max() < 1e-4
+    assert (wide[:channels, :, ow:] == 7.0).all() and (wide[channels] == 7.0).all()
+
+
 def test_depthwise_on_few_pixels_with_run_time_weights(fresh_rng):
     """Weights fed at run time: the channels-innermost kernel's table of them is filled on every run."""
     model = _conv_model(40, 3, 5, 1, 1, [2, 2, 2, 2], 40, 40, "relu", True, fresh_rng)
@@ -252,8 +298,10 @@ def test_masked_depthwise_and_stem_with_run_time_weights(fresh_rng):
                                      names=("x", "W"))
 
 
-def test_both_stride_1_depthwise_loops_are_covered():
+def test_both_stride_1_depthwise_loops_are_covered(monkeypatch):
     from gpumnn import atomic as A
+
+    monkeypatch.setattr(cpu_jit, "BANDS_MIN_ROW", 1 << 30)  # as where the bands cannot read the layout
 
     flat, rows = (cpu_jit.depthwise_kernel(A.Conv2D(inputs=("x", "w"), outputs=("y",), source="test", in_channels=8,
                                                     out_channels=8, groups=8, in_hw=(size, size),
@@ -262,19 +310,28 @@ def test_both_stride_1_depthwise_loops_are_covered():
     assert flat is cpu_jit.depthwise3x3_s1_flat and rows is cpu_jit.depthwise_rows
 
 
-def test_each_generic_depthwise_loop_is_covered():
+def test_each_generic_depthwise_loop_is_covered(monkeypatch):
     from gpumnn import atomic as A
 
-    def kernel(channels, size, stride):
-        out = (size - 1) // stride + 1
+    def kernel(channels, size, stride, dilation=1, masked=True):
+        out = (size + 4 - 4 * dilation - 1) // stride + 1
         return cpu_jit.depthwise_kernel(A.Conv2D(inputs=("x", "w"), outputs=("y",), source="test",
                                                  in_channels=channels, out_channels=channels, groups=channels,
                                                  in_hw=(size, size), out_hw=(out, out), kernel=(5, 5),
-                                                 strides=(stride, stride), pads=(2, 2)))[0]
-    assert kernel(40, 3, 1) is kernel(48, 9, 2) is cpu_jit.depthwise_channels_last
+                                                 strides=(stride, stride), dilations=(dilation, dilation),
+                                                 pads=(2, 2)), masked)[0]
+    # the bands: dilation 1, column stride 1 or 2, rows of BANDS_MIN_ROW columns or more, any plane
+    assert kernel(24, 20, 2) is kernel(40, 12, 1) is kernel(40, 6, 1) is kernel(64, 40, 1) is cpu_jit.depthwise_bands
+    assert kernel(40, 3, 1) is kernel(48, 9, 2) is cpu_jit.depthwise_channels_last  # rows of 3
+    assert kernel(8, 40, 3) is cpu_jit.depthwise_any
+    assert kernel(8, 14, 1, dilation=2) is cpu_jit.depthwise_masked
+    one_row = A.Conv2D(inputs=("x", "w"), outputs=("y",), source="test", in_channels=8, out_channels=8, groups=8,
+                       in_hw=(1, 64), out_hw=(1, 64), kernel=(1, 5), pads=(0, 2))
+    assert cpu_jit.depthwise_kernel(one_row)[0] is cpu_jit.depthwise_rows  # a 1-D window: no rows to share
+    assert kernel(40, 12, 1, masked=False) is cpu_jit.depthwise_rows  # weights the bands cannot read in place
+    monkeypatch.setattr(cpu_jit, "BANDS_MIN_ROW", 1 << 30)
     assert kernel(64, 40, 1) is kernel(48, 40, 2) is cpu_jit.depthwise_rows
     assert kernel(24, 20, 2) is kernel(40, 12, 1) is kernel(40, 6, 1) is cpu_jit.depthwise_masked
-    assert kernel(8, 40, 3) is cpu_jit.depthwise_any
 
 
 def test_the_winograd_scheme_runs_with_the_compiled_epilogue():

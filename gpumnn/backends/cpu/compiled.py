@@ -388,7 +388,7 @@ def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts
     (oh, ow), (kh, kw) = op.out_hw, op.kernel
     w3 = weight.reshape(c, kh, kw)  # a view: W may be a run-time tensor
     b1, lo, hi, act = _compiled_epilogue(op.activation, bias, c)
-    # depthwise_masked reads each channel's taps as one row and the input's rows in place
+    # depthwise_masked and depthwise_bands read each channel's taps as one row and the input's rows in place
     kernel, scratch_shapes, geometry = cpu_jit.depthwise_kernel(
         op, masked=w3.flags.c_contiguous and b1.flags.c_contiguous and x.strides[-1] == 4)
     refresh = None
@@ -399,7 +399,7 @@ def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts
             refresh = functools.partial(cpu_jit.fill_lane_table, table, weight_now, bias_now)
     out4 = out.reshape(n, c, oh, ow)
     swish = 0
-    if kernel is cpu_jit.depthwise_masked:
+    if kernel in cpu_jit.SWISH_KERNELS:
         if op.activation is not None and op.activation[0] == "hard_swish":
             swish, act = 1, None  # applied in the kernel's registers before the store
     scratch = [np.zeros((regions or pool.threads, *shape), np.float32) for shape in scratch_shapes]  # a slice per thread
@@ -412,7 +412,7 @@ def _depthwise_compiled(op: A.Conv2D, x, weight, out, bias, pool: Workers, parts
                              one_span=parts == 1)
     else:
         spans = [(x[b, c0:c1], w3[c0:c1], b1[c0:c1], out4[b, c0:c1]) for b in range(n) for c0, c1 in _spans(c, parts)]
-        if kernel is cpu_jit.depthwise_masked:
+        if kernel in cpu_jit.SWISH_KERNELS:
             tail = (*tail, swish)
         compiled = cpu_jit.bind(kernel, *spans[0], scratch[0][0], scratch[1][0], *tail)
 

@@ -157,10 +157,11 @@ def bind(kernel: Callable, *args: Any) -> Callable[..., None]:
 # execution is created, never in a run; the loops write only where input lands, so the zero border
 # stays; a kernel that needs one ignores the other); the geometry (sh, sw, dh, dw); pt, pl: top
 # and left padding (bottom and right follow from the output size); lo, hi: the clamp. One
-# signature for all of them (``depthwise_masked`` takes a hard-swish flag after it), so that one
+# signature for all of them (SWISH_KERNELS take a hard-swish flag after it), so that one
 # parallel region (``cpu_parallel.depthwise_spans``) runs any of them. Each channel's zero-bordered
 # plane (or, channels innermost, a block of channels') is built in the scratch (in L1/L2), then
-# every output row is computed whole from it; ``depthwise_masked`` reads the rows in place instead.
+# every output row is computed whole from it; ``depthwise_masked`` and ``depthwise_bands`` read
+# the rows in place instead.
 
 @inlined
 def _tap_tables(w, row_step, column_step):
@@ -793,6 +794,296 @@ def conv_masked(x, w, bias, out, geometry, pt, pl, lo, hi, swish, oy0, oy1):
                                  geometry, pt, pl, lo, hi, flags, chains, True, oy0, oy1)
         o0 += chains
 
+
+# -- depthwise bands: several output rows per pass over the input rows ----------------------------
+
+#: Output rows ``depthwise_bands`` computes at once (a band): each input row's taps are loaded once
+#: for every row of the band that reads them
+BAND_ROWS = 3
+#: Channels ``depthwise_bands`` sums at once, then one at a time for the last ones
+BAND_CHAINS = (4, 1)
+
+
+def _band_rows(chains: int, rows: int, stride: int, lanes: int):
+    """``band_rows(dst, dst_channel, dst_row, src, src_channel, src_row, iy0, iy1, r0, sh, kh, kw,
+    col0, width, count, weights, weight_channel, bias, lo, hi, swish)`` as a Numba intrinsic (LLVM
+    IR; addresses as integers, steps in floats): ``rows`` output rows of ``chains`` channels, each
+    output row oy (< rows) of channel k dst[k dst_channel + oy dst_row + i] for i < count (<=
+    ``lanes``) = clamp(bias[k] + the sum over input rows iy in [iy0, iy1) with ky = iy - r0 - oy
+    sh in [0, kh), and kx < kw, of weights[k weight_channel + ky kw + kx] * src[k src_channel + iy
+    src_row + col0 + kx + i stride]) to [lo, hi], hard-swished where ``swish``. Each input row's
+    tap is loaded once, under a mask of the columns inside [0, width) (the zero padding), for every
+    output row of the band that reads it; the rows x chains sums stay in vector registers."""
+
+    @intrinsic
+    def kernel(typingctx, dst_address, dst_channel, dst_row, src_address, src_channel, src_row, iy0, iy1, r0, sh,
+               kh, kw, col0, width, count, weights_address, weight_channel, bias_address, lo, hi, swish):
+        def codegen(context, builder, signature, args):
+            f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+            vector, wide = ir.VectorType(f32, lanes), ir.VectorType(f32, lanes * stride)
+            dst, src, weights, bias = (builder.inttoptr(args[i], f32.as_pointer()) for i in (0, 3, 15, 17))
+            dst_channel, dst_row, src_channel, src_row, iy0, iy1, r0, sh, kh, kw = args[1:3] + args[4:12]
+            col0, width, count, weight_channel, swish = args[12], args[13], args[14], args[16], args[20]
+
+            def constant(value):
+                return ir.Constant(i64, value)
+
+            def splat(scalar, of):
+                one = builder.insert_element(ir.Constant(of, ir.Undefined), scalar, ir.Constant(i32, 0))
+                return builder.shuffle_vector(one, ir.Constant(of, ir.Undefined),
+                                              ir.Constant(ir.VectorType(i32, of.count), [0] * of.count))
+            index_vector = ir.VectorType(i32, lanes * stride)
+            iota = ir.Constant(index_vector, list(range(lanes * stride)))
+            width32 = splat(builder.trunc(width, i32), index_vector)
+            in_reads = builder.icmp_signed("<", iota, splat(builder.trunc(builder.mul(count, constant(stride)), i32),
+                                                            index_vector))
+            evens = ir.Constant(ir.VectorType(i32, lanes), [lane * stride for lane in range(lanes)])
+            zero_wide = ir.Constant(wide, [0.0] * (lanes * stride))
+            out_lanes = ir.VectorType(i32, lanes)
+            store_mask = builder.icmp_signed("<", ir.Constant(out_lanes, list(range(lanes))),
+                                             splat(builder.trunc(count, i32), out_lanes))
+            channel_srcs = [builder.gep(src, [builder.mul(src_channel, constant(k))]) for k in range(chains)]
+            channel_weights = [builder.gep(weights, [builder.mul(weight_channel, constant(k))]) for k in range(chains)]
+            starts = [splat(builder.load(builder.gep(bias, [constant(k)]), align=4), vector) for k in range(chains)]
+
+            entry = builder.block
+            row_loop, tap_loop, row_end, done = (builder.append_basic_block(f"band.{name}")
+                                                 for name in ("row", "tap", "row_end", "done"))
+            builder.cbranch(builder.icmp_signed("<", iy0, iy1), row_loop, done)
+
+            # the input row iy: which output rows of the band read it, and at which kernel row
+            builder.position_at_end(row_loop)
+            iy = builder.phi(i64)
+            iy.add_incoming(iy0, entry)
+            row_sums = [[builder.phi(vector) for _ in range(rows)] for _ in range(chains)]
+            for k in range(chains):
+                for oy in range(rows):
+                    row_sums[k][oy].add_incoming(starts[k], entry)
+            kys = [builder.sub(builder.sub(iy, r0), builder.mul(sh, constant(oy))) for oy in range(rows)]
+            reads = [builder.and_(builder.icmp_signed(">=", ky, constant(0)), builder.icmp_signed("<", ky, kh))
+                     for ky in kys]
+            row_srcs = [builder.gep(s, [builder.add(builder.mul(iy, src_row), col0)]) for s in channel_srcs]
+            tap_weights = [[builder.gep(w, [builder.mul(ky, kw)]) for ky in kys] for w in channel_weights]
+            builder.branch(tap_loop)
+
+            builder.position_at_end(tap_loop)
+            kx = builder.phi(i64)
+            kx.add_incoming(constant(0), row_loop)
+            sums = [[builder.phi(vector) for _ in range(rows)] for _ in range(chains)]
+            for k in range(chains):
+                for oy in range(rows):
+                    sums[k][oy].add_incoming(row_sums[k][oy], row_loop)
+            columns = builder.add(iota, splat(builder.trunc(builder.add(col0, kx), i32), index_vector))
+            inside = builder.and_(builder.icmp_signed(">=", columns, ir.Constant(index_vector, [0] * (lanes * stride))),
+                                  builder.icmp_signed("<", columns, width32))
+            mask = builder.and_(inside, in_reads)
+            values = []
+            for k in range(chains):
+                at = builder.bitcast(builder.gep(row_srcs[k], [kx]), wide.as_pointer())
+                loaded = _masked_memory(builder, "load", wide, [at, mask, zero_wide])
+                if stride > 1:
+                    loaded = builder.shuffle_vector(loaded, ir.Constant(wide, ir.Undefined), evens)
+                values.append(loaded)
+            updated = [list(s) for s in sums]
+            for oy in range(rows):  # an output row the input row does not reach skips its multiply-adds
+                before = builder.block
+                taps, after = builder.append_basic_block(f"band.taps{oy}"), builder.append_basic_block(f"band.next{oy}")
+                builder.cbranch(reads[oy], taps, after)
+                builder.position_at_end(taps)
+                added = []
+                for k in range(chains):
+                    weight = builder.load(builder.gep(tap_weights[k][oy], [kx]), align=4)
+                    # contract only: LLVM fuses the pair into an FMA where the host has one
+                    product = builder.fmul(splat(weight, vector), values[k], flags=("contract",))
+                    added.append(builder.fadd(updated[k][oy], product, flags=("contract",)))
+                builder.branch(after)
+                builder.position_at_end(after)
+                for k in range(chains):
+                    merged = builder.phi(vector)
+                    merged.add_incoming(updated[k][oy], before)
+                    merged.add_incoming(added[k], taps)
+                    updated[k][oy] = merged
+            following = builder.add(kx, constant(1))
+            tap_end = builder.block
+            kx.add_incoming(following, tap_end)
+            for k in range(chains):
+                for oy in range(rows):
+                    sums[k][oy].add_incoming(updated[k][oy], tap_end)
+            builder.cbranch(builder.icmp_signed("<", following, kw), tap_loop, row_end)
+
+            builder.position_at_end(row_end)
+            next_iy = builder.add(iy, constant(1))
+            iy.add_incoming(next_iy, row_end)
+            for k in range(chains):
+                for oy in range(rows):
+                    row_sums[k][oy].add_incoming(updated[k][oy], row_end)
+            builder.cbranch(builder.icmp_signed("<", next_iy, iy1), row_loop, done)
+
+            builder.position_at_end(done)
+            results = [[builder.phi(vector) for _ in range(rows)] for _ in range(chains)]  # every phi first
+            lo_v, hi_v = splat(args[18], vector), splat(args[19], vector)
+            sixth, half = splat(ir.Constant(f32, 1.0 / 6.0), vector), splat(ir.Constant(f32, 0.5), vector)
+            zero, one = splat(ir.Constant(f32, 0.0), vector), splat(ir.Constant(f32, 1.0), vector)
+            swishing = builder.icmp_signed("!=", swish, constant(0))
+            for k in range(chains):
+                for oy in range(rows):
+                    result = results[k][oy]
+                    result.add_incoming(starts[k], entry)
+                    result.add_incoming(updated[k][oy], row_end)
+                    value = builder.select(builder.fcmp_ordered("<", result, lo_v), lo_v, result)
+                    value = builder.select(builder.fcmp_ordered(">", value, hi_v), hi_v, value)
+                    # hard-swish as cpu_activations.hard_swish_value: v clamp(v / 6 + 1/2, 0, 1)
+                    gate = builder.fadd(builder.fmul(value, sixth), half)
+                    gate = builder.select(builder.fcmp_ordered("<", gate, zero), zero, gate)
+                    gate = builder.select(builder.fcmp_ordered(">", gate, one), one, gate)
+                    value = builder.select(swishing, builder.fmul(value, gate), value)
+                    at = builder.gep(dst, [builder.add(builder.mul(dst_channel, constant(k)),
+                                                       builder.mul(dst_row, constant(oy)))])
+                    _masked_memory(builder, "store", vector, [value, builder.bitcast(at, vector.as_pointer()),
+                                                              store_mask])
+            return context.get_dummy_value()
+        return types.void(*[types.intp] * 18, types.float32, types.float32, types.intp), codegen
+    return kernel
+
+
+#: The vector widths of ``depthwise_bands``' column blocks: MASKED_LANES, and half of it for a block
+#: of at most that many columns (a narrow row, or a row's last columns), where the wider vector
+#: would leave most of its lanes idle
+BAND_LANES = (MASKED_LANES, MASKED_LANES // 2)
+#: Channels ``depthwise_bands`` sums at once where every row fits the narrower vectors: twice as
+#: many sums of half the width in the registers, so that each call's fixed cost covers more
+NARROW_CHAINS = 8
+if numba is not None:
+    (_band4x1, _band4x2, _band4x3, _band1x1, _band1x2, _band1x3,
+     _band4x1_s2, _band4x2_s2, _band4x3_s2, _band1x1_s2, _band1x2_s2, _band1x3_s2,
+     _half4x1, _half4x2, _half4x3, _half1x1, _half1x2, _half1x3,
+     _half4x1_s2, _half4x2_s2, _half4x3_s2, _half1x1_s2, _half1x2_s2, _half1x3_s2) = (
+        _band_rows(chains, rows, stride, lanes) for lanes in BAND_LANES for stride in (1, 2)
+        for chains in BAND_CHAINS for rows in range(1, BAND_ROWS + 1))
+    _half8x1, _half8x2, _half8x3, _half8x1_s2, _half8x2_s2, _half8x3_s2 = (
+        _band_rows(NARROW_CHAINS, rows, stride, BAND_LANES[1]) for stride in (1, 2) for rows in range(1, BAND_ROWS + 1))
+
+
+@inlined
+def band_rows(chains, rows, stride, dst, dst_channel, dst_row, src, src_channel, src_row, iy0, iy1, r0, sh, kh, kw,
+              col0, width, count, weights, weight_channel, bias, lo, hi, swish):
+    """``_band_rows`` for ``chains`` (one of BAND_CHAINS) channels' ``rows`` (1 to BAND_ROWS)
+    output rows at column ``stride`` 1 or 2, ``count`` columns: in vectors of BAND_LANES[1] lanes
+    where they fit, else of BAND_LANES[0]."""
+    a = (dst, dst_channel, dst_row, src, src_channel, src_row, iy0, iy1, r0, sh, kh, kw, col0, width, count,
+         weights, weight_channel, bias, lo, hi, swish)
+    if count <= BAND_LANES[1]:
+        _half_band_rows(chains, rows, stride, a)
+    elif stride == 1:
+        if chains == 4:
+            if rows == 3:
+                _band4x3(*a)
+            elif rows == 2:
+                _band4x2(*a)
+            else:
+                _band4x1(*a)
+        elif rows == 3:
+            _band1x3(*a)
+        elif rows == 2:
+            _band1x2(*a)
+        else:
+            _band1x1(*a)
+    elif chains == 4:
+        if rows == 3:
+            _band4x3_s2(*a)
+        elif rows == 2:
+            _band4x2_s2(*a)
+        else:
+            _band4x1_s2(*a)
+    elif rows == 3:
+        _band1x3_s2(*a)
+    elif rows == 2:
+        _band1x2_s2(*a)
+    else:
+        _band1x1_s2(*a)
+
+
+@_kernel
+def _half_band_rows(chains, rows, stride, a):
+    """``band_rows``' vectors of BAND_LANES[1] lanes, on its arguments ``a``: a function of its own,
+    so that LLVM lays out and allocates the registers of the wider vectors' loops without these."""
+    if chains == NARROW_CHAINS:
+        if stride == 1:
+            if rows == 3:
+                _half8x3(*a)
+            elif rows == 2:
+                _half8x2(*a)
+            else:
+                _half8x1(*a)
+        elif rows == 3:
+            _half8x3_s2(*a)
+        elif rows == 2:
+            _half8x2_s2(*a)
+        else:
+            _half8x1_s2(*a)
+    elif stride == 1:
+        if chains == 4:
+            if rows == 3:
+                _half4x3(*a)
+            elif rows == 2:
+                _half4x2(*a)
+            else:
+                _half4x1(*a)
+        elif rows == 3:
+            _half1x3(*a)
+        elif rows == 2:
+            _half1x2(*a)
+        else:
+            _half1x1(*a)
+    elif chains == 4:
+        if rows == 3:
+            _half4x3_s2(*a)
+        elif rows == 2:
+            _half4x2_s2(*a)
+        else:
+            _half4x1_s2(*a)
+    elif rows == 3:
+        _half1x3_s2(*a)
+    elif rows == 2:
+        _half1x2_s2(*a)
+    else:
+        _half1x1_s2(*a)
+
+
+@_kernel
+def depthwise_bands(x, w, bias, out, plane, acc, geometry, pt, pl, lo, hi, swish):
+    """Dilation 1, any kernel size and row stride, a column stride of 1 or 2: the output in bands of
+    up to BAND_ROWS rows and MASKED_LANES columns, BAND_CHAINS channels at a time (``band_rows``),
+    each input row's taps read in place under lane masks once for every row of the band, the bias,
+    clamp and (``swish``) hard-swish applied before the masked store. ``plane`` and ``acc`` are
+    unused. ``w`` [C, KH, KW] and ``bias`` contiguous."""
+    cs, h, wd = x.shape[0], x.shape[1], x.shape[2]
+    kh, kw = w.shape[1], w.shape[2]
+    oh, ow = out.shape[1], out.shape[2]
+    sh, sw = geometry[0], geometry[1]
+    x_channel, x_row = x.strides[0] // 4, x.strides[1] // 4
+    out_channel, out_row = out.strides[0] // 4, out.strides[1] // 4
+    w_channel = kh * kw
+    most = NARROW_CHAINS if ow <= BAND_LANES[1] else BAND_CHAINS[0]
+    c0 = 0
+    while c0 < cs:
+        chains = most if cs - c0 >= most else BAND_CHAINS[0] if cs - c0 >= BAND_CHAINS[0] else 1
+        src = x.ctypes.data + 4 * c0 * x_channel
+        weights, biases = w.ctypes.data + 4 * c0 * w_channel, bias.ctypes.data + 4 * c0
+        oy0 = 0
+        while oy0 < oh:
+            rows = min(BAND_ROWS, oh - oy0)
+            r0 = oy0 * sh - pt
+            iy0, iy1 = max(0, r0), min(h, r0 + (rows - 1) * sh + kh)
+            for ox0 in range(0, ow, MASKED_LANES):
+                count = min(MASKED_LANES, ow - ox0)
+                dst = out.ctypes.data + 4 * ((c0 * out_channel) + oy0 * out_row + ox0)
+                band_rows(chains, rows, sw, dst, out_channel, out_row, src, x_channel, x_row, iy0, iy1, r0, sh, kh, kw,
+                          ox0 * sw - pl, wd, count, weights, w_channel, biases, lo, hi, swish)
+            oy0 += rows
+        c0 += chains
+
+
 #: ``depthwise_channels_last`` takes kernels other than 3x3 on an output of at most this many
 #: pixels (past it, ``depthwise_rows`` at a column stride of 1 or 2, else ``depthwise_any``),
 #: unless its rows fill ``row_taps``' widest vector (a 1-D convolution's)
@@ -800,6 +1091,12 @@ CHANNELS_LAST_MAX_PIXELS = 64
 #: ``depthwise_masked`` takes kernels other than 3x3 whose output rows are at least this long and
 #: at most MASKED_LANES (narrower rows leave most of its vector idle, channels innermost fill theirs)
 MASKED_MIN_ROW = 6
+#: ``depthwise_bands`` takes convolutions of dilation 1, a column stride of 1 or 2 and more than one
+#: kernel row (a 1-D window's rows share no taps) whose output rows are at least this long (narrower
+#: rows leave most of its vectors idle), on planes of any size
+BANDS_MIN_ROW = MASKED_MIN_ROW
+#: the depthwise kernels that take a hard-swish flag after ``hi`` (applied in their registers)
+SWISH_KERNELS = (depthwise_masked, depthwise_bands)
 #: a stride-1 plane of at most this many elements (it and the flat output: 32 KiB, an L1) runs
 #: as one flat row (``depthwise3x3_s1_flat``)
 FLAT_PLANE_MAX = 4096
@@ -813,6 +1110,8 @@ def depthwise_kernel(op: A.Conv2D, masked: bool = True) -> tuple[Callable, list[
     plane = (max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1), max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1))
     geometry, unused = (sh, sw, dh, dw), (1,)
     three = (kh, kw) == (3, 3) and op.dilations == (1, 1) and op.strides in ((1, 1), (2, 2))
+    if masked and sw in (1, 2) and op.dilations == (1, 1) and kh > 1 and ow >= BANDS_MIN_ROW:
+        return depthwise_bands, [(1, 1), unused], geometry
     if masked and sw in (1, 2) and not three and MASKED_MIN_ROW <= ow <= MASKED_LANES:
         return depthwise_masked, [(1, 1), unused], geometry
     if three and op.strides == (1, 1) and plane[0] * plane[1] <= FLAT_PLANE_MAX:

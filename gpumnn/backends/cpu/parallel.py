@@ -987,7 +987,7 @@ def winograd_scratch_floats(alpha_h: int, alpha_w: int, nh: int) -> int:
 #: process, so Numba's disk cache would never hit and every process would spend ~1.3 s per
 #: kernel compiling the region.
 PLANE_KINDS = (cpu_jit.depthwise_rows, cpu_jit.depthwise3x3_s1_flat, cpu_jit.depthwise_any,
-               cpu_jit.depthwise_channels_last, cpu_jit.depthwise_masked)
+               cpu_jit.depthwise_channels_last, cpu_jit.depthwise_masked, cpu_jit.depthwise_bands)
 
 
 @_region
@@ -1006,8 +1006,10 @@ def depthwise_spans(kind, x, w, bias, out, bounds, planes, accs, geometry, pt, p
             cpu_jit.depthwise_any(*args)
         elif kind == 3:
             cpu_jit.depthwise_channels_last(*args)
-        else:
+        elif kind == 4:
             cpu_jit.depthwise_masked(*args, swish)
+        else:
+            cpu_jit.depthwise_bands(*args, swish)
 
 
 def depthwise_region(kernel: Callable, args: tuple) -> tuple[Callable, tuple]:
