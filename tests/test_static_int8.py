@@ -157,6 +157,8 @@ def _run_channels_last(backend: CpuBackend, op, x, w, bias, multiplier) -> np.nd
                                    [TensorHandle(out.reshape(-1), 0, out.shape, op.out_dtype)])
     assert "nhwc" in exe.scheme or not backend.jit, exe.scheme
     assert ("fused" in exe.scheme) == (backend.jit and int8_conv.runs_nhwc_fused(op)), exe.scheme
+    sliding = int8_conv.NHWC_SLIDING and op.strides[1] < op.kernel[1] and op.dilations[1] == 1
+    assert ("sliding" in exe.scheme) == ("fused" in exe.scheme and sliding), exe.scheme
     for work in exe.work:
         work()
     return out.transpose(0, 3, 1, 2)
@@ -164,11 +166,12 @@ def _run_channels_last(backend: CpuBackend, op, x, w, bias, multiplier) -> np.nd
 
 @pytest.mark.parametrize("geometry", DEPTHWISE, ids=[g[0] for g in DEPTHWISE])
 @pytest.mark.parametrize("types", [("int8", "int8"), ("uint8", "uint8"), ("uint8", "int8")], ids="-".join)
-@pytest.mark.parametrize("blocks", ["default", "short", "loops"])
+@pytest.mark.parametrize("blocks", ["default", "windows", "short", "loops"])
 def test_channels_last_depthwise_is_the_contract_exactly(compiled_cpu, geometry, types, blocks, monkeypatch):
     """A ``channels_last`` depthwise QuantizedConv2D (x and out NHWC) gives the reference's bits, compiled
     and on the NumPy backend; "default": the fused kernel where the channels are whole vectors
-    (``runs_nhwc_fused``), else the vector loops; "loops": the vector loops over the taps' length of sums
+    (``runs_nhwc_fused``; at dilation 1 keeping a window's columns from pixel to pixel), else
+    the vector loops; "windows": the fused kernel reading each pixel's whole window everywhere; "loops": the vector loops over the taps' length of sums
     everywhere; "short": those loops in blocks of 16 channels (partial ones past them) over a few pixels,
     so that an output row takes several of them."""
     if blocks == "short":
@@ -176,6 +179,8 @@ def test_channels_last_depthwise_is_the_contract_exactly(compiled_cpu, geometry,
         monkeypatch.setattr(int8_conv, "NHWC_WHOLE", 8)
         monkeypatch.setattr(int8_conv, "CHANNEL_BLOCK", 16)
         monkeypatch.setattr(int8_conv, "NHWC_CHUNK", 40)
+    if blocks == "windows":
+        monkeypatch.setattr(int8_conv, "NHWC_SLIDING", False)
     if blocks == "loops":
         monkeypatch.setattr(int8_conv, "NHWC_FUSED", False)
     for seed in (0, 1):

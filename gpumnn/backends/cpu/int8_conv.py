@@ -511,19 +511,22 @@ NHWC_LANES = 16
 #: whether the channels-last depthwise kernel runs fused (``_conv_depthwise_nhwc_fused``) where an op
 #: allows (tests turn it off to check the vector loops that serve the other channel counts)
 NHWC_FUSED = True
+#: whether the fused kernel keeps a window's columns in registers from one pixel to the next at stride
+#: and dilation 1 (tests turn it off to check the reads of whole windows there too)
+NHWC_SLIDING = True
 
 
-def _fused_row_codegen(kernel_h: int, kernel_w: int, signed: bool, lanes: int):
+def _fused_row_codegen(kernel_h: int, kernel_w: int, signed: bool, lanes: int, sliding: int):
     """The codegen of ``_nhwc_fused_row`` for a ``kernel_h`` x ``kernel_w`` window over 8-bit values
     (``signed``: int8, else uint8) in float32 vectors of ``lanes`` channels. For each ``lanes``
     channels, the taps' weight vectors, the shift and the multiplier are loaded once; then each output
-    pixel of the row reads the window's bytes straight from the input rows (one load per tap, widened
-    and converted in registers), sums their products, and requantizes the sum into its bytes of the
-    output row: ``clip(rint(float32(int32(sum) + shift) * multiplier) + y_zero, lo, hi)``. Pixels whose
-    window reaches past a row's ends take the zero point for those taps. The sums are exact integers
-    in float32, so the order of the additions changes nothing."""
-    taps = kernel_h * kernel_w
-
+    pixel of the row reads the window's bytes straight from the input rows (widened and converted in
+    registers), sums their products, and requantizes the sum into its bytes of the output row:
+    ``clip(rint(float32(int32(sum) + shift) * multiplier) + y_zero, lo, hi)``. Window columns past a
+    row's ends hold the zero point. ``sliding`` (the stride, below the window's width, at dilation 1;
+    0 otherwise): each pixel reads and converts only the last ``sliding`` columns of its window and
+    keeps the others from the pixel before it, in registers; otherwise each reads its whole window. The sums are exact integers in float32, so the order of the
+    additions changes nothing."""
     def codegen(context, builder, signature, args):
         i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
         vector = ir.VectorType(f32, lanes)
@@ -562,60 +565,88 @@ def _fused_row_codegen(kernel_h: int, kernel_w: int, signed: bool, lanes: int):
         builder.cbranch(builder.and_(builder.icmp_signed(">", channels, zero64),
                                      builder.icmp_signed(">", out_width, zero64)), channel_loop, done)
 
+        def vector_at(pointer, index, kind):
+            return builder.load(builder.bitcast(builder.gep(pointer, [index]), kind.as_pointer()), align=4)
+
+        def column_values(column, c0, checked):
+            """The window's values in input column ``column`` (one vector per window row), the zero
+            point where ``checked`` and the column is past a row's ends."""
+            valid = builder.and_(builder.icmp_signed(">=", column, zero64), builder.icmp_signed("<", column, width))
+            read = builder.select(valid, column, zero64) if checked else column  # a column past the ends reads 0
+            at = builder.add(builder.mul(read, channels), c0)
+            values = []
+            for row in rows:
+                raw = builder.load(builder.bitcast(builder.gep(row, [at]), bytes_type.as_pointer()), align=1)
+                value = builder.sitofp(raw, vector) if signed else builder.uitofp(raw, vector)
+                values.append(builder.select(valid, value, padding_value) if checked else value)
+            return values
+
+        def window_sum(window, tap_weights):
+            total = None
+            for kh in range(kernel_h):
+                for kw in range(kernel_w):
+                    value, weight = window[kw][kh], tap_weights[kh * kernel_w + kw]
+                    total = builder.fmul(value, weight) if total is None else builder.call(fmuladd, [value, weight, total])
+            return total
+
         builder.position_at_end(channel_loop)
         c0 = builder.phi(i64)
         c0.add_incoming(zero64, entry)
-
-        def vector_at(pointer, index, kind):
-            return builder.load(builder.bitcast(builder.gep(pointer, [index]), kind.as_pointer()), align=4)
         tap_weights = [vector_at(weights, builder.add(builder.mul(channels, ir.Constant(i64, k)), c0), vector)
-                       for k in range(taps)]
+                       for k in range(kernel_h * kernel_w)]
         shift = vector_at(shifts, c0, integers)
         multiplier = vector_at(multipliers, c0, vector)
+        kept_columns = kernel_w - sliding  # of a window, those the next pixel's window holds too
+        if sliding:  # the columns pixel 0 does not read itself, as they enter its window
+            first_history = [column_values(builder.sub(ir.Constant(i64, kw), pad), c0, True)
+                             for kw in range(kept_columns)]
         builder.branch(pixel_loop)
 
         builder.position_at_end(pixel_loop)
         p = builder.phi(i64)
         p.add_incoming(zero64, channel_loop)
+        if sliding:
+            history = [[builder.phi(vector) for _ in range(kernel_h)] for _ in range(kept_columns)]
+            for kept, first in zip(history, first_history):
+                for value, initial in zip(kept, first):
+                    value.add_incoming(initial, channel_loop)
         first_column = builder.sub(builder.mul(p, stride), pad)
-        inside = builder.and_(builder.icmp_signed(">=", p, first_inside), builder.icmp_signed("<", p, end_inside))
+        if sliding:
+            new_columns = [builder.add(first_column, ir.Constant(i64, kw)) for kw in range(kept_columns, kernel_w)]
+            inside = builder.and_(builder.icmp_signed(">=", new_columns[0], zero64),
+                                  builder.icmp_signed("<", new_columns[-1], width))
+        else:
+            inside = builder.and_(builder.icmp_signed(">=", p, first_inside), builder.icmp_signed("<", p, end_inside))
         builder.cbranch(inside, inside_block, edge_block)
 
-        def tap_values(column):
-            at = builder.add(builder.mul(column, channels), c0)
-            return [builder.load(builder.bitcast(builder.gep(row, [at]), bytes_type.as_pointer()), align=1)
-                    for row in rows]
-
-        def widened(raw):
-            return (builder.sitofp(raw, vector) if signed else builder.uitofp(raw, vector))
-
-        def window_sum(column_values):
-            total = None
-            for kh in range(kernel_h):
-                for kw in range(kernel_w):
-                    value, weight = column_values[kw][kh], tap_weights[kh * kernel_w + kw]
-                    total = builder.fmul(value, weight) if total is None else builder.call(fmuladd, [value, weight, total])
-            return total
-
+        def columns_of_window(checked):
+            if sliding:
+                return [column_values(column, c0, checked) for column in new_columns]
+            return [column_values(builder.add(first_column, builder.mul(dilation, ir.Constant(i64, kw))), c0, checked)
+                    for kw in range(kernel_w)]
         builder.position_at_end(inside_block)
-        inside_sum = window_sum([[widened(raw) for raw in tap_values(
-            builder.add(first_column, builder.mul(dilation, ir.Constant(i64, kw))))] for kw in range(kernel_w)])
+        inside_columns = columns_of_window(False)
         builder.branch(join_block)
-
         builder.position_at_end(edge_block)
-        edge_values = []
-        for kw in range(kernel_w):
-            column = builder.add(first_column, builder.mul(dilation, ir.Constant(i64, kw)))
-            valid = builder.and_(builder.icmp_signed(">=", column, zero64), builder.icmp_signed("<", column, width))
-            read = tap_values(builder.select(valid, column, zero64))  # an edge tap reads column 0, then drops it
-            edge_values.append([builder.select(valid, widened(raw), padding_value) for raw in read])
-        edge_sum = window_sum(edge_values)
+        edge_columns = columns_of_window(True)
         builder.branch(join_block)
 
         builder.position_at_end(join_block)
-        total = builder.phi(vector)
-        total.add_incoming(inside_sum, inside_block)
-        total.add_incoming(edge_sum, edge_block)
+        window = []
+        for inside_column, edge_column in zip(inside_columns, edge_columns):
+            merged = []
+            for inside_value, edge_value in zip(inside_column, edge_column):
+                value = builder.phi(vector)
+                value.add_incoming(inside_value, inside_block)
+                value.add_incoming(edge_value, edge_block)
+                merged.append(value)
+            window.append(merged)
+        if sliding:
+            window = history + window
+            for kept, following_value in zip(history, window[sliding:]):
+                for value, new in zip(kept, following_value):
+                    value.add_incoming(new, join_block)
+        total = window_sum(window, tap_weights)
         shifted = builder.sitofp(builder.add(builder.fptosi(total, integers), shift), vector)
         value = builder.fadd(builder.call(rint, [builder.fmul(shifted, multiplier)]), y_zero_vector)
         value = builder.select(builder.fcmp_ordered("<", value, lo_vector), lo_vector, value)
@@ -637,26 +668,40 @@ def _fused_row_codegen(kernel_h: int, kernel_w: int, signed: bool, lanes: int):
     return codegen
 
 
-_FUSED_ROWS: dict[tuple[int, int, bool], object] = {}
+_FUSED_ROWS: dict[tuple[int, int, bool, int], object] = {}
 
 
-def fused_row_intrinsic(kernel_h: int, kernel_w: int, signed: bool):
-    """``_nhwc_fused_row`` for this window and input type (``_fused_row_codegen``), made once: one
-    output row of a channels-last depthwise convolution, summed and requantized in one pass.
-    Arguments, by address or as integers: the input rows' addresses (int64 [kernel_h]: a row of the
-    zero point's bytes where the window is above or below the input), the weights (float32 [taps,
-    channels]), the shifts (int32 [channels]: bias less the zero point's share), the multipliers
-    (float32 [channels]), the output row; channels (a multiple of NHWC_LANES), the input's width, the
-    output's width, the horizontal stride, padding and dilation, the output pixels whose window lies
-    inside the row ([first_inside, end_inside)), x's and y's zero points, lo and hi."""
-    key = (kernel_h, kernel_w, signed)
+def fused_row_intrinsic(kernel_h: int, kernel_w: int, signed: bool, sliding: int):
+    """``_nhwc_fused_row`` for this window, input type and way of reading (``_fused_row_codegen``;
+    ``sliding`` the stride, or 0: ``fused_sliding``), made once: one output row of a channels-last
+    depthwise convolution, summed and requantized in one pass. Arguments, by address or as integers:
+    the input rows' addresses (int64 [kernel_h]: a row of the zero point's bytes where the window is
+    above or below the input), the weights (float32 [taps, channels]), the shifts (int32 [channels]:
+    bias less the zero point's share), the multipliers (float32 [channels]), the output row; channels
+    (a multiple of NHWC_LANES), the input's width, the output's width, the horizontal stride, padding
+    and dilation, the output pixels whose window lies inside the row ([first_inside, end_inside)),
+    x's and y's zero points, lo and hi."""
+    key = (kernel_h, kernel_w, signed, sliding)
     if key not in _FUSED_ROWS:
         def typer(typingctx, rows_address, weights_address, shifts_address, multipliers_address, out_address,
                   channels, width, out_width, stride, pad, dilation, first_inside, end_inside, x_zero, y_zero, lo, hi):
-            return types.void(*[types.intp] * 17), _fused_row_codegen(kernel_h, kernel_w, signed, NHWC_LANES)
-        typer.__name__ = typer.__qualname__ = f"_nhwc_fused_row_{kernel_h}x{kernel_w}_{'s8' if signed else 'u8'}"
+            return types.void(*[types.intp] * 17), _fused_row_codegen(kernel_h, kernel_w, signed, NHWC_LANES, sliding)
+        typer.__name__ = typer.__qualname__ = fused_name("_nhwc_fused_row", (kernel_h, kernel_w), signed, sliding)
         _FUSED_ROWS[key] = intrinsic(typer)
     return _FUSED_ROWS[key]
+
+
+def fused_name(prefix: str, kernel: tuple[int, int], signed: bool, sliding: int) -> str:
+    """The name of a fused row function or kernel of this variant (Numba's disk cache tells them apart by it)."""
+    return f"{prefix}_{kernel[0]}x{kernel[1]}_{'s8' if signed else 'u8'}{f'_sliding{sliding}' if sliding else ''}"
+
+
+def fused_sliding(op: A.QuantizedConv2D) -> int:
+    """How many new columns each output pixel of the fused kernel reads, keeping the rest of its window
+    from the pixel before: its stride, where that is below the window's width at dilation 1 (and
+    NHWC_SLIDING); 0 (each reads its whole window) otherwise."""
+    stride, width = op.strides[1], op.kernel[1]
+    return stride if NHWC_SLIDING and op.dilations[1] == 1 and stride < width else 0
 
 
 def runs_nhwc_fused(op: A.QuantizedConv2D) -> bool:
@@ -911,14 +956,14 @@ def _kernel(fn, path: str, parallel: bool):
     return _COMPILED[key]
 
 
-def _fused_kernel(kernel: tuple[int, int], signed: bool, parallel: bool):
-    """``_conv_depthwise_nhwc_fused`` with the row intrinsic of this window and input type (a
-    function of its own name, for Numba's disk cache), as a parallel region or a one-thread loop."""
-    name = f"_conv_depthwise_nhwc_fused_{kernel[0]}x{kernel[1]}_{'s8' if signed else 'u8'}"
+def _fused_kernel(kernel: tuple[int, int], signed: bool, sliding: int, parallel: bool):
+    """``_conv_depthwise_nhwc_fused`` with the row intrinsic of this window, input type and way of
+    reading (a function of its own name, for Numba's disk cache), as a parallel region or a one-thread loop."""
+    name = fused_name("_conv_depthwise_nhwc_fused", kernel, signed, sliding)
     key = (name, "", parallel)
     if key not in _COMPILED:
         fn = _conv_depthwise_nhwc_fused
-        scope = dict(globals(), _fused_row=fused_row_intrinsic(*kernel, signed))
+        scope = dict(globals(), _fused_row=fused_row_intrinsic(*kernel, signed, sliding))
         made = types_module.FunctionType(fn.__code__, scope, name, fn.__defaults__, fn.__closure__)
         made.__qualname__ = name
         made.__doc__ = fn.__doc__
@@ -1069,12 +1114,13 @@ def _fused_nhwc_work(op, x, out, weight, bias, multiplier, geometry, parallel):
     zero_row = np.full(x.shape[2] * x.shape[3], op.x_zero_point, np.int16).astype(np.int8 if signed else np.uint8)
     zero_row = zero_row.view(np.uint8)
     arguments = (op.x_zero_point, op.y_zero_point, op.lo, op.hi)
-    kernel = cpu_jit.bind(_fused_kernel(op.kernel, signed, parallel), x, weights, shifts, multiplier, zero_row, out,
+    sliding = fused_sliding(op)
+    kernel = cpu_jit.bind(_fused_kernel(op.kernel, signed, sliding, parallel), x, weights, shifts, multiplier, zero_row, out,
                           geometry, *arguments)
 
     def run() -> None:
         kernel(x, weights, shifts, multiplier, zero_row, out, geometry, *arguments)
-    return KernelWork((run,), f"int8 depthwise nhwc fused{' region' if parallel else ''}")
+    return KernelWork((run,), f"int8 depthwise nhwc fused{' sliding' if sliding else ''}{' region' if parallel else ''}")
 
 
 def pack_weight_rows(weight: np.ndarray, pairs: bool) -> tuple[np.ndarray, np.ndarray]:
