@@ -147,11 +147,15 @@ DEPTHWISE = [g for g in GEOMETRIES if g[-2] == g[1] > 1] + [
     # more items (image, block, band of rows) than tasks: a task's scratch rows that held one band's
     # input are padding in its next band's
     ("depthwise many images", 8, (20, 9), 8, 3, 1, 1, 1, 8, 45),
-    # the vector sums (channels in whole vectors of NHWC_LANES): groups of NHWC_GROUP taps and the
-    # three-tap calls past them (7x7), dilation at stride 2, and blocks of 64 of 192 channels
+    # the fused kernel (channels in whole vectors of NHWC_LANES): a 7x7 window, dilation at stride 2,
+    # 192 channels; every pixel's window past the row's ends (a plane 2 wide); windows wholly in the
+    # padding (pad 2 of a 3x3); stride 3 with rows of several images in one task
     ("depthwise vector 7x7", 16, (12, 11), 16, 7, 1, 3, 1, 16, 1),
     ("depthwise vector dilated stride 2", 32, (17, 16), 32, 3, 2, 2, 2, 32, 1),
     ("depthwise vector blocks of 64", 192, (9, 8), 192, 3, 1, 1, 1, 192, 2),
+    ("depthwise fused narrow", 16, (3, 2), 16, 3, 1, 1, 1, 16, 2),
+    ("depthwise fused wide padding", 16, (6, 5), 16, 3, 1, 2, 1, 16, 1),
+    ("depthwise fused stride 3 images", 32, (16, 17), 32, 5, 3, 1, 1, 32, 3),
 ]
 
 
@@ -163,6 +167,9 @@ def _run_channels_last(backend: CpuBackend, op, x, w, bias, multiplier) -> np.nd
                                         _handle(multiplier)],
                                    [TensorHandle(out.reshape(-1), 0, out.shape, op.out_dtype)])
     assert "nhwc" in exe.scheme or not backend.jit, exe.scheme
+    assert ("fused" in exe.scheme) == (backend.jit and int8_conv.runs_nhwc_fused(op)), exe.scheme
+    sliding = int8_conv.NHWC_SLIDING and op.strides[1] < op.kernel[1] and op.dilations[1] == 1
+    assert ("sliding" in exe.scheme) == ("fused" in exe.scheme and sliding), exe.scheme
     for work in exe.work:
         work()
     return out.transpose(0, 3, 1, 2)
@@ -170,24 +177,29 @@ def _run_channels_last(backend: CpuBackend, op, x, w, bias, multiplier) -> np.nd
 
 @pytest.mark.parametrize("geometry", DEPTHWISE, ids=[g[0] for g in DEPTHWISE])
 @pytest.mark.parametrize("types", [("int8", "int8"), ("uint8", "uint8"), ("uint8", "int8")], ids="-".join)
-@pytest.mark.parametrize("blocks", ["default", "short", "loops"])
+@pytest.mark.parametrize("blocks", ["default", "windows", "short", "loops"])
 def test_channels_last_depthwise_is_the_contract_exactly(compiled_cpu, geometry, types, blocks, monkeypatch):
     """A ``channels_last`` depthwise QuantizedConv2D (x and out NHWC) gives the reference's bits, compiled
-    and on the NumPy backend; "short": blocks of 16 channels (partial ones past them) and vector loops
-    over a few pixels, so that an output row takes several of them; "loops": the vector loops over the
-    taps' length of sums where the default takes the vector sums (``nhwc_vector_sums``)."""
+    and on the NumPy backend; "default": the fused kernel where the channels are whole vectors
+    (``runs_nhwc_fused``; at dilation 1 keeping a window's columns from pixel to pixel), else
+    the vector loops; "windows": the fused kernel reading each pixel's whole window everywhere; "loops": the vector loops over the taps' length of sums
+    everywhere; "short": those loops in blocks of 16 channels (partial ones past them) over a few pixels,
+    so that an output row takes several of them."""
     if blocks == "short":
+        monkeypatch.setattr(int8_conv, "NHWC_FUSED", False)
         monkeypatch.setattr(int8_conv, "NHWC_WHOLE", 8)
         monkeypatch.setattr(int8_conv, "CHANNEL_BLOCK", 16)
         monkeypatch.setattr(int8_conv, "NHWC_CHUNK", 40)
+    if blocks == "windows":
+        monkeypatch.setattr(int8_conv, "NHWC_SLIDING", False)
     if blocks == "loops":
-        monkeypatch.setattr(int8_conv, "NHWC_VECTOR_SUMS", False)
+        monkeypatch.setattr(int8_conv, "NHWC_FUSED", False)
     for seed in (0, 1):
         op, x, w, bias, multiplier, _ = _case(geometry, *types, seed=seed)
-        if seed == 0 and blocks == "default":  # the vector sums exactly where the channels are whole vectors
+        if seed == 0 and blocks == "default":  # fused exactly where the channels are whole vectors
             expected = (op.out_channels % int8_conv.NHWC_LANES == 0
                         and int8_conv.direct_sum_dtype(op) == np.float32)
-            assert int8_conv.nhwc_vector_sums(dataclasses.replace(op, channels_last=True)) == expected
+            assert int8_conv.runs_nhwc_fused(dataclasses.replace(op, channels_last=True)) == expected
         reference = int8_conv.quantized_conv_reference(op, x, w, bias, multiplier)
         np.testing.assert_array_equal(_run_channels_last(compiled_cpu, op, x, w, bias, multiplier), reference)
         if seed == 0:

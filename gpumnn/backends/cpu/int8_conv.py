@@ -23,9 +23,10 @@ of any window up to 514 taps, else int32); depthwise ones on the smallest planes
 there a plane is too few outputs to pay each row's loops, and at stride 1 with rows as wide as the
 input's (``runs_flat``) over each plane flattened without padding columns, the reads past a row's
 ends taken off after; a ``channels_last`` one (the activations NHWC between int8 ops, decided by
-``gpumnn.scheduler.precision.int8_channels_last``) reads each pixel's channels as they lie
-(``_conv_depthwise_nhwc``), each row's sums with the taps' weight vectors held in registers
-(``_nhwc_row_sums``, an LLVM intrinsic). All end in the requantizing epilogue
+``gpumnn.scheduler.precision.int8_channels_last``) reads each pixel's channels as they lie: where
+they are whole vectors, each output row in one pass straight from the 8-bit rows, the taps' weight
+vectors in registers and the epilogue fused (``_conv_depthwise_nhwc_fused``, an LLVM intrinsic per
+row), else through a widened scratch (``_conv_depthwise_nhwc``). All end in the requantizing epilogue
 of the contract: ``clip(rint(float32(acc) * multiplier) + zero, lo, hi)``, a float multiplier as
 ONNX Runtime's.
 
@@ -626,64 +627,158 @@ NHWC_WHOLE = 160
 NHWC_CHUNK = 4096
 
 
-#: the float32 lanes of the channels-last depthwise kernel's vector sums (``_nhwc_row_sums``): one
-#: AVX-512 register (two AVX2 ones); a block of channels that is a multiple of it takes them
+#: the channels the fused channels-last depthwise kernel (``_nhwc_fused_row``) takes per vector: one
+#: AVX-512 register of float32 (two AVX2 ones); an op whose channels are a multiple of it takes it
 NHWC_LANES = 16
-#: the taps one call of ``_nhwc_row_sums`` sums, their weight vectors held in registers over a row
-NHWC_GROUP = 9
-#: whether the channels-last depthwise kernel sums on ``_nhwc_row_sums`` where a block allows (tests
-#: turn it off to check the vector loops over whole rows that serve the other blocks)
-NHWC_VECTOR_SUMS = True
+#: whether the channels-last depthwise kernel runs fused (``_conv_depthwise_nhwc_fused``) where an op
+#: allows (tests turn it off to check the vector loops that serve the other channel counts)
+NHWC_FUSED = True
+#: whether the fused kernel keeps a window's columns in registers from one pixel to the next at stride
+#: and dilation 1 (tests turn it off to check the reads of whole windows there too)
+NHWC_SLIDING = True
 
 
-def _row_sums_codegen(group: int, lanes: int):
-    """The codegen of ``_nhwc_row_sums`` for ``group`` taps and float32 vectors of ``lanes`` lanes:
-    for each ``lanes`` channels of a block, the group's weight vectors are loaded once, then each
-    output pixel of the row is ``group`` loads of the widened input (one per tap, at the tap's
-    offset) times them, added to the pixel's sums (or to zero, where ``accumulate`` is 0) and stored.
-    The sums are exact integers in float32, so the order of the additions changes nothing."""
+def _fused_row_codegen(kernel_h: int, kernel_w: int, signed: bool, lanes: int, sliding: int):
+    """The codegen of ``_nhwc_fused_row`` for a ``kernel_h`` x ``kernel_w`` window over 8-bit values
+    (``signed``: int8, else uint8) in float32 vectors of ``lanes`` channels. For each ``lanes``
+    channels, the taps' weight vectors, the shift and the multiplier are loaded once; then each output
+    pixel of the row reads the window's bytes straight from the input rows (widened and converted in
+    registers), sums their products, and requantizes the sum into its bytes of the output row:
+    ``clip(rint(float32(int32(sum) + shift) * multiplier) + y_zero, lo, hi)``. Window columns past a
+    row's ends hold the zero point. ``sliding`` (the stride, below the window's width, at dilation 1;
+    0 otherwise): each pixel reads and converts only the last ``sliding`` columns of its window and
+    keeps the others from the pixel before it, in registers; otherwise each reads its whole window. The sums are exact integers in float32, so the order of the
+    additions changes nothing."""
     def codegen(context, builder, signature, args):
-        i64, f32 = ir.IntType(64), ir.FloatType()
+        i8, i32, i64, f32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
         vector = ir.VectorType(f32, lanes)
-        vector_pointer = vector.as_pointer()
-        padded_address, offsets_address, weights_address, tap_stride, pixels, pixel_stride, channels, \
-            acc_address, accumulate = args
-        padded = builder.inttoptr(padded_address, f32.as_pointer())
+        integers = ir.VectorType(i32, lanes)
+        bytes_type = ir.VectorType(i8, lanes)
+        module = builder.module
+
+        def function(name, arguments):
+            return module.globals.get(name) or ir.Function(module, ir.FunctionType(vector, arguments), name)
+        fmuladd = function(f"llvm.fmuladd.v{lanes}f32", [vector] * 3)
+        rint = function(f"llvm.rint.v{lanes}f32", [vector])
+        rows_address, weights_address, shifts_address, multipliers_address, out_address, channels, width, \
+            out_width, stride, pad, dilation, first_inside, end_inside, x_zero, y_zero, lo, hi = args
+
+        def splat(value):
+            one = builder.insert_element(ir.Constant(vector, ir.Undefined), value, ir.Constant(i32, 0))
+            return builder.shuffle_vector(one, ir.Constant(vector, ir.Undefined), ir.Constant(integers, [0] * lanes))
+        rows_pointer = builder.inttoptr(rows_address, i64.as_pointer())
+        rows = [builder.inttoptr(builder.load(builder.gep(rows_pointer, [ir.Constant(i64, r)])), i8.as_pointer())
+                for r in range(kernel_h)]
         weights = builder.inttoptr(weights_address, f32.as_pointer())
-        acc = builder.inttoptr(acc_address, f32.as_pointer())
-        offsets_pointer = builder.inttoptr(offsets_address, i64.as_pointer())
-        offsets = [builder.load(builder.gep(offsets_pointer, [ir.Constant(i64, k)])) for k in range(group)]
-        adding = builder.icmp_signed("!=", accumulate, ir.Constant(i64, 0))
-        zero = ir.Constant(vector, [0.0] * lanes)
+        shifts = builder.inttoptr(shifts_address, i32.as_pointer())
+        multipliers = builder.inttoptr(multipliers_address, f32.as_pointer())
+        out = builder.inttoptr(out_address, i8.as_pointer())
+        padding_value = splat(builder.sitofp(x_zero, f32))
+        y_zero_vector, lo_vector, hi_vector = (splat(builder.sitofp(v, f32)) for v in (y_zero, lo, hi))
+        zero64 = ir.Constant(i64, 0)
         entry = builder.block
         channel_loop = builder.append_basic_block("nhwc.channels")
         pixel_loop = builder.append_basic_block("nhwc.pixels")
+        inside_block = builder.append_basic_block("nhwc.inside")
+        edge_block = builder.append_basic_block("nhwc.edge")
+        join_block = builder.append_basic_block("nhwc.requantize")
         channel_next = builder.append_basic_block("nhwc.channels.next")
         done = builder.append_basic_block("nhwc.done")
-        builder.cbranch(builder.and_(builder.icmp_signed(">", channels, ir.Constant(i64, 0)),
-                                     builder.icmp_signed(">", pixels, ir.Constant(i64, 0))), channel_loop, done)
+        builder.cbranch(builder.and_(builder.icmp_signed(">", channels, zero64),
+                                     builder.icmp_signed(">", out_width, zero64)), channel_loop, done)
+
+        def vector_at(pointer, index, kind):
+            return builder.load(builder.bitcast(builder.gep(pointer, [index]), kind.as_pointer()), align=4)
+
+        def column_values(column, c0, checked):
+            """The window's values in input column ``column`` (one vector per window row), the zero
+            point where ``checked`` and the column is past a row's ends."""
+            valid = builder.and_(builder.icmp_signed(">=", column, zero64), builder.icmp_signed("<", column, width))
+            read = builder.select(valid, column, zero64) if checked else column  # a column past the ends reads 0
+            at = builder.add(builder.mul(read, channels), c0)
+            values = []
+            for row in rows:
+                raw = builder.load(builder.bitcast(builder.gep(row, [at]), bytes_type.as_pointer()), align=1)
+                value = builder.sitofp(raw, vector) if signed else builder.uitofp(raw, vector)
+                values.append(builder.select(valid, value, padding_value) if checked else value)
+            return values
+
+        def window_sum(window, tap_weights):
+            total = None
+            for kh in range(kernel_h):
+                for kw in range(kernel_w):
+                    value, weight = window[kw][kh], tap_weights[kh * kernel_w + kw]
+                    total = builder.fmul(value, weight) if total is None else builder.call(fmuladd, [value, weight, total])
+            return total
 
         builder.position_at_end(channel_loop)
         c0 = builder.phi(i64)
-        c0.add_incoming(ir.Constant(i64, 0), entry)
-        tap_weights = [builder.load(builder.bitcast(builder.gep(weights, [builder.add(
-            builder.mul(tap_stride, ir.Constant(i64, k)), c0)]), vector_pointer), align=4) for k in range(group)]
+        c0.add_incoming(zero64, entry)
+        tap_weights = [vector_at(weights, builder.add(builder.mul(channels, ir.Constant(i64, k)), c0), vector)
+                       for k in range(kernel_h * kernel_w)]
+        shift = vector_at(shifts, c0, integers)
+        multiplier = vector_at(multipliers, c0, vector)
+        kept_columns = kernel_w - sliding  # of a window, those the next pixel's window holds too
+        if sliding:  # the columns pixel 0 does not read itself, as they enter its window
+            first_history = [column_values(builder.sub(ir.Constant(i64, kw), pad), c0, True)
+                             for kw in range(kept_columns)]
         builder.branch(pixel_loop)
 
         builder.position_at_end(pixel_loop)
         p = builder.phi(i64)
-        p.add_incoming(ir.Constant(i64, 0), channel_loop)
-        at = builder.add(builder.mul(p, pixel_stride), c0)
-        sums_at = builder.bitcast(builder.gep(acc, [at]), vector_pointer)
-        total = builder.select(adding, builder.load(sums_at, align=4), zero)
-        for offset, weight in zip(offsets, tap_weights):
-            value = builder.load(builder.bitcast(builder.gep(padded, [builder.add(at, offset)]), vector_pointer),
-                                 align=4)
-            total = builder.fadd(total, builder.fmul(value, weight))
-        builder.store(total, sums_at, align=4)
+        p.add_incoming(zero64, channel_loop)
+        if sliding:
+            history = [[builder.phi(vector) for _ in range(kernel_h)] for _ in range(kept_columns)]
+            for kept, first in zip(history, first_history):
+                for value, initial in zip(kept, first):
+                    value.add_incoming(initial, channel_loop)
+        first_column = builder.sub(builder.mul(p, stride), pad)
+        if sliding:
+            new_columns = [builder.add(first_column, ir.Constant(i64, kw)) for kw in range(kept_columns, kernel_w)]
+            inside = builder.and_(builder.icmp_signed(">=", new_columns[0], zero64),
+                                  builder.icmp_signed("<", new_columns[-1], width))
+        else:
+            inside = builder.and_(builder.icmp_signed(">=", p, first_inside), builder.icmp_signed("<", p, end_inside))
+        builder.cbranch(inside, inside_block, edge_block)
+
+        def columns_of_window(checked):
+            if sliding:
+                return [column_values(column, c0, checked) for column in new_columns]
+            return [column_values(builder.add(first_column, builder.mul(dilation, ir.Constant(i64, kw))), c0, checked)
+                    for kw in range(kernel_w)]
+        builder.position_at_end(inside_block)
+        inside_columns = columns_of_window(False)
+        builder.branch(join_block)
+        builder.position_at_end(edge_block)
+        edge_columns = columns_of_window(True)
+        builder.branch(join_block)
+
+        builder.position_at_end(join_block)
+        window = []
+        for inside_column, edge_column in zip(inside_columns, edge_columns):
+            merged = []
+            for inside_value, edge_value in zip(inside_column, edge_column):
+                value = builder.phi(vector)
+                value.add_incoming(inside_value, inside_block)
+                value.add_incoming(edge_value, edge_block)
+                merged.append(value)
+            window.append(merged)
+        if sliding:
+            window = history + window
+            for kept, following_value in zip(history, window[sliding:]):
+                for value, new in zip(kept, following_value):
+                    value.add_incoming(new, join_block)
+        total = window_sum(window, tap_weights)
+        shifted = builder.sitofp(builder.add(builder.fptosi(total, integers), shift), vector)
+        value = builder.fadd(builder.call(rint, [builder.fmul(shifted, multiplier)]), y_zero_vector)
+        value = builder.select(builder.fcmp_ordered("<", value, lo_vector), lo_vector, value)
+        value = builder.select(builder.fcmp_ordered(">", value, hi_vector), hi_vector, value)
+        stored = builder.trunc(builder.fptosi(value, integers), bytes_type)
+        destination = builder.gep(out, [builder.add(builder.mul(p, channels), c0)])
+        builder.store(stored, builder.bitcast(destination, bytes_type.as_pointer()), align=1)
         following = builder.add(p, ir.Constant(i64, 1))
-        p.add_incoming(following, pixel_loop)
-        builder.cbranch(builder.icmp_signed("<", following, pixels), pixel_loop, channel_next)
+        p.add_incoming(following, join_block)
+        builder.cbranch(builder.icmp_signed("<", following, out_width), pixel_loop, channel_next)
 
         builder.position_at_end(channel_next)
         c1 = builder.add(c0, ir.Constant(i64, lanes))
@@ -695,28 +790,82 @@ def _row_sums_codegen(group: int, lanes: int):
     return codegen
 
 
-@intrinsic
-def _nhwc_row_sums(typingctx, padded_address, offsets_address, weights_address, tap_stride, pixels,
-                   pixel_stride, channels, acc_address, accumulate):
-    """One output row's sums over NHWC_GROUP taps (``_row_sums_codegen``): acc[p * pixel_stride + c]
-    (+)= sum over taps k of padded[p * pixel_stride + c + offsets[k]] * weights[k * tap_stride + c],
-    for p below ``pixels`` and c below ``channels`` (a multiple of NHWC_LANES); float32 arrays and
-    int64 offsets, by address."""
-    return types.void(*[types.intp] * 9), _row_sums_codegen(NHWC_GROUP, NHWC_LANES)
+_FUSED_ROWS: dict[tuple[int, int, bool, int], object] = {}
 
 
-@intrinsic
-def _nhwc_row_sums_3(typingctx, padded_address, offsets_address, weights_address, tap_stride, pixels,
-                     pixel_stride, channels, acc_address, accumulate):
-    """``_nhwc_row_sums`` over CHANNELS_LAST_READS taps: the taps past the last whole NHWC_GROUP."""
-    return types.void(*[types.intp] * 9), _row_sums_codegen(CHANNELS_LAST_READS, NHWC_LANES)
+def fused_row_intrinsic(kernel_h: int, kernel_w: int, signed: bool, sliding: int):
+    """``_nhwc_fused_row`` for this window, input type and way of reading (``_fused_row_codegen``;
+    ``sliding`` the stride, or 0: ``fused_sliding``), made once: one output row of a channels-last
+    depthwise convolution, summed and requantized in one pass. Arguments, by address or as integers:
+    the input rows' addresses (int64 [kernel_h]: a row of the zero point's bytes where the window is
+    above or below the input), the weights (float32 [taps, channels]), the shifts (int32 [channels]:
+    bias less the zero point's share), the multipliers (float32 [channels]), the output row; channels
+    (a multiple of NHWC_LANES), the input's width, the output's width, the horizontal stride, padding
+    and dilation, the output pixels whose window lies inside the row ([first_inside, end_inside)),
+    x's and y's zero points, lo and hi."""
+    key = (kernel_h, kernel_w, signed, sliding)
+    if key not in _FUSED_ROWS:
+        def typer(typingctx, rows_address, weights_address, shifts_address, multipliers_address, out_address,
+                  channels, width, out_width, stride, pad, dilation, first_inside, end_inside, x_zero, y_zero, lo, hi):
+            return types.void(*[types.intp] * 17), _fused_row_codegen(kernel_h, kernel_w, signed, NHWC_LANES, sliding)
+        typer.__name__ = typer.__qualname__ = fused_name("_nhwc_fused_row", (kernel_h, kernel_w), signed, sliding)
+        _FUSED_ROWS[key] = intrinsic(typer)
+    return _FUSED_ROWS[key]
 
 
-def nhwc_vector_sums(op: A.QuantizedConv2D) -> bool:
-    """Whether ``_conv_depthwise_nhwc`` sums ``op``'s rows on ``_nhwc_row_sums``: float32 sums, blocks
-    of whole vectors of NHWC_LANES channels."""
-    return (NHWC_VECTOR_SUMS and direct_sum_dtype(op) == np.float32
-            and nhwc_block(op.out_channels) % NHWC_LANES == 0 and op.out_channels % NHWC_LANES == 0)
+def fused_name(prefix: str, kernel: tuple[int, int], signed: bool, sliding: int) -> str:
+    """The name of a fused row function or kernel of this variant (Numba's disk cache tells them apart by it)."""
+    return f"{prefix}_{kernel[0]}x{kernel[1]}_{'s8' if signed else 'u8'}{f'_sliding{sliding}' if sliding else ''}"
+
+
+def fused_sliding(op: A.QuantizedConv2D) -> int:
+    """How many new columns each output pixel of the fused kernel reads, keeping the rest of its window
+    from the pixel before: its stride, where that is below the window's width at dilation 1 (and
+    NHWC_SLIDING); 0 (each reads its whole window) otherwise."""
+    stride, width = op.strides[1], op.kernel[1]
+    return stride if NHWC_SLIDING and op.dilations[1] == 1 and stride < width else 0
+
+
+def runs_nhwc_fused(op: A.QuantizedConv2D) -> bool:
+    """Whether a ``channels_last`` depthwise ``op`` runs fused (``_conv_depthwise_nhwc_fused``): float32
+    sums exact (``direct_sum_dtype``) and its channels whole vectors of NHWC_LANES."""
+    return NHWC_FUSED and direct_sum_dtype(op) == np.float32 and op.out_channels % NHWC_LANES == 0
+
+
+def fused_nhwc_operands(op: A.QuantizedConv2D, weight: np.ndarray, bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A depthwise ``weight`` [C, 1, KH, KW] and int32 ``bias`` as ``_nhwc_fused_row`` reads them: the
+    taps' weights float32 [KH * KW, C], and the shifts int32 [C], ``bias - x_zero * sum(weights)``
+    (wrapping as the int32 sum does), so that the raw bytes are summed and the zero point's share
+    taken off once."""
+    channels, window = op.out_channels, op.kernel[0] * op.kernel[1]
+    taps = weight.reshape(channels, window)
+    shifts = bias.astype(np.int64) - op.x_zero_point * taps.sum(axis=1, dtype=np.int64)
+    return np.ascontiguousarray(taps.T.astype(np.float32)), shifts.astype(np.int32)
+
+
+def _conv_depthwise_nhwc_fused(x, weights, shifts, multiplier, zero_row, out, geometry, x_zero, y_zero, lo, hi):
+    """A ``channels_last`` depthwise QuantizedConv2D (``runs_nhwc_fused``) with no scratch: x uint8
+    [N, H, W, C] and out uint8 [N, OH*OW, C], both contiguous; ``weights`` and ``shifts``
+    (``fused_nhwc_operands``); ``zero_row`` a row of x's zero point's bytes [W * C], read for the
+    window's rows above and below the input. Each parallel task takes a run of output rows (of all
+    images), each row one ``_fused_row`` call that sums and requantizes it."""
+    kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
+    images, height, width, channels = x.shape
+    first_inside = min(-(-pw // sw), ow_)
+    end_inside = max(first_inside, min(ow_, (width - 1 - (kw_ - 1) * dw + pw) // sw + 1))
+    row_bytes = width * channels
+    items = images * oh_
+    tasks = min(items, DIRECT_TASKS)
+    for task in numba.prange(tasks):
+        rows = np.empty(kh_, np.int64)
+        for item in range(task * items // tasks, (task + 1) * items // tasks):
+            n, oh = item // oh_, item % oh_
+            for kh in range(kh_):
+                ih = oh * sh - ph + kh * dh
+                rows[kh] = x.ctypes.data + (n * height + ih) * row_bytes if 0 <= ih < height else zero_row.ctypes.data
+            _fused_row(rows.ctypes.data, weights.ctypes.data, shifts.ctypes.data, multiplier.ctypes.data,
+                       out.ctypes.data + item * ow_ * channels, channels, width, ow_, sw, pw, dw, first_inside,
+                       end_inside, x_zero, y_zero, lo, hi)
 
 
 def nhwc_block(channels: int) -> int:
@@ -751,11 +900,10 @@ def _conv_depthwise_nhwc(x, taps, bias, multiplier, out, geometry, flip, x_zero,
     NHWC_BAND output rows: it widens the input rows the band reads, less the zero point, into a
     zero-padded scratch [rows, column phase (by stride), columns of the phase, block], so that one
     tap over consecutive output pixels of a row reads one contiguous run of values; an output row is
-    then, where ``geometry``'s last flag (``nhwc_vector_sums``) says so, ``_nhwc_row_sums`` over the
-    row (each tap's weights once, NHWC_GROUP taps a call), else vector loops over the taps' length of
-    sums (``nhwc_taps``), CHANNELS_LAST_READS taps each; the row is requantized into out's rows
-    (one loop over the row where the block is every channel)."""
-    kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_, vector_sums = geometry
+    then vector loops over the taps' length of sums (``nhwc_taps``), CHANNELS_LAST_READS taps each;
+    the row is requantized into out's rows (one loop over the row where the block is every channel).
+    The ops whose channels are whole vectors run fused instead (``_conv_depthwise_nhwc_fused``)."""
+    kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
     images, height, width, channels = x.shape
     blocks, taps_padded, chunk_pixels, block = taps.shape
     chunk = chunk_pixels * block
@@ -807,24 +955,7 @@ def _conv_depthwise_nhwc(x, taps, bias, multiplier, out, geometry, flip, x_zero,
             weights = taps[b]
             for oh in range(oh0, oh1):
                 base = (oh - oh0) * sh * row_size
-                if vector_sums:  # each tap's weights once (pixel 0's copy), held in registers over the row
-                    tap_stride = chunk_pixels * block
-                    whole_groups = taps_padded - taps_padded % NHWC_GROUP
-                    for k in range(0, taps_padded, CHANNELS_LAST_READS):
-                        if k < whole_groups and k % NHWC_GROUP != 0:
-                            continue
-                        source, tap_offsets = padded.ctypes.data + 4 * base, offsets.ctypes.data + 8 * k
-                        tap_weights, adding = weights.ctypes.data + 4 * k * tap_stride, 1 if k > 0 else 0
-                        if k < whole_groups:
-                            _nhwc_row_sums(source, tap_offsets, tap_weights, tap_stride, ow_, block, block,
-                                           acc.ctypes.data, adding)
-                        else:
-                            _nhwc_row_sums_3(source, tap_offsets, tap_weights, tap_stride, ow_, block, block,
-                                             acc.ctypes.data, adding)
-                    chunk_end = 0
-                else:
-                    chunk_end = length
-                for first in range(0, chunk_end, chunk):
+                for first in range(0, length, chunk):
                     span = min(chunk, length - first)
                     sums = acc[first:first + span]
                     for k in range(0, taps_padded, CHANNELS_LAST_READS):
@@ -947,6 +1078,24 @@ def _kernel(fn, path: str, parallel: bool):
     return _COMPILED[key]
 
 
+def _fused_kernel(kernel: tuple[int, int], signed: bool, sliding: int, parallel: bool):
+    """``_conv_depthwise_nhwc_fused`` with the row intrinsic of this window, input type and way of
+    reading (a function of its own name, for Numba's disk cache), as a parallel region or a one-thread loop."""
+    name = fused_name("_conv_depthwise_nhwc_fused", kernel, signed, sliding)
+    key = (name, "", parallel)
+    if key not in _COMPILED:
+        fn = _conv_depthwise_nhwc_fused
+        scope = dict(globals(), _fused_row=fused_row_intrinsic(*kernel, signed, sliding))
+        made = types_module.FunctionType(fn.__code__, scope, name, fn.__defaults__, fn.__closure__)
+        made.__qualname__ = name
+        made.__doc__ = fn.__doc__
+        if parallel:
+            _COMPILED[key] = cpu_parallel.compiled_region(made, error_model="numpy", fastmath=False)
+        else:
+            _COMPILED[key] = numba.njit(error_model="numpy", boundscheck=False, nogil=True)(made)
+    return _COMPILED[key]
+
+
 def _bytes(handle) -> np.ndarray:
     """A handle's 8-bit buffer seen as uint8 (int8 bytes as they are)."""
     buffer = typed(handle)
@@ -1028,10 +1177,10 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
         return KernelWork((run,), f"int8 depthwise {name}{' region' if parallel else ''}")
     if op.channels_last:
         row_pixels = op.out_hw[1]
-        vector_sums = nhwc_vector_sums(op)
-        return depthwise(_conv_depthwise_nhwc, nhwc_taps(op, weight), "nhwc" + (" vector" if vector_sums else ""),
-                         np.tile(bias, row_pixels), np.tile(multiplier, row_pixels),
-                         geometry=geometry + (vector_sums,))
+        if runs_nhwc_fused(op):
+            return _fused_nhwc_work(op, x, out, weight, bias, multiplier, geometry, parallel)
+        return depthwise(_conv_depthwise_nhwc, nhwc_taps(op, weight), "nhwc", np.tile(bias, row_pixels),
+                         np.tile(multiplier, row_pixels))
     if runs_channels_last(op):
         return depthwise(_conv_depthwise_channels_last, channels_last_taps(op, weight), "channels-last")
     if runs_flat(op):
@@ -1108,6 +1257,23 @@ def _stem_work(op, x, out, weight, bias, multiplier, flip, path, parallel, made_
         kernel(x, padded, words, packed, panels, shifts, scales, out, geometry, *arguments)
     layout = " nhwc" if op.out_channels_last else ""
     return KernelWork((run,), f"int8 stem{layout} {cpu_int8.PATH_NAMES[path]}{' region' if parallel else ''}")
+
+
+def _fused_nhwc_work(op, x, out, weight, bias, multiplier, geometry, parallel):
+    """The execution of a ``channels_last`` depthwise op by ``_conv_depthwise_nhwc_fused`` (its taps and
+    shifts are a few floats per channel: made per execution)."""
+    weights, shifts = fused_nhwc_operands(op, weight, bias)
+    signed = op.dtype == A.INT8
+    zero_row = np.full(x.shape[2] * x.shape[3], op.x_zero_point, np.int16).astype(np.int8 if signed else np.uint8)
+    zero_row = zero_row.view(np.uint8)
+    arguments = (op.x_zero_point, op.y_zero_point, op.lo, op.hi)
+    sliding = fused_sliding(op)
+    kernel = cpu_jit.bind(_fused_kernel(op.kernel, signed, sliding, parallel), x, weights, shifts, multiplier, zero_row, out,
+                          geometry, *arguments)
+
+    def run() -> None:
+        kernel(x, weights, shifts, multiplier, zero_row, out, geometry, *arguments)
+    return KernelWork((run,), f"int8 depthwise nhwc fused{' sliding' if sliding else ''}{' region' if parallel else ''}")
 
 
 def pack_weight_rows(weight: np.ndarray, pairs: bool) -> tuple[np.ndarray, np.ndarray]:
