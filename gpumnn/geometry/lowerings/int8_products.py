@@ -51,7 +51,7 @@ from .conv import conv2d_geometry, lower_conv, lower_global_pool, lower_pool
 from .elementwise import lower_binary
 from .matmul import lower_gemm, lower_matmul
 from .microsoft import MS, lower_qlinear_binary, lower_qlinear_global_average_pool
-from .quantize import RANGES, lower_qlinear_conv, lower_qlinear_matmul
+from .quantize import RANGES, lower_qlinear_conv, lower_qlinear_matmul, scalar_constant
 from .reorder import lower_flatten, lower_reshape
 
 _INT32 = np.iinfo(np.int32)
@@ -74,14 +74,6 @@ def _input(node: Node, index: int) -> str | None:
     return node.inputs[index] if len(node.inputs) > index and node.inputs[index] else None
 
 
-def _scalar(ctx: LoweringContext, name: str | None) -> np.ndarray | None:
-    """A constant of one element as a 0-d array, else None."""
-    value = ctx.values.get(name) if name else None
-    if value is None or not value.is_const or value.const.size != 1:
-        return None
-    return value.const.reshape(())
-
-
 def _is_op(node: Node | None, op_type: str) -> bool:
     return node is not None and node.op_type == op_type and node.domain in DEFAULT_DOMAINS
 
@@ -91,8 +83,8 @@ def _quantization(ctx: LoweringContext, q: str, scale: str | None, zero_point: s
     value = ctx.values.get(q)
     if value is None or value.is_const or value.dtype not in (np.int8, np.uint8):
         return None
-    s = _scalar(ctx, scale)
-    zp = np.zeros((), value.dtype) if zero_point is None else _scalar(ctx, zero_point)
+    s = scalar_constant(ctx, scale)
+    zp = np.zeros((), value.dtype) if zero_point is None else scalar_constant(ctx, zero_point)
     if s is None or s.dtype != np.float32 or not np.isfinite(s) or s <= 0 or zp is None or zp.dtype != value.dtype:
         return None
     return _Quantization(q, np.float32(s), int(zp), value.dtype)
@@ -167,7 +159,7 @@ def _requantizing_reader(ctx: LoweringContext, node: Node) -> _Requantization | 
         if reader.op_type == "Relu":
             activation = ("relu", ())
         else:
-            bounds = [_scalar(ctx, _input(reader, i)) for i in (1, 2)]
+            bounds = [scalar_constant(ctx, _input(reader, i)) for i in (1, 2)]
             if any(b is None and _input(reader, i) for b, i in zip(bounds, (1, 2))):
                 return None
             activation = ("clip", (-np.inf if bounds[0] is None else float(bounds[0]),
@@ -184,8 +176,8 @@ def _requantizing_reader(ctx: LoweringContext, node: Node) -> _Requantization | 
         ctx.dtype(zero_point) if zero_point else np.dtype(np.uint8))
     if dtype not in (np.int8, np.uint8) or reader.attr("precision", 0) not in (0, 1):
         return None
-    scale = _scalar(ctx, reader.inputs[1])
-    zp = np.zeros((), dtype) if zero_point is None else _scalar(ctx, zero_point)
+    scale = scalar_constant(ctx, reader.inputs[1])
+    zp = np.zeros((), dtype) if zero_point is None else scalar_constant(ctx, zero_point)
     if scale is None or scale.dtype != np.float32 or not np.isfinite(scale) or scale <= 0 or zp is None:
         return None
     out = _Quantization(reader.outputs[0], np.float32(scale), int(zp), dtype)
@@ -410,7 +402,8 @@ def _int8_qlinear_conv(ctx: LoweringContext, node: Node) -> bool:
     weight = _symmetric_int8(ctx, node.inputs[3], node.inputs[4], _input(node, 5), w_shape[0])
     y_zp = _input(node, 7)
     dtype = ctx.dtype(y_zp) if y_zp else np.dtype(np.uint8)
-    scale, zp = _scalar(ctx, node.inputs[6]), (np.zeros((), dtype) if y_zp is None else _scalar(ctx, y_zp))
+    scale = scalar_constant(ctx, node.inputs[6])
+    zp = np.zeros((), dtype) if y_zp is None else scalar_constant(ctx, y_zp)
     bias = _input(node, 8)
     bias_value = ctx.values.get(bias) if bias else None
     if weight is None or scale is None or scale.dtype != np.float32 or scale <= 0 or zp is None \
@@ -441,7 +434,8 @@ def _int8_qlinear_matmul(ctx: LoweringContext, node: Node) -> bool:
     weight = _symmetric_int8(ctx, node.inputs[3], node.inputs[4], _input(node, 5), n)
     y_zp = _input(node, 7)
     dtype = ctx.dtype(y_zp) if y_zp else np.dtype(np.uint8)
-    scale, zp = _scalar(ctx, node.inputs[6]), (np.zeros((), dtype) if y_zp is None else _scalar(ctx, y_zp))
+    scale = scalar_constant(ctx, node.inputs[6])
+    zp = np.zeros((), dtype) if y_zp is None else scalar_constant(ctx, y_zp)
     if weight is None or scale is None or scale.dtype != np.float32 or scale <= 0 or zp is None \
             or dtype not in (np.int8, np.uint8):
         return False
@@ -509,7 +503,8 @@ def _int8_qlinear_add(ctx: LoweringContext, node: Node) -> bool:
     b = _quantization(ctx, node.inputs[3], node.inputs[4], _input(node, 5))
     y_zp = _input(node, 7)
     dtype = ctx.dtype(y_zp) if y_zp else a.dtype if a is not None else None
-    scale, zp = _scalar(ctx, node.inputs[6]), (np.zeros((), dtype) if y_zp is None else _scalar(ctx, y_zp))
+    scale = scalar_constant(ctx, node.inputs[6])
+    zp = np.zeros((), dtype) if y_zp is None else scalar_constant(ctx, y_zp)
     if a is None or b is None or scale is None or scale.dtype != np.float32 or not np.isfinite(scale) \
             or scale <= 0 or zp is None or dtype not in (np.int8, np.uint8):
         return False
@@ -617,7 +612,8 @@ def _int8_qlinear_global_average_pool(ctx: LoweringContext, node: Node) -> bool:
     if x is None:
         return False
     y_zp = _input(node, 4)
-    scale, zp = _scalar(ctx, node.inputs[3]), (np.zeros((), x.dtype) if y_zp is None else _scalar(ctx, y_zp))
+    scale = scalar_constant(ctx, node.inputs[3])
+    zp = np.zeros((), x.dtype) if y_zp is None else scalar_constant(ctx, y_zp)
     if scale is None or scale.dtype != np.float32 or not np.isfinite(scale) or scale <= 0 or zp is None \
             or zp.dtype != x.dtype:
         return False

@@ -188,8 +188,9 @@ def _read_as_8bit(ctx: LoweringContext, node: Node) -> bool:
     return False
 
 
-def _scalar_const(ctx: LoweringContext, name: str) -> np.ndarray | None:
-    value = ctx.values.get(name)
+def scalar_constant(ctx: LoweringContext, name: str | None) -> np.ndarray | None:
+    """A constant of one element as a 0-d array, else None."""
+    value = ctx.values.get(name) if name else None
     if value is None or not value.is_const or value.const.size != 1:
         return None
     return value.const.reshape(())
@@ -200,8 +201,8 @@ def _one_pass(ctx: LoweringContext, node: Node, declared: np.dtype, zero_point: 
     to int8 or uint8 as one ``Quantize`` op (asked for by ``LoweringContext.one_pass_quantize``);
     False (nothing emitted) elsewhere."""
     x = ctx.value(node.inputs[0], node)
-    scale = _scalar_const(ctx, node.inputs[1])
-    zp = np.zeros((), declared) if zero_point is None else _scalar_const(ctx, zero_point)
+    scale = scalar_constant(ctx, node.inputs[1])
+    zp = np.zeros((), declared) if zero_point is None else scalar_constant(ctx, zero_point)
     if (x.is_const or x.dtype != np.float32 or declared.name not in ("int8", "uint8") or node.attr("block_size", 0)
             or scale is None or scale.dtype != np.float32 or not np.isfinite(scale) or scale <= 0 or zp is None):
         return False
