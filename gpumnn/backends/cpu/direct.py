@@ -97,12 +97,8 @@ def _row_block(stride: int):
 
             builder.position_at_end(stored)
             for o, u in enumerate(updated):
-                v = builder.select(builder.fcmp_ordered("<", u, lo), lo, u)
-                v = builder.select(builder.fcmp_ordered(">", v, hi), hi, v)
-                gate = builder.fadd(builder.fmul(v, constant(1.0 / 6.0)), constant(0.5))
-                gate = builder.select(builder.fcmp_ordered("<", gate, constant(0.0)), constant(0.0), gate)
-                gate = builder.select(builder.fcmp_ordered(">", gate, constant(1.0)), constant(1.0), gate)
-                v = builder.select(swish, builder.fmul(v, gate), v)
+                v = cpu_jit.clamped_ir(builder, u, lo, hi)
+                v = builder.select(swish, cpu_jit.hard_swish_ir(builder, v), v)
                 with builder.if_then(builder.icmp_signed("<", ir.Constant(i64, o), count)):
                     address = builder.gep(dst, [builder.add(builder.mul(dst_step, ir.Constant(i64, o)), at)])
                     builder.store(v, builder.bitcast(address, vector.as_pointer()), align=4)

@@ -500,6 +500,20 @@ MASKED_LANES = 16
 MASKED_CHAINS = (8, 4, 1)
 
 
+def clamped_ir(builder, value, lo, hi):
+    """LLVM IR: ``value`` clamped to [lo, hi] lane by lane, a NaN kept (as NumPy's clip keeps it)."""
+    value = builder.select(builder.fcmp_ordered("<", value, lo), lo, value)
+    return builder.select(builder.fcmp_ordered(">", value, hi), hi, value)
+
+
+def hard_swish_ir(builder, value):
+    """LLVM IR: value * clamp(value / 6 + 1/2, 0, 1) lane by lane, as ``cpu_activations.hard_swish_value``."""
+    def constant(number):
+        return ir.Constant(value.type, [number] * value.type.count)
+    gate = builder.fadd(builder.fmul(value, constant(1.0 / 6.0)), constant(0.5))
+    return builder.fmul(value, clamped_ir(builder, gate, constant(0.0), constant(1.0)))
+
+
 def _masked_memory(builder, name, vector, arguments):
     """A call of LLVM's ``llvm.masked.load`` or ``llvm.masked.store`` on ``vector``: lanes off
     the mask are neither read (a load gives the pass-through value) nor written, so a row's reads
@@ -639,17 +653,10 @@ def _masked_row(chains: int, stride: int, shared: bool):
                 result.add_incoming(start, entry)
                 result.add_incoming(u, row_end)
             lo_v, hi_v = splat(args[14], vector), splat(args[15], vector)
-            sixth, half = splat(ir.Constant(f32, 1.0 / 6.0), vector), splat(ir.Constant(f32, 0.5), vector)
-            zero, one = splat(ir.Constant(f32, 0.0), vector), splat(ir.Constant(f32, 1.0), vector)
             finishing, swishing = flag(MASKED_FINISH), flag(MASKED_SWISH)
             for result, output in zip(results, outputs):
-                value = builder.select(builder.fcmp_ordered("<", result, lo_v), lo_v, result)
-                value = builder.select(builder.fcmp_ordered(">", value, hi_v), hi_v, value)
-                # hard-swish as cpu_activations.hard_swish_value: v clamp(v / 6 + 1/2, 0, 1)
-                gate = builder.fadd(builder.fmul(value, sixth), half)
-                gate = builder.select(builder.fcmp_ordered("<", gate, zero), zero, gate)
-                gate = builder.select(builder.fcmp_ordered(">", gate, one), one, gate)
-                value = builder.select(swishing, builder.fmul(value, gate), value)
+                value = clamped_ir(builder, result, lo_v, hi_v)
+                value = builder.select(swishing, hard_swish_ir(builder, value), value)
                 _masked_memory(builder, "store", vector, [builder.select(finishing, value, result), output,
                                                           store_mask])
             return context.get_dummy_value()
@@ -922,21 +929,14 @@ def _band_rows(chains: int, rows: int, stride: int, lanes: int):
             builder.position_at_end(done)
             results = [[builder.phi(vector) for _ in range(rows)] for _ in range(chains)]  # every phi first
             lo_v, hi_v = splat(args[18], vector), splat(args[19], vector)
-            sixth, half = splat(ir.Constant(f32, 1.0 / 6.0), vector), splat(ir.Constant(f32, 0.5), vector)
-            zero, one = splat(ir.Constant(f32, 0.0), vector), splat(ir.Constant(f32, 1.0), vector)
             swishing = builder.icmp_signed("!=", swish, constant(0))
             for k in range(chains):
                 for oy in range(rows):
                     result = results[k][oy]
                     result.add_incoming(starts[k], entry)
                     result.add_incoming(updated[k][oy], row_end)
-                    value = builder.select(builder.fcmp_ordered("<", result, lo_v), lo_v, result)
-                    value = builder.select(builder.fcmp_ordered(">", value, hi_v), hi_v, value)
-                    # hard-swish as cpu_activations.hard_swish_value: v clamp(v / 6 + 1/2, 0, 1)
-                    gate = builder.fadd(builder.fmul(value, sixth), half)
-                    gate = builder.select(builder.fcmp_ordered("<", gate, zero), zero, gate)
-                    gate = builder.select(builder.fcmp_ordered(">", gate, one), one, gate)
-                    value = builder.select(swishing, builder.fmul(value, gate), value)
+                    value = clamped_ir(builder, result, lo_v, hi_v)
+                    value = builder.select(swishing, hard_swish_ir(builder, value), value)
                     at = builder.gep(dst, [builder.add(builder.mul(dst_channel, constant(k)),
                                                        builder.mul(dst_row, constant(oy)))])
                     _masked_memory(builder, "store", vector, [value, builder.bitcast(at, vector.as_pointer()),

@@ -109,12 +109,6 @@ def _tile_kernel(rows: int, columns: int):
     return kernel
 
 
-def _clamped(builder, value, lo, hi):
-    """clamp(value) to [lo, hi] lane by lane, a NaN kept (as NumPy's clip keeps it)."""
-    value = builder.select(builder.fcmp_ordered("<", value, lo), lo, value)
-    return builder.select(builder.fcmp_ordered(">", value, hi), hi, value)
-
-
 def _splat(builder, scalar):
     """``scalar`` (float) in every lane of a vector."""
     i32 = ir.IntType(32)
@@ -122,15 +116,6 @@ def _splat(builder, scalar):
     one = builder.insert_element(ir.Constant(vector, ir.Undefined), scalar, ir.Constant(i32, 0))
     return builder.shuffle_vector(one, ir.Constant(vector, ir.Undefined),
                                   ir.Constant(ir.VectorType(i32, _LANES), [0] * _LANES))
-
-
-def _hard_swish(builder, value):
-    """value * clamp(value / 6 + 1/2, 0, 1) lane by lane (``cpu_activations.hard_swish_value``)."""
-    f32 = ir.FloatType()
-    gate = builder.fadd(builder.fmul(value, _splat(builder, ir.Constant(f32, 1.0 / 6.0))),
-                        _splat(builder, ir.Constant(f32, 0.5)))
-    gate = _clamped(builder, gate, _splat(builder, ir.Constant(f32, 0.0)), _splat(builder, ir.Constant(f32, 1.0)))
-    return builder.fmul(value, gate)
 
 
 def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool, tapped: bool = False):
@@ -160,8 +145,8 @@ def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool, tapped: b
             totals = _emit_products(builder, rows, vectors, p, args[1], v, args[3], args[4], offsets)
 
             def finish(total, value, with_swish):
-                total = _clamped(builder, builder.fadd(total, value), lo, hi)
-                return _hard_swish(builder, total) if with_swish else total
+                total = cpu_jit.clamped_ir(builder, builder.fadd(total, value), lo, hi)
+                return cpu_jit.hard_swish_ir(builder, total) if with_swish else total
 
             def store(with_swish):
                 if channels_in_rows:
