@@ -937,3 +937,64 @@ def test_stem_writes_channels_last_for_channels_last_readers(backend, reader):
     assert not transposes  # NCHW planes read as they are, or NHWC ones by channels-last readers
     for name, ref, scale in zip(names, refs, [0.06 if n.startswith("second") else 0.047 for n in names]):
         assert np.abs(got[name] - ref).max() <= scale * 1.001, name
+
+
+# im2col's convolutions (neither 1x1 products nor depthwise nor over few channels): the indirection
+# kernel's (``int8_conv.runs_indirect``) and, with channels per pixel past whole words or too few, the
+# packed rows': pixels past a whole number of tiles, several panels, a batch, strides, dilation, groups
+# of 16 and more channels, windows wholly in the padding, a 1x1 at stride 2
+IM2COL = [g for g in GEOMETRIES if g[0] in ("3x3", "3x3 stride 2", "1x1 stride 2")] + [
+    ("dilated", 20, (10, 10), 70, 3, 1, 2, 2, 1, 1),
+    ("dilated, channels past whole words", 17, (10, 10), 12, 3, 1, 2, 2, 1, 1),
+    ("groups of 16", 32, (7, 6), 48, 3, 1, 1, 1, 2, 2),
+    ("5x5 padding past the plane", 36, (3, 2), 24, 5, 1, 3, 1, 1, 1),
+    ("wide, few pixels", 256, (3, 3), 64, 3, 2, 1, 1, 1, 3),
+]
+
+
+@pytest.mark.parametrize("path", ["vnni512", "avx512bw", "avx2", "portable"])
+@pytest.mark.parametrize("indirect", [True, False], ids=["indirect", "packed"])
+def test_im2col_kernels_are_the_contract_exactly(path, indirect, monkeypatch):
+    """The indirection kernel (the tile reading each window tap by tap through the table) and the
+    packed rows give the reference's bits on each path this host runs, int8 and uint8 in; the engine
+    runs the indirection kernel exactly where ``runs_indirect`` says."""
+    from gpumnn.backends.cpu import int8 as cpu_int8
+
+    if path not in cpu_int8.host_paths():
+        pytest.skip(f"this host runs {', '.join(cpu_int8.host_paths())}")
+    monkeypatch.setattr(int8_conv, "INDIRECT", indirect)
+    previous = cpu_int8.use_path(path)
+    try:
+        pairs = cpu_int8._TILES[path][1]
+        for threads in (1, 2):
+            backend = CpuBackend(threads=threads)
+            for geometry in IM2COL:
+                for seed, types in enumerate((("int8", "int8"), ("uint8", "uint8"))):
+                    op, x, w, bias, multiplier, _ = _case(geometry, *types, seed=seed + 2 * threads)
+                    out = np.zeros((op.batch, op.out_channels) + op.out_hw, op.out_dtype)
+                    exe = backend.create_execution(op, [_handle(x), _handle(w), _handle(bias), _handle(multiplier)],
+                                                   [TensorHandle(out.reshape(-1), 0, out.shape, op.out_dtype)])
+                    assert ("indirect" in exe.scheme) == int8_conv.runs_indirect(op, pairs), (geometry[0], exe.scheme)
+                    assert ("indirect" in exe.scheme) == (indirect and geometry[1] // geometry[8] % 4 == 0
+                                                          and geometry[1] // geometry[8] >= 16), exe.scheme
+                    for work in exe.work:
+                        work()
+                    np.testing.assert_array_equal(out, int8_conv.quantized_conv_reference(op, x, w, bias, multiplier),
+                                                  err_msg=f"{geometry[0]} {types} {exe.scheme}")
+    finally:
+        cpu_int8.use_path(previous)
+
+
+def test_indirection_table_points_each_tap_at_its_row():
+    """The table's offsets: each output pixel's tap at its input pixel's row of the planes, padding and
+    the pixels past the last tile at the zero row (the planes' last)."""
+    op, *_ = _case(("3x3 stride 2", 24, (5, 4), 8, 3, 2, 1, 1, 1, 1), "int8", "int8")
+    table = int8_conv.indirection_table(op, 2)  # int16 planes: 48 bytes a row
+    oh, ow = op.out_hw
+    assert table.shape == (-(-oh * ow // int8_conv.MR), 9, int8_conv.MR)
+    zero_row = 5 * 4 * 48
+    for p in range(table.shape[0] * int8_conv.MR):
+        for tap in range(9):
+            ih, iw = p // ow * 2 - 1 + tap // 3, p % ow * 2 - 1 + tap % 3
+            inside = p < oh * ow and 0 <= ih < 5 and 0 <= iw < 4
+            assert table[p // int8_conv.MR, tap, p % int8_conv.MR] == ((ih * 4 + iw) * 48 if inside else zero_row)

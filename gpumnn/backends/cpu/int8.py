@@ -13,6 +13,8 @@ product: ``vpdpbusd`` multiplies 4 unsigned bytes of x by 4 signed bytes of the 
 the four products to an int32 lane, 64 multiply-adds per 512-bit instruction with no saturation.
 It is written as LLVM IR through Numba, as ``cpu_tiles``' float tile is. Its weight panels hold NR
 columns, 4 steps of K interleaved per int32 word: ``panels[p, k4, j, i] = weight[4 k4 + i, p NR + j]``.
+Each tile has a twin that reads its rows through an indirection table (QNNPACK's), tap by tap, for
+the int8 convolutions that do not pack their windows (``indirect_tile``).
 
 Hosts without VNNI run ``vpmaddwd`` on int16 (``_tile_codegen``): 512-bit with AVX-512BW, 256-bit
 with AVX2. The quantized rows and the weight are held widened to int16, two steps of K per int32
@@ -120,7 +122,7 @@ _INSTRUCTIONS = {"vpdpbusd": "llvm.x86.avx512.vpdpbusd.512", "vpmaddwd.512": "ll
                  "vpmaddwd.256": "llvm.x86.avx2.pmadd.wd"}
 
 
-def _tile_codegen(instruction: str, lanes: int, row_group: int, column_group: int):
+def _tile_codegen(instruction: str, lanes: int, row_group: int, column_group: int, indirect: bool = False):
     """The codegen of a tile with int32 vectors of ``lanes`` lanes: acc[MR, NR] int32 (row-major at
     ``acc_address``) = sum over ``depth`` steps of the 4-byte word of each of MR rows (``a_stride``
     bytes apart, step s at byte 4 s) times a panel's int32 words (step s at word s NR), broadcast
@@ -129,21 +131,32 @@ def _tile_codegen(instruction: str, lanes: int, row_group: int, column_group: in
     and adds the two products to an int32 lane. Both are exact: no product or sum of uint8 by int8
     leaves int32 (AVX2's ``vpmaddubsw`` would saturate a pair sum at 16 bits). The tile runs as
     sub-tiles of ``row_group`` rows by ``column_group`` columns, each over the whole depth, so that
-    its accumulators fit the path's registers."""
+    its accumulators fit the path's registers.
+
+    ``indirect`` (QNNPACK's indirection buffer): the rows are not packed; the arguments are
+    (``table_address``, ``base_address``, ``taps``, ``tap_steps``, ``b_address``, ``acc_address``),
+    and the depth is ``taps`` runs of ``tap_steps`` steps, row r's words of tap t starting at byte
+    ``table[t * MR + r]`` (int64) from ``base_address``: a loop over the taps around the loop over
+    their steps, the sums in registers through both (``taps`` and ``tap_steps`` at least 1)."""
     name = _INSTRUCTIONS[instruction]
     vnni = instruction == "vpdpbusd"
 
     def codegen(context, builder, signature, args):
-        i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
+        i8, i16, i32, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
         vector = ir.VectorType(i32, lanes)
         operand = vector if vnni else ir.VectorType(i16, 2 * lanes)  # what the instruction multiplies
         module = builder.module
         product = module.globals.get(name) or ir.Function(
             module, ir.FunctionType(vector, [vector] * 3 if vnni else [operand] * 2), name)
-        a = builder.inttoptr(args[0], ir.IntType(8).as_pointer())
-        b = builder.inttoptr(args[2], i32.as_pointer())
-        acc = builder.inttoptr(args[4], i32.as_pointer())
-        a_stride, depth = args[1], args[3]
+        if indirect:
+            table = builder.inttoptr(args[0], i64.as_pointer())
+            base = builder.inttoptr(args[1], i8.as_pointer())
+            taps, depth, b, acc = args[2], args[3], args[4], args[5]
+        else:
+            a = builder.inttoptr(args[0], i8.as_pointer())
+            a_stride, depth, b, acc = args[1], args[3], args[2], args[4]
+        b = builder.inttoptr(b, i32.as_pointer())
+        acc = builder.inttoptr(acc, i32.as_pointer())
         vectors = column_group // lanes
         zero = ir.Constant(vector, [0] * lanes)
         broadcast = ir.Constant(vector, [0] * lanes)
@@ -152,23 +165,42 @@ def _tile_codegen(instruction: str, lanes: int, row_group: int, column_group: in
                 entry = builder.block
                 loop = builder.append_basic_block(f"qtile.loop.{r0}.{c0}")
                 done = builder.append_basic_block(f"qtile.done.{r0}.{c0}")
-                builder.cbranch(builder.icmp_signed(">", depth, ir.Constant(i64, 0)), loop, done)
+                if indirect:  # per tap: its rows' addresses from the table, its panel words from its first step
+                    taps_loop = builder.append_basic_block(f"qtile.taps.{r0}.{c0}")
+                    taps_next = builder.append_basic_block(f"qtile.taps.next.{r0}.{c0}")
+                    builder.branch(taps_loop)
+                    builder.position_at_end(taps_loop)
+                    tap = builder.phi(i64)
+                    tap.add_incoming(ir.Constant(i64, 0), entry)
+                    tap_sums = [builder.phi(vector) for _ in range(row_group * vectors)]
+                    for s in tap_sums:
+                        s.add_incoming(zero, entry)
+                    rows = [builder.gep(base, [builder.load(builder.gep(table, [
+                        builder.add(builder.mul(tap, ir.Constant(i64, MR)), ir.Constant(i64, r0 + r))]))])
+                        for r in range(row_group)]
+                    b_first = builder.gep(b, [builder.mul(builder.mul(tap, depth), ir.Constant(i64, NR))])
+                    loop_entry, first_sums = taps_loop, tap_sums
+                    builder.branch(loop)
+                else:
+                    rows = [builder.gep(a, [builder.mul(a_stride, ir.Constant(i64, r0 + r))]) for r in range(row_group)]
+                    b_first, loop_entry, first_sums = b, entry, [zero] * (row_group * vectors)
+                    builder.cbranch(builder.icmp_signed(">", depth, ir.Constant(i64, 0)), loop, done)
 
                 builder.position_at_end(loop)
                 step = builder.phi(i64)
                 sums = [builder.phi(vector) for _ in range(row_group * vectors)]
-                step.add_incoming(ir.Constant(i64, 0), entry)
-                for s in sums:
-                    s.add_incoming(zero, entry)
-                b_row = builder.gep(b, [builder.add(builder.mul(step, ir.Constant(i64, NR)), ir.Constant(i64, c0))])
+                step.add_incoming(ir.Constant(i64, 0), loop_entry)
+                for s, first in zip(sums, first_sums):
+                    s.add_incoming(first, loop_entry)
+                b_row = builder.gep(b_first, [builder.add(builder.mul(step, ir.Constant(i64, NR)),
+                                                          ir.Constant(i64, c0))])
                 weights = [builder.bitcast(builder.load(builder.bitcast(
                     builder.gep(b_row, [ir.Constant(i64, h * lanes)]), vector.as_pointer()), align=4), operand)
                     for h in range(vectors)]
-                a_column = builder.gep(a, [builder.mul(step, ir.Constant(i64, STEP))])
+                offset = builder.mul(step, ir.Constant(i64, STEP))
                 updated = []
                 for r in range(row_group):
-                    word_at = builder.gep(a_column, [builder.mul(a_stride, ir.Constant(i64, r0 + r))])
-                    word = builder.load(builder.bitcast(word_at, i32.as_pointer()), align=1)
+                    word = builder.load(builder.bitcast(builder.gep(rows[r], [offset]), i32.as_pointer()), align=1)
                     one = builder.insert_element(ir.Constant(vector, ir.Undefined), word, ir.Constant(i32, 0))
                     splat = builder.bitcast(builder.shuffle_vector(one, ir.Constant(vector, ir.Undefined), broadcast),
                                             operand)
@@ -181,13 +213,24 @@ def _tile_codegen(instruction: str, lanes: int, row_group: int, column_group: in
                 step.add_incoming(following, tail)
                 for s, u in zip(sums, updated):
                     s.add_incoming(u, tail)
-                builder.cbranch(builder.icmp_signed("<", following, depth), loop, done)
+                builder.cbranch(builder.icmp_signed("<", following, depth), loop, taps_next if indirect else done)
 
+                if indirect:
+                    builder.position_at_end(taps_next)
+                    next_tap = builder.add(tap, ir.Constant(i64, 1))
+                    tap.add_incoming(next_tap, taps_next)
+                    for s, u in zip(tap_sums, updated):
+                        s.add_incoming(u, taps_next)
+                    builder.cbranch(builder.icmp_signed("<", next_tap, taps), taps_loop, done)
                 builder.position_at_end(done)
-                totals = [builder.phi(vector) for _ in updated]
-                for j, (total, u) in enumerate(zip(totals, updated)):
-                    total.add_incoming(zero, entry)
-                    total.add_incoming(u, tail)
+                if indirect:  # done follows the last tap only
+                    totals = updated
+                else:
+                    totals = [builder.phi(vector) for _ in updated]
+                    for total, u in zip(totals, updated):
+                        total.add_incoming(zero, entry)
+                        total.add_incoming(u, tail)
+                for j, total in enumerate(totals):
                     r, h = divmod(j, vectors)
                     address = builder.gep(acc, [ir.Constant(i64, (r0 + r) * NR + c0 + h * lanes)])
                     builder.store(total, builder.bitcast(address, vector.as_pointer()), align=4)
@@ -212,6 +255,24 @@ def _avx2_tile(typingctx, a_address, a_stride, b_address, depth, acc_address):
     """The tile on 256-bit ``vpmaddwd`` (``_tile_codegen``): sub-tiles of 4 rows by 16 columns,
     8 of AVX2's 16 registers accumulating."""
     return types.void(*[types.intp] * 5), _tile_codegen("vpmaddwd.256", 8, 4, 16)
+
+
+@intrinsic
+def _vnni_indirect_tile(typingctx, table_address, base_address, taps, tap_steps, b_address, acc_address):
+    """``_vnni_tile`` reading its rows tap by tap through an indirection table (``_tile_codegen``'s ``indirect``)."""
+    return types.void(*[types.intp] * 6), _tile_codegen("vpdpbusd", _LANES, MR, NR, indirect=True)
+
+
+@intrinsic
+def _avx512bw_indirect_tile(typingctx, table_address, base_address, taps, tap_steps, b_address, acc_address):
+    """``_avx512bw_tile`` reading its rows tap by tap through an indirection table."""
+    return types.void(*[types.intp] * 6), _tile_codegen("vpmaddwd.512", _LANES, MR, NR, indirect=True)
+
+
+@intrinsic
+def _avx2_indirect_tile(typingctx, table_address, base_address, taps, tap_steps, b_address, acc_address):
+    """``_avx2_tile`` reading its rows tap by tap through an indirection table."""
+    return types.void(*[types.intp] * 6), _tile_codegen("vpmaddwd.256", 8, 4, 16, indirect=True)
 
 
 def _tile_vnni(q, row0, panels, p, acc):
@@ -243,6 +304,41 @@ def _tile_portable(q, row0, panels, p, acc):
                 value = np.int32(q[row0 + r, s * step + i])
                 for j in range(NR):
                     acc[r * NR + j] += value * np.int32(panels[p, s, j, i])
+
+
+def _indirect_portable(table, base, panels, p, acc):
+    """acc[MR, NR] = the rows ``table`` [taps, MR] points at (byte offsets into ``base``, a contiguous
+    array of the panels' type), tap by tap, . panel p, in Numba's int32 loops (any host, either layout)."""
+    step, taps = panels.shape[3], table.shape[0]
+    tap_steps = panels.shape[1] // taps
+    values = base.reshape(-1)
+    for i in range(MR * NR):
+        acc[i] = 0
+    for t in range(taps):
+        for r in range(MR):
+            start = table[t, r] // values.itemsize
+            for s in range(tap_steps):
+                for i in range(step):
+                    value = np.int32(values[start + s * step + i])
+                    for j in range(NR):
+                        acc[r * NR + j] += value * np.int32(panels[p, t * tap_steps + s, j, i])
+
+
+def indirect_tile(path: str):
+    """``path``'s tile reading its rows through an indirection table, as the Python function Numba
+    inlines: ``tile(table, base, panels, p, acc)``, acc[MR, NR] = the rows ``table`` [taps, MR] points
+    at (int64 byte offsets into the contiguous ``base``), each tap's ``panels.shape[1] // taps`` words
+    of K in turn, . panel p (K in tap order, no word across two taps)."""
+    if path == "portable":
+        return _indirect_portable
+    product = {"vnni512": _vnni_indirect_tile, "avx512bw": _avx512bw_indirect_tile,
+               "avx2": _avx2_indirect_tile}[path]
+
+    def tile(table, base, panels, p, acc):
+        taps = table.shape[0]
+        product(table.ctypes.data, base.ctypes.data, taps, panels.shape[1] // taps,
+                panels.ctypes.data + p * panels.strides[0], acc.ctypes.data)
+    return tile
 
 
 def quantize_row(x, q, scales, zeros, m):

@@ -6,8 +6,15 @@ im2col: padding holds x's zero point, so it adds nothing once the zero point's s
 colsum`` is taken off) and runs them by every panel of the weight on the path's tile
 (``vpdpbusd`` on VNNI hosts). The tile multiplies unsigned bytes by signed ones, so int8
 activations are read with their top bit flipped (``x ^ 0x80 = x + 128``, the zero point moved by
-128 with them), which changes no difference ``x - zero``. ``gemm1x1`` (a direct product): the tile
-turned round, the weight's rows broadcast and NR pixels of each NCHW plane the vector operand, so
+128 with them), which changes no difference ``x - zero``. Where a group's channels are laid
+pixel-major and each pixel's are whole words of the tile (``runs_indirect``), the windows are not
+packed (``_conv_indirect``, QNNPACK's indirection buffer): a table made at execution creation holds,
+per MR output pixels and tap, the offset of each pixel's row in the planes (padding at a row of the
+zero point), and the tile reads each row's K bytes tap by tap through it; on every such convolution
+measured, ResNet-18's 3x3s and stride-2 1x1s on each vector path, it outran the packed rows or tied
+with them: the tile reads through the table as fast as packed rows, and the packing is saved
+(bench/RESULTS.md, "the indirection buffer against packed im2col"). ``gemm1x1`` (a direct product):
+the tile turned round, the weight's rows broadcast and NR pixels of each NCHW plane the vector operand, so
 that a tile's result is stored as NCHW holds it (``_conv_pixels``), where the output has at least
 as many channels as the input or the planes are large; a product's rows (1x1 planes: a Gemm, or a
 1x1 convolution on channels-last activations) each requantized straight into its row (``_conv_rows``); others
@@ -32,8 +39,6 @@ ONNX Runtime's.
 
 8-bit tensors are read and written through uint8 views, int8 ones' bytes included (a value's
 low byte is the same either way), so one compiled kernel serves every combination of types.
-QNNPACK's indirection buffer (pointers to each window's pixels instead of packed bytes) is not
-built: a 1x1 convolution on channels-last activations is lowered as the product of their rows.
 """
 from __future__ import annotations
 
@@ -124,7 +129,9 @@ def _conv_packed(x, planes, rows, panels, shifts, scales, out, geometry, flip, x
     K in (kh, kw, c) order) and runs them by every panel, so that a convolution is one parallel
     region. With many channels per group and a window wider than 1x1, the group's channels are
     first laid pixel-major in ``planes`` [H*W, C/groups], so that each tap of a window row is one
-    contiguous copy. ``shifts`` and ``scales`` are per column of the panels (``epilogue_columns``)."""
+    contiguous copy (where each pixel's channels are whole words of the tile, ``_conv_indirect``
+    reads the planes in place instead). ``shifts`` and ``scales`` are per column of the panels
+    (``epilogue_columns``)."""
     kh_, kw_, sh, sw, ph, pw, dh, dw, oh_, ow_ = geometry
     images, channels, height, width = x.shape
     groups = panels.shape[0]
@@ -141,10 +148,7 @@ def _conv_packed(x, planes, rows, panels, shifts, scales, out, geometry, flip, x
             c_first = g * per_group
             if use_planes:
                 for ih in numba.prange(height):
-                    for c in range(per_group):
-                        source = x[n, c_first + c, ih]
-                        for iw in range(width):
-                            planes[ih * width + iw, c] = source[iw] ^ flip
+                    _pixel_major_row(x, planes, n, c_first, ih, flip)
             group_panels = panels[g]
             for row_tile in numba.prange(row_tiles):
                 row0 = row_tile * MR
@@ -176,16 +180,107 @@ def _conv_packed(x, planes, rows, panels, shifts, scales, out, geometry, flip, x
                 for p in range(panel_count):
                     _tile(local, 0, group_panels, p, acc)
                     c0 = g * panel_count * NR + p * NR  # this panel's first column of ``shifts``
-                    column_shifts, column_scales = shifts[c0:c0 + NR], scales[c0:c0 + NR]
-                    for r in range(MR):  # the whole tile, a vector loop over its columns
-                        sums = acc[r * NR:(r + 1) * NR]
-                        for j in range(NR):
-                            done[j, r] = _requantized(sums[j] + column_shifts[j], column_scales[j], y_zero, lo, hi)
                     first = g * out_per_group + p * NR
-                    for j in range(min(NR, out_per_group - p * NR)):
-                        destination, source = out[n, first + j, row0:row0 + count], done[j]
-                        for r in range(count):
-                            destination[r] = source[r]
+                    _store_tile(acc, done, shifts[c0:c0 + NR], scales[c0:c0 + NR],
+                                out[n, first:first + min(NR, out_per_group - p * NR), row0:row0 + count],
+                                y_zero, lo, hi)
+
+
+def _pixel_major_row(x, planes, n, c_first, ih, flip):
+    """Input row ``ih`` of image n's ``planes.shape[1]`` channels from ``c_first`` (x uint8 [N, C, H, W])
+    laid pixel-major into ``planes``' rows [ih * W, (ih + 1) * W), as the tile reads them (``flip``)."""
+    width = x.shape[3]
+    for c in range(planes.shape[1]):
+        source = x[n, c_first + c, ih]
+        for iw in range(width):
+            planes[ih * width + iw, c] = source[iw] ^ flip
+
+
+def _store_tile(acc, done, shifts, scales, planes, y_zero, lo, hi):
+    """A tile's sums ``acc`` [MR * NR] through the epilogue by its columns' ``shifts`` and ``scales``
+    [NR] into ``done`` [NR, MR] (the whole tile, a vector loop over its columns; channel-major, as
+    out is), then copied into ``planes`` [columns, pixels]: its columns' planes of out at its pixels."""
+    for r in range(MR):
+        sums = acc[r * NR:(r + 1) * NR]
+        for j in range(NR):
+            done[j, r] = _requantized(sums[j] + shifts[j], scales[j], y_zero, lo, hi)
+    for j in range(planes.shape[0]):
+        destination, source = planes[j], done[j]
+        for r in range(planes.shape[1]):
+            destination[r] = source[r]
+
+
+#: whether im2col convolutions that ``runs_indirect`` allows read their windows through the
+#: indirection table (``_conv_indirect``); tests and bench/int8_indirection.py turn it off to run the
+#: packed rows (``_conv_packed``) there
+INDIRECT = True
+
+
+def runs_indirect(op: A.QuantizedConv2D, pairs: bool) -> bool:
+    """Whether ``_conv_indirect`` computes an im2col ``op`` (the kernel choice for the windows that are
+    not a plain 1x1 product: measured in bench/RESULTS.md, "the indirection buffer against packed
+    im2col"): at least FEW_CHANNELS channels per group, so that the group is laid pixel-major anyway,
+    whose elements of the tile's type (``pairs``: int16) are whole words of the tile per pixel, so that
+    no word of K holds two taps."""
+    per_group = op.in_channels // op.groups
+    pointwise = op.kernel == (1, 1) and op.strides == (1, 1) and op.pads == (0, 0)
+    return (INDIRECT and not pointwise and per_group >= FEW_CHANNELS
+            and per_group * (2 if pairs else 1) % cpu_int8.STEP == 0)
+
+
+def indirection_table(op: A.QuantizedConv2D, itemsize: int) -> np.ndarray:
+    """QNNPACK's indirection buffer as offsets, made once per execution: int64 [row tiles, KH * KW, MR],
+    per MR output pixels and tap the byte offset of each pixel's input row in ``_conv_indirect``'s
+    planes ([H * W + 1, C/groups] of ``itemsize`` bytes, pixel-major); padding, and the pixels past
+    the last, at the planes' last row, x's zero point."""
+    (kh_, kw_), (sh, sw), (ph, pw), (dh, dw) = op.kernel, op.strides, op.pads, op.dilations
+    (height, width), (oh_, ow_) = op.in_hw, op.out_hw
+    pixels = oh_ * ow_
+    tiles = -(-pixels // MR)
+    p = np.arange(tiles * MR)
+    kh, kw = np.divmod(np.arange(kh_ * kw_), kw_)
+    ih = (p // ow_)[None, :] * sh - ph + kh[:, None] * dh  # [taps, pixels]
+    iw = (p % ow_)[None, :] * sw - pw + kw[:, None] * dw
+    inside = (ih >= 0) & (ih < height) & (iw >= 0) & (iw < width) & (p < pixels)[None, :]
+    row = np.where(inside, ih * width + iw, height * width).astype(np.int64)
+    offsets = row * (op.in_channels // op.groups * itemsize)
+    return np.ascontiguousarray(offsets.reshape(kh_ * kw_, tiles, MR).transpose(1, 0, 2))
+
+
+def _conv_indirect(x, planes, table, panels, shifts, scales, out, geometry, flip, x_zero, y_zero, lo, hi):
+    """QuantizedConv2D through QNNPACK's indirection buffer (``runs_indirect``): x uint8 [N, C, H, W],
+    out uint8 [N, OC, OH*OW] (either may be strided), ``planes`` [H*W + 1, C/groups] of the tile's
+    type, ``table`` (``indirection_table``), the panels, shifts and scales as ``_conv_packed``'s.
+    Each group's channels are laid pixel-major in ``planes`` (as the tile reads them, the last row
+    x's zero point), then one parallel task per MR output pixels runs every panel on the tile reading
+    each pixel's window tap by tap through its rows of the table: no window is copied."""
+    images, channels, height, width = x.shape
+    groups = panels.shape[0]
+    per_group = channels // groups
+    out_per_group = out.shape[1] // groups
+    pixels = geometry[8] * geometry[9]
+    panel_count = panels.shape[1]
+    zero_row = planes[height * width]
+    for c in range(per_group):
+        zero_row[c] = x_zero + flip
+    for n in range(images):
+        for g in range(groups):
+            c_first = g * per_group
+            for ih in numba.prange(height):
+                _pixel_major_row(x, planes, n, c_first, ih, flip)
+            group_panels = panels[g]
+            for row_tile in numba.prange(table.shape[0]):
+                row0 = row_tile * MR
+                count = min(MR, pixels - row0)
+                acc = np.empty(MR * NR, np.int32)
+                done = np.empty((NR, MR), np.uint8)
+                for p in range(panel_count):
+                    _indirect_tile(table[row_tile], planes, group_panels, p, acc)
+                    c0 = g * panel_count * NR + p * NR
+                    first = g * out_per_group + p * NR
+                    _store_tile(acc, done, shifts[c0:c0 + NR], scales[c0:c0 + NR],
+                                out[n, first:first + min(NR, out_per_group - p * NR), row0:row0 + count],
+                                y_zero, lo, hi)
 
 
 def _conv_rows(x, rows, panels, shifts, scales, out, flip, y_zero, lo, hi):
@@ -1056,6 +1151,7 @@ def _specialised(fn, path: str):
     """``fn`` with ``path``'s tile as ``_tile`` and the epilogue inlined: a
     function of its own name (for Numba's disk cache), as in ``int8._product_for``."""
     scope = dict(globals(), _tile=numba.njit(inline="always")(cpu_int8._TILES[path][0]),
+                 _indirect_tile=numba.njit(inline="always")(cpu_int8.indirect_tile(path)),
                  _requantized=numba.njit(inline="always")(_requantized))
 
     def own(function, name):
@@ -1063,6 +1159,8 @@ def _specialised(fn, path: str):
         made.__qualname__ = name
         made.__doc__ = function.__doc__
         return made
+    scope["_store_tile"] = numba.njit(inline="always")(own(_store_tile, f"_store_tile_{path}"))
+    scope["_pixel_major_row"] = numba.njit(inline="always")(_pixel_major_row)
     return own(fn, f"{fn.__name__}_{path}")
 
 
@@ -1219,6 +1317,8 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
         def run_rows() -> None:
             kernel(x_rows, rows, group_panels, shifts, scales, out_rows, flip, op.y_zero_point, op.lo, op.hi)
         return KernelWork((run_rows,), f"int8 rows {cpu_int8.PATH_NAMES[path]}{' region' if parallel else ''}")
+    if runs_indirect(op, pairs):
+        return _indirect_work(op, x, out, panels, shifts, scales, flip, path, pairs, parallel, geometry)
     # one task's rows, copied by each (zeros); the pair paths read the bytes widened to int16
     rows = np.zeros((MR, panels.shape[2] * panels.shape[4]), np.int16 if pairs else np.uint8)
     pointwise = op.kernel == (1, 1) and op.strides == (1, 1) and op.pads == (0, 0)
@@ -1231,6 +1331,21 @@ def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -
     def run() -> None:
         kernel(x, planes, rows, panels, shifts, scales, out, geometry, flip, *arguments)
     return KernelWork((run,), f"int8 {op.scheme} {cpu_int8.PATH_NAMES[path]}{' region' if parallel else ''}")
+
+
+def _indirect_work(op, x, out, panels, shifts, scales, flip, path, pairs, parallel, geometry):
+    """The execution of an im2col convolution by ``_conv_indirect``: its planes and indirection table
+    made here, once."""
+    dtype = np.dtype(np.int16 if pairs else np.uint8)
+    planes = np.empty((op.in_hw[0] * op.in_hw[1] + 1, op.in_channels // op.groups), dtype)
+    table = indirection_table(op, dtype.itemsize)
+    arguments = (flip, op.x_zero_point, op.y_zero_point, op.lo, op.hi)
+    kernel = cpu_jit.bind(_kernel(_conv_indirect, path, parallel), x, planes, table, panels, shifts, scales, out,
+                          geometry, *arguments)
+
+    def run() -> None:
+        kernel(x, planes, table, panels, shifts, scales, out, geometry, *arguments)
+    return KernelWork((run,), f"int8 {op.scheme} indirect {cpu_int8.PATH_NAMES[path]}{' region' if parallel else ''}")
 
 
 def _stem_work(op, x, out, weight, bias, multiplier, flip, path, parallel, made_once, weight_handle):
