@@ -663,7 +663,26 @@ def test_the_backend_uses_regions_and_says_so():
     backend = gpumnn.backends.create_backend("cpu", threads=2)
     assert backend.regions == 2 and f"{cpu_parallel.available_layer()} regions" in backend.info.device
     assert gpumnn.backends.create_backend("cpu", threads=2, regions=False).regions == 0
-    assert gpumnn.backends.create_backend("cpu", threads=1).regions == 0  # one thread: nothing to share
+    assert gpumnn.backends.create_backend("cpu", threads=1, regions=False).regions == 0
+
+
+def test_one_thread_runs_the_regions_kernels_on_the_calling_thread(fresh_rng, monkeypatch):
+    """A one-thread backend takes the regions' kernels (each op's on the calling thread), not
+    NumPy's: a global average pool is the compiled rows, and agrees with NumPy's mean."""
+    require_tool("regions", cpu_parallel.available()[1])
+    alone, names = cpu_parallel.alone, []
+    monkeypatch.setattr(cpu_parallel, "alone", lambda region: names.append(region.__name__) or alone(region))
+    backend = gpumnn.backends.create_backend("cpu", threads=1)
+    assert backend.regions == 1 and f"{cpu_parallel.available_layer()} regions" in backend.info.device
+    graph = helper.make_graph([helper.make_node("GlobalAveragePool", ["x"], ["y"])], "gap",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 72, 6, 24])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    net = gpumnn.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    x = fresh_rng.standard_normal((1, 72, 6, 24)).astype(np.float32)
+    with net.session(backend="cpu", threads=1) as sess:
+        got = sess.run({"x": x})["y"]
+    assert names == ["mean_rows"]
+    np.testing.assert_allclose(got, x.mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
 
 
 def test_regions_option_is_checked(monkeypatch):

@@ -819,10 +819,11 @@ class CpuBackend(Backend):
         takes (``base.KERNEL_FAMILIES``), checked only: NumPy has one family. ``jit``: the compiled
         loops of ``cpu_jit`` for the memory-bound ops (None: where Numba is installed; False: NumPy
         only, the reference they are tested against; True: an error where Numba is missing).
-        ``regions``: with the compiled loops on more than one thread, GEMMs, im2col, Winograd and
-        depthwise convolutions and pooling as ``cpu_parallel``'s native regions instead of on
-        ``cpu_workers``' Python threads (None: where available; False: never; True: an error
-        where they are not available, saying why)."""
+        ``regions``: with the compiled loops, GEMMs, im2col, Winograd and depthwise convolutions and
+        pooling as ``cpu_parallel``'s native regions instead of on ``cpu_workers``' Python threads,
+        on one thread too, where each op runs its region's kernel on the calling thread rather than
+        NumPy's (None: where available; False: never; True: an error where they are not available,
+        saying why)."""
         super().__init__(**unknown)
         kernels_option(kernels, self.name)
         if jit not in (None, True, False):
@@ -836,15 +837,14 @@ class CpuBackend(Backend):
         self.regions = 0  # threads of cpu_parallel's native regions (0: none)
         self._packed = PackedConstants()  # constant weights packed once, for every run state
         self.arenas = RunStateArenas()  # scratch shared by the ops of one run state, one arena per state
-        if regions is not False and self.jit and self.threads > 1:
+        if regions is not False and self.jit:
             ok, why = cpu_parallel.available()
             if ok:
                 self.regions = cpu_parallel.threads_for(self.threads)
             elif regions:
                 raise BackendUnavailableError(f"backend 'cpu': regions=True, but {why}")
-        elif regions and not (self.jit and self.threads > 1):
-            raise BackendOptionError(f"backend 'cpu': regions=True needs the compiled loops (jit) on more than one "
-                                     f"thread; here jit={self.jit} and threads={self.threads}")
+        elif regions and not self.jit:
+            raise BackendOptionError("backend 'cpu': regions=True needs the compiled loops (jit); here jit=False")
         loops = f" and Numba {cpu_jit.numba.__version__}" if self.jit else ""
         if self.regions:
             loops += f" ({cpu_parallel.available_layer()} regions)"
