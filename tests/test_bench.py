@@ -178,3 +178,34 @@ def test_the_quantized_models_bench_measures_a_tiny_int4_model(tmp_path):
     table = quantized.format_table(rows, threads=1, runs=1, warmup=1, repeats=1)
     line = next(text for text in table.splitlines() if text.startswith("mlp/int4"))
     assert "cpu" in line and "0.01 -> 0.00" in line and row.ratio() is not None
+
+
+def test_the_requantization_bench_compares_the_epilogues_on_the_same_sums():
+    """``bench/requantize.py``: the float epilogue is the engine's (``int8_conv.quantized_conv_reference``'s
+    arithmetic); the Q31 multiplier and shift give back the float32 multiplier exactly; the one-rounding
+    fixed point is the exact rounding (ties aside) and gemmlowp's two roundings within one step of it."""
+    import numpy as np
+
+    from conftest import bench_script
+
+    requantize = bench_script("requantize")
+    rng = np.random.default_rng(0)
+    n = 2000
+    multiplier = rng.uniform(1e-5, 0.9, n).astype(np.float32)
+    pairs = [requantize.q31(m) for m in multiplier]
+    integer = np.array([q for q, _ in pairs], np.int64)
+    shift = np.array([s for _, s in pairs], np.int64)
+    assert np.all(integer.astype(np.float64) * 2.0 ** -(31 + shift) == multiplier.astype(np.float64))
+    acc = rng.integers(-(1 << 20), 1 << 20, n).astype(np.int32)
+    args = dict(acc=acc, multiplier=multiplier, integer=integer, shift=shift, zero=-3, lo=-128, hi=127)
+    exact = np.clip(np.rint(acc.astype(np.float64) * multiplier.astype(np.float64)) - 3, -128, 127)
+    outputs = {}
+    for name, loop in requantize.LOOPS.items():
+        out = np.empty(n, np.int32)
+        loop(out=out, **args)
+        outputs[name] = out
+    ours = np.clip(np.rint(acc.astype(np.float32) * multiplier) + np.float32(-3), -128, 127)
+    assert np.array_equal(outputs["float"], ours)
+    assert np.array_equal(outputs["single"], exact)
+    assert np.abs(outputs["gemmlowp"] - exact).max() <= 1
+    assert np.abs(outputs["float"] - exact).max() <= 1

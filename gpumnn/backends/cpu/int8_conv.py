@@ -35,7 +35,9 @@ they are whole vectors, each output row in one pass straight from the 8-bit rows
 vectors in registers and the epilogue fused (``_conv_depthwise_nhwc_fused``, an LLVM intrinsic per
 row), else through a widened scratch (``_conv_depthwise_nhwc``). All end in the requantizing epilogue
 of the contract: ``clip(rint(float32(acc) * multiplier) + zero, lo, hi)``, a float multiplier as
-ONNX Runtime's.
+ONNX Runtime's, chosen over a fixed-point one (TFLite's and QNNPACK's Q31 multiplier and shift) by
+measurement: on the same sums it costs under half of either on AVX-512 and on AVX2 and stays within
+one step of the exact rounding (bench/requantize.py; bench/RESULTS.md, "fixed-point requantization").
 
 8-bit tensors are read and written through uint8 views, int8 ones' bytes included (a value's
 low byte is the same either way), so one compiled kernel serves every combination of types.
@@ -1215,10 +1217,9 @@ def _views(op: A.QuantizedConv2D, ins, outs) -> tuple[np.ndarray, np.ndarray, tu
     return x, out, (*op.kernel, *op.strides, *op.pads, *op.dilations, oh, ow)
 
 
-def quantized_conv_reference(op: A.QuantizedConv2D, x: np.ndarray, weight: np.ndarray, bias: np.ndarray,
-                             multiplier: np.ndarray) -> np.ndarray:
-    """The contract's QuantizedConv2D in NumPy (int64 sums): x [N, C, H, W] int8/uint8 -> out
-    [N, OC, OH, OW] of ``op.out_dtype``."""
+def quantized_conv_sums(op: A.QuantizedConv2D, x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """The contract's sums of QuantizedConv2D in NumPy, before the epilogue: x [N, C, H, W] int8/uint8
+    -> acc int64 [N, OC, OH*OW]."""
     n, c, (h, w), oc, (oh, ow) = op.batch, op.in_channels, op.in_hw, op.out_channels, op.out_hw
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = op.kernel, op.strides, op.pads, op.dilations
     shifted = x.reshape(n, c, h, w).astype(np.int64) - op.x_zero_point
@@ -1232,10 +1233,17 @@ def quantized_conv_reference(op: A.QuantizedConv2D, x: np.ndarray, weight: np.nd
         window = columns[:, g * per_group:(g + 1) * per_group].reshape(n, per_group * kh * kw, oh * ow)
         rows = weight[g * out_per_group:(g + 1) * out_per_group].reshape(out_per_group, -1).astype(np.int64)
         acc[:, g * out_per_group:(g + 1) * out_per_group] = np.einsum("ok,nkp->nop", rows, window)
-    acc += bias.reshape(1, oc, 1).astype(np.int64)
-    scaled = np.rint(acc.astype(np.float32) * multiplier.reshape(1, oc, 1).astype(np.float32))
+    return acc + bias.reshape(1, oc, 1).astype(np.int64)
+
+
+def quantized_conv_reference(op: A.QuantizedConv2D, x: np.ndarray, weight: np.ndarray, bias: np.ndarray,
+                             multiplier: np.ndarray) -> np.ndarray:
+    """The contract's QuantizedConv2D in NumPy (int64 sums): x [N, C, H, W] int8/uint8 -> out
+    [N, OC, OH, OW] of ``op.out_dtype``."""
+    acc = quantized_conv_sums(op, x, weight, bias)
+    scaled = np.rint(acc.astype(np.float32) * multiplier.reshape(1, op.out_channels, 1).astype(np.float32))
     result = np.clip(scaled + np.float32(op.y_zero_point), op.lo, op.hi)
-    return result.astype(op.out_dtype).reshape(n, oc, oh, ow)
+    return result.astype(op.out_dtype).reshape(op.batch, op.out_channels, *op.out_hw)
 
 
 def make_quantized_conv2d(op: A.QuantizedConv2D, ins, outs, engine, made_once) -> KernelWork:
