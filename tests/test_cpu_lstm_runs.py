@@ -154,3 +154,27 @@ def test_recurrent_weights_are_laid_in_blocks_of_the_wide_tile():
         np.testing.assert_array_equal(laid[:, block * h * WIDE:(block + 1) * h * WIDE].reshape(d, h, WIDE),
                                       r_t[:, :, block * WIDE:(block + 1) * WIDE])
     np.testing.assert_array_equal(laid[:, 2 * h * WIDE:].reshape(d, h, 5), r_t[:, :, 2 * WIDE:])
+
+
+def _step_copies(backend) -> list[tuple]:
+    """The packed-constant keys of the recurrent weights laid [K, N] for the step products
+    (``_make_matmul``'s small products: one [H, 4H] block per direction)."""
+    return [key for key in backend._packed._made if key[2][0] == "rows" and key[2][1][0] == 2]
+
+
+@pytest.mark.parametrize("record", [True, False])
+def test_step_products_lay_their_weights_only_when_a_run_calls_them(record):
+    """A recorded session computes the steps as one call, which reads R^T in blocks: the step
+    products' own copy of R^T is never made. An eager run calls the products, which lay it then."""
+    model, feeds = _lstm_model(seq=5, batch=1, hidden=16, direction="bidirectional", initial="input")
+    ref = onnxruntime_session(model).run(None, feeds)
+    with gpumnn.load(model).session(backend="cpu", threads=1, fallback=False, record=record) as sess:
+        got = sess.run(feeds)
+        backend = sess.backends["cpu"]
+        if record:
+            executions = list(sess.shape_set().first_state.executions)
+            products = [exe for exe in executions if isinstance(exe.op, A.MatMul) and exe.op.batch == 2]
+            assert products and all(exe.scheme == "small product" for exe in products)
+        assert bool(_step_copies(backend)) == (not record)
+    for name, value in zip([o.name for o in model.graph.output], ref):
+        assert rel_l2(got[name], value) < 1e-4

@@ -251,8 +251,8 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constan
              and (b.flags.c_contiguous or CpuBackend.is_constant(ins[1])))
     kernel, parts = engine.matmul(macs, float32, vector, plain)
     if kernel == "small_product":  # constant weights stored transposed are laid [K, N] once
-        packed = b if b.flags.c_contiguous else made_once(constants, ins[1], ("rows", b.shape, b.strides),
-                                                          lambda: np.ascontiguousarray(b))
+        packed = b if b.flags.c_contiguous else functools.partial(
+            made_once, constants, ins[1], ("rows", b.shape, b.strides), lambda: np.ascontiguousarray(b))
         return cpu_compiled._small_product(a, packed, None if bias is None else bias[0], o, op.activation)
     if kernel == "vector_region":
         return cpu_compiled._vector_product_region(op, a[0, 0], b[0], o[0, 0], bias,

@@ -77,13 +77,17 @@ def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out
     return KernelWork(made.work, op.scheme, made.keep)  # the report names the product's scheme, not the convolution's
 
 
-def _small_product(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None, out: np.ndarray,
-                   activation: A.Activation) -> KernelWork:
+def _small_product(a: np.ndarray, b: np.ndarray | Callable[[], np.ndarray], bias: np.ndarray | None,
+                   out: np.ndarray, activation: A.Activation) -> KernelWork:
     """``cpu_tiles.small_product`` (a [B, M, K] @ b [1 or B, K, N] + bias [N] into out [B, M, N], all
     C-contiguous float32) on the calling thread, a clamp in its loop and any other activation
-    after as one compiled pass: a product too small for a region's and BLAS's fixed cost."""
+    after as one compiled pass: a product too small for a region's and BLAS's fixed cost. ``b`` may
+    be the call that lays the weights: then they are laid and the kernel bound on the first call, so
+    that a product no run calls (a step a run of LSTM steps computes instead) holds no copy of them."""
     lo, hi, after = _compiled_clamp(activation)
-    bias = np.zeros(b.shape[2], np.float32) if bias is None else bias
+    bias = np.zeros(out.shape[2], np.float32) if bias is None else bias
+    if callable(b):
+        return _small_product_on_first_call(a, b, bias, out, lo, hi, after)
     args = (a, b, bias, out, lo, hi)
     compiled = cpu_jit.bind(cpu_tiles.small_product, *args)
     if after is None:
@@ -93,6 +97,21 @@ def _small_product(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None, out: n
         compiled(*args)
         after(out)
     return KernelWork((run,), "small product", keep=(b, bias))
+
+
+def _small_product_on_first_call(a, lay_b, bias, out, lo, hi, after) -> KernelWork:
+    """``_small_product`` whose weights ``lay_b()`` lays, and whose kernel is bound, on its first call."""
+    bound: list = []
+
+    def run() -> None:
+        if not bound:
+            args = (a, lay_b(), bias, out, lo, hi)
+            bound.append((cpu_jit.bind(cpu_tiles.small_product, *args), args))
+        compiled, args = bound[0]
+        compiled(*args)
+        if after is not None:
+            after(out)
+    return KernelWork((run,), "small product", keep=(bias,))
 
 
 def _gemm_region(bases: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list, activation: A.Activation,
