@@ -253,18 +253,16 @@ def _conv_indirect(x, planes, table, panels, shifts, scales, out, geometry, flip
     """QuantizedConv2D through QNNPACK's indirection buffer (``runs_indirect``): x uint8 [N, C, H, W],
     out uint8 [N, OC, OH*OW] (either may be strided), ``planes`` [H*W + 1, C/groups] of the tile's
     type, ``table`` (``indirection_table``), the panels, shifts and scales as ``_conv_packed``'s.
-    Each group's channels are laid pixel-major in ``planes`` (as the tile reads them, the last row
-    x's zero point), then one parallel task per MR output pixels runs every panel on the tile reading
-    each pixel's window tap by tap through its rows of the table: no window is copied."""
+    Each group's channels are laid pixel-major in ``planes`` (as the tile reads them; the last row,
+    x's zero point, is made with the execution), then one parallel task per MR output pixels runs every
+    panel on the tile reading each pixel's window tap by tap through its rows of the table: no window
+    is copied."""
     images, channels, height, width = x.shape
     groups = panels.shape[0]
     per_group = channels // groups
     out_per_group = out.shape[1] // groups
     pixels = geometry[8] * geometry[9]
     panel_count = panels.shape[1]
-    zero_row = planes[height * width]
-    for c in range(per_group):
-        zero_row[c] = x_zero + flip
     for n in range(images):
         for g in range(groups):
             c_first = g * per_group
@@ -1346,6 +1344,7 @@ def _indirect_work(op, x, out, panels, shifts, scales, flip, path, pairs, parall
     made here, once."""
     dtype = np.dtype(np.int16 if pairs else np.uint8)
     planes = np.empty((op.in_hw[0] * op.in_hw[1] + 1, op.in_channels // op.groups), dtype)
+    planes[-1] = op.x_zero_point + flip  # the padding's row, as the tile reads x; runs write only the rows above
     table = indirection_table(op, dtype.itemsize)
     arguments = (flip, op.x_zero_point, op.y_zero_point, op.lo, op.hi)
     kernel = cpu_jit.bind(_kernel(_conv_indirect, path, parallel), x, planes, table, panels, shifts, scales, out,
