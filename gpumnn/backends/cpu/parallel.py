@@ -176,14 +176,18 @@ def threads_for(threads: int) -> int:
     return max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
 
 
-def _numba_thread_count() -> Callable[[], int]:
-    """The calling thread's Numba thread count: the threading layer's C getter, which
-    ``numba.get_num_threads`` calls after its start-up check (a run asks on every submit), or
-    that public call where this Numba has no such getter."""
-    numba.get_num_threads()  # starts the layer, which binds the getter
+def _numba_thread_calls() -> tuple[Callable[[], int], Callable[[int], None]]:
+    """(get, set) of the calling thread's Numba thread count: the threading layer's C calls, which
+    ``numba.get_num_threads`` and ``set_num_threads`` make after their start-up and range checks (a
+    one-thread run sets and restores the count on every submit, and the checks cost more than the
+    calls), or those public calls where this Numba has no such C calls."""
+    numba.get_num_threads()  # starts the layer, which binds the C calls
     from numba.np.ufunc import parallel as numba_parallel
     getter = getattr(numba_parallel, "_get_num_threads", None)
-    return getter if callable(getter) else numba.get_num_threads
+    setter = getattr(numba_parallel, "_set_num_threads", None)
+    if callable(getter) and callable(setter):
+        return getter, setter
+    return numba.get_num_threads, numba.set_num_threads
 
 
 class RegionThreads:
@@ -195,7 +199,7 @@ class RegionThreads:
     def __init__(self, threads: int):
         self.threads = threads
         self._entries = threading.local()  # .previous: a stack of counts to restore, None where unchanged
-        self._thread_count = _numba_thread_count()
+        self._thread_count, self._set_thread_count = _numba_thread_calls()
 
     def __enter__(self):
         try:
@@ -208,14 +212,14 @@ class RegionThreads:
         if previous == self.threads:  # the usual case: no set and no restore
             stack.append(None)
         else:
-            numba.set_num_threads(self.threads)
+            self._set_thread_count(self.threads)  # in 1..NUMBA_NUM_THREADS: ``threads_for``
             stack.append(previous)
         return self
 
     def __exit__(self, *exc):
         previous = self._entries.previous.pop()
         if previous is not None:
-            numba.set_num_threads(previous)
+            self._set_thread_count(previous)
 
 
 # -- GEMM blocks through BLAS ------------------------------------------------------------------
