@@ -100,15 +100,15 @@ def _small_product(a: np.ndarray, b: np.ndarray | Callable[[], np.ndarray], bias
 
 
 def _small_product_on_first_call(a, lay_b, bias, out, lo, hi, after) -> KernelWork:
-    """``_small_product`` whose weights ``lay_b()`` lays, and whose kernel is bound, on its first call."""
-    bound: list = []
+    """``_small_product`` whose weights ``lay_b()`` lays on its first call; the kernel is bound here,
+    for weights of the laid type (C-contiguous float32 [1 or B, K, N]), so that no run compiles."""
+    compiled = cpu_jit.bind(cpu_tiles.small_product, a, np.empty((1, 1, 1), np.float32), bias, out, lo, hi)
+    laid: list = []  # the run state lends an execution to one run at a time
 
     def run() -> None:
-        if not bound:
-            args = (a, lay_b(), bias, out, lo, hi)
-            bound.append((cpu_jit.bind(cpu_tiles.small_product, *args), args))
-        compiled, args = bound[0]
-        compiled(*args)
+        if not laid:
+            laid.append(lay_b())
+        compiled(a, laid[0], bias, out, lo, hi)
         if after is not None:
             after(out)
     return KernelWork((run,), "small product", keep=(bias,))
