@@ -927,18 +927,15 @@ def winograd_output_panel(m, s, y, a_rows, a_cols, tile, out, bias, p, q, tiles,
         for i in range(nh):
             for j in range(nw):
                 finish_lanes(activation, source, i * y_i + r * y_r + j * NR, lanes, channels_here, lo, hi)
-    first_ty, first_tx = (p * MR) // tiles_w, (p * MR) % tiles_w
-    for c in range(channels_here):  # row by row of each channel: the panel's tiles side by side along a row
-        for i in range(nh):
-            ty, tx = first_ty, first_tx
-            for r in range(tiles_here):
-                if ty * nh + i < oh:
-                    row, src = out[q * NR + c, ty * nh + i, tx * nw:], source[i * y_i + r * y_r + c:]
-                    for j in range(min(nw, ow - tx * nw)):
-                        row[j] = src[j * NR]
-                tx += 1
-                if tx == tiles_w:
-                    ty, tx = ty + 1, 0
+    for r in range(tiles_here):  # each tile's rows, its channels' pixels stored as one loop per pixel
+        ty, tx = (p * MR + r) // tiles_w, (p * MR + r) % tiles_w
+        columns = min(nw, ow - tx * nw)
+        for i in range(min(nh, oh - ty * nh)):
+            rows = out[q * NR:q * NR + channels_here, ty * nh + i, tx * nw:tx * nw + columns]
+            for j in range(columns):
+                src = source[i * y_i + r * y_r + j * NR:]
+                for c in range(channels_here):
+                    rows[c, j] = src[c]
 
 
 @_gemm_region
