@@ -576,6 +576,38 @@ def test_im2col_on_packed_weights_in_regions(case, cols_bytes, monkeypatch, fres
     assert calls, "the packed region was not used"
 
 
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "packed"])
+@pytest.mark.parametrize("case", [c for c in PACKED if c[3] == 1],
+                         ids=[f"packed{c[0]}x{c[1]}k{c[2]}d{c[4]}o{c[6]}" for c in PACKED if c[3] == 1])
+def test_stride_1_tiles_read_windows_in_place_or_packed(case, in_place, monkeypatch, fresh_rng):
+    """At stride 1 the register tile reads the windows where they lie (``engines.packed_in_place``):
+    the tile_in_place offsets are given to the region and no pixel panel is packed. Both ways match
+    ONNX Runtime: shared weight spans, dilation, no padding (the input read as it lies)."""
+    from gpumnn.backends.cpu import compiled as cpu_compiled, direct as cpu_direct
+    from gpumnn.scheduler import schemes
+
+    channels, size, kernel, stride, dilation, pads, out_channels, activation, bias = case
+    monkeypatch.setattr(cpu_engines, "PACKED_MIN_DEPTH", 1)
+    monkeypatch.setattr(cpu_direct, "MAX_IN_CHANNELS", 0)
+    monkeypatch.setattr(cpu_engines, "MASKED_MAX_CHANNELS", 0)
+    monkeypatch.setattr(cpu_engines, "TAPPED_MAX_DEPTH", 0)
+    if not in_place:
+        monkeypatch.setattr(cpu_engines, "packed_in_place", lambda op: False)
+    works = []
+    monkeypatch.setattr(cpu_compiled, "_packed_conv_region",
+                        lambda *a, real=cpu_compiled._packed_conv_region: works.append(real(*a)) or works[-1])
+    rng = fresh_rng
+    model = _conv_model(channels, size, kernel, stride, dilation, pads, 1, out_channels, activation, bias, rng)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
+    with schemes.forced_schemes(conv=("im2col", 0)):
+        _both_ways_match_onnxruntime(model, (2, channels, size, size), rng)
+    assert works, "the packed region was not used"
+    for work in works:
+        offsets, packs = work.keep[5], work.keep[8]
+        assert (offsets.size == channels * kernel * kernel) == in_place
+        assert (packs.size == 0) == in_place
+
+
 def test_weights_known_only_at_run_time_keep_blas(monkeypatch, fresh_rng):
     """Weights that are a graph input are not packed at creation: the convolution keeps BLAS."""
     from gpumnn.backends.cpu import compiled as cpu_compiled

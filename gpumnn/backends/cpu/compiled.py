@@ -225,15 +225,20 @@ def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts:
     top, left, bottom, right = _conv_pads(op)
     padded = (h + top + bottom, w + left + right)
     bases, taps = cpu_parallel.packed_conv_tables(op.kernel, op.strides, op.dilations, (oh, ow), padded[1])
+    in_place = engines.packed_in_place(op)
+    offsets = (cpu_parallel.tapped_conv_offsets(op.in_channels, op.kernel, op.dilations, padded[0] * padded[1],
+                                                padded[1]) if in_place else np.zeros(0, np.int64))
     count = -(-pixels // mr)  # pixel panels
     fit = max(1, engines.REGION_COLS_BYTES // (4 * k * mr))  # panels whose packing fits the scratch
     shared = pixels < oc and parts > 1
     if shared:
         pixel_spans, panel_spans = _spans(count, -(-count // fit)), _spans(len(panels), parts)
-        packs = _scratch_rows(arena, "pixel panels", 1, count * mr * k)
+        pack_floats = count * mr * k
     else:
         pixel_spans, panel_spans = _spans(count, max(parts, -(-count // fit))), [(0, len(panels))]
-        packs = _scratch_rows(arena, "pixel panels", regions, max(q1 - q0 for q0, q1 in pixel_spans) * mr * k)
+        pack_floats = max(q1 - q0 for q0, q1 in pixel_spans) * mr * k
+    packs = _scratch_rows(arena, "pixel panels", 1 if shared and not in_place else regions,
+                          0 if in_place else pack_floats)
     blocks = np.array([(q0, q1, v0, v1) for q0, q1 in pixel_spans for v0, v1 in panel_spans], np.int64)
     pack_bounds = _bounds(_even_spans(count, regions))
     xp = _zero_bordered(arena, "packed plane", op, padded, op.in_channels * padded[0] * padded[1]
@@ -244,13 +249,13 @@ def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts:
     kind, act = _in_region(op.activation, act, len(blocks), out, regions)
     inner = (top, left, *padded)
     out4 = out.reshape(n, oc, oh, ow)
-    pixels_outer = panels.nbytes <= packs[0].nbytes  # the smaller operand in the inner loop, in cache
-    images = [(x[b], xp, inner, bases, taps, panels, out4[b], b1, pack_bounds, blocks, packs, accs, shared, pixels_outer,
+    pixels_outer = panels.nbytes <= 4 * pack_floats  # the smaller operand in the inner loop, in cache
+    images = [(x[b], xp, inner, bases, taps, offsets, panels, out4[b], b1, pack_bounds, blocks, packs, accs, shared, pixels_outer,
                lo, hi, epilogue, kind) for b in range(n)]
     # one block on one thread (parts 1): no region to enter, not even for the copy into xp
     one_span = len(blocks) == 1 and parts == 1
     return KernelWork((_region_items(cpu_parallel.packed_conv, images, act, out, op.activation, regions, one_span),),
-                      "im2col", keep=(panels, b1, xp, bases, taps, pack_bounds, blocks, packs, accs))
+                      "im2col", keep=(panels, b1, xp, bases, taps, offsets, pack_bounds, blocks, packs, accs))
 
 
 def _tapped_conv_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np.ndarray, bias: np.ndarray | None,

@@ -69,6 +69,14 @@ def window_rows(op: A.Conv2D) -> bool:
 #: from this inner dimension (C*KH*KW) up, BLAS below: with a short inner dimension each tile's
 #: store and each element's packing weigh more against its multiply-adds.
 PACKED_MIN_DEPTH = 512
+def packed_in_place(op: A.Conv2D) -> bool:
+    """Whether ``compiled._packed_conv_region``'s tiles read the windows where they lie rather than
+    packed into pixel panels: at stride 1, where a panel's pixels are neighbours in the input and
+    the packing (one float at a time where a panel crosses an output row) cost more than the
+    tile's scattered reads; at stride 2 the packed tiles ran faster (bench/RESULTS.md)."""
+    return tuple(op.strides) == (1, 1)
+
+
 #: ... but below this many multiply-adds (on one thread) the tile takes every depth: there BLAS's
 #: call and its packing of the weights on every call cost more than the few multiply-adds (1-D
 #: convolutions on a few dozen frames).

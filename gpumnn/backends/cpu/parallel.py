@@ -531,11 +531,14 @@ def pack_windows(xp, pack, bases, taps, plane, channels, q0, q1):
 
 
 @cpu_jit.inlined
-def tile_products(panels, pack, acc, result, bias, q0, q1, v0, v1, pixels, pixels_outer, lo, hi, epilogue):
+def tile_products(panels, pack, source, bases, offsets, acc, result, bias, q0, q1, v0, v1, pixels, pixels_outer, lo,
+                  hi, epilogue):
     """result [O, pixels] (flat) for pixel panels [q0, q1) (``pack_windows``' panels, from pack's
-    start) and weight panels [v0, v1): ``cpu_tiles.tile_product`` per pair into ``acc``, each tile
-    stored with clamp(acc + bias[o]) to [lo, hi] where ``epilogue``; ``pixels_outer``: the
-    order of the pairs."""
+    start; or, where ``offsets`` is not empty, the windows read where they lie in ``source``:
+    ``cpu_tiles.tile_in_place`` at pixel q * MR + r's origin ``bases[q * MR + r]`` plus
+    ``offsets[k]`` for depth step k) and weight panels [v0, v1): the register tile per pair into
+    ``acc``, each tile stored with clamp(acc + bias[o]) to [lo, hi] where ``epilogue``;
+    ``pixels_outer``: the order of the pairs."""
     depth = panels.shape[1]
     o = bias.shape[0]
     across = v1 - v0
@@ -547,8 +550,12 @@ def tile_products(panels, pack, acc, result, bias, q0, q1, v0, v1, pixels, pixel
         else:
             v, q = v0 + j // (q1 - q0), q0 + j % (q1 - q0)
         channels_here = min(NR, o - v * NR)
-        cpu_tiles.tile_product(pack.ctypes.data + 4 * (q - q0) * depth * MR, MR, panels[v].ctypes.data, NR, depth,
-                               acc.ctypes.data)
+        if offsets.shape[0]:
+            cpu_tiles.tile_in_place(source.ctypes.data, bases.ctypes.data + 8 * q * MR, offsets.ctypes.data,
+                                    panels[v].ctypes.data, NR, depth, acc.ctypes.data)
+        else:
+            cpu_tiles.tile_product(pack.ctypes.data + 4 * (q - q0) * depth * MR, MR, panels[v].ctypes.data, NR,
+                                   depth, acc.ctypes.data)
         first = q * MR
         rows = min(MR, pixels - first)
         for c in range(channels_here):
@@ -572,8 +579,8 @@ def activate_block(activation, result, pixels, channels, q0, q1, v0, v1):
 
 
 @_gemm_region
-def packed_conv(x, xp, inner, bases, taps, panels, out, bias, pack_bounds, blocks, packs, accs, shared, pixels_outer,
-                lo, hi, epilogue, activation):
+def packed_conv(x, xp, inner, bases, taps, offsets, panels, out, bias, pack_bounds, blocks, packs, accs, shared,
+                pixels_outer, lo, hi, epilogue, activation):
     """A convolution of one image, x [C, H, W] with weights packed at creation ``panels`` [O / NR,
     C*T, NR] (``cpu_tiles.pack_panels``) into out [O, OH, OW], in up to three parallel steps: x
     copied into the inside ``inner`` = (top, left, rows, columns) of ``xp``, its zero-bordered
@@ -583,8 +590,10 @@ def packed_conv(x, xp, inner, bases, taps, panels, out, bias, pack_bounds, block
     [pack_bounds[j], pack_bounds[j + 1]) in parallel into packs[0], and every block reads them
     (an image with fewer pixels than channels: its blocks are weight spans); else each block
     packs its own into its thread's ``packs`` row and multiplies them while in cache, then
-    ACTIVATION_KINDS[activation] on its outputs where ``activation`` >= 0. No BLAS: its packing
-    of the weights on every call was the cost (``cpu_tiles`` says why)."""
+    ACTIVATION_KINDS[activation] on its outputs where ``activation`` >= 0. Where ``offsets`` (each
+    depth step's offset from a window's origin) is not empty, nothing is packed: the tiles read the
+    windows where they lie (``tile_products``). No BLAS: its packing of the weights on every call
+    was the cost (``cpu_tiles`` says why)."""
     channels, height, width = x.shape
     o, oh, ow = out.shape
     top, left, rows, cols = inner
@@ -597,7 +606,7 @@ def packed_conv(x, xp, inner, bases, taps, panels, out, bias, pack_bounds, block
         source = xp
     else:
         source = x.reshape(x.size)
-    if shared:
+    if shared and not offsets.shape[0]:
         pack = packs[0]
         depth = panels.shape[1]
         for j in numba.prange(pack_bounds.shape[0] - 1):
@@ -605,17 +614,18 @@ def packed_conv(x, xp, inner, bases, taps, panels, out, bias, pack_bounds, block
             pack_windows(source, pack[q0 * depth * MR:], bases, taps, plane, channels, q0, pack_bounds[j + 1])
         for i in numba.prange(blocks.shape[0]):
             q0, q1, v0, v1 = blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3]
-            tile_products(panels, pack[q0 * depth * MR:], accs[numba.get_thread_id()], result, bias, q0, q1, v0, v1,
-                          oh * ow, pixels_outer, lo, hi, epilogue)
+            tile_products(panels, pack[q0 * depth * MR:], source, bases, offsets, accs[numba.get_thread_id()], result,
+                          bias, q0, q1, v0, v1, oh * ow, pixels_outer, lo, hi, epilogue)
             if activation >= 0:
                 activate_block(activation, result, oh * ow, o, q0, q1, v0, v1)
     else:
         for i in numba.prange(blocks.shape[0]):
             thread = numba.get_thread_id()
             q0, q1, v0, v1 = blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3]
-            pack_windows(source, packs[thread], bases, taps, plane, channels, q0, q1)
-            tile_products(panels, packs[thread], accs[thread], result, bias, q0, q1, v0, v1, oh * ow, pixels_outer, lo,
-                          hi, epilogue)
+            if not offsets.shape[0]:
+                pack_windows(source, packs[thread], bases, taps, plane, channels, q0, q1)
+            tile_products(panels, packs[thread], source, bases, offsets, accs[thread], result, bias, q0, q1, v0, v1,
+                          oh * ow, pixels_outer, lo, hi, epilogue)
             if activation >= 0:
                 activate_block(activation, result, oh * ow, o, q0, q1, v0, v1)
 
@@ -841,10 +851,13 @@ def winograd_input_panel(xp, v, bases, b_rows, b_cols, scratch, c, p, panels, ch
     dst = v[(p * ah * aw * channels + c) * MR:]
     if ah == 1 or aw == 1:  # a 1D tile: e[u] = sum over y of d[y] B[y][u], d along the long axis
         b, a, step = (b_cols, aw, 1) if ah == 1 else (b_rows, ah, cols)
-        for r in range(MR):
-            cpu_tiles.row_product(xa + 4 * (c * plane + bases[p * MR + r]), step, b.ctypes.data, cpu_tiles.ROW, a, sa)
-            for u in range(a):
-                dst[u * position + r] = scratch[u]
+        # the panel's MR tiles as the rows of one register tile: MR sums in flight at each step,
+        # where a row at a time waited on each multiply-add's latency
+        cpu_tiles.rows_in_place(xa + 4 * c * plane, bases.ctypes.data + 8 * p * MR, step, b.ctypes.data,
+                                cpu_tiles.ROW, a, sa)
+        for u in range(a):
+            for r in range(MR):
+                dst[u * position + r] = scratch[r * cpu_tiles.ROW + u]
         return
     for r in range(MR):
         origin = xa + 4 * (c * plane + bases[p * MR + r])

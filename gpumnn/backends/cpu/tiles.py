@@ -39,14 +39,21 @@ MR, NR = 6, 16
 _LANES = 8  # floats per vector register the IR names (AVX2's ymm)
 
 
-def _emit_products(builder, rows: int, vectors: int, p, p_stride, v, v_stride, depth, v_offsets=None):
+def _emit_products(builder, rows: int, vectors: int, p, p_stride, v, v_stride, depth, v_offsets=None,
+                   p_bases=None, p_table=True):
     """The tile's loop in IR: sums[r * vectors + h] = sum over ``depth`` steps of p[step * p_stride
     + r] times the vector v[step * v_stride + h * 8 ...] (v[v_offsets[step] + h * 8 ...] where
     ``v_offsets``, a pointer to int64, is given), held in registers; returns the sums (zero where
-    ``depth`` is 0) with the builder placed after the loop."""
+    ``depth`` is 0) with the builder placed after the loop. Where ``p_bases`` (a pointer to ``rows``
+    int64) is given, rows are read where they lie, each from its own origin: row r's value of step
+    k is p[p_bases[r] + offsets[k]] with p_stride a pointer to ``depth`` int64 offsets where
+    ``p_table``, else p[p_bases[r] + k * p_stride]."""
     f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
     vector = ir.VectorType(f32, _LANES)
     zero = ir.Constant(vector, [0.0] * _LANES)
+    if p_bases is not None:
+        p_origins = [builder.gep(p, [builder.load(builder.gep(p_bases, [ir.Constant(i64, r)]), align=8)])
+                     for r in range(rows)]
     entry = builder.block
     loop, done = builder.append_basic_block("tile.loop"), builder.append_basic_block("tile.done")
     builder.cbranch(builder.icmp_signed(">", depth, ir.Constant(i64, 0)), loop, done)
@@ -63,11 +70,16 @@ def _emit_products(builder, rows: int, vectors: int, p, p_stride, v, v_stride, d
         v_row = builder.gep(v, [builder.load(builder.gep(v_offsets, [step]), align=8)])
     lanes = [builder.load(builder.bitcast(builder.gep(v_row, [ir.Constant(i64, h * _LANES)]),
                                           vector.as_pointer()), align=4) for h in range(vectors)]
-    p_row = builder.gep(p, [builder.mul(step, p_stride)])
+    if p_bases is None:
+        p_row = builder.gep(p, [builder.mul(step, p_stride)])
+        p_values = [builder.gep(p_row, [ir.Constant(i64, r)]) for r in range(rows)]
+    else:
+        offset = builder.load(builder.gep(p_stride, [step]), align=8) if p_table else builder.mul(step, p_stride)
+        p_values = [builder.gep(origin, [offset]) for origin in p_origins]
     broadcast = ir.Constant(ir.VectorType(i32, _LANES), [0] * _LANES)
     updated = []
     for r in range(rows):
-        scalar = builder.load(builder.gep(p_row, [ir.Constant(i64, r)]), align=4)
+        scalar = builder.load(p_values[r], align=4)
         one = builder.insert_element(ir.Constant(vector, ir.Undefined), scalar, ir.Constant(i32, 0))
         splat = builder.shuffle_vector(one, ir.Constant(vector, ir.Undefined), broadcast)
         for h, lane in enumerate(lanes):
@@ -106,6 +118,31 @@ def _tile_kernel(rows: int, columns: int):
                 builder.store(total, builder.bitcast(address, vector.as_pointer()), align=4)
             return context.get_dummy_value()
         return types.void(*[types.intp] * 6), codegen
+    return kernel
+
+
+def _in_place_kernel(rows: int, columns: int, table: bool = True):
+    """The register tile acc[rows, columns] as ``_tile_kernel``'s, with the rows read where they lie:
+    row r's value of step k at p[bases[r] + offsets[k]] (``bases``: ``rows`` int64, ``offsets``:
+    ``depth`` int64, both given by address); without a ``table``, the third argument is a stride
+    and the value at p[bases[r] + k * stride]."""
+    vectors = columns // _LANES
+
+    @intrinsic
+    def kernel(typingctx, p_address, bases_address, offsets_address, v_address, v_stride, depth, acc_address):
+        def codegen(context, builder, signature, args):
+            f32, i64 = ir.FloatType(), ir.IntType(64)
+            vector = ir.VectorType(f32, _LANES)
+            p, v, acc = (builder.inttoptr(args[i], f32.as_pointer()) for i in (0, 3, 6))
+            bases = builder.inttoptr(args[1], i64.as_pointer())
+            offsets = builder.inttoptr(args[2], i64.as_pointer()) if table else args[2]
+            totals = _emit_products(builder, rows, vectors, p, offsets, v, args[4], args[5], p_bases=bases,
+                                    p_table=table)
+            for j, total in enumerate(totals):
+                address = builder.gep(acc, [ir.Constant(i64, j * _LANES)])
+                builder.store(total, builder.bitcast(address, vector.as_pointer()), align=4)
+            return context.get_dummy_value()
+        return types.void(*[types.intp] * 7), codegen
     return kernel
 
 
@@ -186,6 +223,14 @@ def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool, tapped: b
 #: ``p_address`` + step * ``p_stride`` floats, v's NR at ``v_address`` + step * ``v_stride``
 #: (all addresses and strides as integers: ``tile_product(p, p_stride, v, v_stride, depth, acc)``).
 tile_product = _tile_kernel(MR, NR)
+#: ``tile_product`` with the MR rows read in place: ``tile_in_place(p, bases, offsets, v, v_stride,
+#: depth, acc)``, row r of step k at p + bases[r] + offsets[k] floats (``cpu_parallel.packed_conv``'s
+#: windows read from the zero-bordered input, no panels packed)
+tile_in_place = _in_place_kernel(MR, NR)
+#: ``tile_in_place`` with a stride for its offsets: ``rows_in_place(p, bases, stride, v, v_stride,
+#: depth, acc)``, row r of step k at p + bases[r] + k * stride floats (``cpu_parallel``'s 1D
+#: Winograd input transform: a panel's MR tiles at once)
+rows_in_place = _in_place_kernel(MR, NR, table=False)
 #: The side of ``square_product``'s tile: one vector register of floats
 SQUARE = _LANES
 #: The same for a SQUARE x SQUARE tile: SQUARE accumulators of one vector each, as many independent
