@@ -115,6 +115,12 @@ MATMUL = [
     (REGIONS, engines.SMALL_PRODUCT_MACS - 1, True, False, ("small_product", 1), True),  # plain and small: one loop
     (JIT, engines.SMALL_PRODUCT_MACS - 1, True, True, ("small_product", 1), True),
     (REGIONS, engines.SMALL_PRODUCT_MACS, True, False, ("gemm_region", 1), True),
+    # few rows by constant weights: the row tiles (M rows given), past ROW_TILES_MAX_ROWS BLAS's blocks
+    (REGIONS, R, True, False, ("row_tiles_region", 2), True, engines.ROW_TILES_MAX_ROWS),
+    (REGIONS, R - 1, True, False, ("gemm_region", 1), True, 40),  # below REGION_MIN_MACS: BLAS's one call
+    (REGIONS, R, True, False, ("gemm_region", 2), True, engines.ROW_TILES_MAX_ROWS + 1),
+    (REGIONS, R, True, False, ("gemm_region", 2), False, 40),  # not plain (alpha, a bias per row)
+    (JIT, R, True, False, ("gemm", 1), True, 40),  # no regions
     (NUMPY, 1024, True, False, ("gemm", 1), True),  # no compiled loops
     (REGIONS, R, True, False, ("gemm_region", 2)),
     (REGIONS, R - 1, True, False, ("gemm_region", 1)),

@@ -47,8 +47,8 @@ GEMMS = [
     (1, 300, 70, 0, 0, 1.0, 1.0, (), "Relu"),               # ... B as stored, a scalar bias, a partial panel
     (1, 96, 37, 0, 1, 1.0, 1.0, (1, 37), "Sigmoid"),        # ... an activation after
     (1, 64, 40, 0, 1, 0.5, 1.0, (40,), None),               # ... alpha: BLAS
-    (64, 48, 64, 0, 0, 1.0, 1.0, None, "Relu"),             # no bias, small: one block
-    (40, 192, 768, 0, 1, 1.0, 1.0, (768,), None),           # few rows by B stored [N, K]: a copy laid [K, N], two blocks
+    (96, 48, 64, 0, 0, 1.0, 1.0, None, "Relu"),             # no bias, small: one block
+    (100, 192, 768, 0, 1, 1.0, 1.0, (768,), None),          # B stored [N, K], past the row tiles: a copy laid [K, N]
 ]
 
 
@@ -61,7 +61,7 @@ def test_gemm_in_regions(case, fresh_rng):
 
 # products past SMALL_PRODUCT_MACS but below REGION_MIN_MACS: one block, on the calling thread
 ONE_BLOCK_GEMMS = [
-    (64, 48, 64, 0, 0, 1.0, 1.0, None, "Relu"),             # no bias, a clamp in the loop
+    (96, 48, 64, 0, 0, 1.0, 1.0, None, "Relu"),             # no bias, a clamp in the loop
     (96, 40, 60, 0, 1, 1.0, 0.5, (96, 1), "Sigmoid"),       # a column bias scaled by beta, an activation after
     (50, 70, 90, 1, 0, 2.0, 1.0, (90,), "Tanh"),            # A transposed, alpha, a row bias
 ]
@@ -78,6 +78,55 @@ def test_gemm_of_one_block_runs_without_a_region(case, fresh_rng, monkeypatch):
     model, shape = _gemm_model(*case, fresh_rng)
     _both_ways_match_onnxruntime(model, tuple(shape), fresh_rng)
     assert cpu_parallel.gemm_blocks in alone
+
+
+# few rows by constant weights on the register tile, the weights packed once (engines.ROW_TILES_MAX_ROWS):
+# (m, k, n, transB, bias shape, activation, the bias a graph input)
+ROW_TILES = [
+    (40, 192, 768, 1, (768,), None, False),      # an LSTM's projection: W stored [N, K], two blocks
+    (13, 420, 200, 0, (200,), "Sigmoid", False),  # partial row and weight panels, an activation in the region
+    (6, 1000, 200, 0, None, "Tanh", False),       # one row panel, no bias, an activation after
+    (64, 128, 130, 0, (130,), "Relu", True),      # the most rows; a bias known at run time, a clamp
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", ROW_TILES, ids=[f"rows{c[0]}x{c[1]}x{c[2]}{c[5] or ''}" for c in ROW_TILES])
+def test_few_rows_by_constant_weights_on_the_row_tiles(case, threads, fresh_rng):
+    """A product of at most ROW_TILES_MAX_ROWS rows by constant weights runs on the row tiles
+    (``cpu_parallel.row_tiles``), which the report names; its outputs are ONNX Runtime's."""
+    require_tool("numba", cpu_jit.MISSING)
+    require_tool("regions", cpu_parallel.available()[1])
+    m, k, n, trans_b, bias_shape, activation, bias_input = case
+    assert m <= cpu_engines.ROW_TILES_MAX_ROWS and m * k * n >= cpu_engines.REGION_MIN_MACS
+    rng = fresh_rng
+    weight = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
+    inits, inputs = [numpy_helper.from_array(weight, "W")], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])]
+    feed = {"x": rng.standard_normal((m, k)).astype(np.float32)}
+    names = ["x", "W"]
+    if bias_shape is not None:
+        bias = rng.standard_normal(bias_shape).astype(np.float32)
+        if bias_input:
+            inputs.append(helper.make_tensor_value_info("C", TensorProto.FLOAT, list(bias_shape)))
+            feed["C"] = bias
+        else:
+            inits.append(numpy_helper.from_array(bias, "C"))
+        names.append("C")
+    nodes = [helper.make_node("Gemm", names, ["g" if activation else "y"], transB=trans_b)]
+    if activation:
+        nodes.append(helper.make_node(activation, ["g"], ["y"]))
+    graph = helper.make_graph(nodes, "rows", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              inits)
+    model = model_proto(graph, 13)
+    ref = onnxruntime_session(model).run(None, feed)[0]
+    sess = gpumnn.load(model).session(backend="cpu", threads=threads)
+    assert "row tiles" in sess.report(), sess.report()
+    for _ in range(2):  # a run-time bias is read again on every run
+        err = rel_l2(sess.run(feed)["y"], ref)
+        assert err < 1e-5, f"relative L2 error {err:.2e}"
+        if bias_input:
+            feed["C"] = rng.standard_normal(bias_shape).astype(np.float32)
+            ref = onnxruntime_session(model).run(None, feed)[0]
 
 
 # (shape of x, shape of r, activation after the sum): x + r as one compiled pass where both are

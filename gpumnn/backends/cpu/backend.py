@@ -239,17 +239,25 @@ def _make_matmul(op: A.MatMul, ins, outs, pool: Workers, engine: Engine, constan
     alpha, beta = op.alpha, op.beta
     vector = (a.shape[:2] == (1, 1) and a.strides[2] == 4 and alpha == 1.0 and beta == 1.0  # a vector, constant weights
               and CpuBackend.is_constant(ins[1]) and (bias is None or bias.shape[0] == 1))
-    b_base = typed(ins[1])  # the buffer b's views lie in (a GEMM region's blocks are offsets into it)
-    if (not vector and b.dtype == np.float32 and b.shape[0] == 1 and not b.flags.c_contiguous
-            and CpuBackend.is_constant(ins[1]) and engine.relaid_weights(a.shape[0] * a.shape[1])):
-        b = made_once(constants, ins[1], ("rows", b.shape, b.strides), lambda: np.ascontiguousarray(b))
-        b_base = b.reshape(-1)
     macs = a.shape[0] * a.shape[1] * op.n * op.k
     float32 = o.dtype == a.dtype == b.dtype == np.float32
     row_bias = bias is None or (op.bias_strides == (0, 1) and beta == 1.0)  # none, or one row added to every row
     plain = (float32 and alpha == 1.0 and row_bias and a.flags.c_contiguous
              and (b.flags.c_contiguous or CpuBackend.is_constant(ins[1])))
-    kernel, parts = engine.matmul(macs, float32, vector, plain)
+    constant_rows = (a.shape[1] if a.shape[0] == 1 and b.shape[0] == 1 and CpuBackend.is_constant(ins[1])
+                     and o.flags.c_contiguous else 0)
+    kernel, parts = engine.matmul(macs, float32, vector, plain, constant_rows)
+    if kernel == "row_tiles_region":  # the weights packed once into the tile's panels, in whatever layout
+        panels = functools.partial(made_once, constants, ins[1], ("row panels", b.shape, b.strides),
+                                   lambda: cpu_tiles.pack_panels(np.ascontiguousarray(b[0].T), cpu_tiles.NR))
+        return cpu_compiled._row_tiles_region(a[0], panels, o[0], None if bias is None else bias[0],
+                                              not op.has_bias or CpuBackend.is_constant(ins[2]), op.activation,
+                                              engine.regions, parts)
+    b_base = typed(ins[1])  # the buffer b's views lie in (a GEMM region's blocks are offsets into it)
+    if (not vector and b.dtype == np.float32 and b.shape[0] == 1 and not b.flags.c_contiguous
+            and CpuBackend.is_constant(ins[1]) and engine.relaid_weights(a.shape[0] * a.shape[1])):
+        b = made_once(constants, ins[1], ("rows", b.shape, b.strides), lambda: np.ascontiguousarray(b))
+        b_base = b.reshape(-1)
     if kernel == "small_product":  # constant weights stored transposed are laid [K, N] once
         packed = b if b.flags.c_contiguous else functools.partial(
             made_once, constants, ins[1], ("rows", b.shape, b.strides), lambda: np.ascontiguousarray(b))

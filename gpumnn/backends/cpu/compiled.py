@@ -77,6 +77,43 @@ def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out
     return KernelWork(made.work, op.scheme, made.keep)  # the report names the product's scheme, not the convolution's
 
 
+def _row_tiles_region(a: np.ndarray, weights: Callable[[], np.ndarray], out: np.ndarray, bias: np.ndarray | None,
+                      constant_bias: bool, activation: A.Activation, regions: int, parts: int) -> KernelWork:
+    """a [M, K] @ constant weights [K, N] (+ a bias row) into out [M, N], all C-contiguous float32, on
+    the register tile (``cpu_parallel.row_tiles``): ``weights()`` packs them once into panels of NR
+    columns; blocks are spans of those panels, ``parts`` of them; a clamp in the tile's store, any
+    other activation on each block's outputs. A bias that is not ``constant_bias`` is copied into
+    the kernel's zero-padded row on every run."""
+    m, k = a.shape
+    n = out.shape[1]
+    panels = weights()
+    padded_bias = np.zeros(len(panels) * cpu_tiles.NR, np.float32)
+    if bias is not None:
+        padded_bias[:n] = bias
+    lo, hi, after = _compiled_clamp(activation)
+    kind = _activation_kind(activation)
+    if kind >= 0:  # the region applies it to each block
+        after = None
+    rows = -(-m // cpu_tiles.MR) * cpu_tiles.MR
+    bases = np.minimum(np.arange(rows), m - 1).astype(np.int64) * k  # rows past M read the last one
+    blocks = np.array(_spans(len(panels), parts), np.int64)
+    accs = _thread_scratch(regions, cpu_tiles.MR * cpu_tiles.NR)
+    args = (a, bases, panels, out, padded_bias, blocks, accs, lo, hi, kind)
+    compiled = cpu_jit.bind(cpu_parallel.alone(cpu_parallel.row_tiles) if len(blocks) == 1 else cpu_parallel.row_tiles,
+                            *args)
+    keep = (panels, padded_bias, bases, blocks, accs)
+    if after is None and constant_bias:
+        return KernelWork((lambda: compiled(*args),), "row tiles", keep=keep)
+
+    def run() -> None:
+        if not constant_bias:
+            padded_bias[:n] = bias
+        compiled(*args)
+        if after is not None:
+            after(out)
+    return KernelWork((run,), "row tiles", keep=keep)
+
+
 def _small_product(a: np.ndarray, b: np.ndarray | Callable[[], np.ndarray], bias: np.ndarray | None,
                    out: np.ndarray, activation: A.Activation) -> KernelWork:
     """``cpu_tiles.small_product`` (a [B, M, K] @ b [1 or B, K, N] + bias [N] into out [B, M, N], all

@@ -41,6 +41,13 @@ REGION_MIN_WINDOWS = 1 << 15
 #: A float32 product below this many multiply-adds, with its operands' layout plain (``cpu_tiles.small_product``
 #: says which), runs as one compiled loop on the calling thread: a region and BLAS's call cost more than it.
 SMALL_PRODUCT_MACS = 1 << 17
+#: A float32 product of at most this many rows and at least ``REGION_MIN_MACS`` multiply-adds by
+#: constant weights runs on the register tile with the weights packed once
+#: (``compiled._row_tiles_region``): BLAS packs both operands on every call, and at a few dozen rows
+#: (an LSTM's input projection over its time steps) the weights are the larger one. Smaller products
+#: ran as fast or faster in runs as BLAS's one call, next to the tile's partial panels
+#: (bench/RESULTS.md).
+ROW_TILES_MAX_ROWS = 64
 #: A product of at most this many rows by constant weights stored transposed ([N, K]: ONNX's Gemm
 #: with transB, an LSTM's W) reads a copy of them laid [K, N], made once: BLAS's packing of the
 #: transposed layout on every call cost as much as the product itself at such sizes, the row-major
@@ -229,15 +236,19 @@ class Engine:
         return (constant_weights and op.in_channels // op.groups * kh * kw <= TAPPED_MAX_DEPTH
                 and (stride == 1 or strided) and ow >= cpu_tiles.NR)
 
-    def matmul(self, macs: int, float32: bool, vector: bool, plain: bool = False) -> Choice:
+    def matmul(self, macs: int, float32: bool, vector: bool, plain: bool = False, constant_rows: int = 0) -> Choice:
         """A product of ``macs`` multiply-adds; ``vector``: one row times constant weights (a
         classifier's last layer), which the register tile reads once; ``plain``: a layout and
-        epilogue ``small_product`` takes. ``parts``: threads for its blocks (``_gemm_blocks``)."""
+        epilogue ``small_product`` takes; ``constant_rows``: its rows where it is plain with
+        constant weights and one image (else 0), which ``ROW_TILES_MAX_ROWS`` weighs. ``parts``:
+        threads for its blocks (``_gemm_blocks``; the row tiles' weight panel spans)."""
         if self.jit and float32 and plain and macs < SMALL_PRODUCT_MACS:
             return Choice("small_product")
         if self.regions and float32:
             if vector:
                 return Choice("vector_region", self.regions)
+            if plain and 0 < constant_rows <= ROW_TILES_MAX_ROWS and macs >= REGION_MIN_MACS:
+                return Choice("row_tiles_region", self.gemm(macs, region=True))
             return Choice("gemm_region", self.gemm(macs, region=True))
         return Choice("gemm", self.gemm(macs, region=False))
 

@@ -706,6 +706,34 @@ def pointwise_block(x, panels, out, bias, c0, c1, p0, p1, dummy, channels_in_row
 
 
 @_gemm_region
+def row_tiles(a, bases, panels, out, bias, blocks, accs, lo, hi, activation):
+    """out [M, N] = a [M, K] (C-contiguous) times the weights packed at creation ``panels`` [N / NR,
+    K, NR], clamp(. + bias) to [lo, hi] (``bias`` zero-padded to whole panels), then
+    ACTIVATION_KINDS[activation] (none where < 0) on each block's outputs: MR rows of a at a time
+    read where they lie (``cpu_tiles.rows_in_place`` from ``bases``, each row's offset in a, the
+    last row repeated past M) against each weight panel, which stays in cache while every row panel
+    passes. blocks[i] = (first weight panel, panel stop). BLAS packs both operands on every call,
+    the weights being the larger one at a few dozen rows (an LSTM's input projection)."""
+    m, k = a.shape
+    n = out.shape[1]
+    for i in numba.prange(blocks.shape[0]):
+        acc = accs[numba.get_thread_id()]
+        for v in range(blocks[i, 0], blocks[i, 1]):
+            columns = min(NR, n - v * NR)
+            lanes = bias[v * NR:v * NR + columns]
+            for q in range(0, m, MR):
+                cpu_tiles.rows_in_place(a.ctypes.data, bases.ctypes.data + 8 * q, 1, panels[v].ctypes.data, NR, k,
+                                        acc.ctypes.data)
+                for r in range(min(MR, m - q)):
+                    row, sums = out[q + r, v * NR:v * NR + columns], acc[r * NR:]
+                    for c in range(columns):
+                        row[c] = min(max(sums[c] + lanes[c], lo), hi)
+        if activation >= 0:
+            for r in range(m):
+                _activate(activation, out[r, blocks[i, 0] * NR:min(blocks[i, 1] * NR, n)])
+
+
+@_gemm_region
 def pointwise_tiles(x, panels, out, bias, blocks, dummies, channels_in_rows, lo, hi, activation):
     """A 1x1 convolution of one image, x [C, P] times the weights packed at creation ``panels``
     [O / width, C, width] into out [O, P] (NCHW), on ``cpu_tiles``' pointwise tiles: the input read
