@@ -603,9 +603,9 @@ PACKED = [
 ]
 
 
-@pytest.mark.parametrize("cols_bytes", [1 << 20, 4 * 9 * 96 * 6 * 2])
-@pytest.mark.parametrize("case", PACKED, ids=[f"packed{c[0]}x{c[1]}k{c[2]}s{c[3]}d{c[4]}o{c[6]}" for c in PACKED])
-def test_im2col_on_packed_weights_in_regions(case, cols_bytes, monkeypatch, fresh_rng):
+def _register_tile_matches_onnxruntime(case, monkeypatch, rng) -> list:
+    """A PACKED case's convolution (a batch of two) on the register tile (``compiled._packed_conv_region``)
+    at any depth, both ways within tolerance of ONNX Runtime; the KernelWorks the region made."""
     from gpumnn.backends.cpu import compiled as cpu_compiled, direct as cpu_direct
     from gpumnn.scheduler import schemes
 
@@ -614,15 +614,21 @@ def test_im2col_on_packed_weights_in_regions(case, cols_bytes, monkeypatch, fres
     monkeypatch.setattr(cpu_direct, "MAX_IN_CHANNELS", 0)  # the stem case here is the tile's, not the direct rows'
     monkeypatch.setattr(cpu_engines, "MASKED_MAX_CHANNELS", 0)  # the 3-channel case: not the masked rows
     monkeypatch.setattr(cpu_engines, "TAPPED_MAX_DEPTH", 0)  # the register tile, not the tapped one
-    monkeypatch.setattr(cpu_engines, "REGION_COLS_BYTES", cols_bytes)  # the second: several pixel blocks
-    calls = []
-    monkeypatch.setattr(cpu_compiled, "_packed_conv_region", lambda *a, real=cpu_compiled._packed_conv_region: calls.append(a) or real(*a))
-    rng = fresh_rng
+    works = []
+    monkeypatch.setattr(cpu_compiled, "_packed_conv_region",
+                        lambda *a, real=cpu_compiled._packed_conv_region: works.append(real(*a)) or works[-1])
     model = _conv_model(channels, size, kernel, stride, dilation, pads, 1, out_channels, activation, bias, rng)
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
     with schemes.forced_schemes(conv=("im2col", 0)):
         _both_ways_match_onnxruntime(model, (2, channels, size, size), rng)
-    assert calls, "the packed region was not used"
+    return works
+
+
+@pytest.mark.parametrize("cols_bytes", [1 << 20, 4 * 9 * 96 * 6 * 2])
+@pytest.mark.parametrize("case", PACKED, ids=[f"packed{c[0]}x{c[1]}k{c[2]}s{c[3]}d{c[4]}o{c[6]}" for c in PACKED])
+def test_im2col_on_packed_weights_in_regions(case, cols_bytes, monkeypatch, fresh_rng):
+    monkeypatch.setattr(cpu_engines, "REGION_COLS_BYTES", cols_bytes)  # the second: several pixel blocks
+    assert _register_tile_matches_onnxruntime(case, monkeypatch, fresh_rng), "the packed region was not used"
 
 
 @pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "packed"])
@@ -632,24 +638,10 @@ def test_stride_1_tiles_read_windows_in_place_or_packed(case, in_place, monkeypa
     """At stride 1 the register tile reads the windows where they lie (``engines.packed_in_place``):
     the tile_in_place offsets are given to the region and no pixel panel is packed. Both ways match
     ONNX Runtime: shared weight spans, dilation, no padding (the input read as it lies)."""
-    from gpumnn.backends.cpu import compiled as cpu_compiled, direct as cpu_direct
-    from gpumnn.scheduler import schemes
-
-    channels, size, kernel, stride, dilation, pads, out_channels, activation, bias = case
-    monkeypatch.setattr(cpu_engines, "PACKED_MIN_DEPTH", 1)
-    monkeypatch.setattr(cpu_direct, "MAX_IN_CHANNELS", 0)
-    monkeypatch.setattr(cpu_engines, "MASKED_MAX_CHANNELS", 0)
-    monkeypatch.setattr(cpu_engines, "TAPPED_MAX_DEPTH", 0)
+    channels, kernel = case[0], case[2]
     if not in_place:
         monkeypatch.setattr(cpu_engines, "packed_in_place", lambda op: False)
-    works = []
-    monkeypatch.setattr(cpu_compiled, "_packed_conv_region",
-                        lambda *a, real=cpu_compiled._packed_conv_region: works.append(real(*a)) or works[-1])
-    rng = fresh_rng
-    model = _conv_model(channels, size, kernel, stride, dilation, pads, 1, out_channels, activation, bias, rng)
-    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
-    with schemes.forced_schemes(conv=("im2col", 0)):
-        _both_ways_match_onnxruntime(model, (2, channels, size, size), rng)
+    works = _register_tile_matches_onnxruntime(case, monkeypatch, fresh_rng)
     assert works, "the packed region was not used"
     for work in works:
         offsets, packs = work.keep[5], work.keep[8]

@@ -101,6 +101,14 @@ def _emit_products(builder, rows: int, vectors: int, p, p_stride, v, v_stride, d
     return totals
 
 
+def _store_sums(builder, totals, acc) -> None:
+    """The tile's sums (``_emit_products``' vectors) stored side by side from ``acc`` (float*)."""
+    vector = ir.VectorType(ir.FloatType(), _LANES)
+    for j, total in enumerate(totals):
+        address = builder.gep(acc, [ir.Constant(ir.IntType(64), j * _LANES)])
+        builder.store(total, builder.bitcast(address, vector.as_pointer()), align=4)
+
+
 def _tile_kernel(rows: int, columns: int):
     """The register tile acc[rows, columns] = p^T v as a Numba intrinsic (``tile_product`` is
     MR x NR; ``square_product`` 8 x 8, the Winograd transforms' tile; ``row_product`` 1 x 16)."""
@@ -109,13 +117,9 @@ def _tile_kernel(rows: int, columns: int):
     @intrinsic
     def kernel(typingctx, p_address, p_stride, v_address, v_stride, depth, acc_address):
         def codegen(context, builder, signature, args):
-            f32, i64 = ir.FloatType(), ir.IntType(64)
-            vector = ir.VectorType(f32, _LANES)
+            f32 = ir.FloatType()
             p, v, acc = (builder.inttoptr(a, f32.as_pointer()) for a in (args[0], args[2], args[5]))
-            totals = _emit_products(builder, rows, vectors, p, args[1], v, args[3], args[4])
-            for j, total in enumerate(totals):
-                address = builder.gep(acc, [ir.Constant(i64, j * _LANES)])
-                builder.store(total, builder.bitcast(address, vector.as_pointer()), align=4)
+            _store_sums(builder, _emit_products(builder, rows, vectors, p, args[1], v, args[3], args[4]), acc)
             return context.get_dummy_value()
         return types.void(*[types.intp] * 6), codegen
     return kernel
@@ -132,15 +136,11 @@ def _in_place_kernel(rows: int, columns: int, table: bool = True):
     def kernel(typingctx, p_address, bases_address, offsets_address, v_address, v_stride, depth, acc_address):
         def codegen(context, builder, signature, args):
             f32, i64 = ir.FloatType(), ir.IntType(64)
-            vector = ir.VectorType(f32, _LANES)
             p, v, acc = (builder.inttoptr(args[i], f32.as_pointer()) for i in (0, 3, 6))
             bases = builder.inttoptr(args[1], i64.as_pointer())
             offsets = builder.inttoptr(args[2], i64.as_pointer()) if table else args[2]
-            totals = _emit_products(builder, rows, vectors, p, offsets, v, args[4], args[5], p_bases=bases,
-                                    p_table=table)
-            for j, total in enumerate(totals):
-                address = builder.gep(acc, [ir.Constant(i64, j * _LANES)])
-                builder.store(total, builder.bitcast(address, vector.as_pointer()), align=4)
+            _store_sums(builder, _emit_products(builder, rows, vectors, p, offsets, v, args[4], args[5],
+                                                p_bases=bases, p_table=table), acc)
             return context.get_dummy_value()
         return types.void(*[types.intp] * 7), codegen
     return kernel
