@@ -99,19 +99,9 @@ def _row_tiles_region(a: np.ndarray, weights: Callable[[], np.ndarray], out: np.
     blocks = np.array(_spans(len(panels), parts), np.int64)
     accs = _thread_scratch(regions, cpu_tiles.MR * cpu_tiles.NR)
     args = (a, bases, panels, out, padded_bias, blocks, accs, lo, hi, kind)
-    compiled = cpu_jit.bind(cpu_parallel.alone(cpu_parallel.row_tiles) if len(blocks) == 1 else cpu_parallel.row_tiles,
-                            *args)
-    keep = (panels, padded_bias, bases, blocks, accs)
-    if after is None and constant_bias:
-        return KernelWork((lambda: compiled(*args),), "row tiles", keep=keep)
-
-    def run() -> None:
-        if not constant_bias:
-            padded_bias[:n] = bias
-        compiled(*args)
-        if after is not None:
-            after(out)
-    return KernelWork((run,), "row tiles", keep=keep)
+    run = _region_items(cpu_parallel.row_tiles, [args], after, out, activation, regions, one_span=len(blocks) == 1)
+    work = (run,) if constant_bias else (functools.partial(np.copyto, padded_bias[:n], bias), run)
+    return KernelWork(work, "row tiles", keep=(panels, padded_bias, bases, blocks, accs))
 
 
 def _small_product(a: np.ndarray, b: np.ndarray | Callable[[], np.ndarray], bias: np.ndarray | None,

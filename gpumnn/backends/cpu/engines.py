@@ -76,6 +76,12 @@ def window_rows(op: A.Conv2D) -> bool:
 #: from this inner dimension (C*KH*KW) up, BLAS below: with a short inner dimension each tile's
 #: store and each element's packing weigh more against its multiply-adds.
 PACKED_MIN_DEPTH = 512
+#: ... but below this many multiply-adds (on one thread) the tile takes every depth: there BLAS's
+#: call and its packing of the weights on every call cost more than the few multiply-adds (1-D
+#: convolutions on a few dozen frames).
+PACKED_ANY_DEPTH_MACS = REGION_MIN_MACS
+
+
 def packed_in_place(op: A.Conv2D) -> bool:
     """Whether ``compiled._packed_conv_region``'s tiles read the windows where they lie rather than
     packed into pixel panels: at stride 1, where a panel's pixels are neighbours in the input and
@@ -84,10 +90,6 @@ def packed_in_place(op: A.Conv2D) -> bool:
     return tuple(op.strides) == (1, 1)
 
 
-#: ... but below this many multiply-adds (on one thread) the tile takes every depth: there BLAS's
-#: call and its packing of the weights on every call cost more than the few multiply-adds (1-D
-#: convolutions on a few dozen frames).
-PACKED_ANY_DEPTH_MACS = REGION_MIN_MACS
 #: A convolution (not 1x1) over at most this many input channels that ``cpu_direct`` does not take
 #: (rows under its 16 columns, or run-time weights) and below REGION_MIN_MACS runs as
 #: ``cpu_jit.conv_masked``'s rows of output channels in vector registers, each input row read in
