@@ -564,3 +564,21 @@ def test_gather_with_run_time_indices(axis, fresh_rng):
     for way in WAYS:
         sess = net.session(backend="cpu", threads=2, **way)
         np.testing.assert_array_equal(sess.run({"i": indices})["y"], expected)
+
+
+@pytest.mark.parametrize("mode,coord", [("nearest", "asymmetric"), ("linear", "half_pixel"), ("linear", "align_corners")])
+@pytest.mark.parametrize("size", [(5, 8), (96, 96)], ids=["small", "plane-spans"])
+def test_resize_compiled_and_numpy(mode, coord, size, fresh_rng):
+    """Nearest and linear Resize in ``cpu_jit``'s loops and in NumPy's, against ONNX Runtime: an FPN
+    neck's 2x upsampling, and (96x96 planes, 2x up and 1.5x across) an output large enough to be cut
+    into plane spans on the Python threads (``Engine.resize``). Widths times 1.5 are whole: ONNX
+    Runtime's align_corners differs from the ONNX reference otherwise (tests/test_resize_modes.py)."""
+    h, w = size
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 1.5], np.float32), "scales")
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode, coordinate_transformation_mode=coord)
+    graph = helper.make_graph([node], "resize", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 24, h, w])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [scales])
+    if size == (96, 96):
+        from gpumnn.backends.cpu.engines import Engine
+        assert Engine(jit=True, threads=2).resize(24 * 192 * 144).parts == 2
+    _both_ways_match_onnxruntime(model_proto(graph, 13), (1, 24, h, w), fresh_rng)

@@ -636,7 +636,7 @@ def test_im2col_on_packed_weights_in_regions(case, cols_bytes, monkeypatch, fres
                          ids=[f"packed{c[0]}x{c[1]}k{c[2]}d{c[4]}o{c[6]}" for c in PACKED if c[3] == 1])
 def test_stride_1_tiles_read_windows_in_place_or_packed(case, in_place, monkeypatch, fresh_rng):
     """At stride 1 the register tile reads the windows where they lie (``engines.packed_in_place``):
-    the tile_in_place offsets are given to the region and no pixel panel is packed. Both ways match
+    the tile_in_place_stored offsets are given to the region and no pixel panel is packed. Both ways match
     ONNX Runtime: shared weight spans, dilation, no padding (the input read as it lies)."""
     channels, kernel = case[0], case[2]
     if not in_place:
@@ -685,6 +685,70 @@ def test_the_register_tile_against_numpy(depth, fresh_rng):
     vs = np.lib.stride_tricks.as_strided(v, (depth, nr), (84, 4))
     want = ps.T.astype(np.float64) @ vs
     assert np.abs(acc.reshape(mr, nr) - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["packed", "in-place"])
+@pytest.mark.parametrize("valid_rows,valid_columns", [(6, 16), (1, 16), (6, 5), (4, 11)])
+def test_the_storing_tiles_against_numpy(in_place, valid_rows, valid_columns, fresh_rng):
+    """cpu_tiles.tile_product_stored and tile_in_place_stored: clamp(p^T v + bias) to [lo, hi] stored
+    into NCHW planes (a channel's pixels side by side), the rows and columns past the valid ones
+    to the dummy, nothing else written."""
+    require_tool("regions", cpu_parallel.available()[1])
+    from gpumnn.backends.cpu import tiles as cpu_tiles
+    import numba
+
+    @numba.njit
+    def stored(p, v, depth, bases, offsets, out, column_step, rows, columns, bias, dummy, lo, hi):
+        if bases.shape[0]:
+            cpu_tiles.tile_in_place_stored(p.ctypes.data, bases.ctypes.data, offsets.ctypes.data, v.ctypes.data, 21,
+                                           depth, out.ctypes.data, column_step, rows, columns, bias.ctypes.data,
+                                           dummy.ctypes.data, lo, hi)
+        else:
+            cpu_tiles.tile_product_stored(p.ctypes.data, 9, v.ctypes.data, 21, depth, out.ctypes.data, column_step, rows,
+                                          columns, bias.ctypes.data, dummy.ctypes.data, lo, hi)
+
+    rng = fresh_rng
+    mr, nr, depth, column_step = cpu_tiles.MR, cpu_tiles.NR, 37, 10
+    p = rng.standard_normal(depth * 9 + mr).astype(np.float32)
+    v = rng.standard_normal(depth * 21 + nr).astype(np.float32)
+    bias = rng.standard_normal(nr).astype(np.float32)
+    rows_read = np.lib.stride_tricks.as_strided(p, (depth, mr), (36, 4))
+    if in_place:  # row r of step k at bases[r] + offsets[k]: rows in reverse order, steps 9 apart
+        bases, offsets = np.arange(mr - 1, -1, -1, dtype=np.int64), np.arange(depth, dtype=np.int64) * 9
+        rows_read = rows_read[:, ::-1]
+    else:
+        bases = offsets = np.zeros(0, np.int64)
+    out = np.full(nr * column_step, np.nan, np.float32)
+    dummy = np.zeros(mr, np.float32)
+    stored(p, v, depth, bases, offsets, out, column_step, valid_rows, valid_columns, bias, dummy, np.float32(-0.5),
+           np.float32(2.0))
+    sums = rows_read.T.astype(np.float64) @ np.lib.stride_tricks.as_strided(v, (depth, nr), (84, 4)) + bias
+    want = np.full((nr, column_step), np.nan)
+    want[:valid_columns, :valid_rows] = np.clip(sums, -0.5, 2.0).T[:valid_columns, :valid_rows]
+    got = out.reshape(nr, column_step)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))  # nothing stored past the valid rows and columns
+    assert np.nanmax(np.abs(got - want)) <= 1e-5 * max(1.0, np.abs(sums).max())
+
+
+@pytest.mark.parametrize("stride", [1, 2], ids=["in-place", "packed"])
+def test_register_tile_reads_a_run_time_bias(stride, monkeypatch, fresh_rng):
+    """A bias that is a graph input is copied into the storing tiles' padded row on every run
+    (84 channels: a partial weight panel)."""
+    from gpumnn.scheduler import schemes
+
+    require_tool("regions", cpu_parallel.available()[1])
+    monkeypatch.setattr(cpu_engines, "TAPPED_MAX_DEPTH", 0)
+    rng = fresh_rng
+    model = _conv_model(64, 9, 3, stride, 1, [1, 1, 1, 1], 1, 84, "relu", True, rng)
+    model.graph.initializer.pop()
+    model.graph.input.append(helper.make_tensor_value_info("B", TensorProto.FLOAT, [84]))
+    with schemes.forced_schemes(conv=("im2col", 0)):
+        sess = gpumnn.load(model).session(backend="cpu", threads=2)
+    assert "im2col" in sess.report()
+    for _ in range(2):
+        feed = {"x": rng.standard_normal((1, 64, 9, 9)).astype(np.float32), "B": rng.standard_normal(84).astype(np.float32)}
+        err = rel_l2(sess.run(feed)["y"], onnxruntime_session(model).run(None, feed)[0])
+        assert err < 1e-5, f"relative L2 error {err:.2e}"
 
 
 def test_constants_are_read_only_and_known():

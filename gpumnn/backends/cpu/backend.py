@@ -434,7 +434,8 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
         kernel = "im2col_region"
     if kernel == "packed_region":
         panels = once(("panels", w_packed.shape), lambda: cpu_tiles.pack_panels(w_packed[0], cpu_tiles.NR))
-        return cpu_compiled._packed_conv_region(op, x, panels, out, bias, regions, parts, arena)
+        return cpu_compiled._packed_conv_region(op, x, panels, out, bias,
+                                                not op.has_bias or CpuBackend.is_constant(ins[2]), regions, parts, arena)
     if kernel == "im2col_region":
         return cpu_compiled._im2col_region(op, x, w_packed[0], out, bias, regions, parts, arena)
     padded = _PaddedInput(x, pads, 0.0, (0, 0))
@@ -643,11 +644,21 @@ def _make_normalize(op: A.Normalize, ins, outs, pool: Workers, engine: Engine):
     return KernelWork((run,))
 
 
-def _make_resize(op: A.Resize, ins, outs, pool: Workers):
+def _make_resize(op: A.Resize, ins, outs, pool: Workers, engine: Engine):
     (h, w), (oh, ow) = op.in_hw, op.out_hw
     x = view(ins[0]).reshape(op.planes, h, w)
     out = view(outs[0]).reshape(op.planes, oh, ow)
     rows, cols = resize_axis(op, 0), resize_axis(op, 1)
+    kernel, parts = engine.resize(op.planes * oh * ow)
+    if kernel == "compiled":
+        if op.mode == "nearest":
+            kernel_fn, sampling = cpu_jit.resize_nearest, (rows.lo, cols.lo)
+        else:
+            kernel_fn, sampling = cpu_jit.resize_linear, (rows.lo, rows.hi, rows.frac, cols.lo, cols.hi, cols.frac)
+        spans = _even_spans(op.planes, parts)
+        calls = [(x[a:b], *sampling, out[a:b]) for a, b in spans]
+        compiled = cpu_jit.bind(kernel_fn, *calls[0])
+        return KernelWork((_on_pool(pool, len(calls), lambda k, slot: compiled(*calls[k])),))
     if op.mode == "nearest":
         picked = np.empty((op.planes, oh, w), dtype=np.float32)
 
@@ -767,7 +778,7 @@ _ANY_INT = frozenset({A.INT32})
 _ENGINE_AWARE = frozenset({_make_raster, _make_unary, _make_conv2d, _make_pool2d, _make_matmul, _make_quantized_matmul,
                            _make_quantized_conv2d, _make_quantized_add, _make_quantized_global_average_pool,
                            _make_quantize, _make_binary,
-                           _make_softmax, _make_normalize, _make_recurrent_cell, _make_gather})
+                           _make_softmax, _make_normalize, _make_recurrent_cell, _make_gather, _make_resize})
 #: makers whose kernels take their scratch from the run state's arena (``cpu_arena``)
 _TAKES_ARENA = frozenset({_make_conv2d})
 #: makers that pack constant weights (shared between run states: ``cpu_constants``)

@@ -77,6 +77,19 @@ def _vector_product_region(op: A.MatMul, x: np.ndarray, weights: np.ndarray, out
     return KernelWork(made.work, op.scheme, made.keep)  # the report names the product's scheme, not the convolution's
 
 
+def _panel_bias(bias: np.ndarray | None, channels: int, panels: int, width: int,
+                constant: bool) -> tuple[np.ndarray, tuple[Callable[[], None], ...]]:
+    """The bias zero-padded to ``panels`` whole panels of ``width`` (the tiles read it a vector at a
+    time), and the work that copies a run-time bias into it before each run (none where it is
+    ``constant`` or absent: copied here, once)."""
+    padded = np.zeros(panels * width, np.float32)
+    if bias is None:
+        return padded, ()
+    refresh = functools.partial(np.copyto, padded[:channels], bias.reshape(channels))
+    refresh()
+    return padded, () if constant else (refresh,)
+
+
 def _row_tiles_region(a: np.ndarray, weights: Callable[[], np.ndarray], out: np.ndarray, bias: np.ndarray | None,
                       constant_bias: bool, activation: A.Activation, regions: int, parts: int) -> KernelWork:
     """a [M, K] @ constant weights [K, N] (+ a bias row) into out [M, N], all C-contiguous float32, on
@@ -87,9 +100,7 @@ def _row_tiles_region(a: np.ndarray, weights: Callable[[], np.ndarray], out: np.
     m, k = a.shape
     n = out.shape[1]
     panels = weights()
-    padded_bias = np.zeros(len(panels) * cpu_tiles.NR, np.float32)
-    if bias is not None:
-        padded_bias[:n] = bias
+    padded_bias, refresh = _panel_bias(bias, n, len(panels), cpu_tiles.NR, constant_bias)
     lo, hi, after = _compiled_clamp(activation)
     kind = _activation_kind(activation)
     if kind >= 0:  # the region applies it to each block
@@ -100,8 +111,7 @@ def _row_tiles_region(a: np.ndarray, weights: Callable[[], np.ndarray], out: np.
     accs = _thread_scratch(regions, cpu_tiles.MR * cpu_tiles.NR)
     args = (a, bases, panels, out, padded_bias, blocks, accs, lo, hi, kind)
     run = _region_items(cpu_parallel.row_tiles, [args], after, out, activation, regions, one_span=len(blocks) == 1)
-    work = (run,) if constant_bias else (functools.partial(np.copyto, padded_bias[:n], bias), run)
-    return KernelWork(work, "row tiles", keep=(panels, padded_bias, bases, blocks, accs))
+    return KernelWork((*refresh, run), "row tiles", keep=(panels, padded_bias, bases, blocks, accs))
 
 
 def _small_product(a: np.ndarray, b: np.ndarray | Callable[[], np.ndarray], bias: np.ndarray | None,
@@ -237,7 +247,7 @@ def _direct_region(op: A.Conv2D, x, weight, out, bias, constant_bias: bool, regi
     return KernelWork(work, "direct", keep=(table, planes, bounds))
 
 
-def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts: int,
+def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, constant_bias: bool, regions: int, parts: int,
                         arena: ScratchArena | None = None) -> KernelWork:
     """im2col on constant weights as one native region per image (``cpu_parallel.packed_conv``):
     the weights packed into ``cpu_tiles``' panels once (``panels``); per run, the input copied into a
@@ -245,7 +255,8 @@ def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts:
     register tile's products with the bias and a clamp on the way out. Blocks are spans of pixel
     panels, each packing its own, where the image has as many pixels as channels; else spans of
     weight panels, all reading panels packed once. ``parts``: threads to share it; ``arena``: the
-    run state's scratch (None: the op's own)."""
+    run state's scratch (None: the op's own). A bias that is not ``constant_bias`` is copied into
+    the tiles' zero-padded row on every run."""
     n, oc = op.batch, op.out_channels
     (oh, ow), (h, w) = op.out_hw, op.in_hw
     k, pixels, mr = panels.shape[1], oh * ow, cpu_tiles.MR
@@ -271,18 +282,19 @@ def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, regions: int, parts:
     xp = _zero_bordered(arena, "packed plane", op, padded, op.in_channels * padded[0] * padded[1]
                         if top + left + bottom + right else 0)
     accs = _scratch_rows(arena, "tile accumulators", regions, mr * cpu_tiles.NR)
-    b1, lo, hi, act = _compiled_epilogue(op.activation, bias, oc)
-    epilogue = _applies_epilogue(bias is not None, lo, hi)
+    padded_bias, refresh = _panel_bias(bias, oc, len(panels), cpu_tiles.NR, constant_bias)
+    lo, hi, act = _compiled_clamp(op.activation)
     kind, act = _in_region(op.activation, act, len(blocks), out, regions)
     inner = (top, left, *padded)
     out4 = out.reshape(n, oc, oh, ow)
     pixels_outer = panels.nbytes <= 4 * pack_floats  # the smaller operand in the inner loop, in cache
-    images = [(x[b], xp, inner, bases, taps, offsets, panels, out4[b], b1, pack_bounds, blocks, packs, accs, shared, pixels_outer,
-               lo, hi, epilogue, kind) for b in range(n)]
+    images = [(x[b], xp, inner, bases, taps, offsets, panels, out4[b], padded_bias, pack_bounds, blocks, packs, accs,
+               shared, pixels_outer, lo, hi, kind) for b in range(n)]
     # one block on one thread (parts 1): no region to enter, not even for the copy into xp
     one_span = len(blocks) == 1 and parts == 1
-    return KernelWork((_region_items(cpu_parallel.packed_conv, images, act, out, op.activation, regions, one_span),),
-                      "im2col", keep=(panels, b1, xp, bases, taps, offsets, pack_bounds, blocks, packs, accs))
+    run = _region_items(cpu_parallel.packed_conv, images, act, out, op.activation, regions, one_span)
+    return KernelWork((*refresh, run), "im2col",
+                      keep=(panels, padded_bias, xp, bases, taps, offsets, pack_bounds, blocks, packs, accs))
 
 
 def _tapped_conv_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np.ndarray, bias: np.ndarray | None,
@@ -300,12 +312,7 @@ def _tapped_conv_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np
     top, left, bottom, right = _conv_pads(op)
     rows, cols = h + top + bottom, cpu_parallel.tapped_row_width(w + left + right, stride_w)
     panels = once(("tapped panels", mr, weight.shape), lambda: cpu_tiles.pack_panels(weight, mr))
-    padded_bias = np.zeros(len(panels) * mr, np.float32)
-
-    def refresh_bias() -> None:
-        padded_bias[:oc] = bias.reshape(oc)
-    if bias is not None:
-        refresh_bias()
+    padded_bias, refresh = _panel_bias(bias, oc, len(panels), mr, constant_bias)
     copied = top + left + bottom + right > 0 or stride_w > 1
     xp = np.zeros(c * rows * cols if copied else 0, np.float32)
     offsets = cpu_parallel.tapped_conv_offsets(c, op.kernel, op.dilations, rows * cols, cols, stride_w)
@@ -321,8 +328,7 @@ def _tapped_conv_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np
               for b in range(n)]
     run = _region_items(cpu_parallel.tapped_conv, images, after, out, op.activation, regions,
                         one_span=len(blocks) == 1 and parts == 1)
-    work = (run,) if bias is None or constant_bias else (refresh_bias, run)
-    return KernelWork(work, "tapped", keep=(panels, padded_bias, xp, offsets, blocks, dummies))
+    return KernelWork((*refresh, run), "tapped", keep=(panels, padded_bias, xp, offsets, blocks, dummies))
 
 
 def _pointwise_blocks(channels: int, width: int, pixels: int, channels_in_rows: bool, parts: int) -> np.ndarray:

@@ -297,6 +297,13 @@ class Engine:
             return Choice("pool3x3", self.chunks(windows, DEPTHWISE_PARALLEL_MIN))
         return Choice("separable")
 
+    def resize(self, elements: int) -> Choice:
+        """Nearest and linear Resize writing ``elements`` outputs: ``cpu_jit``'s loops where there
+        are (``parts``: plane spans on the Python threads), else NumPy's ``take`` and arithmetic."""
+        if self.jit:
+            return Choice("compiled", self.chunks(elements, DEPTHWISE_PARALLEL_MIN))
+        return Choice("numpy")
+
     def elementwise(self, size: int, fusable: bool) -> Choice:
         """A binary op of ``size`` elements; ``fusable``: a float32 sum or product with a clamp or
         none (a residual connection and its ReLU, squeeze-excitation's scale per channel), one pass in

@@ -1350,6 +1350,37 @@ def raster_regions(src, dst, table):
                             dst[d + e * d3] = src[s + e * s3]
 
 
+# -- Resize ----------------------------------------------------------------------------------------
+# x [planes, H, W] -> out [planes, OH, OW], float32; each axis' sampling (``numerics.sampling.resize_axis``):
+# the source index of every output (nearest), or its two neighbours and the right one's weight (linear).
+# NumPy's ``take`` along the middle and last axes, and the linear mode's dozen temporaries, cost
+# several times the copy (an FPN neck's 2x upsampling: bench/RESULTS.md).
+
+@_kernel
+def resize_nearest(x, rows, cols, out):
+    """out[p, i, j] = x[p, rows[i], cols[j]]."""
+    for p in range(out.shape[0]):
+        for i in range(out.shape[1]):
+            src, dst = x[p, rows[i]], out[p, i]
+            for j in range(out.shape[2]):
+                dst[j] = src[cols[j]]
+
+
+@_kernel
+def resize_linear(x, rows_lo, rows_hi, row_frac, cols_lo, cols_hi, col_frac, out):
+    """Bilinear: each output from its four neighbours, along the width first, then the height."""
+    one = np.float32(1)
+    for p in range(out.shape[0]):
+        for i in range(out.shape[1]):
+            top, bottom, dst = x[p, rows_lo[i]], x[p, rows_hi[i]], out[p, i]
+            fh = row_frac[i]
+            for j in range(out.shape[2]):
+                lo, hi, fw = cols_lo[j], cols_hi[j], col_frac[j]
+                upper = top[lo] * (one - fw) + top[hi] * fw
+                lower = bottom[lo] * (one - fw) + bottom[hi] * fw
+                dst[j] = upper * (one - fh) + lower * fh
+
+
 # -- Gather ----------------------------------------------------------------------------------------
 
 @_kernel

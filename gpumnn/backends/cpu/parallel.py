@@ -531,16 +531,17 @@ def pack_windows(xp, pack, bases, taps, plane, channels, q0, q1):
 
 
 @cpu_jit.inlined
-def tile_products(panels, pack, source, bases, offsets, acc, result, bias, q0, q1, v0, v1, pixels, pixels_outer, lo,
-                  hi, epilogue):
+def tile_products(panels, pack, source, bases, offsets, dummy, result, bias, q0, q1, v0, v1, pixels, pixels_outer, lo,
+                  hi):
     """result [O, pixels] (flat) for pixel panels [q0, q1) (``pack_windows``' panels, from pack's
     start; or, where ``offsets`` is not empty, the windows read where they lie in ``source``:
-    ``cpu_tiles.tile_in_place`` at pixel q * MR + r's origin ``bases[q * MR + r]`` plus
-    ``offsets[k]`` for depth step k) and weight panels [v0, v1): the register tile per pair into
-    ``acc``, each tile stored with clamp(acc + bias[o]) to [lo, hi] where ``epilogue``;
-    ``pixels_outer``: the order of the pairs."""
+    ``cpu_tiles.tile_in_place_stored`` at pixel q * MR + r's origin ``bases[q * MR + r]`` plus
+    ``offsets[k]`` for depth step k) and weight panels [v0, v1): the register tile per pair, each
+    storing clamp(sum + bias[o]) to [lo, hi] itself (``bias`` zero-padded to whole panels; the
+    tile's values past the last pixel or channel go to ``dummy``, a few floats of the thread's
+    scratch); ``pixels_outer``: the order of the pairs."""
     depth = panels.shape[1]
-    o = bias.shape[0]
+    o = result.shape[0] // pixels
     across = v1 - v0
     for j in range((q1 - q0) * across):
         # pixel panels outer where the weights are the smaller operand (they stay in cache while
@@ -549,24 +550,16 @@ def tile_products(panels, pack, source, bases, offsets, acc, result, bias, q0, q
             q, v = q0 + j // across, v0 + j % across
         else:
             v, q = v0 + j // (q1 - q0), q0 + j % (q1 - q0)
-        channels_here = min(NR, o - v * NR)
-        if offsets.shape[0]:
-            cpu_tiles.tile_in_place(source.ctypes.data, bases.ctypes.data + 8 * q * MR, offsets.ctypes.data,
-                                    panels[v].ctypes.data, NR, depth, acc.ctypes.data)
-        else:
-            cpu_tiles.tile_product(pack.ctypes.data + 4 * (q - q0) * depth * MR, MR, panels[v].ctypes.data, NR,
-                                   depth, acc.ctypes.data)
         first = q * MR
-        rows = min(MR, pixels - first)
-        for c in range(channels_here):
-            at = (v * NR + c) * pixels + first
-            if epilogue:
-                value = bias[v * NR + c]
-                for r in range(rows):
-                    result[at + r] = min(max(acc[r * NR + c] + value, lo), hi)
-            else:
-                for r in range(rows):
-                    result[at + r] = acc[r * NR + c]
+        at = result.ctypes.data + 4 * (v * NR * pixels + first)
+        rows, channels_here, bias_at = min(MR, pixels - first), min(NR, o - v * NR), bias.ctypes.data + 4 * v * NR
+        if offsets.shape[0]:
+            cpu_tiles.tile_in_place_stored(source.ctypes.data, bases.ctypes.data + 8 * first, offsets.ctypes.data,
+                                           panels[v].ctypes.data, NR, depth, at, pixels, rows, channels_here, bias_at,
+                                           dummy, lo, hi)
+        else:
+            cpu_tiles.tile_product_stored(pack.ctypes.data + 4 * (q - q0) * depth * MR, MR, panels[v].ctypes.data, NR,
+                                          depth, at, pixels, rows, channels_here, bias_at, dummy, lo, hi)
 
 
 @cpu_jit.inlined
@@ -580,9 +573,10 @@ def activate_block(activation, result, pixels, channels, q0, q1, v0, v1):
 
 @_gemm_region
 def packed_conv(x, xp, inner, bases, taps, offsets, panels, out, bias, pack_bounds, blocks, packs, accs, shared,
-                pixels_outer, lo, hi, epilogue, activation):
+                pixels_outer, lo, hi, activation):
     """A convolution of one image, x [C, H, W] with weights packed at creation ``panels`` [O / NR,
-    C*T, NR] (``cpu_tiles.pack_panels``) into out [O, OH, OW], in up to three parallel steps: x
+    C*T, NR] (``cpu_tiles.pack_panels``) into out [O, OH, OW], clamp(. + bias) to [lo, hi] (``bias``
+    zero-padded to whole panels) in the tiles' stores, in up to three parallel steps: x
     copied into the inside ``inner`` = (top, left, rows, columns) of ``xp``, its zero-bordered
     copy (none where there is no padding: ``xp`` is empty, x is read as it lies); the windows
     packed into pixel panels (``pack_windows``); the products (``tile_products``) of blocks (pixel panels [q0, q1), weight
@@ -614,8 +608,8 @@ def packed_conv(x, xp, inner, bases, taps, offsets, panels, out, bias, pack_boun
             pack_windows(source, pack[q0 * depth * MR:], bases, taps, plane, channels, q0, pack_bounds[j + 1])
         for i in numba.prange(blocks.shape[0]):
             q0, q1, v0, v1 = blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3]
-            tile_products(panels, pack[q0 * depth * MR:], source, bases, offsets, accs[numba.get_thread_id()], result,
-                          bias, q0, q1, v0, v1, oh * ow, pixels_outer, lo, hi, epilogue)
+            tile_products(panels, pack[q0 * depth * MR:], source, bases, offsets, accs[numba.get_thread_id()].ctypes.data,
+                          result, bias, q0, q1, v0, v1, oh * ow, pixels_outer, lo, hi)
             if activation >= 0:
                 activate_block(activation, result, oh * ow, o, q0, q1, v0, v1)
     else:
@@ -624,8 +618,8 @@ def packed_conv(x, xp, inner, bases, taps, offsets, panels, out, bias, pack_boun
             q0, q1, v0, v1 = blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3]
             if not offsets.shape[0]:
                 pack_windows(source, packs[thread], bases, taps, plane, channels, q0, q1)
-            tile_products(panels, packs[thread], source, bases, offsets, accs[thread], result, bias, q0, q1, v0, v1,
-                          oh * ow, pixels_outer, lo, hi, epilogue)
+            tile_products(panels, packs[thread], source, bases, offsets, accs[thread].ctypes.data, result, bias, q0, q1,
+                          v0, v1, oh * ow, pixels_outer, lo, hi)
             if activation >= 0:
                 activate_block(activation, result, oh * ow, o, q0, q1, v0, v1)
 

@@ -109,6 +109,31 @@ def _store_sums(builder, totals, acc) -> None:
         builder.store(total, builder.bitcast(address, vector.as_pointer()), align=4)
 
 
+def _store_columns(builder, totals, rows, vectors, out, row_step, column_step, valid_rows, valid_columns, bias,
+                   dummy, finish) -> None:
+    """The tile's sums (``_emit_products``' vectors: ``rows`` by ``vectors`` * 8 columns) as
+    ``finish(sum, bias vector)``, each value stored on its own at out + r * row_step + column *
+    column_step floats: a tile of pixel rows by output-channel columns into NCHW, which puts a
+    channel's pixels side by side. Columns from ``valid_columns`` on, and rows from ``valid_rows``
+    on (None: every row), go to ``dummy``; the bias is read a whole vector at a time."""
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    vector = ir.VectorType(ir.FloatType(), _LANES)
+    for h in range(vectors):
+        value = builder.load(builder.bitcast(builder.gep(bias, [ir.Constant(i64, h * _LANES)]), vector.as_pointer()),
+                             align=4)
+        finished = [finish(totals[r * vectors + h], value) for r in range(rows)]
+        for lane in range(_LANES):
+            column = h * _LANES + lane
+            at = builder.gep(out, [builder.mul(ir.Constant(i64, column), column_step)])
+            at = builder.select(builder.icmp_signed("<", ir.Constant(i64, column), valid_columns), at, dummy)
+            for r in range(rows):
+                scalar = builder.extract_element(finished[r], ir.Constant(i32, lane))
+                address = builder.gep(at, [builder.mul(ir.Constant(i64, r), row_step)])
+                if valid_rows is not None:
+                    address = builder.select(builder.icmp_signed("<", ir.Constant(i64, r), valid_rows), address, dummy)
+                builder.store(scalar, address, align=4)
+
+
 def _tile_kernel(rows: int, columns: int):
     """The register tile acc[rows, columns] = p^T v as a Numba intrinsic (``tile_product`` is
     MR x NR; ``square_product`` 8 x 8, the Winograd transforms' tile; ``row_product`` 1 x 16)."""
@@ -143,6 +168,49 @@ def _in_place_kernel(rows: int, columns: int, table: bool = True):
                                                 p_bases=bases, p_table=table), acc)
             return context.get_dummy_value()
         return types.void(*[types.intp] * 7), codegen
+    return kernel
+
+
+def _storing_kernel(rows: int, columns: int, in_place: bool):
+    """``_tile_kernel``'s tile (``in_place``: ``_in_place_kernel``'s, its rows read where they lie)
+    that stores its outputs itself, clamp(sum + bias) to [lo, hi], as ``_store_columns`` does: rows
+    are output pixels, columns output channels, into NCHW planes ``column_step`` floats apart. The
+    products' arguments (``tile_product``'s first five; in place, p, bases, offsets, v, v_stride and
+    depth as ``_in_place_kernel`` takes them), then out, column_step, valid_rows, valid_columns, the
+    bias (a whole tile's columns readable), dummy (a few floats of scratch) and lo, hi. A loop
+    storing the tile's sums from memory, value by value, took an eighth of a convolution's time
+    (bench/RESULTS.md)."""
+    vectors = columns // _LANES
+    operands = 6 if in_place else 5
+
+    def codegen(context, builder, signature, args):
+        f32, i64 = ir.FloatType(), ir.IntType(64)
+        if in_place:
+            p, v = (builder.inttoptr(args[i], f32.as_pointer()) for i in (0, 3))
+            totals = _emit_products(builder, rows, vectors, p, builder.inttoptr(args[2], i64.as_pointer()), v, args[4],
+                                    args[5], p_bases=builder.inttoptr(args[1], i64.as_pointer()))
+        else:
+            p, v = (builder.inttoptr(args[i], f32.as_pointer()) for i in (0, 2))
+            totals = _emit_products(builder, rows, vectors, p, args[1], v, args[3], args[4])
+        out, column_step, valid_rows, valid_columns, bias, dummy, lo, hi = args[operands:]
+        out, bias, dummy = (builder.inttoptr(a, f32.as_pointer()) for a in (out, bias, dummy))
+        lo, hi = _splat(builder, lo), _splat(builder, hi)
+        _store_columns(builder, totals, rows, vectors, out, ir.Constant(i64, 1), column_step, valid_rows,
+                       valid_columns, bias, dummy,
+                       lambda total, value: cpu_jit.clamped_ir(builder, builder.fadd(total, value), lo, hi))
+        return context.get_dummy_value()
+
+    signature = types.void(*[types.intp] * (operands + 6), types.float32, types.float32)
+    if in_place:
+        @intrinsic
+        def kernel(typingctx, p_address, bases_address, offsets_address, v_address, v_stride, depth, out_address,
+                   column_step, valid_rows, valid_columns, bias_address, dummy_address, lo, hi):
+            return signature, codegen
+    else:
+        @intrinsic
+        def kernel(typingctx, p_address, p_stride, v_address, v_stride, depth, out_address, column_step, valid_rows,
+                   valid_columns, bias_address, dummy_address, lo, hi):
+            return signature, codegen
     return kernel
 
 
@@ -196,18 +264,8 @@ def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool, tapped: b
                             address = builder.gep(row, [builder.mul(ir.Constant(i64, h * _LANES), column_step)])
                             builder.store(total, builder.bitcast(address, vector.as_pointer()), align=4)
                     return
-                for h in range(vectors):
-                    value = builder.load(builder.bitcast(builder.gep(bias, [ir.Constant(i64, h * _LANES)]),
-                                                         vector.as_pointer()), align=4)
-                    finished = [finish(totals[r * vectors + h], value, with_swish) for r in range(rows)]
-                    for lane in range(_LANES):
-                        column = h * _LANES + lane
-                        at = builder.gep(out, [builder.mul(ir.Constant(i64, column), column_step)])
-                        at = builder.select(builder.icmp_signed("<", ir.Constant(i64, column), valid), at, dummy)
-                        for r in range(rows):
-                            scalar = builder.extract_element(finished[r], ir.Constant(i32, lane))
-                            builder.store(scalar, builder.gep(at, [builder.mul(ir.Constant(i64, r), row_step)]),
-                                          align=4)
+                _store_columns(builder, totals, rows, vectors, out, row_step, column_step, None, valid, bias, dummy,
+                               lambda total, value: finish(total, value, with_swish))
 
             with builder.if_else(builder.icmp_signed("!=", args[12], ir.Constant(i64, 0))) as (then, otherwise):
                 with then:
@@ -223,12 +281,14 @@ def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool, tapped: b
 #: ``p_address`` + step * ``p_stride`` floats, v's NR at ``v_address`` + step * ``v_stride``
 #: (all addresses and strides as integers: ``tile_product(p, p_stride, v, v_stride, depth, acc)``).
 tile_product = _tile_kernel(MR, NR)
-#: ``tile_product`` with the MR rows read in place: ``tile_in_place(p, bases, offsets, v, v_stride,
-#: depth, acc)``, row r of step k at p + bases[r] + offsets[k] floats (``cpu_parallel.packed_conv``'s
-#: windows read from the zero-bordered input, no panels packed)
-tile_in_place = _in_place_kernel(MR, NR)
-#: ``tile_in_place`` with a stride for its offsets: ``rows_in_place(p, bases, stride, v, v_stride,
-#: depth, acc)``, row r of step k at p + bases[r] + k * stride floats (``cpu_parallel``'s 1D
+#: ``cpu_parallel.packed_conv``'s tiles, storing their outputs into NCHW themselves with the bias and
+#: a clamp (``_storing_kernel``): ``tile_product_stored`` on packed pixel panels, and
+#: ``tile_in_place_stored`` with the MR rows read in place, row r of step k at p + bases[r] +
+#: offsets[k] floats (the windows read from the zero-bordered input, no panels packed)
+tile_product_stored = _storing_kernel(MR, NR, in_place=False)
+tile_in_place_stored = _storing_kernel(MR, NR, in_place=True)
+#: The register tile with its rows read in place at a stride: ``rows_in_place(p, bases, stride, v,
+#: v_stride, depth, acc)``, row r of step k at p + bases[r] + k * stride floats (``cpu_parallel``'s 1D
 #: Winograd input transform: a panel's MR tiles at once)
 rows_in_place = _in_place_kernel(MR, NR, table=False)
 #: The side of ``square_product``'s tile: one vector register of floats
