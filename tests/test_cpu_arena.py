@@ -50,8 +50,8 @@ def _nan_scratch(monkeypatch):
 
 # the kernels that take their scratch from the arena: Winograd (each tile the scheme step ranks),
 # the register tile's im2col, BLAS's im2col
-SCHEMES = [("winograd", 2, {}), ("winograd", 4, {}), ("im2col", 0, {"PACKED_MIN_DEPTH": 1}),
-           ("im2col", 0, {"PACKED_MIN_DEPTH": 1 << 30, "PACKED_ANY_DEPTH_MACS": 0})]
+SCHEMES = [("winograd", 2, {}), ("winograd", 4, {}), ("im2col", 0, {"PACKED_MIN_DEPTH": 1, "IN_PLACE_MIN_DEPTH": 1}),
+           ("im2col", 0, {"PACKED_MIN_DEPTH": 1 << 30, "IN_PLACE_MIN_DEPTH": 1 << 30, "PACKED_ANY_DEPTH_MACS": 0})]
 
 
 @pytest.mark.parametrize("record", [True, False], ids=["recorded", "eager"])

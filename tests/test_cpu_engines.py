@@ -74,15 +74,18 @@ CONV = [
     (NUMPY, conv(576, 1, 144, k=1, scheme="gemm1x1"), True, ("gemm1x1", 1)),
     (JIT, conv(256, 28, 256, k=1, scheme="gemm1x1"), True, ("gemm1x1", 2)),
     (JIT, conv(256, 28, 256, k=1, scheme="gemm1x1", groups=4), True, ("gemm1x1", 1)),  # each group's product is small
-    # im2col: the register tile on constant weights from PACKED_MIN_DEPTH, BLAS below or on run-time weights
+    # im2col: the register tile on constant weights from IN_PLACE_MIN_DEPTH (windows read in place) or
+    # PACKED_MIN_DEPTH (a strided 1x1's, packed), BLAS below or on run-time weights
     (REGIONS, conv(64, 56, 64), True, ("packed_region", 2)),
     (REGIONS, conv(64, 56, 64), False, ("im2col_region", 2)),
-    (REGIONS, conv(48, 56, 64), True, ("im2col_region", 2)),  # depth 432
+    (REGIONS, conv(48, 56, 64), True, ("packed_region", 2)),  # depth 432, in place
+    (REGIONS, conv(128, 56, 256, k=1, stride=2), True, ("im2col_region", 2)),  # a 1x1 window, depth 128
+    (REGIONS, conv(512, 28, 1024, k=1, stride=2), True, ("packed_region", 2)),  # ... depth 512
     # few input channels on constant weights, stride 1 along rows: the tapped tiles up to TAPPED_MAX_DEPTH
     (REGIONS, conv(16, 56, 64), True, ("tapped_region", 2)),  # depth 144
     (REGIONS, conv(16, 56, 64), False, ("im2col_region", 2)),
     (REGIONS, conv(8, 56, 16, stride=2), True, ("packed_region", 1)),  # stride 2 along columns; one thread: the tile
-    (REGIONS, conv(16, 8, 16), True, ("packed_region", 1)),  # under PACKED_MIN_DEPTH, but on one thread
+    (REGIONS, conv(16, 8, 16), True, ("packed_region", 1)),  # rows narrower than the tapped tiles
     (REGIONS, conv(16, 8, 16), False, ("im2col_region", 1)),  # run-time weights: BLAS
     (REGIONS, conv(64, 56, 64, groups=2), True, ("im2col_rows", 2)),  # grouped: the Python threads
     (JIT, conv(64, 56, 64), True, ("im2col_rows", 2)),
@@ -222,8 +225,9 @@ def test_winograd_gate_and_the_fallback_off_regions():
 def test_thresholds_are_read_when_choosing(monkeypatch):
     """Tests patch a threshold on ``engines``; the next choice reads it."""
     monkeypatch.setattr(engines, "PACKED_ANY_DEPTH_MACS", 0)
+    monkeypatch.setattr(engines, "IN_PLACE_MIN_DEPTH", 1 << 30)
     assert REGIONS.conv(conv(16, 8, 16), True).kernel == "im2col_region"
-    monkeypatch.setattr(engines, "PACKED_MIN_DEPTH", 1)
+    monkeypatch.setattr(engines, "IN_PLACE_MIN_DEPTH", 1)
     assert REGIONS.conv(conv(16, 8, 16), True).kernel == "packed_region"
     monkeypatch.setattr(engines, "PARALLEL_MIN_MACS", 0)
     assert THREADS.matmul(1, True, False) == ("gemm", 2)

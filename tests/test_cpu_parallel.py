@@ -436,6 +436,7 @@ def test_one_row_convolutions_share_channels_in_regions(case, fresh_rng, monkeyp
     rng = fresh_rng
     monkeypatch.setattr(cpu_engines, "WINOGRAD_PAYS", {"regions": (1 << 30, 1 << 30, 1e9), "threads": (1 << 30, 1 << 30, 1e9)})
     monkeypatch.setattr(cpu_engines, "PACKED_MIN_DEPTH", 1 << 30)
+    monkeypatch.setattr(cpu_engines, "IN_PLACE_MIN_DEPTH", 1 << 30)
     monkeypatch.setattr(cpu_engines, "PACKED_ANY_DEPTH_MACS", 0)
     monkeypatch.setattr(cpu_engines, "TAPPED_MAX_DEPTH", 0)  # im2col's region, not the tapped tiles
     model = _conv1d_model(case, rng)
@@ -464,6 +465,7 @@ def test_wide_windows_are_copied_a_pixel_a_row(case, fresh_rng, monkeypatch):
     rng = fresh_rng
     monkeypatch.setattr(cpu_engines, "WINOGRAD_PAYS", {"regions": (1 << 30, 1 << 30, 1e9), "threads": (1 << 30, 1 << 30, 1e9)})
     monkeypatch.setattr(cpu_engines, "PACKED_MIN_DEPTH", 1 << 30)
+    monkeypatch.setattr(cpu_engines, "IN_PLACE_MIN_DEPTH", 1 << 30)
     monkeypatch.setattr(cpu_engines, "PACKED_ANY_DEPTH_MACS", 0)
     monkeypatch.setattr(cpu_engines, "TAPPED_MAX_DEPTH", 0)  # im2col's region, not the tapped tiles
     weight = numpy_helper.from_array(rng.standard_normal((out_channels, channels, *kernel)).astype(np.float32), "W")
@@ -483,7 +485,7 @@ def test_wide_windows_are_copied_a_pixel_a_row(case, fresh_rng, monkeypatch):
 
 
 # (in channels, length, kernel, stride, pad, out channels, relu): 1-D convolutions on a few frames,
-# below PACKED_MIN_DEPTH and REGION_MIN_MACS (a voice model's encoder after its STFT)
+# below REGION_MIN_MACS (a voice model's encoder after its STFT)
 SHORT_SEQUENCES = [
     (129, 33, 3, 1, 1, 64, True),      # depth 387
     (128, 33, 3, 2, 1, 64, True),      # stride 2
@@ -504,6 +506,7 @@ def test_short_convolutions_on_one_thread_take_the_register_tile(case, fresh_rng
     rng = fresh_rng
     monkeypatch.setattr(cpu_engines, "WINOGRAD_PAYS", {"regions": (1 << 30, 1 << 30, 1e9), "threads": (1 << 30, 1 << 30, 1e9)})
     monkeypatch.setattr(cpu_engines, "TAPPED_MAX_DEPTH", 0)
+    monkeypatch.setattr(cpu_engines, "IN_PLACE_MIN_DEPTH", 1 << 30)  # the tile for their size, not their depth
     built, alone = [], []
     packed, plain_loop = cpu_compiled._packed_conv_region, cpu_parallel.alone
     monkeypatch.setattr(cpu_compiled, "_packed_conv_region", lambda op, *args: built.append(op) or packed(op, *args))
@@ -512,7 +515,6 @@ def test_short_convolutions_on_one_thread_take_the_register_tile(case, fresh_rng
     _both_ways_match_onnxruntime(model, (1, channels, length), rng)
     assert built and all(op.macs() < cpu_engines.PACKED_ANY_DEPTH_MACS for op in built)
     assert cpu_parallel.packed_conv in alone
-    assert channels * kernel < cpu_engines.PACKED_MIN_DEPTH
 
 
 @pytest.mark.parametrize("stride", [1, 2])
@@ -600,7 +602,23 @@ PACKED = [
     (24, 15, 3, 1, 1, [0, 0, 0, 0], 40, None, True),       # no padding: the input read as it lies
     (64, 9, 3, 2, 1, [1, 1, 1, 1], 84, "silu", True),      # SiLU on each block: weight spans, a partial panel
     (16, 23, 3, 2, 1, [1, 0, 2, 1], 20, "hard_swish", False),  # hard-swish on each pixel block, no bias
+    (32, 11, 1, 2, 1, [0, 0, 0, 0], 40, "relu", True),     # a strided 1x1: its windows packed into panels
 ]
+
+
+def _packed_op(case):
+    """A PACKED case's convolution as the atomic op ``engines`` decides on."""
+    from gpumnn import atomic as A
+
+    channels, size, kernel, stride, dilation, pads, out_channels = case[:7]
+    return A.Conv2D(("x", "w"), ("y",), "conv", in_channels=channels, out_channels=out_channels, kernel=(kernel, kernel),
+                    strides=(stride, stride), dilations=(dilation, dilation))
+
+
+def test_a_strided_1x1_packs_its_windows():
+    """A 1x1 window moves a whole plane each depth step: its tiles read packed panels."""
+    case = next(c for c in PACKED if c[2] == 1)
+    assert not cpu_engines.packed_in_place(_packed_op(case))
 
 
 def _register_tile_matches_onnxruntime(case, monkeypatch, rng) -> list:
@@ -611,6 +629,7 @@ def _register_tile_matches_onnxruntime(case, monkeypatch, rng) -> list:
 
     channels, size, kernel, stride, dilation, pads, out_channels, activation, bias = case
     monkeypatch.setattr(cpu_engines, "PACKED_MIN_DEPTH", 1)
+    monkeypatch.setattr(cpu_engines, "IN_PLACE_MIN_DEPTH", 1)
     monkeypatch.setattr(cpu_direct, "MAX_IN_CHANNELS", 0)  # the stem case here is the tile's, not the direct rows'
     monkeypatch.setattr(cpu_engines, "MASKED_MAX_CHANNELS", 0)  # the 3-channel case: not the masked rows
     monkeypatch.setattr(cpu_engines, "TAPPED_MAX_DEPTH", 0)  # the register tile, not the tapped one
@@ -632,13 +651,15 @@ def test_im2col_on_packed_weights_in_regions(case, cols_bytes, monkeypatch, fres
 
 
 @pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "packed"])
-@pytest.mark.parametrize("case", [c for c in PACKED if c[3] == 1],
-                         ids=[f"packed{c[0]}x{c[1]}k{c[2]}d{c[4]}o{c[6]}" for c in PACKED if c[3] == 1])
-def test_stride_1_tiles_read_windows_in_place_or_packed(case, in_place, monkeypatch, fresh_rng):
-    """At stride 1 the register tile reads the windows where they lie (``engines.packed_in_place``):
-    the tile_in_place_stored offsets are given to the region and no pixel panel is packed. Both ways match
-    ONNX Runtime: shared weight spans, dilation, no padding (the input read as it lies)."""
+@pytest.mark.parametrize("case", [c for c in PACKED if c[2] > 1],
+                         ids=[f"packed{c[0]}x{c[1]}k{c[2]}s{c[3]}d{c[4]}o{c[6]}" for c in PACKED if c[2] > 1])
+def test_tiles_read_windows_in_place_or_packed(case, in_place, monkeypatch, fresh_rng):
+    """Where a window is wider than one tap the register tile reads it where it lies, at any stride
+    (``engines.packed_in_place``): the tile_in_place_stored offsets are given to the region and no
+    pixel panel is packed. Both ways match ONNX Runtime: shared weight spans, stride 2, dilation, no
+    padding (the input read as it lies)."""
     channels, kernel = case[0], case[2]
+    assert cpu_engines.packed_in_place(_packed_op(case))
     if not in_place:
         monkeypatch.setattr(cpu_engines, "packed_in_place", lambda op: False)
     works = _register_tile_matches_onnxruntime(case, monkeypatch, fresh_rng)
@@ -688,7 +709,7 @@ def test_the_register_tile_against_numpy(depth, fresh_rng):
 
 
 @pytest.mark.parametrize("in_place", [False, True], ids=["packed", "in-place"])
-@pytest.mark.parametrize("valid_rows,valid_columns", [(6, 16), (1, 16), (6, 5), (4, 11)])
+@pytest.mark.parametrize("valid_rows,valid_columns", [(None, 16), (1, 16), (None, 5), (4, 11)])
 def test_the_storing_tiles_against_numpy(in_place, valid_rows, valid_columns, fresh_rng):
     """cpu_tiles.tile_product_stored and tile_in_place_stored: clamp(p^T v + bias) to [lo, hi] stored
     into NCHW planes (a channel's pixels side by side), the rows and columns past the valid ones
@@ -708,7 +729,8 @@ def test_the_storing_tiles_against_numpy(in_place, valid_rows, valid_columns, fr
                                           columns, bias.ctypes.data, dummy.ctypes.data, lo, hi)
 
     rng = fresh_rng
-    mr, nr, depth, column_step = cpu_tiles.MR, cpu_tiles.NR, 37, 10
+    mr, nr, depth, column_step = cpu_tiles.IN_PLACE_ROWS if in_place else cpu_tiles.MR, cpu_tiles.NR, 37, 10
+    valid_rows = mr if valid_rows is None else valid_rows
     p = rng.standard_normal(depth * 9 + mr).astype(np.float32)
     v = rng.standard_normal(depth * 21 + nr).astype(np.float32)
     bias = rng.standard_normal(nr).astype(np.float32)

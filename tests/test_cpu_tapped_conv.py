@@ -141,18 +141,18 @@ REGIONS = Engine(jit=True, regions=2, threads=2)
     (_op(192, (2, 40), 192, (2, 1), (0, 0, 0, 0)), True, "tapped_region"),  # depth 384: at TAPPED_MAX_DEPTH
     (_op(3, (32, 160), 32, (3, 3), (1, 1, 1, 1), stride_h=2), True, "tapped_region"),  # stride along rows only
     (_op(3, (32, 160), 32, (3, 3), (1, 1, 1, 1)), False, "im2col_region"),  # run-time weights
-    (_op(43, (16, 16), 32, (3, 3), (1, 1, 1, 1)), True, "im2col_region"),  # depth 387
+    (_op(43, (16, 16), 32, (3, 3), (1, 1, 1, 1)), True, "packed_region"),  # depth 387: the register tile
     (_op(3, (32, 12), 32, (3, 3), (1, 1, 1, 1)), True, "im2col_region"),  # rows narrower than NR
     (_op(16, (80, 80), 32, (3, 3), (1, 1, 1, 1), 2, stride_w=2), True, "tapped_region"),  # stride 2: depth 144
     (_op(32, (80, 80), 64, (3, 3), (1, 1, 1, 1), 2, stride_w=2), True, "tapped_region"),  # depth 288, 40 columns
-    (_op(32, (40, 40), 64, (3, 3), (1, 1, 1, 1), 2, stride_w=2), True, "im2col_region"),  # 20 columns: not whole vectors
-    (_op(32, (30, 30), 64, (3, 3), (1, 1, 1, 1), 2, stride_w=2), True, "im2col_region"),  # 15 output columns
+    (_op(32, (40, 40), 64, (3, 3), (1, 1, 1, 1), 2, stride_w=2), True, "packed_region"),  # 20 columns: not whole vectors
+    (_op(32, (30, 30), 64, (3, 3), (1, 1, 1, 1), 2, stride_w=2), True, "packed_region"),  # 15 output columns
     (_op(5, (40, 70), 8, (3, 3), (1, 1, 1, 1), 1, stride_w=3), True, "im2col_region"),  # column stride 3
     (_op(64, (56, 56), 128, (1, 1), (0, 0, 0, 0), 2, stride_w=2), True, "im2col_region"),  # a 1x1 window at stride 2
-    (_op(8, (8, 36), 16, (3, 3), (1, 1, 1, 1), 2, stride_w=2), True, "im2col_region"),  # 2^17 multiply-adds at stride 2
+    (_op(8, (8, 36), 16, (3, 3), (1, 1, 1, 1), 2, stride_w=2), True, "packed_region"),  # 2^17 multiply-adds at stride 2
 ])
 def test_engine_gives_the_tapped_tiles(op, constant, expected, monkeypatch):
-    monkeypatch.setattr(cpu_engines, "PACKED_ANY_DEPTH_MACS", 0)  # the small ones not tapped: im2col with BLAS
+    monkeypatch.setattr(cpu_engines, "PACKED_ANY_DEPTH_MACS", 0)  # not tapped: the register tile by depth, else BLAS
     assert REGIONS.conv(op, constant).kernel == expected
 
 

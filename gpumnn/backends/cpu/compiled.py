@@ -262,19 +262,20 @@ def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, constant_bias: bool,
     k, pixels, mr = panels.shape[1], oh * ow, cpu_tiles.MR
     top, left, bottom, right = _conv_pads(op)
     padded = (h + top + bottom, w + left + right)
-    bases, taps = cpu_parallel.packed_conv_tables(op.kernel, op.strides, op.dilations, (oh, ow), padded[1])
     in_place = engines.packed_in_place(op)
+    rows = cpu_tiles.IN_PLACE_ROWS if in_place else mr  # pixels per panel
+    bases, taps = cpu_parallel.packed_conv_tables(op.kernel, op.strides, op.dilations, (oh, ow), padded[1], rows)
     offsets = (cpu_parallel.tapped_conv_offsets(op.in_channels, op.kernel, op.dilations, padded[0] * padded[1],
                                                 padded[1]) if in_place else np.zeros(0, np.int64))
-    count = -(-pixels // mr)  # pixel panels
-    fit = max(1, engines.REGION_COLS_BYTES // (4 * k * mr))  # panels whose packing fits the scratch
+    count = -(-pixels // rows)  # pixel panels
+    fit = max(1, engines.REGION_COLS_BYTES // (4 * k * rows))  # panels whose packing fits the scratch
     shared = pixels < oc and parts > 1
     if shared:
         pixel_spans, panel_spans = _spans(count, -(-count // fit)), _spans(len(panels), parts)
-        pack_floats = count * mr * k
+        pack_floats = count * rows * k
     else:
         pixel_spans, panel_spans = _spans(count, max(parts, -(-count // fit))), [(0, len(panels))]
-        pack_floats = max(q1 - q0 for q0, q1 in pixel_spans) * mr * k
+        pack_floats = max(q1 - q0 for q0, q1 in pixel_spans) * rows * k
     packs = _scratch_rows(arena, "pixel panels", 1 if shared and not in_place else regions,
                           0 if in_place else pack_floats)
     blocks = np.array([(q0, q1, v0, v1) for q0, q1 in pixel_spans for v0, v1 in panel_spans], np.int64)

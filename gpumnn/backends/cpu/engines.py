@@ -73,9 +73,14 @@ def window_rows(op: A.Conv2D) -> bool:
 
 
 #: A convolution on constant weights takes ``cpu_tiles``' register tile (``compiled._packed_conv_region``)
-#: from this inner dimension (C*KH*KW) up, BLAS below: with a short inner dimension each tile's
-#: store and each element's packing weigh more against its multiply-adds.
+#: from this inner dimension (C*KH*KW) up, BLAS below, where its windows are packed into pixel
+#: panels (``packed_in_place``): with a short inner dimension each element's packing weighs more
+#: against its multiply-adds ...
 PACKED_MIN_DEPTH = 512
+#: ... and from this one where the tiles read the windows in place: no packing, the bias and clamp
+#: in the tiles' stores, and the 3x3s from 72 deep up ran 12-45% faster than BLAS's product on an
+#: im2col copy (bench/RESULTS.md)
+IN_PLACE_MIN_DEPTH = 64
 #: ... but below this many multiply-adds (on one thread) the tile takes every depth: there BLAS's
 #: call and its packing of the weights on every call cost more than the few multiply-adds (1-D
 #: convolutions on a few dozen frames).
@@ -84,10 +89,10 @@ PACKED_ANY_DEPTH_MACS = REGION_MIN_MACS
 
 def packed_in_place(op: A.Conv2D) -> bool:
     """Whether ``compiled._packed_conv_region``'s tiles read the windows where they lie rather than
-    packed into pixel panels: at stride 1, where a panel's pixels are neighbours in the input and
-    the packing (one float at a time where a panel crosses an output row) cost more than the
-    tile's scattered reads; at stride 2 the packed tiles ran faster (bench/RESULTS.md)."""
-    return tuple(op.strides) == (1, 1)
+    packed into pixel panels: wherever a window is wider than one tap, so that a depth step's next
+    tap is the previous one's neighbour, at any stride. A 1x1 window (a strided 1x1 convolution)
+    moves a whole input plane each step, and its packed panels ran faster (bench/RESULTS.md)."""
+    return tuple(op.kernel) != (1, 1)
 
 
 #: A convolution (not 1x1) over at most this many input channels that ``cpu_direct`` does not take
@@ -224,7 +229,8 @@ class Engine:
         if self.regions and g == 1 and self.tapped_fits(op, constant_weights):
             return Choice("tapped_region", self.shared(macs, REGION_MIN_MACS))
         if self.regions and g == 1:
-            packed = constant_weights and (cg * kh * kw >= PACKED_MIN_DEPTH or macs < PACKED_ANY_DEPTH_MACS)
+            depth = IN_PLACE_MIN_DEPTH if packed_in_place(op) else PACKED_MIN_DEPTH
+            packed = constant_weights and (cg * kh * kw >= depth or macs < PACKED_ANY_DEPTH_MACS)
             return Choice("packed_region" if packed else "im2col_region", self.shared(macs, REGION_MIN_MACS))
         # row blocks with their own columns, or (fewer pixels than channels) the columns once
         return Choice("im2col_rows" if oh * ow >= ocg else "im2col_columns", self.chunks(macs, PARALLEL_MIN_MACS))

@@ -408,17 +408,24 @@ def copy_windows(flat, col, channels, height, width, geometry, r0, r1, ow):
                     if sw == 1:
                         for j in range(stop - first):
                             dst[j] = src[j]
-                    elif sw == 2:  # whole vectors while 2 * EVEN_LANES floats lie inside x, then one at a time
-                        count, room = stop - first, flat.shape[0] - ((ci * height + iy) * width + first * sw + shift)
-                        j = 0
-                        while j + cpu_tiles.EVEN_LANES <= count and 2 * (j + cpu_tiles.EVEN_LANES) <= room:
-                            cpu_tiles.copy_even_lanes(dst.ctypes.data + 4 * j, src.ctypes.data + 8 * j)
-                            j += cpu_tiles.EVEN_LANES
-                        for t in range(j, count):
-                            dst[t] = src[2 * t]
+                    elif sw == 2:
+                        copy_stride_2(src, stop - first, dst)
                     else:
                         for j in range(stop - first):
                             dst[j] = src[j * sw]
+
+
+@cpu_jit.inlined
+def copy_stride_2(src, count, dst):
+    """dst[0:count] = src[0:2 * count:2] (flat views): whole vectors (``cpu_tiles.copy_even_lanes``)
+    while their reads lie inside ``src``, then one float at a time. Views, not offsets into the
+    arrays: an index Numba cannot prove non-negative keeps a wraparound test in the loop."""
+    j = 0
+    while j + cpu_tiles.EVEN_LANES <= count and 2 * (j + cpu_tiles.EVEN_LANES) <= src.shape[0]:
+        cpu_tiles.copy_even_lanes(dst.ctypes.data + 4 * j, src.ctypes.data + 8 * j)
+        j += cpu_tiles.EVEN_LANES
+    for t in range(j, count):
+        dst[t] = src[2 * t]
 
 
 @cpu_jit.inlined
@@ -533,15 +540,16 @@ def pack_windows(xp, pack, bases, taps, plane, channels, q0, q1):
 @cpu_jit.inlined
 def tile_products(panels, pack, source, bases, offsets, dummy, result, bias, q0, q1, v0, v1, pixels, pixels_outer, lo,
                   hi):
-    """result [O, pixels] (flat) for pixel panels [q0, q1) (``pack_windows``' panels, from pack's
-    start; or, where ``offsets`` is not empty, the windows read where they lie in ``source``:
-    ``cpu_tiles.tile_in_place_stored`` at pixel q * MR + r's origin ``bases[q * MR + r]`` plus
-    ``offsets[k]`` for depth step k) and weight panels [v0, v1): the register tile per pair, each
+    """result [O, pixels] (flat) for pixel panels [q0, q1) (``pack_windows``' panels of MR, from pack's
+    start; or, where ``offsets`` is not empty, panels of R = ``cpu_tiles.IN_PLACE_ROWS`` pixels read
+    where they lie in ``source``: ``cpu_tiles.tile_in_place_stored`` at pixel q * R + r's origin
+    ``bases[q * R + r]`` plus ``offsets[k]`` for depth step k) and weight panels [v0, v1): the register tile per pair, each
     storing clamp(sum + bias[o]) to [lo, hi] itself (``bias`` zero-padded to whole panels; the
     tile's values past the last pixel or channel go to ``dummy``, a few floats of the thread's
     scratch); ``pixels_outer``: the order of the pairs."""
     depth = panels.shape[1]
     o = result.shape[0] // pixels
+    panel_rows = cpu_tiles.IN_PLACE_ROWS if offsets.shape[0] else MR
     across = v1 - v0
     for j in range((q1 - q0) * across):
         # pixel panels outer where the weights are the smaller operand (they stay in cache while
@@ -550,9 +558,9 @@ def tile_products(panels, pack, source, bases, offsets, dummy, result, bias, q0,
             q, v = q0 + j // across, v0 + j % across
         else:
             v, q = v0 + j // (q1 - q0), q0 + j % (q1 - q0)
-        first = q * MR
+        first = q * panel_rows
         at = result.ctypes.data + 4 * (v * NR * pixels + first)
-        rows, channels_here, bias_at = min(MR, pixels - first), min(NR, o - v * NR), bias.ctypes.data + 4 * v * NR
+        rows, channels_here, bias_at = min(panel_rows, pixels - first), min(NR, o - v * NR), bias.ctypes.data + 4 * v * NR
         if offsets.shape[0]:
             cpu_tiles.tile_in_place_stored(source.ctypes.data, bases.ctypes.data + 8 * first, offsets.ctypes.data,
                                            panels[v].ctypes.data, NR, depth, at, pixels, rows, channels_here, bias_at,
@@ -563,10 +571,11 @@ def tile_products(panels, pack, source, bases, offsets, dummy, result, bias, q0,
 
 
 @cpu_jit.inlined
-def activate_block(activation, result, pixels, channels, q0, q1, v0, v1):
-    """ACTIVATION_KINDS[activation] in place on the outputs of pixel panels [q0, q1) and weight
-    panels [v0, v1) of result [channels, pixels] (flat): a block's, while it is in cache."""
-    p0, p1 = q0 * MR, min(q1 * MR, pixels)
+def activate_block(activation, result, pixels, channels, q0, q1, v0, v1, panel_rows):
+    """ACTIVATION_KINDS[activation] in place on the outputs of pixel panels [q0, q1) (of
+    ``panel_rows`` pixels) and weight panels [v0, v1) of result [channels, pixels] (flat): a
+    block's, while it is in cache."""
+    p0, p1 = q0 * panel_rows, min(q1 * panel_rows, pixels)
     for ch in range(v0 * NR, min(v1 * NR, channels)):
         _activate(activation, result[ch * pixels + p0:ch * pixels + p1])
 
@@ -593,6 +602,7 @@ def packed_conv(x, xp, inner, bases, taps, offsets, panels, out, bias, pack_boun
     top, left, rows, cols = inner
     plane = rows * cols
     result = out.reshape(o * oh * ow)
+    panel_rows = cpu_tiles.IN_PLACE_ROWS if offsets.shape[0] else MR
     if xp.shape[0]:
         grid = xp.reshape(channels, rows, cols)
         for ci in numba.prange(channels):
@@ -611,7 +621,7 @@ def packed_conv(x, xp, inner, bases, taps, offsets, panels, out, bias, pack_boun
             tile_products(panels, pack[q0 * depth * MR:], source, bases, offsets, accs[numba.get_thread_id()].ctypes.data,
                           result, bias, q0, q1, v0, v1, oh * ow, pixels_outer, lo, hi)
             if activation >= 0:
-                activate_block(activation, result, oh * ow, o, q0, q1, v0, v1)
+                activate_block(activation, result, oh * ow, o, q0, q1, v0, v1, panel_rows)
     else:
         for i in numba.prange(blocks.shape[0]):
             thread = numba.get_thread_id()
@@ -621,7 +631,7 @@ def packed_conv(x, xp, inner, bases, taps, offsets, panels, out, bias, pack_boun
             tile_products(panels, packs[thread], source, bases, offsets, accs[thread].ctypes.data, result, bias, q0, q1,
                           v0, v1, oh * ow, pixels_outer, lo, hi)
             if activation >= 0:
-                activate_block(activation, result, oh * ow, o, q0, q1, v0, v1)
+                activate_block(activation, result, oh * ow, o, q0, q1, v0, v1, panel_rows)
 
 
 
@@ -792,6 +802,7 @@ def tapped_conv(x, xp, inner, offsets, panels, out, bias, blocks, dummies, strid
                 grid[ci, top:top + height, left:left + width] = x[ci]
         else:
             phase_width = cols // stride_w
+            flat = x.reshape(x.size)
             for ci in numba.prange(channels):
                 for phase in range(stride_w):
                     first = (phase - left) % stride_w  # the first input column of this phase
@@ -799,7 +810,12 @@ def tapped_conv(x, xp, inner, offsets, panels, out, bias, blocks, dummies, strid
                         continue
                     count = (width - first + stride_w - 1) // stride_w
                     at = phase * phase_width + (left + first) // stride_w
-                    grid[ci, top:top + height, at:at + count] = x[ci, :, first::stride_w]
+                    if stride_w == 2:  # vectors and shuffles, where a slice's gather was scalar
+                        for y in range(height):
+                            copy_stride_2(flat[(ci * height + y) * width + first:], count,
+                                          xp[(ci * rows + top + y) * cols + at:])
+                    else:
+                        grid[ci, top:top + height, at:at + count] = x[ci, :, first::stride_w]
         source = xp
     else:
         source = x.reshape(x.size)
@@ -839,13 +855,13 @@ def tapped_conv_offsets(channels: int, kernel: tuple[int, int], dilations: tuple
 
 
 def packed_conv_tables(kernel: tuple[int, int], strides: tuple[int, int], dilations: tuple[int, int],
-                       out_hw: tuple[int, int], padded_width: int) -> tuple[np.ndarray, np.ndarray]:
+                       out_hw: tuple[int, int], padded_width: int, rows: int = MR) -> tuple[np.ndarray, np.ndarray]:
     """``pack_windows``' bases (each output pixel's window origin in a padded plane
-    ``padded_width`` wide, in MR-pixel panels, 0 past the last pixel) and taps (each window tap's
-    offset from it)."""
+    ``padded_width`` wide, in panels of ``rows`` pixels, 0 past the last pixel) and taps (each window
+    tap's offset from it)."""
     (kh, kw), (sh, sw), (dh, dw), (oh, ow) = kernel, strides, dilations, out_hw
     origins = ((np.arange(oh)[:, None] * sh) * padded_width + np.arange(ow)[None, :] * sw).reshape(-1)
-    bases = np.zeros(-(-origins.size // MR) * MR, np.int64)
+    bases = np.zeros(-(-origins.size // rows) * rows, np.int64)
     bases[:origins.size] = origins
     taps = ((np.arange(kh)[:, None] * dh) * padded_width + np.arange(kw)[None, :] * dw).reshape(-1).astype(np.int64)
     return bases, taps

@@ -283,10 +283,13 @@ def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool, tapped: b
 tile_product = _tile_kernel(MR, NR)
 #: ``cpu_parallel.packed_conv``'s tiles, storing their outputs into NCHW themselves with the bias and
 #: a clamp (``_storing_kernel``): ``tile_product_stored`` on packed pixel panels, and
-#: ``tile_in_place_stored`` with the MR rows read in place, row r of step k at p + bases[r] +
+#: ``tile_in_place_stored`` with IN_PLACE_ROWS rows read in place, row r of step k at p + bases[r] +
 #: offsets[k] floats (the windows read from the zero-bordered input, no panels packed)
 tile_product_stored = _storing_kernel(MR, NR, in_place=False)
-tile_in_place_stored = _storing_kernel(MR, NR, in_place=True)
+#: Pixel rows of the tile that reads its windows in place: five rows by NR channels ran 5-12% faster
+#: than six on the same convolutions, at every size measured (bench/RESULTS.md)
+IN_PLACE_ROWS = 5
+tile_in_place_stored = _storing_kernel(IN_PLACE_ROWS, NR, in_place=True)
 #: The register tile with its rows read in place at a stride: ``rows_in_place(p, bases, stride, v,
 #: v_stride, depth, acc)``, row r of step k at p + bases[r] + k * stride floats (``cpu_parallel``'s 1D
 #: Winograd input transform: a panel's MR tiles at once)
