@@ -363,12 +363,7 @@ def _pointwise_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np.n
     channels_in_rows = pixels >= cpu_tiles.NR
     width = cpu_tiles.MR if channels_in_rows else cpu_tiles.NR if pixels > 1 else cpu_tiles.WIDE
     panels = once(("pointwise panels", width, weight.shape), lambda: cpu_tiles.pack_panels(weight, width))
-    padded = np.zeros(len(panels) * width, np.float32)
-
-    def refresh_bias() -> None:
-        padded[:oc] = bias.reshape(oc)
-    if bias is not None:
-        refresh_bias()
+    padded, refresh = _panel_bias(bias, oc, len(panels), width, constant_bias)
     lo, hi, after = _compiled_clamp(op.activation)
     blocks = _pointwise_blocks(oc, width, pixels, channels_in_rows, parts)
     kind, after = _in_region(op.activation, after, len(blocks), out, regions)
@@ -376,8 +371,7 @@ def _pointwise_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np.n
     images = [(x[b], panels, out[b], padded, blocks, dummies, channels_in_rows, lo, hi, kind) for b in range(n)]
     run = _region_items(cpu_parallel.pointwise_tiles, images, after, out, op.activation, regions,
                         one_span=len(blocks) == 1)
-    work = (run,) if bias is None or constant_bias else (refresh_bias, run)
-    return KernelWork(work, "gemm1x1", keep=(panels, padded, blocks, dummies))
+    return KernelWork((*refresh, run), "gemm1x1", keep=(panels, padded, blocks, dummies))
 
 
 def _applies_epilogue(biased: bool, lo: np.float32, hi: np.float32) -> bool:

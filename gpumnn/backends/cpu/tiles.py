@@ -286,8 +286,9 @@ tile_product = _tile_kernel(MR, NR)
 #: ``tile_in_place_stored`` with IN_PLACE_ROWS rows read in place, row r of step k at p + bases[r] +
 #: offsets[k] floats (the windows read from the zero-bordered input, no panels packed)
 tile_product_stored = _storing_kernel(MR, NR, in_place=False)
-#: Pixel rows of the tile that reads its windows in place: five rows by NR channels ran 5-12% faster
-#: than six on the same convolutions, at every size measured (bench/RESULTS.md)
+#: Pixel rows of the tile that reads its windows in place: five ran as fast as six on whole
+#: convolutions where six pad no pixel panel, and faster where they do (25 pixels: 30 rows for 25):
+#: bench/RESULTS.md
 IN_PLACE_ROWS = 5
 tile_in_place_stored = _storing_kernel(IN_PLACE_ROWS, NR, in_place=True)
 #: The register tile with its rows read in place at a stride: ``rows_in_place(p, bases, stride, v,
