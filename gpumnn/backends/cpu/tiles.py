@@ -200,17 +200,18 @@ def _storing_kernel(rows: int, columns: int, in_place: bool):
                        lambda total, value: cpu_jit.clamped_ir(builder, builder.fadd(total, value), lo, hi))
         return context.get_dummy_value()
 
-    signature = types.void(*[types.intp] * (operands + 6), types.float32, types.float32)
+    def signature():  # typed when first called, where Numba is installed
+        return types.void(*[types.intp] * (operands + 6), types.float32, types.float32)
     if in_place:
         @intrinsic
         def kernel(typingctx, p_address, bases_address, offsets_address, v_address, v_stride, depth, out_address,
                    column_step, valid_rows, valid_columns, bias_address, dummy_address, lo, hi):
-            return signature, codegen
+            return signature(), codegen
     else:
         @intrinsic
         def kernel(typingctx, p_address, p_stride, v_address, v_stride, depth, out_address, column_step, valid_rows,
                    valid_columns, bias_address, dummy_address, lo, hi):
-            return signature, codegen
+            return signature(), codegen
     return kernel
 
 
