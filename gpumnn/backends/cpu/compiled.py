@@ -289,8 +289,8 @@ def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, constant_bias: bool,
     inner = (top, left, *padded)
     out4 = out.reshape(n, oc, oh, ow)
     pixels_outer = panels.nbytes <= 4 * pack_floats  # the smaller operand in the inner loop, in cache
-    images = [(x[b], xp, inner, bases, taps, offsets, panels, out4[b], padded_bias, pack_bounds, blocks, packs, accs,
-               shared, pixels_outer, lo, hi, kind) for b in range(n)]
+    images = [(x[b], xp, inner, bases, taps, offsets, rows, panels, out4[b], padded_bias, pack_bounds, blocks, packs,
+               accs, shared, pixels_outer, lo, hi, kind) for b in range(n)]
     # one block on one thread (parts 1): no region to enter, not even for the copy into xp
     one_span = len(blocks) == 1 and parts == 1
     run = _region_items(cpu_parallel.packed_conv, images, act, out, op.activation, regions, one_span)

@@ -538,10 +538,10 @@ def pack_windows(xp, pack, bases, taps, plane, channels, q0, q1):
 
 
 @cpu_jit.inlined
-def tile_products(panels, pack, source, bases, offsets, dummy, result, bias, q0, q1, v0, v1, pixels, pixels_outer, lo,
-                  hi):
+def tile_products(panels, pack, source, bases, offsets, panel_rows, dummy, result, bias, q0, q1, v0, v1, pixels,
+                  pixels_outer, lo, hi):
     """result [O, pixels] (flat) for pixel panels [q0, q1) (``pack_windows``' panels of MR, from pack's
-    start; or, where ``offsets`` is not empty, panels of R = ``cpu_tiles.IN_PLACE_ROWS`` pixels read
+    start; or, where ``offsets`` is not empty, panels of R = ``panel_rows`` pixels read
     where they lie in ``source``: ``cpu_tiles.tile_in_place_stored`` at pixel q * R + r's origin
     ``bases[q * R + r]`` plus ``offsets[k]`` for depth step k) and weight panels [v0, v1): the register tile per pair, each
     storing clamp(sum + bias[o]) to [lo, hi] itself (``bias`` zero-padded to whole panels; the
@@ -549,7 +549,6 @@ def tile_products(panels, pack, source, bases, offsets, dummy, result, bias, q0,
     scratch); ``pixels_outer``: the order of the pairs."""
     depth = panels.shape[1]
     o = result.shape[0] // pixels
-    panel_rows = cpu_tiles.IN_PLACE_ROWS if offsets.shape[0] else MR
     across = v1 - v0
     for j in range((q1 - q0) * across):
         # pixel panels outer where the weights are the smaller operand (they stay in cache while
@@ -581,8 +580,8 @@ def activate_block(activation, result, pixels, channels, q0, q1, v0, v1, panel_r
 
 
 @_gemm_region
-def packed_conv(x, xp, inner, bases, taps, offsets, panels, out, bias, pack_bounds, blocks, packs, accs, shared,
-                pixels_outer, lo, hi, activation):
+def packed_conv(x, xp, inner, bases, taps, offsets, panel_rows, panels, out, bias, pack_bounds, blocks, packs, accs,
+                shared, pixels_outer, lo, hi, activation):
     """A convolution of one image, x [C, H, W] with weights packed at creation ``panels`` [O / NR,
     C*T, NR] (``cpu_tiles.pack_panels``) into out [O, OH, OW], clamp(. + bias) to [lo, hi] (``bias``
     zero-padded to whole panels) in the tiles' stores, in up to three parallel steps: x
@@ -595,14 +594,14 @@ def packed_conv(x, xp, inner, bases, taps, offsets, panels, out, bias, pack_boun
     packs its own into its thread's ``packs`` row and multiplies them while in cache, then
     ACTIVATION_KINDS[activation] on its outputs where ``activation`` >= 0. Where ``offsets`` (each
     depth step's offset from a window's origin) is not empty, nothing is packed: the tiles read the
-    windows where they lie (``tile_products``). No BLAS: its packing of the weights on every call
-    was the cost (``cpu_tiles`` says why)."""
+    windows where they lie (``tile_products``). ``panel_rows``: pixels per pixel panel (the caller
+    decides: ``cpu_tiles.IN_PLACE_ROWS`` in place, MR packed). No BLAS: its packing of the weights on
+    every call was the cost (``cpu_tiles`` says why)."""
     channels, height, width = x.shape
     o, oh, ow = out.shape
     top, left, rows, cols = inner
     plane = rows * cols
     result = out.reshape(o * oh * ow)
-    panel_rows = cpu_tiles.IN_PLACE_ROWS if offsets.shape[0] else MR
     if xp.shape[0]:
         grid = xp.reshape(channels, rows, cols)
         for ci in numba.prange(channels):
@@ -618,8 +617,9 @@ def packed_conv(x, xp, inner, bases, taps, offsets, panels, out, bias, pack_boun
             pack_windows(source, pack[q0 * depth * MR:], bases, taps, plane, channels, q0, pack_bounds[j + 1])
         for i in numba.prange(blocks.shape[0]):
             q0, q1, v0, v1 = blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3]
-            tile_products(panels, pack[q0 * depth * MR:], source, bases, offsets, accs[numba.get_thread_id()].ctypes.data,
-                          result, bias, q0, q1, v0, v1, oh * ow, pixels_outer, lo, hi)
+            tile_products(panels, pack[q0 * depth * MR:], source, bases, offsets, panel_rows,
+                          accs[numba.get_thread_id()].ctypes.data, result, bias, q0, q1, v0, v1, oh * ow, pixels_outer,
+                          lo, hi)
             if activation >= 0:
                 activate_block(activation, result, oh * ow, o, q0, q1, v0, v1, panel_rows)
     else:
@@ -628,8 +628,8 @@ def packed_conv(x, xp, inner, bases, taps, offsets, panels, out, bias, pack_boun
             q0, q1, v0, v1 = blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3]
             if not offsets.shape[0]:
                 pack_windows(source, packs[thread], bases, taps, plane, channels, q0, q1)
-            tile_products(panels, packs[thread], source, bases, offsets, accs[thread].ctypes.data, result, bias, q0, q1,
-                          v0, v1, oh * ow, pixels_outer, lo, hi)
+            tile_products(panels, packs[thread], source, bases, offsets, panel_rows, accs[thread].ctypes.data, result,
+                          bias, q0, q1, v0, v1, oh * ow, pixels_outer, lo, hi)
             if activation >= 0:
                 activate_block(activation, result, oh * ow, o, q0, q1, v0, v1, panel_rows)
 
