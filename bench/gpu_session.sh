@@ -29,7 +29,8 @@
 #           at the host's threads (issue 32)
 #   storage  issues 28 and 32 after narrow storage: the narrow-storage, quantized-model and atomic-op
 #           tests on cuda, issue 32's real models and the zoo on the cpu beside ONNX Runtime at the
-#           host's threads, and the tiled Winograd schemes on cuda and opencl (bench/schemes.py)
+#           host's threads (the real models on TBB's regions, then on OpenMP's), and the tiled
+#           Winograd schemes on cuda and opencl (bench/schemes.py)
 #   tf32    issue 29 part 2 (precision="tf32" on cuda): the TF32 tests (TF32 GEMMs and convolutions
 #           against float32, the zoo models against ONNX Runtime within precision.TOLERANCES, kept
 #           as rel_l2 in tf32_tests.xml; NVRTC's compiles for sm_80 and sm_90) and the fp32
@@ -276,6 +277,8 @@ case $PHASE in
       --junitxml="$RES/narrow_tests.xml" | tail -15 | tee "$RES/narrow_tests.txt"
     GPUMNN_STEP_CAP=${CAP_REAL:-100} step cpu-real-models "$PYTHON" bench/real_models.py --compare --threads "$(nproc)" \
       --repeats 5 --runs 10 | tee "$RES/cpu_real_models.txt"
+    NUMBA_THREADING_LAYER=omp GPUMNN_STEP_CAP=${CAP_REAL:-100} step cpu-real-models-omp "$PYTHON" bench/real_models.py \
+      --compare --threads "$(nproc)" --repeats 5 --runs 10 | tee "$RES/cpu_real_models_omp.txt"
     GPUMNN_STEP_CAP=${CAP_CPU:-45} step cpu-threads "$PYTHON" -m gpumnn bench mobilenet_v1 squeezenet1_1 resnet18 \
       transformer_encoder --backend cpu --threads "$(nproc)" --no-eager --repeats 5 | tee "$RES/cpu_threads.txt"
     GPUMNN_STEP_CAP=${CAP_SCHEMES:-60} step schemes-models "$PYTHON" bench/schemes.py --tables m --backends cuda,opencl \

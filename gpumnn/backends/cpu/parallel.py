@@ -19,7 +19,11 @@ TBB is preferred (Numba tries it first; ``gpumnn[cpu]`` installs it): its caller
 no other thread has taken, where OpenMP's region waits at its barrier for every thread of its
 team. On 2 cores shared with another engine's spinning threads that barrier waited for a
 descheduled thread, and runs were slower on OpenMP than on TBB (measured: bench/RESULTS.md). Where the regions are
-not available (``available()`` says why) the backend keeps ``cpu_workers``.
+not available (``available()`` says why) the backend keeps ``cpu_workers``. OpenMP is the user's
+choice (``NUMBA_THREADING_LAYER=omp``): on a quiet machine its regions cost less, but a run waits
+for a thread the machine has descheduled (bench/RESULTS.md). GNU OpenMP cannot start its threads
+again in a process forked after they ran, so there a forked child runs its regions on one thread
+(``_after_fork_in_child``).
 
 Numba caches the compiled regions on disk; ``cpu_jit`` stamps that cache with every module of
 the package, so editing a kernel, the tile or an activation the regions inline recompiles them.
@@ -146,6 +150,22 @@ def _preload_tbb() -> None:
             return
 
 
+#: True in a process forked after GNU OpenMP's threads ran: its regions run on one thread.
+_forked_after_openmp = False
+
+
+def _after_fork_in_child() -> None:
+    """In a child forked after GNU OpenMP's threads ran, regions run on one thread: a team of two
+    would wait forever for threads the child does not have, and Numba's launcher ends the process
+    at its first region. Calling the launcher again records the child as the process that started
+    it (its check compares that with the parent's pid) and makes one thread the default."""
+    global _forked_after_openmp
+    _forked_after_openmp = True
+    from numba.np.ufunc import omppool
+    ctypes.CFUNCTYPE(None, ctypes.c_int)(omppool.launch_threads)(1)
+    _numba_thread_calls()[1](1)
+
+
 @functools.lru_cache(maxsize=1)
 def _layer() -> tuple[str | None, str | None]:
     """(the threading layer Numba started, why regions are off or None)."""
@@ -159,6 +179,10 @@ def _layer() -> tuple[str | None, str | None]:
             layer = numba.threading_layer()
         except Exception as exc:  # noqa: BLE001 -- no layer loads: the Python threads stay
             return None, f"Numba could not start a threading layer ({exc})"
+    if layer == "omp" and hasattr(os, "register_at_fork"):
+        from numba.np.ufunc import omppool
+        if getattr(omppool, "openmp_vendor", "") == "GNU" and hasattr(omppool, "launch_threads"):
+            os.register_at_fork(after_in_child=_after_fork_in_child)
     if layer not in ("omp", "tbb"):
         return layer, (f"Numba's threading layer is {layer!r}: neither 'omp' nor 'tbb' loaded (workqueue "
                        "regions are slow and not thread-safe); install gpumnn[cpu] (tbb) or libgomp1")
@@ -172,7 +196,10 @@ def available() -> tuple[bool, str | None]:
 
 
 def threads_for(threads: int) -> int:
-    """The region threads a backend of ``threads`` threads gets (at most Numba's pool size)."""
+    """The region threads a backend of ``threads`` threads gets (at most Numba's pool size; one in
+    a process forked after GNU OpenMP's threads ran)."""
+    if _forked_after_openmp:
+        return 1
     return max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
 
 
@@ -209,10 +236,11 @@ class RegionThreads:
         previous = self._thread_count()
         if previous <= 0:  # the C getter's "not set here": Numba's own call says what it means
             previous = numba.get_num_threads()
-        if previous == self.threads:  # the usual case: no set and no restore
+        threads = 1 if _forked_after_openmp else self.threads  # a backend made before the fork
+        if previous == threads:  # the usual case: no set and no restore
             stack.append(None)
         else:
-            self._set_thread_count(self.threads)  # in 1..NUMBA_NUM_THREADS: ``threads_for``
+            self._set_thread_count(threads)  # in 1..NUMBA_NUM_THREADS: ``threads_for``
             stack.append(previous)
         return self
 
