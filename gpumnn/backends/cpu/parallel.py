@@ -4,8 +4,8 @@ Why: the backend's Python threads (``cpu_workers``) hand an op's chunks over thr
 a wake-up per op, and each wake-up of a sleeping thread, and each wait for the GIL held by the
 other thread, costs tens of microseconds (a futex wake of an idle vCPU): an op of a few hundred
 microseconds, MobileNet's 1x1 convolutions among them, gained nothing from a second thread
-(measured: bench/RESULTS.md). A Numba ``parallel`` function runs the op's blocks on OpenMP's
-threads, which spin a while between regions, with the GIL released throughout: an empty region
+(measured: bench/RESULTS.md). A Numba ``parallel`` function runs the op's blocks on its threading
+layer's threads (TBB's by default, below), with the GIL released throughout: an empty region
 costs a tenth of a hand-over, and each block's GEMM calls BLAS (NumPy's
 own OpenBLAS where it has one, else SciPy's ``cython_blas``; one thread inside each block) with
 the bias and a clamp applied to the block while it is in cache. The blocks: GEMM row and column
