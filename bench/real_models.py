@@ -321,8 +321,15 @@ def compare(paths: dict[str, Path], threads: int, repeats: int, runs: int, pause
 
     from gpumnn.tools.benchmark import Spread, alternate, load_model, onnxruntime_runner, rel_l2
 
+    from core_link import one_way_ns
+
+    def link() -> str:
+        ns = one_way_ns()
+        return "unknown" if ns is None else f"{ns:.0f} ns"
+
     print(f"{threads} threads, mean of {runs} runs, {repeats} repeats alternating; ms median (min-max); "
           "fastest: the ratio of each engine's fastest single run (the run least disturbed by other work)")
+    print(f"cross-core hand-over before: {link()} (bench/core_link.py: the machine's state)")
     print(f"{'model':<16} {'gpumnn ms':>20} {'ORT ms':>20} {'gpumnn/ORT':>16} {'fastest':>8}  err")
     for name, path in paths.items():
         net, model_bytes, feed = load_model(str(path))
@@ -336,6 +343,7 @@ def compare(paths: dict[str, Path], threads: int, repeats: int, runs: int, pause
         fastest = min(map(min, times["gpumnn"])) / min(map(min, times["ort"]))
         print(f"{name:<16} {ours:.3f}  {theirs:.3f}  {ratio:.2f} {fastest:8.2f}  {err:.1e}", flush=True)
         sess.close()
+    print(f"cross-core hand-over after: {link()}")
 
 
 def main() -> None:

@@ -209,3 +209,20 @@ def test_the_requantization_bench_compares_the_epilogues_on_the_same_sums():
     assert np.array_equal(outputs["single"], exact)
     assert np.abs(outputs["gemmlowp"] - exact).max() <= 1
     assert np.abs(outputs["float"] - exact).max() <= 1
+
+
+def test_the_core_link_bench_times_hand_overs_between_two_cpus():
+    """``bench/core_link.py``: two pinned threads hand a counter back and forth; the figure is a
+    time per hand-over (no speed asserted), and the caller's CPU mask is as it was after."""
+    import os
+
+    from conftest import bench_script, require_tool
+    from gpumnn.backends.cpu import jit as cpu_jit
+    require_tool("numba", cpu_jit.MISSING)
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: nothing to hand over between")
+    core_link = bench_script("core_link")
+    mask = os.sched_getaffinity(0)
+    ns = core_link.one_way_ns(rounds=3, count=2000)
+    assert ns is not None and ns > 0
+    assert os.sched_getaffinity(0) == mask

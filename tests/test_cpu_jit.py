@@ -425,15 +425,15 @@ def test_compiled_gelu_and_erf_agree_with_numpy_and_the_exact_erf():
 
 
 @pytest.mark.parametrize("name, params", [("sigmoid", ()), ("hard_swish", ()), ("hard_sigmoid", (0.2, 0.5)),
-                                          ("hard_sigmoid", (1.0 / 6.0, 0.5)), ("sqrt", ())])
+                                          ("hard_sigmoid", (1.0 / 6.0, 0.5)), ("sqrt", ()), ("silu", ())])
 def test_compiled_mobile_activations_match_numpy(name, params):
-    """Sigmoid, hard-swish and hard sigmoid as compiled passes, in place (an epilogue) and from x
+    """Sigmoid, hard-swish, hard sigmoid and SiLU as compiled passes, in place (an epilogue) and from x
     into out (the Unary op), against the NumPy kernels: extremes and NaN included."""
     from gpumnn.backends.cpu import activations as cpu_activations, elementwise as cpu_math
     require_tool("numba", cpu_jit.MISSING)
     rng = np.random.default_rng(5)
-    x = np.concatenate([rng.standard_normal(4093) * 4, [0.0, -0.0, 3.0, -3.0, 1e-30, 88.0, -88.0, 104.0, -104.0,
-                                                        np.inf, -np.inf, np.nan]]).astype(np.float32)
+    x = np.concatenate([rng.standard_normal(4093) * 4, [0.0, -0.0, 3.0, -3.0, 1e-30, 88.0, -88.0, 88.5, -88.5,
+                                                        104.0, -104.0, np.inf, -np.inf, np.nan]]).astype(np.float32)
     want = np.empty_like(x)
     with np.errstate(all="ignore"):
         cpu_math.unary_function(name, params, np.dtype(np.float32))(x, want)

@@ -282,7 +282,7 @@ def _activate(kind, span):
             span[i] = cpu_activations.sigmoid_value(span[i])
     elif kind == 1:
         for i in range(span.shape[0]):
-            span[i] = span[i] * cpu_activations.sigmoid_value(span[i])
+            span[i] = cpu_activations.silu_value(span[i])
     elif kind == 2:
         for i in range(span.shape[0]):
             span[i] = cpu_activations.hard_swish_value(span[i])
@@ -304,8 +304,7 @@ def finish_span(kind, span, value, lo, hi):
             span[i] = cpu_activations.sigmoid_value(min(max(span[i] + value, lo), hi))
     elif kind == 1:
         for i in range(span.shape[0]):
-            v = min(max(span[i] + value, lo), hi)
-            span[i] = v * cpu_activations.sigmoid_value(v)
+            span[i] = cpu_activations.silu_value(min(max(span[i] + value, lo), hi))
     elif kind == 2:
         for i in range(span.shape[0]):
             span[i] = cpu_activations.hard_swish_value(min(max(span[i] + value, lo), hi))
@@ -961,8 +960,7 @@ def finish_lanes(activation, values, at, bias, count, lo, hi):
             span[c] = cpu_activations.sigmoid_value(min(max(span[c] + bias[c], lo), hi))
     elif activation == 1:
         for c in range(count):
-            v = min(max(span[c] + bias[c], lo), hi)
-            span[c] = v * cpu_activations.sigmoid_value(v)
+            span[c] = cpu_activations.silu_value(min(max(span[c] + bias[c], lo), hi))
     elif activation == 2:
         for c in range(count):
             span[c] = cpu_activations.hard_swish_value(min(max(span[c] + bias[c], lo), hi))
