@@ -70,7 +70,8 @@ CONV = [
     # one pixel (squeeze-excitation's 1x1 convolutions): one compiled loop, on constant weights only
     (REGIONS, conv(576, 1, 144, k=1, scheme="gemm1x1"), True, ("small_product", 1)),
     (REGIONS, conv(576, 1, 144, k=1, scheme="gemm1x1"), False, ("gemm1x1_region", 1)),
-    (REGIONS, conv(576, 1, 576, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # past SMALL_PRODUCT_MACS
+    (REGIONS, conv(576, 1, 576, k=1, scheme="gemm1x1"), True, ("pointwise_region", 1)),  # past SMALL_PRODUCT_MACS, not POINTWISE_SHARED_MACS
+    (REGIONS, conv(576, 1, 1024, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # past both
     (NUMPY, conv(576, 1, 144, k=1, scheme="gemm1x1"), True, ("gemm1x1", 1)),
     (JIT, conv(256, 28, 256, k=1, scheme="gemm1x1"), True, ("gemm1x1", 2)),
     (JIT, conv(256, 28, 256, k=1, scheme="gemm1x1", groups=4), True, ("gemm1x1", 1)),  # each group's product is small
