@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import os
 import threading
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -24,6 +25,7 @@ from ...errors import BackendOptionError, BackendUnavailableError
 from ..limits import MemoryLimits, host_limits
 from . import activations as cpu_activations, compiled as cpu_compiled, engines, jit as cpu_jit, parallel as cpu_parallel, reference as cpu_reference
 from . import int8 as cpu_int8, int8_conv as cpu_int8_conv, int8_elementwise as cpu_int8_elementwise, rows as cpu_rows, tiles as cpu_tiles
+from . import sharing as cpu_sharing
 from .arena import RunStateArenas, ScratchArena
 from .constants import PackedConstants, made_once
 from .elementwise import binary_function, unary_function
@@ -878,6 +880,8 @@ class CpuBackend(Backend):
         # a run's regions use self.regions threads (Numba keeps the count per calling thread)
         self._region_threads = (cpu_parallel.RegionThreads(self.regions) if self.regions
                                 else contextlib.nullcontext())
+        # a recording's one-thread way (``cpu_sharing``) runs its regions on one thread
+        self._solo_threads = cpu_parallel.RegionThreads(1) if self.regions else contextlib.nullcontext()
 
     @property
     def driver(self) -> str:
@@ -918,7 +922,9 @@ class CpuBackend(Backend):
 
     # -- pre-inference ---------------------------------------------------------------------
     def _create_execution(self, op: A.AtomicOp, inputs: list[TensorHandle],
-                          outputs: list[TensorHandle]) -> Execution:
+                          outputs: list[TensorHandle], engine: Engine | None = None) -> Execution:
+        """``engine``: what to plan the op's kernel for (default: this backend's; a recording's
+        one-thread way passes ``solo_engine``)."""
         if outputs and all(o.size == 0 for o in outputs):  # nothing to compute (NumPy refuses empty reductions)
             return Execution(op, inputs, outputs, KernelWork((), "empty"))
         maker = _MAKERS[type(op)]
@@ -926,28 +932,52 @@ class CpuBackend(Backend):
         if maker in _TAKES_ARENA and outputs:
             packs["arena"] = self.arenas.of(outputs[0].buffer)  # the run state's: its tensors' pool
         if maker in _ENGINE_AWARE:
-            return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, engine=self.engine, **packs))
+            engine = engine or self.engine
+            return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, engine=engine, **packs))
         return Execution(op, inputs, outputs, maker(op, inputs, outputs, self._pool, **packs))
 
-    def work_items(self, executions: list[Execution]) -> list[tuple[list[Execution], tuple[Callable[[], None], ...]]]:
+    @property
+    def solo_engine(self) -> Engine:
+        """The engine a one-thread session of this backend plans for: each op on the calling thread."""
+        return Engine(self.jit, 1 if self.regions else 0, 1)
+
+    def work_items(self, executions: list[Execution],
+                   engine: Engine | None = None) -> list[tuple[list[Execution], tuple[Callable[[], None], ...]]]:
         """What a recording of ``executions`` calls, in order, each with the executions it computes:
         an execution's own work, or one call for several (a run of LSTM steps: ``cpu_recurrent.lstm_runs``).
-        ``bench/cpu_profile.py`` times these."""
+        ``bench/cpu_profile.py`` times these. ``engine``: the one the executions were planned for."""
         items, at = [], 0
-        for start, stop, work in lstm_runs(executions, self.engine, self._packed):
+        for start, stop, work in lstm_runs(executions, engine or self.engine, self._packed):
             items += [([exe], exe.work) for exe in executions[at:start]]
             items.append((executions[start:stop], (work,)))
             at = stop
         return items + [([exe], exe.work) for exe in executions[at:]]
 
-    def _record(self, executions: list[Execution]) -> list[Callable[[], None]]:
-        return [fn for _, work in self.work_items(executions) for fn in work]
+    def _record(self, executions: list[Execution]) -> cpu_sharing.Recording:
+        """The work items as planned and, where the regions run on several threads and there are
+        several ops, the same ops planned for one thread: each run takes the faster way
+        (``cpu_sharing``). A recording of one op (a calibration's) keeps the planned way only."""
+        shared = [fn for _, work in self.work_items(executions) for fn in work]
+        solo = None
+        if self.regions > 1 and len(executions) > 1:
+            engine = self.solo_engine
+            alone = [self._create_execution(exe.op, exe.inputs, exe.outputs, engine) for exe in executions]
+            solo = [fn for _, work in self.work_items(alone, engine) for fn in work]
+        return cpu_sharing.Recording(shared, solo)
 
     # -- run -------------------------------------------------------------------------------
-    def _submit(self, recording: list[Callable[[], None]]) -> None:
+    def _submit(self, recording: cpu_sharing.Recording) -> None:
+        shared = recording.next_shared()
+        with self._limiter, (self._region_threads if shared else self._solo_threads), np.errstate(all="ignore"):
+            recording.run(shared)
+
+    def _timed_submit(self, recording: cpu_sharing.Recording) -> float:
+        """The planned way's time (what calibration and ``gpumnn plan`` measure), never the choice's."""
         with self._limiter, self._region_threads, np.errstate(all="ignore"):
-            for fn in recording:
+            start = time.perf_counter()
+            for fn in recording.shared:
                 fn()
+            return time.perf_counter() - start
 
     def _run_eager(self, executions: list[Execution]) -> None:
         with self._limiter, self._region_threads, np.errstate(all="ignore"):
