@@ -35,10 +35,9 @@ DEPTHWISE_PARALLEL_MIN = 1 << 18
 
 #: With ``cpu_parallel``'s native regions a product is shared between threads from this many
 #: multiply-adds, a depthwise convolution or pool from this many window elements: a region costs
-#: about a tenth of a hand-over to ``cpu_workers``, but still 3-5 us, and the next op reads half
-#: the output from the other core's cache. Depthwise convolutions of 80-220 K windows (7-10 us on
-#: one thread) ran 1.1-1.8x slower shared, inside runs, with the two cores sharing a cache
-#: (bench/RESULTS.md, s15).
+#: about a tenth of a hand-over to ``cpu_workers``, but it still has a fixed cost, and the next op
+#: reads half the output from the other core's cache, so smaller depthwise convolutions ran
+#: slower shared than on one thread inside runs (bench/RESULTS.md, s15).
 REGION_MIN_MACS = 1 << 20
 REGION_MIN_WINDOWS = 1 << 18
 #: A float32 product below this many multiply-adds, with its operands' layout plain (``cpu_tiles.small_product``
@@ -127,8 +126,8 @@ POINTWISE_FEW_PIXELS = 16
 #: and deep inputs with large weights (MobileNet-v1's 1024 channels on 7x7) ran slower than BLAS.
 POINTWISE_MAX_WEIGHT_BYTES = 1 << 18
 #: ... and is shared between the region's threads from this many multiply-adds (a region's entry
-#: against the tile's speed on one thread): 300-350 K (6-9 us) ran 1.1-1.3x slower shared inside
-#: runs, 660 K 12-17% faster (bench/RESULTS.md, s15).
+#: against the tile's speed on one thread; smaller ones ran slower shared inside runs:
+#: bench/RESULTS.md, s15).
 POINTWISE_SHARED_MACS = 1 << 19
 #: A convolution over at most ``cpu_direct.MAX_IN_CHANNELS`` input channels (a network's stem) on
 #: constant weights runs ``cpu_direct``'s rows, not im2col, where ``cpu_direct.takes`` it: its inner

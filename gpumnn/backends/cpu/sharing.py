@@ -3,10 +3,9 @@ decides it, from the runs' own times.
 
 A session on two or more threads records its ops twice: as planned, the larger ops shared
 between the regions' threads, and as a one-thread session plans them, every op on the calling
-thread. Which is faster depends on the machine at the moment, not on the model alone: with the
-two cores sharing a cache, yolox_nano ran 1.5x faster shared; with them apart, or the other core
-busy with another tenant's work, text_direction ran 1.3x faster on one thread (bench/RESULTS.md,
-s15). So each recording runs one way, times its runs, and now and then runs a burst of the other:
+thread. Which is faster depends on the machine at the moment (where its cores sit, what else
+runs on them), not on the model alone, and it changes within minutes (bench/RESULTS.md, s15).
+So each recording runs one way, times its runs, and now and then runs a burst of the other:
 where the burst is faster, the other way takes over.
 """
 from __future__ import annotations
@@ -25,8 +24,8 @@ BURST = 4
 MARGIN = 0.97
 #: the other way is tried once this many runs (the first time: only these) and ...
 EXPLORE_RUNS = 32
-#: ... this many seconds have passed since its last burst: on a model of 3 ms a burst in about
-#: 330 runs, on one of 0.3 ms in about 3,300; the machine's states last minutes (bench/RESULTS.md, s15)
+#: ... this many seconds have passed since its last burst: rare enough to cost little, often
+#: enough to follow the machine, whose states last minutes (bench/RESULTS.md, s15)
 EXPLORE_SECONDS = 1.0
 
 
@@ -53,7 +52,8 @@ class SharingChoice:
             return not self.way
         if (self._runs >= EXPLORE_RUNS and len(self._recent) >= BURST
                 and (self._explored_at is None or self._clock() - self._explored_at >= EXPLORE_SECONDS)):
-            self._burst_left, self._burst = BURST, []
+            self._burst_left = BURST
+            self._burst.clear()
             return not self.way
         return self.way
 
