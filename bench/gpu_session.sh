@@ -277,8 +277,8 @@ case $PHASE in
       --junitxml="$RES/narrow_tests.xml" | tail -15 | tee "$RES/narrow_tests.txt"
     GPUMNN_STEP_CAP=${CAP_REAL:-100} step cpu-real-models "$PYTHON" bench/real_models.py --compare --threads "$(nproc)" \
       --repeats 5 --runs 10 | tee "$RES/cpu_real_models.txt"
-    NUMBA_THREADING_LAYER=omp GPUMNN_STEP_CAP=${CAP_REAL:-100} step cpu-real-models-omp "$PYTHON" bench/real_models.py \
-      --compare --threads "$(nproc)" --repeats 5 --runs 10 | tee "$RES/cpu_real_models_omp.txt"
+    NUMBA_THREADING_LAYER=tbb GPUMNN_STEP_CAP=${CAP_REAL:-100} step cpu-real-models-tbb "$PYTHON" bench/real_models.py \
+      --compare --threads "$(nproc)" --repeats 5 --runs 10 | tee "$RES/cpu_real_models_tbb.txt"
     GPUMNN_STEP_CAP=${CAP_CPU:-45} step cpu-threads "$PYTHON" -m gpumnn bench mobilenet_v1 squeezenet1_1 resnet18 \
       transformer_encoder --backend cpu --threads "$(nproc)" --no-eager --repeats 5 | tee "$RES/cpu_threads.txt"
     GPUMNN_STEP_CAP=${CAP_SCHEMES:-60} step schemes-models "$PYTHON" bench/schemes.py --tables m --backends cuda,opencl \

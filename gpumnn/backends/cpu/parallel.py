@@ -5,7 +5,7 @@ a wake-up per op, and each wake-up of a sleeping thread, and each wait for the G
 other thread, costs tens of microseconds (a futex wake of an idle vCPU): an op of a few hundred
 microseconds, MobileNet's 1x1 convolutions among them, gained nothing from a second thread
 (measured: bench/RESULTS.md). A Numba ``parallel`` function runs the op's blocks on its threading
-layer's threads (TBB's by default, below), with the GIL released throughout: an empty region
+layer's threads (GNU OpenMP's by default, below), with the GIL released throughout: an empty region
 costs a tenth of a hand-over, and each block's GEMM calls BLAS (NumPy's
 own OpenBLAS where it has one, else SciPy's ``cython_blas``; one thread inside each block) with
 the bias and a clamp applied to the block while it is in cache. The blocks: GEMM row and column
@@ -13,17 +13,17 @@ spans, im2col row (and channel) blocks, im2col on constant weights as pixel-pane
 spans through ``cpu_tiles``' register tile instead of BLAS, Winograd on the same tile, depthwise and
 pooling channel spans.
 
-Only Numba's ``tbb`` and ``omp`` threading layers qualify: ``workqueue``, the fallback when
-neither loads, costs as much per region as a hand-over and is not safe to enter from two threads at once.
-TBB is preferred (Numba tries it first; ``gpumnn[cpu]`` installs it): its caller runs the blocks
-no other thread has taken, where OpenMP's region waits at its barrier for every thread of its
-team. On 2 cores shared with another engine's spinning threads that barrier waited for a
-descheduled thread, and runs were slower on OpenMP than on TBB (measured: bench/RESULTS.md). Where the regions are
-not available (``available()`` says why) the backend keeps ``cpu_workers``. OpenMP is the user's
-choice (``NUMBA_THREADING_LAYER=omp``): on a quiet machine its regions cost less, but a run waits
-for a thread the machine has descheduled (bench/RESULTS.md). GNU OpenMP cannot start its threads
-again in a process forked after they ran, so there a forked child runs its regions on one thread
-(``_after_fork_in_child``).
+Only Numba's ``omp`` and ``tbb`` threading layers qualify: ``workqueue``, the fallback when
+neither loads, costs as much per region as a hand-over and is not safe to enter from two threads
+at once. GNU OpenMP is preferred where the user names no layer (``LAYER_PRIORITY``): its team's
+threads spin between regions, so a region costs about half of TBB's, whose workers sleep between
+regions and whose caller runs the blocks no other thread has taken. OpenMP's region waits at its
+barrier for every thread of its team, so a run stalls where another process displaced one; the
+recording's run-by-run choice (``cpu_sharing``) then runs the ops on one thread
+(bench/RESULTS.md, s16). TBB serves where libgomp is missing (``gpumnn[cpu]`` installs it), or by
+``NUMBA_THREADING_LAYER=tbb``. Where the regions are not available (``available()`` says why) the
+backend keeps ``cpu_workers``. GNU OpenMP cannot start its threads again in a process forked
+after they ran, so there a forked child runs its regions on one thread (``_after_fork_in_child``).
 
 Numba caches the compiled regions on disk; ``cpu_jit`` stamps that cache with every module of
 the package, so editing a kernel, the tile or an activation the regions inline recompiles them.
@@ -139,7 +139,7 @@ _probe_lock = threading.Lock()
 def _preload_tbb() -> None:
     """Loads the TBB library of the ``tbb`` wheel, if installed, so that Numba's TBB layer finds
     it: pip puts it in the environment's ``lib/``, which is not on the loader's path, and Numba's
-    layer then fails to import and silently falls back to OpenMP."""
+    layer then fails to import (the fallback where GNU OpenMP is missing)."""
     for folder in (os.path.join(sys.prefix, "lib"), os.path.join(sys.base_prefix, "lib")):
         path = os.path.join(folder, "libtbb.so.12")
         if os.path.exists(path):
@@ -166,6 +166,21 @@ def _after_fork_in_child() -> None:
     _numba_thread_calls()[1](1)
 
 
+#: Numba's threading layers in the order the regions take them where the user names none
+#: (``NUMBA_THREADING_LAYER``, ``NUMBA_THREADING_LAYER_PRIORITY``): GNU OpenMP's threads spin
+#: between regions, so a region costs about half of TBB's; TBB where libgomp is missing.
+LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
+
+
+def _prefer_layers() -> None:
+    """Starts Numba's threading layer in ``LAYER_PRIORITY``'s order unless the user chose one or
+    an order, or the layer has started already (this changes nothing then)."""
+    chosen = any(os.environ.get(name) for name in ("NUMBA_THREADING_LAYER", "NUMBA_THREADING_LAYER_PRIORITY"))
+    if not chosen and str(numba.config.THREADING_LAYER).lower() == "default":
+        numba.config.THREADING_LAYER_PRIORITY = list(LAYER_PRIORITY)
+    numba.get_num_threads()  # starts the layer now, before a compilation could reload Numba's config
+
+
 @functools.lru_cache(maxsize=1)
 def _layer() -> tuple[str | None, str | None]:
     """(the threading layer Numba started, why regions are off or None)."""
@@ -175,6 +190,7 @@ def _layer() -> tuple[str | None, str | None]:
         _preload_tbb()
     with _probe_lock:
         try:
+            _prefer_layers()
             _probe(np.zeros(2, np.int64))
             layer = numba.threading_layer()
         except Exception as exc:  # noqa: BLE001 -- no layer loads: the Python threads stay

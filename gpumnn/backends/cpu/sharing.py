@@ -11,30 +11,39 @@ where the burst is faster, the other way takes over.
 from __future__ import annotations
 
 import collections
-import statistics
 import time
 from typing import Callable
 
-#: the running way's last run times, whose median stands for it
+#: the running way's last run times, whose mean stands for it
 RECENT = 16
 #: the other way is tried in bursts of this many runs, the first not counted: a shared run right
 #: after a one-thread run pays the region worker's wake-up at every region, the next ones do not
 BURST = 4
-#: a burst's median must beat the running way's by this factor to take over (run times are noisy)
+#: a burst's mean must beat the running way's by this factor to take over (run times are noisy)
 MARGIN = 0.97
 #: the other way is tried once this many runs (the first time: only these) and ...
 EXPLORE_RUNS = 32
 #: ... this many seconds have passed since its last burst: rare enough to cost little, often
-#: enough to follow the machine, whose states last minutes (bench/RESULTS.md, s15)
+#: enough to follow the machine, whose states last minutes (bench/RESULTS.md, s15). Each burst
+#: that loses doubles the wait, up to ``EXPLORE_MAX_SECONDS``: a way that stalls now and then
+#: (a region's thread displaced by another process) costs a burst's stalls every time it is tried.
 EXPLORE_SECONDS = 1.0
+EXPLORE_MAX_SECONDS = 8.0
+
+
+def _mean(times) -> float:
+    return sum(times) / len(times)
 
 
 class SharingChoice:
     """``shared()`` says which way the next run takes (True: as planned, shared between the
     regions' threads; False: each op on the calling thread); ``note(shared, seconds)`` records
     how long it took. The running way (at first the shared one) changes only after a burst of
-    the other beats its recent runs. Each run state has its own recordings and serves one run at
-    a time, so a choice is never called from two threads at once."""
+    the other beats its recent runs, and changes back unless its next ``RECENT`` runs bear the
+    burst out. Means, not medians, compare the ways: a way that stalls in some runs (a region
+    waiting for a thread another process displaced) is fast in most of them. Each run state has
+    its own recordings and serves one run at a time, so a choice is never called from two
+    threads at once."""
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock
@@ -45,13 +54,15 @@ class SharingChoice:
         self._previous: bool | None = None  # the way the last run took
         self._runs = 0  # runs since the last burst
         self._explored_at: float | None = None  # the clock at the last burst's end (None: none yet)
+        self._wait = EXPLORE_SECONDS  # seconds from a burst's end to the next
+        self._replaced: collections.deque[float] | None = None  # the way a burst replaced, on trial
 
     def shared(self) -> bool:
         """The way the next run takes."""
         if self._burst_left:
             return not self.way
-        if (self._runs >= EXPLORE_RUNS and len(self._recent) >= BURST
-                and (self._explored_at is None or self._clock() - self._explored_at >= EXPLORE_SECONDS)):
+        if (self._replaced is None and self._runs >= EXPLORE_RUNS and len(self._recent) >= BURST
+                and (self._explored_at is None or self._clock() - self._explored_at >= self._wait)):
             self._burst_left = BURST
             self._burst.clear()
             return not self.way
@@ -66,6 +77,8 @@ class SharingChoice:
             self._runs += 1
             if counted:
                 self._recent.append(seconds)
+            if self._replaced is not None and len(self._recent) == RECENT:
+                self._settle()
             return
         if counted:
             self._burst.append(seconds)
@@ -73,17 +86,31 @@ class SharingChoice:
         if self._burst_left:
             return
         self._runs, self._explored_at = 0, self._clock()
-        if self._burst and statistics.median(self._burst) < MARGIN * statistics.median(self._recent):
-            self.way, self._recent, self._burst = shared, collections.deque(self._burst, maxlen=RECENT), list(self._recent)
+        if self._burst and _mean(self._burst) < MARGIN * _mean(self._recent):
+            self.way, self._replaced = shared, self._recent
+            self._recent = collections.deque(self._burst, maxlen=RECENT)
+        else:
+            self._wait = min(2 * self._wait, EXPLORE_MAX_SECONDS)
+
+    def _settle(self) -> None:
+        """The way a burst put in has run ``RECENT`` times: it stays if its mean is no worse than
+        the way it replaced, else that way comes back and the next burst waits twice as long."""
+        replaced, self._replaced = self._replaced, None
+        if _mean(self._recent) <= _mean(replaced):
+            self._wait = EXPLORE_SECONDS
+            return
+        self.way, self._recent = not self.way, replaced
+        self._runs, self._explored_at = 0, self._clock()
+        self._wait = min(2 * self._wait, EXPLORE_MAX_SECONDS)
 
     @property
-    def medians(self) -> dict[str, float | None]:
-        """The median of the running way's recent times and of the other's last burst (or of its
+    def means(self) -> dict[str, float | None]:
+        """The mean of the running way's recent times and of the other's last burst (or of its
         recent times before it stopped running), in seconds (None before any)."""
-        running = statistics.median(self._recent) if self._recent else None
-        burst = statistics.median(self._burst) if self._burst else None
+        running = _mean(self._recent) if self._recent else None
+        other = self._replaced if self._replaced is not None else self._burst
         names = ("shared", "one thread") if self.way else ("one thread", "shared")
-        return {names[0]: running, names[1]: burst}
+        return {names[0]: running, names[1]: _mean(other) if other else None}
 
 
 class Recording:
