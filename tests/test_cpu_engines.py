@@ -65,7 +65,8 @@ CONV = [
     (REGIONS, conv(16, 25, 16, k=1, scheme="gemm1x1"), True, ("pointwise_region", 1)),  # 625 pixels
     (REGIONS, conv(32, 112, 64, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # MobileNet-v1's first, 8 KB
     (REGIONS, conv(512, 28, 256, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),  # 512 KB: past the bytes
-    (REGIONS, conv(16, 24, 72, k=1, scheme="gemm1x1"), False, ("gemm1x1_region", 1)),  # run-time weights
+    (REGIONS, conv(16, 24, 72, k=1, scheme="gemm1x1"), False, ("gemm1x1_region", 2)),  # run-time weights
+    (REGIONS, conv(16, 12, 72, k=1, scheme="gemm1x1"), False, ("gemm1x1_region", 1)),  # ... below REGION_MIN_MACS
     (JIT, conv(64, 56, 64, k=1, scheme="gemm1x1"), True, ("gemm1x1", 1)),
     # one pixel (squeeze-excitation's 1x1 convolutions): one compiled loop, on constant weights only
     (REGIONS, conv(576, 1, 144, k=1, scheme="gemm1x1"), True, ("small_product", 1)),
@@ -85,7 +86,8 @@ CONV = [
     # few input channels on constant weights, stride 1 along rows: the tapped tiles up to TAPPED_MAX_DEPTH
     (REGIONS, conv(16, 56, 64), True, ("tapped_region", 2)),  # depth 144
     (REGIONS, conv(16, 56, 64), False, ("im2col_region", 2)),
-    (REGIONS, conv(8, 56, 16, stride=2), True, ("packed_region", 1)),  # stride 2 along columns; one thread: the tile
+    (REGIONS, conv(8, 56, 16, stride=2), True, ("packed_region", 2)),  # stride 2 along columns: the tile
+    (REGIONS, conv(8, 28, 16, stride=2), True, ("packed_region", 1)),  # ... below REGION_MIN_MACS: one thread
     (REGIONS, conv(16, 8, 16), True, ("packed_region", 1)),  # rows narrower than the tapped tiles
     (REGIONS, conv(16, 8, 16), False, ("im2col_region", 1)),  # run-time weights: BLAS
     (REGIONS, conv(64, 56, 64, groups=2), True, ("im2col_rows", 2)),  # grouped: the Python threads

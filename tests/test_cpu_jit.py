@@ -237,7 +237,7 @@ def test_few_channels_take_the_masked_rows_and_many_do_not():
     assert kernel(3, 2, constant=True) == "direct_region"  # rows of 96 columns on constant weights: the direct rows
     assert kernel(3, 2) == kernel(1, 2) == "masked_region"
     assert kernel(3, 3) != "masked_region" and kernel(16, 2) != "masked_region"
-    assert kernel(3, 1) != "masked_region"  # past REGION_MIN_MACS: im2col's region shares it
+    assert kernel(3, 1) != "masked_region"  # past MASKED_MAX_MACS: im2col's region shares it
 
 
 def test_masked_rows_leave_lanes_past_the_row_alone(fresh_rng):

@@ -485,7 +485,8 @@ def test_wide_windows_are_copied_a_pixel_a_row(case, fresh_rng, monkeypatch):
 
 
 # (in channels, length, kernel, stride, pad, out channels, relu): 1-D convolutions on a few frames,
-# below REGION_MIN_MACS (a voice model's encoder after its STFT)
+# below PACKED_ANY_DEPTH_MACS and all but the first below REGION_MIN_MACS (a voice model's encoder
+# after its STFT)
 SHORT_SEQUENCES = [
     (129, 33, 3, 1, 1, 64, True),      # depth 387
     (128, 33, 3, 2, 1, 64, True),      # stride 2
@@ -497,9 +498,10 @@ SHORT_SEQUENCES = [
 
 @pytest.mark.parametrize("case", SHORT_SEQUENCES, ids=[f"conv1d{c[0]}x{c[1]}k{c[2]}s{c[3]}" for c in SHORT_SEQUENCES])
 def test_short_convolutions_on_one_thread_take_the_register_tile(case, fresh_rng, monkeypatch):
-    """A convolution on constant weights too small to share between threads takes the register
-    tile at any depth (``PACKED_ANY_DEPTH_MACS``), not BLAS's im2col, as a loop on the calling thread
-    (``cpu_parallel.alone``: no region entered for its one block); the outputs stay ONNX Runtime's."""
+    """A small convolution on constant weights takes the register tile at any depth
+    (``PACKED_ANY_DEPTH_MACS``), not BLAS's im2col; one too small to share between threads
+    (``REGION_MIN_MACS``) runs as a loop on the calling thread (``cpu_parallel.alone``: no region
+    entered for its one block); the outputs stay ONNX Runtime's."""
     from gpumnn.backends.cpu import compiled as cpu_compiled
 
     channels, length, kernel, stride, pad, out_channels, relu = case
@@ -514,7 +516,7 @@ def test_short_convolutions_on_one_thread_take_the_register_tile(case, fresh_rng
     model = _conv1d_model(case, rng)
     _both_ways_match_onnxruntime(model, (1, channels, length), rng)
     assert built and all(op.macs() < cpu_engines.PACKED_ANY_DEPTH_MACS for op in built)
-    assert cpu_parallel.packed_conv in alone
+    assert (cpu_parallel.packed_conv in alone) == all(op.macs() < cpu_engines.REGION_MIN_MACS for op in built)
 
 
 @pytest.mark.parametrize("stride", [1, 2])

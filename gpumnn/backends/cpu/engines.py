@@ -37,8 +37,9 @@ DEPTHWISE_PARALLEL_MIN = 1 << 18
 #: multiply-adds, a depthwise convolution or pool from this many window elements: a region costs
 #: about a tenth of a hand-over to ``cpu_workers``, but it still has a fixed cost, and the next op
 #: reads half the output from the other core's cache, so smaller depthwise convolutions ran
-#: slower shared than on one thread inside runs (bench/RESULTS.md, s15).
-REGION_MIN_MACS = 1 << 20
+#: slower shared than on one thread inside runs (bench/RESULTS.md, s15). Products of half a
+#: million multiply-adds (yolox_nano's 3x3s on 5x5) gained shared (s16).
+REGION_MIN_MACS = 1 << 19
 REGION_MIN_WINDOWS = 1 << 18
 #: A float32 product below this many multiply-adds, with its operands' layout plain (``cpu_tiles.small_product``
 #: says which), runs as one compiled loop on the calling thread: a region and BLAS's call cost more than it.
@@ -86,7 +87,7 @@ IN_PLACE_MIN_DEPTH = 64
 #: ... but below this many multiply-adds (on one thread) the tile takes every depth: there BLAS's
 #: call and its packing of the weights on every call cost more than the few multiply-adds (1-D
 #: convolutions on a few dozen frames).
-PACKED_ANY_DEPTH_MACS = REGION_MIN_MACS
+PACKED_ANY_DEPTH_MACS = 1 << 20
 
 
 def packed_in_place(op: A.Conv2D) -> bool:
@@ -98,10 +99,11 @@ def packed_in_place(op: A.Conv2D) -> bool:
 
 
 #: A convolution (not 1x1) over at most this many input channels that ``cpu_direct`` does not take
-#: (rows under its 16 columns, or run-time weights) and below REGION_MIN_MACS runs as
+#: (rows under its 16 columns, or run-time weights) and below MASKED_MAX_MACS runs as
 #: ``cpu_jit.conv_masked``'s rows of output channels in vector registers, each input row read in
 #: place once for 16 of them, no im2col copy; its spans of rows share out from MASKED_SHARED_MACS.
 MASKED_MAX_CHANNELS = 4
+MASKED_MAX_MACS = 1 << 20
 MASKED_SHARED_MACS = 1 << 18
 #: A convolution on constant weights with at most this inner dimension (C*KH*KW), stride 1 along
 #: columns (any along rows) and output rows of at least ``cpu_tiles.NR`` pixels runs on
@@ -226,7 +228,7 @@ class Engine:
             return Choice("gemm1x1", self.gemm(product, region=False))
         if self.regions and constant_weights and cpu_direct.takes(op):
             return Choice("direct_region", self.shared(macs, DIRECT_SHARED_MACS))
-        few_channels = g == 1 and c <= MASKED_MAX_CHANNELS and op.strides[1] in (1, 2) and macs < REGION_MIN_MACS
+        few_channels = g == 1 and c <= MASKED_MAX_CHANNELS and op.strides[1] in (1, 2) and macs < MASKED_MAX_MACS
         if self.regions and self.jit and few_channels:
             return Choice("masked_region", self.shared(macs, MASKED_SHARED_MACS))
         if self.regions and g == 1 and self.tapped_fits(op, constant_weights):
