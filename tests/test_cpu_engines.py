@@ -14,6 +14,7 @@ NUMPY = Engine(jit=False, regions=0, threads=1)
 THREADS = Engine(jit=False, regions=0, threads=2)  # NumPy kernels on two Python threads
 JIT = Engine(jit=True, regions=0, threads=2)  # compiled loops on two Python threads
 REGIONS = Engine(jit=True, regions=2, threads=2)  # native regions of two threads
+MANY = Engine(jit=True, regions=16, threads=16)  # native regions of sixteen threads
 
 
 def conv(c: int, hw: int, oc: int, k: int = 3, scheme: str = "im2col", groups: int = 1, stride: int = 1,
@@ -40,6 +41,8 @@ CONV = [
     # depthwise: shared from REGION_MIN_WINDOWS in regions, DEPTHWISE_PARALLEL_MIN on threads
     (REGIONS, conv(32, 56, 32, scheme="depthwise", groups=32), True, ("depthwise_region", 2)),
     (REGIONS, conv(8, 8, 8, scheme="depthwise", groups=8), True, ("depthwise_region", 1)),
+    (MANY, conv(32, 56, 32, scheme="depthwise", groups=32), True, ("depthwise_region", 6)),  # 903 K windows
+    (MANY, conv(8, 8, 8, scheme="depthwise", groups=8), True, ("depthwise_region", 1)),
     (JIT, conv(32, 56, 32, scheme="depthwise", groups=32), True, ("depthwise_compiled", 2)),
     (JIT, conv(8, 8, 8, scheme="depthwise", groups=8), True, ("depthwise_compiled", 1)),
     (THREADS, conv(32, 56, 32, scheme="depthwise", groups=32), True, ("depthwise", 2)),
@@ -79,6 +82,9 @@ CONV = [
     # im2col: the register tile on constant weights from IN_PLACE_MIN_DEPTH (windows read in place) or
     # PACKED_MIN_DEPTH (a strided 1x1's, packed), BLAS below or on run-time weights
     (REGIONS, conv(64, 56, 64), True, ("packed_region", 2)),
+    (MANY, conv(64, 56, 64), True, ("packed_region", 16)),  # 116 M multiply-adds: every thread
+    (MANY, conv(64, 10, 64), True, ("packed_region", 14)),  # 3.7 M: half REGION_MIN_MACS a thread
+    (MANY, conv(64, 5, 64), True, ("packed_region", 3)),  # 0.9 M
     (REGIONS, conv(64, 56, 64), False, ("im2col_region", 2)),
     (REGIONS, conv(48, 56, 64), True, ("packed_region", 2)),  # depth 432, in place
     (REGIONS, conv(128, 56, 256, k=1, stride=2), True, ("im2col_region", 2)),  # a 1x1 window, depth 128
@@ -107,6 +113,12 @@ CONV = [
     (REGIONS, conv(4, 56, 16, groups=2), True, ("im2col_rows", 1)),  # grouped
     (JIT, conv(3, 224, 32, stride=2), True, ("im2col_rows", 1)),  # no regions
 ]
+
+
+def test_an_op_is_shared_by_as_many_threads_as_get_half_a_threshold_each():
+    t = engines.REGION_MIN_MACS
+    assert [REGIONS.shared(work, t) for work in (t - 1, t, 100 * t)] == [1, 2, 2]
+    assert [MANY.shared(work, t) for work in (t - 1, t, t + t // 2, 4 * t, 8 * t, 100 * t)] == [1, 2, 3, 8, 16, 16]
 
 
 @pytest.mark.parametrize("engine, op, constant, expected", CONV)

@@ -2,8 +2,8 @@
 
 Each case runs in a subprocess of its own (a fork of pytest's process would copy the other
 backends' driver threads): it runs a session on two region threads, forks, and the child runs the
-same session and a new one. On TBB (the default layer) the child keeps its threads; on GNU OpenMP
-(``NUMBA_THREADING_LAYER=omp``) it runs its regions on one thread (``cpu_parallel._after_fork_in_child``),
+same session and a new one. On TBB (``NUMBA_THREADING_LAYER=tbb``) the child keeps its threads; on
+GNU OpenMP (the default layer) it runs its regions on one thread (``cpu_parallel._after_fork_in_child``),
 where without that Numba ends the child at its first region and a team of two would wait forever.
 """
 from __future__ import annotations

@@ -9,6 +9,12 @@ products with shared or per-batch weights, grouped 1x1 convolutions and batches 
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -880,3 +886,54 @@ def test_row_copies_into_pixel_panels(count, stride):
         copy(dst, src, at)
         np.testing.assert_array_equal(dst[:count], src[at:at + span:stride])
         assert (dst[count:] == -100.0).all()
+
+
+FOUR_THREADS = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    import gpumnn
+
+    rng = np.random.default_rng(int(sys.argv[1]))
+    def weight(*shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32))
+    inits = [weight(32, 24, 3, 3), weight(128, 32, 1, 1), weight(128, 1, 3, 3)]
+    for init, name in zip(inits, ("w1", "w2", "w3")):
+        init.name = name
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["b"]),
+             helper.make_node("Conv", ["b", "w3"], ["y"], group=128, pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "four", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 24, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    x = rng.standard_normal((1, 24, 12, 12)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    sess = gpumnn.load(model).session(backend="cpu", threads=4)
+    backend = sess.backends["cpu"]
+    parts = [backend.engine.conv(exe.op, True).parts for exe in sess.shape_set().first_state.executions]
+    (recording,) = sess.shape_set().first_state.recordings.values()
+    errors = []
+    for way in (True, False):
+        recording.choice.way = way
+        got = sess.run({"x": x})["y"]
+        errors.append(float(np.linalg.norm(got - want) / np.linalg.norm(want)))
+    print("regions", backend.regions, "parts", *parts, "errors", *errors, flush=True)
+""")
+
+
+def test_regions_of_four_threads_share_each_op_by_its_size(fresh_rng):
+    """On four region threads (Numba's pool widened past this machine's cores in a subprocess) a
+    3x3 convolution of 1 M multiply-adds is cut for three of them and a 1x1 of 0.6 M for two
+    (``Engine.shared``), and both ways of the recording match ONNX Runtime."""
+    require_tool("numba", cpu_jit.MISSING)
+    require_tool("regions", cpu_parallel.available()[1])
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, NUMBA_NUM_THREADS="4", PYTHONPATH=str(root))
+    done = subprocess.run([sys.executable, "-c", FOUR_THREADS, str(int(fresh_rng.integers(1 << 62)))], env=env,
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and "regions 4 parts 3 2 1 errors" in out, out
+    errors = [float(e) for e in out.split("errors")[1].split()[:2]]
+    assert max(errors) < 1e-5, out

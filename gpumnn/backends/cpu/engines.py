@@ -190,8 +190,10 @@ class Engine:
         return self.threads * CHUNKS_PER_THREAD if self.threads > 1 and work >= threshold else 1
 
     def shared(self, work: int, threshold: int) -> int:
-        """Threads of a native region sharing an op: all of them once ``work`` reaches ``threshold``."""
-        return self.regions if work >= threshold else 1
+        """Threads of a native region sharing an op: two from ``threshold``, and as many as get half
+        a threshold's work each, up to all of them. On two threads: both from ``threshold``. On
+        many, an op just past it is not cut into pieces that cost more to hand out than to run."""
+        return min(self.regions, max(1, 2 * work // threshold))
 
     def gemm(self, macs: int, region: bool) -> int:
         """Threads a product of ``macs`` multiply-adds is cut into blocks for (1: one block): the
