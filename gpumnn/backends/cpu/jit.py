@@ -1261,16 +1261,32 @@ def pool3x3_same(x, out, scale, v, is_max):
 
 
 @_kernel
-def pool3x3(x, out, scale, row, is_max, sh, sw, pt, pl):
-    """3x3 windows row by row, at any stride: the three input rows of output row oy combined
-    column-wise into the padded ``row`` (one loop over the three where all are inside the input;
-    a pass per row at the top and bottom edges), then out[ox] = combine(row[sw ox], row[sw ox + 1],
-    row[sw ox + 2]) (a loop per literal stride 1 and 2, which vectorises; a run-time stride runs
-    scalar), times scale[oy] for a mean. ``row`` [(OW - 1) sw + 3] is the caller's scratch, filled
-    once with the border value (-inf for a max, 0 for a sum): the loops write it only where input
-    lands. Faster than nine taps read from rows split by stride phase (measured: bench/RESULTS.md).
-    Stride 1 at the input's
-    size goes to ``pool3x3_same``: rows of 17 or 8 spend their time starting loops."""
+def _pool3x3_edge_row(x, c, y0, span, dst, is_max):
+    """``pool3x3``'s combined row where its window reaches into the padding: the input rows inside,
+    a pass each. A function of its own: written inside the row loop, its loops kept LLVM from
+    vectorizing the inner rows' (measured: bench/RESULTS.md, s16)."""
+    h = x.shape[1]
+    first = True
+    for i in range(3):
+        iy = y0 + i
+        if iy < 0 or iy >= h:
+            continue
+        src = x[c, iy, :span]
+        if first:
+            for j in range(span):
+                dst[j] = src[j]
+            first = False
+        elif is_max:
+            for j in range(span):
+                dst[j] = max(dst[j], src[j])
+        else:
+            for j in range(span):
+                dst[j] += src[j]
+
+
+@inlined
+def _pool3x3_rows(x, out, scale, row, is_max, sh, sw, pt, pl):
+    """``pool3x3``'s loops, inlined with ``is_max`` a constant."""
     h, w = x.shape[1], x.shape[2]
     ow = out.shape[2]
     span = min(w, row.shape[0] - pl)  # input columns some window reads
@@ -1287,22 +1303,7 @@ def pool3x3(x, out, scale, row, is_max, sh, sw, pt, pl):
                     for j in range(span):
                         dst[j] = a[j] + b[j] + d[j]
             else:  # a window row in the padding: the rows inside, a pass each
-                first = True
-                for i in range(3):
-                    iy = y0 + i
-                    if iy < 0 or iy >= h:
-                        continue
-                    src = x[c, iy, :span]
-                    if first:
-                        for j in range(span):
-                            dst[j] = src[j]
-                        first = False
-                    elif is_max:
-                        for j in range(span):
-                            dst[j] = max(dst[j], src[j])
-                    else:
-                        for j in range(span):
-                            dst[j] += src[j]
+                _pool3x3_edge_row(x, c, y0, span, dst, is_max)
             o, factor = out[c, oy], scale[oy]
             if is_max and sw == 1:
                 for ox in range(ow):
@@ -1322,6 +1323,24 @@ def pool3x3(x, out, scale, row, is_max, sh, sw, pt, pl):
             else:
                 for ox in range(ow):
                     o[ox] = (row[sw * ox] + row[sw * ox + 1] + row[sw * ox + 2]) * factor[ox]
+
+
+@_kernel
+def pool3x3(x, out, scale, row, is_max, sh, sw, pt, pl):
+    """3x3 windows row by row, at any stride: the three input rows of output row oy combined
+    column-wise into the padded ``row`` (one loop over the three where all are inside the input;
+    a pass per row at the top and bottom edges), then out[ox] = combine(row[sw ox], row[sw ox + 1],
+    row[sw ox + 2]) (a loop per literal stride 1 and 2, which vectorises; a run-time stride runs
+    scalar), times scale[oy] for a mean. ``row`` [(OW - 1) sw + 3] is the caller's scratch, filled
+    once with the border value (-inf for a max, 0 for a sum): the loops write it only where input
+    lands. Faster than nine taps read from rows split by stride phase. ``is_max`` is a constant in
+    each copy of the loops (``_pool3x3_rows``): tested inside them, it made them 1.2-1.7x slower
+    (measured: bench/RESULTS.md, s16). Stride 1 at the input's size goes to ``pool3x3_same``: rows
+    of 17 or 8 spend their time starting loops."""
+    if is_max:
+        _pool3x3_rows(x, out, scale, row, True, sh, sw, pt, pl)
+    else:
+        _pool3x3_rows(x, out, scale, row, False, sh, sw, pt, pl)
 
 
 # -- Raster ----------------------------------------------------------------------------------------
