@@ -1125,12 +1125,9 @@ def depthwise_kernel(op: A.Conv2D, masked: bool = True) -> tuple[Callable, list[
 
 # -- pooling windows that tile the input ---------------------------------------------------------
 
-@_kernel
-def pool_tiles(x, out, is_max, kh, kw, scale):
-    """Windows that tile the input (stride = window, no padding: VGG's, CRNN's and U-Net's 2x2
-    and 2x1, a 1-D CNN's 1x2): out[c, oy, ox] = the max (``is_max``) or the sum times ``scale`` of
-    window (oy, ox), one pass over the window's rows per output row, the two columns of a
-    2-wide window read at literal offsets (a loop that vectorises), for x [C, H, W], out [C, OH, OW]."""
+@inlined
+def _pool_tiles_rows(x, out, is_max, kh, kw, scale):
+    """``pool_tiles``' loops, inlined with ``is_max`` a constant."""
     ow = out.shape[2]
     for c in range(x.shape[0]):
         for oy in range(out.shape[1]):
@@ -1170,6 +1167,19 @@ def pool_tiles(x, out, is_max, kh, kw, scale):
             if not is_max:
                 for ox in range(ow):
                     o[ox] *= scale
+
+
+@_kernel
+def pool_tiles(x, out, is_max, kh, kw, scale):
+    """Windows that tile the input (stride = window, no padding: VGG's, CRNN's and U-Net's 2x2
+    and 2x1, a 1-D CNN's 1x2): out[c, oy, ox] = the max (``is_max``) or the sum times ``scale`` of
+    window (oy, ox), one pass over the window's rows per output row, the two columns of a
+    2-wide window read at literal offsets (a loop that vectorises), for x [C, H, W], out [C, OH, OW].
+    ``is_max`` is a constant in each copy of the loops, as in ``pool3x3``."""
+    if is_max:
+        _pool_tiles_rows(x, out, True, kh, kw, scale)
+    else:
+        _pool_tiles_rows(x, out, False, kh, kw, scale)
 
 
 # -- Winograd's output tiles ---------------------------------------------------------------------
@@ -1217,14 +1227,9 @@ def bias_clamp(out, bias, r0, r1, c0, c1, lo, hi):
             row[i] = min(max(row[i] + b, lo), hi)
 
 
-@_kernel
-def pool3x3_same(x, out, scale, v, is_max):
-    """3x3 windows at stride 1 with one of padding on every side (out the input's size), on
-    channels as flat planes x, out [C, H W] (H, W >= 2): per channel, the column sums (or maxima)
-    of three rows into ``v`` [>= H W] as one loop over the plane, their sums (or maxima) along
-    the row as another, times ``scale`` (flat) for a mean, then each row's first and last column
-    again without the neighbour the flat loop took from the next or previous row. Four loops over
-    a plane instead of two per row, which at 17x17 or 8x8 spent their time starting."""
+@inlined
+def _pool3x3_same_planes(x, out, scale, v, is_max):
+    """``pool3x3_same``'s loops, inlined with ``is_max`` a constant."""
     channels, size = x.shape
     w = size // scale.shape[0]
     n = size - 2 * w  # the rows with a row above and below
@@ -1258,6 +1263,21 @@ def pool3x3_same(x, out, scale, v, is_max):
             for r in range(0, size, w):
                 of[r] = (v[r] + v[r + 1]) * sf[r]
                 of[r + w - 1] = (v[r + w - 2] + v[r + w - 1]) * sf[r + w - 1]
+
+
+@_kernel
+def pool3x3_same(x, out, scale, v, is_max):
+    """3x3 windows at stride 1 with one of padding on every side (out the input's size), on
+    channels as flat planes x, out [C, H W] (H, W >= 2): per channel, the column sums (or maxima)
+    of three rows into ``v`` [>= H W] as one loop over the plane, their sums (or maxima) along
+    the row as another, times ``scale`` (flat) for a mean, then each row's first and last column
+    again without the neighbour the flat loop took from the next or previous row. Four loops over
+    a plane instead of two per row, which at 17x17 or 8x8 spent their time starting. ``is_max``
+    is a constant in each copy of the loops, as in ``pool3x3``."""
+    if is_max:
+        _pool3x3_same_planes(x, out, scale, v, True)
+    else:
+        _pool3x3_same_planes(x, out, scale, v, False)
 
 
 @_kernel
