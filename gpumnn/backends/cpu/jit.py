@@ -1354,9 +1354,9 @@ def pool3x3(x, out, scale, row, is_max, sh, sw, pt, pl):
     scalar), times scale[oy] for a mean. ``row`` [(OW - 1) sw + 3] is the caller's scratch, filled
     once with the border value (-inf for a max, 0 for a sum): the loops write it only where input
     lands. Faster than nine taps read from rows split by stride phase. ``is_max`` is a constant in
-    each copy of the loops (``_pool3x3_rows``): tested inside them, it made them 1.2-1.7x slower
-    (measured: bench/RESULTS.md, s16). Stride 1 at the input's size goes to ``pool3x3_same``: rows
-    of 17 or 8 spend their time starting loops."""
+    each copy of the loops (``_pool3x3_rows``): tested inside them, it slowed them (measured:
+    bench/RESULTS.md, s16). Stride 1 at the input's size goes to ``pool3x3_same``: rows of 17 or
+    8 spend their time starting loops."""
     if is_max:
         _pool3x3_rows(x, out, scale, row, True, sh, sw, pt, pl)
     else:

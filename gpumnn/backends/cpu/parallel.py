@@ -16,7 +16,7 @@ pooling channel spans.
 Only Numba's ``omp`` and ``tbb`` threading layers qualify: ``workqueue``, the fallback when
 neither loads, costs as much per region as a hand-over and is not safe to enter from two threads
 at once. GNU OpenMP is preferred where the user names no layer (``LAYER_PRIORITY``): its team's
-threads spin between regions, so a region costs about half of TBB's, whose workers sleep between
+threads spin between regions, so a region costs less than on TBB, whose workers sleep between
 regions and whose caller runs the blocks no other thread has taken. OpenMP's region waits at its
 barrier for every thread of its team, so a run stalls where another process displaced one; the
 recording's run-by-run choice (``cpu_sharing``) then runs the ops on one thread
@@ -168,7 +168,8 @@ def _after_fork_in_child() -> None:
 
 #: Numba's threading layers in the order the regions take them where the user names none
 #: (``NUMBA_THREADING_LAYER``, ``NUMBA_THREADING_LAYER_PRIORITY``): GNU OpenMP's threads spin
-#: between regions, so a region costs about half of TBB's; TBB where libgomp is missing.
+#: between regions, so a region costs less than on TBB (bench/RESULTS.md, s14 and s16); TBB
+#: where libgomp is missing.
 LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
 
 
