@@ -42,6 +42,8 @@ def test_the_shared_way_runs_first_and_a_faster_burst_takes_over():
     ways = _runs(choice, clock, {True: 2e-3, False: 1e-3}, BURST + 5)
     assert ways[:BURST] == [False] * BURST and choice.way is False and not any(ways[BURST:])
     assert choice.means == pytest.approx({"one thread": 1e-3, "shared": 2e-3})
+    _runs(choice, clock, {True: 2e-3, False: 1e-3}, RECENT)  # its trial passed: the shared way is the other
+    assert choice.way is False and choice.means == pytest.approx({"one thread": 1e-3, "shared": 2e-3})
 
 
 def test_a_slower_burst_leaves_the_running_way_and_bursts_wait_for_time_and_runs():
@@ -104,6 +106,7 @@ def test_losing_bursts_come_less_often_and_a_way_that_fails_its_trial_goes_back(
     assert choice.way is False
     _runs(choice, clock, times, RECENT)
     assert choice.way is True and _runs(choice, clock, times, EXPLORE_RUNS) == [True] * EXPLORE_RUNS
+    assert choice.means["shared"] == pytest.approx(1e-3) and choice.means["one thread"] > 2e-3
 
 
 def test_the_first_run_of_a_burst_is_not_counted():

@@ -97,8 +97,9 @@ class SharingChoice:
         the way it replaced, else that way comes back and the next burst waits twice as long."""
         replaced, self._replaced = self._replaced, None
         if _mean(self._recent) <= _mean(replaced):
-            self._wait = EXPLORE_SECONDS
+            self._wait, self._burst = EXPLORE_SECONDS, list(replaced)  # the other way's last times
             return
+        self._burst = list(self._recent)
         self.way, self._recent = not self.way, replaced
         self._runs, self._explored_at = 0, self._clock()
         self._wait = min(2 * self._wait, EXPLORE_MAX_SECONDS)
