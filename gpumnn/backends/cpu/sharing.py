@@ -85,12 +85,12 @@ class SharingChoice:
         self._burst_left = max(0, self._burst_left - 1)
         if self._burst_left:
             return
-        self._runs, self._explored_at = 0, self._clock()
         if self._burst and _mean(self._burst) < MARGIN * _mean(self._recent):
             self.way, self._replaced = shared, self._recent
             self._recent = collections.deque(self._burst, maxlen=RECENT)
+            self._explored(lost=False)
         else:
-            self._wait = min(2 * self._wait, EXPLORE_MAX_SECONDS)
+            self._explored(lost=True)
 
     def _settle(self) -> None:
         """The way a burst put in has run ``RECENT`` times: it stays if its mean is no worse than
@@ -101,8 +101,14 @@ class SharingChoice:
             return
         self._burst = list(self._recent)
         self.way, self._recent = not self.way, replaced
+        self._explored(lost=True)
+
+    def _explored(self, lost: bool) -> None:
+        """A comparison of the two ways has ended: the next burst comes ``EXPLORE_RUNS`` runs and
+        the wait from now, twice as long a wait where the other way ``lost``."""
         self._runs, self._explored_at = 0, self._clock()
-        self._wait = min(2 * self._wait, EXPLORE_MAX_SECONDS)
+        if lost:
+            self._wait = min(2 * self._wait, EXPLORE_MAX_SECONDS)
 
     @property
     def means(self) -> dict[str, float | None]:
