@@ -37,17 +37,22 @@ else:  # never called without Numba
 #: vector operand (output channels)
 MR, NR = 6, 16
 _LANES = 8  # floats per vector register the IR names (AVX2's ymm)
+#: How far ahead (floats) a tile streaming a packed weight panel asks for it: a convolution's weights
+#: come from memory once per run where the run's data outgrows the cache, and the tile's steps
+#: waited on them (bench/RESULTS.md, s17)
+PREFETCH_FLOATS = 1024
 
 
 def _emit_products(builder, rows: int, vectors: int, p, p_stride, v, v_stride, depth, v_offsets=None,
-                   p_bases=None, p_table=True):
+                   p_bases=None, p_table=True, prefetch=False):
     """The tile's loop in IR: sums[r * vectors + h] = sum over ``depth`` steps of p[step * p_stride
     + r] times the vector v[step * v_stride + h * 8 ...] (v[v_offsets[step] + h * 8 ...] where
     ``v_offsets``, a pointer to int64, is given), held in registers; returns the sums (zero where
     ``depth`` is 0) with the builder placed after the loop. Where ``p_bases`` (a pointer to ``rows``
     int64) is given, rows are read where they lie, each from its own origin: row r's value of step
     k is p[p_bases[r] + offsets[k]] with p_stride a pointer to ``depth`` int64 offsets where
-    ``p_table``, else p[p_bases[r] + k * p_stride]."""
+    ``p_table``, else p[p_bases[r] + k * p_stride]. ``prefetch``: each step asks for the line
+    PREFETCH_FLOATS past its v (v a packed weight panel, read once per run from memory)."""
     f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
     vector = ir.VectorType(f32, _LANES)
     zero = ir.Constant(vector, [0.0] * _LANES)
@@ -68,6 +73,8 @@ def _emit_products(builder, rows: int, vectors: int, p, p_stride, v, v_stride, d
         v_row = builder.gep(v, [builder.mul(step, v_stride)])
     else:
         v_row = builder.gep(v, [builder.load(builder.gep(v_offsets, [step]), align=8)])
+    if prefetch:
+        _emit_prefetch(builder, builder.gep(v_row, [ir.Constant(i64, PREFETCH_FLOATS)]))
     lanes = [builder.load(builder.bitcast(builder.gep(v_row, [ir.Constant(i64, h * _LANES)]),
                                           vector.as_pointer()), align=4) for h in range(vectors)]
     if p_bases is None:
@@ -99,6 +106,16 @@ def _emit_products(builder, rows: int, vectors: int, p, p_stride, v, v_stride, d
         total.add_incoming(zero, entry)
         total.add_incoming(u, tail)
     return totals
+
+
+def _emit_prefetch(builder, address) -> None:
+    """A read prefetch of ``address`` into every cache level (LLVM's ``llvm.prefetch``; a no-op where
+    the target has none)."""
+    i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+    module = builder.module
+    fn = module.globals.get("llvm.prefetch.p0") or ir.Function(
+        module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), name="llvm.prefetch.p0")
+    builder.call(fn, [builder.bitcast(address, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
 
 
 def _store_sums(builder, totals, acc) -> None:
@@ -134,9 +151,10 @@ def _store_columns(builder, totals, rows, vectors, out, row_step, column_step, v
                 builder.store(scalar, address, align=4)
 
 
-def _tile_kernel(rows: int, columns: int):
+def _tile_kernel(rows: int, columns: int, prefetch: bool = False):
     """The register tile acc[rows, columns] = p^T v as a Numba intrinsic (``tile_product`` is
-    MR x NR; ``square_product`` 8 x 8, the Winograd transforms' tile; ``row_product`` 1 x 16)."""
+    MR x NR, v a weight panel it ``prefetch``es; ``square_product`` 8 x 8, the Winograd transforms'
+    tile; ``row_product`` 1 x 16)."""
     vectors = columns // _LANES
 
     @intrinsic
@@ -144,7 +162,8 @@ def _tile_kernel(rows: int, columns: int):
         def codegen(context, builder, signature, args):
             f32 = ir.FloatType()
             p, v, acc = (builder.inttoptr(a, f32.as_pointer()) for a in (args[0], args[2], args[5]))
-            _store_sums(builder, _emit_products(builder, rows, vectors, p, args[1], v, args[3], args[4]), acc)
+            _store_sums(builder, _emit_products(builder, rows, vectors, p, args[1], v, args[3], args[4],
+                                                prefetch=prefetch), acc)
             return context.get_dummy_value()
         return types.void(*[types.intp] * 6), codegen
     return kernel
@@ -188,10 +207,10 @@ def _storing_kernel(rows: int, columns: int, in_place: bool):
         if in_place:
             p, v = (builder.inttoptr(args[i], f32.as_pointer()) for i in (0, 3))
             totals = _emit_products(builder, rows, vectors, p, builder.inttoptr(args[2], i64.as_pointer()), v, args[4],
-                                    args[5], p_bases=builder.inttoptr(args[1], i64.as_pointer()))
+                                    args[5], p_bases=builder.inttoptr(args[1], i64.as_pointer()), prefetch=True)
         else:
             p, v = (builder.inttoptr(args[i], f32.as_pointer()) for i in (0, 2))
-            totals = _emit_products(builder, rows, vectors, p, args[1], v, args[3], args[4])
+            totals = _emit_products(builder, rows, vectors, p, args[1], v, args[3], args[4], prefetch=True)
         out, column_step, valid_rows, valid_columns, bias, dummy, lo, hi = args[operands:]
         out, bias, dummy = (builder.inttoptr(a, f32.as_pointer()) for a in (out, bias, dummy))
         lo, hi = _splat(builder, lo), _splat(builder, hi)
@@ -248,7 +267,9 @@ def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool, tapped: b
             row_step, column_step, valid = args[6], args[7], args[8]
             lo, hi = _splat(builder, args[10]), _splat(builder, args[11])
             offsets = builder.inttoptr(args[3], i64.as_pointer()) if tapped else None
-            totals = _emit_products(builder, rows, vectors, p, args[1], v, args[3], args[4], offsets)
+            # pixels in the rows: v is the weight panel (channels in rows: the input, read in place)
+            totals = _emit_products(builder, rows, vectors, p, args[1], v, args[3], args[4], offsets,
+                                    prefetch=not channels_in_rows)
 
             def finish(total, value, with_swish):
                 total = cpu_jit.clamped_ir(builder, builder.fadd(total, value), lo, hi)
@@ -281,7 +302,7 @@ def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool, tapped: b
 #: acc[MR, NR] (row-major at ``acc_address``) = p^T v over ``depth`` steps: p's MR values at
 #: ``p_address`` + step * ``p_stride`` floats, v's NR at ``v_address`` + step * ``v_stride``
 #: (all addresses and strides as integers: ``tile_product(p, p_stride, v, v_stride, depth, acc)``).
-tile_product = _tile_kernel(MR, NR)
+tile_product = _tile_kernel(MR, NR, prefetch=True)
 #: ``cpu_parallel.packed_conv``'s tiles, storing their outputs into NCHW themselves with the bias and
 #: a clamp (``_storing_kernel``): ``tile_product_stored`` on packed pixel panels, and
 #: ``tile_in_place_stored`` with IN_PLACE_ROWS rows read in place, row r of step k at p + bases[r] +
