@@ -16,6 +16,7 @@ kernels, so every backend agrees to float32 rounding.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -272,8 +273,8 @@ def unary_into(name: str, params: tuple, x: np.ndarray, out: np.ndarray) -> Call
         if x.ctypes.data != out.ctypes.data:  # overlapping, not the same: NumPy's kernel buffers that
             return None
         in_place = cpu_jit.bind(KERNELS[name], out, *extra)  # LLVM's overlap check keeps the other loop scalar
-        return lambda: in_place(out, *extra)
-    return lambda: compiled(x, out, *extra)
+        return functools.partial(in_place, out, *extra)
+    return functools.partial(compiled, x, out, *extra)
 
 
 __all__ = ["INTO", "KERNELS", "activation_in_place", "erf_in_place", "erf_value", "exp_neg", "gelu_in_place", "gelu_value",

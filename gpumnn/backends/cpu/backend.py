@@ -141,7 +141,7 @@ def _raster_loop(op: A.Raster, ins, out: TensorHandle) -> Callable[[], None] | N
     table = np.array([(ins[r.src].offset + r.src_offset, out.offset + r.dst_offset, *r.size, *r.src_strides,
                        *r.dst_strides) for r in op.regions], np.int64).reshape(len(op.regions), 2 + 3 * A.RANK)
     compiled = cpu_jit.bind(cpu_jit.raster_regions, src, dst, table)
-    return lambda: compiled(src, dst, table)
+    return functools.partial(compiled, src, dst, table)
 
 
 def _make_raster(op: A.Raster, ins, outs, pool: Workers, engine: Engine):
@@ -572,7 +572,7 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, engine: Engine):
         x3, o3 = x.reshape(n * c, h, w), out.reshape(n * c, oh, ow)
         args = (x3, o3, op.op == "max", np.int64(kh), np.int64(kw), np.float32(1.0 / (kh * kw)))
         compiled = cpu_jit.bind(cpu_jit.pool_tiles, *args)
-        return KernelWork((lambda: compiled(*args),), "tiles")
+        return KernelWork((functools.partial(compiled, *args),), "tiles")
     if kernel in ("pool3x3_region", "pool3x3"):
         return cpu_compiled._pool_compiled(op, x, out, inv_count, pool, parts, engine.regions)
     extent = ((oh - 1) * sh + kh, (ow - 1) * sw + kw)
@@ -684,7 +684,7 @@ def _make_gather(op: A.Gather, ins, outs, pool: Workers, engine: Engine):
     if engine.jit and op.axis > 0 and idx_f.dtype.kind in "iu" and data.dtype == out.dtype:
         args = (data, idx_f, out)
         compiled = cpu_jit.bind(cpu_jit.gather_rows, *args)
-        return KernelWork((lambda: compiled(*args),))
+        return KernelWork((functools.partial(compiled, *args),))
 
     def run():
         idx = idx_f.astype(np.int64)

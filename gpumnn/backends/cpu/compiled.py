@@ -128,7 +128,7 @@ def _small_product(a: np.ndarray, b: np.ndarray | Callable[[], np.ndarray], bias
     args = (a, b, bias, out, lo, hi)
     compiled = cpu_jit.bind(cpu_tiles.small_product, *args)
     if after is None:
-        return KernelWork((lambda: compiled(*args),), "small product", keep=(b, bias))
+        return KernelWork((functools.partial(compiled, *args),), "small product", keep=(b, bias))
 
     def run() -> None:
         compiled(*args)
@@ -181,7 +181,7 @@ def _gemm_region(bases: tuple[np.ndarray, np.ndarray, np.ndarray], blocks: list,
     compiled = cpu_jit.bind(cpu_parallel.alone(cpu_parallel.gemm_blocks) if one_block else cpu_parallel.gemm_blocks,
                             *args)
     if after is None:
-        return lambda: compiled(*args)
+        return functools.partial(compiled, *args)
     after = shared or functools.partial(after, out)
 
     def run() -> None:
@@ -538,6 +538,8 @@ def _region_items(region: Callable, calls: list[tuple], after: Callable[[np.ndar
     compiled = cpu_jit.bind(cpu_parallel.alone(region) if one_span else region, *calls[0])
     if after:
         after = _shared_activation(activation, out, regions) or functools.partial(after, out)
+    elif len(calls) == 1:  # called from C: no Python frame of its own on every run
+        return functools.partial(compiled, *calls[0])
 
     def run() -> None:
         for args in calls:
@@ -578,7 +580,7 @@ def _shared_activation(activation: A.Activation, out: np.ndarray, regions: int) 
     flat = out.reshape(-1)
     bounds = _bounds(_spans(flat.size, regions, align=engines.CACHE_LINE_FLOATS))
     compiled = cpu_jit.bind(cpu_parallel.activation_spans, kind, flat, bounds)
-    return lambda: compiled(kind, flat, bounds)
+    return functools.partial(compiled, kind, flat, bounds)
 
 
 def _pool_compiled(op: A.Pool2D, x, out, inv_count, pool: Workers, parts: int, regions: int = 0) -> KernelWork:

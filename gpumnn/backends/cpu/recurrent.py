@@ -193,7 +193,7 @@ def compiled_lstm_step(op: A.RecurrentCell, gates: np.ndarray, projection: np.nd
     args = (gates, projection, offsets, np.int64(op.x_row_stride), state, out, np.int64(op.directions),
             np.int64(op.batch), np.int64(op.hidden))
     compiled = cpu_jit.bind(lstm_steps, *args)
-    return lambda: compiled(*args)
+    return functools.partial(compiled, *args)
 
 
 # -- a run of LSTM steps as one call --------------------------------------------------------------
@@ -389,4 +389,4 @@ def _lstm_run_work(pairs: list[tuple[Execution, Execution]], executions: list[Ex
             np.zeros((d, 4 * h), np.float32), np.int64(b), np.int64(h))
     kernel = lstm_sequence_region if engine.recurrence(d).kernel == "lstm_sequence_region" else lstm_sequence
     compiled = cpu_jit.bind(kernel, *args)
-    return lambda: compiled(*args)
+    return functools.partial(compiled, *args)
