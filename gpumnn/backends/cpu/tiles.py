@@ -110,11 +110,12 @@ def _emit_products(builder, rows: int, vectors: int, p, p_stride, v, v_stride, d
 
 def _emit_prefetch(builder, address) -> None:
     """A read prefetch of ``address`` into every cache level (LLVM's ``llvm.prefetch``; a no-op where
-    the target has none)."""
+    the target has none). Declared by its name without the pointer type's suffix, which LLVM
+    renames on reading to its own spelling (``p0i8`` with typed pointers, ``p0`` without)."""
     i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
     module = builder.module
-    fn = module.globals.get("llvm.prefetch.p0") or ir.Function(
-        module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), name="llvm.prefetch.p0")
+    fn = module.globals.get("llvm.prefetch") or ir.Function(
+        module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), name="llvm.prefetch")
     builder.call(fn, [builder.bitcast(address, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
 
 
