@@ -154,8 +154,8 @@ def _store_columns(builder, totals, rows, vectors, out, row_step, column_step, v
 
 def _tile_kernel(rows: int, columns: int, prefetch: bool = False):
     """The register tile acc[rows, columns] = p^T v as a Numba intrinsic (``tile_product`` is
-    MR x NR, v a weight panel it ``prefetch``es; ``square_product`` 8 x 8, the Winograd transforms'
-    tile; ``row_product`` 1 x 16)."""
+    MR x NR and ``prefetch``es v, mostly a weight panel; ``square_product`` 8 x 8, the Winograd
+    transforms' tile; ``row_product`` 1 x 16)."""
     vectors = columns // _LANES
 
     @intrinsic
@@ -303,6 +303,8 @@ def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool, tapped: b
 #: acc[MR, NR] (row-major at ``acc_address``) = p^T v over ``depth`` steps: p's MR values at
 #: ``p_address`` + step * ``p_stride`` floats, v's NR at ``v_address`` + step * ``v_stride``
 #: (all addresses and strides as integers: ``tile_product(p, p_stride, v, v_stride, depth, acc)``).
+#: v is prefetched: Winograd's products stream their weight panels through it; its output
+#: transform's v, the thread's scratch of at most 8 steps, is in cache anyway.
 tile_product = _tile_kernel(MR, NR, prefetch=True)
 #: ``cpu_parallel.packed_conv``'s tiles, storing their outputs into NCHW themselves with the bias and
 #: a clamp (``_storing_kernel``): ``tile_product_stored`` on packed pixel panels, and
