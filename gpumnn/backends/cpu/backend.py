@@ -27,10 +27,11 @@ from . import activations as cpu_activations, compiled as cpu_compiled, engines,
 from . import int8 as cpu_int8, int8_conv as cpu_int8_conv, int8_elementwise as cpu_int8_elementwise, rows as cpu_rows, tiles as cpu_tiles
 from . import sharing as cpu_sharing
 from .arena import RunStateArenas, ScratchArena
-from .constants import PackedConstants, made_once
+from .constants import PackedConstants, is_constant, made_once
 from .elementwise import binary_function, unary_function
 from .engines import Engine
 from .compiled import _bounds, _region_items, _row_broadcast
+from .excitation import excitation_runs
 from .recurrent import cell_step, compiled_lstm_step, direction_groups, lstm_runs
 from .reference import (_PaddedInput, _conv_epilogue, _conv_pads, _epilogue, _even_spans, _gemm_chunk, _on_pool, _spans,
                         _window_view, flat, strided, typed, view)
@@ -373,16 +374,8 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
     jit, regions = engine.jit, engine.regions
 
     if kernel == "small_product":  # one pixel: x [N, C] @ W^T [C, OC], the weights laid so once
-        bias1, activation, scale = None if bias is None else bias.reshape(oc), op.activation, np.float32(1.0)
-        if activation is not None and activation[0] == "hard_sigmoid" and (
-                not op.has_bias or CpuBackend.is_constant(ins[2])):
-            # squeeze-excitation's gate: clip(a (x W + b) + c, 0, 1) as the clamp of x (a W) + (a b + c)
-            # on weights and bias scaled once, where a pass after the product would cost as much
-            scale, shift = (np.float32(v) for v in activation[1])
-            bias1 = (np.zeros(oc, np.float32) if bias1 is None else bias1 * scale) + shift
-            activation = ("clip", (0.0, 1.0))
-        rows = once(("rows", float(scale), weight.shape),
-                    lambda: np.ascontiguousarray(weight.reshape(oc, c).T) * scale)
+        rows, bias1, activation = cpu_compiled.one_pixel_operands(
+            op, weight, bias, not op.has_bias or CpuBackend.is_constant(ins[2]), once)
         return cpu_compiled._small_product(x.reshape(1, n, c), rows[None], bias1, out.reshape(1, n, oc), activation)
     if kernel == "winograd_region":
         return cpu_compiled._winograd_region(op, x, weight.reshape(oc, c, kh, kw), out, bias, regions, once, arena)
@@ -904,9 +897,8 @@ class CpuBackend(Backend):
     @staticmethod
     def is_constant(handle: TensorHandle) -> bool:
         """True when ``handle`` lives in a buffer from ``constant`` (its contents never change),
-        so kernels may pack it once at creation instead of on every run: ``constant`` hands out
-        read-only buffers, the pool's are writable."""
-        return not handle.buffer.flags.writeable
+        so kernels may pack it once at creation instead of on every run (``constants.is_constant``)."""
+        return is_constant(handle)
 
     def write(self, handle: TensorHandle, array: np.ndarray) -> None:
         flat(handle)[...] = np.asarray(array).reshape(-1)
@@ -944,10 +936,13 @@ class CpuBackend(Backend):
     def work_items(self, executions: list[Execution],
                    engine: Engine | None = None) -> list[tuple[list[Execution], tuple[Callable[[], None], ...]]]:
         """What a recording of ``executions`` calls, in order, each with the executions it computes:
-        an execution's own work, or one call for several (a run of LSTM steps: ``cpu_recurrent.lstm_runs``).
-        ``bench/cpu_profile.py`` times these. ``engine``: the one the executions were planned for."""
+        an execution's own work, or one call for several (a run of LSTM steps: ``cpu_recurrent.lstm_runs``;
+        a squeeze-excitation block: ``cpu_excitation.excitation_runs``). ``bench/cpu_profile.py`` times
+        these. ``engine``: the one the executions were planned for."""
+        engine = engine or self.engine
+        runs = lstm_runs(executions, engine, self._packed) + excitation_runs(executions, engine, self._packed)
         items, at = [], 0
-        for start, stop, work in lstm_runs(executions, engine or self.engine, self._packed):
+        for start, stop, work in sorted(runs, key=lambda run: run[0]):
             items += [([exe], exe.work) for exe in executions[at:start]]
             items.append((executions[start:stop], (work,)))
             at = stop

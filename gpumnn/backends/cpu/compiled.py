@@ -32,17 +32,21 @@ def _row_broadcast(dims: list[tuple[int, ...]], side: int) -> bool:
     return len(dims) >= 2 and dims[-1][side + 1] == 0 and all(d[1] == d[dense + 1] for d in dims)
 
 
+def row_value_index(dims: list[tuple[int, ...]], side: int) -> np.ndarray:
+    """Where ``_row_broadcast`` holds: each row's offset in operand ``side``'s values."""
+    index = np.zeros(1, np.int64)
+    for size, *strides in dims[:-1]:
+        index = (index[:, None] + np.arange(size, dtype=np.int64)[None, :] * strides[side]).reshape(-1)
+    return index
+
+
 def _row_sum_region(dense: np.ndarray, values: TensorHandle, dims: list[tuple[int, ...]], side: int, out: np.ndarray,
                     activation: A.Activation, parts: int, product: bool = False) -> KernelWork:
     """out = clamp(dense + a value per row) (times, where ``product``) as one pass on the region's
     threads (``cpu_parallel.row_sum_spans``): a bias added after an average pool (``optimize``'s
     ``pointwise_before_average_pool``) and its ReLU, or squeeze-excitation's scale per channel,
     where NumPy's broadcast add and clamp made two passes on one thread (measured: bench/RESULTS.md)."""
-    width = dims[-1][0]
-    outer = dims[:-1]
-    index = np.zeros(1, np.int64)
-    for size, *strides in outer:  # each row's value: its offset in ``values``
-        index = (index[:, None] + np.arange(size, dtype=np.int64)[None, :] * strides[side]).reshape(-1)
+    width, index = dims[-1][0], row_value_index(dims, side)
     flat = strided(values, 0, (int(index.max()) + 1,), (1,))
     lo, hi, _ = _compiled_clamp(activation)
     bounds = _bounds(_even_spans(index.size, parts))
@@ -112,6 +116,23 @@ def _row_tiles_region(a: np.ndarray, weights: Callable[[], np.ndarray], out: np.
     args = (a, bases, panels, out, padded_bias, blocks, accs, lo, hi, kind)
     run = _region_items(cpu_parallel.row_tiles, [args], after, out, activation, regions, one_span=len(blocks) == 1)
     return KernelWork((*refresh, run), "row tiles", keep=(panels, padded_bias, bases, blocks, accs))
+
+
+def one_pixel_operands(op: A.Conv2D, weight: np.ndarray, bias: np.ndarray | None, constant_bias: bool,
+                       once: Callable) -> tuple[np.ndarray, np.ndarray | None, A.Activation]:
+    """A one-pixel convolution as ``cpu_tiles.small_product`` takes it: (its weights laid [C, OC],
+    made by ``once(recipe, make)``; its bias per output channel or None; its activation).
+    Squeeze-excitation's hard-sigmoid gate clip(a (x W + b) + c, 0, 1) becomes the clamp of
+    x (a W) + (a b + c) on weights and a bias scaled once (where ``constant_bias``), where a pass
+    after the product would cost as much as the product."""
+    oc, c = op.out_channels, op.in_channels
+    bias1, activation, scale = None if bias is None else bias.reshape(oc), op.activation, np.float32(1.0)
+    if activation is not None and activation[0] == "hard_sigmoid" and constant_bias:
+        scale, shift = (np.float32(v) for v in activation[1])
+        bias1 = (np.zeros(oc, np.float32) if bias1 is None else bias1 * scale) + shift
+        activation = ("clip", (0.0, 1.0))
+    rows = once(("rows", float(scale), weight.shape), lambda: np.ascontiguousarray(weight.reshape(oc, c).T) * scale)
+    return rows, bias1, activation
 
 
 def _small_product(a: np.ndarray, b: np.ndarray | Callable[[], np.ndarray], bias: np.ndarray | None,

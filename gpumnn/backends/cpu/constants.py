@@ -18,6 +18,12 @@ import numpy as np
 from ..base import TensorHandle
 
 
+def is_constant(handle: TensorHandle) -> bool:
+    """Whether ``handle`` lives in a constant's buffer (its contents never change): the cpu backend
+    hands constants out read-only (``CpuBackend.constant``), the pools' buffers are writable."""
+    return not handle.buffer.flags.writeable
+
+
 class PackedConstants:
     """``get(handle, recipe, make)``: ``make()`` for a constant ``handle`` and a ``recipe`` (what
     layout, from which view of it), made on the first call and the same array on every later one."""
@@ -28,7 +34,7 @@ class PackedConstants:
 
     def get(self, handle: TensorHandle, recipe: Hashable, make: Callable[[], np.ndarray]) -> np.ndarray:
         buffer = handle.buffer
-        if buffer.flags.writeable:  # not a constant (``CpuBackend.constant`` hands out read-only buffers)
+        if not is_constant(handle):
             return make()
         key = (id(buffer), handle.offset, recipe)
         with self._lock:

@@ -136,6 +136,10 @@ POINTWISE_SHARED_MACS = 1 << 19
 #: dimension (channels x taps) is too short for BLAS and the register tile to pay for the columns.
 #: It is shared between the region's threads from this many multiply-adds.
 DIRECT_SHARED_MACS = 1 << 18
+#: A squeeze-excitation block's products are shared between the region's threads from this many
+#: multiply-adds in the larger one: they read their weights from memory on every run, and two
+#: threads read them faster than one (bench/RESULTS.md, s18).
+EXCITATION_SHARED_MACS = 1 << 16
 #: Elementwise ops (a residual sum) and row passes (softmax, normalisation, global average pooling)
 #: are shared between the regions' threads from this many elements: a region's cost against a
 #: pass over memory.
@@ -266,6 +270,17 @@ class Engine:
                 return Choice("row_tiles_region", self.gemm(macs, region=True))
             return Choice("gemm_region", self.gemm(macs, region=True))
         return Choice("gemm", self.gemm(macs, region=False))
+
+    def excitation(self, elements: int, macs: int) -> int:
+        """Threads a squeeze-excitation block over ``elements`` input values, its larger product
+        ``macs`` multiply-adds, runs on as one compiled call (``cpu_excitation``), or 0: not as one
+        call. Each of its threads pools every row, so it is one call only where the pool would not
+        be shared; its products and scale are shared from ``EXCITATION_SHARED_MACS``."""
+        if not self.jit:
+            return 0
+        if self.regions:
+            return self.shared(macs, EXCITATION_SHARED_MACS) if self.shared(elements, REGION_MIN_ELEMENTS) == 1 else 0
+        return 1 if self.threads == 1 or elements < REGION_MIN_ELEMENTS else 0
 
     def recurrence(self, directions: int) -> Choice:
         """A run of LSTM steps recorded together (``cpu_recurrent.lstm_runs``): its directions on a

@@ -16,7 +16,7 @@ import numpy as np
 from ... import atomic as A
 from ..base import Execution, TensorHandle
 from . import activations as cpu_activations, jit as cpu_jit, parallel as cpu_parallel, tiles as cpu_tiles
-from .constants import PackedConstants, made_once
+from .constants import PackedConstants, is_constant, made_once
 from .elementwise import unary_function
 from .engines import Engine
 from .reference import strided, typed
@@ -291,7 +291,7 @@ def _lstm_pair(product: Execution, cell: Execution) -> bool:
                 and m.a_batch_stride == b * h and (d == 1 or m.b_batch_stride == 4 * h * h))
     handles = [*product.inputs, *cell.inputs, *cell.outputs]
     return (shape_ok and all(x.dtype == A.FLOAT32 for x in handles) and len(product.inputs) == 2
-            and not product.inputs[1].buffer.flags.writeable  # R is a constant
+            and is_constant(product.inputs[1])  # R
             and _same(product.outputs[0], gates) and product.inputs[0].buffer is state.buffer
             and product.inputs[0].offset == state.offset)
 

@@ -358,39 +358,44 @@ tapped_tile = _pointwise_kernel(MR, NR // _LANES, True, tapped=True)
 tapped_narrow = _pointwise_kernel(MR, 1, True, tapped=True)
 
 
+@cpu_jit.inlined
+def product_row(x, b, bias, o, lo, hi, acc, n0, n1):
+    """o[n0:n1] = clamp(x @ b + bias)[n0:n1] to [lo, hi] for one row x [K] of a product by b [K, N]
+    (C-contiguous float32), acc a scratch of WIDE floats: WIDE columns at a time with the sums in
+    vector registers over the whole inner dimension (``wide_product``), then ROW, then the columns
+    left one at a time."""
+    k, n = x.shape[0], b.shape[1]
+    while n0 < n1:
+        if n0 + WIDE <= n1:
+            wide_product(x.ctypes.data, 1, b.ctypes.data + 4 * n0, n, k, acc.ctypes.data)
+            width = WIDE
+        elif n0 + ROW <= n1:
+            row_product(x.ctypes.data, 1, b.ctypes.data + 4 * n0, n, k, acc.ctypes.data)
+            width = ROW
+        else:
+            width = n1 - n0
+            for j in range(width):
+                total = np.float32(0.0)
+                for step in range(k):
+                    total += x[step] * b[step, n0 + j]
+                acc[j] = total
+        for j in range(width):
+            o[n0 + j] = min(max(acc[j] + bias[n0 + j], lo), hi)
+        n0 += width
+
+
 @cpu_jit.compiled
 def small_product(a, b, bias, out, lo, hi):
     """out[i] = clamp(a[i] @ b[i or 0] + bias) to [lo, hi] for a [B, M, K], b [1 or B, K, N], bias
-    [N], out [B, M, N], all C-contiguous float32: each output row WIDE columns at a time with the
-    sums in vector registers over the whole inner dimension (``wide_product``), then ROW, then the
-    columns left one at a time. An LSTM step's recurrent product (a few tens of thousands of
-    multiply-adds) spent most of its time entering a region and BLAS; a loop adding a scaled row
-    of b per element kept the sums in memory."""
+    [N], out [B, M, N], all C-contiguous float32, a row at a time (``product_row``). An LSTM step's
+    recurrent product (a few tens of thousands of multiply-adds) spent most of its time entering a
+    region and BLAS; a loop adding a scaled row of b per element kept the sums in memory."""
     shared = b.shape[0] == 1
-    k, n = a.shape[2], out.shape[2]
     acc = np.empty(WIDE, np.float32)
     for i in range(a.shape[0]):
         bi = b[0] if shared else b[i]
         for m in range(a.shape[1]):
-            o, x = out[i, m], a[i, m]
-            n0 = 0
-            while n0 < n:
-                if n0 + WIDE <= n:
-                    wide_product(x.ctypes.data, 1, bi.ctypes.data + 4 * n0, n, k, acc.ctypes.data)
-                    width = WIDE
-                elif n0 + ROW <= n:
-                    row_product(x.ctypes.data, 1, bi.ctypes.data + 4 * n0, n, k, acc.ctypes.data)
-                    width = ROW
-                else:
-                    width = n - n0
-                    for j in range(width):
-                        total = np.float32(0.0)
-                        for step in range(k):
-                            total += x[step] * bi[step, n0 + j]
-                        acc[j] = total
-                for j in range(width):
-                    o[n0 + j] = min(max(acc[j] + bias[n0 + j], lo), hi)
-                n0 += width
+            product_row(a[i, m], bi, bias, out[i, m], lo, hi, acc, 0, out.shape[2])
 
 
 def _copy_kernel(count: int, stride: int = 1):
