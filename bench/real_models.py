@@ -3,7 +3,8 @@
     python bench/real_models.py --out /tmp/real          # writes one .onnx per model there
     python bench/cpu_profile.py /tmp/real/text_direction.onnx --ort
     python bench/real_models.py --compare --repeats 7    # gpumnn / ONNX Runtime per model, alternating
-    /tmp/torchvenv/bin/python bench/real_models.py --torchvision /tmp/real/tv_mobilenet_v3_small.onnx
+    /tmp/torchvenv/bin/python bench/real_models.py --torchvision /tmp/real   # torchvision's own, exported
+    python bench/real_models.py --models --onnx /tmp/real/tv_*.onnx --compare
 
 Each model is built with ``onnx.helper`` (through the zoo's ``GraphBuilder``) node for node as its
 framework exports it: torchvision's MobileNet-v3-small blocks as ``torch.onnx`` writes them
@@ -283,23 +284,42 @@ MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
 }
 
 
-def export_torchvision_mobilenet_v3_small(path: str | Path) -> Path:
-    """torchvision's own mobilenet_v3_small (2 classes, 48x192) through ``torch.onnx``, its
-    BatchNorm statistics calibrated on random batches: the most faithful "model we did not design".
-    Needs torch and torchvision, which gpumnn never depends on (a separate venv will do)."""
+#: torchvision models exported by ``--torchvision``: (name, its constructor's arguments, input shape);
+#: each through both of ``torch.onnx``'s exporters, TorchScript's (``tv_NAME.onnx``) and the
+#: torch.export-based one, the default since torch 2.9 (``tv_NAME_dynamo.onnx``: it writes a global
+#: average pool as ReduceMean over the spatial axes, say)
+TORCHVISION = (("mobilenet_v3_small", {"num_classes": 2}, (1, 3, 48, 192)),
+               ("mobilenet_v2", {}, (1, 3, 224, 224)),
+               ("efficientnet_b0", {}, (1, 3, 224, 224)),
+               ("shufflenet_v2_x1_0", {}, (1, 3, 224, 224)),
+               ("resnet18", {}, (1, 3, 224, 224)))
+
+
+def export_torchvision(folder: str | Path) -> list[Path]:
+    """``TORCHVISION``'s models, seeded, their BatchNorm statistics calibrated on random batches,
+    through ``torch.onnx``'s two exporters into ``folder``: the most faithful "models we did not
+    design". Needs torch, torchvision and onnxscript, which gpumnn never depends on (a separate venv
+    will do)."""
     import torch
     import torchvision
 
-    torch.manual_seed(0)
-    model = torchvision.models.mobilenet_v3_small(num_classes=2)
-    model.train()
-    with torch.no_grad():
-        for _ in range(8):
-            model(torch.randn(8, 3, 48, 192))
-    model.eval()
-    torch.onnx.export(model, torch.randn(1, 3, 48, 192), str(path), input_names=["input"], output_names=["output"],
-                      opset_version=17, dynamo=False)
-    return Path(path)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, arguments, shape in TORCHVISION:
+        torch.manual_seed(0)
+        model = getattr(torchvision.models, name)(**arguments)
+        model.train()
+        with torch.no_grad():
+            for _ in range(4):
+                model(torch.randn(8, *shape[1:]))
+        model.eval()
+        example = (torch.randn(*shape),)
+        for suffix, options in (("", {"dynamo": False, "opset_version": 17}),
+                                ("_dynamo", {"dynamo": True, "external_data": False})):
+            paths.append(folder / f"tv_{name}{suffix}.onnx")
+            torch.onnx.export(model, example, str(paths[-1]), input_names=["input"], output_names=["output"], **options)
+    return paths
 
 
 def save_all(folder: str | Path) -> dict[str, Path]:
@@ -356,10 +376,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--pause", type=float, default=0.1)
-    parser.add_argument("--torchvision", metavar="PATH", help="export torchvision's mobilenet_v3_small there and stop")
+    parser.add_argument("--torchvision", metavar="FOLDER",
+                        help="export torchvision's models there (TORCHVISION, both exporters) and stop")
     args = parser.parse_args()
     if args.torchvision:
-        print(export_torchvision_mobilenet_v3_small(args.torchvision))
+        print("\n".join(map(str, export_torchvision(args.torchvision))))
         return
     paths = {name: path for name, path in save_all(args.out).items() if name in args.models}
     print("\n".join(f"{name}: {path}" for name, path in paths.items()))

@@ -54,7 +54,8 @@ CONV = [
     (REGIONS, conv(16, 8, 16, k=1, scheme="gemm1x1"), True, ("pointwise_region", 1)),
     (REGIONS, conv(96, 4, 576, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),
     (REGIONS, conv(96, 9, 576, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # 81 pixels, 216 KB
-    (REGIONS, conv(512, 7, 1024, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),  # past the weight bytes
+    (REGIONS, conv(512, 7, 1024, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # under 64 pixels: any weights
+    (REGIONS, conv(512, 8, 1024, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),  # 64: past the weight bytes
     (REGIONS, conv(256, 5, 256, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # at it
     (REGIONS, conv(1024, 3, 1024, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # few pixels: any weights
     (REGIONS, conv(64, 4, 64, k=1, scheme="gemm1x1", groups=2), True, ("gemm1x1_region", 1)),  # grouped: BLAS
@@ -254,6 +255,24 @@ def test_relaid_weights_and_recurrence():
     assert REGIONS.relaid_weights(engines.RELAID_MAX_ROWS) and not REGIONS.relaid_weights(engines.RELAID_MAX_ROWS + 1)
     assert REGIONS.recurrence(2) == Choice("lstm_sequence_region", 2)
     assert REGIONS.recurrence(1) == JIT.recurrence(2) == Choice("lstm_sequence")
+
+
+def test_pointwise_tiles_broadcast_pixels_on_small_images_and_under_large_weights_on_a_few_dozen():
+    """The pixels are the tiles' vector operand from ``POINTWISE_FEW_PIXELS`` on, except under weights
+    past ``POINTWISE_MAX_WEIGHT_BYTES`` on fewer than ``POINTWISE_BROADCAST_MAX_PIXELS``."""
+    few, big, many = engines.POINTWISE_FEW_PIXELS, engines.POINTWISE_MAX_WEIGHT_BYTES, engines.POINTWISE_BROADCAST_MAX_PIXELS
+    rows = engines.Engine.pointwise_pixels_in_rows
+    assert not rows(few - 1, 1024) and rows(few, 1024) and rows(many - 1, big)
+    assert not rows(few, big + 4) and not rows(many - 1, big + 4) and rows(many, big + 4)
+
+
+def test_excitation_choice():
+    """A squeeze-excitation block is one call where its pool would not be shared, on as many
+    threads as its larger product's ``EXCITATION_SHARED_MACS`` gives; off the compiled loops, never."""
+    small, shared = engines.REGION_MIN_ELEMENTS // 2, engines.EXCITATION_SHARED_MACS
+    assert REGIONS.excitation(small, shared - 1) == 1 and REGIONS.excitation(small, shared) == 2
+    assert REGIONS.excitation(engines.REGION_MIN_ELEMENTS, 10) == 0
+    assert JIT.excitation(small, shared) == 1 and NUMPY.excitation(small, 10) == 0
 
 
 def test_raster_choice():

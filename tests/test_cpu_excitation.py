@@ -4,8 +4,8 @@ against ONNX Runtime.
 A recording puts one compiled call in place of a global average pool, two one-pixel convolutions
 and the scale per channel; these cases vary what that call's loops take apart: channel counts whose
 products end in the wide tile, the 16-float one and single columns, the gates the convolutions
-fold (hard-sigmoid) or apply after (sigmoid, hard-swish), the gate on either side of the product, a
-clamp on the product, batches of one and more, the gate asked for as a model output, and blocks
+fold (hard-sigmoid) or apply after (sigmoid, hard-swish), the gate on either side of the product, the
+pool as a ReduceMean, a clamp on the product, batches of one and more, the gate asked for as a model output, and blocks
 large enough that their pool and scale are shared between threads, which stay four calls.
 """
 from __future__ import annotations
@@ -26,19 +26,21 @@ pytest.importorskip("numba")
 
 def _block_model(batch: int, channels: int, squeezed: int, hw: tuple[int, int], squeeze_act: str = "Relu",
                  gate: str = "HardSigmoid", gate_first: bool = False, after: str | None = None,
-                 gate_output: bool = False):
+                 gate_output: bool = False, reduce_mean: bool = False):
     """A depthwise 3x3 convolution (the block's input, as in a mobile network), then the block:
     GlobalAveragePool, a 1x1 convolution to ``squeezed`` channels and ``squeeze_act``, a 1x1
     convolution back and ``gate``, Mul of the input by the gate (``gate_first``: gate * x) and
-    ``after`` on the product; and the feeds."""
-    rng = np.random.default_rng(zlib.crc32(f"{batch}/{channels}/{squeezed}/{hw}/{squeeze_act}/{gate}".encode()))
+    ``after`` on the product; and the feeds. ``reduce_mean``: the pool as ReduceMean over the
+    spatial axes, as ``torch.onnx``'s dynamo exporter writes it."""
+    rng = np.random.default_rng(zlib.crc32(f"{batch}/{channels}/{squeezed}/{hw}/{squeeze_act}/{gate}/{reduce_mean}".encode()))
     c, r = channels, squeezed
     inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in {
         "dw_w": rng.standard_normal((c, 1, 3, 3)) * 0.4, "dw_b": rng.standard_normal(c) * 0.1,
         "w1": rng.standard_normal((r, c, 1, 1)) * (2.0 / np.sqrt(c)), "b1": rng.standard_normal(r) * 0.2,
         "w2": rng.standard_normal((c, r, 1, 1)) * (2.0 / np.sqrt(r)), "b2": rng.standard_normal(c) * 0.5}.items()]
     nodes = [helper.make_node("Conv", ["X", "dw_w", "dw_b"], ["x"], group=c, pads=[1, 1, 1, 1]),
-             helper.make_node("GlobalAveragePool", ["x"], ["pooled"]),
+             helper.make_node("ReduceMean", ["x"], ["pooled"], axes=[2, 3], keepdims=1) if reduce_mean
+             else helper.make_node("GlobalAveragePool", ["x"], ["pooled"]),
              helper.make_node("Conv", ["pooled", "w1", "b1"], ["squeezed"])]
     if squeeze_act == "SiLU":
         nodes += [helper.make_node("Sigmoid", ["squeezed"], ["squeezed_s"]),
@@ -100,6 +102,13 @@ def test_blocks_whose_products_are_shared_match_onnxruntime(batch, channels, squ
                                                                     batch * channels * squeezed) == 2
     model, feeds = _block_model(batch, channels, squeezed, (2, 6), after="Relu", gate_output=True)
     _check(model, feeds, threads=2, expect_blocks=1)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_blocks_pooled_by_reduce_mean_match_onnxruntime(threads, batch):
+    model, feeds = _block_model(batch, 48, 16, (3, 7), reduce_mean=True)
+    _check(model, feeds, threads, expect_blocks=1)
 
 
 def test_a_clamp_on_the_product_is_applied_and_the_gate_asked_for_is_written():

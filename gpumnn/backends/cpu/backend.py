@@ -205,9 +205,22 @@ def _make_binary(op: A.Binary, ins, outs, pool: Workers, engine: Engine):
     return KernelWork((run,))
 
 
-def _make_reduce(op: A.Reduce, ins, outs, pool: Workers):
+def _rows_reduced(mean: bool, x: np.ndarray, out: np.ndarray, parts: int, name: str) -> KernelWork:
+    """out[r] = the mean (else the largest value) of row r of x [rows, size] (``cpu_rows``), the rows
+    in ``parts`` spans on the region's threads: global pooling, and a Reduce along a tensor's last axes."""
+    bounds = _bounds(_even_spans(x.shape[0], parts))
+    run = _region_items(cpu_rows.mean_rows if mean else cpu_rows.max_rows, [(x, out, bounds)], None, out,
+                        one_span=len(bounds) == 2)
+    return KernelWork((run,), name, keep=(bounds,))
+
+
+def _make_reduce(op: A.Reduce, ins, outs, pool: Workers, engine: Engine):
     x = view(ins[0]).reshape(op.outer, op.size, op.inner)
     o = view(outs[0]).reshape(op.outer, op.inner)
+    if op.op in ("mean", "max") and op.inner == 1 and x.dtype == o.dtype == np.float32:
+        kernel, parts = engine.rows(op.outer, op.size, True)  # a mean over the spatial axes: global pooling's rows
+        if kernel == "rows_region":
+            return _rows_reduced(op.op == "mean", x.reshape(op.outer, op.size), o.reshape(op.outer), parts, "rows")
     if op.op in ("argmax", "argmin"):
         found = np.empty((op.outer, op.inner), dtype=np.intp)  # NumPy's arg-reductions write intp only
         arg = np.argmax if op.op == "argmax" else np.argmin
@@ -537,16 +550,9 @@ def _make_pool2d(op: A.Pool2D, ins, outs, pool: Workers, engine: Engine):
         return cpu_int8_elementwise.make_max_pool_bytes(op, ins, outs, pool, parts)
     if kernel in ("mean_rows_region", "max_rows_region", "global"):  # global pooling
         x3, o3 = x.reshape(n, c, h * w), out.reshape(n, c)
-        if kernel == "mean_rows_region":
-            bounds = _bounds(_even_spans(n * c, parts))
-            args = (x3.reshape(n * c, h * w), o3.reshape(n * c), bounds)
-            run = _region_items(cpu_rows.mean_rows, [args], None, out, one_span=len(bounds) == 2)
-            return KernelWork((run,), "global", keep=(bounds,))
-        if kernel == "max_rows_region":
-            bounds = _bounds(_even_spans(n * c, parts))
-            args = (x3.reshape(n * c, h * w), o3.reshape(n * c), bounds)
-            run = _region_items(cpu_rows.max_rows, [args], None, out, one_span=len(bounds) == 2)
-            return KernelWork((run,), "global", keep=(bounds,))
+        if kernel in ("mean_rows_region", "max_rows_region"):
+            return _rows_reduced(kernel == "mean_rows_region", x3.reshape(n * c, h * w), o3.reshape(n * c), parts,
+                                 "global")
         reducer = np.max if op.op == "max" else np.mean
         return KernelWork((lambda: reducer(x3, axis=2, out=o3),), "global")
     top, left, bottom, right = op.pads
@@ -770,7 +776,7 @@ def _make_recurrent_cell(op: A.RecurrentCell, ins, outs, pool: Workers, engine: 
 
 _ANY_INT = frozenset({A.INT32})
 #: makers with a compiled or region kernel for some of their ops: they ask the backend's ``Engine`` which
-_ENGINE_AWARE = frozenset({_make_raster, _make_unary, _make_conv2d, _make_pool2d, _make_matmul, _make_quantized_matmul,
+_ENGINE_AWARE = frozenset({_make_raster, _make_unary, _make_reduce, _make_conv2d, _make_pool2d, _make_matmul, _make_quantized_matmul,
                            _make_quantized_conv2d, _make_quantized_add, _make_quantized_global_average_pool,
                            _make_quantize, _make_binary,
                            _make_softmax, _make_normalize, _make_recurrent_cell, _make_gather, _make_resize})

@@ -376,12 +376,12 @@ def _pointwise_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np.n
     """A 1x1 convolution on constant weights as one native region per image
     (``cpu_parallel.pointwise_tiles``): the weights packed once into panels, the input read where it
     lies, the bias and a clamp (and hard-swish) in the tile's registers, the other activations per
-    block. On images of NR pixels or more the pixels are the vector operand (the weights in panels
-    of MR channels), on smaller ones the output channels are (panels of NR; of WIDE for one pixel).
+    block. The pixels are the vector operand (the weights in panels of MR channels) or the output
+    channels are (panels of NR; of WIDE for one pixel), as ``Engine.pointwise_pixels_in_rows`` says.
     BLAS packs the weights, the larger operand on such images, on every call. ``x`` [N, C, P],
     ``weight`` [O, C], ``out`` [N, O, P]."""
     n, oc, pixels = out.shape
-    channels_in_rows = pixels >= cpu_tiles.NR
+    channels_in_rows = engines.Engine.pointwise_pixels_in_rows(pixels, weight.nbytes)
     width = cpu_tiles.MR if channels_in_rows else cpu_tiles.NR if pixels > 1 else cpu_tiles.WIDE
     panels = once(("pointwise panels", width, weight.shape), lambda: cpu_tiles.pack_panels(weight, width))
     padded, refresh = _panel_bias(bias, oc, len(panels), width, constant_bias)

@@ -117,16 +117,21 @@ TAPPED_MAX_DEPTH = 384
 #: the last tile redoes cost more than the im2col copy saves) and from this many multiply-adds:
 #: below it the register tile (``PACKED_ANY_DEPTH_MACS``) ran faster.
 TAPPED_STRIDE2_MIN_MACS = 1 << 20
-#: A 1x1 convolution on constant weights runs on ``cpu_tiles``' pointwise tiles
-#: (``compiled._pointwise_region``), not BLAS, where it has fewer than this many pixels per image
-#: (``cpu_tiles.NR``: the channels are the tile's vector operand; the weights, the larger operand
-#: there, BLAS packs again on every call) ...
+#: ``cpu_tiles``' pointwise tiles (``compiled._pointwise_region``) broadcast each pixel against a
+#: vector of output channels on images of fewer than this many pixels (``cpu_tiles.NR``: too few to
+#: fill the tile's vectors of pixels), and hold the pixels in the vector registers from it on.
 POINTWISE_FEW_PIXELS = 16
-#: ... or, on any number of pixels, weights of at most this many bytes: the tile reads the input in
-#: place and applies the activation in registers, where BLAS packs both operands on every call.
-#: With the pixels in the vector registers each tile walks its 16 pixels down every input channel,
-#: and deep inputs with large weights (MobileNet-v1's 1024 channels on 7x7) ran slower than BLAS.
+#: A 1x1 convolution on constant weights runs on the pointwise tiles, not BLAS, on weights of at
+#: most this many bytes, at any number of pixels: the tile reads the input in place and applies the
+#: activation in registers, where BLAS packs both operands on every call. With the pixels in the
+#: vector registers each tile walks its 16 pixels down every input channel, and deep inputs with
+#: large weights (MobileNet-v1's 1024 channels on 7x7) ran slower than BLAS ...
 POINTWISE_MAX_WEIGHT_BYTES = 1 << 18
+#: ... but on images of fewer than this many pixels, weights of any size run on the tiles with each
+#: pixel broadcast (``Engine.pointwise_pixels_in_rows``): a panel of NR output channels stays in
+#: cache while every pixel passes, where BLAS packs the weights again on every call, from memory
+#: inside runs (bench/RESULTS.md, s18).
+POINTWISE_BROADCAST_MAX_PIXELS = 64
 #: ... and is shared between the region's threads from this many multiply-adds (a region's entry
 #: against the tile's speed on one thread; smaller ones ran slower shared inside runs:
 #: bench/RESULTS.md, s15).
@@ -226,7 +231,7 @@ class Engine:
             product = ocg * h * w * cg
             if self.jit and h * w == 1 and g == 1 and constant_weights and n * product < SMALL_PRODUCT_MACS:
                 return Choice("small_product")  # one pixel (squeeze-excitation's): a vector times the weights
-            pointwise = h * w < POINTWISE_FEW_PIXELS or 4 * cg * ocg <= POINTWISE_MAX_WEIGHT_BYTES
+            pointwise = h * w < POINTWISE_BROADCAST_MAX_PIXELS or 4 * cg * ocg <= POINTWISE_MAX_WEIGHT_BYTES
             if self.regions and g == 1 and constant_weights and pointwise:
                 return Choice("pointwise_region", self.shared(product, POINTWISE_SHARED_MACS))
             if self.regions:
@@ -245,6 +250,16 @@ class Engine:
             return Choice("packed_region" if packed else "im2col_region", self.shared(macs, REGION_MIN_MACS))
         # row blocks with their own columns, or (fewer pixels than channels) the columns once
         return Choice("im2col_rows" if oh * ow >= ocg else "im2col_columns", self.chunks(macs, PARALLEL_MIN_MACS))
+
+    @staticmethod
+    def pointwise_pixels_in_rows(pixels: int, weight_bytes: int) -> bool:
+        """Whether the pointwise tiles hold an image's pixels in the vector registers (the weights in
+        panels of MR channels), else its output channels (each pixel broadcast): on
+        ``POINTWISE_FEW_PIXELS`` pixels or more, but for weights past ``POINTWISE_MAX_WEIGHT_BYTES``
+        on fewer than ``POINTWISE_BROADCAST_MAX_PIXELS``, whose panels of NR channels each stay in
+        cache while every pixel passes."""
+        return pixels >= POINTWISE_FEW_PIXELS and (weight_bytes <= POINTWISE_MAX_WEIGHT_BYTES
+                                                   or pixels >= POINTWISE_BROADCAST_MAX_PIXELS)
 
     @staticmethod
     def tapped_fits(op: A.Conv2D, constant_weights: bool) -> bool:

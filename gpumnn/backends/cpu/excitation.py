@@ -1,6 +1,6 @@
 """Squeeze-excitation blocks as one compiled call on the calling thread.
 
-A block is four ops: a global average pool of x, a one-pixel convolution (the squeeze) and a
+A block is four ops: a global average pool of x (or a mean over its spatial axes), a one-pixel convolution (the squeeze) and a
 second one (the excitation, often a hard-sigmoid gate), and x scaled by the gate per channel. On
 the small planes of a mobile network's late stages each op is a microsecond or two, so a run spent
 as much time entering the four calls as computing them (bench/RESULTS.md, s18). A recording puts
@@ -32,10 +32,19 @@ def _same_memory(a: TensorHandle, b: TensorHandle) -> bool:
     return a.buffer is b.buffer and a.offset == b.offset and a.size == b.size
 
 
-def _global_average(exe: Execution) -> bool:
+def _global_average(exe: Execution) -> tuple[int, int] | None:
+    """(rows, width) where ``exe`` takes the mean of each row of its float32 input seen as [rows,
+    width]: a global average pool (rows its images' channels) or a ReduceMean over an NCHW tensor's
+    spatial axes (as ``torch.onnx``'s newer exporter writes the squeeze), else None."""
     op = exe.op
-    return (isinstance(op, A.Pool2D) and op.op == "avg" and op.kernel == op.in_hw and op.out_hw == (1, 1)
-            and not any(op.pads) and exe.inputs[0].dtype == A.FLOAT32)
+    if exe.inputs[0].dtype != A.FLOAT32:
+        return None
+    if (isinstance(op, A.Pool2D) and op.op == "avg" and op.kernel == op.in_hw and op.out_hw == (1, 1)
+            and not any(op.pads)):
+        return op.batch * op.channels, op.in_hw[0] * op.in_hw[1]
+    if isinstance(op, A.Reduce) and op.op == "mean" and op.inner == 1:
+        return op.outer, op.size
+    return None
 
 
 def _one_pixel(exe: Execution, source: TensorHandle, channels: int, engine: Engine) -> bool:
@@ -68,13 +77,14 @@ def excitation_runs(executions: list[Execution], engine: Engine,
 def _block_work(block: list[Execution], engine: Engine,
                 constants: PackedConstants | None) -> Callable[[], None] | None:
     pool, squeeze, excite, scale = block
-    if not _global_average(pool):
+    pooling = _global_average(pool)
+    if pooling is None or not isinstance(squeeze.op, A.Conv2D):
         return None
-    p = pool.op
-    rows, width = p.batch * p.channels, p.in_hw[0] * p.in_hw[1]
-    if not (_one_pixel(squeeze, pool.outputs[0], p.channels, engine)
+    rows, width = pooling
+    n, channels = squeeze.op.batch, squeeze.op.in_channels
+    if not (rows == n * channels and _one_pixel(squeeze, pool.outputs[0], channels, engine)
             and _one_pixel(excite, squeeze.outputs[0], squeeze.op.out_channels, engine)
-            and excite.op.out_channels == p.channels and squeeze.op.batch == excite.op.batch == p.batch):
+            and excite.op.out_channels == channels and excite.op.batch == n):
         return None
     op = scale.op
     if not (isinstance(op, A.Binary) and op.op == "mul" and cpu_jit.clamp_of(op.activation) is not None
@@ -94,7 +104,6 @@ def _block_work(block: list[Execution], engine: Engine,
     x = view(pool.inputs[0]).reshape(rows, width)
     out = view(scale.outputs[0]).reshape(rows, width)
     lo, hi, _ = _compiled_clamp(op.activation)
-    n = p.batch
     products = []
     for exe in (squeeze, excite):
         c, oc = exe.op.in_channels, exe.op.out_channels
@@ -110,8 +119,8 @@ def _block_work(block: list[Execution], engine: Engine,
         products += [laid, np.zeros(oc, np.float32) if bias1 is None else bias1,
                      view(exe.outputs[0]).reshape(n, oc), act_lo, act_hi, np.int64(kind)]
     squeezed = np.array(_spans(squeeze.op.out_channels, parts), np.int64)
-    excited = np.array(_spans(p.channels, parts), np.int64)
-    args = (x, view(pool.outputs[0]).reshape(n, p.channels), *products, out, lo, hi,
+    excited = np.array(_spans(channels, parts), np.int64)
+    args = (x, view(pool.outputs[0]).reshape(n, channels), *products, out, lo, hi,
             np.empty((parts, cpu_tiles.WIDE), np.float32), np.empty((parts, rows), np.float32),
             np.empty((n, squeeze.op.out_channels), np.float32), squeezed, excited)
     compiled = cpu_jit.bind(squeeze_excitation if parts > 1 else cpu_parallel.alone(squeeze_excitation), *args)
