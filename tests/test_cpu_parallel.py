@@ -194,7 +194,7 @@ def test_scales_per_row_in_regions(case, monkeypatch, fresh_rng):
 
 
 # (node, input shape, attributes): softmax along the last axis, layer and instance normalisation,
-# global pooling; one span below cpu_engines.REGION_MIN_ELEMENTS and rows on both threads above it
+# global pooling, a mean or maximum along the last axes; one span below cpu_engines.REGION_MIN_ELEMENTS and rows on both threads above it
 ROWS = [
     ("Softmax", (4, 128, 128), {"axis": -1}),           # a transformer's attention scores: both threads
     ("Softmax", (3, 7), {"axis": 1}),                   # short rows, one span
@@ -208,6 +208,11 @@ ROWS = [
     ("GlobalMaxPool", (1, 64, 7, 7), {}),               # one span
     ("GlobalMaxPool", (2, 256, 1, 64), {}),             # a 1-D classifier's max over time, shared
     ("GlobalMaxPool", (1, 96, 5, 7), {}),               # planes of 35
+    ("ReduceMean", (2, 672, 14, 14), {"axes": [2, 3]}),  # torch.onnx's global average pool: shared
+    ("ReduceMean", (1, 40, 3, 7), {"axes": [2, 3], "keepdims": 0}),  # one span
+    ("ReduceMean", (6, 33), {"axes": [1]}),             # along the last axis of any tensor
+    ("ReduceMax", (1, 300, 129), {"axes": [2]}),        # shared
+    ("ReduceMax", (2, 5, 7), {"axes": [-1], "keepdims": 0}),
 ]
 
 
@@ -218,10 +223,15 @@ def _rows_model(node, shape, attributes, rng):
         inits = [numpy_helper.from_array(rng.standard_normal(feature).astype(np.float32), name) for name in ("g", "b")]
     elif node == "InstanceNormalization":
         inits = [numpy_helper.from_array(rng.standard_normal(shape[1]).astype(np.float32), name) for name in ("g", "b")]
-    nodes = [helper.make_node(node, ["x"] + [t.name for t in inits], ["y"], **attributes)]
+    inputs = ["x"] + [t.name for t in inits]
+    if node.startswith("Reduce"):  # its axes as an input from opset 18 on
+        attributes = dict(attributes)
+        inits.append(numpy_helper.from_array(np.array(attributes.pop("axes"), np.int64), "axes"))
+        inputs.append("axes")
+    nodes = [helper.make_node(node, inputs, ["y"], **attributes)]
     graph = helper.make_graph(nodes, "rows", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    return model_proto(graph, 17)
+    return model_proto(graph, 18 if node.startswith("Reduce") else 17)
 
 
 @pytest.mark.parametrize("case", ROWS, ids=[f"{c[0]}{'x'.join(map(str, c[1]))}" for c in ROWS])
