@@ -1,11 +1,12 @@
-"""Squeeze-excitation blocks as one compiled call on the calling thread.
+"""Squeeze-excitation blocks as one compiled call.
 
-A block is four ops: a global average pool of x (or a mean over its spatial axes), a one-pixel convolution (the squeeze) and a
-second one (the excitation, often a hard-sigmoid gate), and x scaled by the gate per channel. On
-the small planes of a mobile network's late stages each op is a microsecond or two, so a run spent
-as much time entering the four calls as computing them (bench/RESULTS.md, s18). A recording puts
-one call in their place (``excitation_runs``), which writes every tensor the four wrote, so no later
-reader, a model output among them, is left without its values.
+A block is four ops: a global average pool of x (or a mean over its spatial axes), a one-pixel
+convolution (the squeeze) and a second one (the excitation, often a hard-sigmoid gate), and x
+scaled by the gate per channel. On the small planes of a mobile network's late stages each op is a
+microsecond or two, so a run spent as much time entering the four calls as computing them
+(bench/RESULTS.md, s18). A recording puts one call in their place (``excitation_runs``), on the
+calling thread or, for large products, on the region's threads (``Engine.excitation``). It writes
+every tensor the four wrote, so no later reader, a model output among them, is left without its values.
 """
 from __future__ import annotations
 
@@ -22,10 +23,10 @@ from .compiled import _activation_kind, _row_broadcast, one_pixel_operands, row_
 from .constants import PackedConstants, is_constant, made_once
 from .engines import Engine
 from .parallel import finish_span
-
-numba = cpu_jit.numba
 from .reference import _compiled_clamp, view
 from .rows import ROW_FAST, _row_sum
+
+numba = cpu_jit.numba
 
 
 def _same_memory(a: TensorHandle, b: TensorHandle) -> bool:
@@ -60,7 +61,7 @@ def _one_pixel(exe: Execution, source: TensorHandle, channels: int, engine: Engi
 def excitation_runs(executions: list[Execution], engine: Engine,
                     constants: PackedConstants | None) -> list[tuple[int, int, Callable[[], None]]]:
     """Runs [start, stop) of ``executions`` that are one squeeze-excitation block (the module's
-    docstring) the engine runs on one thread (``Engine.excitation``), each with the call that computes it."""
+    docstring) the engine runs as one call (``Engine.excitation``), each with the call that computes it."""
     if not engine.jit:
         return []
     found, i = [], 0
