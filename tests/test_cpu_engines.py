@@ -54,8 +54,9 @@ CONV = [
     (REGIONS, conv(16, 8, 16, k=1, scheme="gemm1x1"), True, ("pointwise_region", 1)),
     (REGIONS, conv(96, 4, 576, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),
     (REGIONS, conv(96, 9, 576, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # 81 pixels, 216 KB
-    (REGIONS, conv(512, 7, 1024, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # under 64 pixels: any weights
-    (REGIONS, conv(512, 8, 1024, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),  # 64: past the weight bytes
+    (REGIONS, conv(512, 7, 1024, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # under 256 pixels: any weights
+    (REGIONS, conv(512, 15, 512, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # 225 pixels
+    (REGIONS, conv(512, 16, 1024, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),  # 256: past the weight bytes
     (REGIONS, conv(256, 5, 256, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # at it
     (REGIONS, conv(1024, 3, 1024, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # few pixels: any weights
     (REGIONS, conv(64, 4, 64, k=1, scheme="gemm1x1", groups=2), True, ("gemm1x1_region", 1)),  # grouped: BLAS
@@ -64,7 +65,7 @@ CONV = [
     (REGIONS, conv(72, 12, 24, k=1, scheme="gemm1x1"), True, ("pointwise_region", 1)),
     (REGIONS, conv(64, 12, 128, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # 32 KB
     (REGIONS, conv(256, 12, 256, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # 256 KB: at it
-    (REGIONS, conv(257, 12, 256, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),  # past it
+    (REGIONS, conv(257, 17, 256, k=1, scheme="gemm1x1"), True, ("gemm1x1_region", 2)),  # past it, on 289 pixels
     (REGIONS, conv(64, 14, 384, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # MobileNet-v2's 14x14
     (REGIONS, conv(16, 25, 16, k=1, scheme="gemm1x1"), True, ("pointwise_region", 1)),  # 625 pixels
     (REGIONS, conv(32, 112, 64, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # MobileNet-v1's first, 8 KB

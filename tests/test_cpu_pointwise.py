@@ -48,7 +48,7 @@ SHAPES = [(1, 20, 37), (1, 300, 130), (2, 3, 5), (5, 37, 17), (6, 16, 16), (7, 9
           (97, 33, 5), (144, 24, 88), (400, 64, 32), (576, 16, 72), (575, 17, 19), (1600, 32, 16), (729, 33, 130),
           (3025, 16, 64), (400, 128, 130), (100, 256, 250),
           # weights past it on fewer than ``engines.POINTWISE_BROADCAST_MAX_PIXELS`` pixels: each pixel broadcast
-          (16, 2048, 40), (49, 520, 130), (63, 1024, 70)]
+          (16, 2048, 40), (49, 520, 130), (63, 1024, 70), (196, 600, 120), (255, 1100, 61)]
 
 
 def _run(pixels, channels, out_channels, activation, has_bias, parts, batch, rng, constant_bias=True):

@@ -127,11 +127,11 @@ POINTWISE_FEW_PIXELS = 16
 #: vector registers each tile walks its 16 pixels down every input channel, and deep inputs with
 #: large weights (MobileNet-v1's 1024 channels on 7x7) ran slower than BLAS ...
 POINTWISE_MAX_WEIGHT_BYTES = 1 << 18
-#: ... but on images of fewer than this many pixels, weights of any size run on the tiles with each
-#: pixel broadcast (``Engine.pointwise_pixels_in_rows``): a panel of NR output channels stays in
-#: cache while every pixel passes, where BLAS packs the weights again on every call, from memory
-#: inside runs (bench/RESULTS.md, s18).
-POINTWISE_BROADCAST_MAX_PIXELS = 64
+#: ... but on images of fewer than this many pixels (14x14 and smaller planes), weights of any size
+#: run on the tiles with each pixel broadcast (``Engine.pointwise_pixels_in_rows``): a panel of NR
+#: output channels stays in cache while every pixel passes, where BLAS packs the weights again on
+#: every call, from memory inside runs (bench/RESULTS.md, s18).
+POINTWISE_BROADCAST_MAX_PIXELS = 256
 #: ... and is shared between the region's threads from this many multiply-adds (a region's entry
 #: against the tile's speed on one thread; smaller ones ran slower shared inside runs:
 #: bench/RESULTS.md, s15).
