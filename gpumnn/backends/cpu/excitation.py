@@ -2,8 +2,8 @@
 
 A block is four ops: a global average pool of x (or a mean over its spatial axes), a one-pixel
 convolution (the squeeze) and a second one (the excitation, often a hard-sigmoid gate), and x
-scaled by the gate per channel. On the small planes of a mobile network's late stages each op is a
-microsecond or two, so a run spent as much time entering the four calls as computing them
+scaled by the gate per channel. On the small planes of a mobile network's late stages each op is so
+short that a run spent about as much time entering the four calls as computing them
 (bench/RESULTS.md, s18). A recording puts one call in their place (``excitation_runs``), on the
 calling thread or, for large products, on the region's threads (``Engine.excitation``). It writes
 every tensor the four wrote, so no later reader, a model output among them, is left without its values.
