@@ -19,11 +19,11 @@ from ... import atomic as A
 from ..base import Execution, TensorHandle
 from ...numerics.strides import contiguous_strides, merge_dims
 from . import jit as cpu_jit, parallel as cpu_parallel, tiles as cpu_tiles
-from .compiled import _activation_kind, _row_broadcast, one_pixel_operands, row_value_index
+from .compiled import _activation_kind, _bounds, _row_broadcast, one_pixel_operands, row_value_index
 from .constants import PackedConstants, is_constant, made_once
 from .engines import Engine
 from .parallel import finish_span
-from .reference import _compiled_clamp, view
+from .reference import _compiled_clamp, _spans, view
 from .rows import ROW_FAST, _row_sum
 
 numba = cpu_jit.numba
@@ -77,6 +77,8 @@ def excitation_runs(executions: list[Execution], engine: Engine,
 
 def _block_work(block: list[Execution], engine: Engine,
                 constants: PackedConstants | None) -> Callable[[], None] | None:
+    """The call computing ``block`` (pool, squeeze, excitation, scale), or None where the four are
+    not one squeeze-excitation block the engine runs as one call."""
     pool, squeeze, excite, scale = block
     pooling = _global_average(pool)
     if pooling is None or not isinstance(squeeze.op, A.Conv2D):
@@ -119,20 +121,14 @@ def _block_work(block: list[Execution], engine: Engine,
             return None
         products += [laid, np.zeros(oc, np.float32) if bias1 is None else bias1,
                      view(exe.outputs[0]).reshape(n, oc), act_lo, act_hi, np.int64(kind)]
-    squeezed = np.array(_spans(squeeze.op.out_channels, parts), np.int64)
-    excited = np.array(_spans(channels, parts), np.int64)
+    # each thread's columns a whole number of ``cpu_tiles.ROW`` (the product's tiles stay whole) but the last
+    squeezed = _bounds(_spans(squeeze.op.out_channels, parts, align=cpu_tiles.ROW))
+    excited = _bounds(_spans(channels, parts, align=cpu_tiles.ROW))
     args = (x, view(pool.outputs[0]).reshape(n, channels), *products, out, lo, hi,
             np.empty((parts, cpu_tiles.WIDE), np.float32), np.empty((parts, rows), np.float32),
             np.empty((n, squeeze.op.out_channels), np.float32), squeezed, excited)
     compiled = cpu_jit.bind(squeeze_excitation if parts > 1 else cpu_parallel.alone(squeeze_excitation), *args)
     return functools.partial(compiled, *args)
-
-
-def _spans(size: int, parts: int) -> list[int]:
-    """``parts`` + 1 bounds of nearly even spans of ``size`` columns, each but the last a whole
-    number of ``cpu_tiles.ROW`` (the product's tiles stay whole where they can)."""
-    step = -(-size // (parts * cpu_tiles.ROW)) * cpu_tiles.ROW
-    return [min(size, j * step) for j in range(parts)] + [size]
 
 
 def _squeeze_excitation(x, pooled, w1, b1, hidden, lo1, hi1, kind1, w2, b2, gate, lo2, hi2, kind2, out, lo, hi,
