@@ -117,7 +117,7 @@ def test_pointwise_blocks_cover_every_output_once(pixels, channels, out_channels
     for in_rows in (True, False):
         if in_rows and pixels < cpu_tiles.NR:
             continue
-        width = cpu_tiles.MR if in_rows else cpu_tiles.NR
+        width = cpu_tiles.pointwise_rows(out_channels) if in_rows else cpu_tiles.NR
         for parts in (1, 2, 3):
             blocks = cpu_compiled._pointwise_blocks(out_channels, width, pixels, in_rows, parts)
             seen = np.zeros((-(-out_channels // width) * width, pixels), np.int64)
@@ -128,6 +128,57 @@ def test_pointwise_blocks_cover_every_output_once(pixels, channels, out_channels
                 seen[c0:c1, p0:p1] += 1
             assert (seen == 1).all()
             assert len(blocks) <= parts
+
+
+def test_pointwise_blocks_split_pixels_where_as_even():
+    """Where pixel spans share out as evenly as channel panels, the threads take pixels: each then
+    reads only its part of the input (MobileNet-v2's 24-channel 1x1s on 56x56, two panels)."""
+    rows = cpu_tiles.pointwise_rows(24)
+    blocks = cpu_compiled._pointwise_blocks(24, rows, 3136, True, 2)
+    assert [tuple(b) for b in blocks] == [(0, -(-24 // rows) * rows, 0, 1568), (0, -(-24 // rows) * rows, 1568, 3136)]
+
+
+def test_pointwise_rows_pad_fewest_channels():
+    """The panel height pads no channel where one of POINTWISE_ROWS divides the channels, else the
+    fewest; 16-float vectors (AVX-512 targets) hold 16 or 12 channels a panel, 8-float ones MR."""
+    assert cpu_tiles.PIXEL_LANES in (8, 16)
+    for channels in (1, 5, 12, 16, 24, 32, 40, 96, 144, 250):
+        rows = cpu_tiles.pointwise_rows(channels)
+        assert rows in cpu_tiles.POINTWISE_ROWS
+        assert -channels % rows == min(-channels % r for r in cpu_tiles.POINTWISE_ROWS)
+    if cpu_tiles.PIXEL_LANES == 16:
+        assert [cpu_tiles.pointwise_rows(c) for c in (24, 32, 144, 96, 5)] == [12, 16, 16, 16, 12]
+    else:
+        assert cpu_tiles.POINTWISE_ROWS == (cpu_tiles.MR, cpu_tiles.MR)
+
+
+# (rows, vectors, lanes) of the channels-in-rows tile: both targets' shapes (16 or 12 rows on one
+# 16-float vector, MR rows on two 8-float ones) and the narrow tiles of 8 floats, whichever this host runs
+CHANNEL_ROW_TILES = [(16, 1, 16), (12, 1, 16), (cpu_tiles.MR, 2, 8), (16, 1, 8), (12, 1, 8), (cpu_tiles.MR, 1, 8)]
+
+
+@pytest.mark.parametrize("rows,vectors,lanes", CHANNEL_ROW_TILES, ids=[f"{r}x{v}x{l}" for r, v, l in CHANNEL_ROW_TILES])
+def test_channel_rows_tile_at_each_width(rows, vectors, lanes, fresh_rng):
+    """A channels-in-rows pointwise tile at every vector width and panel height either target builds
+    (LLVM splits a 16-float vector where the host has no AVX-512): clamp(p^T x + bias) into its rows,
+    the rows past ``valid`` into the dummy, nothing stored past a row's pixels."""
+    require_tool("numba", cpu_jit.MISSING)
+    kernel = cpu_tiles._pointwise_kernel(rows, vectors, True, lanes=lanes)
+    depth, width, pixels, valid = 37, vectors * lanes, vectors * lanes + 5, rows - 3
+    p = fresh_rng.standard_normal((depth, rows)).astype(np.float32)
+    x = fresh_rng.standard_normal((depth, pixels)).astype(np.float32)
+    bias = fresh_rng.standard_normal(rows).astype(np.float32)
+    out = np.full((rows, pixels), np.nan, np.float32)
+    dummy = np.zeros(width, np.float32)
+
+    @cpu_jit.numba.njit
+    def call(p, x, out, bias, dummy):
+        kernel(p.ctypes.data, rows, x.ctypes.data, pixels, depth, out.ctypes.data, pixels, 1, valid, bias.ctypes.data,
+               np.float32(-1.0), np.float32(2.0), 0, dummy.ctypes.data)
+    call(p, x, out, bias, dummy)
+    want = np.clip(p.T.astype(np.float64) @ x.astype(np.float64) + bias[:, None], -1.0, 2.0)
+    assert rel_l2(out[:valid, :width], want[:valid, :width]) < 1e-5
+    assert np.isnan(out[valid:]).all() and np.isnan(out[:, width:]).all()
 
 
 # (channels, size, out channels, activation): 1x1 convolutions the engine gives the pointwise tiles

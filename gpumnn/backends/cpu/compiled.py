@@ -356,8 +356,9 @@ def _tapped_conv_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np
 def _pointwise_blocks(channels: int, width: int, pixels: int, channels_in_rows: bool, parts: int) -> np.ndarray:
     """``cpu_parallel.pointwise_tiles``' blocks (first channel, channel stop, first pixel, pixel stop)
     for ``parts`` threads: spans of whole channel panels (``width`` channels each), or spans of
-    pixels where they share out more evenly (pixels in the vector registers only, each span NR
-    pixels or more, cut at multiples of NR)."""
+    pixels where they share out as evenly or more (pixels in the vector registers only, each span NR
+    pixels or more, cut at multiples of NR): then each thread reads only its pixels of the input,
+    half of which the op before may have left in the other core's cache."""
     panels = -(-channels // width)
     tiles = pixels // cpu_tiles.NR if channels_in_rows else 0
     by_channels = [(v0 * width, v1 * width, 0, pixels) for v0, v1 in _spans(panels, min(parts, panels))]
@@ -366,7 +367,7 @@ def _pointwise_blocks(channels: int, width: int, pixels: int, channels_in_rows: 
         return max(shares) * parts / sum(shares) if len(shares) == parts else float(parts)
     if tiles >= parts > 1:
         cuts = [q0 * cpu_tiles.NR for q0, _ in _spans(tiles, parts)] + [pixels]
-        if slowest([p1 - p0 for p0, p1 in zip(cuts, cuts[1:])]) < slowest([v1 - v0 for v0, v1, _, _ in by_channels]):
+        if slowest([p1 - p0 for p0, p1 in zip(cuts, cuts[1:])]) <= slowest([v1 - v0 for v0, v1, _, _ in by_channels]):
             return np.array([(0, panels * width, p0, p1) for p0, p1 in zip(cuts, cuts[1:])], np.int64)
     return np.array(by_channels, np.int64)
 
@@ -376,13 +377,13 @@ def _pointwise_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np.n
     """A 1x1 convolution on constant weights as one native region per image
     (``cpu_parallel.pointwise_tiles``): the weights packed once into panels, the input read where it
     lies, the bias and a clamp (and hard-swish) in the tile's registers, the other activations per
-    block. The pixels are the vector operand (the weights in panels of MR channels) or the output
+    block. The pixels are the vector operand (the weights in panels of ``cpu_tiles.pointwise_rows`` channels) or the output
     channels are (panels of NR; of WIDE for one pixel), as ``Engine.pointwise_pixels_in_rows`` says.
     BLAS packs the weights, the larger operand on such images, on every call. ``x`` [N, C, P],
     ``weight`` [O, C], ``out`` [N, O, P]."""
     n, oc, pixels = out.shape
     channels_in_rows = engines.Engine.pointwise_pixels_in_rows(pixels, weight.nbytes)
-    width = cpu_tiles.MR if channels_in_rows else cpu_tiles.NR if pixels > 1 else cpu_tiles.WIDE
+    width = cpu_tiles.pointwise_rows(oc) if channels_in_rows else cpu_tiles.NR if pixels > 1 else cpu_tiles.WIDE
     panels = once(("pointwise panels", width, weight.shape), lambda: cpu_tiles.pack_panels(weight, width))
     padded, refresh = _panel_bias(bias, oc, len(panels), width, constant_bias)
     lo, hi, after = _compiled_clamp(op.activation)

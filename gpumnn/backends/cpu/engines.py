@@ -254,7 +254,7 @@ class Engine:
     @staticmethod
     def pointwise_pixels_in_rows(pixels: int, weight_bytes: int) -> bool:
         """Whether the pointwise tiles hold an image's pixels in the vector registers (the weights in
-        panels of MR channels), else its output channels (each pixel broadcast): on
+        panels of POINTWISE_ROWS channels), else its output channels (each pixel broadcast): on
         ``POINTWISE_FEW_PIXELS`` pixels or more, but for weights past ``POINTWISE_MAX_WEIGHT_BYTES``
         on fewer than ``POINTWISE_BROADCAST_MAX_PIXELS``, whose panels of NR channels each stay in
         cache while every pixel passes."""

@@ -40,7 +40,7 @@ from .reference import _compiled_clamp, _epilogue, strided, typed, view
 
 numba = cpu_jit.numba
 if numba is not None:
-    from llvmlite import binding as llvm_binding, ir
+    from llvmlite import ir
     from numba import types
     from numba.extending import intrinsic
 else:  # never called without Numba
@@ -68,12 +68,7 @@ PATH_VARIABLE = "GPUMNN_INT8_PATH"
 
 def host_paths() -> tuple[str, ...]:
     """The paths this host can run, fastest first (``portable`` always)."""
-    if numba is None:
-        return ("portable",)
-    try:
-        features = llvm_binding.get_host_cpu_features()
-    except RuntimeError:  # the host's features cannot be read: the portable loop only
-        return ("portable",)
+    features = cpu_jit.target_features()  # none known: the portable loop only
     return tuple(p for p in PATHS if all(features.get(f) for f in _PATH_FEATURES.get(p, ())))
 
 

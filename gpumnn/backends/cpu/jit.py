@@ -102,6 +102,21 @@ CACHE = numba is not None and _register_package_stamp()
 FAST = {"contract"}
 
 
+def target_features() -> dict[str, bool]:
+    """The CPU features Numba compiles for: those ``NUMBA_CPU_FEATURES`` names where it is set, else
+    the host's (``{}`` where Numba is missing or they cannot be read)."""
+    if numba is None:
+        return {}
+    from numba.core import config
+    if config.CPU_FEATURES:
+        return {flag[1:]: flag[0] == "+" for flag in config.CPU_FEATURES.split(",") if flag[:1] in "+-"}
+    from llvmlite import binding
+    try:
+        return dict(binding.get_host_cpu_features())
+    except RuntimeError:
+        return {}
+
+
 def available() -> bool:
     """Whether the compiled kernels can run (Numba importable)."""
     return numba is not None

@@ -41,7 +41,7 @@ from typing import Callable
 import numpy as np
 
 from . import activations as cpu_activations, jit as cpu_jit, tiles as cpu_tiles
-from .tiles import MR, NR, SQUARE
+from .tiles import MR, NR, POINTWISE_ROWS, SQUARE
 
 numba = cpu_jit.numba
 if numba is not None:
@@ -703,6 +703,25 @@ POINTWISE_CHUNK_FLOATS = 1 << 15
 
 
 @cpu_jit.inlined
+def channel_rows(rows, wide, w_at, x_at, pixels, depth, out_at, valid, bias_at, lo, hi, swish, dummy):
+    """One pointwise tile with pixels in the vector registers: ``rows`` output channels (a panel of
+    POINTWISE_ROWS[0] channels or of POINTWISE_ROWS[1]) by NR pixels where ``wide``, else by NARROW."""
+    if rows == POINTWISE_ROWS[0]:
+        if wide:
+            cpu_tiles.channel_rows_tile(w_at, rows, x_at, pixels, depth, out_at, pixels, 1, valid, bias_at, lo, hi,
+                                        swish, dummy)
+        else:
+            cpu_tiles.channel_rows_narrow(w_at, rows, x_at, pixels, depth, out_at, pixels, 1, valid, bias_at, lo, hi,
+                                          swish, dummy)
+    elif wide:
+        cpu_tiles.channel_rows_short_tile(w_at, rows, x_at, pixels, depth, out_at, pixels, 1, valid, bias_at, lo, hi,
+                                          swish, dummy)
+    else:
+        cpu_tiles.channel_rows_short_narrow(w_at, rows, x_at, pixels, depth, out_at, pixels, 1, valid, bias_at, lo,
+                                            hi, swish, dummy)
+
+
+@cpu_jit.inlined
 def pointwise_block(x, panels, out, bias, c0, c1, p0, p1, dummy, channels_in_rows, lo, hi, activation):
     """Channels [c0, c1) and pixels [p0, p1) of ``pointwise_tiles``' product (its block); pixels in
     the vector registers in chunks of POINTWISE_CHUNK_FLOATS, the activation after each."""
@@ -714,23 +733,18 @@ def pointwise_block(x, panels, out, bias, c0, c1, p0, p1, dummy, channels_in_row
         q0 = p0
         while q0 < p1:
             q1 = p1 if p1 - (q0 + chunk) < NR else q0 + chunk  # NR pixels or more in every chunk
-            for ch in range(c0, c1, MR):
-                w_at, bias_at = panels[ch // MR].ctypes.data, bias.ctypes.data + 4 * ch
+            rows = panels.shape[2]
+            for ch in range(c0, c1, rows):
+                w_at, bias_at = panels[ch // rows].ctypes.data, bias.ctypes.data + 4 * ch
                 row_at = out.ctypes.data + 4 * ch * pixels
                 first = q0
                 while first < q1:
                     left = q1 - first
-                    if left >= NR or left > cpu_tiles.NARROW:
-                        at = first if left >= NR else q1 - NR
-                        cpu_tiles.channel_rows_tile(w_at, MR, x.ctypes.data + 4 * at, pixels, depth, row_at + 4 * at,
-                                                    pixels, 1, o - ch, bias_at, lo, hi, swish, dummy)
-                        first = at + NR
-                    else:
-                        at = q1 - cpu_tiles.NARROW
-                        cpu_tiles.channel_rows_narrow(w_at, MR, x.ctypes.data + 4 * at, pixels, depth,
-                                                      row_at + 4 * at, pixels, 1, o - ch, bias_at, lo, hi, swish,
-                                                      dummy)
-                        first = q1
+                    wide = left >= NR or left > cpu_tiles.NARROW
+                    at = (first if left >= NR else q1 - NR) if wide else q1 - cpu_tiles.NARROW
+                    channel_rows(rows, wide, w_at, x.ctypes.data + 4 * at, pixels, depth, row_at + 4 * at, o - ch,
+                                 bias_at, lo, hi, swish, dummy)
+                    first = at + NR if wide else q1
             if activation >= 0 and not swish:
                 for ch in range(c0, min(c1, o)):
                     _activate(activation, out[ch, q0:q1])
@@ -789,7 +803,7 @@ def pointwise_tiles(x, panels, out, bias, blocks, dummies, channels_in_rows, lo,
     clamp to [lo, hi] applied in registers, then ACTIVATION_KINDS[activation] (none where < 0):
     hard-swish in registers too, the others on each block's outputs while in cache. blocks[i] =
     (first channel, channel stop, first pixel, pixel stop), channels in whole panels.
-    ``channels_in_rows``: panels of MR channels broadcast against NR pixels in the vector registers
+    ``channels_in_rows``: panels of POINTWISE_ROWS channels broadcast against NR pixels in the vector registers
     (a chunk's pixels at least NR: its last tile is moved back to end at the chunk's end, redoing a
     few pixels, or is one vector wide); else pixels broadcast (MR at a time, fewer at the end)
     against panels of NR channels, or one at a time against panels of WIDE, each value stored on

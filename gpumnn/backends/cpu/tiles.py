@@ -41,21 +41,26 @@ _LANES = 8  # floats per vector register the IR names (AVX2's ymm)
 #: come from memory once per run where the run's data outgrows the cache, and the tile's steps
 #: waited on them (bench/RESULTS.md, s17)
 PREFETCH_FLOATS = 1024
+#: ... and how far ahead a pointwise tile with pixels in its vectors asks for each input row it reads
+#: (the next tiles' lines of the row): it reads as many rows at once as the input has channels, too
+#: many for the hardware's stream prefetchers (bench/RESULTS.md, s19)
+PIXELS_PREFETCH_FLOATS = 2 * NR
 
 
 def _emit_products(builder, rows: int, vectors: int, p, p_stride, v, v_stride, depth, v_offsets=None,
-                   p_bases=None, p_table=True, prefetch=False):
+                   p_bases=None, p_table=True, prefetch: int = 0, lanes: int = _LANES):
     """The tile's loop in IR: sums[r * vectors + h] = sum over ``depth`` steps of p[step * p_stride
-    + r] times the vector v[step * v_stride + h * 8 ...] (v[v_offsets[step] + h * 8 ...] where
+    + r] times the vector v[step * v_stride + h * lanes ...] (v[v_offsets[step] + h * lanes ...] where
     ``v_offsets``, a pointer to int64, is given), held in registers; returns the sums (zero where
     ``depth`` is 0) with the builder placed after the loop. Where ``p_bases`` (a pointer to ``rows``
     int64) is given, rows are read where they lie, each from its own origin: row r's value of step
     k is p[p_bases[r] + offsets[k]] with p_stride a pointer to ``depth`` int64 offsets where
     ``p_table``, else p[p_bases[r] + k * p_stride]. ``prefetch``: each step asks for the line
-    PREFETCH_FLOATS past its v (v a packed weight panel, read once per run from memory)."""
+    that many floats past its v (a packed weight panel, read once per run from memory: PREFETCH_FLOATS). ``lanes``:
+    floats per vector."""
     f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
-    vector = ir.VectorType(f32, _LANES)
-    zero = ir.Constant(vector, [0.0] * _LANES)
+    vector = ir.VectorType(f32, lanes)
+    zero = ir.Constant(vector, [0.0] * lanes)
     if p_bases is not None:
         p_origins = [builder.gep(p, [builder.load(builder.gep(p_bases, [ir.Constant(i64, r)]), align=8)])
                      for r in range(rows)]
@@ -74,22 +79,22 @@ def _emit_products(builder, rows: int, vectors: int, p, p_stride, v, v_stride, d
     else:
         v_row = builder.gep(v, [builder.load(builder.gep(v_offsets, [step]), align=8)])
     if prefetch:
-        _emit_prefetch(builder, builder.gep(v_row, [ir.Constant(i64, PREFETCH_FLOATS)]))
-    lanes = [builder.load(builder.bitcast(builder.gep(v_row, [ir.Constant(i64, h * _LANES)]),
-                                          vector.as_pointer()), align=4) for h in range(vectors)]
+        _emit_prefetch(builder, builder.gep(v_row, [ir.Constant(i64, prefetch)]))
+    loaded = [builder.load(builder.bitcast(builder.gep(v_row, [ir.Constant(i64, h * lanes)]),
+                                           vector.as_pointer()), align=4) for h in range(vectors)]
     if p_bases is None:
         p_row = builder.gep(p, [builder.mul(step, p_stride)])
         p_values = [builder.gep(p_row, [ir.Constant(i64, r)]) for r in range(rows)]
     else:
         offset = builder.load(builder.gep(p_stride, [step]), align=8) if p_table else builder.mul(step, p_stride)
         p_values = [builder.gep(origin, [offset]) for origin in p_origins]
-    broadcast = ir.Constant(ir.VectorType(i32, _LANES), [0] * _LANES)
+    broadcast = ir.Constant(ir.VectorType(i32, lanes), [0] * lanes)
     updated = []
     for r in range(rows):
         scalar = builder.load(p_values[r], align=4)
         one = builder.insert_element(ir.Constant(vector, ir.Undefined), scalar, ir.Constant(i32, 0))
         splat = builder.shuffle_vector(one, ir.Constant(vector, ir.Undefined), broadcast)
-        for h, lane in enumerate(lanes):
+        for h, lane in enumerate(loaded):
             # contract only: LLVM fuses the pair into an FMA where the host has one
             product = builder.fmul(splat, lane, flags=("contract",))
             updated.append(builder.fadd(sums[r * vectors + h], product, flags=("contract",)))
@@ -152,7 +157,7 @@ def _store_columns(builder, totals, rows, vectors, out, row_step, column_step, v
                 builder.store(scalar, address, align=4)
 
 
-def _tile_kernel(rows: int, columns: int, prefetch: bool = False):
+def _tile_kernel(rows: int, columns: int, prefetch: int = 0):
     """The register tile acc[rows, columns] = p^T v as a Numba intrinsic (``tile_product`` is
     MR x NR and ``prefetch``es v, mostly a weight panel; ``square_product`` 8 x 8, the Winograd
     transforms' tile; ``row_product`` 1 x 16)."""
@@ -208,10 +213,10 @@ def _storing_kernel(rows: int, columns: int, in_place: bool):
         if in_place:
             p, v = (builder.inttoptr(args[i], f32.as_pointer()) for i in (0, 3))
             totals = _emit_products(builder, rows, vectors, p, builder.inttoptr(args[2], i64.as_pointer()), v, args[4],
-                                    args[5], p_bases=builder.inttoptr(args[1], i64.as_pointer()), prefetch=True)
+                                    args[5], p_bases=builder.inttoptr(args[1], i64.as_pointer()), prefetch=PREFETCH_FLOATS)
         else:
             p, v = (builder.inttoptr(args[i], f32.as_pointer()) for i in (0, 2))
-            totals = _emit_products(builder, rows, vectors, p, args[1], v, args[3], args[4], prefetch=True)
+            totals = _emit_products(builder, rows, vectors, p, args[1], v, args[3], args[4], prefetch=PREFETCH_FLOATS)
         out, column_step, valid_rows, valid_columns, bias, dummy, lo, hi = args[operands:]
         out, bias, dummy = (builder.inttoptr(a, f32.as_pointer()) for a in (out, bias, dummy))
         lo, hi = _splat(builder, lo), _splat(builder, hi)
@@ -235,16 +240,16 @@ def _storing_kernel(rows: int, columns: int, in_place: bool):
     return kernel
 
 
-def _splat(builder, scalar):
-    """``scalar`` (float) in every lane of a vector."""
+def _splat(builder, scalar, lanes: int = _LANES):
+    """``scalar`` (float) in every lane of a vector of ``lanes`` floats."""
     i32 = ir.IntType(32)
-    vector = ir.VectorType(ir.FloatType(), _LANES)
+    vector = ir.VectorType(ir.FloatType(), lanes)
     one = builder.insert_element(ir.Constant(vector, ir.Undefined), scalar, ir.Constant(i32, 0))
     return builder.shuffle_vector(one, ir.Constant(vector, ir.Undefined),
-                                  ir.Constant(ir.VectorType(i32, _LANES), [0] * _LANES))
+                                  ir.Constant(ir.VectorType(i32, lanes), [0] * lanes))
 
 
-def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool, tapped: bool = False):
+def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool, tapped: bool = False, lanes: int = _LANES):
     """A register tile of a 1x1 convolution that stores its outputs itself, the bias, a clamp and
     (where ``swish`` is not 0) hard-swish applied in registers: ``rows`` x ``vectors`` * 8 sums of
     p^T v over ``depth`` steps, as ``tile_product`` makes them, then clamp(sum + bias) to [lo, hi]
@@ -257,20 +262,23 @@ def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool, tapped: b
     stored on its own (NCHW puts a channel's pixels side by side); columns past ``valid`` go to
     ``dummy_address``. ``tapped`` (channels in rows only): v_stride is instead the address of an
     int64 table of ``depth`` offsets, step k's vectors read at v + offsets[k] floats (a tapped
-    convolution's taps, ``cpu_parallel.tapped_conv``)."""
+    convolution's taps, ``cpu_parallel.tapped_conv``). ``lanes``: floats per vector (8 unless channels
+    are in the rows)."""
+    assert channels_in_rows or lanes == _LANES
     @intrinsic
     def kernel(typingctx, p_address, p_stride, v_address, v_stride, depth, out_address, row_step, column_step,
                valid, bias_address, lo, hi, swish, dummy_address):
         def codegen(context, builder, signature, args):
             f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
-            vector = ir.VectorType(f32, _LANES)
+            vector = ir.VectorType(f32, lanes)
             p, v, out, bias, dummy = (builder.inttoptr(args[i], f32.as_pointer()) for i in (0, 2, 5, 9, 13))
             row_step, column_step, valid = args[6], args[7], args[8]
-            lo, hi = _splat(builder, args[10]), _splat(builder, args[11])
+            lo, hi = _splat(builder, args[10], lanes), _splat(builder, args[11], lanes)
             offsets = builder.inttoptr(args[3], i64.as_pointer()) if tapped else None
             # pixels in the rows: v is the weight panel (channels in rows: the input, read in place)
+            prefetch = 0 if tapped else PIXELS_PREFETCH_FLOATS if channels_in_rows else PREFETCH_FLOATS
             totals = _emit_products(builder, rows, vectors, p, args[1], v, args[3], args[4], offsets,
-                                    prefetch=not channels_in_rows)
+                                    prefetch=prefetch, lanes=lanes)
 
             def finish(total, value, with_swish):
                 total = cpu_jit.clamped_ir(builder, builder.fadd(total, value), lo, hi)
@@ -279,12 +287,12 @@ def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool, tapped: b
             def store(with_swish):
                 if channels_in_rows:
                     for r in range(rows):
-                        value = _splat(builder, builder.load(builder.gep(bias, [ir.Constant(i64, r)]), align=4))
+                        value = _splat(builder, builder.load(builder.gep(bias, [ir.Constant(i64, r)]), align=4), lanes)
                         row = builder.gep(out, [builder.mul(ir.Constant(i64, r), row_step)])
                         row = builder.select(builder.icmp_signed("<", ir.Constant(i64, r), valid), row, dummy)
                         for h in range(vectors):
                             total = finish(totals[r * vectors + h], value, with_swish)
-                            address = builder.gep(row, [builder.mul(ir.Constant(i64, h * _LANES), column_step)])
+                            address = builder.gep(row, [builder.mul(ir.Constant(i64, h * lanes), column_step)])
                             builder.store(total, builder.bitcast(address, vector.as_pointer()), align=4)
                     return
                 _store_columns(builder, totals, rows, vectors, out, row_step, column_step, None, valid, bias, dummy,
@@ -305,7 +313,7 @@ def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool, tapped: b
 #: (all addresses and strides as integers: ``tile_product(p, p_stride, v, v_stride, depth, acc)``).
 #: v is prefetched: Winograd's products stream their weight panels through it; its output
 #: transform's v, the thread's scratch of at most 8 steps, is in cache anyway.
-tile_product = _tile_kernel(MR, NR, prefetch=True)
+tile_product = _tile_kernel(MR, NR, prefetch=PREFETCH_FLOATS)
 #: ``cpu_parallel.packed_conv``'s tiles, storing their outputs into NCHW themselves with the bias and
 #: a clamp (``_storing_kernel``): ``tile_product_stored`` on packed pixel panels, and
 #: ``tile_in_place_stored`` with IN_PLACE_ROWS rows read in place, row r of step k at p + bases[r] +
@@ -340,14 +348,33 @@ WIDE = 8 * _LANES
 #: (``small_product``)
 wide_product = _tile_kernel(1, WIDE)
 
-#: The pointwise tiles (``cpu_parallel.pointwise_tiles``). Pixels in the vector registers: MR output
-#: channels by NR pixels of an input row (``channel_rows_tile``) or by one vector of them
-#: (``channel_rows_narrow``, an image's last pixels); pixels broadcast: 1 to MR pixels by NR output
-#: channels (``pixel_rows_<rows>``), for images of fewer than NR pixels, or one pixel by WIDE channels
-#: (``pixel_row_wide``: as many independent sums as ``wide_product``), for one pixel.
+#: Floats per vector of the tiles whose vectors hold pixels: 16 (one 512-bit register) where the
+#: compile target has AVX-512, where the 8-float tile ran at two thirds of the wider one's speed
+#: (bench/RESULTS.md, s19), else 8
+PIXEL_LANES = 16 if cpu_jit.target_features().get("avx512f") else _LANES
+#: Output channels per weight panel of the pointwise tiles with pixels in the vector registers, the
+#: first preferred (``pointwise_rows``): on one vector per row where it is 16 floats wide, 16 or 12
+#: accumulators; else the 6 x 16 tile's 12 of 8 floats
+POINTWISE_ROWS = (16, 12) if PIXEL_LANES == 16 else (MR, MR)
+
+
+def pointwise_rows(channels: int) -> int:
+    """The panel height (one of POINTWISE_ROWS) for ``channels`` output channels: the first that
+    pads no channel, else the one that pads fewest."""
+    return min(POINTWISE_ROWS, key=lambda rows: (-channels % rows, POINTWISE_ROWS.index(rows)))
+
+
+#: The pointwise tiles (``cpu_parallel.pointwise_tiles``). Pixels in the vector registers: a panel of
+#: output channels (``pointwise_rows``) by NR pixels of an input row (``channel_rows_tile``) or by one
+#: vector of NARROW of them (``channel_rows_narrow``, an image's last pixels); pixels broadcast: 1 to
+#: MR pixels by NR output channels (``pixel_rows_<rows>``), for images of fewer than NR pixels, or one
+#: pixel by WIDE channels (``pixel_row_wide``: as many independent sums as ``wide_product``), for one pixel.
 NARROW = _LANES
-channel_rows_tile = _pointwise_kernel(MR, NR // _LANES, True)
-channel_rows_narrow = _pointwise_kernel(MR, 1, True)
+channel_rows_tile = _pointwise_kernel(POINTWISE_ROWS[0], NR // PIXEL_LANES, True, lanes=PIXEL_LANES)
+channel_rows_narrow = _pointwise_kernel(POINTWISE_ROWS[0], 1, True)
+#: the same for panels of POINTWISE_ROWS[1] channels
+channel_rows_short_tile = _pointwise_kernel(POINTWISE_ROWS[1], NR // PIXEL_LANES, True, lanes=PIXEL_LANES)
+channel_rows_short_narrow = _pointwise_kernel(POINTWISE_ROWS[1], 1, True)
 pixel_rows_1, pixel_rows_2, pixel_rows_3, pixel_rows_4, pixel_rows_5, pixel_rows_6 = (
     _pointwise_kernel(rows, NR // _LANES, False) for rows in range(1, MR + 1))
 pixel_row_wide = _pointwise_kernel(1, WIDE // _LANES, False)
