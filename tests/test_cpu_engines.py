@@ -258,13 +258,16 @@ def test_relaid_weights_and_recurrence():
     assert REGIONS.recurrence(1) == JIT.recurrence(2) == Choice("lstm_sequence")
 
 
-def test_pointwise_tiles_broadcast_pixels_on_small_images_and_under_large_weights_on_a_few_dozen():
-    """The pixels are the tiles' vector operand from ``POINTWISE_FEW_PIXELS`` on, except under weights
-    past ``POINTWISE_MAX_WEIGHT_BYTES`` on fewer than ``POINTWISE_BROADCAST_MAX_PIXELS``."""
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_pointwise_tiles_broadcast_pixels_on_small_images_and_under_large_weights_on_a_few_dozen(lanes, monkeypatch):
+    """The pixels are the tiles' vector operand from ``POINTWISE_FEW_PIXELS`` on, except, with 8-float
+    vectors, under weights past ``POINTWISE_MAX_WEIGHT_BYTES`` on fewer than ``POINTWISE_BROADCAST_MAX_PIXELS``."""
+    monkeypatch.setattr(engines.cpu_tiles, "PIXEL_LANES", lanes)
     few, big, many = engines.POINTWISE_FEW_PIXELS, engines.POINTWISE_MAX_WEIGHT_BYTES, engines.POINTWISE_BROADCAST_MAX_PIXELS
     rows = engines.Engine.pointwise_pixels_in_rows
-    assert not rows(few - 1, 1024) and rows(few, 1024) and rows(many - 1, big)
-    assert not rows(few, big + 4) and not rows(many - 1, big + 4) and rows(many, big + 4)
+    assert not rows(few - 1, 1024) and not rows(few - 1, big + 4) and rows(few, 1024) and rows(many - 1, big)
+    assert rows(many, big + 4)
+    assert rows(few, big + 4) == rows(many - 1, big + 4) == (lanes == 16)
 
 
 def test_excitation_choice():

@@ -89,6 +89,20 @@ def test_pointwise_tiles_against_numpy(shape, parts, fresh_rng):
         _close(got, want)
 
 
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_pointwise_tiles_under_large_weights_in_both_orientations(lanes, monkeypatch, fresh_rng):
+    """Weights past ``engines.POINTWISE_MAX_WEIGHT_BYTES`` on a few dozen pixels: each pixel broadcast
+    where the pixel vectors are 8 floats wide, the pixels in the vectors where 16 (both decisions, on
+    whichever host; the kernels are the host's)."""
+    require_tool("regions", cpu_parallel.available()[1])
+    monkeypatch.setattr(cpu_tiles, "PIXEL_LANES", lanes)
+    for pixels, channels, out_channels in SHAPES[-5:]:
+        assert 4 * channels * out_channels > cpu_engines.POINTWISE_MAX_WEIGHT_BYTES
+        for parts in (1, 2):
+            got, want, _ = _run(pixels, channels, out_channels, ("clip", (0.0, 6.0)), True, parts, 1, fresh_rng)
+            _close(got, want)
+
+
 @pytest.mark.parametrize("activation", ACTIVATIONS, ids=[a[0] if a else "none" for a in ACTIVATIONS])
 @pytest.mark.parametrize("has_bias", [True, False])
 def test_pointwise_tiles_each_activation(activation, has_bias, fresh_rng):

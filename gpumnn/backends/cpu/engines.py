@@ -128,9 +128,10 @@ POINTWISE_FEW_PIXELS = 16
 #: large weights (MobileNet-v1's 1024 channels on 7x7) ran slower than BLAS ...
 POINTWISE_MAX_WEIGHT_BYTES = 1 << 18
 #: ... but on images of fewer than this many pixels (14x14 and smaller planes), weights of any size
-#: run on the tiles with each pixel broadcast (``Engine.pointwise_pixels_in_rows``): a panel of NR
-#: output channels stays in cache while every pixel passes, where BLAS packs the weights again on
-#: every call, from memory inside runs (bench/RESULTS.md, s18).
+#: run on the tiles, where BLAS packs the weights again on every call, from memory inside runs
+#: (bench/RESULTS.md, s18): with each pixel broadcast (``Engine.pointwise_pixels_in_rows``), a panel
+#: of NR output channels in cache while every pixel passes, unless the tiles' pixel vectors are 16
+#: floats wide (``cpu_tiles.PIXEL_LANES``), which ran faster than the broadcast at 4x4 to 14x14 (s19).
 POINTWISE_BROADCAST_MAX_PIXELS = 256
 #: ... and is shared between the region's threads from this many multiply-adds (a region's entry
 #: against the tile's speed on one thread; smaller ones ran slower shared inside runs:
@@ -254,12 +255,13 @@ class Engine:
     @staticmethod
     def pointwise_pixels_in_rows(pixels: int, weight_bytes: int) -> bool:
         """Whether the pointwise tiles hold an image's pixels in the vector registers (the weights in
-        panels of POINTWISE_ROWS channels), else its output channels (each pixel broadcast): on
-        ``POINTWISE_FEW_PIXELS`` pixels or more, but for weights past ``POINTWISE_MAX_WEIGHT_BYTES``
-        on fewer than ``POINTWISE_BROADCAST_MAX_PIXELS``, whose panels of NR channels each stay in
-        cache while every pixel passes."""
+        panels of ``cpu_tiles.pointwise_rows`` channels), else its output channels (each pixel
+        broadcast): on ``POINTWISE_FEW_PIXELS`` pixels or more, but with 8-float vectors not for
+        weights past ``POINTWISE_MAX_WEIGHT_BYTES`` on fewer than ``POINTWISE_BROADCAST_MAX_PIXELS``,
+        whose panels of NR channels each stay in cache while every pixel passes."""
         return pixels >= POINTWISE_FEW_PIXELS and (weight_bytes <= POINTWISE_MAX_WEIGHT_BYTES
-                                                   or pixels >= POINTWISE_BROADCAST_MAX_PIXELS)
+                                                   or pixels >= POINTWISE_BROADCAST_MAX_PIXELS
+                                                   or cpu_tiles.PIXEL_LANES == 16)
 
     @staticmethod
     def tapped_fits(op: A.Conv2D, constant_weights: bool) -> bool:
