@@ -377,8 +377,9 @@ def _pointwise_region(op: A.Conv2D, x: np.ndarray, weight: np.ndarray, out: np.n
     """A 1x1 convolution on constant weights as one native region per image
     (``cpu_parallel.pointwise_tiles``): the weights packed once into panels, the input read where it
     lies, the bias and a clamp (and hard-swish) in the tile's registers, the other activations per
-    block. The pixels are the vector operand (the weights in panels of ``cpu_tiles.pointwise_rows`` channels) or the output
-    channels are (panels of NR; of WIDE for one pixel), as ``Engine.pointwise_pixels_in_rows`` says.
+    block. The pixels are the vector operand (the weights in panels of ``cpu_tiles.pointwise_rows``
+    channels) or the output channels are (panels of NR; of WIDE for one pixel), as
+    ``Engine.pointwise_pixels_in_rows`` says.
     BLAS packs the weights, the larger operand on such images, on every call. ``x`` [N, C, P],
     ``weight`` [O, C], ``out`` [N, O, P]."""
     n, oc, pixels = out.shape

@@ -803,9 +803,9 @@ def pointwise_tiles(x, panels, out, bias, blocks, dummies, channels_in_rows, lo,
     clamp to [lo, hi] applied in registers, then ACTIVATION_KINDS[activation] (none where < 0):
     hard-swish in registers too, the others on each block's outputs while in cache. blocks[i] =
     (first channel, channel stop, first pixel, pixel stop), channels in whole panels.
-    ``channels_in_rows``: panels of POINTWISE_ROWS channels broadcast against NR pixels in the vector registers
-    (a chunk's pixels at least NR: its last tile is moved back to end at the chunk's end, redoing a
-    few pixels, or is one vector wide); else pixels broadcast (MR at a time, fewer at the end)
+    ``channels_in_rows``: panels of ``cpu_tiles.pointwise_rows`` channels broadcast against NR pixels
+    in the vector registers (a chunk's pixels at least NR: its last tile is moved back to end at the
+    chunk's end, redoing a few pixels, or is one vector wide); else pixels broadcast (MR at a time, fewer at the end)
     against panels of NR channels, or one at a time against panels of WIDE, each value stored on
     its own. ``dummies``: a row per thread where the tiles store what lies past the
     last channel."""

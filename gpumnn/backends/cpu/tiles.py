@@ -56,8 +56,8 @@ def _emit_products(builder, rows: int, vectors: int, p, p_stride, v, v_stride, d
     int64) is given, rows are read where they lie, each from its own origin: row r's value of step
     k is p[p_bases[r] + offsets[k]] with p_stride a pointer to ``depth`` int64 offsets where
     ``p_table``, else p[p_bases[r] + k * p_stride]. ``prefetch``: each step asks for the line
-    that many floats past its v (a packed weight panel, read once per run from memory: PREFETCH_FLOATS). ``lanes``:
-    floats per vector."""
+    that many floats past its v (a packed weight panel, read once per run from memory:
+    PREFETCH_FLOATS). ``lanes``: floats per vector."""
     f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
     vector = ir.VectorType(f32, lanes)
     zero = ir.Constant(vector, [0.0] * lanes)
@@ -213,7 +213,8 @@ def _storing_kernel(rows: int, columns: int, in_place: bool):
         if in_place:
             p, v = (builder.inttoptr(args[i], f32.as_pointer()) for i in (0, 3))
             totals = _emit_products(builder, rows, vectors, p, builder.inttoptr(args[2], i64.as_pointer()), v, args[4],
-                                    args[5], p_bases=builder.inttoptr(args[1], i64.as_pointer()), prefetch=PREFETCH_FLOATS)
+                                    args[5], p_bases=builder.inttoptr(args[1], i64.as_pointer()),
+                                    prefetch=PREFETCH_FLOATS)
         else:
             p, v = (builder.inttoptr(args[i], f32.as_pointer()) for i in (0, 2))
             totals = _emit_products(builder, rows, vectors, p, args[1], v, args[3], args[4], prefetch=PREFETCH_FLOATS)
@@ -349,8 +350,7 @@ WIDE = 8 * _LANES
 wide_product = _tile_kernel(1, WIDE)
 
 #: Floats per vector of the tiles whose vectors hold pixels: 16 (one 512-bit register) where the
-#: compile target has AVX-512, where the 8-float tile ran at two thirds of the wider one's speed
-#: (bench/RESULTS.md, s19), else 8
+#: compile target has AVX-512, where the 8-float tile ran slower (bench/RESULTS.md, s19), else 8
 PIXEL_LANES = 16 if cpu_jit.target_features().get("avx512f") else _LANES
 #: Output channels per weight panel of the pointwise tiles with pixels in the vector registers, the
 #: first preferred (``pointwise_rows``): on one vector per row where it is 16 floats wide, 16 or 12
