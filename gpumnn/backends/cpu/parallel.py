@@ -805,9 +805,9 @@ def pointwise_tiles(x, panels, out, bias, blocks, dummies, channels_in_rows, lo,
     (first channel, channel stop, first pixel, pixel stop), channels in whole panels.
     ``channels_in_rows``: panels of ``cpu_tiles.pointwise_rows`` channels broadcast against NR pixels
     in the vector registers (a chunk's pixels at least NR: its last tile is moved back to end at the
-    chunk's end, redoing a few pixels, or is one vector wide); else pixels broadcast (MR at a time, fewer at the end)
-    against panels of NR channels, or one at a time against panels of WIDE, each value stored on
-    its own. ``dummies``: a row per thread where the tiles store what lies past the
+    chunk's end, redoing a few pixels, or is one vector wide); else pixels broadcast (MR at a time,
+    fewer at the end) against panels of NR channels, or one at a time against panels of WIDE, each
+    value stored on its own. ``dummies``: a row per thread where the tiles store what lies past the
     last channel."""
     for i in numba.prange(blocks.shape[0]):
         pointwise_block(x, panels, out, bias, blocks[i, 0], blocks[i, 1], blocks[i, 2], blocks[i, 3],

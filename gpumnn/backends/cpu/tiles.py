@@ -252,12 +252,13 @@ def _splat(builder, scalar, lanes: int = _LANES):
 
 def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool, tapped: bool = False, lanes: int = _LANES):
     """A register tile of a 1x1 convolution that stores its outputs itself, the bias, a clamp and
-    (where ``swish`` is not 0) hard-swish applied in registers: ``rows`` x ``vectors`` * 8 sums of
-    p^T v over ``depth`` steps, as ``tile_product`` makes them, then clamp(sum + bias) to [lo, hi]
-    written to out. Output (r, column) goes to out + r * row_step + column * column_step floats.
-    ``channels_in_rows``: the rows are output channels (p: weights packed in panels of ``rows``,
-    v: ``vectors`` * 8 pixels of an input row), the bias one value per row and each row's vectors
-    stored whole (column_step 1); rows past ``valid`` are stored to ``dummy_address`` instead.
+    (where ``swish`` is not 0) hard-swish applied in registers: ``rows`` x ``vectors`` * ``lanes``
+    sums of p^T v over ``depth`` steps, as ``tile_product`` makes them, then clamp(sum + bias) to
+    [lo, hi] written to out. Output (r, column) goes to out + r * row_step + column * column_step
+    floats. ``channels_in_rows``: the rows are output channels (p: weights packed in panels of
+    ``rows``, v: ``vectors`` * ``lanes`` pixels of an input row), the bias one value per row and
+    each row's vectors stored whole (column_step 1); rows past ``valid`` are stored to
+    ``dummy_address`` instead.
     Else the rows are pixels (p: a row of the input, read in place) and the columns output channels
     (v: weights packed in panels of ``vectors`` * 8), the bias a value per column and every value
     stored on its own (NCHW puts a channel's pixels side by side); columns past ``valid`` go to
@@ -372,9 +373,11 @@ def pointwise_rows(channels: int) -> int:
 NARROW = _LANES
 channel_rows_tile = _pointwise_kernel(POINTWISE_ROWS[0], NR // PIXEL_LANES, True, lanes=PIXEL_LANES)
 channel_rows_narrow = _pointwise_kernel(POINTWISE_ROWS[0], 1, True)
-#: the same for panels of POINTWISE_ROWS[1] channels
-channel_rows_short_tile = _pointwise_kernel(POINTWISE_ROWS[1], NR // PIXEL_LANES, True, lanes=PIXEL_LANES)
-channel_rows_short_narrow = _pointwise_kernel(POINTWISE_ROWS[1], 1, True)
+#: the same for panels of POINTWISE_ROWS[1] channels (the same kernels where both heights are one)
+channel_rows_short_tile, channel_rows_short_narrow = (
+    (channel_rows_tile, channel_rows_narrow) if POINTWISE_ROWS[1] == POINTWISE_ROWS[0] else
+    (_pointwise_kernel(POINTWISE_ROWS[1], NR // PIXEL_LANES, True, lanes=PIXEL_LANES),
+     _pointwise_kernel(POINTWISE_ROWS[1], 1, True)))
 pixel_rows_1, pixel_rows_2, pixel_rows_3, pixel_rows_4, pixel_rows_5, pixel_rows_6 = (
     _pointwise_kernel(rows, NR // _LANES, False) for rows in range(1, MR + 1))
 pixel_row_wide = _pointwise_kernel(1, WIDE // _LANES, False)
