@@ -12,9 +12,11 @@ from gpumnn.cli import main
 from gpumnn.tools.plan_report import plan_on_profile
 from gpumnn.scheduler import calibration as C
 from gpumnn.scheduler import device_profile
+from gpumnn.scheduler import schemes
 from gpumnn.scheduler.schemes import EXPANDED
 
 H100 = "nvidia-h100-80gb-hbm3"
+H200 = "nvidia-h200"
 
 
 def _planned_ops(text: str) -> list[tuple[str, str, str]]:
@@ -100,6 +102,24 @@ def test_the_bundled_h100_plans_without_the_gpu():
     assert {s for _, s, n in vulkan if n == "layer1.0.conv1"} == {"winograd F(2x2, 3x3)"}
     cpu = _planned_ops(plan_on_profile(net, shapes, "cpu", h100))  # Winograd in the cpu's own kernel
     assert {op for op, s, _ in cpu if s.split()[0] in EXPANDED} == {"conv2d"}
+
+
+def test_the_bundled_h200_leaves_the_glsl_winograd_kernel_out():
+    """The H200's calibration times vulkan's and gl's one-kernel Winograd many times slower per
+    multiplication than their implicit GEMM, so its profile plans every 3x3 of resnet18 there in the
+    sliding window (23 ops; the H200 measured 1.634 ms a recorded run), while cuda's Winograd
+    kernels, faster per multiplication than its 3x3s, stay."""
+    assert H200 in [p.stem for p in device_profile.bundled()]
+    h200 = device_profile.load(H200)
+    net = load(zoo.build("resnet18"))
+    shapes = {net.inputs[0].name: zoo.input_shape("resnet18")}
+    for backend in ("vulkan", "gl"):
+        assert schemes.winograd_min_saving(h200.target(backend), h200.calibrations[backend]) > 10
+        rows = _planned_ops(plan_on_profile(net, shapes, backend, h200))
+        assert len(rows) == 23 and {s for op, s, _ in rows if op == "conv2d"} == {"im2col"}
+    assert "estimated 1.429 ms in 23 ops; a recorded run 1.769 ms" in plan_on_profile(net, shapes, "vulkan", h200)
+    cuda = _planned_ops(plan_on_profile(net, shapes, "cuda", h200))
+    assert [s for op, s, n in cuda if n == "layer1.0.conv1"] == ["winograd"]
 
 
 def test_calibrate_saves_a_profile_that_plan_reads(tmp_path, monkeypatch, capsys):

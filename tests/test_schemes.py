@@ -16,6 +16,7 @@ from conftest import onnxruntime_session, rel_l2, require_backend
 from gpumnn import atomic as A
 from gpumnn.backends.cpu.backend import CpuBackend
 from gpumnn.scheduler import schemes
+from gpumnn.scheduler.calibration import calibration_for
 from gpumnn.numerics.winograd import (axis_tiles, direct_tile_2d, exact_matrices, measured_error, winograd_matrices,
                                        winograd_tile_2d)
 
@@ -255,18 +256,28 @@ def test_report_shows_the_scheme_of_every_conv_and_matmul(backend):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     sess = gpumnn.load(model).session(backend=backend, fallback=False)
     # the cpu's cost model leaves the rewrite out; its own kernel takes 32 input channels at 20 x 20
-    # on the register tile (native regions) and not on the Python threads' BLAS products
-    expands = "winograd" in sess.backends[backend].cost_model_expansions
-    wino = "winograd" if expands or getattr(sess.backends[backend], "regions", 0) else "im2col"
+    # on the register tile (native regions) and not on the Python threads' BLAS products; a GPU
+    # whose calibration times its own Winograd kernel slower per saved multiplication leaves it out
+    be = sess.backends[backend]
+    expands = "winograd" in be.cost_model_expansions
+    wino = "winograd" if expands or getattr(be, "regions", 0) else "im2col"
+    calibration = calibration_for(be)
+    if calibration.calibrated and not be.winograd_min_saving and schemes.builds_kernel(be, A.Conv2D, "winograd"):
+        gate = schemes.winograd_min_saving(be, calibration)
+        conv = _conv_op(3, 32, 32, 20)
+        wino = "winograd" if any(schemes.winograd_kernel_pays(be, conv, n, gate) for s, n, _ in
+                                 schemes.conv_candidates(conv, True) if s == "winograd") else "im2col"
+    # a product of one row takes the matrix-vector kernel where the backend has one (GPU families)
+    fc = "gemv" if schemes.builds_kernel(be, A.MatMul, "gemv") else "gemm"
     chosen = {d.node: d.scheme for d in sess.program.decisions}
-    assert chosen == {"wino": wino, "dw": "depthwise", "pw": "gemm1x1", "fc": "gemm"}
+    assert chosen == {"wino": wino, "dw": "depthwise", "pw": "gemm1x1", "fc": fc}
     text = sess.report()
     for node, scheme in chosen.items():
         assert f"{node}: " in text and f"-> {scheme}" in text
     # a GPU backend with Winograd kernels of its own (the OpenCL C family) builds it, not the rewrite
     own = schemes.builds_kernel(sess.backends[backend], A.Conv2D, "winograd")
     rewritten = not any(isinstance(op, A.Conv2D) and op.source == "wino" for op in sess.program.ops)
-    assert rewritten == (expands and not own)
+    assert rewritten == (expands and not own and wino == "winograd")
     sess.close()
 
 
@@ -316,7 +327,8 @@ def _kernel_gate_passes(backend, program: A.AtomicProgram, ic: int) -> bool:
     assert op.in_channels == ic
     if not schemes.builds_kernel(backend, A.Conv2D, "winograd"):
         return False
-    return any(schemes.winograd_kernel_pays(backend, op, n)
+    gate = schemes.winograd_min_saving(backend, calibration_for(backend))  # a GPU's from its calibration
+    return any(schemes.winograd_kernel_pays(backend, op, n, gate)
                for scheme, n, _ in schemes.conv_candidates(op, True) if scheme == "winograd")
 
 
@@ -348,9 +360,10 @@ def test_winograd_matches_onnxruntime(case, backend):
     sess = _check(model, {"x": x}, backend, **({"conv": ("winograd", tile)} if tile else {}))
     decision = sess.program.decisions[0]
     expected = "im2col" if case == "table1-2-3-16" else "winograd"  # Table 1: few input channels slide
-    if not tile and "winograd" not in sess.cost_model_expansions:
-        # the cost model's own choice, on a backend that leaves the rewrite out: its own Winograd
-        # kernel where it has one and the convolution passes its gate, else the sliding window
+    own = schemes.builds_kernel(sess.backend, A.Conv2D, "winograd")
+    if not tile and (own or "winograd" not in sess.cost_model_expansions):
+        # the cost model's own choice, on a backend with a Winograd kernel of its own or that leaves
+        # the rewrite out: that kernel where the convolution passes its gate, else the sliding window
         expected = "winograd" if expected == "winograd" and _kernel_gate_passes(sess.backend, sess.program, ic) else "im2col"
     assert decision.scheme == expected, decision.describe()
 
@@ -476,7 +489,9 @@ def test_the_glsl_family_runs_winograd_in_one_launch(backend):
         rows = sess.report_rows()
     wino = [r for r in rows if r["scheme"].startswith("winograd F(2x2, 3x3)")]
     assert len(wino) == 13 and all(r["launches"] == 1 for r in wino)
-    assert len(rows) == 23 and sum(r["launches"] for r in rows) == 23
+    # the other convolutions split K (two launches each) where the device has many compute units
+    split = sum("/split-K" in r["scheme"] for r in rows)
+    assert len(rows) == 23 and sum(r["launches"] for r in rows) == 23 + split
 
 
 # -- matrix-vector products (scheme gemv) --------------------------------------------------------
@@ -537,3 +552,36 @@ def test_gemv_under_vulkan_validation(vulkan_validation):
             for _ in range(2):
                 assert rel_l2(sess.run({"input": x})["output"], ref) < 1e-3
     vulkan_validation.check()
+
+
+def _calibration(winograd_rate: float, source: str = "calibrated"):
+    from gpumnn.scheduler.calibration import Calibration
+    rates = {"gemm": 2e12, "conv3x3": 2e12, "conv1x1": 2e12, "depthwise": 5e11, "winograd": winograd_rate, "gemv": 5e11}
+    return Calibration("gpu", "a GPU", "a driver", source, kernels={k: [0.01, r] for k, r in rates.items()},
+                       memory_gbs={"elementwise": 1e3, "transcendental": 1e3, "rows": 1e3, "pool": 1e3},
+                       dispatch_ms=0.002, submit_ms=0.01, eager_ms=0.02, upload_gbs=10.0, download_gbs=10.0,
+                       transfer_ms=0.01)
+
+
+def test_a_calibrated_gpu_takes_its_winograd_kernel_only_where_the_device_runs_it_faster():
+    """A GPU backend sets no Winograd gate of its own; its calibration gives one: a kernel 20 times
+    slower per multiplication than the sliding window (the GLSL family's on NVIDIA's drivers) is
+    left out, one faster per multiplication taken, and the paper's constants or a gate the backend
+    measured itself keep their say."""
+    from gpumnn.scheduler.calibration import PAPER
+    from gpumnn.scheduler.device_profile import PlanningTarget
+    gpu = PlanningTarget("gpu", {A.Conv2D: None, A.MatMul: None, A.Raster: None},
+                         {A.Conv2D: frozenset({"im2col", "gemm1x1", "depthwise", "winograd"}), A.MatMul: frozenset({"gemm"})},
+                         frozenset())
+    op = _conv_op(3, 64, 64, 56)
+    assert schemes.best_tile(op)[0] > 1  # Eq. 2 alone takes Winograd
+    slow, fast = _calibration(1e11), _calibration(4e12)
+    assert schemes.winograd_min_saving(gpu, slow) == pytest.approx(20.0)
+    assert schemes.winograd_min_saving(gpu, fast) == pytest.approx(0.5)
+    chosen = {name: schemes.select_schemes(_program_with(op), gpu, calibration).ops[0].scheme
+              for name, calibration in (("slow", slow), ("fast", fast), ("none", None),
+                                        ("paper", _calibration(1e11, PAPER)))}
+    assert chosen == {"slow": "im2col", "fast": "winograd", "none": "winograd", "paper": "winograd"}
+    gated = dataclasses.replace(gpu, winograd_min_saving=1.5)
+    assert schemes.winograd_min_saving(gated, slow) == 1.5
+    assert schemes.select_schemes(_program_with(op), gated, slow).ops[0].scheme == "winograd"

@@ -104,7 +104,9 @@ class ShapeSet:
                                         int8_average_pool=int8_global_average_pool(scheme_backend),
                                         one_pass_quantize=one_pass_quantize(scheme_backend)),
                                   parts.precision)
-        program = expand_schemes(select_schemes(lowered, scheme_backend), scheme_backend)
+        program = expand_schemes(select_schemes(lowered, scheme_backend,
+                                                parts.cost_model.calibrations.get(parts.scheme_backend)),
+                                 scheme_backend)
         #: what the session's precision did to the program (report lines; none for fp32 and int8)
         program, self.precision_lines = apply_storage_precision(program, parts.precision, scheme_backend)
         self.program = program

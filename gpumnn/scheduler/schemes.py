@@ -36,7 +36,9 @@ MatMul atomic ops, bias and activation in the last MatMul's epilogue, so every b
 those gets them -- except on a backend that lists ``winograd`` among its own Conv2D kernels (the
 NumPy backend: one chunked kernel, each chunk's tiles transformed while in cache), which builds
 it itself where :func:`winograd_kernel_pays` (enough tiles, input channels and multiplications
-saved; elsewhere its im2col wins). A scheme the
+saved; elsewhere its im2col wins). A GPU backend sets no gate of its own: its calibration's rates
+give one (:func:`winograd_min_saving`), so its Winograd kernel is taken only where the device
+runs it faster than the sliding window. A scheme the
 requested backend lacks is skipped for the next candidate; when it has none, the op keeps the
 best scheme and placement runs it where it is built (the CPU).
 """
@@ -300,23 +302,39 @@ def winograd_kernel_cost(op: A.Conv2D, n: int, transform_tiles: tuple[int, int, 
     return winograd_tile_count(op, n) * (ic * inputs + ic * oc * ah * aw + oc * outputs)
 
 
-def winograd_kernel_pays(backend: Any, op: A.Conv2D, tile: int) -> bool:
+def winograd_min_saving(backend: Any, calibration: Any = None) -> float:
+    """How many times fewer multiplications than the sliding window a backend's own Winograd
+    kernel must make to be chosen: the backend's own gate (``Backend.winograd_min_saving``, set
+    where it was measured, as the cpu's engines do); else, where ``calibration`` (a measured
+    :class:`~gpumnn.scheduler.calibration.Calibration` of the backend) times both kernels, how
+    many times slower per multiplication its Winograd kernel runs than its sliding-window 3x3,
+    so that the kernel is chosen only where the device runs it faster; else 0 (any saving)."""
+    own = getattr(backend, "winograd_min_saving", 0.0)  # (a backend without a Winograd kernel may lack it)
+    kernels = calibration.kernels if calibration is not None and calibration.calibrated else {}
+    if own or "winograd" not in kernels or "conv3x3" not in kernels or kernels["winograd"][1] <= 0:
+        return own
+    return kernels["conv3x3"][1] / kernels["winograd"][1]
+
+
+def winograd_kernel_pays(backend: Any, op: A.Conv2D, tile: int, min_saving: float | None = None) -> bool:
     """Whether ``backend``'s own Winograd kernel F(tile) is chosen for ``op``: from
     ``Backend.winograd_min_tiles`` output tiles (of one image where ``winograd_per_image``: a
     kernel going image by image gains nothing from the batch) and ``winograd_min_channels`` input channels on,
-    and where it makes at most 1 / ``winograd_min_saving`` of the sliding window's multiplications,
+    and where it makes at most 1 / ``min_saving`` (:func:`winograd_min_saving`; by default the
+    backend's ``winograd_min_saving``) of the sliding window's multiplications,
     its transforms counted as the kernel runs them (:func:`winograd_kernel_cost`; its transforms
     and small per-position products run slower per multiplication than one big GEMM). With fewer
     tiles it is taken where its tiles times its saving still reach the gate's (``winograd_min_tiles``
-    x ``winograd_min_saving``) and it saves ``FEW_TILES_GAIN`` times what the tiles that pass save
+    x ``min_saving``) and it saves ``FEW_TILES_GAIN`` times what the tiles that pass save
     (:func:`_few_tiles_pay`)."""
     tiles = getattr(backend, "winograd_transform_tiles", None)
+    min_saving = backend.winograd_min_saving if min_saving is None else min_saving
     if op.in_channels < backend.winograd_min_channels:
         return False
-    if conv_cost(op, 1) < backend.winograd_min_saving * winograd_kernel_cost(op, tile, tiles):
+    if conv_cost(op, 1) < min_saving * winograd_kernel_cost(op, tile, tiles):
         return False
     return (winograd_tile_count(op, tile, backend.winograd_per_image) >= backend.winograd_min_tiles
-            or _few_tiles_pay(backend, op, tile))
+            or _few_tiles_pay(backend, op, tile, min_saving))
 
 
 def _winograd_saving(op: A.Conv2D, tile: int, transform_tiles: tuple[int, int, int] | None) -> float:
@@ -324,8 +342,8 @@ def _winograd_saving(op: A.Conv2D, tile: int, transform_tiles: tuple[int, int, i
     return conv_cost(op, 1) / winograd_kernel_cost(op, tile, transform_tiles) if tile > 1 else 1.0
 
 
-def _few_tiles_pay(backend: Any, op: A.Conv2D, tile: int) -> bool:
-    """Whether F(tile), below ``winograd_min_tiles`` tiles and saving at least ``winograd_min_saving``,
+def _few_tiles_pay(backend: Any, op: A.Conv2D, tile: int, min_saving: float) -> bool:
+    """Whether F(tile), below ``winograd_min_tiles`` tiles and saving at least ``min_saving``,
     still pays: its tiles x saving reach the gate's product, and it saves ``FEW_TILES_GAIN`` times
     what the best tile passing the whole gate saves (the sliding window's 1 where none does): crnn's
     128 -> 192 at 4 x 40 has 10 tiles of F(4), saving 3.4x, where the tiles with 16 or more (F(2),
@@ -333,17 +351,18 @@ def _few_tiles_pay(backend: Any, op: A.Conv2D, tile: int) -> bool:
     transform_tiles = getattr(backend, "winograd_transform_tiles", None)
     count = winograd_tile_count(op, tile, backend.winograd_per_image)
     saving = _winograd_saving(op, tile, transform_tiles)
-    if count * saving < backend.winograd_min_tiles * backend.winograd_min_saving:
+    if count * saving < backend.winograd_min_tiles * min_saving:
         return False
     passing = [_winograd_saving(op, n, transform_tiles) for n in winograd_tiles(op.kernel)
                if winograd_tile_count(op, n, backend.winograd_per_image) >= backend.winograd_min_tiles]
-    best = max([1.0] + [s for s in passing if s >= backend.winograd_min_saving])
+    best = max([1.0] + [s for s in passing if s >= min_saving])
     return saving >= FEW_TILES_GAIN * best
 
 
-def _builds(backend: Any, op: A.AtomicOp, candidate: tuple[str, int, str], forced: bool = False) -> bool:
+def _builds(backend: Any, op: A.AtomicOp, candidate: tuple[str, int, str], forced: bool = False,
+            min_saving: float | None = None) -> bool:
     """Whether ``backend`` runs ``candidate`` for ``op``: its own kernel (a Winograd kernel only
-    where :func:`winograd_kernel_pays`, unless forced), or (an expanded scheme) the
+    where :func:`winograd_kernel_pays` with ``min_saving``, unless forced), or (an expanded scheme) the
     Raster and MatMul kernels the rewrite uses -- and, unless forced, the backend lets the cost
     model choose that rewrite (``Backend.cost_model_expansions``) with that tile
     (``Backend.winograd_rewrite_max_tile``)."""
@@ -351,7 +370,7 @@ def _builds(backend: Any, op: A.AtomicOp, candidate: tuple[str, int, str], force
     if backend is None:
         return True
     if builds_kernel(backend, type(op), scheme):
-        return forced or scheme != "winograd" or winograd_kernel_pays(backend, op, tile)
+        return forced or scheme != "winograd" or winograd_kernel_pays(backend, op, tile, min_saving)
     if scheme in EXPANDED:
         table = backend.kernel_table
         runs = A.Raster in table and A.MatMul in table and "gemm" in backend.schemes.get(A.MatMul, ())
@@ -363,18 +382,21 @@ def _builds(backend: Any, op: A.AtomicOp, candidate: tuple[str, int, str], force
 
 
 def _choose(op: A.AtomicOp, candidates: Sequence[tuple[str, int, str]], backend: Any,
-            forced: bool = False) -> tuple[str, int, str]:
+            forced: bool = False, min_saving: float | None = None) -> tuple[str, int, str]:
     for candidate in candidates:
-        if _builds(backend, op, candidate, forced):
+        if _builds(backend, op, candidate, forced, min_saving):
             return candidate
     return candidates[0]  # none here: placement runs the op where it is built
 
 
-def select_schemes(program: A.AtomicProgram, backend: Any = None) -> A.AtomicProgram:
+def select_schemes(program: A.AtomicProgram, backend: Any = None, calibration: Any = None) -> A.AtomicProgram:
     """Decide ``scheme`` for every Conv2D and MatMul of ``program`` (for ``backend``, the
-    requested one; None: any scheme), recording each decision in ``program.decisions``."""
+    requested one; None: any scheme; ``calibration``: the backend's, which gates its Winograd
+    kernel where the backend sets no gate: :func:`winograd_min_saving`), recording each decision
+    in ``program.decisions``."""
     ops, decisions = [], []
     forced = _FORCED_VAR.get()
+    min_saving = None if backend is None else winograd_min_saving(backend, calibration)
     for op in program.ops:
         if isinstance(op, A.Conv2D):
             constant = op.inputs[1] in program.constants and (not op.has_bias or op.inputs[2] in program.constants)
@@ -383,7 +405,7 @@ def select_schemes(program: A.AtomicProgram, backend: Any = None) -> A.AtomicPro
                 candidates = [c for c in candidates if c[0] != "winograd"]
             if "conv" in forced:
                 candidates = _forced_conv(op, constant, candidates)
-            scheme, tile, detail = _choose(op, candidates, backend, forced="conv" in forced)
+            scheme, tile, detail = _choose(op, candidates, backend, forced="conv" in forced, min_saving=min_saving)
             op = dataclasses.replace(op, scheme=scheme, winograd_tile=tile)
             decisions.append(Decision(op.source, _conv_kind(op), scheme, detail))
         elif isinstance(op, A.QuantizedConv2D):  # one kernel per geometry: depthwise, 1x1 as a product, im2col

@@ -135,7 +135,8 @@ def plan_on_profile(net: Any, input_shapes: Mapping[str, tuple[int, ...]], backe
     from ..scheduler.schemes import EXPANDED, builds_kernel, select_schemes
 
     target = device.target(backend)
-    program = expand_schemes(select_schemes(lower(net.graph, input_shapes), target), target)
+    program = expand_schemes(select_schemes(lower(net.graph, input_shapes), target, device.calibrations[backend]),
+                             target)
     program, _ = write_concats_in_place(program, [backend] * len(program.ops), {backend: target.alignment})
     model = CostModel({backend: device.calibrations[backend]})
     rewritten = {d.node: f"{d.scheme} {d.detail.split(' (')[0]}".strip() for d in program.decisions
