@@ -40,7 +40,7 @@ def relu_model() -> onnx.ModelProto:
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def models(names: list[str]) -> dict[str, tuple[onnx.ModelProto, dict[str, np.ndarray]]]:

@@ -52,7 +52,7 @@ HIDDEN, FEATURES, STEPS = 8, 8, 4
 
 def _model(name: str, nodes, inputs, outputs, initializers) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, name, inputs, outputs, initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)], ir_version=8)
     model.ir_version = 8
     return model
 

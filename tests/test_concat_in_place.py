@@ -63,7 +63,7 @@ def _model(case: str):
     _conv(rng, inits, nodes, "cat", channels, 4, 3, "y")
     graph = helper.make_graph(nodes, case, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4, 8, 8])],
                               [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 #: case -> whether every concatenation is written in place

@@ -34,7 +34,7 @@ CHILD = textwrap.dedent("""
         [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
         "fork", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 40, 40])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [numpy_helper.from_array(weight, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     feed = {"x": rng.standard_normal((1, 32, 40, 40)).astype(np.float32)}
     sess = gpumnn.load(model).session(backend="cpu", threads=2)
     ref = sess.run(feed)["y"]

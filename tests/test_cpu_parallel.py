@@ -854,7 +854,7 @@ def test_one_thread_runs_the_regions_kernels_on_the_calling_thread(fresh_rng, mo
     graph = helper.make_graph([helper.make_node("GlobalAveragePool", ["x"], ["y"])], "gap",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 72, 6, 24])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    net = gpumnn.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    net = gpumnn.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
     x = fresh_rng.standard_normal((1, 72, 6, 24)).astype(np.float32)
     with net.session(backend="cpu", threads=1) as sess:
         got = sess.run({"x": x})["y"]
@@ -916,8 +916,7 @@ FOUR_THREADS = textwrap.dedent("""
              helper.make_node("Conv", ["b", "w3"], ["y"], group=128, pads=[1, 1, 1, 1])]
     graph = helper.make_graph(nodes, "four", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 24, 12, 12])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     x = rng.standard_normal((1, 24, 12, 12)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     sess = gpumnn.load(model).session(backend="cpu", threads=4)

@@ -133,8 +133,9 @@ def test_float16_kernels_match_numpy(backend, case):
 @pytest.mark.parametrize("model_name", sorted(ZOO_FP16_ERROR))
 def test_zoo_models_in_float16(backend, model_name):
     """Within the measured error of ONNX Runtime's float32, graph input and output float32, and the
-    pools of the fp16 session take half the bytes of the fp32 session's where every op has a float16
-    kernel on the backend (fewer bytes elsewhere: vulkan's Softmax and Normalize stay float32)."""
+    pools of the fp16 session take half the bytes of the fp32 session's (up to each tensor's rounding
+    to the pool's alignment) where every op runs a float16 kernel on the backend (fewer bytes
+    elsewhere: vulkan's Softmax and Normalize stay float32, as does a scheme without a float16 kernel)."""
     model = zoo.build(model_name)
     sess = _fp16_session(model, backend)
     x = np.random.default_rng(1).standard_normal(zoo.input_shape(model_name)).astype(np.float32)
@@ -144,10 +145,11 @@ def test_zoo_models_in_float16(backend, model_name):
     assert got.dtype == np.float32
     assert rel_l2(got, ref) < ZOO_FP16_ERROR[model_name]
     fp32 = gpumnn.load(model).session(backend=backend, **GPU_BACKENDS[backend])
-    pools = [s.memory_summary()[backend]["pool_bytes"] for s in (fp32, sess)]
-    dtypes = sess.backends[backend].dtypes
-    if all(A.FLOAT16 in dtypes.get(type(op), ()) for op in fp32.shape_set().program.ops):
-        assert pools[1] * 2 == pools[0], pools
+    summaries = [s.memory_summary()[backend] for s in (fp32, sess)]
+    pools = [summary["pool_bytes"] for summary in summaries]
+    if "float32 ops (no float16 kernel" not in sess.report():
+        rounding = sess.backends[backend].alignment * summaries[1]["tensors"]
+        assert pools[1] <= pools[0] // 2 + rounding, pools
     else:
         assert pools[1] < pools[0], pools
 

@@ -62,7 +62,7 @@ def _block(kernel: int, groups: int, ic: int, oc: int, bias: bool, activation: s
         nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, ic, 10, 9]),
                          helper.make_tensor_value_info("s", TensorProto.FLOAT, r_shape)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def _run(model, backend: str, options: dict, forced):

@@ -21,7 +21,7 @@ def relu_net() -> gpumnn.Net:
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])])
-    return gpumnn.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    return gpumnn.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def gather_net() -> gpumnn.Net:
     graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["y"])], "gather",
                               [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "N"])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "N", 2])], [table])
-    return gpumnn.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    return gpumnn.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
 
 
 def test_int64_inputs_are_converted_on_the_fast_path_and_out_of_range_values_refused(counted_checks):
@@ -78,7 +78,7 @@ def test_float64_inputs_are_converted_on_the_fast_path(counted_checks):
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu64",
                               [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["N", 8])],
                               [helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["N", 8])])
-    net = gpumnn.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    net = gpumnn.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
     x = np.random.default_rng(2).standard_normal((3, 8))
     with net.session(backend="cpu") as sess:
         for _ in range(2):
