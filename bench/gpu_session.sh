@@ -31,6 +31,12 @@
 #           tests on cuda, issue 32's real models and the zoo on the cpu beside ONNX Runtime at the
 #           host's threads (the real models on TBB's regions, then on OpenMP's), and the tiled
 #           Winograd schemes on cuda and opencl (bench/schemes.py)
+#   recheck after a verify run whose failures were fixed: calibration of every GPU API (the device profile),
+#           the paper's three on cuda, vulkan and gl beside PyTorch (fp32), the tests that failed, and
+#           vulkan's per-op plan of resnet18
+#   cpu     issue 32 at the host's thread count: the real models and the zoo on the cpu beside ONNX
+#           Runtime (GNU OpenMP's regions), then the real models on TBB's; no GPU needed, so it can
+#           follow another phase in the same call (GPUMNN_GPU_SETUP=0 there: the set-up is done)
 #   tf32    issue 29 part 2 (precision="tf32" on cuda): the TF32 tests (TF32 GEMMs and convolutions
 #           against float32, the zoo models against ONNX Runtime within precision.TOLERANCES, kept
 #           as rel_l2 in tf32_tests.xml; NVRTC's compiles for sm_80 and sm_90) and the fp32
@@ -54,15 +60,17 @@
 # GPUMNN_GPU_SETUP=0 skips the unpacking and installing (for a dry run of a phase on a machine that
 # has everything, with PYTHON naming its interpreter).
 set -uo pipefail
-PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench|profile|runbook|schemes|verify|kernels|placement|storage|tf32|fp16}
+PHASE=${1:?usage: bash bench/gpu_session.sh tests|apis|bench|profile|runbook|schemes|verify|recheck|kernels|placement|storage|cpu|tf32|fp16}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/bench/results/gpu}
 RES=/tmp/gpumnn-gpu/$PHASE
-mkdir -p "$OUT" "$RES"
+mkdir -p "$OUT" "$RES" && rm -f "$RES/steps.txt"
 exec > >(tee "$OUT/$PHASE.log") 2>&1
-DEADLINE=$(( $(date +%s) + ${GPUMNN_PHASE_SECONDS:-540} ))
-left() { echo $(( DEADLINE - $(date +%s) )); }
+# seconds since boot: the wall clock of a freshly started machine can step while a phase runs
+uptime_s() { cut -d. -f1 /proc/uptime; }
+DEADLINE=$(( $(uptime_s) + ${GPUMNN_PHASE_SECONDS:-540} ))
+left() { echo $(( DEADLINE - $(uptime_s) )); }
 step() {  # step NAME COMMAND...: run with the phase's remaining time (or GPUMNN_STEP_CAP seconds,
   # where it is set and less), record its exit status
   local name=$1; shift
@@ -72,8 +80,9 @@ step() {  # step NAME COMMAND...: run with the phase's remaining time (or GPUMNN
   if (( remaining < 20 )); then line="== $name: not run (phase time spent)"
   else
     echo "== $name (up to ${remaining}s): $*" >&2
+    local started; started=$(uptime_s)
     timeout --kill-after=10 "$remaining" "$@"
-    line="== $name: exit $?"
+    line="== $name: exit $? after $(( $(uptime_s) - started ))s"
   fi
   echo "$line" >&2; echo "$line" >>"$RES/steps.txt"
 }
@@ -125,6 +134,16 @@ command -v glslangValidator; ldconfig -p | grep -E 'libvulkan.so.1|libEGL.so.1' 
 "$PYTHON" -m gpumnn info | tee "$RES/info.txt"
 XDIST=(); "$PYTHON" -c "import xdist" 2>/dev/null && XDIST=(-n "${GPUMNN_TEST_WORKERS:-8}")
 PYTEST=("$PYTHON" -m pytest -q -ra -p no:cacheprovider)
+
+cpu_at_host_threads() {  # issue 32 on the host's cores: the real models and the zoo beside ONNX Runtime at
+  # nproc threads, on GNU OpenMP's regions (the default), then the real models on TBB's
+  GPUMNN_STEP_CAP=${CAP_REAL:-100} step cpu-real-models "$PYTHON" bench/real_models.py --compare --threads "$(nproc)" \
+    --repeats 5 --runs 10 | tee "$RES/cpu_real_models.txt"
+  GPUMNN_STEP_CAP=${CAP_CPU:-45} step cpu-threads "$PYTHON" -m gpumnn bench mobilenet_v1 squeezenet1_1 resnet18 \
+    mobilenet_v2 transformer_encoder --backend cpu --threads "$(nproc)" --no-eager --repeats 5 | tee "$RES/cpu_threads.txt"
+  NUMBA_THREADING_LAYER=tbb GPUMNN_STEP_CAP=${CAP_REAL:-100} step cpu-real-models-tbb "$PYTHON" bench/real_models.py \
+    --compare --threads "$(nproc)" --repeats 5 --runs 10 | tee "$RES/cpu_real_models_tbb.txt"
+}
 
 case $PHASE in
   tests)
@@ -275,14 +294,27 @@ case $PHASE in
     GPUMNN_REQUIRE_BACKENDS=cuda GPUMNN_STEP_CAP=${CAP_TESTS:-75} step narrow-tests "${PYTEST[@]}" "${XDIST[@]}" \
       tests/test_narrow_storage.py tests/test_quantized_models.py tests/test_atomic_ops.py -k cuda \
       --junitxml="$RES/narrow_tests.xml" | tail -15 | tee "$RES/narrow_tests.txt"
-    GPUMNN_STEP_CAP=${CAP_REAL:-100} step cpu-real-models "$PYTHON" bench/real_models.py --compare --threads "$(nproc)" \
-      --repeats 5 --runs 10 | tee "$RES/cpu_real_models.txt"
-    NUMBA_THREADING_LAYER=tbb GPUMNN_STEP_CAP=${CAP_REAL:-100} step cpu-real-models-tbb "$PYTHON" bench/real_models.py \
-      --compare --threads "$(nproc)" --repeats 5 --runs 10 | tee "$RES/cpu_real_models_tbb.txt"
-    GPUMNN_STEP_CAP=${CAP_CPU:-45} step cpu-threads "$PYTHON" -m gpumnn bench mobilenet_v1 squeezenet1_1 resnet18 \
-      transformer_encoder --backend cpu --threads "$(nproc)" --no-eager --repeats 5 | tee "$RES/cpu_threads.txt"
+    cpu_at_host_threads
     GPUMNN_STEP_CAP=${CAP_SCHEMES:-60} step schemes-models "$PYTHON" bench/schemes.py --tables m --backends cuda,opencl \
       --models resnet18 squeezenet1_1 --repeats 3 --runs 10 | tee "$RES/schemes_models.txt"
+    ;;
+  recheck)
+    # after a verify run whose failures were fixed: every API's calibration (the device profile), the
+    # paper's three on cuda, vulkan and gl beside PyTorch in fp32, the tests that failed, vulkan's per-op plan
+    GPUMNN_STEP_CAP=${CAP_CALIBRATE:-50} step calibrate "$PYTHON" -m gpumnn calibrate --backend cuda vulkan gl opencl \
+      --save-profile "$RES/device_profile.json" | tee "$RES/calibrate.txt"
+    GPUMNN_STEP_CAP=${CAP_TORCH:-80} step torch-fp32 "$PYTHON" bench/torch_peer.py resnet18 mobilenet_v1 squeezenet1_1 \
+      --backend cuda vulkan gl --repeats 3 --torch-precision fp32 --save-json "$RES/torch_fp32.json" | tee "$RES/torch_fp32.txt"
+    GPUMNN_REQUIRE_BACKENDS=cuda,vulkan,gl GPUMNN_STEP_CAP=${CAP_TESTS:-70} step rechecked-tests "${PYTEST[@]}" "${XDIST[@]}" \
+      tests/test_vulkan_cooperative_matrix.py tests/test_glsl_split_k.py tests/test_concat_in_place.py tests/test_fp16.py \
+      tests/test_schemes.py -k "cuda or vulkan or gl or cooperative" --junitxml="$RES/rechecked_tests.xml" \
+      | grep -E "passed|failed|FAILED|Error" | tail -25 | tee "$RES/rechecked_tests.txt"
+    GPUMNN_STEP_CAP=${CAP_PLAN:-15} step plan-vulkan-resnet18 "$PYTHON" -m gpumnn plan resnet18 --backend vulkan --runs 10 \
+      | tee "$RES/plan_vulkan_resnet18.txt"
+    ;;
+  cpu)
+    lscpu | grep -E "Model name|^CPU\(s\)|Thread|L2|L3|Flags" | cut -c1-400 | tee "$RES/lscpu.txt"
+    cpu_at_host_threads
     ;;
   tf32)
     tf32_models="resnet18 mobilenet_v1 squeezenet1_1"
@@ -306,5 +338,5 @@ case $PHASE in
     GPUMNN_REQUIRE_BACKENDS=cuda GPUMNN_STEP_CAP=${CAP_TESTS:-90} step fp16-tests "${PYTEST[@]}" tests/test_fp16.py \
       tests/test_cuda_source.py -k "cuda or HALF" --junitxml="$RES/fp16_tests.xml" | tail -15 | tee "$RES/fp16_tests.txt"
     ;;
-  *) echo "unknown phase $PHASE (tests, apis, bench, profile, runbook, schemes, verify, kernels, placement, storage, tf32 or fp16)"; exit 2 ;;
+  *) echo "unknown phase $PHASE (tests, apis, bench, profile, runbook, schemes, verify, recheck, kernels, placement, storage, cpu, tf32 or fp16)"; exit 2 ;;
 esac
