@@ -89,7 +89,9 @@ CONV = [
     (MANY, conv(64, 5, 64), True, ("packed_region", 3)),  # 0.9 M
     (REGIONS, conv(64, 56, 64), False, ("im2col_region", 2)),
     (REGIONS, conv(48, 56, 64), True, ("packed_region", 2)),  # depth 432, in place
-    (REGIONS, conv(128, 56, 256, k=1, stride=2), True, ("im2col_region", 2)),  # a 1x1 window, depth 128
+    # a 1x1 window, depth 128: read in place by the 16-float tile (AVX-512), else BLAS below PACKED_MIN_DEPTH
+    (REGIONS, conv(128, 56, 256, k=1, stride=2), True,
+     ("packed_region" if engines.cpu_tiles.IN_PLACE_COLUMNS > engines.cpu_tiles.NR else "im2col_region", 2)),
     (REGIONS, conv(512, 28, 1024, k=1, stride=2), True, ("packed_region", 2)),  # ... depth 512
     # few input channels on constant weights, stride 1 along rows: the tapped tiles up to TAPPED_MAX_DEPTH
     (REGIONS, conv(16, 56, 64), True, ("tapped_region", 2)),  # depth 144

@@ -633,10 +633,19 @@ def _packed_op(case):
                     strides=(stride, stride), dilations=(dilation, dilation))
 
 
-def test_a_strided_1x1_packs_its_windows():
-    """A 1x1 window moves a whole plane each depth step: its tiles read packed panels."""
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "packed"])
+def test_a_strided_1x1_on_the_register_tile(in_place, monkeypatch, fresh_rng):
+    """A 1x1 window moves a whole plane each depth step: on 8-float vectors its tiles read packed
+    panels, on 16-float ones the two-vector tile reads it in place; both match ONNX Runtime."""
+    from gpumnn.backends.cpu import tiles as cpu_tiles
+
     case = next(c for c in PACKED if c[2] == 1)
-    assert not cpu_engines.packed_in_place(_packed_op(case))
+    assert cpu_engines.packed_in_place(_packed_op(case)) == (cpu_tiles.TARGET_LANES == 16)
+    monkeypatch.setattr(cpu_engines, "packed_in_place", lambda op: in_place)
+    works = _register_tile_matches_onnxruntime(case, monkeypatch, fresh_rng)
+    assert works, "the packed region was not used"
+    for work in works:
+        assert (work.keep[5].size == case[0]) == in_place  # an offset per input channel where in place
 
 
 def _register_tile_matches_onnxruntime(case, monkeypatch, rng) -> list:
@@ -727,30 +736,33 @@ def test_the_register_tile_against_numpy(depth, fresh_rng):
 
 
 @pytest.mark.parametrize("in_place", [False, True], ids=["packed", "in-place"])
-@pytest.mark.parametrize("valid_rows,valid_columns", [(None, 16), (1, 16), (None, 5), (4, 11)])
+@pytest.mark.parametrize("valid_rows,valid_columns", [(None, None), (1, None), (None, 5), (4, 11), (2, 19)])
 def test_the_storing_tiles_against_numpy(in_place, valid_rows, valid_columns, fresh_rng):
     """cpu_tiles.tile_product_stored and tile_in_place_stored: clamp(p^T v + bias) to [lo, hi] stored
     into NCHW planes (a channel's pixels side by side), the rows and columns past the valid ones
-    to the dummy, nothing else written."""
+    to the dummy, nothing else written (the in-place tile is IN_PLACE_COLUMNS wide: 32 channels on
+    16-float vectors)."""
     require_tool("regions", cpu_parallel.available()[1])
     from gpumnn.backends.cpu import tiles as cpu_tiles
     import numba
 
     @numba.njit
-    def stored(p, v, depth, bases, offsets, out, column_step, rows, columns, bias, dummy, lo, hi):
+    def stored(p, v, v_stride, depth, bases, offsets, out, column_step, rows, columns, bias, dummy, lo, hi):
         if bases.shape[0]:
-            cpu_tiles.tile_in_place_stored(p.ctypes.data, bases.ctypes.data, offsets.ctypes.data, v.ctypes.data, 21,
-                                           depth, out.ctypes.data, column_step, rows, columns, bias.ctypes.data,
-                                           dummy.ctypes.data, lo, hi)
+            cpu_tiles.tile_in_place_stored(p.ctypes.data, bases.ctypes.data, offsets.ctypes.data, v.ctypes.data,
+                                           v_stride, depth, out.ctypes.data, column_step, rows, columns,
+                                           bias.ctypes.data, dummy.ctypes.data, lo, hi)
         else:
-            cpu_tiles.tile_product_stored(p.ctypes.data, 9, v.ctypes.data, 21, depth, out.ctypes.data, column_step, rows,
-                                          columns, bias.ctypes.data, dummy.ctypes.data, lo, hi)
+            cpu_tiles.tile_product_stored(p.ctypes.data, 9, v.ctypes.data, v_stride, depth, out.ctypes.data,
+                                          column_step, rows, columns, bias.ctypes.data, dummy.ctypes.data, lo, hi)
 
     rng = fresh_rng
-    mr, nr, depth, column_step = cpu_tiles.IN_PLACE_ROWS if in_place else cpu_tiles.MR, cpu_tiles.NR, 37, 10
+    mr, nr = (cpu_tiles.IN_PLACE_ROWS, cpu_tiles.IN_PLACE_COLUMNS) if in_place else (cpu_tiles.MR, cpu_tiles.NR)
+    depth, column_step, v_stride = 37, 10, nr + 5
     valid_rows = mr if valid_rows is None else valid_rows
+    valid_columns = nr if valid_columns is None else min(valid_columns, nr)
     p = rng.standard_normal(depth * 9 + mr).astype(np.float32)
-    v = rng.standard_normal(depth * 21 + nr).astype(np.float32)
+    v = rng.standard_normal(depth * v_stride + nr).astype(np.float32)
     bias = rng.standard_normal(nr).astype(np.float32)
     rows_read = np.lib.stride_tricks.as_strided(p, (depth, mr), (36, 4))
     if in_place:  # row r of step k at bases[r] + offsets[k]: rows in reverse order, steps 9 apart
@@ -760,9 +772,9 @@ def test_the_storing_tiles_against_numpy(in_place, valid_rows, valid_columns, fr
         bases = offsets = np.zeros(0, np.int64)
     out = np.full(nr * column_step, np.nan, np.float32)
     dummy = np.zeros(mr, np.float32)
-    stored(p, v, depth, bases, offsets, out, column_step, valid_rows, valid_columns, bias, dummy, np.float32(-0.5),
+    stored(p, v, v_stride, depth, bases, offsets, out, column_step, valid_rows, valid_columns, bias, dummy, np.float32(-0.5),
            np.float32(2.0))
-    sums = rows_read.T.astype(np.float64) @ np.lib.stride_tricks.as_strided(v, (depth, nr), (84, 4)) + bias
+    sums = rows_read.T.astype(np.float64) @ np.lib.stride_tricks.as_strided(v, (depth, nr), (4 * v_stride, 4)) + bias
     want = np.full((nr, column_step), np.nan)
     want[:valid_columns, :valid_rows] = np.clip(sums, -0.5, 2.0).T[:valid_columns, :valid_rows]
     got = out.reshape(nr, column_step)

@@ -441,7 +441,8 @@ def _make_conv2d(op: A.Conv2D, ins, outs, pool: Workers, engine: Engine, constan
     if kernel == "tapped_region":  # a layout the tiles do not take: im2col's copy and BLAS
         kernel = "im2col_region"
     if kernel == "packed_region":
-        panels = once(("panels", w_packed.shape), lambda: cpu_tiles.pack_panels(w_packed[0], cpu_tiles.NR))
+        width = cpu_tiles.IN_PLACE_COLUMNS if engines.packed_in_place(op) else cpu_tiles.NR
+        panels = once(("panels", width, w_packed.shape), lambda: cpu_tiles.pack_panels(w_packed[0], width))
         return cpu_compiled._packed_conv_region(op, x, panels, out, bias,
                                                 not op.has_bias or CpuBackend.is_constant(ins[2]), regions, parts, arena)
     if kernel == "im2col_region":

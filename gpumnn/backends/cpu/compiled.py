@@ -304,7 +304,7 @@ def _packed_conv_region(op: A.Conv2D, x, panels, out, bias, constant_bias: bool,
     xp = _zero_bordered(arena, "packed plane", op, padded, op.in_channels * padded[0] * padded[1]
                         if top + left + bottom + right else 0)
     accs = _scratch_rows(arena, "tile accumulators", regions, mr * cpu_tiles.NR)
-    padded_bias, refresh = _panel_bias(bias, oc, len(panels), cpu_tiles.NR, constant_bias)
+    padded_bias, refresh = _panel_bias(bias, oc, len(panels), panels.shape[2], constant_bias)
     lo, hi, act = _compiled_clamp(op.activation)
     kind, act = _in_region(op.activation, act, len(blocks), out, regions)
     inner = (top, left, *padded)

@@ -94,8 +94,9 @@ def packed_in_place(op: A.Conv2D) -> bool:
     """Whether ``compiled._packed_conv_region``'s tiles read the windows where they lie rather than
     packed into pixel panels: wherever a window is wider than one tap, so that a depth step's next
     tap is the previous one's neighbour, at any stride. A 1x1 window (a strided 1x1 convolution)
-    moves a whole input plane each step, and its packed panels ran faster (bench/RESULTS.md)."""
-    return tuple(op.kernel) != (1, 1)
+    moves a whole input plane each step: on 8-float vectors its packed panels ran faster, on the
+    16-float tile (two vectors of channels a row) reading in place did (bench/RESULTS.md, s20)."""
+    return tuple(op.kernel) != (1, 1) or cpu_tiles.IN_PLACE_COLUMNS > cpu_tiles.NR
 
 
 #: A convolution (not 1x1) over at most this many input channels that ``cpu_direct`` does not take

@@ -585,13 +585,14 @@ def pack_windows(xp, pack, bases, taps, plane, channels, q0, q1):
 def tile_products(panels, pack, source, bases, offsets, panel_rows, dummy, result, bias, q0, q1, v0, v1, pixels,
                   pixels_outer, lo, hi):
     """result [O, pixels] (flat) for pixel panels [q0, q1) (``pack_windows``' panels of MR, from pack's
-    start; or, where ``offsets`` is not empty, panels of R = ``panel_rows`` pixels read
+    start, by weight panels of NR; or, where ``offsets`` is not empty, panels of R = ``panel_rows`` pixels read
     where they lie in ``source``: ``cpu_tiles.tile_in_place_stored`` at pixel q * R + r's origin
-    ``bases[q * R + r]`` plus ``offsets[k]`` for depth step k) and weight panels [v0, v1): the register tile per pair, each
+    ``bases[q * R + r]`` plus ``offsets[k]`` for depth step k, by weight panels of
+    ``cpu_tiles.IN_PLACE_COLUMNS``) and weight panels [v0, v1): the register tile per pair, each
     storing clamp(sum + bias[o]) to [lo, hi] itself (``bias`` zero-padded to whole panels; the
     tile's values past the last pixel or channel go to ``dummy``, a few floats of the thread's
     scratch); ``pixels_outer``: the order of the pairs."""
-    depth = panels.shape[1]
+    depth, width = panels.shape[1], panels.shape[2]
     o = result.shape[0] // pixels
     across = v1 - v0
     for j in range((q1 - q0) * across):
@@ -602,32 +603,34 @@ def tile_products(panels, pack, source, bases, offsets, panel_rows, dummy, resul
         else:
             v, q = v0 + j // (q1 - q0), q0 + j % (q1 - q0)
         first = q * panel_rows
-        at = result.ctypes.data + 4 * (v * NR * pixels + first)
-        rows, channels_here, bias_at = min(panel_rows, pixels - first), min(NR, o - v * NR), bias.ctypes.data + 4 * v * NR
+        at = result.ctypes.data + 4 * (v * width * pixels + first)
+        rows, channels_here = min(panel_rows, pixels - first), min(width, o - v * width)
+        bias_at = bias.ctypes.data + 4 * v * width
         if offsets.shape[0]:
             cpu_tiles.tile_in_place_stored(source.ctypes.data, bases.ctypes.data + 8 * first, offsets.ctypes.data,
-                                           panels[v].ctypes.data, NR, depth, at, pixels, rows, channels_here, bias_at,
-                                           dummy, lo, hi)
+                                           panels[v].ctypes.data, width, depth, at, pixels, rows, channels_here,
+                                           bias_at, dummy, lo, hi)
         else:
             cpu_tiles.tile_product_stored(pack.ctypes.data + 4 * (q - q0) * depth * MR, MR, panels[v].ctypes.data, NR,
                                           depth, at, pixels, rows, channels_here, bias_at, dummy, lo, hi)
 
 
 @cpu_jit.inlined
-def activate_block(activation, result, pixels, channels, q0, q1, v0, v1, panel_rows):
+def activate_block(activation, result, pixels, channels, q0, q1, v0, v1, panel_rows, width):
     """ACTIVATION_KINDS[activation] in place on the outputs of pixel panels [q0, q1) (of
-    ``panel_rows`` pixels) and weight panels [v0, v1) of result [channels, pixels] (flat): a
-    block's, while it is in cache."""
+    ``panel_rows`` pixels) and weight panels [v0, v1) (of ``width`` channels) of result [channels,
+    pixels] (flat): a block's, while it is in cache."""
     p0, p1 = q0 * panel_rows, min(q1 * panel_rows, pixels)
-    for ch in range(v0 * NR, min(v1 * NR, channels)):
+    for ch in range(v0 * width, min(v1 * width, channels)):
         _activate(activation, result[ch * pixels + p0:ch * pixels + p1])
 
 
 @_gemm_region
 def packed_conv(x, xp, inner, bases, taps, offsets, panel_rows, panels, out, bias, pack_bounds, blocks, packs, accs,
                 shared, pixels_outer, lo, hi, activation):
-    """A convolution of one image, x [C, H, W] with weights packed at creation ``panels`` [O / NR,
-    C*T, NR] (``cpu_tiles.pack_panels``) into out [O, OH, OW], clamp(. + bias) to [lo, hi] (``bias``
+    """A convolution of one image, x [C, H, W] with weights packed at creation ``panels`` [O / W,
+    C*T, W] (``cpu_tiles.pack_panels``; W: NR for packed pixel panels, ``cpu_tiles.IN_PLACE_COLUMNS``
+    in place) into out [O, OH, OW], clamp(. + bias) to [lo, hi] (``bias``
     zero-padded to whole panels) in the tiles' stores, in up to three parallel steps: x
     copied into the inside ``inner`` = (top, left, rows, columns) of ``xp``, its zero-bordered
     copy (none where there is no padding: ``xp`` is empty, x is read as it lies); the windows
@@ -665,7 +668,7 @@ def packed_conv(x, xp, inner, bases, taps, offsets, panel_rows, panels, out, bia
                           accs[numba.get_thread_id()].ctypes.data, result, bias, q0, q1, v0, v1, oh * ow, pixels_outer,
                           lo, hi)
             if activation >= 0:
-                activate_block(activation, result, oh * ow, o, q0, q1, v0, v1, panel_rows)
+                activate_block(activation, result, oh * ow, o, q0, q1, v0, v1, panel_rows, panels.shape[2])
     else:
         for i in numba.prange(blocks.shape[0]):
             thread = numba.get_thread_id()
@@ -675,7 +678,7 @@ def packed_conv(x, xp, inner, bases, taps, offsets, panel_rows, panels, out, bia
             tile_products(panels, packs[thread], source, bases, offsets, panel_rows, accs[thread].ctypes.data, result,
                           bias, q0, q1, v0, v1, oh * ow, pixels_outer, lo, hi)
             if activation >= 0:
-                activate_block(activation, result, oh * ow, o, q0, q1, v0, v1, panel_rows)
+                activate_block(activation, result, oh * ow, o, q0, q1, v0, v1, panel_rows, panels.shape[2])
 
 
 

@@ -133,20 +133,20 @@ def _store_sums(builder, totals, acc) -> None:
 
 
 def _store_columns(builder, totals, rows, vectors, out, row_step, column_step, valid_rows, valid_columns, bias,
-                   dummy, finish) -> None:
+                   dummy, finish, lanes: int = _LANES) -> None:
     """The tile's sums (``_emit_products``' vectors: ``rows`` by ``vectors`` * 8 columns) as
     ``finish(sum, bias vector)``, each value stored on its own at out + r * row_step + column *
     column_step floats: a tile of pixel rows by output-channel columns into NCHW, which puts a
     channel's pixels side by side. Columns from ``valid_columns`` on, and rows from ``valid_rows``
     on (None: every row), go to ``dummy``; the bias is read a whole vector at a time."""
     i32, i64 = ir.IntType(32), ir.IntType(64)
-    vector = ir.VectorType(ir.FloatType(), _LANES)
+    vector = ir.VectorType(ir.FloatType(), lanes)
     for h in range(vectors):
-        value = builder.load(builder.bitcast(builder.gep(bias, [ir.Constant(i64, h * _LANES)]), vector.as_pointer()),
+        value = builder.load(builder.bitcast(builder.gep(bias, [ir.Constant(i64, h * lanes)]), vector.as_pointer()),
                              align=4)
         finished = [finish(totals[r * vectors + h], value) for r in range(rows)]
-        for lane in range(_LANES):
-            column = h * _LANES + lane
+        for lane in range(lanes):
+            column = h * lanes + lane
             at = builder.gep(out, [builder.mul(ir.Constant(i64, column), column_step)])
             at = builder.select(builder.icmp_signed("<", ir.Constant(i64, column), valid_columns), at, dummy)
             for r in range(rows):
@@ -196,7 +196,7 @@ def _in_place_kernel(rows: int, columns: int, table: bool = True):
     return kernel
 
 
-def _storing_kernel(rows: int, columns: int, in_place: bool):
+def _storing_kernel(rows: int, columns: int, in_place: bool, lanes: int = _LANES):
     """``_tile_kernel``'s tile (``in_place``: ``_in_place_kernel``'s, its rows read where they lie)
     that stores its outputs itself, clamp(sum + bias) to [lo, hi], as ``_store_columns`` does: rows
     are output pixels, columns output channels, into NCHW planes ``column_step`` floats apart. The
@@ -205,7 +205,7 @@ def _storing_kernel(rows: int, columns: int, in_place: bool):
     bias (a whole tile's columns readable), dummy (a few floats of scratch) and lo, hi. A loop
     storing the tile's sums from memory, value by value, took an eighth of a convolution's time
     (bench/RESULTS.md)."""
-    vectors = columns // _LANES
+    vectors = columns // lanes
     operands = 6 if in_place else 5
 
     def codegen(context, builder, signature, args):
@@ -214,16 +214,17 @@ def _storing_kernel(rows: int, columns: int, in_place: bool):
             p, v = (builder.inttoptr(args[i], f32.as_pointer()) for i in (0, 3))
             totals = _emit_products(builder, rows, vectors, p, builder.inttoptr(args[2], i64.as_pointer()), v, args[4],
                                     args[5], p_bases=builder.inttoptr(args[1], i64.as_pointer()),
-                                    prefetch=PREFETCH_FLOATS)
+                                    prefetch=PREFETCH_FLOATS, lanes=lanes)
         else:
             p, v = (builder.inttoptr(args[i], f32.as_pointer()) for i in (0, 2))
-            totals = _emit_products(builder, rows, vectors, p, args[1], v, args[3], args[4], prefetch=PREFETCH_FLOATS)
+            totals = _emit_products(builder, rows, vectors, p, args[1], v, args[3], args[4], prefetch=PREFETCH_FLOATS,
+                                    lanes=lanes)
         out, column_step, valid_rows, valid_columns, bias, dummy, lo, hi = args[operands:]
         out, bias, dummy = (builder.inttoptr(a, f32.as_pointer()) for a in (out, bias, dummy))
-        lo, hi = _splat(builder, lo), _splat(builder, hi)
+        lo, hi = _splat(builder, lo, lanes), _splat(builder, hi, lanes)
         _store_columns(builder, totals, rows, vectors, out, ir.Constant(i64, 1), column_step, valid_rows,
                        valid_columns, bias, dummy,
-                       lambda total, value: cpu_jit.clamped_ir(builder, builder.fadd(total, value), lo, hi))
+                       lambda total, value: cpu_jit.clamped_ir(builder, builder.fadd(total, value), lo, hi), lanes)
         return context.get_dummy_value()
 
     def signature():  # typed when first called, where Numba is installed
@@ -316,16 +317,21 @@ def _pointwise_kernel(rows: int, vectors: int, channels_in_rows: bool, tapped: b
 #: v is prefetched: Winograd's products stream their weight panels through it; its output
 #: transform's v, the thread's scratch of at most 8 steps, is in cache anyway.
 tile_product = _tile_kernel(MR, NR, prefetch=PREFETCH_FLOATS)
+#: Floats per vector register of the compile target: 16 (one 512-bit register) where it has
+#: AVX-512, else 8
+TARGET_LANES = 16 if cpu_jit.target_features().get("avx512f") else _LANES
 #: ``cpu_parallel.packed_conv``'s tiles, storing their outputs into NCHW themselves with the bias and
 #: a clamp (``_storing_kernel``): ``tile_product_stored`` on packed pixel panels, and
 #: ``tile_in_place_stored`` with IN_PLACE_ROWS rows read in place, row r of step k at p + bases[r] +
-#: offsets[k] floats (the windows read from the zero-bordered input, no panels packed)
+#: offsets[k] floats (the windows read from the zero-bordered input, no panels packed), by weight
+#: panels of IN_PLACE_COLUMNS output channels
 tile_product_stored = _storing_kernel(MR, NR, in_place=False)
-#: Pixel rows of the tile that reads its windows in place: five ran as fast as six on whole
-#: convolutions where six pad no pixel panel, and faster where they do (25 pixels: 30 rows for 25):
-#: bench/RESULTS.md
-IN_PLACE_ROWS = 5
-tile_in_place_stored = _storing_kernel(IN_PLACE_ROWS, NR, in_place=True)
+#: Pixel rows and channel columns of the tile that reads its windows in place. On 8-float vectors
+#: 5 x 16: five rows ran as fast as six on whole convolutions where six pad no pixel panel, and
+#: faster where they do (25 pixels: 30 rows for 25). On 16-float ones 7 x 32, 14 accumulators of
+#: two vectors a row: a tile one vector wide waited on its loads (bench/RESULTS.md, s20)
+IN_PLACE_ROWS, IN_PLACE_COLUMNS = (7, 2 * TARGET_LANES) if TARGET_LANES == 16 else (5, NR)
+tile_in_place_stored = _storing_kernel(IN_PLACE_ROWS, IN_PLACE_COLUMNS, in_place=True, lanes=TARGET_LANES)
 #: The register tile with its rows read in place at a stride: ``rows_in_place(p, bases, stride, v,
 #: v_stride, depth, acc)``, row r of step k at p + bases[r] + k * stride floats (``cpu_parallel``'s 1D
 #: Winograd input transform: a panel's MR tiles at once)
@@ -350,9 +356,9 @@ WIDE = 8 * _LANES
 #: (``small_product``)
 wide_product = _tile_kernel(1, WIDE)
 
-#: Floats per vector of the tiles whose vectors hold pixels: 16 (one 512-bit register) where the
-#: compile target has AVX-512, where the 8-float tile ran slower (bench/RESULTS.md, s19), else 8
-PIXEL_LANES = 16 if cpu_jit.target_features().get("avx512f") else _LANES
+#: Floats per vector of the tiles whose vectors hold pixels: the target's (where it has AVX-512
+#: the 8-float tile ran slower: bench/RESULTS.md, s19)
+PIXEL_LANES = TARGET_LANES
 #: Output channels per weight panel of the pointwise tiles with pixels in the vector registers, the
 #: first preferred (``pointwise_rows``): on one vector per row where it is 16 floats wide, 16 or 12
 #: accumulators; else the 6 x 16 tile's 12 of 8 floats
