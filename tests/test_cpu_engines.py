@@ -304,3 +304,22 @@ def test_the_regions_winograd_gate_leaves_few_input_channels_to_the_tapped_tiles
         assert not any(schemes.winograd_kernel_pays(backend, few, tile) for tile in range(2, 7))
         assert REGIONS.conv(few, True).kernel == "tapped_region"
     assert any(schemes.winograd_kernel_pays(backend, conv(32, 20, 32), tile) for tile in range(2, 7))
+
+
+def test_the_regions_winograd_gate_follows_the_im2col_tile():
+    """Where the in-place im2col tile holds two 16-float vectors a row (AVX-512) it multiplies
+    faster than Winograd's 8-float products, so ResNet's 3x3 on 512 channels at 7x7 (F(2) saves
+    1.59 times) stays on it; the larger planes' (64 channels at 56x56, 256 at 14x14) take Winograd
+    on either target."""
+    from types import SimpleNamespace
+
+    from gpumnn.scheduler import schemes
+
+    min_tiles, min_channels, min_saving = REGIONS.winograd_pays()
+    wide = cpu_tiles.IN_PLACE_COLUMNS > cpu_tiles.NR
+    assert min_saving == (1.7 if wide else 1.5)
+    backend = SimpleNamespace(winograd_min_tiles=min_tiles, winograd_min_channels=min_channels,
+                              winograd_min_saving=min_saving, winograd_per_image=True,
+                              winograd_transform_tiles=REGIONS.winograd_transform_tiles())
+    for op, takes in ((conv(512, 7, 512), not wide), (conv(64, 56, 64), True), (conv(256, 14, 256), True)):
+        assert any(schemes.winograd_kernel_pays(backend, op, tile) for tile in range(2, 7)) == takes

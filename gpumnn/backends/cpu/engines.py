@@ -160,8 +160,12 @@ CACHE_LINE_FLOATS = 16
 #: "regions": ``compiled._winograd_region`` (the register tile); "threads": ``reference._winograd`` (BLAS
 #: products on the Python threads). Measured per op inside whole runs (bench/RESULTS.md). On the
 #: regions, below 32 input channels the tapped tiles read the input in place (depth 144 over 16
-#: channels) and beat Winograd's transforms of so few channels per output.
-WINOGRAD_PAYS = {"regions": (16, 32, 1.5), "threads": (40, 64, 2.0)}
+#: channels) and beat Winograd's transforms of so few channels per output. Where the in-place
+#: im2col tile holds two 16-float vectors a row (AVX-512: ``cpu_tiles.IN_PLACE_COLUMNS``) it runs
+#: faster than Winograd's 8-float products and transforms, and a saving of 1.7 (ResNet's 3x3s on
+#: 512 channels at 7x7: 1.59 in F(2)) stays on it (bench/RESULTS.md, s20).
+WINOGRAD_PAYS = {"regions": (16, 32, 1.7 if cpu_tiles.IN_PLACE_COLUMNS > cpu_tiles.NR else 1.5),
+                 "threads": (40, 64, 2.0)}
 
 
 class Choice(NamedTuple):
