@@ -648,6 +648,27 @@ def test_a_strided_1x1_on_the_register_tile(in_place, monkeypatch, fresh_rng):
         assert (work.keep[5].size == case[0]) == in_place  # an offset per input channel where in place
 
 
+@pytest.mark.parametrize("channels,size,out_channels,activation", [(320, 7, 40, "relu"), (256, 8, 72, "relu6"),
+                                                                    (512, 5, 24, None)])
+def test_deep_1x1_on_a_small_plane_on_the_in_place_tile(channels, size, out_channels, activation, monkeypatch,
+                                                         fresh_rng):
+    """A 1x1 convolution (stride 1) from 256 input channels on a plane of under 256 pixels whose
+    pixels fill the in-place tile's panels but for a tenth (7x7, 8x8; not 5x5) runs on that tile
+    where it holds two 16-float vectors a row (``Engine.pointwise_in_place``), else on the
+    pointwise tiles; both match ONNX Runtime."""
+    from gpumnn.backends.cpu import compiled as cpu_compiled, tiles as cpu_tiles
+
+    require_tool("regions", cpu_parallel.available()[1])
+    works = []
+    monkeypatch.setattr(cpu_compiled, "_packed_conv_region",
+                        lambda *a, real=cpu_compiled._packed_conv_region: works.append(real(*a)) or works[-1])
+    model = _conv_model(channels, size, 1, 1, 1, [0, 0, 0, 0], 1, out_channels, activation, True, fresh_rng)
+    _both_ways_match_onnxruntime(model, (1, channels, size, size), fresh_rng)
+    takes = cpu_tiles.IN_PLACE_COLUMNS > cpu_tiles.NR and size != 5
+    assert cpu_engines.Engine.pointwise_in_place(size * size, channels) == takes
+    assert bool(works) == takes
+
+
 def _register_tile_matches_onnxruntime(case, monkeypatch, rng) -> list:
     """A PACKED case's convolution (a batch of two) on the register tile (``compiled._packed_conv_region``)
     at any depth, both ways within tolerance of ONNX Runtime; the KernelWorks the region made."""

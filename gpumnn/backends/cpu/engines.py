@@ -134,6 +134,15 @@ POINTWISE_MAX_WEIGHT_BYTES = 1 << 18
 #: of NR output channels in cache while every pixel passes, unless the tiles' pixel vectors are 16
 #: floats wide (``cpu_tiles.PIXEL_LANES``), which ran faster than the broadcast at 4x4 to 14x14 (s19).
 POINTWISE_BROADCAST_MAX_PIXELS = 256
+#: ... but where the in-place im2col tile holds two 16-float vectors a row (AVX-512:
+#: ``cpu_tiles.IN_PLACE_COLUMNS``), a 1x1 on at most this many pixels, from
+#: POINTWISE_IN_PLACE_MIN_CHANNELS input channels on, whose pixels fill the tile's panels of
+#: ``cpu_tiles.IN_PLACE_ROWS`` but for at most a tenth (7x7: seven whole panels) runs on that tile,
+#: its pixels broadcast against 32 channels: deep 1x1s on 7x7 ran 13-25% faster than on the
+#: pointwise tiles; shallow ones, 4x4 and 6x6, and 14x14 slower; 8x8 and 10x10 level
+#: (bench/RESULTS.md, s20)
+POINTWISE_IN_PLACE_MAX_PIXELS = 64
+POINTWISE_IN_PLACE_MIN_CHANNELS = 256
 #: ... and is shared between the region's threads from this many multiply-adds (a region's entry
 #: against the tile's speed on one thread; smaller ones ran slower shared inside runs:
 #: bench/RESULTS.md, s15).
@@ -238,6 +247,8 @@ class Engine:
             if self.jit and h * w == 1 and g == 1 and constant_weights and n * product < SMALL_PRODUCT_MACS:
                 return Choice("small_product")  # one pixel (squeeze-excitation's): a vector times the weights
             pointwise = h * w < POINTWISE_BROADCAST_MAX_PIXELS or 4 * cg * ocg <= POINTWISE_MAX_WEIGHT_BYTES
+            if self.regions and g == 1 and constant_weights and self.pointwise_in_place(h * w, cg):
+                return Choice("packed_region", self.shared(macs, REGION_MIN_MACS))
             if self.regions and g == 1 and constant_weights and pointwise:
                 return Choice("pointwise_region", self.shared(product, POINTWISE_SHARED_MACS))
             if self.regions:
@@ -256,6 +267,16 @@ class Engine:
             return Choice("packed_region" if packed else "im2col_region", self.shared(macs, REGION_MIN_MACS))
         # row blocks with their own columns, or (fewer pixels than channels) the columns once
         return Choice("im2col_rows" if oh * ow >= ocg else "im2col_columns", self.chunks(macs, PARALLEL_MIN_MACS))
+
+    @staticmethod
+    def pointwise_in_place(pixels: int, channels: int) -> bool:
+        """Whether a 1x1 convolution of ``channels`` inputs on ``pixels`` pixels per image (stride 1,
+        constant weights) takes the in-place im2col tile (``POINTWISE_IN_PLACE_MIN_CHANNELS``)
+        rather than the pointwise tiles."""
+        rows = cpu_tiles.IN_PLACE_ROWS
+        padded = -(-pixels // rows) * rows
+        return (cpu_tiles.IN_PLACE_COLUMNS > cpu_tiles.NR and pixels <= POINTWISE_IN_PLACE_MAX_PIXELS
+                and channels >= POINTWISE_IN_PLACE_MIN_CHANNELS and 10 * (padded - pixels) <= padded)
 
     @staticmethod
     def pointwise_pixels_in_rows(pixels: int, weight_bytes: int) -> bool:
