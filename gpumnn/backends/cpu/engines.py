@@ -138,9 +138,8 @@ POINTWISE_BROADCAST_MAX_PIXELS = 256
 #: ``cpu_tiles.IN_PLACE_COLUMNS``), a 1x1 on at most this many pixels, from
 #: POINTWISE_IN_PLACE_MIN_CHANNELS input channels on, whose pixels fill the tile's panels of
 #: ``cpu_tiles.IN_PLACE_ROWS`` but for at most a tenth (7x7: seven whole panels) runs on that tile,
-#: its pixels broadcast against 32 channels: deep 1x1s on 7x7 ran 13-25% faster than on the
-#: pointwise tiles; shallow ones, 4x4 and 6x6, and 14x14 slower; 8x8 and 10x10 level
-#: (bench/RESULTS.md, s20)
+#: its pixels broadcast against 32 channels: there deep 1x1s ran faster than on the pointwise
+#: tiles; shallow ones, and 4x4, 6x6 and 14x14 planes, slower (bench/RESULTS.md, s20)
 POINTWISE_IN_PLACE_MAX_PIXELS = 64
 POINTWISE_IN_PLACE_MIN_CHANNELS = 256
 #: ... and is shared between the region's threads from this many multiply-adds (a region's entry
