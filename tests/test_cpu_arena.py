@@ -95,9 +95,9 @@ def test_ops_share_one_arena_per_run_state(fresh_rng):
     small, large = arenas[0].thread_rows("products", 2, 100), arenas[0].thread_rows("products", 2, 120)
     assert np.shares_memory(small, large)  # one size class
     assert not np.shares_memory(small, arenas[0].thread_rows("panels", 2, 100))  # one op's two buffers never overlap
-    for rows in (small, large):
-        assert rows.flags.c_contiguous and rows.ctypes.data % (4 * cpu_engines.CACHE_LINE_FLOATS) == 0
-        assert rows.strides[0] % (4 * cpu_engines.CACHE_LINE_FLOATS) == 0
+    for rows in (small, large):  # each thread's row a whole THREAD_ROW_FLOATS apart: no line shared or prefetched
+        assert rows.flags.c_contiguous and rows.ctypes.data % (4 * cpu_engines.THREAD_ROW_FLOATS) == 0
+        assert rows.strides[0] % (4 * cpu_engines.THREAD_ROW_FLOATS) == 0
     assert backend.arenas.of(backend.constant(np.ones(4, np.float32)).buffer) is None
     del arenas, a, small, large, rows
     pools.pop()
@@ -136,3 +136,14 @@ def test_two_run_states_at_once_keep_their_own_scratch(family, tile, monkeypatch
         t.join()
     assert not errors, errors
     assert 1 <= sess.run_states <= 2 and len(sess.backends["cpu"].arenas) == sess.run_states
+
+
+def test_thread_scratch_rows_are_a_thread_row_apart():
+    """``compiled._thread_scratch``: each thread's row starts on a multiple of THREAD_ROW_FLOATS and
+    fills whole ones, so two threads never write lines the prefetchers pair, and keeps its fill."""
+    from gpumnn.backends.cpu import compiled as cpu_compiled
+
+    rows = cpu_compiled._thread_scratch(3, 27, -np.inf)
+    step = cpu_engines.THREAD_ROW_FLOATS
+    assert rows.shape == (3, step) and rows.ctypes.data % (4 * step) == 0 and rows.strides[0] == 4 * step
+    assert np.isneginf(rows).all()

@@ -18,9 +18,11 @@ from . import engines
 
 
 def _aligned(floats: int, fill: float) -> np.ndarray:
-    """``floats`` float32 starting on a cache line, filled with ``fill``."""
-    raw = np.full(floats + engines.CACHE_LINE_FLOATS, fill, np.float32)
-    start = (-raw.ctypes.data % (4 * engines.CACHE_LINE_FLOATS)) // 4
+    """``floats`` float32 starting on a multiple of ``engines.THREAD_ROW_FLOATS``,
+    filled with ``fill``."""
+    step = engines.THREAD_ROW_FLOATS
+    raw = np.full(floats + step, fill, np.float32)
+    start = (-raw.ctypes.data % (4 * step)) // 4
     return raw[start:start + floats]
 
 
@@ -52,14 +54,14 @@ class ScratchArena:
             return buffer
 
     def scratch(self, role: str, floats: int) -> np.ndarray:
-        """``floats`` float32 starting on a cache line, in the buffer of ``role`` and its size class."""
+        """``floats`` float32 starting on a multiple of ``engines.THREAD_ROW_FLOATS``, in the buffer of ``role`` and its size class."""
         size = _size_class(floats)
         return self._buffer(("scratch", role, size), size, self.fill)[:floats]
 
     def thread_rows(self, role: str, threads: int, floats: int) -> np.ndarray:
-        """[threads, ``floats`` rounded up to whole cache lines], each row on a cache line (as
+        """[threads, ``floats`` rounded up to whole ``engines.THREAD_ROW_FLOATS``], each row on a multiple of it (as
         ``compiled._thread_scratch``), in the buffer of ``role``."""
-        width = -(-floats // engines.CACHE_LINE_FLOATS) * engines.CACHE_LINE_FLOATS
+        width = -(-floats // engines.THREAD_ROW_FLOATS) * engines.THREAD_ROW_FLOATS
         return self.scratch(role, threads * width).reshape(threads, width)
 
     def plane(self, key: tuple, floats: int) -> np.ndarray:

@@ -519,12 +519,14 @@ def _masked_conv_region(op: A.Conv2D, x, weight, out, bias, regions: int, parts:
 
 
 def _thread_scratch(threads: int, floats: int, fill: float = 0.0) -> np.ndarray:
-    """[threads, ``floats`` rounded up to whole cache lines] float32, each thread's row starting
-    on a cache line, so that no two threads write one line: rows side by side shared their edge
-    lines, and the lines went back and forth between the cores (measured: bench/RESULTS.md)."""
-    width = -(-floats // engines.CACHE_LINE_FLOATS) * engines.CACHE_LINE_FLOATS
-    raw = np.full(threads * width + engines.CACHE_LINE_FLOATS, fill, np.float32)
-    start = (-raw.ctypes.data % (4 * engines.CACHE_LINE_FLOATS)) // 4
+    """[threads, ``floats`` rounded up to whole ``engines.THREAD_ROW_FLOATS``] float32, each thread's row
+    starting on a multiple of it, so that no two threads write one line or its prefetched
+    neighbours: rows side by side shared their edge lines, and the lines went back
+    and forth between the cores (measured: bench/RESULTS.md)."""
+    step = engines.THREAD_ROW_FLOATS
+    width = -(-floats // step) * step
+    raw = np.full(threads * width + step, fill, np.float32)
+    start = (-raw.ctypes.data % (4 * step)) // 4
     return raw[start:start + threads * width].reshape(threads, width)
 
 

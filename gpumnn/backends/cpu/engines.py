@@ -159,8 +159,13 @@ EXCITATION_SHARED_MACS = 1 << 16
 #: are shared between the regions' threads from this many elements: a region's cost against a
 #: pass over memory.
 REGION_MIN_ELEMENTS = 1 << 15
-#: floats in a cache line: a thread's scratch, and an elementwise op's span, starts on one
+#: floats in a cache line: an elementwise op's span starts on one
 CACHE_LINE_FLOATS = 16
+#: floats (1 KB) each thread's scratch row starts on a multiple of and fills: rows one cache line,
+#: or two, apart still moved back and forth between the cores (the hardware prefetchers fetch a
+#: line's neighbours), and two threads ran a 3x3 pool no faster than one; rows 512 bytes apart
+#: did not (bench/RESULTS.md, s20)
+THREAD_ROW_FLOATS = 256
 
 #: Where the Winograd kernel pays against im2col, per kernel: (output tiles, input channels, how
 #: many times fewer multiplications than the sliding window it must make: Eq. 2's C(n) with the
