@@ -10,8 +10,6 @@ from gpumnn.backends.cpu import engines
 from gpumnn.backends.cpu import tiles as cpu_tiles
 from gpumnn.backends.cpu.engines import Choice, Engine
 
-#: the in-place im2col tile holds two 16-float vectors a row (AVX-512)
-WIDE_IN_PLACE = cpu_tiles.IN_PLACE_COLUMNS > cpu_tiles.NR
 
 NUMPY = Engine(jit=False, regions=0, threads=1)
 THREADS = Engine(jit=False, regions=0, threads=2)  # NumPy kernels on two Python threads
@@ -58,7 +56,7 @@ CONV = [
     (REGIONS, conv(96, 4, 576, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),
     (REGIONS, conv(96, 9, 576, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # 81 pixels, 216 KB
     (REGIONS, conv(512, 7, 1024, k=1, scheme="gemm1x1"), True,  # under 256 pixels: any weights; on 7x7 from 256
-     ("packed_region" if WIDE_IN_PLACE else "pointwise_region", 2)),  # channels the 16-float in-place tile's
+     ("packed_region" if cpu_tiles.WIDE_IN_PLACE else "pointwise_region", 2)),  # channels the 16-float in-place tile's
     (REGIONS, conv(160, 7, 960, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # ... not under 256 channels
     (REGIONS, conv(512, 6, 512, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # ... nor 36 pixels in 42 rows
     (REGIONS, conv(512, 15, 512, k=1, scheme="gemm1x1"), True, ("pointwise_region", 2)),  # 225 pixels
@@ -97,7 +95,7 @@ CONV = [
     (REGIONS, conv(48, 56, 64), True, ("packed_region", 2)),  # depth 432, in place
     # a 1x1 window, depth 128: read in place by the 16-float tile (AVX-512), else BLAS below PACKED_MIN_DEPTH
     (REGIONS, conv(128, 56, 256, k=1, stride=2), True,
-     ("packed_region" if WIDE_IN_PLACE else "im2col_region", 2)),
+     ("packed_region" if cpu_tiles.WIDE_IN_PLACE else "im2col_region", 2)),
     (REGIONS, conv(512, 28, 1024, k=1, stride=2), True, ("packed_region", 2)),  # ... depth 512
     # few input channels on constant weights, stride 1 along rows: the tapped tiles up to TAPPED_MAX_DEPTH
     (REGIONS, conv(16, 56, 64), True, ("tapped_region", 2)),  # depth 144
@@ -322,7 +320,7 @@ def test_the_regions_winograd_gate_follows_the_im2col_tile():
     from gpumnn.scheduler import schemes
 
     min_tiles, min_channels, min_saving = REGIONS.winograd_pays()
-    wide = WIDE_IN_PLACE
+    wide = cpu_tiles.WIDE_IN_PLACE
     assert min_saving == (1.7 if wide else 1.5)
     backend = SimpleNamespace(winograd_min_tiles=min_tiles, winograd_min_channels=min_channels,
                               winograd_min_saving=min_saving, winograd_per_image=True,

@@ -664,7 +664,7 @@ def test_deep_1x1_on_a_small_plane_on_the_in_place_tile(channels, size, out_chan
                         lambda *a, real=cpu_compiled._packed_conv_region: works.append(real(*a)) or works[-1])
     model = _conv_model(channels, size, 1, 1, 1, [0, 0, 0, 0], 1, out_channels, activation, True, fresh_rng)
     _both_ways_match_onnxruntime(model, (1, channels, size, size), fresh_rng)
-    takes = cpu_tiles.IN_PLACE_COLUMNS > cpu_tiles.NR and size != 5
+    takes = cpu_tiles.WIDE_IN_PLACE and size != 5
     assert cpu_engines.Engine.pointwise_in_place(size * size, channels) == takes
     assert bool(works) == takes
 

@@ -150,7 +150,7 @@ REGIONS = Engine(jit=True, regions=2, threads=2)
     (_op(5, (40, 70), 8, (3, 3), (1, 1, 1, 1), 1, stride_w=3), True, "im2col_region"),  # column stride 3
     # a 1x1 window at stride 2: not tapped; read in place by the 16-float register tile, else BLAS (depth 64)
     (_op(64, (56, 56), 128, (1, 1), (0, 0, 0, 0), 2, stride_w=2), True,
-     "packed_region" if cpu_engines.cpu_tiles.IN_PLACE_COLUMNS > cpu_engines.cpu_tiles.NR else "im2col_region"),
+     "packed_region" if cpu_tiles.WIDE_IN_PLACE else "im2col_region"),
     (_op(8, (8, 36), 16, (3, 3), (1, 1, 1, 1), 2, stride_w=2), True, "packed_region"),  # 2^17 multiply-adds at stride 2
 ])
 def test_engine_gives_the_tapped_tiles(op, constant, expected, monkeypatch):

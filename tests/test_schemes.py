@@ -179,7 +179,7 @@ def test_the_register_tile_gate_keeps_small_tiles_for_many_channels():
         assert schemes.select_schemes(_program_with(small), cpu).ops[0].scheme == "im2col"
         deep = _conv_op(3, 512, 512, 7)
         chosen = schemes.select_schemes(_program_with(deep), cpu).ops[0]
-        wide_tile = cpu_tiles.IN_PLACE_COLUMNS > cpu_tiles.NR
+        wide_tile = cpu_tiles.WIDE_IN_PLACE
         assert (chosen.scheme, chosen.winograd_tile) == (("im2col", 0) if wide_tile else ("winograd", 2))
         wide = schemes.select_schemes(_program_with(_conv_op(3, 64, 64, 20)), cpu).ops[0]
         assert wide.scheme == "winograd" and wide.winograd_tile >= 4

@@ -96,7 +96,7 @@ def packed_in_place(op: A.Conv2D) -> bool:
     tap is the previous one's neighbour, at any stride. A 1x1 window (a strided 1x1 convolution)
     moves a whole input plane each step: on 8-float vectors its packed panels ran faster, on the
     16-float tile (two vectors of channels a row) reading in place did (bench/RESULTS.md, s20)."""
-    return tuple(op.kernel) != (1, 1) or cpu_tiles.IN_PLACE_COLUMNS > cpu_tiles.NR
+    return tuple(op.kernel) != (1, 1) or cpu_tiles.WIDE_IN_PLACE
 
 
 #: A convolution (not 1x1) over at most this many input channels that ``cpu_direct`` does not take
@@ -177,7 +177,7 @@ THREAD_ROW_FLOATS = 256
 #: im2col tile holds two 16-float vectors a row (AVX-512: ``cpu_tiles.IN_PLACE_COLUMNS``) it runs
 #: faster than Winograd's 8-float products and transforms, and a saving of 1.7 (ResNet's 3x3s on
 #: 512 channels at 7x7: 1.59 in F(2)) stays on it (bench/RESULTS.md, s20).
-WINOGRAD_PAYS = {"regions": (16, 32, 1.7 if cpu_tiles.IN_PLACE_COLUMNS > cpu_tiles.NR else 1.5),
+WINOGRAD_PAYS = {"regions": (16, 32, 1.7 if cpu_tiles.WIDE_IN_PLACE else 1.5),
                  "threads": (40, 64, 2.0)}
 
 
@@ -279,7 +279,7 @@ class Engine:
         rather than the pointwise tiles."""
         rows = cpu_tiles.IN_PLACE_ROWS
         padded = -(-pixels // rows) * rows
-        return (cpu_tiles.IN_PLACE_COLUMNS > cpu_tiles.NR and pixels <= POINTWISE_IN_PLACE_MAX_PIXELS
+        return (cpu_tiles.WIDE_IN_PLACE and pixels <= POINTWISE_IN_PLACE_MAX_PIXELS
                 and channels >= POINTWISE_IN_PLACE_MIN_CHANNELS and 10 * (padded - pixels) <= padded)
 
     @staticmethod

@@ -332,6 +332,10 @@ tile_product_stored = _storing_kernel(MR, NR, in_place=False)
 #: two vectors a row: a tile one vector wide waited on its loads (bench/RESULTS.md, s20)
 IN_PLACE_ROWS, IN_PLACE_COLUMNS = (7, 2 * TARGET_LANES) if TARGET_LANES == 16 else (5, NR)
 tile_in_place_stored = _storing_kernel(IN_PLACE_ROWS, IN_PLACE_COLUMNS, in_place=True, lanes=TARGET_LANES)
+#: Whether that tile holds two vectors of channels a row (16-float targets): the engine's choices
+#: that follow from it (``engines.packed_in_place``, ``WINOGRAD_PAYS``, ``Engine.pointwise_in_place``)
+#: read this
+WIDE_IN_PLACE = IN_PLACE_COLUMNS > NR
 #: The register tile with its rows read in place at a stride: ``rows_in_place(p, bases, stride, v,
 #: v_stride, depth, acc)``, row r of step k at p + bases[r] + k * stride floats (``cpu_parallel``'s 1D
 #: Winograd input transform: a panel's MR tiles at once)
